@@ -1,0 +1,96 @@
+#!/bin/bash
+# MetaRoCE set-up for a fresh Debian 12 machine.  Idempotent: each step checks
+# first and only acts on what is missing.  Called by `make setup`.
+#
+#   1. Debian packages: python3-bpfcc bpftool iproute2 tshark qperf iperf3 ...
+#   2. kernel headers for BCC: only when /lib/modules/$(uname -r)/build is absent,
+#      install linux-headers-amd64 and link build/ and source/ to it
+#   3. bpffs mounted at /sys/fs/bpf
+#   4. a venv from /usr/bin/python3 --system-site-packages (so `import bcc` works)
+#      with this package and its dev extras installed
+#   5. a smoke check: BCC compiles and loads an XDP program
+set -euo pipefail
+
+VENV="${VENV:-.venv}"
+PKGS="python3-bpfcc bpftool iproute2 tshark qperf iperf3 python3-venv python3-pip tcpdump ethtool"
+
+step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die()  { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (BPF, XDP and network namespaces need it); try: sudo make setup"
+command -v apt-get >/dev/null || die "apt-get not found: this set-up targets Debian 12"
+[ -x /usr/bin/python3 ] || die "/usr/bin/python3 missing: install Debian's python3"
+
+APT_UPDATED=0
+apt_install() {
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        step "apt-get update"
+        apt-get update -qq || die "apt-get update failed (network or sources.list?)"
+        APT_UPDATED=1
+    fi
+    step "apt-get install $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null \
+        || die "apt-get install $* failed"
+}
+
+# 1. Debian packages
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    apt_install $missing
+else
+    step "Debian packages present"
+fi
+
+# 2. kernel headers where BCC looks for them
+KREL="$(uname -r)"
+KDIR="/lib/modules/$KREL"
+if [ -e "$KDIR/build/include" ] || [ -e "$KDIR/build/Makefile" ]; then
+    step "kernel headers for $KREL present"
+else
+    if ! ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1; then
+        apt_install linux-headers-amd64
+    fi
+    HDR="$(ls -d /usr/src/linux-headers-*-amd64 | sort -V | tail -n1)"
+    COMMON="${HDR%-amd64}-common"
+    [ -d "$HDR" ] || die "no /usr/src/linux-headers-*-amd64 after installing linux-headers-amd64"
+    step "linking $KDIR/{build,source} -> $HDR (running kernel $KREL has no headers)"
+    mkdir -p "$KDIR"
+    ln -sfn "$HDR" "$KDIR/build"
+    if [ -d "$COMMON" ]; then ln -sfn "$COMMON" "$KDIR/source"; else ln -sfn "$HDR" "$KDIR/source"; fi
+fi
+
+# 3. bpffs
+if mountpoint -q /sys/fs/bpf 2>/dev/null; then
+    step "bpffs mounted at /sys/fs/bpf"
+else
+    step "mounting bpffs at /sys/fs/bpf"
+    mkdir -p /sys/fs/bpf
+    mount -t bpf bpf /sys/fs/bpf || die "cannot mount bpffs at /sys/fs/bpf"
+fi
+
+# 4. venv
+if [ ! -x "$VENV/bin/python" ]; then
+    step "creating venv $VENV from /usr/bin/python3 (--system-site-packages, for bcc)"
+    /usr/bin/python3 -m venv --system-site-packages "$VENV" || die "venv creation failed"
+fi
+STAMP="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -e "$STAMP" ]; then
+    step "installing metaroce-xdp and dev extras into $VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    "$VENV/bin/python" -m pip install -q -e '.[dev]' || die "pip install -e .[dev] failed"
+    rm -f "$VENV"/.installed-*
+    touch "$STAMP"
+else
+    step "python package installed in $VENV"
+fi
+
+# 5. smoke check
+"$VENV/bin/python" - <<'PY' || die "BCC cannot compile/load an XDP program: check kernel headers and BPF support"
+import bcc
+b = bcc.BPF(text="int xdp_ok(struct xdp_md *ctx) { return XDP_PASS; }")
+b.load_func("xdp_ok", bcc.BPF.XDP)
+PY
+step "ok: BCC compiles and loads XDP programs"
