@@ -1,0 +1,30 @@
+"""AF_XDP layer of the MetaRoCE reference endpoint.
+
+Neighbours: the XDP programs in bpf/ steer RoCE frames into these sockets; the engine
+(metaroce_xdp, numba loops) moves data through the rings.
+
+  uapi   linux/if_xdp.h constants and ctypes structs
+  xsk    Umem, XskSocket, Ring: socket set-up, ring mmap, teardown (control path)
+  rings  jitted ring bursts and the UMEM frame pool (hot path, numpy + numba only)
+"""
+from .rings import (
+    FramePool,
+    comp_reap,
+    cons_avail,
+    cons_release,
+    fill_ring_refill,
+    frame_alloc,
+    frame_free,
+    needs_wakeup,
+    prod_free,
+    prod_submit,
+    rx_burst,
+    tx_burst,
+)
+from .xsk import Ring, Umem, XskError, XskSocket, xskmap_set
+
+__all__ = [
+    "FramePool", "Ring", "Umem", "XskError", "XskSocket", "xskmap_set",
+    "comp_reap", "cons_avail", "cons_release", "fill_ring_refill", "frame_alloc",
+    "frame_free", "needs_wakeup", "prod_free", "prod_submit", "rx_burst", "tx_burst",
+]

@@ -1,0 +1,350 @@
+"""Network-namespace topologies for tests and demos: namespaces, veth pairs, teardown.
+
+Role: build small throw-away topologies (N namespaces, veth pairs between them, addresses,
+MTU, threaded NAPI) with pyroute2, run commands or Python code inside them, and always
+remove what was built.  Neighbours: tests/test_afxdp_netns.py (players in two
+namespaces), the XDP loaders in bpf/ and the AF_XDP layer in metaroce_xdp/afxdp/.
+
+Safety rules this module keeps:
+  * it only ever deletes namespaces and veth pairs it created itself (tracked by name);
+    it never touches the root namespace's interfaces (veths are created inside a
+    namespace with their peer placed straight into the other one);
+  * namespace names carry a prefix, the pid and random bytes, so parallel test runs
+    never collide;
+  * teardown runs on context exit, on constructor failure, and at interpreter exit
+    (weakref.finalize), and it carries on past individual failures.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import secrets
+import select
+import signal
+import subprocess
+import time
+import weakref
+from dataclasses import dataclass, field
+from ipaddress import ip_interface
+
+from pyroute2 import NetNS, netns
+
+__all__ = ["TopologyError", "Endpoint", "VethPair", "Topology", "two_hosts", "unique_ns_name"]
+
+CLONE_NEWNET = 0x40000000
+IFA_F_NODAD = 0x02
+NETNS_RUN_DIR = "/var/run/netns"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class TopologyError(RuntimeError):
+    """Building or tearing down a topology failed; the message names the object."""
+
+
+def unique_ns_name(prefix: str = "mr", index: int = 0) -> str:
+    """`<prefix><pid>-<6 hex>-<index>`: unique across parallel runs and easy to trace back."""
+    return f"{prefix}{os.getpid()}-{secrets.token_hex(3)}-{index}"
+
+
+def _setns_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns({path}): {os.strerror(e)}")
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Endpoint:
+    """One end of a veth pair as seen from inside its namespace."""
+
+    ns: str
+    ifname: str
+    ifindex: int
+    mac: str
+    ipv4: str | None = None  # address only, no prefix
+    ipv6: str | None = None
+
+
+@dataclass
+class VethPair:
+    a: Endpoint
+    b: Endpoint
+    mtu: int
+
+
+@dataclass
+class _State:
+    """Everything teardown needs, kept apart from Topology so weakref.finalize can hold it."""
+
+    namespaces: list[str] = field(default_factory=list)
+    veths: list[tuple[str, str]] = field(default_factory=list)  # (ns, ifname) of side A
+    handles: dict[str, NetNS] = field(default_factory=dict)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    done: bool = False
+
+
+def _teardown(st: _State) -> list[str]:
+    """Remove everything in st; never raises; returns the failures."""
+    if st.done:
+        return []
+    st.done = True
+    errors = []
+    for p in st.procs:  # processes keep their namespace alive: stop them first
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                if _is_group_leader(p):  # popen() starts a session: reach `ip netns exec`'s child too
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            errors.append(f"process {p.pid} did not exit")
+    for ns, ifname in st.veths:
+        h = st.handles.get(ns)
+        try:
+            if h is not None:
+                idx = h.link_lookup(ifname=ifname)
+                if idx:
+                    h.link("del", index=idx[0])  # deletes the peer with it
+        except Exception as e:  # noqa: BLE001 - teardown must go on
+            errors.append(f"veth {ns}/{ifname}: {e}")
+    for h in st.handles.values():
+        with contextlib.suppress(Exception):
+            h.close()
+    st.handles.clear()
+    for ns in st.namespaces:
+        try:
+            if ns in netns.listnetns():
+                netns.remove(ns)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"namespace {ns}: {e}")
+    return errors
+
+
+def _is_group_leader(p: subprocess.Popen) -> bool:
+    try:
+        return os.getpgid(p.pid) == p.pid
+    except ProcessLookupError:
+        return False
+
+
+class Topology:
+    """N fresh network namespaces, plus the veth pairs added with add_veth().
+
+    Use as a context manager; close() is idempotent.  `names[i]` is namespace i."""
+
+    def __init__(self, n: int = 2, prefix: str = "mr"):
+        self._st = _State()
+        self._finalizer = weakref.finalize(self, _teardown, self._st)
+        self.names: list[str] = []
+        try:
+            for i in range(n):
+                name = unique_ns_name(prefix, i)
+                netns.create(name)
+                self._st.namespaces.append(name)
+                self.names.append(name)
+                self._st.handles[name] = NetNS(name, flags=0)  # flags=0: never create by accident
+                h = self._st.handles[name]
+                lo = h.link_lookup(ifname="lo")
+                if lo:
+                    h.link("set", index=lo[0], state="up")
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, i: int) -> str:
+        return self.names[i]
+
+    def ipr(self, ns: str) -> NetNS:
+        """pyroute2 handle (IPRoute API) for a namespace of this topology."""
+        if ns not in self._st.handles:
+            raise TopologyError(f"{ns} is not a namespace of this topology")
+        return self._st.handles[ns]
+
+    # ------------------------------------------------------------------ building
+    def add_veth(
+        self,
+        ns_a: str,
+        ns_b: str,
+        ifname_a: str = "mr0",
+        ifname_b: str = "mr1",
+        *,
+        ipv4: tuple[str, str] | None = ("10.77.0.1/24", "10.77.0.2/24"),
+        ipv6: tuple[str, str] | None = None,
+        mtu: int = 1500,
+        threaded_napi: bool = False,
+        macs: tuple[str, str] | None = None,
+    ) -> VethPair:
+        """A veth pair from ns_a to ns_b, configured and up.
+
+        IPv6 addresses are added with IFA_F_NODAD so they are usable at once.
+        threaded_napi turns GRO on (so veth has NAPI) and writes /sys/class/net/<if>/threaded
+        inside each namespace: NAPI then runs in a kthread rather than softirq."""
+        ha, hb = self.ipr(ns_a), self.ipr(ns_b)
+        try:
+            ha.link("add", ifname=ifname_a, kind="veth", peer={"ifname": ifname_b, "net_ns_fd": ns_b})
+        except Exception as e:
+            raise TopologyError(f"creating veth {ns_a}/{ifname_a} <-> {ns_b}/{ifname_b}: {e}") from e
+        self._st.veths.append((ns_a, ifname_a))
+        ends = []
+        for side, (h, ns, ifname) in enumerate(((ha, ns_a, ifname_a), (hb, ns_b, ifname_b))):
+            idx = h.link_lookup(ifname=ifname)[0]
+            kw = {"mtu": mtu}
+            if macs:
+                kw["address"] = macs[side]
+            h.link("set", index=idx, **kw)
+            v4 = v6 = None
+            if ipv4:
+                itf = ip_interface(ipv4[side])
+                h.addr("add", index=idx, address=str(itf.ip), prefixlen=itf.network.prefixlen)
+                v4 = str(itf.ip)
+            if ipv6:
+                itf = ip_interface(ipv6[side])
+                h.addr("add", index=idx, address=str(itf.ip), prefixlen=itf.network.prefixlen,
+                       flags=IFA_F_NODAD)
+                v6 = str(itf.ip)
+            h.link("set", index=idx, state="up")
+            mac = h.get_links(idx)[0].get_attr("IFLA_ADDRESS")
+            ends.append(Endpoint(ns, ifname, idx, mac, v4, v6))
+        if threaded_napi:
+            for ep in ends:
+                # veth has NAPI instances only while GRO or XDP is on; without them the
+                # sysfs write fails with EIO.  iproute2 6.1 has no `threaded` keyword.
+                self.run(ep.ns, ["ethtool", "-K", ep.ifname, "gro", "on"], timeout=10)
+                self.run(ep.ns, ["sh", "-c", f"echo 1 > /sys/class/net/{ep.ifname}/threaded"], timeout=10)
+        return VethPair(ends[0], ends[1], mtu)
+
+    def link_xdp_attached(self, ns: str, ifname: str) -> bool:
+        """Whether an XDP program is attached to the interface (any mode)."""
+        h = self.ipr(ns)
+        link = h.get_links(h.link_lookup(ifname=ifname)[0])[0]
+        xdp = link.get_attr("IFLA_XDP")
+        if xdp is None:
+            return False
+        mode = dict(xdp.get("attrs", [])).get("IFLA_XDP_ATTACHED") if isinstance(xdp, dict) \
+            else xdp.get_attr("IFLA_XDP_ATTACHED")
+        return bool(mode)
+
+    # ------------------------------------------------------------------ running code inside
+    def popen(self, ns: str, argv: list[str], **kw) -> subprocess.Popen:
+        """Start `ip netns exec <ns> argv...` in its own process group; killed at teardown."""
+        self.ipr(ns)  # only our namespaces
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kw)
+        self._st.procs.append(p)
+        return p
+
+    def run(self, ns: str, argv: list[str], timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a command inside ns to completion (bounded by timeout); capture output."""
+        p = self.popen(ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise TopologyError(f"`{' '.join(argv)}` in {ns} exceeded {timeout}s") from None
+        cp = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        if check and p.returncode != 0:
+            raise TopologyError(f"`{' '.join(argv)}` in {ns} failed ({p.returncode}): {err.strip()}")
+        return cp
+
+    @contextlib.contextmanager
+    def enter(self, ns: str):
+        """Move the *calling thread* into ns for the block, then back.
+
+        Sockets (AF_XDP, AF_PACKET, netlink) created inside stay in ns after the block, so
+        one test process can drive both players.  Other threads are unaffected."""
+        self.ipr(ns)
+        saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns_path(os.path.join(NETNS_RUN_DIR, ns))
+            yield ns
+        finally:
+            try:
+                if _libc.setns(saved, CLONE_NEWNET) != 0:
+                    e = ctypes.get_errno()
+                    # Staying in a test namespace would silently misdirect everything after.
+                    raise OSError(e, f"could not return from {ns}: {os.strerror(e)}")
+            finally:
+                os.close(saved)
+
+    def call(self, ns: str, fn, *args, timeout: float = 30, **kwargs):
+        """Run fn(*args, **kwargs) in a forked child inside ns; return its (pickled) result.
+
+        The child is killed after `timeout` seconds; exceptions are re-raised here.  fork()
+        copies this process as it is, so keep fn simple (no threads of its own required)."""
+        self.ipr(ns)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(r)
+            code = 0
+            try:
+                _setns_path(os.path.join(NETNS_RUN_DIR, ns))
+                payload = pickle.dumps((True, fn(*args, **kwargs)))
+            except BaseException as e:  # noqa: BLE001 - report everything to the parent
+                code = 1
+                try:
+                    payload = pickle.dumps((False, e))
+                except Exception:  # noqa: BLE001
+                    payload = pickle.dumps((False, RuntimeError(repr(e))))
+            with contextlib.suppress(Exception):
+                os.write(w, payload)
+            os._exit(code)
+        os.close(w)
+        chunks, deadline = [], time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([r], [], [], left)[0]:
+                    os.kill(pid, signal.SIGKILL)
+                    raise TopologyError(f"{getattr(fn, '__name__', fn)} in {ns} exceeded {timeout}s")
+                data = os.read(r, 1 << 16)
+                if not data:
+                    break
+                chunks.append(data)
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+        if not chunks:
+            raise TopologyError(f"{getattr(fn, '__name__', fn)} in {ns} died without a result")
+        ok, value = pickle.loads(b"".join(chunks))
+        if not ok:
+            raise value
+        return value
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Remove every process, veth and namespace this topology made.  Idempotent."""
+        errors = _teardown(self._st)
+        self._finalizer.detach()
+        if errors:
+            raise TopologyError("teardown incomplete: " + "; ".join(errors))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def two_hosts(*, mtu: int = 1500, ipv6: bool = False, threaded_napi: bool = False,
+              prefix: str = "mr") -> tuple[Topology, VethPair]:
+    """Two namespaces joined by one veth: 10.77.0.1/24 (and fd77::1/64) in A, .2 (::2) in B."""
+    topo = Topology(2, prefix=prefix)
+    try:
+        pair = topo.add_veth(
+            topo[0], topo[1], mtu=mtu, threaded_napi=threaded_napi,
+            ipv6=("fd77::1/64", "fd77::2/64") if ipv6 else None,
+        )
+    except BaseException:
+        topo.close()
+        raise
+    return topo, pair
