@@ -1,0 +1,300 @@
+"""The progress engine and the verbs-like API around it.
+
+    ctx = Context(port, ...)            # or Context.open("veth0") for XDP + AF_XDP
+    pd = ctx.alloc_pd(); mr = pd.reg_mr(buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    cq = ctx.create_cq(256); qp = ctx.create_qp(pd, cq, cq)
+    qp.modify(QPAttr(qp_state=QPState.INIT, ...)) ... RTR ... RTS
+    qp.post_send(SendWR(...)); cq.poll()
+
+One Engine per port; no process-global state, so a daemon can host several.
+Progress happens in `Engine.progress()`: called by CQ.poll (busy polling) or
+by a background thread (`Context(..., progress_thread=True)`).  A lock makes
+the API safe to call from other threads.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+import numpy as np
+
+from ..verbs_types import (Access, InvalidArgument, QPCap, QPState, ResourceError, VerbsError, WC)
+from ..wire.errors import MalformedPacket
+from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
+from .memory import MR, PD, KeyTable, as_u8
+from .qp import QP
+from .rxparse import parse
+
+log = logging.getLogger("metaroce.engine")
+_EMPTY = np.zeros(1, np.uint8)
+MAX_QPS = 1024
+
+
+class CQ:
+    def __init__(self, ctx: "Context", depth: int) -> None:
+        self.ctx = ctx
+        self.depth = depth
+        self.q: deque[WC] = deque()
+        self.overruns = 0
+
+    def push(self, wc: WC) -> None:
+        if len(self.q) >= self.depth:
+            self.overruns += 1
+        self.q.append(wc)
+
+    def poll(self, num_entries: int = 16) -> list[WC]:
+        """ibv_poll_cq: up to num_entries completions (drives progress when busy polling)."""
+        eng = self.ctx.engine
+        if not eng.threaded:
+            eng.progress()
+        out = []
+        with eng.lock:
+            while self.q and len(out) < num_entries:
+                out.append(self.q.popleft())
+        return out
+
+    def wait(self, n: int = 1, timeout: float = 10.0) -> list[WC]:
+        """Poll until n completions arrived (test and tool helper); TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout
+        out: list[WC] = []
+        while len(out) < n:
+            out += self.poll(n - len(out))
+            if len(out) >= n:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(out)} of {n} completions after {timeout}s")
+            if self.ctx.engine.threaded:
+                time.sleep(0.0002)
+        return out
+
+
+class Engine:
+    def __init__(self, port: Any, local_ip: str, local_mac: str, max_pmtu: int, threaded: bool = False,
+                 resolve_mac=None) -> None:
+        self.port = port
+        self.local_ip = local_ip
+        self.local_mac = local_mac
+        self.max_pmtu = max_pmtu
+        self.resolve_mac = resolve_mac
+        self.lock = threading.RLock()
+        self.qps: dict[int, QP] = {}
+        self.now = time.monotonic_ns()
+        self.stats: Counter = Counter()
+        self.threaded = threaded
+        self.budget = 64
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fast_ack = None           # kernel ACK fast path (xskport), polled when present
+
+    # -- TX ---------------------------------------------------------------------
+    def make_template(self, qp: QP):
+        dmac = qp.dmac or (self.resolve_mac(qp.dgid) if self.resolve_mac else None)
+        if dmac is None:
+            raise InvalidArgument(f"no MAC address for {qp.dgid}: give QPAttr.dmac or make the peer reachable")
+        qp.dmac = dmac
+        return make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=qp.dgid,
+                             sport=qp.sport, dest_qp=qp.dest_qp, dscp=qp.dscp, ecn=2)
+
+    def emit(self, qp: QP, opcode: int, psn: int, ack_req: int, se: int, ext: bytes, payload, off: int,
+             plen: int) -> None:
+        slot = self.port.tx_slot()
+        if slot is None:
+            self.port.flush()
+            slot = self.port.tx_slot()
+            if slot is None:
+                self.stats["tx_no_frame"] += 1     # recovered by retransmission
+                return
+        buf, boff = slot
+        t = qp.template
+        ext_a = np.frombuffer(ext, dtype=np.uint8) if ext else _EMPTY
+        pay = payload if payload is not None else _EMPTY
+        n = build_frame(TABLES, buf, boff, t.buf, t.length, t.l3_off, t.ipv6, opcode, 0x80 if se else 0,
+                        ack_req, psn, ext_a, len(ext), pay, off, plen)
+        self.port.tx_commit(boff, n)
+        self.stats["tx"] += 1
+
+    # -- progress ----------------------------------------------------------------
+    def progress(self) -> bool:
+        """One round: receive, timers, transmit.  Returns True when it did any work."""
+        with self.lock:
+            self.now = time.monotonic_ns()
+            work = False
+            frames = self.port.rx_burst(self.budget)
+            for f in frames:
+                work = True
+                self.stats["rx"] += 1
+                if not frame_icrc_ok(TABLES, f, 0, len(f)):
+                    self.stats["drop_icrc"] += 1          # MR-ICRC: silently dropped, counted
+                    continue
+                try:
+                    pkt = parse(f)
+                except MalformedPacket as e:
+                    self.stats["drop_" + e.reason.name.lower()] += 1
+                    continue
+                qp = self.qps.get(pkt.dest_qp)
+                if qp is None:
+                    self.stats["drop_unknown_qp"] += 1
+                    continue
+                if not qp.handle(pkt):
+                    self.stats["drop_qp_state"] += 1
+            if frames:
+                self.port.rx_done()
+            if self.fast_ack is not None:
+                work |= self.fast_ack.poll(self)
+            for qp in list(self.qps.values()):
+                if qp.state in (QPState.RESET, QPState.INIT, QPState.ERR):
+                    continue
+                r = qp.responder
+                r.flush_ack()
+                if r.read_queue:
+                    work |= r.progress(self.budget) > 0
+                if qp.state in (QPState.RTS, QPState.SQD):
+                    qp.completer.check_timer(self.now)
+                    if qp.requester.progress(self.budget):
+                        work = True
+            self.port.flush()
+            if not work and hasattr(self.port, "idle_flush"):
+                self.port.idle_flush()
+            return work
+
+    def busy(self) -> bool:
+        return any(q.requester.outstanding() or q.requester.cursor < len(q.requester.sq)
+                   or q.responder.read_queue for q in self.qps.values())
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def qp_state_changed(self, qp: QP) -> None:
+        if self.fast_ack is not None:
+            self.fast_ack.qp_changed(qp)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self.threaded = True
+            self._thread = threading.Thread(target=self._run, name="metaroce-progress", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        idle = 0
+        while not self._stop.is_set():
+            try:
+                did = self.progress()
+            except Exception:                      # keep the engine alive; the error is logged
+                log.exception("progress failed")
+                self.stats["progress_errors"] += 1
+                did = False
+            if did:
+                idle = 0
+                continue
+            idle += 1
+            if idle > 50:
+                # nothing moving: sleep until a packet, a post, or the next timer tick
+                self.port.wait(0.001)
+                self._wake.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class Context:
+    """ibv_context-like: one engine on one port (an interface, or an in-process loop)."""
+
+    def __init__(self, port: Any, local_ip: str | None = None, local_mac: str | None = None,
+                 max_pmtu: int | None = None, progress_thread: bool = False, resolve_mac=None) -> None:
+        self.port = port
+        self.keys = KeyTable()
+        self.engine = Engine(port, local_ip or port.ip, local_mac or port.mac, max_pmtu or port.max_pmtu,
+                             resolve_mac=resolve_mac or getattr(port, "resolve_mac", None))
+        if hasattr(port, "attach_engine"):
+            port.attach_engine(self.engine)
+        self._pd_next = 1
+        self._qpn_next = 0x11
+        self.closed = False
+        if progress_thread:
+            self.engine.start()
+
+    @property
+    def gid(self) -> str:
+        return self.engine.local_ip
+
+    def alloc_pd(self) -> PD:
+        pd = PD(self, self._pd_next)
+        self._pd_next += 1
+        return pd
+
+    def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE) -> MR:
+        access = Access(access)
+        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+            raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
+        mem = as_u8(buf)
+        with self.engine.lock:
+            mr = self.keys.add(pd, mem, access)
+            pd.mrs.add(mr.index)
+        return mr
+
+    def dereg_mr(self, mr: MR) -> None:
+        with self.engine.lock:
+            self.keys.remove(mr)
+            mr.pd.mrs.discard(mr.index)
+
+    def invalidate_rkey(self, rkey: int, pd: PD) -> None:
+        mr = self.keys.lookup(rkey)
+        if mr is not None and mr.pd is pd:
+            mr.valid = False
+
+    def create_cq(self, depth: int = 1024) -> CQ:
+        if depth <= 0:
+            raise InvalidArgument("CQ depth must be positive")
+        return CQ(self, depth)
+
+    def create_qp(self, pd: PD, send_cq: CQ, recv_cq: CQ, cap: QPCap | None = None,
+                  sq_sig_all: bool = False) -> QP:
+        with self.engine.lock:
+            if len(self.engine.qps) >= MAX_QPS - 1:
+                raise ResourceError(f"at most {MAX_QPS - 1} QPs per context")
+            qpn = self._qpn_next
+            while qpn in self.engine.qps or qpn % MAX_QPS == 0 or any(
+                    q % MAX_QPS == qpn % MAX_QPS for q in self.engine.qps):
+                qpn = (qpn + 1) & 0xFFFFFF or 1
+            self._qpn_next = (qpn + 1) & 0xFFFFFF or 1
+            qp = QP(self, pd, send_cq, recv_cq, cap or QPCap(), qpn, sq_sig_all)
+            self.engine.qps[qpn] = qp
+            pd.qps.add(qpn)
+            self.engine.qp_state_changed(qp)
+            return qp
+
+    def destroy_qp(self, qp: QP) -> None:
+        with self.engine.lock:
+            qp.to_error(None, "destroyed")
+            self.engine.qps.pop(qp.qp_num, None)
+            qp.pd.qps.discard(qp.qp_num)
+            qp.state = QPState.RESET
+            self.engine.qp_state_changed(qp)
+
+    def dealloc_pd(self, pd: PD) -> None:
+        if pd.mrs or pd.qps:
+            raise ResourceError(f"PD {pd.handle} still has {len(pd.mrs)} MRs and {len(pd.qps)} QPs")
+        pd.closed = True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.engine.stop()
+        self.port.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["Context", "CQ", "Engine", "VerbsError"]

@@ -1,0 +1,123 @@
+"""Protection domains, memory regions and keys (spec 08-memory.md, MR-MEM).
+
+A key is `index << 8 | tag`: the index finds the MR in the table, the 8-bit
+tag is random per registration so that a stale or guessed key misses
+(MR-SEC).  Every remote access is checked -- key, PD, access flag, bounds --
+before any byte of memory is touched.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import numpy as np
+
+from ..verbs_types import Access, InvalidArgument, ResourceError
+
+MAX_MRS = 1 << 16
+
+
+def as_u8(buf: Any) -> np.ndarray:
+    """A writable flat uint8 view over the caller's memory (numpy array, bytearray, memoryview)."""
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            raise InvalidArgument("MR memory must be C-contiguous")
+        if not buf.flags.writeable:
+            raise InvalidArgument("MR memory must be writable")
+        return buf.reshape(-1).view(np.uint8)
+    if isinstance(buf, (bytearray, memoryview)):
+        mv = memoryview(buf)
+        if mv.readonly:
+            raise InvalidArgument("MR memory must be writable (bytes is read-only: use bytearray)")
+        return np.frombuffer(mv, dtype=np.uint8)
+    raise InvalidArgument(f"MR memory must be a numpy array, bytearray or memoryview, not {type(buf).__name__}")
+
+
+class PD:
+    def __init__(self, ctx: Any, handle: int) -> None:
+        self.ctx = ctx
+        self.handle = handle
+        self.mrs: set[int] = set()
+        self.qps: set[int] = set()
+        self.closed = False
+
+    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE) -> "MR":
+        return self.ctx.reg_mr(self, buf, access)
+
+    def __repr__(self) -> str:
+        return f"PD({self.handle})"
+
+
+class MR:
+    def __init__(self, pd: PD, mem: np.ndarray, access: Access, index: int, tag: int) -> None:
+        self.pd = pd
+        self.mem = mem
+        self.addr = int(mem.ctypes.data) if mem.size else 0
+        self.length = int(mem.size)
+        self.access = Access(access)
+        self.index = index
+        self.lkey = (index << 8) | tag
+        self.rkey = self.lkey
+        self.valid = True
+
+    def offset_of(self, va: int, length: int) -> int | None:
+        """Offset of [va, va+length) inside the MR, or None when out of bounds."""
+        off = va - self.addr
+        if off < 0 or length < 0 or off + length > self.length:
+            return None
+        return off
+
+    def dereg(self) -> None:
+        self.pd.ctx.dereg_mr(self)
+
+    def __repr__(self) -> str:
+        return f"MR(addr={self.addr:#x}, len={self.length}, lkey={self.lkey:#x}, access={self.access!r})"
+
+
+class KeyTable:
+    """lkey/rkey -> MR, with per-registration random tags."""
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, MR] = {}
+        self.next_index = 1
+
+    def add(self, pd: PD, mem: np.ndarray, access: Access) -> MR:
+        if len(self.by_index) >= MAX_MRS - 1:
+            raise ResourceError(f"too many MRs ({MAX_MRS - 1}); deregister some")
+        idx = self.next_index
+        while idx in self.by_index:
+            idx = idx % (MAX_MRS - 1) + 1
+        self.next_index = idx % (MAX_MRS - 1) + 1
+        mr = MR(pd, mem, access, idx, secrets.randbelow(256))
+        self.by_index[idx] = mr
+        return mr
+
+    def remove(self, mr: MR) -> None:
+        if self.by_index.get(mr.index) is mr:
+            del self.by_index[mr.index]
+        mr.valid = False
+
+    def lookup(self, key: int) -> MR | None:
+        mr = self.by_index.get(key >> 8)
+        if mr is None or mr.lkey != key or not mr.valid:
+            return None
+        return mr
+
+    def check_remote(self, key: int, pd: PD, va: int, length: int, need: Access) -> tuple[MR, int] | None:
+        """MR-MEM: key, PD, access and bounds all pass -> (mr, offset); else None (remote access error)."""
+        mr = self.lookup(key)
+        if mr is None or mr.pd is not pd or not (mr.access & need):
+            return None
+        off = mr.offset_of(va, length)
+        if off is None:
+            return None
+        return mr, off
+
+    def check_local(self, key: int, pd: PD, addr: int, length: int, need: Access = Access(0)) -> tuple[MR, int] | None:
+        mr = self.lookup(key)
+        if mr is None or mr.pd is not pd or (need and not (mr.access & need)):
+            return None
+        off = mr.offset_of(addr, length)
+        if off is None:
+            return None
+        return mr, off

@@ -1,0 +1,109 @@
+"""Packet I/O for the engine.
+
+A port hands out TX slots (a buffer and an offset where one frame may be
+built), takes them back with the frame's length, and yields received frames
+as uint8 views that stay valid until `rx_done()`.  `XskPort` (engine.py's
+neighbour, in xskport.py) does this over AF_XDP; `LoopPort.pair()` joins two
+engines in one process, with seeded faults, for tests of the transport logic.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Faults:
+    """Seeded impairments for LoopPort (the veth tests use bpf/fault_inject.c instead)."""
+    seed: int = 1
+    drop: float = 0.0
+    dup: float = 0.0
+    corrupt: float = 0.0
+    reorder: float = 0.0      # probability a frame is held back and sent after the next one
+
+
+class LoopPort:
+    frame_size = 4096 + 128
+
+    def __init__(self, name: str, faults: Faults | None = None) -> None:
+        self.name = name
+        self.peer: LoopPort | None = None
+        self.inbox: deque[bytes] = deque()
+        self.faults = faults or Faults(drop=0)
+        self.rng = random.Random(self.faults.seed)
+        self.held: bytes | None = None
+        self._scratch = np.zeros(self.frame_size, np.uint8)
+        self._rx_cur: list[np.ndarray] = []
+        self.event = threading.Event()
+        self.tx_frames = 0
+        self.max_pmtu = 4096
+        self.mac = "02:00:00:00:00:01"
+        self.ip = "10.55.0.1"
+        self.closed = False
+
+    @classmethod
+    def pair(cls, faults_ab: Faults | None = None, faults_ba: Faults | None = None) -> tuple["LoopPort", "LoopPort"]:
+        a, b = cls("a", faults_ab), cls("b", faults_ba)
+        a.peer, b.peer = b, a
+        a.mac, b.mac = "02:00:00:00:00:01", "02:00:00:00:00:02"
+        a.ip, b.ip = "10.55.0.1", "10.55.0.2"
+        return a, b
+
+    # -- TX --------------------------------------------------------------------
+    def tx_slot(self) -> tuple[np.ndarray, int] | None:
+        return self._scratch, 0
+
+    def tx_commit(self, off: int, length: int) -> None:
+        frame = bytes(self._scratch[off:off + length])
+        self.tx_frames += 1
+        f, rng = self.faults, self.rng
+        if f.drop and rng.random() < f.drop:
+            return
+        if f.corrupt and rng.random() < f.corrupt:
+            b = bytearray(frame)
+            b[rng.randrange(42, len(b))] ^= 1 << rng.randrange(8)
+            frame = bytes(b)
+        copies = 2 if (f.dup and rng.random() < f.dup) else 1
+        for _ in range(copies):
+            if self.held is None and f.reorder and rng.random() < f.reorder:
+                self.held = frame
+                continue
+            self._deliver(frame)
+            if self.held is not None:
+                self._deliver(self.held)
+                self.held = None
+
+    def _deliver(self, frame: bytes) -> None:
+        assert self.peer is not None
+        self.peer.inbox.append(frame)
+        self.peer.event.set()
+
+    def flush(self) -> None:
+        pass
+
+    def idle_flush(self) -> None:
+        """Release a held-back frame when nothing else is coming (so reordering never loses it)."""
+        if self.held is not None:
+            self._deliver(self.held)
+            self.held = None
+
+    # -- RX --------------------------------------------------------------------
+    def rx_burst(self, max_n: int) -> list[np.ndarray]:
+        out = []
+        while self.inbox and len(out) < max_n:
+            out.append(np.frombuffer(self.inbox.popleft(), dtype=np.uint8))
+        return out
+
+    def rx_done(self) -> None:
+        pass
+
+    def wait(self, timeout: float) -> None:
+        self.event.wait(timeout)
+        self.event.clear()
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,299 @@
+"""The queue pair: state machine (spec 07-qp-state.md, MR-QP) and the glue
+between its three roles (requester, responder, completer) and the engine.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
+                           QueueFull, RecvWR, SendFlags, SendWR, WC, WCOpcode, WCStatus, WROpcode)
+from ..wire.opcodes import OpMask
+from .completer import Completer
+from .requester import Requester
+from .responder import Responder
+from .wqe import WC_OF_WR, RecvWQE, SendWQE
+
+if TYPE_CHECKING:
+    from .engine import CQ, Context
+    from .memory import PD
+    from .rxparse import RxPkt
+
+log = logging.getLogger("metaroce.qp")
+
+# MR-QP: allowed transitions (IBTA 10.3.1, as in ibv_modify_qp); any state -> RESET and -> ERR.
+TRANSITIONS = {
+    QPState.RESET: {QPState.INIT},
+    QPState.INIT: {QPState.INIT, QPState.RTR},
+    QPState.RTR: {QPState.RTS},
+    QPState.RTS: {QPState.RTS, QPState.SQD},
+    QPState.SQD: {QPState.SQD, QPState.RTS},
+    QPState.SQE: {QPState.RTS},
+    QPState.ERR: set(),
+}
+REQUIRED = {
+    (QPState.INIT, QPState.RTR): ("dest_qp_num", "rq_psn", "path_mtu", "dgid"),
+    (QPState.RTR, QPState.RTS): ("sq_psn",),
+}
+OPTIONAL = {
+    (QPState.RESET, QPState.INIT): ("qp_access_flags", "pkey_index", "port_num"),
+    (QPState.INIT, QPState.INIT): ("qp_access_flags", "pkey_index", "port_num"),
+    (QPState.INIT, QPState.RTR): ("qp_access_flags", "max_dest_rd_atomic", "min_rnr_timer", "dmac", "sport",
+                                  "dscp", "pkey_index"),
+    (QPState.RTR, QPState.RTS): ("timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "qp_access_flags",
+                                 "min_rnr_timer"),
+    (QPState.RTS, QPState.RTS): ("qp_access_flags", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry"),
+    (QPState.SQD, QPState.RTS): ("qp_access_flags", "timeout", "retry_cnt", "rnr_retry"),
+    (QPState.SQE, QPState.RTS): ("qp_access_flags",),
+}
+
+REQ_STATES = (QPState.RTR, QPState.RTS, QPState.SQD)           # accept requests
+ACK_STATES = (QPState.RTS, QPState.SQD, QPState.SQE)           # accept responses
+
+
+class QP:
+    def __init__(self, ctx: "Context", pd: "PD", send_cq: "CQ", recv_cq: "CQ", cap: QPCap,
+                 qp_num: int, sq_sig_all: bool) -> None:
+        self.ctx = ctx
+        self.pd = pd
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.cap = cap
+        self.qp_num = qp_num
+        self.sq_sig_all = sq_sig_all
+        self.state = QPState.RESET
+        self.access = Access(0)
+        self.pmtu = 1024
+        self.dest_qp = 0
+        self.dgid: str | None = None
+        self.dmac: str | None = None
+        self.sport = 0xC000 | (qp_num & 0x3FFF)
+        self.dscp = 26
+        self.attr_timeout = 14
+        self.attr_retry_cnt = 7
+        self.attr_rnr_retry = 7
+        self.attr_min_rnr_timer = 12
+        self.attr_max_rd_atomic = 1
+        self.attr_max_dest_rd_atomic = 1
+        self.template = None
+        self.requester = Requester(self)
+        self.responder = Responder(self)
+        self.completer = Completer(self)
+        self.error_reason: str | None = None
+
+    # ---- the engine's services -------------------------------------------------
+    def now(self) -> int:
+        return self.ctx.engine.now
+
+    def emit(self, opcode, psn, ack_req, se, ext, payload, off, plen) -> None:
+        self.ctx.engine.emit(self, opcode, psn, ack_req, se, ext, payload, off, plen)
+
+    def log(self, msg: str) -> None:
+        log.debug("QP %#x: %s", self.qp_num, msg)
+
+    def can_send(self) -> bool:
+        return self.state == QPState.RTS
+
+    # ---- state machine -------------------------------------------------------------
+    def modify(self, attr: QPAttr) -> None:
+        """ibv_modify_qp: move to attr.qp_state (or stay) setting the given attributes."""
+        new = QPState(attr.qp_state) if attr.qp_state is not None else self.state
+        given = attr.given()
+        given.pop("qp_state", None)
+        with self.ctx.engine.lock:
+            if new == QPState.RESET:
+                self._reset()
+                return
+            if new == QPState.ERR:
+                self.to_error(None, "moved to ERR by the application")
+                return
+            if new not in TRANSITIONS[self.state]:
+                raise InvalidState(f"QP {self.qp_num:#x}: {self.state.name} -> {new.name} is not a valid transition")
+            key = (self.state, new)
+            missing = [a for a in REQUIRED.get(key, ()) if a not in given]
+            if missing:
+                raise InvalidArgument(f"QP {self.qp_num:#x}: {self.state.name} -> {new.name} needs {missing}")
+            allowed = set(REQUIRED.get(key, ())) | set(OPTIONAL.get(key, ()))
+            extra = sorted(set(given) - allowed)
+            if extra:
+                raise InvalidArgument(f"QP {self.qp_num:#x}: {self.state.name} -> {new.name} does not take {extra}")
+            self._apply(given)
+            if key == (QPState.INIT, QPState.RTR):
+                self.responder.reset(given["rq_psn"])
+                self.template = self.ctx.engine.make_template(self)
+            if key == (QPState.RTR, QPState.RTS):
+                self.requester.reset(given["sq_psn"])
+                self.completer.reset_budgets()
+                self.completer.last_progress = self.now()
+            self.state = new
+            self.ctx.engine.qp_state_changed(self)
+            self.log(f"-> {new.name}")
+
+    def _apply(self, given: dict) -> None:
+        for k, v in given.items():
+            if k == "qp_access_flags":
+                self.access = Access(v)
+            elif k == "path_mtu":
+                if v not in PATH_MTUS:
+                    raise InvalidArgument(f"path_mtu {v}: use one of {PATH_MTUS}")
+                limit = self.ctx.engine.max_pmtu
+                if v > limit:
+                    raise InvalidArgument(f"path_mtu {v} exceeds what the interface carries ({limit})")
+                self.pmtu = v
+            elif k == "dest_qp_num":
+                if not 0 < v < 1 << 24:
+                    raise InvalidArgument(f"dest_qp_num {v:#x} is not a 24-bit QPN")
+                self.dest_qp = v
+            elif k in ("rq_psn", "sq_psn"):
+                if not 0 <= v < 1 << 24:
+                    raise InvalidArgument(f"{k} {v:#x} is not a 24-bit PSN")
+            elif k == "dgid":
+                try:
+                    ipaddress.ip_address(v.removeprefix("::ffff:") if "." in v else v)
+                except ValueError:
+                    raise InvalidArgument(f"dgid {v!r} is not an IP address") from None
+                self.dgid = v.removeprefix("::ffff:") if "." in v else v
+            elif k == "dmac":
+                self.dmac = v
+            elif k in ("timeout", "min_rnr_timer"):
+                if not 0 <= v <= 31:
+                    raise InvalidArgument(f"{k} {v} must be 0..31")
+                setattr(self, "attr_" + k, v)
+            elif k in ("retry_cnt", "rnr_retry"):
+                if not 0 <= v <= 7:
+                    raise InvalidArgument(f"{k} {v} must be 0..7")
+                setattr(self, "attr_" + k, v)
+            elif k in ("max_rd_atomic", "max_dest_rd_atomic"):
+                if not 0 <= v <= 16:
+                    raise InvalidArgument(f"{k} {v} must be 0..16")
+                setattr(self, "attr_" + k, v)
+            elif k == "sport":
+                self.sport = v
+            elif k == "dscp":
+                self.dscp = v
+
+    def _reset(self) -> None:
+        self.state = QPState.RESET
+        self.requester = Requester(self)
+        self.responder = Responder(self)
+        self.completer = Completer(self)
+        self.error_reason = None
+        self.ctx.engine.qp_state_changed(self)
+
+    def to_error(self, status: WCStatus | None, why: str) -> None:
+        """MR-QP: enter ERR; the WQE at the head completes with `status`, the rest are flushed."""
+        if self.state == QPState.ERR:
+            return
+        self.log(f"-> ERR: {why}")
+        self.error_reason = why
+        self.state = QPState.ERR
+        sq = self.requester.sq
+        first = True
+        while sq:
+            w = sq.pop(0)
+            st = status if (first and status is not None and w.first_psn is not None) else WCStatus.WR_FLUSH_ERR
+            first = False
+            self.send_cq.push(WC(wr_id=w.wr.wr_id, status=st, opcode=WC_OF_WR[w.opcode], qp_num=self.qp_num))
+        self.requester.cursor = 0
+        for r in self.responder.rq:
+            self.recv_cq.push(WC(wr_id=r.wr_id, status=WCStatus.WR_FLUSH_ERR, opcode=WCOpcode.RECV,
+                                 qp_num=self.qp_num))
+        self.responder.rq.clear()
+        self.ctx.engine.qp_state_changed(self)
+
+    # ---- posting ------------------------------------------------------------------
+    def _sinks(self, sg_list, need: Access) -> tuple[list, int]:
+        sinks = []
+        total = 0
+        if len(sg_list) > self.cap.max_send_sge:
+            raise InvalidArgument(f"{len(sg_list)} SGEs > max {self.cap.max_send_sge}")
+        for sge in sg_list:
+            chk = self.ctx.keys.check_local(sge.lkey, self.pd, sge.addr, sge.length, need)
+            if chk is None:
+                raise InvalidArgument(f"SGE addr={sge.addr:#x} len={sge.length} lkey={sge.lkey:#x}: "
+                                      "no such MR in this PD, out of bounds or missing LOCAL_WRITE")
+            mr, off = chk
+            sinks.append((mr.mem, off, sge.length))
+            total += sge.length
+        return sinks, total
+
+    def post_send(self, wrs: SendWR | Iterable[SendWR]) -> None:
+        if isinstance(wrs, SendWR):
+            wrs = [wrs]
+        with self.ctx.engine.lock:
+            if self.state not in (QPState.RTS, QPState.SQD):
+                raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_send needs RTS")
+            for wr in wrs:
+                if len(self.requester.sq) >= self.cap.max_send_wr:
+                    raise QueueFull(f"send queue full ({self.cap.max_send_wr} WRs): poll the send CQ")
+                try:
+                    op = WROpcode(wr.opcode)
+                except ValueError:
+                    raise InvalidArgument(f"unknown send opcode {wr.opcode!r}") from None
+                need = Access.LOCAL_WRITE if op in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
+                                                    WROpcode.ATOMIC_FETCH_AND_ADD) else Access(0)
+                sinks, total = self._sinks(wr.sg_list, need)
+                data = None
+                if op in (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD):
+                    if total != 8:
+                        raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
+                elif op != WROpcode.RDMA_READ:
+                    if len(sinks) == 1:
+                        mem, off, n = sinks[0]
+                        data = mem[off:off + n]
+                    elif sinks:
+                        data = np.concatenate([m[o:o + n] for m, o, n in sinks])
+                    else:
+                        data = np.zeros(0, np.uint8)
+                if total >= 1 << 31:
+                    raise InvalidArgument(f"message of {total} bytes exceeds 2 GiB - 1")
+                signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
+                self.requester.sq.append(SendWQE(wr, total, data, sinks, signaled))
+        self.ctx.engine.kick()
+
+    def post_recv(self, wrs: RecvWR | Iterable[RecvWR]) -> None:
+        if isinstance(wrs, RecvWR):
+            wrs = [wrs]
+        with self.ctx.engine.lock:
+            if self.state == QPState.RESET or self.state == QPState.ERR:
+                raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_recv needs INIT or later")
+            for wr in wrs:
+                if len(self.responder.rq) >= self.cap.max_recv_wr:
+                    raise QueueFull(f"receive queue full ({self.cap.max_recv_wr} WRs)")
+                sinks, total = self._sinks(wr.sg_list, Access.LOCAL_WRITE)
+                self.responder.rq.append(RecvWQE(wr.wr_id, sinks, total))
+        self.ctx.engine.kick()
+
+    # ---- input ---------------------------------------------------------------------
+    def handle(self, pkt: "RxPkt") -> bool:
+        """Dispatch a packet addressed to this QP; False when the state refuses it."""
+        m = pkt.op.mask
+        if m & OpMask.REQ:
+            if self.state not in REQ_STATES:
+                return False
+            self.responder.on_request(pkt)
+            return True
+        if m & OpMask.ACK:
+            if self.state not in ACK_STATES:
+                return False
+            if pkt.opcode == 0x11:
+                self.completer.on_syndrome(pkt.psn, pkt.syndrome, pkt.msn)
+            else:
+                self.completer.on_response(pkt)
+            return True
+        return False
+
+    def query(self) -> dict:
+        r, s, c = self.requester, self.responder, self.completer
+        return {
+            "qpn": self.qp_num, "state": self.state.name, "dest_qpn": self.dest_qp, "dgid": self.dgid,
+            "path_mtu": self.pmtu, "sq_psn": r.psn_next, "acked_psn": r.acked_psn, "rq_psn": s.epsn,
+            "msn": s.msn, "sq_depth": len(r.sq), "rq_depth": len(s.rq), "packets_sent": r.packets_sent,
+            "bytes_sent": r.bytes_sent, "bytes_received": s.bytes_received, "retransmits": r.retransmits,
+            "timeouts": c.timeouts, "naks_received": c.naks, "rnr_naks_received": c.rnr_naks,
+            "seq_naks_sent": s.seq_naks, "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.dup_requests,
+            "error": self.error_reason,
+        }

@@ -1,0 +1,189 @@
+"""Requester: send queue -> request packets (spec 03-compat-rc.md).
+
+Segments messages by path MTU (MR-RC), assigns PSNs, limits in-flight
+packets and outstanding READ/ATOMICs (max_rd_atomic), sets AckReq on the last
+packet of each message and periodically inside long ones (MR-ACK), and
+rewinds for go-back-N when the completer asks (MR-RETRY).  PSNs of a WQE are
+assigned once, when first sent, and reused on every retransmission.
+"""
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from ..verbs_types import SendFlags, WROpcode
+from ..wire.opcodes import Op
+from ..wire.psn import PSN_MASK, psn_diff
+from .wqe import SendWQE
+
+if TYPE_CHECKING:
+    from .qp import QP
+
+_RETH = struct.Struct("!QII")
+_IMM = struct.Struct("!I")
+_ATOM = struct.Struct("!QIQQ")
+
+ACKREQ_EVERY = 32          # AckReq inside long messages, so ACKs keep the window open
+
+
+def _write_opcode(k: int, n: int, imm: bool) -> int:
+    if n == 1:
+        return Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE if imm else Op.RDMA_WRITE_ONLY
+    if k == 0:
+        return Op.RDMA_WRITE_FIRST
+    if k == n - 1:
+        return Op.RDMA_WRITE_LAST_WITH_IMMEDIATE if imm else Op.RDMA_WRITE_LAST
+    return Op.RDMA_WRITE_MIDDLE
+
+
+def _send_opcode(k: int, n: int, imm: bool) -> int:
+    if n == 1:
+        return Op.SEND_ONLY_WITH_IMMEDIATE if imm else Op.SEND_ONLY
+    if k == 0:
+        return Op.SEND_FIRST
+    if k == n - 1:
+        return Op.SEND_LAST_WITH_IMMEDIATE if imm else Op.SEND_LAST
+    return Op.SEND_MIDDLE
+
+
+class Requester:
+    def __init__(self, qp: "QP") -> None:
+        self.qp = qp
+        self.sq: list[SendWQE] = []     # posted, not yet completed; head is the oldest
+        self.cursor = 0                 # index in sq of the next WQE to (re)transmit
+        self.psn_next = 0               # next PSN never used
+        self.acked_psn = PSN_MASK       # highest cumulatively acknowledged PSN
+        self.pause_until = 0            # RNR back-off: no sending before this time (ns)
+        self.max_inflight = 256         # packets between the oldest unacked PSN and the next
+        self.packets_sent = 0
+        self.retransmits = 0
+        self.bytes_sent = 0
+
+    def reset(self, sq_psn: int) -> None:
+        self.psn_next = sq_psn & PSN_MASK
+        self.acked_psn = (sq_psn - 1) & PSN_MASK
+        self.cursor = 0
+
+    # -- helpers ---------------------------------------------------------
+    def oldest_unacked_psn(self) -> int:
+        for w in self.sq:
+            if w.first_psn is None:
+                break
+            if w.done:
+                continue
+            if w.is_rd_atomic:
+                return (w.first_psn + w.resp_bytes // self.qp.pmtu) & PSN_MASK
+            nxt = (self.acked_psn + 1) & PSN_MASK
+            d = psn_diff(nxt, w.first_psn)
+            return nxt if 0 < d < w.npsn else w.first_psn
+        return self.psn_next
+
+    def note_acked(self, psn: int) -> None:
+        if psn_diff(psn, self.acked_psn) > 0:
+            self.acked_psn = psn
+
+    def outstanding(self) -> bool:
+        """True when some sent PSN is not yet acknowledged."""
+        return any(w.first_psn is not None and not w.done for w in self.sq)
+
+    def _rd_atomic_inflight(self, upto: int) -> int:
+        return sum(1 for w in self.sq[:upto] if w.is_rd_atomic and w.first_psn is not None and not w.done)
+
+    # -- transmit ----------------------------------------------------------
+    def progress(self, budget: int) -> int:
+        """Send up to `budget` packets; returns how many were sent."""
+        qp = self.qp
+        if not qp.can_send() or qp.now() < self.pause_until:
+            return 0
+        sent = 0
+        mtu = qp.pmtu
+        una = self.oldest_unacked_psn()
+        while sent < budget and self.cursor < len(self.sq):
+            w = self.sq[self.cursor]
+            if w.done:
+                self.cursor += 1
+                continue
+            new = w.first_psn is None
+            if new:
+                if w.is_rd_atomic and self._rd_atomic_inflight(self.cursor) >= max(1, qp.attr_max_rd_atomic):
+                    break
+                if (w.wr.send_flags & SendFlags.FENCE) and self._rd_atomic_inflight(self.cursor):
+                    break
+                if w.opcode == WROpcode.RDMA_READ or w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM,
+                                                                  WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+                    w.npsn = max(1, -(-w.length // mtu))
+                else:
+                    w.npsn = 1
+                w.first_psn = self.psn_next
+                self.psn_next = (self.psn_next + w.npsn) & PSN_MASK
+                w.sent = 0
+            psn = (w.first_psn + w.sent) & PSN_MASK
+            if psn_diff(psn, una) >= self.max_inflight:
+                break
+            if w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+                k = w.sent
+                n = w.npsn
+                off = k * mtu
+                plen = min(mtu, w.length - off)
+                last = k == n - 1
+                imm = w.opcode in (WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND_WITH_IMM)
+                if w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM):
+                    opcode = _write_opcode(k, n, imm)
+                    ext = b""
+                    if k == 0:
+                        ext = _RETH.pack(w.wr.remote_addr, w.wr.rkey, w.length)
+                else:
+                    opcode = _send_opcode(k, n, imm)
+                    ext = b""
+                if last and imm:
+                    ext += _IMM.pack(w.wr.imm_data & 0xFFFFFFFF)
+                se = 1 if (last and w.wr.send_flags & SendFlags.SOLICITED and
+                           w.opcode in (WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM)) else 0
+                ack_req = 1 if (last or (k + 1) % ACKREQ_EVERY == 0) else 0
+                qp.emit(opcode, psn, ack_req, se, ext, w.data, off, plen)
+                self.bytes_sent += plen
+                w.sent += 1
+                sent += 1
+                if w.sent >= n:
+                    self.cursor += 1
+            elif w.opcode == WROpcode.RDMA_READ:
+                k = w.sent if w.sent else w.resp_bytes // mtu      # retry resumes at the first missing response
+                off = k * mtu
+                ext = _RETH.pack(w.wr.remote_addr + off, w.wr.rkey, w.length - off)
+                qp.emit(Op.RDMA_READ_REQUEST, (w.first_psn + k) & PSN_MASK, 1, 0, ext, None, 0, 0)
+                w.sent = w.npsn                                    # one request covers the rest
+                sent += 1
+                self.cursor += 1
+            else:
+                if w.opcode == WROpcode.ATOMIC_CMP_AND_SWP:
+                    ext = _ATOM.pack(w.wr.remote_addr, w.wr.rkey, w.wr.swap & (2**64 - 1), w.wr.compare_add & (2**64 - 1))
+                    opcode = Op.COMPARE_SWAP
+                else:
+                    ext = _ATOM.pack(w.wr.remote_addr, w.wr.rkey, w.wr.compare_add & (2**64 - 1), 0)
+                    opcode = Op.FETCH_ADD
+                qp.emit(opcode, w.first_psn, 1, 0, ext, None, 0, 0)
+                w.sent = 1
+                sent += 1
+                self.cursor += 1
+        self.packets_sent += sent
+        return sent
+
+    # -- go-back-N -----------------------------------------------------------
+    def retry_from(self, psn: int) -> None:
+        """Rewind so the next packet sent is `psn` (MR-RETRY: go-back-N)."""
+        for i, w in enumerate(self.sq):
+            if w.done or w.first_psn is None:
+                continue
+            d = psn_diff(psn, w.first_psn)
+            if d < w.npsn:
+                self.cursor = i
+                if w.opcode == WROpcode.RDMA_READ:
+                    w.sent = 0       # re-request from the first missing response
+                else:
+                    w.sent = max(0, d)
+                for later in self.sq[i + 1:]:
+                    if later.first_psn is not None:
+                        later.sent = 0
+                self.retransmits += 1
+                return
+        # nothing outstanding at or after psn: nothing to resend

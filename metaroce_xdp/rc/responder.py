@@ -1,0 +1,344 @@
+"""Responder: request packets -> memory, receive completions, ACKs and NAKs
+(spec 03-compat-rc.md: MR-RC, MR-ACK, MR-NAK, MR-RNR, MR-DUP, MR-ATOM; 08: MR-MEM).
+
+Ingress is a validation pipeline, in this order: PSN (expected, duplicate or
+out of sequence), opcode sequence, receive WQE (RNR), key / PD / access /
+bounds, lengths -- and only then is memory touched.  READ and ATOMIC
+requests are remembered in a small ring of responder resources
+(max_dest_rd_atomic) so duplicates are re-executed (READ) or replayed
+(ATOMIC) without touching memory twice.
+"""
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..verbs_types import Access, WC, WCFlags, WCOpcode, WCStatus
+from ..wire.headers import (AETH_ACK, AETH_CREDIT_INVALID, AETH_NAK, AETH_RNR_NAK, NAK_INVALID_REQUEST,
+                            NAK_PSN_SEQ_ERR, NAK_REMOTE_ACCESS_ERR, NAK_REMOTE_OP_ERR)
+from ..wire.opcodes import Op, OpMask
+from ..wire.psn import PSN_MASK, psn_diff
+from .wqe import scatter
+
+if TYPE_CHECKING:
+    from .qp import QP
+    from .rxparse import RxPkt
+
+_AETH = struct.Struct("!I")
+_AETH_ORIG = struct.Struct("!IQ")
+U64_MASK = (1 << 64) - 1
+
+
+class Resource:
+    """A remembered READ or ATOMIC request (IBTA responder resources)."""
+    __slots__ = ("kind", "psn", "npsn", "mr", "offset", "length", "orig", "msn")
+
+    def __init__(self, kind: str, psn: int, npsn: int, mr, offset: int, length: int, msn: int) -> None:
+        self.kind = kind
+        self.psn = psn
+        self.npsn = npsn
+        self.mr = mr
+        self.offset = offset
+        self.length = length
+        self.orig = 0
+        self.msn = msn
+
+
+class Responder:
+    def __init__(self, qp: "QP") -> None:
+        self.qp = qp
+        self.epsn = 0
+        self.msn = 0
+        self.rq: list = []                  # posted receive WQEs
+        self.cur_recv = None                # receive WQE being filled by a multi-packet SEND
+        self.recv_off = 0
+        self.recv_status = WCStatus.SUCCESS
+        self.write_mr = None                # WRITE in progress: MR, offset, bytes left
+        self.write_off = 0
+        self.write_left = 0
+        self.in_progress = 0                # 0 none, OpMask.SEND or OpMask.WRITE in the middle of a message
+        self.resources: list[Resource] = []
+        self.nak_sent = False               # one PSN-sequence-error NAK per ePSN (MR-NAK)
+        self.ack_pending = False
+        self.bytes_received = 0
+        self.dup_requests = 0
+        self.seq_naks = 0
+        self.rnr_naks_sent = 0
+        self.read_queue: list = []          # [resource, next k]: READ responses still to send
+
+    def reset(self, rq_psn: int) -> None:
+        self.epsn = rq_psn & PSN_MASK
+        self.msn = 0
+
+    # -- outputs --------------------------------------------------------------
+    def _send_syndrome(self, psn: int, syndrome: int) -> None:
+        self.qp.emit(Op.ACKNOWLEDGE, psn, 0, 0, _AETH.pack((syndrome << 24) | (self.msn & 0xFFFFFF)), None, 0, 0)
+
+    def flush_ack(self) -> None:
+        """Coalesced ACK for everything received so far (MR-ACK)."""
+        if self.ack_pending:
+            self.ack_pending = False
+            self._send_syndrome((self.epsn - 1) & PSN_MASK, AETH_ACK | AETH_CREDIT_INVALID)
+
+    def _nak(self, code: int, psn: int, fatal: bool, status: WCStatus, why: str) -> None:
+        self.flush_ack()
+        self._send_syndrome(psn, AETH_NAK | code)
+        if fatal:
+            self.qp.log(f"responder error: {why}")
+            if self.cur_recv is not None:
+                self.qp.recv_cq.push(WC(wr_id=self.cur_recv.wr_id, status=status, opcode=WCOpcode.RECV,
+                                        qp_num=self.qp.qp_num))
+                self.cur_recv = None
+            self.qp.to_error(None, why)
+
+    # -- input ----------------------------------------------------------------
+    def on_request(self, pkt: "RxPkt") -> None:
+        d = psn_diff(pkt.psn, self.epsn)
+        if d > 0:
+            # out of sequence: NAK once per ePSN, drop (MR-NAK)
+            if not self.nak_sent:
+                self.nak_sent = True
+                self.seq_naks += 1
+                self.flush_ack()
+                self._send_syndrome(self.epsn, AETH_NAK | NAK_PSN_SEQ_ERR)
+            return
+        if d < 0:
+            self._duplicate(pkt)
+            return
+        self.nak_sent = False
+        op = pkt.op
+        m = op.mask
+        # opcode sequence: continue the message in progress, or start a new one
+        if self.in_progress:
+            if not (m & self.in_progress) or (m & OpMask.START):
+                self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                          f"{op.name} inside a {'SEND' if self.in_progress == OpMask.SEND else 'WRITE'}")
+                return
+        elif not (m & OpMask.START) and (m & (OpMask.SEND | OpMask.WRITE)):
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"{op.name} without FIRST")
+            return
+        if m & OpMask.NATIVE:
+            # native opcodes on a compat connection: invalid request (MR-NAT)
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "native opcode on compat QP")
+            return
+        if m & OpMask.SEND:
+            self._send(pkt)
+        elif m & OpMask.WRITE:
+            self._write(pkt)
+        elif m & OpMask.READ:
+            self._read(pkt)
+        elif m & OpMask.ATOMIC:
+            self._atomic(pkt)
+        else:
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"unexpected {op.name}")
+
+    def _len_ok(self, pkt: "RxPkt") -> bool:
+        """MR-RC: FIRST/MIDDLE carry exactly one path MTU; LAST 1..MTU; ONLY 0..MTU."""
+        n = len(pkt.payload)
+        mtu = self.qp.pmtu
+        m = pkt.op.mask
+        if not (m & OpMask.END):
+            return n == mtu
+        if not (m & OpMask.START):
+            return 1 <= n <= mtu
+        return n <= mtu
+
+    def _take_recv(self, pkt: "RxPkt") -> bool:
+        """A receive WQE for this message, or an RNR NAK (MR-RNR)."""
+        if self.rq:
+            self.cur_recv = self.rq.pop(0)
+            self.recv_off = 0
+            self.recv_status = WCStatus.SUCCESS
+            return True
+        self.flush_ack()
+        self.rnr_naks_sent += 1
+        self._send_syndrome(pkt.psn, AETH_RNR_NAK | (self.qp.attr_min_rnr_timer & 0x1F))
+        return False
+
+    def _advance(self, pkt: "RxPkt", npsn: int = 1) -> None:
+        self.epsn = (self.epsn + npsn) & PSN_MASK
+        if pkt.ack_req:
+            self.ack_pending = True
+
+    def _send(self, pkt: "RxPkt") -> None:
+        m = pkt.op.mask
+        if not self._len_ok(pkt):
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "SEND packet length")
+            return
+        if m & OpMask.START and not self._take_recv(pkt):
+            return
+        w = self.cur_recv
+        n = len(pkt.payload)
+        if self.recv_off + n > w.length:
+            # the message is longer than the receive buffer: local length error here, invalid request there
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.LOC_LEN_ERR, "SEND longer than receive buffer")
+            return
+        scatter(w.sinks, self.recv_off, pkt.payload)
+        self.recv_off += n
+        self.bytes_received += n
+        if m & OpMask.END:
+            self.in_progress = 0
+            self.msn = (self.msn + 1) & 0xFFFFFF
+            flags = WCFlags(0)
+            if pkt.imm is not None:
+                flags |= WCFlags.WITH_IMM
+            if pkt.ieth is not None:
+                self.qp.ctx.invalidate_rkey(pkt.ieth, self.qp.pd)
+            self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS, opcode=WCOpcode.RECV,
+                                    byte_len=self.recv_off, qp_num=self.qp.qp_num, imm_data=pkt.imm,
+                                    wc_flags=flags))
+            self.cur_recv = None
+        else:
+            self.in_progress = OpMask.SEND
+        self._advance(pkt)
+
+    def _write(self, pkt: "RxPkt") -> None:
+        m = pkt.op.mask
+        if not self._len_ok(pkt):
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "WRITE packet length")
+            return
+        if m & OpMask.START:
+            if pkt.dma_len == 0:
+                self.write_mr, self.write_off, self.write_left = None, 0, 0
+            else:
+                chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, pkt.dma_len, Access.REMOTE_WRITE)
+                if chk is None or not (self.qp.access & Access.REMOTE_WRITE):
+                    self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
+                              f"WRITE rkey {pkt.rkey:#x} va {pkt.va:#x} len {pkt.dma_len}")
+                    return
+                self.write_mr, self.write_off = chk
+                self.write_left = pkt.dma_len
+        n = len(pkt.payload)
+        if n > self.write_left or ((m & OpMask.END) and n != self.write_left):
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"WRITE carries {n} bytes, {self.write_left} left")
+            return
+        if m & OpMask.IMMDT and not self._take_recv(pkt):
+            return                                           # RNR before touching memory
+        if n:
+            self.write_mr.mem[self.write_off:self.write_off + n] = pkt.payload
+            self.write_off += n
+            self.write_left -= n
+            self.bytes_received += n
+        if m & OpMask.END:
+            self.in_progress = 0
+            self.msn = (self.msn + 1) & 0xFFFFFF
+            if m & OpMask.IMMDT:
+                w = self.cur_recv
+                self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS,
+                                        opcode=WCOpcode.RECV_RDMA_WITH_IMM, byte_len=0, qp_num=self.qp.qp_num,
+                                        imm_data=pkt.imm, wc_flags=WCFlags.WITH_IMM))
+                self.cur_recv = None
+        else:
+            self.in_progress = OpMask.WRITE
+        self._advance(pkt)
+
+    def _remember(self, res: Resource) -> None:
+        self.resources.append(res)
+        limit = max(1, self.qp.attr_max_dest_rd_atomic)
+        if len(self.resources) > limit:
+            del self.resources[0]
+
+    def _read(self, pkt: "RxPkt") -> None:
+        mtu = self.qp.pmtu
+        if pkt.dma_len == 0:
+            mr, off = None, 0
+        else:
+            chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, pkt.dma_len, Access.REMOTE_READ)
+            if chk is None or not (self.qp.access & Access.REMOTE_READ):
+                self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
+                          f"READ rkey {pkt.rkey:#x} va {pkt.va:#x} len {pkt.dma_len}")
+                return
+            mr, off = chk
+        npsn = max(1, -(-pkt.dma_len // mtu))
+        self.flush_ack()
+        self.msn = (self.msn + 1) & 0xFFFFFF
+        res = Resource("read", pkt.psn, npsn, mr, off, pkt.dma_len, self.msn)
+        self._remember(res)
+        self.read_queue.append([res, 0, 0])
+        self.epsn = (self.epsn + npsn) & PSN_MASK
+
+    def progress(self, budget: int) -> int:
+        """Send queued READ responses, at most `budget` packets (the TX ring is finite)."""
+        sent = 0
+        while self.read_queue and sent < budget:
+            entry = self.read_queue[0]
+            res, k, first_k = entry
+            stop = min(res.npsn, k + budget - sent)
+            self._read_responses(res, k, stop, first_k)
+            sent += stop - k
+            if stop >= res.npsn:
+                self.read_queue.pop(0)
+            else:
+                entry[1] = stop
+        return sent
+
+    def _read_responses(self, res: Resource, start: int, stop: int, first_k: int) -> None:
+        mtu = self.qp.pmtu
+        n = res.npsn
+        mem = res.mr.mem if res.mr is not None else None
+        aeth = _AETH.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (res.msn & 0xFFFFFF))
+        for k in range(start, stop):
+            plen = min(mtu, res.length - k * mtu)
+            # a re-executed READ is a new response stream from first_k (MR-DUP)
+            if first_k == n - 1:
+                opcode, ext = Op.RDMA_READ_RESPONSE_ONLY, aeth
+            elif k == first_k:
+                opcode, ext = Op.RDMA_READ_RESPONSE_FIRST, aeth
+            elif k == n - 1:
+                opcode, ext = Op.RDMA_READ_RESPONSE_LAST, aeth
+            else:
+                opcode, ext = Op.RDMA_READ_RESPONSE_MIDDLE, b""
+            self.qp.emit(opcode, (res.psn + k) & PSN_MASK, 0, 0, ext, mem, res.offset + k * mtu, max(0, plen))
+
+    def _atomic(self, pkt: "RxPkt") -> None:
+        chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, 8, Access.REMOTE_ATOMIC)
+        if chk is None or not (self.qp.access & Access.REMOTE_ATOMIC):
+            self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
+                      f"ATOMIC rkey {pkt.rkey:#x} va {pkt.va:#x}")
+            return
+        if pkt.va % 8:
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "ATOMIC address not 8-byte aligned")
+            return
+        mr, off = chk
+        cell = mr.mem[off:off + 8].view(np.uint64)
+        orig = int(cell[0])
+        if pkt.opcode == Op.COMPARE_SWAP:
+            if orig == pkt.compare:
+                cell[0] = pkt.swap_add
+        else:
+            cell[0] = (orig + pkt.swap_add) & U64_MASK
+        self.flush_ack()
+        self.msn = (self.msn + 1) & 0xFFFFFF
+        res = Resource("atomic", pkt.psn, 1, mr, off, 8, self.msn)
+        res.orig = orig
+        self._remember(res)
+        self._atomic_ack(res)
+        self.epsn = (self.epsn + 1) & PSN_MASK
+
+    def _atomic_ack(self, res: Resource) -> None:
+        ext = _AETH_ORIG.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (res.msn & 0xFFFFFF), res.orig)
+        self.qp.emit(Op.ATOMIC_ACKNOWLEDGE, res.psn, 0, 0, ext, None, 0, 0)
+
+    def _duplicate(self, pkt: "RxPkt") -> None:
+        """MR-DUP: re-ACK SEND/WRITE, re-execute READ, replay ATOMIC; never re-apply to memory."""
+        self.dup_requests += 1
+        m = pkt.op.mask
+        if m & (OpMask.SEND | OpMask.WRITE):
+            self.ack_pending = True
+            return
+        for res in reversed(self.resources):
+            d = psn_diff(pkt.psn, res.psn)
+            if 0 <= d < res.npsn:
+                if res.kind == "read" and m & OpMask.READ:
+                    self.flush_ack()
+                    # re-execute from the duplicate's PSN; drop any pending copy of the same READ
+                    self.read_queue = [e for e in self.read_queue if e[0] is not res]
+                    self.read_queue.append([res, d, d])
+                elif res.kind == "atomic" and m & OpMask.ATOMIC and d == 0:
+                    self.flush_ack()
+                    self._atomic_ack(res)
+                return
+        # too old to be remembered: nothing safe to do but drop it

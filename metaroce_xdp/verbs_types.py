@@ -1,0 +1,206 @@
+"""Verbs vocabulary: enums, work requests, completions and typed errors.
+
+Numbers follow libibverbs (`enum ibv_qp_state`, `ibv_wc_status`,
+`ibv_wr_opcode`, `ibv_access_flags`) so that users who know `ibv_*` read
+them without a table, and spec 07-qp-state.md cites the same values.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+class QPState(enum.IntEnum):
+    RESET = 0
+    INIT = 1
+    RTR = 2
+    RTS = 3
+    SQD = 4
+    SQE = 5
+    ERR = 6
+
+
+class WCStatus(enum.IntEnum):
+    SUCCESS = 0
+    LOC_LEN_ERR = 1
+    LOC_QP_OP_ERR = 2
+    LOC_EEC_OP_ERR = 3
+    LOC_PROT_ERR = 4
+    WR_FLUSH_ERR = 5
+    MW_BIND_ERR = 6
+    BAD_RESP_ERR = 7
+    LOC_ACCESS_ERR = 8
+    REM_INV_REQ_ERR = 9
+    REM_ACCESS_ERR = 10
+    REM_OP_ERR = 11
+    RETRY_EXC_ERR = 12
+    RNR_RETRY_EXC_ERR = 13
+    LOC_RDD_VIOL_ERR = 14
+    REM_INV_RD_REQ_ERR = 15
+    REM_ABORT_ERR = 16
+    INV_EECN_ERR = 17
+    INV_EEC_STATE_ERR = 18
+    FATAL_ERR = 19
+    RESP_TIMEOUT_ERR = 20
+    GENERAL_ERR = 21
+
+
+class WROpcode(enum.IntEnum):
+    RDMA_WRITE = 0
+    RDMA_WRITE_WITH_IMM = 1
+    SEND = 2
+    SEND_WITH_IMM = 3
+    RDMA_READ = 4
+    ATOMIC_CMP_AND_SWP = 5
+    ATOMIC_FETCH_AND_ADD = 6
+
+
+class WCOpcode(enum.IntEnum):
+    SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
+    COMP_SWAP = 3
+    FETCH_ADD = 4
+    RECV = 128
+    RECV_RDMA_WITH_IMM = 129
+
+
+class Access(enum.IntFlag):
+    LOCAL_WRITE = 1
+    REMOTE_WRITE = 2
+    REMOTE_READ = 4
+    REMOTE_ATOMIC = 8
+
+
+class SendFlags(enum.IntFlag):
+    FENCE = 1
+    SIGNALED = 2
+    SOLICITED = 4
+    INLINE = 8
+
+
+class WCFlags(enum.IntFlag):
+    GRH = 1
+    WITH_IMM = 2
+
+
+# ---- errors -----------------------------------------------------------------
+class VerbsError(Exception):
+    """Base of the API's typed errors: each says what was wrong and what to do."""
+
+
+class InvalidArgument(VerbsError, ValueError):
+    pass
+
+
+class InvalidState(VerbsError):
+    """The QP's state does not allow the call (e.g. post_send before RTS)."""
+
+
+class QueueFull(VerbsError):
+    """The send or receive queue is full: poll the CQ, then post again."""
+
+
+class ResourceError(VerbsError):
+    """A resource is exhausted or still in use (destroying a PD with MRs ...)."""
+
+
+# ---- work requests and completions ------------------------------------------------
+@dataclass(frozen=True)
+class SGE:
+    addr: int
+    length: int
+    lkey: int
+
+
+@dataclass
+class SendWR:
+    wr_id: int
+    opcode: WROpcode
+    sg_list: Sequence[SGE] = ()
+    send_flags: SendFlags = SendFlags.SIGNALED
+    remote_addr: int = 0
+    rkey: int = 0
+    imm_data: int = 0
+    compare_add: int = 0
+    swap: int = 0
+
+
+@dataclass
+class RecvWR:
+    wr_id: int
+    sg_list: Sequence[SGE] = ()
+
+
+@dataclass
+class WC:
+    wr_id: int
+    status: WCStatus
+    opcode: WCOpcode
+    byte_len: int = 0
+    qp_num: int = 0
+    imm_data: int | None = None
+    wc_flags: WCFlags = WCFlags(0)
+    vendor_err: int = 0
+
+    def __repr__(self) -> str:
+        imm = f" imm={self.imm_data:#x}" if self.imm_data is not None else ""
+        return (f"WC(wr_id={self.wr_id}, {self.status.name}, {self.opcode.name}, "
+                f"byte_len={self.byte_len}, qp={self.qp_num:#x}{imm})")
+
+
+@dataclass
+class QPCap:
+    max_send_wr: int = 1024
+    max_recv_wr: int = 1024
+    max_send_sge: int = 16
+    max_recv_sge: int = 16
+
+
+@dataclass
+class QPAttr:
+    """Attributes for QP.modify, named as in struct ibv_qp_attr."""
+    qp_state: QPState | None = None
+    qp_access_flags: Access | None = None
+    pkey_index: int | None = None
+    port_num: int | None = None
+    path_mtu: int | None = None          # bytes: 256 .. 4096
+    dest_qp_num: int | None = None
+    rq_psn: int | None = None
+    sq_psn: int | None = None
+    max_dest_rd_atomic: int | None = None
+    max_rd_atomic: int | None = None
+    min_rnr_timer: int | None = None
+    timeout: int | None = None
+    retry_cnt: int | None = None
+    rnr_retry: int | None = None
+    dgid: str | None = None              # peer IP address (IPv4 or IPv6 text)
+    dmac: str | None = None              # peer MAC; resolved from the neighbour table when None
+    sport: int | None = None             # UDP source port (compat: per-QP entropy)
+    dscp: int | None = None
+
+    def given(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+PATH_MTUS = (256, 512, 1024, 2048, 4096)
+IBV_MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+
+# IBTA RNR NAK timer table (AETH timer code -> microseconds), MR-RNR.
+RNR_TIMER_US = (
+    655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+    2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880,
+    163840, 245760, 327680, 491520,
+)
+
+
+def local_ack_timeout_ns(timeout: int) -> int | None:
+    """MR-RETRY: 4.096 us x 2^timeout; 0 means infinite (None)."""
+    if timeout == 0:
+        return None
+    return (4096 << timeout)
+
+
+__all__ = [n for n in dir() if not n.startswith("_")]
+_ = field

@@ -1,0 +1,149 @@
+"""Errors the transport must report exactly (MR-MEM, MR-NAK, MR-RNR, MR-RETRY, MR-QP).
+
+Access violations produce a remote access error NAK and an error completion
+and leave the target memory untouched; RNR is retried and gives the
+documented error when its budget runs out; a dead peer exhausts retry_cnt;
+the API refuses bad arguments with typed errors.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from metaroce_xdp.rc.port import Faults
+from metaroce_xdp.verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPState,
+                                      WCOpcode)
+from rc_players import (RecvWR, SendWR, WCStatus, WROpcode, loop_pair, run_until, wait_wcs)
+
+
+def _snapshot(p):
+    return p.buf.copy()
+
+
+@pytest.mark.parametrize("case", ["bad_rkey", "out_of_bounds", "no_remote_write", "stale_rkey"])
+def test_write_access_violation(case):
+    access = Access.LOCAL_WRITE | Access.REMOTE_READ if case == "no_remote_write" else None
+    kw = {"b_access": access} if access is not None else {}
+    a, b = loop_pair(**kw)
+    a.buf[:] = 0xAA
+    rkey, addr, n = b.mr.rkey, b.mr.addr, 5000
+    if case == "bad_rkey":
+        rkey ^= 0x01                               # wrong key tag
+    elif case == "out_of_bounds":
+        addr = b.mr.addr + b.mr.length - 100       # runs past the end of the MR
+    elif case == "stale_rkey":
+        b.ctx.dereg_mr(b.mr)
+    before = _snapshot(b)
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)], remote_addr=addr, rkey=rkey),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8)], remote_addr=b.mr.addr, rkey=b.mr.rkey)])
+    wcs = wait_wcs([a, b], a, 2)
+    assert (wcs[0].wr_id, wcs[0].status) == (1, WCStatus.REM_ACCESS_ERR)
+    assert (wcs[1].wr_id, wcs[1].status) == (2, WCStatus.WR_FLUSH_ERR)
+    assert a.qp.state == QPState.ERR and b.qp.state == QPState.ERR
+    assert np.array_equal(b.buf, before)           # MR-MEM: a violation never touches memory
+    assert b.qp.query()["error"] and a.qp.completer.naks == 1
+
+
+def test_read_and_atomic_violations():
+    a, b = loop_pair(b_access=Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 64)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+    a, b = loop_pair(b_access=Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    before = _snapshot(b)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey, compare_add=5))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.REM_ACCESS_ERR and np.array_equal(b.buf, before)
+
+
+def test_misaligned_atomic_is_invalid_request():
+    a, b = loop_pair()
+    before = _snapshot(b)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
+                          remote_addr=b.mr.addr + 4, rkey=b.mr.rkey, compare_add=5))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.REM_INV_REQ_ERR and np.array_equal(b.buf, before)
+
+
+def test_qp_without_remote_access_flag():
+    """The QP's own access flags gate remote operations too (INIT/RTR qp_access_flags)."""
+    a, b = loop_pair(b_qp_access=Access.LOCAL_WRITE)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 16)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+
+
+def test_send_longer_than_receive_buffer():
+    a, b = loop_pair()
+    b.qp.post_recv(RecvWR(wr_id=9, sg_list=[b.sge(0, 100)]))
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 3000)]))
+    (swc,) = wait_wcs([a, b], a, 1)
+    (rwc,) = wait_wcs([a, b], b, 1)
+    assert swc.status == WCStatus.REM_INV_REQ_ERR
+    assert rwc.wr_id == 9 and rwc.status == WCStatus.LOC_LEN_ERR
+
+
+def test_rnr_retried_until_a_receive_is_posted():
+    a, b = loop_pair(min_rnr_timer=1, rnr_retry=7)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
+    run_until([a, b], lambda: a.qp.completer.rnr_naks >= 3)
+    b.qp.post_recv(RecvWR(wr_id=2, sg_list=[b.sge(0, 10)]))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.SUCCESS
+    assert b.qp.responder.rnr_naks_sent >= 3
+
+
+def test_rnr_retry_exhausted():
+    a, b = loop_pair(min_rnr_timer=1, rnr_retry=2)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.RNR_RETRY_EXC_ERR
+    assert a.qp.completer.rnr_naks == 3          # the first try plus two retries
+    assert a.qp.state == QPState.ERR
+
+
+def test_retry_exhausted_when_peer_is_gone():
+    a, b = loop_pair(Faults(drop=1.0), timeout=4, retry_cnt=3)   # timeout 4: 65 us
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 100)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.RETRY_EXC_ERR and a.qp.completer.timeouts == 4
+
+
+def test_typed_api_errors():
+    a, b = loop_pair()
+    with pytest.raises(InvalidArgument):
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(a.mr.addr, 10, a.mr.lkey ^ 1)],
+                              remote_addr=0, rkey=0))
+    with pytest.raises(InvalidArgument):
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(a.mr.length - 5, 10)],
+                              remote_addr=0, rkey=0))
+    with pytest.raises(InvalidArgument, match="8-byte"):
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 4)]))
+    with pytest.raises(InvalidArgument):
+        a.ctx.reg_mr(a.pd, b"read-only bytes", Access.LOCAL_WRITE)
+    with pytest.raises(InvalidArgument):
+        a.ctx.reg_mr(a.pd, bytearray(10), Access.REMOTE_WRITE)      # needs LOCAL_WRITE
+    qp = a.ctx.create_qp(a.pd, a.cq, a.cq)
+    with pytest.raises(InvalidState):
+        qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND))
+    with pytest.raises(InvalidState):
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=1))
+    qp.modify(QPAttr(qp_state=QPState.INIT))
+    with pytest.raises(InvalidArgument, match="needs"):
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=5))
+    with pytest.raises(InvalidArgument, match="path_mtu"):
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=5, rq_psn=0, path_mtu=1500, dgid="10.55.0.2"))
+    assert qp.state == QPState.INIT
+
+
+def test_error_state_flushes_receives():
+    a, b = loop_pair()
+    b.qp.post_recv([RecvWR(wr_id=i, sg_list=[b.sge(0, 8)]) for i in range(3)])
+    b.qp.modify(QPAttr(qp_state=QPState.ERR))
+    wcs = b.cq.poll(10)
+    assert [w.wr_id for w in wcs] == [0, 1, 2] and all(w.status == WCStatus.WR_FLUSH_ERR for w in wcs)
+    assert all(w.opcode == WCOpcode.RECV for w in wcs)
