@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * metaroce_structs.h - state shared between the XDP program and user space.
+ *
+ * Fixed-width types, explicit padding, static size and offset asserts, no
+ * kernel-only includes (compiled by BCC and by gcc in the tests).  The Python
+ * mirror is metaroce_xdp/kern/layout.py (numpy structured dtypes);
+ * tests/test_c_python_agree.py compares every offset.
+ *
+ * Single writer per field (STYLE habit 5).  Three writers share a QP slot and
+ * each owns whole 64-byte cache lines or a clearly marked part of one:
+ *
+ *   control plane (daemon)    [0, 40)    rarely written
+ *   user-space requester      [40, 64)   on every send
+ *   kernel ACK fast path      [64, 192)  on every ACK/NAK
+ *   reserved: SACK/CNP        [192, 256) a later issue (see below)
+ *
+ * Slot lifecycle (publication protocol).  A slot is unused while qpn == 0 and
+ * the kernel writes nothing to a slot whose qpn does not match the packet's
+ * BTH.DestQP.  To install a QP the daemon writes qpn = 0, then initialises
+ * EVERY field (the one moment it writes fields it does not own: ack_psn =
+ * initial PSN - 1, snd_nxt = initial PSN, counters 0), then a store barrier,
+ * then qpn.  To remove it the daemon writes qpn = 0 first.  QPN 0 is
+ * therefore never a MetaRoCE QP (as in IB, where QP0 is the SMI).
+ */
+#ifndef __METAROCE_STRUCTS_H
+#define __METAROCE_STRUCTS_H
+
+#include <linux/types.h>
+#include "metaroce_consts.h"
+#include "metaroce_drop_reasons.h"  /* enum mr_drop_reason, enum mr_event */
+
+#ifndef offsetof
+#define offsetof(t, f) __builtin_offsetof(t, f)
+#endif
+
+/* QP states: the ibv_qp_state numbering. */
+enum mr_qp_state_code {
+	MR_QPS_RESET = 0,
+	MR_QPS_INIT  = 1,
+	MR_QPS_RTR   = 2,
+	MR_QPS_RTS   = 3,
+	MR_QPS_SQD   = 4,
+	MR_QPS_SQE   = 5,
+	MR_QPS_ERR   = 6,
+};
+
+/* Which states accept which packets (a bit per state).  RESET, INIT and ERR
+ * accept nothing.  Requests are for the responder (RTR and later); ACKs,
+ * READ responses, atomic ACKs and CNPs are for the requester, which only has
+ * packets outstanding in RTS, SQD or SQE. */
+#define MR_QPS_BIT(s)        (1u << (s))
+#define MR_QPS_ACCEPT_REQ    (MR_QPS_BIT(MR_QPS_RTR) | MR_QPS_BIT(MR_QPS_RTS) | MR_QPS_BIT(MR_QPS_SQD))
+#define MR_QPS_ACCEPT_ACK    (MR_QPS_BIT(MR_QPS_RTS) | MR_QPS_BIT(MR_QPS_SQD) | MR_QPS_BIT(MR_QPS_SQE))
+
+enum mr_profile {
+	MR_PROFILE_COMPAT = 0,
+	MR_PROFILE_NATIVE = 1,
+};
+
+/* mr_qp_state.flags (control plane). */
+#define MR_QPF_ACK_TO_USER  (1u << 0)  /* do not consume ACKs in the kernel: steer them */
+
+struct mr_qp_state {
+	/* ---- control plane (daemon) -------------------------------- [0, 40) */
+	__u32 qpn;              /*  0 this QP's number; 0 = slot unused; written LAST on install */
+	__u8  state;            /*  4 enum mr_qp_state_code */
+	__u8  profile;          /*  5 enum mr_profile */
+	__u16 flags;            /*  6 MR_QPF_* */
+	__u32 dest_qpn;         /*  8 peer's QPN */
+	__u16 pmtu;             /* 12 path MTU in payload bytes (256..4096) */
+	__u16 ctrl_pad0;        /* 14 */
+	__u8  peer_ip[16];      /* 16 peer address, network order; IPv4 as ::ffff:a.b.c.d (MR-SEC) */
+	__u32 ctrl_rsvd[2];     /* 32 */
+
+	/* ---- user-space requester ---------------------------------- [40, 64) */
+	__u32 snd_nxt;          /* 40 next PSN to send; ACK PSNs must be before it */
+	__u32 snd_una_hint;     /* 44 requester's oldest unacked PSN as it sees it (not read by the kernel in v1) */
+	__u32 rtt_probe_psn;    /* 48 PSN whose send time is rtt_probe_ns */
+	__u32 req_rsvd0;        /* 52 */
+	__u64 rtt_probe_ns;     /* 56 CLOCK_MONOTONIC ns when rtt_probe_psn was sent; 0 = no probe */
+
+	/* ---- kernel ACK fast path ---------------------------------- [64, 192)
+	 * Read protocol (seqcount): s1 = ack_seq; if s1 is odd, retry; read the
+	 * fields; s2 = ack_seq; if s1 != s2, retry.  The kernel takes the count
+	 * from even to odd with a compare-and-swap (so two CPUs never write at
+	 * once: the loser drops the ACK as ACK_BUSY; ACKs are cumulative), writes,
+	 * then makes it even again.  (ack_seq / 2) is the number of accepted
+	 * ACK/NAK/RNR NAK packets.  stale_acks and cnp_count are atomic adds
+	 * outside the seqcount. */
+	__u64 ack_seq;          /* 64 seqcount, odd while the kernel writes */
+	__u32 ack_psn;          /* 72 highest cumulatively acknowledged PSN (snd_una - 1) */
+	__u32 ack_msn;          /* 76 MSN of the last accepted ACK/NAK */
+	__u32 nak_psn;          /* 80 PSN of the last NAK */
+	__u32 nak_seq;          /* 84 incremented per NAK */
+	__u32 rnr_psn;          /* 88 PSN of the last RNR NAK */
+	__u32 rnr_seq;          /* 92 incremented per RNR NAK */
+	__u8  last_syndrome;    /* 96 AETH syndrome of the last accepted ACK/NAK */
+	__u8  nak_code;         /* 97 low 5 bits of the last NAK syndrome */
+	__u8  rnr_timer;        /* 98 low 5 bits of the last RNR NAK syndrome */
+	__u8  k_pad0;           /* 99 */
+	__u32 k_pad1;           /* 100 */
+	__u64 rtt_ns;           /* 104 last RTT sample */
+	__u64 srtt_ns;          /* 112 smoothed RTT (RFC 6298, gain 1/8) */
+	__u64 rttvar_ns;        /* 120 RTT variation (RFC 6298, gain 1/4) */
+	__u64 acks;             /* 128 positive ACKs accepted */
+	__u64 naks;             /* 136 NAKs accepted */
+	__u64 rnr_naks;         /* 144 RNR NAKs accepted */
+	__u64 stale_acks;       /* 152 ACK/NAKs outside [snd_una - 1, snd_nxt) (atomic add) */
+	__u64 cnp_count;        /* 160 CNPs seen for this QP (atomic add; CNPs are still steered) */
+	__u64 last_ack_ns;      /* 168 bpf_ktime_get_ns() of the last accepted ACK/NAK */
+	__u8  k_rsvd[16];       /* 176 */
+
+	/* ---- reserved ---------------------------------------------- [192, 256)
+	 * For the SACK/CNP fast path (a later issue): the native SACK scoreboard
+	 * the kernel will keep (cumulative PSN, a 32-word bitmap summary, tsecr
+	 * RTT, ce_count) and DCQCN rate state.  Zero until then; writer: kernel. */
+	__u8  sack_rsvd[64];    /* 192 */
+};
+
+_Static_assert(sizeof(struct mr_qp_state) == 256, "mr_qp_state is 256 bytes");
+_Static_assert(offsetof(struct mr_qp_state, snd_nxt) == 40, "requester part starts at 40");
+_Static_assert(offsetof(struct mr_qp_state, ack_seq) == 64, "kernel part starts on a cache line");
+_Static_assert(offsetof(struct mr_qp_state, sack_rsvd) == 192, "SACK reserve starts on a cache line");
+_Static_assert((MR_MAX_QPS & (MR_MAX_QPS - 1)) == 0, "MR_MAX_QPS must be a power of two");
+
+/* mr_config.flags */
+#define MR_CFG_HAVE_IP4  (1u << 0)  /* pass IPv4 not addressed to local_ip4 */
+#define MR_CFG_HAVE_IP6  (1u << 1)  /* pass IPv6 not addressed to local_ip6 */
+#define MR_CFG_HAVE_MAC  (1u << 2)  /* pass frames not addressed to local_mac */
+
+/* The endpoint's identity; one-entry array mr_cfg, written by the daemon. */
+struct mr_config {
+	__u32 flags;            /*  0 MR_CFG_* */
+	__u8  local_ip4[4];     /*  4 network order */
+	__u8  local_ip6[16];    /*  8 network order */
+	__u8  local_mac[6];     /* 24 */
+	__u16 pad0;             /* 30 */
+	__u32 rsvd[8];          /* 32 */
+};
+
+_Static_assert(sizeof(struct mr_config) == 64, "mr_config is 64 bytes");
+
+#endif /* __METAROCE_STRUCTS_H */

@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * metaroce_xdp.c - the MetaRoCE endpoint's XDP program (ingress).
+ *
+ * Role: parse, validate, update shared state, steer (STYLE habit 4).
+ *
+ *   parse      Ethernet [802.1Q] / IPv4 | IPv6 / UDP 4791 / BTH / ext headers
+ *              (MR-ENC, MR-BTH, MR-OPC).  Anything that is not UDP/4791 for
+ *              this endpoint is XDP_PASS, untouched: ARP, ICMP, SSH keep
+ *              working on the same interface.
+ *   validate   like rxe_recv.c: the QP exists (slot qpn matches), the source
+ *              is the connected peer (MR-SEC), the opcode belongs to the QP's
+ *              profile, the QP state accepts this class of packet.  Failures
+ *              are XDP_DROP with a reason (metaroce_drop_reasons.h).
+ *   ACK path   compat ACKNOWLEDGE (ACK, NAK, RNR NAK) is consumed here, like
+ *              rxe_comp.c's check_ack() without the WQE walk: ICRC verified,
+ *              PSN window checked, mr_qp_state updated under its seqcount,
+ *              XDP_DROP.  Acknowledgements never cross to user space.
+ *   steer      everything else valid goes to the AF_XDP socket of this RX
+ *              queue (mr_xsks); no socket = drop NO_XSK.
+ *
+ * ICRC: NOT checked here for data packets: a CRC over up to 4 KiB of payload
+ * is a loop the verifier would have to walk byte by byte (instruction and
+ * complexity limits) and user space checks it anyway with a table CRC.  The
+ * ACK fast path is different: an ACKNOWLEDGE is fixed size (BTH + AETH +
+ * ICRC = 20 bytes after UDP) and moves QP state that user space trusts, so a
+ * corrupt ACK must not get through.  The ICRC input is then at most 64 + 8
+ * bytes, and a bounded bitwise CRC-32 loop verifies it (MR-ICRC).
+ *
+ * Neighbours: metaroce_xdp/kern/loader.py compiles this file with -D flags
+ * and -I<bpf dir>, attaches it, mmaps mr_qps; metaroce_xdp/afxdp/ owns the
+ * sockets in mr_xsks; tests/test_xdp_golden.py runs golden packets through it.
+ */
+#include <uapi/linux/bpf.h>
+#include <linux/in.h>
+
+#include "metaroce_consts.h"
+#include "metaroce_hdr.h"
+#include "metaroce_drop_reasons.h"
+#include "metaroce_structs.h"
+#include "parsing_helpers.h"
+#include "metaroce_maps.h"
+
+/* Compiler barrier.  The seqcount's ordering against other CPUs comes from
+ * the compare-and-swap (a fully ordered BPF atomic); this only keeps clang
+ * from moving plain stores across it. */
+#define mr_barrier() asm volatile("" ::: "memory")
+#define MR_READ_ONCE_U32(x) (*(volatile __u32 *)&(x))
+#define MR_READ_ONCE_U64(x) (*(volatile __u64 *)&(x))
+
+static __always_inline void mr_count_drop(__u32 reason)
+{
+	__u64 *c = mr_drops.lookup(&reason);
+
+	if (c)
+		*c += 1;  /* per-CPU slot: no atomic needed */
+}
+
+static __always_inline void mr_count_event(__u32 ev)
+{
+	__u64 *c = mr_events.lookup(&ev);
+
+	if (c)
+		*c += 1;
+}
+
+/* a is in [start, start + count) modulo 2^24 (spec: PSN serial arithmetic). */
+static __always_inline int mr_psn_in(__u32 a, __u32 start, __u32 count)
+{
+	return ((a - start) & MR_PSN_MASK) < (count & MR_PSN_MASK);
+}
+
+/* ---- ICRC of an ACKNOWLEDGE (MR-ICRC) ------------------------------------ */
+static __always_inline __u32 mr_crc32_byte(__u32 crc, __u32 b)
+{
+	crc ^= b;
+	/* Bitwise, no table.  Verifier workaround: the usual branch-free
+	 * `POLY & -(crc & 1)` makes the 6.18 verifier fork its state on the
+	 * AND of a [-1, 0] value, 2 states per bit, which explodes over 72
+	 * bytes; a multiply by (crc & 1) is the same value and does not fork. */
+#pragma unroll
+	for (int k = 0; k < 8; k++)
+		crc = (crc >> 1) ^ (0xEDB88320u * (crc & 1u));
+	return crc;
+}
+
+/* IP + UDP + BTH + AETH lengths covered by the ICRC of an ACKNOWLEDGE. */
+#define MR_ACK_ICRC_V4_LEN (20 + 8 + MR_BTH_LEN + MR_AETH_LEN)  /* 44 */
+#define MR_ACK_ICRC_V6_LEN (40 + 8 + MR_BTH_LEN + MR_AETH_LEN)  /* 64 */
+
+/* Bytes of the ICRC input replaced by 0xFF, one bit per byte offset from
+ * the IP header (MR-ICRC; metaroce_xdp/wire/icrc.py masked_pseudo_header). */
+#define MR_ICRC_MASK_V4 ((1ull << 1) | (1ull << 8) | (1ull << 10) | (1ull << 11) | /* TOS TTL csum */ \
+			 (1ull << 26) | (1ull << 27) |                           /* UDP checksum */ \
+			 (1ull << 32))                                           /* BTH byte 4 */
+#define MR_ICRC_MASK_V6 ((1ull << 1) | (1ull << 2) | (1ull << 3) | (1ull << 7) |  /* TC FL hop */ \
+			 (1ull << 46) | (1ull << 47) |                           /* UDP checksum */ \
+			 (1ull << 52))                                           /* BTH byte 4 */
+
+/* Verify the ICRC of an ACKNOWLEDGE whose IP header is at l3; one copy per
+ * IP version so that the length and mask are constants.
+ *
+ * Verifier workarounds: (1) a bounded loop, NOT unrolled: unrolled, the 72
+ * bytes x 8 bit steps are ~4000 instructions and BCC refuses programs over
+ * 4096; (2) one bounds check of the whole range before the loop and a
+ * constant loop bound: the verifier walks the loop with i known exactly, so
+ * each l3[i] is a constant offset inside the checked range and nothing
+ * forks per iteration (~2.3k instructions verified per walk).  See also
+ * mr_crc32_byte() for the one idiom that did fork. */
+#define MR_DEFINE_ACK_ICRC(name, LEN, MASKED, V6)                                  \
+static __always_inline int name(const __u8 *l3, void *data_end)                    \
+{                                                                                  \
+	__u32 crc = 0xFFFFFFFFu, wire, i;                                          \
+	const __u8 *icrc = l3 + (LEN);                                             \
+                                                                                   \
+	if (icrc + MR_ICRC_SIZE > (const __u8 *)data_end)                          \
+		return 0;                                                          \
+	_Pragma("clang loop unroll(disable)")                                      \
+	for (i = 0; i < 8; i++)                                                    \
+		crc = mr_crc32_byte(crc, 0xFF);         /* LRH stand-in */         \
+	_Pragma("clang loop unroll(disable)")                                      \
+	for (i = 0; i < (LEN); i++) {                                              \
+		__u32 b = l3[i];                                                   \
+		if (((MASKED) >> i) & 1)                                           \
+			b = 0xFF;                                                  \
+		if ((V6) && i == 0)                                                \
+			b |= 0x0F;                  /* keep version, mask TC */    \
+		crc = mr_crc32_byte(crc, b);                                       \
+	}                                                                          \
+	wire = icrc[0] | (icrc[1] << 8) | (icrc[2] << 16) | ((__u32)icrc[3] << 24); \
+	return (crc ^ 0xFFFFFFFFu) == wire;     /* carried LSB first */            \
+}
+MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v4, MR_ACK_ICRC_V4_LEN, MR_ICRC_MASK_V4, 0)
+MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v6, MR_ACK_ICRC_V6_LEN, MR_ICRC_MASK_V6, 1)
+
+/* RFC 6298 smoothing, shifts only (no 64-bit division in BPF). */
+static __always_inline void mr_rtt_update(struct mr_qp_state *qp, __u64 r)
+{
+	__u64 srtt = qp->srtt_ns, var = qp->rttvar_ns, dev;
+
+	qp->rtt_ns = r;
+	if (srtt == 0) {
+		qp->srtt_ns = r;
+		qp->rttvar_ns = r >> 1;
+		return;
+	}
+	dev = srtt > r ? srtt - r : r - srtt;
+	qp->rttvar_ns = var - (var >> MR_RTTVAR_SHIFT) + (dev >> MR_RTTVAR_SHIFT);
+	qp->srtt_ns = srtt - (srtt >> MR_SRTT_SHIFT) + (r >> MR_SRTT_SHIFT);
+}
+
+/*
+ * The ACK fast path (MR-ACK, MR-NAK, MR-RNR).  Returns the event to count
+ * (MR_EV_*_CONSUMED) or a negative drop reason.
+ *
+ * Every ACK/NAK PSN p must lie in [snd_una - 1, snd_nxt) = [ack_psn, snd_nxt):
+ * a positive ACK acknowledges everything up to p; a NAK or RNR NAK names the
+ * first PSN that failed, so it acknowledges everything before p.  ack_psn
+ * only moves forward.
+ */
+static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth *bth,
+					   void *data_end)
+{
+	struct mr_aeth *aeth = (struct mr_aeth *)(bth + 1);
+	__u32 syn, psn, msn, old_ack, new_ack, nxt, kind;
+	__u64 seq;
+	int ev;
+
+	if (aeth + 1 > (struct mr_aeth *)data_end)   /* verifier: re-prove the bound */
+		return -MR_DROP_TRUNCATED_EXT;
+	syn = mr_aeth_syndrome(aeth);
+	msn = mr_aeth_msn(aeth);
+	psn = mr_bth_psn(bth);
+	kind = syn & MR_AETH_TYPE_MASK;
+	if ((syn & MR_AETH_RSVD_BIT) || kind == MR_AETH_RESERVED)
+		return -MR_DROP_BAD_FIELD;
+
+	/* Take the seqcount even -> odd.  An odd count or a lost race means
+	 * another CPU is updating this QP (its RX queues hash differently);
+	 * drop rather than spin: ACKs are cumulative, the next one repairs it. */
+	seq = MR_READ_ONCE_U64(qp->ack_seq);
+	if (seq & 1)
+		return -MR_DROP_ACK_BUSY;
+	if (__sync_val_compare_and_swap(&qp->ack_seq, seq, seq + 1) != seq)
+		return -MR_DROP_ACK_BUSY;
+	mr_barrier();
+
+	old_ack = qp->ack_psn;
+	nxt = MR_READ_ONCE_U32(qp->snd_nxt);
+	if (!mr_psn_in(psn, old_ack, nxt - old_ack)) {
+		/* Nothing was written: restore the count, readers see no change. */
+		mr_barrier();
+		__sync_val_compare_and_swap(&qp->ack_seq, seq + 1, seq);
+		__sync_fetch_and_add(&qp->stale_acks, 1);
+		return -MR_DROP_STALE_ACK;
+	}
+
+	new_ack = (kind == MR_AETH_ACK) ? psn : ((psn - 1) & MR_PSN_MASK);
+	/* Forward only: a NAK for p == ack_psn would otherwise move it back. */
+	if (!mr_psn_in(new_ack, old_ack, nxt - old_ack))
+		new_ack = old_ack;
+	qp->ack_psn = new_ack;
+	qp->ack_msn = msn;
+	qp->last_syndrome = syn;
+	qp->last_ack_ns = bpf_ktime_get_ns();
+
+	if (kind == MR_AETH_ACK) {
+		__u64 probe_ns = MR_READ_ONCE_U64(qp->rtt_probe_ns);
+		__u32 probe_psn = MR_READ_ONCE_U32(qp->rtt_probe_psn);
+
+		qp->acks += 1;
+		ev = MR_EV_ACK_CONSUMED;
+		/* RTT sample when this ACK newly covers the probe: probe in
+		 * (old_ack, new_ack].  Duplicates cover nothing new. */
+		if (probe_ns && mr_psn_in(probe_psn, old_ack + 1, new_ack - old_ack) &&
+		    qp->last_ack_ns > probe_ns) {
+			mr_rtt_update(qp, qp->last_ack_ns - probe_ns);
+			mr_count_event(MR_EV_RTT_SAMPLE);
+		}
+	} else if (kind == MR_AETH_RNR_NAK) {
+		qp->rnr_psn = psn;
+		qp->rnr_timer = syn & MR_AETH_VALUE_MASK;
+		qp->rnr_seq += 1;
+		qp->rnr_naks += 1;
+		ev = MR_EV_RNR_CONSUMED;
+	} else {
+		qp->nak_psn = psn;
+		qp->nak_code = syn & MR_AETH_VALUE_MASK;
+		qp->nak_seq += 1;
+		qp->naks += 1;
+		ev = MR_EV_NAK_CONSUMED;
+	}
+
+	mr_barrier();
+	__sync_val_compare_and_swap(&qp->ack_seq, seq + 1, seq + 2);
+	return ev;
+}
+
+/* Source address is the connected peer (MR-SEC).  peer_ip is 4-byte aligned
+ * (offset 16), so compare it as four words.  Each takes the L3 pointer and
+ * re-checks its own bound: see `l3` in xdp_metaroce(). */
+static __always_inline int mr_peer_ok_v4(struct mr_qp_state *qp, void *l3, void *data_end)
+{
+	struct iphdr *iph = l3;
+	__u32 *p = (__u32 *)qp->peer_ip;
+
+	if (iph + 1 > (struct iphdr *)data_end)
+		return 0;
+	return p[0] == 0 && p[1] == 0 && p[2] == mr_htonl(0x0000FFFFu) && p[3] == iph->saddr;
+}
+
+static __always_inline int mr_peer_ok_v6(struct mr_qp_state *qp, void *l3, void *data_end)
+{
+	struct ipv6hdr *ip6h = l3;
+	__u32 *p = (__u32 *)qp->peer_ip;
+
+	if (ip6h + 1 > (struct ipv6hdr *)data_end)
+		return 0;
+	return p[0] == ip6h->saddr.in6_u.u6_addr32[0] && p[1] == ip6h->saddr.in6_u.u6_addr32[1] &&
+	       p[2] == ip6h->saddr.in6_u.u6_addr32[2] && p[3] == ip6h->saddr.in6_u.u6_addr32[3];
+}
+
+int xdp_metaroce(struct xdp_md *ctx)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	void *data = (void *)(long)ctx->data;
+	struct hdr_cursor nh = { .pos = data };
+	struct ethhdr *eth = 0;
+	struct iphdr *iph = 0;
+	struct ipv6hdr *ip6h = 0;
+	struct udphdr *udph = 0;
+	struct mr_bth *bth = 0;
+	struct mr_qp_state *qp;
+	struct mr_config *cfg;
+	__u32 action = XDP_PASS, reason = MR_DROP_NONE, event = MR_EV_PASSED;
+	__u32 zero = 0, mask = 0, qpn, slot, accept, ulen, l4len, cfg_flags = 0;
+	int ret, vlan, hlen, rest;
+	/* Verifier: after parsing, the IP header is reached only through `l3`,
+	 * a packet pointer on every path, and helpers that use it re-check
+	 * their own bound.  Keeping iph/ip6h and choosing one by a flag failed:
+	 * clang folds the flag back into the ethertype test, the verifier
+	 * cannot correlate that with which pointer is NULL, and walks a path
+	 * that dereferences the NULL one. */
+	void *l3 = data;
+	int v6 = 0;
+
+	cfg = mr_cfg.lookup(&zero);
+	if (cfg)
+		cfg_flags = cfg->flags;
+
+	ret = parse_ethhdr(&nh, data_end, &eth, &vlan);
+	if (ret < 0)
+		goto out;                             /* not ours to judge: PASS */
+
+	if (ret == mr_htons(MR_ETH_P_IP)) {
+		ret = parse_iphdr(&nh, data_end, &iph);
+		l3 = iph;
+		if (ret == -MR_DROP_IP_OPTIONS || ret == -MR_DROP_IP_FRAGMENT) {
+			/* Options or fragments are legal IP (IGMP carries Router
+			 * Alert): only refuse them when they wrap UDP/4791 for us.
+			 * A non-first fragment has no UDP header to look at. */
+			if (iph->protocol != MR_IPPROTO_UDP ||
+			    (iph->frag_off & mr_htons(0x1FFF)))
+				goto out;
+			/* ihl is 4 bits: the verifier sees a bounded offset. */
+			udph = (struct udphdr *)((void *)iph + (iph->ihl & 0xF) * 4);
+			if (udph + 1 > (struct udphdr *)data_end ||
+			    udph->dest != mr_htons(ROCE_UDP_PORT))
+				goto out;
+			if (cfg && (cfg_flags & MR_CFG_HAVE_IP4) &&
+			    iph->daddr != *(__u32 *)cfg->local_ip4)
+				goto out;
+			action = XDP_DROP;
+			reason = -ret;
+			goto out;
+		}
+		if (ret != MR_IPPROTO_UDP)
+			goto out;
+		if (parse_udphdr(&nh, data_end, &udph) != ROCE_UDP_PORT)
+			goto out;
+		if (cfg && (cfg_flags & MR_CFG_HAVE_IP4) && iph->daddr != *(__u32 *)cfg->local_ip4)
+			goto out;
+		l4len = mr_ntohs(iph->tot_len);
+		/* From here on this is MetaRoCE for us: refusals are drops. */
+		action = XDP_DROP;
+		if (l4len < sizeof(*iph) || (void *)iph + l4len > data_end) {
+			reason = MR_DROP_BAD_IP_HEADER;
+			goto out;
+		}
+		l4len -= sizeof(*iph);
+	} else if (ret == mr_htons(MR_ETH_P_IPV6)) {
+		v6 = 1;
+		ret = parse_ip6hdr(&nh, data_end, &ip6h);
+		l3 = ip6h;
+		if (ret != MR_IPPROTO_UDP)
+			goto out;
+		if (parse_udphdr(&nh, data_end, &udph) != ROCE_UDP_PORT)
+			goto out;
+		if (cfg && (cfg_flags & MR_CFG_HAVE_IP6)) {
+			__u32 *l6 = (__u32 *)cfg->local_ip6;
+
+			if (ip6h->daddr.in6_u.u6_addr32[0] != l6[0] ||
+			    ip6h->daddr.in6_u.u6_addr32[1] != l6[1] ||
+			    ip6h->daddr.in6_u.u6_addr32[2] != l6[2] ||
+			    ip6h->daddr.in6_u.u6_addr32[3] != l6[3])
+				goto out;
+		}
+		l4len = mr_ntohs(ip6h->payload_len);
+		action = XDP_DROP;
+		if ((void *)(ip6h + 1) + l4len > data_end) {
+			reason = MR_DROP_BAD_IP_HEADER;
+			goto out;
+		}
+	} else {
+		goto out;                             /* ARP, LLDP, ...: PASS */
+	}
+
+	if (cfg && (cfg_flags & MR_CFG_HAVE_MAC) &&
+	    (eth->h_dest[0] != cfg->local_mac[0] || eth->h_dest[1] != cfg->local_mac[1] ||
+	     eth->h_dest[2] != cfg->local_mac[2] || eth->h_dest[3] != cfg->local_mac[3] ||
+	     eth->h_dest[4] != cfg->local_mac[4] || eth->h_dest[5] != cfg->local_mac[5])) {
+		action = XDP_PASS;                    /* someone else's frame */
+		goto out;
+	}
+
+	/* ---- MR-ENC lengths: IP says where the packet ends, not data_end
+	 * (short frames carry Ethernet padding). */
+	ulen = mr_ntohs(udph->len);
+	if (ulen != l4len) {
+		reason = MR_DROP_BAD_UDP_LENGTH;
+		goto out;
+	}
+	if (ulen < sizeof(*udph) + MR_BTH_LEN + MR_ICRC_SIZE) {
+		reason = MR_DROP_TRUNCATED_BTH;
+		goto out;
+	}
+	ret = parse_bth(&nh, data_end, &bth);
+	if (ret < 0) {
+		reason = -ret;
+		goto out;
+	}
+
+#if MR_VERIFY_ACK_ICRC
+	/* A corrupt ACKNOWLEDGE must not move QP state (MR-ICRC).  Checked
+	 * here, before any header field (DestQP, PSN) is trusted, so a
+	 * corrupt ACK counts as BAD_ICRC whatever QP it names.  It also keeps
+	 * the verifier cheap: few states reach this point, and the CRC loop is
+	 * walked once per state.  Any other length is refused below as
+	 * BAD_PAD, so only the exact ACK size is checked. */
+	if (ret == MR_OP_ACKNOWLEDGE &&
+	    ulen == sizeof(*udph) + MR_BTH_LEN + MR_AETH_LEN + MR_ICRC_SIZE &&
+	    !(v6 ? mr_ack_icrc_ok_v6((const __u8 *)l3, data_end)
+		 : mr_ack_icrc_ok_v4((const __u8 *)l3, data_end))) {
+		reason = MR_DROP_BAD_ICRC;
+		goto out;
+	}
+#endif
+
+	/* ---- MR-OPC: the table decides which headers follow. */
+	hlen = mr_opcode_info(ret, &mask);
+	if (hlen < 0) {
+		reason = MR_DROP_UNKNOWN_OPCODE;
+		goto out;
+	}
+	rest = (int)ulen - (int)sizeof(*udph) - hlen - MR_ICRC_SIZE;
+	if (rest < 0) {
+		reason = MR_DROP_TRUNCATED_EXT;
+		goto out;
+	}
+	if (mask & MR_OPM_SACKETH) {
+		/* SACKETH follows BTH + AETH in a NATIVE_SACK. */
+		struct mr_sacketh *sk = (void *)bth + MR_BTH_LEN + MR_AETH_LEN;
+
+		if (sk + 1 > (struct mr_sacketh *)data_end) {
+			reason = MR_DROP_TRUNCATED_EXT;
+			goto out;
+		}
+		if (sk->bitmap_words > MR_SACK_MAX_WORDS) {
+			reason = MR_DROP_BAD_FIELD;
+			goto out;
+		}
+		rest -= 4 * sk->bitmap_words;
+		if (rest < 0) {
+			reason = MR_DROP_TRUNCATED_EXT;
+			goto out;
+		}
+	}
+	if (!(mask & MR_OPM_PAYLOAD)) {
+		if (rest != 0 || mr_bth_pad(bth)) {
+			reason = MR_DROP_BAD_PAD;
+			goto out;
+		}
+	} else if ((rest & 3) || (int)mr_bth_pad(bth) > rest) {
+		reason = MR_DROP_BAD_PAD;
+		goto out;
+	}
+
+	/* ---- validation pipeline (rxe_recv.c: check_type_state, check_keys
+	 * -> here: QP exists, peer, profile, state). */
+	qpn = mr_bth_qpn(bth);
+	slot = qpn % MR_MAX_QPS;
+	qp = mr_qps.lookup(&slot);
+	if (!qp || qp->qpn == 0 || qp->qpn != qpn) {
+		reason = MR_DROP_UNKNOWN_QP;
+		goto out;
+	}
+	if (v6 ? !mr_peer_ok_v6(qp, l3, data_end) : !mr_peer_ok_v4(qp, l3, data_end)) {
+		reason = MR_DROP_WRONG_PEER;
+		goto out;
+	}
+	if ((mask & MR_OPM_NATIVE) && qp->profile != MR_PROFILE_NATIVE) {
+		reason = MR_DROP_WRONG_PROFILE;
+		goto out;
+	}
+	accept = (mask & MR_OPM_REQ) ? MR_QPS_ACCEPT_REQ : MR_QPS_ACCEPT_ACK;
+	/* Bound the shift: state is a u8 the daemon writes. */
+	if (qp->state > MR_QPS_ERR || !(MR_QPS_BIT(qp->state) & accept)) {
+		reason = MR_DROP_QP_STATE;
+		goto out;
+	}
+
+	if (mask & MR_OPM_CNP) {
+		__sync_fetch_and_add(&qp->cnp_count, 1);
+		mr_count_event(MR_EV_CNP);
+	}
+
+	/* ---- the ACK fast path: compat ACKNOWLEDGE is consumed here. */
+	if (ret == MR_OP_ACKNOWLEDGE && !(qp->flags & MR_QPF_ACK_TO_USER)) {
+		int ev;
+
+		/* ICRC already verified right after the BTH (see there). */
+		ev = mr_ack_fastpath(qp, bth, data_end);
+		if (ev < 0) {
+			reason = -ev;
+			goto out;
+		}
+		event = ev;                           /* XDP_DROP, but consumed */
+		goto out;
+	}
+
+	/* ---- steer to the AF_XDP socket of this queue.  With flags 0 a
+	 * missing socket makes redirect_map return XDP_ABORTED; turn that into
+	 * a counted drop instead of a trace-only abort. */
+	action = mr_xsks.redirect_map(ctx->rx_queue_index, 0);
+	if (action != XDP_REDIRECT) {
+		action = XDP_DROP;
+		reason = MR_DROP_NO_XSK;
+		goto out;
+	}
+	event = MR_EV_STEERED;
+
+out:
+	if (action == XDP_DROP && reason != MR_DROP_NONE) {
+		mr_count_drop(reason);
+		event = MR_EV_DROPPED;
+	}
+	mr_count_event(event);
+	return action;
+}

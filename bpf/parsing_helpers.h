@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * parsing_helpers.h - bounds-checked header parsers (xdp-tutorial style).
+ *
+ * Each parse_<hdr>(cursor, data_end, &hdr) checks `hdr + 1 > data_end`,
+ * advances the cursor past the header and returns the next header's type
+ * (ethertype in network order, IP protocol, UDP destination port in host
+ * order, BTH opcode).  On failure it returns a negative value, minus the
+ * DecodeReason (enum mr_drop_reason) that says why, and leaves the cursor
+ * where it was; *hdr is set whenever the fixed header was in bounds so the
+ * caller can look closer (e.g. at an IPv4 header with options).
+ *
+ * Kernel only (uses kernel header structs); the caller decides the verdict.
+ */
+#ifndef __PARSING_HELPERS_H
+#define __PARSING_HELPERS_H
+
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/udp.h>
+#include "metaroce_consts.h"
+#include "metaroce_hdr.h"
+#include "metaroce_drop_reasons.h"
+
+struct hdr_cursor {
+	void *pos;
+};
+
+/* 802.1Q / 802.1ad tag; not exported by uapi headers. */
+struct mr_vlan_hdr {
+	__be16 h_vlan_TCI;
+	__be16 h_vlan_encapsulated_proto;
+};
+
+static __always_inline int mr_proto_is_vlan(__u16 h_proto)
+{
+	return h_proto == mr_htons(MR_ETH_P_8021Q) || h_proto == mr_htons(MR_ETH_P_8021AD);
+}
+
+/* Ethernet plus at most one VLAN tag (MR-ENC allows one).  Returns the
+ * ethertype after the tag, network byte order; *vlan is 1 if a tag was seen. */
+static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
+					struct ethhdr **ethhdr, int *vlan)
+{
+	struct ethhdr *eth = nh->pos;
+	struct mr_vlan_hdr *vh;
+	__u16 h_proto;
+
+	*vlan = 0;
+	if (eth + 1 > (struct ethhdr *)data_end)
+		return -MR_DROP_TRUNCATED_ETH;
+	*ethhdr = eth;
+	h_proto = eth->h_proto;
+	vh = (struct mr_vlan_hdr *)(eth + 1);
+	/* One tag, no loop: a second tag is simply "not IP" and is passed. */
+	if (mr_proto_is_vlan(h_proto)) {
+		if (vh + 1 > (struct mr_vlan_hdr *)data_end)
+			return -MR_DROP_TRUNCATED_ETH;
+		h_proto = vh->h_vlan_encapsulated_proto;
+		*vlan = 1;
+		vh++;
+	}
+	nh->pos = vh;
+	return h_proto;
+}
+
+/* IPv4 without options or fragmentation (MR-ENC).  Returns the protocol. */
+static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
+				       struct iphdr **iphdr)
+{
+	struct iphdr *iph = nh->pos;
+
+	if (iph + 1 > (struct iphdr *)data_end)
+		return -MR_DROP_TRUNCATED_IP;
+	*iphdr = iph;
+	if (iph->version != 4 || iph->ihl < 5)
+		return -MR_DROP_BAD_IP_HEADER;
+	if (iph->ihl != 5)
+		return -MR_DROP_IP_OPTIONS;
+	/* MF set or a non-zero offset: 0x3FFF masks both, leaves DF alone. */
+	if (iph->frag_off & mr_htons(0x3FFF))
+		return -MR_DROP_IP_FRAGMENT;
+	nh->pos = iph + 1;
+	return iph->protocol;
+}
+
+/* IPv6 fixed header; extension headers are not followed (MetaRoCE puts UDP
+ * right after it), so their presence shows as "not UDP".  Returns nexthdr. */
+static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
+					struct ipv6hdr **ip6hdr)
+{
+	struct ipv6hdr *ip6h = nh->pos;
+
+	if (ip6h + 1 > (struct ipv6hdr *)data_end)
+		return -MR_DROP_TRUNCATED_IP;
+	*ip6hdr = ip6h;
+	if (ip6h->version != 6)
+		return -MR_DROP_BAD_IP_HEADER;
+	nh->pos = ip6h + 1;
+	return ip6h->nexthdr;
+}
+
+/* UDP header.  Returns the destination port, host order. */
+static __always_inline int parse_udphdr(struct hdr_cursor *nh, void *data_end,
+					struct udphdr **udphdr)
+{
+	struct udphdr *h = nh->pos;
+
+	if (h + 1 > (struct udphdr *)data_end)
+		return -MR_DROP_TRUNCATED_UDP;
+	*udphdr = h;
+	nh->pos = h + 1;
+	return mr_ntohs(h->dest);
+}
+
+/* Base Transport Header.  Returns the opcode. */
+static __always_inline int parse_bth(struct hdr_cursor *nh, void *data_end,
+				     struct mr_bth **bthdr)
+{
+	struct mr_bth *b = nh->pos;
+
+	if (b + 1 > (struct mr_bth *)data_end)
+		return -MR_DROP_TRUNCATED_BTH;
+	*bthdr = b;
+	if (mr_bth_tver(b) != 0)
+		return -MR_DROP_BAD_TVER;
+	nh->pos = b + 1;
+	return b->opcode;
+}
+
+#endif /* __PARSING_HELPERS_H */

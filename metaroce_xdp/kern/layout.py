@@ -1,0 +1,165 @@
+"""Python mirror of the structs and enums shared with the XDP program.
+
+C source of truth: bpf/metaroce_structs.h (struct mr_qp_state, struct
+mr_config), bpf/metaroce_drop_reasons.h (enum mr_drop_reason, enum mr_event),
+bpf/metaroce_consts.h.  tests/test_c_python_agree.py compiles the headers with
+gcc and compares every offset, size and enum value with this module.
+
+Writers of mr_qp_state (one per field; see the C header for the protocol):
+control plane = daemon, requester = user-space engine, kernel = ACK fast path.
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from ..wire.errors import DecodeReason
+
+MR_MAX_QPS = 1024            # default of bpf/metaroce_consts.h; the loader may override
+MR_MAX_RXQ = 64
+MR_DROP_SLOTS = 64
+MR_EVENT_SLOTS = 16
+ROCE_UDP_PORT = 4791
+QP_STATE_SIZE = 256
+PSN_MASK = 0xFFFFFF
+
+
+class QpState(enum.IntEnum):
+    """ibv_qp_state numbering (enum mr_qp_state_code)."""
+    RESET = 0
+    INIT = 1
+    RTR = 2
+    RTS = 3
+    SQD = 4
+    SQE = 5
+    ERR = 6
+
+
+class Profile(enum.IntEnum):
+    COMPAT = 0
+    NATIVE = 1
+
+
+class QpFlag(enum.IntFlag):
+    ACK_TO_USER = 1 << 0     # kernel steers ACKs instead of consuming them
+
+
+class CfgFlag(enum.IntFlag):
+    HAVE_IP4 = 1 << 0
+    HAVE_IP6 = 1 << 1
+    HAVE_MAC = 1 << 2
+
+
+# Values 1..16 are DecodeReason's, by construction (never renumber).
+_DROP_REASONS = {r.name: int(r) for r in DecodeReason if r != DecodeReason.OK}
+_DROP_REASONS.update({
+    "NONE": 0,
+    "UNKNOWN_QP": 32,
+    "QP_STATE": 33,
+    "WRONG_PEER": 34,
+    "NO_XSK": 35,
+    "WRONG_PROFILE": 36,
+    "BAD_ICRC": 37,
+    "STALE_ACK": 38,
+    "ACK_BUSY": 39,
+})
+DropReason = enum.IntEnum("DropReason", sorted(_DROP_REASONS.items(), key=lambda kv: kv[1]))
+DropReason.__doc__ = "enum mr_drop_reason: index of the per-CPU counter in mr_drops.  Never renumber."
+
+
+class Event(enum.IntEnum):
+    """enum mr_event: index into mr_events.  PASSED + STEERED + *_CONSUMED + DROPPED = packets."""
+    PASSED = 0
+    STEERED = 1
+    ACK_CONSUMED = 2
+    NAK_CONSUMED = 3
+    RNR_CONSUMED = 4
+    DROPPED = 5
+    RTT_SAMPLE = 6
+    CNP = 7
+
+
+# (name, numpy type, writer).  Offsets are implied by order and checked by the test.
+QP_STATE_FIELDS = [
+    # control plane [0, 40)
+    ("qpn", "<u4", "control"),
+    ("state", "u1", "control"),
+    ("profile", "u1", "control"),
+    ("flags", "<u2", "control"),
+    ("dest_qpn", "<u4", "control"),
+    ("pmtu", "<u2", "control"),
+    ("ctrl_pad0", "<u2", "control"),
+    ("peer_ip", ("u1", 16), "control"),
+    ("ctrl_rsvd", ("<u4", 2), "control"),
+    # requester [40, 64)
+    ("snd_nxt", "<u4", "requester"),
+    ("snd_una_hint", "<u4", "requester"),
+    ("rtt_probe_psn", "<u4", "requester"),
+    ("req_rsvd0", "<u4", "requester"),
+    ("rtt_probe_ns", "<u8", "requester"),
+    # kernel ACK fast path [64, 192)
+    ("ack_seq", "<u8", "kernel"),
+    ("ack_psn", "<u4", "kernel"),
+    ("ack_msn", "<u4", "kernel"),
+    ("nak_psn", "<u4", "kernel"),
+    ("nak_seq", "<u4", "kernel"),
+    ("rnr_psn", "<u4", "kernel"),
+    ("rnr_seq", "<u4", "kernel"),
+    ("last_syndrome", "u1", "kernel"),
+    ("nak_code", "u1", "kernel"),
+    ("rnr_timer", "u1", "kernel"),
+    ("k_pad0", "u1", "kernel"),
+    ("k_pad1", "<u4", "kernel"),
+    ("rtt_ns", "<u8", "kernel"),
+    ("srtt_ns", "<u8", "kernel"),
+    ("rttvar_ns", "<u8", "kernel"),
+    ("acks", "<u8", "kernel"),
+    ("naks", "<u8", "kernel"),
+    ("rnr_naks", "<u8", "kernel"),
+    ("stale_acks", "<u8", "kernel"),
+    ("cnp_count", "<u8", "kernel"),
+    ("last_ack_ns", "<u8", "kernel"),
+    ("k_rsvd", ("u1", 16), "kernel"),
+    # reserved for the SACK/CNP fast path [192, 256)
+    ("sack_rsvd", ("u1", 64), "kernel"),
+]
+
+QP_STATE_DTYPE = np.dtype([(n, t) for n, t, _ in QP_STATE_FIELDS], align=False)
+QP_FIELD_WRITER = {n: w for n, _, w in QP_STATE_FIELDS}
+assert QP_STATE_DTYPE.itemsize == QP_STATE_SIZE, QP_STATE_DTYPE.itemsize
+
+CONFIG_DTYPE = np.dtype([
+    ("flags", "<u4"),
+    ("local_ip4", ("u1", 4)),
+    ("local_ip6", ("u1", 16)),
+    ("local_mac", ("u1", 6)),
+    ("pad0", "<u2"),
+    ("rsvd", ("<u4", 8)),
+])
+assert CONFIG_DTYPE.itemsize == 64
+
+
+def peer_ip_bytes(addr) -> bytes:
+    """16-byte peer address as mr_qp_state.peer_ip wants it (IPv4 as ::ffff:a.b.c.d)."""
+    import ipaddress
+    a = ipaddress.ip_address(str(addr))
+    if a.version == 4:
+        return bytes(10) + b"\xff\xff" + a.packed
+    return a.packed
+
+
+def read_ack_state(slot: np.ndarray, fields=("ack_psn", "ack_msn", "last_syndrome", "nak_psn", "nak_code",
+                                             "nak_seq", "rnr_psn", "rnr_seq", "rnr_timer", "rtt_ns",
+                                             "srtt_ns"), retries: int = 1000) -> dict:
+    """Consistent snapshot of the kernel-written ACK fields of one slot (the seqcount
+    read protocol of struct mr_qp_state): retry while ack_seq is odd or changed."""
+    for _ in range(retries):
+        s1 = int(slot["ack_seq"])
+        if s1 & 1:
+            continue
+        snap = {f: (slot[f].copy() if slot[f].shape else int(slot[f])) for f in fields}
+        if int(slot["ack_seq"]) == s1:
+            snap["ack_seq"] = s1
+            return snap
+    raise TimeoutError("mr_qp_state.ack_seq kept changing; is the kernel writer stuck?")
