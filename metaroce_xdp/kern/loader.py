@@ -21,6 +21,8 @@ import enum
 import ipaddress
 import mmap
 import os
+import threading
+
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,10 @@ PINNED_MAPS = ("mr_qps", "mr_drops", "mr_events", "mr_cfg")
 
 XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
+
+
+_libc = ct.CDLL(None, use_errno=True)
+_CLONE_NEWNET = 0x40000000
 
 
 class XdpMode(enum.Enum):
@@ -189,6 +195,9 @@ class XdpLoader:
             hint = " (try mode=XdpMode.SKB)" if mode is XdpMode.DRV else ""
             raise LoaderError(f"attaching XDP to {ifname} in {mode.value} mode failed: {e}{hint}") from e
         self._ifname, self._mode = ifname, mode
+        # Remember the network namespace: detach() may run from another thread
+        # (or after the caller left the namespace) and must find the same device.
+        self._netns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         if pin:
             self.pin(ifname)
 
@@ -197,11 +206,21 @@ class XdpLoader:
         after the interface is gone."""
         ifname, mode = self._ifname, self._mode
         self._ifname = self._mode = None
+        nsfd, self._netns_fd = getattr(self, "_netns_fd", None), None
         if ifname is not None:
-            try:
-                self._BPF.remove_xdp(ifname.encode(), mode.flags)
-            except Exception:
-                pass                 # interface already deleted: nothing to detach
+            def remove() -> None:
+                try:
+                    if nsfd is not None and _libc.setns(nsfd, _CLONE_NEWNET) != 0:
+                        return       # namespace gone: the device (and program) went with it
+                    self._BPF.remove_xdp(ifname.encode(), mode.flags)
+                except Exception:
+                    pass             # interface already deleted: nothing to detach
+            # a throwaway thread, so setns never moves the caller's thread
+            t = threading.Thread(target=remove, name="xdp-detach")
+            t.start()
+            t.join(timeout=10)
+        if nsfd is not None:
+            os.close(nsfd)
         self.unpin()
 
     def pin(self, ifname: str) -> Path:

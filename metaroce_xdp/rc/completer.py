@@ -17,7 +17,7 @@ from ..verbs_types import RNR_TIMER_US, WC, WCStatus, WROpcode, local_ack_timeou
 from ..wire.headers import (AETH_ACK, AETH_NAK, AETH_RNR_NAK, AETH_TYPE_MASK, NAK_INVALID_RD_REQUEST,
                             NAK_INVALID_REQUEST, NAK_PSN_SEQ_ERR, NAK_REMOTE_ACCESS_ERR,
                             NAK_REMOTE_OP_ERR)
-from ..wire.opcodes import OpMask
+from ..wire.opcodes import MI
 from ..wire.psn import PSN_MASK, psn_diff
 from .wqe import WC_OF_WR, SendWQE, scatter
 
@@ -157,7 +157,7 @@ class Completer:
             return
         if sq[0] is not target:
             return
-        if op.has(OpMask.ATOMIC):
+        if op.has(MI.ATOMIC):
             if target.opcode not in (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD):
                 self.qp.to_error(WCStatus.BAD_RESP_ERR, "ATOMIC ACK for a non-atomic request")
                 return
@@ -179,7 +179,7 @@ class Completer:
             return
         remaining = target.length - target.resp_bytes
         n = len(pkt.payload)
-        last = bool(op.mask & OpMask.END)
+        last = bool(op.mask & MI.END)
         if (last and n != remaining) or (not last and n != mtu) or n > remaining:
             self.qp.to_error(WCStatus.BAD_RESP_ERR, f"READ response of {n} bytes, {remaining} remaining")
             return

@@ -112,8 +112,8 @@ class Engine:
         t = qp.template
         ext_a = np.frombuffer(ext, dtype=np.uint8) if ext else _EMPTY
         pay = payload if payload is not None else _EMPTY
-        n = build_frame(TABLES, buf, boff, t.buf, t.length, t.l3_off, t.ipv6, opcode, 0x80 if se else 0,
-                        ack_req, psn, ext_a, len(ext), pay, off, plen)
+        n = build_frame(TABLES, buf, boff, t.buf, t.length, t.l3_off, t.ipv6, int(opcode), 0x80 if se else 0,
+                        int(ack_req), int(psn), ext_a, len(ext), pay, off, plen)
         self.port.tx_commit(boff, n)
         self.stats["tx"] += 1
 
@@ -220,6 +220,36 @@ class Context:
         if progress_thread:
             self.engine.start()
 
+    @classmethod
+    def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, ipv6: bool = False,
+             frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True) -> "Context":
+        """An endpoint on a real interface: the XDP program attached, an AF_XDP
+        socket on `queue`, and the kernel ACK fast path feeding the completers."""
+        from ..kern.loader import XdpLoader, XdpMode
+        from .fastack import FastAck
+        from .xskport import XskPort
+
+        loader = XdpLoader(max_qps=MAX_QPS)
+        port = None
+        try:
+            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6)
+            loader.set_config(local_ip4=None if ipv6 else port.ip, local_ip6=port.ip if ipv6 else None,
+                              local_mac=port.mac)
+            loader.set_xsk(queue, port.fileno())
+            loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
+        except BaseException:
+            if port is not None:
+                port.close()
+            loader.close()
+            raise
+        port.loader = loader
+        ctx = cls(port, progress_thread=False)
+        ctx.engine.fast_ack = FastAck(loader)
+        ctx.loader = loader
+        if progress_thread:
+            ctx.engine.start()
+        return ctx
+
     @property
     def gid(self) -> str:
         return self.engine.local_ip
@@ -289,6 +319,9 @@ class Context:
         self.closed = True
         self.engine.stop()
         self.port.close()
+        loader = getattr(self, "loader", None)
+        if loader is not None:
+            loader.close()
 
     def __enter__(self):
         return self

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCOpcode, WCStatus, WROpcode)
-from ..wire.opcodes import OpMask
+from ..wire.opcodes import MI
 from .completer import Completer
 from .requester import Requester
 from .responder import Responder
@@ -90,6 +90,11 @@ class QP:
 
     def emit(self, opcode, psn, ack_req, se, ext, payload, off, plen) -> None:
         self.ctx.engine.emit(self, opcode, psn, ack_req, se, ext, payload, off, plen)
+
+    def publish_snd_nxt(self) -> None:
+        fa = self.ctx.engine.fast_ack
+        if fa is not None:
+            fa.publish_snd_nxt(self)
 
     def log(self, msg: str) -> None:
         log.debug("QP %#x: %s", self.qp_num, msg)
@@ -271,12 +276,12 @@ class QP:
     def handle(self, pkt: "RxPkt") -> bool:
         """Dispatch a packet addressed to this QP; False when the state refuses it."""
         m = pkt.op.mask
-        if m & OpMask.REQ:
+        if m & MI.REQ:
             if self.state not in REQ_STATES:
                 return False
             self.responder.on_request(pkt)
             return True
-        if m & OpMask.ACK:
+        if m & MI.ACK:
             if self.state not in ACK_STATES:
                 return False
             if pkt.opcode == 0x11:

@@ -116,6 +116,7 @@ class Requester:
                     w.npsn = 1
                 w.first_psn = self.psn_next
                 self.psn_next = (self.psn_next + w.npsn) & PSN_MASK
+                qp.publish_snd_nxt()            # before any packet leaves: the kernel checks ACKs against it
                 w.sent = 0
             psn = (w.first_psn + w.sent) & PSN_MASK
             if psn_diff(psn, una) >= self.max_inflight:

@@ -18,7 +18,7 @@ import numpy as np
 from ..verbs_types import Access, WC, WCFlags, WCOpcode, WCStatus
 from ..wire.headers import (AETH_ACK, AETH_CREDIT_INVALID, AETH_NAK, AETH_RNR_NAK, NAK_INVALID_REQUEST,
                             NAK_PSN_SEQ_ERR, NAK_REMOTE_ACCESS_ERR, NAK_REMOTE_OP_ERR)
-from ..wire.opcodes import Op, OpMask
+from ..wire.opcodes import MI, Op
 from ..wire.psn import PSN_MASK, psn_diff
 from .wqe import scatter
 
@@ -58,7 +58,7 @@ class Responder:
         self.write_mr = None                # WRITE in progress: MR, offset, bytes left
         self.write_off = 0
         self.write_left = 0
-        self.in_progress = 0                # 0 none, OpMask.SEND or OpMask.WRITE in the middle of a message
+        self.in_progress = 0                # 0 none, MI.SEND or MI.WRITE in the middle of a message
         self.resources: list[Resource] = []
         self.nak_sent = False               # one PSN-sequence-error NAK per ePSN (MR-NAK)
         self.ack_pending = False
@@ -112,24 +112,24 @@ class Responder:
         m = op.mask
         # opcode sequence: continue the message in progress, or start a new one
         if self.in_progress:
-            if not (m & self.in_progress) or (m & OpMask.START):
+            if not (m & self.in_progress) or (m & MI.START):
                 self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
-                          f"{op.name} inside a {'SEND' if self.in_progress == OpMask.SEND else 'WRITE'}")
+                          f"{op.name} inside a {'SEND' if self.in_progress == MI.SEND else 'WRITE'}")
                 return
-        elif not (m & OpMask.START) and (m & (OpMask.SEND | OpMask.WRITE)):
+        elif not (m & MI.START) and (m & (MI.SEND | MI.WRITE)):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"{op.name} without FIRST")
             return
-        if m & OpMask.NATIVE:
+        if m & MI.NATIVE:
             # native opcodes on a compat connection: invalid request (MR-NAT)
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "native opcode on compat QP")
             return
-        if m & OpMask.SEND:
+        if m & MI.SEND:
             self._send(pkt)
-        elif m & OpMask.WRITE:
+        elif m & MI.WRITE:
             self._write(pkt)
-        elif m & OpMask.READ:
+        elif m & MI.READ:
             self._read(pkt)
-        elif m & OpMask.ATOMIC:
+        elif m & MI.ATOMIC:
             self._atomic(pkt)
         else:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"unexpected {op.name}")
@@ -139,9 +139,9 @@ class Responder:
         n = len(pkt.payload)
         mtu = self.qp.pmtu
         m = pkt.op.mask
-        if not (m & OpMask.END):
+        if not (m & MI.END):
             return n == mtu
-        if not (m & OpMask.START):
+        if not (m & MI.START):
             return 1 <= n <= mtu
         return n <= mtu
 
@@ -167,7 +167,7 @@ class Responder:
         if not self._len_ok(pkt):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "SEND packet length")
             return
-        if m & OpMask.START and not self._take_recv(pkt):
+        if m & MI.START and not self._take_recv(pkt):
             return
         w = self.cur_recv
         n = len(pkt.payload)
@@ -178,7 +178,7 @@ class Responder:
         scatter(w.sinks, self.recv_off, pkt.payload)
         self.recv_off += n
         self.bytes_received += n
-        if m & OpMask.END:
+        if m & MI.END:
             self.in_progress = 0
             self.msn = (self.msn + 1) & 0xFFFFFF
             flags = WCFlags(0)
@@ -191,7 +191,7 @@ class Responder:
                                     wc_flags=flags))
             self.cur_recv = None
         else:
-            self.in_progress = OpMask.SEND
+            self.in_progress = MI.SEND
         self._advance(pkt)
 
     def _write(self, pkt: "RxPkt") -> None:
@@ -199,7 +199,7 @@ class Responder:
         if not self._len_ok(pkt):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "WRITE packet length")
             return
-        if m & OpMask.START:
+        if m & MI.START:
             if pkt.dma_len == 0:
                 self.write_mr, self.write_off, self.write_left = None, 0, 0
             else:
@@ -211,28 +211,28 @@ class Responder:
                 self.write_mr, self.write_off = chk
                 self.write_left = pkt.dma_len
         n = len(pkt.payload)
-        if n > self.write_left or ((m & OpMask.END) and n != self.write_left):
+        if n > self.write_left or ((m & MI.END) and n != self.write_left):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
                       f"WRITE carries {n} bytes, {self.write_left} left")
             return
-        if m & OpMask.IMMDT and not self._take_recv(pkt):
+        if m & MI.IMMDT and not self._take_recv(pkt):
             return                                           # RNR before touching memory
         if n:
             self.write_mr.mem[self.write_off:self.write_off + n] = pkt.payload
             self.write_off += n
             self.write_left -= n
             self.bytes_received += n
-        if m & OpMask.END:
+        if m & MI.END:
             self.in_progress = 0
             self.msn = (self.msn + 1) & 0xFFFFFF
-            if m & OpMask.IMMDT:
+            if m & MI.IMMDT:
                 w = self.cur_recv
                 self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS,
                                         opcode=WCOpcode.RECV_RDMA_WITH_IMM, byte_len=0, qp_num=self.qp.qp_num,
                                         imm_data=pkt.imm, wc_flags=WCFlags.WITH_IMM))
                 self.cur_recv = None
         else:
-            self.in_progress = OpMask.WRITE
+            self.in_progress = MI.WRITE
         self._advance(pkt)
 
     def _remember(self, res: Resource) -> None:
@@ -326,18 +326,18 @@ class Responder:
         """MR-DUP: re-ACK SEND/WRITE, re-execute READ, replay ATOMIC; never re-apply to memory."""
         self.dup_requests += 1
         m = pkt.op.mask
-        if m & (OpMask.SEND | OpMask.WRITE):
+        if m & (MI.SEND | MI.WRITE):
             self.ack_pending = True
             return
         for res in reversed(self.resources):
             d = psn_diff(pkt.psn, res.psn)
             if 0 <= d < res.npsn:
-                if res.kind == "read" and m & OpMask.READ:
+                if res.kind == "read" and m & MI.READ:
                     self.flush_ack()
                     # re-execute from the duplicate's PSN; drop any pending copy of the same READ
                     self.read_queue = [e for e in self.read_queue if e[0] is not res]
                     self.read_queue.append([res, d, d])
-                elif res.kind == "atomic" and m & OpMask.ATOMIC and d == 0:
+                elif res.kind == "atomic" and m & MI.ATOMIC and d == 0:
                     self.flush_ack()
                     self._atomic_ack(res)
                 return

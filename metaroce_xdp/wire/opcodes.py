@@ -50,13 +50,22 @@ _HDR_BIT = {"reth": OpMask.RETH, "aeth": OpMask.AETH, "atomiceth": OpMask.ATOMIC
 class OpInfo:
     value: int
     name: str
-    mask: OpMask
+    mask: int                        # OpMask bits (a plain int: see MI)
     headers: tuple[str, ...]         # extension headers after the BTH, in wire order
     hdr_len: int                     # BTH + extension headers (fixed part), bytes
     offsets: dict                    # header name -> byte offset from the BTH start
 
     def has(self, m: OpMask) -> bool:
-        return bool(self.mask & m)
+        return bool(self.mask & int(m))
+
+
+class MI:
+    """OpMask bits as plain ints, for hot paths: int & IntFlag goes through
+    IntFlag.__rand__ and costs a microsecond per test."""
+
+
+for _m in OpMask:
+    setattr(MI, _m.name, int(_m))
 
 
 def _op(value: int, name: str, mask: OpMask) -> OpInfo:
@@ -66,7 +75,7 @@ def _op(value: int, name: str, mask: OpMask) -> OpInfo:
     for h in headers:
         offsets[h] = off
         off += EXT_CLASSES[h].SIZE
-    return OpInfo(value, name, OpMask(mask), headers, off, offsets)
+    return OpInfo(value, name, int(mask), headers, off, offsets)
 
 
 M = OpMask

@@ -1,0 +1,128 @@
+"""An engine port over AF_XDP: the XDP program steers MetaRoCE frames of this
+interface's queue into an AF_XDP socket; frames are built straight into UMEM
+chunks and handed to the TX ring in batches.
+
+Neighbours: afxdp/xsk.py (socket, UMEM, rings), kern/ (the XDP program and
+its shared maps), netinfo.py (addresses, MTU, neighbour MACs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..afxdp.xsk import Umem, XskSocket
+from ..netinfo import iface_info, resolve_mac
+from ..verbs_types import PATH_MTUS
+
+# Largest header stack a data packet carries: Ethernet + VLAN + IPv6 + UDP + BTH + RETH + ImmDt + ICRC
+MAX_OVERHEAD_L2 = 14 + 4 + 40 + 8 + 12 + 16 + 4 + 4
+MAX_OVERHEAD_L3 = MAX_OVERHEAD_L2 - 18
+
+
+def max_path_mtu(if_mtu: int, chunk: int) -> int:
+    best = 0
+    for m in PATH_MTUS:
+        if m + MAX_OVERHEAD_L3 <= if_mtu and m + MAX_OVERHEAD_L2 <= chunk:
+            best = m
+    if not best:
+        raise ValueError(f"interface MTU {if_mtu} is too small for the smallest path MTU (256)")
+    return best
+
+
+class XskPort:
+    def __init__(self, ifname: str, queue: int = 0, frame_size: int = 4096, nframes: int = 8192,
+                 ring: int = 2048, ipv6: bool = False) -> None:
+        info = iface_info(ifname)
+        self.ifname = ifname
+        self.info = info
+        self.mac = info.mac
+        addrs = info.ipv6 if ipv6 else info.ipv4
+        if not addrs:
+            raise ValueError(f"{ifname} has no {'IPv6' if ipv6 else 'IPv4'} address")
+        self.ip = addrs[0]
+        self.max_pmtu = max_path_mtu(info.mtu, frame_size)
+        self.umem = Umem(nframes, frame_size)
+        self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
+                             comp_size=ring, prefill=min(ring, nframes // 2))
+        self.frames = self.umem.frames
+        self.pool = self.umem.pool
+        self._cache = np.empty(0, np.uint64)
+        self._ci = 0
+        self.tx_addrs = np.empty(ring, np.uint64)
+        self.tx_lens = np.empty(ring, np.uint32)
+        self.tx_n = 0
+        self._rx_addrs = None
+        self.stats = {"tx_ring_full": 0, "tx_no_frame": 0}
+        self.closed = False
+
+    def resolve_mac(self, ip: str) -> str:
+        return resolve_mac(ip, self.ifname)
+
+    def fileno(self) -> int:
+        return self.xsk.fileno()
+
+    # -- TX ----------------------------------------------------------------------
+    def tx_slot(self):
+        if self._ci >= len(self._cache):
+            self.xsk.reap()
+            self._cache = self.pool.alloc(64)
+            self._ci = 0
+            if len(self._cache) == 0:
+                self.stats["tx_no_frame"] += 1
+                return None
+        if self.tx_n >= len(self.tx_addrs):
+            self.flush()
+            if self.tx_n >= len(self.tx_addrs):
+                return None
+        addr = int(self._cache[self._ci])
+        self._ci += 1
+        return self.frames, addr
+
+    def tx_commit(self, off: int, length: int) -> None:
+        self.tx_addrs[self.tx_n] = off
+        self.tx_lens[self.tx_n] = length
+        self.tx_n += 1
+        if self.tx_n >= 64:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.tx_n:
+            n = self.xsk.tx_burst(self.tx_addrs[:self.tx_n], self.tx_lens[:self.tx_n], kick=True)
+            if n < self.tx_n:
+                self.stats["tx_ring_full"] += 1
+                rest = self.tx_n - n
+                self.tx_addrs[:rest] = self.tx_addrs[n:self.tx_n]
+                self.tx_lens[:rest] = self.tx_lens[n:self.tx_n]
+                self.tx_n = rest
+            else:
+                self.tx_n = 0
+        else:
+            self.xsk.kick_tx()
+        self.xsk.reap()
+
+    # -- RX ----------------------------------------------------------------------
+    def rx_burst(self, max_n: int):
+        addrs, lens = self.xsk.rx_burst(max_n)
+        if len(addrs) == 0:
+            self.xsk.wake_rx()
+            return []
+        self._rx_addrs = addrs
+        fr = self.frames
+        return [fr[int(a):int(a) + int(n)] for a, n in zip(addrs, lens)]
+
+    def rx_done(self) -> None:
+        if self._rx_addrs is not None:
+            self.pool.free(self._rx_addrs)
+            self._rx_addrs = None
+            self.xsk.refill()
+
+    def wait(self, timeout: float) -> None:
+        self.xsk.poll(int(timeout * 1000))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._cache = None
+        self.frames = None
+        self.xsk.close()
+        self.umem.close()
