@@ -348,3 +348,35 @@ def two_hosts(*, mtu: int = 1500, ipv6: bool = False, threaded_napi: bool = Fals
         topo.close()
         raise
     return topo, pair
+
+
+def switched_hosts(*, mtu: int = 1500, prefix: str = "mr") -> tuple[Topology, VethPair, VethPair]:
+    """Hosts A and B joined through a third namespace M acting as a switch (a Linux bridge).
+
+    A (10.77.0.1, mr0) <-> M (swA, swB in bridge sw0) <-> B (10.77.0.2, mr1).
+    Frames an AF_XDP socket transmits skip the sender's qdisc and tc egress
+    hook, so faults must be injected where the kernel forwards them: on M's
+    egress ports swB (towards B) and swA (towards A).  A capture on sw0 or
+    on either port sees every frame.  Returns (topology, A<->M pair, M<->B pair).
+    """
+    topo = Topology(3, prefix=prefix)
+    try:
+        a, m, b = topo[0], topo[1], topo[2]
+        left = topo.add_veth(a, m, "mr0", "swA", ipv4=None, mtu=mtu)
+        right = topo.add_veth(m, b, "swB", "mr1", ipv4=None, mtu=mtu)
+        ha, hm, hb = topo.ipr(a), topo.ipr(m), topo.ipr(b)
+        ia = ha.link_lookup(ifname="mr0")[0]
+        ib = hb.link_lookup(ifname="mr1")[0]
+        ha.addr("add", index=ia, address="10.77.0.1", prefixlen=24)
+        hb.addr("add", index=ib, address="10.77.0.2", prefixlen=24)
+        left.a.ipv4, right.b.ipv4 = "10.77.0.1", "10.77.0.2"
+        hm.link("add", ifname="sw0", kind="bridge")
+        br = hm.link_lookup(ifname="sw0")[0]
+        hm.link("set", index=br, mtu=mtu)
+        for port in ("swA", "swB"):
+            hm.link("set", index=hm.link_lookup(ifname=port)[0], master=br)
+        hm.link("set", index=br, state="up")
+        return topo, left, right
+    except BaseException:
+        topo.close()
+        raise
