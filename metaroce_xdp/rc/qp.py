@@ -297,7 +297,7 @@ class QP:
             "qpn": self.qp_num, "state": self.state.name, "dest_qpn": self.dest_qp, "dgid": self.dgid,
             "path_mtu": self.pmtu, "sq_psn": r.psn_next, "acked_psn": r.acked_psn, "rq_psn": s.epsn,
             "msn": s.msn, "sq_depth": len(r.sq), "rq_depth": len(s.rq), "packets_sent": r.packets_sent,
-            "bytes_sent": r.bytes_sent, "bytes_received": s.bytes_received, "retransmits": r.retransmits,
+            "bytes_sent": r.bytes_sent + s.bytes_sent, "bytes_received": s.bytes_received, "retransmits": r.retransmits,
             "timeouts": c.timeouts, "naks_received": c.naks, "rnr_naks_received": c.rnr_naks,
             "seq_naks_sent": s.seq_naks, "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.dup_requests,
             "error": self.error_reason,

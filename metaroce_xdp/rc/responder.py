@@ -63,6 +63,7 @@ class Responder:
         self.nak_sent = False               # one PSN-sequence-error NAK per ePSN (MR-NAK)
         self.ack_pending = False
         self.bytes_received = 0
+        self.bytes_sent = 0                 # READ response payload
         self.dup_requests = 0
         self.seq_naks = 0
         self.rnr_naks_sent = 0
@@ -292,6 +293,7 @@ class Responder:
             else:
                 opcode, ext = Op.RDMA_READ_RESPONSE_MIDDLE, b""
             self.qp.emit(opcode, (res.psn + k) & PSN_MASK, 0, 0, ext, mem, res.offset + k * mtu, max(0, plen))
+            self.bytes_sent += max(0, plen)
 
     def _atomic(self, pkt: "RxPkt") -> None:
         chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, 8, Access.REMOTE_ATOMIC)
