@@ -43,9 +43,12 @@ class Player:
 
 
 def loop_pair(faults_ab: Faults | None = None, faults_ba: Faults | None = None, size: int = 1 << 20,
-              b_access: Access = FULL, b_qp_access: Access = FULL, **conn):
+              b_access: Access = FULL, b_qp_access: Access = FULL, burst: bool = True, **conn):
+    """Two connected players; burst=False uses the per-packet Python path only."""
     pa, pb = LoopPort.pair(faults_ab, faults_ba)
     a, b = Player(Context(pa), size), Player(Context(pb), size, b_access, b_qp_access)
+    for p in (a, b):
+        p.ctx.engine.burst_tx = p.ctx.engine.burst_rx = burst
     a.connect(b, psn=conn.get("psn", 100), peer_psn=conn.get("peer_psn", 100),
               **{k: v for k, v in conn.items() if k not in ("psn", "peer_psn")})
     b.connect(a, psn=conn.get("peer_psn", 100), peer_psn=conn.get("psn", 100),

@@ -43,14 +43,15 @@ def _workload(a, b, n_ops=24):
     return wrs, expect
 
 
+@pytest.mark.parametrize("burst", [True, False], ids=["burst", "per-packet"])
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("kind", ["drop", "reorder", "dup", "corrupt", "all"])
-def test_transfers_survive_faults(kind, seed):
+def test_transfers_survive_faults(kind, seed, burst):
     rates = {"drop": Faults(seed=seed, drop=0.05), "reorder": Faults(seed=seed, reorder=0.2),
              "dup": Faults(seed=seed, dup=0.1), "corrupt": Faults(seed=seed, corrupt=0.05),
              "all": Faults(seed=seed, drop=0.03, reorder=0.1, dup=0.05, corrupt=0.03)}[kind]
     back = Faults(seed=seed + 100, drop=rates.drop, reorder=rates.reorder, dup=rates.dup, corrupt=rates.corrupt)
-    a, b = loop_pair(rates, back, mtu=1024, timeout=6, retry_cnt=7)
+    a, b = loop_pair(rates, back, mtu=1024, timeout=6, retry_cnt=7, burst=burst)
     wrs, expect = _workload(a, b)
     a.qp.post_send(wrs)
     wcs = wait_wcs([a, b], a, len(wrs), timeout=60)

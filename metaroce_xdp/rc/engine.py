@@ -14,6 +14,8 @@ the API safe to call from other threads.
 from __future__ import annotations
 
 import logging
+import os
+import struct
 import threading
 import time
 from collections import Counter, deque
@@ -21,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ..verbs_types import (Access, InvalidArgument, QPCap, QPState, ResourceError, VerbsError, WC)
+from ..verbs_types import (Access, InvalidArgument, QPCap, QPState, ResourceError, SendFlags, VerbsError, WC,
+                           WROpcode)
+from ..wire.opcodes import MI
+from .burst import peek_bth, tx_segment
+from .requester import ACKREQ_EVERY
 from ..wire.errors import MalformedPacket
 from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
 from .memory import MR, PD, KeyTable, as_u8
@@ -89,6 +95,12 @@ class Engine:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.fast_ack = None           # kernel ACK fast path (xskport), polled when present
+        # compiled bursts (burst.py) when the port offers batched slots; METAROCE_NO_BURST=1 turns
+        # them off so tests can compare the two paths
+        nob = os.environ.get("METAROCE_NO_BURST") == "1"
+        self.burst_tx = hasattr(port, "tx_slots") and not nob
+        self.burst_rx = hasattr(port, "rx_burst_raw") and not nob
+        self._lens = np.zeros(1024, np.uint32)
 
     # -- TX ---------------------------------------------------------------------
     def make_template(self, qp: QP):
@@ -117,32 +129,90 @@ class Engine:
         self.port.tx_commit(boff, n)
         self.stats["tx"] += 1
 
+    def emit_segments(self, qp: QP, w, room: int) -> int:
+        """Build up to `room` packets of SEND/WRITE WQE `w` from packet w.sent on (burst.tx_segment)."""
+        room = min(room, len(self._lens))
+        if room <= 0:
+            return 0
+        slots = self.port.tx_slots(room)
+        if slots is None:
+            return 0
+        umem, addrs = slots
+        if len(addrs) == 0:
+            return 0
+        if w.burst_args is None:
+            is_write = w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM)
+            has_imm = w.opcode in (WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND_WITH_IMM)
+            reth = np.frombuffer(struct.pack("!QII", w.wr.remote_addr, w.wr.rkey, w.length), np.uint8)
+            imm = np.frombuffer(struct.pack("!I", w.wr.imm_data & 0xFFFFFFFF), np.uint8)
+            se = bool(w.wr.send_flags & SendFlags.SOLICITED) and w.opcode != WROpcode.RDMA_WRITE
+            w.burst_args = (is_write, has_imm, reth, imm, se)
+        is_write, has_imm, reth, imm, se = w.burst_args
+        t = qp.template
+        n = tx_segment(TABLES, umem, addrs, self._lens, len(addrs), t.buf, t.length, t.l3_off, t.ipv6, is_write,
+                       has_imm, reth, imm, w.data, w.length, qp.pmtu, w.sent, w.npsn, w.first_psn, ACKREQ_EVERY, se)
+        self.port.tx_commit_batch(addrs, self._lens, n)
+        mtu = qp.pmtu
+        qp.requester.bytes_sent += min(w.length, (w.sent + n) * mtu) - min(w.length, w.sent * mtu)
+        self.stats["tx"] += n
+        return n
+
+    def _rx_frame(self, f) -> None:
+        self.stats["rx"] += 1
+        if not frame_icrc_ok(TABLES, f, 0, len(f)):
+            self.stats["drop_icrc"] += 1          # MR-ICRC: silently dropped, counted
+            return
+        try:
+            pkt = parse(f)
+        except MalformedPacket as e:
+            self.stats["drop_" + e.reason.name.lower()] += 1
+            return
+        qp = self.qps.get(pkt.dest_qp)
+        if qp is None:
+            self.stats["drop_unknown_qp"] += 1
+            return
+        if not qp.handle(pkt):
+            self.stats["drop_qp_state"] += 1
+
+    def _rx_raw(self) -> bool:
+        umem, addrs, lens = self.port.rx_burst_raw(self.budget)
+        n = len(addrs)
+        if n == 0:
+            return False
+        i = 0
+        while i < n:
+            a = int(addrs[i])
+            op, qpn, _, _ = peek_bth(umem, a, int(lens[i]))
+            if op == 7 or op == 8:               # WRITE MIDDLE / LAST: try the compiled placer
+                qp = self.qps.get(qpn)
+                if (qp is not None and qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
+                        and qp.responder.in_progress == MI.WRITE and qp.responder.write_mr is not None):
+                    j = qp.responder.fast_write(umem, addrs, lens, i, n)
+                    if j > i:
+                        self.stats["rx"] += j - i
+                        self.stats["rx_burst"] += j - i
+                        i = j
+                        continue
+            self._rx_frame(umem[a:a + int(lens[i])])
+            i += 1
+        self.port.rx_done()
+        return True
+
     # -- progress ----------------------------------------------------------------
     def progress(self) -> bool:
         """One round: receive, timers, transmit.  Returns True when it did any work."""
         with self.lock:
             self.now = time.monotonic_ns()
             work = False
-            frames = self.port.rx_burst(self.budget)
-            for f in frames:
-                work = True
-                self.stats["rx"] += 1
-                if not frame_icrc_ok(TABLES, f, 0, len(f)):
-                    self.stats["drop_icrc"] += 1          # MR-ICRC: silently dropped, counted
-                    continue
-                try:
-                    pkt = parse(f)
-                except MalformedPacket as e:
-                    self.stats["drop_" + e.reason.name.lower()] += 1
-                    continue
-                qp = self.qps.get(pkt.dest_qp)
-                if qp is None:
-                    self.stats["drop_unknown_qp"] += 1
-                    continue
-                if not qp.handle(pkt):
-                    self.stats["drop_qp_state"] += 1
-            if frames:
-                self.port.rx_done()
+            if self.burst_rx:
+                work = self._rx_raw()
+            else:
+                frames = self.port.rx_burst(self.budget)
+                for f in frames:
+                    work = True
+                    self._rx_frame(f)
+                if frames:
+                    self.port.rx_done()
             if self.fast_ack is not None:
                 work |= self.fast_ack.poll(self)
             for qp in list(self.qps.values()):

@@ -28,6 +28,7 @@ class Faults:
 
 class LoopPort:
     frame_size = 4096 + 128
+    BATCH = 64
 
     def __init__(self, name: str, faults: Faults | None = None) -> None:
         self.name = name
@@ -36,7 +37,11 @@ class LoopPort:
         self.faults = faults or Faults(drop=0)
         self.rng = random.Random(self.faults.seed)
         self.held: bytes | None = None
-        self._scratch = np.zeros(self.frame_size, np.uint8)
+        self._scratch = self._scratch0 = np.zeros(self.frame_size, np.uint8)
+        self._tx_umem = np.zeros(self.BATCH * self.frame_size, np.uint8)
+        self._rx_umem = np.zeros(self.BATCH * self.frame_size, np.uint8)
+        self._addrs = np.arange(self.BATCH, dtype=np.uint64) * np.uint64(self.frame_size)
+        self._rx_lens = np.zeros(self.BATCH, np.uint32)
         self._rx_cur: list[np.ndarray] = []
         self.event = threading.Event()
         self.tx_frames = 0
@@ -90,6 +95,28 @@ class LoopPort:
         if self.held is not None:
             self._deliver(self.held)
             self.held = None
+
+    # batched slots, the interface burst.py uses (AF_XDP-shaped: one buffer, frame addresses)
+    def tx_slots(self, n: int):
+        n = min(n, self.BATCH)
+        return self._tx_umem, self._addrs[:n]
+
+    def tx_commit_batch(self, addrs, lens, k: int) -> None:
+        for j in range(k):
+            a = int(addrs[j])
+            self._scratch = self._tx_umem[a:a + self.frame_size]
+            self.tx_commit(0, int(lens[j]))
+        self._scratch = self._scratch0
+
+    def rx_burst_raw(self, max_n: int):
+        n = 0
+        fs = self.frame_size
+        while self.inbox and n < min(max_n, self.BATCH):
+            f = self.inbox.popleft()
+            self._rx_umem[n * fs:n * fs + len(f)] = np.frombuffer(f, np.uint8)
+            self._rx_lens[n] = len(f)
+            n += 1
+        return self._rx_umem, self._addrs[:n], self._rx_lens[:n]
 
     # -- RX --------------------------------------------------------------------
     def rx_burst(self, max_n: int) -> list[np.ndarray]:

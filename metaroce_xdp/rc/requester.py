@@ -55,6 +55,7 @@ class Requester:
         self.acked_psn = PSN_MASK       # highest cumulatively acknowledged PSN
         self.pause_until = 0            # RNR back-off: no sending before this time (ns)
         self.max_inflight = 256         # packets between the oldest unacked PSN and the next
+        self.burst = qp.ctx.engine.burst_tx   # segment messages with the compiled builder (burst.py)
         self.packets_sent = 0
         self.retransmits = 0
         self.bytes_sent = 0
@@ -121,7 +122,17 @@ class Requester:
             psn = (w.first_psn + w.sent) & PSN_MASK
             if psn_diff(psn, una) >= self.max_inflight:
                 break
-            if w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+            if (self.burst and w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND,
+                                            WROpcode.SEND_WITH_IMM)):
+                room = min(budget - sent, self.max_inflight - psn_diff(psn, una), w.npsn - w.sent)
+                made = qp.ctx.engine.emit_segments(qp, w, room)
+                if made == 0:
+                    break
+                w.sent += made
+                sent += made
+                if w.sent >= w.npsn:
+                    self.cursor += 1
+            elif w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM):
                 k = w.sent
                 n = w.npsn
                 off = k * mtu

@@ -20,6 +20,8 @@ from ..wire.headers import (AETH_ACK, AETH_CREDIT_INVALID, AETH_NAK, AETH_RNR_NA
                             NAK_PSN_SEQ_ERR, NAK_REMOTE_ACCESS_ERR, NAK_REMOTE_OP_ERR)
 from ..wire.opcodes import MI, Op
 from ..wire.psn import PSN_MASK, psn_diff
+from ..wire.fastpath import TABLES
+from .burst import rx_write_run
 from .wqe import scatter
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class Responder:
         self.seq_naks = 0
         self.rnr_naks_sent = 0
         self.read_queue: list = []          # [resource, next k]: READ responses still to send
+        self._st = np.zeros(6, np.int64)    # state exchanged with burst.rx_write_run
 
     def reset(self, rq_psn: int) -> None:
         self.epsn = rq_psn & PSN_MASK
@@ -235,6 +238,23 @@ class Responder:
         else:
             self.in_progress = MI.WRITE
         self._advance(pkt)
+
+    def fast_write(self, umem, addrs, lens, i: int, n: int) -> int:
+        """Hand a run of in-order WRITE MIDDLE/LAST packets to the compiled placer (burst.py).
+        Returns the index of the first frame it did not take."""
+        st = self._st
+        st[0], st[1], st[2], st[3], st[4], st[5] = self.epsn, self.write_off, self.write_left, 0, 0, 0
+        j = rx_write_run(TABLES, umem, addrs, lens, i, n, self.qp.qp_num, self.qp.pmtu, self.write_mr.mem, st)
+        if j > i:
+            self.nak_sent = False
+            self.epsn, self.write_off, self.write_left = int(st[0]), int(st[1]), int(st[2])
+            self.bytes_received += int(st[4])
+            if st[3]:
+                self.ack_pending = True
+            if st[5]:
+                self.in_progress = 0
+                self.msn = (self.msn + 1) & 0xFFFFFF
+        return j
 
     def _remember(self, res: Resource) -> None:
         self.resources.append(res)

@@ -25,7 +25,7 @@ class SendWQE:
     """
 
     __slots__ = ("wr", "opcode", "length", "data", "sinks", "first_psn", "npsn", "sent", "done",
-                 "resp_bytes", "signaled", "is_rd_atomic", "fence", "status_error")
+                 "resp_bytes", "signaled", "is_rd_atomic", "fence", "status_error", "burst_args")
 
     def __init__(self, wr: SendWR, length: int, data: np.ndarray | None, sinks: list, signaled: bool) -> None:
         self.wr = wr
@@ -43,6 +43,7 @@ class SendWQE:
                                           WROpcode.ATOMIC_FETCH_AND_ADD)
         self.fence = False
         self.status_error = None
+        self.burst_args = None              # cached arguments of burst.tx_segment
 
     @property
     def last_psn(self) -> int:

@@ -99,6 +99,42 @@ class XskPort:
             self.xsk.kick_tx()
         self.xsk.reap()
 
+    # batched slots for burst.py
+    def tx_slots(self, n: int):
+        room = len(self.tx_addrs) - self.tx_n
+        if room < n:
+            self.flush()
+            room = len(self.tx_addrs) - self.tx_n
+        n = min(n, room)
+        if n <= 0:
+            return None
+        addrs = self.pool.alloc(n)
+        if len(addrs) < n:
+            self.xsk.reap()
+            if len(addrs) == 0:
+                addrs = self.pool.alloc(n)
+        if len(addrs) == 0:
+            self.stats["tx_no_frame"] += 1
+            return None
+        return self.frames, addrs
+
+    def tx_commit_batch(self, addrs, lens, k: int) -> None:
+        if k < len(addrs):
+            self.pool.free(addrs[k:])
+        self.tx_addrs[self.tx_n:self.tx_n + k] = addrs[:k]
+        self.tx_lens[self.tx_n:self.tx_n + k] = lens[:k]
+        self.tx_n += k
+        if self.tx_n >= 64:
+            self.flush()
+
+    def rx_burst_raw(self, max_n: int):
+        addrs, lens = self.xsk.rx_burst(max_n)
+        if len(addrs) == 0:
+            self.xsk.wake_rx()
+        else:
+            self._rx_addrs = addrs
+        return self.frames, addrs, lens
+
     # -- RX ----------------------------------------------------------------------
     def rx_burst(self, max_n: int):
         addrs, lens = self.xsk.rx_burst(max_n)
