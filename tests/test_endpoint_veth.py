@@ -314,3 +314,37 @@ def test_capture_decodes_as_rocev2_with_valid_icrc(fabric, pair):
     stacks = t.stdout.split()
     assert len(stacks) == len(rows)
     assert all(x.startswith("eth:ethertype:ip:udp:infiniband") for x in stacks), set(stacks)
+
+
+@pytest.mark.parametrize("ipv6,mtu,pmtu", [(True, 1500, 1024), (False, 3000, 2048)], ids=["ipv6", "pmtu2048"])
+def test_ipv6_and_the_largest_path_mtu(ipv6, mtu, pmtu):
+    """MR-ENC: IPv6 encapsulation (UDP checksum filled), and the largest path MTU that
+    4 KiB UMEM chunks carry with an XDP program that is not frags-aware (veth then caps
+    its MTU near 3.5 KB; path MTU 4096 needs multi-buffer XDP and AF_XDP: not yet)."""
+    from metaroce_xdp.topo import two_hosts
+    topo, _ = two_hosts(ipv6=ipv6, mtu=mtu)
+    ctxs = []
+    try:
+        with topo.enter(topo[0]):
+            ctxs.append(Context.open("mr0", ipv6=ipv6))
+        with topo.enter(topo[1]):
+            ctxs.append(Context.open("mr1", ipv6=ipv6))
+        assert ctxs[0].engine.max_pmtu == pmtu
+        a = NsPlayer(topo, topo[0], ctxs[0], 1 << 21)
+        b = NsPlayer(topo, topo[1], ctxs[1], 1 << 21)
+        a.new_qp(), b.new_qp()
+        a.connect(b, mtu=pmtu), b.connect(a, mtu=pmtu)
+        a.buf[:] = np.random.default_rng(3).integers(0, 256, a.buf.size, dtype=np.uint8)
+        a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 1 << 20)],
+                               remote_addr=b.mr.addr, rkey=b.mr.rkey),
+                        SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(1 << 20, 500_000)],
+                               remote_addr=b.mr.addr + 3, rkey=b.mr.rkey)])
+        wcs = wait_wcs([a, b], a, 2)
+        assert [w.status for w in wcs] == [WCStatus.SUCCESS] * 2
+        assert zlib.crc32(b.buf[:1 << 20]) == zlib.crc32(a.buf[:1 << 20])
+        assert bytes(a.buf[1 << 20:(1 << 20) + 500_000]) == bytes(b.buf[3:500_003])
+        assert ctxs[0].loader.events()["ACK_CONSUMED"] > 0
+    finally:
+        for c in ctxs:
+            c.close()
+        topo.close()
