@@ -26,7 +26,7 @@ import numpy as np
 from ..verbs_types import (Access, InvalidArgument, QPCap, QPState, ResourceError, SendFlags, VerbsError, WC,
                            WROpcode)
 from ..wire.opcodes import MI
-from .burst import peek_bth, tx_segment
+from .burst import peek_bth, rx_write_run, tx_segment
 from .requester import ACKREQ_EVERY
 from ..wire.errors import MalformedPacket
 from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
@@ -77,6 +77,32 @@ class CQ:
         return out
 
 
+_warmed = False
+
+
+def _warm_up() -> None:
+    """Load every compiled hot function once, before any QP can transmit.
+
+    numba's on-disk cache still costs ~0.2 s to load on first call; a QP with a
+    short local ACK timeout would otherwise burn its retries on the first
+    packets."""
+    global _warmed
+    if _warmed:
+        return
+    t = make_template(dest_qp=1)
+    buf = np.zeros(8192, np.uint8)
+    data = np.zeros(64, np.uint8)
+    addrs = np.zeros(1, np.uint64)
+    lens = np.zeros(1, np.uint32)
+    n = build_frame(TABLES, buf, 0, t.buf, t.length, t.l3_off, t.ipv6, 4, 0, 0, 0, _EMPTY, 0, data, 0, 8)
+    frame_icrc_ok(TABLES, buf, 0, n)
+    tx_segment(TABLES, buf, addrs, lens, 1, t.buf, t.length, t.l3_off, t.ipv6, True, False, np.zeros(16, np.uint8),
+               np.zeros(4, np.uint8), data, 64, 1024, 0, 1, 0, 32, False)
+    peek_bth(buf, 0, int(lens[0]))
+    rx_write_run(TABLES, buf, addrs, lens, 0, 1, 1, 1024, data, np.zeros(6, np.int64))
+    _warmed = True
+
+
 class Engine:
     def __init__(self, port: Any, local_ip: str, local_mac: str, max_pmtu: int, threaded: bool = False,
                  resolve_mac=None) -> None:
@@ -101,6 +127,7 @@ class Engine:
         self.burst_tx = hasattr(port, "tx_slots") and not nob
         self.burst_rx = hasattr(port, "rx_burst_raw") and not nob
         self._lens = np.zeros(1024, np.uint32)
+        _warm_up()
 
     # -- TX ---------------------------------------------------------------------
     def make_template(self, qp: QP):

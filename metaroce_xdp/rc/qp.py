@@ -50,6 +50,8 @@ OPTIONAL = {
     (QPState.SQE, QPState.RTS): ("qp_access_flags",),
 }
 
+_ATTR_FIELDS = ("access", "pmtu", "dest_qp", "dgid", "dmac", "sport", "dscp")
+
 REQ_STATES = (QPState.RTR, QPState.RTS, QPState.SQD)           # accept requests
 ACK_STATES = (QPState.RTS, QPState.SQD, QPState.SQE)           # accept responses
 
@@ -125,10 +127,17 @@ class QP:
             extra = sorted(set(given) - allowed)
             if extra:
                 raise InvalidArgument(f"QP {self.qp_num:#x}: {self.state.name} -> {new.name} does not take {extra}")
-            self._apply(given)
+            saved = {k: v for k, v in self.__dict__.items() if k.startswith("attr_") or k in _ATTR_FIELDS}
+            try:
+                self._apply(given)
+                if key == (QPState.INIT, QPState.RTR):
+                    template = self.ctx.engine.make_template(self)
+            except BaseException:
+                self.__dict__.update(saved)         # a failed modify changes nothing
+                raise
             if key == (QPState.INIT, QPState.RTR):
                 self.responder.reset(given["rq_psn"])
-                self.template = self.ctx.engine.make_template(self)
+                self.template = template
             if key == (QPState.RTR, QPState.RTS):
                 self.requester.reset(given["sq_psn"])
                 self.completer.reset_budgets()
@@ -231,8 +240,9 @@ class QP:
         with self.ctx.engine.lock:
             if self.state not in (QPState.RTS, QPState.SQD):
                 raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_send needs RTS")
+            staged: list[SendWQE] = []      # all or nothing: nothing is queued if one WR is bad
             for wr in wrs:
-                if len(self.requester.sq) >= self.cap.max_send_wr:
+                if len(self.requester.sq) + len(staged) >= self.cap.max_send_wr:
                     raise QueueFull(f"send queue full ({self.cap.max_send_wr} WRs): poll the send CQ")
                 try:
                     op = WROpcode(wr.opcode)
@@ -256,7 +266,8 @@ class QP:
                 if total >= 1 << 31:
                     raise InvalidArgument(f"message of {total} bytes exceeds 2 GiB - 1")
                 signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
-                self.requester.sq.append(SendWQE(wr, total, data, sinks, signaled))
+                staged.append(SendWQE(wr, total, data, sinks, signaled))
+            self.requester.sq.extend(staged)
         self.ctx.engine.kick()
 
     def post_recv(self, wrs: RecvWR | Iterable[RecvWR]) -> None:
@@ -265,11 +276,13 @@ class QP:
         with self.ctx.engine.lock:
             if self.state == QPState.RESET or self.state == QPState.ERR:
                 raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_recv needs INIT or later")
+            staged = []
             for wr in wrs:
-                if len(self.responder.rq) >= self.cap.max_recv_wr:
+                if len(self.responder.rq) + len(staged) >= self.cap.max_recv_wr:
                     raise QueueFull(f"receive queue full ({self.cap.max_recv_wr} WRs)")
                 sinks, total = self._sinks(wr.sg_list, Access.LOCAL_WRITE)
-                self.responder.rq.append(RecvWQE(wr.wr_id, sinks, total))
+                staged.append(RecvWQE(wr.wr_id, sinks, total))
+            self.responder.rq.extend(staged)
         self.ctx.engine.kick()
 
     # ---- input ---------------------------------------------------------------------

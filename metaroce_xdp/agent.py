@@ -1,0 +1,899 @@
+"""The test agent (spec 09-conformance.md section 9.4, MR-CONF-013 to MR-CONF-023).
+
+The upper tester drives the IUT through this agent: JSON lines over TCP, one
+session per connection, each command a thin translation onto the verbs API of
+rc/engine.py (Context, CQ), rc/qp.py (QP) and rc/memory.py (PD, MR).  The agent
+adds no protocol behaviour of its own (MR-CONF-019); it only validates,
+translates values (MR-CONF-018) and names errors (MR-CONF-023).
+
+    Agent(ctx)                one session: handle_line(bytes) -> bytes, reset()
+    AgentServer(ctx, host)    threaded TCP server, one Agent per connection
+    AgentClient(host, port)   the tester's side: call(cmd, **args) -> result
+
+    python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --port 18516
+
+MR-SEC-027: the agent is off unless started explicitly, binds only the
+address it is given (default loopback) and logs every session.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import json
+import logging
+import re
+import socket
+import socketserver
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from . import __version__
+from .rc.memory import MAX_MRS
+from .verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
+                          RecvWR, ResourceError, SendFlags, SendWR, SGE, WROpcode)
+from .wire.errors import DecodeReason
+
+log = logging.getLogger("metaroce.agent")
+
+PROTO = 1
+DEFAULT_PORT = 18516
+MAX_LINE = 1 << 20                 # MR-CONF-014: including the line feed
+MAX_MEM_IO = 65536                 # mem_read limit of the command table
+MAX_MR_LEN = 1 << 30               # a larger reg_mr is refused with ENOMEM rather than exhausting the host
+MAX_CQE = 1 << 20
+MAX_WR = 1 << 16
+MAX_POLL = 4096
+MAX_TIMEOUT_MS = 600_000
+_U64 = (1 << 64) - 1
+
+# MR-CONF-023: the codes of section 9.4.3 and no others.
+CODES = ("EPROTO", "ENOCMD", "EINVAL", "ENOENT", "EBUSY", "ENOMEM", "ESTATE", "EAGAIN", "ENOTSUP", "EACCES",
+         "ETIMEDOUT", "EINTERNAL")
+_ERRNO_CODES = {errno.EINVAL: "EINVAL", errno.ENOMEM: "ENOMEM", errno.EAGAIN: "EAGAIN", errno.EBUSY: "EBUSY",
+                errno.ENOENT: "ENOENT", errno.EACCES: "EACCES", errno.ETIMEDOUT: "ETIMEDOUT",
+                errno.EOPNOTSUPP: "ENOTSUP", errno.ENOTSUP: "ENOTSUP"}
+
+# Counters the engine may report (engine.py, xskport.py); get_counters reports each, 0 until it moves.
+ENGINE_COUNTERS = (("tx", "rx", "tx_no_frame", "tx_ring_full", "drop_icrc", "drop_unknown_qp", "drop_qp_state",
+                    "progress_errors")
+                   + tuple("drop_" + r.name.lower() for r in DecodeReason if r != DecodeReason.OK))
+# The counters of QP.query(); its other members are attributes, reported by query_qp.
+QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
+               "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth")
+
+
+class AgentError(Exception):
+    """An error response: `code` from section 9.4.3, `message` for the reader."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+# ---- what hello and caps report ------------------------------------------------------
+@dataclass
+class ImplInfo:
+    """The IUT's claim as the agent reports it (MR-CONF-001); the defaults describe rc/ today."""
+    impl: str = "metaroce-ref"
+    version: str = __version__
+    profiles: list = field(default_factory=lambda: ["compat"])
+    caps: int = 0x80                                  # ATOMICS (06-connection.md 6.3); no native yet
+    limits: dict = field(default_factory=lambda: {
+        "max_qp": 1023, "max_cq": 1024, "max_mr": MAX_MRS - 1, "max_sge": 16, "max_inline": 0,
+        "max_rd_atomic": 16})
+    # The progress thread sleeps up to 1 ms when idle (Engine._run), so timers fire within 1 ms.
+    timer_granularity_us: int = 1000
+    defaults: dict = field(default_factory=lambda: {
+        "sack_window": 0, "entropy_count": 1, "ack_coalesce_us": 0, "ack_coalesce_pkts": 1,
+        "rto_min_us": 8})                             # 4.096 us * 2^1: the smallest local ACK timeout
+    dcqcn: bool = False
+
+    @classmethod
+    def of(cls, info: "ImplInfo | dict | None") -> "ImplInfo":
+        if isinstance(info, ImplInfo):
+            return info
+        return cls(**(info or {}))
+
+
+def gid_of(ip: str) -> str:
+    """An IP address as a GID of 32 hex digits (IPv4 mapped as ::ffff:a.b.c.d)."""
+    a = ipaddress.ip_address(ip)
+    if a.version == 4:
+        a = ipaddress.IPv6Address("::ffff:" + ip)
+    return a.packed.hex()
+
+
+def ip_of_gid(gid: str) -> str:
+    """The inverse of gid_of: the IP text the engine's QPAttr.dgid takes."""
+    a = ipaddress.IPv6Address(bytes.fromhex(gid))
+    return str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a)
+
+
+# ---- argument decoding (MR-CONF-018) ----------------------------------------------------
+_MISSING = object()
+_HEX = re.compile(r"[0-9a-fA-F]*")
+_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
+
+
+def _get(args: dict, name: str, default: Any = _MISSING) -> Any:
+    v = args.get(name, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise AgentError("EPROTO", f"missing member args.{name}")
+        return default
+    return v
+
+
+def _int(args: dict, name: str, lo: int, hi: int, default: Any = _MISSING) -> int:
+    v = _get(args, name, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise AgentError("EINVAL", f"{name} must be an integer, not {v!r}")
+    if not lo <= v <= hi:
+        raise AgentError("EINVAL", f"{name} {v} is outside {lo}..{hi}")
+    return v
+
+
+def _u64(args: dict, name: str, default: Any = _MISSING) -> int:
+    """A 64-bit quantity: "0x" and hex digits (a plain JSON integer is accepted too)."""
+    v = _get(args, name, default)
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, str) and v[:2] in ("0x", "0X") and len(v) > 2 and _HEX.fullmatch(v[2:]):
+        n = int(v, 16)
+    else:
+        raise AgentError("EINVAL", f"{name} must be a string 0x<hex>, not {v!r}")
+    if not 0 <= n <= _U64:
+        raise AgentError("EINVAL", f"{name} {v} does not fit in 64 bits")
+    return n
+
+
+def _hex64(n: int) -> str:
+    return f"{n:#x}"
+
+
+def _bytes(args: dict, name: str) -> bytes:
+    v = _get(args, name)
+    if not isinstance(v, str) or len(v) % 2 or not _HEX.fullmatch(v):
+        raise AgentError("EINVAL", f"{name} must be a string of hex byte pairs")
+    return bytes.fromhex(v)
+
+
+def _enum(args: dict, name: str, choices, default: Any = _MISSING) -> str:
+    v = _get(args, name, default)
+    if v not in choices:
+        raise AgentError("EINVAL", f"{name} {v!r}: use one of {sorted(choices)}")
+    return v
+
+
+def _obj(args: dict, name: str, default: Any = _MISSING) -> dict:
+    v = _get(args, name, default)
+    if not isinstance(v, dict):
+        raise AgentError("EINVAL", f"{name} must be an object")
+    return v
+
+
+def _list(args: dict, name: str, default: Any = _MISSING) -> list:
+    v = _get(args, name, default)
+    if not isinstance(v, list):
+        raise AgentError("EINVAL", f"{name} must be a list")
+    return v
+
+
+def _flags(args: dict, name: str, enum_type, default: Any = _MISSING):
+    names = _list(args, name, default)
+    out = enum_type(0)
+    for n in names:
+        if not isinstance(n, str) or n not in enum_type.__members__:
+            raise AgentError("EINVAL", f"{name}: unknown flag {n!r}; use {list(enum_type.__members__)}")
+        out |= enum_type[n]
+    return out
+
+
+def _access_names(a: Access) -> list[str]:
+    return [f.name for f in Access if f in a]
+
+
+# ---- one session ---------------------------------------------------------------------
+@dataclass
+class _QPEntry:
+    qp: Any
+    pd: int
+    send_cq: int
+    recv_cq: int
+
+
+class Agent:
+    """One test-agent session on a Context: its handles, its commands, its reset.
+
+    handle(request) -> response never raises: every failure becomes an error
+    response, and a failed command changes nothing (MR-CONF-016) because each
+    command decodes and checks all its arguments before the one verbs call
+    that acts.
+    """
+
+    def __init__(self, ctx: Any, impl_info: ImplInfo | dict | None = None) -> None:
+        self.ctx = ctx
+        self.info = ImplInfo.of(impl_info)
+        self.greeted = False
+        self.closing = False                # set by bye: the server closes after the reply
+        self.pds: dict[int, Any] = {}
+        self.mrs: dict[int, Any] = {}
+        self.cqs: dict[int, Any] = {}
+        self.qps: dict[int, _QPEntry] = {}
+        self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
+        self._saved_params: dict[str, Any] = {}
+        self._commands: dict[str, Callable[[dict], dict | None]] = {
+            name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
+
+    @property
+    def engine(self):
+        return self.ctx.engine
+
+    # -- framing -------------------------------------------------------------------
+    def handle_line(self, line: bytes) -> bytes:
+        """One request line -> one response line (with its line feed)."""
+        req_id = None
+        try:
+            try:
+                req = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise AgentError("EPROTO", f"not a JSON line: {e}") from None
+            if not isinstance(req, dict):
+                raise AgentError("EPROTO", "a request is a JSON object")
+            rid = req.get("id")
+            if isinstance(rid, int) and not isinstance(rid, bool):
+                req_id = rid
+            resp = self.handle(req)
+        except AgentError as e:
+            resp = {"id": req_id, "ok": False, "error": {"code": e.code, "message": e.message}}
+        return (json.dumps(resp, separators=(",", ":")) + "\n").encode()
+
+    def handle(self, req: dict) -> dict:
+        rid = req.get("id")
+        try:
+            if isinstance(rid, bool) or not isinstance(rid, int):
+                raise AgentError("EPROTO", "member id must be an integer")
+            cmd, args = req.get("cmd"), req.get("args")
+            if not isinstance(cmd, str):
+                raise AgentError("EPROTO", "member cmd must be a string")
+            if not isinstance(args, dict):
+                raise AgentError("EPROTO", "member args must be an object")
+            if not self.greeted and cmd != "hello":
+                raise AgentError("EPROTO", f"{cmd} before hello: the first request of a session is hello")
+            fn = self._commands.get(cmd)
+            if fn is None:
+                raise AgentError("ENOCMD", f"unknown command {cmd!r}")
+            result = self._call(cmd, fn, args)
+            return {"id": rid, "ok": True, "result": result or {}}
+        except AgentError as e:
+            if e.code not in CODES:                 # a bug of ours, not the tester's
+                e = AgentError("EINTERNAL", f"{e.code}: {e.message}")
+            ok_id = isinstance(rid, int) and not isinstance(rid, bool)
+            return {"id": rid if ok_id else None, "ok": False,
+                    "error": {"code": e.code, "message": e.message}}
+
+    def _call(self, cmd: str, fn, args: dict):
+        """Run one command and translate the engine's typed errors (MR-CONF-023)."""
+        try:
+            return fn(args)
+        except AgentError:
+            raise
+        except InvalidArgument as e:
+            raise AgentError("EINVAL", str(e)) from None
+        except InvalidState as e:
+            raise AgentError("ESTATE", str(e)) from None
+        except QueueFull as e:
+            raise AgentError("EAGAIN", str(e)) from None
+        except ResourceError as e:
+            # The engine raises it for "still in use" on teardown and "exhausted" on creation.
+            in_use = cmd.startswith(("destroy_", "dealloc_", "dereg_"))
+            raise AgentError("EBUSY" if in_use else "ENOMEM", str(e)) from None
+        except MemoryError as e:
+            raise AgentError("ENOMEM", f"out of memory: {e}") from None
+        except OSError as e:
+            code = _ERRNO_CODES.get(e.errno, "EINTERNAL")
+            raise AgentError(code, f"{type(e).__name__}: {e}") from None
+        except Exception as e:                      # never a crash: the session goes on
+            log.exception("agent: %s failed", cmd)
+            raise AgentError("EINTERNAL", f"{type(e).__name__}: {e}") from None
+
+    # -- handles -----------------------------------------------------------------------
+    def _new_handle(self, kind: str) -> int:
+        h = self._next[kind]
+        self._next[kind] = h + 1
+        return h
+
+    def _lookup(self, table: dict, kind: str, args: dict, name: str | None = None):
+        name = name or kind
+        h = _int(args, name, -(1 << 63), 1 << 63)
+        obj = table.get(h)
+        if obj is None:
+            raise AgentError("ENOENT", f"no {kind} handle {h} in this session")
+        return h, obj
+
+    # -- session ---------------------------------------------------------------------
+    def cmd_hello(self, args: dict) -> dict:
+        proto = _int(args, "proto", 0, 1 << 31)
+        if proto != PROTO:
+            raise AgentError("EPROTO", f"this agent speaks proto {PROTO}, not {proto}")
+        eng, info = self.engine, self.info
+        self.greeted = True
+        return {"proto": PROTO, "impl": info.impl, "version": info.version, "profiles": list(info.profiles),
+                "caps": info.caps, "gid": gid_of(eng.local_ip), "ip": eng.local_ip, "mac": eng.local_mac,
+                "mtus": [m for m in PATH_MTUS if m <= eng.max_pmtu], "limits": dict(info.limits),
+                "timer_granularity_us": info.timer_granularity_us}
+
+    def cmd_caps(self, args: dict) -> dict:
+        return {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
+                "counters": list(ENGINE_COUNTERS) + list(QP_COUNTERS)}
+
+    def cmd_reset(self, args: dict) -> None:
+        self.reset()
+
+    def cmd_bye(self, args: dict) -> None:
+        self.closing = True
+
+    def reset(self) -> None:
+        """MR-CONF-021: destroy every QP, MR, CQ and PD of the session; restore set_param knobs.
+
+        Never raises: a resource that fails to go is logged and forgotten, so
+        that the next test case starts clean.
+        """
+        ctx = self.ctx
+        for table, destroy in ((self.qps, lambda e: ctx.destroy_qp(e.qp)), (self.mrs, ctx.dereg_mr),
+                               (self.cqs, None), (self.pds, ctx.dealloc_pd)):
+            for h, obj in list(table.items()):
+                try:
+                    if destroy is not None:
+                        destroy(obj)
+                except Exception:
+                    log.exception("agent reset: cannot destroy handle %d", h)
+            table.clear()
+        for name, old in self._saved_params.items():
+            try:
+                PARAMS[name][1](self, old)
+            except Exception:
+                log.exception("agent reset: cannot restore parameter %s", name)
+        self._saved_params.clear()
+        self._next = dict.fromkeys(self._next, 1)
+
+    # -- PD, MR, CQ --------------------------------------------------------------------
+    def cmd_create_pd(self, args: dict) -> dict:
+        pd = self.ctx.alloc_pd()
+        h = self._new_handle("pd")
+        self.pds[h] = pd
+        return {"pd": h}
+
+    def cmd_dealloc_pd(self, args: dict) -> None:
+        h, pd = self._lookup(self.pds, "pd", args)
+        self.ctx.dealloc_pd(pd)
+        del self.pds[h]
+
+    def cmd_reg_mr(self, args: dict) -> dict:
+        _, pd = self._lookup(self.pds, "pd", args)
+        n = _int(args, "len", 0, 1 << 62)
+        if n > MAX_MR_LEN:
+            raise AgentError("ENOMEM", f"len {n} exceeds the agent's MR limit of {MAX_MR_LEN} bytes")
+        access = _flags(args, "access", Access)
+        fill = _int(args, "fill", 0, 255, 0)
+        if len(self.mrs) >= self.info.limits["max_mr"]:
+            raise AgentError("ENOMEM", f"at most {self.info.limits['max_mr']} MRs")
+        buf = np.full(n, fill, np.uint8) if fill else np.zeros(n, np.uint8)
+        mr = self.ctx.reg_mr(pd, buf, access)
+        h = self._new_handle("mr")
+        self.mrs[h] = mr
+        return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": _hex64(mr.addr), "len": mr.length}
+
+    def cmd_dereg_mr(self, args: dict) -> None:
+        h, mr = self._lookup(self.mrs, "mr", args)
+        self.ctx.dereg_mr(mr)
+        del self.mrs[h]
+
+    def cmd_create_cq(self, args: dict) -> dict:
+        cqe = _int(args, "cqe", 1, MAX_CQE)
+        if len(self.cqs) >= self.info.limits["max_cq"]:
+            raise AgentError("ENOMEM", f"at most {self.info.limits['max_cq']} CQs")
+        cq = self.ctx.create_cq(cqe)
+        h = self._new_handle("cq")
+        self.cqs[h] = cq
+        return {"cq": h, "cqe": cq.depth}
+
+    def cmd_destroy_cq(self, args: dict) -> None:
+        h, cq = self._lookup(self.cqs, "cq", args)
+        with self.engine.lock:
+            users = [q.qp_num for q in self.engine.qps.values() if cq in (q.send_cq, q.recv_cq)]
+        if users:
+            raise AgentError("EBUSY", f"CQ {h} is used by QPN {', '.join(f'{n:#x}' for n in users)}: "
+                                      "destroy the QPs first")
+        del self.cqs[h]        # the engine keeps no CQ table: forgetting it is destroying it
+
+    # -- QP ----------------------------------------------------------------------------
+    def cmd_create_qp(self, args: dict) -> dict:
+        pd_h, pd = self._lookup(self.pds, "pd", args)
+        scq_h, scq = self._lookup(self.cqs, "cq", args, "send_cq")
+        rcq_h, rcq = self._lookup(self.cqs, "cq", args, "recv_cq")
+        qtype = _get(args, "type", "RC")
+        if qtype != "RC":
+            raise AgentError("ENOTSUP", f"QP type {qtype!r}: only RC")
+        cap = _obj(args, "cap", {})
+        lim = self.info.limits
+        qcap = QPCap(max_send_wr=_int(cap, "max_send_wr", 1, MAX_WR, 1024),
+                     max_recv_wr=_int(cap, "max_recv_wr", 1, MAX_WR, 1024),
+                     max_send_sge=_int(cap, "max_send_sge", 0, lim["max_sge"], lim["max_sge"]),
+                     max_recv_sge=_int(cap, "max_recv_sge", 0, lim["max_sge"], lim["max_sge"]))
+        _int(cap, "max_inline_data", 0, lim["max_inline"], 0)
+        sig_all = _get(args, "sq_sig_all", False)
+        if not isinstance(sig_all, bool):
+            raise AgentError("EINVAL", "sq_sig_all must be true or false")
+        if len(self.qps) >= lim["max_qp"]:
+            raise AgentError("ENOMEM", f"at most {lim['max_qp']} QPs")
+        qp = self.ctx.create_qp(pd, scq, rcq, qcap, sq_sig_all=sig_all)
+        h = self._new_handle("qp")
+        self.qps[h] = _QPEntry(qp, pd_h, scq_h, rcq_h)
+        return {"qp": h, "qpn": qp.qp_num}
+
+    def cmd_destroy_qp(self, args: dict) -> None:
+        h, e = self._lookup(self.qps, "qp", args)
+        self.ctx.destroy_qp(e.qp)
+        del self.qps[h]
+
+    def _qp_attr(self, state: QPState, attrs: dict) -> QPAttr:
+        """modify_qp attrs (section 9.4.2) -> QPAttr, every value checked as QP._apply would."""
+        a = QPAttr(qp_state=state)
+        if "access" in attrs:
+            a.qp_access_flags = _flags(attrs, "access", Access)
+        if "pkey" in attrs:
+            pkey = _int(attrs, "pkey", 0, 0xFFFF)
+            if pkey != 0xFFFF:
+                raise AgentError("ENOTSUP", f"pkey {pkey:#x}: only the default partition 0xffff")
+        if state == QPState.INIT:
+            a.pkey_index = 0
+        if "dest_qpn" in attrs:
+            a.dest_qp_num = _int(attrs, "dest_qpn", 1, 0xFFFFFF)
+        if "rq_psn" in attrs:
+            a.rq_psn = _int(attrs, "rq_psn", 0, 0xFFFFFF)
+        if "sq_psn" in attrs:
+            a.sq_psn = _int(attrs, "sq_psn", 0, 0xFFFFFF)
+        if "path_mtu" in attrs:
+            mtus = [m for m in PATH_MTUS if m <= self.engine.max_pmtu]
+            a.path_mtu = _int(attrs, "path_mtu", 0, 1 << 31)
+            if a.path_mtu not in mtus:
+                raise AgentError("EINVAL", f"path_mtu {a.path_mtu}: use one of {mtus}")
+        if "dgid" in attrs:
+            g = attrs["dgid"]
+            if not isinstance(g, str) or len(g) != 32 or not _HEX.fullmatch(g):
+                raise AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
+            a.dgid = ip_of_gid(g)
+        if "dmac" in attrs:
+            m = attrs["dmac"]
+            if not isinstance(m, str) or not _MAC.fullmatch(m):
+                raise AgentError("EINVAL", f"dmac {m!r} is not aa:bb:cc:dd:ee:ff")
+            a.dmac = m.lower()
+        for name, hi in (("max_dest_rd_atomic", 16), ("max_rd_atomic", 16), ("min_rnr_timer", 31),
+                         ("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7)):
+            if name in attrs:
+                setattr(a, name, _int(attrs, name, 0, hi))
+        profile = _enum(attrs, "profile", ("compat", "native"), "compat")
+        if profile != "compat" and "native" not in self.info.profiles:
+            raise AgentError("ENOTSUP", "profile native: this IUT implements compat only")
+        return a
+
+    def cmd_modify_qp(self, args: dict) -> None:
+        _, e = self._lookup(self.qps, "qp", args)
+        state = QPState[_enum(args, "state", QPState.__members__)]
+        attr = self._qp_attr(state, _obj(args, "attrs", {}))
+        qp = e.qp
+        with self.engine.lock:
+            if (state == QPState.RTR and qp.state == QPState.INIT and attr.dmac is None and qp.dmac is None
+                    and attr.dgid is not None):
+                # Resolve the peer's MAC before the QP changes, so that a failure leaves it untouched.
+                resolve = self.engine.resolve_mac
+                dmac = resolve(attr.dgid) if resolve is not None else None
+                if dmac is None:
+                    raise AgentError("EINVAL", f"no MAC address for {attr.dgid}: give attrs.dmac")
+                attr.dmac = dmac
+            # QP.modify sets attributes one by one before it can still fail; keep the
+            # command all-or-nothing (MR-CONF-016) by restoring the QP's fields on failure.
+            saved = dict(qp.__dict__)
+            try:
+                qp.modify(attr)
+            except BaseException:
+                qp.__dict__.update(saved)
+                raise
+
+    def cmd_query_qp(self, args: dict) -> dict:
+        _, e = self._lookup(self.qps, "qp", args)
+        qp = e.qp
+        with self.engine.lock:
+            q = qp.query()
+            attrs = {"qpn": q["qpn"], "dest_qpn": q["dest_qpn"],
+                     "dgid": gid_of(q["dgid"]) if q["dgid"] else None, "dmac": qp.dmac,
+                     "path_mtu": q["path_mtu"], "sq_psn": q["sq_psn"], "rq_psn": q["rq_psn"],
+                     "access": _access_names(qp.access), "timeout": qp.attr_timeout,
+                     "retry_cnt": qp.attr_retry_cnt, "rnr_retry": qp.attr_rnr_retry,
+                     "min_rnr_timer": qp.attr_min_rnr_timer, "max_rd_atomic": qp.attr_max_rd_atomic,
+                     "max_dest_rd_atomic": qp.attr_max_dest_rd_atomic,
+                     "max_send_wr": qp.cap.max_send_wr, "max_recv_wr": qp.cap.max_recv_wr,
+                     "error": q["error"]}
+        return {"state": q["state"], "attrs": attrs, "profile": "compat", "agreed_caps": 0}
+
+    # -- work requests ---------------------------------------------------------------
+    def _sg_list(self, wr: dict, pd: Any) -> list[SGE]:
+        out = []
+        for i, s in enumerate(_list(wr, "sg_list", [])):
+            if not isinstance(s, dict):
+                raise AgentError("EINVAL", f"sg_list[{i}] must be an object {{mr, offset, len}}")
+            _, mr = self._lookup(self.mrs, "mr", s)
+            off = _int(s, "offset", 0, 1 << 62, 0)
+            n = _int(s, "len", 0, 1 << 62)
+            if off + n > mr.length:
+                raise AgentError("EINVAL", f"sg_list[{i}]: offset {off} + len {n} is past the MR's {mr.length} bytes")
+            out.append(SGE(mr.addr + off, n, mr.lkey))
+        return out
+
+    def _wrs(self, args: dict) -> list[dict]:
+        if "wrs" in args:
+            wrs = _list(args, "wrs")
+        else:
+            wrs = [_obj(args, "wr")]
+        if not wrs:
+            raise AgentError("EINVAL", "wrs is empty")
+        if not all(isinstance(w, dict) for w in wrs):
+            raise AgentError("EINVAL", "every work request is an object")
+        return wrs
+
+    def _send_wr(self, wr: dict, pd: Any) -> SendWR:
+        op = WROpcode[_enum(wr, "opcode", WROpcode.__members__)]
+        flags = _flags(wr, "flags", SendFlags, ["SIGNALED"])     # absent: signaled; [] for unsignaled
+        s = SendWR(wr_id=_u64(wr, "wr_id"), opcode=op, sg_list=self._sg_list(wr, pd), send_flags=flags)
+        if flags & SendFlags.INLINE:
+            n = sum(g.length for g in s.sg_list)
+            if n > self.info.limits["max_inline"]:
+                raise AgentError("EINVAL", f"INLINE of {n} bytes > max_inline {self.info.limits['max_inline']}")
+        if op in (WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM):
+            s.imm_data = _int(wr, "imm", 0, 0xFFFFFFFF)
+        if op not in (WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+            remote = _obj(wr, "remote")
+            s.remote_addr = _u64(remote, "va")
+            s.rkey = _int(remote, "rkey", 0, 0xFFFFFFFF)
+        if op == WROpcode.ATOMIC_FETCH_AND_ADD:
+            s.compare_add = _u64(wr, "swap_add")
+        elif op == WROpcode.ATOMIC_CMP_AND_SWP:
+            s.compare_add = _u64(wr, "compare")
+            s.swap = _u64(wr, "swap_add")
+        return s
+
+    def cmd_post_send(self, args: dict) -> None:
+        _, e = self._lookup(self.qps, "qp", args)
+        wrs = [self._send_wr(w, e.qp.pd) for w in self._wrs(args)]
+        self._post(e.qp.post_send, lambda: e.qp.requester.sq, wrs)
+
+    def cmd_post_recv(self, args: dict) -> None:
+        _, e = self._lookup(self.qps, "qp", args)
+        wrs = [RecvWR(wr_id=_u64(w, "wr_id"), sg_list=self._sg_list(w, e.qp.pd)) for w in self._wrs(args)]
+        self._post(e.qp.post_recv, lambda: e.qp.responder.rq, wrs)
+
+    def _post(self, post, queue_of: Callable[[], list], wrs: list) -> None:
+        """Post a list all-or-nothing: QP.post_send/post_recv keep the WRs before a bad one
+        (ibv_post_send's bad_wr semantics), MR-CONF-016 wants none.  Under the engine
+        lock nothing is transmitted before the queue is trimmed back."""
+        with self.engine.lock:
+            queue = queue_of()
+            before = len(queue)
+            try:
+                post(wrs)
+            except BaseException:
+                del queue[before:]
+                raise
+
+    def cmd_poll_cq(self, args: dict) -> dict:
+        _, cq = self._lookup(self.cqs, "cq", args)
+        n = _int(args, "max", 1, MAX_POLL, 16)
+        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        deadline = time.monotonic() + timeout_ms / 1000
+        wcs = cq.poll(n)
+        while not wcs and time.monotonic() < deadline:       # MR-CONF-020: at most timeout_ms
+            time.sleep(min(0.0002, max(0.0, deadline - time.monotonic())))
+            wcs = cq.poll(n)
+        return {"completions": [self._wc(w) for w in wcs]}
+
+    @staticmethod
+    def _wc(wc) -> dict:
+        d = {"wr_id": _hex64(wc.wr_id), "status": "IBV_WC_" + wc.status.name,
+             "opcode": "IBV_WC_" + wc.opcode.name, "byte_len": wc.byte_len, "qp_num": wc.qp_num}
+        if wc.imm_data is not None:
+            d["imm"] = wc.imm_data
+        if wc.vendor_err:
+            d["vendor_err"] = wc.vendor_err
+        return d
+
+    # -- memory (MR-CONF-022) ----------------------------------------------------------
+    def cmd_mem_read(self, args: dict) -> dict:
+        _, mr = self._lookup(self.mrs, "mr", args)
+        off = _int(args, "offset", 0, 1 << 62)
+        n = _int(args, "len", 0, MAX_MEM_IO)
+        if off + n > mr.length:
+            raise AgentError("EINVAL", f"offset {off} + len {n} is past the MR's {mr.length} bytes")
+        with self.engine.lock:                   # a snapshot between two packets, never half a placement
+            data = mr.mem[off:off + n].tobytes()
+        return {"hex": data.hex()}
+
+    def cmd_mem_write(self, args: dict) -> None:
+        _, mr = self._lookup(self.mrs, "mr", args)
+        off = _int(args, "offset", 0, 1 << 62)
+        data = _bytes(args, "hex")
+        if off + len(data) > mr.length:
+            raise AgentError("EINVAL", f"offset {off} + {len(data)} bytes is past the MR's {mr.length} bytes")
+        with self.engine.lock:
+            mr.mem[off:off + len(data)] = np.frombuffer(data, np.uint8)
+
+    # -- counters and knobs ------------------------------------------------------------
+    def cmd_get_counters(self, args: dict) -> dict:
+        if "qp" in args and args["qp"] is not None:
+            _, e = self._lookup(self.qps, "qp", args)
+            with self.engine.lock:
+                q = e.qp.query()
+            return {"counters": {k: int(q[k]) for k in QP_COUNTERS}}
+        with self.engine.lock:
+            stats = dict(self.engine.stats)
+        counters = dict.fromkeys(ENGINE_COUNTERS, 0)
+        counters.update({k: int(v) for k, v in stats.items()})
+        return {"counters": counters}
+
+    def cmd_set_param(self, args: dict) -> None:
+        name = _get(args, "name")
+        if name not in PARAMS:
+            raise AgentError("ENOTSUP", f"parameter {name!r}: this agent sets {sorted(PARAMS)}")
+        get, put, lo, hi = PARAMS[name]
+        value = _int(args, "value", lo, hi)
+        self._saved_params.setdefault(name, get(self))
+        put(self, value)
+
+    # -- connection set-up (section 6): not implemented by the reference endpoint yet.
+    # The commands exist so that a tester gets ENOTSUP ("not supported by the IUT")
+    # rather than ENOCMD; they become real when the CM of 06-connection.md lands.
+    def _cm(self, args: dict):
+        raise AgentError("ENOTSUP", "connection set-up (cm_*) is not implemented by this IUT yet; "
+                                    "connect QPs with modify_qp")
+
+    cmd_cm_listen = cmd_cm_connect = cmd_cm_wait = _cm
+
+
+def _set_budget(agent: Agent, v: int) -> None:
+    agent.engine.budget = v
+
+
+# set_param knobs: name -> (get, set, min, max).  Engine-wide, shared by every session;
+# the session that changed one restores it on reset.
+PARAMS: dict[str, tuple] = {
+    "budget": (lambda a: a.engine.budget, _set_budget, 1, 65536),     # packets per progress round
+}
+
+
+# ---- TCP server ----------------------------------------------------------------------
+class _Handler(socketserver.StreamRequestHandler):
+    server: "_TCPServer"
+
+    def handle(self) -> None:
+        owner: AgentServer = self.server.owner
+        agent = Agent(owner.ctx, owner.impl_info)
+        peer = "%s:%s" % self.client_address[:2]
+        log.info("agent session from %s opened", peer)          # MR-SEC-027: log every session
+        owner._sessions_add(self.connection)
+        try:
+            while not owner.closing:
+                line = self.rfile.readline(MAX_LINE)
+                if not line:
+                    break
+                if not line.endswith(b"\n"):
+                    if len(line) >= MAX_LINE:             # MR-CONF-014
+                        self._send(b'{"id":null,"ok":false,"error":{"code":"EPROTO",'
+                                   b'"message":"line longer than 1 MiB: closing the session"}}\n')
+                    break                                  # over-long, or cut by EOF
+                if not line.strip():
+                    continue
+                self._send(agent.handle_line(line))
+                if agent.closing:
+                    break
+        except (ConnectionError, OSError) as e:
+            log.info("agent session from %s: %s", peer, e)
+        finally:
+            agent.reset()                                  # a vanished tester leaves nothing behind
+            owner._sessions_discard(self.connection)
+            log.info("agent session from %s closed", peer)
+
+    def _send(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    owner: "AgentServer"
+
+
+class _TCPServer6(_TCPServer):
+    address_family = socket.AF_INET6
+
+
+class AgentServer:
+    """The agent's TCP listener (MR-CONF-013): one session per connection, each on its thread.
+
+        srv = AgentServer(ctx, "127.0.0.1", 0).start(); host, port = srv.address; ...; srv.close()
+    """
+
+    def __init__(self, ctx: Any, host: str, port: int = DEFAULT_PORT,
+                 impl_info: ImplInfo | dict | None = None) -> None:
+        self.ctx = ctx
+        self.impl_info = ImplInfo.of(impl_info)
+        self.closing = False
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._thread: threading.Thread | None = None
+        self._serving = False
+        server_cls = _TCPServer6 if ":" in host else _TCPServer
+        self._srv = server_cls((host, port), _Handler)
+        self._srv.owner = self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._srv.server_address[:2]
+
+    def start(self) -> "AgentServer":
+        self._serving = True
+        self._thread = threading.Thread(target=self._srv.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="metaroce-agent", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._serving = True
+        self._srv.serve_forever(poll_interval=0.1)
+
+    def _sessions_add(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(conn)
+
+    def _sessions_discard(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def sessions(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def close(self) -> None:
+        """Stop listening and end every session (each resets its resources on the way out)."""
+        if self.closing:
+            return
+        self.closing = True
+        if self._serving:                  # shutdown() blocks forever on a server never served
+            self._srv.shutdown()
+        self._srv.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        deadline = time.monotonic() + 2.0      # let the sessions finish their reset
+        while self.sessions() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def __enter__(self) -> "AgentServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---- client ----------------------------------------------------------------------------
+class AgentClient:
+    """The upper tester's end: `call(cmd, **args) -> result`, AgentError on an error response."""
+
+    def __init__(self, host: str, port: int = DEFAULT_PORT, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.rfile = self.sock.makefile("rb")
+        self._id = 0
+
+    def request(self, cmd: str, args: dict | None = None) -> dict:
+        """Send one request, return the whole response object."""
+        self._id += 1
+        line = json.dumps({"id": self._id, "cmd": cmd, "args": args or {}}, separators=(",", ":"))
+        wait = self.timeout + (args or {}).get("timeout_ms", 0) / 1000
+        resp = self.send_raw(line.encode() + b"\n", timeout=wait)
+        if resp.get("id") != self._id:
+            raise AgentError("EPROTO", f"response id {resp.get('id')!r} to request {self._id}")
+        return resp
+
+    def call(self, cmd: str, **args) -> dict:
+        resp = self.request(cmd, args)
+        if not resp.get("ok"):
+            err = resp.get("error") or {}
+            raise AgentError(err.get("code", "EINTERNAL"), err.get("message", ""))
+        return resp.get("result", {})
+
+    def send_raw(self, data: bytes, timeout: float | None = None) -> dict:
+        """Send bytes as they are and read one response line (tests of the framing)."""
+        self.sock.settimeout(timeout or self.timeout)
+        self.sock.sendall(data)
+        line = self.rfile.readline(MAX_LINE + 1)
+        if not line:
+            raise ConnectionError("the agent closed the session")
+        return json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.rfile.close()
+        finally:
+            self.sock.close()
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---- command line ---------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m metaroce_xdp.agent",
+        description="MetaRoCE test agent (spec 9.4): serves the upper tester on TCP. Off unless started; "
+                    "listens only on --listen (MR-SEC-027).",
+        epilog="example: python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --port 18516")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s)")
+    p.add_argument("--listen", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument("--dev", required=True, help="RoCE interface the endpoint runs on (XDP + AF_XDP)")
+    p.add_argument("--xdp-mode", choices=("drv", "skb"), help="XDP attach mode (Context.open's default if unset)")
+    p.add_argument("--queue", type=int, help="NIC queue of the AF_XDP socket (Context.open's default if unset)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from .rc.engine import Context                 # lazily: --help works without numba warm-up
+    opener = getattr(Context, "open", None)
+    if opener is None:
+        print("metaroce agent: this build has no Context.open(ifname) (the XDP/AF_XDP port is not "
+              "available yet); nothing to serve", file=sys.stderr)
+        return 2
+    opts = {k: v for k, v in (("xdp_mode", a.xdp_mode), ("queue", a.queue)) if v is not None}
+    try:
+        ctx = opener(a.dev, progress_thread=True, **opts)
+    except Exception as e:
+        print(f"metaroce agent: cannot open {a.dev}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    try:
+        srv = AgentServer(ctx, a.listen, a.port)
+    except OSError as e:
+        ctx.close()
+        print(f"metaroce agent: cannot listen on {a.listen}:{a.port}: {e}", file=sys.stderr)
+        return 1
+    log.info("agent on %s:%d for %s (%s)", *srv.address, a.dev, ctx.engine.local_ip)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.close()
+        ctx.close()
+    return 0
+
+
+__all__ = ["Agent", "AgentClient", "AgentError", "AgentServer", "ImplInfo", "PARAMS", "PROTO", "DEFAULT_PORT",
+           "gid_of", "ip_of_gid"]
+
+if __name__ == "__main__":
+    sys.exit(main())
