@@ -3,8 +3,11 @@
     metaroce decode capture.pcap            # readable, one line per packet
     metaroce decode --json capture.pcap     # one JSON object per packet
     metaroce decode --hex '02 00 00 ...'    # a frame given as hex
+    metaroce perf write-bw -d mr1                 # perftest-style server (write-bw write-lat read-bw send-bw)
+    metaroce perf write-bw -d mr0 10.77.0.2       # ... and its client; --json for one summary object
+    metaroce pingpong -d mr1                      # ibv_rc_pingpong server; add the server's IP for the client
 
-Subcommands are added as the endpoint grows (perf, pingpong, qp, ...).
+Subcommands are added as the endpoint grows (qp, ...).
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from typing import List, Optional
 import typer
 
 from . import decode as decode_mod
+from . import perf as perf_mod
+from . import pingpong as pingpong_mod
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="MetaRoCE: RDMA over plain Ethernet -- tools for the reference endpoint.")
@@ -49,6 +54,71 @@ def decode_cmd(
         typer.echo(decode_mod.summary_line(s), err=True)
     if strict and (s.malformed or s.icrc_bad):
         raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- perf (tools/perf.py)
+perf_app = typer.Typer(no_args_is_help=True, help="perftest-style benchmarks: server without HOST, client with it.")
+app.add_typer(perf_app, name="perf")
+
+
+def _perf_command(test: str):
+    def cmd(
+        server: Optional[str] = typer.Argument(None, metavar="[SERVER]", help="server IP (client side only)"),
+        ifname: str = typer.Option(..., "-d", "--ib-dev", help="interface to run on (e.g. mr0)"),
+        size: Optional[int] = typer.Option(None, "-s", "--size", help="message size in bytes "
+                                           f"(default {perf_mod.DEFAULT_SIZE[test]})"),
+        iters: Optional[int] = typer.Option(None, "-n", "--iters", help="iterations "
+                                            f"(default {perf_mod.DEFAULT_ITERS[test]})"),
+        port: int = typer.Option(18515, "-p", "--port", help="TCP port for the connection set-up"),
+        mtu: Optional[int] = typer.Option(None, "-m", "--mtu", help="path MTU (default: the largest the "
+                                          "interface carries)"),
+        tx_depth: int = typer.Option(128, "-t", "--tx-depth", help="outstanding work requests (bw tests)"),
+        rx_depth: int = typer.Option(512, "-r", "--rx-depth", help="receives kept posted (send-bw server)"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
+        timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
+    ) -> None:
+        opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
+                                   timeout)
+        try:
+            perf_mod.run(opt)
+        except perf_mod.PerfError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            raise typer.Exit(130)
+    cmd.__doc__ = f"{perf_mod.TITLES[test]} (like perftest's ib_{test.replace('-', '_')})."
+    return cmd
+
+
+for _test in perf_mod.TESTS:
+    perf_app.command(_test)(_perf_command(_test))
+
+
+# ---------------------------------------------------------------- pingpong (tools/pingpong.py)
+@app.command("pingpong")
+def pingpong_cmd(
+    server: Optional[str] = typer.Argument(None, metavar="[HOST]", help="server to connect to (client side)"),
+    ifname: str = typer.Option(..., "-d", "--ib-dev", help="interface to run on (e.g. mr0)"),
+    port: int = typer.Option(18515, "-p", "--port", help="listen on/connect to this TCP port"),
+    ib_port: int = typer.Option(1, "-i", "--ib-port", help="accepted for compatibility (one port)"),
+    size: int = typer.Option(4096, "-s", "--size", help="size of message to exchange"),
+    mtu: int = typer.Option(1024, "-m", "--mtu", help="path MTU"),
+    rx_depth: int = typer.Option(500, "-r", "--rx-depth", help="number of receives to post at a time"),
+    iters: int = typer.Option(1000, "-n", "--iters", help="number of exchanges"),
+    sl: int = typer.Option(0, "-l", "--sl", help="accepted for compatibility (no service levels)"),
+    gid_idx: int = typer.Option(-1, "-g", "--gid-idx", help="accepted for compatibility: the GID is always "
+                                "the interface's IP address"),
+    timeout: float = typer.Option(60.0, "--timeout", help="give up after this many seconds without a completion"),
+) -> None:
+    """ibv_rc_pingpong on a MetaRoCE endpoint: same options, exchange, traffic and output."""
+    opt = pingpong_mod.PingpongOptions(ifname, server, port, size, mtu, rx_depth, iters, gid_idx, timeout)
+    try:
+        pingpong_mod.run(opt)
+    except pingpong_mod.PingpongError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
 
 
 def main() -> None:

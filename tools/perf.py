@@ -1,0 +1,525 @@
+"""`metaroce perf`: perftest-style benchmarks between two MetaRoCE endpoints.
+
+    metaroce perf write-bw -d mr1                       # server: waits on TCP 18515
+    metaroce perf write-bw -d mr0 -s 65536 10.77.0.2    # client: runs the test, prints the table
+    metaroce perf write-lat -d mr0 -s 8 -n 1000 --json 10.77.0.2
+
+Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
+  write-bw   client posts ITERS RDMA WRITEs, keeping TX_DEPTH outstanding; server waits
+  read-bw    client posts ITERS RDMA READs of the server's buffer
+  send-bw    client posts ITERS SENDs; the server keeps RX_DEPTH receives posted
+  write-lat  ping-pong of SIZE-byte WRITEs; each side busy-polls the last byte of
+             its buffer for the peer's write (perftest's write_lat method)
+
+The two sides set up the connection with the MetaRoCE Connection Message
+(metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
+buffer address, size, iterations, test name) ride in its PERF_PARAMS TLV.  The
+server takes size and iterations from the client.  After the test the two
+exchange one JSON line each over the same TCP connection: the client's result,
+the server's counters.
+
+Bandwidth: average = SIZE*ITERS over the time from the first post to the last
+completion; peak = the best rate over any TX_DEPTH consecutive completions.
+Latency: perftest's convention, half of each round trip measured between
+consecutive posts.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+import numpy as np
+
+from metaroce_xdp import cm
+
+TESTS = ("write-bw", "write-lat", "read-bw", "send-bw")
+TITLES = {"write-bw": "RDMA_Write BW Test", "write-lat": "RDMA_Write Latency Test",
+          "read-bw": "RDMA_Read BW Test", "send-bw": "Send BW Test"}
+DEFAULT_SIZE = {"write-bw": 65536, "read-bw": 65536, "send-bw": 65536, "write-lat": 2}
+DEFAULT_ITERS = {"write-bw": 5000, "read-bw": 5000, "send-bw": 5000, "write-lat": 1000}
+MAX_RD_ATOMIC = 16                  # outstanding READs (perftest's -o default on most devices)
+MIN_RNR_TIMER = 1                   # 10 us: the server's receives are reposted at once
+RESULT_LINE = "-" * 87
+BW_HEADER = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+LAT_HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+              "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]")
+COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
+            "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates")
+
+
+class PerfError(Exception):
+    """The benchmark could not run; the message says what to do."""
+
+
+@dataclass
+class PerfOptions:
+    test: str
+    ifname: str
+    server: str | None = None            # None: this side is the server
+    size: int | None = None
+    iters: int | None = None
+    port: int = cm.CM_PORT
+    mtu: int | None = None               # None: the largest the interface carries
+    tx_depth: int = 128
+    rx_depth: int = 512
+    as_json: bool = False
+    timeout: float = 30.0                # seconds without progress before giving up
+
+    @property
+    def is_server(self) -> bool:
+        return self.server is None
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def bw_stats(size: int, iters: int, seconds: float, done_ns: np.ndarray, window: int) -> dict:
+    gbps = size * iters * 8 / seconds / 1e9 if seconds > 0 else 0.0
+    peak = gbps
+    w = min(window, len(done_ns) - 1)
+    if w >= 1:
+        spans = done_ns[w:] - done_ns[:-w]
+        best = int(spans.min()) if len(spans) else 0
+        if best > 0:
+            peak = max(gbps, size * w * 8 / best)
+    return {"bytes": size, "iterations": iters, "total_bytes": size * iters, "seconds": seconds,
+            "gbps": gbps, "gbps_peak": peak, "msg_rate": iters / seconds / 1e6 if seconds > 0 else 0.0}
+
+
+def lat_stats(posted_ns: np.ndarray) -> dict:
+    """perftest print_report_lat: half of each interval between consecutive posts, sorted."""
+    d = np.sort(np.diff(posted_ns.astype(np.int64))) / 2 / 1000.0
+    n = len(d)
+    if n == 0:
+        return dict.fromkeys(("min", "max", "typical", "avg", "stdev", "p99", "p999"), 0.0)
+    return {"min": float(d[0]), "max": float(d[-1]), "typical": float(d[n // 2]), "avg": float(d.mean()),
+            "stdev": float(d.std()), "p99": float(d[max(0, math.ceil(n * 0.99) - 1)]),
+            "p999": float(d[max(0, math.ceil(n * 0.999) - 1)])}
+
+
+def bw_row(r: dict) -> str:
+    return " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f" % (
+        r["bytes"], r["iterations"], r["gbps_peak"], r["gbps"], r["msg_rate"])
+
+
+def lat_row(r: dict) -> str:
+    s = r["lat_us"]
+    return " %-7d %-10d      %-7.2f        %-7.2f      %-7.2f  \t%-7.2f     \t%-7.2f\t\t%-7.2f  \t\t%-7.2f" % (
+        r["bytes"], r["iterations"], s["min"], s["max"], s["typical"], s["avg"], s["stdev"], s["p99"], s["p999"])
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def open_context(ifname: str):
+    """Context.open for the tools.  Pinning the maps (for the CLI's readers) needs a
+    bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so pin
+    only where it can work rather than fail the run."""
+    import os
+
+    from metaroce_xdp.rc.engine import Context
+    return Context.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
+
+
+class _Side:
+    """One endpoint's resources: context, PD, CQ, QP, buffer and MR."""
+
+    def __init__(self, opt: PerfOptions) -> None:
+        from metaroce_xdp.verbs_types import QPCap
+        try:
+            self.ctx = open_context(opt.ifname)
+        except Exception as e:  # noqa: BLE001 - tool boundary: every cause becomes one clear line
+            raise PerfError(f"cannot open interface {opt.ifname!r}: {e} (run as root in the interface's "
+                            "network namespace; list interfaces with `ip link`)") from None
+        self.eng = self.ctx.engine
+        self.pd = self.ctx.alloc_pd()
+        self.cq = self.ctx.create_cq(1 << 16)
+        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq,
+                                     QPCap(max_send_wr=max(opt.tx_depth, 16), max_recv_wr=max(opt.rx_depth, 16)))
+        self.psn = cm.random_psn()
+        self.buf: np.ndarray | None = None
+        self.mr = None
+
+    def register(self, nbytes: int) -> None:
+        from metaroce_xdp.verbs_types import Access
+        self.buf = np.zeros(max(nbytes, 64), np.uint8)
+        self.mr = self.pd.reg_mr(self.buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+
+    def to_init(self) -> None:
+        from metaroce_xdp.verbs_types import Access, QPAttr, QPState
+        self.qp.modify(QPAttr(qp_state=QPState.INIT,
+                              qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+
+    def to_rtr(self, peer: cm.CMMsg, mtu: int) -> None:
+        from metaroce_xdp.verbs_types import QPAttr, QPState, VerbsError
+        attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
+                      dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER)
+        try:
+            self.qp.modify(attr)
+        except VerbsError:
+            # MR-CM-024: the peer's own MAC when neighbour resolution did not complete
+            attr.dmac = peer.mac_text
+            self.qp.modify(attr)
+
+    def to_rts(self, peer: cm.CMMsg) -> None:
+        from metaroce_xdp.verbs_types import QPAttr, QPState
+        self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=self.psn, timeout=14, retry_cnt=7, rnr_retry=7,
+                              max_rd_atomic=min(MAX_RD_ATOMIC, peer.max_dest_rd_atomic)))   # MR-CM-021
+
+    def msg(self, mtu: int, perf: dict) -> cm.CMMsg:
+        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=cm.ip_to_gid(self.ctx.gid), qpn=self.qp.qp_num,
+                        psn=self.psn, path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=MAX_RD_ATOMIC,
+                        max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
+                        mac=cm.mac_bytes(self.eng.local_mac),
+                        tlvs=[(cm.TLV_IMPL_NAME, cm.IMPL_NAME.encode()),
+                              (cm.TLV_PERF_PARAMS, json.dumps(perf, separators=(",", ":")).encode())])
+
+    def counters(self) -> dict:
+        q = self.qp.query()
+        return {k: q[k] for k in COUNTERS if k in q}
+
+    def close(self) -> None:
+        import os
+        if os.environ.get("METAROCE_PERF_DEBUG"):      # engine and XDP counters, for bug reports
+            ld = getattr(self.ctx, "loader", None)
+            sys.stderr.write(f"debug: engine {dict(self.eng.stats)} port {getattr(self.ctx.port, 'stats', {})}\n")
+            if ld is not None:
+                drops = {k: v for k, v in ld.drops().items() if v}
+                sys.stderr.write(f"debug: xdp drops {drops} events {ld.events()}\n")
+        self.ctx.close()
+
+
+def _local_mtu(opt: PerfOptions, side: _Side) -> int:
+    limit = side.eng.max_pmtu
+    mtu = opt.mtu or limit
+    if mtu not in cm.MTU_ENUM:
+        raise PerfError(f"-m {mtu}: the path MTU must be one of {sorted(cm.MTU_ENUM)}")
+    if mtu > limit:
+        raise PerfError(f"-m {mtu}: {opt.ifname} carries at most a {limit}-byte path MTU (raise the interface MTU)")
+    return mtu
+
+
+def _check_wc(wc, what: str, side: _Side) -> None:
+    from metaroce_xdp.verbs_types import WCStatus
+    if wc.status != WCStatus.SUCCESS:
+        err = side.qp.query().get("error")
+        raise PerfError(f"{what} completed with {wc.status.name}" + (f" ({err})" if err else "") +
+                        " -- is the peer still running?")
+
+
+class _Watchdog:
+    """Fails the run when nothing arrives for `timeout` seconds (checked cheaply)."""
+
+    def __init__(self, side: _Side, timeout: float, what: str) -> None:
+        self.side, self.timeout, self.what = side, timeout, what
+        self.n = 0
+        self.last_rx = -1
+        self.since = time.monotonic()
+
+    def tick(self) -> None:
+        self.n += 1
+        if self.n & 1023:
+            return
+        rx = self.side.eng.stats["rx"]
+        now = time.monotonic()
+        if rx != self.last_rx:
+            self.last_rx, self.since = rx, now
+        elif self.timeout and now - self.since > self.timeout:
+            raise PerfError(f"no traffic from the peer for {self.timeout:g}s while {self.what}")
+
+
+def _progress_until_line(side: _Side, ch: cm.Channel, timeout: float, step: Callable[[], None] | None = None,
+                         what: str = "waiting for the peer") -> dict:
+    """Drive the engine (the responder must ACK and answer READs) until the peer's next line."""
+    dog = _Watchdog(side, timeout, what)
+    step = step or side.eng.progress
+    n = 0
+    while True:
+        step()
+        n += 1
+        if not n & 63:
+            try:
+                line = ch.poll_json()
+            except cm.PeerClosed:
+                raise PerfError(f"the peer ({ch.peer}) closed the connection {what}") from None
+            if line is not None:
+                return line
+        dog.tick()
+
+
+def _barrier(ch: cm.Channel, side: _Side, opt: PerfOptions, client: bool) -> None:
+    """Both sides ready (in RTS, engine warm) before the clock starts, like perftest's
+    ctx_hand_shake: the client asks, the server answers when it enters its loop."""
+    side.eng.progress()                       # first round loads the compiled hot path
+    try:
+        if client:
+            ch.send_json({"type": "ready"})
+            ch.recv_json(opt.timeout or None)
+        else:
+            ch.recv_json(opt.timeout or None)
+            ch.send_json({"type": "go"})
+    except cm.CMError as e:
+        raise PerfError(f"synchronising with {ch.peer} before the test: {e}") from None
+
+
+def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict) -> dict:
+    from metaroce_xdp.verbs_types import SGE, SendFlags, SendWR, WROpcode
+    op = {"write-bw": WROpcode.RDMA_WRITE, "read-bw": WROpcode.RDMA_READ, "send-bw": WROpcode.SEND}[opt.test]
+    wr = SendWR(wr_id=1, opcode=op, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [],
+                send_flags=SendFlags.SIGNALED, remote_addr=peer.get("va", 0), rkey=peer.get("rkey", 0))
+    done_ns = np.zeros(iters, np.int64)
+    depth = max(1, min(opt.tx_depth, side.qp.cap.max_send_wr))
+    posted = completed = 0
+    dog = _Watchdog(side, opt.timeout, f"running {opt.test}")
+    poll = side.cq.poll
+    t0 = time.perf_counter_ns()
+    while completed < iters:
+        room = min(depth - (posted - completed), iters - posted)
+        if room > 0:
+            side.qp.post_send([wr] * room)
+            posted += room
+        wcs = poll(64)
+        if wcs:
+            now = time.perf_counter_ns()
+            for wc in wcs:
+                _check_wc(wc, opt.test.split("-")[0].upper(), side)
+                done_ns[completed] = now
+                completed += 1
+        else:
+            dog.tick()
+    seconds = (time.perf_counter_ns() - t0) / 1e9
+    return bw_stats(size, iters, seconds, done_ns, depth)
+
+
+def _send_bw_server_step(side: _Side, size: int, iters: int, depth: int):
+    """Keep receives posted until ITERS have been consumed (perftest's send_bw server)."""
+    from metaroce_xdp.verbs_types import SGE, RecvWR
+    rwr = RecvWR(wr_id=2, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [])
+    st = {"posted": 0, "received": 0}
+
+    def post(n: int) -> None:
+        n = min(n, iters - st["posted"])
+        if n > 0:
+            side.qp.post_recv([rwr] * n)
+            st["posted"] += n
+
+    def step() -> None:
+        for wc in side.cq.poll(64):
+            _check_wc(wc, "RECV", side)
+            st["received"] += 1
+            post(1)
+
+    post(min(depth, iters))
+    return step, st
+
+
+def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict) -> dict:
+    """perftest run_iter_lat_write: the client writes first, each side answers the
+    peer's write (seen as its last byte changing) with its own."""
+    from metaroce_xdp.verbs_types import SGE, SendFlags, SendWR, WROpcode
+    buf, eng, cq = side.buf, side.eng, side.cq
+    post_last, poll_last = size - 1, size + size - 1      # buffer = [ post area | poll area ]
+    wr = SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)],
+                send_flags=SendFlags.SIGNALED, remote_addr=peer["va"], rkey=peer["rkey"])
+    posted_ns = np.zeros(iters, np.int64)
+    sends_first = not opt.is_server
+    dog = _Watchdog(side, opt.timeout, "waiting for the peer's write")
+    scnt = rcnt = ccnt = 0
+    clock = time.perf_counter_ns
+    while scnt < iters or ccnt < iters or rcnt < iters:
+        if rcnt < iters and not (scnt < 1 and sends_first):
+            rcnt += 1
+            want = rcnt & 0xFF
+            while buf[poll_last] != want:
+                eng.progress()
+                dog.tick()
+        if scnt < iters:
+            posted_ns[scnt] = clock()
+            scnt += 1
+            buf[post_last] = scnt & 0xFF
+            side.qp.post_send(wr)
+        if ccnt < iters:
+            while True:
+                wcs = cq.poll(1)
+                if wcs:
+                    _check_wc(wcs[0], "WRITE", side)
+                    ccnt += 1
+                    break
+                dog.tick()
+    seconds = (int(posted_ns[-1]) - int(posted_ns[0])) / 1e9 if iters > 1 else 0.0
+    r = {"bytes": size, "iterations": iters, "total_bytes": size * iters, "seconds": seconds,
+         "gbps": size * (iters - 1) * 8 / seconds / 1e9 if seconds else 0.0,
+         "msg_rate": (iters - 1) / seconds / 1e6 if seconds else 0.0, "lat_us": lat_stats(posted_ns)}
+    return r
+
+
+def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int,
+                  local: cm.CMMsg, remote: cm.CMMsg, peer: dict) -> None:
+    w = out.write
+    w(RESULT_LINE + "\n")
+    w(" " * 20 + TITLES[opt.test] + "\n")
+    w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE compat (RoCEv2 RC)\n")
+    w(f" Number of qps   : 1           Connection type : RC\n")
+    if opt.test == "write-lat":
+        w(f" Mtu             : {mtu}[B]\n")
+    else:
+        w(f" TX depth        : {opt.tx_depth:<12d}Mtu             : {mtu}[B]\n")
+    w(f" Message size    : {size:<12d}Iterations      : {iters}\n")
+    for name, m, p in (("local", local, {"rkey": side.mr.rkey, "va": side.mr.addr}), ("remote", remote, peer)):
+        w(f" {name} address: QPN {m.qpn:#06x} PSN {m.psn:#08x} RKey {p.get('rkey', 0):#010x} "
+          f"VAddr {p.get('va', 0):#018x}\n")
+        w(f" GID: {cm.gid_text(m.gid)}  MAC: {m.mac_text}\n")
+    w(RESULT_LINE + "\n")
+    w((LAT_HEADER if opt.test == "write-lat" else BW_HEADER) + "\n")
+    out.flush()
+
+
+def _report(out: TextIO, opt: PerfOptions, r: dict) -> None:
+    if opt.as_json:
+        out.write(json.dumps(r) + "\n")
+    else:
+        out.write((lat_row(r) if opt.test == "write-lat" else bw_row(r)) + "\n")
+        out.write(RESULT_LINE + "\n")
+    out.flush()
+
+
+def run(opt: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> dict:
+    """Run one benchmark side; returns the summary printed (as a dict)."""
+    if opt.test not in TESTS:
+        raise PerfError(f"unknown test {opt.test!r}: use one of {', '.join(TESTS)}")
+    size = DEFAULT_SIZE[opt.test] if opt.size is None else opt.size
+    iters = DEFAULT_ITERS[opt.test] if opt.iters is None else opt.iters
+    if size < 0 or size >= 1 << 31:
+        raise PerfError(f"-s {size}: the message size must be 0 .. 2^31-1")
+    if opt.test == "write-lat" and size < 1:
+        raise PerfError("write-lat needs -s 1 or more: it polls the last byte of the message")
+    if opt.test == "read-bw" and size < 1:
+        raise PerfError("read-bw needs -s 1 or more")
+    if iters < 1 or (opt.test == "write-lat" and iters < 2):
+        raise PerfError(f"-n {iters}: too few iterations")
+    side = _Side(opt)
+    try:
+        mtu = _local_mtu(opt, side)
+        if opt.is_server:
+            return _run_server(opt, side, mtu, out, err)
+        return _run_client(opt, side, mtu, size, iters, out)
+    finally:
+        side.close()
+
+
+def _buf_len(test: str, size: int) -> int:
+    return 2 * size if test == "write-lat" else size
+
+
+def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, out: TextIO) -> dict:
+    try:
+        ch = cm.connect(opt.server, opt.port)
+    except cm.ConnectFailed as e:
+        raise PerfError(f"{e} (start `metaroce perf {opt.test} -d IFACE` there first)") from None
+    with ch:
+        side.register(_buf_len(opt.test, size))
+        side.to_init()                                              # MR-CM-025
+        lat = opt.test == "write-lat"
+        req = side.msg(mtu, {"test": opt.test, "size": size, "iters": iters, "tx_depth": opt.tx_depth,
+                             "rkey": side.mr.rkey, "va": side.mr.addr + (size if lat else 0)})
+        state = {}
+
+        def connect_qp(rep: cm.CMMsg) -> None:
+            state["mtu"] = rep.mtu_bytes
+            side.to_rtr(rep, rep.mtu_bytes)
+            side.to_rts(rep)
+        try:
+            rep = cm.active_exchange(ch, req, connect_qp)
+        except cm.CMError as e:
+            raise PerfError(f"connection set-up with {ch.peer} failed: {e}") from None
+        peer = rep.perf
+        if not opt.as_json:
+            _print_header(out, opt, side, state["mtu"], size, iters, req, rep, peer)
+        _barrier(ch, side, opt, client=True)
+        if lat:
+            r = _write_lat(side, opt, size, iters, peer)
+        else:
+            r = _bw_client(side, opt, size, iters, peer)
+        r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters())
+        try:
+            ch.send_json({"type": "result", **r})
+            reply = _progress_until_line(side, ch, opt.timeout, what="waiting for the server's summary")
+        except cm.CMError as e:
+            raise PerfError(f"after the test: {e}") from None
+        r["peer_counters"] = reply.get("counters", {})
+        if lat and "lat_us" in reply:
+            r["peer_lat_us"] = reply["lat_us"]
+        _report(out, opt, r)
+        return r
+
+
+def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextIO) -> dict:
+    with cm.Listener(opt.port) as lst:
+        err.write(f"\n{'*' * 36}\n* Waiting for client to connect... *\n{'*' * 36}\n"
+                  f" {TITLES[opt.test]} on {opt.ifname} ({side.ctx.gid}), TCP port {opt.port}\n")
+        err.flush()
+        ch = lst.accept(None)
+    with ch:
+        params = {}
+
+        def make_rep(req: cm.CMMsg) -> cm.CMMsg:
+            p = req.perf
+            if p.get("test") != opt.test:
+                raise cm.Rejected(cm.Reason.CONSUMER_REJECT, f"this server runs {opt.test}, the client asked for "
+                                  f"{p.get('test')!r}", by_peer=False)
+            size, iters = int(p.get("size", -1)), int(p.get("iters", 0))
+            if not 0 <= size < 1 << 31 or iters < 1:
+                raise cm.Rejected(cm.Reason.INVALID_PARAM, f"size {size}, iters {iters}", by_peer=False)
+            if opt.size is not None and opt.size != size or opt.iters is not None and opt.iters != iters:
+                err.write(f" note: using the client's -s {size} -n {iters}\n")
+            try:
+                side.register(_buf_len(opt.test, size))
+                side.to_init()
+                agreed = min(mtu, cm.MTU_BYTES.get(req.path_mtu, 0))
+                if opt.test == "send-bw":
+                    params["step"], params["rx"] = _send_bw_server_step(side, size, iters, opt.rx_depth)
+                side.to_rtr(req, agreed)                               # MR-CM-026: RTR before the REP
+            except Exception as e:  # noqa: BLE001 - becomes a REJ the client can read
+                raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
+            params.update(size=size, iters=iters, mtu=agreed)
+            lat = opt.test == "write-lat"
+            return side.msg(agreed, {"test": opt.test, "rkey": side.mr.rkey,
+                                     "va": side.mr.addr + (size if lat else 0)})
+        try:
+            req, rep = cm.passive_exchange(ch, 0, make_rep)
+            side.to_rts(req)                                           # MR-CM-028: RTS on the RTU
+        except cm.CMError as e:
+            raise PerfError(f"connection set-up with {ch.peer} failed: {e}") from None
+        size, iters, mtu = params["size"], params["iters"], params["mtu"]
+        if not opt.as_json:
+            _print_header(out, opt, side, mtu, size, iters, rep, req, req.perf)
+        _barrier(ch, side, opt, client=False)
+        if opt.test == "write-lat":
+            mine = _write_lat(side, opt, size, iters, req.perf)
+            line = _progress_until_line(side, ch, opt.timeout, what="waiting for the client's summary")
+            r = {**mine, "test": opt.test, "role": "server", "mtu": mtu, "counters": side.counters(),
+                 "peer_counters": line.get("counters", {}), "peer_lat_us": line.get("lat_us")}
+        else:
+            line = _progress_until_line(side, ch, opt.timeout, step=params.get("step"),
+                                        what=f"serving {opt.test}")
+            if opt.test == "send-bw" and params["rx"]["received"] < iters:
+                raise PerfError(f"the client finished but only {params['rx']['received']} of {iters} "
+                                "messages arrived")
+            r = {k: line[k] for k in ("bytes", "iterations", "total_bytes", "seconds", "gbps", "gbps_peak",
+                                      "msg_rate") if k in line}
+            r.update(test=opt.test, role="server", mtu=mtu, tx_depth=line.get("tx_depth"),
+                     counters=side.counters(), peer_counters=line.get("counters", {}))
+        try:
+            ch.send_json({"type": "summary", "counters": r["counters"], **({"lat_us": r["lat_us"]}
+                                                                          if "lat_us" in r else {})})
+        except cm.CMError:
+            pass                     # the client may already be gone; our numbers stand
+        _report(out, opt, r)
+        return r
+
+
+__all__ = ["PerfError", "PerfOptions", "TESTS", "run", "bw_stats", "lat_stats"]
