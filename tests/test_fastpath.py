@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from metaroce_xdp.wire import OPCODES, RETH, decode, encode
 from metaroce_xdp.wire.fastpath import BTH_SE, TABLES, build_frame, frame_icrc_ok, make_template
-from metaroce_xdp.wire.icrc import crc32_update
+from metaroce_xdp.wire.icrc import crc32_bulk, crc32_update
 from strategies import packet_args
 
 
@@ -25,6 +25,9 @@ def test_crc32_matches_zlib(data, seed):
     half = len(data) // 2
     c = crc32_update(TABLES, 0, arr, 0, half)
     assert crc32_update(TABLES, c, arr, half, len(arr)) == zlib.crc32(data)
+    # the compiled call into zlib's own crc32 (the data path's bulk CRC)
+    c = crc32_bulk(arr, 0, half, 0)
+    assert crc32_bulk(arr, half, len(arr), c) == zlib.crc32(data)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
