@@ -19,7 +19,7 @@
 #define MR_MAX_QPS 1024
 #endif
 
-/* RoCEv2 / MetaRoCE UDP destination port (IANA 4791, MR-ENC). */
+/* RoCEv2 / MetaRoCE UDP destination port (IANA 4791, MR-ENC-019). */
 #ifndef ROCE_UDP_PORT
 #define ROCE_UDP_PORT 4791
 #endif
@@ -54,7 +54,7 @@
 #endif
 
 /* Protocol constants (not tunables, but one place for them). */
-#define MR_PSN_MASK      0xFFFFFFu      /* PSN is 24 bits (MR-BTH) */
+#define MR_PSN_MASK      0xFFFFFFu      /* PSN is 24 bits (MR-BTH-020) */
 #define MR_PSN_HALF      0x800000u      /* serial-number half window */
 #define MR_QPN_MASK      0xFFFFFFu
 #define MR_ICRC_SIZE     4

@@ -27,7 +27,7 @@ enum mr_drop_reason {
 	MR_DROP_NOT_IP          = 2,   /* PASS in XDP */
 	MR_DROP_TRUNCATED_IP    = 3,   /* PASS in XDP */
 	MR_DROP_BAD_IP_HEADER   = 4,   /* UDP/4791 whose IP lengths disagree with the frame */
-	MR_DROP_IP_OPTIONS      = 5,   /* UDP/4791 in IPv4 with options (MR-ENC) */
+	MR_DROP_IP_OPTIONS      = 5,   /* UDP/4791 in IPv4 with options (MR-ENC-009) */
 	MR_DROP_IP_FRAGMENT     = 6,   /* first fragment of UDP/4791 */
 	MR_DROP_NOT_UDP         = 7,   /* PASS in XDP */
 	MR_DROP_TRUNCATED_UDP   = 8,   /* PASS in XDP */
@@ -43,7 +43,7 @@ enum mr_drop_reason {
 	/* --- kernel-only --- */
 	MR_DROP_UNKNOWN_QP      = 32,  /* slot empty or slot.qpn != BTH.DestQP */
 	MR_DROP_QP_STATE        = 33,  /* QP state does not accept this packet class */
-	MR_DROP_WRONG_PEER      = 34,  /* source IP is not the connected peer (MR-SEC) */
+	MR_DROP_WRONG_PEER      = 34,  /* source IP is not the connected peer (MR-SEC-009) */
 	MR_DROP_NO_XSK          = 35,  /* no AF_XDP socket on this RX queue */
 	MR_DROP_WRONG_PROFILE   = 36,  /* native opcode on a compat QP */
 	MR_DROP_BAD_ICRC        = 37,  /* ACKNOWLEDGE whose ICRC does not match */

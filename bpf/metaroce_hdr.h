@@ -32,7 +32,7 @@
 #define mr_htons(x) mr_ntohs(x)
 #define mr_htonl(x) mr_ntohl(x)
 
-/* ---- Base Transport Header, 12 bytes (MR-BTH) ------------------------- */
+/* ---- Base Transport Header, 12 bytes (MR-BTH-001) --------------------- */
 struct mr_bth {
 	__u8   opcode;
 	__u8   flags;    /* SE bit7 | M bit6 | PadCnt bits5-4 | TVer bits3-0 */
@@ -67,7 +67,7 @@ static __always_inline __u32 mr_bth_tver(const struct mr_bth *b)
 	return b->flags & MR_BTH_TVER_MASK;
 }
 
-/* ---- RDMA Extended Transport Header, 16 bytes ------------------------- */
+/* ---- RDMA Extended Transport Header, 16 bytes (MR-XH-001) ------------- */
 struct mr_reth {
 	__be64 va;
 	__be32 rkey;
@@ -88,7 +88,7 @@ static __always_inline __u32 mr_aeth_msn(const struct mr_aeth *a)
 	return mr_ntohl(a->smsn) & 0xFFFFFFu;
 }
 
-/* AETH syndrome: bit 7 reserved (0), bits 6-5 type, bits 4-0 value. */
+/* AETH syndrome: bit 7 reserved (0), bits 6-5 type, bits 4-0 value (MR-XH-007). */
 #define MR_AETH_TYPE_MASK        0x60
 #define MR_AETH_ACK              0x00   /* value = credit count code */
 #define MR_AETH_RNR_NAK          0x20   /* value = RNR timer code */
@@ -131,7 +131,7 @@ struct mr_cnp_pad {
 	__u8 resv[16];
 };
 
-/* ---- Native Extended Transport Header, 16 bytes (MR-XH) --------------- */
+/* ---- Native Extended Transport Header, 16 bytes (MR-XH-017) ----------- */
 struct mr_neth {
 	__be32 flags_msn; /* FIRST bit31 | LAST bit30 | RETX bit29 | rsvd | MSN bits23-0 */
 	__be32 offset;    /* byte offset of this payload in the message */
@@ -142,7 +142,7 @@ struct mr_neth {
 #define MR_NETH_LAST  0x40
 #define MR_NETH_RETX  0x20
 
-/* ---- SACK Extended Transport Header, 12 bytes + bitmap (MR-SACK) ------- */
+/* ---- SACK Extended Transport Header, 12 bytes + bitmap (MR-XH-026) ---- */
 struct mr_sacketh {
 	__be32 tsecr;
 	__be16 credit;       /* 0xFFFF = no limit */
@@ -175,7 +175,7 @@ _Static_assert(sizeof(struct mr_neth) == MR_NETH_LEN, "NETH is 16 bytes");
 _Static_assert(sizeof(struct mr_sacketh) == MR_SACKETH_LEN, "SACKETH is 12 bytes");
 _Static_assert(sizeof(struct mr_cnp_pad) == MR_CNP_LEN, "CNP pad is 16 bytes");
 
-/* ---- The opcode table (MR-OPC) -----------------------------------------
+/* ---- The opcode table (Table 2-1: MR-OPC-001, MR-OPC-009) --------------
  * Bit values are those of OpMask in metaroce_xdp/wire/opcodes.py: never
  * renumber.  Code tests masks, never lists of opcodes. */
 #define MR_OPM_RETH          (1u << 0)

@@ -45,8 +45,8 @@ enum mr_qp_state_code {
 	MR_QPS_ERR   = 6,
 };
 
-/* Which states accept which packets (a bit per state).  RESET, INIT and ERR
- * accept nothing.  Requests are for the responder (RTR and later); ACKs,
+/* Which states accept which packets (a bit per state, MR-QP-020).  RESET,
+ * INIT and ERR accept nothing.  Requests are for the responder (RTR and later); ACKs,
  * READ responses, atomic ACKs and CNPs are for the requester, which only has
  * packets outstanding in RTS, SQD or SQE. */
 #define MR_QPS_BIT(s)        (1u << (s))
@@ -70,7 +70,7 @@ struct mr_qp_state {
 	__u32 dest_qpn;         /*  8 peer's QPN */
 	__u16 pmtu;             /* 12 path MTU in payload bytes (256..4096) */
 	__u16 ctrl_pad0;        /* 14 */
-	__u8  peer_ip[16];      /* 16 peer address, network order; IPv4 as ::ffff:a.b.c.d (MR-SEC) */
+	__u8  peer_ip[16];      /* 16 peer address, network order; IPv4 as ::ffff:a.b.c.d (MR-SEC-009) */
 	__u32 ctrl_rsvd[2];     /* 32 */
 
 	/* ---- user-space requester ---------------------------------- [40, 64) */

@@ -9,7 +9,7 @@
  *              this endpoint is XDP_PASS, untouched: ARP, ICMP, SSH keep
  *              working on the same interface.
  *   validate   like rxe_recv.c: the QP exists (slot qpn matches), the source
- *              is the connected peer (MR-SEC), the opcode belongs to the QP's
+ *              is the connected peer (MR-SEC-009), the opcode belongs to the QP's
  *              profile, the QP state accepts this class of packet.  Failures
  *              are XDP_DROP with a reason (metaroce_drop_reasons.h).
  *   ACK path   compat ACKNOWLEDGE (ACK, NAK, RNR NAK) is consumed here, like
@@ -25,7 +25,9 @@
  * ACK fast path is different: an ACKNOWLEDGE is fixed size (BTH + AETH +
  * ICRC = 20 bytes after UDP) and moves QP state that user space trusts, so a
  * corrupt ACK must not get through.  The ICRC input is then at most 64 + 8
- * bytes, and a bounded bitwise CRC-32 loop verifies it (MR-ICRC).
+ * bytes, and a bounded bitwise CRC-32 loop verifies it (MR-ICRC-013).  This
+ * deferral is what MR-ENC-032 allows, as long as nothing depends on the
+ * packet before user space has verified it.
  *
  * Neighbours: metaroce_xdp/kern/loader.py compiles this file with -D flags
  * and -I<bpf dir>, attaches it, mmaps mr_qps; metaroce_xdp/afxdp/ owns the
@@ -70,7 +72,7 @@ static __always_inline int mr_psn_in(__u32 a, __u32 start, __u32 count)
 	return ((a - start) & MR_PSN_MASK) < (count & MR_PSN_MASK);
 }
 
-/* ---- ICRC of an ACKNOWLEDGE (MR-ICRC) ------------------------------------ */
+/* ---- ICRC of an ACKNOWLEDGE (MR-ICRC-002, MR-ICRC-003) ------------------- */
 static __always_inline __u32 mr_crc32_byte(__u32 crc, __u32 b)
 {
 	crc ^= b;
@@ -89,7 +91,8 @@ static __always_inline __u32 mr_crc32_byte(__u32 crc, __u32 b)
 #define MR_ACK_ICRC_V6_LEN (40 + 8 + MR_BTH_LEN + MR_AETH_LEN)  /* 64 */
 
 /* Bytes of the ICRC input replaced by 0xFF, one bit per byte offset from
- * the IP header (MR-ICRC; metaroce_xdp/wire/icrc.py masked_pseudo_header). */
+ * the IP header (MR-ICRC-004 to MR-ICRC-007; metaroce_xdp/wire/icrc.py
+ * masked_pseudo_header). */
 #define MR_ICRC_MASK_V4 ((1ull << 1) | (1ull << 8) | (1ull << 10) | (1ull << 11) | /* TOS TTL csum */ \
 			 (1ull << 26) | (1ull << 27) |                           /* UDP checksum */ \
 			 (1ull << 32))                                           /* BTH byte 4 */
@@ -128,7 +131,7 @@ static __always_inline int name(const __u8 *l3, void *data_end)                 
 		crc = mr_crc32_byte(crc, b);                                       \
 	}                                                                          \
 	wire = icrc[0] | (icrc[1] << 8) | (icrc[2] << 16) | ((__u32)icrc[3] << 24); \
-	return (crc ^ 0xFFFFFFFFu) == wire;     /* carried LSB first */            \
+	return (crc ^ 0xFFFFFFFFu) == wire;     /* LSB first (MR-ICRC-010) */      \
 }
 MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v4, MR_ACK_ICRC_V4_LEN, MR_ICRC_MASK_V4, 0)
 MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v6, MR_ACK_ICRC_V6_LEN, MR_ICRC_MASK_V6, 1)
@@ -150,13 +153,14 @@ static __always_inline void mr_rtt_update(struct mr_qp_state *qp, __u64 r)
 }
 
 /*
- * The ACK fast path (MR-ACK, MR-NAK, MR-RNR).  Returns the event to count
- * (MR_EV_*_CONSUMED) or a negative drop reason.
+ * The ACK fast path (MR-ACK-002, MR-NAK-001, MR-RNR-002).  Returns the event
+ * to count (MR_EV_*_CONSUMED) or a negative drop reason.  A reserved syndrome
+ * (MR-XH-008) is dropped as BAD_FIELD.
  *
  * Every ACK/NAK PSN p must lie in [snd_una - 1, snd_nxt) = [ack_psn, snd_nxt):
  * a positive ACK acknowledges everything up to p; a NAK or RNR NAK names the
  * first PSN that failed, so it acknowledges everything before p.  ack_psn
- * only moves forward.
+ * only moves forward (MR-SEC-022, MR-SEC-024).
  */
 static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth *bth,
 					   void *data_end)
@@ -236,7 +240,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 	return ev;
 }
 
-/* Source address is the connected peer (MR-SEC).  peer_ip is 4-byte aligned
+/* Source address is the connected peer (MR-SEC-009, MR-SEC-021).  peer_ip is 4-byte aligned
  * (offset 16), so compare it as four words.  Each takes the L3 pointer and
  * re-checks its own bound: see `l3` in xdp_metaroce(). */
 static __always_inline int mr_peer_ok_v4(struct mr_qp_state *qp, void *l3, void *data_end)
@@ -298,7 +302,8 @@ int xdp_metaroce(struct xdp_md *ctx)
 		if (ret == -MR_DROP_IP_OPTIONS || ret == -MR_DROP_IP_FRAGMENT) {
 			/* Options or fragments are legal IP (IGMP carries Router
 			 * Alert): only refuse them when they wrap UDP/4791 for us.
-			 * A non-first fragment has no UDP header to look at. */
+			 * A non-first fragment has no UDP header to look at.
+			 * (MR-ENC-009, MR-ENC-010) */
 			if (iph->protocol != MR_IPPROTO_UDP ||
 			    (iph->frag_off & mr_htons(0x1FFF)))
 				goto out;
@@ -363,8 +368,8 @@ int xdp_metaroce(struct xdp_md *ctx)
 		goto out;
 	}
 
-	/* ---- MR-ENC lengths: IP says where the packet ends, not data_end
-	 * (short frames carry Ethernet padding). */
+	/* ---- MR-ENC-007, MR-ENC-014, MR-ENC-018 lengths: IP says where the
+	 * packet ends, not data_end (short frames carry Ethernet padding). */
 	ulen = mr_ntohs(udph->len);
 	if (ulen != l4len) {
 		reason = MR_DROP_BAD_UDP_LENGTH;
@@ -381,7 +386,7 @@ int xdp_metaroce(struct xdp_md *ctx)
 	}
 
 #if MR_VERIFY_ACK_ICRC
-	/* A corrupt ACKNOWLEDGE must not move QP state (MR-ICRC).  Checked
+	/* A corrupt ACKNOWLEDGE must not move QP state (MR-ICRC-014).  Checked
 	 * here, before any header field (DestQP, PSN) is trusted, so a
 	 * corrupt ACK counts as BAD_ICRC whatever QP it names.  It also keeps
 	 * the verifier cheap: few states reach this point, and the CRC loop is
@@ -396,7 +401,8 @@ int xdp_metaroce(struct xdp_md *ctx)
 	}
 #endif
 
-	/* ---- MR-OPC: the table decides which headers follow. */
+	/* ---- MR-OPC-001, MR-OPC-003, MR-ENC-027: the table decides which
+	 * headers follow, and whether a payload may. */
 	hlen = mr_opcode_info(ret, &mask);
 	if (hlen < 0) {
 		reason = MR_DROP_UNKNOWN_OPCODE;
@@ -436,7 +442,8 @@ int xdp_metaroce(struct xdp_md *ctx)
 	}
 
 	/* ---- validation pipeline (rxe_recv.c: check_type_state, check_keys
-	 * -> here: QP exists, peer, profile, state). */
+	 * -> here: QP exists MR-BTH-016, peer MR-SEC-009, profile MR-OPC-004,
+	 * state MR-QP-020). */
 	qpn = mr_bth_qpn(bth);
 	slot = qpn % MR_MAX_QPS;
 	qp = mr_qps.lookup(&slot);

@@ -38,7 +38,7 @@ static __always_inline int mr_proto_is_vlan(__u16 h_proto)
 	return h_proto == mr_htons(MR_ETH_P_8021Q) || h_proto == mr_htons(MR_ETH_P_8021AD);
 }
 
-/* Ethernet plus at most one VLAN tag (MR-ENC allows one).  Returns the
+/* Ethernet plus at most one VLAN tag (MR-ENC-005 allows one).  Returns the
  * ethertype after the tag, network byte order; *vlan is 1 if a tag was seen. */
 static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 					struct ethhdr **ethhdr, int *vlan)
@@ -65,7 +65,8 @@ static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 	return h_proto;
 }
 
-/* IPv4 without options or fragmentation (MR-ENC).  Returns the protocol. */
+/* IPv4 without options or fragmentation (MR-ENC-008 to MR-ENC-010).  Returns
+ * the protocol. */
 static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
 				       struct iphdr **iphdr)
 {
@@ -114,7 +115,7 @@ static __always_inline int parse_udphdr(struct hdr_cursor *nh, void *data_end,
 	return mr_ntohs(h->dest);
 }
 
-/* Base Transport Header.  Returns the opcode. */
+/* Base Transport Header, TVer 0 only (MR-BTH-007).  Returns the opcode. */
 static __always_inline int parse_bth(struct hdr_cursor *nh, void *data_end,
 				     struct mr_bth **bthdr)
 {

@@ -187,7 +187,7 @@ class QPAttr:
 PATH_MTUS = (256, 512, 1024, 2048, 4096)
 IBV_MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 
-# IBTA RNR NAK timer table (AETH timer code -> microseconds), MR-RNR.
+# IBTA RNR NAK timer table (AETH timer code -> microseconds), Table 3-5 (MR-RNR-004).
 RNR_TIMER_US = (
     655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
     2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880,
@@ -196,7 +196,7 @@ RNR_TIMER_US = (
 
 
 def local_ack_timeout_ns(timeout: int) -> int | None:
-    """MR-RETRY: 4.096 us x 2^timeout; 0 means infinite (None)."""
+    """MR-RETRY-001: 4.096 us x 2^timeout; 0 means infinite (None)."""
     if timeout == 0:
         return None
     return (4096 << timeout)

@@ -112,6 +112,7 @@ def _players(a, b):
 
 
 def test_every_operation_and_size(pair):
+    """MR-RC-002, MR-RC-019, MR-RC-020, MR-ATOM-001 over XDP + AF_XDP; ACKs consumed in the kernel (MR-ACK-002)."""
     topo, a, b = pair
     ps = _players(a, b)
     sizes = [0, 1, 1023, 1024, 1025, 65536, 1 << 20]
@@ -156,6 +157,7 @@ def test_every_operation_and_size(pair):
 
 
 def test_access_violation_leaves_memory_untouched(pair):
+    """MR-NAK-007, MR-NAK-010, MR-MEM-024, MR-MEM-027 end to end, the NAK on the kernel fast path."""
     topo, a, b = pair
     before = b.buf.copy()
     naks = a.ctx.loader.events()["NAK_CONSUMED"]
@@ -169,6 +171,7 @@ def test_access_violation_leaves_memory_untouched(pair):
 
 
 def test_rnr_retried_then_exhausted(fabric):
+    """MR-RNR-001, MR-RNR-005, MR-RNR-007 end to end."""
     topo, a, b, _, _ = fabric
     a.new_qp(), b.new_qp()
     a.connect(b, rnr_retry=7, min_rnr_timer=1), b.connect(a, min_rnr_timer=1)
@@ -190,6 +193,7 @@ def test_rnr_retried_then_exhausted(fabric):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_faults_in_the_switch(pair, seed):
+    """MR-RETRY-006, MR-DUP-003, MR-DUP-005, MR-ICRC-014 under loss, duplication, corruption, reordering."""
     topo, a, b = pair
     m = topo[1]
     knobs = dict(drop_ppm=20000, dup_ppm=10000, corrupt_ppm=10000)
@@ -246,6 +250,7 @@ def _icmp_echo(topo, ns, dst, timeout=2.0) -> bool:
 
 
 def test_ping_and_tcp_keep_working(pair):
+    """MR-ENC-005 / MR-ENC-032 step 1: what is not MetaRoCE goes to the host stack untouched."""
     topo, a, b = pair
     stop = threading.Event()
 
@@ -296,6 +301,7 @@ def test_ping_and_tcp_keep_working(pair):
 
 @pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed")
 def test_capture_decodes_as_rocev2_with_valid_icrc(fabric, pair):
+    """MR-ICRC-003, MR-ICRC-010, MR-ENC-001: every captured frame is RoCEv2 with a valid ICRC."""
     topo, a, b, cap, cap_path = fabric
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 300_000)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
@@ -318,7 +324,7 @@ def test_capture_decodes_as_rocev2_with_valid_icrc(fabric, pair):
 
 @pytest.mark.parametrize("ipv6,mtu,pmtu", [(True, 1500, 1024), (False, 3000, 2048)], ids=["ipv6", "pmtu2048"])
 def test_ipv6_and_the_largest_path_mtu(ipv6, mtu, pmtu):
-    """MR-ENC: IPv6 encapsulation (UDP checksum filled), and the largest path MTU that
+    """MR-ENC-015, MR-ENC-024, MR-ENC-029: IPv6 encapsulation (UDP checksum filled), and the largest path MTU that
     4 KiB UMEM chunks carry with an XDP program that is not frags-aware (veth then caps
     its MTU near 3.5 KB; path MTU 4096 needs multi-buffer XDP and AF_XDP: not yet)."""
     from metaroce_xdp.topo import two_hosts

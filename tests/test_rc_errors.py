@@ -22,6 +22,8 @@ def _snapshot(p):
 
 @pytest.mark.parametrize("case", ["bad_rkey", "out_of_bounds", "no_remote_write", "stale_rkey"])
 def test_write_access_violation(case):
+    """MR-MEM-021, MR-MEM-023, MR-MEM-024, MR-MEM-033 -> NAK code 2 (MR-NAK-007), both QPs in ERR
+    (MR-NAK-009, MR-NAK-010), later WQEs flushed (MR-QP-027), memory untouched (MR-MEM-027)."""
     access = Access.LOCAL_WRITE | Access.REMOTE_READ if case == "no_remote_write" else None
     kw = {"b_access": access} if access is not None else {}
     a, b = loop_pair(**kw)
@@ -40,11 +42,12 @@ def test_write_access_violation(case):
     assert (wcs[0].wr_id, wcs[0].status) == (1, WCStatus.REM_ACCESS_ERR)
     assert (wcs[1].wr_id, wcs[1].status) == (2, WCStatus.WR_FLUSH_ERR)
     assert a.qp.state == QPState.ERR and b.qp.state == QPState.ERR
-    assert np.array_equal(b.buf, before)           # MR-MEM: a violation never touches memory
+    assert np.array_equal(b.buf, before)           # MR-MEM-027: a violation never touches memory
     assert b.qp.query()["error"] and a.qp.completer.naks == 1
 
 
 def test_read_and_atomic_violations():
+    """MR-MEM-023, MR-ATOM-005, MR-ATOM-011: READ/ATOMIC without the MR's access right fail, nothing written."""
     a, b = loop_pair(b_access=Access.LOCAL_WRITE | Access.REMOTE_WRITE)
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 64)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
@@ -59,6 +62,7 @@ def test_read_and_atomic_violations():
 
 
 def test_misaligned_atomic_is_invalid_request():
+    """MR-ATOM-002, MR-ATOM-011, MR-NAK-006 (g): a misaligned ATOMIC is an invalid request."""
     a, b = loop_pair()
     before = _snapshot(b)
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
@@ -68,7 +72,10 @@ def test_misaligned_atomic_is_invalid_request():
 
 
 def test_qp_without_remote_access_flag():
-    """The QP's own access flags gate remote operations too (INIT/RTR qp_access_flags)."""
+    """The QP's own access flags gate remote operations too (INIT/RTR qp_access_flags).
+
+    Expects REM_ACCESS_ERR: the code differs here from MR-RC-017 / MR-NAK-006 (b), which ask
+    for an invalid request (see docs/spec/traceability.md)."""
     a, b = loop_pair(b_qp_access=Access.LOCAL_WRITE)
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 16)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
@@ -77,6 +84,7 @@ def test_qp_without_remote_access_flag():
 
 
 def test_send_longer_than_receive_buffer():
+    """MR-RC-012, MR-NAK-006 (e), MR-QP-024: invalid request there, LOC_LEN_ERR on the receive WQE."""
     a, b = loop_pair()
     b.qp.post_recv(RecvWR(wr_id=9, sg_list=[b.sge(0, 100)]))
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 3000)]))
@@ -87,6 +95,7 @@ def test_send_longer_than_receive_buffer():
 
 
 def test_rnr_retried_until_a_receive_is_posted():
+    """MR-RNR-001, MR-RNR-003, MR-RNR-005, MR-RNR-007: RNR NAKs are retried forever with rnr_retry 7."""
     a, b = loop_pair(min_rnr_timer=1, rnr_retry=7)
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
     run_until([a, b], lambda: a.qp.completer.rnr_naks >= 3)
@@ -97,6 +106,7 @@ def test_rnr_retried_until_a_receive_is_posted():
 
 
 def test_rnr_retry_exhausted():
+    """MR-RNR-005: rnr_retry 2 gives up after the third RNR NAK with RNR_RETRY_EXC_ERR."""
     a, b = loop_pair(min_rnr_timer=1, rnr_retry=2)
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
     (wc,) = wait_wcs([a, b], a, 1)
@@ -106,6 +116,7 @@ def test_rnr_retry_exhausted():
 
 
 def test_retry_exhausted_when_peer_is_gone():
+    """MR-RETRY-001, MR-RETRY-004, MR-RETRY-005: retry_cnt 3 is the first try plus three retries."""
     a, b = loop_pair(Faults(drop=1.0), timeout=4, retry_cnt=3)   # timeout 4: 65 us
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 100)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
@@ -114,6 +125,7 @@ def test_retry_exhausted_when_peer_is_gone():
 
 
 def test_typed_api_errors():
+    """MR-QP-004, MR-QP-005, MR-QP-018, MR-MEM-006, MR-MEM-020, MR-ATOM-008, MR-ENC-028: refused at the API."""
     a, b = loop_pair()
     with pytest.raises(InvalidArgument):
         a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(a.mr.addr, 10, a.mr.lkey ^ 1)],
@@ -141,6 +153,7 @@ def test_typed_api_errors():
 
 
 def test_error_state_flushes_receives():
+    """MR-QP-016, MR-QP-027: a modify to ERR flushes posted receives in order."""
     a, b = loop_pair()
     b.qp.post_recv([RecvWR(wr_id=i, sg_list=[b.sge(0, 8)]) for i in range(3)])
     b.qp.modify(QPAttr(qp_state=QPState.ERR))

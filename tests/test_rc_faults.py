@@ -47,6 +47,8 @@ def _workload(a, b, n_ops=24):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("kind", ["drop", "reorder", "dup", "corrupt", "all"])
 def test_transfers_survive_faults(kind, seed, burst):
+    """MR-RETRY-004, MR-RETRY-006, MR-RETRY-012, MR-NAK-002, MR-NAK-004, MR-DUP-002, MR-DUP-003, MR-DUP-005,
+    MR-ICRC-014: every WR completes intact, in order, under each fault."""
     rates = {"drop": Faults(seed=seed, drop=0.05), "reorder": Faults(seed=seed, reorder=0.2),
              "dup": Faults(seed=seed, dup=0.1), "corrupt": Faults(seed=seed, corrupt=0.05),
              "all": Faults(seed=seed, drop=0.03, reorder=0.1, dup=0.05, corrupt=0.03)}[kind]
@@ -66,7 +68,7 @@ def test_transfers_survive_faults(kind, seed, burst):
     assert [w.wr_id for w in rwcs] == [500 + i for i in range(6)]
     for j, i in enumerate(range(2, 24, 4)):
         assert bytes(b.buf[600_000 + j * 5000:600_000 + j * 5000 + 4100]) == bytes(a.buf[i * 100:i * 100 + 4100])
-    # atomics applied exactly once despite duplicates and retries (MR-DUP)
+    # atomics applied exactly once despite duplicates and retries (MR-DUP-005, MR-ATOM-007)
     assert b.buf[900_000:900_008].view(np.uint64)[0] == 6
     if kind in ("drop", "corrupt", "all"):
         assert a.qp.requester.retransmits + b.qp.requester.retransmits > 0
@@ -75,7 +77,8 @@ def test_transfers_survive_faults(kind, seed, burst):
 
 
 def test_heavy_loss_fails_cleanly_or_completes():
-    """30 % loss each way with a small retry budget: each WR ends SUCCESS or RETRY_EXC_ERR, nothing hangs."""
+    """30 % loss each way with a small retry budget: each WR ends SUCCESS or RETRY_EXC_ERR, nothing hangs
+    (MR-RETRY-004, MR-RETRY-010)."""
     a, b = loop_pair(Faults(seed=11, drop=0.3), Faults(seed=12, drop=0.3), timeout=4, retry_cnt=2)
     a.buf[:] = 7
     wrs = [SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 20_000)],

@@ -1,7 +1,7 @@
 """Every operation and size class between two endpoints (in-process ports).
 
-MR-RC segmentation, MR-ACK completion order, MR-ATOM semantics: the right
-bytes arrive (checksums over whole buffers) and completions come in WR order
+MR-RC segmentation (MR-RC-002, MR-RC-003), completion order (MR-RC-020),
+MR-ATOM semantics (MR-ATOM-001): the right bytes arrive (checksums over whole buffers) and completions come in WR order
 with the right status, opcode and length.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ def _fill(p, seed):
 @pytest.mark.parametrize("mtu", [256, 1024, 4096])
 @pytest.mark.parametrize("size", SIZES)
 def test_write_sizes(mtu, size):
+    """MR-RC-002, MR-RC-011, MR-RC-018, MR-MEM-028: every size lands at [va, va + len), nothing outside."""
     a, b = loop_pair(mtu=mtu)
     _fill(a, size)
     a.qp.post_send(SendWR(wr_id=7, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(10, size)],
@@ -37,6 +38,7 @@ def test_write_sizes(mtu, size):
 @pytest.mark.parametrize("mtu", [256, 4096])
 @pytest.mark.parametrize("size", SIZES)
 def test_read_sizes(mtu, size):
+    """MR-RC-004, MR-RC-021, MR-QP-034: READ responses place every byte; byte_len is the bytes read."""
     a, b = loop_pair(mtu=mtu)
     _fill(b, size + 1)
     a.qp.post_send(SendWR(wr_id=8, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, size)],
@@ -49,6 +51,7 @@ def test_read_sizes(mtu, size):
 @pytest.mark.parametrize("size", [0, 1, 1024, 5000, 100_000])
 @pytest.mark.parametrize("imm", [False, True])
 def test_send_recv(size, imm):
+    """MR-RC-019, MR-XH-014, MR-MEM-031: SEND (zero length too) completes the receive WQE with byte_len, imm."""
     a, b = loop_pair()
     _fill(a, 3)
     b.qp.post_recv(RecvWR(wr_id=99, sg_list=[b.sge(0, 200_000)]))
@@ -64,6 +67,7 @@ def test_send_recv(size, imm):
 
 
 def test_write_with_imm_consumes_a_receive():
+    """MR-OPC-008, MR-RC-019: WRITE WITH IMMEDIATE consumes a receive WQE (one without SGEs is fine)."""
     a, b = loop_pair()
     _fill(a, 4)
     b.qp.post_recv(RecvWR(wr_id=5, sg_list=[]))
@@ -75,6 +79,7 @@ def test_write_with_imm_consumes_a_receive():
 
 
 def test_scatter_gather():
+    """MR-RC-018: a SEND is placed across the receive WQE's SGEs in order."""
     a, b = loop_pair()
     _fill(a, 5)
     sges = [a.sge(0, 100), a.sge(5000, 2000), a.sge(9000, 1)]
@@ -87,6 +92,7 @@ def test_scatter_gather():
 
 
 def test_atomics():
+    """MR-ATOM-001, MR-ATOM-006, MR-ATOM-008: FETCH_ADD / COMPARE_SWAP results and original values."""
     a, b = loop_pair()
     cell = b.buf[64:72].view(np.uint64)
     cell[0] = 41
@@ -105,6 +111,7 @@ def test_atomics():
 
 
 def test_mixed_stream_completes_in_order():
+    """MR-RC-006, MR-RC-009, MR-RC-020, MR-ACK-006: a mixed stream completes in posting order."""
     a, b = loop_pair(mtu=512)
     _fill(a, 6)
     _fill(b, 7)
@@ -135,7 +142,7 @@ def test_mixed_stream_completes_in_order():
 
 
 def test_64mib_write():
-    """The issue's upper size class: a 64 MiB message, one WR, at 4 KiB path MTU."""
+    """The issue's upper size class: a 64 MiB message, one WR, at 4 KiB path MTU (MR-RC-002)."""
     n = 64 << 20
     a, b = loop_pair(mtu=4096, size=n)
     a.buf[::4096] = np.arange(n // 4096, dtype=np.uint64).astype(np.uint8)

@@ -1,5 +1,6 @@
 """Every worked example in the specification decodes, and its ICRC verdict is
-what the spec says (`hex` blocks valid, `hex bad-icrc` blocks invalid).
+what the spec says (`hex` blocks valid, `hex bad-icrc` blocks invalid):
+MR-ICRC-003, MR-ICRC-010, MR-ICRC-013 on the spec's own bytes.
 
 So the spec's bytes and the codec cannot drift apart.
 """

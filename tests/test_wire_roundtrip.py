@@ -1,4 +1,4 @@
-"""Round trips and malformed input for the codec (MR-BTH, MR-XH, MR-OPC).
+"""Round trips and malformed input for the codec (MR-BTH-001, MR-XH, MR-OPC-001).
 
 Every header encodes and decodes back to itself; every packet of both
 profiles decodes back to the arguments that built it and re-encodes to the
@@ -37,6 +37,8 @@ def test_header_roundtrip(cls: type[Header], data):
 
 
 def test_header_sizes_match_spec():
+    """MR-BTH-001, MR-XH-001, MR-XH-006, MR-XH-010, MR-XH-013, MR-XH-014, MR-XH-015, MR-XH-016, MR-XH-017,
+    MR-XH-026: every header has the size the spec gives."""
     sizes = {"BTH": 12, "RETH": 16, "AETH": 4, "AtomicETH": 28, "AtomicAckETH": 8, "ImmDt": 4,
              "IETH": 4, "CNP": 16, "NETH": 16, "SACKETH": 12}
     for cls in ALL_HEADERS:
@@ -78,7 +80,7 @@ def test_packet_roundtrip_all_profiles(case):
 
 
 def test_sack_bitmap_semantics():
-    """MR-SACK: bit i of the bitmap <-> PSN (BTH.PSN + 1 + i); BTH.PSN is cumulative."""
+    """MR-XH-028, MR-XH-029: bit i of the bitmap <-> PSN (BTH.PSN + 1 + i); BTH.PSN is cumulative."""
     bitmap = (0x60000000, 0x00000001)          # bits 1, 2 and 63
     f = encode(Op.NATIVE_SACK, psn=0xFFFFFE, headers={"aeth": AETH(syndrome=0x1F, msn=3),
                "sacketh": SACKETH(tsecr=99, bitmap_words=2)}, sack_bitmap=bitmap)
@@ -110,7 +112,7 @@ def test_reason_codes():
         assert ei.value.reason == reason, reason.name
     with pytest.raises(NotMetaRoCE):
         decode(cases[DecodeReason.NOT_IP])
-    # IPv4 with options (IHL 6) is MetaRoCE-shaped but forbidden (MR-ENC)
+    # IPv4 with options (IHL 6) is MetaRoCE-shaped but forbidden (MR-ENC-009)
     opt = bytearray(ok[:14] + bytes([0x46]) + ok[15:34] + b"\x01\x01\x01\x01" + ok[34:])
     opt[16:18] = (int.from_bytes(opt[16:18], "big") + 4).to_bytes(2, "big")
     with pytest.raises(MalformedPacket) as ei:
@@ -127,7 +129,7 @@ def test_reason_codes():
 
 
 def test_ethernet_padding_is_ignored():
-    """Short frames padded to 60 bytes by the link still decode: IP length rules."""
+    """Short frames padded to 60 bytes by the link still decode: IP length rules (MR-ENC-007)."""
     f = encode(Op.ACKNOWLEDGE, headers={"aeth": AETH()})
     assert decode(f + b"\0" * 8).icrc_ok
 
@@ -160,6 +162,7 @@ def test_fuzz_mutated_frames(case, flips, cut):
 
 
 def test_psn_arithmetic():
+    """MR-BTH-020: PSN order modulo 2^24."""
     assert psn_add(0xFFFFFF, 1) == 0
     assert psn_diff(0, 0xFFFFFF) == 1 and psn_diff(0xFFFFFF, 0) == -1
     assert psn_lt(0xFFFFFF, 0) and not psn_lt(0, 0xFFFFFF)
@@ -173,6 +176,7 @@ def test_psn_arithmetic():
 
 
 def test_opcode_table_is_consistent():
+    """MR-OPC-001: header lengths follow from the opcode table."""
     for code, op in OPCODES.items():
         assert op.hdr_len == 12 + sum(EXT_CLASSES[h].SIZE for h in op.headers)
         assert bool(op.mask & OpMask.REQ) != bool(op.mask & OpMask.ACK) or op.has(OpMask.CONTROL)

@@ -51,7 +51,7 @@ def scapy_frame(opcode: int, kw: dict) -> bytes:
     else:
         ip = IP(src=kw["src_ip"], dst=kw["dst_ip"], tos=(kw["dscp"] << 2) | kw["ecn"], ttl=kw["ttl"],
                 id=kw["ident"], flags="DF" if kw["df"] else 0)
-        udp = UDP(sport=kw["sport"], dport=4791, chksum=0)  # MR-ENC: zero UDP checksum on IPv4
+        udp = UDP(sport=kw["sport"], dport=4791, chksum=0)  # MR-ENC-023: zero UDP checksum on IPv4
     payload = kw["payload"]
     pad = (-len(payload)) & 3
     if opcode == Op.CNP:
@@ -90,6 +90,7 @@ def _ours(opcode, kw):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(packet_args(opcodes=COMPAT_OPCODES))
 def test_encoder_matches_scapy_byte_for_byte(case):
+    """MR-BTH-001, MR-ICRC-003, MR-ICRC-010: our bytes equal an independent encoder's."""
     opcode, kw = case
     theirs = scapy_frame(opcode, kw)
     ours = _ours(opcode, kw)
@@ -122,6 +123,7 @@ def test_every_compat_opcode_covered(opcode):
 
 
 def test_corrupt_icrc_detected_like_scapy():
+    """MR-ICRC-013: a changed byte fails the ICRC."""
     kw = dict(src_mac="02:00:00:00:00:01", dst_mac="02:00:00:00:00:02", src_ip="10.55.0.1",
               dst_ip="10.55.0.2", sport=49152, dest_qp=0x11, psn=0x100, ack_req=1, se=0, m=0,
               pkey=0xFFFF, fecn=0, becn=0, payload=b"hello", headers={}, sack_bitmap=(),
@@ -135,7 +137,8 @@ def test_corrupt_icrc_detected_like_scapy():
 
 
 def test_masked_fields_do_not_change_icrc():
-    """MR-ICRC: TTL, DSCP/ECN, IP checksum, UDP checksum and BTH byte 4 are outside the ICRC."""
+    """MR-ICRC-004, MR-ICRC-006, MR-ICRC-007, MR-ICRC-011: TTL, DSCP/ECN, IP checksum, UDP checksum and
+    BTH byte 4 are outside the ICRC."""
     base = dict(dest_qp=0x11, psn=7, payload=b"abcd")
     a = decode(encode(Op.SEND_ONLY, ttl=64, dscp=0, ecn=0, **base))
     b = decode(encode(Op.SEND_ONLY, ttl=3, dscp=46, ecn=3, fecn=1, becn=1, udp_checksum=True, **base))

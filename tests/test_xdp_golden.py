@@ -131,7 +131,7 @@ def _probe(psn: int, age_ns: int):
 
 R, E = DropReason, Event
 CASES = [
-    # ---- not MetaRoCE for us: the stack gets it untouched
+    # ---- not MetaRoCE for us: the stack gets it untouched (MR-ENC-005, MR-ENC-032 step 1)
     Case("ARP request", arp, "XDP_PASS", E.PASSED),
     Case("ICMP echo", lambda: ipv4(1, b"\x08\0\0\0\0\1\0\1" + b"x" * 16), "XDP_PASS", E.PASSED),
     Case("TCP to port 22", lambda: ipv4(6, struct.pack("!HHIIBBHHH", 40000, 22, 1, 0, 0x50, 2, 1024, 0, 0)),
@@ -146,7 +146,8 @@ CASES = [
     Case("two VLAN tags (only one allowed: not IP to us)",
          lambda: MAC_DST + MAC_SRC + struct.pack("!HHHH", 0x88A8, 5, 0x8100, 6) + write()[12:],
          "XDP_PASS", E.PASSED),
-    # ---- malformed MetaRoCE: dropped with the codec's reason
+    # ---- malformed MetaRoCE: dropped with the codec's reason (MR-ENC-009, MR-ENC-010, MR-ENC-014,
+    # MR-BTH-007, MR-OPC-003, MR-ENC-027, MR-XH-027)
     Case("IPv4 with options around UDP/4791", lambda: ipv4(17, udp(4791, write()[BTH_OFF:]),
                                                            options=b"\x94\x04\0\0"),
          "XDP_DROP", E.DROPPED, R.IP_OPTIONS),
@@ -171,7 +172,7 @@ CASES = [
          lambda: encode(Op.NATIVE_SACK, dest_qp=QPN_NATIVE, psn=1, src_ip=PEER4, dst_ip=LOCAL4,
                         headers={"aeth": AETH(syndrome=0x1F, msn=0), "sacketh": SACKETH(bitmap_words=33)},
                         sack_bitmap=[0] * 33), "XDP_DROP", E.DROPPED, R.BAD_FIELD),
-    # ---- validation pipeline
+    # ---- validation pipeline (MR-BTH-015, MR-BTH-016, MR-SEC-009, MR-SEC-021, MR-QP-020, MR-OPC-004)
     Case("unknown QP (empty slot)", lambda: write(qp=0x99), "XDP_DROP", E.DROPPED, R.UNKNOWN_QP),
     Case("QPN collides with a live slot", lambda: write(qp=QPN + 1024), "XDP_DROP", E.DROPPED, R.UNKNOWN_QP),
     Case("QPN 0 never matches", lambda: write(qp=0), "XDP_DROP", E.DROPPED, R.UNKNOWN_QP),
@@ -189,7 +190,7 @@ CASES = [
          lambda: encode(Op.NATIVE_SEND, dest_qp=QPN, psn=1, src_ip=PEER4, dst_ip=LOCAL4,
                         headers={"neth": NETH(flags=0xC0, msg_len=4)}, payload=b"abcd"),
          "XDP_DROP", E.DROPPED, R.WRONG_PROFILE),
-    # ---- steered (no socket in test_run: NO_XSK, see module doc)
+    # ---- steered (no socket in test_run: NO_XSK, see module doc; MR-OPC-006)
     Case("RDMA WRITE ONLY in RTS", write, "XDP_DROP", E.DROPPED, R.NO_XSK),
     Case("SEND ONLY in RTR", lambda: encode(Op.SEND_ONLY, dest_qp=QPN, src_ip=PEER4, dst_ip=LOCAL4,
                                             payload=b"hi"),
@@ -213,7 +214,8 @@ CASES = [
                         payload=b"abcd"), "XDP_DROP", E.DROPPED, R.NO_XSK, qpn=QPN_NATIVE),
     Case("ACK steered when the QP says ACK_TO_USER", lambda: ack(105), "XDP_DROP", E.DROPPED, R.NO_XSK,
          setup=_flags(QpFlag.ACK_TO_USER), qp={"ack_psn": 99, "acks": 0}),
-    # ---- the ACK fast path (MR-ACK / MR-NAK / MR-RNR)
+    # ---- the ACK fast path (MR-ACK-002, MR-NAK-001, MR-RNR-002, MR-SEC-022; ICRC MR-ICRC-007, MR-ICRC-014;
+    # reserved syndrome MR-XH-008)
     Case("ACK moves ack_psn", lambda: ack(105, msn=3), "XDP_DROP", E.ACK_CONSUMED,
          qp={"ack_psn": 105, "ack_msn": 3, "acks": 1, "ack_seq": 2, "last_syndrome": 0x1F, "stale_acks": 0}),
     Case("ACK in SQD and SQE too", lambda: ack(101), "XDP_DROP", E.ACK_CONSUMED, setup=_state(QpState.SQE),
@@ -269,6 +271,7 @@ def _setup(ld: XdpLoader) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
 def test_golden(loader, case: Case):
+    """One golden case of CASES; the rules each group checks are named in its comment."""
     _setup(loader)
     if case.setup:
         case.setup(loader)
@@ -317,6 +320,7 @@ def test_ack_seq_read_protocol(loader):
 
 
 def test_psn_window_wraps_modulo_2_24(loader):
+    """MR-BTH-020: the ACK PSN window is modular."""
     _setup(loader)
     s = loader.qp(QPN)
     s["ack_psn"] = 0xFFFFFE

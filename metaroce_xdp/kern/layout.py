@@ -26,7 +26,7 @@ PSN_MASK = 0xFFFFFF
 
 
 class QpState(enum.IntEnum):
-    """ibv_qp_state numbering (enum mr_qp_state_code)."""
+    """ibv_qp_state numbering (enum mr_qp_state_code, Table 7-1: MR-QP-001)."""
     RESET = 0
     INIT = 1
     RTR = 2

@@ -3,12 +3,13 @@
 Two hot loops, each processing many packets per call:
 
 * `tx_segment`: the requester's segmentation of one SEND/WRITE message into
-  packets (MR-RC-*: FIRST/MIDDLE/LAST/ONLY opcodes, RETH on the first, ImmDt
-  on the last, AckReq every `ackreq_every` packets and on the last), built
-  straight into UMEM frames.
+  packets (FIRST/MIDDLE/LAST/ONLY opcodes, MR-RC-002, MR-RC-003; RETH on the
+  first, ImmDt on the last, MR-RC-007; AckReq every `ackreq_every` packets and
+  on the last, MR-ACK-013), built straight into UMEM frames.
 * `rx_write_run`: the responder's in-order WRITE MIDDLE/LAST placement for
   one QP whose WRITE context (target memory, offset, bytes left) was set up
-  by the Python responder from the FIRST packet's RETH.  It stops at the first
+  by the Python responder from the FIRST packet's RETH (MR-RC-010, MR-RC-011,
+  MR-ICRC-013 checked per frame).  It stops at the first
   frame it cannot take without judgement (another QP, an unexpected PSN,
   opcode or length, a bad ICRC): the Python pipeline handles that frame with
   the full rules, so the fast path never decides anything the slow path

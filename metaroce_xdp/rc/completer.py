@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from .qp import QP
     from .rxparse import RxPkt
 
+# MR-NAK-010.  Code 4 maps to REM_INV_RD_REQ_ERR, where MR-NAK-011 says "like code 3"
+# (see docs/spec/traceability.md); reserved codes fall back to REM_OP_ERR.
 NAK_STATUS = {
     NAK_INVALID_REQUEST: WCStatus.REM_INV_REQ_ERR,
     NAK_REMOTE_ACCESS_ERR: WCStatus.REM_ACCESS_ERR,
@@ -57,6 +59,8 @@ class Completer:
 
     # -- completion -----------------------------------------------------------
     def _complete_head(self, status: WCStatus = WCStatus.SUCCESS) -> None:
+        """Retire the oldest WQE: completions in posting order (MR-RC-020), always on error
+        (MR-QP-033); forward progress resets both retry budgets (MR-RNR-008, MR-RETRY-005)."""
         w = self.req.sq.pop(0)
         w.done = True
         if self.req.cursor > 0:
@@ -69,10 +73,10 @@ class Completer:
         self.reset_budgets()
 
     def ack_upto(self, psn: int, stop: SendWQE | None = None) -> bool:
-        """Complete SEND/WRITE WQEs whose PSNs are all <= psn (MR-ACK).
+        """Complete SEND/WRITE WQEs whose PSNs are all <= psn (MR-ACK-002, MR-RC-021).
 
         Reaching an unfinished READ/ATOMIC that psn covers means its response
-        was lost: go back to it (returns False)."""
+        was lost: go back to it (implied NAK, MR-RETRY-012; returns False)."""
         sq = self.req.sq
         while sq:
             w = sq[0]
@@ -89,7 +93,8 @@ class Completer:
 
     # -- inputs ------------------------------------------------------------------
     def _valid_ack_psn(self, psn: int) -> bool:
-        """Only PSNs in [oldest unacked - 1, last sent] move state (MR-SEC: stale or spoofed ACKs)."""
+        """Only PSNs in [oldest unacked - 1, last sent] move state (MR-SEC-022, MR-ACK-015: stale or
+        spoofed ACKs; MR-SEC-024: they restart no timer and complete nothing)."""
         una = self.req.oldest_unacked_psn()
         d_lo = psn_diff(psn, (una - 1) & PSN_MASK)
         d_hi = psn_diff(psn, (self.req.psn_next - 1) & PSN_MASK)
@@ -116,8 +121,9 @@ class Completer:
             if self.rnr_left == 0:
                 self.qp.to_error(WCStatus.RNR_RETRY_EXC_ERR, "RNR retries exhausted")
                 return
-            if self.rnr_left != 7:           # MR-RNR: rnr_retry 7 means retry forever
+            if self.rnr_left != 7:           # MR-RNR-007: rnr_retry 7 means retry forever
                 self.rnr_left -= 1
+            # the responder's timer code, then go-back-N from p (MR-RNR-004, MR-RNR-005); no retry_left (MR-RNR-009)
             wait_ns = RNR_TIMER_US[syndrome & 0x1F] * 1000
             self.req.pause_until = self.qp.now() + wait_ns
             self.req.retry_from(psn)
@@ -128,7 +134,7 @@ class Completer:
             self.req.note_acked((psn - 1) & PSN_MASK)
             if not self.ack_upto((psn - 1) & PSN_MASK):
                 return
-            if code == NAK_PSN_SEQ_ERR:
+            if code == NAK_PSN_SEQ_ERR:                  # go-back-N from p (MR-NAK-004)
                 self._retry(psn, "PSN sequence error NAK")
             else:
                 self.qp.to_error(NAK_STATUS.get(code, WCStatus.REM_OP_ERR), f"NAK code {code}")
@@ -152,7 +158,7 @@ class Completer:
         if target is None or not target.is_rd_atomic:
             self.stale += 1
             return
-        # the response also acknowledges everything before its request (MR-ACK)
+        # the response also acknowledges everything before its request (MR-ACK-006)
         if not self.ack_upto((target.first_psn - 1) & PSN_MASK, stop=target):
             return
         if sq[0] is not target:
@@ -162,19 +168,19 @@ class Completer:
                 self.qp.to_error(WCStatus.BAD_RESP_ERR, "ATOMIC ACK for a non-atomic request")
                 return
             self.acks += 1
-            orig = np.frombuffer(struct.pack("<Q", pkt.orig), dtype=np.uint8)
+            orig = np.frombuffer(struct.pack("<Q", pkt.orig), dtype=np.uint8)   # host order (MR-ATOM-008)
             scatter(target.sinks, 0, orig)
             self._complete_head()
             return
-        if target.opcode != WROpcode.RDMA_READ:
+        if target.opcode != WROpcode.RDMA_READ:          # bad response (MR-NAK-012)
             self.qp.to_error(WCStatus.BAD_RESP_ERR, "READ response for a non-READ request")
             return
         mtu = self.qp.pmtu
         expect = (target.first_psn + target.resp_bytes // mtu) & PSN_MASK
         d = psn_diff(pkt.psn, expect)
         if d < 0:
-            return                                   # duplicate response
-        if d > 0:
+            return                                   # duplicate response (MR-RETRY-009)
+        if d > 0:                                    # an earlier response was lost (MR-RETRY-013)
             self._retry(expect, "READ response lost")
             return
         remaining = target.length - target.resp_bytes
@@ -196,9 +202,9 @@ class Completer:
         if not timeout and self.retrying_from == psn:
             # Responses that were already in flight when we went back report the
             # same hole again: one loss event costs one retry (the timer covers
-            # a lost retransmission).
+            # a lost retransmission).  MR-NAK-005.
             return
-        if self.retry_left == 0:
+        if self.retry_left == 0:                     # every go-back-N costs a retry (MR-RETRY-011)
             self.qp.to_error(WCStatus.RETRY_EXC_ERR, f"retries exhausted ({why})")
             return
         self.retry_left -= 1
@@ -208,7 +214,8 @@ class Completer:
         self.last_progress = self.qp.now()
 
     def check_timer(self, now: int) -> None:
-        """MR-RETRY: local ACK timeout 4.096 us x 2^timeout with packets outstanding."""
+        """MR-RETRY-001, MR-RETRY-004: local ACK timeout 4.096 us x 2^timeout with packets
+        outstanding; never during an RNR wait (MR-RNR-006)."""
         tmo = local_ack_timeout_ns(self.qp.attr_timeout)
         if tmo is None or not self.req.outstanding():
             self.last_progress = now

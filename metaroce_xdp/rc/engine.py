@@ -136,7 +136,7 @@ class Engine:
             raise InvalidArgument(f"no MAC address for {qp.dgid}: give QPAttr.dmac or make the peer reachable")
         qp.dmac = dmac
         return make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=qp.dgid,
-                             sport=qp.sport, dest_qp=qp.dest_qp, dscp=qp.dscp, ecn=2)
+                             sport=qp.sport, dest_qp=qp.dest_qp, dscp=qp.dscp, ecn=2)   # ECT(0) (MR-ECN-001)
 
     def emit(self, qp: QP, opcode: int, psn: int, ack_req: int, se: int, ext: bytes, payload, off: int,
              plen: int) -> None:
@@ -187,7 +187,7 @@ class Engine:
     def _rx_frame(self, f) -> None:
         self.stats["rx"] += 1
         if not frame_icrc_ok(TABLES, f, 0, len(f)):
-            self.stats["drop_icrc"] += 1          # MR-ICRC: silently dropped, counted
+            self.stats["drop_icrc"] += 1          # MR-ICRC-013, MR-ICRC-014: silently dropped, counted
             return
         try:
             pkt = parse(f)
@@ -196,10 +196,10 @@ class Engine:
             return
         qp = self.qps.get(pkt.dest_qp)
         if qp is None:
-            self.stats["drop_unknown_qp"] += 1
+            self.stats["drop_unknown_qp"] += 1     # MR-BTH-016
             return
         if not qp.handle(pkt):
-            self.stats["drop_qp_state"] += 1
+            self.stats["drop_qp_state"] += 1       # MR-QP-020
 
     def _rx_raw(self) -> bool:
         umem, addrs, lens = self.port.rx_burst_raw(self.budget)
@@ -246,7 +246,7 @@ class Engine:
                 if qp.state in (QPState.RESET, QPState.INIT, QPState.ERR):
                     continue
                 r = qp.responder
-                r.flush_ack()
+                r.flush_ack()                      # ACKs leave at the end of each batch (MR-ACK-004)
                 if r.read_queue:
                     work |= r.progress(self.budget) > 0
                 if qp.state in (QPState.RTS, QPState.SQD):
@@ -358,7 +358,7 @@ class Context:
 
     def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE) -> MR:
         access = Access(access)
-        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:   # MR-MEM-006
             raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
         mem = as_u8(buf)
         with self.engine.lock:
@@ -372,6 +372,7 @@ class Context:
             mr.pd.mrs.discard(mr.index)
 
     def invalidate_rkey(self, rkey: int, pd: PD) -> None:
+        """SEND WITH INVALIDATE (MR-MEM-040); does not yet check MR-MEM-041 / MR-MEM-042."""
         mr = self.keys.lookup(rkey)
         if mr is not None and mr.pd is pd:
             mr.valid = False
@@ -406,7 +407,7 @@ class Context:
             self.engine.qp_state_changed(qp)
 
     def dealloc_pd(self, pd: PD) -> None:
-        if pd.mrs or pd.qps:
+        if pd.mrs or pd.qps:                     # MR-MEM-002
             raise ResourceError(f"PD {pd.handle} still has {len(pd.mrs)} MRs and {len(pd.qps)} QPs")
         pd.closed = True
 

@@ -2,7 +2,7 @@
 
 A key is `index << 8 | tag`: the index finds the MR in the table, the 8-bit
 tag is random per registration so that a stale or guessed key misses
-(MR-SEC).  Every remote access is checked -- key, PD, access flag, bounds --
+(MR-MEM-008, MR-MEM-010, MR-SEC-001).  Every remote access is checked -- key, PD, access flag, bounds --
 before any byte of memory is touched.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ class MR:
         self.valid = True
 
     def offset_of(self, va: int, length: int) -> int | None:
-        """Offset of [va, va+length) inside the MR, or None when out of bounds."""
+        """Offset of [va, va+length) inside the MR, or None when out of bounds (MR-MEM-024)."""
         off = va - self.addr
         if off < 0 or length < 0 or off + length > self.length:
             return None
@@ -79,7 +79,7 @@ class KeyTable:
 
     def __init__(self) -> None:
         self.by_index: dict[int, MR] = {}
-        self.next_index = 1
+        self.next_index = 1                 # index 0 is never assigned (MR-MEM-009)
 
     def add(self, pd: PD, mem: np.ndarray, access: Access) -> MR:
         if len(self.by_index) >= MAX_MRS - 1:
@@ -93,18 +93,21 @@ class KeyTable:
         return mr
 
     def remove(self, mr: MR) -> None:
+        """Deregister: from now on no packet reaches the MR's memory (MR-MEM-033)."""
         if self.by_index.get(mr.index) is mr:
             del self.by_index[mr.index]
         mr.valid = False
 
     def lookup(self, key: int) -> MR | None:
+        """MR-MEM-014: the entry at the key's index, valid and with the key's tag."""
         mr = self.by_index.get(key >> 8)
         if mr is None or mr.lkey != key or not mr.valid:
             return None
         return mr
 
     def check_remote(self, key: int, pd: PD, va: int, length: int, need: Access) -> tuple[MR, int] | None:
-        """MR-MEM: key, PD, access and bounds all pass -> (mr, offset); else None (remote access error)."""
+        """MR-MEM-021 to MR-MEM-024: key, PD, access and bounds all pass -> (mr, offset); else
+        None, the same answer whichever check failed (MR-MEM-016)."""
         mr = self.lookup(key)
         if mr is None or mr.pd is not pd or not (mr.access & need):
             return None
@@ -114,6 +117,7 @@ class KeyTable:
         return mr, off
 
     def check_local(self, key: int, pd: PD, addr: int, length: int, need: Access = Access(0)) -> tuple[MR, int] | None:
+        """MR-MEM-020: an SGE's lkey, PD, bounds and (when written) LOCAL_WRITE."""
         mr = self.lookup(key)
         if mr is None or mr.pd is not pd or (need and not (mr.access & need)):
             return None

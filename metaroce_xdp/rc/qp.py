@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("metaroce.qp")
 
-# MR-QP: allowed transitions (IBTA 10.3.1, as in ibv_modify_qp); any state -> RESET and -> ERR.
+# MR-QP-004 (Table 7-2): allowed transitions (IBTA 10.3.1, as in ibv_modify_qp); any state -> RESET and -> ERR.
+# No transition enters SQE (MR-QP-003).
 TRANSITIONS = {
     QPState.RESET: {QPState.INIT},
     QPState.INIT: {QPState.INIT, QPState.RTR},
@@ -34,6 +35,7 @@ TRANSITIONS = {
     QPState.SQE: {QPState.RTS},
     QPState.ERR: set(),
 }
+# MR-QP-005.  Fewer attributes are required than Table 7-2 lists: the others have defaults.
 REQUIRED = {
     (QPState.INIT, QPState.RTR): ("dest_qp_num", "rq_psn", "path_mtu", "dgid"),
     (QPState.RTR, QPState.RTS): ("sq_psn",),
@@ -52,7 +54,7 @@ OPTIONAL = {
 
 _ATTR_FIELDS = ("access", "pmtu", "dest_qp", "dgid", "dmac", "sport", "dscp")
 
-REQ_STATES = (QPState.RTR, QPState.RTS, QPState.SQD)           # accept requests
+REQ_STATES = (QPState.RTR, QPState.RTS, QPState.SQD)           # accept requests (MR-QP-020)
 ACK_STATES = (QPState.RTS, QPState.SQD, QPState.SQE)           # accept responses
 
 
@@ -72,8 +74,8 @@ class QP:
         self.dest_qp = 0
         self.dgid: str | None = None
         self.dmac: str | None = None
-        self.sport = 0xC000 | (qp_num & 0x3FFF)
-        self.dscp = 26
+        self.sport = 0xC000 | (qp_num & 0x3FFF)     # one source port per QP in [0xC000, 0xFFFF] (MR-ENC-020)
+        self.dscp = 26                              # MR-ECN-004
         self.attr_timeout = 14
         self.attr_retry_cnt = 7
         self.attr_rnr_retry = 7
@@ -198,7 +200,8 @@ class QP:
         self.ctx.engine.qp_state_changed(self)
 
     def to_error(self, status: WCStatus | None, why: str) -> None:
-        """MR-QP: enter ERR; the WQE at the head completes with `status`, the rest are flushed."""
+        """Enter ERR (MR-QP-016): the WQE at the head completes with `status` first (MR-QP-023),
+        the rest of both queues are flushed in posting order (MR-QP-027)."""
         if self.state == QPState.ERR:
             return
         self.log(f"-> ERR: {why}")
@@ -238,7 +241,7 @@ class QP:
         if isinstance(wrs, SendWR):
             wrs = [wrs]
         with self.ctx.engine.lock:
-            if self.state not in (QPState.RTS, QPState.SQD):
+            if self.state not in (QPState.RTS, QPState.SQD):     # MR-QP-018 (ERR: raises, no flush yet)
                 raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_send needs RTS")
             staged: list[SendWQE] = []      # all or nothing: nothing is queued if one WR is bad
             for wr in wrs:
@@ -287,7 +290,8 @@ class QP:
 
     # ---- input ---------------------------------------------------------------------
     def handle(self, pkt: "RxPkt") -> bool:
-        """Dispatch a packet addressed to this QP; False when the state refuses it."""
+        """Dispatch a packet addressed to this QP: requests to the responder, responses to the
+        completer (MR-OPC-006); False when the state refuses it (MR-QP-020)."""
         m = pkt.op.mask
         if m & MI.REQ:
             if self.state not in REQ_STATES:

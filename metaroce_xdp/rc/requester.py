@@ -1,10 +1,11 @@
 """Requester: send queue -> request packets (spec 03-compat-rc.md).
 
-Segments messages by path MTU (MR-RC), assigns PSNs, limits in-flight
-packets and outstanding READ/ATOMICs (max_rd_atomic), sets AckReq on the last
-packet of each message and periodically inside long ones (MR-ACK), and
-rewinds for go-back-N when the completer asks (MR-RETRY).  PSNs of a WQE are
-assigned once, when first sent, and reused on every retransmission.
+Segments messages by path MTU (MR-RC-002, MR-RC-003), assigns PSNs (MR-RC-004),
+limits in-flight packets and outstanding READ/ATOMICs (max_rd_atomic, MR-RC-009),
+sets AckReq on the last packet of each message and periodically inside long
+ones (MR-ACK-013), and rewinds for go-back-N when the completer asks
+(MR-RETRY-006).  PSNs of a WQE are assigned once, when first sent, and reused
+on every retransmission (MR-RC-005).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ _RETH = struct.Struct("!QII")
 _IMM = struct.Struct("!I")
 _ATOM = struct.Struct("!QIQQ")
 
-ACKREQ_EVERY = 32          # AckReq inside long messages, so ACKs keep the window open
+ACKREQ_EVERY = 32          # AckReq inside long messages, so ACKs keep the window open (MR-ACK-013: <= 64)
 
 
 def _write_opcode(k: int, n: int, imm: bool) -> int:
@@ -108,6 +109,7 @@ class Requester:
             if new:
                 if w.is_rd_atomic and self._rd_atomic_inflight(self.cursor) >= max(1, qp.attr_max_rd_atomic):
                     break
+                # MR-RC-013: a fenced WQE waits for earlier READ/ATOMICs to complete
                 if (w.wr.send_flags & SendFlags.FENCE) and self._rd_atomic_inflight(self.cursor):
                     break
                 if w.opcode == WROpcode.RDMA_READ or w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM,
@@ -142,13 +144,14 @@ class Requester:
                 if w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM):
                     opcode = _write_opcode(k, n, imm)
                     ext = b""
-                    if k == 0:
+                    if k == 0:                              # RETH in FIRST/ONLY only (MR-RC-007, MR-XH-002)
                         ext = _RETH.pack(w.wr.remote_addr, w.wr.rkey, w.length)
                 else:
                     opcode = _send_opcode(k, n, imm)
                     ext = b""
                 if last and imm:
                     ext += _IMM.pack(w.wr.imm_data & 0xFFFFFFFF)
+                # MR-BTH-003: SE only on the last packet of a solicited SEND / WRITE WITH IMMEDIATE
                 se = 1 if (last and w.wr.send_flags & SendFlags.SOLICITED and
                            w.opcode in (WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM)) else 0
                 ack_req = 1 if (last or (k + 1) % ACKREQ_EVERY == 0) else 0
@@ -160,6 +163,7 @@ class Requester:
                     self.cursor += 1
             elif w.opcode == WROpcode.RDMA_READ:
                 k = w.sent if w.sent else w.resp_bytes // mtu      # retry resumes at the first missing response
+                # (MR-RETRY-008: READ REQUEST for the remainder, same R_Key)
                 off = k * mtu
                 ext = _RETH.pack(w.wr.remote_addr + off, w.wr.rkey, w.length - off)
                 qp.emit(Op.RDMA_READ_REQUEST, (w.first_psn + k) & PSN_MASK, 1, 0, ext, None, 0, 0)
@@ -182,7 +186,8 @@ class Requester:
 
     # -- go-back-N -----------------------------------------------------------
     def retry_from(self, psn: int) -> None:
-        """Rewind so the next packet sent is `psn` (MR-RETRY: go-back-N)."""
+        """Rewind so the next packet sent is `psn` (go-back-N, MR-RETRY-006); the PSNs of the
+        WQEs are kept (MR-RC-005)."""
         for i, w in enumerate(self.sq):
             if w.done or w.first_psn is None:
                 continue

@@ -1,7 +1,7 @@
 """Responder: request packets -> memory, receive completions, ACKs and NAKs
 (spec 03-compat-rc.md: MR-RC, MR-ACK, MR-NAK, MR-RNR, MR-DUP, MR-ATOM; 08: MR-MEM).
 
-Ingress is a validation pipeline, in this order: PSN (expected, duplicate or
+Ingress is a validation pipeline (Table 3-4, MR-NAK-014), in this order: PSN (expected, duplicate or
 out of sequence), opcode sequence, receive WQE (RNR), key / PD / access /
 bounds, lengths -- and only then is memory touched.  READ and ATOMIC
 requests are remembered in a small ring of responder resources
@@ -34,7 +34,7 @@ U64_MASK = (1 << 64) - 1
 
 
 class Resource:
-    """A remembered READ or ATOMIC request (IBTA responder resources)."""
+    """A remembered READ or ATOMIC request (IBTA responder resources, MR-DUP-007)."""
     __slots__ = ("kind", "psn", "npsn", "mr", "offset", "length", "orig", "msn")
 
     def __init__(self, kind: str, psn: int, npsn: int, mr, offset: int, length: int, msn: int) -> None:
@@ -62,7 +62,7 @@ class Responder:
         self.write_left = 0
         self.in_progress = 0                # 0 none, MI.SEND or MI.WRITE in the middle of a message
         self.resources: list[Resource] = []
-        self.nak_sent = False               # one PSN-sequence-error NAK per ePSN (MR-NAK)
+        self.nak_sent = False               # one PSN-sequence-error NAK per ePSN (MR-NAK-003)
         self.ack_pending = False
         self.bytes_received = 0
         self.bytes_sent = 0                 # READ response payload
@@ -81,12 +81,15 @@ class Responder:
         self.qp.emit(Op.ACKNOWLEDGE, psn, 0, 0, _AETH.pack((syndrome << 24) | (self.msn & 0xFFFFFF)), None, 0, 0)
 
     def flush_ack(self) -> None:
-        """Coalesced ACK for everything received so far (MR-ACK)."""
+        """Coalesced ACK for everything received so far: PSN epsn - 1, current msn, credit
+        code 0x1F (MR-ACK-001, MR-ACK-003, MR-ACK-009); also re-ACKs duplicates (MR-DUP-002)."""
         if self.ack_pending:
             self.ack_pending = False
             self._send_syndrome((self.epsn - 1) & PSN_MASK, AETH_ACK | AETH_CREDIT_INVALID)
 
     def _nak(self, code: int, psn: int, fatal: bool, status: WCStatus, why: str) -> None:
+        """NAK with the offending packet's PSN (MR-NAK-006 to MR-NAK-008); a fatal one completes the
+        receive WQE in use, then moves the QP to ERR (MR-NAK-009, MR-QP-024)."""
         self.flush_ack()
         self._send_syndrome(psn, AETH_NAK | code)
         if fatal:
@@ -101,7 +104,7 @@ class Responder:
     def on_request(self, pkt: "RxPkt") -> None:
         d = psn_diff(pkt.psn, self.epsn)
         if d > 0:
-            # out of sequence: NAK once per ePSN, drop (MR-NAK)
+            # out of sequence: NAK once per ePSN, drop (MR-NAK-002, MR-NAK-003)
             if not self.nak_sent:
                 self.nak_sent = True
                 self.seq_naks += 1
@@ -114,7 +117,7 @@ class Responder:
         self.nak_sent = False
         op = pkt.op
         m = op.mask
-        # opcode sequence: continue the message in progress, or start a new one
+        # opcode sequence: continue the message in progress, or start a new one (MR-RC-016)
         if self.in_progress:
             if not (m & self.in_progress) or (m & MI.START):
                 self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
@@ -124,7 +127,8 @@ class Responder:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"{op.name} without FIRST")
             return
         if m & MI.NATIVE:
-            # native opcodes on a compat connection: invalid request (MR-NAT)
+            # native opcodes on a compat connection: invalid request here; MR-OPC-004 wants a drop,
+            # which the XDP program does first (WRONG_PROFILE)
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "native opcode on compat QP")
             return
         if m & MI.SEND:
@@ -139,7 +143,7 @@ class Responder:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"unexpected {op.name}")
 
     def _len_ok(self, pkt: "RxPkt") -> bool:
-        """MR-RC: FIRST/MIDDLE carry exactly one path MTU; LAST 1..MTU; ONLY 0..MTU."""
+        """MR-RC-010: FIRST/MIDDLE carry exactly one path MTU; LAST 1..MTU; ONLY 0..MTU."""
         n = len(pkt.payload)
         mtu = self.qp.pmtu
         m = pkt.op.mask
@@ -150,7 +154,8 @@ class Responder:
         return n <= mtu
 
     def _take_recv(self, pkt: "RxPkt") -> bool:
-        """A receive WQE for this message, or an RNR NAK (MR-RNR)."""
+        """A receive WQE for this message (MR-OPC-008), or an RNR NAK with the packet's PSN and
+        epsn, msn, op_state left unchanged (MR-RNR-001, MR-RNR-003)."""
         if self.rq:
             self.cur_recv = self.rq.pop(0)
             self.recv_off = 0
@@ -177,19 +182,21 @@ class Responder:
         n = len(pkt.payload)
         if self.recv_off + n > w.length:
             # the message is longer than the receive buffer: local length error here, invalid request there
+            # (MR-RC-012)
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.LOC_LEN_ERR, "SEND longer than receive buffer")
             return
-        scatter(w.sinks, self.recv_off, pkt.payload)
+        scatter(w.sinks, self.recv_off, pkt.payload)     # in order, continuing the message (MR-RC-018)
         self.recv_off += n
         self.bytes_received += n
         if m & MI.END:
             self.in_progress = 0
-            self.msn = (self.msn + 1) & 0xFFFFFF
+            self.msn = (self.msn + 1) & 0xFFFFFF         # MR-ACK-008: LAST/ONLY of a SEND
             flags = WCFlags(0)
             if pkt.imm is not None:
                 flags |= WCFlags.WITH_IMM
             if pkt.ieth is not None:
                 self.qp.ctx.invalidate_rkey(pkt.ieth, self.qp.pd)
+            # receive completion (MR-RC-019)
             self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS, opcode=WCOpcode.RECV,
                                     byte_len=self.recv_off, qp_num=self.qp.qp_num, imm_data=pkt.imm,
                                     wc_flags=flags))
@@ -204,6 +211,7 @@ class Responder:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "WRITE packet length")
             return
         if m & MI.START:
+            # key, PD, access and bounds once for the whole message (MR-MEM-025); none for 0 bytes (MR-MEM-030)
             if pkt.dma_len == 0:
                 self.write_mr, self.write_off, self.write_left = None, 0, 0
             else:
@@ -215,12 +223,13 @@ class Responder:
                 self.write_mr, self.write_off = chk
                 self.write_left = pkt.dma_len
         n = len(pkt.payload)
+        # payloads add up to the DMA Length, never beyond it (MR-RC-011, MR-MEM-028)
         if n > self.write_left or ((m & MI.END) and n != self.write_left):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
                       f"WRITE carries {n} bytes, {self.write_left} left")
             return
         if m & MI.IMMDT and not self._take_recv(pkt):
-            return                                           # RNR before touching memory
+            return                                           # RNR before touching memory (MR-MEM-027)
         if n:
             self.write_mr.mem[self.write_off:self.write_off + n] = pkt.payload
             self.write_off += n
@@ -257,6 +266,7 @@ class Responder:
         return j
 
     def _remember(self, res: Resource) -> None:
+        """At most max_dest_rd_atomic resources; a new READ/ATOMIC takes the oldest (MR-DUP-007)."""
         self.resources.append(res)
         limit = max(1, self.qp.attr_max_dest_rd_atomic)
         if len(self.resources) > limit:
@@ -273,6 +283,7 @@ class Responder:
                           f"READ rkey {pkt.rkey:#x} va {pkt.va:#x} len {pkt.dma_len}")
                 return
             mr, off = chk
+        # one PSN per response packet (MR-RC-015); msn counts the READ before its responses (MR-ACK-008)
         npsn = max(1, -(-pkt.dma_len // mtu))
         self.flush_ack()
         self.msn = (self.msn + 1) & 0xFFFFFF
@@ -303,7 +314,7 @@ class Responder:
         aeth = _AETH.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (res.msn & 0xFFFFFF))
         for k in range(start, stop):
             plen = min(mtu, res.length - k * mtu)
-            # a re-executed READ is a new response stream from first_k (MR-DUP)
+            # a re-executed READ is a new response stream from first_k (MR-DUP-003)
             if first_k == n - 1:
                 opcode, ext = Op.RDMA_READ_RESPONSE_ONLY, aeth
             elif k == first_k:
@@ -316,6 +327,7 @@ class Responder:
             self.bytes_sent += max(0, plen)
 
     def _atomic(self, pkt: "RxPkt") -> None:
+        # R_Key and bounds of [VA, VA + 8) first, then alignment (MR-ATOM-005, MR-ATOM-002, Table 3-4)
         chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, 8, Access.REMOTE_ATOMIC)
         if chk is None or not (self.qp.access & Access.REMOTE_ATOMIC):
             self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
@@ -325,7 +337,7 @@ class Responder:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "ATOMIC address not 8-byte aligned")
             return
         mr, off = chk
-        cell = mr.mem[off:off + 8].view(np.uint64)
+        cell = mr.mem[off:off + 8].view(np.uint64)       # host byte order (MR-ATOM-001, MR-ATOM-003)
         orig = int(cell[0])
         if pkt.opcode == Op.COMPARE_SWAP:
             if orig == pkt.compare:
@@ -341,11 +353,13 @@ class Responder:
         self.epsn = (self.epsn + 1) & PSN_MASK
 
     def _atomic_ack(self, res: Resource) -> None:
+        """ATOMIC ACKNOWLEDGE: the request's PSN, an ACK AETH, the original value (MR-ATOM-006)."""
         ext = _AETH_ORIG.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (res.msn & 0xFFFFFF), res.orig)
         self.qp.emit(Op.ATOMIC_ACKNOWLEDGE, res.psn, 0, 0, ext, None, 0, 0)
 
     def _duplicate(self, pkt: "RxPkt") -> None:
-        """MR-DUP: re-ACK SEND/WRITE, re-execute READ, replay ATOMIC; never re-apply to memory."""
+        """MR-DUP-002: re-ACK SEND/WRITE; MR-DUP-003: re-execute READ; MR-DUP-005: replay ATOMIC.
+        Never re-applied to memory, epsn/msn/op_state/nak_sent untouched (MR-DUP-006), counted (MR-DUP-010)."""
         self.dup_requests += 1
         m = pkt.op.mask
         if m & (MI.SEND | MI.WRITE):
@@ -363,4 +377,4 @@ class Responder:
                     self.flush_ack()
                     self._atomic_ack(res)
                 return
-        # too old to be remembered: nothing safe to do but drop it
+        # too old to be remembered, or another kind of operation: drop it (MR-DUP-003, MR-DUP-005, MR-DUP-009)

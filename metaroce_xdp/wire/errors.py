@@ -17,7 +17,7 @@ class DecodeReason(enum.IntEnum):
     NOT_IP = 2
     TRUNCATED_IP = 3
     BAD_IP_HEADER = 4        # version/IHL/length inconsistent
-    IP_OPTIONS = 5           # MR-ENC: IPv4 options are not allowed
+    IP_OPTIONS = 5           # MR-ENC-009: IPv4 options are not allowed
     IP_FRAGMENT = 6
     NOT_UDP = 7
     TRUNCATED_UDP = 8

@@ -102,7 +102,7 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
     out[b + 9] = (psn >> 16) & 0xFF
     out[b + 10] = (psn >> 8) & 0xFF
     out[b + 11] = psn & 0xFF
-    # UDP length, checksum 0 for now (ICRC masks it anyway)
+    # UDP length, checksum 0 for now (ICRC masks it anyway, MR-ICRC-006); IPv4 keeps 0 (MR-ENC-023)
     out[udp_off + 4] = (udp_len >> 8) & 0xFF
     out[udp_off + 5] = udp_len & 0xFF
     out[udp_off + 6] = 0
@@ -126,7 +126,8 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
     out[p + 3] = (crc >> 24) & 0xFF
     p += 4
     if ipv6:
-        # UDP checksum over the IPv6 pseudo-header and the whole datagram, ICRC included.
+        # UDP checksum over the IPv6 pseudo-header and the whole datagram, ICRC included
+        # (MR-ENC-024, MR-ENC-025).
         s = _csum_add(np.int64(0), out, l3 + 8, l3 + 40)
         s += np.int64(udp_len) + np.int64(17)
         s = _csum_add(s, out, udp_off, p)

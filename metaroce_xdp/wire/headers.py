@@ -46,7 +46,7 @@ class UDP(Header):
 
 # ---- IBTA transport headers (compat) -----------------------------------
 class BTH(Header):
-    """Base Transport Header, 12 bytes (MR-BTH)."""
+    """Base Transport Header, 12 bytes (MR-BTH-001); default P_Key 0xFFFF (MR-BTH-009)."""
     FIELDS = (("opcode", 8), ("se", 1), ("m", 1), ("pad", 2), ("tver", 4), ("pkey", 16),
               ("fecn", 1), ("becn", 1), ("resv6", 6), ("dest_qp", 24),
               ("ack_req", 1), ("resv7", 7), ("psn", 24))
@@ -54,12 +54,12 @@ class BTH(Header):
 
 
 class RETH(Header):
-    """RDMA Extended Transport Header: target of a WRITE or READ."""
+    """RDMA Extended Transport Header: target of a WRITE or READ (MR-XH-001)."""
     FIELDS = (("va", 64), ("rkey", 32), ("dma_len", 32))
 
 
 class AETH(Header):
-    """ACK Extended Transport Header: syndrome (ACK/RNR NAK/NAK) and MSN."""
+    """ACK Extended Transport Header: syndrome (ACK/RNR NAK/NAK) and MSN (MR-XH-006)."""
     FIELDS = (("syndrome", 8), ("msn", 24))
 
 
@@ -80,7 +80,7 @@ class IETH(Header):
 
 
 class CNPPad(Header):
-    """The 16 reserved bytes that follow the BTH of a CNP."""
+    """The 16 reserved bytes that follow the BTH of a CNP (MR-XH-016)."""
     NAME = "CNP"
     FIELDS = (("resv", 128),)
 
@@ -92,7 +92,7 @@ NETH_RETX = 0x20
 
 
 class NETH(Header):
-    """Native Extended Transport Header (MR-XH): placement and timing of a native data packet."""
+    """Native Extended Transport Header (MR-XH-017): placement and timing of a native data packet."""
     FIELDS = (("flags", 8), ("msn", 24), ("offset", 32), ("msg_len", 32), ("tsval", 32))
 
 
@@ -101,13 +101,13 @@ SACK_MAX_WORDS = 32
 
 
 class SACKETH(Header):
-    """Fixed part of the native SACK header; `bitmap_words` 32-bit words follow."""
+    """Fixed part of the native SACK header; `bitmap_words` 32-bit words follow (MR-XH-026, MR-XH-027)."""
     FIELDS = (("tsecr", 32), ("credit", 16), ("ce_count", 16), ("echo_sport", 16),
               ("bitmap_words", 8), ("flags", 8))
     _DEFAULTS = {"credit": 0xFFFF}
 
 
-# ---- AETH syndrome (MR-ACK / MR-NAK / MR-RNR) ---------------------------
+# ---- AETH syndrome (MR-XH-007) ------------------------------------------
 AETH_TYPE_MASK = 0x60
 AETH_ACK = 0x00
 AETH_RNR_NAK = 0x20

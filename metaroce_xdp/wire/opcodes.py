@@ -1,4 +1,4 @@
-"""The opcode table as data (spec 02-headers.md, MR-OPC).
+"""The opcode table as data (spec 02-headers.md, Table 2-1: MR-OPC-001, MR-OPC-009).
 
 As in Linux rxe's opcode table, code tests masks (is this a request? does it
 carry a RETH? is it the end of a message?), never lists of opcodes.  Header

@@ -100,7 +100,7 @@ class RocePacket:
         raise AttributeError(name)
 
     def sack_received_psns(self) -> list[int]:
-        """PSNs the SACK bitmap reports received (MR-SACK): bit i <-> BTH.PSN + 1 + i."""
+        """PSNs the SACK bitmap reports received (MR-XH-029): bit i <-> BTH.PSN + 1 + i."""
         out = []
         base = self.bth.psn
         for w, word in enumerate(self.sack_bitmap):
@@ -197,9 +197,9 @@ def decode(frame: bytes | bytearray | memoryview, verify_icrc: bool = True) -> R
         if ip.frag_offset or ip.flags & 1:
             raise MalformedPacket(R.IP_FRAGMENT, "fragmented IPv4", off)
         if ip.ihl != 5:
-            # Options would shift the UDP header; RoCEv2 and MR-ENC forbid them.
+            # Options would shift the UDP header; RoCEv2 and MR-ENC-009 forbid them.
             raise MalformedPacket(R.IP_OPTIONS, f"ihl {ip.ihl}", off)
-        end = l3 + ip.total_length          # drops Ethernet padding of short frames
+        end = l3 + ip.total_length          # drops Ethernet padding of short frames (MR-ENC-007)
         off += IPv4.SIZE
     elif ethertype == ETH_P_IPV6:
         if n < off + IPv6.SIZE:
@@ -292,7 +292,7 @@ def encode(opcode: int, *, src_mac: Any = "02:00:00:00:00:01", dst_mac: Any = "0
     """Build one frame.  `headers` maps extension-header names (reth, aeth, ...)
     to Header objects; the opcode decides which are required.
 
-    `udp_checksum`: None = compute on IPv6, zero on IPv4 (MR-ENC); True/False force.
+    `udp_checksum`: None = compute on IPv6, zero on IPv4 (MR-ENC-023, MR-ENC-024); True/False force.
     `pad`: None = pad payload to a multiple of 4; `icrc`: None = compute.
     """
     op = OPCODES.get(opcode)
@@ -341,6 +341,7 @@ def encode(opcode: int, *, src_mac: Any = "02:00:00:00:00:01", dst_mac: Any = "0
     if icrc is None:
         icrc = icrc_ref(l3, v == 6)
     udp_bytes = udp.pack() + bytes(l4) + icrc_bytes(icrc)
+    # the UDP checksum covers the ICRC, so it comes second (MR-ENC-025, MR-ICRC-012)
     want_csum = (v == 6) if udp_checksum is None else udp_checksum
     if want_csum:
         csum = (udp_checksum_v6 if v == 6 else udp_checksum_v4)(src, dst, udp_bytes)

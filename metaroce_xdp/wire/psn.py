@@ -1,4 +1,4 @@
-"""PSN arithmetic modulo 2^24 (spec MR-BTH: PSN is a 24-bit serial number).
+"""PSN arithmetic modulo 2^24 (MR-BTH-020: PSN is a 24-bit serial number).
 
 `a` is before `b` when (b - a) mod 2^24 lies in (0, 2^23): the same
 half-window rule as IBTA and as RFC 1982 serial numbers.
