@@ -71,16 +71,28 @@ def test_misaligned_atomic_is_invalid_request():
     assert wc.status == WCStatus.REM_INV_REQ_ERR and np.array_equal(b.buf, before)
 
 
-def test_qp_without_remote_access_flag():
-    """The QP's own access flags gate remote operations too (INIT/RTR qp_access_flags).
-
-    Expects REM_ACCESS_ERR: the code differs here from MR-RC-017 / MR-NAK-006 (b), which ask
-    for an invalid request (see docs/spec/traceability.md)."""
+@pytest.mark.parametrize("op", [WROpcode.RDMA_WRITE, WROpcode.RDMA_READ, WROpcode.ATOMIC_FETCH_AND_ADD])
+def test_qp_without_remote_access_flag(op):
+    """MR-RC-017, MR-NAK-006 (b): an operation the QP's access flags do not allow is an
+    invalid request (the MR's own flags give a remote access error, MR-MEM-021)."""
     a, b = loop_pair(b_qp_access=Access.LOCAL_WRITE)
-    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 16)],
-                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    before = b.buf.copy()
+    a.qp.post_send(SendWR(wr_id=1, opcode=op, sg_list=[a.sge(0, 8)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey, compare_add=1))
     (wc,) = wait_wcs([a, b], a, 1)
-    assert wc.status == WCStatus.REM_ACCESS_ERR
+    assert wc.status == WCStatus.REM_INV_REQ_ERR
+    assert np.array_equal(b.buf, before)
+
+
+def test_post_in_err_is_flushed():
+    """MR-QP-017, MR-QP-018, MR-QP-028: in ERR a post is accepted and completes with WR_FLUSH_ERR."""
+    a, b = loop_pair()
+    a.qp.modify(QPAttr(qp_state=QPState.ERR))
+    a.qp.post_send(SendWR(wr_id=7, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    a.qp.post_recv(RecvWR(wr_id=8, sg_list=[a.sge(0, 8)]))
+    wcs = a.cq.poll(10)
+    assert [(w.wr_id, w.status) for w in wcs] == [(7, WCStatus.WR_FLUSH_ERR), (8, WCStatus.WR_FLUSH_ERR)]
 
 
 def test_send_longer_than_receive_buffer():

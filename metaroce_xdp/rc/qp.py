@@ -241,7 +241,13 @@ class QP:
         if isinstance(wrs, SendWR):
             wrs = [wrs]
         with self.ctx.engine.lock:
-            if self.state not in (QPState.RTS, QPState.SQD):     # MR-QP-018 (ERR: raises, no flush yet)
+            if self.state == QPState.ERR:
+                # MR-QP-018, MR-QP-028: accepted and flushed, after everything posted earlier
+                for wr in wrs:
+                    self.send_cq.push(WC(wr_id=wr.wr_id, status=WCStatus.WR_FLUSH_ERR,
+                                         opcode=WC_OF_WR.get(wr.opcode, WCOpcode.SEND), qp_num=self.qp_num))
+                return
+            if self.state not in (QPState.RTS, QPState.SQD):     # MR-QP-018
                 raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_send needs RTS")
             staged: list[SendWQE] = []      # all or nothing: nothing is queued if one WR is bad
             for wr in wrs:
@@ -277,8 +283,13 @@ class QP:
         if isinstance(wrs, RecvWR):
             wrs = [wrs]
         with self.ctx.engine.lock:
-            if self.state == QPState.RESET or self.state == QPState.ERR:
-                raise InvalidState(f"QP {self.qp_num:#x} is {self.state.name}: post_recv needs INIT or later")
+            if self.state == QPState.ERR:
+                for wr in wrs:                       # MR-QP-017: accepted and flushed
+                    self.recv_cq.push(WC(wr_id=wr.wr_id, status=WCStatus.WR_FLUSH_ERR, opcode=WCOpcode.RECV,
+                                         qp_num=self.qp_num))
+                return
+            if self.state == QPState.RESET:
+                raise InvalidState(f"QP {self.qp_num:#x} is RESET: post_recv needs INIT or later")
             staged = []
             for wr in wrs:
                 if len(self.responder.rq) + len(staged) >= self.cap.max_recv_wr:

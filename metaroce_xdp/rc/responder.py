@@ -131,6 +131,14 @@ class Responder:
             # which the XDP program does first (WRONG_PROFILE)
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "native opcode on compat QP")
             return
+        need = (Access.REMOTE_WRITE if m & MI.WRITE else Access.REMOTE_READ if m & MI.READ
+                else Access.REMOTE_ATOMIC if m & MI.ATOMIC else Access(0))
+        if need and (m & MI.START) and not (self.qp.access & need):
+            # the QP does not allow this operation at all: invalid request, not an
+            # access error -- the MR's own flags are what give code 2 (MR-RC-017, MR-NAK-006(b))
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"{op.name} not allowed by the QP's access flags")
+            return
         if m & MI.SEND:
             self._send(pkt)
         elif m & MI.WRITE:
@@ -216,7 +224,7 @@ class Responder:
                 self.write_mr, self.write_off, self.write_left = None, 0, 0
             else:
                 chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, pkt.dma_len, Access.REMOTE_WRITE)
-                if chk is None or not (self.qp.access & Access.REMOTE_WRITE):
+                if chk is None:
                     self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
                               f"WRITE rkey {pkt.rkey:#x} va {pkt.va:#x} len {pkt.dma_len}")
                     return
@@ -278,7 +286,7 @@ class Responder:
             mr, off = None, 0
         else:
             chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, pkt.dma_len, Access.REMOTE_READ)
-            if chk is None or not (self.qp.access & Access.REMOTE_READ):
+            if chk is None:
                 self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
                           f"READ rkey {pkt.rkey:#x} va {pkt.va:#x} len {pkt.dma_len}")
                 return
@@ -329,7 +337,7 @@ class Responder:
     def _atomic(self, pkt: "RxPkt") -> None:
         # R_Key and bounds of [VA, VA + 8) first, then alignment (MR-ATOM-005, MR-ATOM-002, Table 3-4)
         chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, 8, Access.REMOTE_ATOMIC)
-        if chk is None or not (self.qp.access & Access.REMOTE_ATOMIC):
+        if chk is None:
             self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
                       f"ATOMIC rkey {pkt.rkey:#x} va {pkt.va:#x}")
             return
