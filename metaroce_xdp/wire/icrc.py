@@ -12,9 +12,11 @@ complement: what zlib.crc32 computes) over a pseudo-packet:
 
 The value goes on the wire least-significant byte first (MR-ICRC-010).
 
-Two implementations: `icrc_ref` (zlib, the plain-Python reference) and
-`icrc_numba` (slicing-by-8 table CRC, compiled; for the data path).  Tests
-prove they agree (MR-ICRC-016).
+Two implementations: `icrc_ref` (zlib from Python, the reference) and
+`icrc_numba` (compiled, for the data path: the masked headers through our
+slicing-by-8 table CRC `crc32_update`, the bulk through zlib's own crc32
+called by symbol from compiled code, `crc32_bulk`).  Tests prove all of
+them agree (MR-ICRC-016).
 """
 from __future__ import annotations
 
