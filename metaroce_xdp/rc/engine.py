@@ -116,7 +116,7 @@ class Engine:
         self.now = time.monotonic_ns()
         self.stats: Counter = Counter()
         self.threaded = threaded
-        self.budget = 64
+        self.budget = int(os.environ.get("METAROCE_BUDGET", "64"))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -205,7 +205,9 @@ class Engine:
         umem, addrs, lens = self.port.rx_burst_raw(self.budget)
         n = len(addrs)
         if n == 0:
+            self.stats["rx_idle_polls"] += 1
             return False
+        self.stats["rx_polls"] += 1
         i = 0
         while i < n:
             a = int(addrs[i])

@@ -86,7 +86,7 @@ class XskPort:
 
     def flush(self) -> None:
         if self.tx_n:
-            n = self.xsk.tx_burst(self.tx_addrs[:self.tx_n], self.tx_lens[:self.tx_n], kick=True)
+            n = self.xsk.tx_burst(self.tx_addrs[:self.tx_n], self.tx_lens[:self.tx_n], kick=False)
             if n < self.tx_n:
                 self.stats["tx_ring_full"] += 1
                 rest = self.tx_n - n
@@ -95,8 +95,14 @@ class XskPort:
                 self.tx_n = rest
             else:
                 self.tx_n = 0
-        else:
-            self.xsk.kick_tx()
+        # Copy mode sends at most 32 descriptors per kick: kick until the kernel has
+        # taken what we queued (bounded), so a burst is not left waiting for the next round.
+        tx = self.xsk.tx
+        for _ in range(16):
+            if int(tx.producer[0]) == int(tx.consumer[0]):
+                break
+            if not self.xsk.kick_tx():
+                break
         self.xsk.reap()
 
     # batched slots for burst.py
