@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..wire.fastpath import build_frame, frame_icrc_ok
+from ..wire.fastpath import _copy, build_frame, frame_icrc_ok
 
 OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_LAST, OP_SEND_LAST_IMM, OP_SEND_ONLY, OP_SEND_ONLY_IMM = 0, 1, 2, 3, 4, 5
 OP_WRITE_FIRST, OP_WRITE_MIDDLE, OP_WRITE_LAST, OP_WRITE_LAST_IMM, OP_WRITE_ONLY, OP_WRITE_ONLY_IMM = 6, 7, 8, 9, 10, 11
@@ -139,7 +139,7 @@ def rx_write_run(tables, umem, addrs, lens, i0, n, qpn, pmtu, mem, st):
         if not frame_icrc_ok(tables, umem, a, ln):
             break
         woff = st[1]
-        mem[woff:woff + plen] = umem[b + 12:b + 12 + plen]
+        _copy(mem, woff, umem, b + 12, plen)
         st[0] = (psn + 1) & 0xFFFFFF
         st[1] = woff + plen
         st[2] = left - plen

@@ -11,10 +11,12 @@ for byte with the reference encoder in `packet.py`, with and without the JIT.
 from __future__ import annotations
 
 import numpy as np
+from numba import config as numba_config
 from numba import njit
+from numba import types as nb_types
 
 from .headers import AETH, ETH_P_8021Q, ETH_P_IPV6
-from .icrc import CRC_TABLES, icrc_numba
+from .icrc import CRC_TABLES, _voidptr, icrc_numba
 from .packet import encode
 
 # BTH byte-1 bits
@@ -22,6 +24,9 @@ BTH_SE = 0x80
 BTH_M = 0x40
 # BTH byte-8 bits
 BTH_ACKREQ = 0x80
+
+
+_memcpy = nb_types.ExternalFunction("memcpy", nb_types.voidptr(nb_types.voidptr, nb_types.voidptr, nb_types.uint64))
 
 
 class Template:
@@ -49,6 +54,19 @@ def make_template(**kw) -> Template:
     ipv6 = int.from_bytes(frame[l2 - 2:l2], "big") == ETH_P_IPV6
     hdr = l2 + (40 if ipv6 else 20) + 8 + 12
     return Template(np.frombuffer(frame[:hdr], dtype=np.uint8).copy(), l2, ipv6)
+
+
+if numba_config.DISABLE_JIT:
+    def _copy(dst, doff, src, soff, n):
+        dst[doff:doff + n] = src[soff:soff + n]
+else:
+    @njit(cache=True, nogil=True)
+    def _copy(dst, doff, src, soff, n):
+        """dst[doff:doff+n] = src[soff:soff+n] through libc memcpy: numba's slice assignment
+        (and a plain loop) run at about a byte per nanosecond here; memcpy is 20x faster.
+        Source and destination never overlap (UMEM frame vs message memory)."""
+        if n > 0:
+            _memcpy(_voidptr(dst, doff), _voidptr(src, soff), np.uint64(n))
 
 
 @njit(cache=True, nogil=True)
@@ -85,7 +103,7 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
     for i in range(ext_len):
         out[p + i] = ext[i]
     p += ext_len
-    out[p:p + pay_len] = payload[pay_off:pay_off + pay_len]
+    _copy(out, p, payload, pay_off, pay_len)
     p += pay_len
     for i in range(pad):
         out[p + i] = 0
