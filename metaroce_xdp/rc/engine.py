@@ -116,7 +116,9 @@ class Engine:
         self.now = time.monotonic_ns()
         self.stats: Counter = Counter()
         self.threaded = threaded
-        self.budget = int(os.environ.get("METAROCE_BUDGET", "64"))
+        # packets per progress round, and in flight per QP: tunables (also through the environment)
+        self.budget = int(os.environ.get("METAROCE_BUDGET", "256"))
+        self.window = int(os.environ.get("METAROCE_WINDOW", "1024"))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -126,7 +128,7 @@ class Engine:
         nob = os.environ.get("METAROCE_NO_BURST") == "1"
         self.burst_tx = hasattr(port, "tx_slots") and not nob
         self.burst_rx = hasattr(port, "rx_burst_raw") and not nob
-        self._lens = np.zeros(1024, np.uint32)
+        self._lens = np.zeros(4096, np.uint32)
         _warm_up()
 
     # -- TX ---------------------------------------------------------------------

@@ -55,7 +55,7 @@ class Requester:
         self.psn_next = 0               # next PSN never used
         self.acked_psn = PSN_MASK       # highest cumulatively acknowledged PSN
         self.pause_until = 0            # RNR back-off: no sending before this time (ns)
-        self.max_inflight = 256         # packets between the oldest unacked PSN and the next
+        self.max_inflight = qp.ctx.engine.window   # packets between the oldest unacked PSN and the next
         self.burst = qp.ctx.engine.burst_tx   # segment messages with the compiled builder (burst.py)
         self.packets_sent = 0
         self.retransmits = 0
