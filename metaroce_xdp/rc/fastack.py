@@ -60,8 +60,8 @@ class FastAck:
         work = False
         for qpn in self.installed:
             qp = engine.qps.get(qpn)
-            if qp is None or qp.state not in (QPState.RTS, QPState.SQD, QPState.SQE):
-                continue
+            if qp is None or not qp.requester.sq or qp.state not in (QPState.RTS, QPState.SQD, QPState.SQE):
+                continue                 # nothing outstanding: an ACK now could only be stale
             slot = self.loader.qp(qpn)
             seq = int(slot["ack_seq"])
             last = self.seen[qpn]

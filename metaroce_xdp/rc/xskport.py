@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..afxdp import rings
 from ..afxdp.xsk import Umem, XskSocket
 from ..netinfo import iface_info, resolve_mac
 from ..verbs_types import PATH_MTUS
@@ -51,6 +52,8 @@ class XskPort:
         self.tx_lens = np.empty(ring, np.uint32)
         self.tx_n = 0
         self._rx_addrs = None
+        self._rx_a = np.empty(ring, np.uint64)           # reused by every rx_burst_raw
+        self._rx_l = np.empty(ring, np.uint32)
         self.stats = {"tx_ring_full": 0, "tx_no_frame": 0}
         self.closed = False
 
@@ -134,12 +137,14 @@ class XskPort:
             self.flush()
 
     def rx_burst_raw(self, max_n: int):
-        addrs, lens = self.xsk.rx_burst(max_n)
-        if len(addrs) == 0:
+        max_n = min(max_n, len(self._rx_a))
+        r = self.xsk.rx
+        n = int(rings.rx_burst(r.producer, r.consumer, r.descs, self._rx_a, self._rx_l, max_n))
+        if n == 0:
             self.xsk.wake_rx()
-        else:
-            self._rx_addrs = addrs
-        return self.frames, addrs, lens
+            return self.frames, self._rx_a[:0], self._rx_l[:0]
+        self._rx_addrs = self._rx_a[:n].copy()      # freed in rx_done, after the engine is through
+        return self.frames, self._rx_a[:n], self._rx_l[:n]
 
     # -- RX ----------------------------------------------------------------------
     def rx_burst(self, max_n: int):
