@@ -45,6 +45,18 @@ _libc = ct.CDLL(None, use_errno=True)
 _CLONE_NEWNET = 0x40000000
 
 
+def pin_name(ifname: str) -> str:
+    """The pin directory of an interface: its name in the initial network namespace,
+    `<ifname>@netns<inode>` in any other (bpffs is shared by every namespace that
+    mounts it, so names alone would collide)."""
+    try:
+        here = os.stat("/proc/thread-self/ns/net").st_ino
+        init = os.stat("/proc/1/ns/net").st_ino
+    except OSError:
+        return ifname
+    return ifname if here == init else f"{ifname}@netns{here}"
+
+
 class XdpMode(enum.Enum):
     DRV = "drv"      # native driver mode (veth supports it; the default)
     SKB = "skb"      # generic mode: any interface, slower, no zero-copy AF_XDP
@@ -223,8 +235,13 @@ class XdpLoader:
             os.close(nsfd)
         self.unpin()
 
-    def pin(self, ifname: str) -> Path:
-        d = Path(PIN_ROOT) / ifname
+    def pin(self, ifname: str) -> Path | None:
+        """Pin the maps the CLI reads under PIN_ROOT/<pin_name(ifname)>/; skipped (None)
+        when bpffs is not mounted, e.g. under `ip netns exec`, which remounts /sys."""
+        if not os.path.ismount(os.path.dirname(PIN_ROOT)):
+            self._pin_dir = None
+            return None
+        d = Path(PIN_ROOT) / pin_name(ifname)
         d.mkdir(parents=True, exist_ok=True)
         for name in PINNED_MAPS:
             p = d / name
