@@ -49,7 +49,7 @@ class Host:
             q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
             q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0, path_mtu=1024,
                             dgid=peer.ctx.gid, max_dest_rd_atomic=8, min_rnr_timer=1))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=10, retry_cnt=7, rnr_retry=7, max_rd_atomic=8))
+            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=8))
 
     def sge(self, off: int, n: int) -> SGE:
         return SGE(self.mr.addr + off, n, self.mr.lkey)

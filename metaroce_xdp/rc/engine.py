@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -275,6 +276,10 @@ class Engine:
 
     def start(self) -> None:
         if self._thread is None:
+            # A progress thread shares the interpreter: with the default 5 ms GIL switch
+            # interval a busy peer thread (another engine, the application) could starve it
+            # past a short local ACK timeout.  0.5 ms bounds that wait.
+            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
             self.threaded = True
             self._thread = threading.Thread(target=self._run, name="metaroce-progress", daemon=True)
             self._thread.start()
@@ -290,6 +295,11 @@ class Engine:
                 did = False
             if did:
                 idle = 0
+                # Hand the GIL over after each productive round: otherwise a busy engine
+                # keeps it for the interpreter's 5 ms switch interval, and another engine
+                # (or the application) in this process stalls for longer than a short
+                # local ACK timeout.
+                time.sleep(0)
                 continue
             idle += 1
             if idle > 50:
