@@ -354,3 +354,33 @@ def test_ipv6_and_the_largest_path_mtu(ipv6, mtu, pmtu):
         for c in ctxs:
             c.close()
         topo.close()
+
+
+@pytest.mark.skipif(shutil.which("nsenter") is None, reason="nsenter (util-linux) needed")
+def test_cli_reads_the_pinned_maps(pair):
+    """`metaroce qp` / `metaroce stat` read what the kernel side holds, from another process,
+    through the maps pinned under /sys/fs/bpf/metaroce/ (`rdma res show qp` habits)."""
+    topo, a, b = pair
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 100_000)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    wait_wcs(_players(a, b), a, 1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def cli(*args):
+        r = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m",
+                            "tools.metaroce_cli", *args], capture_output=True, text=True, timeout=120, cwd=root)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    rows = json.loads(cli("qp", "-d", "mr0", "--json"))
+    mine = [r for r in rows if r["qpn"] == a.qp.qp_num]
+    assert len(mine) == 1
+    r = mine[0]
+    assert r["state"] == "RTS" and r["peer"] == "10.77.0.2" and r["dest_qpn"] == b.qp.qp_num
+    assert r["acks"] >= 1 and r["ack_psn"] == (r["snd_nxt"] - 1) & 0xFFFFFF    # everything acknowledged
+    assert "RTS" in cli("qp", "-d", "mr0")
+    c = json.loads(cli("stat", "-d", "mr0", "--json"))
+    assert c["events"]["ACK_CONSUMED"] >= 1 and "UNKNOWN_QP" in c["drops"]
+    bad = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m", "tools.metaroce_cli",
+                          "qp", "-d", "nosuch0"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert bad.returncode == 2 and "no MetaRoCE endpoint pinned" in bad.stderr

@@ -121,6 +121,40 @@ def pingpong_cmd(
         raise typer.Exit(130)
 
 
+@app.command("qp")
+def qp_cmd(
+    dev: str = typer.Option(..., "-d", "--dev", help="interface the endpoint runs on"),
+    as_json: bool = typer.Option(False, "--json", help="a JSON list, one object per QP"),
+) -> None:
+    """QPs the endpoint's XDP program knows, with the ACK fast path's view (like `rdma res show qp`)."""
+    import json as _json
+
+    from . import qpstat
+    try:
+        rows = qpstat.read_qps(dev)
+    except (qpstat.StatError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(_json.dumps(rows) if as_json else qpstat.format_qps(rows))
+
+
+@app.command("stat")
+def stat_cmd(
+    dev: str = typer.Option(..., "-d", "--dev", help="interface the endpoint runs on"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+) -> None:
+    """The XDP program's counters: events and drops by named reason."""
+    import json as _json
+
+    from . import qpstat
+    try:
+        c = qpstat.read_counters(dev)
+    except (qpstat.StatError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(_json.dumps(c) if as_json else qpstat.format_counters(c))
+
+
 def main() -> None:
     app(prog_name="metaroce")
 

@@ -72,3 +72,58 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1) -> TestRunResult:
 def obj_pin(fd: int, path: str) -> None:
     p = ctypes.create_string_buffer(os.fsencode(path))
     _bpf(BPF_OBJ_PIN, _ObjAttr(pathname=ctypes.addressof(p), bpf_fd=fd))
+
+
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_OBJ_GET = 7
+BPF_OBJ_GET_INFO_BY_FD = 15
+
+
+class _MapElemAttr(ctypes.Structure):
+    # union bpf_attr, BPF_MAP_*_ELEM
+    _fields_ = [("map_fd", ctypes.c_uint32), ("_pad", ctypes.c_uint32), ("key", ctypes.c_uint64),
+                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+class _InfoAttr(ctypes.Structure):
+    # union bpf_attr, `info` member (BPF_OBJ_GET_INFO_BY_FD)
+    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
+
+
+class MapInfo(ctypes.Structure):
+    # struct bpf_map_info, leading fields
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
+                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32),
+                ("map_flags", ctypes.c_uint32), ("name", ctypes.c_char * 16)]
+
+
+def obj_get(path: str) -> int:
+    """fd of a pinned object (BPF_OBJ_GET); the caller closes it."""
+    p = ctypes.create_string_buffer(os.fsencode(path))
+    return _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ctypes.addressof(p)))
+
+
+def map_info(fd: int) -> MapInfo:
+    info = MapInfo()
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info)))
+    return info
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs (per-CPU map values come in this many slots)."""
+    with open("/sys/devices/system/cpu/possible") as f:
+        text = f.read().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n = max(n, int(hi or lo) + 1)
+    return n
+
+
+def percpu_u64_sum(fd: int, key: int) -> int:
+    """Sum over CPUs of a per-CPU array's u64 value at `key`."""
+    ncpu = possible_cpus()
+    k = ctypes.c_uint32(key)
+    vals = (ctypes.c_uint64 * ncpu)()
+    _bpf(BPF_MAP_LOOKUP_ELEM, _MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(vals)))
+    return int(sum(vals))
