@@ -384,3 +384,28 @@ def test_cli_reads_the_pinned_maps(pair):
     bad = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m", "tools.metaroce_cli",
                           "qp", "-d", "nosuch0"], capture_output=True, text=True, timeout=120, cwd=root)
     assert bad.returncode == 2 and "no MetaRoCE endpoint pinned" in bad.stderr
+
+
+def test_64mib_write_and_read_over_veth(fabric):
+    """The issue's largest size class on real interfaces: one 64 MiB WRITE and one 64 MiB READ."""
+    topo, a0, b0, _, _ = fabric
+    n = 64 << 20
+    a = NsPlayer(topo, a0.ns, a0.ctx, n)
+    b = NsPlayer(topo, b0.ns, b0.ctx, n)
+    a.new_qp(), b.new_qp()
+    a.connect(b), b.connect(a)
+    a.buf[::4096] = 7
+    a.buf[-1] = 0xAB
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs(_players(a, b), a, 1, timeout=240)
+    assert wc.status == WCStatus.SUCCESS and wc.byte_len == n
+    assert zlib.crc32(b.buf) == zlib.crc32(a.buf)
+    b.buf[::8192] = 3
+    a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, n)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs(_players(a, b), a, 1, timeout=240)
+    assert wc.status == WCStatus.SUCCESS and zlib.crc32(b.buf) == zlib.crc32(a.buf)
+    for p in (a, b):
+        p.ctx.destroy_qp(p.qp)
+        p.ctx.dereg_mr(p.mr)
