@@ -372,14 +372,15 @@ def test_cli_reads_the_pinned_maps(pair):
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    rows = json.loads(cli("qp", "-d", "mr0", "--json"))
+    pin = str(a.ctx.loader._pin_dir)              # where this endpoint pinned its maps
+    rows = json.loads(cli("qp", "-d", "mr0", "--json", "--pin-dir", pin))
     mine = [r for r in rows if r["qpn"] == a.qp.qp_num]
     assert len(mine) == 1
     r = mine[0]
     assert r["state"] == "RTS" and r["peer"] == "10.77.0.2" and r["dest_qpn"] == b.qp.qp_num
     assert r["acks"] >= 1 and r["ack_psn"] == (r["snd_nxt"] - 1) & 0xFFFFFF    # everything acknowledged
-    assert "RTS" in cli("qp", "-d", "mr0")
-    c = json.loads(cli("stat", "-d", "mr0", "--json"))
+    assert "RTS" in cli("qp", "-d", "mr0", "--pin-dir", pin)
+    c = json.loads(cli("stat", "-d", "mr0", "--json", "--pin-dir", pin))
     assert c["events"]["ACK_CONSUMED"] >= 1 and "UNKNOWN_QP" in c["drops"]
     bad = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m", "tools.metaroce_cli",
                           "qp", "-d", "nosuch0"], capture_output=True, text=True, timeout=120, cwd=root)

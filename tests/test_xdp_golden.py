@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from metaroce_xdp.kern.loader import pin_name
 from typing import Callable
 
 import pytest
@@ -432,7 +434,7 @@ def test_veth_in_netns_ping_and_counters():
         ld.install_qp(0x11, peer_ip=peer_ip, dest_qpn=0x22, init_psn=INIT_PSN)
         ld.qp(0x11)["snd_nxt"] = SND_NXT
         ld.attach(host_if)
-        pin = Path("/sys/fs/bpf/metaroce") / host_if
+        pin = Path("/sys/fs/bpf/metaroce") / pin_name(host_if)
         assert all((pin / m).exists() for m in ("mr_qps", "mr_drops", "mr_events", "mr_cfg"))
 
         ping = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", PINGER, host_ip, "2"],
@@ -455,6 +457,6 @@ def test_veth_in_netns_ping_and_counters():
     finally:
         if ld is not None:
             ld.close()
-            assert not (Path("/sys/fs/bpf/metaroce") / host_if).exists()
+            assert not (Path("/sys/fs/bpf/metaroce") / pin_name(host_if)).exists()
         _sh("ip", "link", "del", host_if, check=False)
         _sh("ip", "netns", "del", ns, check=False)

@@ -125,13 +125,14 @@ def pingpong_cmd(
 def qp_cmd(
     dev: str = typer.Option(..., "-d", "--dev", help="interface the endpoint runs on"),
     as_json: bool = typer.Option(False, "--json", help="a JSON list, one object per QP"),
+    pin_dir: Optional[str] = typer.Option(None, "--pin-dir", help="read the maps pinned here instead"),
 ) -> None:
     """QPs the endpoint's XDP program knows, with the ACK fast path's view (like `rdma res show qp`)."""
     import json as _json
 
     from . import qpstat
     try:
-        rows = qpstat.read_qps(dev)
+        rows = qpstat.read_qps(dev, pin_dir)
     except (qpstat.StatError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
@@ -142,13 +143,14 @@ def qp_cmd(
 def stat_cmd(
     dev: str = typer.Option(..., "-d", "--dev", help="interface the endpoint runs on"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+    pin_dir: Optional[str] = typer.Option(None, "--pin-dir", help="read the maps pinned here instead"),
 ) -> None:
     """The XDP program's counters: events and drops by named reason."""
     import json as _json
 
     from . import qpstat
     try:
-        c = qpstat.read_counters(dev)
+        c = qpstat.read_counters(dev, pin_dir)
     except (qpstat.StatError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -28,8 +28,8 @@ class StatError(Exception):
     pass
 
 
-def pin_dir(ifname: str) -> Path:
-    d = Path(PIN_ROOT) / pin_name(ifname)
+def pin_dir(ifname: str, override: str | None = None) -> Path:
+    d = Path(override) if override else Path(PIN_ROOT) / pin_name(ifname)
     if not d.is_dir():
         if not os.path.ismount(os.path.dirname(PIN_ROOT)):
             raise StatError(f"bpffs is not mounted at {os.path.dirname(PIN_ROOT)} "
@@ -39,8 +39,8 @@ def pin_dir(ifname: str) -> Path:
     return d
 
 
-def read_qps(ifname: str) -> list[dict]:
-    d = pin_dir(ifname)
+def read_qps(ifname: str, pin: str | None = None) -> list[dict]:
+    d = pin_dir(ifname, pin)
     fd = bpfsys.obj_get(str(d / "mr_qps"))
     try:
         info = bpfsys.map_info(fd)
@@ -68,8 +68,8 @@ def read_qps(ifname: str) -> list[dict]:
     return out
 
 
-def read_counters(ifname: str) -> dict:
-    d = pin_dir(ifname)
+def read_counters(ifname: str, pin: str | None = None) -> dict:
+    d = pin_dir(ifname, pin)
     res = {}
     for name, enum_cls in (("mr_drops", DropReason), ("mr_events", Event)):
         fd = bpfsys.obj_get(str(d / name))

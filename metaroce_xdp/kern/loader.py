@@ -51,9 +51,12 @@ def pin_name(ifname: str) -> str:
     mounts it, so names alone would collide)."""
     try:
         here = os.stat("/proc/thread-self/ns/net").st_ino
-        init = os.stat("/proc/1/ns/net").st_ino
     except OSError:
         return ifname
+    try:
+        init = os.stat("/proc/1/ns/net").st_ino
+    except OSError:
+        init = None          # PID 1 not ours to inspect (a sandbox): always qualify the name
     return ifname if here == init else f"{ifname}@netns{here}"
 
 
