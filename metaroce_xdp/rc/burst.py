@@ -29,6 +29,21 @@ OP_WRITE_FIRST, OP_WRITE_MIDDLE, OP_WRITE_LAST, OP_WRITE_LAST_IMM, OP_WRITE_ONLY
 
 
 @njit(cache=True, nogil=True)
+def segment_opcode(is_write, has_imm, k, npkts):
+    """Opcode of packet k of an npkts-packet SEND or WRITE (MR-RC-003).  IBTA lays both
+    families out alike -- FIRST, MIDDLE, LAST, LAST_IMM, ONLY, ONLY_IMM from a base of
+    0 (SEND) or 6 (WRITE) -- so one rule serves both."""
+    base = OP_WRITE_FIRST if is_write else OP_SEND_FIRST
+    if npkts == 1:
+        return base + (5 if has_imm else 4)
+    if k == 0:
+        return base
+    if k == npkts - 1:
+        return base + (3 if has_imm else 2)
+    return base + 1
+
+
+@njit(cache=True, nogil=True)
 def tx_segment(tables, umem, addrs, lens, nmax, tmpl, tmpl_len, l3_off, ipv6, is_write, has_imm,
                reth, imm, data, length, pmtu, k0, npkts, psn0, ackreq_every, se_last):
     """Build packets k0, k0+1, ... (at most nmax) of one message into umem at addrs[j]; lens[j] gets
@@ -40,28 +55,11 @@ def tx_segment(tables, umem, addrs, lens, nmax, tmpl, tmpl_len, l3_off, ipv6, is
         last = k == npkts - 1
         first = k == 0
         ext_len = 0
-        if is_write:
-            if npkts == 1:
-                op = OP_WRITE_ONLY_IMM if has_imm else OP_WRITE_ONLY
-            elif first:
-                op = OP_WRITE_FIRST
-            elif last:
-                op = OP_WRITE_LAST_IMM if has_imm else OP_WRITE_LAST
-            else:
-                op = OP_WRITE_MIDDLE
-            if first:
-                for b in range(16):
-                    ext[b] = reth[b]
-                ext_len = 16
-        else:
-            if npkts == 1:
-                op = OP_SEND_ONLY_IMM if has_imm else OP_SEND_ONLY
-            elif first:
-                op = OP_SEND_FIRST
-            elif last:
-                op = OP_SEND_LAST_IMM if has_imm else OP_SEND_LAST
-            else:
-                op = OP_SEND_MIDDLE
+        op = segment_opcode(is_write, has_imm, k, npkts)
+        if is_write and first:
+            for b in range(16):
+                ext[b] = reth[b]
+            ext_len = 16
         if last and has_imm:
             for b in range(4):
                 ext[ext_len + b] = imm[b]

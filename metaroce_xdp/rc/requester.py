@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..verbs_types import SendFlags, WROpcode
 from ..wire.opcodes import Op
 from ..wire.psn import PSN_MASK, psn_diff
+from .burst import segment_opcode
 from .wqe import SendWQE
 
 if TYPE_CHECKING:
@@ -25,26 +26,6 @@ _IMM = struct.Struct("!I")
 _ATOM = struct.Struct("!QIQQ")
 
 ACKREQ_EVERY = 32          # AckReq inside long messages, so ACKs keep the window open (MR-ACK-013: <= 64)
-
-
-def _write_opcode(k: int, n: int, imm: bool) -> int:
-    if n == 1:
-        return Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE if imm else Op.RDMA_WRITE_ONLY
-    if k == 0:
-        return Op.RDMA_WRITE_FIRST
-    if k == n - 1:
-        return Op.RDMA_WRITE_LAST_WITH_IMMEDIATE if imm else Op.RDMA_WRITE_LAST
-    return Op.RDMA_WRITE_MIDDLE
-
-
-def _send_opcode(k: int, n: int, imm: bool) -> int:
-    if n == 1:
-        return Op.SEND_ONLY_WITH_IMMEDIATE if imm else Op.SEND_ONLY
-    if k == 0:
-        return Op.SEND_FIRST
-    if k == n - 1:
-        return Op.SEND_LAST_WITH_IMMEDIATE if imm else Op.SEND_LAST
-    return Op.SEND_MIDDLE
 
 
 class Requester:
@@ -142,12 +123,12 @@ class Requester:
                 last = k == n - 1
                 imm = w.opcode in (WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND_WITH_IMM)
                 if w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM):
-                    opcode = _write_opcode(k, n, imm)
+                    opcode = segment_opcode(True, imm, k, n)
                     ext = b""
                     if k == 0:                              # RETH in FIRST/ONLY only (MR-RC-007, MR-XH-002)
                         ext = _RETH.pack(w.wr.remote_addr, w.wr.rkey, w.length)
                 else:
-                    opcode = _send_opcode(k, n, imm)
+                    opcode = segment_opcode(False, imm, k, n)
                     ext = b""
                 if last and imm:
                     ext += _IMM.pack(w.wr.imm_data & 0xFFFFFFFF)
