@@ -74,7 +74,7 @@ class NsPlayer:
 def fabric():
     topo, left, right = switched_hosts()
     cap_path = f"/tmp/metaroce-e2e-{os.getpid()}.pcap"
-    cap = topo.popen(topo[1], ["tcpdump", "-q", "-i", "sw0", "-w", cap_path, "-U", "udp port 4791"],
+    cap = topo.popen(topo[1], ["tcpdump", "-q", "--immediate-mode", "-B", "131072", "-i", "sw0", "-w", cap_path, "-U", "udp port 4791"],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     a = b = None
     try:

@@ -326,9 +326,10 @@ def test_capture_of_a_perf_run_decodes_as_rocev2(tmp_path):
     topo, _, _ = switched_hosts()
     pcap = tmp_path / "perf.pcap"
     try:
-        cap = topo.popen(topo[1], ["tcpdump", "-q", "-U", "-i", "sw0", "-w", str(pcap), "udp port 4791"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
+        cap = topo.popen(topo[1], ["tcpdump", "-q", "-U", "--immediate-mode", "-B", "131072", "-i", "sw0", "-w", str(pcap), "udp port 4791"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # frames sent before tcpdump has attached would be missing from the capture
+        assert "listening on" in cap.stderr.readline()
         args = ["perf", "write-bw", "-s", "65536", "-n", "40", "-p", "18515", "--json"]
         srv = Proc(topo, topo[2], [*args, "-d", "mr1"])
         srv.wait_for("Waiting for client")
@@ -337,6 +338,7 @@ def test_capture_of_a_perf_run_decodes_as_rocev2(tmp_path):
         assert crc == 0 and src == 0, cerr + serr
         time.sleep(0.5)
         cap.terminate()
+        cap_stats = cap.stderr.read()
         cap.wait(timeout=10)
     finally:
         topo.close()
@@ -344,7 +346,7 @@ def test_capture_of_a_perf_run_decodes_as_rocev2(tmp_path):
                        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     names = {x["opcode_name"] for x in rows}
-    assert len(rows) >= 40 * 64
+    assert len(rows) >= 40 * 64, cap_stats
     assert all(x["icrc_ok"] for x in rows)
     assert {"RDMA_WRITE_FIRST", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST", "ACKNOWLEDGE"} <= names
     t = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.protocols"],
