@@ -31,7 +31,8 @@ from ipaddress import ip_interface
 
 from pyroute2 import NetNS, netns
 
-__all__ = ["TopologyError", "Endpoint", "VethPair", "Topology", "two_hosts", "unique_ns_name"]
+__all__ = ["TopologyError", "Endpoint", "VethPair", "Topology", "two_hosts", "switched_hosts", "RoutedHosts",
+           "routed_hosts", "unique_ns_name"]
 
 CLONE_NEWNET = 0x40000000
 IFA_F_NODAD = 0x02
@@ -380,3 +381,122 @@ def switched_hosts(*, mtu: int = 1500, prefix: str = "mr") -> tuple[Topology, Ve
     except BaseException:
         topo.close()
         raise
+
+
+@dataclass
+class RoutedHosts:
+    """Hosts A and B in different subnets, joined by a chain of IP routers (see routed_hosts).
+
+    Fields, in path order from A to B:
+      topo       the Topology (close it, or use this object as a context manager)
+      a, b       the hosts' interfaces (Endpoint: ns, ifname "mr0" / "mr1", mac, ipv4, ipv6)
+      routers    router namespaces, routers[0] next to A
+      links      the veth pairs: links[k] joins segment k (A-R1, R1-R2, ..., Rn-B); links[k].a is the
+                 left (A-side) end, links[k].b the right end
+      toward_a   the router-side Endpoint whose egress leads to A (routers[0], ifname "rA"):
+                 attach a tc fault injector here to disturb B->A traffic
+      toward_b   the router-side Endpoint whose egress leads to B (routers[-1], ifname "rB")
+      gw_a, gw_b the gateways A and B route through: {"ipv4": ..., "ipv6": ...}
+    """
+
+    topo: Topology
+    a: Endpoint
+    b: Endpoint
+    routers: list[str]
+    links: list[VethPair]
+    toward_a: Endpoint
+    toward_b: Endpoint
+    gw_a: dict
+    gw_b: dict
+
+    def ip(self, host: str, ipv6: bool = False) -> str:
+        """Address of host "a" or "b" in the given family."""
+        ep = self.a if host == "a" else self.b
+        return ep.ipv6 if ipv6 else ep.ipv4
+
+    def close(self) -> None:
+        self.topo.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _segment(k: int, v6: bool) -> tuple[str, str, str]:
+    """Addresses of segment k (left end, right end, network): 10.78.k.0/24 and fd78:k::/64."""
+    if v6:
+        net = ip_interface(f"fd78:{k:x}::/64").network
+        return str(net[1]), str(net[2]), str(net)
+    return f"10.78.{k}.1", f"10.78.{k}.2", f"10.78.{k}.0/24"
+
+
+def routed_hosts(*, routers: int = 1, ipv6: bool = True, mtu: int = 1500, default_route: bool = True,
+                 prefix: str = "mr") -> RoutedHosts:
+    """Hosts A and B in two subnets, joined by a chain of `routers` IP routers (namespaces with
+    net.ipv4.ip_forward=1 and net.ipv6.conf.all.forwarding=1).
+
+        A mr0 ==seg 0== rA R1 [r1b ==seg 1== r2a R2 ...] rB ==seg n== mr1 B
+
+    Segment k is 10.78.k.0/24 (and fd78:k::/64 when ipv6): its left end is .1 (::1), its right
+    end .2 (::2).  So A is 10.78.0.1 with gateway 10.78.0.2 (R1), B is 10.78.<n>.2 with gateway
+    10.78.<n>.1 (the last router).  Hosts get a default route via their router (default_route=True)
+    or a route to the other host's subnet only; routers get routes to every segment they are not
+    on, through their neighbour.  Every route is set with pyroute2; IPv6 addresses use IFA_F_NODAD.
+
+    Router interfaces: the first router's interface towards A is "rA", the last router's towards B
+    is "rB"; between routers i and i+1 (1-based) they are "r<i>b" and "r<i+1>a".  Frames an AF_XDP
+    socket sends skip the sender's tc egress hook, so inject faults on router egress:
+    `toward_b` (B-bound traffic) and `toward_a` (A-bound traffic) of the result."""
+    if routers < 1:
+        raise TopologyError("routed_hosts needs at least one router")
+    n = routers
+    topo = Topology(n + 2, prefix=prefix)
+    try:
+        names = topo.names
+        host_a, host_b, rns = names[0], names[n + 1], names[1:n + 1]
+        chain = [host_a, *rns, host_b]
+        links: list[VethPair] = []
+        for k in range(n + 1):                     # segment k joins chain[k] and chain[k+1]
+            left = "mr0" if k == 0 else "rB" if k == n else f"r{k}b"
+            right = "mr1" if k == n else "rA" if k == 0 else f"r{k + 1}a"
+            l4, r4, _ = _segment(k, False)
+            l6, r6, _ = _segment(k, True)
+            links.append(topo.add_veth(chain[k], chain[k + 1], left, right, mtu=mtu,
+                                       ipv4=(f"{l4}/24", f"{r4}/24"),
+                                       ipv6=(f"{l6}/64", f"{r6}/64") if ipv6 else None))
+        for ns in rns:
+            topo.run(ns, ["sysctl", "-qw", "net.ipv4.ip_forward=1"], timeout=10)
+            if ipv6:
+                topo.run(ns, ["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"], timeout=10)
+        fams = [False, True] if ipv6 else [False]
+        for v6 in fams:
+            dflt = "::/0" if v6 else "0.0.0.0/0"
+            # A: via R1 (right end of segment 0); B: via Rn (left end of segment n)
+            for host, seg, gw_side, other in ((host_a, 0, 1, n), (host_b, n, 0, 0)):
+                gw = _segment(seg, v6)[gw_side]
+                _add_route(topo, host, dflt if default_route else _segment(other, v6)[2], gw)
+            for i, ns in enumerate(rns, start=1):    # router i sits between segments i-1 and i
+                for k in range(n + 1):
+                    if k in (i - 1, i):
+                        continue
+                    gw = _segment(i - 1, v6)[0] if k < i - 1 else _segment(i, v6)[1]
+                    _add_route(topo, ns, _segment(k, v6)[2], gw)
+        gw_a = {"ipv4": _segment(0, False)[1], "ipv6": _segment(0, True)[1] if ipv6 else None}
+        gw_b = {"ipv4": _segment(n, False)[0], "ipv6": _segment(n, True)[0] if ipv6 else None}
+        return RoutedHosts(topo, links[0].a, links[-1].b, list(rns), links, links[0].b, links[-1].a, gw_a, gw_b)
+    except BaseException:
+        topo.close()
+        raise
+
+
+def _add_route(topo: Topology, ns: str, dst: str, gateway: str) -> None:
+    net = ip_interface(dst).network
+    kw = {"dst": str(net.network_address), "dst_len": net.prefixlen, "gateway": gateway}
+    if net.version == 6:
+        kw["family"] = 10
+    try:
+        topo.ipr(ns).route("add", **kw)
+    except Exception as e:
+        raise TopologyError(f"route {dst} via {gateway} in {ns}: {e}") from e
