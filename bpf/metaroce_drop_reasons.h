@@ -39,7 +39,8 @@ enum mr_drop_reason {
 	MR_DROP_TRUNCATED_EXT   = 14,
 	MR_DROP_BAD_PAD         = 15,
 	MR_DROP_BAD_FIELD       = 16,  /* e.g. SACK bitmap_words > 32, reserved AETH syndrome */
-	/* 17..31 reserved for future DecodeReason values */
+	MR_DROP_BAD_IP_CSUM     = 17,  /* UDP/4791 in IPv4 whose header checksum is wrong (MR-ENC-013) */
+	/* 18..31 reserved for future DecodeReason values */
 	/* --- kernel-only --- */
 	MR_DROP_UNKNOWN_QP      = 32,  /* slot empty or slot.qpn != BTH.DestQP */
 	MR_DROP_QP_STATE        = 33,  /* QP state does not accept this packet class */
@@ -49,12 +50,13 @@ enum mr_drop_reason {
 	MR_DROP_BAD_ICRC        = 37,  /* ACKNOWLEDGE whose ICRC does not match */
 	MR_DROP_STALE_ACK       = 38,  /* ACK/NAK PSN outside [snd_una - 1, snd_nxt) */
 	MR_DROP_ACK_BUSY        = 39,  /* another CPU held the QP's ack seqcount */
+	MR_DROP_BAD_PKEY        = 40,  /* P_Key invalid or not a member of the QP's partition (MR-BTH-010) */
 	MR_DROP__MAX,
 };
 
 /* Things that happened, counted per CPU in mr_events; never renumbered.
- * Every packet is exactly one of PASSED, STEERED, ACK/NAK/RNR_CONSUMED or
- * DROPPED, so their sum is the number of packets the program saw. */
+ * Every packet is exactly one of PASSED, STEERED, ACK/NAK/RNR/CNP_CONSUMED
+ * or DROPPED, so their sum is the number of packets the program saw. */
 enum mr_event {
 	MR_EV_PASSED        = 0,  /* XDP_PASS: not MetaRoCE for this endpoint */
 	MR_EV_STEERED       = 1,  /* XDP_REDIRECT to the AF_XDP socket */
@@ -63,7 +65,8 @@ enum mr_event {
 	MR_EV_RNR_CONSUMED  = 4,  /* RNR NAK applied */
 	MR_EV_DROPPED       = 5,  /* XDP_DROP with a reason in mr_drops (consumed ACKs are not drops) */
 	MR_EV_RTT_SAMPLE    = 6,  /* an ACK covered rtt_probe_psn */
-	MR_EV_CNP           = 7,  /* CNP seen (and steered) */
+	MR_EV_CNP           = 7,  /* valid CNP counted in the QP's cnp_count (after its ICRC) */
+	MR_EV_CNP_CONSUMED  = 8,  /* CNP consumed here (counted, then XDP_DROP; not a drop) */
 	MR_EV__MAX,
 };
 

@@ -52,6 +52,8 @@ enum mr_qp_state_code {
 #define MR_QPS_BIT(s)        (1u << (s))
 #define MR_QPS_ACCEPT_REQ    (MR_QPS_BIT(MR_QPS_RTR) | MR_QPS_BIT(MR_QPS_RTS) | MR_QPS_BIT(MR_QPS_SQD))
 #define MR_QPS_ACCEPT_ACK    (MR_QPS_BIT(MR_QPS_RTS) | MR_QPS_BIT(MR_QPS_SQD) | MR_QPS_BIT(MR_QPS_SQE))
+/* A CNP only for a QP in RTS (MR-CNP-005, MR-CC-033, MR-QP-020). */
+#define MR_QPS_ACCEPT_CNP    MR_QPS_BIT(MR_QPS_RTS)
 
 enum mr_profile {
 	MR_PROFILE_COMPAT = 0,
@@ -69,7 +71,7 @@ struct mr_qp_state {
 	__u16 flags;            /*  6 MR_QPF_* */
 	__u32 dest_qpn;         /*  8 peer's QPN */
 	__u16 pmtu;             /* 12 path MTU in payload bytes (256..4096) */
-	__u16 ctrl_pad0;        /* 14 */
+	__u16 pkey;             /* 14 the QP's P_Key, host order; default 0xFFFF (MR-BTH-009, MR-BTH-010) */
 	__u8  peer_ip[16];      /* 16 peer address, network order; IPv4 as ::ffff:a.b.c.d (MR-SEC-009) */
 	__u32 ctrl_rsvd[2];     /* 32 */
 
@@ -107,7 +109,7 @@ struct mr_qp_state {
 	__u64 naks;             /* 136 NAKs accepted */
 	__u64 rnr_naks;         /* 144 RNR NAKs accepted */
 	__u64 stale_acks;       /* 152 ACK/NAKs outside [snd_una - 1, snd_nxt) (atomic add) */
-	__u64 cnp_count;        /* 160 CNPs seen for this QP (atomic add; CNPs are still steered) */
+	__u64 cnp_count;        /* 160 valid CNPs for this QP, counted after their ICRC (atomic add; consumed here) */
 	__u64 last_ack_ns;      /* 168 bpf_ktime_get_ns() of the last accepted ACK/NAK */
 	__u8  k_rsvd[16];       /* 176 */
 

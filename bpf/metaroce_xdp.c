@@ -8,14 +8,19 @@
  *              (MR-ENC, MR-BTH, MR-OPC).  Anything that is not UDP/4791 for
  *              this endpoint is XDP_PASS, untouched: ARP, ICMP, SSH keep
  *              working on the same interface.
- *   validate   like rxe_recv.c: the QP exists (slot qpn matches), the source
- *              is the connected peer (MR-SEC-009), the opcode belongs to the QP's
- *              profile, the QP state accepts this class of packet.  Failures
+ *   validate   like rxe_recv.c: IPv4 header checksum (MR-ENC-013), the QP
+ *              exists (slot qpn matches), the source is the connected peer
+ *              (MR-SEC-009), the P_Key matches the QP's (MR-BTH-010), the QP
+ *              state accepts this class of packet, the opcode belongs to the
+ *              QP's profile (MR-ENC-032 order).  Failures
  *              are XDP_DROP with a reason (metaroce_drop_reasons.h).
  *   ACK path   compat ACKNOWLEDGE (ACK, NAK, RNR NAK) is consumed here, like
  *              rxe_comp.c's check_ack() without the WQE walk: ICRC verified,
  *              PSN window checked, mr_qp_state updated under its seqcount,
  *              XDP_DROP.  Acknowledgements never cross to user space.
+ *   CNP path   a compat CNP is consumed the same way: ICRC verified, counted
+ *              into the QP's cnp_count, XDP_DROP; the requester's DCQCN
+ *              reaction point (metaroce_xdp/rc/dcqcn.py) reads the count.
  *   steer      everything else valid goes to the AF_XDP socket of this RX
  *              queue (mr_xsks); no socket = drop NO_XSK.
  *
@@ -124,8 +129,8 @@ static __always_inline int name(const __u8 *l3, void *data_end)                 
 	_Pragma("clang loop unroll(disable)")                                      \
 	for (i = 0; i < (LEN); i++) {                                              \
 		__u32 b = l3[i];                                                   \
-		if (((MASKED) >> i) & 1)                                           \
-			b = 0xFF;                                                  \
+		if (i < 64 && (((MASKED) >> (i & 63)) & 1))                        \
+			b = 0xFF;           /* masks end before byte 64 */         \
 		if ((V6) && i == 0)                                                \
 			b |= 0x0F;                  /* keep version, mask TC */    \
 		crc = mr_crc32_byte(crc, b);                                       \
@@ -135,6 +140,83 @@ static __always_inline int name(const __u8 *l3, void *data_end)                 
 }
 MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v4, MR_ACK_ICRC_V4_LEN, MR_ICRC_MASK_V4, 0)
 MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v6, MR_ACK_ICRC_V6_LEN, MR_ICRC_MASK_V6, 1)
+
+/* A CNP is fixed size too (BTH + 16 reserved bytes + ICRC, MR-XH-016) and
+ * moves QP state (cnp_count, which drives the sender's rate): its ICRC is
+ * verified here before it is counted (MR-ENC-032, MR-BTH-022, MR-CNP-005). */
+#define MR_CNP_ICRC_V4_LEN (20 + 8 + MR_BTH_LEN + MR_CNP_LEN)  /* 56 */
+#define MR_CNP_ICRC_V6_LEN (40 + 8 + MR_BTH_LEN + MR_CNP_LEN)  /* 76 */
+MR_DEFINE_ACK_ICRC(mr_cnp_icrc_ok_v4, MR_CNP_ICRC_V4_LEN, MR_ICRC_MASK_V4, 0)
+MR_DEFINE_ACK_ICRC(mr_cnp_icrc_ok_v6, MR_CNP_ICRC_V6_LEN, MR_ICRC_MASK_V6, 1)
+
+/* IPv4 header checksum (MR-ENC-013): the one's complement sum of the 10
+ * header words, checksum included, is 0xFFFF.  The ICRC masks the checksum,
+ * so nothing else protects the header.  Byte order does not matter to a
+ * one's complement sum. */
+static __always_inline int mr_ip4_csum_ok(void *l3, void *data_end)
+{
+	__u16 *w = l3;
+	__u32 sum = 0;
+
+	if ((void *)(w + 10) > data_end)     /* verifier: re-prove the bound */
+		return 0;
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		sum += w[i];
+	sum = (sum & 0xFFFF) + (sum >> 16);
+	sum = (sum & 0xFFFF) + (sum >> 16);
+	return sum == 0xFFFF;
+}
+
+/* P_Key match (MR-BTH-010, IBTA 10.9.1.2): the low 15 bits equal and at least
+ * one of the two keys a full member (bit 15).  A key whose low 15 bits are
+ * zero (0x0000, 0x8000) is the invalid P_Key and never matches, whatever the
+ * QP's key. */
+static __always_inline int mr_pkey_ok(__u32 pkt, __u32 mine)
+{
+	if (!(pkt & 0x7FFF))
+		return 0;
+	return !((pkt ^ mine) & 0x7FFF) && ((pkt | mine) & 0x8000);
+}
+
+/* MR-ENC-015: does a chain of IPv6 extension headers, starting with header
+ * type `nh` at `pos`, end in UDP to port 4791?  Then it is a MetaRoCE packet
+ * carrying extension headers, which is dropped; any other chain (and a
+ * non-first fragment, which has no UDP header) is not ours and passes.  At
+ * most MR_IP6_EXT_MAX headers are followed: a bounded, unrolled walk. */
+#ifndef MR_IP6_EXT_MAX
+#define MR_IP6_EXT_MAX 4
+#endif
+static __always_inline int mr_ip6_ext_to_roce(void *pos, __u32 nh, void *data_end)
+{
+	__u8 *p = pos;
+	struct udphdr *u;
+
+#pragma unroll
+	for (int i = 0; i < MR_IP6_EXT_MAX; i++) {
+		__u32 len;
+
+		if (nh != 0 && nh != 43 && nh != 44 && nh != 60)   /* HBH, routing, fragment, dest opts */
+			break;
+		if (p + 8 > (__u8 *)data_end)
+			return 0;
+		if (nh == 44) {
+			if ((p[2] << 8 | p[3]) & 0xFFF8)   /* fragment offset != 0 */
+				return 0;
+			len = 8;
+		} else {
+			len = ((__u32)p[1] + 1) * 8;       /* at most 2048: bounded for the verifier */
+		}
+		nh = p[0];
+		p += len;
+	}
+	if (nh != MR_IPPROTO_UDP)
+		return 0;
+	u = (struct udphdr *)p;
+	if (u + 1 > (struct udphdr *)data_end)
+		return 0;
+	return u->dest == mr_htons(ROCE_UDP_PORT);
+}
 
 /* RFC 6298 smoothing, shifts only (no 64-bit division in BPF). */
 static __always_inline void mr_rtt_update(struct mr_qp_state *qp, __u64 r)
@@ -328,6 +410,11 @@ int xdp_metaroce(struct xdp_md *ctx)
 		l4len = mr_ntohs(iph->tot_len);
 		/* From here on this is MetaRoCE for us: refusals are drops. */
 		action = XDP_DROP;
+		/* MR-ENC-032 step 4, after options (2) and fragments (3). */
+		if (!mr_ip4_csum_ok(l3, data_end)) {
+			reason = MR_DROP_BAD_IP_CSUM;
+			goto out;
+		}
 		if (l4len < sizeof(*iph) || (void *)iph + l4len > data_end) {
 			reason = MR_DROP_BAD_IP_HEADER;
 			goto out;
@@ -337,6 +424,26 @@ int xdp_metaroce(struct xdp_md *ctx)
 		v6 = 1;
 		ret = parse_ip6hdr(&nh, data_end, &ip6h);
 		l3 = ip6h;
+		if (ret >= 0 && ret != MR_IPPROTO_UDP) {
+			/* MR-ENC-015, MR-ENC-032 step 2: extension headers in
+			 * front of UDP/4791 for us are dropped as IP_OPTIONS. */
+			if (!mr_ip6_ext_to_roce(nh.pos, ret, data_end))
+				goto out;
+			if (cfg && (cfg_flags & MR_CFG_HAVE_IP6)) {
+				__u32 *l6 = (__u32 *)cfg->local_ip6;
+				struct ipv6hdr *h6 = l3;
+
+				if (h6 + 1 > (struct ipv6hdr *)data_end ||
+				    h6->daddr.in6_u.u6_addr32[0] != l6[0] ||
+				    h6->daddr.in6_u.u6_addr32[1] != l6[1] ||
+				    h6->daddr.in6_u.u6_addr32[2] != l6[2] ||
+				    h6->daddr.in6_u.u6_addr32[3] != l6[3])
+					goto out;
+			}
+			action = XDP_DROP;
+			reason = MR_DROP_IP_OPTIONS;
+			goto out;
+		}
 		if (ret != MR_IPPROTO_UDP)
 			goto out;
 		if (parse_udphdr(&nh, data_end, &udph) != ROCE_UDP_PORT)
@@ -399,6 +506,14 @@ int xdp_metaroce(struct xdp_md *ctx)
 		reason = MR_DROP_BAD_ICRC;
 		goto out;
 	}
+	/* The same for a CNP, before cnp_count can move (MR-ENC-032). */
+	if (ret == MR_OP_CNP &&
+	    ulen == sizeof(*udph) + MR_BTH_LEN + MR_CNP_LEN + MR_ICRC_SIZE &&
+	    !(v6 ? mr_cnp_icrc_ok_v6((const __u8 *)l3, data_end)
+		 : mr_cnp_icrc_ok_v4((const __u8 *)l3, data_end))) {
+		reason = MR_DROP_BAD_ICRC;
+		goto out;
+	}
 #endif
 
 	/* ---- MR-OPC-001, MR-OPC-003, MR-ENC-027: the table decides which
@@ -455,20 +570,34 @@ int xdp_metaroce(struct xdp_md *ctx)
 		reason = MR_DROP_WRONG_PEER;
 		goto out;
 	}
-	if ((mask & MR_OPM_NATIVE) && qp->profile != MR_PROFILE_NATIVE) {
-		reason = MR_DROP_WRONG_PROFILE;
+	/* Steps 13-15 of MR-ENC-032 in the spec's order: P_Key, state, profile.
+	 * (For ACKs and CNPs the ICRC, step 12, is already verified; data
+	 * packets have theirs checked in user space, see the file comment.) */
+	if (!mr_pkey_ok(mr_ntohs(bth->pkey), qp->pkey)) {
+		reason = MR_DROP_BAD_PKEY;
 		goto out;
 	}
-	accept = (mask & MR_OPM_REQ) ? MR_QPS_ACCEPT_REQ : MR_QPS_ACCEPT_ACK;
+	accept = (mask & MR_OPM_REQ) ? MR_QPS_ACCEPT_REQ :
+		 (mask & MR_OPM_CNP) ? MR_QPS_ACCEPT_CNP : MR_QPS_ACCEPT_ACK;
 	/* Bound the shift: state is a u8 the daemon writes. */
 	if (qp->state > MR_QPS_ERR || !(MR_QPS_BIT(qp->state) & accept)) {
 		reason = MR_DROP_QP_STATE;
 		goto out;
 	}
+	if ((mask & MR_OPM_NATIVE) && qp->profile != MR_PROFILE_NATIVE) {
+		reason = MR_DROP_WRONG_PROFILE;
+		goto out;
+	}
 
-	if (mask & MR_OPM_CNP) {
+	/* ---- CNPs are consumed here: counted into the slot, where the
+	 * requester's DCQCN reaction point reads them (MR-CNP-005, MR-CNP-010,
+	 * metaroce_xdp/rc/dcqcn.py).  Like ACKs, they go to user space instead
+	 * when the QP asks for that. */
+	if ((mask & MR_OPM_CNP) && !(qp->flags & MR_QPF_ACK_TO_USER)) {
 		__sync_fetch_and_add(&qp->cnp_count, 1);
 		mr_count_event(MR_EV_CNP);
+		event = MR_EV_CNP_CONSUMED;           /* XDP_DROP, but consumed */
+		goto out;
 	}
 
 	/* ---- the ACK fast path: compat ACKNOWLEDGE is consumed here. */

@@ -33,12 +33,14 @@ struct mr_vlan_hdr {
 	__be16 h_vlan_encapsulated_proto;
 };
 
+/* Only 802.1Q: a frame with an 802.1ad (0x88A8) tag is not MetaRoCE and
+ * goes to the stack (MR-ENC-005), so its TPID is returned as the ethertype. */
 static __always_inline int mr_proto_is_vlan(__u16 h_proto)
 {
-	return h_proto == mr_htons(MR_ETH_P_8021Q) || h_proto == mr_htons(MR_ETH_P_8021AD);
+	return h_proto == mr_htons(MR_ETH_P_8021Q);
 }
 
-/* Ethernet plus at most one VLAN tag (MR-ENC-005 allows one).  Returns the
+/* Ethernet plus at most one 802.1Q tag (MR-ENC-005 allows one).  Returns the
  * ethertype after the tag, network byte order; *vlan is 1 if a tag was seen. */
 static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 					struct ethhdr **ethhdr, int *vlan)

@@ -101,6 +101,42 @@ def bth(opcode: int, qp: int = QPN, psn: int = 0, flags: int = 0) -> bytes:
     return struct.pack("!BBHII", opcode, flags, 0xFFFF, qp, psn)
 
 
+def fix_ip_csum(frame: bytes) -> bytes:
+    """Recompute the IPv4 header checksum, as a router that rewrote TTL or ECN does."""
+    hdr = frame[14:20 + 14]
+    hdr = hdr[:10] + b"\0\0" + hdr[12:]
+    return frame[:14] + hdr[:10] + struct.pack("!H", inet_checksum(hdr)) + frame[14 + 12:]
+
+
+def bad_ip_csum(frame: bytes) -> bytes:
+    c = struct.unpack_from("!H", frame, 14 + 10)[0]
+    return patch(frame, 14 + 10, struct.pack("!H", c ^ 0x0101))
+
+
+def set_ce(frame: bytes) -> bytes:
+    """ECN CE on an IPv4 frame, checksum fixed: what a congested switch does."""
+    return fix_ip_csum(patch(frame, 15, bytes([frame[15] | 3])))
+
+
+def cnp(qp: int = QPN, **kw) -> bytes:
+    return encode(Op.CNP, dest_qp=qp, becn=1, src_ip=kw.pop("src_ip", PEER4), dst_ip=kw.pop("dst_ip", LOCAL4),
+                  dscp=48, **kw)
+
+
+def ipv6_ext(chain=(0,), dport: int = 4791, dst: str = LOCAL6, frag_off: int = 0) -> bytes:
+    """IPv6 whose Next Header is an extension header chain (hop-by-hop 0, destination options 60:
+    8 bytes each; fragment 44 with offset `frag_off`) in front of UDP carrying a WRITE's BTH on."""
+    l4 = udp(dport, write(qp=QPN6, src_ip=PEER6, dst_ip=LOCAL6)[14 + 40 + 8:])
+    exts = b""
+    for i, t in enumerate(chain):
+        nxt = chain[i + 1] if i + 1 < len(chain) else 17
+        exts += (struct.pack("!BBHI", nxt, 0, frag_off << 3, 1) if t == 44
+                 else struct.pack("!BB6s", nxt, 0, b"\x01\x04\0\0\0\0"))
+    ip6 = struct.pack("!IHBB16s16s", 0x60000000, len(exts) + len(l4), chain[0], 64,
+                      socket.inet_pton(socket.AF_INET6, PEER6), socket.inet_pton(socket.AF_INET6, dst))
+    return eth(0x86DD) + ip6 + exts + l4
+
+
 # --------------------------------------------------------------------------- cases
 @dataclass
 class Case:
@@ -121,6 +157,12 @@ def _state(s: QpState):
 def _flags(f: int):
     def go(ld):
         ld.qp(QPN)["flags"] = f
+    return go
+
+
+def _pkey(k: int):
+    def go(ld):
+        ld.qp(QPN)["pkey"] = k
     return go
 
 
@@ -148,6 +190,17 @@ CASES = [
     Case("two VLAN tags (only one allowed: not IP to us)",
          lambda: MAC_DST + MAC_SRC + struct.pack("!HHHH", 0x88A8, 5, 0x8100, 6) + write()[12:],
          "XDP_PASS", E.PASSED),
+    Case("two 802.1Q tags (MR-ENC-005)",
+         lambda: MAC_DST + MAC_SRC + struct.pack("!HHHH", 0x8100, 5, 0x8100, 6) + write()[12:],
+         "XDP_PASS", E.PASSED),
+    Case("one 802.1ad tag is not MetaRoCE: to the stack (MR-ENC-005)",
+         lambda: MAC_DST + MAC_SRC + struct.pack("!HH", 0x88A8, 5) + write()[12:], "XDP_PASS", E.PASSED),
+    Case("IPv6 extension header, not in front of UDP/4791: not ours (MR-ENC-015)",
+         lambda: ipv6_ext(dport=53), "XDP_PASS", E.PASSED),
+    Case("IPv6 non-first fragment: no UDP header to judge (MR-ENC-015)",
+         lambda: ipv6_ext(chain=(44,), frag_off=8), "XDP_PASS", E.PASSED),
+    Case("IPv4 bad header checksum on UDP 53 is the stack's business (MR-ENC-013)",
+         lambda: bad_ip_csum(ipv4(17, udp(53, b"\0" * 20))), "XDP_PASS", E.PASSED),
     # ---- malformed MetaRoCE: dropped with the codec's reason (MR-ENC-009, MR-ENC-010, MR-ENC-014,
     # MR-BTH-007, MR-OPC-003, MR-ENC-027, MR-XH-027)
     Case("IPv4 with options around UDP/4791", lambda: ipv4(17, udp(4791, write()[BTH_OFF:]),
@@ -155,7 +208,23 @@ CASES = [
          "XDP_DROP", E.DROPPED, R.IP_OPTIONS),
     Case("first fragment of UDP/4791", lambda: ipv4(17, udp(4791, write()[BTH_OFF:]), frag=0x2000),
          "XDP_DROP", E.DROPPED, R.IP_FRAGMENT),
-    Case("IP total length beyond the frame", lambda: patch(write(), 14 + 2, struct.pack("!H", 400)),
+    # ---- IPv4 header checksum (MR-ENC-013, MR-ENC-032 step 4) and IPv6 Next Header (MR-ENC-015, step 2)
+    Case("IPv4 header checksum wrong on a WRITE", lambda: bad_ip_csum(write()), "XDP_DROP", E.DROPPED,
+         R.BAD_IP_CSUM),
+    Case("IPv4 header checksum wrong on an ACK moves nothing", lambda: bad_ip_csum(ack(105)), "XDP_DROP",
+         E.DROPPED, R.BAD_IP_CSUM, qp={"ack_psn": 99, "acks": 0}),
+    Case("IPv4 header with a flipped address bit and the old checksum",
+         lambda: patch(write(), 14 + 12, b"\x0b"), "XDP_DROP", E.DROPPED, R.BAD_IP_CSUM),
+    Case("options are refused before the checksum is looked at (step 2 before 4)",
+         lambda: bad_ip_csum(ipv4(17, udp(4791, write()[BTH_OFF:]), options=b"\x94\x04\0\0")),
+         "XDP_DROP", E.DROPPED, R.IP_OPTIONS),
+    Case("IPv6 hop-by-hop header in front of UDP/4791", lambda: ipv6_ext(), "XDP_DROP", E.DROPPED,
+         R.IP_OPTIONS),
+    Case("IPv6 destination options + first fragment in front of UDP/4791",
+         lambda: ipv6_ext(chain=(60, 44)), "XDP_DROP", E.DROPPED, R.IP_OPTIONS),
+    Case("IPv6 extension headers around UDP/4791 to another address",
+         lambda: ipv6_ext(dst=PEER6), "XDP_PASS", E.PASSED),
+    Case("IP total length beyond the frame", lambda: fix_ip_csum(patch(write(), 14 + 2, struct.pack("!H", 400))),
          "XDP_DROP", E.DROPPED, R.BAD_IP_HEADER),
     Case("UDP length disagrees with IP", lambda: patch(write(), UDP_OFF + 4, struct.pack("!H", 30)),
          "XDP_DROP", E.DROPPED, R.BAD_UDP_LENGTH),
@@ -188,6 +257,28 @@ CASES = [
          setup=_state(QpState.RTR), qp={"ack_psn": 99}),
     Case("QP in RESET takes no ACK", lambda: ack(105), "XDP_DROP", E.DROPPED, R.QP_STATE,
          setup=_state(QpState.RESET), qp={"ack_psn": 99}),
+    # ---- P_Key (MR-BTH-010, MR-BTH-009; MR-ENC-032 step 13)
+    Case("P_Key of another partition", lambda: write(pkey=0xFFFE), "XDP_DROP", E.DROPPED, R.BAD_PKEY),
+    Case("invalid P_Key 0x0000", lambda: write(pkey=0x0000), "XDP_DROP", E.DROPPED, R.BAD_PKEY),
+    Case("invalid P_Key 0x8000", lambda: write(pkey=0x8000), "XDP_DROP", E.DROPPED, R.BAD_PKEY),
+    Case("invalid P_Key 0x8000 even on a QP whose key is 0x8000", lambda: write(pkey=0x8000), "XDP_DROP",
+         E.DROPPED, R.BAD_PKEY, setup=_pkey(0x8000)),
+    Case("limited-member P_Key 0x7FFF matches the full key 0xFFFF", lambda: write(pkey=0x7FFF), "XDP_DROP",
+         E.DROPPED, R.NO_XSK),
+    Case("full-member P_Key 0x8123 matches a limited QP key 0x0123", lambda: write(pkey=0x8123), "XDP_DROP",
+         E.DROPPED, R.NO_XSK, setup=_pkey(0x0123)),
+    Case("two limited members do not talk: 0x0123 vs 0x0123", lambda: write(pkey=0x0123), "XDP_DROP",
+         E.DROPPED, R.BAD_PKEY, setup=_pkey(0x0123)),
+    Case("P_Key checked on the ACK path too", lambda: ack(105, pkey=0x1234), "XDP_DROP", E.DROPPED,
+         R.BAD_PKEY, qp={"ack_psn": 99, "acks": 0}),
+    Case("wrong peer is refused before the P_Key (step 11 before 13)",
+         lambda: write(src_ip="10.55.0.9", pkey=0), "XDP_DROP", E.DROPPED, R.WRONG_PEER),
+    Case("P_Key before QP state (step 13 before 14)", lambda: write(pkey=0x0000), "XDP_DROP", E.DROPPED,
+         R.BAD_PKEY, setup=_state(QpState.INIT)),
+    Case("QP state before profile (step 14 before 15)",
+         lambda: encode(Op.NATIVE_SEND, dest_qp=QPN, psn=1, src_ip=PEER4, dst_ip=LOCAL4,
+                        headers={"neth": NETH(flags=0xC0, msg_len=4)}, payload=b"abcd"),
+         "XDP_DROP", E.DROPPED, R.QP_STATE, setup=_state(QpState.ERR)),
     Case("native opcode on a compat QP",
          lambda: encode(Op.NATIVE_SEND, dest_qp=QPN, psn=1, src_ip=PEER4, dst_ip=LOCAL4,
                         headers={"neth": NETH(flags=0xC0, msg_len=4)}, payload=b"abcd"),
@@ -205,8 +296,36 @@ CASES = [
          lambda: encode(Op.ATOMIC_ACKNOWLEDGE, dest_qp=QPN, psn=101, src_ip=PEER4, dst_ip=LOCAL4,
                         headers={"aeth": AETH(syndrome=0x1F, msn=1), "atomicacketh": AtomicAckETH(orig=5)}),
          "XDP_DROP", E.DROPPED, R.NO_XSK, qp={"ack_psn": 99}),
-    Case("CNP is counted and steered", lambda: encode(Op.CNP, dest_qp=QPN, becn=1, src_ip=PEER4, dst_ip=LOCAL4),
-         "XDP_DROP", E.DROPPED, R.NO_XSK, qp={"cnp_count": 1}),
+    # ---- CNPs (MR-CNP-005, MR-CNP-010, MR-ENC-032, MR-ICRC-014, MR-BTH-022): verified, counted, consumed
+    Case("CNP is verified, counted and consumed", lambda: cnp(), "XDP_DROP", E.CNP_CONSUMED,
+         qp={"cnp_count": 1, "ack_psn": 99}),
+    Case("CNP with a corrupt ICRC is not counted", lambda: patch(cnp(), len(cnp()) - 2, b"\x00"), "XDP_DROP",
+         E.DROPPED, R.BAD_ICRC, qp={"cnp_count": 0}),
+    Case("CNP with a corrupt reserved byte is not counted", lambda: patch(cnp(), BTH_OFF + 12 + 3, b"\x01"),
+         "XDP_DROP", E.DROPPED, R.BAD_ICRC, qp={"cnp_count": 0}),
+    Case("CE-marked CNP with a fixed IP checksum still verifies (ECN is masked)",
+         lambda: set_ce(cnp()), "XDP_DROP", E.CNP_CONSUMED, qp={"cnp_count": 1}),
+    Case("CNP over IPv6 (76-byte ICRC input)", lambda: cnp(qp=QPN6, src_ip=PEER6, dst_ip=LOCAL6), "XDP_DROP",
+         E.CNP_CONSUMED, qpn=QPN6, qp={"cnp_count": 1}),
+    Case("corrupt CNP over IPv6", lambda: patch(cnp(qp=QPN6, src_ip=PEER6, dst_ip=LOCAL6), -1, b"\x00"),
+         "XDP_DROP", E.DROPPED, R.BAD_ICRC, qpn=QPN6, qp={"cnp_count": 0}),
+    Case("CNP from a spoofed source is not counted", lambda: cnp(src_ip="10.55.0.9"), "XDP_DROP", E.DROPPED,
+         R.WRONG_PEER, qp={"cnp_count": 0}),
+    Case("CNP for a QP in SQD is not counted (only RTS)", lambda: cnp(), "XDP_DROP", E.DROPPED, R.QP_STATE,
+         setup=_state(QpState.SQD), qp={"cnp_count": 0}),
+    Case("CNP for a QP in RTR is not counted", lambda: cnp(), "XDP_DROP", E.DROPPED, R.QP_STATE,
+         setup=_state(QpState.RTR), qp={"cnp_count": 0}),
+    Case("CNP with an invalid P_Key is not counted", lambda: cnp(pkey=0x8000), "XDP_DROP", E.DROPPED,
+         R.BAD_PKEY, qp={"cnp_count": 0}),
+    Case("CNP steered, not counted, when the QP says ACK_TO_USER", lambda: cnp(), "XDP_DROP", E.DROPPED,
+         R.NO_XSK, setup=_flags(QpFlag.ACK_TO_USER), qp={"cnp_count": 0}),
+    # ---- CE-marked data is delivered like any other (MR-ECN-006); the CNP is user space's (MR-ECN-009)
+    Case("CE-marked WRITE with its IP checksum fixed is steered", lambda: set_ce(write(ecn=2)), "XDP_DROP",
+         E.DROPPED, R.NO_XSK),
+    Case("CE-marked WRITE over IPv6 is steered",
+         lambda: write(qp=QPN6, src_ip=PEER6, dst_ip=LOCAL6, ecn=3), "XDP_DROP", E.DROPPED, R.NO_XSK, qpn=QPN6),
+    Case("CE mark without the checksum fix is a bad IP checksum", lambda: patch(write(ecn=2), 15, b"\x03"),
+         "XDP_DROP", E.DROPPED, R.BAD_IP_CSUM),
     Case("VLAN-tagged WRITE", lambda: write(vlan=Vlan(vid=10)), "XDP_DROP", E.DROPPED, R.NO_XSK),
     Case("IPv6 WRITE", lambda: write(qp=QPN6, src_ip=PEER6, dst_ip=LOCAL6), "XDP_DROP", E.DROPPED, R.NO_XSK,
          qpn=QPN6),
@@ -246,7 +365,7 @@ CASES = [
     Case("corrupt PSN (ICRC no longer matches)", lambda: patch(ack(105), BTH_OFF + 11, b"\x68"),
          "XDP_DROP", E.DROPPED, R.BAD_ICRC, qp={"ack_psn": 99}),
     Case("masked fields may change: TTL/ECN/FECN do not break the ICRC",
-         lambda: patch(patch(ack(105), 14 + 8, b"\x05"), BTH_OFF + 4, b"\x80"), "XDP_DROP",
+         lambda: fix_ip_csum(patch(patch(ack(105), 14 + 8, b"\x05"), BTH_OFF + 4, b"\x80")), "XDP_DROP",
          E.ACK_CONSUMED, qp={"ack_psn": 105}),
     Case("reserved AETH syndrome", lambda: ack(105, syndrome=0x40), "XDP_DROP", E.DROPPED, R.BAD_FIELD,
          qp={"ack_psn": 99}),
@@ -285,7 +404,7 @@ def test_golden(loader, case: Case):
 
     assert res.action == case.verdict, (ddelta, edelta)
     assert ddelta == ({case.reason.name: 1} if case.reason else {})
-    partition = ("PASSED", "STEERED", "ACK_CONSUMED", "NAK_CONSUMED", "RNR_CONSUMED", "DROPPED")
+    partition = ("PASSED", "STEERED", "ACK_CONSUMED", "NAK_CONSUMED", "RNR_CONSUMED", "CNP_CONSUMED", "DROPPED")
     assert sum(edelta.get(k, 0) for k in partition) == 1
     assert edelta.get(case.event.name) == 1
     if case.verdict == "XDP_PASS":

@@ -51,7 +51,7 @@ class CfgFlag(enum.IntFlag):
     HAVE_MAC = 1 << 2
 
 
-# Values 1..16 are DecodeReason's, by construction (never renumber).
+# Values 1..31 are DecodeReason's, by construction (never renumber).
 _DROP_REASONS = {r.name: int(r) for r in DecodeReason if r != DecodeReason.OK}
 _DROP_REASONS.update({
     "NONE": 0,
@@ -63,13 +63,15 @@ _DROP_REASONS.update({
     "BAD_ICRC": 37,
     "STALE_ACK": 38,
     "ACK_BUSY": 39,
+    "BAD_PKEY": 40,
 })
 DropReason = enum.IntEnum("DropReason", sorted(_DROP_REASONS.items(), key=lambda kv: kv[1]))
 DropReason.__doc__ = "enum mr_drop_reason: index of the per-CPU counter in mr_drops.  Never renumber."
 
 
 class Event(enum.IntEnum):
-    """enum mr_event: index into mr_events.  PASSED + STEERED + *_CONSUMED + DROPPED = packets."""
+    """enum mr_event: index into mr_events.  PASSED + STEERED + *_CONSUMED + DROPPED = packets
+    (CNP and RTT_SAMPLE are not in the partition: CNP_CONSUMED is)."""
     PASSED = 0
     STEERED = 1
     ACK_CONSUMED = 2
@@ -78,6 +80,7 @@ class Event(enum.IntEnum):
     DROPPED = 5
     RTT_SAMPLE = 6
     CNP = 7
+    CNP_CONSUMED = 8
 
 
 # (name, numpy type, writer).  Offsets are implied by order and checked by the test.
@@ -89,7 +92,7 @@ QP_STATE_FIELDS = [
     ("flags", "<u2", "control"),
     ("dest_qpn", "<u4", "control"),
     ("pmtu", "<u2", "control"),
-    ("ctrl_pad0", "<u2", "control"),
+    ("pkey", "<u2", "control"),          # MR-BTH-010; install_qp writes 0xFFFF by default
     ("peer_ip", ("u1", 16), "control"),
     ("ctrl_rsvd", ("<u4", 2), "control"),
     # requester [40, 64)

@@ -120,7 +120,7 @@ class XdpLoader:
 
     def install_qp(self, qpn: int, *, peer_ip, dest_qpn: int, state: QpState = QpState.RTS,
                    profile: Profile = Profile.COMPAT, pmtu: int = 1024, flags: int = 0,
-                   init_psn: int = 0) -> np.ndarray:
+                   init_psn: int = 0, pkey: int = 0xFFFF) -> np.ndarray:
         """Publish a QP (the slot protocol of metaroce_structs.h): qpn = 0, every field,
         then qpn.  On x86 stores are not reordered with stores, and numpy writes in
         program order, so the kernel never sees qpn before the rest."""
@@ -137,6 +137,7 @@ class XdpLoader:
         rec["flags"] = flags
         rec["dest_qpn"] = dest_qpn
         rec["pmtu"] = pmtu
+        rec["pkey"] = pkey & 0xFFFF          # MR-BTH-010: the kernel compares BTH.P_Key with it
         rec["peer_ip"][0] = np.frombuffer(peer_ip_bytes(peer_ip), dtype=np.uint8)
         rec["snd_nxt"] = init_psn & PSN_MASK
         rec["snd_una_hint"] = init_psn & PSN_MASK

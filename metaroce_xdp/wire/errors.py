@@ -29,6 +29,7 @@ class DecodeReason(enum.IntEnum):
     TRUNCATED_EXT = 14       # extension headers + ICRC do not fit
     BAD_PAD = 15             # pad count larger than payload / payload on a no-payload opcode
     BAD_FIELD = 16           # a field value the spec forbids (e.g. SACK bitmap_words > 32)
+    BAD_IP_CSUM = 17         # MR-ENC-013: the IPv4 header checksum is wrong
 
 
 class CodecError(Exception):
