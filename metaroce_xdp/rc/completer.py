@@ -100,9 +100,21 @@ class Completer:
         d_hi = psn_diff(psn, (self.req.psn_next - 1) & PSN_MASK)
         return d_lo >= 0 and d_hi <= 0
 
+    def _is_partial_read_psn(self, psn: int) -> bool:
+        """True when psn is the first PSN of the oldest outstanding READ and some of its responses
+        were placed: the PSN a responder NAKs when the READ's MR goes away mid-stream (MR-MEM-033)."""
+        for w in self.req.sq:
+            if w.first_psn is None:
+                return False
+            if w.done:
+                continue
+            return w.opcode == WROpcode.RDMA_READ and w.resp_bytes > 0 and psn == w.first_psn
+        return False
+
     def on_syndrome(self, psn: int, syndrome: int, msn: int) -> None:
         """An ACK, RNR NAK or NAK for `psn` (from a packet or the kernel fast path)."""
-        if not self._valid_ack_psn(psn):
+        if not self._valid_ack_psn(psn) and not (
+                (syndrome & AETH_TYPE_MASK) == AETH_NAK and syndrome & 0x1F and self._is_partial_read_psn(psn)):
             self.stale += 1
             return
         kind = syndrome & AETH_TYPE_MASK

@@ -218,7 +218,8 @@ class Engine:
             if op == 7 or op == 8:               # WRITE MIDDLE / LAST: try the compiled placer
                 qp = self.qps.get(qpn)
                 if (qp is not None and qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
-                        and qp.responder.in_progress == MI.WRITE and qp.responder.write_mr is not None):
+                        and qp.responder.in_progress == MI.WRITE and qp.responder.write_mr is not None
+                        and qp.responder.write_mr.valid):    # deregistered: the per-packet path NAKs (MR-MEM-033)
                     j = qp.responder.fast_write(umem, addrs, lens, i, n)
                     if j > i:
                         self.stats["rx"] += j - i

@@ -2,11 +2,11 @@
 (spec 03-compat-rc.md: MR-RC, MR-ACK, MR-NAK, MR-RNR, MR-DUP, MR-ATOM; 08: MR-MEM).
 
 Ingress is a validation pipeline (Table 3-4, MR-NAK-014), in this order: PSN (expected, duplicate or
-out of sequence), opcode sequence, receive WQE (RNR), key / PD / access /
-bounds, lengths -- and only then is memory touched.  READ and ATOMIC
-requests are remembered in a small ring of responder resources
-(max_dest_rd_atomic) so duplicates are re-executed (READ) or replayed
-(ATOMIC) without touching memory twice.
+out of sequence), opcode sequence, QP access flags, receive WQE (RNR) or
+responder resources, lengths, key / PD / access / bounds -- and only then is
+memory touched.  READ and ATOMIC requests are remembered in a small ring of
+responder resources (max_dest_rd_atomic) so duplicates are re-executed (READ,
+after the same checks again) or replayed (ATOMIC) without touching memory twice.
 """
 from __future__ import annotations
 
@@ -31,13 +31,17 @@ if TYPE_CHECKING:
 _AETH = struct.Struct("!I")
 _AETH_ORIG = struct.Struct("!IQ")
 U64_MASK = (1 << 64) - 1
+DMA_LEN_MAX = 1 << 31                      # MR-XH-004
 
 
 class Resource:
-    """A remembered READ or ATOMIC request (IBTA responder resources, MR-DUP-007)."""
-    __slots__ = ("kind", "psn", "npsn", "mr", "offset", "length", "orig", "msn")
+    """A remembered READ (first PSN, response count, VA, R_Key, DMA Length) or ATOMIC (PSN,
+    original value): IBTA responder resources, MR-DUP-007.  A re-executed READ is a Resource of
+    its own whose `origin` is the saved one."""
+    __slots__ = ("kind", "psn", "npsn", "mr", "offset", "length", "orig", "va", "rkey", "origin")
 
-    def __init__(self, kind: str, psn: int, npsn: int, mr, offset: int, length: int, msn: int) -> None:
+    def __init__(self, kind: str, psn: int, npsn: int, mr, offset: int, length: int, va: int = 0,
+                 rkey: int = 0, origin: "Resource | None" = None) -> None:
         self.kind = kind
         self.psn = psn
         self.npsn = npsn
@@ -45,7 +49,9 @@ class Resource:
         self.offset = offset
         self.length = length
         self.orig = 0
-        self.msn = msn
+        self.va = va
+        self.rkey = rkey
+        self.origin = origin
 
 
 class Responder:
@@ -67,6 +73,8 @@ class Responder:
         self.bytes_received = 0
         self.bytes_sent = 0                 # READ response payload
         self.dup_requests = 0
+        self.dup_read_discards = 0          # duplicate READs inconsistent with the saved one (MR-DUP-003)
+        self.dup_read_replays = 0           # duplicate READs re-executed (MR-DUP-003)
         self.seq_naks = 0
         self.rnr_naks_sent = 0
         self.read_queue: list = []          # [resource, next k]: READ responses still to send
@@ -181,10 +189,11 @@ class Responder:
 
     def _send(self, pkt: "RxPkt") -> None:
         m = pkt.op.mask
+        # Table 3-4 (MR-NAK-014): the receive WQE (RNR, row 4) before the lengths (row 5)
+        if m & MI.RWR and not self._take_recv(pkt):
+            return
         if not self._len_ok(pkt):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "SEND packet length")
-            return
-        if m & MI.START and not self._take_recv(pkt):
             return
         w = self.cur_recv
         n = len(pkt.payload)
@@ -215,8 +224,26 @@ class Responder:
 
     def _write(self, pkt: "RxPkt") -> None:
         m = pkt.op.mask
+        # Table 3-4 (MR-NAK-014): receive WQE of a WRITE WITH IMMEDIATE (RNR, row 4), lengths (row 5),
+        # then R_Key, PD, access, bounds (row 6); memory is touched only after all of them (MR-MEM-027)
+        if m & MI.RWR and not self._take_recv(pkt):
+            return
         if not self._len_ok(pkt):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "WRITE packet length")
+            return
+        if m & MI.START:
+            if pkt.dma_len > DMA_LEN_MAX:                # on its own, whatever the MR (MR-XH-004, MR-NAK-006 (d))
+                self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                          f"WRITE DMA Length {pkt.dma_len} above 2^31")
+                return
+            left = pkt.dma_len
+        else:
+            left = self.write_left
+        n = len(pkt.payload)
+        # payloads add up to the DMA Length, never beyond it (MR-RC-011, MR-MEM-028)
+        if n > left or ((m & MI.END) and n != left):
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"WRITE carries {n} bytes, {left} left")
             return
         if m & MI.START:
             # key, PD, access and bounds once for the whole message (MR-MEM-025); none for 0 bytes (MR-MEM-030)
@@ -225,19 +252,18 @@ class Responder:
             else:
                 chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, pkt.dma_len, Access.REMOTE_WRITE)
                 if chk is None:
-                    self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
+                    # a receive WQE already taken completes with LOC_ACCESS_ERR (Table 7-6)
+                    self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.LOC_ACCESS_ERR,
                               f"WRITE rkey {pkt.rkey:#x} va {pkt.va:#x} len {pkt.dma_len}")
                     return
                 self.write_mr, self.write_off = chk
                 self.write_left = pkt.dma_len
-        n = len(pkt.payload)
-        # payloads add up to the DMA Length, never beyond it (MR-RC-011, MR-MEM-028)
-        if n > self.write_left or ((m & MI.END) and n != self.write_left):
-            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
-                      f"WRITE carries {n} bytes, {self.write_left} left")
+        elif n and not self.write_mr.valid:
+            # deregistered (or invalidated) while the WRITE was in progress: no later packet reaches
+            # its memory (MR-MEM-033)
+            self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.LOC_ACCESS_ERR,
+                      "WRITE target MR deregistered during the message")
             return
-        if m & MI.IMMDT and not self._take_recv(pkt):
-            return                                           # RNR before touching memory (MR-MEM-027)
         if n:
             self.write_mr.mem[self.write_off:self.write_off + n] = pkt.payload
             self.write_off += n
@@ -273,14 +299,39 @@ class Responder:
                 self.msn = (self.msn + 1) & 0xFFFFFF
         return j
 
+    def _resources_full(self) -> bool:
+        """MR-DUP-007, MR-NAK-006 (f): no entry for a new READ/ATOMIC when max_dest_rd_atomic is 0, or
+        when every entry holds a READ whose responses are not all sent (its requester cannot have
+        completed it, so the entry cannot be reused)."""
+        limit = self.qp.attr_max_dest_rd_atomic
+        if limit == 0:
+            return True
+        if len(self.resources) < limit:
+            return False
+        busy = {id(e[0].origin or e[0]) for e in self.read_queue}
+        return all(r.kind == "read" and id(r) in busy for r in self.resources)
+
     def _remember(self, res: Resource) -> None:
-        """At most max_dest_rd_atomic resources; a new READ/ATOMIC takes the oldest (MR-DUP-007)."""
+        """At most max_dest_rd_atomic resources; a new READ/ATOMIC takes the oldest entry whose
+        READ responses are all sent (MR-DUP-007, MR-SEC-012)."""
+        if len(self.resources) >= self.qp.attr_max_dest_rd_atomic:
+            busy = {id(e[0].origin or e[0]) for e in self.read_queue}
+            for i, r in enumerate(self.resources):
+                if not (r.kind == "read" and id(r) in busy):
+                    del self.resources[i]
+                    break
         self.resources.append(res)
-        limit = max(1, self.qp.attr_max_dest_rd_atomic)
-        if len(self.resources) > limit:
-            del self.resources[0]
 
     def _read(self, pkt: "RxPkt") -> None:
+        # Table 3-4 (MR-NAK-014): resources (row 4), DMA Length (row 5), R_Key and bounds (row 6)
+        if self._resources_full():
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"READ beyond max_dest_rd_atomic {self.qp.attr_max_dest_rd_atomic}")
+            return
+        if pkt.dma_len > DMA_LEN_MAX:                    # MR-XH-004, MR-NAK-006 (d), MR-SEC-013
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"READ DMA Length {pkt.dma_len} above 2^31")
+            return
         mtu = self.qp.pmtu
         if pkt.dma_len == 0:
             mr, off = None, 0
@@ -295,9 +346,9 @@ class Responder:
         npsn = max(1, -(-pkt.dma_len // mtu))
         self.flush_ack()
         self.msn = (self.msn + 1) & 0xFFFFFF
-        res = Resource("read", pkt.psn, npsn, mr, off, pkt.dma_len, self.msn)
+        res = Resource("read", pkt.psn, npsn, mr, off, pkt.dma_len, pkt.va, pkt.rkey)
         self._remember(res)
-        self.read_queue.append([res, 0, 0])
+        self.read_queue.append([res, 0])
         self.epsn = (self.epsn + npsn) & PSN_MASK
 
     def progress(self, budget: int) -> int:
@@ -305,9 +356,10 @@ class Responder:
         sent = 0
         while self.read_queue and sent < budget:
             entry = self.read_queue[0]
-            res, k, first_k = entry
+            res, k = entry
             stop = min(res.npsn, k + budget - sent)
-            self._read_responses(res, k, stop, first_k)
+            if not self._read_responses(res, k, stop):
+                return sent
             sent += stop - k
             if stop >= res.npsn:
                 self.read_queue.pop(0)
@@ -315,17 +367,30 @@ class Responder:
                 entry[1] = stop
         return sent
 
-    def _read_responses(self, res: Resource, start: int, stop: int, first_k: int) -> None:
+    def _read_responses(self, res: Resource, start: int, stop: int) -> bool:
+        """READ RESPONSE packets start..stop-1 of `res`.  The R_Key and the bounds of what is left
+        are checked again first: after ibv_dereg_mr no packet reads the MR (MR-MEM-033), and the
+        stream ends with NAK code 2 carrying the READ REQUEST's PSN and the QP in ERR.  (The engine
+        lock is held from here to the last packet, and dereg_mr takes it, so one check covers every
+        packet of this call.)  False when the stream was ended."""
         mtu = self.qp.pmtu
         n = res.npsn
+        if res.mr is not None:
+            left = res.length - start * mtu
+            if self.qp.ctx.keys.check_remote(res.rkey, self.qp.pd, res.va + start * mtu, left,
+                                             Access.REMOTE_READ) is None:
+                self.read_queue.clear()
+                self._nak(NAK_REMOTE_ACCESS_ERR, res.psn, True, WCStatus.REM_ACCESS_ERR,
+                          f"READ rkey {res.rkey:#x}: memory region no longer valid")
+                return False
         mem = res.mr.mem if res.mr is not None else None
-        aeth = _AETH.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (res.msn & 0xFFFFFF))
+        # FIRST, LAST and ONLY carry the current msn (MR-ACK-008)
+        aeth = _AETH.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (self.msn & 0xFFFFFF))
         for k in range(start, stop):
             plen = min(mtu, res.length - k * mtu)
-            # a re-executed READ is a new response stream from first_k (MR-DUP-003)
-            if first_k == n - 1:
+            if n == 1:
                 opcode, ext = Op.RDMA_READ_RESPONSE_ONLY, aeth
-            elif k == first_k:
+            elif k == 0:
                 opcode, ext = Op.RDMA_READ_RESPONSE_FIRST, aeth
             elif k == n - 1:
                 opcode, ext = Op.RDMA_READ_RESPONSE_LAST, aeth
@@ -333,8 +398,13 @@ class Responder:
                 opcode, ext = Op.RDMA_READ_RESPONSE_MIDDLE, b""
             self.qp.emit(opcode, (res.psn + k) & PSN_MASK, 0, 0, ext, mem, res.offset + k * mtu, max(0, plen))
             self.bytes_sent += max(0, plen)
+        return True
 
     def _atomic(self, pkt: "RxPkt") -> None:
+        if self._resources_full():                        # Table 3-4 row 4 (MR-DUP-007, MR-NAK-006 (f))
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"ATOMIC beyond max_dest_rd_atomic {self.qp.attr_max_dest_rd_atomic}")
+            return
         # R_Key and bounds of [VA, VA + 8) first, then alignment (MR-ATOM-005, MR-ATOM-002, Table 3-4)
         chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, 8, Access.REMOTE_ATOMIC)
         if chk is None:
@@ -354,15 +424,16 @@ class Responder:
             cell[0] = (orig + pkt.swap_add) & U64_MASK
         self.flush_ack()
         self.msn = (self.msn + 1) & 0xFFFFFF
-        res = Resource("atomic", pkt.psn, 1, mr, off, 8, self.msn)
+        res = Resource("atomic", pkt.psn, 1, mr, off, 8, pkt.va, pkt.rkey)
         res.orig = orig
         self._remember(res)
         self._atomic_ack(res)
         self.epsn = (self.epsn + 1) & PSN_MASK
 
     def _atomic_ack(self, res: Resource) -> None:
-        """ATOMIC ACKNOWLEDGE: the request's PSN, an ACK AETH, the original value (MR-ATOM-006)."""
-        ext = _AETH_ORIG.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (res.msn & 0xFFFFFF), res.orig)
+        """ATOMIC ACKNOWLEDGE: the request's PSN, an ACK AETH with the current msn, the original value
+        (MR-ATOM-006, MR-DUP-005)."""
+        ext = _AETH_ORIG.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (self.msn & 0xFFFFFF), res.orig)
         self.qp.emit(Op.ATOMIC_ACKNOWLEDGE, res.psn, 0, 0, ext, None, 0, 0)
 
     def _duplicate(self, pkt: "RxPkt") -> None:
@@ -377,12 +448,38 @@ class Responder:
             d = psn_diff(pkt.psn, res.psn)
             if 0 <= d < res.npsn:
                 if res.kind == "read" and m & MI.READ:
-                    self.flush_ack()
-                    # re-execute from the duplicate's PSN; drop any pending copy of the same READ
-                    self.read_queue = [e for e in self.read_queue if e[0] is not res]
-                    self.read_queue.append([res, d, d])
+                    self._replay_read(pkt, res, d)
                 elif res.kind == "atomic" and m & MI.ATOMIC and d == 0:
                     self.flush_ack()
                     self._atomic_ack(res)
                 return
         # too old to be remembered, or another kind of operation: drop it (MR-DUP-003, MR-DUP-005, MR-DUP-009)
+
+    def _replay_read(self, pkt: "RxPkt", res: Resource, d: int) -> None:
+        """MR-DUP-003: re-execute a duplicate READ REQUEST found in resources[] -- only with the saved
+        R_Key and a range inside the saved one whose responses fit the saved PSNs (else discarded and
+        counted in dup_read_discards), and only after the R_Key and bounds pass again (MR-MEM-021 to
+        MR-MEM-024): after ibv_dereg_mr the replay gets NAK code 2 and no byte of memory
+        (MR-MEM-033).  The stream restarts at the duplicate's PSN (MR-DUP-008)."""
+        mtu = self.qp.pmtu
+        npsn = max(1, -(-pkt.dma_len // mtu))
+        if (pkt.rkey != res.rkey or pkt.va < res.va or pkt.va + pkt.dma_len > res.va + res.length
+                or d + npsn > res.npsn):
+            self.dup_read_discards += 1
+            return
+        if pkt.dma_len == 0:
+            mr, off = None, 0
+        else:
+            chk = self.qp.ctx.keys.check_remote(pkt.rkey, self.qp.pd, pkt.va, pkt.dma_len, Access.REMOTE_READ)
+            if chk is None:
+                self.read_queue.clear()
+                self._nak(NAK_REMOTE_ACCESS_ERR, pkt.psn, True, WCStatus.REM_ACCESS_ERR,
+                          f"duplicate READ rkey {pkt.rkey:#x} va {pkt.va:#x}: R_Key or bounds check failed")
+                return
+            mr, off = chk
+        self.dup_read_replays += 1
+        self.flush_ack()
+        # abandon any stream of the same READ still queued (MR-DUP-008)
+        self.read_queue = [e for e in self.read_queue if (e[0].origin or e[0]) is not res]
+        self.read_queue.append([Resource("read", pkt.psn, npsn, mr, off, pkt.dma_len, pkt.va, pkt.rkey,
+                                         origin=res), 0])

@@ -1,0 +1,275 @@
+"""The responder's compat rules checked packet by packet (spec 03 Table 3-4, MR-DUP, MR-MEM-033).
+
+Crafted request packets (the reference codec) are put into the responder's
+LoopPort inbox and only the responder's engine runs, so the frames it answers
+with can be read from the requester's inbox before anyone consumes them:
+what was sent, with which PSN and syndrome, and whether any byte of memory
+left the responder.
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+
+from metaroce_xdp.wire import AETH, RETH, Op, decode, encode
+from metaroce_xdp.wire.headers import AtomicETH, ImmDt
+from metaroce_xdp.verbs_types import Access, QPState
+from rc_players import FULL, RecvWR, SendWR, WCStatus, WROpcode, loop_pair, run_until, wait_wcs
+
+MTU = 1024
+
+
+def inject(req, resp, opcode, psn, payload=b"", **headers) -> list:
+    """Hand one request frame from `req` to `resp`, run resp's engine alone, return what resp sent."""
+    rp, sp = req.ctx.port, resp.ctx.port
+    sp.inbox.append(encode(opcode, src_mac=rp.mac, dst_mac=sp.mac, src_ip=rp.ip, dst_ip=sp.ip,
+                           sport=req.qp.sport, dest_qp=resp.qp.qp_num, psn=psn, ack_req=1,
+                           headers=headers, payload=payload))
+    resp.ctx.engine.progress()
+    out = [decode(f) for f in rp.inbox]
+    rp.inbox.clear()
+    return out
+
+
+def nak_of(pkts) -> list[tuple[int, int]]:
+    """(PSN, syndrome) of the ACKNOWLEDGE packets among pkts."""
+    return [(p.bth.psn, p.ext["aeth"].syndrome) for p in pkts if p.bth.opcode == Op.ACKNOWLEDGE]
+
+
+def read_responses(pkts) -> list:
+    return [p for p in pkts if Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode <= Op.RDMA_READ_RESPONSE_ONLY]
+
+
+def _read_once(a, b, n=3000):
+    """A reads n bytes of B's MR once (PSN 100..), both sides then idle; B keeps the READ in resources[]."""
+    b.buf[:n] = np.arange(n, dtype=np.uint32).astype(np.uint8) ^ 0x5A
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, n)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.SUCCESS and np.array_equal(a.buf[:n], b.buf[:n])
+    run_until([a, b], lambda: not a.ctx.port.inbox and not b.ctx.port.inbox)
+    return n
+
+
+def test_duplicate_read_after_dereg_returns_no_memory():
+    """MR-MEM-033, MR-DUP-003, MR-MEM-021: a duplicate READ replayed after ibv_dereg_mr is checked again:
+    no READ RESPONSE, no byte of the old MR; NAK code 2 with the duplicate's PSN and the QP in ERR."""
+    a, b = loop_pair(mtu=MTU)
+    n = _read_once(a, b)
+    va, rkey = b.mr.addr, b.mr.rkey
+    b.ctx.dereg_mr(b.mr)
+    for psn, off in ((100, 0), (102, 2 * MTU)):       # from the start, and the re-request of the rest
+        out = inject(a, b, Op.RDMA_READ_REQUEST, psn, reth=RETH(va=va + off, rkey=rkey, dma_len=n - off))
+        if psn == 100:
+            assert read_responses(out) == [] and not any(p.payload for p in out)
+            assert nak_of(out) == [(100, 0x62)]        # NAK code 2, the duplicate's PSN
+            assert b.qp.state == QPState.ERR
+        else:
+            assert out == []                          # in ERR: silent (MR-QP-025)
+
+
+def test_duplicate_read_after_dereg_with_a_new_mr_at_the_same_place():
+    """MR-MEM-033, MR-DUP-003: the saved READ's R_Key is gone; a new MR over the same memory has another
+    key, and the duplicate (carrying the old key) still gets no data."""
+    a, b = loop_pair(mtu=MTU)
+    n = _read_once(a, b)
+    old_rkey = b.mr.rkey
+    b.ctx.dereg_mr(b.mr)
+    mr2 = b.pd.reg_mr(b.buf, FULL)
+    out = inject(a, b, Op.RDMA_READ_REQUEST, 100, reth=RETH(va=b.buf.ctypes.data, rkey=old_rkey, dma_len=n))
+    if mr2.rkey == old_rkey:                          # same index and tag drawn again: MR-MEM-011 divergence
+        pytest.skip("the new MR drew the old key (MR-MEM-011 is open)")
+    assert read_responses(out) == [] and nak_of(out) == [(100, 0x62)]
+
+
+@pytest.mark.parametrize("case", ["other_rkey", "before_va", "past_end", "longer", "psn_overflow"])
+def test_inconsistent_duplicate_read_is_discarded(case):
+    """MR-DUP-003: a duplicate READ must carry the saved R_Key and ask for a range inside the saved one
+    (and its responses must fit the saved PSNs); otherwise it is silently discarded -- even when its own
+    R_Key is valid for the QP -- counted, and the QP stays in RTS (MR-DUP-001)."""
+    a, b = loop_pair(mtu=MTU)
+    n = _read_once(a, b)
+    other = b.pd.reg_mr(np.full(8192, 0xEE, np.uint8), FULL)   # a valid key the READ never named
+    va, rkey, psn, ln = b.mr.addr, b.mr.rkey, 100, n
+    if case == "other_rkey":
+        va, rkey = other.addr, other.rkey
+    elif case == "before_va":
+        va -= 8
+    elif case == "past_end":
+        va += 8
+    elif case == "longer":
+        ln = n + 1
+    elif case == "psn_overflow":
+        psn, va, ln = 102, va, n                      # the whole range, but starting at the last PSN
+    out = inject(a, b, Op.RDMA_READ_REQUEST, psn, reth=RETH(va=va, rkey=rkey, dma_len=ln))
+    assert out == []
+    assert b.qp.responder.dup_read_discards == 1 and b.qp.responder.dup_requests == 1
+    assert b.qp.state == QPState.RTS
+
+
+def test_consistent_duplicate_read_is_reexecuted_with_current_memory():
+    """MR-DUP-003, MR-DUP-004, MR-ACK-008: a consistent duplicate READ is read again as memory is now,
+    from the duplicate's PSN (FIRST ... LAST), the AETHs carrying the current msn."""
+    a, b = loop_pair(mtu=MTU)
+    n = _read_once(a, b)
+    b.buf[:n] = 0x33
+    msn = b.qp.responder.msn
+    out = inject(a, b, Op.RDMA_READ_REQUEST, 101, reth=RETH(va=b.mr.addr + MTU, rkey=b.mr.rkey, dma_len=n - MTU))
+    rr = read_responses(out)
+    assert [p.bth.psn for p in rr] == [101, 102]
+    assert [p.bth.opcode for p in rr] == [Op.RDMA_READ_RESPONSE_FIRST, Op.RDMA_READ_RESPONSE_LAST]
+    assert b"".join(p.payload for p in rr) == b"\x33" * (n - MTU)
+    assert all(p.ext["aeth"].msn == msn for p in rr)
+    assert b.qp.responder.dup_read_replays == 1 and b.qp.state == QPState.RTS
+
+
+def test_read_stream_ends_when_its_mr_is_deregistered():
+    """MR-MEM-033: a READ response stream in progress when its MR is deregistered ends with NAK code 2
+    carrying the READ REQUEST's PSN; no later packet reads the MR; the requester completes the READ with
+    IBV_WC_REM_ACCESS_ERR (MR-NAK-010)."""
+    a, b = loop_pair(mtu=MTU)
+    n = 16 * MTU
+    b.buf[:n] = 0x77
+    b.ctx.engine.budget = 4                           # four responses per progress round
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, n)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    a.ctx.engine.progress()                           # the READ REQUEST leaves
+    b.ctx.engine.progress()                           # accepted; the first responses leave
+    sent_before = b.qp.responder.bytes_sent
+    assert 0 < sent_before < n
+    b.ctx.dereg_mr(b.mr)
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+    assert b.qp.responder.bytes_sent == sent_before
+    assert not a.buf[sent_before:n].any()             # nothing after the deregistration arrived
+    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
+
+
+def test_write_stream_ends_when_its_mr_is_deregistered():
+    """MR-MEM-033: a multi-packet WRITE whose MR is deregistered between packets gets NAK code 2 at the
+    next packet and writes nothing more (the compiled placer stands aside too)."""
+    a, b = loop_pair(mtu=MTU)
+    out = inject(a, b, Op.RDMA_WRITE_FIRST, 100, payload=b"\x11" * MTU,
+                 reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=3 * MTU))
+    assert nak_of(out) in ([], [(100, 0x1F)])
+    b.ctx.dereg_mr(b.mr)
+    out = inject(a, b, Op.RDMA_WRITE_MIDDLE, 101, payload=b"\x22" * MTU)
+    assert nak_of(out) == [(101, 0x62)] and b.qp.state == QPState.ERR
+    assert (b.buf[:MTU] == 0x11).all() and not b.buf[MTU:].any()
+
+
+# ---- Table 3-4: the order of the checks (MR-NAK-014) -------------------------------------------
+
+def test_rnr_before_length_for_send_with_empty_rq():
+    """MR-NAK-014, MR-RNR-001: SEND ONLY longer than the path MTU with no receive WQE posted: the receive
+    WQE check (row 4) comes before the length check (row 5), so RNR NAK and the QP stays in RTR/RTS."""
+    a, b = loop_pair(mtu=MTU, min_rnr_timer=3)
+    out = inject(a, b, Op.SEND_ONLY, 100, payload=b"x" * (MTU + 4))
+    assert nak_of(out) == [(100, 0x20 | 3)]
+    assert b.qp.state == QPState.RTS and b.qp.responder.epsn == 100
+    b.qp.post_recv(RecvWR(wr_id=5, sg_list=[b.sge(0, 4 * MTU)]))
+    out = inject(a, b, Op.SEND_ONLY, 100, payload=b"x" * (MTU + 4))
+    assert nak_of(out) == [(100, 0x61)]               # now the length: invalid request
+    (wc,) = b.cq.poll(4)
+    assert (wc.wr_id, wc.status) == (5, WCStatus.REM_INV_REQ_ERR)   # the receive WQE in use (Table 7-6)
+
+
+@pytest.mark.parametrize("bad", ["rkey", "length"])
+def test_write_with_imm_rnr_first(bad):
+    """MR-NAK-014: RDMA WRITE ONLY WITH IMMEDIATE with an empty receive queue gets an RNR NAK even when its
+    R_Key or its length is bad (row 4 before rows 5 and 6); with a receive WQE posted the bad length is an
+    invalid request and the bad R_Key a remote access error, the WQE completing with
+    IBV_WC_LOC_ACCESS_ERR (Table 7-6) and no memory written."""
+    a, b = loop_pair(mtu=MTU, min_rnr_timer=2)
+    rkey = b.mr.rkey ^ 1 if bad == "rkey" else b.mr.rkey
+    dma_len = 8 if bad == "rkey" else 16
+    hdr = dict(reth=RETH(va=b.mr.addr, rkey=rkey, dma_len=dma_len), immdt=ImmDt(imm=7))
+    out = inject(a, b, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE, 100, payload=b"y" * 8, **hdr)
+    assert nak_of(out) == [(100, 0x22)] and b.qp.state == QPState.RTS
+    b.qp.post_recv(RecvWR(wr_id=6, sg_list=[b.sge(0, 8)]))
+    out = inject(a, b, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE, 100, payload=b"y" * 8, **hdr)
+    assert nak_of(out) == [(100, 0x62 if bad == "rkey" else 0x61)]
+    (wc,) = b.cq.poll(4)
+    assert wc.wr_id == 6
+    assert wc.status == (WCStatus.LOC_ACCESS_ERR if bad == "rkey" else WCStatus.REM_INV_REQ_ERR)
+    assert not b.buf.any()
+
+
+def test_write_length_before_rkey():
+    """MR-NAK-014: a WRITE ONLY whose payload does not match its DMA Length and whose R_Key is bad is an
+    invalid request (row 5, MR-RC-011) rather than a remote access error (row 6)."""
+    a, b = loop_pair(mtu=MTU)
+    out = inject(a, b, Op.RDMA_WRITE_ONLY, 100, payload=b"z" * 8,
+                 reth=RETH(va=b.mr.addr, rkey=b.mr.rkey ^ 1, dma_len=12))
+    assert nak_of(out) == [(100, 0x61)] and not b.buf.any()
+
+
+@pytest.mark.parametrize("op", [Op.RDMA_READ_REQUEST, Op.RDMA_WRITE_FIRST])
+def test_dma_length_above_2_31_is_invalid_request(op):
+    """MR-XH-004, MR-NAK-006 (d), MR-SEC-013: a DMA Length above 2^31 is an invalid request on its own,
+    even for an R_Key whose MR would cover it (NAK code 1, not 2), and nothing is read or written."""
+    a, b = loop_pair(mtu=MTU)
+    # an MR larger than 2^31 bytes (anonymous memory: untouched pages cost nothing)
+    huge = np.frombuffer(mmap.mmap(-1, (1 << 31) + 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    big = b.pd.reg_mr(huge, FULL)
+    payload = b"w" * MTU if op == Op.RDMA_WRITE_FIRST else b""
+    out = inject(a, b, op, 100, payload=payload, reth=RETH(va=big.addr, rkey=big.rkey, dma_len=(1 << 31) + 1))
+    assert read_responses(out) == []
+    assert nak_of(out) == [(100, 0x61)] and b.qp.state == QPState.ERR
+    assert not huge[:2 * MTU].any()
+
+
+def test_dma_length_of_exactly_2_31_is_not_a_length_error():
+    """MR-XH-004: 2^31 itself is allowed; a READ of 2^31 bytes from a small MR fails the bounds (code 2)."""
+    a, b = loop_pair(mtu=MTU)
+    out = inject(a, b, Op.RDMA_READ_REQUEST, 100, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=1 << 31))
+    assert nak_of(out) == [(100, 0x62)]
+
+
+def test_read_beyond_responder_resources():
+    """MR-DUP-007, MR-NAK-006 (f), MR-SEC-012: with max_dest_rd_atomic 0 a READ or an ATOMIC is an
+    invalid request; with 1, a second READ while the first one's responses are still queued is too."""
+    for op in (Op.RDMA_READ_REQUEST, Op.FETCH_ADD):
+        a, b = loop_pair(mtu=MTU, rd_atomic=0)
+        hdr = (dict(reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=8)) if op == Op.RDMA_READ_REQUEST
+               else dict(atomiceth=AtomicETH(va=b.mr.addr, rkey=b.mr.rkey, swap_add=1, compare=0)))
+        out = inject(a, b, op, 100, **hdr)
+        assert nak_of(out) == [(100, 0x61)] and not b.buf.any()
+    a, b = loop_pair(mtu=MTU, rd_atomic=1)
+    b.ctx.engine.budget = 2
+    out = inject(a, b, Op.RDMA_READ_REQUEST, 100, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=8 * MTU))
+    assert len(read_responses(out)) == 2                # six responses still to send
+    out = inject(a, b, Op.RDMA_READ_REQUEST, 108, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=8))
+    assert nak_of(out) == [(108, 0x61)] and b.qp.state == QPState.ERR
+
+
+def test_read_response_aeth_carries_the_current_msn():
+    """MR-ACK-008: READ RESPONSE FIRST/LAST carry the current msn, which a SEND accepted while the
+    responses are still queued has already advanced."""
+    a, b = loop_pair(mtu=MTU)
+    b.ctx.engine.budget = 1
+    b.qp.post_recv(RecvWR(wr_id=1, sg_list=[b.sge(0, 64)]))
+    out = inject(a, b, Op.RDMA_READ_REQUEST, 100, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=2 * MTU))
+    assert [p.ext["aeth"].msn for p in read_responses(out)] == [1]
+    out = inject(a, b, Op.SEND_ONLY, 102, payload=b"s" * 4)
+    last = [p for p in read_responses(out) if p.bth.opcode == Op.RDMA_READ_RESPONSE_LAST]
+    assert b.qp.responder.msn == 2 and [p.ext["aeth"].msn for p in last] == [2]
+
+
+def test_full_read_and_write_paths_still_complete():
+    """MR-DUP-003, MR-NAK-014: the reordered checks leave normal traffic intact (WRITE WITH IMM, READ, SEND)."""
+    a, b = loop_pair(mtu=MTU)
+    a.buf[:5000] = 9
+    b.qp.post_recv([RecvWR(wr_id=i, sg_list=[b.sge(60000, 8000)]) for i in range(2)])
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[a.sge(0, 5000)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey, imm_data=3),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(10000, 5000)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey),
+                    SendWR(wr_id=3, opcode=WROpcode.SEND, sg_list=[a.sge(0, 3000)])])
+    wcs = wait_wcs([a, b], a, 3)
+    assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.SUCCESS), (3, WCStatus.SUCCESS)]
+    rw = wait_wcs([a, b], b, 2)
+    assert [w.status for w in rw] == [WCStatus.SUCCESS] * 2
+    assert (a.buf[10000:15000] == 9).all()
