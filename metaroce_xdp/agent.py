@@ -492,8 +492,10 @@ class Agent:
         qp = e.qp
         with self.engine.lock:
             if (state == QPState.RTR and qp.state == QPState.INIT and attr.dmac is None and qp.dmac is None
-                    and attr.dgid is not None):
+                    and attr.dgid is not None and getattr(self.engine, "pathwatch", None) is None):
                 # Resolve the peer's MAC before the QP changes, so that a failure leaves it untouched.
+                # (On a real interface QP.modify resolves the route's next hop itself and keeps it
+                # current; pinning it here as attrs.dmac would stop that.)
                 resolve = self.engine.resolve_mac
                 dmac = resolve(attr.dgid) if resolve is not None else None
                 if dmac is None:

@@ -156,14 +156,14 @@ class _Side:
 
     def to_rtr(self, peer: cm.CMMsg, mtu: int) -> None:
         from metaroce_xdp.verbs_types import QPAttr, QPState, VerbsError
+        # MR-CM-024: the destination MAC is the next hop's, from this host's route and neighbour
+        # tables (the engine resolves it); the peer's mac field is informational only
         attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
                       dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER)
         try:
             self.qp.modify(attr)
-        except VerbsError:
-            # MR-CM-024: the peer's own MAC when neighbour resolution did not complete
-            attr.dmac = peer.mac_text
-            self.qp.modify(attr)
+        except VerbsError as e:
+            raise PerfError(f"cannot reach {attr.dgid}: {e}") from None
 
     def to_rts(self, peer: cm.CMMsg) -> None:
         from metaroce_xdp.verbs_types import QPAttr, QPState

@@ -13,6 +13,7 @@ the API safe to call from other threads.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import struct
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..netinfo import NetInfoError
 from ..verbs_types import (Access, InvalidArgument, QPCap, QPState, ResourceError, SendFlags, VerbsError, WC,
                            WROpcode)
 from ..wire.opcodes import MI
@@ -32,6 +34,7 @@ from .requester import ACKREQ_EVERY
 from ..wire.errors import MalformedPacket
 from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
 from .memory import MR, PD, KeyTable, as_u8
+from .pathwatch import PathWatch
 from .qp import QP
 from .rxparse import parse
 
@@ -130,14 +133,48 @@ class Engine:
         self.burst_tx = hasattr(port, "tx_slots") and not nob
         self.burst_rx = hasattr(port, "rx_burst_raw") and not nob
         self._lens = np.zeros(4096, np.uint32)
+        # routed paths: the port's resolver (netinfo.PathResolver) re-resolves running QPs'
+        # next hops on route/neighbour events and local ACK timeouts (pathwatch.py)
+        paths = getattr(port, "paths", None)
+        self.pathwatch = PathWatch(self, paths) if paths is not None else None
         _warm_up()
 
     # -- TX ---------------------------------------------------------------------
+    def prepare_path(self, dgid: str) -> None:
+        """Resolve the path to dgid before QP.modify takes the engine lock (ARP/ND may take a
+        while); make_template then finds the neighbour entry at once."""
+        if self.pathwatch is None:
+            return
+        try:
+            ipaddress.ip_address(dgid.removeprefix("::ffff:") if "." in dgid else dgid)
+        except ValueError:
+            return                                 # QP.modify reports it
+        self.pathwatch.resolver.resolve(dgid.removeprefix("::ffff:") if "." in dgid else dgid)
+
     def make_template(self, qp: QP):
-        dmac = qp.dmac or (self.resolve_mac(qp.dgid) if self.resolve_mac else None)
+        """The QP's frame template.  Its destination MAC is QPAttr.dmac when the application gave
+        one, else the next hop's from the kernel's route and neighbour tables (netinfo), which
+        PathWatch then keeps current."""
+        given = qp.dmac is not None and (qp.next_hop is None or qp.dmac != qp.next_hop.mac)
+        if given:
+            return self.build_template(qp, qp.dmac)
+        if self.pathwatch is not None:
+            hop = self.pathwatch.resolver.resolve(qp.dgid)
+            t = self.build_template(qp, hop.mac, hop.src)
+            qp.dmac, qp.next_hop = hop.mac, hop
+            self.pathwatch.track(qp.qp_num, qp.dgid)
+            return t
+        dmac = self.resolve_mac(qp.dgid) if self.resolve_mac else None
         if dmac is None:
             raise InvalidArgument(f"no MAC address for {qp.dgid}: give QPAttr.dmac or make the peer reachable")
         qp.dmac = dmac
+        return self.build_template(qp, dmac)
+
+    def build_template(self, qp: QP, dmac: str, src: str | None = None):
+        if src is not None and ipaddress.ip_address(src) != ipaddress.ip_address(self.local_ip):
+            raise NetInfoError(f"the route to {qp.dgid} uses source {src}, but this endpoint's address (its GID) "
+                               f"is {self.local_ip}: make the route use it (ip route change <prefix> via "
+                               f"<gateway> src {self.local_ip})")
         return make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=qp.dgid,
                              sport=qp.sport, dest_qp=qp.dest_qp, dscp=qp.dscp, ecn=2)   # ECT(0) (MR-ECN-001)
 
@@ -237,6 +274,8 @@ class Engine:
         with self.lock:
             self.now = time.monotonic_ns()
             work = False
+            if self.pathwatch is not None and self.pathwatch.updates:
+                self.pathwatch.apply()             # next hops re-resolved by the resolver thread
             if self.burst_rx:
                 work = self._rx_raw()
             else:
@@ -256,7 +295,10 @@ class Engine:
                 if r.read_queue:
                     work |= r.progress(self.budget) > 0
                 if qp.state in (QPState.RTS, QPState.SQD):
+                    tmo = qp.completer.timeouts
                     qp.completer.check_timer(self.now)
+                    if qp.completer.timeouts != tmo and qp.next_hop is not None:
+                        self.pathwatch.recheck(qp.qp_num, qp.dgid)   # has the next hop moved?
                     if qp.requester.progress(self.budget):
                         work = True
             self.port.flush()

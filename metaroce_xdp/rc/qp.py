@@ -74,6 +74,10 @@ class QP:
         self.dest_qp = 0
         self.dgid: str | None = None
         self.dmac: str | None = None
+        self.next_hop = None                        # netinfo.NextHop when the engine resolved dmac
+        self.path_resolves = 0                      # re-resolutions of the next hop (pathwatch.py)
+        self.path_changes = 0                       # ... that changed it
+        self.path_error: str | None = None
         self.sport = 0xC000 | (qp_num & 0x3FFF)     # one source port per QP in [0xC000, 0xFFFF] (MR-ENC-020)
         self.dscp = 26                              # MR-ECN-004
         self.attr_timeout = 14
@@ -112,6 +116,8 @@ class QP:
         new = QPState(attr.qp_state) if attr.qp_state is not None else self.state
         given = attr.given()
         given.pop("qp_state", None)
+        if new == QPState.RTR and self.state == QPState.INIT and "dgid" in given and "dmac" not in given:
+            self.ctx.engine.prepare_path(given["dgid"])      # may wait for ARP/ND: not under the lock
         with self.ctx.engine.lock:
             if new == QPState.RESET:
                 self._reset()
@@ -329,4 +335,6 @@ class QP:
             "timeouts": c.timeouts, "naks_received": c.naks, "rnr_naks_received": c.rnr_naks,
             "seq_naks_sent": s.seq_naks, "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.dup_requests,
             "error": self.error_reason,
+            "next_hop": (self.next_hop.hop if self.next_hop else None), "dmac": self.dmac,
+            "path_resolves": self.path_resolves, "path_changes": self.path_changes,
         }

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..afxdp import rings
 from ..afxdp.xsk import Umem, XskSocket
-from ..netinfo import iface_info, resolve_mac
+from ..netinfo import PathResolver, iface_info
 from ..verbs_types import PATH_MTUS
 
 # Largest header stack a data packet carries: Ethernet + VLAN + IPv6 + UDP + BTH + RETH + ImmDt + ICRC
@@ -41,9 +41,14 @@ class XskPort:
             raise ValueError(f"{ifname} has no {'IPv6' if ipv6 else 'IPv4'} address")
         self.ip = addrs[0]
         self.max_pmtu = max_path_mtu(info.mtu, frame_size)
-        self.umem = Umem(nframes, frame_size)
-        self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
-                             comp_size=ring, prefill=min(ring, nframes // 2))
+        self.paths = PathResolver(ifname)       # next hops, looked up in this (the caller's) namespace
+        try:
+            self.umem = Umem(nframes, frame_size)
+            self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
+                                 comp_size=ring, prefill=min(ring, nframes // 2))
+        except BaseException:
+            self.paths.close()
+            raise
         self.frames = self.umem.frames
         self.pool = self.umem.pool
         self._cache = np.empty(0, np.uint64)
@@ -58,7 +63,8 @@ class XskPort:
         self.closed = False
 
     def resolve_mac(self, ip: str) -> str:
-        return resolve_mac(ip, self.ifname)
+        """The MAC frames to ip are sent to: its route's next hop (netinfo.PathResolver)."""
+        return self.paths.resolve(ip).mac
 
     def fileno(self) -> int:
         return self.xsk.fileno()
@@ -169,6 +175,7 @@ class XskPort:
         if self.closed:
             return
         self.closed = True
+        self.paths.close()
         self._cache = None
         self.frames = None
         self.xsk.close()
