@@ -9,6 +9,8 @@
 #   4. a venv from /usr/bin/python3 --system-site-packages (so `import bcc` works)
 #      with this package and its dev extras installed
 #   5. a smoke check: BCC compiles and loads an XDP program
+#   6. `metaroce warmup`: the data path's numba functions compiled into numba's on-disk
+#      cache, so the first endpoint does not compile while its QPs are live
 set -euo pipefail
 
 VENV="${VENV:-.venv}"
@@ -94,3 +96,7 @@ b = bcc.BPF(text="int xdp_ok(struct xdp_md *ctx) { return XDP_PASS; }")
 b.load_func("xdp_ok", bcc.BPF.XDP)
 PY
 step "ok: BCC compiles and loads XDP programs"
+
+# 6. numba data path compiled ahead (a compile on a live QP outlasts the peer's ACK timeout)
+step "compiling the data path into numba's cache (metaroce warmup; up to a minute when cold)"
+"$VENV/bin/python" -m tools.metaroce_cli warmup -q || die "metaroce warmup failed: see the error above"

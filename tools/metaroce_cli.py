@@ -157,6 +157,40 @@ def stat_cmd(
     typer.echo(_json.dumps(c) if as_json else qpstat.format_counters(c))
 
 
+@app.command("warmup")
+def warmup_cmd(
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="only the summary line"),
+) -> None:
+    """Compile the data path's numba functions into numba's on-disk cache (`make setup` runs it).
+
+    Every function is called once with the argument types its run-time caller passes, so an
+    endpoint never compiles while its QPs are live (a cold compile outlasts the peer's ACK timeout)."""
+    from metaroce_xdp import jitwarm
+
+    echo = (lambda s: None) if quiet else typer.echo
+    if not jitwarm.JIT_ENABLED:
+        typer.echo("metaroce warmup: NUMBA_DISABLE_JIT is set, nothing to compile")
+        return
+    state = jitwarm.cache_is_warm()
+    echo(f"metaroce warmup: {len(jitwarm.plan())} entry points; cache "
+         + {True: "warm (loading)", False: "cold (compiling, may take a minute)", None: "state unknown"}[state])
+    try:
+        rep = jitwarm.warm_up(echo, cold_notice=lambda msg: None)
+    except Exception as e:                             # a numba or LLVM failure: say which and stop setup
+        typer.echo(f"error: compiling the data path failed: {type(e).__name__}: {e}", err=True)
+        raise typer.Exit(1)
+    if not quiet:
+        per = rep.per_module()
+        entry = {(e.module, e.name) for e in rep.entries}
+        for mod in jitwarm.MODULES:
+            inner = [n for m, n, _ in jitwarm.dispatchers() if m == mod and (m, n) not in entry]
+            typer.echo(f"  {mod:<28} {per.get(mod, 0.0):7.2f} s" +
+                       (f"   compiled into its callers: {', '.join(inner)}" if inner else ""))
+    typer.echo(f"metaroce warmup: {rep.compiled} of {len(rep.entries)} compiled, the rest loaded from the cache, "
+               f"in {rep.seconds:.1f} s; cache was "
+               f"{'warm' if rep.was_warm else 'cold' if rep.was_warm is False else 'unknown'} ({rep.cache_dir})")
+
+
 def main() -> None:
     app(prog_name="metaroce")
 

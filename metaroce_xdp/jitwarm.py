@@ -1,0 +1,267 @@
+"""Compile the data path ahead of traffic: every numba function, with the argument types it gets at run time.
+
+A numba function compiles on its first call for each new combination of argument types
+(a readonly array, a uint64 scalar or a 2-D array each make a different one).  Cold, the
+data path takes about a minute to compile; if that happens while QPs are live, the peer's
+local ACK timer fires and its retries run out (issue 6, "first run").  So:
+
+* `warm_up()` calls each function that Python code calls at run time once, with arguments
+  built the way the run-time callers build them (`rc/engine.py`, `rc/responder.py`,
+  `rc/requester.py`, `rc/xskport.py`, `afxdp/xsk.py`), on scratch buffers.  Functions only
+  called from compiled code (`icrc_numba`, `_csum_add`, the ring primitives ...) compile
+  with their callers.  With `cache=True` the result lands in numba's on-disk cache, so a
+  warm start only loads it (~0.3 s).
+* `Context.open` (and `Engine`) call it before any QP exists; `metaroce warmup` (run by
+  `make setup`) does it ahead of time and says what it did.
+* `cache_is_warm()` tells, before compiling, whether the cache holds every entry, so a cold
+  start can say why it is slow.
+
+tests/test_first_run.py checks that after `warm_up()` a real transfer over veth adds no
+specialisation to any dispatcher of `MODULES`: a missed type here would be a compile on
+the live path.
+
+Neighbours: wire/icrc.py, wire/fastpath.py, rc/burst.py, afxdp/rings.py (the compiled
+functions); rc/engine.py (calls warm_up); tools/metaroce_cli.py (`metaroce warmup`).
+"""
+from __future__ import annotations
+
+import importlib
+import mmap
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from numba import config as numba_config
+
+# Modules whose numba functions make up the data path.
+MODULES = ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
+           "metaroce_xdp.afxdp.rings")
+
+COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: seconds to a minute; "
+                "`metaroce warmup` does this ahead)")
+
+JIT_ENABLED = not numba_config.DISABLE_JIT
+_lock = threading.Lock()
+_done: "WarmupReport | None" = None
+
+
+@dataclass
+class Entry:
+    """One call that warm_up makes: a dispatcher and the run-time-typed arguments for it."""
+    module: str
+    name: str
+    why: str                      # which run-time caller passes these types
+    fn: Any
+    args: tuple
+    seconds: float = 0.0
+    source: str = ""              # "cache" (loaded), "compiled", "present" (already in memory), "nojit"
+
+
+@dataclass
+class WarmupReport:
+    entries: list[Entry] = field(default_factory=list)
+    seconds: float = 0.0
+    was_warm: bool | None = None   # the on-disk cache held every entry before we started (None: unknown)
+    jit: bool = True
+    cache_dir: str = ""
+
+    @property
+    def compiled(self) -> int:
+        return sum(e.source == "compiled" for e in self.entries)
+
+    def per_module(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for e in self.entries:
+            out[e.module] = out.get(e.module, 0.0) + e.seconds
+        return out
+
+
+def dispatchers() -> list[tuple[str, str, Any]]:
+    """(module, name, dispatcher) for every numba function defined in MODULES.
+
+    inline="always" functions are left out: numba inlines their IR into callers and never
+    compiles them on their own."""
+    from numba.core.dispatcher import Dispatcher
+    out = []
+    for modname in MODULES:
+        mod = importlib.import_module(modname)
+        for name, obj in sorted(vars(mod).items()):
+            if (isinstance(obj, Dispatcher) and obj.py_func.__module__ == modname
+                    and obj.targetoptions.get("inline", "never") != "always"):
+                out.append((modname, name, obj))
+    return out
+
+
+def _anon_u8(n: int) -> np.ndarray:
+    """n bytes of anonymous shared memory as uint8, made like the UMEM (afxdp/xsk.py Umem)."""
+    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+def _ring(size: int, is_desc: bool):
+    """A ring's numpy views, made like afxdp/xsk.py _map_ring (index words, then descriptors)."""
+    entry = 16 if is_desc else 8
+    mm = mmap.mmap(-1, 64 * 3 + size * entry, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    u32 = lambda o: np.frombuffer(mm, dtype=np.uint32, count=1, offset=o)  # noqa: E731
+    prod, cons, flags = u32(0), u32(64), u32(128)
+    if is_desc:
+        body = np.frombuffer(mm, dtype=np.uint64, count=2 * size, offset=192).reshape(size, 2)
+    else:
+        body = np.frombuffer(mm, dtype=np.uint64, count=size, offset=192)
+    return prod, cons, flags, body
+
+
+def plan() -> list[Entry]:
+    """The calls warm_up makes, each typed as its run-time caller types it (see `why`)."""
+    from .afxdp import rings
+    from .rc import burst
+    from .wire import fastpath
+    from .wire.fastpath import TABLES, make_template
+
+    frame_size, nframes = 4096, 16
+    frames = _anon_u8(frame_size * nframes)                       # XskPort.frames / LoopPort umem
+    pool = rings.FramePool(nframes, frame_size)
+    t = make_template(src_mac="02:00:00:00:00:01", dst_mac="02:00:00:00:00:02", src_ip="10.0.0.1",
+                      dst_ip="10.0.0.2", sport=0xC000, dest_qp=0x11, dscp=0, ecn=2)
+    mem = np.zeros(1 << 14, np.uint8)                             # an MR's memory (memory.as_u8)
+    empty = np.zeros(1, np.uint8)                                 # engine._EMPTY
+    ext_ro = np.frombuffer(struct.pack("!QII", 0x1000, 0x1234, 64), np.uint8)   # engine.emit: bytes -> readonly
+    reth = np.frombuffer(struct.pack("!QII", 0x1000, 0x1234, 64), np.uint8)     # engine.emit_segments
+    imm = np.frombuffer(struct.pack("!I", 7), np.uint8)
+    addrs = np.empty(4, np.uint64)[:4]                            # XskPort.tx_slots: pool.alloc(n) = out[:k]
+    addrs[:] = np.arange(4, dtype=np.uint64) * np.uint64(frame_size)
+    lens = np.zeros(4096, np.uint32)                              # Engine._lens
+    rx_a, rx_l = np.zeros(2048, np.uint64), np.zeros(2048, np.uint32)   # XskPort._rx_a / _rx_l
+    st = np.zeros(6, np.int64)                                    # Responder._st
+    fp, fc, _, faddrs = _ring(64, False)
+    rp, rc, _, rdescs = _ring(64, True)
+    tp, tc, tflags, tdescs = _ring(64, True)
+    cp, cc, _, caddrs = _ring(64, False)
+    tmpl = (t.buf, t.length, t.l3_off, t.ipv6)
+    base = int(addrs[0])
+
+    def e(module, name, why, *args):
+        mod = importlib.import_module(module)
+        return Entry(module, name, why, getattr(mod, name), args)
+
+    W, B, R = "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst", "metaroce_xdp.afxdp.rings"
+    return [
+        # wire/fastpath.py: one frame per call (ACKs, READ responses, atomics, the non-burst requester)
+        e(W, "build_frame", "Engine.emit, extension headers from bytes", TABLES, frames, base, *tmpl,
+          4, 0, 1, 5, ext_ro, len(ext_ro), mem, 0, 64),
+        e(W, "build_frame", "Engine.emit, no extension header", TABLES, frames, base, *tmpl,
+          4, 0x80, 0, 5, empty, 0, empty, 0, 0),
+        e(W, "frame_icrc_ok", "Engine._rx_frame", TABLES, frames[base:base + 128], 0, 128),
+        # rc/burst.py: many packets per call
+        e(B, "tx_segment", "Engine.emit_segments", TABLES, frames, addrs, lens, len(addrs), *tmpl,
+          True, False, reth, imm, mem, 4096, 1024, 0, 4, 0x100, 32, False),
+        e(B, "peek_bth", "Engine._rx_raw", frames, base, 128),
+        e(B, "rx_write_run", "Responder.fast_write", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 1024,
+          mem, st),
+        e(B, "segment_opcode", "Requester.progress (frame by frame)", True, False, 0, 4),
+        # afxdp/rings.py: the four rings and the frame pool (xsk.XskSocket, XskPort, FramePool)
+        e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),
+        e(R, "rx_burst", "XskPort.rx_burst_raw / XskSocket.rx_burst", rp, rc, rdescs, rx_a, rx_l, 64),
+        e(R, "tx_burst", "XskSocket.tx_burst", tp, tc, tdescs, np.zeros(4, np.uint64), np.zeros(4, np.uint32), 4),
+        e(R, "comp_reap", "XskSocket.reap", cp, cc, caddrs, pool.stack, pool.top, pool.frame_mask, 64),
+        e(R, "frame_alloc", "FramePool.alloc", pool.stack, pool.top, np.empty(4, np.uint64), 4),
+        e(R, "frame_free", "FramePool.free", pool.stack, pool.top, addrs, len(addrs), pool.frame_mask),
+        e(R, "needs_wakeup", "rings API (engine-side jitted loops)", tflags),
+    ]
+
+
+def _index_has(fn, args) -> bool | None:
+    """Whether numba's on-disk cache holds fn for these argument types (None: cannot tell).
+
+    Uses numba's cache internals (numba.core.caching.Cache): the same key the dispatcher
+    looks up when it compiles."""
+    try:
+        sig = tuple(fn.typeof_pyval(a) for a in args)
+        cache = fn._cache
+        key = cache._index_key(sig, fn.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:
+        return None
+
+
+def cache_is_warm(entries: list[Entry] | None = None) -> bool | None:
+    """True when every warm-up entry is in memory or in the on-disk cache; None if unknown."""
+    if numba_config.DISABLE_JIT:
+        return True
+    entries = plan() if entries is None else entries
+    verdict: bool | None = True
+    for en in entries:
+        if _has_in_memory(en):
+            continue
+        has = _index_has(en.fn, en.args)
+        if has is False:
+            return False
+        if has is None:
+            verdict = None
+    return verdict
+
+
+def _has_in_memory(en: Entry) -> bool:
+    try:
+        sig = tuple(en.fn.typeof_pyval(a) for a in en.args)
+        return sig in en.fn.overloads
+    except Exception:
+        return False
+
+
+def warm_up(report: Callable[[str], None] | None = None, *, cold_notice: Callable[[str], None] | None = None,
+            force: bool = False) -> WarmupReport:
+    """Compile (or load) every data-path function; idempotent and thread-safe.
+
+    `report(line)` gets one line per entry; `cold_notice(msg)` is called once before
+    compiling when the cache is cold (default: a line on stderr)."""
+    global _done
+    with _lock:
+        if _done is not None and not force:
+            return _done
+        rep = WarmupReport(jit=not numba_config.DISABLE_JIT)
+        t0 = time.monotonic()
+        if not rep.jit:
+            rep.was_warm = True
+            _done = rep
+            if report:
+                report("NUMBA_DISABLE_JIT is set: nothing to compile")
+            return rep
+        entries = plan()
+        rep.entries = entries
+        rep.was_warm = cache_is_warm(entries)
+        if rep.was_warm is False:
+            (cold_notice or _stderr)(COLD_MESSAGE)
+        for en in entries:
+            present = _has_in_memory(en)
+            hits0, miss0 = sum(en.fn.stats.cache_hits.values()), sum(en.fn.stats.cache_misses.values())
+            t1 = time.monotonic()
+            en.fn(*en.args)
+            en.seconds = time.monotonic() - t1
+            if present:
+                en.source = "present"
+            elif sum(en.fn.stats.cache_misses.values()) > miss0:
+                en.source = "compiled"
+            elif sum(en.fn.stats.cache_hits.values()) > hits0:
+                en.source = "cache"
+            else:
+                en.source = "present"
+            if report:
+                name = f"{en.module.removeprefix('metaroce_xdp.')}.{en.name}"
+                report(f"  {name:<30} {en.source:<8} {en.seconds:7.2f} s   ({en.why})")
+        rep.seconds = time.monotonic() - t0
+        rep.cache_dir = numba_config.CACHE_DIR or "__pycache__ next to each module"
+        _done = rep
+        return rep
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+__all__ = ["JIT_ENABLED", "MODULES", "COLD_MESSAGE", "Entry", "WarmupReport", "cache_is_warm", "dispatchers", "plan", "warm_up"]
