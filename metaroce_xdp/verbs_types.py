@@ -179,6 +179,7 @@ class QPAttr:
     dmac: str | None = None              # peer MAC; resolved from the neighbour table when None
     sport: int | None = None             # UDP source port (compat: per-QP entropy)
     dscp: int | None = None
+    en_sqd_async_notify: bool | None = None   # RTS -> SQD: raise IBV_EVENT_SQ_DRAINED when drained
 
     def given(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}

@@ -19,12 +19,13 @@ FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.RE
 
 
 class Player:
-    def __init__(self, ctx: Context, size: int = 1 << 20, access: Access = FULL, qp_access: Access = FULL):
+    def __init__(self, ctx: Context, size: int = 1 << 20, access: Access = FULL, qp_access: Access = FULL,
+                 cq_depth: int = 1 << 16):
         self.ctx = ctx
         self.pd = ctx.alloc_pd()
         self.buf = np.zeros(size, np.uint8)
         self.mr = self.pd.reg_mr(self.buf, access)
-        self.cq = ctx.create_cq(1 << 16)
+        self.cq = ctx.create_cq(cq_depth)
         self.qp = ctx.create_qp(self.pd, self.cq, self.cq)
         self.qp_access = qp_access
 
@@ -43,10 +44,11 @@ class Player:
 
 
 def loop_pair(faults_ab: Faults | None = None, faults_ba: Faults | None = None, size: int = 1 << 20,
-              b_access: Access = FULL, b_qp_access: Access = FULL, burst: bool = True, **conn):
+              b_access: Access = FULL, b_qp_access: Access = FULL, burst: bool = True, a_cq_depth: int = 1 << 16,
+              **conn):
     """Two connected players; burst=False uses the per-packet Python path only."""
     pa, pb = LoopPort.pair(faults_ab, faults_ba)
-    a, b = Player(Context(pa), size), Player(Context(pb), size, b_access, b_qp_access)
+    a, b = Player(Context(pa), size, cq_depth=a_cq_depth), Player(Context(pb), size, b_access, b_qp_access)
     for p in (a, b):
         p.ctx.engine.burst_tx = p.ctx.engine.burst_rx = burst
     a.connect(b, psn=conn.get("psn", 100), peer_psn=conn.get("peer_psn", 100),

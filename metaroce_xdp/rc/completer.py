@@ -71,6 +71,8 @@ class Completer:
                                     qp_num=self.qp.qp_num))
         self.last_progress = self.qp.now()
         self.reset_budgets()
+        if self.qp.sq_draining:
+            self.qp.check_drained()                  # MR-QP-013
 
     def ack_upto(self, psn: int, stop: SendWQE | None = None) -> bool:
         """Complete SEND/WRITE WQEs whose PSNs are all <= psn (MR-ACK-002, MR-RC-021).

@@ -33,6 +33,7 @@ from .burst import peek_bth, rx_write_run, tx_segment
 from .requester import ACKREQ_EVERY
 from ..wire.errors import MalformedPacket
 from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
+from .events import AsyncEvent, AsyncEventQueue, EventType
 from .memory import MR, PD, KeyTable, as_u8
 from .pathwatch import PathWatch
 from .qp import QP
@@ -48,12 +49,26 @@ class CQ:
         self.ctx = ctx
         self.depth = depth
         self.q: deque[WC] = deque()
-        self.overruns = 0
+        self.overruns = 0                   # completions lost because the CQ was full
+        self._overflowing = False
 
     def push(self, wc: WC) -> None:
-        if len(self.q) >= self.depth:
-            self.overruns += 1
-        self.q.append(wc)
+        """Queue a completion.  A full CQ overflows (MR-QP-036): the completion is lost and counted,
+        IBV_EVENT_CQ_ERR is raised and every QP using the CQ moves to ERR (its flushed completions are
+        lost too while the CQ stays full); the queue never holds more than `depth`."""
+        if len(self.q) < self.depth:
+            self._overflowing = False
+            self.q.append(wc)
+            return
+        self.overruns += 1
+        if self._overflowing:               # one event per overflow, not one per lost completion
+            return
+        self._overflowing = True
+        self.ctx.raise_event(EventType.CQ_ERR, cq=self, reason=f"CQ of depth {self.depth} overflowed")
+        for qp in list(self.ctx.engine.qps.values()):
+            if (qp.send_cq is self or qp.recv_cq is self) and qp.state != QPState.ERR:
+                qp.to_error(None, "its CQ overflowed")
+                self.ctx.raise_event(EventType.QP_FATAL, qp=qp, reason="its CQ overflowed")
 
     def poll(self, num_entries: int = 16) -> list[WC]:
         """ibv_poll_cq: up to num_entries completions (drives progress when busy polling)."""
@@ -81,12 +96,30 @@ class CQ:
         return out
 
 
+_warmed = False
+
+
 def _warm_up() -> None:
-    """Compile (or load from numba's cache) every data-path function before any QP can
-    transmit (jitwarm.py): a compile on a live QP outlasts the peer's local ACK timeout.
-    Cold, this takes a while and says so on stderr; warm, ~0.1 s."""
-    from ..jitwarm import warm_up
-    warm_up()
+    """Load every compiled hot function once, before any QP can transmit.
+
+    numba's on-disk cache still costs ~0.2 s to load on first call; a QP with a
+    short local ACK timeout would otherwise burn its retries on the first
+    packets."""
+    global _warmed
+    if _warmed:
+        return
+    t = make_template(dest_qp=1)
+    buf = np.zeros(8192, np.uint8)
+    data = np.zeros(64, np.uint8)
+    addrs = np.zeros(1, np.uint64)
+    lens = np.zeros(1, np.uint32)
+    n = build_frame(TABLES, buf, 0, t.buf, t.length, t.l3_off, t.ipv6, 4, 0, 0, 0, _EMPTY, 0, data, 0, 8)
+    frame_icrc_ok(TABLES, buf, 0, n)
+    tx_segment(TABLES, buf, addrs, lens, 1, t.buf, t.length, t.l3_off, t.ipv6, True, False, np.zeros(16, np.uint8),
+               np.zeros(4, np.uint8), data, 64, 1024, 0, 1, 0, 32, False)
+    peek_bth(buf, 0, int(lens[0]))
+    rx_write_run(TABLES, buf, addrs, lens, 0, 1, 1, 1024, data, np.zeros(6, np.int64))
+    _warmed = True
 
 
 class Engine:
@@ -346,6 +379,7 @@ class Context:
                  max_pmtu: int | None = None, progress_thread: bool = False, resolve_mac=None) -> None:
         self.port = port
         self.keys = KeyTable()
+        self.async_events = AsyncEventQueue()   # ibv_get_async_event's queue (events.py)
         self.engine = Engine(port, local_ip or port.ip, local_mac or port.mac, max_pmtu or port.max_pmtu,
                              resolve_mac=resolve_mac or getattr(port, "resolve_mac", None))
         if hasattr(port, "attach_engine"):
@@ -365,7 +399,6 @@ class Context:
         from .fastack import FastAck
         from .xskport import XskPort
 
-        _warm_up()            # before the socket and XDP program exist, long before any QP reaches RTR
         loader = XdpLoader(max_qps=MAX_QPS)
         port = None
         try:
@@ -390,6 +423,30 @@ class Context:
     @property
     def gid(self) -> str:
         return self.engine.local_ip
+
+    def raise_event(self, event_type: EventType, qp: QP | None = None, cq: CQ | None = None,
+                    reason: str = "") -> None:
+        """Queue an asynchronous event (called by the transport with the engine lock held)."""
+        self.async_events.put(AsyncEvent(EventType(event_type), qp=qp, cq=cq, reason=reason))
+
+    def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
+        """ibv_get_async_event: the oldest event, waiting up to `timeout` seconds for one (None: for
+        ever; 0: just look).  Drives progress when there is no progress thread.  None when no event
+        came in time."""
+        eng = self.engine
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not eng.threaded:
+                eng.progress()
+            with eng.lock:
+                ev = self.async_events.get()
+            if ev is not None:
+                return ev
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if eng.threaded:
+                self.async_events.ready.wait(0.01 if left is None else min(left, 0.01))
 
     def alloc_pd(self) -> PD:
         pd = PD(self, self._pd_next)

@@ -13,6 +13,7 @@ from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPA
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCOpcode, WCStatus, WROpcode)
 from ..wire.opcodes import MI
 from .completer import Completer
+from .events import EventType
 from .requester import Requester
 from .responder import Responder
 from .wqe import WC_OF_WR, RecvWQE, SendWQE
@@ -48,6 +49,7 @@ OPTIONAL = {
     (QPState.RTR, QPState.RTS): ("timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "qp_access_flags",
                                  "min_rnr_timer"),
     (QPState.RTS, QPState.RTS): ("qp_access_flags", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry"),
+    (QPState.RTS, QPState.SQD): ("en_sqd_async_notify",),
     (QPState.SQD, QPState.RTS): ("qp_access_flags", "timeout", "retry_cnt", "rnr_retry"),
     (QPState.SQE, QPState.RTS): ("qp_access_flags",),
 }
@@ -91,6 +93,9 @@ class QP:
         self.responder = Responder(self)
         self.completer = Completer(self)
         self.error_reason: str | None = None
+        self.comm_est = False                       # IBV_EVENT_COMM_EST raised (MR-QP-021)
+        self.sq_draining = False                    # in SQD and not yet drained (MR-QP-013)
+        self.sqd_notify = False                     # en_sqd_async_notify of the last RTS -> SQD
 
     # ---- the engine's services -------------------------------------------------
     def now(self) -> int:
@@ -108,7 +113,21 @@ class QP:
         log.debug("QP %#x: %s", self.qp_num, msg)
 
     def can_send(self) -> bool:
+        """RTS sends everything; SQD only finishes and retransmits WQEs already started (the
+        requester starts no new one there, MR-QP-013)."""
+        return self.state in (QPState.RTS, QPState.SQD)
+
+    def may_start_wqe(self) -> bool:
         return self.state == QPState.RTS
+
+    def check_drained(self) -> None:
+        """MR-QP-013: in SQD the QP is drained once no request packet is outstanding; then, if
+        en_sqd_async_notify was set, IBV_EVENT_SQ_DRAINED (once per RTS -> SQD)."""
+        if self.state == QPState.SQD and self.sq_draining and not self.requester.outstanding():
+            self.sq_draining = False
+            self.log("send queue drained")
+            if self.sqd_notify:
+                self.ctx.raise_event(EventType.SQ_DRAINED, qp=self, reason="send queue drained")
 
     # ---- state machine -------------------------------------------------------------
     def modify(self, attr: QPAttr) -> None:
@@ -127,6 +146,10 @@ class QP:
                 return
             if new not in TRANSITIONS[self.state]:
                 raise InvalidState(f"QP {self.qp_num:#x}: {self.state.name} -> {new.name} is not a valid transition")
+            if self.state == new == QPState.SQD and self.sq_draining:
+                # EBUSY (MR-QP-014): wait for IBV_EVENT_SQ_DRAINED or poll until nothing is outstanding
+                raise InvalidState(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining "
+                                   "(EBUSY); wait until it is drained")
             key = (self.state, new)
             missing = [a for a in REQUIRED.get(key, ()) if a not in given]
             if missing:
@@ -150,9 +173,16 @@ class QP:
                 self.requester.reset(given["sq_psn"])
                 self.completer.reset_budgets()
                 self.completer.last_progress = self.now()
+            prev = self.state
             self.state = new
+            if new == QPState.SQD and prev == QPState.RTS:
+                self.sq_draining = True
+                self.sqd_notify = bool(given.get("en_sqd_async_notify", False))
+            elif new == QPState.RTS:
+                self.sq_draining = False                # SQD -> RTS resumes where it stopped (MR-QP-014)
             self.ctx.engine.qp_state_changed(self)
             self.log(f"-> {new.name}")
+            self.check_drained()
 
     def _apply(self, given: dict) -> None:
         for k, v in given.items():
@@ -203,6 +233,7 @@ class QP:
         self.responder = Responder(self)
         self.completer = Completer(self)
         self.error_reason = None
+        self.comm_est = self.sq_draining = self.sqd_notify = False
         self.ctx.engine.qp_state_changed(self)
 
     def to_error(self, status: WCStatus | None, why: str) -> None:
@@ -213,6 +244,7 @@ class QP:
         self.log(f"-> ERR: {why}")
         self.error_reason = why
         self.state = QPState.ERR
+        self.sq_draining = False
         sq = self.requester.sq
         first = True
         while sq:
@@ -313,6 +345,14 @@ class QP:
         if m & MI.REQ:
             if self.state not in REQ_STATES:
                 return False
+            if self.state == QPState.RTR and not self.comm_est:
+                epsn = self.responder.epsn
+                self.responder.on_request(pkt)
+                if self.responder.epsn != epsn and self.state == QPState.RTR:
+                    # the first request accepted in RTR (MR-QP-021)
+                    self.comm_est = True
+                    self.ctx.raise_event(EventType.COMM_EST, qp=self, reason="first request accepted in RTR")
+                return True
             self.responder.on_request(pkt)
             return True
         if m & MI.ACK:

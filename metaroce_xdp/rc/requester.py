@@ -88,6 +88,8 @@ class Requester:
                 continue
             new = w.first_psn is None
             if new:
+                if not qp.may_start_wqe():          # SQD: no new WQE starts (MR-QP-013)
+                    break
                 if w.is_rd_atomic and self._rd_atomic_inflight(self.cursor) >= max(1, qp.attr_max_rd_atomic):
                     break
                 # MR-RC-013: a fenced WQE waits for earlier READ/ATOMICs to complete

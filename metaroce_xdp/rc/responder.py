@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..verbs_types import Access, WC, WCFlags, WCOpcode, WCStatus
+from ..verbs_types import Access, QPState, WC, WCFlags, WCOpcode, WCStatus
 from ..wire.headers import (AETH_ACK, AETH_CREDIT_INVALID, AETH_NAK, AETH_RNR_NAK, NAK_INVALID_REQUEST,
                             NAK_PSN_SEQ_ERR, NAK_REMOTE_ACCESS_ERR, NAK_REMOTE_OP_ERR)
 from ..wire.opcodes import MI, Op
 from ..wire.psn import PSN_MASK, psn_diff
 from ..wire.fastpath import TABLES
 from .burst import rx_write_run
+from .events import EventType
 from .wqe import scatter
 
 if TYPE_CHECKING:
@@ -32,6 +33,9 @@ _AETH = struct.Struct("!I")
 _AETH_ORIG = struct.Struct("!IQ")
 U64_MASK = (1 << 64) - 1
 DMA_LEN_MAX = 1 << 31                      # MR-XH-004
+# the asynchronous event of a responder error, by NAK code (MR-QP-030)
+_NAK_EVENT = {NAK_INVALID_REQUEST: EventType.QP_REQ_ERR, NAK_REMOTE_ACCESS_ERR: EventType.QP_ACCESS_ERR,
+              NAK_REMOTE_OP_ERR: EventType.QP_FATAL}
 
 
 class Resource:
@@ -97,7 +101,8 @@ class Responder:
 
     def _nak(self, code: int, psn: int, fatal: bool, status: WCStatus, why: str) -> None:
         """NAK with the offending packet's PSN (MR-NAK-006 to MR-NAK-008); a fatal one completes the
-        receive WQE in use, then moves the QP to ERR (MR-NAK-009, MR-QP-024)."""
+        receive WQE in use, then moves the QP to ERR (MR-NAK-009, MR-QP-024) and raises the
+        asynchronous event of its code (MR-QP-030)."""
         self.flush_ack()
         self._send_syndrome(psn, AETH_NAK | code)
         if fatal:
@@ -106,7 +111,9 @@ class Responder:
                 self.qp.recv_cq.push(WC(wr_id=self.cur_recv.wr_id, status=status, opcode=WCOpcode.RECV,
                                         qp_num=self.qp.qp_num))
                 self.cur_recv = None
-            self.qp.to_error(None, why)
+            if self.qp.state != QPState.ERR:
+                self.qp.to_error(None, why)
+                self.qp.ctx.raise_event(_NAK_EVENT.get(code, EventType.QP_FATAL), qp=self.qp, reason=why)
 
     # -- input ----------------------------------------------------------------
     def on_request(self, pkt: "RxPkt") -> None:
