@@ -96,30 +96,12 @@ class CQ:
         return out
 
 
-_warmed = False
-
-
 def _warm_up() -> None:
-    """Load every compiled hot function once, before any QP can transmit.
-
-    numba's on-disk cache still costs ~0.2 s to load on first call; a QP with a
-    short local ACK timeout would otherwise burn its retries on the first
-    packets."""
-    global _warmed
-    if _warmed:
-        return
-    t = make_template(dest_qp=1)
-    buf = np.zeros(8192, np.uint8)
-    data = np.zeros(64, np.uint8)
-    addrs = np.zeros(1, np.uint64)
-    lens = np.zeros(1, np.uint32)
-    n = build_frame(TABLES, buf, 0, t.buf, t.length, t.l3_off, t.ipv6, 4, 0, 0, 0, _EMPTY, 0, data, 0, 8)
-    frame_icrc_ok(TABLES, buf, 0, n)
-    tx_segment(TABLES, buf, addrs, lens, 1, t.buf, t.length, t.l3_off, t.ipv6, True, False, np.zeros(16, np.uint8),
-               np.zeros(4, np.uint8), data, 64, 1024, 0, 1, 0, 32, False)
-    peek_bth(buf, 0, int(lens[0]))
-    rx_write_run(TABLES, buf, addrs, lens, 0, 1, 1, 1024, data, np.zeros(6, np.int64))
-    _warmed = True
+    """Compile (or load from numba's cache) every data-path function before any QP can
+    transmit (jitwarm.py): a compile on a live QP outlasts the peer's local ACK timeout.
+    Cold, this takes a while and says so on stderr; warm, ~0.1 s."""
+    from ..jitwarm import warm_up
+    warm_up()
 
 
 class Engine:
@@ -399,6 +381,7 @@ class Context:
         from .fastack import FastAck
         from .xskport import XskPort
 
+        _warm_up()            # before the socket and XDP program exist, long before any QP reaches RTR
         loader = XdpLoader(max_qps=MAX_QPS)
         port = None
         try:
