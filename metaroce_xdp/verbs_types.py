@@ -203,5 +203,25 @@ def local_ack_timeout_ns(timeout: int) -> int | None:
     return (4096 << timeout)
 
 
+_WC_VERB = {WCOpcode.SEND: "SEND", WCOpcode.RDMA_WRITE: "WRITE", WCOpcode.RDMA_READ: "READ",
+            WCOpcode.COMP_SWAP: "ATOMIC CMP_AND_SWP", WCOpcode.FETCH_ADD: "ATOMIC FETCH_AND_ADD",
+            WCOpcode.RECV: "RECV", WCOpcode.RECV_RDMA_WITH_IMM: "RECV (WRITE with immediate)"}
+
+
+def wc_failure(wc: WC, reason: str | None = None) -> str:
+    """One line for a failed completion: its operation, status and why, e.g.
+    'WRITE failed: RETRY_EXC_ERR, retries exhausted (local ACK timeout)'.
+
+    `reason` is the QP's error reason (QP.query()["error"], the `why` of QP.to_error);
+    WR_FLUSH_ERR completions say that the QP was already in error, and why."""
+    verb = _WC_VERB.get(wc.opcode, getattr(wc.opcode, "name", str(wc.opcode)))
+    status = wc.status.name if isinstance(wc.status, WCStatus) else str(wc.status)
+    if wc.status == WCStatus.WR_FLUSH_ERR:
+        detail = "flushed: the QP was in error" + (f" ({reason})" if reason else "")
+    else:
+        detail = reason or "no reason recorded"
+    return f"{verb} failed: {status}, {detail} (wr_id {wc.wr_id}, QP {wc.qp_num:#x})"
+
+
 __all__ = [n for n in dir() if not n.startswith("_")]
 _ = field

@@ -20,15 +20,18 @@ import zlib
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.rc.engine import Context
 from metaroce_xdp.topo import switched_hosts
-from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode)
+from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode,
+                                       wc_failure)
 
 FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+INTACT, CORRUPT = "intact", "CORRUPT"
 con = Console()
 
 
@@ -79,8 +82,21 @@ def _run_phase(progress, label: str, host: Host, wrs: list, total_bytes: int) ->
     return wcs
 
 
+def outcome(wcs: list, hosts: dict, data_ok) -> str:
+    """A phase's verdict: the first failed completion by status and reason (a failed WR is not
+    a data mismatch), else INTACT or CORRUPT from comparing the bytes."""
+    bad = [(w, h) for w, h in ((w, h) for h, ws in hosts.items() for w in ws) if w.status != WCStatus.SUCCESS]
+    if bad:
+        # the WR that failed first, not the ones flushed after it
+        w, h = next(((w, h) for w, h in bad if w.status != WCStatus.WR_FLUSH_ERR), bad[0])
+        return wc_failure(w, h.qp.query().get("error"))
+    return INTACT if data_ok() else CORRUPT
+
+
 def exchange(a: Host, b: Host, size: int, title: str) -> dict:
-    """One round of WRITE / READ / SEND / ATOMIC; returns the integrity verdicts."""
+    """One round of WRITE / READ / SEND / ATOMIC; returns a verdict per operation (INTACT,
+    CORRUPT or a failed work request's status and reason; after a failure the QP is in
+    error and the round stops)."""
     rng = np.random.default_rng(int(time.time()))
     half = size // 2
     a.buf[:half] = rng.integers(0, 256, half, dtype=np.uint8)
@@ -94,13 +110,16 @@ def exchange(a: Host, b: Host, size: int, title: str) -> dict:
         w = [SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i * chunk, chunk)],
                     remote_addr=b.mr.addr + i * chunk, rkey=b.mr.rkey) for i in range(n)]
         wcs = _run_phase(progress, f"A writes {half >> 20} MiB into B", a, w, half)
-        verdict["WRITE"] = all(x.status == WCStatus.SUCCESS for x in wcs) and \
-            zlib.crc32(a.buf[:half]) == zlib.crc32(b.buf[:half])
+        verdict["WRITE"] = outcome(wcs, {a: wcs}, lambda: zlib.crc32(a.buf[:half]) == zlib.crc32(b.buf[:half]))
+        if verdict["WRITE"] not in (INTACT, CORRUPT):
+            return verdict
         r = [SendWR(wr_id=i, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(half + i * chunk, chunk)],
                     remote_addr=b.mr.addr + half + i * chunk, rkey=b.mr.rkey) for i in range(n)]
         wcs = _run_phase(progress, f"A reads {half >> 20} MiB from B ", a, r, half)
-        verdict["READ"] = all(x.status == WCStatus.SUCCESS for x in wcs) and \
-            zlib.crc32(a.buf[half:half + n * chunk]) == zlib.crc32(b.buf[half:half + n * chunk])
+        verdict["READ"] = outcome(wcs, {a: wcs}, lambda: zlib.crc32(a.buf[half:half + n * chunk]) ==
+                                  zlib.crc32(b.buf[half:half + n * chunk]))
+        if verdict["READ"] not in (INTACT, CORRUPT):
+            return verdict
         msgs = 64
         b.qp.post_recv([RecvWR(wr_id=1000 + i, sg_list=[b.sge(i * 4096, 4096)]) for i in range(msgs)])
         s = [SendWR(wr_id=i, opcode=WROpcode.SEND_WITH_IMM, sg_list=[a.sge(i * 4096, 4096)], imm_data=i)
@@ -110,20 +129,22 @@ def exchange(a: Host, b: Host, size: int, title: str) -> dict:
         rwcs = []
         while len(rwcs) < msgs and time.monotonic() < deadline:
             rwcs += b.cq.poll(64)
-        verdict["SEND"] = (all(x.status == WCStatus.SUCCESS for x in wcs) and len(rwcs) == msgs and
-                           [x.imm_data for x in rwcs] == list(range(msgs)))
+        verdict["SEND"] = outcome(wcs, {a: wcs, b: rwcs},
+                                  lambda: len(rwcs) == msgs and [x.imm_data for x in rwcs] == list(range(msgs)))
+        if verdict["SEND"] not in (INTACT, CORRUPT):
+            return verdict
         cell = size - 8
         b.buf[cell:] = 0
         k = 256
         at = [SendWR(wr_id=i, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(size - 4096 + (i % 64) * 8, 8)],
                      remote_addr=b.mr.addr + cell, rkey=b.mr.rkey, compare_add=1) for i in range(k)]
         wcs = _run_phase(progress, f"A does {k} FetchAdd on one counter", a, at, k * 8)
-        verdict["ATOMIC"] = all(x.status == WCStatus.SUCCESS for x in wcs) and \
-            int(b.buf[cell:].view(np.uint64)[0]) == k
+        verdict["ATOMIC"] = outcome(wcs, {a: wcs}, lambda: int(b.buf[cell:].view(np.uint64)[0]) == k)
     return verdict
 
 
-def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> bool:
+def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> int:
+    """Print the table and the verdicts; 0 when every operation is intact, 1 otherwise."""
     qa, qb = a.qp.query(), b.qp.query()
     ev_a = a.ctx.loader.events()
     t = Table(title="summary")
@@ -143,12 +164,22 @@ def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> bool:
     con.print(t)
     if faults:
         con.print("switch impairments: " + ", ".join(f"{k} {v}" for k, v in faults.items()))
-    ok = all(all(v.values()) for v in verdicts.values())
+    failed = [f for v in verdicts.values() for f in v.values() if f not in (INTACT, CORRUPT)]
+    corrupt = any(f == CORRUPT for v in verdicts.values() for f in v.values())
     for title, v in verdicts.items():
-        con.print(f"{title}: " + "  ".join(f"{k} [{'green' if ok_ else 'red'}]{'intact' if ok_ else 'CORRUPT'}[/]"
-                                             for k, ok_ in v.items()))
-    con.rule("[green]integrity verified: every byte where it belongs" if ok else "[red]integrity check FAILED")
-    return ok
+        con.print(f"{title}: " + "  ".join(f"{k} [{'green' if f == INTACT else 'red'}]{f}[/]"
+                                             for k, f in v.items() if f in (INTACT, CORRUPT)))
+        for f in v.values():
+            if f not in (INTACT, CORRUPT):
+                con.print(f"  [red]{escape(f)}", soft_wrap=True)
+    if failed:
+        con.rule(f"[red]{len(failed)} operation(s) failed: see the completion status above")
+        return 1
+    if corrupt:
+        con.rule("[red]integrity check FAILED: completions succeeded but the bytes differ")
+        return 1
+    con.rule("[green]integrity verified: every byte where it belongs")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(path MTU 1024, XDP + AF_XDP on both ends)")
         verdicts = {"clean link": exchange(a, b, size, "clean link")}
         fstats = None
-        if not args.no_faults:
+        if not args.no_faults and all(v == INTACT for v in verdicts["clean link"].values()):
             knobs = dict(drop_ppm=10000, dup_ppm=5000, corrupt_ppm=5000)
             with FaultInjector("swB", netns=topo[1], seed=7, reorder_ppm=10000, reorder_delay_us=300, **knobs) as fb, \
                  FaultInjector("swA", netns=topo[1], seed=8, **knobs) as fa:
@@ -188,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 sb, sa = fb.stats(), fa.stats()
                 fstats = {k: sb[k] + sa[k] for k in ("dropped", "duplicated", "corrupted")}
                 fstats["delayed"] = sb["delayed"]
-        return 0 if summary(a, b, verdicts, fstats) else 1
+        return summary(a, b, verdicts, fstats)
     except KeyboardInterrupt:
         con.print("[yellow]interrupted: cleaning up")
         return 130

@@ -203,12 +203,12 @@ def _local_mtu(opt: PerfOptions, side: _Side) -> int:
     return mtu
 
 
-def _check_wc(wc, what: str, side: _Side) -> None:
-    from metaroce_xdp.verbs_types import WCStatus
+def _check_wc(wc, side: _Side) -> None:
+    """A failed completion ends the run, reported by its status and the QP's reason
+    (e.g. 'WRITE failed: RETRY_EXC_ERR, retries exhausted (local ACK timeout)')."""
+    from metaroce_xdp.verbs_types import WCStatus, wc_failure
     if wc.status != WCStatus.SUCCESS:
-        err = side.qp.query().get("error")
-        raise PerfError(f"{what} completed with {wc.status.name}" + (f" ({err})" if err else "") +
-                        " -- is the peer still running?")
+        raise PerfError(wc_failure(wc, side.qp.query().get("error")) + " -- is the peer still running?")
 
 
 class _Watchdog:
@@ -286,7 +286,7 @@ def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
         if wcs:
             now = time.perf_counter_ns()
             for wc in wcs:
-                _check_wc(wc, opt.test.split("-")[0].upper(), side)
+                _check_wc(wc, side)
                 done_ns[completed] = now
                 completed += 1
         else:
@@ -309,7 +309,7 @@ def _send_bw_server_step(side: _Side, size: int, iters: int, depth: int):
 
     def step() -> None:
         for wc in side.cq.poll(64):
-            _check_wc(wc, "RECV", side)
+            _check_wc(wc, side)
             st["received"] += 1
             post(1)
 
@@ -346,7 +346,7 @@ def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
             while True:
                 wcs = cq.poll(1)
                 if wcs:
-                    _check_wc(wcs[0], "WRITE", side)
+                    _check_wc(wcs[0], side)
                     ccnt += 1
                     break
                 dog.tick()

@@ -26,6 +26,7 @@ from typing import TextIO
 import numpy as np
 
 from metaroce_xdp import cm
+from metaroce_xdp.verbs_types import wc_failure
 
 from .perf import open_context
 
@@ -170,7 +171,8 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
             last_progress = time.monotonic()
             for wc in wcs:                                                   # parse_single_wc
                 if wc.status != WCStatus.SUCCESS:
-                    raise PingpongError(f"Failed status {wc.status.name} ({int(wc.status)}) for wr_id {wc.wr_id}")
+                    raise PingpongError(f"Failed status {wc.status.name} ({int(wc.status)}) for wr_id {wc.wr_id}: "
+                                        + wc_failure(wc, qp.query().get("error")))
                 if wc.wr_id == SEND_WRID:
                     scnt += 1
                 elif wc.wr_id == RECV_WRID:
