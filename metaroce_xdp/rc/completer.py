@@ -74,11 +74,15 @@ class Completer:
         if self.qp.sq_draining:
             self.qp.check_drained()                  # MR-QP-013
 
-    def ack_upto(self, psn: int, stop: SendWQE | None = None) -> bool:
+    def ack_upto(self, psn: int, stop: SendWQE | None = None, implied_nak: bool = True) -> bool:
         """Complete SEND/WRITE WQEs whose PSNs are all <= psn (MR-ACK-002, MR-RC-021).
 
         Reaching an unfinished READ/ATOMIC that psn covers means its response
-        was lost: go back to it (implied NAK, MR-RETRY-012; returns False)."""
+        was lost: go back to it (implied NAK, MR-RETRY-012; returns False) -- but only
+        when the ACK came through user space, in order with the responses.  An ACK the
+        kernel fast path consumed may overtake a READ response still in the AF_XDP ring
+        (implied_nak=False): the walk stops there, and the response's completion resumes
+        it from acked_psn; a response that really was lost is caught by the timer."""
         sq = self.req.sq
         while sq:
             w = sq[0]
@@ -87,6 +91,8 @@ class Completer:
             if psn_diff(psn, w.last_psn) < 0:
                 return True
             if w.is_rd_atomic:
+                if not implied_nak:
+                    return False
                 missing = (w.first_psn + w.resp_bytes // self.qp.pmtu) & PSN_MASK
                 self._retry(missing, "response lost (implicit NAK)")
                 return False
@@ -113,8 +119,9 @@ class Completer:
             return w.opcode == WROpcode.RDMA_READ and w.resp_bytes > 0 and psn == w.first_psn
         return False
 
-    def on_syndrome(self, psn: int, syndrome: int, msn: int) -> None:
-        """An ACK, RNR NAK or NAK for `psn` (from a packet or the kernel fast path)."""
+    def on_syndrome(self, psn: int, syndrome: int, msn: int, from_kernel: bool = False) -> None:
+        """An ACK, RNR NAK or NAK for `psn` (from a packet, or from the kernel fast path:
+        from_kernel, possibly ahead of responses still queued for user space)."""
         if not self._valid_ack_psn(psn) and not (
                 (syndrome & AETH_TYPE_MASK) == AETH_NAK and syndrome & 0x1F and self._is_partial_read_psn(psn)):
             self.stale += 1
@@ -126,7 +133,7 @@ class Completer:
                 self.req.note_acked(psn)
                 self.last_progress = self.qp.now()
                 self.reset_budgets()
-            self.ack_upto(psn)
+            self.ack_upto(psn, implied_nak=not from_kernel)
         elif kind == AETH_RNR_NAK:
             self.rnr_naks += 1
             self.req.note_acked((psn - 1) & PSN_MASK)
@@ -185,6 +192,7 @@ class Completer:
             orig = np.frombuffer(struct.pack("<Q", pkt.orig), dtype=np.uint8)   # host order (MR-ATOM-008)
             scatter(target.sinks, 0, orig)
             self._complete_head()
+            self._resume_acked()
             return
         if target.opcode != WROpcode.RDMA_READ:          # bad response (MR-NAK-012)
             self.qp.to_error(WCStatus.BAD_RESP_ERR, "READ response for a non-READ request")
@@ -210,6 +218,14 @@ class Completer:
         if last:
             self.acks += 1
             self._complete_head()
+            self._resume_acked()
+
+    def _resume_acked(self) -> None:
+        """WQEs after a just-completed READ/ATOMIC that a cumulative ACK already covered (the
+        ACK arrived first, through the kernel) complete now; otherwise nothing ever would,
+        since a repeated ACK for the same PSN changes nothing the fast path reports."""
+        if self.req.sq and self.req.sq[0].first_psn is not None:
+            self.ack_upto(self.req.acked_psn, implied_nak=False)
 
     # -- timers ----------------------------------------------------------------------
     def _retry(self, psn: int, why: str, timeout: bool = False) -> None:

@@ -101,11 +101,11 @@ class FastAck:
             seq, ack_psn, msn, nak_psn, nak_seq, nak_code, rnr_psn, rnr_seq, rnr_timer = self._snapshot(i)
             c = qp.completer
             if psn_diff(ack_psn, last[1]) > 0:
-                c.on_syndrome(ack_psn, AETH_ACK | AETH_CREDIT_INVALID, msn)
+                c.on_syndrome(ack_psn, AETH_ACK | AETH_CREDIT_INVALID, msn, from_kernel=True)
             if nak_seq != last[2]:
-                c.on_syndrome(nak_psn, AETH_NAK | nak_code, msn)
+                c.on_syndrome(nak_psn, AETH_NAK | nak_code, msn, from_kernel=True)
             if rnr_seq != last[3]:
-                c.on_syndrome(rnr_psn, AETH_RNR_NAK | rnr_timer, msn)
+                c.on_syndrome(rnr_psn, AETH_RNR_NAK | rnr_timer, msn, from_kernel=True)
             self.seen[qpn] = (seq, ack_psn, nak_seq, rnr_seq)
             work = True
         return work
