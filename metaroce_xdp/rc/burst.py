@@ -114,11 +114,14 @@ def rx_write_run(tables, umem, addrs, lens, i0, n, qpn, pmtu, mem, st):
         b = a + boff
         if umem[b + 1] & 0x0F:                       # TVer
             break
+        # ECN CE: the per-packet path counts it and may send a CNP (MR-ECN-007, MR-ECN-009)
+        l3 = a + loff
+        if (umem[l3 + 1] >> 4 if umem[l3] >> 4 == 6 else umem[l3 + 1]) & 3 == 3:
+            break
         psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
         if psn != st[0]:
             break
         # IP length gives the frame end (Ethernet padding excluded)
-        l3 = a + loff
         if umem[l3] >> 4 == 6:
             end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
         else:

@@ -37,7 +37,8 @@ from .events import AsyncEvent, AsyncEventQueue, EventType
 from .memory import MR, PD, KeyTable, as_u8
 from .pathwatch import PathWatch
 from .qp import QP
-from .rxparse import parse
+from .dcqcn import WIRE_OVERHEAD, DcqcnParams, link_rate_bps
+from .rxparse import parse, pkey_match
 
 log = logging.getLogger("metaroce.engine")
 _EMPTY = np.zeros(1, np.uint8)
@@ -130,6 +131,9 @@ class Engine:
         self.burst_tx = hasattr(port, "tx_slots") and not nob
         self.burst_rx = hasattr(port, "rx_burst_raw") and not nob
         self._lens = np.zeros(4096, np.uint32)
+        # DCQCN for compat QPs (dcqcn.py): R_line is the interface's speed; METAROCE_DCQCN_* override
+        self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
+        self._cnp_ext = np.zeros(16, np.uint8)     # the 16 reserved bytes of a CNP (MR-XH-016)
         # routed paths: the port's resolver (netinfo.PathResolver) re-resolves running QPs'
         # next hops on route/neighbour events and local ACK timeouts (pathwatch.py)
         paths = getattr(port, "paths", None)
@@ -235,8 +239,57 @@ class Engine:
         if qp is None:
             self.stats["drop_unknown_qp"] += 1     # MR-BTH-016
             return
+        if not pkey_match(pkt.pkey, qp.pkey):
+            self.stats["drop_bad_pkey"] += 1       # MR-BTH-010 (the XDP program's BAD_PKEY)
+            return
+        if pkt.opcode == 0x81:                     # CNP: to the reaction point (MR-CNP-005, MR-CC-033)
+            if qp.state != QPState.RTS:
+                self.stats["drop_qp_state"] += 1
+                return
+            qp.dcqcn.rp.on_cnp(self.now)
+            self.stats["rx_cnp"] += 1
+            return
         if not qp.handle(pkt):
             self.stats["drop_qp_state"] += 1       # MR-QP-020
+            return
+        # MR-ECN-007, MR-ECN-008: CE on an accepted request or READ RESPONSE (duplicates and
+        # NAKed packets too), never on ACKs, ATOMIC ACKNOWLEDGEs or CNPs
+        if pkt.ecn == 3 and (pkt.op.mask & MI.REQ or 0x0D <= pkt.opcode <= 0x10):
+            if qp.dcqcn.np.on_ce(self.now):        # MR-ECN-009, MR-ECN-012, MR-CNP-002, MR-CNP-003
+                self.send_cnp(qp)
+
+    def send_cnp(self, qp: QP) -> None:
+        """One CNP to the peer QP (MR-CNP-001, MR-CC-029): built from the QP's own template (so
+        it follows the QP's path, UDP source port and P_Key), with DSCP cnp_dscp, Not-ECT
+        (MR-ECN-005), BECN 1 (MR-BTH-012), PSN 0 (MR-BTH-019), AckReq 0; no PSN is consumed
+        and nothing acknowledges it (MR-CNP-004)."""
+        t = qp.template
+        cached = qp.dcqcn.np.cnp_template
+        if cached is None or cached[0] is not t:
+            tb = t.buf.copy()
+            l3 = t.l3_off
+            tos = (self.dcqcn.cnp_dscp << 2) & 0xFC
+            if t.ipv6:
+                tb[l3] = 0x60 | (tos >> 4)
+                tb[l3 + 1] = ((tos & 0x0F) << 4) | (tb[l3 + 1] & 0x0F)
+            else:
+                tb[l3 + 1] = tos
+            tb[t.length - 12 + 4] = 0x40 | (tb[t.length - 12 + 4] & 0x3F)     # BECN 1, FECN 0
+            qp.dcqcn.np.cnp_template = cached = (t, tb)
+        slot = self.port.tx_slot()
+        if slot is None:
+            self.port.flush()
+            slot = self.port.tx_slot()
+            if slot is None:
+                self.stats["tx_cnp_no_frame"] += 1   # a later CE mark sends the next one
+                return
+        buf, boff = slot
+        tb = cached[1]
+        n = build_frame(TABLES, buf, boff, tb, len(tb), t.l3_off, t.ipv6, 0x81, 0, 0, 0, self._cnp_ext, 16,
+                        _EMPTY, 0, 0)
+        self.port.tx_commit(boff, n)
+        self.stats["tx"] += 1
+        self.stats["tx_cnp"] += 1
 
     def _rx_raw(self) -> bool:
         umem, addrs, lens = self.port.rx_burst_raw(self.budget)
@@ -290,7 +343,14 @@ class Engine:
                 r = qp.responder
                 r.flush_ack()                      # ACKs leave at the end of each batch (MR-ACK-004)
                 if r.read_queue:
-                    work |= r.progress(self.budget) > 0
+                    # READ RESPONSEs are paced by the QP's own DCQCN rate (MR-CNP-009)
+                    rp = qp.dcqcn.rp
+                    room = rp.allowance(self.now, self.budget, qp.pmtu + WIRE_OVERHEAD)
+                    if room:
+                        b0 = r.bytes_sent
+                        k = r.progress(room)
+                        rp.on_sent(r.bytes_sent - b0 + k * WIRE_OVERHEAD)
+                        work |= k > 0
                 if qp.state in (QPState.RTS, QPState.SQD):
                     tmo = qp.completer.timeouts
                     qp.completer.check_timer(self.now)

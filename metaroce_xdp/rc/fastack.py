@@ -42,6 +42,8 @@ class FastAck:
         self._nak_code, self._rnr_timer = off["nak_code"], off["rnr_timer"]
         self._snd_nxt = off["snd_nxt"] // 4
         self.seen: dict[int, tuple[int, int, int, int]] = {}   # qpn -> (ack_seq, ack_psn, nak_seq, rnr_seq)
+        self._cnp = off["cnp_count"] // 8
+        self.cnp_seen: dict[int, int] = {}                      # qpn -> cnp_count already given to the RP
         self.installed: set[int] = set()
 
     def qp_changed(self, qp: "QP") -> None:
@@ -52,13 +54,16 @@ class FastAck:
                 self.loader.clear_qp(qpn)
                 self.installed.discard(qpn)
                 self.seen.pop(qpn, None)
+                self.cnp_seen.pop(qpn, None)
             return
         if qpn not in self.installed:
             self.loader.install_qp(qpn, peer_ip=qp.dgid, dest_qpn=qp.dest_qp, state=QpState(int(qp.state)),
-                                   profile=Profile.COMPAT, pmtu=qp.pmtu, init_psn=qp.requester.psn_next)
+                                   profile=Profile.COMPAT, pmtu=qp.pmtu, init_psn=qp.requester.psn_next,
+                                   pkey=qp.pkey)
             self.installed.add(qpn)
             slot = self.loader.qp(qpn)
             self.seen[qpn] = (int(slot["ack_seq"]), int(slot["ack_psn"]), int(slot["nak_seq"]), int(slot["rnr_seq"]))
+            self.cnp_seen[qpn] = int(slot["cnp_count"])
         else:
             self.loader.set_qp_state(qpn, QpState(int(qp.state)))
         if qp.state == QPState.RTS and qpn in self.installed:
@@ -92,6 +97,13 @@ class FastAck:
         work = False
         for qpn in self.installed:
             qp = engine.qps.get(qpn)
+            # CNPs the kernel verified and counted (bpf/metaroce_xdp.c) -> the DCQCN reaction point
+            cnps = int(self._u64[self.loader.slot_of(qpn), self._cnp])
+            if cnps != self.cnp_seen.get(qpn, cnps):
+                if qp is not None:
+                    qp.dcqcn.rp.on_cnp(engine.now, cnps - self.cnp_seen[qpn])
+                    engine.stats["rx_cnp"] += cnps - self.cnp_seen[qpn]
+                self.cnp_seen[qpn] = cnps
             if qp is None or not qp.requester.sq or qp.state not in (QPState.RTS, QPState.SQD, QPState.SQE):
                 continue                 # nothing outstanding: an ACK now could only be stale
             i = self.loader.slot_of(qpn)

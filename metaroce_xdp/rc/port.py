@@ -24,6 +24,28 @@ class Faults:
     dup: float = 0.0
     corrupt: float = 0.0
     reorder: float = 0.0      # probability a frame is held back and sent after the next one
+    ce: float = 0.0           # probability an ECN-capable frame is marked CE, as a congested switch does
+
+
+def mark_ce(frame: bytes) -> bytes:
+    """ECN CE on an ECT IPv4/IPv6 frame, the IPv4 header checksum recomputed (RFC 3168; the ICRC
+    masks both, MR-ICRC-004).  Not-ECT frames are returned unchanged."""
+    b = bytearray(frame)
+    l3 = 18 if b[12:14] == b"\x81\x00" else 14
+    if b[l3] >> 4 == 4:
+        if b[l3 + 1] & 3 == 0:
+            return frame
+        b[l3 + 1] |= 3
+        b[l3 + 10:l3 + 12] = b"\0\0"
+        s = sum(int.from_bytes(b[i:i + 2], "big") for i in range(l3, l3 + 20, 2))
+        while s >> 16:
+            s = (s & 0xFFFF) + (s >> 16)
+        b[l3 + 10:l3 + 12] = (~s & 0xFFFF).to_bytes(2, "big")
+    else:
+        if (b[l3 + 1] >> 4) & 3 == 0:
+            return frame
+        b[l3 + 1] |= 0x30
+    return bytes(b)
 
 
 class LoopPort:
@@ -72,6 +94,8 @@ class LoopPort:
             b = bytearray(frame)
             b[rng.randrange(42, len(b))] ^= 1 << rng.randrange(8)
             frame = bytes(b)
+        if f.ce and rng.random() < f.ce:
+            frame = mark_ce(frame)
         copies = 2 if (f.dup and rng.random() < f.dup) else 1
         for _ in range(copies):
             if self.held is None and f.reorder and rng.random() < f.reorder:

@@ -14,6 +14,7 @@ from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPA
 from ..wire.opcodes import MI
 from .completer import Completer
 from .events import EventType
+from .dcqcn import Dcqcn
 from .requester import Requester
 from .responder import Responder
 from .wqe import WC_OF_WR, RecvWQE, SendWQE
@@ -82,6 +83,8 @@ class QP:
         self.path_error: str | None = None
         self.sport = 0xC000 | (qp_num & 0x3FFF)     # one source port per QP in [0xC000, 0xFFFF] (MR-ENC-020)
         self.dscp = 26                              # MR-ECN-004
+        self.pkey = 0xFFFF                          # pkey_index 0 of the one-entry P_Key table (MR-BTH-009)
+        self.dcqcn = Dcqcn(ctx.engine.dcqcn, ctx.engine.now)   # CNPs and the sender's rate (dcqcn.py)
         self.attr_timeout = 14
         self.attr_retry_cnt = 7
         self.attr_rnr_retry = 7
@@ -374,7 +377,7 @@ class QP:
             "bytes_sent": r.bytes_sent + s.bytes_sent, "bytes_received": s.bytes_received, "retransmits": r.retransmits,
             "timeouts": c.timeouts, "naks_received": c.naks, "rnr_naks_received": c.rnr_naks,
             "seq_naks_sent": s.seq_naks, "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.dup_requests,
-            "error": self.error_reason,
+            "error": self.error_reason, **self.dcqcn.counters(),   # rate_bps, tx_cnp, rx_cnp, ... (MR-CNP-010)
             "next_hop": (self.next_hop.hop if self.next_hop else None), "dmac": self.dmac,
             "path_resolves": self.path_resolves, "path_changes": self.path_changes,
         }

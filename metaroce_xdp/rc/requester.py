@@ -16,6 +16,7 @@ from ..verbs_types import SendFlags, WROpcode
 from ..wire.opcodes import Op
 from ..wire.psn import PSN_MASK, psn_diff
 from .burst import segment_opcode
+from .dcqcn import WIRE_OVERHEAD
 from .wqe import SendWQE
 
 if TYPE_CHECKING:
@@ -78,6 +79,12 @@ class Requester:
         qp = self.qp
         if not qp.can_send() or qp.now() < self.pause_until:
             return 0
+        # DCQCN pacing (MR-CC-034): new packets and retransmissions alike (MR-CNP-009)
+        rp = qp.dcqcn.rp
+        budget = rp.allowance(qp.now(), budget, qp.pmtu + WIRE_OVERHEAD)
+        if budget <= 0:
+            return 0
+        bytes0 = self.bytes_sent
         sent = 0
         mtu = qp.pmtu
         una = self.oldest_unacked_psn()
@@ -165,6 +172,7 @@ class Requester:
                 sent += 1
                 self.cursor += 1
         self.packets_sent += sent
+        rp.on_sent(self.bytes_sent - bytes0 + sent * WIRE_OVERHEAD)
         return sent
 
     # -- go-back-N -----------------------------------------------------------
