@@ -92,6 +92,14 @@ def test_warm_up_plan_covers_every_dispatcher():
     assert jitwarm.cache_is_warm() is True
 
 
+def test_every_numba_module_is_warmed_up():
+    """A new module with numba functions must join jitwarm.MODULES (and the plan)."""
+    pkg = ROOT / "metaroce_xdp"
+    users = {".".join(f.relative_to(ROOT).with_suffix("").parts) for f in pkg.rglob("*.py")
+             if "@njit" in f.read_text() or "@jit" in f.read_text()}
+    assert users == set(jitwarm.MODULES), users ^ set(jitwarm.MODULES)
+
+
 def _snapshot():
     return {(m, n): (len(d.signatures), sum(d.stats.cache_misses.values()), sum(d.stats.cache_hits.values()))
             for m, n, d in jitwarm.dispatchers()}
