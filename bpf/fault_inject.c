@@ -14,6 +14,9 @@
  *   psn_once  drop if the BTH PSN is in fi_psn_once with a count left
  *   drop      TC_ACT_STOLEN (silent to the sender, like a loss on a wire)
  *   corrupt   XOR one byte at or after the BTH (the ICRC no longer matches)
+ *   ecn_ce    set ECN CE (11) on an ECN-capable frame (ECT 01/10), fixing the
+ *             IPv4 header checksum, as a congested switch does (RFC 3168);
+ *             the ICRC masks both fields, so it stays valid (MR-ICRC-004)
  *   dup       bpf_clone_redirect() to the same device and direction
  *   delay     copy the frame to user space (fi_delayed perf buffer) and steal
  *             it; user space sends it again after delay_us.  This kernel has
@@ -61,6 +64,7 @@
 #define FI_SALT_CORRUPT_OFF 3
 #define FI_SALT_DUP 4
 #define FI_SALT_DELAY 5
+#define FI_SALT_ECN_CE 6
 
 /* fi_config.flags */
 #define FI_F_ENABLED (1U << 0)        /* 0: pass everything, count nothing but seen */
@@ -84,6 +88,8 @@ enum fi_counter {
 	FI_C_DELAY_FAILED,      /* perf output failed; frame passed undelayed */
 	FI_C_LIMITED,           /* would have acted but action_limit was reached */
 	FI_C_SHORT,             /* UDP/4791 but too short for a BTH; passed */
+	FI_C_CE_MARKED,         /* ECT frame marked CE */
+	FI_C_CE_NOT_ECT,        /* chosen for CE but Not-ECT or already CE: left alone */
 	FI_C__MAX,
 };
 
@@ -101,6 +107,8 @@ struct fi_config {
 	__u32 corrupt_xor;      /* XOR applied to the chosen byte (low 8 bits, 0 -> 0xff) */
 	__u32 delay_us;         /* informative: user space holds delayed frames this long */
 	__u64 opcode_bitmap[4]; /* bit n set: opcode n is targeted */
+	__u32 ecn_ce_ppm;       /* mark CE on this share of ECT frames */
+	__u32 pad0;
 };
 
 /* Serialised by a spin lock rather than atomic fetch-add: BCC's LLVM 14
@@ -162,6 +170,8 @@ static __always_inline int coin(struct fi_config *cfg, __u64 index, __u64 salt, 
  * of a frame built by AF_PACKET or a GSO skb need not be in the linear area,
  * and the copy makes the bounds checks the verifier wants trivial. */
 struct fi_pkt {
+	__u32 l3_off;           /* IP header, from the start of the frame */
+	__u32 ipv6;
 	__u32 udp_off;          /* from the start of the frame */
 	__u32 udp_len;          /* UDP length field: header + payload, no L2 padding */
 	__u32 bth_off;
@@ -189,6 +199,8 @@ static __always_inline int parse_roce(struct __sk_buff *skb, struct fi_pkt *p)
 		proto = bpf_ntohs(proto);
 		off += 4;
 	}
+	p->l3_off = off;
+	p->ipv6 = proto == ETH_P_IPV6;
 	if (proto == ETH_P_IP) {
 		struct iphdr ip;
 
@@ -294,6 +306,29 @@ static __always_inline int corrupt(struct __sk_buff *skb, struct fi_config *cfg,
 	return 0;
 }
 
+/* ECN CE on an ECT frame.  Returns 0 when marked, 1 when the frame is
+ * Not-ECT or already CE (a switch marks only ECN-capable packets), -1 on a
+ * helper failure.  The first 16-bit word of the IP header holds the ECN bits:
+ * IPv4 TOS is its low byte, the IPv6 Traffic Class straddles it. */
+static __always_inline int mark_ce(struct __sk_buff *skb, struct fi_pkt *p)
+{
+	__u16 oldw, neww, h, ecn_bits;
+
+	if (bpf_skb_load_bytes(skb, p->l3_off, &oldw, 2) < 0)
+		return -1;
+	h = bpf_ntohs(oldw);
+	ecn_bits = p->ipv6 ? 0x0030 : 0x0003;
+	if ((h & ecn_bits) == 0 || (h & ecn_bits) == ecn_bits)
+		return 1;
+	neww = bpf_htons(h | ecn_bits);
+	if (bpf_skb_store_bytes(skb, p->l3_off, &neww, 2, 0) < 0)
+		return -1;
+	if (!p->ipv6 &&
+	    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), oldw, neww, 2) < 0)
+		return -1;
+	return 0;
+}
+
 int fi_tc(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
@@ -302,7 +337,7 @@ int fi_tc(struct __sk_buff *skb)
 	struct fi_pkt p = {};
 	__u64 index;
 	__s32 *left = NULL;
-	int matched = 0, limited = 0, psn_hit = 0, drop = 0, bad = 0, dup = 0, delay = 0;
+	int matched = 0, limited = 0, psn_hit = 0, drop = 0, bad = 0, dup = 0, delay = 0, ce = 0;
 	int verdict = TC_ACT_OK;
 
 	count(FI_C_SEEN);
@@ -332,7 +367,8 @@ int fi_tc(struct __sk_buff *skb)
 		bad = coin(cfg, index, FI_SALT_CORRUPT, cfg->corrupt_ppm);
 		dup = coin(cfg, index, FI_SALT_DUP, cfg->dup_ppm);
 		delay = coin(cfg, index, FI_SALT_DELAY, cfg->delay_ppm);
-		if ((psn_hit || drop || bad || dup || delay) && cfg->action_limit) {
+		ce = coin(cfg, index, FI_SALT_ECN_CE, cfg->ecn_ce_ppm);
+		if ((psn_hit || drop || bad || dup || delay || ce) && cfg->action_limit) {
 			if (st->acted >= cfg->action_limit)
 				limited = 1;
 			else
@@ -368,6 +404,14 @@ int fi_tc(struct __sk_buff *skb)
 	}
 	if (bad && corrupt(skb, cfg, &p, index) == 0)
 		count(FI_C_CORRUPTED);
+	if (ce) {
+		int r = mark_ce(skb, &p);
+
+		if (r == 0)
+			count(FI_C_CE_MARKED);
+		else if (r > 0)
+			count(FI_C_CE_NOT_ECT);
+	}
 	if (dup) {
 		__u32 mark = skb->mark;
 

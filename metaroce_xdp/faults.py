@@ -61,7 +61,8 @@ BTH_SIZE = 12
 
 # enum fi_counter, in order: never renumber.
 COUNTERS = ("seen", "own", "roce", "matched", "psn_dropped", "dropped", "corrupted",
-            "duplicated", "dup_failed", "delayed", "delay_failed", "limited", "short")
+            "duplicated", "dup_failed", "delayed", "delay_failed", "limited", "short", "ce_marked",
+            "ce_not_ect")
 
 # FI_SALT_*: one independent coin per action.
 SALT_DROP = 1
@@ -69,6 +70,7 @@ SALT_CORRUPT = 2
 SALT_CORRUPT_OFF = 3
 SALT_DUP = 4
 SALT_DELAY = 5
+SALT_ECN_CE = 6
 
 # fi_config.flags
 F_ENABLED = 1 << 0
@@ -106,11 +108,11 @@ def coin(seed: int, index: int, salt: int, ppm: int) -> bool:
 
 
 def plan(seed: int, count: int, *, drop_ppm: int = 0, dup_ppm: int = 0, corrupt_ppm: int = 0,
-         reorder_ppm: int = 0, first_index: int = 0) -> list[frozenset[str]]:
+         reorder_ppm: int = 0, ecn_ce_ppm: int = 0, first_index: int = 0) -> list[frozenset[str]]:
     """What the kernel does to UDP/4791 packets first_index .. first_index+count-1
     when every one is targeted (no opcode filter, every_nth, limit or PSN list).
-    Each entry is a set drawn from {"drop", "corrupt", "dup", "delay"}; a drop
-    excludes the rest, as in the program."""
+    Each entry is a set drawn from {"drop", "corrupt", "dup", "delay", "ce"}; a drop
+    excludes the rest, as in the program ("ce" marks only ECT frames)."""
     out = []
     for i in range(first_index, first_index + count):
         if coin(seed, i, SALT_DROP, drop_ppm):
@@ -123,6 +125,8 @@ def plan(seed: int, count: int, *, drop_ppm: int = 0, dup_ppm: int = 0, corrupt_
             acts.add("dup")
         if coin(seed, i, SALT_DELAY, reorder_ppm):
             acts.add("delay")
+        if coin(seed, i, SALT_ECN_CE, ecn_ce_ppm):
+            acts.add("ce")
         out.append(frozenset(acts))
     return out
 
@@ -185,7 +189,7 @@ class _DelayMeta(ctypes.Structure):
                 ("len", ctypes.c_uint32), ("ifindex", ctypes.c_uint32)]
 
 
-_CONFIG_KEYS = ("seed", "drop_ppm", "dup_ppm", "corrupt_ppm", "reorder_ppm", "reorder_delay_us",
+_CONFIG_KEYS = ("seed", "drop_ppm", "dup_ppm", "corrupt_ppm", "reorder_ppm", "reorder_delay_us", "ecn_ce_ppm",
                 "corrupt_offset", "corrupt_xor", "fix_udp_csum", "opcode_filter", "every_nth",
                 "action_limit", "enabled")
 
@@ -200,11 +204,13 @@ class FaultInjector:
     psn_drop_once   PSNs to drop once each (a PSN listed k times is dropped k times)
     corrupt_offset  byte from the BTH start to corrupt; None: a seeded choice past the BTH
     fix_udp_csum    after corrupting, patch a non-zero UDP checksum so only the ICRC fails
+    ecn_ce_ppm      mark CE on this share of ECN-capable (ECT) frames, IPv4 checksum fixed:
+                    a congested switch for DCQCN tests (the ICRC masks ECN, MR-ICRC-004)
     """
 
     def __init__(self, ifname: str, *, netns: str | None = None, direction: str = "egress",
                  seed: int = 0, drop_ppm: int = 0, dup_ppm: int = 0, corrupt_ppm: int = 0,
-                 reorder_ppm: int = 0, reorder_delay_us: int = 2000,
+                 reorder_ppm: int = 0, reorder_delay_us: int = 2000, ecn_ce_ppm: int = 0,
                  corrupt_offset: int | None = None, corrupt_xor: int = 0xFF, fix_udp_csum: bool = False,
                  opcode_filter: Iterable[int] | OpMask | int | None = None, every_nth: int = 0,
                  action_limit: int = 0, psn_drop_once: Iterable[int] = (), mark: int = FI_MARK,
@@ -213,7 +219,7 @@ class FaultInjector:
             raise ValueError("direction must be 'egress' or 'ingress'")
         self.ifname, self.netns, self.direction, self.mark = ifname, netns, direction, mark
         self._cfg = dict(seed=seed, drop_ppm=drop_ppm, dup_ppm=dup_ppm, corrupt_ppm=corrupt_ppm,
-                         reorder_ppm=reorder_ppm, reorder_delay_us=reorder_delay_us,
+                         reorder_ppm=reorder_ppm, reorder_delay_us=reorder_delay_us, ecn_ce_ppm=ecn_ce_ppm,
                          corrupt_offset=corrupt_offset, corrupt_xor=corrupt_xor,
                          fix_udp_csum=fix_udp_csum, opcode_filter=opcode_filter,
                          every_nth=every_nth, action_limit=action_limit, enabled=enabled)
@@ -256,7 +262,7 @@ class FaultInjector:
     # -- setup ---------------------------------------------------------------
     @staticmethod
     def _check(cfg: dict) -> None:
-        for k in ("drop_ppm", "dup_ppm", "corrupt_ppm", "reorder_ppm"):
+        for k in ("drop_ppm", "dup_ppm", "corrupt_ppm", "reorder_ppm", "ecn_ce_ppm"):
             if not 0 <= int(cfg[k]) <= PPM_SCALE:
                 raise ValueError(f"{k}={cfg[k]} is outside 0..{PPM_SCALE}")
         if int(cfg["reorder_delay_us"]) < 0:
@@ -333,6 +339,7 @@ class FaultInjector:
         v.corrupt_ppm = int(c["corrupt_ppm"])
         v.delay_ppm = int(c["reorder_ppm"]) if self.direction == "egress" else 0
         v.delay_us = int(c["reorder_delay_us"])
+        v.ecn_ce_ppm = int(c["ecn_ce_ppm"])
         v.every_nth = int(c["every_nth"])
         v.action_limit = int(c["action_limit"])
         v.corrupt_offset = -1 if c["corrupt_offset"] is None else int(c["corrupt_offset"])
@@ -516,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corrupt-ppm", type=int, default=0)
     ap.add_argument("--reorder-ppm", type=int, default=0)
     ap.add_argument("--reorder-delay-us", type=int, default=2000)
+    ap.add_argument("--ecn-ce-ppm", type=int, default=0, help="mark CE on this share of ECT frames")
     ap.add_argument("--corrupt-offset", type=int, default=None, help="byte offset from the BTH start")
     ap.add_argument("--fix-udp-csum", action="store_true")
     ap.add_argument("--opcodes", help="e.g. 'ACKNOWLEDGE,NATIVE_SACK' or 'mask:ACK'")
@@ -531,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     fi = FaultInjector(a.dev, netns=a.netns, direction="ingress" if a.ingress else "egress",
                        seed=a.seed, drop_ppm=a.drop_ppm, dup_ppm=a.dup_ppm, corrupt_ppm=a.corrupt_ppm,
                        reorder_ppm=a.reorder_ppm, reorder_delay_us=a.reorder_delay_us,
-                       corrupt_offset=a.corrupt_offset, fix_udp_csum=a.fix_udp_csum,
+                       ecn_ce_ppm=a.ecn_ce_ppm, corrupt_offset=a.corrupt_offset, fix_udp_csum=a.fix_udp_csum,
                        opcode_filter=_parse_opcodes(a.opcodes), every_nth=a.every_nth,
                        action_limit=a.limit, psn_drop_once=_parse_psns(a.psn_drop_once))
     try:

@@ -27,7 +27,7 @@ from metaroce_xdp import faults
 from metaroce_xdp.faults import FaultInjector, in_netns, plan
 from metaroce_xdp.wire import AETH, Op, OpMask, Vlan, decode, encode
 from metaroce_xdp.wire.errors import MalformedPacket
-from metaroce_xdp.wire.packet import udp_checksum_v6
+from metaroce_xdp.wire.packet import inet_checksum, udp_checksum_v6
 
 REPO = Path(__file__).resolve().parent.parent
 C_SOURCE = REPO / "bpf" / "fault_inject.c"
@@ -248,6 +248,31 @@ def test_corrupted_frames_fail_icrc(pair):
     assert sorted(_psns(got)) == list(range(N))        # corrupted past the BTH: PSN still readable
     assert {p.bth.psn for p in got if p.icrc_ok is False} == want
     assert st["corrupted"] == len(want) > 0
+
+
+@needs_root
+@pytest.mark.netns
+def test_ecn_ce_marks_ect_frames_and_keeps_them_valid(pair):
+    """The congested-switch knob for DCQCN tests: ECT frames chosen by the seed get ECN CE with a
+    correct IPv4 header checksum (MR-ENC-013) and an unchanged, still valid ICRC (MR-ICRC-004,
+    MR-ECN-006); Not-ECT frames are left alone; IPv6 Traffic Class likewise."""
+    ppm = 300_000
+    want = {i for i, a in enumerate(plan(21, N, ecn_ce_ppm=ppm)) if "ce" in a}
+    with pair.injector(seed=21, ecn_ce_ppm=ppm) as fi:
+        pair.send(pair.frame(i, dscp=26, ecn=2) for i in range(N))
+        got = pair.capture(raw=True)
+        st = fi.stats()
+    assert [p.bth.psn for _, p in got] == list(range(N))
+    assert {p.bth.psn for _, p in got if p.ip.ecn == 3} == want and st["ce_marked"] == len(want) > 0
+    for raw, p in got:
+        assert p.icrc_ok and p.ip.dscp == 26 and p.ip.ecn in (2, 3)
+        assert inet_checksum(raw[14:34]) == 0                    # header checksum still right
+    with pair.injector(seed=21, ecn_ce_ppm=1_000_000) as fi:
+        pair.send([pair.frame(0, ecn=0), pair.frame(1, v6=True, dscp=26, ecn=2)])
+        got = pair.capture()
+        st = fi.stats()
+    assert [(p.bth.psn, p.ip.ecn if p.bth.psn == 0 else p.ip.traffic_class & 3) for p in got] == [(0, 0), (1, 3)]
+    assert all(p.icrc_ok for p in got) and st["ce_not_ect"] == 1 and st["ce_marked"] == 1
 
 
 @needs_root
