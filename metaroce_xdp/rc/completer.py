@@ -136,7 +136,7 @@ class Completer:
             self.ack_upto(psn, implied_nak=not from_kernel)
         elif kind == AETH_RNR_NAK:
             self.rnr_naks += 1
-            self.req.note_acked((psn - 1) & PSN_MASK)
+            self._implied_ack((psn - 1) & PSN_MASK)
             if not self.ack_upto((psn - 1) & PSN_MASK):
                 return
             if self.rnr_left == 0:
@@ -152,7 +152,7 @@ class Completer:
         elif kind == AETH_NAK:
             self.naks += 1
             code = syndrome & 0x1F
-            self.req.note_acked((psn - 1) & PSN_MASK)
+            self._implied_ack((psn - 1) & PSN_MASK)
             if not self.ack_upto((psn - 1) & PSN_MASK):
                 return
             if code == NAK_PSN_SEQ_ERR:                  # go-back-N from p (MR-NAK-004)
@@ -161,6 +161,16 @@ class Completer:
                 self.qp.to_error(NAK_STATUS.get(code, WCStatus.REM_OP_ERR), f"NAK code {code}")
         else:
             self.stale += 1
+
+    def _implied_ack(self, psn: int) -> None:
+        """A NAK or RNR NAK for p acknowledges p - 1: forward progress when that is new, which
+        resets both retry budgets (MR-RNR-008, MR-RETRY-005).  Otherwise a long message on a
+        lossy path, where each NAK reports a new gap further on, ran out of retries while it
+        was moving (an 8 MiB WRITE at 5 % loss failed with RETRY_EXC_ERR)."""
+        if psn_diff(psn, self.req.acked_psn) > 0:
+            self.req.note_acked(psn)
+            self.last_progress = self.qp.now()
+            self.reset_budgets()
 
     def on_response(self, pkt: "RxPkt") -> None:
         """READ response or ATOMIC ACK (these carry data, so they always reach user space)."""

@@ -187,11 +187,13 @@ class Requester:
                 self.cursor = i
                 if w.opcode == WROpcode.RDMA_READ:
                     w.sent = 0       # re-request from the first missing response
+                    w.rsp_restart = True            # whose responses restart with FIRST/ONLY
                 else:
                     w.sent = max(0, d)
                 for later in self.sq[i + 1:]:
                     if later.first_psn is not None:
                         later.sent = 0
+                        later.rsp_restart = True
                 self.retransmits += 1
                 return
         # nothing outstanding at or after psn: nothing to resend
