@@ -25,14 +25,15 @@ if TYPE_CHECKING:
     from .qp import QP
     from .rxparse import RxPkt
 
-# MR-NAK-010.  Code 4 maps to REM_INV_RD_REQ_ERR, where MR-NAK-011 says "like code 3"
-# (see docs/spec/traceability.md); reserved codes fall back to REM_OP_ERR.
+# MR-NAK-010; code 4 (invalid RD request) and the reserved codes like code 3 (MR-NAK-011:
+# IBV_WC_REM_INV_RD_REQ_ERR is never produced, MR-QP-032).
 NAK_STATUS = {
     NAK_INVALID_REQUEST: WCStatus.REM_INV_REQ_ERR,
     NAK_REMOTE_ACCESS_ERR: WCStatus.REM_ACCESS_ERR,
     NAK_REMOTE_OP_ERR: WCStatus.REM_OP_ERR,
-    NAK_INVALID_RD_REQUEST: WCStatus.REM_INV_RD_REQ_ERR,
+    NAK_INVALID_RD_REQUEST: WCStatus.REM_OP_ERR,
 }
+_AETH_NOT_ACK = 0xE0        # bit 7 or a type other than ACK (MR-XH-008, MR-NAK-012)
 
 
 class Completer:
@@ -45,7 +46,9 @@ class Completer:
         self.naks = 0
         self.rnr_naks = 0
         self.timeouts = 0
-        self.stale = 0
+        self.stale = 0                    # rx_stale_rsp: responses before comp_psn (MR-ACK-015)
+        self.ghost = 0                    # rx_ghost_rsp: responses at or after next_psn (MR-ACK-015)
+        self.bad_rsp = 0                  # rx_bad_rsp: bad responses, QP to ERR (MR-NAK-012)
         self.retrying_from: int | None = None   # PSN of the go-back-N in progress
 
     def reset_budgets(self) -> None:
@@ -100,13 +103,26 @@ class Completer:
         return True
 
     # -- inputs ------------------------------------------------------------------
-    def _valid_ack_psn(self, psn: int) -> bool:
-        """Only PSNs in [oldest unacked - 1, last sent] move state (MR-SEC-022, MR-ACK-015: stale or
-        spoofed ACKs; MR-SEC-024: they restart no timer and complete nothing)."""
-        una = self.req.oldest_unacked_psn()
-        d_lo = psn_diff(psn, (una - 1) & PSN_MASK)
-        d_hi = psn_diff(psn, (self.req.psn_next - 1) & PSN_MASK)
-        return d_lo >= 0 and d_hi <= 0
+    def _valid_ack_psn(self, psn: int, nak_of_partial_read: bool = False) -> bool:
+        """MR-ACK-015: every response is classified by its PSN first.  At or after next_psn it is a
+        ghost (it answers nothing ever sent), counted in rx_ghost_rsp; before comp_psn -- the oldest
+        unacknowledged PSN, so comp_psn - 1 too -- it is stale, counted in rx_stale_rsp; both are
+        discarded and restart no timer, complete nothing (MR-SEC-022, MR-SEC-024).  The NAK of a
+        READ whose MR went away mid-stream names the READ's first PSN and is processed
+        (nak_of_partial_read, MR-MEM-033).  True when the response is processed."""
+        if psn_diff(psn, (self.req.psn_next - 1) & PSN_MASK) > 0:
+            self.ghost += 1
+            return False
+        if psn_diff(psn, self.req.oldest_unacked_psn()) < 0 and not nak_of_partial_read:
+            self.stale += 1
+            return False
+        return True
+
+    def _bad_response(self, why: str) -> None:
+        """MR-NAK-012: the oldest outstanding WQE completes with IBV_WC_BAD_RESP_ERR and the QP moves
+        to ERR, counted in rx_bad_rsp."""
+        self.bad_rsp += 1
+        self.qp.to_error(WCStatus.BAD_RESP_ERR, f"bad response: {why}")
 
     def _is_partial_read_psn(self, psn: int) -> bool:
         """True when psn is the first PSN of the oldest outstanding READ and some of its responses
@@ -122,11 +138,14 @@ class Completer:
     def on_syndrome(self, psn: int, syndrome: int, msn: int, from_kernel: bool = False) -> None:
         """An ACK, RNR NAK or NAK for `psn` (from a packet, or from the kernel fast path:
         from_kernel, possibly ahead of responses still queued for user space)."""
-        if not self._valid_ack_psn(psn) and not (
-                (syndrome & AETH_TYPE_MASK) == AETH_NAK and syndrome & 0x1F and self._is_partial_read_psn(psn)):
-            self.stale += 1
+        if not self._valid_ack_psn(psn, (syndrome & AETH_TYPE_MASK) == AETH_NAK and syndrome & 0x1F
+                                   and self._is_partial_read_psn(psn)):
             return
         kind = syndrome & AETH_TYPE_MASK
+        if syndrome & 0x80 or kind not in (AETH_ACK, AETH_RNR_NAK, AETH_NAK):
+            # bit 7 set, or type 10 (reserved): a bad response, never silently dropped (MR-XH-008)
+            self._bad_response(f"AETH syndrome {syndrome:#04x}")
+            return
         if kind == AETH_ACK:
             self.acks += 1
             if psn_diff(psn, self.req.acked_psn) > 0:
@@ -159,8 +178,6 @@ class Completer:
                 self._retry(psn, "PSN sequence error NAK")
             else:
                 self.qp.to_error(NAK_STATUS.get(code, WCStatus.REM_OP_ERR), f"NAK code {code}")
-        else:
-            self.stale += 1
 
     def _implied_ack(self, psn: int) -> None:
         """A NAK or RNR NAK for p acknowledges p - 1: forward progress when that is new, which
@@ -175,7 +192,6 @@ class Completer:
     def on_response(self, pkt: "RxPkt") -> None:
         """READ response or ATOMIC ACK (these carry data, so they always reach user space)."""
         if not self._valid_ack_psn(pkt.psn):
-            self.stale += 1
             return
         op = pkt.op
         sq = self.req.sq
@@ -186,26 +202,31 @@ class Completer:
             if not w.done and 0 <= psn_diff(pkt.psn, w.first_psn) < w.npsn:
                 target = w
                 break
-        if target is None or not target.is_rd_atomic:
-            self.stale += 1
+        if target is None:                       # inside the window, yet no sent WQE holds the PSN
+            self.ghost += 1
             return
-        # the response also acknowledges everything before its request (MR-ACK-006)
+        # the response also acknowledges everything before its request (MR-ACK-006); a SEND or
+        # WRITE before it is acknowledged implicitly (Table 3-9, CHECK_PSN)
         if not self.ack_upto((target.first_psn - 1) & PSN_MASK, stop=target):
             return
         if sq[0] is not target:
             return
-        if op.has(MI.ATOMIC):
-            if target.opcode not in (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD):
-                self.qp.to_error(WCStatus.BAD_RESP_ERR, "ATOMIC ACK for a non-atomic request")
+        # the WQE at comp_psn must be of the response's kind (MR-NAK-012)
+        if op.mask & MI.ATOMIC and not (target.is_rd_atomic and target.opcode != WROpcode.RDMA_READ):
+            self._bad_response(f"ATOMIC ACKNOWLEDGE for a {target.opcode.name} WQE")
+            return
+        if op.mask & MI.READ and target.opcode != WROpcode.RDMA_READ:
+            self._bad_response(f"{op.name} for a {target.opcode.name} WQE")
+            return
+        if op.mask & MI.ATOMIC:
+            if pkt.syndrome & _AETH_NOT_ACK:
+                self._bad_response(f"ATOMIC ACKNOWLEDGE with AETH syndrome {pkt.syndrome:#04x}")
                 return
             self.acks += 1
             orig = np.frombuffer(struct.pack("<Q", pkt.orig), dtype=np.uint8)   # host order (MR-ATOM-008)
             scatter(target.sinks, 0, orig)
             self._complete_head()
             self._resume_acked()
-            return
-        if target.opcode != WROpcode.RDMA_READ:          # bad response (MR-NAK-012)
-            self.qp.to_error(WCStatus.BAD_RESP_ERR, "READ response for a non-READ request")
             return
         mtu = self.qp.pmtu
         expect = (target.first_psn + target.resp_bytes // mtu) & PSN_MASK
@@ -215,11 +236,26 @@ class Completer:
         if d > 0:                                    # an earlier response was lost (MR-RETRY-013)
             self._retry(expect, "READ response lost")
             return
+        # MR-NAK-012: FIRST/LAST/ONLY carry an AETH of type ACK; the opcodes follow each other
+        # (no MIDDLE or LAST without a FIRST; a FIRST or ONLY inside a stream only when the requester
+        # asked for the rest again, MR-RETRY-008); the payloads add up to the requested length
+        if op.mask & MI.AETH and pkt.syndrome & _AETH_NOT_ACK:
+            self._bad_response(f"{op.name} with AETH syndrome {pkt.syndrome:#04x}")
+            return
+        first = bool(op.mask & MI.START)
+        if not first and target.resp_bytes == 0:
+            self._bad_response(f"{op.name} without RDMA_READ_RESPONSE_FIRST")
+            return
+        if first and target.resp_bytes and not target.rsp_restart:
+            self._bad_response(f"{op.name} inside a response stream")
+            return
+        if first:
+            target.rsp_restart = False
         remaining = target.length - target.resp_bytes
         n = len(pkt.payload)
         last = bool(op.mask & MI.END)
-        if (last and n != remaining) or (not last and n != mtu) or n > remaining:
-            self.qp.to_error(WCStatus.BAD_RESP_ERR, f"READ response of {n} bytes, {remaining} remaining")
+        if (last and n != remaining) or (not last and (n != mtu or n >= remaining)) or n > remaining:
+            self._bad_response(f"{op.name} of {n} bytes, {remaining} remaining")
             return
         scatter(target.sinks, target.resp_bytes, pkt.payload)
         target.resp_bytes += n
