@@ -584,7 +584,12 @@ int xdp_metaroce(struct xdp_md *ctx)
 		reason = MR_DROP_QP_STATE;
 		goto out;
 	}
-	if ((mask & MR_OPM_NATIVE) && qp->profile != MR_PROFILE_NATIVE) {
+	/* Step 15: native opcodes only on native QPs (MR-OPC-004); a native QP
+	 * takes only 0xC0-0xC6 and the atomics 0x12-0x14 (MR-NAT-007), so a CNP
+	 * there is dropped, never counted (MR-CC-026). */
+	if ((mask & MR_OPM_NATIVE) ? qp->profile != MR_PROFILE_NATIVE
+				    : (qp->profile == MR_PROFILE_NATIVE &&
+				       (ret < MR_OP_ATOMIC_ACKNOWLEDGE || ret > MR_OP_FETCH_ADD))) {
 		reason = MR_DROP_WRONG_PROFILE;
 		goto out;
 	}

@@ -31,7 +31,7 @@ from typing import Callable
 
 import pytest
 
-from metaroce_xdp.wire import AETH, RETH, SACKETH, AtomicAckETH, NETH, Op, Vlan, encode
+from metaroce_xdp.wire import AETH, RETH, SACKETH, AtomicAckETH, AtomicETH, NETH, Op, Vlan, encode
 from metaroce_xdp.wire.packet import inet_checksum
 
 if os.geteuid() != 0:
@@ -319,6 +319,16 @@ CASES = [
          R.BAD_PKEY, qp={"cnp_count": 0}),
     Case("CNP steered, not counted, when the QP says ACK_TO_USER", lambda: cnp(), "XDP_DROP", E.DROPPED,
          R.NO_XSK, setup=_flags(QpFlag.ACK_TO_USER), qp={"cnp_count": 0}),
+    # ---- a native QP takes 0xC0-0xC6 and 0x12-0x14 only: a CNP is dropped, not counted (MR-NAT-007,
+    # MR-CC-026); a compat WRITE too; an atomic is accepted
+    Case("CNP on a native QP is dropped as WRONG_PROFILE", lambda: cnp(qp=QPN_NATIVE), "XDP_DROP", E.DROPPED,
+         R.WRONG_PROFILE, qpn=QPN_NATIVE, qp={"cnp_count": 0}),
+    Case("compat WRITE on a native QP", lambda: write(qp=QPN_NATIVE), "XDP_DROP", E.DROPPED, R.WRONG_PROFILE,
+         qpn=QPN_NATIVE),
+    Case("FETCH_ADD on a native QP is steered",
+         lambda: encode(Op.FETCH_ADD, dest_qp=QPN_NATIVE, psn=1, src_ip=PEER4, dst_ip=LOCAL4,
+                        headers={"atomiceth": AtomicETH(va=0, rkey=1, swap_add=1, compare=0)}),
+         "XDP_DROP", E.DROPPED, R.NO_XSK, qpn=QPN_NATIVE),
     # ---- CE-marked data is delivered like any other (MR-ECN-006); the CNP is user space's (MR-ECN-009)
     Case("CE-marked WRITE with its IP checksum fixed is steered", lambda: set_ce(write(ecn=2)), "XDP_DROP",
          E.DROPPED, R.NO_XSK),
