@@ -80,6 +80,7 @@ class KeyTable:
     def __init__(self) -> None:
         self.by_index: dict[int, MR] = {}
         self.next_index = 1                 # index 0 is never assigned (MR-MEM-009)
+        self.last_tag: dict[int, int] = {}  # index -> the tag it had last (at most MAX_MRS entries)
 
     def add(self, pd: PD, mem: np.ndarray, access: Access) -> MR:
         if len(self.by_index) >= MAX_MRS - 1:
@@ -88,7 +89,13 @@ class KeyTable:
         while idx in self.by_index:
             idx = idx % (MAX_MRS - 1) + 1
         self.next_index = idx % (MAX_MRS - 1) + 1
-        mr = MR(pd, mem, access, idx, secrets.randbelow(256))
+        # a reused index never gets the tag it had before, so the old key stays dead (MR-MEM-011)
+        tag = secrets.randbelow(256)
+        last = self.last_tag.get(idx)
+        if last is not None and tag == last:
+            tag = (tag + 1 + secrets.randbelow(255)) & 0xFF
+        self.last_tag[idx] = tag
+        mr = MR(pd, mem, access, idx, tag)
         self.by_index[idx] = mr
         return mr
 

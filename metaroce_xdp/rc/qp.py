@@ -256,26 +256,45 @@ class QP:
             first = False
             self.send_cq.push(WC(wr_id=w.wr.wr_id, status=st, opcode=WC_OF_WR[w.opcode], qp_num=self.qp_num))
         self.requester.cursor = 0
+        cur = self.responder.cur_recv
+        if cur is not None:                         # the receive WQE a partial SEND was filling (MR-QP-027)
+            self.responder.cur_recv = None
+            self.recv_cq.push(WC(wr_id=cur.wr_id, status=WCStatus.WR_FLUSH_ERR, opcode=WCOpcode.RECV,
+                                 qp_num=self.qp_num))
         for r in self.responder.rq:
             self.recv_cq.push(WC(wr_id=r.wr_id, status=WCStatus.WR_FLUSH_ERR, opcode=WCOpcode.RECV,
                                  qp_num=self.qp_num))
         self.responder.rq.clear()
         self.ctx.engine.qp_state_changed(self)
 
+    def fail_unsent(self, w: SendWQE) -> None:
+        """MR-RC-022, MR-RC-008: a WQE whose local check failed completes with its status once it is
+        the oldest (the WQEs before it complete as usual), nothing of it is sent, and the QP moves
+        to ERR, flushing the WQEs after it."""
+        self.requester.sq.remove(w)
+        self.send_cq.push(WC(wr_id=w.wr.wr_id, status=w.status_error, opcode=WC_OF_WR[w.opcode],
+                             qp_num=self.qp_num))
+        self.to_error(None, f"{w.opcode.name} WR {w.wr.wr_id}: {w.status_error.name} (local scatter/gather list)")
+
     # ---- posting ------------------------------------------------------------------
-    def _sinks(self, sg_list, need: Access) -> tuple[list, int]:
-        sinks = []
+    def _sinks(self, sg_list, need: Access) -> tuple[list | None, int]:
+        """The SGEs as (memory, offset, length) pieces and their total length.  A zero-length SGE is
+        skipped, its lkey unchecked (MR-MEM-032).  The pieces are None when an lkey, PD, bound or
+        LOCAL_WRITE check fails (MR-MEM-020): that is reported by a completion, not here (MR-RC-022)."""
+        sinks: list | None = []
         total = 0
         if len(sg_list) > self.cap.max_send_sge:
             raise InvalidArgument(f"{len(sg_list)} SGEs > max {self.cap.max_send_sge}")
         for sge in sg_list:
+            if sge.length == 0:
+                continue
+            total += sge.length
             chk = self.ctx.keys.check_local(sge.lkey, self.pd, sge.addr, sge.length, need)
             if chk is None:
-                raise InvalidArgument(f"SGE addr={sge.addr:#x} len={sge.length} lkey={sge.lkey:#x}: "
-                                      "no such MR in this PD, out of bounds or missing LOCAL_WRITE")
-            mr, off = chk
-            sinks.append((mr.mem, off, sge.length))
-            total += sge.length
+                sinks = None
+            elif sinks is not None:
+                mr, off = chk
+                sinks.append((mr.mem, off, sge.length))
         return sinks, total
 
     def post_send(self, wrs: SendWR | Iterable[SendWR]) -> None:
@@ -302,10 +321,14 @@ class QP:
                                                     WROpcode.ATOMIC_FETCH_AND_ADD) else Access(0)
                 sinks, total = self._sinks(wr.sg_list, need)
                 data = None
+                # a bad SGE or a message over 2^31 bytes is accepted here and completes in error, without
+                # a packet, when its turn comes (MR-RC-022, MR-MEM-020, MR-RC-008)
+                error = (WCStatus.LOC_PROT_ERR if sinks is None else
+                         WCStatus.LOC_LEN_ERR if total > 1 << 31 else None)
                 if op in (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD):
                     if total != 8:
                         raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
-                elif op != WROpcode.RDMA_READ:
+                elif op != WROpcode.RDMA_READ and error is None:
                     if len(sinks) == 1:
                         mem, off, n = sinks[0]
                         data = mem[off:off + n]
@@ -313,10 +336,10 @@ class QP:
                         data = np.concatenate([m[o:o + n] for m, o, n in sinks])
                     else:
                         data = np.zeros(0, np.uint8)
-                if total >= 1 << 31:
-                    raise InvalidArgument(f"message of {total} bytes exceeds 2 GiB - 1")
                 signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
-                staged.append(SendWQE(wr, total, data, sinks, signaled))
+                wqe = SendWQE(wr, total, data, sinks or [], signaled)
+                wqe.status_error = error
+                staged.append(wqe)
             self.requester.sq.extend(staged)
         self.ctx.engine.kick()
 
@@ -336,6 +359,7 @@ class QP:
                 if len(self.responder.rq) + len(staged) >= self.cap.max_recv_wr:
                     raise QueueFull(f"receive queue full ({self.cap.max_recv_wr} WRs)")
                 sinks, total = self._sinks(wr.sg_list, Access.LOCAL_WRITE)
+                # a bad SGE is found by the responder before it places a byte (MR-MEM-020: NAK code 3)
                 staged.append(RecvWQE(wr.wr_id, sinks, total))
             self.responder.rq.extend(staged)
         self.ctx.engine.kick()

@@ -97,6 +97,10 @@ class Requester:
             if new:
                 if not qp.may_start_wqe():          # SQD: no new WQE starts (MR-QP-013)
                     break
+                if w.status_error is not None:      # local check failed: fails when oldest (MR-RC-022)
+                    if self.cursor == 0:
+                        qp.fail_unsent(w)
+                    break
                 if w.is_rd_atomic and self._rd_atomic_inflight(self.cursor) >= max(1, qp.attr_max_rd_atomic):
                     break
                 # MR-RC-013: a fenced WQE waits for earlier READ/ATOMICs to complete

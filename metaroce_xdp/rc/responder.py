@@ -209,6 +209,11 @@ class Responder:
             # (MR-RC-012)
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.LOC_LEN_ERR, "SEND longer than receive buffer")
             return
+        if w.sinks is None:
+            # Table 3-4 row 8: the receive WQE's scatter list failed its lkey / PD / bounds / LOCAL_WRITE
+            # check (MR-MEM-020): NAK code 3 before any byte is placed (MR-NAK-008)
+            self._nak(NAK_REMOTE_OP_ERR, pkt.psn, True, WCStatus.LOC_PROT_ERR, f"receive WR {w.wr_id}: bad local SGE")
+            return
         scatter(w.sinks, self.recv_off, pkt.payload)     # in order, continuing the message (MR-RC-018)
         self.recv_off += n
         self.bytes_received += n

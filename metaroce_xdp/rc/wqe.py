@@ -56,9 +56,10 @@ class SendWQE:
 
 
 class RecvWQE:
+    """A posted receive WR; `sinks` is None when its scatter list failed the local checks (MR-MEM-020)."""
     __slots__ = ("wr_id", "sinks", "length")
 
-    def __init__(self, wr_id: int, sinks: list, length: int) -> None:
+    def __init__(self, wr_id: int, sinks: list | None, length: int) -> None:
         self.wr_id = wr_id
         self.sinks = sinks
         self.length = length

@@ -1,0 +1,127 @@
+"""Local errors reported by completions, not at post time (spec 03 MR-RC-008, MR-RC-022; 08 MR-MEM-011,
+MR-MEM-020, MR-MEM-032; 07 MR-QP-027)."""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from metaroce_xdp.rc.memory import KeyTable
+from metaroce_xdp.verbs_types import SGE, Access, QPAttr, QPState, WCOpcode
+from rc_players import FULL, RecvWR, SendWR, WCStatus, WROpcode, loop_pair, wait_wcs
+
+
+def _write(a, b, wr_id, off, n, sge=None):
+    return SendWR(wr_id=wr_id, opcode=WROpcode.RDMA_WRITE, sg_list=[sge or a.sge(off, n)],
+                  remote_addr=b.mr.addr + off, rkey=b.mr.rkey)
+
+
+def test_bad_local_sge_completes_in_error_without_a_packet():
+    """MR-RC-022, MR-MEM-020, MR-QP-023, MR-QP-027: a WR whose SGE fails the lkey or bounds check is
+    accepted; the WRs before it complete normally, it completes with IBV_WC_LOC_PROT_ERR without any
+    packet, the QP moves to ERR and the WRs after it are flushed."""
+    for bad in (SGE(0, 10, 0), "lkey", "bounds"):
+        a, b = loop_pair()
+        a.buf[:] = 0x42
+        if bad == "lkey":
+            bad = SGE(a.mr.addr, 10, a.mr.lkey ^ 1)
+        elif bad == "bounds":
+            bad = a.sge(a.mr.length - 5, 10)
+        a.qp.post_send([_write(a, b, 1, 0, 4096), _write(a, b, 2, 8192, 10, sge=bad), _write(a, b, 3, 16384, 8)])
+        wcs = wait_wcs([a, b], a, 3)
+        assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.LOC_PROT_ERR),
+                                                      (3, WCStatus.WR_FLUSH_ERR)]
+        assert a.qp.state == QPState.ERR and b.qp.state == QPState.RTS
+        assert (b.buf[:4096] == 0x42).all() and not b.buf[4096:].any()
+        assert a.qp.requester.psn_next == 104     # PSNs 100-103 for WR 1; none ever for WR 2
+
+
+def test_unsignaled_local_error_still_completes():
+    """MR-QP-033, MR-RC-022: the error completion comes even for an unsignaled WR."""
+    a, b = loop_pair()
+    wr = _write(a, b, 9, 0, 10, sge=SGE(a.mr.addr, 10, a.mr.lkey ^ 1))
+    wr.send_flags = 0
+    a.qp.post_send(wr)
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert (wc.wr_id, wc.status) == (9, WCStatus.LOC_PROT_ERR)
+
+
+def test_message_over_2_31_bytes_completes_with_loc_len_err():
+    """MR-RC-008: a message of more than 2^31 bytes completes with IBV_WC_LOC_LEN_ERR without any packet;
+    exactly 2^31 bytes is a valid message (only posted here, then flushed)."""
+    a, b = loop_pair()
+    big = np.frombuffer(mmap.mmap(-1, (1 << 31) + 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.uint8)
+    mr = a.pd.reg_mr(big, FULL)
+    frames = a.ctx.port.tx_frames
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(mr.addr, (1 << 31) + 1, mr.lkey)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs([a, b], a, 1)
+    assert (wc.wr_id, wc.status) == (1, WCStatus.LOC_LEN_ERR)
+    assert a.ctx.port.tx_frames == frames and a.qp.state == QPState.ERR
+    a, b = loop_pair()
+    mr = a.pd.reg_mr(big, FULL)
+    a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(mr.addr, 1 << 31, mr.lkey)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    w = a.qp.requester.sq[0]
+    assert w.status_error is None and w.length == 1 << 31
+    a.qp.modify(QPAttr(qp_state=QPState.ERR))
+    assert [(x.wr_id, x.status) for x in a.cq.poll(4)] == [(2, WCStatus.WR_FLUSH_ERR)]
+
+
+def test_bad_receive_sge_gives_nak_code_3():
+    """MR-MEM-020, MR-NAK-008, MR-NAK-014 (row 8): a receive WR with a bad lkey is accepted; the SEND that
+    would fill it gets NAK code 3 (IBV_WC_REM_OP_ERR at the requester), the receive WR completes with
+    IBV_WC_LOC_PROT_ERR, and nothing is placed."""
+    a, b = loop_pair()
+    b.qp.post_recv(RecvWR(wr_id=5, sg_list=[SGE(b.mr.addr, 64, b.mr.lkey ^ 1)]))
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 32)]))
+    (swc,) = wait_wcs([a, b], a, 1)
+    (rwc,) = wait_wcs([a, b], b, 1)
+    assert swc.status == WCStatus.REM_OP_ERR
+    assert (rwc.wr_id, rwc.status) == (5, WCStatus.LOC_PROT_ERR)
+    assert b.qp.state == QPState.ERR and not b.buf.any()
+
+
+def test_zero_length_sge_is_skipped():
+    """MR-MEM-032: an SGE of length 0 is skipped: its lkey is not checked and it carries no data."""
+    a, b = loop_pair()
+    a.buf[:8] = 7
+    junk = SGE(0xDEAD, 0, 0x12345)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[junk, a.sge(0, 8), junk],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    b.qp.post_recv(RecvWR(wr_id=2, sg_list=[junk, b.sge(100, 8)]))
+    a.qp.post_send(SendWR(wr_id=3, opcode=WROpcode.SEND, sg_list=[a.sge(0, 8)]))
+    wcs = wait_wcs([a, b], a, 2)
+    assert [w.status for w in wcs] == [WCStatus.SUCCESS] * 2
+    (rwc,) = wait_wcs([a, b], b, 1)
+    assert (rwc.status, rwc.byte_len) == (WCStatus.SUCCESS, 8)
+    assert (b.buf[:8] == 7).all() and (b.buf[100:108] == 7).all()
+
+
+def test_reused_index_never_gets_its_last_tag():
+    """MR-MEM-011: when an index is reused after deregistration its tag differs from the one it had."""
+    keys = KeyTable()
+    mem = np.zeros(8, np.uint8)
+    for _ in range(300):
+        mr = keys.add(None, mem, Access.LOCAL_WRITE)
+        keys.remove(mr)
+        keys.next_index = mr.index               # force the same index again
+        again = keys.add(None, mem, Access.LOCAL_WRITE)
+        assert again.index == mr.index and again.lkey != mr.lkey
+        keys.remove(again)
+
+
+def test_partial_send_receive_is_flushed_on_err():
+    """MR-QP-027: the receive WR that a partially received SEND was filling is flushed, before the other
+    receive WRs, when the QP enters ERR by a modify."""
+    a, b = loop_pair(mtu=1024)
+    b.qp.post_recv([RecvWR(wr_id=i, sg_list=[b.sge(i * 8192, 8192)]) for i in (1, 2)])
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 6000)]))
+    a.ctx.engine.budget = 2
+    a.ctx.engine.progress()                       # SEND FIRST and MIDDLE only
+    b.ctx.engine.progress()
+    assert b.qp.responder.cur_recv is not None
+    b.qp.modify(QPAttr(qp_state=QPState.ERR))
+    wcs = b.cq.poll(8)
+    assert [(w.wr_id, w.status, w.opcode) for w in wcs] == [(1, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV),
+                                                            (2, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV)]
