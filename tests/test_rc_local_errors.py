@@ -125,3 +125,17 @@ def test_partial_send_receive_is_flushed_on_err():
     wcs = b.cq.poll(8)
     assert [(w.wr_id, w.status, w.opcode) for w in wcs] == [(1, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV),
                                                             (2, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV)]
+
+
+def test_read_with_max_rd_atomic_0_is_a_local_qp_operation_error():
+    """MR-RC-009 (Table 7-6): with max_rd_atomic 0 a READ or ATOMIC may never be outstanding: the WR
+    completes with IBV_WC_LOC_QP_OP_ERR without a packet (before, one was allowed); a WRITE still works."""
+    for op in (WROpcode.RDMA_READ, WROpcode.ATOMIC_FETCH_AND_ADD):
+        a, b = loop_pair(rd_atomic=0)
+        b.buf[:8] = 3
+        a.qp.post_send([_write(a, b, 1, 64, 8),
+                        SendWR(wr_id=2, opcode=op, sg_list=[a.sge(0, 8)], remote_addr=b.mr.addr,
+                               rkey=b.mr.rkey, compare_add=1)])
+        wcs = wait_wcs([a, b], a, 2)
+        assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.LOC_QP_OP_ERR)]
+        assert a.qp.requester.psn_next == 101 and not a.buf[:8].any() and (b.buf[:8] == 3).all()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from ..verbs_types import SendFlags, WROpcode
+from ..verbs_types import SendFlags, WCStatus, WROpcode
 from ..wire.opcodes import Op
 from ..wire.psn import PSN_MASK, psn_diff
 from .burst import segment_opcode
@@ -97,11 +97,13 @@ class Requester:
             if new:
                 if not qp.may_start_wqe():          # SQD: no new WQE starts (MR-QP-013)
                     break
+                if w.is_rd_atomic and qp.attr_max_rd_atomic == 0 and w.status_error is None:
+                    w.status_error = WCStatus.LOC_QP_OP_ERR     # no READ/ATOMIC allowed (MR-RC-009, Table 7-6)
                 if w.status_error is not None:      # local check failed: fails when oldest (MR-RC-022)
                     if self.cursor == 0:
                         qp.fail_unsent(w)
                     break
-                if w.is_rd_atomic and self._rd_atomic_inflight(self.cursor) >= max(1, qp.attr_max_rd_atomic):
+                if w.is_rd_atomic and self._rd_atomic_inflight(self.cursor) >= qp.attr_max_rd_atomic:
                     break
                 # MR-RC-013: a fenced WQE waits for earlier READ/ATOMICs to complete
                 if (w.wr.send_flags & SendFlags.FENCE) and self._rd_atomic_inflight(self.cursor):
