@@ -83,6 +83,7 @@ class SendFlags(enum.IntFlag):
 class WCFlags(enum.IntFlag):
     GRH = 1
     WITH_IMM = 2
+    WITH_INV = 8          # IBV_WC_WITH_INV (1 << 3)
 
 
 # ---- errors -----------------------------------------------------------------
@@ -143,6 +144,7 @@ class WC:
     imm_data: int | None = None
     wc_flags: WCFlags = WCFlags(0)
     vendor_err: int = 0
+    invalidated_rkey: int | None = None   # with WCFlags.WITH_INV (a union with imm_data in libibverbs)
 
     def __repr__(self) -> str:
         imm = f" imm={self.imm_data:#x}" if self.imm_data is not None else ""

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from metaroce_xdp.wire import AETH, RETH, Op, decode, encode
-from metaroce_xdp.wire.headers import AtomicETH, ImmDt
-from metaroce_xdp.verbs_types import Access, QPState
+from metaroce_xdp.wire.headers import IETH, AtomicETH, ImmDt
+from metaroce_xdp.verbs_types import Access, QPState, WCFlags, WCOpcode
 from rc_players import FULL, RecvWR, SendWR, WCStatus, WROpcode, loop_pair, run_until, wait_wcs
 
 MTU = 1024
@@ -273,3 +273,20 @@ def test_full_read_and_write_paths_still_complete():
     rw = wait_wcs([a, b], b, 2)
     assert [w.status for w in rw] == [WCStatus.SUCCESS] * 2
     assert (a.buf[10000:15000] == 9).all()
+
+
+def test_receive_completion_of_write_with_imm_and_send_with_inv():
+    """MR-RC-019: the receive completion of an RDMA WRITE WITH IMMEDIATE has byte_len the message length;
+    that of a SEND WITH INVALIDATE has IBV_WC_WITH_INV and invalidated_rkey (and the key is invalidated,
+    MR-MEM-040)."""
+    a, b = loop_pair(mtu=MTU)
+    b.qp.post_recv([RecvWR(wr_id=1, sg_list=[b.sge(0, 64)]), RecvWR(wr_id=2, sg_list=[b.sge(0, 64)])])
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[a.sge(0, 3000)],
+                          remote_addr=b.mr.addr + 4096, rkey=b.mr.rkey, imm_data=0x1234))
+    (rwc,) = wait_wcs([a, b], b, 1)
+    assert (rwc.wr_id, rwc.opcode, rwc.byte_len, rwc.imm_data) == (1, WCOpcode.RECV_RDMA_WITH_IMM, 3000, 0x1234)
+    victim = b.pd.reg_mr(np.zeros(64, np.uint8), FULL)
+    inject(a, b, Op.SEND_ONLY_WITH_INVALIDATE, 103, payload=b"i" * 12, ieth=IETH(rkey=victim.rkey))
+    (rwc,) = b.cq.poll(4)
+    assert (rwc.wr_id, rwc.byte_len, rwc.invalidated_rkey) == (2, 12, victim.rkey)
+    assert rwc.wc_flags & WCFlags.WITH_INV and not victim.valid

@@ -70,6 +70,7 @@ class Responder:
         self.write_mr = None                # WRITE in progress: MR, offset, bytes left
         self.write_off = 0
         self.write_left = 0
+        self.write_len = 0                  # DMA Length of the WRITE in progress (byte_len, MR-RC-019)
         self.in_progress = 0                # 0 none, MI.SEND or MI.WRITE in the middle of a message
         self.resources: list[Resource] = []
         self.nak_sent = False               # one PSN-sequence-error NAK per ePSN (MR-NAK-003)
@@ -225,10 +226,11 @@ class Responder:
                 flags |= WCFlags.WITH_IMM
             if pkt.ieth is not None:
                 self.qp.ctx.invalidate_rkey(pkt.ieth, self.qp.pd)
-            # receive completion (MR-RC-019)
+                flags |= WCFlags.WITH_INV
+            # receive completion: byte_len the message length, the immediate or the invalidated key (MR-RC-019)
             self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS, opcode=WCOpcode.RECV,
                                     byte_len=self.recv_off, qp_num=self.qp.qp_num, imm_data=pkt.imm,
-                                    wc_flags=flags))
+                                    wc_flags=flags, invalidated_rkey=pkt.ieth))
             self.cur_recv = None
         else:
             self.in_progress = MI.SEND
@@ -270,6 +272,7 @@ class Responder:
                     return
                 self.write_mr, self.write_off = chk
                 self.write_left = pkt.dma_len
+            self.write_len = pkt.dma_len
         elif n and not self.write_mr.valid:
             # deregistered (or invalidated) while the WRITE was in progress: no later packet reaches
             # its memory (MR-MEM-033)
@@ -287,7 +290,8 @@ class Responder:
             if m & MI.IMMDT:
                 w = self.cur_recv
                 self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS,
-                                        opcode=WCOpcode.RECV_RDMA_WITH_IMM, byte_len=0, qp_num=self.qp.qp_num,
+                                        opcode=WCOpcode.RECV_RDMA_WITH_IMM, byte_len=self.write_len,
+                                        qp_num=self.qp.qp_num,
                                         imm_data=pkt.imm, wc_flags=WCFlags.WITH_IMM))
                 self.cur_recv = None
         else:
