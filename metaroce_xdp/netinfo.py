@@ -33,7 +33,8 @@ NUD_VALID = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80   # REACHABLE STALE DELAY PR
 RTN_UNICAST, RTN_LOCAL = 1, 2
 NETLINK_ROUTE = 0
 RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x4, 0x40, 0x400
-RTM_NEWROUTE, RTM_DELROUTE, RTM_NEWNEIGH, RTM_DELNEIGH = 24, 25, 28, 29
+RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+RTM_NEWADDR, RTM_DELADDR, RTM_NEWROUTE, RTM_DELROUTE, RTM_NEWNEIGH, RTM_DELNEIGH = 20, 21, 24, 25, 28, 29
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 log = logging.getLogger("metaroce.netinfo")
@@ -113,6 +114,7 @@ class PathResolver:
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self.events = 0                               # relevant netlink events seen
+        self._addr_cache: dict[int, set[str]] = {}
         self._thread = threading.Thread(target=self._serve, name=f"metaroce-paths-{ifname}", daemon=True)
         self._thread.start()
         if not self._ready.wait(start_timeout):
@@ -147,7 +149,8 @@ class PathResolver:
                         pass                           # no IPv6 here: asked for, it fails with a message
                 mon = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
                 mon.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-                mon.bind((0, RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
+                mon.bind((0, RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE | RTMGRP_IPV4_IFADDR
+                          | RTMGRP_IPV6_IFADDR))
             except BaseException as e:  # noqa: BLE001 - reported to the constructor
                 self._error = e if isinstance(e, NetInfoError) else NetInfoError(f"path resolver for {self.ifname}: {e}")
                 return
@@ -194,6 +197,9 @@ class PathResolver:
                 if ln < 16:
                     break
                 if typ in (RTM_NEWROUTE, RTM_DELROUTE):
+                    relevant = True
+                elif typ in (RTM_NEWADDR, RTM_DELADDR):
+                    self._addr_cache.clear()
                     relevant = True
                 elif typ in (RTM_NEWNEIGH, RTM_DELNEIGH) and off + 24 <= len(data):
                     relevant |= struct.unpack_from("=i", data, off + 20)[0] == self.index
@@ -256,7 +262,11 @@ class PathResolver:
 
     # -- the pieces (run on the resolver thread) --------------------------------------
     def _addresses(self, fam: int) -> set[str]:
-        return {_norm(a.get_attr("IFA_ADDRESS")) for a in self._ipr.get_addr(index=self.index, family=fam)}
+        got = self._addr_cache.get(fam)            # dropped on address events (_drain)
+        if got is None:
+            got = self._addr_cache[fam] = {_norm(a.get_attr("IFA_ADDRESS"))
+                                           for a in self._ipr.get_addr(index=self.index, family=fam)}
+        return got
 
     def _route(self, dst: str) -> tuple[str | None, str | None]:
         try:

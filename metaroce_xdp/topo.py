@@ -23,6 +23,8 @@ import pickle
 import secrets
 import select
 import signal
+import socket
+import struct
 import subprocess
 import time
 import weakref
@@ -32,7 +34,7 @@ from ipaddress import ip_interface
 from pyroute2 import NetNS, netns
 
 __all__ = ["TopologyError", "Endpoint", "VethPair", "Topology", "two_hosts", "switched_hosts", "RoutedHosts",
-           "routed_hosts", "unique_ns_name"]
+           "routed_hosts", "TwoGateways", "two_gateway_hosts", "unique_ns_name"]
 
 CLONE_NEWNET = 0x40000000
 IFA_F_NODAD = 0x02
@@ -321,6 +323,35 @@ class Topology:
             raise value
         return value
 
+    def announce(self, ns: str, ifname: str, ip: str) -> None:
+        """Tell the link that `ip` is at `ifname`'s current MAC, as a router does after a failover:
+        a gratuitous ARP (request and reply) for IPv4, an unsolicited neighbour advertisement with
+        the Override flag for IPv6.  Neighbours update existing entries for ip."""
+        h = self.ipr(ns)
+        idx = h.link_lookup(ifname=ifname)[0]
+        mac = bytes.fromhex(h.get_links(idx)[0].get_attr("IFLA_ADDRESS").replace(":", ""))
+        with self.enter(ns):
+            if ":" not in ip:
+                a = socket.inet_aton(ip)
+                with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+                    s.bind((ifname, 0))
+                    for op in (1, 2):
+                        arp = struct.pack("!HHBBH6s4s6s4s", 1, 0x0800, 6, 4, op, mac, a, bytes(6), a)
+                        s.send(b"\xff" * 6 + mac + b"\x08\x06" + arp)
+            else:
+                target = socket.inet_pton(socket.AF_INET6, ip)
+                na = struct.pack("!BBHI16sBB6s", 136, 0, 0, 0xA0000000, target, 2, 1, mac)   # R|O, target LL addr
+                with socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)   # RFC 4861 7.1.2
+                    s.bind((ip, 0))
+                    s.sendto(na, ("ff02::1", 0, 0, idx))       # the kernel fills in the checksum
+
+    def set_mac(self, ns: str, ifname: str, mac: str) -> None:
+        """Change an interface's MAC (a failover to another router box, seen from the link)."""
+        h = self.ipr(ns)
+        h.link("set", index=h.link_lookup(ifname=ifname)[0], address=mac)
+
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
         """Remove every process, veth and namespace this topology made.  Idempotent."""
@@ -500,3 +531,102 @@ def _add_route(topo: Topology, ns: str, dst: str, gateway: str) -> None:
         topo.ipr(ns).route("add", **kw)
     except Exception as e:
         raise TopologyError(f"route {dst} via {gateway} in {ns}: {e}") from e
+
+
+@dataclass
+class TwoGateways:
+    """Hosts A and B in two subnets joined by two routers in parallel (see two_gateway_hosts).
+
+      a, b            the hosts' interfaces (Endpoint)
+      routers         [R1 ns, R2 ns]
+      gateways_a[i]   router i's address on A's subnet: {"ipv4": ..., "ipv6": ...}
+      gateways_b[i]   router i's address on B's subnet
+      toward_a[i]     router i's Endpoint whose egress leads to A (ifname "r<i+1>a"; fault injection)
+      toward_b[i]     router i's Endpoint whose egress leads to B (ifname "r<i+1>b")
+    `use(host, i)` points a host's default routes (both families) at router i."""
+
+    topo: Topology
+    a: Endpoint
+    b: Endpoint
+    routers: list[str]
+    gateways_a: list[dict]
+    gateways_b: list[dict]
+    toward_a: list[Endpoint]
+    toward_b: list[Endpoint]
+    ipv6: bool
+
+    def use(self, host: str, i: int) -> None:
+        ep, gws = (self.a, self.gateways_a) if host == "a" else (self.b, self.gateways_b)
+        h = self.topo.ipr(ep.ns)
+        for fam in (("ipv4", "ipv6") if self.ipv6 else ("ipv4",)):
+            kw = {"dst": "::" if fam == "ipv6" else "0.0.0.0", "dst_len": 0, "gateway": gws[i][fam]}
+            if fam == "ipv6":
+                kw["family"] = socket.AF_INET6
+            h.route("replace", **kw)
+
+    def close(self) -> None:
+        self.topo.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def two_gateway_hosts(*, ipv6: bool = True, mtu: int = 1500, prefix: str = "mr") -> TwoGateways:
+    """Hosts A and B in two subnets, each on a switch (a bridge namespace) shared with two routers:
+
+        A mr0 -- [SA bridge] --+-- r1a R1 r1b --+-- [SB bridge] -- mr1 B
+                               +-- r2a R2 r2b --+
+
+    A's subnet is 10.79.0.0/24 (fd79::/64): A .1, R1 .2, R2 .3; B's is 10.79.1.0/24
+    (fd79:1::/64): B .1, R1 .2, R2 .3.  Both hosts start with default routes via R1;
+    `use("a", 1)` moves A's to R2.  Routers forward (ip_forward, IPv6 forwarding)."""
+    topo = Topology(6, prefix=prefix)
+    try:
+        ha, sa, r1, r2, sb, hb = topo.names
+        links = {
+            "a": topo.add_veth(ha, sa, "mr0", "sA", ipv4=None, mtu=mtu),
+            "r1a": topo.add_veth(r1, sa, "r1a", "s1", ipv4=None, mtu=mtu),
+            "r2a": topo.add_veth(r2, sa, "r2a", "s2", ipv4=None, mtu=mtu),
+            "r1b": topo.add_veth(r1, sb, "r1b", "s1", ipv4=None, mtu=mtu),
+            "r2b": topo.add_veth(r2, sb, "r2b", "s2", ipv4=None, mtu=mtu),
+            "b": topo.add_veth(hb, sb, "mr1", "sB", ipv4=None, mtu=mtu),
+        }
+        for sw in (sa, sb):
+            h = topo.ipr(sw)
+            h.link("add", ifname="sw0", kind="bridge")
+            br = h.link_lookup(ifname="sw0")[0]
+            h.link("set", index=br, mtu=mtu)
+            for port in h.get_links():
+                name = port.get_attr("IFLA_IFNAME")
+                if name not in ("lo", "sw0"):
+                    h.link("set", index=port["index"], master=br)
+            h.link("set", index=br, state="up")
+        plan = {"a": (0, 1), "r1a": (0, 2), "r2a": (0, 3), "b": (1, 1), "r1b": (1, 2), "r2b": (1, 3)}
+        for key, (seg, host) in plan.items():
+            ep = links[key].a
+            h = topo.ipr(ep.ns)
+            ep.ipv4 = f"10.79.{seg}.{host}"
+            h.addr("add", index=ep.ifindex, address=ep.ipv4, prefixlen=24)
+            if ipv6:
+                ep.ipv6 = str(ip_interface(f"fd79:{seg:x}::{host}/64").ip)
+                h.addr("add", index=ep.ifindex, address=ep.ipv6, prefixlen=64, flags=IFA_F_NODAD)
+        for ns in (r1, r2):
+            topo.run(ns, ["sysctl", "-qw", "net.ipv4.ip_forward=1"], timeout=10)
+            if ipv6:
+                topo.run(ns, ["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"], timeout=10)
+        gws_a = [{"ipv4": links[k].a.ipv4, "ipv6": links[k].a.ipv6} for k in ("r1a", "r2a")]
+        gws_b = [{"ipv4": links[k].a.ipv4, "ipv6": links[k].a.ipv6} for k in ("r1b", "r2b")]
+        tg = TwoGateways(topo, links["a"].a, links["b"].a, [r1, r2], gws_a, gws_b,
+                         [links["r1a"].a, links["r2a"].a], [links["r1b"].a, links["r2b"].a], ipv6)
+        for fam in (("ipv4", "ipv6") if ipv6 else ("ipv4",)):
+            for host, gws in (("a", gws_a), ("b", gws_b)):
+                ep = tg.a if host == "a" else tg.b
+                net = "::/0" if fam == "ipv6" else "0.0.0.0/0"
+                _add_route(topo, ep.ns, net, gws[0][fam])
+        return tg
+    except BaseException:
+        topo.close()
+        raise

@@ -20,6 +20,7 @@ netinfo.py.
 from __future__ import annotations
 
 import logging
+import sys
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,10 @@ class PathWatch:
         self.tracked: dict[int, str] = {}          # qpn -> dgid of QPs on a resolved (not given) path
         self.updates: deque = deque()              # (qpn, dgid, NextHop | None | NetInfoError)
         resolver.watch(self._on_event)
+        # The resolver thread needs the GIL a few times per lookup; with the default 5 ms switch
+        # interval a busy-polling application delays a path change by tens of ms, longer than a
+        # short local ACK timeout.  0.5 ms, as for progress threads (Engine.start).
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
 
     # -- engine side (under the engine lock) ------------------------------------------
     def track(self, qpn: int, dgid: str) -> None:
