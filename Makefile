@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench clean lint
+.PHONY: setup test demo bench soak clean lint
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -16,6 +16,12 @@ demo: setup
 
 bench: setup
 	$(PY) -m tools.bench
+
+# The long checks (about 20 minutes): the fault matrix at 200,000 packets a case and a
+# 10-minute soak at 1 % loss; SOAK_ARGS passes options (python -m tools.soak --help).
+SOAK_ARGS ?=
+soak: setup
+	$(PY) -m tools.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

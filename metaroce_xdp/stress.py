@@ -116,6 +116,16 @@ class Endpoint:
         return (ev["STEERED"] + ev["ACK_CONSUMED"] + ev["NAK_CONSUMED"] + ev["RNR_CONSUMED"] + ev["DROPPED"]
                 + ev.get("CNP_CONSUMED", 0))
 
+    def delivery(self) -> dict[str, int]:
+        """Inside this host: frames the XDP program steered to the AF_XDP socket = frames the
+        engine took in + frames the socket dropped (ring full, no fill buffer).  `residual` must
+        be 0 once quiet."""
+        steered = self.ctx.loader.events()["STEERED"]
+        xs = self.ctx.port.xsk.statistics()
+        rx = self.ctx.engine.stats["rx"]
+        lost = int(xs.get("rx_dropped", 0)) + int(xs.get("rx_ring_full", 0))
+        return {"steered": steered, "engine_rx": rx, "socket_dropped": lost, "residual": steered - rx - lost}
+
     def close(self) -> None:
         self.ctx.close()
 
