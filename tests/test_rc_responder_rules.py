@@ -290,3 +290,26 @@ def test_receive_completion_of_write_with_imm_and_send_with_inv():
     (rwc,) = b.cq.poll(4)
     assert (rwc.wr_id, rwc.byte_len, rwc.invalidated_rkey) == (2, 12, victim.rkey)
     assert rwc.wc_flags & WCFlags.WITH_INV and not victim.valid
+
+
+def test_reexecuted_read_does_not_pin_its_resource():
+    """MR-DUP-007, MR-ATOM-007: a new READ takes the oldest entry even while a re-execution of that old
+    READ is queued (a duplicate says nothing about the requester not having completed it); a younger ATOMIC
+    stays remembered and its duplicate is answered from resources[], not executed again."""
+    a, b = loop_pair(mtu=MTU, rd_atomic=2)
+    b.buf[:8] = 0
+    ra = dict(reth=RETH(va=b.mr.addr + 64, rkey=b.mr.rkey, dma_len=8))
+    at = dict(atomiceth=AtomicETH(va=b.mr.addr, rkey=b.mr.rkey, swap_add=5, compare=0))
+    inject(a, b, Op.RDMA_READ_REQUEST, 100, **ra)
+    inject(a, b, Op.FETCH_ADD, 101, **at)
+    rp, sp = a.ctx.port, b.ctx.port
+    for op, psn, hdr in ((Op.RDMA_READ_REQUEST, 100, ra), (Op.RDMA_READ_REQUEST, 102, ra)):
+        sp.inbox.append(encode(op, src_mac=rp.mac, dst_mac=sp.mac, src_ip=rp.ip, dst_ip=sp.ip, sport=a.qp.sport,
+                               dest_qp=b.qp.qp_num, psn=psn, ack_req=1, headers=hdr))
+    b.ctx.engine.progress()                       # both taken in one burst: the replay is still queued
+    rp.inbox.clear()
+    assert [r.psn for r in b.qp.responder.resources] == [101, 102]
+    out = inject(a, b, Op.FETCH_ADD, 101, **at)
+    acks = [p for p in out if p.bth.opcode == Op.ATOMIC_ACKNOWLEDGE]
+    assert [(p.bth.psn, p.ext["atomicacketh"].orig) for p in acks] == [(101, 0)]
+    assert int(b.buf[:8].view(np.uint64)[0]) == 5  # executed once (MR-ATOM-007)

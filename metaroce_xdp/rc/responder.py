@@ -324,18 +324,15 @@ class Responder:
             return True
         if len(self.resources) < limit:
             return False
-        busy = {id(e[0].origin or e[0]) for e in self.read_queue}
-        return all(r.kind == "read" and id(r) in busy for r in self.resources)
+        # first streams only: a re-execution says nothing about whether the requester completed the READ
+        unsent = {id(e[0]) for e in self.read_queue if e[0].origin is None}
+        return all(id(r) in unsent for r in self.resources)
 
     def _remember(self, res: Resource) -> None:
-        """At most max_dest_rd_atomic resources; a new READ/ATOMIC takes the oldest entry whose
-        READ responses are all sent (MR-DUP-007, MR-SEC-012)."""
+        """At most max_dest_rd_atomic resources; a new READ/ATOMIC takes the oldest entry (MR-DUP-007,
+        MR-SEC-012), which the requester, completing in order, finished first."""
         if len(self.resources) >= self.qp.attr_max_dest_rd_atomic:
-            busy = {id(e[0].origin or e[0]) for e in self.read_queue}
-            for i, r in enumerate(self.resources):
-                if not (r.kind == "read" and id(r) in busy):
-                    del self.resources[i]
-                    break
+            del self.resources[0]
         self.resources.append(res)
 
     def _read(self, pkt: "RxPkt") -> None:
