@@ -241,6 +241,7 @@ class Topology:
         self.ipr(ns)  # only our namespaces
         kw.setdefault("start_new_session", True)
         p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kw)
+        p._mr_ns = ns                      # for remove(ns)
         self._st.procs.append(p)
         return p
 
@@ -353,6 +354,28 @@ class Topology:
         h.link("set", index=h.link_lookup(ifname=ifname)[0], address=mac)
 
     # ------------------------------------------------------------------ teardown
+    def remove(self, ns: str) -> None:
+        """Take one namespace away while the rest runs (a host that vanishes): kill the
+        processes started in it, close its handle, delete it.  Its veths go with it (the
+        kernel destroys a namespace's devices and their peers once nothing holds it)."""
+        self.ipr(ns)
+        st = self._st
+        for p in [p for p in st.procs if getattr(p, "_mr_ns", None) == ns]:
+            with contextlib.suppress(ProcessLookupError):
+                if _is_group_leader(p):
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+            st.procs.remove(p)
+        st.veths = [(n, i) for n, i in st.veths if n != ns]
+        with contextlib.suppress(Exception):
+            st.handles.pop(ns).close()
+        if ns in netns.listnetns():
+            netns.remove(ns)
+        st.namespaces.remove(ns)
+
     def close(self) -> None:
         """Remove every process, veth and namespace this topology made.  Idempotent."""
         errors = _teardown(self._st)
@@ -382,7 +405,8 @@ def two_hosts(*, mtu: int = 1500, ipv6: bool = False, threaded_napi: bool = Fals
     return topo, pair
 
 
-def switched_hosts(*, mtu: int = 1500, prefix: str = "mr") -> tuple[Topology, VethPair, VethPair]:
+def switched_hosts(*, mtu: int = 1500, prefix: str = "mr",
+                   extra_hosts: int = 0) -> tuple[Topology, VethPair, VethPair]:
     """Hosts A and B joined through a third namespace M acting as a switch (a Linux bridge).
 
     A (10.77.0.1, mr0) <-> M (swA, swB in bridge sw0) <-> B (10.77.0.2, mr1).
@@ -390,12 +414,22 @@ def switched_hosts(*, mtu: int = 1500, prefix: str = "mr") -> tuple[Topology, Ve
     hook, so faults must be injected where the kernel forwards them: on M's
     egress ports swB (towards B) and swA (towards A).  A capture on sw0 or
     on either port sees every frame.  Returns (topology, A<->M pair, M<->B pair).
+
+    extra_hosts adds hosts C, D, ... on the same switch: namespace topo[3 + i], interface
+    mr<2 + i>, address 10.77.0.<3 + i>, switch port sw<C, D, ...>.
     """
-    topo = Topology(3, prefix=prefix)
+    topo = Topology(3 + extra_hosts, prefix=prefix)
     try:
         a, m, b = topo[0], topo[1], topo[2]
         left = topo.add_veth(a, m, "mr0", "swA", ipv4=None, mtu=mtu)
         right = topo.add_veth(m, b, "swB", "mr1", ipv4=None, mtu=mtu)
+        ports = ["swA", "swB"]
+        for i in range(extra_hosts):
+            port = "sw" + chr(ord("C") + i)
+            topo.add_veth(m, topo[3 + i], port, f"mr{2 + i}", ipv4=None, mtu=mtu)
+            hx = topo.ipr(topo[3 + i])
+            hx.addr("add", index=hx.link_lookup(ifname=f"mr{2 + i}")[0], address=f"10.77.0.{3 + i}", prefixlen=24)
+            ports.append(port)
         ha, hm, hb = topo.ipr(a), topo.ipr(m), topo.ipr(b)
         ia = ha.link_lookup(ifname="mr0")[0]
         ib = hb.link_lookup(ifname="mr1")[0]
@@ -405,7 +439,7 @@ def switched_hosts(*, mtu: int = 1500, prefix: str = "mr") -> tuple[Topology, Ve
         hm.link("add", ifname="sw0", kind="bridge")
         br = hm.link_lookup(ifname="sw0")[0]
         hm.link("set", index=br, mtu=mtu)
-        for port in ("swA", "swB"):
+        for port in ports:
             hm.link("set", index=hm.link_lookup(ifname=port)[0], master=br)
         hm.link("set", index=br, state="up")
         return topo, left, right
