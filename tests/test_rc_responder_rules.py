@@ -242,7 +242,9 @@ def test_read_beyond_responder_resources():
     out = inject(a, b, Op.RDMA_READ_REQUEST, 100, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=8 * MTU))
     assert len(read_responses(out)) == 2                # six responses still to send
     out = inject(a, b, Op.RDMA_READ_REQUEST, 108, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=8))
-    assert nak_of(out) == [(108, 0x61)] and b.qp.state == QPState.ERR
+    assert b.qp.state == QPState.ERR
+    out += inject_burst(a, b, [], budget=2)            # the NAK leaves after the first READ's responses (MR-RC-025)
+    assert len(read_responses(out)) == 6 and nak_of(out) == [(108, 0x61)] and out[-1].bth.psn == 108
 
 
 def test_read_response_aeth_carries_the_current_msn():
@@ -313,3 +315,103 @@ def test_reexecuted_read_does_not_pin_its_resource():
     acks = [p for p in out if p.bth.opcode == Op.ATOMIC_ACKNOWLEDGE]
     assert [(p.bth.psn, p.ext["atomicacketh"].orig) for p in acks] == [(101, 0)]
     assert int(b.buf[:8].view(np.uint64)[0]) == 5  # executed once (MR-ATOM-007)
+
+
+# ---- responses in PSN order (MR-RC-025) --------------------------------------------------------
+
+def inject_burst(req, resp, reqs, budget: int = 256) -> list:
+    """Hand several request frames (opcode, psn, payload, headers) to `resp` at once, run resp's engine
+    until it has nothing queued, return what it sent in order."""
+    rp, sp = req.ctx.port, resp.ctx.port
+    for opcode, psn, payload, headers in reqs:
+        sp.inbox.append(encode(opcode, src_mac=rp.mac, dst_mac=sp.mac, src_ip=rp.ip, dst_ip=sp.ip,
+                               sport=req.qp.sport, dest_qp=resp.qp.qp_num, psn=psn, ack_req=1,
+                               headers=headers, payload=payload))
+    resp.ctx.engine.budget = budget
+    for _ in range(64):
+        resp.ctx.engine.progress()
+        if not sp.inbox and not resp.ctx.engine.busy():
+            break
+    out = [decode(f) for f in rp.inbox]
+    rp.inbox.clear()
+    return out
+
+
+def order_of(pkts) -> list[tuple[str, int]]:
+    names = {Op.ACKNOWLEDGE: "ACK", Op.ATOMIC_ACKNOWLEDGE: "ATOMIC_ACK"}
+    return [(names.get(p.bth.opcode, "RR"), p.bth.psn) for p in pkts]
+
+
+@pytest.mark.parametrize("budget", [256, 1])
+def test_ack_of_a_later_request_waits_for_read_responses(budget):
+    """MR-RC-025, MR-ACK-003: READ REQUEST 100 (three responses, PSNs 100-102), WRITE 103, READ 104, WRITE
+    105 arriving together: the coalesced ACKs leave after the responses of the READs before them and
+    before those of the READs after them -- responses in PSN order -- also when the responses trickle out
+    one per round."""
+    a, b = loop_pair(mtu=MTU)
+    rk = b.mr.rkey
+    reqs = [(Op.RDMA_READ_REQUEST, 100, b"", dict(reth=RETH(va=b.mr.addr, rkey=rk, dma_len=3000))),
+            (Op.RDMA_WRITE_ONLY, 103, b"w" * 8, dict(reth=RETH(va=b.mr.addr + 8192, rkey=rk, dma_len=8))),
+            (Op.RDMA_READ_REQUEST, 104, b"", dict(reth=RETH(va=b.mr.addr, rkey=rk, dma_len=8))),
+            (Op.RDMA_WRITE_ONLY, 105, b"v" * 8, dict(reth=RETH(va=b.mr.addr + 9000, rkey=rk, dma_len=8)))]
+    out = inject_burst(a, b, reqs, budget)
+    assert order_of(out) == [("RR", 100), ("RR", 101), ("RR", 102), ("ACK", 103), ("RR", 104), ("ACK", 105)]
+    assert [p.ext["aeth"].msn for p in out if p.bth.opcode == Op.ACKNOWLEDGE] == [2, 4]
+    assert b.qp.responder.held == [] and b.qp.state == QPState.RTS
+
+
+def test_naks_and_atomic_acks_do_not_overtake_read_responses():
+    """MR-RC-025: a PSN sequence error NAK, an RNR NAK and an ATOMIC ACKNOWLEDGE caused by requests after a
+    READ leave after its responses."""
+    def read(b):
+        return (Op.RDMA_READ_REQUEST, 100, b"", dict(reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=2 * MTU)))
+
+    a, b = loop_pair(mtu=MTU, min_rnr_timer=4)
+    out = inject_burst(a, b, [read(b), (Op.SEND_ONLY, 110, b"s", {})])
+    assert order_of(out) == [("RR", 100), ("RR", 101), ("ACK", 102)]
+    assert out[-1].ext["aeth"].syndrome == 0x60                       # PSN sequence error at ePSN 102
+    a, b = loop_pair(mtu=MTU, min_rnr_timer=4)
+    out = inject_burst(a, b, [read(b), (Op.SEND_ONLY, 102, b"s", {})])   # no receive WQE posted
+    assert order_of(out) == [("RR", 100), ("RR", 101), ("ACK", 102)]
+    assert out[-1].ext["aeth"].syndrome == 0x24                       # RNR NAK
+    a, b = loop_pair(mtu=MTU)
+    out = inject_burst(a, b, [read(b), (Op.FETCH_ADD, 102, b"", dict(
+        atomiceth=AtomicETH(va=b.mr.addr + 4096, rkey=b.mr.rkey, swap_add=1, compare=0)))])
+    assert order_of(out) == [("RR", 100), ("RR", 101), ("ATOMIC_ACK", 102)]
+
+
+def test_fatal_nak_after_a_read_leaves_after_its_responses():
+    """MR-RC-025, MR-NAK-007: a WRITE with a bad R_Key right after a READ moves the QP to ERR at once, yet
+    the READ's responses still leave first and the NAK (code 2, the WRITE's PSN) after them; then nothing."""
+    a, b = loop_pair(mtu=MTU)
+    b.buf[:2 * MTU] = 0x42
+    out = inject_burst(a, b, [
+        (Op.RDMA_READ_REQUEST, 100, b"", dict(reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=2 * MTU))),
+        (Op.RDMA_WRITE_ONLY, 102, b"w" * 8, dict(reth=RETH(va=b.mr.addr, rkey=b.mr.rkey ^ 1, dma_len=8)))],
+        budget=1)
+    assert order_of(out) == [("RR", 100), ("RR", 101), ("ACK", 102)]
+    assert out[-1].ext["aeth"].syndrome == 0x62 and b.qp.state == QPState.ERR
+    assert b"".join(p.payload for p in out[:2]) == b"\x42" * (2 * MTU)
+    assert not b.qp.responder.drain_in_err
+    b.ctx.engine.progress()
+    assert a.ctx.port.inbox == type(a.ctx.port.inbox)()
+
+
+@pytest.mark.parametrize("burst", [True, False])
+def test_requester_completes_read_then_write_without_a_retry(burst):
+    """MR-RC-025, MR-RETRY-012: READ, WRITE and SEND posted together complete in order with no
+    retransmission -- an ACK of the WRITE arriving before the READ's responses was an implied NAK for the
+    READ (a spurious go-back-N here; rxe does the same)."""
+    a, b = loop_pair(mtu=MTU, burst=burst)
+    b.buf[:5000] = 0x17
+    b.qp.post_recv(RecvWR(wr_id=9, sg_list=[b.sge(60000, 4096)]))
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 5000)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(8000, 3000)],
+                           remote_addr=b.mr.addr + 20000, rkey=b.mr.rkey),
+                    SendWR(wr_id=3, opcode=WROpcode.SEND, sg_list=[a.sge(8000, 100)])])
+    wcs = wait_wcs([a, b], a, 3)
+    assert [(w.wr_id, w.status) for w in wcs] == [(i, WCStatus.SUCCESS) for i in (1, 2, 3)]
+    assert (a.buf[:5000] == 0x17).all()
+    q = a.qp.query()
+    assert q["retransmits"] == 0 and q["timeouts"] == 0 and q["naks_received"] == 0

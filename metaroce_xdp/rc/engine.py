@@ -338,9 +338,9 @@ class Engine:
             if self.fast_ack is not None:
                 work |= self.fast_ack.poll(self)
             for qp in list(self.qps.values()):
-                if qp.state in (QPState.RESET, QPState.INIT, QPState.ERR):
-                    continue
                 r = qp.responder
+                if qp.state in (QPState.RESET, QPState.INIT, QPState.ERR) and not r.drain_in_err:
+                    continue                       # (a fatal NAK held behind READ responses: MR-RC-025)
                 r.flush_ack()                      # ACKs leave at the end of each batch (MR-ACK-004)
                 if r.read_queue:
                     # READ RESPONSEs are paced by the QP's own DCQCN rate (MR-CNP-009)
@@ -365,7 +365,7 @@ class Engine:
 
     def busy(self) -> bool:
         return any(q.requester.outstanding() or q.requester.cursor < len(q.requester.sq)
-                   or q.responder.read_queue for q in self.qps.values())
+                   or q.responder.read_queue or q.responder.held for q in self.qps.values())
 
     def kick(self) -> None:
         self._wake.set()

@@ -83,6 +83,10 @@ class Responder:
         self.seq_naks = 0
         self.rnr_naks_sent = 0
         self.read_queue: list = []          # [resource, next k]: READ responses still to send
+        # other responses (ACK, NAK, ATOMIC ACKNOWLEDGE) held behind queued READ responses of earlier
+        # PSNs, in order: (psn, opcode, ext, coalescable ACK) (MR-RC-025)
+        self.held: list = []
+        self.drain_in_err = False           # a fatal NAK is held: send what is before it, then it
         self._st = np.zeros(6, np.int64)    # state exchanged with burst.rx_write_run
 
     def reset(self, rq_psn: int) -> None:
@@ -90,15 +94,47 @@ class Responder:
         self.msn = 0
 
     # -- outputs --------------------------------------------------------------
-    def _send_syndrome(self, psn: int, syndrome: int) -> None:
-        self.qp.emit(Op.ACKNOWLEDGE, psn, 0, 0, _AETH.pack((syndrome << 24) | (self.msn & 0xFFFFFF)), None, 0, 0)
+    def _send_syndrome(self, psn: int, syndrome: int, ack: bool = False) -> None:
+        self._respond(Op.ACKNOWLEDGE, psn, _AETH.pack((syndrome << 24) | (self.msn & 0xFFFFFF)), ack)
+
+    def _respond(self, opcode: int, psn: int, ext: bytes, ack: bool = False) -> None:
+        """Send an ACKNOWLEDGE or ATOMIC ACKNOWLEDGE -- unless READ responses of an earlier PSN are still
+        queued: then it is held until they have left, so that responses leave in PSN order as if each
+        request were finished before the next (MR-RC-025); a requester such as rxe takes an ACK beyond an
+        unanswered READ for an implied NAK.  A held ACK (`ack`) is replaced by the next coalesced one
+        (MR-ACK-003).  With no READ queued this costs one test."""
+        if self.read_queue and (self.held or self._behind_read(psn)):
+            h = self.held
+            if ack and h and h[-1][3] and not any(psn_diff(e[0].psn, h[-1][0]) > 0 > psn_diff(e[0].psn, psn)
+                                                  for e in self.read_queue):
+                h[-1] = (psn, opcode, ext, True)      # no READ queued in between: coalesce
+            else:
+                h.append((psn, opcode, ext, ack))
+            return
+        self.qp.emit(opcode, psn, 0, 0, ext, None, 0, 0)
+
+    def _behind_read(self, psn: int) -> bool:
+        """True while a queued READ response stream starts before `psn` (MR-RC-025)."""
+        return any(psn_diff(e[0].psn, psn) < 0 for e in self.read_queue)
+
+    def _release_held(self) -> None:
+        """Send the held responses whose earlier READ responses have all left (MR-RC-025)."""
+        h = self.held
+        while h and not self._behind_read(h[0][0]):
+            psn, opcode, ext, _ = h.pop(0)
+            self.qp.emit(opcode, psn, 0, 0, ext, None, 0, 0)
+        if not h:
+            self.drain_in_err = False
 
     def flush_ack(self) -> None:
         """Coalesced ACK for everything received so far: PSN epsn - 1, current msn, credit
-        code 0x1F (MR-ACK-001, MR-ACK-003, MR-ACK-009); also re-ACKs duplicates (MR-DUP-002)."""
+        code 0x1F (MR-ACK-001, MR-ACK-003, MR-ACK-009); also re-ACKs duplicates (MR-DUP-002).
+        Held behind queued READ responses of earlier PSNs (MR-RC-025)."""
+        if self.held:
+            self._release_held()
         if self.ack_pending:
             self.ack_pending = False
-            self._send_syndrome((self.epsn - 1) & PSN_MASK, AETH_ACK | AETH_CREDIT_INVALID)
+            self._send_syndrome((self.epsn - 1) & PSN_MASK, AETH_ACK | AETH_CREDIT_INVALID, ack=True)
 
     def _nak(self, code: int, psn: int, fatal: bool, status: WCStatus, why: str) -> None:
         """NAK with the offending packet's PSN (MR-NAK-006 to MR-NAK-008); a fatal one completes the
@@ -115,6 +151,9 @@ class Responder:
             if self.qp.state != QPState.ERR:
                 self.qp.to_error(None, why)
                 self.qp.ctx.raise_event(_NAK_EVENT.get(code, EventType.QP_FATAL), qp=self.qp, reason=why)
+            # the NAK held behind READ responses of earlier PSNs: the engine sends them, then the NAK,
+            # although the QP is in ERR (MR-RC-025)
+            self.drain_in_err = bool(self.held)
 
     # -- input ----------------------------------------------------------------
     def on_request(self, pkt: "RxPkt") -> None:
@@ -376,6 +415,8 @@ class Responder:
             sent += stop - k
             if stop >= res.npsn:
                 self.read_queue.pop(0)
+                if self.held:
+                    self._release_held()          # before the next READ's responses (MR-RC-025)
             else:
                 entry[1] = stop
         return sent
@@ -393,6 +434,8 @@ class Responder:
             if self.qp.ctx.keys.check_remote(res.rkey, self.qp.pd, res.va + start * mtu, left,
                                              Access.REMOTE_READ) is None:
                 self.read_queue.clear()
+                # nothing after this READ was answered yet, and now never is (MR-RC-025)
+                self.held = [h for h in self.held if psn_diff(h[0], res.psn) < 0]
                 self._nak(NAK_REMOTE_ACCESS_ERR, res.psn, True, WCStatus.REM_ACCESS_ERR,
                           f"READ rkey {res.rkey:#x}: memory region no longer valid")
                 return False
@@ -447,7 +490,7 @@ class Responder:
         """ATOMIC ACKNOWLEDGE: the request's PSN, an ACK AETH with the current msn, the original value
         (MR-ATOM-006, MR-DUP-005)."""
         ext = _AETH_ORIG.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (self.msn & 0xFFFFFF), res.orig)
-        self.qp.emit(Op.ATOMIC_ACKNOWLEDGE, res.psn, 0, 0, ext, None, 0, 0)
+        self._respond(Op.ATOMIC_ACKNOWLEDGE, res.psn, ext)      # behind queued READ responses (MR-RC-025)
 
     def _duplicate(self, pkt: "RxPkt") -> None:
         """MR-DUP-002: re-ACK SEND/WRITE; MR-DUP-003: re-execute READ; MR-DUP-005: replay ATOMIC.
