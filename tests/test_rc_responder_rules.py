@@ -15,7 +15,7 @@ import pytest
 
 from metaroce_xdp.wire import AETH, RETH, Op, decode, encode
 from metaroce_xdp.wire.headers import IETH, AtomicETH, ImmDt
-from metaroce_xdp.verbs_types import Access, QPState, WCFlags, WCOpcode
+from metaroce_xdp.verbs_types import Access, QPAttr, QPState, WCFlags, WCOpcode
 from rc_players import FULL, RecvWR, SendWR, WCStatus, WROpcode, loop_pair, run_until, wait_wcs
 
 MTU = 1024
@@ -415,3 +415,26 @@ def test_requester_completes_read_then_write_without_a_retry(burst):
     assert (a.buf[:5000] == 0x17).all()
     q = a.qp.query()
     assert q["retransmits"] == 0 and q["timeouts"] == 0 and q["naks_received"] == 0
+
+
+def test_native_opcode_on_a_compat_qp_is_dropped_and_counted():
+    """MR-OPC-004, MR-NAT-008, MR-ENC-032: on the in-process path too, a native request (NATIVE_SEND,
+    NATIVE_WRITE) or response (NATIVE_SACK) sent to a compat QP is dropped without a NAK and counted as
+    WRONG_PROFILE; the QP and its ePSN are unchanged.  To a QP whose state refuses it, the state drop
+    (step 14) counts first, as in the XDP program."""
+    from metaroce_xdp.wire.headers import NETH, SACKETH
+    a, b = loop_pair(mtu=MTU)
+    b.qp.post_recv(RecvWR(wr_id=1, sg_list=[b.sge(0, 64)]))
+    stats = b.ctx.engine.stats
+    out = inject(a, b, Op.NATIVE_SEND, 100, payload=b"abcd", neth=NETH(flags=0xC0, msg_len=4))
+    out += inject(a, b, Op.NATIVE_WRITE, 100, payload=b"abcd",
+                  reth=RETH(va=b.mr.addr, rkey=b.mr.rkey, dma_len=4), neth=NETH(flags=0xC0, msg_len=4))
+    out += inject(a, b, Op.NATIVE_SACK, 100, aeth=AETH(syndrome=0, msn=0), sacketh=SACKETH())
+    assert out == [] and stats["drop_wrong_profile"] == 3
+    assert b.qp.state == QPState.RTS and b.qp.responder.epsn == 100 and not b.buf[:8].any()
+    assert b.cq.poll(4) == []
+    out = inject(a, b, Op.SEND_ONLY, 100, payload=b"ok")   # the QP works on
+    assert nak_of(out) == [(100, 0x1F)] and b.cq.poll(4)[0].status == WCStatus.SUCCESS
+    b.qp.modify(QPAttr(qp_state=QPState.ERR))
+    inject(a, b, Op.NATIVE_SEND, 101, payload=b"abcd", neth=NETH(flags=0xC0, msg_len=4))
+    assert stats["drop_wrong_profile"] == 3 and stats["drop_qp_state"] == 1

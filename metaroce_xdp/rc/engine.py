@@ -36,7 +36,7 @@ from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
 from .events import AsyncEvent, AsyncEventQueue, EventType
 from .memory import MR, PD, KeyTable, as_u8
 from .pathwatch import PathWatch
-from .qp import QP
+from .qp import ACK_STATES, QP, REQ_STATES
 from .dcqcn import WIRE_OVERHEAD, DcqcnParams, link_rate_bps
 from .rxparse import parse, pkey_match
 
@@ -241,6 +241,13 @@ class Engine:
             return
         if not pkey_match(pkt.pkey, qp.pkey):
             self.stats["drop_bad_pkey"] += 1       # MR-BTH-010 (the XDP program's BAD_PKEY)
+            return
+        if pkt.op.mask & MI.NATIVE:
+            # MR-OPC-004, MR-NAT-008: every QP of this engine runs the compat profile, so a native
+            # opcode is dropped without a NAK, counted as the XDP program counts it (step 15, after
+            # the state, step 14: MR-ENC-032)
+            ok = qp.state in (REQ_STATES if pkt.op.mask & MI.REQ else ACK_STATES)
+            self.stats["drop_wrong_profile" if ok else "drop_qp_state"] += 1
             return
         if pkt.opcode == 0x81:                     # CNP: to the reaction point (MR-CNP-005, MR-CC-033)
             if qp.state != QPState.RTS:

@@ -157,6 +157,10 @@ class Responder:
 
     # -- input ----------------------------------------------------------------
     def on_request(self, pkt: "RxPkt") -> None:
+        if pkt.op.mask & MI.NATIVE:
+            # native opcodes on a compat connection are dropped, no NAK (MR-OPC-004), and counted
+            # (WRONG_PROFILE) before they get here: by the XDP program or Engine._rx_frame
+            return
         d = psn_diff(pkt.psn, self.epsn)
         if d > 0:
             # out of sequence: NAK once per ePSN, drop (MR-NAK-002, MR-NAK-003)
@@ -180,11 +184,6 @@ class Responder:
                 return
         elif not (m & MI.START) and (m & (MI.SEND | MI.WRITE)):
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, f"{op.name} without FIRST")
-            return
-        if m & MI.NATIVE:
-            # native opcodes on a compat connection: invalid request here; MR-OPC-004 wants a drop,
-            # which the XDP program does first (WRONG_PROFILE)
-            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "native opcode on compat QP")
             return
         need = (Access.REMOTE_WRITE if m & MI.WRITE else Access.REMOTE_READ if m & MI.READ
                 else Access.REMOTE_ATOMIC if m & MI.ATOMIC else Access(0))
