@@ -38,7 +38,7 @@ enum mr_drop_reason {
 	MR_DROP_UNKNOWN_OPCODE  = 13,
 	MR_DROP_TRUNCATED_EXT   = 14,
 	MR_DROP_BAD_PAD         = 15,
-	MR_DROP_BAD_FIELD       = 16,  /* e.g. SACK bitmap_words > 32, reserved AETH syndrome */
+	MR_DROP_BAD_FIELD       = 16,  /* e.g. SACK bitmap_words > 32 */
 	MR_DROP_BAD_IP_CSUM     = 17,  /* UDP/4791 in IPv4 whose header checksum is wrong (MR-ENC-013) */
 	/* 18..31 reserved for future DecodeReason values */
 	/* --- kernel-only --- */
@@ -67,6 +67,9 @@ enum mr_event {
 	MR_EV_RTT_SAMPLE    = 6,  /* an ACK covered rtt_probe_psn */
 	MR_EV_CNP           = 7,  /* valid CNP counted in the QP's cnp_count (after its ICRC) */
 	MR_EV_CNP_CONSUMED  = 8,  /* CNP consumed here (counted, then XDP_DROP; not a drop) */
+	MR_EV_ACK_BAD_AETH_TO_USER = 9, /* ACKNOWLEDGE in the window whose AETH has bit 7 set or type 10
+					 * (MR-XH-008): not consumed, sent on to the AF_XDP socket so the
+					 * completer fails the WQE (MR-NAK-012); then STEERED (or NO_XSK) */
 	MR_EV__MAX,
 };
 

@@ -236,13 +236,20 @@ static __always_inline void mr_rtt_update(struct mr_qp_state *qp, __u64 r)
 
 /*
  * The ACK fast path (MR-ACK-002, MR-NAK-001, MR-RNR-002).  Returns the event
- * to count (MR_EV_*_CONSUMED) or a negative drop reason.  A reserved syndrome
- * (MR-XH-008) is dropped as BAD_FIELD.
+ * to count (MR_EV_*_CONSUMED), MR_EV_STEERED for a packet that only user
+ * space can judge, or a negative drop reason.
  *
  * Every ACK/NAK PSN p must lie in [snd_una - 1, snd_nxt) = [ack_psn, snd_nxt):
  * a positive ACK acknowledges everything up to p; a NAK or RNR NAK names the
  * first PSN that failed, so it acknowledges everything before p.  ack_psn
  * only moves forward (MR-SEC-022, MR-SEC-024).
+ *
+ * An AETH with bit 7 set or type 10 (reserved) is a bad response (MR-XH-008):
+ * the completer must fail the oldest WQE with IBV_WC_BAD_RESP_ERR (MR-NAK-012),
+ * which only user space can do, so it is steered there -- once it has passed
+ * the ICRC, QP, peer, P_Key and state checks and lies in the window: outside
+ * it, it is stale and never moves a QP to ERR (MR-SEC-032).  Nothing is
+ * written for it, so it takes no seqcount.
  */
 static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth *bth,
 					   void *data_end)
@@ -258,8 +265,16 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 	msn = mr_aeth_msn(aeth);
 	psn = mr_bth_psn(bth);
 	kind = syn & MR_AETH_TYPE_MASK;
-	if ((syn & MR_AETH_RSVD_BIT) || kind == MR_AETH_RESERVED)
-		return -MR_DROP_BAD_FIELD;
+	if ((syn & MR_AETH_RSVD_BIT) || kind == MR_AETH_RESERVED) {
+		/* A response names a PSN after ack_psn (MR-ACK-015). */
+		old_ack = MR_READ_ONCE_U32(qp->ack_psn) + 1;
+		nxt = MR_READ_ONCE_U32(qp->snd_nxt);
+		if (!mr_psn_in(psn, old_ack, nxt - old_ack)) {
+			__sync_fetch_and_add(&qp->stale_acks, 1);
+			return -MR_DROP_STALE_ACK;
+		}
+		return MR_EV_STEERED;
+	}
 
 	/* Take the seqcount even -> odd.  An odd count or a lost race means
 	 * another CPU is updating this QP (its RX queues hash differently);
@@ -615,8 +630,12 @@ int xdp_metaroce(struct xdp_md *ctx)
 			reason = -ev;
 			goto out;
 		}
-		event = ev;                           /* XDP_DROP, but consumed */
-		goto out;
+		if (ev != MR_EV_STEERED) {
+			event = ev;                   /* XDP_DROP, but consumed */
+			goto out;
+		}
+		/* A bad AETH: on to the completer below (MR-XH-008, MR-NAK-012). */
+		mr_count_event(MR_EV_ACK_BAD_AETH_TO_USER);
 	}
 
 	/* ---- steer to the AF_XDP socket of this queue.  With flags 0 a

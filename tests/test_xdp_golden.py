@@ -148,6 +148,7 @@ class Case:
     setup: Callable[["XdpLoader"], None] | None = None
     qp: dict = field(default_factory=dict)         # expected QP fields after (slot of QPN)
     qpn: int = QPN
+    also: dict = field(default_factory=dict)       # expected deltas of events outside the partition
 
 
 def _state(s: QpState):
@@ -377,8 +378,30 @@ CASES = [
     Case("masked fields may change: TTL/ECN/FECN do not break the ICRC",
          lambda: fix_ip_csum(patch(patch(ack(105), 14 + 8, b"\x05"), BTH_OFF + 4, b"\x80")), "XDP_DROP",
          E.ACK_CONSUMED, qp={"ack_psn": 105}),
-    Case("reserved AETH syndrome", lambda: ack(105, syndrome=0x40), "XDP_DROP", E.DROPPED, R.BAD_FIELD,
-         qp={"ack_psn": 99}),
+    # ---- a bad AETH (bit 7 set or type 10, MR-XH-008) is the completer's to fail with IBV_WC_BAD_RESP_ERR
+    # (MR-NAK-012): steered, changing nothing here (NO_XSK: no socket under test_run); before the window it
+    # is stale and can move no QP to ERR (MR-SEC-032)
+    Case("AETH type 10 goes to the completer (MR-XH-008, MR-NAK-012)", lambda: ack(105, syndrome=0x40),
+         "XDP_DROP", E.DROPPED, R.NO_XSK,
+         qp={"ack_psn": 99, "ack_seq": 0, "acks": 0, "naks": 0, "stale_acks": 0, "last_syndrome": 0},
+         also={"ACK_BAD_AETH_TO_USER": 1}),
+    Case("AETH bit 7 set goes to the completer (MR-XH-008, MR-NAK-012)", lambda: ack(100, syndrome=0x9F),
+         "XDP_DROP", E.DROPPED, R.NO_XSK, qp={"ack_psn": 99, "ack_seq": 0, "acks": 0},
+         also={"ACK_BAD_AETH_TO_USER": 1}),
+    Case("AETH bit 7 set on a NAK goes to the completer (MR-XH-008)", lambda: ack(109, syndrome=0xE0),
+         "XDP_DROP", E.DROPPED, R.NO_XSK, qp={"ack_psn": 99, "nak_seq": 0, "naks": 0},
+         also={"ACK_BAD_AETH_TO_USER": 1}),
+    Case("bad AETH at ack_psn is stale, not a bad response (MR-SEC-032, MR-ACK-015)",
+         lambda: ack(99, syndrome=0x40), "XDP_DROP", E.DROPPED, R.STALE_ACK, qp={"stale_acks": 1, "ack_seq": 0},
+         also={"ACK_BAD_AETH_TO_USER": 0}),
+    Case("bad AETH at snd_nxt is a ghost, dropped (MR-SEC-032, MR-ACK-015)",
+         lambda: ack(SND_NXT, syndrome=0x80), "XDP_DROP", E.DROPPED, R.STALE_ACK, qp={"stale_acks": 1},
+         also={"ACK_BAD_AETH_TO_USER": 0}),
+    Case("bad AETH with a corrupt ICRC is BAD_ICRC (MR-ICRC-014)",
+         lambda: (lambda f: patch(f, len(f) - 1, bytes([f[-1] ^ 0xFF])))(ack(105, syndrome=0x40)), "XDP_DROP", E.DROPPED, R.BAD_ICRC,
+         also={"ACK_BAD_AETH_TO_USER": 0}),
+    Case("bad AETH from another address is WRONG_PEER (MR-SEC-021)",
+         lambda: ack(105, syndrome=0x40, src_ip="10.55.0.9"), "XDP_DROP", E.DROPPED, R.WRONG_PEER),
     Case("ACK to an unknown QP", lambda: ack(105, qp=0x99), "XDP_DROP", E.DROPPED, R.UNKNOWN_QP),
 ]
 
@@ -417,6 +440,8 @@ def test_golden(loader, case: Case):
     partition = ("PASSED", "STEERED", "ACK_CONSUMED", "NAK_CONSUMED", "RNR_CONSUMED", "CNP_CONSUMED", "DROPPED")
     assert sum(edelta.get(k, 0) for k in partition) == 1
     assert edelta.get(case.event.name) == 1
+    for name, n in case.also.items():
+        assert edelta.get(name, 0) == n, name
     if case.verdict == "XDP_PASS":
         assert res.data == case.frame(), "passed frames are untouched"
     slot = loader.qp(case.qpn)

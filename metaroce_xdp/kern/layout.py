@@ -71,7 +71,7 @@ DropReason.__doc__ = "enum mr_drop_reason: index of the per-CPU counter in mr_dr
 
 class Event(enum.IntEnum):
     """enum mr_event: index into mr_events.  PASSED + STEERED + *_CONSUMED + DROPPED = packets
-    (CNP and RTT_SAMPLE are not in the partition: CNP_CONSUMED is)."""
+    (CNP, RTT_SAMPLE and ACK_BAD_AETH_TO_USER are not in the partition: CNP_CONSUMED and STEERED are)."""
     PASSED = 0
     STEERED = 1
     ACK_CONSUMED = 2
@@ -81,6 +81,7 @@ class Event(enum.IntEnum):
     RTT_SAMPLE = 6
     CNP = 7
     CNP_CONSUMED = 8
+    ACK_BAD_AETH_TO_USER = 9     # bad AETH (MR-XH-008) in the window: to the completer (MR-NAK-012)
 
 
 # (name, numpy type, writer).  Offsets are implied by order and checked by the test.
