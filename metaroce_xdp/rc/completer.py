@@ -234,6 +234,14 @@ class Completer:
         if d < 0:
             return                                   # duplicate response (MR-RETRY-009)
         if d > 0:                                    # an earlier response was lost (MR-RETRY-013)
+            if self.retrying_from == expect:
+                # The rest of the stream the responder sent before it saw our request for the
+                # remainder: the restarted stream queues behind it.  Restart the local ACK timer
+                # (never the retry budget), so it measures silence, not the time a slow receiver
+                # takes to drain that backlog (as rxe's completer re-arms its timer on every
+                # response); else each expiry re-requests the remainder, the responder restarts
+                # its stream behind the backlog again, and the READ fails with RETRY_EXC_ERR.
+                self.last_progress = self.qp.now()
             self._retry(expect, "READ response lost")
             return
         # MR-NAK-012: FIRST/LAST/ONLY carry an AETH of type ACK; the opcodes follow each other

@@ -1,0 +1,73 @@
+"""A large RDMA READ recovers from a lost response while the requester is slower than the responder
+(MR-RETRY-002 to MR-RETRY-004, MR-RETRY-008, MR-RETRY-013, MR-DUP-003, MR-DUP-008).
+
+The fault matrix found an 8 MiB READ failing with IBV_WC_RETRY_EXC_ERR at 1 % loss: the requester's
+engine takes READ RESPONSEs more slowly than the responder's engine sends them, so after a lost response
+its receive queue still holds the rest of the stream the responder sent before it saw the request for
+the remainder, and the restarted stream waits behind it.  Draining that backlog took several local ACK
+timeouts; each one re-requested the remainder, the responder restarted its stream behind the backlog
+again, and the eighth expiry without progress failed the READ.
+
+Here the same happens deterministically in process: a clock that moves a fixed step per engine round,
+a requester that takes 16 frames per round while the responder sends ~60, and one lost response.
+"""
+from __future__ import annotations
+
+import types
+import zlib
+
+import numpy as np
+
+from metaroce_xdp.rc import engine as engine_mod
+from metaroce_xdp.wire.psn import psn_diff
+from rc_players import SendWR, WCStatus, WROpcode, loop_pair, wait_wcs
+
+READ_LEN = 1 << 20            # 1024 responses of 1024 bytes
+LOST = 8                      # the response lost once
+
+
+class StepClock:
+    """time for the engines: each reading is `step_ns` after the previous one."""
+
+    def __init__(self, step_ns: int) -> None:
+        self.t = 10**12
+        self.step = step_ns
+
+    def monotonic_ns(self) -> int:
+        self.t += self.step
+        return self.t
+
+
+def test_read_remainder_behind_a_backlog_completes(monkeypatch):
+    clock = StepClock(250_000)                                   # 0.25 ms per engine round
+    fake = types.SimpleNamespace(monotonic_ns=clock.monotonic_ns, monotonic=lambda: clock.t / 1e9,
+                                 sleep=lambda s: None)
+    monkeypatch.setattr(engine_mod, "time", fake)
+    a, b = loop_pair(size=2 << 20, timeout=8, retry_cnt=7)     # T = 1.05 ms: about 2 rounds of A
+    a.ctx.engine.budget = 16                                     # A: a slow requester
+    src = np.random.default_rng(3).integers(0, 256, READ_LEN, dtype=np.uint8)
+    b.buf[:READ_LEN] = src
+    first = a.qp.requester.psn_next
+    port_ba = b.ctx.port
+    deliver = port_ba._deliver
+    lost = []
+
+    def drop_once(frame: bytes) -> None:
+        psn = int.from_bytes(frame[42 + 9:42 + 12], "big")      # Ethernet 14 + IPv4 20 + UDP 8, BTH PSN
+        if frame[42] in (0x0D, 0x0E, 0x0F) and psn == (first + LOST) & 0xFFFFFF and not lost:
+            lost.append(psn)
+            return
+        deliver(frame)
+
+    port_ba._deliver = drop_once
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, READ_LEN)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    (wc,) = wait_wcs([a, b], a, 1, timeout=60)
+    q = a.qp.query()
+    assert lost, "the response was never lost: the test did not test anything"
+    assert wc.status == WCStatus.SUCCESS, q
+    assert zlib.crc32(a.buf[:READ_LEN]) == zlib.crc32(src)
+    # one loss, one request for the remainder: no local ACK timeout while the old stream drained
+    assert q["timeouts"] == 0, q
+    assert b.qp.responder.dup_read_replays == 1, b.qp.query()
+    assert psn_diff(a.qp.requester.acked_psn, first) >= 0 or a.qp.requester.sq == []
