@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..netinfo import NetInfoError
-from ..verbs_types import (Access, InvalidArgument, QPCap, QPState, ResourceError, SendFlags, VerbsError, WC,
-                           WROpcode)
+from ..verbs_types import (Access, InvalidArgument, InvalidState, QPCap, QPState, ResourceError, SendFlags,
+                           VerbsError, WC, WCStatus, WROpcode)
 from ..wire.opcodes import MI
 from .burst import peek_bth, rx_write_run, tx_segment
 from .requester import ACKREQ_EVERY
@@ -45,21 +45,89 @@ _EMPTY = np.zeros(1, np.uint8)
 MAX_QPS = 1024
 
 
+class CompChannel:
+    """ibv_comp_channel: where armed CQs report their completion events (ibv_get_cq_event).  One
+    channel may serve several CQs; `Context.create_cq(channel=...)` attaches a CQ to it."""
+
+    def __init__(self, ctx: "Context") -> None:
+        self.ctx = ctx
+        self.q: deque[CQ] = deque()
+        self.ready = threading.Event()
+
+    def _notify(self, cq: "CQ") -> None:
+        self.q.append(cq)
+        self.ready.set()
+
+    def get_cq_event(self, timeout: float | None = 0.0) -> "CQ | None":
+        """ibv_get_cq_event: the CQ of the oldest completion event (its `cq_context` is the one given to
+        create_cq), waiting up to `timeout` seconds (None: for ever; 0: just look).  Drives progress
+        when there is no progress thread.  None when no event came in time.  The CQ is disarmed:
+        call its req_notify again for the next event."""
+        eng = self.ctx.engine
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not eng.threaded:
+                eng.progress()
+            with eng.lock:
+                if self.q:
+                    cq = self.q.popleft()
+                    cq.events += 1
+                    if not self.q:
+                        self.ready.clear()
+                    return cq
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if eng.threaded:
+                self.ready.wait(0.01 if left is None else min(left, 0.01))
+
+
+_NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2
+
+
 class CQ:
-    def __init__(self, ctx: "Context", depth: int) -> None:
+    def __init__(self, ctx: "Context", depth: int, channel: CompChannel | None = None,
+                 cq_context: Any = None) -> None:
         self.ctx = ctx
         self.depth = depth
         self.q: deque[WC] = deque()
         self.overruns = 0                   # completions lost because the CQ was full
         self._overflowing = False
+        # completion events (ibv_req_notify_cq, MR-BTH-004): a CQ without a channel of its own gets a
+        # private one, read by CQ.get_event
+        self.private_channel = channel is None
+        self.channel = channel if channel is not None else CompChannel(ctx)
+        self.cq_context = cq_context
+        self.armed = 0                      # 0, _NOTIFY_NEXT or _NOTIFY_SOLICITED
+        self.events = 0                     # events taken from the channel (ibv_ack_cq_events' count)
 
-    def push(self, wc: WC) -> None:
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """ibv_req_notify_cq: arm the CQ for one completion event, sent to its channel for the next
+        completion added -- with solicited_only, for the next solicited one (a receive completion
+        whose request packet had SE, MR-BTH-004) or unsuccessful one.  Arming for any completion
+        outranks solicited_only until the event comes (as rxe)."""
+        with self.ctx.engine.lock:
+            if self.armed != _NOTIFY_NEXT:
+                self.armed = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
+
+    def get_event(self, timeout: float | None = 0.0) -> bool:
+        """Wait up to `timeout` seconds for this CQ's completion event (CQs created without a
+        channel); True when it came, which also disarms the CQ."""
+        if not self.private_channel:
+            raise InvalidState("this CQ reports to a completion channel: use channel.get_cq_event()")
+        return self.channel.get_cq_event(timeout) is self
+
+    def push(self, wc: WC, solicited: bool = False) -> None:
         """Queue a completion.  A full CQ overflows (MR-QP-036): the completion is lost and counted,
         IBV_EVENT_CQ_ERR is raised and every QP using the CQ moves to ERR (its flushed completions are
-        lost too while the CQ stays full); the queue never holds more than `depth`."""
+        lost too while the CQ stays full); the queue never holds more than `depth`.  An armed CQ
+        reports the completion to its channel (req_notify; `solicited`: MR-BTH-004)."""
         if len(self.q) < self.depth:
             self._overflowing = False
             self.q.append(wc)
+            if self.armed and (self.armed == _NOTIFY_NEXT or solicited or wc.status != WCStatus.SUCCESS):
+                self.armed = 0
+                self.channel._notify(self)
             return
         self.overruns += 1
         if self._overflowing:               # one event per overflow, not one per lost completion
@@ -524,10 +592,18 @@ class Context:
         if mr is not None and mr.pd is pd:
             mr.valid = False
 
-    def create_cq(self, depth: int = 1024) -> CQ:
+    def create_comp_channel(self) -> CompChannel:
+        """ibv_create_comp_channel (completion events: CQ.req_notify)."""
+        return CompChannel(self)
+
+    def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: CompChannel | None = None) -> CQ:
+        """ibv_create_cq; with `channel`, completion events go there (CompChannel.get_cq_event), else
+        CQ.get_event reads them."""
         if depth <= 0:
             raise InvalidArgument("CQ depth must be positive")
-        return CQ(self, depth)
+        if channel is not None and channel.ctx is not self:
+            raise InvalidArgument("the completion channel belongs to another context")
+        return CQ(self, depth, channel, cq_context)
 
     def create_qp(self, pd: PD, send_cq: CQ, recv_cq: CQ, cap: QPCap | None = None,
                   sq_sig_all: bool = False) -> QP:
@@ -575,4 +651,4 @@ class Context:
         self.close()
 
 
-__all__ = ["Context", "CQ", "Engine", "VerbsError"]
+__all__ = ["CompChannel", "Context", "CQ", "Engine", "VerbsError"]

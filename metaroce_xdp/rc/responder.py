@@ -265,10 +265,11 @@ class Responder:
             if pkt.ieth is not None:
                 self.qp.ctx.invalidate_rkey(pkt.ieth, self.qp.pd)
                 flags |= WCFlags.WITH_INV
-            # receive completion: byte_len the message length, the immediate or the invalidated key (MR-RC-019)
+            # receive completion: byte_len the message length, the immediate or the invalidated key
+            # (MR-RC-019); solicited by SE of this, the completing packet only (MR-BTH-004)
             self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS, opcode=WCOpcode.RECV,
                                     byte_len=self.recv_off, qp_num=self.qp.qp_num, imm_data=pkt.imm,
-                                    wc_flags=flags, invalidated_rkey=pkt.ieth))
+                                    wc_flags=flags, invalidated_rkey=pkt.ieth), solicited=bool(pkt.se))
             self.cur_recv = None
         else:
             self.in_progress = MI.SEND
@@ -330,7 +331,8 @@ class Responder:
                 self.qp.recv_cq.push(WC(wr_id=w.wr_id, status=WCStatus.SUCCESS,
                                         opcode=WCOpcode.RECV_RDMA_WITH_IMM, byte_len=self.write_len,
                                         qp_num=self.qp.qp_num,
-                                        imm_data=pkt.imm, wc_flags=WCFlags.WITH_IMM))
+                                        imm_data=pkt.imm, wc_flags=WCFlags.WITH_IMM),
+                                     solicited=bool(pkt.se))          # MR-BTH-004
                 self.cur_recv = None
         else:
             self.in_progress = MI.WRITE
