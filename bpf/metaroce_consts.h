@@ -56,6 +56,7 @@
 /* Protocol constants (not tunables, but one place for them). */
 #define MR_PSN_MASK      0xFFFFFFu      /* PSN is 24 bits (MR-BTH-020) */
 #define MR_PSN_HALF      0x800000u      /* serial-number half window */
+#define MR_PSN_NONE      0xFFFFFFFFu    /* "no PSN" in a PSN field: equal to no 24-bit PSN */
 #define MR_QPN_MASK      0xFFFFFFu
 #define MR_ICRC_SIZE     4
 #define MR_SACK_MAX_WORDS 32

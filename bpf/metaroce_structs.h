@@ -77,9 +77,10 @@ struct mr_qp_state {
 
 	/* ---- user-space requester ---------------------------------- [40, 64) */
 	__u32 snd_nxt;          /* 40 next PSN to send; ACK PSNs must be before it */
-	__u32 snd_una_hint;     /* 44 requester's oldest unacked PSN as it sees it (not read by the kernel in v1) */
+	__u32 comp_psn;         /* 44 completer's oldest unacknowledged PSN; NAKs before it are stale (MR-ACK-015) */
 	__u32 rtt_probe_psn;    /* 48 PSN whose send time is rtt_probe_ns */
-	__u32 req_rsvd0;        /* 52 */
+	__u32 nak_read_psn;     /* 52 first PSN of the oldest READ once some of its responses are placed, the one
+				 *    PSN before comp_psn a NAK may name (MR-MEM-033); MR_PSN_NONE otherwise */
 	__u64 rtt_probe_ns;     /* 56 CLOCK_MONOTONIC ns when rtt_probe_psn was sent; 0 = no probe */
 
 	/* ---- kernel ACK fast path ---------------------------------- [64, 192)
@@ -108,7 +109,7 @@ struct mr_qp_state {
 	__u64 acks;             /* 128 positive ACKs accepted */
 	__u64 naks;             /* 136 NAKs accepted */
 	__u64 rnr_naks;         /* 144 RNR NAKs accepted */
-	__u64 stale_acks;       /* 152 ACK/NAKs outside [snd_una - 1, snd_nxt) (atomic add) */
+	__u64 stale_acks;       /* 152 ACK/NAKs outside their window, see mr_ack_fastpath() (atomic add) */
 	__u64 cnp_count;        /* 160 valid CNPs for this QP, counted after their ICRC (atomic add; consumed here) */
 	__u64 last_ack_ns;      /* 168 bpf_ktime_get_ns() of the last accepted ACK/NAK */
 	__u8  k_rsvd[16];       /* 176 */

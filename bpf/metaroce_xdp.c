@@ -17,7 +17,8 @@
  *   ACK path   compat ACKNOWLEDGE (ACK, NAK, RNR NAK) is consumed here, like
  *              rxe_comp.c's check_ack() without the WQE walk: ICRC verified,
  *              PSN window checked, mr_qp_state updated under its seqcount,
- *              XDP_DROP.  Acknowledgements never cross to user space.
+ *              XDP_DROP.  Acknowledgements never cross to user space, except
+ *              a bad AETH (MR-XH-008), which the completer must fail.
  *   CNP path   a compat CNP is consumed the same way: ICRC verified, counted
  *              into the QP's cnp_count, XDP_DROP; the requester's DCQCN
  *              reaction point (metaroce_xdp/rc/dcqcn.py) reads the count.
@@ -235,14 +236,44 @@ static __always_inline void mr_rtt_update(struct mr_qp_state *qp, __u64 r)
 }
 
 /*
+ * The first PSN that a NAK, an RNR NAK or a bad AETH may name: comp_psn, the
+ * oldest unacknowledged PSN (MR-ACK-015, MR-SEC-022 as revised: comp_psn - 1
+ * is stale).  The kernel knows ack_psn, so comp_psn is at least ack_psn + 1;
+ * the completer publishes its own comp_psn, which is further on when READ
+ * responses or ATOMIC ACKNOWLEDGEs (handled in user space) moved it.  A
+ * published value outside [ack_psn + 1, snd_nxt] is older than what the
+ * kernel knows and is ignored; one published late only widens the window,
+ * and the completer checks again (Completer._valid_ack_psn).  The one PSN
+ * before comp_psn that a NAK may name is MR-MEM-033's, the first PSN of a
+ * partly answered READ (MR-ACK-015 (b)), for a NAK with a code, as
+ * Completer.on_syndrome tests it.
+ */
+static __always_inline __u32 mr_nak_window_start(struct mr_qp_state *qp, __u32 ack, __u32 nxt,
+						 __u32 syn, __u32 psn)
+{
+	__u32 lo = (ack + 1) & MR_PSN_MASK;
+	__u32 comp = MR_READ_ONCE_U32(qp->comp_psn);
+
+	if (mr_psn_in(comp, lo, nxt - lo + 1))
+		lo = comp;
+	if ((syn & MR_AETH_TYPE_MASK) == MR_AETH_NAK && (syn & MR_AETH_VALUE_MASK) &&
+	    psn == MR_READ_ONCE_U32(qp->nak_read_psn))      /* MR_PSN_NONE equals no PSN */
+		lo = psn;
+	return lo;
+}
+
+/*
  * The ACK fast path (MR-ACK-002, MR-NAK-001, MR-RNR-002).  Returns the event
  * to count (MR_EV_*_CONSUMED), MR_EV_STEERED for a packet that only user
  * space can judge, or a negative drop reason.
  *
- * Every ACK/NAK PSN p must lie in [snd_una - 1, snd_nxt) = [ack_psn, snd_nxt):
- * a positive ACK acknowledges everything up to p; a NAK or RNR NAK names the
- * first PSN that failed, so it acknowledges everything before p.  ack_psn
- * only moves forward (MR-SEC-022, MR-SEC-024).
+ * The window (MR-ACK-015, MR-SEC-022): a positive ACK acknowledges everything
+ * up to its PSN p, which lies in [ack_psn, snd_nxt); p == ack_psn, a duplicate,
+ * moves nothing and only takes its MSN (the credits MR-ACK-015 (c) allows).
+ * A NAK or RNR NAK names the first PSN that failed, in [comp_psn, snd_nxt)
+ * (mr_nak_window_start), and acknowledges everything before it.  Anything
+ * else is STALE_ACK, counted in stale_acks.  ack_psn only moves forward
+ * (MR-SEC-022, MR-SEC-024).
  *
  * An AETH with bit 7 set or type 10 (reserved) is a bad response (MR-XH-008):
  * the completer must fail the oldest WQE with IBV_WC_BAD_RESP_ERR (MR-NAK-012),
@@ -255,7 +286,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 					   void *data_end)
 {
 	struct mr_aeth *aeth = (struct mr_aeth *)(bth + 1);
-	__u32 syn, psn, msn, old_ack, new_ack, nxt, kind;
+	__u32 syn, psn, msn, old_ack, new_ack, nxt, kind, lo;
 	__u64 seq;
 	int ev;
 
@@ -266,10 +297,10 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 	psn = mr_bth_psn(bth);
 	kind = syn & MR_AETH_TYPE_MASK;
 	if ((syn & MR_AETH_RSVD_BIT) || kind == MR_AETH_RESERVED) {
-		/* A response names a PSN after ack_psn (MR-ACK-015). */
-		old_ack = MR_READ_ONCE_U32(qp->ack_psn) + 1;
+		old_ack = MR_READ_ONCE_U32(qp->ack_psn);
 		nxt = MR_READ_ONCE_U32(qp->snd_nxt);
-		if (!mr_psn_in(psn, old_ack, nxt - old_ack)) {
+		lo = mr_nak_window_start(qp, old_ack, nxt, syn, psn);
+		if (!mr_psn_in(psn, lo, nxt - lo)) {
 			__sync_fetch_and_add(&qp->stale_acks, 1);
 			return -MR_DROP_STALE_ACK;
 		}
@@ -288,7 +319,8 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 
 	old_ack = qp->ack_psn;
 	nxt = MR_READ_ONCE_U32(qp->snd_nxt);
-	if (!mr_psn_in(psn, old_ack, nxt - old_ack)) {
+	lo = kind == MR_AETH_ACK ? old_ack : mr_nak_window_start(qp, old_ack, nxt, syn, psn);
+	if (!mr_psn_in(psn, lo, nxt - lo)) {
 		/* Nothing was written: restore the count, readers see no change. */
 		mr_barrier();
 		__sync_val_compare_and_swap(&qp->ack_seq, seq + 1, seq);
@@ -297,7 +329,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 	}
 
 	new_ack = (kind == MR_AETH_ACK) ? psn : ((psn - 1) & MR_PSN_MASK);
-	/* Forward only: a NAK for p == ack_psn would otherwise move it back. */
+	/* Forward only: MR-MEM-033's NAK, before ack_psn + 1, would otherwise move it back. */
 	if (!mr_psn_in(new_ack, old_ack, nxt - old_ack))
 		new_ack = old_ack;
 	qp->ack_psn = new_ack;

@@ -66,7 +66,7 @@ def c_facts(tmp_path_factory) -> dict[str, int]:
         p(f"len.{n}", f"MR_{n}_LEN")
     for c in ("MR_MAX_QPS", "ROCE_UDP_PORT", "MR_MAX_RXQ", "MR_DROP_SLOTS", "MR_EVENT_SLOTS",
               "MR_PROFILE_COMPAT", "MR_PROFILE_NATIVE", "MR_QPF_ACK_TO_USER", "MR_CFG_HAVE_IP4",
-              "MR_CFG_HAVE_IP6", "MR_CFG_HAVE_MAC", "MR_SACK_MAX_WORDS"):
+              "MR_CFG_HAVE_IP6", "MR_CFG_HAVE_MAC", "MR_SACK_MAX_WORDS", "MR_PSN_MASK", "MR_PSN_NONE"):
         p(f"const.{c}", c)
     src = "\n".join([
         "#include <stdio.h>", "#include <stddef.h>",
@@ -151,6 +151,8 @@ def test_constants_agree(c_facts):
     assert c_facts["const.ROCE_UDP_PORT"] == layout.ROCE_UDP_PORT == H.ROCE_UDP_PORT
     assert c_facts["const.MR_MAX_RXQ"] == layout.MR_MAX_RXQ
     assert c_facts["const.MR_SACK_MAX_WORDS"] == H.SACK_MAX_WORDS
+    assert c_facts["const.MR_PSN_MASK"] == layout.PSN_MASK
+    assert c_facts["const.MR_PSN_NONE"] == layout.PSN_NONE
 
 
 def test_opmask_bits_agree(c_facts):

@@ -167,6 +167,16 @@ def _pkey(k: int):
     return go
 
 
+def _req(comp: int | None = None, nak_read: int | None = None, ack_psn: int | None = None):
+    """What the completer publishes (comp_psn, nak_read_psn) and what the kernel has acknowledged."""
+    def go(ld):
+        s = ld.qp(QPN)
+        for name, v in (("comp_psn", comp), ("nak_read_psn", nak_read), ("ack_psn", ack_psn)):
+            if v is not None:
+                s[name] = v
+    return go
+
+
 def _probe(psn: int, age_ns: int):
     def go(ld):
         ld.qp(QPN)["rtt_probe_psn"] = psn
@@ -403,6 +413,50 @@ CASES = [
     Case("bad AETH from another address is WRONG_PEER (MR-SEC-021)",
          lambda: ack(105, syndrome=0x40, src_ip="10.55.0.9"), "XDP_DROP", E.DROPPED, R.WRONG_PEER),
     Case("ACK to an unknown QP", lambda: ack(105, qp=0x99), "XDP_DROP", E.DROPPED, R.UNKNOWN_QP),
+    # ---- the response window (MR-ACK-015, MR-SEC-022 as revised): a NAK, an RNR NAK or a bad AETH names a
+    # PSN in [comp_psn, snd_nxt); comp_psn is at least ack_psn + 1, and further on where the completer
+    # published it (READ responses moved it); the one exception is MR-MEM-033's NAK of a partly answered READ
+    Case("NAK at comp_psn - 1 (= ack_psn) is stale (MR-ACK-015, MR-SEC-022)", lambda: ack(99, syndrome=0x60),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, qp={"nak_seq": 0, "naks": 0, "ack_seq": 0, "stale_acks": 1}),
+    Case("RNR NAK at comp_psn - 1 (= ack_psn) is stale (MR-ACK-015, MR-SEC-022)", lambda: ack(99, syndrome=0x25),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, qp={"rnr_seq": 0, "rnr_naks": 0, "stale_acks": 1}),
+    Case("NAK at comp_psn, the first unacknowledged PSN (MR-ACK-015 (b))", lambda: ack(100, syndrome=0x60),
+         "XDP_DROP", E.NAK_CONSUMED, qp={"ack_psn": 99, "nak_psn": 100, "nak_seq": 1}),
+    Case("NAK before the completer's comp_psn is stale (MR-ACK-015)", lambda: ack(102, syndrome=0x60),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=103), qp={"nak_seq": 0, "stale_acks": 1}),
+    Case("RNR NAK at the completer's comp_psn - 1 is stale (MR-ACK-015)", lambda: ack(102, syndrome=0x25),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=103), qp={"rnr_seq": 0, "stale_acks": 1}),
+    Case("NAK at the completer's comp_psn (MR-ACK-015 (b))", lambda: ack(103, syndrome=0x60), "XDP_DROP",
+         E.NAK_CONSUMED, setup=_req(comp=103), qp={"ack_psn": 102, "nak_psn": 103, "nak_seq": 1}),
+    Case("RNR NAK at the last sent PSN (MR-ACK-015 (b))", lambda: ack(109, syndrome=0x21), "XDP_DROP",
+         E.RNR_CONSUMED, setup=_req(comp=103), qp={"ack_psn": 108, "rnr_psn": 109}),
+    Case("a published comp_psn behind ack_psn + 1 is ignored (MR-ACK-015)", lambda: ack(104, syndrome=0x60),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=101, ack_psn=104), qp={"stale_acks": 1}),
+    Case("a published comp_psn beyond snd_nxt is ignored", lambda: ack(105, syndrome=0x60), "XDP_DROP",
+         E.NAK_CONSUMED, setup=_req(comp=SND_NXT + 5), qp={"nak_psn": 105}),
+    Case("a positive ACK before comp_psn still moves ack_psn; the completer judges it (MR-ACK-015 (c))",
+         lambda: ack(101), "XDP_DROP", E.ACK_CONSUMED, setup=_req(comp=103), qp={"ack_psn": 101, "stale_acks": 0}),
+    Case("bad AETH before the completer's comp_psn is stale (MR-SEC-032)", lambda: ack(102, syndrome=0x40),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=103), qp={"stale_acks": 1},
+         also={"ACK_BAD_AETH_TO_USER": 0}),
+    Case("bad AETH at the completer's comp_psn goes to the completer (MR-XH-008)", lambda: ack(103, syndrome=0x40),
+         "XDP_DROP", E.DROPPED, R.NO_XSK, setup=_req(comp=103), also={"ACK_BAD_AETH_TO_USER": 1}),
+    Case("MR-MEM-033: remote access NAK naming a partly answered READ's first PSN (MR-ACK-015 (b))",
+         lambda: ack(100, syndrome=0x62), "XDP_DROP", E.NAK_CONSUMED, setup=_req(comp=102, nak_read=100),
+         qp={"ack_psn": 99, "nak_psn": 100, "nak_code": 2, "nak_seq": 1, "stale_acks": 0}),
+    Case("MR-MEM-033 after an ACK overtook the READ: ack_psn stays (MR-SEC-022)", lambda: ack(100, syndrome=0x62),
+         "XDP_DROP", E.NAK_CONSUMED, setup=_req(comp=102, nak_read=100, ack_psn=104),
+         qp={"ack_psn": 104, "nak_psn": 100, "nak_seq": 1}),
+    Case("MR-MEM-033's exception is for a NAK with a code: a PSN sequence error there is stale",
+         lambda: ack(100, syndrome=0x60), "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=102, nak_read=100),
+         qp={"nak_seq": 0, "stale_acks": 1}),
+    Case("MR-MEM-033's exception is for a NAK: an RNR NAK there is stale", lambda: ack(100, syndrome=0x22),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=102, nak_read=100), qp={"rnr_seq": 0}),
+    Case("MR-MEM-033's exception names one PSN: a NAK inside the READ is stale", lambda: ack(101, syndrome=0x62),
+         "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=102, nak_read=100), qp={"nak_seq": 0}),
+    Case("no partly answered READ (nak_read_psn = MR_PSN_NONE): a NAK before comp_psn is stale",
+         lambda: ack(100, syndrome=0x62), "XDP_DROP", E.DROPPED, R.STALE_ACK, setup=_req(comp=102),
+         qp={"nak_seq": 0}),
 ]
 
 

@@ -23,6 +23,7 @@ MR_EVENT_SLOTS = 16
 ROCE_UDP_PORT = 4791
 QP_STATE_SIZE = 256
 PSN_MASK = 0xFFFFFF
+PSN_NONE = 0xFFFFFFFF        # MR_PSN_NONE: a PSN field holding no PSN
 
 
 class QpState(enum.IntEnum):
@@ -98,9 +99,9 @@ QP_STATE_FIELDS = [
     ("ctrl_rsvd", ("<u4", 2), "control"),
     # requester [40, 64)
     ("snd_nxt", "<u4", "requester"),
-    ("snd_una_hint", "<u4", "requester"),
+    ("comp_psn", "<u4", "requester"),      # the NAK window starts here (MR-ACK-015)
     ("rtt_probe_psn", "<u4", "requester"),
-    ("req_rsvd0", "<u4", "requester"),
+    ("nak_read_psn", "<u4", "requester"),  # MR-MEM-033's NAK PSN, or PSN_NONE
     ("rtt_probe_ns", "<u8", "requester"),
     # kernel ACK fast path [64, 192)
     ("ack_seq", "<u8", "kernel"),

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bpfsys
-from .layout import (CONFIG_DTYPE, MR_MAX_RXQ, PSN_MASK, QP_STATE_DTYPE, QP_STATE_SIZE, CfgFlag,
+from .layout import (CONFIG_DTYPE, MR_MAX_RXQ, PSN_MASK, PSN_NONE, QP_STATE_DTYPE, QP_STATE_SIZE, CfgFlag,
                      DropReason, Event, Profile, QpState, peer_ip_bytes)
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
@@ -140,7 +140,8 @@ class XdpLoader:
         rec["pkey"] = pkey & 0xFFFF          # MR-BTH-010: the kernel compares BTH.P_Key with it
         rec["peer_ip"][0] = np.frombuffer(peer_ip_bytes(peer_ip), dtype=np.uint8)
         rec["snd_nxt"] = init_psn & PSN_MASK
-        rec["snd_una_hint"] = init_psn & PSN_MASK
+        rec["comp_psn"] = init_psn & PSN_MASK
+        rec["nak_read_psn"] = PSN_NONE
         rec["ack_psn"] = (init_psn - 1) & PSN_MASK
         rec["qpn"] = 0
         s[:] = rec                  # everything but the publication word

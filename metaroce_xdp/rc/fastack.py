@@ -3,8 +3,9 @@
 The XDP program consumes ACK/NAK/RNR NAK packets and records them in the
 QP's slot of the mmap-able `mr_qps` array (bpf/metaroce_structs.h).  This
 class keeps the control-plane and requester fields of each slot current
-(state, peer, snd_nxt) and, on every engine round, turns changes of the
-kernel-written fields into the same completer calls an ACK packet would make.
+(state, peer, snd_nxt, comp_psn, nak_read_psn) and, on every engine round,
+turns changes of the kernel-written fields into the same completer calls an
+ACK packet would make.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..kern.layout import QP_STATE_DTYPE, Profile, QpState
+from ..kern.layout import PSN_NONE, QP_STATE_DTYPE, Profile, QpState
 from ..verbs_types import QPState
 from ..wire.headers import AETH_ACK, AETH_CREDIT_INVALID, AETH_NAK, AETH_RNR_NAK
 from ..wire.psn import PSN_MASK, psn_diff
@@ -41,6 +42,8 @@ class FastAck:
         self._rnr_psn, self._rnr_seq = off["rnr_psn"] // 4, off["rnr_seq"] // 4
         self._nak_code, self._rnr_timer = off["nak_code"], off["rnr_timer"]
         self._snd_nxt = off["snd_nxt"] // 4
+        self._comp, self._nak_read = off["comp_psn"] // 4, off["nak_read_psn"] // 4
+        self.published: dict[int, tuple[int, int]] = {}         # qpn -> (comp_psn, nak_read_psn) in the slot
         self.seen: dict[int, tuple[int, int, int, int]] = {}   # qpn -> (ack_seq, ack_psn, nak_seq, rnr_seq)
         self._cnp = off["cnp_count"] // 8
         self.cnp_seen: dict[int, int] = {}                      # qpn -> cnp_count already given to the RP
@@ -55,6 +58,7 @@ class FastAck:
                 self.installed.discard(qpn)
                 self.seen.pop(qpn, None)
                 self.cnp_seen.pop(qpn, None)
+                self.published.pop(qpn, None)
             return
         if qpn not in self.installed:
             self.loader.install_qp(qpn, peer_ip=qp.dgid, dest_qpn=qp.dest_qp, state=QpState(int(qp.state)),
@@ -73,10 +77,37 @@ class FastAck:
             slot["ack_psn"] = (qp.requester.psn_next - 1) & PSN_MASK
             s = self.seen[qpn]
             self.seen[qpn] = (s[0], int(slot["ack_psn"]), s[2], s[3])
+            self.published.pop(qpn, None)
+            self.publish_comp_psn(qp)
 
     def publish_snd_nxt(self, qp: "QP") -> None:
         if qp.qp_num in self.installed:
             self._u32[self.loader.slot_of(qp.qp_num), self._snd_nxt] = qp.requester.psn_next
+
+    def publish_comp_psn(self, qp: "QP") -> None:
+        """The completer's comp_psn, and the first PSN of the oldest READ while some of its
+        responses are placed (the PSN MR-MEM-033's NAK names, MR-ACK-015 (b)): the kernel's NAK
+        window starts there (mr_nak_window_start in bpf/metaroce_xdp.c; MR-ACK-015, MR-SEC-022).
+        Called after each receive burst, so the slot lags the completer by at most one engine
+        round; a late value only widens the kernel's window, and the completer checks again."""
+        req = qp.requester
+        comp, nak_read = req.psn_next, PSN_NONE
+        if req.sq:
+            comp = req.oldest_unacked_psn()
+            for w in req.sq:
+                if w.first_psn is None:
+                    break
+                if not w.done:
+                    if qp.completer._is_partial_read_psn(w.first_psn):
+                        nak_read = w.first_psn
+                    break
+        if self.published.get(qp.qp_num) != (comp, nak_read):
+            i = self.loader.slot_of(qp.qp_num)
+            # nak_read_psn first: the kernel reads the two without a lock, and never sees comp_psn
+            # past a partly answered READ without the READ's first PSN (x86 keeps store order)
+            self._u32[i, self._nak_read] = nak_read
+            self._u32[i, self._comp] = comp
+            self.published[qp.qp_num] = (comp, nak_read)
 
     def _snapshot(self, i: int) -> tuple:
         """Consistent read of slot i's kernel-written fields (the seqcount protocol of
@@ -104,7 +135,10 @@ class FastAck:
                     qp.dcqcn.rp.on_cnp(engine.now, cnps - self.cnp_seen[qpn])
                     engine.stats["rx_cnp"] += cnps - self.cnp_seen[qpn]
                 self.cnp_seen[qpn] = cnps
-            if qp is None or not qp.requester.sq or qp.state not in (QPState.RTS, QPState.SQD, QPState.SQE):
+            if qp is None or qp.state not in (QPState.RTS, QPState.SQD, QPState.SQE):
+                continue
+            self.publish_comp_psn(qp)    # READ responses of this round may have moved it
+            if not qp.requester.sq:
                 continue                 # nothing outstanding: an ACK now could only be stale
             i = self.loader.slot_of(qpn)
             last = self.seen[qpn]
