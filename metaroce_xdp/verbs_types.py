@@ -54,6 +54,7 @@ class WROpcode(enum.IntEnum):
     RDMA_READ = 4
     ATOMIC_CMP_AND_SWP = 5
     ATOMIC_FETCH_AND_ADD = 6
+    SEND_WITH_INV = 9                   # IBV_WR_SEND_WITH_INV (MR-RC-001); 7, 8 (LOCAL_INV, BIND_MW) not offered
 
 
 class WCOpcode(enum.IntEnum):
@@ -126,6 +127,7 @@ class SendWR:
     imm_data: int = 0
     compare_add: int = 0
     swap: int = 0
+    invalidate_rkey: int = 0            # SEND_WITH_INV: the peer's key to invalidate (IETH, MR-MEM-040)
 
 
 @dataclass

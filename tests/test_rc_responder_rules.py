@@ -287,7 +287,7 @@ def test_receive_completion_of_write_with_imm_and_send_with_inv():
                           remote_addr=b.mr.addr + 4096, rkey=b.mr.rkey, imm_data=0x1234))
     (rwc,) = wait_wcs([a, b], b, 1)
     assert (rwc.wr_id, rwc.opcode, rwc.byte_len, rwc.imm_data) == (1, WCOpcode.RECV_RDMA_WITH_IMM, 3000, 0x1234)
-    victim = b.pd.reg_mr(np.zeros(64, np.uint8), FULL)
+    victim = b.pd.reg_mr(np.zeros(64, np.uint8), FULL, remote_invalidate=True)
     inject(a, b, Op.SEND_ONLY_WITH_INVALIDATE, 103, payload=b"i" * 12, ieth=IETH(rkey=victim.rkey))
     (rwc,) = b.cq.poll(4)
     assert (rwc.wr_id, rwc.byte_len, rwc.invalidated_rkey) == (2, 12, victim.rkey)
@@ -438,3 +438,78 @@ def test_native_opcode_on_a_compat_qp_is_dropped_and_counted():
     b.qp.modify(QPAttr(qp_state=QPState.ERR))
     inject(a, b, Op.NATIVE_SEND, 101, payload=b"abcd", neth=NETH(flags=0xC0, msg_len=4))
     assert stats["drop_wrong_profile"] == 3 and stats["drop_qp_state"] == 1
+
+
+# ---- SEND WITH INVALIDATE (MR-RC-001, MR-MEM-040 to MR-MEM-043) -------------------------------
+
+def test_send_with_inv_work_request_invalidates_the_peers_key():
+    """MR-RC-001, MR-RC-003, MR-MEM-040, MR-MEM-043: IBV_WR_SEND_WITH_INV (libibverbs value 9) is sent as
+    SEND FIRST, MIDDLE, LAST WITH INVALIDATE with the key in the IETH of the last packet; the responder
+    invalidates the remotely invalidatable MR (no lookup of the key succeeds, its index stays taken), the
+    receive completion has IBV_WC_WITH_INV and invalidated_rkey, the send completion is IBV_WC_SEND."""
+    assert WROpcode.SEND_WITH_INV == 9
+    a, b = loop_pair(mtu=MTU)
+    victim = b.pd.reg_mr(np.zeros(4096, np.uint8), FULL, remote_invalidate=True)
+    b.qp.post_recv(RecvWR(wr_id=5, sg_list=[b.sge(0, 4096)]))
+    a.buf[:3000] = 0x3C
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND_WITH_INV, sg_list=[a.sge(0, 3000)],
+                          invalidate_rkey=victim.rkey))
+    a.ctx.engine.progress()
+    sent = [decode(f) for f in b.ctx.port.inbox]
+    assert [p.bth.opcode for p in sent] == [Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_INVALIDATE]
+    assert [p.ext.get("ieth") for p in sent[:2]] == [None, None] and sent[2].ext["ieth"].rkey == victim.rkey
+    (swc,) = wait_wcs([a, b], a, 1)
+    assert (swc.wr_id, swc.status, swc.opcode) == (1, WCStatus.SUCCESS, WCOpcode.SEND)
+    (rwc,) = wait_wcs([a, b], b, 1)
+    assert (rwc.wr_id, rwc.status, rwc.byte_len, rwc.invalidated_rkey) == (5, WCStatus.SUCCESS, 3000, victim.rkey)
+    assert rwc.wc_flags & WCFlags.WITH_INV and (b.buf[:3000] == 0x3C).all()
+    assert not victim.valid and b.ctx.keys.lookup(victim.rkey) is None
+    assert b.ctx.keys.by_index[victim.index] is victim          # still registered (MR-MEM-042, MR-MEM-043)
+    a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8)],
+                          remote_addr=victim.addr, rkey=victim.rkey))
+    (swc,) = wait_wcs([a, b], a, 1)
+    assert swc.status == WCStatus.REM_ACCESS_ERR
+
+
+@pytest.mark.parametrize("case", ["plain_reg_mr", "other_pd", "unknown_key", "already_invalidated"])
+def test_key_that_cannot_be_invalidated_is_invalid_request(case):
+    """MR-MEM-041, MR-MEM-042, MR-NAK-006 (h), Table 3-4 row 9: a SEND WITH INVALIDATE whose IETH names an
+    MR registered with plain reg_mr, an MR of another PD, no MR, or an MR already invalidated gets NAK code
+    1 with its PSN; the receive WQE completes with IBV_WC_REM_INV_REQ_ERR, the QP moves to ERR and the MR
+    is left as it was.  The requester's WR completes with IBV_WC_REM_INV_REQ_ERR."""
+    a, b = loop_pair(mtu=MTU)
+    mem = np.zeros(64, np.uint8)
+    if case == "plain_reg_mr":
+        mr = b.pd.reg_mr(mem, FULL)
+    elif case == "other_pd":
+        mr = b.ctx.alloc_pd().reg_mr(mem, FULL, remote_invalidate=True)
+    else:
+        mr = b.pd.reg_mr(mem, FULL, remote_invalidate=True)
+    key = mr.rkey ^ 0x80 if case == "unknown_key" else mr.rkey
+    if case == "already_invalidated":
+        assert b.ctx.invalidate_rkey(key, b.pd)
+    b.qp.post_recv(RecvWR(wr_id=5, sg_list=[b.sge(0, 64)]))
+    out = inject(a, b, Op.SEND_ONLY_WITH_INVALIDATE, 100, payload=b"i" * 12, ieth=IETH(rkey=key))
+    assert nak_of(out) == [(100, 0x61)] and b.qp.state == QPState.ERR
+    (rwc,) = b.cq.poll(4)
+    assert (rwc.wr_id, rwc.status) == (5, WCStatus.REM_INV_REQ_ERR)
+    assert mr.valid == (case != "already_invalidated")
+    a2, b2 = loop_pair(mtu=MTU)
+    plain = b2.pd.reg_mr(mem, FULL)
+    b2.qp.post_recv(RecvWR(wr_id=6, sg_list=[b2.sge(0, 64)]))
+    a2.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND_WITH_INV, sg_list=[a2.sge(0, 12)],
+                           invalidate_rkey=plain.rkey))
+    (swc,) = wait_wcs([a2, b2], a2, 1)
+    assert swc.status == WCStatus.REM_INV_REQ_ERR and plain.valid
+
+
+@pytest.mark.parametrize("opcode", [7, 8, 10])
+def test_other_work_request_opcodes_are_rejected_at_post_time(opcode):
+    """MR-RC-001: opcodes outside the eight of the rule (LOCAL_INV 7, BIND_MW 8, TSO 10) are refused by
+    post_send, and nothing is posted."""
+    from metaroce_xdp.verbs_types import InvalidArgument
+    a, b = loop_pair(mtu=MTU)
+    with pytest.raises(InvalidArgument):
+        a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 8)]),
+                        SendWR(wr_id=2, opcode=opcode, sg_list=[a.sge(0, 8)])])
+    assert a.qp.requester.sq == []

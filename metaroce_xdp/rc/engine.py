@@ -571,13 +571,15 @@ class Context:
         self._pd_next += 1
         return pd
 
-    def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE) -> MR:
+    def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE, *, remote_invalidate: bool = False) -> MR:
+        """ibv_reg_mr.  remote_invalidate=True lets the peer's SEND WITH INVALIDATE invalidate the MR
+        (MR-MEM-042; plain registrations cannot be)."""
         access = Access(access)
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:   # MR-MEM-006
             raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
         mem = as_u8(buf)
         with self.engine.lock:
-            mr = self.keys.add(pd, mem, access)
+            mr = self.keys.add(pd, mem, access, remote_invalidate)
             pd.mrs.add(mr.index)
         return mr
 
@@ -586,11 +588,16 @@ class Context:
             self.keys.remove(mr)
             mr.pd.mrs.discard(mr.index)
 
-    def invalidate_rkey(self, rkey: int, pd: PD) -> None:
-        """SEND WITH INVALIDATE (MR-MEM-040); does not yet check MR-MEM-041 / MR-MEM-042."""
-        mr = self.keys.lookup(rkey)
-        if mr is not None and mr.pd is pd:
-            mr.valid = False
+    def invalidate_rkey(self, rkey: int, pd: PD) -> bool:
+        """SEND WITH INVALIDATE (MR-MEM-040): from now on no lookup of rkey succeeds, for any QP; the
+        MR stays registered, its index taken, until dereg_mr (MR-MEM-042, MR-MEM-043).  False, and
+        nothing invalidated, when the key names no valid, remotely invalidatable MR of `pd`
+        (MR-MEM-041)."""
+        mr = self.keys.check_invalidate(rkey, pd)
+        if mr is None:
+            return False
+        mr.valid = False
+        return True
 
     def create_comp_channel(self) -> CompChannel:
         """ibv_create_comp_channel (completion events: CQ.req_notify)."""

@@ -41,15 +41,16 @@ class PD:
         self.qps: set[int] = set()
         self.closed = False
 
-    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE) -> "MR":
-        return self.ctx.reg_mr(self, buf, access)
+    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE, *, remote_invalidate: bool = False) -> "MR":
+        return self.ctx.reg_mr(self, buf, access, remote_invalidate=remote_invalidate)
 
     def __repr__(self) -> str:
         return f"PD({self.handle})"
 
 
 class MR:
-    def __init__(self, pd: PD, mem: np.ndarray, access: Access, index: int, tag: int) -> None:
+    def __init__(self, pd: PD, mem: np.ndarray, access: Access, index: int, tag: int,
+                 remote_invalidate: bool = False) -> None:
         self.pd = pd
         self.mem = mem
         self.addr = int(mem.ctypes.data) if mem.size else 0
@@ -59,6 +60,7 @@ class MR:
         self.lkey = (index << 8) | tag
         self.rkey = self.lkey
         self.valid = True
+        self.remote_invalidate = remote_invalidate   # a SEND WITH INVALIDATE may name it (MR-MEM-042)
 
     def offset_of(self, va: int, length: int) -> int | None:
         """Offset of [va, va+length) inside the MR, or None when out of bounds (MR-MEM-024)."""
@@ -82,7 +84,7 @@ class KeyTable:
         self.next_index = 1                 # index 0 is never assigned (MR-MEM-009)
         self.last_tag: dict[int, int] = {}  # index -> the tag it had last (at most MAX_MRS entries)
 
-    def add(self, pd: PD, mem: np.ndarray, access: Access) -> MR:
+    def add(self, pd: PD, mem: np.ndarray, access: Access, remote_invalidate: bool = False) -> MR:
         if len(self.by_index) >= MAX_MRS - 1:
             raise ResourceError(f"too many MRs ({MAX_MRS - 1}); deregister some")
         idx = self.next_index
@@ -95,7 +97,7 @@ class KeyTable:
         if last is not None and tag == last:
             tag = (tag + 1 + secrets.randbelow(255)) & 0xFF
         self.last_tag[idx] = tag
-        mr = MR(pd, mem, access, idx, tag)
+        mr = MR(pd, mem, access, idx, tag, remote_invalidate)
         self.by_index[idx] = mr
         return mr
 
@@ -109,6 +111,14 @@ class KeyTable:
         """MR-MEM-014: the entry at the key's index, valid and with the key's tag."""
         mr = self.by_index.get(key >> 8)
         if mr is None or mr.lkey != key or not mr.valid:
+            return None
+        return mr
+
+    def check_invalidate(self, key: int, pd: PD) -> MR | None:
+        """MR-MEM-041: the MR a SEND WITH INVALIDATE's IETH key may invalidate -- valid, of the QP's PD,
+        registered as remotely invalidatable (MR-MEM-042) -- or None."""
+        mr = self.lookup(key)
+        if mr is None or mr.pd is not pd or not mr.remote_invalidate:
             return None
         return mr
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .qp import QP
 
 _RETH = struct.Struct("!QII")
-_IMM = struct.Struct("!I")
+_IMM = struct.Struct("!I")              # ImmDt, and IETH (a 4-byte R_Key in the same place)
 _ATOM = struct.Struct("!QIQQ")
 
 ACKREQ_EVERY = 32          # AckReq inside long messages, so ACKs keep the window open (MR-ACK-013: <= 64)
@@ -109,7 +109,8 @@ class Requester:
                 if (w.wr.send_flags & SendFlags.FENCE) and self._rd_atomic_inflight(self.cursor):
                     break
                 if w.opcode == WROpcode.RDMA_READ or w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM,
-                                                                  WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+                                                                  WROpcode.SEND, WROpcode.SEND_WITH_IMM,
+                                                                  WROpcode.SEND_WITH_INV):
                     w.npsn = max(1, -(-w.length // mtu))
                 else:
                     w.npsn = 1
@@ -130,7 +131,8 @@ class Requester:
                 sent += made
                 if w.sent >= w.npsn:
                     self.cursor += 1
-            elif w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+            elif w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
+                              WROpcode.SEND_WITH_INV):      # SEND WITH INVALIDATE: this path only
                 k = w.sent
                 n = w.npsn
                 off = k * mtu
@@ -142,6 +144,15 @@ class Requester:
                     ext = b""
                     if k == 0:                              # RETH in FIRST/ONLY only (MR-RC-007, MR-XH-002)
                         ext = _RETH.pack(w.wr.remote_addr, w.wr.rkey, w.length)
+                elif w.opcode == WROpcode.SEND_WITH_INV:
+                    # FIRST, MIDDLE, then LAST/ONLY WITH INVALIDATE carrying the IETH (MR-RC-001, MR-RC-003)
+                    if n == 1:
+                        opcode = Op.SEND_ONLY_WITH_INVALIDATE
+                    elif last:
+                        opcode = Op.SEND_LAST_WITH_INVALIDATE
+                    else:
+                        opcode = Op.SEND_FIRST if k == 0 else Op.SEND_MIDDLE
+                    ext = _IMM.pack(w.wr.invalidate_rkey & 0xFFFFFFFF) if last else b""
                 else:
                     opcode = segment_opcode(False, imm, k, n)
                     ext = b""
@@ -149,7 +160,8 @@ class Requester:
                     ext += _IMM.pack(w.wr.imm_data & 0xFFFFFFFF)
                 # MR-BTH-003: SE only on the last packet of a solicited SEND / WRITE WITH IMMEDIATE
                 se = 1 if (last and w.wr.send_flags & SendFlags.SOLICITED and
-                           w.opcode in (WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM)) else 0
+                           w.opcode in (WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.SEND_WITH_INV,
+                                        WROpcode.RDMA_WRITE_WITH_IMM)) else 0
                 ack_req = 1 if (last or (k + 1) % ACKREQ_EVERY == 0) else 0
                 qp.emit(opcode, psn, ack_req, se, ext, w.data, off, plen)
                 self.bytes_sent += plen

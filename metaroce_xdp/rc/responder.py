@@ -253,6 +253,12 @@ class Responder:
             # check (MR-MEM-020): NAK code 3 before any byte is placed (MR-NAK-008)
             self._nak(NAK_REMOTE_OP_ERR, pkt.psn, True, WCStatus.LOC_PROT_ERR, f"receive WR {w.wr_id}: bad local SGE")
             return
+        if pkt.ieth is not None and self.qp.ctx.keys.check_invalidate(pkt.ieth, self.qp.pd) is None:
+            # Table 3-4 row 9: the IETH key names no valid, remotely invalidatable MR of the QP's PD:
+            # invalid request, the receive WQE completes with REM_INV_REQ_ERR (MR-MEM-041, MR-NAK-006 (h))
+            self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
+                      f"SEND WITH INVALIDATE of key {pkt.ieth:#x}, which cannot be invalidated")
+            return
         scatter(w.sinks, self.recv_off, pkt.payload)     # in order, continuing the message (MR-RC-018)
         self.recv_off += n
         self.bytes_received += n
@@ -263,7 +269,7 @@ class Responder:
             if pkt.imm is not None:
                 flags |= WCFlags.WITH_IMM
             if pkt.ieth is not None:
-                self.qp.ctx.invalidate_rkey(pkt.ieth, self.qp.pd)
+                self.qp.ctx.invalidate_rkey(pkt.ieth, self.qp.pd)    # checked above (MR-MEM-040)
                 flags |= WCFlags.WITH_INV
             # receive completion: byte_len the message length, the immediate or the invalidated key
             # (MR-RC-019); solicited by SE of this, the completing packet only (MR-BTH-004)

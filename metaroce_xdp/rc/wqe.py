@@ -10,6 +10,7 @@ WC_OF_WR = {
     WROpcode.RDMA_WRITE_WITH_IMM: WCOpcode.RDMA_WRITE,
     WROpcode.SEND: WCOpcode.SEND,
     WROpcode.SEND_WITH_IMM: WCOpcode.SEND,
+    WROpcode.SEND_WITH_INV: WCOpcode.SEND,
     WROpcode.RDMA_READ: WCOpcode.RDMA_READ,
     WROpcode.ATOMIC_CMP_AND_SWP: WCOpcode.COMP_SWAP,
     WROpcode.ATOMIC_FETCH_AND_ADD: WCOpcode.FETCH_ADD,
