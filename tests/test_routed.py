@@ -141,7 +141,7 @@ def test_every_operation_across_routers(routed):
             assert zlib.crc32(a.buf[o:o + n]) == zlib.crc32(b.buf[src:src + n])
     rwcs = wait_wcs([a, b], b, 4)
     assert [(w.wr_id, w.byte_len, w.imm_data) for w in rwcs] == [
-        (900, 0, 1), (901, 5000, 2), (902, 100000, 3), (950, 0, 0xBEEF)]
+        (900, 0, 1), (901, 5000, 2), (902, 100000, 3), (950, 3000, 0xBEEF)]
     assert np.array_equal(b.buf[(11 << 20):(11 << 20) + 100000], a.buf[:100000])
     assert np.array_equal(b.buf[(13 << 20):(13 << 20) + 3000], a.buf[:3000])
     assert int(a.buf[res:res + 8].view(np.uint64)[0]) == 0          # FetchAdd saw 0
