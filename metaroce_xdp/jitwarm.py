@@ -163,6 +163,8 @@ def plan() -> list[Entry]:
         e(B, "peek_bth", "Engine._rx_raw", frames, base, 128),
         e(B, "rx_write_run", "Responder.fast_write", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 1024,
           mem, st),
+        e(B, "rx_skip_run", "Responder.skip_run", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 0xFFFF, 100,
+          True, st),
         e(B, "segment_opcode", "Requester.progress (frame by frame)", True, False, 0, 4),
         # afxdp/rings.py: the four rings and the frame pool (xsk.XskSocket, XskPort, FramePool)
         e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),

@@ -1,6 +1,6 @@
 """Compiled bursts for the bulk of RDMA traffic (STYLE 6: numba over numpy, no Python objects).
 
-Two hot loops, each processing many packets per call:
+Hot loops, each processing many packets per call:
 
 * `tx_segment`: the requester's segmentation of one SEND/WRITE message into
   packets (FIRST/MIDDLE/LAST/ONLY opcodes, MR-RC-002, MR-RC-003; RETH on the
@@ -14,8 +14,11 @@ Two hot loops, each processing many packets per call:
   opcode or length, a bad ICRC): the Python pipeline handles that frame with
   the full rules, so the fast path never decides anything the slow path
   would decide differently.
+* `rx_skip_run`: the responder's duplicates and out-of-sequence SEND/WRITE
+  frames after a go-back-N, counted and skipped (MR-DUP-002, MR-NAK-003)
+  under the same stop-when-in-doubt rule.
 
-Both are checked against the Python transport byte for byte in tests.
+Each is checked against the Python transport in tests.
 """
 from __future__ import annotations
 
@@ -151,4 +154,54 @@ def rx_write_run(tables, umem, addrs, lens, i0, n, qpn, pmtu, mem, st):
         if op == OP_WRITE_LAST:
             st[5] = 1
             break
+    return i
+
+
+@njit(cache=True, nogil=True)
+def rx_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, epsn, nak_sent, st):
+    """Skip consecutive SEND/WRITE request frames of QP `qpn` that the responder only counts: a PSN
+    before epsn (a duplicate, re-ACKed once for the run, MR-DUP-002) or, once the sequence-error NAK
+    for epsn went out, after it (silently discarded, MR-NAK-003).  After a go-back-N they are most
+    of what arrives; frame by frame, a responder slower than its requester took longer to drain
+    them than the requester's local ACK timeout, and each expiry queued another round behind them.
+
+    st (int64[2]) out: [duplicates, out of sequence].  Returns the index of the first frame not
+    skipped.  It stops, leaving the frame to the per-packet path, at another QP or opcode, a P_Key
+    that does not match (MR-BTH-010), the expected PSN, an out-of-sequence frame before the NAK,
+    ECN CE (counted, maybe a CNP: MR-ECN-007), TVer != 0, a truncated frame or a bad ICRC."""
+    i = i0
+    while i < n:
+        a = np.int64(addrs[i])
+        ln = np.int64(lens[i])
+        op, dq, boff, loff = peek_bth(umem, a, ln)
+        if dq != qpn or op < OP_SEND_FIRST or op > OP_WRITE_ONLY_IMM:
+            break
+        b = a + boff
+        if umem[b + 1] & 0x0F:                       # TVer
+            break
+        pk = (np.int64(umem[b + 2]) << 8) | umem[b + 3]
+        if not (pk & 0x7FFF) or (pk ^ pkey) & 0x7FFF or not ((pk | pkey) & 0x8000):
+            break
+        l3 = a + loff
+        if (umem[l3 + 1] >> 4 if umem[l3] >> 4 == 6 else umem[l3 + 1]) & 3 == 3:
+            break
+        if umem[l3] >> 4 == 6:
+            end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
+        else:
+            end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
+        if end > a + ln or end < b + 16:             # BTH and ICRC at least
+            break
+        psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
+        d = (psn - epsn) & 0xFFFFFF
+        if d > 0x800000:
+            d -= 0x1000000
+        if d == 0 or (d > 0 and not nak_sent):
+            break
+        if not frame_icrc_ok(tables, umem, a, ln):
+            break
+        if d < 0:
+            st[0] += 1
+        else:
+            st[1] += 1
+        i += 1
     return i

@@ -388,6 +388,15 @@ class Engine:
                         self.stats["rx_burst"] += j - i
                         i = j
                         continue
+            if 0 <= op <= 11:                    # SEND / WRITE: duplicates and out-of-sequence frames
+                qp = self.qps.get(qpn)           # after a go-back-N, counted and skipped (compiled)
+                if qp is not None and qp.state in (QPState.RTR, QPState.RTS, QPState.SQD):
+                    j = qp.responder.skip_run(umem, addrs, lens, i, n)
+                    if j > i:
+                        self.stats["rx"] += j - i
+                        self.stats["rx_skipped"] += j - i
+                        i = j
+                        continue
             self._rx_frame(umem[a:a + int(lens[i])])
             i += 1
         self.port.rx_done()

@@ -21,7 +21,7 @@ from ..wire.headers import (AETH_ACK, AETH_CREDIT_INVALID, AETH_NAK, AETH_RNR_NA
 from ..wire.opcodes import MI, Op
 from ..wire.psn import PSN_MASK, psn_diff
 from ..wire.fastpath import TABLES
-from .burst import rx_write_run
+from .burst import rx_skip_run, rx_write_run
 from .events import EventType
 from .wqe import scatter
 
@@ -359,6 +359,20 @@ class Responder:
             if st[5]:
                 self.in_progress = 0
                 self.msn = (self.msn + 1) & 0xFFFFFF
+        return j
+
+    def skip_run(self, umem, addrs, lens, i: int, n: int) -> int:
+        """Hand a run of duplicate or (after the NAK) out-of-sequence SEND/WRITE frames to the compiled
+        skipper (burst.rx_skip_run): counted as _duplicate and on_request count them, one re-ACK for
+        the duplicates (MR-DUP-002, MR-DUP-010), epsn/msn/nak_sent untouched (MR-DUP-006).  Returns the
+        index of the first frame it did not take."""
+        st = self._st
+        st[0] = st[1] = 0
+        j = rx_skip_run(TABLES, umem, addrs, lens, i, n, self.qp.qp_num, self.qp.pkey, self.epsn, self.nak_sent,
+                        st)
+        if st[0]:
+            self.dup_requests += int(st[0])
+            self.ack_pending = True
         return j
 
     def _resources_full(self) -> bool:
