@@ -356,8 +356,7 @@ CASES = [
                         payload=b"abcd"), "XDP_DROP", E.DROPPED, R.NO_XSK, qpn=QPN_NATIVE),
     Case("ACK steered when the QP says ACK_TO_USER", lambda: ack(105), "XDP_DROP", E.DROPPED, R.NO_XSK,
          setup=_flags(QpFlag.ACK_TO_USER), qp={"ack_psn": 99, "acks": 0}),
-    # ---- the ACK fast path (MR-ACK-002, MR-NAK-001, MR-RNR-002, MR-SEC-022; ICRC MR-ICRC-007, MR-ICRC-014;
-    # reserved syndrome MR-XH-008)
+    # ---- the ACK fast path (MR-ACK-002, MR-NAK-001, MR-RNR-002, MR-SEC-022; ICRC MR-ICRC-007, MR-ICRC-014)
     Case("ACK moves ack_psn", lambda: ack(105, msn=3), "XDP_DROP", E.ACK_CONSUMED,
          qp={"ack_psn": 105, "ack_msn": 3, "acks": 1, "ack_seq": 2, "last_syndrome": 0x1F, "stale_acks": 0}),
     Case("ACK in SQD and SQE too", lambda: ack(101), "XDP_DROP", E.ACK_CONSUMED, setup=_state(QpState.SQE),
