@@ -165,6 +165,8 @@ def plan() -> list[Entry]:
           mem, st),
         e(B, "rx_skip_run", "Responder.skip_run", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 0xFFFF, 100,
           True, st),
+        e(B, "rx_rsp_skip_run", "Completer.skip_run", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 0xFFFF,
+          100, 8, 100, True, st),
         e(B, "segment_opcode", "Requester.progress (frame by frame)", True, False, 0, 4),
         # afxdp/rings.py: the four rings and the frame pool (xsk.XskSocket, XskPort, FramePool)
         e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),

@@ -108,3 +108,44 @@ def test_skipped_duplicates_and_out_of_sequence_frames_match_the_per_packet_path
     assert fast[:4] == slow[:4]
     assert fast[1]["duplicates"] == 10 and fast[1]["seq_naks_sent"] == 1 and fast[2][1] == 1
     assert fast[4]["rx_skipped"] == 15                          # 21-25 after the NAK, and the ten duplicates
+
+
+def _rsp_skip_case(burst: bool):
+    """A receives, in one burst, the responses of a 32-packet READ as a lossy path leaves them: 0-9,
+    20-25 (20 reveals the loss: one request for the remainder; the rest are the old stream), 0-9 again
+    (stale), a corrupted copy of 5 (ICRC), then 10-31.  Returns what A sent and counted, its
+    completion and the bytes it placed."""
+    a, b = loop_pair(burst=burst, mtu=1024, timeout=14)
+    b.buf[:32 << 10] = np.arange(32 << 10, dtype=np.uint32).astype(np.uint8) ^ 0x5A
+    held: list[bytes] = []
+    b.ctx.port._deliver = held.append                            # B's responses are kept, not delivered
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 32 << 10)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    a.ctx.engine.progress()
+    b.ctx.engine.progress()
+    assert len(held) == 32
+    bad = bytearray(held[5])
+    bad[100] ^= 0x10
+    sent: list[bytes] = []
+    port = a.ctx.port
+    commit = port.tx_commit
+    port.tx_commit = lambda off, n: (sent.append(bytes(port._scratch[off:off + n])), commit(off, n))
+    port.inbox.extend(held[:10] + held[20:26] + held[:10] + [bytes(bad)] + held[10:])
+    wcs = wait_wcs([a], a, 1)
+    q = a.qp.query()
+    keep = ("acked_psn", "retransmits", "timeouts", "naks_received", "rx_stale_rsp", "rx_ghost_rsp", "rx_bad_rsp")
+    st = a.ctx.engine.stats
+    return (sent, {k: q[k] for k in keep}, (st["rx"], st["drop_icrc"]), [(w.wr_id, w.status) for w in wcs],
+            bytes(a.buf[:32 << 10]), st)
+
+
+def test_skipped_read_responses_match_the_per_packet_path():
+    """burst.rx_rsp_skip_run (MR-ACK-015, MR-RETRY-009, MR-RETRY-013, MR-ICRC-013): the same request
+    for the remainder leaves, the same counters move, the READ completes with the same bytes as
+    frame by frame."""
+    fast, slow = _rsp_skip_case(True), _rsp_skip_case(False)
+    assert fast[:5] == slow[:5]
+    assert fast[1]["rx_stale_rsp"] == 10 and fast[1]["retransmits"] == 1 and fast[2][1] == 1
+    assert fast[3] == [(1, WCStatus.SUCCESS)]
+    assert fast[4] == bytes(np.arange(32 << 10, dtype=np.uint32).astype(np.uint8) ^ 0x5A)
+    assert fast[5]["rx_skipped"] == 15                          # 21-25 during the retry, and the ten stale ones

@@ -17,6 +17,9 @@ Hot loops, each processing many packets per call:
 * `rx_skip_run`: the responder's duplicates and out-of-sequence SEND/WRITE
   frames after a go-back-N, counted and skipped (MR-DUP-002, MR-NAK-003)
   under the same stop-when-in-doubt rule.
+* `rx_rsp_skip_run`: the completer's stale READ RESPONSEs and those after a
+  lost one while the remainder is re-requested, counted and skipped
+  (MR-ACK-015, MR-RETRY-013), likewise.
 
 Each is checked against the Python transport in tests.
 """
@@ -29,6 +32,7 @@ from ..wire.fastpath import _copy, build_frame, frame_icrc_ok
 
 OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_LAST, OP_SEND_LAST_IMM, OP_SEND_ONLY, OP_SEND_ONLY_IMM = 0, 1, 2, 3, 4, 5
 OP_WRITE_FIRST, OP_WRITE_MIDDLE, OP_WRITE_LAST, OP_WRITE_LAST_IMM, OP_WRITE_ONLY, OP_WRITE_ONLY_IMM = 6, 7, 8, 9, 10, 11
+OP_READ_RESPONSE_FIRST, OP_READ_RESPONSE_ONLY = 13, 16
 
 
 @njit(cache=True, nogil=True)
@@ -196,6 +200,58 @@ def rx_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, epsn, nak_sent, st)
         if d > 0x800000:
             d -= 0x1000000
         if d == 0 or (d > 0 and not nak_sent):
+            break
+        if not frame_icrc_ok(tables, umem, a, ln):
+            break
+        if d < 0:
+            st[0] += 1
+        else:
+            st[1] += 1
+        i += 1
+    return i
+
+
+@njit(cache=True, nogil=True)
+def rx_rsp_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, first_psn, npsn, expect, retrying, st):
+    """Skip consecutive READ RESPONSE frames of QP `qpn` for the READ at the head of its send queue
+    (PSNs first_psn .. first_psn + npsn - 1) that the completer only counts: before the expected PSN
+    (stale, MR-ACK-015 (c), MR-RETRY-009) or, while the retry from it is in progress, after it (the
+    responder's old stream, MR-RETRY-013).  After each lost response such frames are most of what
+    arrives; frame by frame, the requester spent far longer on them than on the data it kept.
+
+    st (int64[2]) out: [stale, after the expected PSN].  Returns the index of the first frame not
+    skipped.  Stops, leaving the frame to the per-packet path, at another QP, opcode or READ, the
+    expected PSN, a later PSN while no retry is in progress, a P_Key that does not match, ECN CE
+    (MR-ECN-007), TVer != 0, a truncated frame or a bad ICRC."""
+    i = i0
+    while i < n:
+        a = np.int64(addrs[i])
+        ln = np.int64(lens[i])
+        op, dq, boff, loff = peek_bth(umem, a, ln)
+        if dq != qpn or op < OP_READ_RESPONSE_FIRST or op > OP_READ_RESPONSE_ONLY:
+            break
+        b = a + boff
+        if umem[b + 1] & 0x0F:                       # TVer
+            break
+        pk = (np.int64(umem[b + 2]) << 8) | umem[b + 3]
+        if not (pk & 0x7FFF) or (pk ^ pkey) & 0x7FFF or not ((pk | pkey) & 0x8000):
+            break
+        l3 = a + loff
+        if (umem[l3 + 1] >> 4 if umem[l3] >> 4 == 6 else umem[l3 + 1]) & 3 == 3:
+            break
+        if umem[l3] >> 4 == 6:
+            end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
+        else:
+            end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
+        if end > a + ln or end < b + 16:             # BTH and ICRC at least
+            break
+        psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
+        if (psn - first_psn) & 0xFFFFFF >= npsn:     # not this READ's
+            break
+        d = (psn - expect) & 0xFFFFFF
+        if d > 0x800000:
+            d -= 0x1000000
+        if d == 0 or (d > 0 and not retrying):
             break
         if not frame_icrc_ok(tables, umem, a, ln):
             break

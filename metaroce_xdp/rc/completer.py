@@ -18,7 +18,9 @@ from ..wire.headers import (AETH_ACK, AETH_NAK, AETH_RNR_NAK, AETH_TYPE_MASK, NA
                             NAK_INVALID_REQUEST, NAK_PSN_SEQ_ERR, NAK_REMOTE_ACCESS_ERR,
                             NAK_REMOTE_OP_ERR)
 from ..wire.opcodes import MI
+from ..wire.fastpath import TABLES
 from ..wire.psn import PSN_MASK, psn_diff
+from .burst import rx_rsp_skip_run
 from .wqe import WC_OF_WR, SendWQE, scatter
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ class Completer:
         self.ghost = 0                    # rx_ghost_rsp: responses at or after next_psn (MR-ACK-015)
         self.bad_rsp = 0                  # rx_bad_rsp: bad responses, QP to ERR (MR-NAK-012)
         self.retrying_from: int | None = None   # PSN of the go-back-N in progress
+        self._st = np.zeros(2, np.int64)        # exchanged with burst.rx_rsp_skip_run
 
     def reset_budgets(self) -> None:
         self.retrying_from = None
@@ -273,6 +276,28 @@ class Completer:
             self.acks += 1
             self._complete_head()
             self._resume_acked()
+
+    def skip_run(self, umem, addrs, lens, i: int, n: int) -> int:
+        """Hand a run of READ RESPONSE frames for the READ at the head of the send queue that
+        on_response would only count -- stale, or after the expected PSN while the remainder is
+        re-requested -- to the compiled skipper (burst.rx_rsp_skip_run), with on_response's effects:
+        rx_stale_rsp, and the timer restart of MR-RETRY-013.  Returns the index of the first frame
+        it did not take."""
+        sq = self.req.sq
+        if not sq:
+            return i
+        w = sq[0]
+        if w.first_psn is None or w.opcode != WROpcode.RDMA_READ:
+            return i
+        expect = (w.first_psn + w.resp_bytes // self.qp.pmtu) & PSN_MASK
+        st = self._st
+        st[0] = st[1] = 0
+        j = rx_rsp_skip_run(TABLES, umem, addrs, lens, i, n, self.qp.qp_num, self.qp.pkey, w.first_psn, w.npsn,
+                            expect, self.retrying_from == expect, st)
+        self.stale += int(st[0])
+        if st[1]:
+            self.last_progress = self.qp.now()
+        return j
 
     def _resume_acked(self) -> None:
         """WQEs after a just-completed READ/ATOMIC that a cumulative ACK already covered (the

@@ -397,6 +397,15 @@ class Engine:
                         self.stats["rx_skipped"] += j - i
                         i = j
                         continue
+            elif 13 <= op <= 16:                  # READ RESPONSEs the completer only counts (compiled)
+                qp = self.qps.get(qpn)
+                if qp is not None and qp.state in (QPState.RTS, QPState.SQD, QPState.SQE):
+                    j = qp.completer.skip_run(umem, addrs, lens, i, n)
+                    if j > i:
+                        self.stats["rx"] += j - i
+                        self.stats["rx_skipped"] += j - i
+                        i = j
+                        continue
             self._rx_frame(umem[a:a + int(lens[i])])
             i += 1
         self.port.rx_done()
