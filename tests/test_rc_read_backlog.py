@@ -10,6 +10,10 @@ again, and the eighth expiry without progress failed the READ.
 
 Here the same happens deterministically in process: a clock that moves a fixed step per engine round,
 a requester that takes 16 frames per round while the responder sends ~60, and one lost response.
+
+The backlogs themselves shrink when the frames nobody keeps cost little: the compiled skippers
+(burst.rx_skip_run for the responder's duplicates and out-of-sequence requests, burst.rx_rsp_skip_run
+for the completer's stale and old-stream READ RESPONSEs) are checked here against the per-packet path.
 """
 from __future__ import annotations
 
