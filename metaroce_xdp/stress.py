@@ -37,6 +37,26 @@ FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.RE
 OPS = ("write", "read", "send", "atomic")
 PSN_MOD = 1 << 24
 
+# The fault matrix of issue 6, shared by tests/test_fault_matrix.py and tools/soak.py
+MATRIX_PMTU = 1024
+MATRIX_SIZES = (0, 1, MATRIX_PMTU - 1, MATRIX_PMTU, MATRIX_PMTU + 1, 64 << 10, 8 << 20)
+MATRIX_WRAP = PSN_MOD - 2000           # A's first PSN: its requests wrap past 2^24 early on
+MATRIX_FAULTS = {
+    "loss-0.1%": dict(drop_ppm=1_000),
+    "loss-1%": dict(drop_ppm=10_000),
+    "loss-5%": dict(drop_ppm=50_000),
+    "reorder-2%": dict(reorder_ppm=20_000, reorder_delay_us=300),
+    "dup-2%": dict(dup_ppm=20_000),
+    "corrupt-1%": dict(corrupt_ppm=10_000),
+}
+
+
+def connect_near_wrap(a: "Endpoint", b: "Endpoint", mtu: int = MATRIX_PMTU) -> None:
+    """Fresh QPs on both endpoints, connected with PSNs just below 2^24 (MR-BTH-020)."""
+    a.new_qp(), b.new_qp()
+    a.connect(b, sq_psn=MATRIX_WRAP, rq_psn=MATRIX_WRAP - 3000, mtu=mtu)
+    b.connect(a, sq_psn=MATRIX_WRAP - 3000, rq_psn=MATRIX_WRAP, mtu=mtu)
+
 
 class StressError(AssertionError):
     """A checked run found a wrong byte, a wrong status, a hang or a leak; the message says which."""
@@ -432,4 +452,5 @@ def snapshot(src: Endpoint, dst: Endpoint) -> tuple:
     return (src.ctx.engine.stats["tx"], dst.kernel_seen())
 
 
-__all__ = ["Endpoint", "Fabric", "Workload", "Report", "StressError", "conservation", "snapshot", "OPS"]
+__all__ = ["Endpoint", "Fabric", "Workload", "Report", "StressError", "conservation", "snapshot", "OPS",
+           "MATRIX_FAULTS", "MATRIX_SIZES", "MATRIX_PMTU", "MATRIX_WRAP", "connect_near_wrap"]

@@ -16,22 +16,11 @@ import os
 
 import pytest
 
-from metaroce_xdp.stress import Fabric, Workload, conservation, snapshot
+from metaroce_xdp.stress import (MATRIX_FAULTS as FAULTS, MATRIX_SIZES as SIZES, MATRIX_WRAP as WRAP, Fabric,
+                                  Workload, conservation, connect_near_wrap as _connect, snapshot)
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
-
-PMTU = 1024
-SIZES = (0, 1, PMTU - 1, PMTU, PMTU + 1, 64 << 10, 8 << 20)
-WRAP = (1 << 24) - 2000              # A's first PSN: its requests wrap past 2^24 early on
-FAULTS = {
-    "loss-0.1%": dict(drop_ppm=1_000),
-    "loss-1%": dict(drop_ppm=10_000),
-    "loss-5%": dict(drop_ppm=50_000),
-    "reorder-2%": dict(reorder_ppm=20_000, reorder_delay_us=300),
-    "dup-2%": dict(dup_ppm=20_000),
-    "corrupt-1%": dict(corrupt_ppm=10_000),
-}
 
 
 @pytest.fixture(scope="module", params=["switch", "router"])
@@ -39,12 +28,6 @@ def fabric(request):
     with Fabric(request.param) as fab:
         a, b = fab.endpoints(64 << 20)
         yield fab, a, b
-
-
-def _connect(a, b):
-    a.new_qp(), b.new_qp()
-    a.connect(b, sq_psn=WRAP, rq_psn=WRAP - 3000, mtu=PMTU)
-    b.connect(a, sq_psn=WRAP - 3000, rq_psn=WRAP, mtu=PMTU)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

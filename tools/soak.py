@@ -26,26 +26,11 @@ import os
 import sys
 import time
 
-from metaroce_xdp.stress import Fabric, StressError, Workload, conservation, snapshot
+from metaroce_xdp.stress import (MATRIX_FAULTS as FAULTS, MATRIX_PMTU as PMTU, MATRIX_SIZES as SIZES,
+                                  MATRIX_WRAP as WRAP, Fabric, StressError, Workload, conservation,
+                                  connect_near_wrap as _connect, snapshot)
 
-PMTU = 1024
-SIZES = (0, 1, PMTU - 1, PMTU, PMTU + 1, 64 << 10, 8 << 20)
 SOAK_SIZES = (0, 1, PMTU - 1, PMTU, PMTU + 1, 64 << 10, 1 << 20)
-WRAP = (1 << 24) - 2000
-FAULTS = {
-    "loss-0.1%": dict(drop_ppm=1_000),
-    "loss-1%": dict(drop_ppm=10_000),
-    "loss-5%": dict(drop_ppm=50_000),
-    "reorder-2%": dict(reorder_ppm=20_000, reorder_delay_us=300),
-    "dup-2%": dict(dup_ppm=20_000),
-    "corrupt-1%": dict(corrupt_ppm=10_000),
-}
-
-
-def _connect(a, b) -> None:
-    a.new_qp(), b.new_qp()
-    a.connect(b, sq_psn=WRAP, rq_psn=WRAP - 3000, mtu=PMTU)
-    b.connect(a, sq_psn=WRAP - 3000, rq_psn=WRAP, mtu=PMTU)
 
 
 def _checks(fab, a, b, base_ab, base_ba) -> dict:
@@ -138,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", choices=("all", "matrix", "soak"), default="all")
     ap.add_argument("--case-packets", type=int, default=200_000, help="packets from A per matrix case")
     ap.add_argument("--paths", default="switch,router", help="matrix placements (switch, router, routers2)")
-    ap.add_argument("--faults", default=",".join(FAULTS), help="matrix faults: " + ", ".join(FAULTS))
+    ap.add_argument("--faults", default=",".join(FAULTS), help="matrix faults: " + ", ".join(FAULTS).replace("%", "%%"))
     ap.add_argument("--minutes", type=float, default=10.0, help="soak duration (default 10)")
     ap.add_argument("--loss", type=float, default=1.0, help="soak loss in percent (default 1)")
     ap.add_argument("--soak-path", default="router", help="soak placement (default router)")
