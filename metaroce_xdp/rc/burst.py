@@ -162,6 +162,29 @@ def rx_write_run(tables, umem, addrs, lens, i0, n, qpn, pmtu, mem, st):
 
 
 @njit(cache=True, nogil=True)
+def plain_psn(umem, a, ln, boff, loff, pkey):
+    """The PSN of a frame the skip runs below may count without the per-packet path, or -1: TVer
+    0, a P_Key that matches `pkey` (MR-BTH-010), no ECN CE (it may need a CNP, MR-ECN-007), and IP
+    lengths that hold at least the BTH and the ICRC."""
+    b = a + boff
+    if umem[b + 1] & 0x0F:                           # TVer
+        return -1
+    pk = (np.int64(umem[b + 2]) << 8) | umem[b + 3]
+    if not (pk & 0x7FFF) or (pk ^ pkey) & 0x7FFF or not ((pk | pkey) & 0x8000):
+        return -1
+    l3 = a + loff
+    if (umem[l3 + 1] >> 4 if umem[l3] >> 4 == 6 else umem[l3 + 1]) & 3 == 3:
+        return -1
+    if umem[l3] >> 4 == 6:
+        end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
+    else:
+        end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
+    if end > a + ln or end < b + 16:                 # BTH and ICRC at least
+        return -1
+    return (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
+
+
+@njit(cache=True, nogil=True)
 def rx_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, epsn, nak_sent, st):
     """Skip consecutive SEND/WRITE request frames of QP `qpn` that the responder only counts: a PSN
     before epsn (a duplicate, re-ACKed once for the run, MR-DUP-002) or, once the sequence-error NAK
@@ -180,22 +203,9 @@ def rx_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, epsn, nak_sent, st)
         op, dq, boff, loff = peek_bth(umem, a, ln)
         if dq != qpn or op < OP_SEND_FIRST or op > OP_WRITE_ONLY_IMM:
             break
-        b = a + boff
-        if umem[b + 1] & 0x0F:                       # TVer
+        psn = plain_psn(umem, a, ln, boff, loff, pkey)
+        if psn < 0:
             break
-        pk = (np.int64(umem[b + 2]) << 8) | umem[b + 3]
-        if not (pk & 0x7FFF) or (pk ^ pkey) & 0x7FFF or not ((pk | pkey) & 0x8000):
-            break
-        l3 = a + loff
-        if (umem[l3 + 1] >> 4 if umem[l3] >> 4 == 6 else umem[l3 + 1]) & 3 == 3:
-            break
-        if umem[l3] >> 4 == 6:
-            end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
-        else:
-            end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
-        if end > a + ln or end < b + 16:             # BTH and ICRC at least
-            break
-        psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
         d = (psn - epsn) & 0xFFFFFF
         if d > 0x800000:
             d -= 0x1000000
@@ -230,22 +240,9 @@ def rx_rsp_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, first_psn, npsn
         op, dq, boff, loff = peek_bth(umem, a, ln)
         if dq != qpn or op < OP_READ_RESPONSE_FIRST or op > OP_READ_RESPONSE_ONLY:
             break
-        b = a + boff
-        if umem[b + 1] & 0x0F:                       # TVer
+        psn = plain_psn(umem, a, ln, boff, loff, pkey)
+        if psn < 0:
             break
-        pk = (np.int64(umem[b + 2]) << 8) | umem[b + 3]
-        if not (pk & 0x7FFF) or (pk ^ pkey) & 0x7FFF or not ((pk | pkey) & 0x8000):
-            break
-        l3 = a + loff
-        if (umem[l3 + 1] >> 4 if umem[l3] >> 4 == 6 else umem[l3 + 1]) & 3 == 3:
-            break
-        if umem[l3] >> 4 == 6:
-            end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
-        else:
-            end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
-        if end > a + ln or end < b + 16:             # BTH and ICRC at least
-            break
-        psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
         if (psn - first_psn) & 0xFFFFFF >= npsn:     # not this READ's
             break
         d = (psn - expect) & 0xFFFFFF
