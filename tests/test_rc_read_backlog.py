@@ -153,3 +153,56 @@ def test_skipped_read_responses_match_the_per_packet_path():
     assert fast[3] == [(1, WCStatus.SUCCESS)]
     assert fast[4] == bytes(np.arange(32 << 10, dtype=np.uint32).astype(np.uint8) ^ 0x5A)
     assert fast[5]["rx_skipped"] == 15                          # 21-25 during the retry, and the ten stale ones
+
+
+def _rsp(frame: bytes) -> tuple[int, int]:
+    """(opcode, PSN) of an IPv4 frame without VLAN."""
+    return frame[42], int.from_bytes(frame[42 + 9:42 + 12], "big")
+
+
+def test_restart_at_a_psn_asked_for_after_the_retry_was_decided():
+    """MR-RETRY-008, MR-NAK-012, MR-DUP-008.  The 10-minute soak failed a 1 MiB READ with
+    IBV_WC_BAD_RESP_ERR ("READ_RESPONSE_ONLY inside a response stream"): a timeout decided a retry,
+    the stream answering the previous request for the remainder arrived before the new request
+    left, and the new request asked from a later PSN -- whose restarted stream (FIRST/ONLY there) the
+    completer no longer expected.  A FIRST or ONLY inside a stream is accepted exactly at the PSNs
+    the requester asked for the rest at."""
+    a, b = loop_pair(burst=False, timeout=14)
+    src = np.random.default_rng(8).integers(0, 256, 4096, dtype=np.uint8)
+    b.buf[:4096] = src
+    f = a.qp.requester.psn_next
+    held: list[bytes] = []
+    b.ctx.port._deliver = held.append                  # B's responses wait here until handed to A
+    inbox = a.ctx.port.inbox
+
+    def from_b(opcode_psns):
+        for fr in list(held):
+            if _rsp(fr) in opcode_psns:
+                inbox.append(fr)
+        held.clear()
+
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 4096)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    a.ctx.engine.progress()                            # READ REQUEST at f
+    b.ctx.engine.progress(), b.ctx.engine.progress()   # FIRST f, MIDDLE f+1, f+2, LAST f+3
+    from_b({(0x0D, f), (0x0E, f + 2)})                 # f+1 is lost
+    a.ctx.engine.progress()                            # A: f placed, f+2 early -> asks again from f+1
+    b.ctx.engine.progress(), b.ctx.engine.progress()   # B replays from f+1: FIRST f+1, MIDDLE f+2, LAST f+3
+    replay1 = [fr for fr in held]
+    held.clear()
+    c = a.qp.completer
+    c.check_timer(a.ctx.engine.now + 10**12)           # the local ACK timer decides another retry ...
+    inbox.extend(fr for fr in replay1 if _rsp(fr) == (0x0D, f + 1))
+    a.ctx.engine.progress()                            # ... FIRST f+1 lands, then the request leaves at f+2
+    assert a.qp.requester.sq[0].restart_psns == {f + 1, f + 2}
+    b.ctx.engine.progress(), b.ctx.engine.progress()   # B restarts from f+2: FIRST f+2, LAST f+3
+    from_b({(0x0D, f + 2), (0x0F, f + 3)})             # the rest of the first replay never arrives
+    wcs = []
+    for _ in range(20):
+        a.ctx.engine.progress()
+        wcs += a.cq.poll(4)
+        if wcs:
+            break
+    assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS)], a.qp.query()
+    assert a.qp.query()["rx_bad_rsp"] == 0
+    assert bytes(a.buf[:4096]) == bytes(src)

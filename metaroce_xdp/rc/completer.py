@@ -257,11 +257,10 @@ class Completer:
         if not first and target.resp_bytes == 0:
             self._bad_response(f"{op.name} without RDMA_READ_RESPONSE_FIRST")
             return
-        if first and target.resp_bytes and not target.rsp_restart:
-            self._bad_response(f"{op.name} inside a response stream")
+        if first and target.resp_bytes and not (target.restart_psns and pkt.psn in target.restart_psns):
+            self._bad_response(f"{op.name} inside a response stream (PSN {pkt.psn}, READ from "
+                               f"{target.first_psn}, asked again at {sorted(target.restart_psns or ())})")
             return
-        if first:
-            target.rsp_restart = False
         remaining = target.length - target.resp_bytes
         n = len(pkt.payload)
         last = bool(op.mask & MI.END)

@@ -174,6 +174,13 @@ class Requester:
                 # (MR-RETRY-008: READ REQUEST for the remainder, same R_Key)
                 off = k * mtu
                 ext = _RETH.pack(w.wr.remote_addr + off, w.wr.rkey, w.length - off)
+                if k:
+                    # its responses start again with FIRST/ONLY at this PSN.  Recorded as the request
+                    # leaves, not when the retry was decided: a stream that answers an earlier request
+                    # may arrive in between, and the PSN asked for is known only now.
+                    if w.restart_psns is None:
+                        w.restart_psns = set()
+                    w.restart_psns.add((w.first_psn + k) & PSN_MASK)
                 qp.emit(Op.RDMA_READ_REQUEST, (w.first_psn + k) & PSN_MASK, 1, 0, ext, None, 0, 0)
                 w.sent = w.npsn                                    # one request covers the rest
                 sent += 1
@@ -205,13 +212,11 @@ class Requester:
                 self.cursor = i
                 if w.opcode == WROpcode.RDMA_READ:
                     w.sent = 0       # re-request from the first missing response
-                    w.rsp_restart = True            # whose responses restart with FIRST/ONLY
                 else:
                     w.sent = max(0, d)
                 for later in self.sq[i + 1:]:
                     if later.first_psn is not None:
                         later.sent = 0
-                        later.rsp_restart = True
                 self.retransmits += 1
                 return
         # nothing outstanding at or after psn: nothing to resend

@@ -26,7 +26,7 @@ class SendWQE:
     """
 
     __slots__ = ("wr", "opcode", "length", "data", "sinks", "first_psn", "npsn", "sent", "done",
-                 "resp_bytes", "signaled", "is_rd_atomic", "fence", "status_error", "burst_args", "rsp_restart")
+                 "resp_bytes", "signaled", "is_rd_atomic", "fence", "status_error", "burst_args", "restart_psns")
 
     def __init__(self, wr: SendWR, length: int, data: np.ndarray | None, sinks: list, signaled: bool) -> None:
         self.wr = wr
@@ -39,7 +39,7 @@ class SendWQE:
         self.sent = 0                       # packets (request side) generated in the current pass
         self.done = False
         self.resp_bytes = 0                 # READ: bytes placed so far
-        self.rsp_restart = False            # READ asked again for the rest: a FIRST/ONLY may restart (MR-NAK-012)
+        self.restart_psns: set | None = None  # READ: PSNs it asked for the rest at; a FIRST/ONLY may start there (MR-NAK-012)
         self.signaled = signaled
         self.is_rd_atomic = wr.opcode in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
                                           WROpcode.ATOMIC_FETCH_AND_ADD)
