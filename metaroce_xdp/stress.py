@@ -378,6 +378,7 @@ class Fabric:
             self.ns_a, self.ns_b = r.a.ns, r.b.ns
             self.if_a, self.if_b = r.a.ifname, r.b.ifname
             self.ports = ((r.toward_a.ns, r.toward_a.ifname), (r.toward_b.ns, r.toward_b.ifname))
+            self.routers = list(r.routers)
         else:
             raise ValueError(f"path must be 'switch', 'router' or 'routers2', not {path!r}")
         self.eps: list[Endpoint] = []
@@ -401,6 +402,41 @@ class Fabric:
                 yield fa, fb
             finally:
                 self.fault_stats = [fa.stats(), fb.stats()]
+
+    def link_drops(self) -> dict[str, int]:
+        """Frames the forwarding namespaces' own interfaces dropped, by direction: a full input
+        backlog counts as rx_dropped on the port the frame came in on, a full veth ring as
+        tx_dropped on the port it was to leave by -- losses of the fabric itself, like a switch's
+        buffer overflowing, which no injector counter sees.  A-facing ports end in "A"/"a"
+        (swA, rA, r2a), B-facing ones in "B"/"b"."""
+        out = {"a_to_b": 0, "b_to_a": 0}
+        for ns in {ns for ns, _ in self.ports} | set(getattr(self, "routers", [])):
+            for link in self.topo.ipr(ns).get_links():
+                name = link.get_attr("IFLA_IFNAME") or ""
+                st = link.get_attr("IFLA_STATS64") or {}
+                side = name[-1:].lower()
+                if side not in ("a", "b") or name.startswith("sw0"):
+                    continue
+                rx, tx = int(st.get("rx_dropped", 0)), int(st.get("tx_dropped", 0))
+                if side == "a":
+                    out["a_to_b"] += rx
+                    out["b_to_a"] += tx
+                else:
+                    out["b_to_a"] += rx
+                    out["a_to_b"] += tx
+        return out
+
+    def mark(self, a: Endpoint, b: Endpoint) -> dict:
+        """Counters now, so that conservation() counts only what follows."""
+        return {"a_to_b": snapshot(a, b), "b_to_a": snapshot(b, a), "links": self.link_drops()}
+
+    def conservation(self, a: Endpoint, b: Endpoint, base: dict) -> dict:
+        """conservation() both ways since `base` (mark()), with the injectors' counters of the last
+        faults() block and the fabric's own interface drops."""
+        to_a, to_b = getattr(self, "fault_stats", ({}, {}))
+        links = self.link_drops()
+        return {"a_to_b": conservation(a, b, to_b, base["a_to_b"], links["a_to_b"] - base["links"]["a_to_b"]),
+                "b_to_a": conservation(b, a, to_a, base["b_to_a"], links["b_to_a"] - base["links"]["b_to_a"])}
 
     def quiesce(self, a: Endpoint, b: Endpoint, timeout: float = 10.0) -> None:
         """Wait until neither engine has work and no frame is on its way."""
@@ -431,9 +467,11 @@ class Fabric:
         self.close()
 
 
-def conservation(src: Endpoint, dst: Endpoint, fault: dict | None, base: tuple | None = None) -> dict:
-    """Packets one way: what src's engine transmitted, what the path added and took away, and
-    what dst's XDP program handled.  `residual` must be 0 once the fabric is quiet.  `base`
+def conservation(src: Endpoint, dst: Endpoint, fault: dict | None, base: tuple | None = None,
+                 fabric_dropped: int = 0) -> dict:
+    """Packets one way: what src's engine transmitted, what the path added and took away (the
+    injector, and `fabric_dropped`: the forwarding hops' own interface drops, Fabric.link_drops),
+    and what dst's XDP program handled.  `residual` must be 0 once the fabric is quiet.  `base`
     is an earlier `snapshot()` so only a run's own packets count."""
     tx = src.ctx.engine.stats["tx"]
     seen = dst.kernel_seen()
@@ -444,8 +482,9 @@ def conservation(src: Endpoint, dst: Endpoint, fault: dict | None, base: tuple |
     dropped = int(f.get("dropped", 0))
     added = int(f.get("duplicated", 0))
     lost_in_delay = int(f.get("delay_lost", 0)) + int(f.get("reinject_failed", 0))
-    return {"sent": tx, "duplicated": added, "dropped": dropped, "delay_lost": lost_in_delay, "received": seen,
-            "residual": tx + added - dropped - lost_in_delay - seen}
+    return {"sent": tx, "duplicated": added, "dropped": dropped, "delay_lost": lost_in_delay,
+            "fabric_dropped": fabric_dropped, "received": seen,
+            "residual": tx + added - dropped - lost_in_delay - fabric_dropped - seen}
 
 
 def snapshot(src: Endpoint, dst: Endpoint) -> tuple:

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from metaroce_xdp.stress import (MATRIX_FAULTS as FAULTS, MATRIX_SIZES as SIZES, MATRIX_WRAP as WRAP, Fabric,
-                                  Workload, conservation, connect_near_wrap as _connect, snapshot)
+                                  Workload, connect_near_wrap as _connect)
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -37,7 +37,7 @@ def test_every_op_and_size_survives(fabric, fault):
     fab, a, b = fabric
     _connect(a, b)
     wl = Workload(a, b, sizes=SIZES, depth=16, seed=hash(fault) & 0xFFFF)
-    base_ab, base_ba = snapshot(a, b), snapshot(b, a)
+    base = fab.mark(a, b)
     with fab.faults(seed=7, **FAULTS[fault]):
         rep = wl.run(wrs=2 * len(wl.plan))
         fab.quiesce(a, b)
@@ -50,8 +50,8 @@ def test_every_op_and_size_survives(fabric, fault):
     assert sum(acted.values()) > 0, acted                              # the impairment really acted
     if "loss" in fault or "corrupt" in fault:
         assert q["retransmits"] > 0
-    ab, ba = conservation(a, b, to_b, base_ab), conservation(b, a, to_a, base_ba)
-    assert ab["residual"] == 0 and ba["residual"] == 0, (ab, ba)
+    cons = fab.conservation(a, b, base)
+    assert cons["a_to_b"]["residual"] == 0 and cons["b_to_a"]["residual"] == 0, cons
     assert a.umem_frames()["leaked"] == 0 and b.umem_frames()["leaked"] == 0
 
 

@@ -27,15 +27,15 @@ import sys
 import time
 
 from metaroce_xdp.stress import (MATRIX_FAULTS as FAULTS, MATRIX_PMTU as PMTU, MATRIX_SIZES as SIZES,
-                                  MATRIX_WRAP as WRAP, Fabric, StressError, Workload, conservation,
-                                  connect_near_wrap as _connect, snapshot)
+                                  MATRIX_WRAP as WRAP, Fabric, StressError, Workload,
+                                  connect_near_wrap as _connect)
 
 SOAK_SIZES = (0, 1, PMTU - 1, PMTU, PMTU + 1, 64 << 10, 1 << 20)
 
 
-def _checks(fab, a, b, base_ab, base_ba) -> dict:
+def _checks(fab, a, b, base) -> dict:
     to_a, to_b = fab.fault_stats
-    out = {"a_to_b": conservation(a, b, to_b, base_ab), "b_to_a": conservation(b, a, to_a, base_ba),
+    out = {**fab.conservation(a, b, base),
            "delivery_a": a.delivery(), "delivery_b": b.delivery(),
            "umem_a": a.umem_frames(), "umem_b": b.umem_frames(),
            "faults": {k: to_a.get(k, 0) + to_b.get(k, 0) for k in ("dropped", "duplicated", "corrupted", "delayed")}}
@@ -58,7 +58,7 @@ def matrix(case_packets: int, paths: list[str], faults: list[str], log) -> list[
             for name in faults:
                 _connect(a, b)
                 wl = Workload(a, b, sizes=SIZES, depth=16, seed=len(results) + 1)
-                base_ab, base_ba = snapshot(a, b), snapshot(b, a)
+                base = fab.mark(a, b)
                 row = {"case": f"{path}/{name}", "ok": False}
                 t0 = time.monotonic()
                 try:
@@ -66,7 +66,7 @@ def matrix(case_packets: int, paths: list[str], faults: list[str], log) -> list[
                         rep = wl.run(packets=case_packets)
                         fab.quiesce(a, b)
                     row.update(rep.as_dict())
-                    row.update(_checks(fab, a, b, base_ab, base_ba))
+                    row.update(_checks(fab, a, b, base))
                     q = a.qp.query()
                     row["psn_wrapped"] = q["sq_psn"] < WRAP
                     row["retransmits"] = q["retransmits"]
@@ -86,14 +86,14 @@ def soak(minutes: float, loss_pct: float, path: str, log) -> dict:
         a, b = fab.endpoints(64 << 20)
         _connect(a, b)
         wl = Workload(a, b, sizes=SOAK_SIZES, depth=16, seed=99)
-        base_ab, base_ba = snapshot(a, b), snapshot(b, a)
+        base = fab.mark(a, b)
         row = {"case": f"soak/{path}/loss-{loss_pct}%", "minutes": minutes, "ok": False}
         try:
             with fab.faults(seed=5, drop_ppm=int(loss_pct * 10_000)):
                 rep = wl.run(seconds=minutes * 60, rss_every=10.0, stall=60.0)
                 fab.quiesce(a, b)
             row.update(rep.as_dict())
-            row.update(_checks(fab, a, b, base_ab, base_ba))
+            row.update(_checks(fab, a, b, base))
             samples = rep.rss_samples
             settled = [r for t, r in samples if t >= min(60.0, minutes * 60 / 4)] or [samples[-1][1]]
             row["rss_samples"] = samples
