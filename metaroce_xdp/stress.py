@@ -193,7 +193,7 @@ class Workload:
             raise ValueError(f"buffers of {min(a.buf.size, b.buf.size)} B hold no slot of {self.slot} B")
         self.depth = min(depth, nslots)
         self.free_slots = list(range(self.depth))
-        self.cell = a.buf.size - cells if a.buf.size == b.buf.size else min(a.buf.size, b.buf.size) - cells
+        self.cell = min(a.buf.size, b.buf.size) - cells      # the FetchAdd counter (B), results above it (A)
         self.rng = np.random.default_rng(seed)
         self.pool = self.rng.integers(0, 256, self.slot * 2, dtype=np.uint8)
         self.next_wr = 0
