@@ -185,6 +185,22 @@ def plain_psn(umem, a, ln, boff, loff, pkey):
 
 
 @njit(cache=True, nogil=True)
+def skip_class(tables, umem, a, ln, psn, expect, later_ok):
+    """Which counter a skip run puts a frame with PSN `psn` under: 0 before `expect` (a duplicate or
+    stale frame), 1 after it when `later_ok` (the rest of a stream already answered by a NAK or a
+    request for the remainder), or -1 to leave it to the per-packet path: the expected PSN itself,
+    a later one otherwise, or a bad ICRC."""
+    d = (psn - expect) & 0xFFFFFF
+    if d > 0x800000:
+        d -= 0x1000000
+    if d == 0 or (d > 0 and not later_ok):
+        return -1
+    if not frame_icrc_ok(tables, umem, a, ln):
+        return -1
+    return 0 if d < 0 else 1
+
+
+@njit(cache=True, nogil=True)
 def rx_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, epsn, nak_sent, st):
     """Skip consecutive SEND/WRITE request frames of QP `qpn` that the responder only counts: a PSN
     before epsn (a duplicate, re-ACKed once for the run, MR-DUP-002) or, once the sequence-error NAK
@@ -206,17 +222,10 @@ def rx_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, epsn, nak_sent, st)
         psn = plain_psn(umem, a, ln, boff, loff, pkey)
         if psn < 0:
             break
-        d = (psn - epsn) & 0xFFFFFF
-        if d > 0x800000:
-            d -= 0x1000000
-        if d == 0 or (d > 0 and not nak_sent):
+        k = skip_class(tables, umem, a, ln, psn, epsn, nak_sent)
+        if k < 0:
             break
-        if not frame_icrc_ok(tables, umem, a, ln):
-            break
-        if d < 0:
-            st[0] += 1
-        else:
-            st[1] += 1
+        st[k] += 1
         i += 1
     return i
 
@@ -245,16 +254,9 @@ def rx_rsp_skip_run(tables, umem, addrs, lens, i0, n, qpn, pkey, first_psn, npsn
             break
         if (psn - first_psn) & 0xFFFFFF >= npsn:     # not this READ's
             break
-        d = (psn - expect) & 0xFFFFFF
-        if d > 0x800000:
-            d -= 0x1000000
-        if d == 0 or (d > 0 and not retrying):
+        k = skip_class(tables, umem, a, ln, psn, expect, retrying)
+        if k < 0:
             break
-        if not frame_icrc_ok(tables, umem, a, ln):
-            break
-        if d < 0:
-            st[0] += 1
-        else:
-            st[1] += 1
+        st[k] += 1
         i += 1
     return i

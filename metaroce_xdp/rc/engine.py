@@ -388,24 +388,24 @@ class Engine:
                         self.stats["rx_burst"] += j - i
                         i = j
                         continue
-            if 0 <= op <= 11:                    # SEND / WRITE: duplicates and out-of-sequence frames
-                qp = self.qps.get(qpn)           # after a go-back-N, counted and skipped (compiled)
-                if qp is not None and qp.state in (QPState.RTR, QPState.RTS, QPState.SQD):
-                    j = qp.responder.skip_run(umem, addrs, lens, i, n)
-                    if j > i:
-                        self.stats["rx"] += j - i
-                        self.stats["rx_skipped"] += j - i
-                        i = j
-                        continue
-            elif 13 <= op <= 16:                  # READ RESPONSEs the completer only counts (compiled)
+            # Frames a role only counts, skipped by a compiled run: SEND / WRITE duplicates and
+            # out-of-sequence frames after a go-back-N (responder), stale and old-stream READ
+            # RESPONSEs (completer)
+            skip = None
+            if 0 <= op <= 11 or 13 <= op <= 16:
                 qp = self.qps.get(qpn)
-                if qp is not None and qp.state in (QPState.RTS, QPState.SQD, QPState.SQE):
-                    j = qp.completer.skip_run(umem, addrs, lens, i, n)
-                    if j > i:
-                        self.stats["rx"] += j - i
-                        self.stats["rx_skipped"] += j - i
-                        i = j
-                        continue
+                if qp is not None:
+                    if op <= 11 and qp.state in (QPState.RTR, QPState.RTS, QPState.SQD):
+                        skip = qp.responder.skip_run
+                    elif op >= 13 and qp.state in (QPState.RTS, QPState.SQD, QPState.SQE):
+                        skip = qp.completer.skip_run
+            if skip is not None:
+                j = skip(umem, addrs, lens, i, n)
+                if j > i:
+                    self.stats["rx"] += j - i
+                    self.stats["rx_skipped"] += j - i
+                    i = j
+                    continue
             self._rx_frame(umem[a:a + int(lens[i])])
             i += 1
         self.port.rx_done()
