@@ -448,8 +448,23 @@ def switched_hosts(*, mtu: int = 1500, prefix: str = "mr",
         raise
 
 
+class _OwnsTopology:
+    """Built topologies that are context managers: closing one closes its Topology."""
+
+    topo: Topology
+
+    def close(self) -> None:
+        self.topo.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 @dataclass
-class RoutedHosts:
+class RoutedHosts(_OwnsTopology):
     """Hosts A and B in different subnets, joined by a chain of IP routers (see routed_hosts).
 
     Fields, in path order from A to B:
@@ -478,15 +493,6 @@ class RoutedHosts:
         """Address of host "a" or "b" in the given family."""
         ep = self.a if host == "a" else self.b
         return ep.ipv6 if ipv6 else ep.ipv4
-
-    def close(self) -> None:
-        self.topo.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _segment(k: int, v6: bool) -> tuple[str, str, str]:
@@ -568,7 +574,7 @@ def _add_route(topo: Topology, ns: str, dst: str, gateway: str) -> None:
 
 
 @dataclass
-class TwoGateways:
+class TwoGateways(_OwnsTopology):
     """Hosts A and B in two subnets joined by two routers in parallel (see two_gateway_hosts).
 
       a, b            the hosts' interfaces (Endpoint)
@@ -597,15 +603,6 @@ class TwoGateways:
             if fam == "ipv6":
                 kw["family"] = socket.AF_INET6
             h.route("replace", **kw)
-
-    def close(self) -> None:
-        self.topo.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def two_gateway_hosts(*, ipv6: bool = True, mtu: int = 1500, prefix: str = "mr") -> TwoGateways:

@@ -83,6 +83,11 @@ def _pair(a: Host, b: Host) -> None:
                 ids=["1router-v4", "1router-v6", "2routers-v4", "2routers-v6"])
 def routed(request):
     routers, v6 = request.param
+    yield from _routed_pair(routers, v6)
+
+
+def _routed_pair(routers: int, v6: bool):
+    """(topology, v6, host A, host B) through `routers` routers; everything closed afterwards."""
     r = routed_hosts(routers=routers, ipv6=True)
     hosts = []
     try:
@@ -179,17 +184,7 @@ def _transfer_with(a: Host, b: Host, event, at_bytes: int, total: int = 16 << 20
 
 @pytest.fixture(scope="module", params=[False, True], ids=["v4", "v6"])
 def one_router(request):
-    v6 = request.param
-    r = routed_hosts(routers=1, ipv6=True)
-    hosts = []
-    try:
-        hosts.append(Host(r.topo, r.a, v6))
-        hosts.append(Host(r.topo, r.b, v6))
-        yield r, v6, hosts[0], hosts[1]
-    finally:
-        for h in hosts:
-            h.close()
-        r.close()
+    yield from _routed_pair(1, request.param)
 
 
 @pytest.mark.parametrize("side", ["a", "b"])
