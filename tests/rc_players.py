@@ -43,14 +43,24 @@ class Player:
         return SGE(self.mr.addr + off, length, self.mr.lkey)
 
 
+def set_burst(ctx: Context, burst: bool) -> None:
+    """Choose the engine's path: the compiled bursts (burst.py) or the per-packet Python path.  Takes
+    effect at once, also for QPs that exist already (the requester reads the flag at every send)."""
+    with ctx.engine.lock:
+        ctx.engine.burst_tx = ctx.engine.burst_rx = burst
+
+
 def loop_pair(faults_ab: Faults | None = None, faults_ba: Faults | None = None, size: int = 1 << 20,
-              b_access: Access = FULL, b_qp_access: Access = FULL, burst: bool = True, a_cq_depth: int = 1 << 16,
-              **conn):
-    """Two connected players; burst=False uses the per-packet Python path only."""
+              b_access: Access = FULL, b_qp_access: Access = FULL, burst: bool | None = None,
+              a_cq_depth: int = 1 << 16, **conn):
+    """Two connected players; burst=False uses the per-packet Python path only, burst=True the compiled
+    bursts, None the engine's own choice (bursts unless METAROCE_NO_BURST=1)."""
     pa, pb = LoopPort.pair(faults_ab, faults_ba)
-    a, b = Player(Context(pa), size, cq_depth=a_cq_depth), Player(Context(pb), size, b_access, b_qp_access)
-    for p in (a, b):
-        p.ctx.engine.burst_tx = p.ctx.engine.burst_rx = burst
+    ca, cb = Context(pa), Context(pb)
+    if burst is not None:
+        for c in (ca, cb):
+            set_burst(c, burst)                 # before any QP exists, and QPs follow later changes too
+    a, b = Player(ca, size, cq_depth=a_cq_depth), Player(cb, size, b_access, b_qp_access)
     a.connect(b, psn=conn.get("psn", 100), peer_psn=conn.get("peer_psn", 100),
               **{k: v for k, v in conn.items() if k not in ("psn", "peer_psn")})
     b.connect(a, psn=conn.get("peer_psn", 100), peer_psn=conn.get("psn", 100),
@@ -79,5 +89,5 @@ def wait_wcs(players, player, n: int, timeout: float = 10.0):
     return got
 
 
-__all__ = ["Player", "loop_pair", "run_until", "wait_wcs", "FULL", "SendWR", "RecvWR", "WROpcode",
+__all__ = ["Player", "loop_pair", "set_burst", "run_until", "wait_wcs", "FULL", "SendWR", "RecvWR", "WROpcode",
            "WCStatus", "SendFlags", "Faults"]

@@ -291,6 +291,7 @@ class Engine:
         mtu = qp.pmtu
         qp.requester.bytes_sent += min(w.length, (w.sent + n) * mtu) - min(w.length, w.sent * mtu)
         self.stats["tx"] += n
+        self.stats["tx_burst"] += n             # frames built by the compiled segmenter (tests tell the paths apart)
         return n
 
     def _rx_frame(self, f) -> None:

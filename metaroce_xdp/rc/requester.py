@@ -38,10 +38,16 @@ class Requester:
         self.acked_psn = PSN_MASK       # highest cumulatively acknowledged PSN
         self.pause_until = 0            # RNR back-off: no sending before this time (ns)
         self.max_inflight = qp.ctx.engine.window   # packets between the oldest unacked PSN and the next
-        self.burst = qp.ctx.engine.burst_tx   # segment messages with the compiled builder (burst.py)
         self.packets_sent = 0
         self.retransmits = 0
         self.bytes_sent = 0
+
+    @property
+    def burst(self) -> bool:
+        """Segment SEND/WRITE messages with the compiled builder (burst.py).  Read from the engine at
+        every use, not cached: a test (or METAROCE_NO_BURST) that turns Engine.burst_tx off after the QP
+        exists must get the per-packet path."""
+        return self.qp.ctx.engine.burst_tx
 
     def reset(self, sq_psn: int) -> None:
         self.psn_next = sq_psn & PSN_MASK
