@@ -1,0 +1,1091 @@
+#!/usr/bin/env python3
+"""The test agent of spec 09-conformance.md section 9.4 for any rdma-core device, on pyverbs.
+
+The conformance tester drives an implementation under test (IUT) through this
+agent: JSON lines over TCP, one session per connection, each command a thin
+translation onto libibverbs through pyverbs (`python3-pyverbs`).  It speaks the
+same protocol, commands, value encodings (MR-CONF-018) and error codes
+(MR-CONF-023) as metaroce_xdp/agent.py, the reference implementation's agent,
+so one tester checks Linux Soft-RoCE (`rdma_rxe`) and RDMA NICs alike.
+
+The file is self-contained (Python standard library and pyverbs only) because
+it runs where our package is not installed, e.g. inside the Soft-RoCE VM of
+tools/rxe_conformance.py:
+
+    python3 pyverbs_agent.py --dev rxe0 --gid-index 1 --listen 10.77.0.2 --port 18516
+
+What the device cannot do is refused with ENOTSUP, never pretended:
+  * no connection manager of our own (cm_listen, cm_connect, cm_wait);
+  * no set_param knob: libibverbs has no protocol parameters beyond the QP
+    attributes that modify_qp already carries;
+  * only the compat profile (plain RoCEv2 RC), only P_Keys in the port's table;
+  * per-QP counters (get_counters with `qp`): rdma-core reports per port.
+
+Mapping notes (the reference agent is the model for each):
+  * modify_qp fills the attributes ibv_modify_qp requires but the protocol
+    leaves optional with the reference endpoint's defaults (timeout 14,
+    retry_cnt 7, rnr_retry 7, min_rnr_timer 12, max_rd_atomic 1,
+    max_dest_rd_atomic 1, access none, P_Key 0xffff); a transition outside
+    the IBTA table is refused with ESTATE before the device sees it.
+  * `dmac` cannot be given to a verbs device (the kernel resolves the peer's
+    MAC from the destination GID's IP address).  The agent therefore makes it
+    true the way the kernel learns it: a permanent neighbour entry for the
+    dgid's address on the GID's network device (`ip neigh replace`), removed
+    again on reset.  Without `dmac` the kernel resolves it (ARP/ND).
+  * A post list goes to the device in one ibv_post_send/ibv_post_recv after
+    every WR was checked; a device that still refuses one WR keeps the WRs
+    before it (the verbs bad_wr rule) and the error message says how many.
+  * Immediate data is converted between host order (JSON) and the network
+    order of ibv_send_wr/ibv_wc; a completion WITH_INV reports
+    `invalidated_rkey`.
+
+MR-SEC-027: the agent is off unless started, binds only the address it is
+given (default loopback) and logs every session on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import json
+import logging
+import os
+import platform
+import re
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+
+log = logging.getLogger("metaroce.pyverbs_agent")
+
+PROTO = 1
+DEFAULT_PORT = 18516
+VERSION = "0.1.0"
+MAX_LINE = 1 << 20                 # MR-CONF-014: including the line feed
+MAX_MEM_IO = 65536                 # mem_read limit of the command table
+MAX_MR_LEN = 1 << 30               # also keeps offsets inside pyverbs' C int
+MAX_CQE = 1 << 20
+MAX_WR = 1 << 16
+MAX_POLL = 4096
+MAX_TIMEOUT_MS = 600_000
+_U64 = (1 << 64) - 1
+
+CODES = ("EPROTO", "ENOCMD", "EINVAL", "ENOENT", "EBUSY", "ENOMEM", "ESTATE", "EAGAIN", "ENOTSUP", "EACCES",
+         "ETIMEDOUT", "EINTERNAL")
+_ERRNO_CODES = {errno.EINVAL: "EINVAL", errno.ENOMEM: "ENOMEM", errno.EAGAIN: "EAGAIN", errno.EBUSY: "EBUSY",
+                errno.ENOENT: "ENOENT", errno.EACCES: "EACCES", errno.ETIMEDOUT: "ETIMEDOUT",
+                errno.EOPNOTSUPP: "ENOTSUP", errno.ENOTSUP: "ENOTSUP"}
+
+# ---- libibverbs values (verbs.h; stable ABI, the same numbers as metaroce_xdp/verbs_types.py) ----
+ACCESS = {"LOCAL_WRITE": 1, "REMOTE_WRITE": 2, "REMOTE_READ": 4, "REMOTE_ATOMIC": 8}
+SEND_FLAGS = {"FENCE": 1, "SIGNALED": 2, "SOLICITED": 4, "INLINE": 8}
+QP_STATES = {"RESET": 0, "INIT": 1, "RTR": 2, "RTS": 3, "SQD": 4, "SQE": 5, "ERR": 6}
+QP_STATE_NAMES = {v: k for k, v in QP_STATES.items()}
+WR_OPCODES = {"RDMA_WRITE": 0, "RDMA_WRITE_WITH_IMM": 1, "SEND": 2, "SEND_WITH_IMM": 3, "RDMA_READ": 4,
+              "ATOMIC_CMP_AND_SWP": 5, "ATOMIC_FETCH_AND_ADD": 6, "SEND_WITH_INV": 9}
+MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+MTU_BYTES = {v: k for k, v in MTU_ENUM.items()}
+WC_STATUS = ("SUCCESS", "LOC_LEN_ERR", "LOC_QP_OP_ERR", "LOC_EEC_OP_ERR", "LOC_PROT_ERR", "WR_FLUSH_ERR",
+             "MW_BIND_ERR", "BAD_RESP_ERR", "LOC_ACCESS_ERR", "REM_INV_REQ_ERR", "REM_ACCESS_ERR", "REM_OP_ERR",
+             "RETRY_EXC_ERR", "RNR_RETRY_EXC_ERR", "LOC_RDD_VIOL_ERR", "REM_INV_RD_REQ_ERR", "REM_ABORT_ERR",
+             "INV_EECN_ERR", "INV_EEC_STATE_ERR", "FATAL_ERR", "RESP_TIMEOUT_ERR", "GENERAL_ERR",
+             "TM_ERR", "TM_RNDV_INCOMPLETE")
+WC_OPCODES = {0: "SEND", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "COMP_SWAP", 4: "FETCH_ADD", 5: "BIND_MW",
+              6: "LOCAL_INV", 7: "TSO", 128: "RECV", 129: "RECV_RDMA_WITH_IMM"}
+WC_WITH_IMM, WC_WITH_INV = 2, 8
+GID_TYPE_ROCE_V2 = 2                # enum ibv_gid_type
+# ibv_qp_attr_mask bits
+M_STATE, M_ACCESS, M_PKEY, M_PORT, M_AV, M_MTU, M_TIMEOUT, M_RETRY, M_RNR_RETRY, M_RQ_PSN, M_MAX_RD, \
+    M_MIN_RNR, M_SQ_PSN, M_MAX_DEST_RD, M_DEST_QPN = (1, 1 << 3, 1 << 4, 1 << 5, 1 << 7, 1 << 8, 1 << 9, 1 << 10,
+                                                     1 << 11, 1 << 12, 1 << 13, 1 << 15, 1 << 16, 1 << 17, 1 << 20)
+M_EN_SQD_ASYNC = 1 << 2
+# IBTA 10.3.1 / ib_modify_qp_is_ok: the transitions a consumer may request (RESET and ERR from anywhere).
+TRANSITIONS = {"RESET": {"INIT"}, "INIT": {"INIT", "RTR"}, "RTR": {"RTS"}, "RTS": {"RTS", "SQD"},
+               "SQD": {"SQD", "RTS"}, "SQE": {"RTS"}, "ERR": set()}
+# What the reference endpoint uses when modify_qp leaves an attribute out (rc/qp.py); ibv_modify_qp
+# needs them for INIT -> RTR and RTR -> RTS.
+DEFAULTS = {"timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "min_rnr_timer": 12, "max_rd_atomic": 1,
+            "max_dest_rd_atomic": 1}
+HOP_LIMIT = 64
+# 06-connection.md 6.3 capability bits this agent can claim for a device.
+CAP_IPV6, CAP_ATOMICS = 0x40, 0x80
+
+
+class AgentError(Exception):
+    """An error response: `code` from section 9.4.3, `message` for the reader."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def gid_hex(gid_text: str) -> str:
+    """pyverbs' 'xxxx:xxxx:...' GID text -> 32 lowercase hex digits (MR-CONF-018)."""
+    h = gid_text.replace(":", "").lower()
+    if len(h) != 32 or not re.fullmatch(r"[0-9a-f]{32}", h):
+        raise ValueError(f"not a GID: {gid_text!r}")
+    return h
+
+
+def gid_text(gid32: str) -> str:
+    """32 hex digits -> pyverbs' 8-word GID text."""
+    return ":".join(gid32[i:i + 4] for i in range(0, 32, 4))
+
+
+def ip_of_gid(gid32: str) -> str:
+    a = ipaddress.IPv6Address(bytes.fromhex(gid32))
+    return str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a)
+
+
+# ---- argument decoding (MR-CONF-018); the same checks as metaroce_xdp/agent.py ------------
+_MISSING = object()
+_HEX = re.compile(r"[0-9a-fA-F]*")
+_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
+
+
+def _get(args: dict, name: str, default=_MISSING):
+    v = args.get(name, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise AgentError("EPROTO", f"missing member args.{name}")
+        return default
+    return v
+
+
+def _int(args: dict, name: str, lo: int, hi: int, default=_MISSING) -> int:
+    v = _get(args, name, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise AgentError("EINVAL", f"{name} must be an integer, not {v!r}")
+    if not lo <= v <= hi:
+        raise AgentError("EINVAL", f"{name} {v} is outside {lo}..{hi}")
+    return v
+
+
+def _u64(args: dict, name: str, default=_MISSING) -> int:
+    v = _get(args, name, default)
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, str) and v[:2] in ("0x", "0X") and len(v) > 2 and _HEX.fullmatch(v[2:]):
+        n = int(v, 16)
+    else:
+        raise AgentError("EINVAL", f"{name} must be a string 0x<hex>, not {v!r}")
+    if not 0 <= n <= _U64:
+        raise AgentError("EINVAL", f"{name} {v} does not fit in 64 bits")
+    return n
+
+
+def _hex64(n: int) -> str:
+    return f"{n:#x}"
+
+
+def _bytes(args: dict, name: str) -> bytes:
+    v = _get(args, name)
+    if not isinstance(v, str) or len(v) % 2 or not _HEX.fullmatch(v):
+        raise AgentError("EINVAL", f"{name} must be a string of hex byte pairs")
+    return bytes.fromhex(v)
+
+
+def _enum(args: dict, name: str, choices, default=_MISSING) -> str:
+    v = _get(args, name, default)
+    if not isinstance(v, str) or v not in choices:
+        raise AgentError("EINVAL", f"{name} {v!r}: use one of {sorted(choices)}")
+    return v
+
+
+def _obj(args: dict, name: str, default=_MISSING) -> dict:
+    v = _get(args, name, default)
+    if not isinstance(v, dict):
+        raise AgentError("EINVAL", f"{name} must be an object")
+    return v
+
+
+def _list(args: dict, name: str, default=_MISSING) -> list:
+    v = _get(args, name, default)
+    if not isinstance(v, list):
+        raise AgentError("EINVAL", f"{name} must be a list")
+    return v
+
+
+def _flags(args: dict, name: str, table: dict, default=_MISSING) -> int:
+    out = 0
+    for n in _list(args, name, default):
+        if not isinstance(n, str) or n not in table:
+            raise AgentError("EINVAL", f"{name}: unknown flag {n!r}; use {list(table)}")
+        out |= table[n]
+    return out
+
+
+def _flag_names(bits: int, table: dict) -> list:
+    return [k for k, v in table.items() if bits & v]
+
+
+# ---- the device ----------------------------------------------------------------------------
+class Device:
+    """One opened rdma-core device and port, with what hello and caps report about it.
+
+    Opened once per agent process and shared by its sessions (an ibv_context is
+    thread-safe); everything it reports is queried from the device."""
+
+    def __init__(self, name: str | None, port: int = 1, gid_index: int | None = None,
+                 timer_granularity_us: int | None = None) -> None:
+        import pyverbs.device as d                  # imported here: --help works without pyverbs
+        if name is None:
+            names = [x.name.decode() if isinstance(x.name, bytes) else x.name for x in d.get_device_list()]
+            if not names:
+                raise RuntimeError("no RDMA device (ibv_get_device_list is empty)")
+            name = names[0]
+        self.name = name
+        self.port = port
+        self.ctx = d.Context(name=name)
+        self.attr = self.ctx.query_device()
+        self.port_attr = self.ctx.query_port(port)
+        self.gid_index = self._pick_gid(gid_index)
+        entry = self.ctx.query_gid_ex(port, self.gid_index)
+        self.gid = gid_hex(entry.gid_str())
+        self.ip = ip_of_gid(self.gid)
+        self.netdev = socket.if_indextoname(entry.ndev_ifindex) if entry.ndev_ifindex else None
+        self.mac = self._read(f"/sys/class/net/{self.netdev}/address") if self.netdev else None
+        self.active_mtu = MTU_BYTES.get(self.port_attr.active_mtu, 1024)
+        self.pkeys = self._pkeys()
+        self.driver = self._driver()
+        self.timer_granularity_us = timer_granularity_us or self._timer_granularity()
+        self.max_inline = self._probe_max_inline()
+        self.lock = threading.Lock()               # serialises the neighbour-table edits
+
+    # what the device says about itself
+    def _pick_gid(self, want: int | None) -> int:
+        """The RoCEv2 GID to use: `want` if given (checked), else the first IPv4-mapped RoCEv2 one."""
+        n = min(self.port_attr.gid_tbl_len, 256)
+        entries = []
+        for i in range(n):
+            try:
+                e = self.ctx.query_gid_ex(self.port, i)
+            except Exception:
+                continue
+            g = gid_hex(e.gid_str())
+            if int(g, 16) == 0:
+                continue
+            entries.append((i, g, e.gid_type))
+        if want is not None:
+            for i, g, t in entries:
+                if i == want:
+                    if t != GID_TYPE_ROCE_V2:
+                        raise RuntimeError(f"GID index {want} ({gid_text(g)}) is not RoCE v2")
+                    return want
+            raise RuntimeError(f"GID index {want} is empty on {self.port}; table: {entries}")
+        for i, g, t in entries:
+            if t == GID_TYPE_ROCE_V2 and g.startswith("00000000000000000000ffff"):
+                return i
+        for i, g, t in entries:
+            if t == GID_TYPE_ROCE_V2:
+                return i
+        raise RuntimeError("no RoCE v2 GID on the port (is the link up and addressed?)")
+
+    def _pkeys(self) -> list:
+        out = []
+        for i in range(64):
+            try:
+                out.append(self.ctx.query_pkey(self.port, i))
+            except Exception:
+                break
+        return out
+
+    @staticmethod
+    def _read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    def _driver(self) -> str:
+        """The kernel driver behind the device: sysfs for a NIC; Soft-RoCE has no bus device but
+        a vendor ID of its own (RXE_VENDOR_ID 0xffffff)."""
+        link = f"/sys/class/infiniband/{self.name}/device/driver"
+        if os.path.islink(link):
+            return os.path.basename(os.readlink(link))
+        if self.attr.vendor_id == 0xFFFFFF:
+            return "rdma_rxe"
+        return "unknown"
+
+    def _timer_granularity(self) -> int:
+        """rxe runs its retransmission and RNR timers on jiffies: 1 / CONFIG_HZ.  For other
+        devices the granularity is not discoverable; 1000 us is claimed (--timer-granularity-us
+        corrects it)."""
+        if self.driver == "rdma_rxe":
+            cfg = self._read(f"/boot/config-{platform.release()}") or ""
+            m = re.search(r"^CONFIG_HZ=(\d+)$", cfg, re.M)
+            if m:
+                return max(1, 1_000_000 // int(m.group(1)))
+        return 1000
+
+    def _probe_max_inline(self) -> int:
+        """The largest max_inline_data the device accepts for an RC QP (verbs has no attribute
+        for it): a bisection of throw-away QPs, done once."""
+        from pyverbs.cq import CQ
+        from pyverbs.pd import PD
+        from pyverbs.qp import QP, QPCap, QPInitAttr
+        pd, cq = PD(self.ctx), CQ(self.ctx, 4)
+        try:
+            def ok(n: int) -> bool:
+                try:
+                    QP(pd, QPInitAttr(qp_type=2, scq=cq, rcq=cq, cap=QPCap(1, 1, 1, 1, n), sq_sig_all=0)).close()
+                    return True
+                except Exception:
+                    return False
+            if not ok(0):
+                return 0
+            lo, hi = 0, 1
+            while hi <= 65536 and ok(hi):
+                lo, hi = hi, hi * 2
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+            return lo
+        finally:
+            cq.close()
+            pd.close()
+
+    @property
+    def mtus(self) -> list:
+        return [m for m in sorted(MTU_ENUM) if m <= self.active_mtu]
+
+    @property
+    def caps(self) -> int:
+        c = CAP_ATOMICS if self.attr.atomic_caps else 0
+        a = ipaddress.ip_address(self.ip)
+        if a.version == 6 and not a.is_link_local:        # the agent's QPs use the one GID it opened
+            c |= CAP_IPV6
+        return c
+
+    def limits(self) -> dict:
+        a = self.attr
+        return {"max_qp": a.max_qp, "max_cq": a.max_cq, "max_mr": a.max_mr, "max_sge": a.max_sge,
+                "max_inline": self.max_inline, "max_rd_atomic": a.max_qp_rd_atom}
+
+    def version(self) -> str:
+        return f"{self.driver} on Linux {platform.release()}, fw {self.attr.fw_version or '-'}"
+
+    def counter_dirs(self) -> list:
+        base = f"/sys/class/infiniband/{self.name}/ports/{self.port}"
+        return [os.path.join(base, d) for d in ("counters", "hw_counters") if os.path.isdir(os.path.join(base, d))]
+
+    def counters(self) -> dict:
+        """The port's counters as the kernel exports them (counters/ and hw_counters/)."""
+        out = {}
+        for d in self.counter_dirs():
+            for name in sorted(os.listdir(d)):
+                if name == "lifespan":              # hw_counters' refresh period, not a counter
+                    continue
+                v = self._read(os.path.join(d, name))
+                if v is not None and v.isdigit():
+                    out[name] = int(v)
+        return out
+
+    # the peer's MAC: the kernel's neighbour table is how a verbs device learns it
+    def set_neighbour(self, ip: str, mac: str) -> None:
+        if not self.netdev:
+            raise AgentError("ENOTSUP", "the GID has no network device: dmac cannot be applied")
+        self._ip(["neigh", "replace", ip, "lladdr", mac, "dev", self.netdev, "nud", "permanent"])
+
+    def del_neighbour(self, ip: str) -> None:
+        try:
+            self._ip(["neigh", "del", ip, "dev", self.netdev])
+        except AgentError as e:
+            log.warning("cannot remove neighbour %s: %s", ip, e.message)
+
+    def neighbour(self, ip: str) -> str | None:
+        """The MAC the kernel has for ip on our netdev, if any."""
+        out = self._ip(["neigh", "show", ip, "dev", self.netdev])
+        m = re.search(r"lladdr ([0-9a-f:]{17})", out)
+        return m.group(1) if m else None
+
+    @staticmethod
+    def _ip(argv: list) -> str:
+        try:
+            cp = subprocess.run(["ip"] + argv, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise AgentError("EINTERNAL", f"ip {' '.join(argv)}: {e}") from None
+        if cp.returncode != 0:
+            raise AgentError("EINTERNAL", f"ip {' '.join(argv)}: {cp.stderr.strip()}")
+        return cp.stdout
+
+
+# ---- one session ---------------------------------------------------------------------------
+class _QPEntry:
+    def __init__(self, qp, pd: int, send_cq: int, recv_cq: int, cap: dict, sig_all: bool) -> None:
+        self.qp, self.pd, self.send_cq, self.recv_cq, self.cap, self.sig_all = qp, pd, send_cq, recv_cq, cap, sig_all
+
+
+class _MREntry:
+    def __init__(self, mr, pd: int, length: int) -> None:
+        self.mr, self.pd, self.length = mr, pd, length
+
+
+class Agent:
+    """One test-agent session on a Device: its handles, its commands, its reset.
+
+    handle(request) -> response never raises.  Every command decodes and checks
+    all of its arguments before the one verbs call that acts, so a failed
+    command leaves the IUT as it was (MR-CONF-016)."""
+
+    def __init__(self, dev: Device) -> None:
+        self.dev = dev
+        self.greeted = False
+        self.closing = False
+        self.pds: dict = {}
+        self.mrs: dict = {}
+        self.cqs: dict = {}
+        self.qps: dict = {}
+        self.neighbours: set = set()
+        self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
+        self._commands = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
+
+    # -- framing -----------------------------------------------------------------------
+    def handle_line(self, line: bytes) -> bytes:
+        req_id = None
+        try:
+            try:
+                req = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise AgentError("EPROTO", f"not a JSON line: {e}") from None
+            if not isinstance(req, dict):
+                raise AgentError("EPROTO", "a request is a JSON object")
+            rid = req.get("id")
+            if isinstance(rid, int) and not isinstance(rid, bool):
+                req_id = rid
+            resp = self.handle(req)
+        except AgentError as e:
+            resp = {"id": req_id, "ok": False, "error": {"code": e.code, "message": e.message}}
+        return (json.dumps(resp, separators=(",", ":")) + "\n").encode()
+
+    def handle(self, req: dict) -> dict:
+        rid = req.get("id")
+        try:
+            if isinstance(rid, bool) or not isinstance(rid, int):
+                raise AgentError("EPROTO", "member id must be an integer")
+            cmd, args = req.get("cmd"), req.get("args")
+            if not isinstance(cmd, str):
+                raise AgentError("EPROTO", "member cmd must be a string")
+            if not isinstance(args, dict):
+                raise AgentError("EPROTO", "member args must be an object")
+            if not self.greeted and cmd != "hello":
+                raise AgentError("EPROTO", f"{cmd} before hello: the first request of a session is hello")
+            fn = self._commands.get(cmd)
+            if fn is None:
+                raise AgentError("ENOCMD", f"unknown command {cmd!r}")
+            return {"id": rid, "ok": True, "result": self._call(cmd, fn, args) or {}}
+        except AgentError as e:
+            if e.code not in CODES:
+                e = AgentError("EINTERNAL", f"{e.code}: {e.message}")
+            ok_id = isinstance(rid, int) and not isinstance(rid, bool)
+            return {"id": rid if ok_id else None, "ok": False, "error": {"code": e.code, "message": e.message}}
+
+    def _call(self, cmd: str, fn, args: dict):
+        """Run one command; name pyverbs' failures by their errno (MR-CONF-023)."""
+        from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
+        try:
+            return fn(args)
+        except AgentError:
+            raise
+        except PyverbsRDMAError as e:
+            raise AgentError(_ERRNO_CODES.get(e.error_code, "EINTERNAL"), str(e)) from None
+        except PyverbsUserError as e:
+            raise AgentError("EINVAL", str(e)) from None
+        except MemoryError as e:
+            raise AgentError("ENOMEM", f"out of memory: {e}") from None
+        except OSError as e:
+            raise AgentError(_ERRNO_CODES.get(e.errno, "EINTERNAL"), f"{type(e).__name__}: {e}") from None
+        except Exception as e:                     # never a crash: the session goes on
+            log.exception("agent: %s failed", cmd)
+            raise AgentError("EINTERNAL", f"{type(e).__name__}: {e}") from None
+
+    # -- handles -----------------------------------------------------------------------
+    def _new_handle(self, kind: str) -> int:
+        h = self._next[kind]
+        self._next[kind] = h + 1
+        return h
+
+    def _lookup(self, table: dict, kind: str, args: dict, name: str | None = None):
+        name = name or kind
+        h = _int(args, name, -(1 << 63), 1 << 63)
+        obj = table.get(h)
+        if obj is None:
+            raise AgentError("ENOENT", f"no {kind} handle {h} in this session")
+        return h, obj
+
+    # -- session -------------------------------------------------------------------------
+    def cmd_hello(self, args: dict) -> dict:
+        proto = _int(args, "proto", 0, 1 << 31)
+        if proto != PROTO:
+            raise AgentError("EPROTO", f"this agent speaks proto {PROTO}, not {proto}")
+        d = self.dev
+        self.greeted = True
+        return {"proto": PROTO, "impl": f"rdma-core:{d.name}", "version": d.version(), "profiles": ["compat"],
+                "caps": d.caps, "gid": d.gid, "ip": d.ip, "mac": d.mac, "mtus": d.mtus, "limits": d.limits(),
+                "timer_granularity_us": d.timer_granularity_us, "gid_index": d.gid_index, "netdev": d.netdev}
+
+    def cmd_caps(self, args: dict) -> dict:
+        # Native-profile knobs do not exist on a verbs device: their trivial values
+        # (no SACK window, one source port per QP, no ACK coalescing beyond AckReq).
+        rto_min = self.dev.timer_granularity_us if self.dev.driver == "rdma_rxe" else 8
+        return {"caps": self.dev.caps,
+                "defaults": {"sack_window": 0, "entropy_count": 1, "ack_coalesce_us": 0, "ack_coalesce_pkts": 1,
+                             "rto_min_us": rto_min},
+                "dcqcn": False, "counters": sorted(self.dev.counters())}
+
+    def cmd_reset(self, args: dict) -> None:
+        self.reset()
+
+    def cmd_bye(self, args: dict) -> None:
+        self.closing = True
+
+    def reset(self) -> None:
+        """MR-CONF-021: destroy every QP, MR, CQ and PD of the session; remove its neighbour entries.
+        Never raises: what fails to go is logged and forgotten."""
+        closers = ((self.qps, lambda e: e.qp.close()), (self.mrs, lambda e: e.mr.close()),
+                   (self.cqs, lambda cq: cq.close()), (self.pds, lambda pd: pd.close()))
+        for table, close in closers:
+            for h, obj in list(table.items()):
+                try:
+                    close(obj)
+                except Exception:
+                    log.exception("agent reset: cannot destroy handle %d", h)
+            table.clear()
+        with self.dev.lock:
+            for ip in sorted(self.neighbours):
+                self.dev.del_neighbour(ip)
+        self.neighbours.clear()
+        self._next = dict.fromkeys(self._next, 1)
+
+    # -- PD, MR, CQ ----------------------------------------------------------------------
+    def cmd_create_pd(self, args: dict) -> dict:
+        from pyverbs.pd import PD
+        pd = PD(self.dev.ctx)
+        h = self._new_handle("pd")
+        self.pds[h] = pd
+        return {"pd": h}
+
+    def cmd_dealloc_pd(self, args: dict) -> None:
+        h, pd = self._lookup(self.pds, "pd", args)
+        users = [f"mr {m}" for m, e in self.mrs.items() if e.pd == h] + \
+                [f"qp {q}" for q, e in self.qps.items() if e.pd == h]
+        if users:                # pyverbs' PD.close() would close them; ibv_dealloc_pd says EBUSY
+            raise AgentError("EBUSY", f"PD {h} is used by {', '.join(users)}: release them first")
+        pd.close()
+        del self.pds[h]
+
+    def cmd_reg_mr(self, args: dict) -> dict:
+        from pyverbs.mr import MR
+        pd_h, pd = self._lookup(self.pds, "pd", args)
+        n = _int(args, "len", 0, 1 << 62)
+        if n > MAX_MR_LEN:
+            raise AgentError("ENOMEM", f"len {n} exceeds the agent's MR limit of {MAX_MR_LEN} bytes")
+        access = _flags(args, "access", ACCESS)
+        fill = _int(args, "fill", 0, 255, 0)
+        if args.get("remote_invalidate"):
+            # ibv_reg_mr gives a memory region no remote invalidation: in rdma-core only
+            # memory windows and fast-registered MRs (kernel consumers) are invalidatable.
+            raise AgentError("ENOTSUP", "remote_invalidate: a user MR of an rdma-core device cannot be "
+                                        "invalidated remotely (only memory windows can)")
+        mr = MR(pd, n, access)
+        try:
+            if fill:
+                chunk = bytes([fill]) * min(n, 1 << 20)
+                for off in range(0, n, len(chunk)):
+                    k = min(len(chunk), n - off)
+                    mr.write(chunk[:k], k, off)
+        except BaseException:
+            mr.close()
+            raise
+        h = self._new_handle("mr")
+        self.mrs[h] = _MREntry(mr, pd_h, n)
+        return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": _hex64(mr.buf), "len": n}
+
+    def cmd_dereg_mr(self, args: dict) -> None:
+        h, e = self._lookup(self.mrs, "mr", args)
+        e.mr.close()
+        del self.mrs[h]
+
+    def cmd_create_cq(self, args: dict) -> dict:
+        from pyverbs.cq import CQ
+        cqe = _int(args, "cqe", 1, MAX_CQE)
+        cq = CQ(self.dev.ctx, cqe)
+        h = self._new_handle("cq")
+        self.cqs[h] = cq
+        return {"cq": h, "cqe": cq.cqe}
+
+    def cmd_destroy_cq(self, args: dict) -> None:
+        h, cq = self._lookup(self.cqs, "cq", args)
+        users = [f"qp {q}" for q, e in self.qps.items() if h in (e.send_cq, e.recv_cq)]
+        if users:                # pyverbs' CQ.close() would destroy the QPs; ibv_destroy_cq says EBUSY
+            raise AgentError("EBUSY", f"CQ {h} is used by {', '.join(users)}: destroy the QPs first")
+        cq.close()
+        del self.cqs[h]
+
+    # -- QP --------------------------------------------------------------------------------
+    def cmd_create_qp(self, args: dict) -> dict:
+        from pyverbs.qp import QP, QPCap, QPInitAttr
+        pd_h, pd = self._lookup(self.pds, "pd", args)
+        scq_h, scq = self._lookup(self.cqs, "cq", args, "send_cq")
+        rcq_h, rcq = self._lookup(self.cqs, "cq", args, "recv_cq")
+        qtype = _get(args, "type", "RC")
+        if qtype != "RC":
+            raise AgentError("ENOTSUP", f"QP type {qtype!r}: only RC")
+        cap = _obj(args, "cap", {})
+        lim = self.dev.limits()
+        qcap = QPCap(max_send_wr=_int(cap, "max_send_wr", 1, MAX_WR, 1024),
+                     max_recv_wr=_int(cap, "max_recv_wr", 1, MAX_WR, 1024),
+                     max_send_sge=_int(cap, "max_send_sge", 0, lim["max_sge"], min(16, lim["max_sge"])),
+                     max_recv_sge=_int(cap, "max_recv_sge", 0, lim["max_sge"], min(16, lim["max_sge"])),
+                     max_inline_data=_int(cap, "max_inline_data", 0, lim["max_inline"], 0))
+        sig_all = _get(args, "sq_sig_all", False)
+        if not isinstance(sig_all, bool):
+            raise AgentError("EINVAL", "sq_sig_all must be true or false")
+        init = QPInitAttr(qp_type=2, scq=scq, rcq=rcq, cap=qcap, sq_sig_all=int(sig_all))   # IBV_QPT_RC
+        qp = QP(pd, init)
+        got = init.cap                                       # what the device granted
+        granted = {"max_send_wr": got.max_send_wr, "max_recv_wr": got.max_recv_wr,
+                   "max_send_sge": got.max_send_sge, "max_recv_sge": got.max_recv_sge,
+                   "max_inline_data": got.max_inline_data}
+        h = self._new_handle("qp")
+        self.qps[h] = _QPEntry(qp, pd_h, scq_h, rcq_h, granted, sig_all)
+        return {"qp": h, "qpn": qp.qp_num}
+
+    def cmd_destroy_qp(self, args: dict) -> None:
+        h, e = self._lookup(self.qps, "qp", args)
+        e.qp.close()
+        del self.qps[h]
+
+    def _state(self, qp) -> str:
+        """The QP's state as the device has it (it moves to SQE/ERR on its own)."""
+        attr, _ = qp.query(M_STATE)
+        return QP_STATE_NAMES.get(attr.qp_state, str(attr.qp_state))
+
+    def _pkey_index(self, pkey: int) -> int:
+        for i, p in enumerate(self.dev.pkeys):
+            if p & 0x7FFF == pkey & 0x7FFF and (p & 0x8000 or not pkey & 0x8000):
+                return i
+        raise AgentError("ENOTSUP", f"pkey {pkey:#06x} is not in the port's P_Key table "
+                                    f"{[hex(p) for p in self.dev.pkeys]}")
+
+    def _qp_attr(self, cur: str, state: str, attrs: dict):
+        """modify_qp attrs (section 9.4.2) -> (pyverbs QPAttr, ibv_qp_attr_mask, neighbour to set)."""
+        from pyverbs.addr import GID, AHAttr, GlobalRoute
+        from pyverbs.qp import QPAttr
+        a = QPAttr(qp_state=QP_STATES[state], port_num=self.dev.port)
+        mask = M_STATE
+        neighbour = None
+        fresh = {"INIT": cur == "RESET", "RTR": cur == "INIT", "RTS": cur == "RTR"}.get(state, False)
+
+        if "access" in attrs or (state == "INIT" and fresh):
+            a.qp_access_flags = _flags(attrs, "access", ACCESS, [])
+            mask |= M_ACCESS
+        if "pkey" in attrs or (state == "INIT" and fresh):
+            a.pkey_index = self._pkey_index(_int(attrs, "pkey", 0, 0xFFFF, 0xFFFF))
+            mask |= M_PKEY
+        if state == "INIT" and fresh:
+            a.port_num = self.dev.port
+            mask |= M_PORT
+        if "dest_qpn" in attrs:
+            a.dest_qp_num = _int(attrs, "dest_qpn", 1, 0xFFFFFF)
+            mask |= M_DEST_QPN
+        if "rq_psn" in attrs:
+            a.rq_psn = _int(attrs, "rq_psn", 0, 0xFFFFFF)
+            mask |= M_RQ_PSN
+        if "sq_psn" in attrs:
+            a.sq_psn = _int(attrs, "sq_psn", 0, 0xFFFFFF)
+            mask |= M_SQ_PSN
+        if "path_mtu" in attrs:
+            mtu = _int(attrs, "path_mtu", 0, 1 << 31)
+            if mtu not in self.dev.mtus:
+                raise AgentError("EINVAL", f"path_mtu {mtu}: use one of {self.dev.mtus}")
+            a.path_mtu = MTU_ENUM[mtu]
+            mask |= M_MTU
+        if "dgid" in attrs:
+            g = attrs["dgid"]
+            if not isinstance(g, str) or len(g) != 32 or not _HEX.fullmatch(g):
+                raise AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
+            g = g.lower()
+            hop = _int(attrs, "hop_limit", 1, 255, HOP_LIMIT)
+            tclass = _int(attrs, "traffic_class", 0, 255, 0)
+            gr = GlobalRoute(dgid=GID(gid_text(g)), sgid_index=self.dev.gid_index, hop_limit=hop,
+                             traffic_class=tclass)
+            a.ah_attr = AHAttr(is_global=1, port_num=self.dev.port, gr=gr)
+            mask |= M_AV
+            if "dmac" in attrs:
+                m = attrs["dmac"]
+                if not isinstance(m, str) or not _MAC.fullmatch(m):
+                    raise AgentError("EINVAL", f"dmac {m!r} is not aa:bb:cc:dd:ee:ff")
+                neighbour = (ip_of_gid(g), m.lower())
+        elif "dmac" in attrs:
+            raise AgentError("EINVAL", "dmac without dgid: a verbs device takes the peer's MAC from its GID")
+        for name, bit, hi in (("max_dest_rd_atomic", M_MAX_DEST_RD, 16), ("min_rnr_timer", M_MIN_RNR, 31)):
+            if name in attrs or (fresh and state == "RTR"):      # given, or needed by INIT -> RTR
+                setattr(a, name, _int(attrs, name, 0, hi, DEFAULTS[name]))
+                mask |= bit
+        for name, bit, hi in (("timeout", M_TIMEOUT, 31), ("retry_cnt", M_RETRY, 7), ("rnr_retry", M_RNR_RETRY, 7),
+                              ("max_rd_atomic", M_MAX_RD, 16)):
+            if name in attrs or (fresh and state == "RTS"):      # given, or needed by RTR -> RTS
+                setattr(a, name, _int(attrs, name, 0, hi, DEFAULTS[name]))
+                mask |= bit
+        if "en_sqd_async_notify" in attrs:
+            v = attrs["en_sqd_async_notify"]
+            if not isinstance(v, bool):
+                raise AgentError("EINVAL", "en_sqd_async_notify must be true or false")
+            a.en_sqd_async_notify = int(v)
+            mask |= M_EN_SQD_ASYNC
+        profile = _enum(attrs, "profile", ("compat", "native"), "compat")
+        if profile != "compat":
+            raise AgentError("ENOTSUP", "profile native: an rdma-core device implements RoCEv2 (compat) only")
+        if attrs.get("native"):
+            raise AgentError("ENOTSUP", "native parameters: an rdma-core device implements compat only")
+        return a, mask, neighbour
+
+    def cmd_modify_qp(self, args: dict) -> None:
+        _, e = self._lookup(self.qps, "qp", args)
+        state = _enum(args, "state", QP_STATES)
+        attrs = _obj(args, "attrs", {})
+        cur = self._state(e.qp)
+        if state not in ("RESET", "ERR") and state not in TRANSITIONS[cur]:
+            raise AgentError("ESTATE", f"{cur} -> {state} not allowed")
+        attr, mask, neighbour = self._qp_attr(cur, state, attrs)
+        added = None
+        if neighbour is not None:
+            ip, mac = neighbour
+            with self.dev.lock:
+                if self.dev.neighbour(ip) != mac:
+                    self.dev.set_neighbour(ip, mac)
+                    added = ip
+        try:
+            e.qp.modify(attr, mask)
+        except BaseException:
+            if added is not None and added not in self.neighbours:
+                with self.dev.lock:
+                    self.dev.del_neighbour(added)
+            raise
+        if added is not None:
+            self.neighbours.add(added)
+
+    def cmd_query_qp(self, args: dict) -> dict:
+        _, e = self._lookup(self.qps, "qp", args)
+        a, _ = e.qp.query(0x1FFFFF)
+        dgid = None
+        ah = a.ah_attr
+        if ah.is_global and int(gid_hex(ah.dgid), 16):
+            dgid = gid_hex(ah.dgid)
+        attrs = {"qpn": e.qp.qp_num, "dest_qpn": a.dest_qp_num, "dgid": dgid,
+                 "dmac": self._dmac(dgid), "path_mtu": MTU_BYTES.get(a.path_mtu, 0), "sq_psn": a.sq_psn,
+                 "rq_psn": a.rq_psn, "access": _flag_names(a.qp_access_flags, ACCESS), "timeout": a.timeout,
+                 "retry_cnt": a.retry_cnt, "rnr_retry": a.rnr_retry, "min_rnr_timer": a.min_rnr_timer,
+                 "max_rd_atomic": a.max_rd_atomic, "max_dest_rd_atomic": a.max_dest_rd_atomic,
+                 "max_send_wr": e.cap["max_send_wr"], "max_recv_wr": e.cap["max_recv_wr"],
+                 "max_inline_data": e.cap["max_inline_data"], "pkey_index": a.pkey_index}
+        return {"state": QP_STATE_NAMES.get(a.qp_state, str(a.qp_state)), "attrs": attrs, "profile": "compat",
+                "agreed_caps": 0}
+
+    def _dmac(self, dgid: str | None) -> str | None:
+        if dgid is None or not self.dev.netdev:
+            return None
+        try:
+            return self.dev.neighbour(ip_of_gid(dgid))
+        except AgentError:
+            return None
+
+    # -- work requests -------------------------------------------------------------------
+    def _sges(self, wr: dict) -> list:
+        """[(addr, length, lkey)] of a WR's sg_list, each inside its MR."""
+        out = []
+        for i, s in enumerate(_list(wr, "sg_list", [])):
+            if not isinstance(s, dict):
+                raise AgentError("EINVAL", f"sg_list[{i}] must be an object {{mr, offset, len}}")
+            _, m = self._lookup(self.mrs, "mr", s)
+            off = _int(s, "offset", 0, 1 << 62, 0)
+            n = _int(s, "len", 0, 1 << 62)
+            if off + n > m.length:
+                raise AgentError("EINVAL", f"sg_list[{i}]: offset {off} + len {n} is past the MR's {m.length} bytes")
+            out.append((m.mr.buf + off, n, m.mr.lkey))
+        return out
+
+    def _wrs(self, args: dict) -> list:
+        wrs = _list(args, "wrs") if "wrs" in args else [_obj(args, "wr")]
+        if not wrs:
+            raise AgentError("EINVAL", "wrs is empty")
+        if not all(isinstance(w, dict) for w in wrs):
+            raise AgentError("EINVAL", "every work request is an object")
+        return wrs
+
+    @staticmethod
+    def _sge_objs(sges: list):
+        from pyverbs.wr import SGE
+        if sges:
+            return [SGE(a, n, k) for a, n, k in sges], len(sges)
+        return [SGE(0, 0, 0)], 0            # pyverbs wants one SGE; num_sge is set back to 0 below
+
+    def _send_wr(self, wr: dict, e: _QPEntry):
+        from pyverbs.wr import SendWR
+        opname = _enum(wr, "opcode", WR_OPCODES)
+        op = WR_OPCODES[opname]
+        flags = _flags(wr, "flags", SEND_FLAGS, ["SIGNALED"])       # absent: signaled; [] for unsignaled
+        wr_id = _u64(wr, "wr_id")
+        sges = self._sges(wr)
+        if flags & SEND_FLAGS["INLINE"]:
+            n = sum(s[1] for s in sges)
+            if n > e.cap["max_inline_data"]:
+                raise AgentError("EINVAL", f"INLINE of {n} bytes > the QP's max_inline_data "
+                                           f"{e.cap['max_inline_data']}")
+        word = 0
+        if opname in ("SEND_WITH_IMM", "RDMA_WRITE_WITH_IMM"):
+            word = socket.htonl(_int(wr, "imm", 0, 0xFFFFFFFF))        # ibv_send_wr.imm_data is __be32
+        elif opname == "SEND_WITH_INV":
+            word = _int(wr, "invalidate_rkey", 0, 0xFFFFFFFF)           # the union's host-order member
+        remote = None
+        if opname.startswith(("RDMA_", "ATOMIC_")):
+            r = _obj(wr, "remote")
+            remote = (_u64(r, "va"), _int(r, "rkey", 0, 0xFFFFFFFF))
+        compare = swap = 0
+        if opname == "ATOMIC_FETCH_AND_ADD":
+            compare = _u64(wr, "swap_add")
+        elif opname == "ATOMIC_CMP_AND_SWP":
+            compare, swap = _u64(wr, "compare"), _u64(wr, "swap_add")
+        sg, num = self._sge_objs(sges)
+        s = SendWR(wr_id=wr_id, opcode=op, num_sge=len(sg), sg=sg, send_flags=flags, imm_data=word)
+        s.num_sge = num
+        if opname.startswith("RDMA_"):
+            s.set_wr_rdma(remote[1], remote[0])
+        elif opname.startswith("ATOMIC_"):
+            s.set_wr_atomic(remote[1], remote[0], compare, swap)
+        return s
+
+    def _recv_wr(self, wr: dict):
+        from pyverbs.wr import RecvWR
+        wr_id = _u64(wr, "wr_id")
+        sg, num = self._sge_objs(self._sges(wr))
+        r = RecvWR(wr_id=wr_id, num_sge=len(sg), sg=sg)
+        r.num_sge = num
+        return r
+
+    def _post(self, e: _QPEntry, wrs: list, send: bool) -> None:
+        """One ibv_post_* of the whole chain.  The pyverbs objects are kept in `wrs` until
+        the call returns: each next pointer refers into the following object."""
+        for a, b in zip(wrs, wrs[1:]):
+            a.next_wr = b
+        from pyverbs.pyverbs_error import PyverbsRDMAError
+        try:
+            (e.qp.post_send if send else e.qp.post_recv)(wrs[0])
+        except PyverbsRDMAError as exc:
+            what = "post_send" if send else "post_recv"
+            state = self._state(e.qp)
+            if state in (("RESET", "INIT", "RTR") if send else ("RESET",)):
+                raise AgentError("ESTATE", f"{what} in state {state}: {exc}") from None
+            note = (f" (of the {len(wrs)} chained work requests the device keeps those before the one it "
+                    "refused: the verbs bad_wr rule)") if len(wrs) > 1 else ""
+            raise AgentError(_ERRNO_CODES.get(exc.error_code, "EINTERNAL"), f"{what}: {exc}{note}") from None
+
+    def cmd_post_send(self, args: dict) -> None:
+        _, e = self._lookup(self.qps, "qp", args)
+        wrs = [self._send_wr(w, e) for w in self._wrs(args)]
+        self._post(e, wrs, True)
+
+    def cmd_post_recv(self, args: dict) -> None:
+        _, e = self._lookup(self.qps, "qp", args)
+        wrs = [self._recv_wr(w) for w in self._wrs(args)]
+        self._post(e, wrs, False)
+
+    def cmd_poll_cq(self, args: dict) -> dict:
+        _, cq = self._lookup(self.cqs, "cq", args)
+        n = _int(args, "max", 1, MAX_POLL, 16)
+        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        deadline = time.monotonic() + timeout_ms / 1000
+        _, wcs = cq.poll(n)
+        while not wcs and time.monotonic() < deadline:          # MR-CONF-020: at most timeout_ms
+            time.sleep(min(0.0005, max(0.0, deadline - time.monotonic())))
+            _, wcs = cq.poll(n)
+        return {"completions": [self._wc(w) for w in wcs]}
+
+    @staticmethod
+    def _wc(wc) -> dict:
+        st = wc.status
+        d = {"wr_id": _hex64(wc.wr_id),
+             "status": "IBV_WC_" + (WC_STATUS[st] if 0 <= st < len(WC_STATUS) else str(st)),
+             "opcode": "IBV_WC_" + WC_OPCODES.get(wc.opcode, str(wc.opcode)),
+             "byte_len": wc.byte_len, "qp_num": wc.qp_num}
+        if wc.wc_flags & WC_WITH_IMM:
+            d["imm"] = socket.ntohl(wc.imm_data)
+        if wc.wc_flags & WC_WITH_INV:
+            d["invalidated_rkey"] = wc.imm_data
+        if wc.vendor_err:
+            d["vendor_err"] = wc.vendor_err
+        return d
+
+    # -- memory (MR-CONF-022) ------------------------------------------------------------
+    def cmd_mem_read(self, args: dict) -> dict:
+        _, m = self._lookup(self.mrs, "mr", args)
+        off = _int(args, "offset", 0, 1 << 62)
+        n = _int(args, "len", 0, MAX_MEM_IO)
+        if off + n > m.length:
+            raise AgentError("EINVAL", f"offset {off} + len {n} is past the MR's {m.length} bytes")
+        return {"hex": m.mr.read(n, off).hex() if n else ""}
+
+    def cmd_mem_write(self, args: dict) -> None:
+        _, m = self._lookup(self.mrs, "mr", args)
+        off = _int(args, "offset", 0, 1 << 62)
+        data = _bytes(args, "hex")
+        if off + len(data) > m.length:
+            raise AgentError("EINVAL", f"offset {off} + {len(data)} bytes is past the MR's {m.length} bytes")
+        if data:
+            m.mr.write(data, len(data), off)
+
+    # -- counters and knobs ----------------------------------------------------------------
+    def cmd_get_counters(self, args: dict) -> dict:
+        if args.get("qp") is not None:
+            self._lookup(self.qps, "qp", args)
+            raise AgentError("ENOTSUP", "per-QP counters: rdma-core reports the port's counters only "
+                                        "(get_counters without qp)")
+        return {"counters": self.dev.counters()}
+
+    def cmd_set_param(self, args: dict) -> None:
+        name = _get(args, "name")
+        raise AgentError("ENOTSUP", f"parameter {name!r}: a verbs device has no protocol knobs beyond the QP "
+                                    "attributes of modify_qp")
+
+    def _cm(self, args: dict):
+        raise AgentError("ENOTSUP", "connection set-up (cm_*) is not offered by the rdma-core agent; "
+                                    "connect QPs with modify_qp")
+
+    cmd_cm_listen = cmd_cm_connect = cmd_cm_wait = _cm
+
+
+# ---- TCP server ----------------------------------------------------------------------------
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        owner = self.server.owner
+        agent = Agent(owner.dev)
+        peer = "%s:%s" % self.client_address[:2]
+        log.info("agent session from %s opened", peer)          # MR-SEC-027: log every session
+        owner.sessions_add(self.connection)
+        try:
+            while not owner.closing:
+                line = self.rfile.readline(MAX_LINE)
+                if not line:
+                    break
+                if not line.endswith(b"\n"):
+                    if len(line) >= MAX_LINE:                    # MR-CONF-014
+                        self._send(b'{"id":null,"ok":false,"error":{"code":"EPROTO",'
+                                   b'"message":"line longer than 1 MiB: closing the session"}}\n')
+                    break
+                if not line.strip():
+                    continue
+                self._send(agent.handle_line(line))
+                if agent.closing:
+                    break
+        except (ConnectionError, OSError) as e:
+            log.info("agent session from %s: %s", peer, e)
+        finally:
+            agent.reset()                                  # a vanished tester leaves nothing behind
+            owner.sessions_discard(self.connection)
+            log.info("agent session from %s closed", peer)
+
+    def _send(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _TCPServer6(_TCPServer):
+    address_family = socket.AF_INET6
+
+
+class AgentServer:
+    """The listener (MR-CONF-013): one session per connection, each on its thread (libibverbs
+    is thread-safe; sessions share only the device context)."""
+
+    def __init__(self, dev: Device, host: str, port: int = DEFAULT_PORT) -> None:
+        self.dev = dev
+        self.closing = False
+        self._lock = threading.Lock()
+        self._conns: set = set()
+        cls = _TCPServer6 if ":" in host else _TCPServer
+        self._srv = cls((host, port), _Handler)
+        self._srv.owner = self
+
+    @property
+    def address(self):
+        return self._srv.server_address[:2]
+
+    def sessions_add(self, conn) -> None:
+        with self._lock:
+            self._conns.add(conn)
+
+    def sessions_discard(self, conn) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def serve_forever(self) -> None:
+        self._srv.serve_forever(poll_interval=0.1)
+
+    def close(self) -> None:
+        self.closing = True
+        self._srv.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def main(argv: list | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="pyverbs_agent.py",
+        description="MetaRoCE test agent (spec 9.4) for an rdma-core device, on pyverbs: serves the upper "
+                    "tester on TCP.  Off unless started; listens only on --listen (MR-SEC-027).",
+        epilog="example (Soft-RoCE VM): python3 pyverbs_agent.py --dev rxe0 --gid-index 1 --listen 10.77.0.2")
+    p.add_argument("--dev", help="RDMA device (ibv_devices; default: the first one)")
+    p.add_argument("--ib-port", type=int, default=1, help="device port (default %(default)s)")
+    p.add_argument("--gid-index", type=int, help="RoCEv2 GID index (default: the first IPv4-mapped RoCEv2 GID)")
+    p.add_argument("--listen", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s)")
+    p.add_argument("--timer-granularity-us", type=int,
+                   help="claimed timer granularity G (default: 1/HZ for rxe, else 1000)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        dev = Device(a.dev, a.ib_port, a.gid_index, a.timer_granularity_us)
+    except ImportError as e:
+        print(f"pyverbs agent: pyverbs is not installed ({e}); apt-get install python3-pyverbs", file=sys.stderr)
+        return 2
+    except Exception as e:
+        print(f"pyverbs agent: cannot open the device: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    try:
+        srv = AgentServer(dev, a.listen, a.port)
+    except OSError as e:
+        print(f"pyverbs agent: cannot listen on {a.listen}:{a.port}: {e}", file=sys.stderr)
+        return 1
+    log.info("agent on %s:%d for %s port %d GID[%d] %s (%s, %s), max_inline %d, G %d us",
+             *srv.address, dev.name, dev.port, dev.gid_index, dev.ip, dev.netdev, dev.mac, dev.max_inline,
+             dev.timer_granularity_us)
+    print(f"AGENT-READY {srv.address[0]}:{srv.address[1]}", flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Run the conformance tester against Linux Soft-RoCE (`rdma_rxe`) in the QEMU VM of ../shared/rxe-vm.
+
+    python -m tools.rxe_conformance                         # boot, agent smoke check, tear down
+    python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface} ...
+
+Steps: build the VM image (rxe-vm/build.sh, idempotent), boot it in keep mode
+(up.sh -k: netns rxeh<ID> with tap rxetap<ID> 10.77.<ID>.1/24 <-> VM eth0
+10.77.<ID>.2), put metaroce_xdp/conformance/pyverbs_agent.py on the VM's 9p
+share, start it in the VM listening on the VM's address (port 18516), wait
+until it says AGENT-READY, then run the given command in netns rxeh<ID>
+(`ip netns exec`).  The VM, the netns and the tap are always removed at the
+end, also on Ctrl-C or SIGTERM; the agent's log is kept in
+/tmp/rxevm/run/<ID>/agent.log.
+
+In the command, {agent} (VM address:port), {iface} (the tap), {vm_ip},
+{vm_mac}, {host_ip} and {netns} are replaced; the same values are in the
+environment as RXE_AGENT, RXE_IFACE, RXE_VM_IP, RXE_VM_MAC, RXE_HOST_IP and
+RXE_NETNS.  Without a command the agent smoke check runs: one AgentClient
+session (hello, caps, PD/MR/CQ/QP, memory write and read back, reset).
+
+Library use (tests/test_rxe_agent.py):
+
+    with RxeVM(vm_id=11) as vm:          # boots, starts the agent; tears down on exit
+        with in_netns(vm.netns):           # this thread's sockets now live in rxeh11
+            AgentClient(vm.vm_ip, vm.agent_port)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT_SRC = ROOT / "metaroce_xdp" / "conformance" / "pyverbs_agent.py"
+VM_DIR = Path(os.environ.get("RXEVM_SCRIPTS", ROOT.parent / "shared" / "rxe-vm"))
+RUN_BASE = Path(os.environ.get("RXEVM_DIR", "/tmp/rxevm"))
+AGENT_PORT = 18516
+CLONE_NEWNET = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class RxeVMError(RuntimeError):
+    """The VM or its agent could not be brought up; the message says what and where to look."""
+
+
+def _setns(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns({path}): {os.strerror(e)}")
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def in_netns(name: str):
+    """Move the calling thread into netns `name` for the block, then back.  Sockets created
+    inside stay in that namespace (how one process talks to the VM through the tap)."""
+    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(f"/var/run/netns/{name}")
+        yield name
+    finally:
+        try:
+            if _libc.setns(saved, CLONE_NEWNET) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"could not return from netns {name}: {os.strerror(e)}")
+        finally:
+            os.close(saved)
+
+
+class RxeVM:
+    """One Soft-RoCE VM with the pyverbs agent running in it.
+
+    up() builds and boots, start_agent() starts the agent and waits for it,
+    down() removes everything (safe to call twice, and after a failed up())."""
+
+    def __init__(self, vm_id: int = 0, *, port: int = AGENT_PORT, smp: int = 2, mtu: int | None = None,
+                 boot_timeout: float = 180.0, agent_timeout: float = 90.0, scripts: Path = VM_DIR,
+                 log=None) -> None:
+        if not 0 <= vm_id <= 254:
+            raise ValueError(f"vm_id {vm_id}: 0..254")
+        self.vm_id, self.agent_port, self.smp, self.mtu = vm_id, port, smp, mtu
+        self.boot_timeout, self.agent_timeout = boot_timeout, agent_timeout
+        self.scripts = Path(scripts)
+        self.netns, self.iface = f"rxeh{vm_id}", f"rxetap{vm_id}"
+        self.host_ip, self.vm_ip = f"10.77.{vm_id}.1", f"10.77.{vm_id}.2"
+        self.vm_mac = f"52:54:00:77:{vm_id:02x}:02"
+        self.run_dir = RUN_BASE / "run" / str(vm_id)
+        self.share = self.run_dir / "share"
+        self.gid_index: int | None = None
+        self.agent_job: str | None = None
+        self.booted = False
+        self._log = log or (lambda msg: print(f"[rxe-conformance] {msg}", file=sys.stderr, flush=True))
+
+    @property
+    def agent(self) -> str:
+        return f"{self.vm_ip}:{self.agent_port}"
+
+    def env(self) -> dict:
+        return {"RXE_AGENT": self.agent, "RXE_IFACE": self.iface, "RXE_VM_IP": self.vm_ip,
+                "RXE_VM_MAC": self.vm_mac, "RXE_HOST_IP": self.host_ip, "RXE_NETNS": self.netns,
+                "RXE_GID_IDX": str(self.gid_index if self.gid_index is not None else "")}
+
+    # -- the scripts of ../shared/rxe-vm ------------------------------------------------
+    def _script(self, name: str, *args: str, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
+        argv = [str(self.scripts / name), *args]
+        try:
+            cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RxeVMError(f"{' '.join(argv)} did not finish in {timeout:.0f} s: {e.stdout or ''}"
+                             f"{e.stderr or ''}") from None
+        if check and cp.returncode != 0:
+            raise RxeVMError(f"{' '.join(argv)} failed ({cp.returncode}):\n{cp.stdout}{cp.stderr}")
+        return cp
+
+    def build(self) -> None:
+        if not (self.scripts / "build.sh").exists():
+            raise RxeVMError(f"no {self.scripts}/build.sh: set RXEVM_SCRIPTS to the rxe-vm folder")
+        self._log("building the VM image (build.sh; ~1 min the first time, ~1 s when up to date)")
+        self._script("build.sh", timeout=1800)
+
+    def up(self) -> None:
+        """Build if needed and boot (up.sh -k).  A VM of this ID left from an earlier run is
+        stopped first: the ID is ours for the run."""
+        self.build()
+        pid = self.run_dir / "qemu.pid"
+        if pid.exists() and pid.read_text().strip():
+            self._log(f"VM {self.vm_id} from an earlier run is still there: down.sh -i {self.vm_id}")
+            self._script("down.sh", "-i", str(self.vm_id), timeout=60, check=False)
+        args = ["-i", str(self.vm_id), "-k", "-s", str(self.smp), "-t", str(int(self.boot_timeout))]
+        if self.mtu:
+            args += ["-M", str(self.mtu)]
+        self._log(f"booting VM {self.vm_id} (netns {self.netns}, {self.iface} {self.host_ip} <-> {self.vm_ip})")
+        t0 = time.monotonic()
+        self.booted = True                      # from here on down() has something to remove
+        cp = self._script("up.sh", *args, timeout=self.boot_timeout + 30)
+        gid = (self.run_dir / "gid_idx").read_text().strip() if (self.run_dir / "gid_idx").exists() else ""
+        self.gid_index = int(gid) if gid.isdigit() else None
+        self._log(f"VM {self.vm_id} ready after {time.monotonic() - t0:.1f} s, RXE_GID_IDX={gid} "
+                  f"({cp.stdout.strip().splitlines()[-1] if cp.stdout.strip() else ''})")
+
+    def start_agent(self) -> None:
+        """Copy the agent onto the share, start it in the VM and wait for AGENT-READY."""
+        shutil.copyfile(AGENT_SRC, self.share / "pyverbs_agent.py")
+        cmd = (f"exec python3 /mnt/host/pyverbs_agent.py --dev $RXE_DEV --gid-index $RXE_GID_IDX "
+               f"--listen $RXE_IP --port {self.agent_port}")
+        cp = self._script("vmexec.sh", "-i", str(self.vm_id), "-b", "--", cmd, timeout=30)
+        self.agent_job = cp.stdout.strip().splitlines()[-1]
+        out, rc = self._job_file("out"), self._job_file("rc")
+        deadline = time.monotonic() + self.agent_timeout
+        while True:
+            text = out.read_text(errors="replace") if out.exists() else ""
+            if "AGENT-READY" in text:
+                break
+            if rc.exists():
+                raise RxeVMError(f"the agent exited (rc {rc.read_text().strip()}) before it was ready:\n{text}")
+            if time.monotonic() > deadline:
+                raise RxeVMError(f"the agent was not ready after {self.agent_timeout:.0f} s:\n{text}")
+            time.sleep(0.2)
+        self._log(f"agent ready on {self.agent} (job {self.agent_job})")
+
+    def _job_file(self, ext: str) -> Path:
+        return self.share / "queue" / f"{self.agent_job}.{ext}"
+
+    def agent_log(self) -> str:
+        p = self._job_file("out") if self.agent_job else None
+        return p.read_text(errors="replace") if p is not None and p.exists() else ""
+
+    def down(self) -> None:
+        """Stop the agent and the VM, remove the netns and the tap; keep the agent's log."""
+        if self.agent_job:
+            text = self.agent_log()
+            if text:
+                with contextlib.suppress(OSError):
+                    (self.run_dir / "agent.log").write_text(text)
+            with contextlib.suppress(RxeVMError):
+                self._script("vmexec.sh", "-i", str(self.vm_id), "-k", self.agent_job, timeout=30, check=False)
+            self.agent_job = None
+        if self.booted:
+            self._log(f"stopping VM {self.vm_id} (down.sh)")
+            self._script("down.sh", "-i", str(self.vm_id), timeout=90, check=False)
+            self.booted = False
+
+    def __enter__(self) -> "RxeVM":
+        try:
+            self.up()
+            self.start_agent()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # -- the command ------------------------------------------------------------------
+    def run_in_netns(self, argv: list[str], timeout: float | None = None) -> int:
+        """Run argv in the VM's netns (ip netns exec) with {agent} etc. replaced; its exit code."""
+        values = {"agent": self.agent, "iface": self.iface, "vm_ip": self.vm_ip, "vm_mac": self.vm_mac,
+                  "host_ip": self.host_ip, "netns": self.netns, "gid_index": self.gid_index}
+        argv = [a.format(**values) for a in argv]
+        self._log(f"running in netns {self.netns}: {shlex.join(argv)}")
+        env = dict(os.environ, **self.env())
+        p = subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], env=env, start_new_session=True)
+        try:
+            return p.wait(timeout=timeout)
+        except BaseException:                   # Ctrl-C, SIGTERM or timeout: stop it, then tear down
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            raise
+
+
+def smoke(vm: RxeVM) -> None:
+    """One agent session from the VM's netns: the commands every tester session starts with."""
+    from metaroce_xdp.agent import AgentClient
+    with in_netns(vm.netns):
+        c = AgentClient(vm.vm_ip, vm.agent_port, timeout=20)
+    with c:
+        h = c.call("hello", proto=1)
+        print(f"hello: impl {h['impl']} ({h['version']}), gid {h['gid']} ip {h['ip']} mac {h['mac']}, "
+              f"caps {h['caps']:#x}, mtus {h['mtus']}, G {h['timer_granularity_us']} us, limits {h['limits']}")
+        caps = c.call("caps")
+        print(f"caps: counters {', '.join(caps['counters'])}")
+        pd = c.call("create_pd")["pd"]
+        mr = c.call("reg_mr", pd=pd, len=4096, access=["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ"], fill=0x5A)
+        c.call("mem_write", mr=mr["mr"], offset=100, hex="0102030405")
+        got = c.call("mem_read", mr=mr["mr"], offset=98, len=9)["hex"]
+        if got != "5a5a01020304055a5a":
+            raise RxeVMError(f"mem_read after mem_write gave {got}")
+        cq = c.call("create_cq", cqe=16)["cq"]
+        qp = c.call("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="RC",
+                    cap={"max_send_wr": 8, "max_recv_wr": 8, "max_send_sge": 1, "max_recv_sge": 1,
+                         "max_inline_data": 0})
+        c.call("modify_qp", qp=qp["qp"], state="INIT", attrs={"access": ["REMOTE_WRITE"], "pkey": 0xFFFF})
+        state = c.call("query_qp", qp=qp["qp"])["state"]
+        if state != "INIT":
+            raise RxeVMError(f"QP in {state} after modify_qp INIT")
+        c.call("reset")
+        c.call("bye")
+    print(f"smoke: OK (QPN {qp['qpn']:#x}, rkey {mr['rkey']:#x}, memory read back)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.rxe_conformance",
+        description="Boot the Soft-RoCE VM, run the rdma-core (pyverbs) test agent in it, run COMMAND in the "
+                    "VM's network namespace (default: the agent smoke check), always tear down.",
+        epilog="example: python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface}")
+    p.add_argument("-i", "--id", type=int, default=int(os.environ.get("RXEVM_ID", 0)),
+                   help="VM instance: netns rxeh<ID>, 10.77.<ID>.0/24 (default %(default)s)")
+    p.add_argument("--port", type=int, default=AGENT_PORT, help="agent TCP port in the VM (default %(default)s)")
+    p.add_argument("--smp", type=int, default=2, help="VM vCPUs (default %(default)s)")
+    p.add_argument("--mtu", type=int, help="link MTU (default 1500: rxe active_mtu 1024; 9000: 4096)")
+    p.add_argument("--timeout", type=float, help="seconds COMMAND may run (default: no limit)")
+    p.add_argument("--keep", action="store_true", help="leave the VM running after COMMAND (down.sh -i ID)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ... (run in netns rxeh<ID>)")
+    a = p.parse_args(argv)
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if os.geteuid() != 0:
+        print("rxe_conformance: needs root (netns, tap, QEMU)", file=sys.stderr)
+        return 2
+
+    def _terminate(signum, frame):              # SIGTERM/SIGHUP: the same clean-up as Ctrl-C
+        raise KeyboardInterrupt(f"signal {signum}")
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _terminate)
+
+    vm = RxeVM(a.id, port=a.port, smp=a.smp, mtu=a.mtu)
+    rc = 1
+    try:
+        vm.up()
+        vm.start_agent()
+        if cmd:
+            rc = vm.run_in_netns(cmd, timeout=a.timeout)
+        else:
+            smoke(vm)
+            rc = 0
+    except KeyboardInterrupt:
+        print("rxe_conformance: interrupted, tearing down", file=sys.stderr)
+        rc = 130
+    except subprocess.TimeoutExpired:
+        print(f"rxe_conformance: the command ran longer than {a.timeout} s", file=sys.stderr)
+        rc = 124
+    except Exception as e:  # noqa: BLE001 - tool boundary: one clear line, then the clean-up
+        print(f"rxe_conformance: {type(e).__name__}: {e}", file=sys.stderr)
+        if vm.agent_job:
+            print(f"agent log:\n{vm.agent_log()}", file=sys.stderr)
+        rc = 1
+    finally:
+        if a.keep and rc == 0:
+            print(f"VM {a.id} left running: agent {vm.agent}; stop it with {VM_DIR}/down.sh -i {a.id}",
+                  file=sys.stderr)
+        else:
+            # A second Ctrl-C during the clean-up must not leave the VM behind.
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                vm.down()
+            finally:
+                signal.signal(signal.SIGINT, old)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
