@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak clean lint
+.PHONY: setup test demo bench soak clean lint conformance
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -22,6 +22,13 @@ bench: setup
 SOAK_ARGS ?=
 soak: setup
 	$(PY) -m tools.soak $(SOAK_ARGS)
+
+# The conformance suite (spec 09) against the reference implementation in namespaces it builds;
+# reports in conformance-report/ (JSON Lines, JUnit XML, Markdown, HTML, pcaps).  docs/conformance.md
+# says how to run it against another implementation.
+CONFORMANCE_ARGS ?=
+conformance: setup
+	$(PY) -m metaroce_xdp.conformance --self-test --report conformance-report $(CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,52 @@
+"""Helpers shared by the case modules."""
+from __future__ import annotations
+
+from .. import packets as P
+from ..context import Conn, T
+from ..lt import Frame
+
+QUIET = 0.25           # seconds of silence that count as "no response"
+ACK_WAIT = 1.0         # seconds to wait for a response that must come
+
+
+def acks(frames: list[Frame]) -> list[Frame]:
+    return [f for f in frames if f.roce.op == 0x11]
+
+
+def describe(frames: list[Frame]) -> str:
+    return ", ".join(f.summary() for f in frames) or "nothing"
+
+
+def expect_ack(c: Conn, psn: int, after: int, timeout: float = ACK_WAIT) -> Frame | None:
+    """The first ACKNOWLEDGE of type ACK with BTH.PSN psn that the IUT sends after `after`."""
+    got = c.expect(1, timeout, after=after,
+                   match=lambda f: f.roce.op == 0x11 and f.roce.ack_kind == "ACK" and f.roce.psn == psn)
+    return got[0] if got else None
+
+
+def dropped_silently(t: T, c: Conn, bad: bytes, rules: list[str], what: str, *, offset: int = 0,
+                     length: int = 0, count_rule: str | None = None) -> None:
+    """Send `bad` (a request at c.psn that the IUT must drop without a response), then the valid
+    WRITE ONLY at the same PSN.  Pass for each rule when: nothing answered the bad frame within
+    QUIET s; the bytes [offset, offset + length) of the MR are still zero; and the valid WRITE
+    at the same PSN is ACKed (the drop changed no PSN state) and placed."""
+    mark = c.send(bad)
+    seen = c.quiet(QUIET, after=mark)
+    before = c.mem(offset, length) if length else b""
+    good = b"GOOD"
+    goff = offset + max(length, 64)
+    mark2 = c.send(c.frame("RDMA_WRITE_ONLY", ackreq=True, reth=(c.va + goff, c.rkey, len(good)), payload=good))
+    ack = expect_ack(c, c.psn, mark2)
+    placed = c.mem(goff, len(good)) == good
+    untouched = before == bytes(length)
+    ok = not seen and untouched and ack is not None and placed
+    detail = (f"{what}: " + ("no response, memory untouched, the valid WRITE at the same PSN ACKed"
+                             if ok else
+                             f"responses to it: {describe(seen)}; memory untouched: {untouched}; "
+                             f"valid WRITE at PSN {c.psn:#08x} ACKed: {ack is not None}, placed: {placed}"))
+    frames = seen + ([ack] if ack is not None else [])
+    exp = (f"no frame from the IUT for {QUIET:g} s after the bad frame, then ACKNOWLEDGE ACK psn={c.psn:#08x} "
+           f"for the valid WRITE")
+    for r in rules:
+        t.check(r, ok, detail, frames=frames or [mark + 1], expected=exp)
+    c.psn = P.psn_add(c.psn, 1)

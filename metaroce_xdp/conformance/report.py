@@ -1,0 +1,269 @@
+"""Reports of a run: JSON Lines (9.6.1), JUnit XML, Markdown and HTML (9.6.2 and the rule matrix), console.
+
+The matrix lists every rule of the spec: level, whether it applies to the claim,
+whether it is observable, the cases that check it and their verdicts, and the
+rule's overall verdict; rules no case checks are listed as uncovered.  Every
+failure shows the expected and the observed packets and links its capture.
+"""
+from __future__ import annotations
+
+import html
+import json
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .runner import VERDICTS, RunResult, Verdict
+from .spec import Catalogue
+
+
+@dataclass
+class RuleRow:
+    id: str
+    level: str
+    applicable: bool
+    why_na: str
+    observable: str
+    verdicts: list[Verdict]
+
+    @property
+    def overall(self) -> str:
+        """The rule's verdict over the run: FAIL > ERROR > PASS > NOT-OBSERVABLE > NOT-APPLICABLE > UNCOVERED."""
+        vs = {v.verdict for v in self.verdicts}
+        if not self.applicable:
+            return "NOT-APPLICABLE"
+        if self.observable == "no":
+            return "NOT-OBSERVABLE"
+        for v in ("FAIL", "ERROR", "PASS", "NOT-OBSERVABLE", "NOT-APPLICABLE"):
+            if v in vs:
+                return v
+        return "UNCOVERED"
+
+
+def matrix(res: RunResult, cat: Catalogue) -> list[RuleRow]:
+    by_rule: dict[str, list[Verdict]] = {}
+    for v in res.verdicts():
+        by_rule.setdefault(v.rule, []).append(v)
+    rows = []
+    for r in cat:
+        ok, why = cat.applicable(r.id, res.claim)
+        rows.append(RuleRow(r.id, r.level, ok, why, r.observable, by_rule.get(r.id, [])))
+    return rows
+
+
+def summary(res: RunResult, cat: Catalogue) -> dict:
+    """The summary line of 9.6.1, with the conformance statement of MR-CONF-025."""
+    vs = res.verdicts()
+    counts = {k: 0 for k in VERDICTS}
+    counts.update(Counter(v.verdict for v in vs))
+    rows = matrix(res, cat)
+    must = [r for r in rows if r.applicable and r.observable != "no" and r.level in ("must", "must not")]
+    must_fail = sorted({v.rule for v in vs if v.verdict == "FAIL" and v.level in ("must", "must not")})
+    should_fail = sorted({v.rule for v in vs if v.verdict == "FAIL" and v.level in ("should", "should not")})
+    errors = sorted(r.id for r in must if r.overall == "ERROR")
+    uncovered = sorted(r.id for r in must if r.overall == "UNCOVERED")
+    if must_fail:
+        conf = "NOT-CONFORMANT"
+    elif errors or uncovered:
+        conf = "INCONCLUSIVE"
+    else:
+        conf = "CONFORMANT"
+    return {"run_id": res.run_id, "iut": res.iut, "claim": res.claim.text(), "spec_version": res.spec_version,
+            "counts": counts, "must_fail": must_fail, "should_fail": should_fail, "conformance": conf,
+            "must_rules": len(must), "must_passed": sum(1 for r in must if r.overall == "PASS"),
+            "must_error": errors, "must_uncovered": len(uncovered)}
+
+
+def _evidence(res: RunResult, v: Verdict) -> dict:
+    run = next(r for r in res.runs if r.case.id == v.test)
+    return {"pcap": run.pcap or None, "frames": v.frames, "agent_log": run.agent_log or None,
+            "agent_lines": v.agent_lines, "counters": run.counters}
+
+
+def write_jsonl(res: RunResult, cat: Catalogue, path: Path) -> None:
+    """MR-CONF-026: one line per (case, rule) verdict, then the summary line."""
+    with open(path, "w") as f:
+        for v in res.verdicts():
+            f.write(json.dumps({"run_id": res.run_id, "ts": v.ts, "test": v.test, "rule": v.rule, "level": v.level,
+                                "profile": v.profile, "verdict": v.verdict, "iut": res.iut, "peer": res.peer,
+                                "evidence": _evidence(res, v), "detail": v.detail,
+                                "duration_ms": v.duration_ms}, separators=(",", ":")) + "\n")
+        f.write(json.dumps({"summary": summary(res, cat)}, separators=(",", ":")) + "\n")
+
+
+def write_junit(res: RunResult, path: Path) -> None:
+    """One <testcase> per case; FAIL -> <failure>, ERROR -> <error>, all rules not applicable -> <skipped>."""
+    suite = ET.Element("testsuite", name="metaroce-conformance", timestamp=res.started)
+    n = Counter()
+    for run in res.runs:
+        tc = ET.SubElement(suite, "testcase", classname=f"conformance.{run.case.module}", name=run.case.id,
+                           time=f"{run.duration_ms / 1000:.3f}")
+        n["tests"] += 1
+        fails = [v for v in run.verdicts if v.verdict == "FAIL"]
+        errs = [v for v in run.verdicts if v.verdict == "ERROR"]
+        if fails:
+            n["failures"] += 1
+            el = ET.SubElement(tc, "failure", message="; ".join(f"{v.rule}: {v.detail}" for v in fails)[:2000])
+            el.text = "\n".join(f"{v.rule}: expected {v.expected}\n  observed: " + "\n  ".join(v.observed or ["-"])
+                                for v in fails)
+        elif errs:
+            n["errors"] += 1
+            ET.SubElement(tc, "error", message="; ".join(f"{v.rule}: {v.detail}" for v in errs)[:2000]).text = \
+                run.error
+        elif all(v.verdict in ("NOT-APPLICABLE", "NOT-OBSERVABLE") for v in run.verdicts):
+            n["skipped"] += 1
+            ET.SubElement(tc, "skipped", message=run.skipped or run.verdicts[0].detail)
+        out = ET.SubElement(tc, "system-out")
+        out.text = "\n".join(f"{v.rule} {v.verdict}: {v.detail}" for v in run.verdicts)
+    for k in ("tests", "failures", "errors", "skipped"):
+        suite.set(k, str(n[k]))
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _ev_text(res: RunResult, v: Verdict) -> str:
+    run = next(r for r in res.runs if r.case.id == v.test)
+    if not run.pcap or v.verdict in ("NOT-APPLICABLE", "NOT-OBSERVABLE"):
+        return "-"
+    name = Path(run.pcap).name
+    return name + (" " + ",".join(f"#{n}" for n in v.frames) if v.frames else "")
+
+
+def _md_cell(s: str) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
+    s = summary(res, cat)
+    rows = matrix(res, cat)
+    L = [f"# MetaRoCE conformance report: {res.iut['name']} {res.iut['version']}", "",
+         f"* run: `{res.run_id}`, spec {res.spec_version}, peer {res.peer}",
+         f"* claim: **{s['claim']}** (profiles {', '.join(res.claim.profiles)}; capabilities "
+         f"{', '.join(sorted(res.claim.caps)) or 'none'})",
+         f"* conformance (MR-CONF-025): **{s['conformance']}** - applicable observable MUST rules: "
+         f"{s['must_rules']}, passed {s['must_passed']}, failed {len(s['must_fail'])}, "
+         f"error {len(s['must_error'])}, uncovered {s['must_uncovered']}",
+         "* verdicts: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()), ""]
+    if s["must_fail"]:
+        L.append("MUST failures: " + ", ".join(s["must_fail"]))
+        L.append("")
+    L += ["## Verdicts (9.6.2)", "", "| Rule | Test | Level | Profile | Verdict | Evidence | Detail |",
+          "|---|---|---|---|---|---|---|"]
+    for v in sorted(res.verdicts(), key=lambda v: (v.rule, v.test)):
+        L.append(f"| {v.rule} | {v.test} | {v.level} | {v.profile} | {v.verdict} | {_md_cell(_ev_text(res, v))} | "
+                 f"{_md_cell(v.detail)} |")
+    L.append("")
+    fails = [v for v in res.verdicts() if v.verdict in ("FAIL", "ERROR")]
+    if fails:
+        L += ["## Failures and errors", ""]
+        for v in fails:
+            run = next(r for r in res.runs if r.case.id == v.test)
+            L += [f"### {v.test} / {v.rule}: {v.verdict}", "", f"{v.detail}", "",
+                  f"capture: [{run.pcap}]({run.pcap}), agent log: [{run.agent_log}]({run.agent_log})", ""]
+            if v.expected:
+                L += ["expected:", "", "```", v.expected, "```", ""]
+            L += ["observed:", "", "```", *(v.observed or ["(no frames)"]), "```", ""]
+            if run.error and v.verdict == "ERROR":
+                L += ["```", run.error, "```", ""]
+    L += ["## Rule matrix", "", "Every rule of the spec, the cases that check it and the rule's verdict.", "",
+          "| Rule | Level | Applies | Observable | Cases | Verdict |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cases = ", ".join(f"{v.test} {v.verdict}" for v in r.verdicts) or "-"
+        L.append(f"| {r.id} | {r.level} | {'yes' if r.applicable else 'no'} | {r.observable} | {cases} | "
+                 f"{r.overall} |")
+    unc = [r for r in rows if r.overall == "UNCOVERED"]
+    L += ["", f"## Uncovered rules ({len(unc)})", "",
+          "Applicable rules that no case of this run checks.", "",
+          ", ".join(r.id for r in unc) or "none", ""]
+    unobs = [r for r in rows if r.observable != "yes"]
+    L += ["## Rules not (fully) observable (MR-CONF-037, Table 9-2)", ""]
+    for r in unobs:
+        L.append(f"* {r.id} ({r.observable}): {cat[r.id].unobservable_what or 'marked in its text'}")
+    L.append("")
+    path.write_text("\n".join(L))
+
+
+_CSS = """body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
+.PASS{background:#d8f5d0}.FAIL{background:#f7c6c6}.ERROR{background:#f7e0a6}
+.NOT-APPLICABLE,.NOT-OBSERVABLE{background:#e8e8e8}.UNCOVERED{background:#fff}pre{background:#f6f6f6;padding:6px}"""
+
+
+def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
+    e = html.escape
+    s = summary(res, cat)
+    rows = matrix(res, cat)
+    H = [f"<!doctype html><html><head><meta charset='utf-8'><title>MetaRoCE conformance: {e(res.iut['name'])}"
+         f"</title><style>{_CSS}</style></head><body>",
+         f"<h1>MetaRoCE conformance report: {e(res.iut['name'])} {e(res.iut['version'])}</h1>",
+         f"<p>run <code>{e(res.run_id)}</code>, spec {e(res.spec_version)}, peer {e(res.peer)}<br>",
+         f"claim <b>{e(s['claim'])}</b><br>conformance (MR-CONF-025): <b class='{e(s['conformance'])}'>"
+         f"{e(s['conformance'])}</b>: applicable observable MUST rules {s['must_rules']}, passed {s['must_passed']}, "
+         f"failed {len(s['must_fail'])}, error {len(s['must_error'])}, uncovered {s['must_uncovered']}<br>",
+         "verdicts: " + " &nbsp; ".join(f"{k} {v}" for k, v in s["counts"].items()) + "</p>",
+         "<h2>Verdicts</h2><table><tr><th>Rule</th><th>Test</th><th>Level</th><th>Profile</th><th>Verdict</th>"
+         "<th>Evidence</th><th>Detail</th></tr>"]
+    for v in sorted(res.verdicts(), key=lambda v: (v.rule, v.test)):
+        run = next(r for r in res.runs if r.case.id == v.test)
+        ev = _ev_text(res, v)
+        evh = f"<a href='{e(run.pcap)}'>{e(ev)}</a>" if ev != "-" else "-"
+        H.append(f"<tr><td>{e(v.rule)}</td><td>{e(v.test)}</td><td>{e(v.level)}</td><td>{e(v.profile)}</td>"
+                 f"<td class='{v.verdict}'>{v.verdict}</td><td>{evh}</td><td>{e(v.detail)}</td></tr>")
+    H.append("</table>")
+    fails = [v for v in res.verdicts() if v.verdict in ("FAIL", "ERROR")]
+    if fails:
+        H.append("<h2>Failures and errors</h2>")
+        for v in fails:
+            run = next(r for r in res.runs if r.case.id == v.test)
+            H.append(f"<h3 class='{v.verdict}'>{e(v.test)} / {e(v.rule)}: {v.verdict}</h3><p>{e(v.detail)}<br>"
+                     f"capture <a href='{e(run.pcap)}'>{e(run.pcap)}</a>, agent log "
+                     f"<a href='{e(run.agent_log)}'>{e(run.agent_log)}</a></p>")
+            if v.expected:
+                H.append(f"<p>expected</p><pre>{e(v.expected)}</pre>")
+            H.append(f"<p>observed</p><pre>{e(chr(10).join(v.observed or ['(no frames)']))}</pre>")
+            if run.error and v.verdict == "ERROR":
+                H.append(f"<pre>{e(run.error)}</pre>")
+    H.append("<h2>Rule matrix</h2><table><tr><th>Rule</th><th>Level</th><th>Applies</th><th>Observable</th>"
+             "<th>Cases</th><th>Verdict</th><th>Text</th></tr>")
+    for r in rows:
+        cases = "<br>".join(f"{e(v.test)} <span class='{v.verdict}'>{v.verdict}</span>" for v in r.verdicts) or "-"
+        H.append(f"<tr><td>{r.id}</td><td>{r.level}</td><td>{'yes' if r.applicable else 'no'}</td>"
+                 f"<td>{r.observable}</td><td>{cases}</td><td class='{r.overall}'>{r.overall}</td>"
+                 f"<td>{e(cat[r.id].title)}</td></tr>")
+    H.append("</table>")
+    unc = [r.id for r in rows if r.overall == "UNCOVERED"]
+    H.append(f"<h2>Uncovered rules ({len(unc)})</h2><p>{e(', '.join(unc) or 'none')}</p>")
+    H.append("<h2>Rules not (fully) observable (MR-CONF-037)</h2><ul>")
+    for r in rows:
+        if r.observable != "yes":
+            H.append(f"<li>{r.id} ({r.observable}): {e(cat[r.id].unobservable_what or 'marked in its text')}</li>")
+    H.append("</ul></body></html>")
+    path.write_text("\n".join(H))
+
+
+def console(res: RunResult, cat: Catalogue) -> str:
+    s = summary(res, cat)
+    lines = []
+    for v in sorted(res.verdicts(), key=lambda v: (v.rule, v.test)):
+        if v.verdict in ("FAIL", "ERROR"):
+            lines.append(f"{v.verdict:<6} {v.rule:<13} {v.test:<15} {v.detail}")
+    lines.append("  ".join(f"{k} {n}" for k, n in s["counts"].items()))
+    lines.append(f"Conformance ({s['claim']}): {s['conformance']}"
+                 + (f" (MUST failures: {', '.join(s['must_fail'])})" if s["must_fail"] else "")
+                 + f"; MUST rules passed {s['must_passed']} of {s['must_rules']}, uncovered {s['must_uncovered']}")
+    return "\n".join(lines)
+
+
+def write_all(res: RunResult, cat: Catalogue, report_dir: Path | str) -> dict[str, Path]:
+    d = Path(report_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"jsonl": d / "report.jsonl", "junit": d / "junit.xml", "md": d / "report.md", "html": d / "report.html"}
+    write_jsonl(res, cat, paths["jsonl"])
+    write_junit(res, paths["junit"])
+    write_markdown(res, cat, paths["md"])
+    write_html(res, cat, paths["html"])
+    return paths
+
+
+__all__ = ["console", "matrix", "summary", "write_all", "write_html", "write_jsonl", "write_junit",
+           "write_markdown"]

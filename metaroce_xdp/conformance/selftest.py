@@ -1,0 +1,97 @@
+"""The suite against the reference implementation, in network namespaces it builds and removes.
+
+    IUT namespace                              tester namespace
+    python -m metaroce_xdp.agent   ctl0 ---- ctl1   AgentClient (TCP 18516, control only)
+      Context on mr0 (XDP+AF_XDP)   mr0 ---- mr1    LowerTester (AF_PACKET), peer IP 10.56.0.2
+
+The RoCE link carries nothing but RoCE (and what the kernels say on their own);
+the agent's TCP session has a link of its own so that it never shares the
+captured wire.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+
+from ..topo import Topology
+
+IUT_IP, LT_IP = "10.56.0.1", "10.56.0.2"
+CTL_IUT, CTL_LT = "10.57.0.1", "10.57.0.2"
+AGENT_PORT = 18516
+
+
+class SelfTest:
+    """Namespaces, links and the reference agent; `with SelfTest() as st: st.enter_tester()` ..."""
+
+    def __init__(self, start_timeout: float = 90.0, agent_log=None) -> None:
+        self.topo = Topology(2, prefix="mrcf")
+        self.proc = None
+        self._swallow = None
+        try:
+            self.iut_ns, self.lt_ns = self.topo[0], self.topo[1]
+            self.topo.add_veth(self.iut_ns, self.lt_ns, "mr0", "mr1", ipv4=(f"{IUT_IP}/24", f"{LT_IP}/24"))
+            self.topo.add_veth(self.iut_ns, self.lt_ns, "ctl0", "ctl1", ipv4=(f"{CTL_IUT}/24", f"{CTL_LT}/24"))
+            self.lt_iface = "mr1"
+            self.proc = self.topo.popen(self.iut_ns, [sys.executable, "-m", "metaroce_xdp.agent", "--dev", "mr0",
+                                                      "--listen", CTL_IUT, "--port", str(AGENT_PORT)],
+                                        stdout=agent_log or subprocess_devnull(), stderr=subprocess_stdout(agent_log),
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            with self.topo.enter(self.lt_ns):
+                # The tester's kernel owns LT_IP: without a socket on port 4791 it would answer the IUT's
+                # frames to the LT with ICMP port unreachable.  This one swallows them.
+                self._swallow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self._swallow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                self._swallow.bind((LT_IP, 4791))
+                self._wait_agent(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_agent(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the reference agent exited with {self.proc.returncode} before serving")
+            try:
+                socket.create_connection((CTL_IUT, AGENT_PORT), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the reference agent did not listen within {timeout:g} s") from None
+                time.sleep(0.2)
+
+    @property
+    def agent_addr(self) -> tuple[str, int]:
+        return CTL_IUT, AGENT_PORT
+
+    def enter_tester(self):
+        """Context manager: the calling thread in the tester's namespace (sockets made there stay there)."""
+        return self.topo.enter(self.lt_ns)
+
+    def close(self) -> None:
+        if self._swallow is not None:
+            with contextlib.suppress(OSError):
+                self._swallow.close()
+        self.topo.close()        # stops the agent process too
+
+    def __enter__(self) -> "SelfTest":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def subprocess_devnull():
+    import subprocess
+    return subprocess.DEVNULL
+
+
+def subprocess_stdout(log):
+    import subprocess
+    return subprocess.STDOUT if log is not None else subprocess.DEVNULL
+
+
+__all__ = ["SelfTest", "IUT_IP", "LT_IP"]
