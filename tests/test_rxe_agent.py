@@ -1,0 +1,288 @@
+"""The rdma-core test agent (metaroce_xdp/conformance/pyverbs_agent.py) on Linux Soft-RoCE, end to end.
+
+One QEMU VM for the module (tools/rxe_conformance.RxeVM, ../shared/rxe-vm): the
+Debian kernel's rdma_rxe on the VM's eth0, the pyverbs agent serving on
+10.77.11.2:18516.  On this side, in netns rxeh11, OUR endpoint runs on the tap
+(Context.open("rxetap11"): the XDP program and an AF_XDP socket) behind the
+reference agent (metaroce_xdp/agent.py) on 127.0.0.1 of that namespace.  The
+test is the upper tester: AgentClient sessions to both agents, QPs connected
+by hand with modify_qp (RoCEv2 GID of each side from hello), RDMA WRITE,
+SEND (with immediate data), RDMA READ and the two atomics from each side over
+the tap, completions polled through the agents, memory read back through them
+and compared byte by byte.  Then the agent's error answers (section 9.4.3),
+and remote errors that rxe reports as NAKs.
+
+The VM takes 15-30 s to boot under TCG; the `vm` mark lets `make test`
+leave the module out (pytest -m "not vm").
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from metaroce_xdp.agent import AgentClient, AgentError, AgentServer
+from tools.rxe_conformance import RxeVM, in_netns
+
+pytestmark = [pytest.mark.vm, pytest.mark.netns, pytest.mark.timeout(420)]
+
+VM_ID = int(os.environ.get("RXE_TEST_VM_ID", 11))    # not 0: leave rxeh0 to interactive use
+FULL = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"]
+MR_LEN = 65536
+WAIT_MS = 20000          # TCG: a round trip through the VM can take tens of ms on a loaded host
+TIMEOUT = 16             # local ACK timeout 4.096 us * 2^16 = 268 ms: nothing is lost on the tap
+
+
+@pytest.fixture(scope="module")
+def vm():
+    if os.geteuid() != 0:
+        pytest.fail("needs root: netns, tap and QEMU")
+    with RxeVM(VM_ID, agent_timeout=120) as v:
+        yield v
+
+
+@pytest.fixture(scope="module")
+def ours(vm):
+    """Our endpoint on the tap in the VM's netns, served by the reference agent there."""
+    from metaroce_xdp.rc.engine import Context
+    with in_netns(vm.netns):
+        ctx = Context.open(vm.iface, progress_thread=True, pin=False)
+        srv = AgentServer(ctx, "127.0.0.1", 0).start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+        ctx.close()
+
+
+def _client(vm: RxeVM, host: str, port: int) -> AgentClient:
+    with in_netns(vm.netns):
+        return AgentClient(host, port, timeout=30)
+
+
+class Side:
+    """One IUT as the upper tester sees it: a session, hello's answer, its handles."""
+
+    def __init__(self, c: AgentClient) -> None:
+        self.c = c
+        self.hello = c.call("hello", proto=1)
+
+    def setup(self, cqe: int = 64) -> "Side":
+        c = self.c
+        self.pd = c.call("create_pd")["pd"]
+        self.mr_info = c.call("reg_mr", pd=self.pd, len=MR_LEN, access=FULL)
+        self.mr = self.mr_info["mr"]
+        self.cq = c.call("create_cq", cqe=cqe)["cq"]
+        r = c.call("create_qp", pd=self.pd, send_cq=self.cq, recv_cq=self.cq, type="RC",
+                   cap={"max_send_wr": 32, "max_recv_wr": 32, "max_send_sge": 2, "max_recv_sge": 2,
+                        "max_inline_data": 0})
+        self.qp, self.qpn = r["qp"], r["qpn"]
+        return self
+
+    def connect(self, peer: "Side", psn: int, peer_psn: int, mtu: int = 1024) -> None:
+        c = self.c
+        c.call("modify_qp", qp=self.qp, state="INIT", attrs={"access": FULL, "pkey": 0xFFFF})
+        c.call("modify_qp", qp=self.qp, state="RTR",
+               attrs={"dest_qpn": peer.qpn, "rq_psn": peer_psn, "path_mtu": mtu, "dgid": peer.hello["gid"],
+                      "dmac": peer.hello["mac"], "max_dest_rd_atomic": 4, "min_rnr_timer": 1,
+                      "profile": "compat"})
+        c.call("modify_qp", qp=self.qp, state="RTS",
+               attrs={"sq_psn": psn, "timeout": TIMEOUT, "retry_cnt": 3, "rnr_retry": 3, "max_rd_atomic": 4})
+
+    def va(self, off: int) -> str:
+        return hex(int(self.mr_info["va"], 16) + off)
+
+    def rkey(self) -> int:
+        return self.mr_info["rkey"]
+
+    def poll(self, n: int = 1, timeout_ms: int = WAIT_MS) -> list[dict]:
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout_ms / 1000
+        while len(out) < n and time.monotonic() < deadline:
+            out += self.c.call("poll_cq", cq=self.cq, max=n - len(out), timeout_ms=500)["completions"]
+        assert len(out) == n, f"{len(out)} of {n} completions: {out}"
+        return out
+
+    def read(self, off: int, n: int) -> bytes:
+        return bytes.fromhex(self.c.call("mem_read", mr=self.mr, offset=off, len=n)["hex"])
+
+    def write(self, off: int, data: bytes) -> None:
+        self.c.call("mem_write", mr=self.mr, offset=off, hex=data.hex())
+
+    def sge(self, off: int, n: int) -> list[dict]:
+        return [{"mr": self.mr, "offset": off, "len": n}]
+
+
+def _pattern(seed: int, n: int) -> bytes:
+    return bytes((seed * 31 + i * 7) & 0xFF for i in range(n))
+
+
+@pytest.fixture
+def pair(vm, ours):
+    """Our QP and rxe's QP, connected both ways, each with a 64 KiB MR of full access."""
+    a = Side(_client(vm, *ours.address)).setup()
+    b = Side(_client(vm, vm.vm_ip, vm.agent_port)).setup()
+    a.connect(b, psn=0x100, peer_psn=0xFFFFF0)          # rxe's PSNs wrap at 2^24 during the test
+    b.connect(a, psn=0xFFFFF0, peer_psn=0x100)
+    yield a, b
+    for s in (a, b):
+        s.c.call("reset")
+        s.c.close()
+
+
+def test_hello_describes_rxe(vm):
+    with _client(vm, vm.vm_ip, vm.agent_port) as c:
+        h = c.call("hello", proto=1)
+        assert h["proto"] == 1 and h["impl"] == "rdma-core:rxe0" and h["profiles"] == ["compat"]
+        assert h["ip"] == vm.vm_ip and h["mac"] == vm.vm_mac
+        assert h["gid"] == "00000000000000000000ffff" + "".join(f"{int(x):02x}" for x in vm.vm_ip.split("."))
+        assert h["gid_index"] == vm.gid_index
+        assert h["mtus"] == [256, 512, 1024]             # tap MTU 1500: rxe's active_mtu is 1024
+        assert h["caps"] & 0x80                           # rxe executes atomics (ATOMICS)
+        assert set(h["limits"]) == {"max_qp", "max_cq", "max_mr", "max_sge", "max_inline", "max_rd_atomic"}
+        assert h["limits"]["max_inline"] > 0 and h["timer_granularity_us"] > 0
+        caps = c.call("caps")
+        assert {"sent_pkts", "rcvd_pkts"} <= set(caps["counters"]) and caps["dcqcn"] is False
+        counters = c.call("get_counters")["counters"]
+        assert set(counters) == set(caps["counters"])
+
+
+def test_write_send_read_atomics_both_ways(pair):
+    """The full session: each side WRITEs, SENDs (with immediate), READs and runs both atomics
+    into the other over the tap; completions and memory through the agents."""
+    a, b = pair
+    for src, dst, seed in ((a, b, 1), (b, a, 2)):
+        # RDMA WRITE of 3000 bytes (3 packets at MTU 1024) to offset 4096
+        data = _pattern(seed, 3000)
+        src.write(0, data)
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x10", "opcode": "RDMA_WRITE", "sg_list": src.sge(0, 3000),
+                                               "remote": {"va": dst.va(4096), "rkey": dst.rkey()}})
+        (wc,) = src.poll()
+        assert (wc["wr_id"], wc["status"], wc["opcode"]) == ("0x10", "IBV_WC_SUCCESS", "IBV_WC_RDMA_WRITE")
+        assert dst.read(4096, 3000) == data
+        assert dst.read(4096 + 3000, 16) == bytes(16)            # nothing past the end
+
+        # SEND WITH IMMEDIATE of 1500 bytes into a posted receive at offset 16384
+        msg = _pattern(seed + 10, 1500)
+        src.write(8192, msg)
+        dst.c.call("post_recv", qp=dst.qp, wr={"wr_id": "0x20", "sg_list": dst.sge(16384, 2048)})
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x21", "opcode": "SEND_WITH_IMM", "imm": 0xC0FFEE00 + seed,
+                                               "sg_list": src.sge(8192, 1500)})
+        (ws,) = src.poll()
+        (wr,) = dst.poll()
+        assert (ws["wr_id"], ws["status"], ws["opcode"]) == ("0x21", "IBV_WC_SUCCESS", "IBV_WC_SEND")
+        assert (wr["wr_id"], wr["status"], wr["opcode"]) == ("0x20", "IBV_WC_SUCCESS", "IBV_WC_RECV")
+        assert wr["byte_len"] == 1500 and wr["imm"] == 0xC0FFEE00 + seed and wr["qp_num"] == dst.qpn
+        assert dst.read(16384, 1500) == msg
+
+        # plain SEND of 0 bytes (a packet with no payload)
+        dst.c.call("post_recv", qp=dst.qp, wr={"wr_id": "0x22", "sg_list": dst.sge(20000, 64)})
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x23", "opcode": "SEND", "sg_list": []})
+        assert src.poll()[0]["status"] == "IBV_WC_SUCCESS"
+        (w0,) = dst.poll()
+        assert (w0["wr_id"], w0["status"], w0["byte_len"]) == ("0x22", "IBV_WC_SUCCESS", 0) and "imm" not in w0
+
+        # RDMA READ of 2500 bytes back from where the WRITE put them
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x30", "opcode": "RDMA_READ", "sg_list": src.sge(32768, 2500),
+                                               "remote": {"va": dst.va(4096), "rkey": dst.rkey()}})
+        (wc,) = src.poll()
+        assert (wc["status"], wc["opcode"], wc["byte_len"]) == ("IBV_WC_SUCCESS", "IBV_WC_RDMA_READ", 2500)
+        assert src.read(32768, 2500) == data[:2500]
+
+        # FETCH_ADD then CMP_AND_SWP on an 8-byte word at offset 40960 (little-endian in memory)
+        dst.write(40960, (1000 + seed).to_bytes(8, "little"))
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x40", "opcode": "ATOMIC_FETCH_AND_ADD",
+                                               "sg_list": src.sge(48000, 8), "swap_add": "0x5",
+                                               "remote": {"va": dst.va(40960), "rkey": dst.rkey()}})
+        (wc,) = src.poll()
+        assert (wc["status"], wc["opcode"]) == ("IBV_WC_SUCCESS", "IBV_WC_FETCH_ADD")
+        assert int.from_bytes(src.read(48000, 8), "little") == 1000 + seed
+        assert int.from_bytes(dst.read(40960, 8), "little") == 1005 + seed
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x41", "opcode": "ATOMIC_CMP_AND_SWP",
+                                               "sg_list": src.sge(48008, 8), "compare": hex(1005 + seed),
+                                               "swap_add": "0xabcdef0123456789",
+                                               "remote": {"va": dst.va(40960), "rkey": dst.rkey()}})
+        (wc,) = src.poll()
+        assert (wc["status"], wc["opcode"]) == ("IBV_WC_SUCCESS", "IBV_WC_COMP_SWAP")
+        assert int.from_bytes(src.read(48008, 8), "little") == 1005 + seed
+        assert dst.read(40960, 8) == (0xABCDEF0123456789).to_bytes(8, "little")
+
+    # both QPs still in RTS, and rxe counted what it sent and received
+    assert b.c.call("query_qp", qp=b.qp)["state"] == "RTS"
+    q = b.c.call("query_qp", qp=b.qp)["attrs"]
+    assert q["dest_qpn"] == a.qpn and q["path_mtu"] == 1024 and q["dgid"] == a.hello["gid"]
+    assert q["dmac"] == a.hello["mac"]
+    n = b.c.call("get_counters")["counters"]
+    assert n["sent_pkts"] > 0 and n["rcvd_pkts"] > 0
+
+
+def test_remote_access_error_leaves_rxe_memory_alone(pair):
+    """A WRITE from our side with a wrong rkey: rxe NAKs it (remote access error), our
+    completion says so, and rxe's memory is unchanged (read through its agent)."""
+    a, b = pair
+    b.write(0, b"\x11" * 64)
+    a.write(0, b"\x99" * 64)
+    a.c.call("post_send", qp=a.qp, wr={"wr_id": "0x50", "opcode": "RDMA_WRITE", "sg_list": a.sge(0, 64),
+                                       "remote": {"va": b.va(0), "rkey": b.rkey() ^ 0x1000}})
+    (wc,) = a.poll()
+    assert (wc["wr_id"], wc["status"]) == ("0x50", "IBV_WC_REM_ACCESS_ERR")
+    assert b.read(0, 64) == b"\x11" * 64
+    assert a.c.call("query_qp", qp=a.qp)["state"] == "ERR"
+
+
+def test_rxe_requester_flushes_in_err(vm, ours):
+    """ERR on rxe's QP flushes its posted receives with IBV_WC_WR_FLUSH_ERR (in order)."""
+    b = Side(_client(vm, vm.vm_ip, vm.agent_port)).setup()
+    try:
+        b.c.call("modify_qp", qp=b.qp, state="INIT", attrs={"access": FULL})
+        b.c.call("post_recv", qp=b.qp, wrs=[{"wr_id": hex(0x60 + i), "sg_list": b.sge(64 * i, 64)} for i in range(3)])
+        b.c.call("modify_qp", qp=b.qp, state="ERR", attrs={})
+        wcs = b.poll(3)
+        assert [w["wr_id"] for w in wcs] == ["0x60", "0x61", "0x62"]
+        assert {w["status"] for w in wcs} == {"IBV_WC_WR_FLUSH_ERR"}
+    finally:
+        b.c.call("reset")
+        b.c.close()
+
+
+def test_agent_errors(vm):
+    """Section 9.4.3 codes from the rdma-core agent; a failed command changes nothing."""
+    with _client(vm, vm.vm_ip, vm.agent_port) as c:
+        def code(cmd, **args):
+            with pytest.raises(AgentError) as ei:
+                c.call(cmd, **args)
+            return ei.value.code
+
+        assert code("create_pd") == "EPROTO"                      # before hello (MR-CONF-017)
+        c.call("hello", proto=1)
+        assert code("frobnicate") == "ENOCMD"
+        assert code("dealloc_pd", pd=7) == "ENOENT"
+        pd = c.call("create_pd")["pd"]
+        mr = c.call("reg_mr", pd=pd, len=4096, access=["LOCAL_WRITE"])["mr"]
+        assert code("reg_mr", pd=pd, len=64, access=["EXECUTE"]) == "EINVAL"
+        assert code("mem_read", mr=mr, offset=4000, len=200) == "EINVAL"
+        cq = c.call("create_cq", cqe=8)["cq"]
+        qp = c.call("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="RC", cap={})["qp"]
+        assert code("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="UD", cap={}) == "ENOTSUP"
+        assert code("modify_qp", qp=qp, state="RTS", attrs={"sq_psn": 256}) == "ESTATE"
+        assert code("modify_qp", qp=qp, state="INIT", attrs={"pkey": 0x1234}) == "ENOTSUP"
+        assert c.call("query_qp", qp=qp)["state"] == "RESET"      # the failures changed nothing
+        assert code("post_send", qp=qp, wr={"wr_id": "0x1", "opcode": "SEND", "sg_list": [{"mr": mr, "len": 8}]}) \
+            == "ESTATE"
+        c.call("modify_qp", qp=qp, state="INIT", attrs={})
+        assert code("modify_qp", qp=qp, state="RTR", attrs={"dest_qpn": 5, "rq_psn": 0, "path_mtu": 4096,
+                                                            "dgid": "00" * 16}) == "EINVAL"
+        assert code("modify_qp", qp=qp, state="RTR", attrs={"profile": "native"}) == "ENOTSUP"
+        assert c.call("query_qp", qp=qp)["state"] == "INIT"
+        assert code("destroy_cq", cq=cq) == "EBUSY"
+        assert code("dealloc_pd", pd=pd) == "EBUSY"
+        assert code("set_param", name="ack_coalesce_us", value=0) == "ENOTSUP"
+        assert code("cm_connect", qp=qp, host="10.77.0.1", port=18515) == "ENOTSUP"
+        assert code("get_counters", qp=qp) == "ENOTSUP"
+        assert code("reg_mr", pd=pd, len=64, access=["LOCAL_WRITE"], remote_invalidate=True) == "ENOTSUP"
+        c.call("destroy_qp", qp=qp)
+        c.call("destroy_cq", cq=cq)
+        c.call("reset")
+        assert code("dereg_mr", mr=mr) == "ENOENT"               # reset destroyed it
+        c.call("bye")
