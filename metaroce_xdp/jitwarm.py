@@ -15,6 +15,17 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
   `make setup`) does it ahead of time and says what it did.
 * `cache_is_warm()` tells, before compiling, whether the cache holds every entry, so a cold
   start can say why it is slow.
+* `seal()` ends compilation for the process: every dispatcher of `MODULES` and every `plan()`
+  entry refuses new signatures from then on (numba's `Dispatcher.disable_compile`; also those only
+  compiled into their callers).  `Engine` calls it right after its warm-up, so once an engine has
+  started a call with a type the warm-up missed raises numba's TypeError ("No matching definition")
+  at once -- a failed test, not a transfer stalled for a minute behind the compiler.  Loading from
+  the on-disk cache counts as compiling: everything must be in memory before the seal.
+  `unsealed()` lifts it for a block (a test that calls a compiled function with its own types).
+
+Registering new compiled code: put the module in `MODULES` (tests/test_first_run.py fails while a
+module with `@njit` is missing) and one `Entry` per run-time call in `plan()`; `warm_up()` then
+compiles it and `seal()` covers it -- nothing else to call.
 
 tests/test_first_run.py checks that after `warm_up()` a real transfer over veth adds no
 specialisation to any dispatcher of `MODULES`: a missed type here would be a compile on
@@ -25,6 +36,7 @@ functions); rc/engine.py (calls warm_up); tools/metaroce_cli.py (`metaroce warmu
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import mmap
 import struct
@@ -47,6 +59,8 @@ COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an
 JIT_ENABLED = not numba_config.DISABLE_JIT
 _lock = threading.Lock()
 _done: "WarmupReport | None" = None
+_sealed = False
+_sealed_count = 0
 
 
 @dataclass
@@ -157,6 +171,8 @@ def plan() -> list[Entry]:
         e(W, "build_frame", "Engine.emit, no extension header", TABLES, frames, base, *tmpl,
           4, 0x80, 0, 5, empty, 0, empty, 0, 0),
         e(W, "frame_icrc_ok", "Engine._rx_frame", TABLES, frames[base:base + 128], 0, 128),
+        e(W, "frame_icrc_ok", "Engine._rx_frame, a frame from bytes (LoopPort.rx_burst: readonly)", TABLES,
+          np.frombuffer(bytes(frames[base:base + 128]), np.uint8), 0, 128),
         # rc/burst.py: many packets per call
         e(B, "tx_segment", "Engine.emit_segments", TABLES, frames, addrs, lens, len(addrs), *tmpl,
           True, False, reth, imm, mem, 4096, 1024, 0, 4, 0x100, 32, False),
@@ -264,8 +280,63 @@ def warm_up(report: Callable[[str], None] | None = None, *, cold_notice: Callabl
         return rep
 
 
+def sealable() -> list[Any]:
+    """Every dispatcher seal() covers: those defined in MODULES and those plan() calls (once each)."""
+    out: dict[int, Any] = {}
+    for _, _, d in dispatchers():
+        out[id(d)] = d
+    for en in plan():
+        out.setdefault(id(en.fn), en.fn)
+    return list(out.values())
+
+
+def seal() -> int:
+    """No numba compilation from now on: each dispatcher of `sealable()` stops compiling new
+    signatures (calls with types it has compiled still run; any other type raises TypeError at the
+    call, where numba would have compiled).  Idempotent; returns how many dispatchers are sealed.
+    Does nothing under NUMBA_DISABLE_JIT (there is no compiler to stop)."""
+    global _sealed, _sealed_count
+    if numba_config.DISABLE_JIT:
+        return 0
+    with _lock:
+        if _sealed:
+            return _sealed_count
+        ds = sealable()
+        for d in ds:
+            # Dispatcher.disable_compile() insists on a signature; functions compiled only into their
+            # callers have none of their own, and must not start compiling either.
+            d._can_compile = False
+        _sealed = True
+        _sealed_count = len(ds)
+        return len(ds)
+
+
+def is_sealed() -> bool:
+    """True after seal() (and outside any unsealed() block)."""
+    return _sealed
+
+
+@contextlib.contextmanager
+def unsealed():
+    """Allow compilation inside the block, then seal again if the process was sealed (tests that call
+    compiled functions with types of their own, e.g. the codec cross-checks)."""
+    global _sealed
+    was = _sealed
+    if was and not numba_config.DISABLE_JIT:
+        with _lock:
+            for d in sealable():
+                d._can_compile = True
+            _sealed = False
+    try:
+        yield
+    finally:
+        if was:
+            seal()
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-__all__ = ["JIT_ENABLED", "MODULES", "COLD_MESSAGE", "Entry", "WarmupReport", "cache_is_warm", "dispatchers", "plan", "warm_up"]
+__all__ = ["JIT_ENABLED", "MODULES", "COLD_MESSAGE", "Entry", "WarmupReport", "cache_is_warm", "dispatchers",
+           "is_sealed", "plan", "seal", "sealable", "unsealed", "warm_up"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 EXPECTED_SKIPS = (
     re.compile(r"already the nested run"),       # test_afxdp_rings re-runs itself without the JIT
 )
@@ -42,3 +44,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_sessionfinish(session, exitstatus):
     if _unexpected and os.environ.get("METAROCE_ALLOW_SKIPS") != "1" and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+# Once an Engine has started, numba may compile nothing more in the process (jitwarm.seal).  Unit tests
+# of the compiled functions themselves call them with types of their own: they carry the `compiles`
+# mark and run inside jitwarm.unsealed().
+def pytest_configure(config):
+    config.addinivalue_line("markers", "compiles: calls compiled (numba) functions with its own argument types; "
+                                       "runs with compilation allowed (jitwarm.unsealed)")
+
+
+@pytest.fixture(autouse=True)
+def _jit_unsealed_for_compiled_unit_tests(request):
+    if request.node.get_closest_marker("compiles") is None:
+        yield
+        return
+    from metaroce_xdp import jitwarm
+    with jitwarm.unsealed():
+        yield

@@ -29,6 +29,7 @@ FRAME = 2048
 HEADROOM = 256  # the offset a copy-mode kernel puts data at, inside the chunk
 U32 = 1 << 32
 NESTED = "METAROCE_RINGS_NESTED"
+pytestmark = pytest.mark.compiles      # its own argument types (conftest: jitwarm.unsealed)
 
 
 class Ring:

@@ -22,74 +22,10 @@ import os
 import numpy as np
 import pytest
 
-from metaroce_xdp.verbs_types import SGE, QPAttr, QPState
-from rc_players import (FULL, Faults, RecvWR, SendWR, WCStatus, WROpcode, loop_pair, set_burst, wait_wcs)
+from rc_players import MTU, Faults, Plan, VethPlayer, loop_pair, set_burst, wait_wcs
 
-MTU = 1024
 MODES = {"burst": True, "per-packet": False}
 BURST_COUNTERS = ("tx_burst", "rx_burst", "rx_skipped", "rx_polls", "rx_idle_polls")
-
-
-class Plan:
-    """A mixed batch of work requests from A to B and what each must leave in memory."""
-
-    W_SIZES = (0, 1, MTU - 1, MTU + 1, 65536, 300_000)
-    R_SIZES = (1, 4097, 200_000)
-
-    def __init__(self, a, b, seed: int = 1):
-        rng = np.random.default_rng(seed)
-        a.buf[:] = rng.integers(0, 256, a.buf.size, dtype=np.uint8)
-        b.buf[:] = rng.integers(0, 256, b.buf.size, dtype=np.uint8)
-        self.a, self.b = a, b
-        self.wrs, self.writes, self.reads = [], [], []
-        off = 0
-        for i, n in enumerate(self.W_SIZES):                      # A[off] -> B[off + 7]
-            self.wrs.append(SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(off, n)],
-                                   remote_addr=b.mr.addr + off + 7, rkey=b.mr.rkey))
-            self.writes.append((off, off + 7, n))
-            off += n + 64
-        self.wrs.append(SendWR(wr_id=20, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[a.sge(off, 5000)],
-                               remote_addr=b.mr.addr + off, rkey=b.mr.rkey, imm_data=0xBEEF))
-        self.writes.append((off, off, 5000))
-        off += 5000 + 64
-        base = 1 << 20
-        for j, n in enumerate(self.R_SIZES):                      # B[src] -> A[dst]
-            src, dst = base + j * 262144, base + j * 262144 + 3
-            self.wrs.append(SendWR(wr_id=30 + j, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(dst, n)],
-                                   remote_addr=b.mr.addr + src, rkey=b.mr.rkey))
-            self.reads.append((src, dst, n))
-        self.recv_at = (1 << 20) - 65536
-        # three receive WQEs: the WRITE WITH IMMEDIATE consumes the first, the two SENDs the others
-        b.qp.post_recv([RecvWR(wr_id=900 + k, sg_list=[b.sge(self.recv_at + k * 16384, 16384)]) for k in range(3)])
-        self.sends = [(off, 9999), (off, 0)]
-        self.wrs.append(SendWR(wr_id=40, opcode=WROpcode.SEND, sg_list=[a.sge(off, 9999)]))
-        self.wrs.append(SendWR(wr_id=41, opcode=WROpcode.SEND_WITH_IMM, sg_list=[a.sge(off, 0)], imm_data=5))
-        self.cell = b.buf.size - 64
-        self.res = a.buf.size - 64
-        b.buf[self.cell:self.cell + 8] = np.frombuffer(np.uint64(1000).tobytes(), np.uint8)
-        self.wrs.append(SendWR(wr_id=50, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(self.res, 8)],
-                               remote_addr=b.mr.addr + self.cell, rkey=b.mr.rkey, compare_add=5))
-        self.wrs.append(SendWR(wr_id=51, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[a.sge(self.res + 8, 8)],
-                               remote_addr=b.mr.addr + self.cell, rkey=b.mr.rkey, compare_add=1005, swap=77))
-        self.a_before, self.b_before = a.buf.copy(), b.buf.copy()
-
-    def check(self, wcs, rwcs) -> None:
-        a, b = self.a, self.b
-        assert [(w.wr_id, w.status) for w in wcs] == [(w.wr_id, WCStatus.SUCCESS) for w in self.wrs]
-        assert [(w.wr_id, w.status, w.byte_len) for w in rwcs] == [
-            (900, WCStatus.SUCCESS, 5000), (901, WCStatus.SUCCESS, 9999), (902, WCStatus.SUCCESS, 0)]
-        expect_b, expect_a = self.b_before.copy(), self.a_before.copy()
-        for src, dst, n in self.writes:
-            expect_b[dst:dst + n] = self.a_before[src:src + n]
-        for src, dst, n in self.reads:
-            expect_a[dst:dst + n] = self.b_before[src:src + n]
-        off, n = self.sends[0]
-        expect_b[self.recv_at + 16384:self.recv_at + 16384 + n] = self.a_before[off:off + n]
-        expect_b[self.cell:self.cell + 8] = np.frombuffer(np.uint64(77).tobytes(), np.uint8)
-        expect_a[self.res:self.res + 8] = np.frombuffer(np.uint64(1000).tobytes(), np.uint8)
-        expect_a[self.res + 8:self.res + 16] = np.frombuffer(np.uint64(1005).tobytes(), np.uint8)
-        assert np.array_equal(b.buf, expect_b), f"B differs at {np.flatnonzero(b.buf != expect_b)[:8]}"
-        assert np.array_equal(a.buf, expect_a), f"A differs at {np.flatnonzero(a.buf != expect_a)[:8]}"
 
 
 def _counters(ctx) -> dict:
@@ -181,32 +117,6 @@ def test_switching_paths_mid_stream():
 
 # ------------------------------------------------------------------------------------------ over veth
 
-class VethPlayer:
-    def __init__(self, topo, ns, ctx, size=2 << 20):
-        self.topo, self.ns, self.ctx = topo, ns, ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = ctx.create_cq(4096)
-        self.qp = None
-
-    def new_qp(self):
-        if self.qp is not None:
-            self.ctx.destroy_qp(self.qp)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-
-    def connect(self, peer):
-        with self.topo.enter(self.ns):
-            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0xFFFF80, path_mtu=MTU,
-                                  dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=1))
-            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0xFFFF80, timeout=14, retry_cnt=7, rnr_retry=7,
-                                  max_rd_atomic=4))
-
-    def sge(self, off, n):
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
-
-
 @pytest.fixture(scope="module")
 def veth_pair():
     if os.geteuid() != 0:
@@ -218,7 +128,7 @@ def veth_pair():
     try:
         for i in (0, 1):
             with topo.enter(topo[i]):
-                ps.append(VethPlayer(topo, topo[i], Context.open("mr0" if i == 0 else "mr1")))
+                ps.append(VethPlayer(topo, topo[i], Context.open("mr0" if i == 0 else "mr1"), size=2 << 20))
         yield ps
     finally:
         for p in ps:

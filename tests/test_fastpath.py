@@ -16,6 +16,8 @@ from metaroce_xdp.wire.fastpath import BTH_SE, TABLES, build_frame, frame_icrc_o
 from metaroce_xdp.wire.icrc import crc32_bulk, crc32_update
 from strategies import packet_args
 
+pytestmark = pytest.mark.compiles      # its own argument types (conftest: jitwarm.unsealed)
+
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=3000), st.integers(0, 2**32 - 1))

@@ -165,12 +165,15 @@ class CQ:
         return out
 
 
-def _warm_up() -> None:
+def _warm_up(seal: bool = False) -> None:
     """Compile (or load from numba's cache) every data-path function before any QP can
     transmit (jitwarm.py): a compile on a live QP outlasts the peer's local ACK timeout.
-    Cold, this takes a while and says so on stderr; warm, ~0.1 s."""
-    from ..jitwarm import warm_up
+    Cold, this takes a while and says so on stderr; warm, ~0.1 s.  seal (an Engine starting):
+    no compilation afterwards (jitwarm.seal) -- a type the warm-up missed raises at the call."""
+    from ..jitwarm import seal as seal_jit, warm_up
     warm_up()
+    if seal:
+        seal_jit()
 
 
 class Engine:
@@ -206,7 +209,7 @@ class Engine:
         # next hops on route/neighbour events and local ACK timeouts (pathwatch.py)
         paths = getattr(port, "paths", None)
         self.pathwatch = PathWatch(self, paths) if paths is not None else None
-        _warm_up()
+        _warm_up(seal=True)
 
     # -- TX ---------------------------------------------------------------------
     def prepare_path(self, dgid: str) -> None:
