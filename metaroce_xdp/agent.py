@@ -332,7 +332,7 @@ class Agent:
 
     def cmd_caps(self, args: dict) -> dict:
         return {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
-                "counters": list(ENGINE_COUNTERS) + list(QP_COUNTERS)}
+                "counters": list(ENGINE_COUNTERS) + list(QP_COUNTERS), "params": sorted(PARAMS)}
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
@@ -385,8 +385,11 @@ class Agent:
         fill = _int(args, "fill", 0, 255, 0)
         if len(self.mrs) >= self.info.limits["max_mr"]:
             raise AgentError("ENOMEM", f"at most {self.info.limits['max_mr']} MRs")
+        inval = _get(args, "remote_invalidate", False)
+        if not isinstance(inval, bool):
+            raise AgentError("EINVAL", "remote_invalidate must be true or false")
         buf = np.full(n, fill, np.uint8) if fill else np.zeros(n, np.uint8)
-        mr = self.ctx.reg_mr(pd, buf, access)
+        mr = self.ctx.reg_mr(pd, buf, access, remote_invalidate=inval)     # MR-MEM-042
         h = self._new_handle("mr")
         self.mrs[h] = mr
         return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": _hex64(mr.addr), "len": mr.length}
@@ -561,7 +564,9 @@ class Agent:
                 raise AgentError("EINVAL", f"INLINE of {n} bytes > max_inline {self.info.limits['max_inline']}")
         if op in (WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM):
             s.imm_data = _int(wr, "imm", 0, 0xFFFFFFFF)
-        if op not in (WROpcode.SEND, WROpcode.SEND_WITH_IMM):
+        if op == WROpcode.SEND_WITH_INV:                 # the peer's key to invalidate (IETH, MR-MEM-040)
+            s.invalidate_rkey = _int(wr, "invalidate_rkey", 0, 0xFFFFFFFF)
+        if op not in (WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.SEND_WITH_INV):
             remote = _obj(wr, "remote")
             s.remote_addr = _u64(remote, "va")
             s.rkey = _int(remote, "rkey", 0, 0xFFFFFFFF)
@@ -612,6 +617,8 @@ class Agent:
              "opcode": "IBV_WC_" + wc.opcode.name, "byte_len": wc.byte_len, "qp_num": wc.qp_num}
         if wc.imm_data is not None:
             d["imm"] = wc.imm_data
+        if getattr(wc, "invalidated_rkey", None) is not None:       # IBV_WC_WITH_INV (MR-RC-019)
+            d["invalidated_rkey"] = wc.invalidated_rkey
         if wc.vendor_err:
             d["vendor_err"] = wc.vendor_err
         return d
