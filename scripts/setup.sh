@@ -7,7 +7,8 @@
 #      install linux-headers-amd64 and link build/ and source/ to it
 #   3. bpffs mounted at /sys/fs/bpf
 #   4. a venv from /usr/bin/python3 --system-site-packages (so `import bcc` works)
-#      with this package and its dev extras installed
+#      with this package and its dev extras installed (pytest, hypothesis, and
+#      matplotlib for `make bench`'s plots)
 #   5. a smoke check: BCC compiles and loads an XDP program
 #   6. `metaroce warmup`: the data path's numba functions compiled into numba's on-disk
 #      cache, so the first endpoint does not compile while its QPs are live

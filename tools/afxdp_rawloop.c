@@ -13,15 +13,30 @@
  *
  *   afxdp_rawloop tx -i IFACE -s FRAME_BYTES -t SECONDS --src-mac M --dst-mac M
  *                    --src-ip A --dst-ip A [-q QUEUE] [-b BATCH] [-c CPU] [--budget N]
+ *                    [--no-need-wakeup]
  *   afxdp_rawloop rx -i IFACE -t SECONDS (--xskmap-fd FD | --xskmap-pin PATH)
- *                    [-q QUEUE] [-s MAX_FRAME_BYTES] [-c CPU] [--idle SECONDS] [--spin-us US]
+ *                    [-q QUEUE] [-s MAX_FRAME_BYTES] [-b BATCH] [-c CPU] [--idle SECONDS]
+ *                    [--wait poll|spin|busy-poll] [--spin-us US] [--busy-poll-us US]
+ *                    [--no-need-wakeup]
+ *
+ * The knobs are what tools/bench.py sweeps to find the fastest loop this machine allows:
+ *   -b BATCH           descriptors handled per ring operation (tx: per submit; rx: per peek)
+ *   --no-need-wakeup   bind without XDP_USE_NEED_WAKEUP: tx then kicks with sendto() on
+ *                      every round that has frames queued, not only when the kernel asks
+ *   --wait (rx, when its ring is empty)
+ *        poll       spin --spin-us, then sleep in poll() until frames arrive (default)
+ *        spin       never sleep: re-read the ring's producer until frames arrive
+ *        busy-poll  SO_PREFER_BUSY_POLL + SO_BUSY_POLL(--busy-poll-us, default 50) +
+ *                   SO_BUSY_POLL_BUDGET(BATCH), and recvfrom(MSG_DONTWAIT) to run the
+ *                   device's NAPI from this thread
  *
  * tx sends for SECONDS and reports what the kernel completed.  rx inserts its socket into
  * the XSKMAP (an inherited map fd, or a pinned map opened with BPF_OBJ_GET), prints
  * "ready" on stdout, then counts frames for SECONDS from the first one received (or
  * gives up after --idle seconds without any).  Both end with one JSON line on stdout:
  *   {"mode", "frames", "bytes", "seconds", "fps", "gbps", ...counters}
- * gbps counts whole Ethernet frames (no preamble/FCS/IFG).  Exit status 0 on success,
+ * gbps counts whole Ethernet frames (no preamble/FCS/IFG); cpu_s is the process's user +
+ * system CPU time over its whole run (getrusage), for bytes-per-CPU-second comparisons.  Exit status 0 on success,
  * 1 on a set-up error (message on stderr naming the step), 2 on bad arguments.
  */
 #define _GNU_SOURCE
@@ -39,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -70,6 +86,14 @@
  * on a 2-core VM and worse with threaded NAPI, whose kthread then shares rx's core. */
 #define RX_SPIN_US      0
 #define BTH_OP_WRITE_MIDDLE 0x07
+#ifndef SO_PREFER_BUSY_POLL
+#define SO_PREFER_BUSY_POLL 69
+#endif
+#ifndef SO_BUSY_POLL_BUDGET
+#define SO_BUSY_POLL_BUDGET 70
+#endif
+
+enum wait_mode { WAIT_POLL, WAIT_SPIN, WAIT_BUSY_POLL };
 
 /* ------------------------------------------------------------------ rings */
 
@@ -137,6 +161,15 @@ static inline int needs_wakeup(struct ring *r)
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { (void)sig; stop_flag = 1; }
 
+/* User + system CPU seconds this process has used so far. */
+static double cpu_s(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -158,9 +191,10 @@ static void usage(const char *why)
 {
 	fprintf(stderr, "afxdp_rawloop: %s\n"
 		"usage: afxdp_rawloop tx -i IFACE -s FRAME -t SECS --src-mac M --dst-mac M "
-		"--src-ip A --dst-ip A [-q Q] [-b BATCH] [-c CPU] [--budget N]\n"
+		"--src-ip A --dst-ip A [-q Q] [-b BATCH] [-c CPU] [--budget N] [--no-need-wakeup]\n"
 		"       afxdp_rawloop rx -i IFACE -t SECS (--xskmap-fd FD | --xskmap-pin PATH) "
-		"[-q Q] [-s MAXFRAME] [-c CPU] [--idle SECS] [--spin-us US]\n", why);
+		"[-q Q] [-s MAXFRAME] [-b BATCH] [-c CPU] [--idle SECS] [--wait poll|spin|busy-poll] "
+		"[--spin-us US] [--busy-poll-us US] [--no-need-wakeup]\n", why);
 	exit(2);
 }
 
@@ -231,9 +265,10 @@ static void map_ring(int fd, struct ring *r, struct xdp_ring_offset *off, uint32
 	r->cached_cons = *r->consumer;
 }
 
-/* One socket on (ifname, queue) in copy mode with need_wakeup; rings only for the
- * directions asked for (fill and completion always: bind insists on both). */
-static void xsk_open(struct xsk *x, const char *ifname, int queue, uint32_t chunk, int want_rx, int want_tx)
+/* One socket on (ifname, queue) in copy mode, with need_wakeup unless told not; rings
+ * only for the directions asked for (fill and completion always: bind insists on both). */
+static void xsk_open(struct xsk *x, const char *ifname, int queue, uint32_t chunk, int want_rx, int want_tx,
+		     int need_wakeup)
 {
 	struct xdp_umem_reg reg = {0};
 	struct xdp_mmap_offsets off;
@@ -279,7 +314,7 @@ static void xsk_open(struct xsk *x, const char *ifname, int queue, uint32_t chun
 	sxdp.sxdp_family = AF_XDP;
 	sxdp.sxdp_ifindex = ifindex;
 	sxdp.sxdp_queue_id = queue;
-	sxdp.sxdp_flags = XDP_COPY | XDP_USE_NEED_WAKEUP;
+	sxdp.sxdp_flags = XDP_COPY | (need_wakeup ? XDP_USE_NEED_WAKEUP : 0);
 	/* A socket closed just before (the previous run) releases its queue from a
 	 * workqueue, a little later: EBUSY for a while is expected, not an error. */
 	for (int tries = 0; bind(x->fd, (struct sockaddr *)&sxdp, sizeof(sxdp)); tries++) {
@@ -314,6 +349,9 @@ struct opts {
 	uint32_t batch;
 	int cpu;
 	int budget;
+	int need_wakeup;
+	enum wait_mode wait;
+	int busy_poll_us;
 	int map_fd;
 	const char *map_pin;
 	uint8_t src_mac[6], dst_mac[6];
@@ -362,7 +400,7 @@ static int run_tx(struct opts *o)
 		usage("tx needs --src-mac, --dst-mac, --src-ip and --dst-ip");
 	if (o->frame < MIN_FRAME || o->frame > MAX_CHUNK)
 		usage("frame size out of range");
-	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 0, 1);
+	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 0, 1, o->need_wakeup);
 	if (o->budget > 0) /* best effort: the option is newer than most kernels */
 		setsockopt(x.fd, SOL_XDP, XDP_MAX_TX_SKB_BUDGET, &o->budget, sizeof(o->budget));
 	for (uint32_t i = 0; i < NUM_FRAMES; i++) {
@@ -399,8 +437,9 @@ static int run_tx(struct opts *o)
 			prod_submit(&x.tx, n);
 			sent += n;
 		}
-		/* copy mode: the kernel transmits only inside sendto(), a bounded batch per call */
-		if (needs_wakeup(&x.tx) && x.tx.cached_prod != load_acquire(x.tx.consumer)) {
+		/* copy mode: the kernel transmits only inside sendto(), a bounded batch per call;
+		 * without need_wakeup the flag is never set, so every round with frames kicks */
+		if ((!o->need_wakeup || needs_wakeup(&x.tx)) && x.tx.cached_prod != load_acquire(x.tx.consumer)) {
 			kicks++;
 			if (sendto(x.fd, NULL, 0, MSG_DONTWAIT, NULL, 0) < 0 &&
 			    errno != EAGAIN && errno != EBUSY && errno != ENOBUFS && errno != ENETDOWN)
@@ -421,11 +460,11 @@ static int run_tx(struct opts *o)
 		printf("{\"mode\": \"tx\", \"frames\": %llu, \"bytes\": %llu, \"seconds\": %.6f, "
 		       "\"fps\": %.1f, \"gbps\": %.4f, \"frame_bytes\": %u, \"queued\": %llu, "
 		       "\"kicks\": %llu, \"kick_errors\": %llu, \"tx_invalid_descs\": %llu, "
-		       "\"tx_ring_empty_descs\": %llu}\n",
+		       "\"tx_ring_empty_descs\": %llu, \"cpu_s\": %.4f}\n",
 		       (unsigned long long)completed, (unsigned long long)completed * o->frame, secs, fps,
 		       fps * o->frame * 8 / 1e9, o->frame, (unsigned long long)sent,
 		       (unsigned long long)kicks, (unsigned long long)kick_errors,
-		       (unsigned long long)st.tx_invalid_descs, (unsigned long long)st.tx_ring_empty_descs);
+		       (unsigned long long)st.tx_invalid_descs, (unsigned long long)st.tx_ring_empty_descs, cpu_s());
 	}
 	fflush(stdout);
 	return 0;
@@ -460,13 +499,21 @@ static int run_rx(struct opts *o)
 {
 	struct xsk x;
 	struct xdp_statistics st;
-	uint64_t frames = 0, bytes = 0, polls = 0;
+	uint64_t frames = 0, bytes = 0, polls = 0, busy_polls = 0;
 	double t_start, t_first = 0, t_end = 0, t_last = 0, t_empty = 0;
 	struct pollfd pfd;
 
 	if (o->map_fd < 0 && !o->map_pin)
 		usage("rx needs --xskmap-fd or --xskmap-pin");
-	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 1, 0);
+	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 1, 0, o->need_wakeup);
+	if (o->wait == WAIT_BUSY_POLL) {
+		int one = 1, budget = (int)o->batch;
+
+		if (setsockopt(x.fd, SOL_SOCKET, SO_PREFER_BUSY_POLL, &one, sizeof(one)) ||
+		    setsockopt(x.fd, SOL_SOCKET, SO_BUSY_POLL, &o->busy_poll_us, sizeof(o->busy_poll_us)) ||
+		    setsockopt(x.fd, SOL_SOCKET, SO_BUSY_POLL_BUDGET, &budget, sizeof(budget)))
+			die("SO_PREFER_BUSY_POLL/SO_BUSY_POLL/SO_BUSY_POLL_BUDGET", "kernel >= 5.11 and CAP_NET_ADMIN");
+	}
 	{
 		uint64_t *fa = x.fill.descs;
 		uint32_t n = prod_free(&x.fill, RING_SIZE);
@@ -483,12 +530,20 @@ static int run_rx(struct opts *o)
 	pfd.events = POLLIN;
 	t_start = now_s();
 	while (!stop_flag) {
-		uint32_t n = cons_peek(&x.rx, 64);
+		uint32_t n = cons_peek(&x.rx, o->batch);
 
 		if (n == 0) {
 			t_last = now_s();
 			if (frames ? t_last >= t_end : t_last - t_start >= o->idle)
 				break;
+			if (o->wait == WAIT_SPIN)
+				continue;
+			if (o->wait == WAIT_BUSY_POLL) {
+				/* runs the device's NAPI here for up to --busy-poll-us */
+				busy_polls++;
+				recvfrom(x.fd, NULL, 0, MSG_DONTWAIT, NULL, NULL);
+				continue;
+			}
 			/* --spin-us: spin that long before sleeping (trades a core for wakeups) */
 			if (t_empty == 0)
 				t_empty = t_last;
@@ -531,11 +586,11 @@ static int run_rx(struct opts *o)
 		printf("{\"mode\": \"rx\", \"frames\": %llu, \"bytes\": %llu, \"seconds\": %.6f, "
 		       "\"fps\": %.1f, \"gbps\": %.4f, \"polls\": %llu, \"rx_dropped\": %llu, "
 		       "\"rx_invalid_descs\": %llu, \"rx_ring_full\": %llu, "
-		       "\"rx_fill_ring_empty_descs\": %llu}\n",
+		       "\"rx_fill_ring_empty_descs\": %llu, \"busy_polls\": %llu, \"cpu_s\": %.4f}\n",
 		       (unsigned long long)frames, (unsigned long long)bytes, secs, fps, gbps,
 		       (unsigned long long)polls, (unsigned long long)st.rx_dropped,
 		       (unsigned long long)st.rx_invalid_descs, (unsigned long long)st.rx_ring_full,
-		       (unsigned long long)st.rx_fill_ring_empty_descs);
+		       (unsigned long long)st.rx_fill_ring_empty_descs, (unsigned long long)busy_polls, cpu_s());
 	}
 	fflush(stdout);
 	return 0;
@@ -557,6 +612,9 @@ int main(int argc, char **argv)
 		{"spin-us", required_argument, NULL, 'S'},
 		{"xskmap-fd", required_argument, NULL, 'F'},
 		{"xskmap-pin", required_argument, NULL, 'P'},
+		{"no-need-wakeup", no_argument, NULL, 'N'},
+		{"wait", required_argument, NULL, 'W'},
+		{"busy-poll-us", required_argument, NULL, 'U'},
 		{"src-mac", required_argument, NULL, 'm'},
 		{"dst-mac", required_argument, NULL, 'M'},
 		{"src-ip", required_argument, NULL, 'a'},
@@ -564,7 +622,8 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	struct opts o = {.queue = 0, .frame = 4096, .seconds = 2.0, .idle = 10.0, .spin_us = RX_SPIN_US, .batch = 64,
-			 .cpu = -1, .budget = 0, .map_fd = -1};
+			 .cpu = -1, .budget = 0, .need_wakeup = 1, .wait = WAIT_POLL, .busy_poll_us = 50,
+			 .map_fd = -1};
 	const char *mode;
 	int c;
 
@@ -585,6 +644,14 @@ int main(int argc, char **argv)
 		case 'S': o.spin_us = atof(optarg); break;
 		case 'F': o.map_fd = atoi(optarg); break;
 		case 'P': o.map_pin = optarg; break;
+		case 'N': o.need_wakeup = 0; break;
+		case 'W':
+			if (!strcmp(optarg, "poll")) o.wait = WAIT_POLL;
+			else if (!strcmp(optarg, "spin")) o.wait = WAIT_SPIN;
+			else if (!strcmp(optarg, "busy-poll")) o.wait = WAIT_BUSY_POLL;
+			else usage("--wait must be poll, spin or busy-poll");
+			break;
+		case 'U': o.busy_poll_us = atoi(optarg); break;
 		case 'm': if (parse_mac(optarg, o.src_mac)) usage("bad --src-mac"); o.have_src_mac = 1; break;
 		case 'M': if (parse_mac(optarg, o.dst_mac)) usage("bad --dst-mac"); o.have_dst_mac = 1; break;
 		case 'a': if (inet_pton(AF_INET, optarg, &o.src_ip) != 1) usage("bad --src-ip"); o.have_src_ip = 1; break;

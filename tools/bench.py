@@ -1,30 +1,61 @@
-"""`make bench`: MetaRoCE against its two bars, on one veth pair, in one run.
+"""`make bench`: MetaRoCE beside its two bars -- kernel TCP and the fastest raw AF_XDP loop this
+machine allows -- on one veth pair, in one run, with the ratios the targets of issue 7 are
+stated in.
 
-For each frame-size case (path MTU 1024 on a 1500-byte veth; path MTU 2048 on the largest
-veth MTU that still takes a non-frags XDP program) this measures, side by side:
+    python -m tools.bench                            # full run: table on stdout, plots in docs/bench/
+    python -m tools.bench --json FILE                # ... and the report as JSON (schema below)
+    python -m tools.bench --plane both               # MetaRoCE's python and compiled data planes
+    python -m tools.bench --quick --json FILE --no-plots   # short smoke run (tests/test_bench_smoke.py)
 
-  * qperf tcp_bw (64 KiB messages) and tcp_lat (8-byte messages): the kernel TCP bar,
-    taken before any XDP program is attached (an XDP program on a veth turns off the
-    peer's TSO, which would handicap TCP);
-  * the raw AF_XDP loop (tools/afxdp_rawloop.c): frames of MetaRoCE's data-packet size
-    moved through one AF_XDP socket in copy mode with no protocol work -- the substrate's
-    limit;
-  * MetaRoCE itself: `metaroce perf write-bw` (64 KiB RDMA WRITE) and `write-lat`
-    (8-byte RDMA WRITE), when tools/perf.py exists.
+What one run measures, in this order, on namespaces A and B joined by one veth pair:
 
-and prints the ratios the performance targets are stated in:
-    MetaRoCE WRITE bw / raw AF_XDP goodput at the same frame size   (target >= 0.5)
-    MetaRoCE WRITE bw / qperf tcp_bw
-    MetaRoCE 8-byte WRITE latency / qperf tcp_lat                  (target <= 0.5)
+  1. qperf (no XDP program on the link, so the peer keeps TSO): tcp_lat (8 B) and tcp_bw
+     (64 KiB) with the SAME CPU placement as MetaRoCE's run (--placement), tcp_lat also with
+     both ends on one core (for information), the message-size series for the plots, and
+     kernel TCP's bytes per CPU-second during tcp_bw.
+  2. The raw AF_XDP loop (tools/afxdp_rawloop.c, bpf/xsk_redirect_test.c steering UDP/4791
+     into its socket), swept to find the fastest configuration: placement (tx/rx unpinned,
+     pinned apart, on one core), threaded NAPI on the receiving veth (its kthread pinned to
+     the other core or left to the scheduler), batch size, XDP_MAX_TX_SKB_BUDGET, wake-up
+     policy (need_wakeup on/off; rx sleeping in poll(), spinning, or busy-polling).  The sweep
+     is coordinate descent -- one knob at a time from the best so far -- and the winner is
+     re-run REPS times; its median is the figure, printed beside its configuration.  Frame
+     sizes: 64 B (the small-message bar) and MetaRoCE's full data packet at path MTU 1024
+     (1082 B); at path MTU 4096 (4154 B) the loop needs XDP_USE_SG and a frags-aware program,
+     which it does not have yet: that row says so.
+  3. MetaRoCE through `metaroce perf` (tools/perf.py, called through the CLI; for the compiled
+     plane with `--plane compiled`): 8-byte WRITE latency median and p99, 8-byte WRITE message
+     rate on 1 and 16 QPs, 64 KiB WRITE bandwidth on one QP at path MTU 1024 and 4096, 4 and 16
+     QPs in both directions at once (aggregate), the size series for the plots, and bytes per
+     CPU-second.  A measurement perf cannot take yet (no option for several QPs, no path MTU
+     4096) is a row with "not available: why".
 
-    python -m tools.bench                  # full run, table
-    python -m tools.bench --quick --json   # short durations, one JSON document on stdout
-    python -m tools.bench --threaded-napi  # veth receive half on the other core
-    python -m tools.bench --case pmtu1024  # one case only
+CPU cost: psutil samples the user+system CPU time of both sides' processes (and their
+children) every 20 ms; the rate over the middle half of the test window, divided into the
+bytes moved per second, gives bytes per CPU-second.  This kernel has no IRQ time accounting, so
+softirq work (veth transmit, XDP, NAPI) done in a process's context is charged to it; work in
+threaded-NAPI kthreads is not.
 
-Neighbours: metaroce_xdp/topo.py (namespaces, veth, process cleanup), bpf/xsk_redirect_test.c
-(steers UDP/4791 into the raw loop's socket), tools/perf.py (MetaRoCE's own perf tool, run
-through tools.metaroce_cli), tests/test_bench_smoke.py.
+JSON report (schema "metaroce-bench/1"; keys are only ever added, never renamed):
+
+    {"schema": "metaroce-bench/1",
+     "host": {"kernel", "cpus", "busy_before_pct", "load_avg"},
+     "options": {"quick", "planes", "placement", "threaded_napi", "durations"},
+     "placement": {"a_cpu", "b_cpu", "text"},        # MetaRoCE client/server and qperf alike
+     "rows": [ROW, ...],                              # the table, in order
+     "raw_sweep": {"64": [TRIAL, ...], "1082": [...]},   # every raw-loop trial, stage by stage
+     "series": {"throughput": [PT, ...], "latency": [PT, ...]},  # what the plots show
+     "perf_options": {"qps": str|null, "bidir": str|null, "plane": str|null},
+     "plots": [path, ...]}
+    ROW   = {"id": stable key, "group": "tcp"|"raw"|"metaroce"|"cpu"|"ratio", "label": str,
+             "value": number|null, "unit": str, "config": str|null,
+             "not_available": str|null,                # exactly one of value / not_available
+             "target": str|null, "meets": bool|null}   # ratios only
+    TRIAL = {"stage", "config": {...}, "label", "rx_fps", "tx_fps", "rx_dropped", "error"}
+    PT    = {"who", "size", "value", "unit"}
+
+Neighbours: metaroce_xdp/topo.py (namespaces, veth, cleanup), tools/perf.py (owned elsewhere;
+only called), tests/test_bench_smoke.py, docs/bench/ (plots, README section).
 """
 from __future__ import annotations
 
@@ -36,10 +67,12 @@ import re
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.markup import escape
@@ -48,16 +81,21 @@ ROOT = Path(__file__).resolve().parents[1]
 RAWLOOP_SRC = ROOT / "tools" / "afxdp_rawloop.c"
 BUILD_DIR = ROOT / "build"
 REDIRECT_SRC = ROOT / "bpf" / "xsk_redirect_test.c"
+PLOTS_DIR = ROOT / "docs" / "bench"
 ROCE_PORT = 4791
+SCHEMA = "metaroce-bench/1"
 
 # Bytes a MetaRoCE data packet adds around its payload: Ethernet, IPv4, UDP, BTH, ICRC.
 WIRE_OVERHEAD = 14 + 20 + 8 + 12 + 4
+SMALL_FRAME = 64                # the small-message bar: minimum Ethernet frame (no FCS)
 XDP_FLAGS_DRV_MODE = 1 << 2
 BW_MSG = 65536
 LAT_MSG = 8
-TARGET_RAW_RATIO = 0.5
-TARGET_LAT_RATIO = 0.5
-PERF_PORT = 18515  # `metaroce perf` connection set-up (TCP), its default
+TARGET_LAT = 0.5                # MetaRoCE latency / TCP latency, at most
+TARGET_RATE = 0.8               # MetaRoCE rate / raw AF_XDP rate, at least
+PERF_PORT = 18515               # `metaroce perf` connection set-up (TCP), its default
+MTU_FOR_PMTU = {1024: 1500, 4096: 4200}
+PLANES = ("python", "compiled")
 
 
 def frame_bytes(pmtu: int) -> int:
@@ -66,35 +104,54 @@ def frame_bytes(pmtu: int) -> int:
 
 
 @dataclass(frozen=True)
-class Case:
-    name: str
-    pmtu: int
-    veth_mtus: tuple[int, ...]  # tried in order until an XDP program attaches
-
-
-# veth in native XDP mode takes a program without frags support only while the peer's MTU
-# fits one page (about 3500 bytes), so 9000 is tried first and expected to fall back.
-CASES = (
-    Case("pmtu1024", 1024, (1500,)),
-    Case("pmtu2048", 2048, (9000, 3500, 3000, 2200)),
-)
-
-
-@dataclass(frozen=True)
 class Durations:
-    qperf_s: float
-    raw_s: float
-    bw_iters: int
+    qperf_s: float          # headline qperf runs
+    series_s: float         # qperf runs of the size series
+    raw_trial_s: float      # one raw-loop trial of the sweep
+    raw_reps: int           # repetitions of the winning raw configuration
     lat_iters: int
+    rate_iters: int         # 8-byte WRITEs for the message rate
+    bw_iters: int           # 64 KiB WRITEs
+    series_sizes: tuple[int, ...]
     perf_timeout_s: float
+    full_sweep: bool
 
 
-FULL = Durations(qperf_s=5, raw_s=5, bw_iters=4000, lat_iters=2000, perf_timeout_s=180)
-QUICK = Durations(qperf_s=1, raw_s=1, bw_iters=200, lat_iters=200, perf_timeout_s=40)
+FULL = Durations(qperf_s=3, series_s=1, raw_trial_s=1.0, raw_reps=3, lat_iters=5000, rate_iters=50000,
+                 bw_iters=10000, series_sizes=(8, 512, 8192, 65536), perf_timeout_s=180, full_sweep=True)
+QUICK = Durations(qperf_s=1, series_s=1, raw_trial_s=0.4, raw_reps=1, lat_iters=300, rate_iters=2000,
+                  bw_iters=300, series_sizes=(), perf_timeout_s=60, full_sweep=False)
 
 
 class BenchError(RuntimeError):
     """A measurement could not be taken; the message names the step."""
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def row(rid: str, group: str, label: str, value=None, unit: str = "", config: str | None = None,
+        na: str | None = None, target: str | None = None, meets: bool | None = None) -> dict:
+    """One line of the table.  A row has a number or says why not; never both, never neither."""
+    if value is None and not na:
+        na = "not measured"
+    if value is not None:
+        value, na = float(value), None
+    return {"id": rid, "group": group, "label": label, "value": value, "unit": unit, "config": config,
+            "not_available": na, "target": target, "meets": meets}
+
+
+def ratio_row(rid: str, label: str, num: dict, den: dict, target: float | None, higher_better: bool) -> dict:
+    """num.value / den.value as a row; not available (naming the missing side) when either is."""
+    tgt = None if target is None else (f">= {target}" if higher_better else f"<= {target}")
+    for side in (num, den):
+        if side["value"] is None:  # the row itself says why; name it
+            return row(rid, "ratio", label, na=f"not available: no {side['id']}", target=tgt)
+    if not den["value"]:
+        return row(rid, "ratio", label, na=f"{den['label']} is zero", target=tgt)
+    r = num["value"] / den["value"]
+    meets = None if target is None else (r >= target if higher_better else r <= target)
+    return row(rid, "ratio", label, r, "x", target=tgt, meets=meets)
 
 
 # --------------------------------------------------------------------------- build
@@ -109,7 +166,7 @@ def build_rawloop(build_dir: Path = BUILD_DIR) -> Path:
     if gcc is None:
         raise BenchError("no C compiler: install gcc to build tools/afxdp_rawloop.c")
     build_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
     cp = subprocess.run([gcc, "-O2", "-Wall", "-o", str(tmp), str(RAWLOOP_SRC)],
                         capture_output=True, text=True)
     if cp.returncode != 0:
@@ -172,14 +229,99 @@ def _stop(p: subprocess.Popen) -> tuple[str, str]:
 
 def set_mtu(topo, pair, mtu: int) -> None:
     for ep in (pair.a, pair.b):
-        h = topo.ipr(ep.ns)
-        h.link("set", index=ep.ifindex, mtu=mtu)
+        topo.ipr(ep.ns).link("set", index=ep.ifindex, mtu=mtu)
 
 
 def tso_on(topo, ep) -> bool | None:
     cp = topo.run(ep.ns, ["ethtool", "-k", ep.ifname], check=False, timeout=10)
     m = re.search(r"^tcp-segmentation-offload:\s+(\w+)", cp.stdout, re.M)
     return None if m is None else m.group(1) == "on"
+
+
+def _pinned(argv: list[str], cpu: int | None) -> list[str]:
+    return argv if cpu is None else ["taskset", "-c", str(cpu), *argv]
+
+
+def _size_text(n: int) -> str:
+    return f"{n // 1024} KiB" if n >= 1024 and n % 1024 == 0 else f"{n} B"
+
+
+# --------------------------------------------------------------------------- CPU sampling
+
+
+class CpuSampler:
+    """psutil user+system CPU seconds of some process trees, sampled every `period` seconds
+    on a thread; rate(t0, t1) is CPU-seconds per wall-second between two instants."""
+
+    def __init__(self, pids: list[int], period: float = 0.02):
+        import psutil
+        self._psutil, self.period = psutil, period
+        self.procs = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                self.procs.append(psutil.Process(pid))
+        self.samples: list[tuple[float, float]] = []
+        self._seen: dict[int, float] = {}   # last CPU time of every process ever seen (exited ones keep theirs)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _total(self) -> float:
+        ps = self._psutil
+        for root in self.procs:
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except ps.Error:
+                continue
+            for p in tree:
+                with contextlib.suppress(ps.Error):
+                    c = p.cpu_times()
+                    self._seen[p.pid] = c.user + c.system
+        return sum(self._seen.values())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), self._total()))
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+    def rate(self, t0: float, t1: float) -> float | None:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 3 or inside[-1][0] - inside[0][0] <= 0:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where host A's process (perf/qperf client, raw tx) and host B's (server, raw rx) run."""
+    name: str
+    a_cpu: int | None
+    b_cpu: int | None
+
+    @property
+    def text(self) -> str:
+        def at(c):
+            return "unpinned" if c is None else f"CPU {c}"
+        return f"{self.name}: client (A) {at(self.a_cpu)}, server (B) {at(self.b_cpu)}"
+
+
+def placement_for(name: str) -> Placement:
+    c0, c1 = _cpus()
+    if name == "split" and c1 is not None:
+        return Placement("split", c0, c1)
+    if name == "same" and c0 is not None:
+        return Placement("same", c0, c0)
+    return Placement("unpinned", None, None)
 
 
 # --------------------------------------------------------------------------- qperf
@@ -200,46 +342,36 @@ def parse_qperf(text: str) -> dict:
     return out
 
 
-def _pinned(argv: list[str], cpu: int | None) -> list[str]:
-    return argv if cpu is None else ["taskset", "-c", str(cpu), *argv]
-
-
-def qperf_once(topo, pair, test: str, size: int, seconds: float, cpus=(None, None)) -> dict:
-    """One qperf test A -> B with a fresh server; cpus = (server, client) or None for unpinned."""
-    srv = topo.popen(pair.b.ns, _pinned(["qperf"], cpus[0]), stdout=subprocess.DEVNULL,
+def qperf_once(topo, pair, test: str, size: int, seconds: float, pl: Placement, cpu: bool = False) -> dict:
+    """One qperf test A -> B with a fresh server (B at pl.b_cpu, client A at pl.a_cpu).  With
+    cpu=True also 'cpu_per_s': both processes' CPU-seconds per second mid-run (psutil)."""
+    srv = topo.popen(pair.b.ns, _pinned(["qperf"], pl.b_cpu), stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
-    argv = _pinned(["qperf", pair.b.ipv4, "-t", str(max(1, round(seconds))), "-m", str(size), test], cpus[1])
+    argv = _pinned(["qperf", pair.b.ipv4, "-t", str(max(1, round(seconds))), "-m", str(size), test], pl.a_cpu)
     try:
         text = err = ""
+        cpu_rate = None
         for _ in range(40):  # the server may still be starting: qperf then fails to connect
-            cp = topo.run(pair.a.ns, argv, timeout=seconds + 30, check=False)
-            text, err = cp.stdout, cp.stderr
-            if cp.returncode == 0 and "=" in text:
+            cli = topo.popen(pair.a.ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            t0 = time.monotonic()
+            with (CpuSampler([srv.pid, cli.pid]) if cpu else contextlib.nullcontext()) as smp:
+                try:
+                    text, err = cli.communicate(timeout=seconds + 30)
+                except subprocess.TimeoutExpired:
+                    text, err = _stop(cli)
+            if cli.returncode == 0 and "=" in text:
+                if smp is not None:  # middle of the run: connection set-up and teardown left out
+                    cpu_rate = smp.rate(t0 + 0.3 * seconds, t0 + 0.8 * seconds)
                 break
             time.sleep(0.1)
     finally:
         _stop(srv)
     parsed = parse_qperf(text)
-    return parsed or {f"{test}_error": (text + err).strip()[-300:] or "no output"}
-
-
-def run_qperf(topo, pair, seconds: float) -> dict:
-    """tcp_bw (64 KiB messages, placement left to the scheduler) and tcp_lat (8-byte
-    messages) with both ends on one core and with the ends on two cores.
-
-    Placement matters more than anything else for latency here: on this VM a wakeup
-    across cores costs tens of microseconds, on the same core a few."""
-    if shutil.which("qperf") is None:
-        return {"error": "qperf not installed"}
-    res: dict = {"tso": tso_on(topo, pair.a)}
-    res.update(qperf_once(topo, pair, "tcp_bw", BW_MSG, seconds))
-    c0, c1 = _cpus()
-    res.update(qperf_once(topo, pair, "tcp_lat", LAT_MSG, seconds, (c0, c0)))
-    if c1 is not None:
-        split = qperf_once(topo, pair, "tcp_lat", LAT_MSG, seconds, (c0, c1))
-        if "tcp_lat_us" in split:
-            res["tcp_lat_split_us"] = split["tcp_lat_us"]
-    return res
+    if not parsed:
+        return {"error": f"qperf {test}: " + ((text + err).strip()[-300:] or "no output")}
+    if cpu_rate:
+        parsed["cpu_per_s"] = cpu_rate
+    return parsed
 
 
 # --------------------------------------------------------------------------- raw AF_XDP
@@ -247,7 +379,7 @@ def run_qperf(topo, pair, seconds: float) -> dict:
 
 class RedirectProgram:
     """bpf/xsk_redirect_test.c on B's veth end, through BCC: compiled once, attached in
-    native mode only while the raw loop runs (detach() leaves it loaded for the next case)."""
+    native mode only while the raw loop runs (detach() leaves it loaded)."""
 
     def __init__(self, topo, ep, attach: bool = True):
         import bcc  # system package (python3-bpfcc); imported late so --help works without it
@@ -289,49 +421,83 @@ class RedirectProgram:
             self.bpf = None
 
 
-@contextlib.contextmanager
-def _quiet_stderr(on: bool):
-    """Silence fd 2 (C libraries write there directly) for the block."""
-    if not on:
-        yield
-        return
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
+@dataclass(frozen=True)
+class RawConfig:
+    """One configuration of the raw loop (see afxdp_rawloop.c for the knobs)."""
+    tx_cpu: int | None = None
+    rx_cpu: int | None = None
+    napi_threaded: bool = False     # /sys/class/net/<B's veth>/threaded
+    napi_cpu: int | None = None     # the NAPI kthread's CPU (threaded only)
+    batch: int = 64
+    budget: int | None = None       # XDP_MAX_TX_SKB_BUDGET (kernel default 32)
+    need_wakeup: bool = True
+    wait: str = "poll"              # rx with an empty ring: poll | spin | busy-poll
+
+    @property
+    def label(self) -> str:
+        def at(c):
+            return "unpinned" if c is None else f"CPU {c}"
+        napi = (f"threaded NAPI {at(self.napi_cpu)}" if self.napi_threaded else "NAPI in softirq")
+        return (f"tx {at(self.tx_cpu)}, rx {at(self.rx_cpu)}, {napi}, batch {self.batch}, "
+                f"tx skb budget {self.budget or 'default'}, need_wakeup {'on' if self.need_wakeup else 'off'}, "
+                f"rx {self.wait}")
 
 
-def attach_with_mtu(topo, pair, prog: RedirectProgram, mtus) -> tuple[int, list[str]]:
-    """Set the veth MTU to the first of mtus with which the XDP program attaches (and
-    leave it attached); also return why the larger ones were refused."""
-    errors = []
-    for i, mtu in enumerate(mtus):
-        set_mtu(topo, pair, mtu)
-        try:
-            # libbcc prints its own attach error; refusals before the last are expected
-            with _quiet_stderr(i < len(mtus) - 1):
-                prog.attach()
-            return mtu, errors
-        except Exception as e:  # noqa: BLE001 - BCC raises plain Exception on attach
-            errors.append(f"veth MTU {mtu}: {str(e).strip()[:120]}")
-    raise BenchError("XDP program would not attach: " + "; ".join(errors))
+class NapiControl:
+    """Threaded NAPI on one veth end, and its kthreads' CPU.  The kthreads are told apart from
+    other namespaces' (which may share the interface name) by appearing when we switch it on."""
+
+    def __init__(self, topo, ep, initial: bool):
+        self.topo, self.ep, self.initial = topo, ep, initial
+        self.on: bool | None = None
+        self.kthreads: list[int] = []
+
+    @staticmethod
+    def _napi_threads(ifname: str) -> set[int]:
+        out = set()
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if (d / "comm").read_text().strip().startswith(f"napi/{ifname}-"):
+                        out.add(int(d.name))
+        return out
+
+    def set(self, on: bool, cpu: int | None) -> None:
+        if on != self.on:
+            before = self._napi_threads(self.ep.ifname) if on else set()
+            cp = self.topo.run(self.ep.ns, ["sh", "-c", f"echo {int(on)} > /sys/class/net/{self.ep.ifname}/threaded"],
+                               check=False, timeout=10)
+            if cp.returncode != 0:
+                raise BenchError(f"threaded NAPI {'on' if on else 'off'}: {cp.stderr.strip()}")
+            self.on = on
+            self.kthreads = sorted(self._napi_threads(self.ep.ifname) - before) if on else []
+        if on:
+            cpus = set(os.sched_getaffinity(0)) if cpu is None else {cpu}
+            for pid in self.kthreads:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(pid, cpus)
+
+    def restore(self) -> None:
+        with contextlib.suppress(Exception):
+            self.set(self.initial, None)
 
 
 def run_rawloop(topo, pair, binary: Path, prog: RedirectProgram, frame: int, seconds: float,
-                cpus=(None, None), spin_us: float | None = None, batch: int | None = None) -> dict:
+                cfg: RawConfig = RawConfig()) -> dict:
     """tx in A and rx in B for `seconds`; returns {'tx': {...}, 'rx': {...}}."""
-    tx_cpu, rx_cpu = cpus
     rx_argv = [str(binary), "rx", "-i", pair.b.ifname, "-s", str(frame), "-t", str(seconds),
-               "--idle", "5", "--xskmap-fd", str(prog.map_fd)]
-    if rx_cpu is not None:
-        rx_argv += ["-c", str(rx_cpu)]
-    if spin_us is not None:
-        rx_argv += ["--spin-us", str(spin_us)]
+               "--idle", "5", "--xskmap-fd", str(prog.map_fd), "-b", str(cfg.batch), "--wait", cfg.wait]
+    tx_argv = [str(binary), "tx", "-i", pair.a.ifname, "-s", str(frame),
+               "-t", str(seconds + 0.5),  # outlasts rx's window, which opens at its first frame
+               "--src-mac", pair.a.mac, "--dst-mac", pair.b.mac,
+               "--src-ip", pair.a.ipv4, "--dst-ip", pair.b.ipv4, "-b", str(cfg.batch)]
+    for argv, cpu in ((rx_argv, cfg.rx_cpu), (tx_argv, cfg.tx_cpu)):
+        if cpu is not None:
+            argv += ["-c", str(cpu)]
+        if not cfg.need_wakeup:
+            argv.append("--no-need-wakeup")
+    if cfg.budget:
+        tx_argv += ["--budget", str(cfg.budget)]
     rx = topo.popen(pair.b.ns, rx_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                     pass_fds=(prog.map_fd,))
     try:
@@ -339,14 +505,6 @@ def run_rawloop(topo, pair, binary: Path, prog: RedirectProgram, frame: int, sec
         if line.strip() != "ready":
             out, err = _stop(rx)
             raise BenchError(f"raw rx did not start: {(line + out + err).strip()[-300:]}")
-        tx_argv = [str(binary), "tx", "-i", pair.a.ifname, "-s", str(frame),
-                   "-t", str(seconds + 1.0),  # outlasts rx's window, which opens at its first frame
-                   "--src-mac", pair.a.mac, "--dst-mac", pair.b.mac,
-                   "--src-ip", pair.a.ipv4, "--dst-ip", pair.b.ipv4]
-        if tx_cpu is not None:
-            tx_argv += ["-c", str(tx_cpu)]
-        if batch is not None:
-            tx_argv += ["-b", str(batch)]
         tx = topo.run(pair.a.ns, tx_argv, timeout=seconds + 20, check=False)
         out, err = rx.communicate(timeout=seconds + 20)
     finally:
@@ -358,6 +516,75 @@ def run_rawloop(topo, pair, binary: Path, prog: RedirectProgram, frame: int, sec
     if rx_res is None:
         raise BenchError(f"raw rx failed ({rx.returncode}): {err.strip()[-300:]}")
     return {"tx": tx_res, "rx": rx_res}
+
+
+def _sweep_stages(d: Durations) -> list[tuple[str, callable]]:
+    """(stage, best -> candidate configs): coordinate descent over the loop's knobs."""
+    c0, c1 = _cpus()
+    if c1 is None:
+        placements = [RawConfig()]
+    else:
+        placements = [RawConfig(), RawConfig(c0, c1), RawConfig(c0, c0), RawConfig(c1, c1),
+                      RawConfig(c0, c0, True, c1), RawConfig(c1, c1, True, c0), RawConfig(c0, c1, True, None),
+                      RawConfig(None, None, True, None)]
+    if not d.full_sweep:  # --quick: today's default beside the usual winner, nothing else
+        return [("placement", lambda best: [RawConfig(c0, c1)] + ([RawConfig(c0, c0, True, c1)] if c1 is not None
+                                                                  else []))]
+    return [
+        ("placement", lambda best: placements),
+        ("batch", lambda best: [replace(best, batch=b) for b in (16, 32, 128, 256)]),
+        ("tx skb budget", lambda best: [replace(best, budget=b) for b in (128, 512)]),
+        ("wake-up", lambda best: [replace(best, need_wakeup=False), replace(best, wait="spin"),
+                                  replace(best, wait="busy-poll")]),
+    ]
+
+
+def sweep_rawloop(topo, pair, binary: Path, prog: RedirectProgram, napi: NapiControl, frame: int,
+                  d: Durations, log) -> tuple[RawConfig | None, list[dict], list[dict]]:
+    """Find the fastest configuration for `frame`-byte frames; (best, final runs, all trials)."""
+    trials: list[dict] = []
+    results: dict[RawConfig, float] = {}
+
+    def trial(stage: str, cfg: RawConfig) -> float | None:
+        if cfg in results:
+            return results[cfg]
+        t = {"stage": stage, "config": asdict(cfg), "label": cfg.label, "rx_fps": None, "tx_fps": None,
+             "rx_dropped": None, "error": None}
+        try:
+            napi.set(cfg.napi_threaded, cfg.napi_cpu)
+            r = run_rawloop(topo, pair, binary, prog, frame, d.raw_trial_s, cfg)
+            t.update(rx_fps=r["rx"]["fps"], tx_fps=r["tx"]["fps"], rx_dropped=r["rx"].get("rx_dropped"),
+                     cpu_s=r["rx"].get("cpu_s", 0) + r["tx"].get("cpu_s", 0))
+            results[cfg] = r["rx"]["fps"]
+        except Exception as e:  # noqa: BLE001 - a configuration this host refuses is a result too
+            t["error"] = str(e)[:300]
+            results[cfg] = None
+        trials.append(t)
+        log(f"  raw {frame} B [{stage}] {cfg.label}: "
+            + (f"{t['rx_fps'] / 1e6:.3f} Mfps" if t["rx_fps"] is not None else f"error {t['error']}"))
+        return results[cfg]
+
+    best: RawConfig | None = None
+    for stage, candidates in _sweep_stages(d):
+        for cfg in ([best] if best else []) + candidates(best):
+            trial(stage, cfg)
+        ok = {c: v for c, v in results.items() if v}
+        if ok:
+            best = max(ok, key=ok.get)
+    final: list[dict] = []
+    if best is not None:
+        napi.set(best.napi_threaded, best.napi_cpu)
+        for i in range(d.raw_reps):
+            try:
+                r = run_rawloop(topo, pair, binary, prog, frame, max(d.raw_trial_s, 2 * d.raw_trial_s), best)
+                final.append(r)
+                trials.append({"stage": "final", "config": asdict(best), "label": best.label,
+                               "rx_fps": r["rx"]["fps"], "tx_fps": r["tx"]["fps"],
+                               "rx_dropped": r["rx"].get("rx_dropped"), "error": None})
+            except Exception as e:  # noqa: BLE001
+                trials.append({"stage": "final", "config": asdict(best), "label": best.label, "rx_fps": None,
+                               "tx_fps": None, "rx_dropped": None, "error": str(e)[:300]})
+    return best, final, trials
 
 
 # --------------------------------------------------------------------------- MetaRoCE
@@ -374,29 +601,62 @@ def metaroce_perf_available() -> bool:
     return any(g.name == "perf" for g in metaroce_cli.app.registered_groups)
 
 
+# Option names tools/perf.py may grow; the first one its --help lists is used.
+PERF_OPTION_NAMES = {"qps": ("--qps", "--num-qps", "--qp-count"),
+                     "bidir": ("--bidirectional", "--bidir", "--duplex"),
+                     "plane": ("--plane",)}
+
+
+def perf_options() -> dict:
+    """Which optional `metaroce perf write-bw` options exist: {'qps': '--qps' | None, ...}."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+    cp = subprocess.run([sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "--help"], cwd=ROOT,
+                        capture_output=True, text=True, env=env, timeout=60)
+    have = set(re.findall(r"--[a-z][a-z0-9-]*", cp.stdout))
+    return {k: next((n for n in names if n in have), None) for k, names in PERF_OPTION_NAMES.items()}
+
+
 def _listening(topo, ns: str, port: int) -> bool:
     cp = topo.run(ns, ["ss", "-Hltn", f"sport = :{port}"], check=False, timeout=10)
     return bool(cp.stdout.strip())
 
 
-def run_metaroce(topo, pair, test: str, size: int, iters: int, pmtu: int, timeout: float) -> dict:
-    """`metaroce perf <test>`: server in B, client in A; the client's JSON (server's as a spare)."""
-    base = [sys.executable, "-m", "tools.metaroce_cli", "perf", test, "-s", str(size),
-            "-n", str(iters), "-m", str(pmtu), "--json"]
-    srv = topo.popen(pair.b.ns, [*base[:5], "-d", pair.b.ifname, *base[5:]], cwd=ROOT,
+def run_metaroce(topo, pair, test: str, size: int, iters: int, pmtu: int, timeout: float,
+                 pl: Placement = Placement("unpinned", None, None), extra: tuple[str, ...] = (),
+                 cpu: bool = False) -> dict:
+    """`metaroce perf <test>`: server in B, client in A; the client's JSON (the server's as a
+    spare).  With cpu=True adds 'cpu_per_s': both processes' CPU-seconds per second over the
+    middle half of the test window (the `seconds` before the result line appeared)."""
+    base = [sys.executable, "-m", "tools.metaroce_cli", "perf", test]
+    opts = ["-s", str(size), "-n", str(iters), "-m", str(pmtu), "--json", *extra]
+    srv = topo.popen(pair.b.ns, _pinned([*base, "-d", pair.b.ifname, *opts], pl.b_cpu), cwd=ROOT,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # The server imports numba and compiles its XDP program before it listens.
-        deadline = time.monotonic() + min(60.0, timeout)
+        deadline = time.monotonic() + min(90.0, timeout)
         while not _listening(topo, pair.b.ns, PERF_PORT):
             if srv.poll() is not None:
                 out, err = srv.communicate()
                 raise BenchError(f"perf {test} server exited ({srv.returncode}): {(err or out).strip()[-400:]}")
             if time.monotonic() > deadline:
-                raise BenchError(f"perf {test} server not listening on TCP {PERF_PORT} after 60 s")
+                raise BenchError(f"perf {test} server not listening on TCP {PERF_PORT} after 90 s")
             time.sleep(0.2)
-        cli = topo.run(pair.a.ns, [*base[:5], "-d", pair.a.ifname, *base[5:], pair.b.ipv4],
-                       timeout=timeout, check=False)
+        cli = topo.popen(pair.a.ns, _pinned([*base, "-d", pair.a.ifname, *opts, pair.b.ipv4], pl.a_cpu),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        res, t_res, lines = None, None, []
+        with (CpuSampler([srv.pid, cli.pid]) if cpu else contextlib.nullcontext()) as smp:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                line = _readline(cli, max(0.1, end - time.monotonic()))
+                if not line:
+                    break
+                lines.append(line)
+                if line.lstrip().startswith("{") and res is None:
+                    with contextlib.suppress(json.JSONDecodeError):
+                        res, t_res = json.loads(line), time.monotonic()
+            if cli.poll() is None and res is None:
+                _stop(cli)
+        c_out, c_err = cli.communicate(timeout=30)
         try:
             s_out, s_err = srv.communicate(timeout=10)
         except subprocess.TimeoutExpired:
@@ -404,226 +664,385 @@ def run_metaroce(topo, pair, test: str, size: int, iters: int, pmtu: int, timeou
     finally:
         if srv.poll() is None:
             _stop(srv)
-    res = _last_json(cli.stdout) or _last_json(s_out)
+    res = res or _last_json("".join(lines) + c_out) or _last_json(s_out)
     if res is None:
-        raise BenchError(f"perf {test} client failed ({cli.returncode}): "
-                         f"{(cli.stderr or s_err).strip()[-400:]}")
+        raise BenchError(f"perf {test} client failed ({cli.returncode}): {(c_err or s_err).strip()[-400:]}")
+    if smp is not None and t_res is not None and res.get("seconds"):
+        s = float(res["seconds"])
+        rate = smp.rate(t_res - 0.75 * s, t_res - 0.25 * s)
+        if rate:
+            res["cpu_per_s"] = rate
     return res
 
 
-def latency_of(lat: dict) -> tuple[str, float] | None:
-    """The typical latency from a lat_us dict, preferring the median."""
-    if not isinstance(lat, dict):
-        return None
-    for key in ("p50", "median", "typical", "avg", "mean", "t_typical"):
-        if isinstance(lat.get(key), (int, float)):
-            return key, float(lat[key])
-    return None
+# --------------------------------------------------------------------------- the run
 
 
-# --------------------------------------------------------------------------- one case
+class Bench:
+    """One run: the topology, the report being built, and the steps that fill it."""
 
+    def __init__(self, d: Durations, planes: tuple[str, ...], pl: Placement, threaded_napi: bool, log):
+        self.d, self.planes, self.pl, self.threaded_napi, self.log = d, planes, pl, threaded_napi, log
+        self.rows: list[dict] = []
+        self.byid: dict[str, dict] = {}
+        self.series = {"throughput": [], "latency": []}
+        self.raw_sweep: dict[str, list] = {}
 
-def _ratio(a, b):
-    return a / b if a is not None and b else None
+    def add(self, r: dict) -> dict:
+        self.rows.append(r)
+        self.byid[r["id"]] = r
+        return r
 
+    def point(self, kind: str, who: str, size: int, value, unit: str) -> None:
+        if value is not None:
+            self.series[kind].append({"who": who, "size": size, "value": float(value), "unit": unit})
 
-def run_case(topo, pair, prog: RedirectProgram, case: Case, d: Durations, binary: Path,
-             perf_ok: bool, cpus, log) -> dict:
-    res: dict = {"case": case.name, "pmtu": case.pmtu, "frame_bytes": frame_bytes(case.pmtu)}
+    # ----- qperf
+    def qperf(self, topo, pair) -> None:
+        d, pl = self.d, self.pl
+        if shutil.which("qperf") is None:
+            for rid, group, label, unit in (("tcp.lat_us", "tcp", "qperf tcp_lat 8 B", "us"),
+                                            ("tcp.bw_gbps", "tcp", "qperf tcp_bw 64 KiB", "Gb/s"),
+                                            ("cpu.tcp.bytes_per_cpu_s", "cpu", "kernel TCP: bytes per CPU-second",
+                                             "GB/CPU-s")):
+                self.add(row(rid, group, label, unit=unit, na="qperf not installed (scripts/setup.sh installs it)"))
+            return
+        self.log(f"qperf tcp_lat / tcp_bw, {pl.text}")
+        tso = tso_on(topo, pair.a)
+        lat = qperf_once(topo, pair, "tcp_lat", LAT_MSG, d.qperf_s, pl)
+        self.add(row("tcp.lat_us", "tcp", "qperf tcp_lat 8 B (one-way)", lat.get("tcp_lat_us"), "us", pl.text,
+                     na=lat.get("error")))
+        same = placement_for("same")
+        if same != pl:
+            s = qperf_once(topo, pair, "tcp_lat", LAT_MSG, d.qperf_s, same)
+            self.add(row("tcp.lat_same_core_us", "tcp", "qperf tcp_lat 8 B, both ends on one core (information)",
+                         s.get("tcp_lat_us"), "us", same.text, na=s.get("error")))
+        bw = qperf_once(topo, pair, "tcp_bw", BW_MSG, d.qperf_s, pl, cpu=True)
+        self.add(row("tcp.bw_gbps", "tcp", "qperf tcp_bw 64 KiB", bw.get("tcp_bw_gbps"), "Gb/s",
+                     pl.text + ("" if tso is not False else ", TSO off"), na=bw.get("error")))
+        bpc = (bw["tcp_bw_gbps"] * 1e9 / 8 / bw["cpu_per_s"]) if bw.get("cpu_per_s") and bw.get("tcp_bw_gbps") \
+            else None
+        self.add(row("cpu.tcp.bytes_per_cpu_s", "cpu", "kernel TCP: bytes moved per CPU-second (tcp_bw)",
+                     bpc and bpc / 1e9, "GB/CPU-s",
+                     f"{bw['cpu_per_s']:.2f} CPU-s/s, qperf client+server" if bw.get("cpu_per_s") else None,
+                     na=bw.get("error") or (None if bpc else "CPU sampling got too few samples")))
+        self.point("throughput", "kernel TCP (qperf tcp_bw)", BW_MSG, bw.get("tcp_bw_gbps"), "Gb/s")
+        self.point("latency", "kernel TCP (qperf tcp_lat)", LAT_MSG, lat.get("tcp_lat_us"), "us")
+        for size in d.series_sizes:
+            if size != BW_MSG:
+                r = qperf_once(topo, pair, "tcp_bw", size, d.series_s, pl)
+                self.point("throughput", "kernel TCP (qperf tcp_bw)", size, r.get("tcp_bw_gbps"), "Gb/s")
+            if size != LAT_MSG:
+                r = qperf_once(topo, pair, "tcp_lat", size, d.series_s, pl)
+                self.point("latency", "kernel TCP (qperf tcp_lat)", size, r.get("tcp_lat_us"), "us")
 
-    # 1. The MTU first: qperf must run on the same link the others use.  Probe which
-    #    veth MTU takes the XDP program, then detach so TCP runs with TSO.
-    log(f"[{case.name}] choosing veth MTU")
-    try:
-        mtu, refused = attach_with_mtu(topo, pair, prog, case.veth_mtus)
-        prog.detach()
-    except BenchError as e:
-        res["error"] = str(e)
-        return res
-    res["veth_mtu"] = mtu
-    if refused:
-        res["veth_mtu_refused"] = refused
+    # ----- raw AF_XDP
+    def raw(self, topo, pair, binary: Path) -> None:
+        prog = RedirectProgram(topo, pair.b, attach=False)
+        napi = NapiControl(topo, pair.b, self.threaded_napi)
+        try:
+            prog.attach()
+            for key, frame, pmtu in (("64B", SMALL_FRAME, None), ("pmtu1024", frame_bytes(1024), 1024)):
+                self.log(f"raw AF_XDP loop, {frame}-byte frames: sweeping")
+                best, final, trials = sweep_rawloop(topo, pair, binary, prog, napi, frame, self.d, self.log)
+                self.raw_sweep[str(frame)] = trials
+                fps = [r["rx"]["fps"] for r in final]
+                med = statistics.median(fps) if fps else None
+                cfg = None if best is None else (f"{best.label}; median of {len(fps)} run(s) "
+                                                 f"{', '.join(f'{f / 1e6:.3f}' for f in fps)} Mfps; "
+                                                 f"{len(trials) - len(final)} configurations tried")
+                why = None if med else ("every configuration failed: " + "; ".join(
+                    {t['error'] for t in trials if t['error']})[:300])
+                self.add(row(f"raw.{key}.mfps", "raw", f"raw AF_XDP loop, {frame} B frames", med and med / 1e6,
+                             "Mframes/s", cfg, na=why))
+                if pmtu:
+                    self.add(row(f"raw.{key}.payload_gbps", "raw",
+                                 f"raw AF_XDP goodput at path MTU {pmtu} (frames/s x {pmtu} B)",
+                                 med and med * pmtu * 8 / 1e9, "Gb/s", "the same runs", na=why))
+                    if med:
+                        self.point("throughput", f"raw AF_XDP (PMTU {pmtu} frames)", BW_MSG,
+                                   med * pmtu * 8 / 1e9, "Gb/s")
+            why = ("not available yet: a 4154-byte frame spans two UMEM chunks, so the loop needs "
+                   "XDP_USE_SG and a frags-aware redirect program (bpf/xsk_redirect_test.c is not), "
+                   "and BCC 0.26 cannot load one with BPF_F_XDP_HAS_FRAGS")
+            self.add(row("raw.pmtu4096.mfps", "raw", f"raw AF_XDP loop, {frame_bytes(4096)} B frames", na=why))
+            self.add(row("raw.pmtu4096.payload_gbps", "raw", "raw AF_XDP goodput at path MTU 4096", na=why))
+        finally:
+            napi.restore()
+            prog.close()  # MetaRoCE attaches its own program
 
-    # 2. qperf, no XDP program on the link
-    log(f"[{case.name}] qperf on veth MTU {mtu}")
-    try:
-        res["qperf"] = run_qperf(topo, pair, d.qperf_s)
-    except Exception as e:  # noqa: BLE001 - one missing baseline must not lose the others
-        res["qperf"] = {"error": str(e)}
+    # ----- MetaRoCE
+    def metaroce(self, topo, pair, perf_ok: bool, popts: dict) -> None:
+        d, pl = self.d, self.pl
+        for plane in self.planes:
+            p = f"metaroce.{plane}"
+            name = f"MetaRoCE ({plane} plane)"
+            plane_na = None
+            extra: tuple[str, ...] = ()
+            if not perf_ok:
+                plane_na = "tools/perf.py / `metaroce perf` not available"
+            elif plane != "python":
+                if popts.get("plane"):
+                    extra = (popts["plane"], plane)
+                else:
+                    plane_na = f"not available: `metaroce perf` has no --plane option yet (for the {plane} plane)"
 
-    # 3. raw AF_XDP
-    log(f"[{case.name}] raw AF_XDP loop, {frame_bytes(case.pmtu)}-byte frames")
-    try:
-        before = prog.redirected()
-        prog.attach()
-        raw = run_rawloop(topo, pair, binary, prog, frame_bytes(case.pmtu), d.raw_s, cpus)
-        raw["redirected"] = prog.redirected() - before
-        raw["payload_gbps"] = raw["rx"]["fps"] * case.pmtu * 8 / 1e9
-        raw["rx_over_tx"] = _ratio(raw["rx"]["fps"], raw["tx"]["fps"])
-        res["raw"] = raw
-    except Exception as e:  # noqa: BLE001
-        res["raw"] = {"error": str(e)}
-    finally:
-        prog.detach()  # MetaRoCE attaches its own program
+            def perf(test, size, iters, pmtu=1024, more=(), cpu=False):
+                if plane_na:
+                    raise BenchError(plane_na)
+                self.log(f"[{plane}] metaroce perf {test} -s {size} -n {iters} -m {pmtu} {' '.join(more)}")
+                return run_metaroce(topo, pair, test, size, iters, pmtu, d.perf_timeout_s, pl,
+                                    (*extra, *more), cpu=cpu)
 
-    # 4. MetaRoCE
-    mr: dict = {"available": perf_ok}
-    if perf_ok:
-        for key, test, size, iters in (("write_bw", "write-bw", BW_MSG, d.bw_iters),
-                                       ("write_lat", "write-lat", LAT_MSG, d.lat_iters)):
-            log(f"[{case.name}] metaroce perf {test} -s {size} -n {iters} -m {case.pmtu}")
+            def na_of(e: Exception) -> str:
+                return str(e)[:400]
+
+            # latency
             try:
-                mr[key] = run_metaroce(topo, pair, test, size, iters, case.pmtu, d.perf_timeout_s)
+                r = perf("write-lat", LAT_MSG, d.lat_iters)
+                lat = r.get("lat_us", {})
+                self.add(row(f"{p}.lat_p50_us", "metaroce", f"{name} WRITE 8 B latency, median", lat.get("typical"),
+                             "us", pl.text))
+                self.add(row(f"{p}.lat_p99_us", "metaroce", f"{name} WRITE 8 B latency, p99", lat.get("p99"),
+                             "us", pl.text))
+                self.point("latency", name, LAT_MSG, lat.get("typical"), "us")
+            except Exception as e:  # noqa: BLE001 - one failed measurement must not lose the others
+                for k, what in (("lat_p50_us", "median"), ("lat_p99_us", "p99")):
+                    self.add(row(f"{p}.{k}", "metaroce", f"{name} WRITE 8 B latency, {what}", unit="us", na=na_of(e)))
+            # message rate
+            try:
+                r = perf("write-bw", LAT_MSG, d.rate_iters)
+                self.add(row(f"{p}.rate_8B_1qp_mmsgs", "metaroce", f"{name} WRITE 8 B message rate, 1 QP",
+                             r.get("msg_rate"), "Mmsg/s", pl.text))
+                self.point("throughput", name, LAT_MSG, r.get("gbps"), "Gb/s")
             except Exception as e:  # noqa: BLE001
-                mr[key] = {"error": str(e)}
-    res["metaroce"] = mr
+                self.add(row(f"{p}.rate_8B_1qp_mmsgs", "metaroce", f"{name} WRITE 8 B message rate, 1 QP",
+                             unit="Mmsg/s", na=na_of(e)))
+            self._multi_qp(p, name, perf, popts, plane_na, "rate_8B_16qp_mmsgs",
+                           f"{name} WRITE 8 B message rate, 16 QPs", LAT_MSG, d.rate_iters, 16, False, "msg_rate",
+                           "Mmsg/s")
+            # bandwidth, one QP
+            try:
+                r = perf("write-bw", BW_MSG, d.bw_iters, cpu=True)
+                self.add(row(f"{p}.bw_64K_1qp_pmtu1024_gbps", "metaroce", f"{name} WRITE 64 KiB, 1 QP, PMTU 1024",
+                             r.get("gbps"), "Gb/s", pl.text))
+                self.point("throughput", name, BW_MSG, r.get("gbps"), "Gb/s")
+                cps = r.get("cpu_per_s")
+                self.add(row(f"cpu.{plane}.bytes_per_cpu_s", "cpu",
+                             f"{name}: bytes moved per CPU-second (WRITE 64 KiB)",
+                             cps and r["gbps"] * 1e9 / 8 / cps / 1e9, "GB/CPU-s",
+                             cps and f"{cps:.2f} CPU-s/s, perf client+server",
+                             na=None if cps else "CPU sampling got too few samples (test window too short)"))
+            except Exception as e:  # noqa: BLE001
+                self.add(row(f"{p}.bw_64K_1qp_pmtu1024_gbps", "metaroce", f"{name} WRITE 64 KiB, 1 QP, PMTU 1024",
+                             unit="Gb/s", na=na_of(e)))
+                self.add(row(f"cpu.{plane}.bytes_per_cpu_s", "cpu", f"{name}: bytes moved per CPU-second",
+                             unit="GB/CPU-s", na=na_of(e)))
+            self.add(self._pmtu4096(topo, pair, p, name, perf, plane_na))
+            for nq in (4, 16):
+                self._multi_qp(p, name, perf, popts, plane_na, f"bw_64K_{nq}qp_bidir_gbps",
+                               f"{name} WRITE 64 KiB, {nq} QPs, both directions (aggregate)", BW_MSG, d.bw_iters,
+                               nq, True, "gbps", "Gb/s")
+            # the size series for the plots
+            for size in d.series_sizes:
+                if size not in (LAT_MSG, BW_MSG):
+                    with contextlib.suppress(Exception):
+                        self.point("throughput", name, size, perf("write-bw", size, max(200, d.bw_iters // 4))
+                                   .get("gbps"), "Gb/s")
+                if size != LAT_MSG:
+                    with contextlib.suppress(Exception):
+                        self.point("latency", name, size, perf("write-lat", size, max(200, d.lat_iters // 5))
+                                   .get("lat_us", {}).get("typical"), "us")
 
-    # 5. ratios
-    q = res.get("qperf", {})
-    raw_payload = res.get("raw", {}).get("payload_gbps")
-    mr_bw = mr.get("write_bw", {}).get("gbps")
-    lat = latency_of(mr.get("write_lat", {}).get("lat_us"))
-    res["ratios"] = {
-        "write_bw_over_raw_afxdp": _ratio(mr_bw, raw_payload),
-        "write_bw_over_tcp_bw": _ratio(mr_bw, q.get("tcp_bw_gbps")),
-        "write_lat_over_tcp_lat": _ratio(lat[1] if lat else None, q.get("tcp_lat_us")),
-        "write_lat_over_tcp_lat_split": _ratio(lat[1] if lat else None, q.get("tcp_lat_split_us")),
-        "write_lat_stat": lat[0] if lat else None,
-    }
-    return res
+    def _multi_qp(self, p, name, perf, popts, plane_na, key, label, size, iters, nq, bidir, field, unit) -> None:
+        missing = [o for o, need in (("qps", True), ("bidir", bidir)) if need and not popts.get(o)]
+        if plane_na or missing:
+            why = plane_na or ("not available: `metaroce perf` (tools/perf.py) has no option for "
+                               + " or ".join({"qps": "several QPs (e.g. --qps N)",
+                                              "bidir": "both directions at once (e.g. --bidirectional)"}[m]
+                                             for m in missing))
+            self.add(row(f"{p}.{key}", "metaroce", label, unit=unit, na=why))
+            return
+        more = (popts["qps"], str(nq)) + ((popts["bidir"],) if bidir else ())
+        try:
+            r = perf("write-bw", size, iters, more=more)
+            self.add(row(f"{p}.{key}", "metaroce", label, r.get(field), unit, self.pl.text))
+        except Exception as e:  # noqa: BLE001
+            self.add(row(f"{p}.{key}", "metaroce", label, unit=unit, na=str(e)[:400]))
+
+    def _pmtu4096(self, topo, pair, p, name, perf, plane_na) -> dict:
+        rid, label = f"{p}.bw_64K_1qp_pmtu4096_gbps", f"{name} WRITE 64 KiB, 1 QP, PMTU 4096"
+        if plane_na:
+            return row(rid, "metaroce", label, unit="Gb/s", na=plane_na)
+        if not self.d.full_sweep:
+            return row(rid, "metaroce", label, unit="Gb/s", na="not measured by --quick (path MTU 1024 only)")
+        set_mtu(topo, pair, MTU_FOR_PMTU[4096])
+        try:
+            r = perf("write-bw", BW_MSG, self.d.bw_iters, pmtu=4096)
+            return row(rid, "metaroce", label, r.get("gbps"), "Gb/s", f"{self.pl.text}, veth MTU {MTU_FOR_PMTU[4096]}")
+        except Exception as e:  # noqa: BLE001
+            return row(rid, "metaroce", label, unit="Gb/s",
+                       na=f"not available yet (veth MTU {MTU_FOR_PMTU[4096]}): {str(e)[-300:]}")
+        finally:
+            set_mtu(topo, pair, MTU_FOR_PMTU[1024])
+
+    # ----- ratios
+    def ratios(self) -> None:
+        class _Rows(dict):  # a row an earlier step never produced reads as not measured
+            def __missing__(self, rid):
+                return row(rid, "", rid, na="not measured (an earlier step failed; see the log)")
+        b = _Rows(self.byid)
+        tcp_lat, raw64 = b["tcp.lat_us"], b["raw.64B.mfps"]
+        for plane in self.planes:
+            p, rp = f"metaroce.{plane}", f"ratio.{plane}"
+            for stat in ("p50", "p99"):
+                self.add(ratio_row(f"{rp}.lat_{stat}_over_tcp_lat", f"[{plane}] WRITE 8 B latency {stat} / TCP latency",
+                                   b[f"{p}.lat_{stat}_us"], tcp_lat, TARGET_LAT, False))
+            for nq in (1, 16):
+                self.add(ratio_row(f"{rp}.rate_{nq}qp_over_raw64", f"[{plane}] 8 B WRITE rate, {nq} QP(s) / raw 64 B "
+                                   "frame rate", b[f"{p}.rate_8B_{nq}qp_mmsgs"], raw64, TARGET_RATE, True))
+            for pmtu in (1024, 4096):
+                self.add(ratio_row(f"{rp}.bw_1qp_pmtu{pmtu}_over_raw", f"[{plane}] 64 KiB WRITE, 1 QP / raw goodput, "
+                                   f"PMTU {pmtu}", b[f"{p}.bw_64K_1qp_pmtu{pmtu}_gbps"],
+                                   b[f"raw.pmtu{pmtu}.payload_gbps"], TARGET_RATE, True))
+            for nq in (4, 16):
+                self.add(ratio_row(f"{rp}.bw_{nq}qp_bidir_over_raw", f"[{plane}] 64 KiB WRITE, {nq} QPs both ways / "
+                                   "raw goodput, PMTU 1024", b[f"{p}.bw_64K_{nq}qp_bidir_gbps"],
+                                   b["raw.pmtu1024.payload_gbps"], TARGET_RATE, True))
+            self.add(ratio_row(f"{rp}.bw_over_tcp_bw", f"[{plane}] 64 KiB WRITE / TCP bw",
+                               b[f"{p}.bw_64K_1qp_pmtu1024_gbps"], b["tcp.bw_gbps"], None, True))
+            self.add(ratio_row(f"{rp}.cpu_over_tcp", f"[{plane}] bytes per CPU-second / kernel TCP's",
+                               b[f"cpu.{plane}.bytes_per_cpu_s"], b["cpu.tcp.bytes_per_cpu_s"], None, True))
+
+
+def run(d: Durations, planes: tuple[str, ...], placement: str, threaded_napi: bool, log) -> dict:
+    from metaroce_xdp.topo import two_hosts
+
+    binary = build_rawloop()
+    perf_ok = metaroce_perf_available()
+    popts = perf_options() if perf_ok else {k: None for k in PERF_OPTION_NAMES}
+    pl = placement_for(placement)
+    report = {"schema": SCHEMA,
+              "host": {"kernel": os.uname().release, "cpus": os.cpu_count(), "busy_before_pct": busy_pct(),
+                       "load_avg": os.getloadavg()},
+              "options": {"quick": not d.full_sweep, "planes": list(planes), "placement": placement,
+                          "threaded_napi": threaded_napi, "durations": asdict(d)},
+              "placement": {"a_cpu": pl.a_cpu, "b_cpu": pl.b_cpu, "text": pl.text},
+              "perf_options": popts}
+    b = Bench(d, planes, pl, threaded_napi, log)
+    topo, pair = two_hosts(mtu=MTU_FOR_PMTU[1024], threaded_napi=threaded_napi, prefix="mrbench")
+    with topo:
+        b.qperf(topo, pair)          # first: no XDP program on the link yet, so TCP keeps TSO
+        try:
+            b.raw(topo, pair, binary)
+        except Exception as e:  # noqa: BLE001 - e.g. BCC missing: the other columns still count
+            log(f"raw AF_XDP loop failed: {e}")
+            for rid in ("raw.64B.mfps", "raw.pmtu1024.mfps", "raw.pmtu1024.payload_gbps"):
+                if rid not in b.byid:
+                    b.add(row(rid, "raw", f"raw AF_XDP loop ({rid})", na=f"raw loop failed: {str(e)[:300]}"))
+        b.metaroce(topo, pair, perf_ok, popts)
+    b.ratios()
+    report.update(rows=b.rows, raw_sweep=b.raw_sweep, series=b.series, plots=[])
+    return report
 
 
 # --------------------------------------------------------------------------- output
 
 
-def _fmt(v, spec=".2f", unit=""):
-    return "-" if v is None else f"{v:{spec}}{unit}"
-
-
-def _verdict(r, target, higher_better):
-    if r is None:
-        return ""
-    ok = r >= target if higher_better else r <= target
-    return "[green]meets[/]" if ok else "[red]below[/]" if higher_better else "[red]above[/]"
-
-
-def _raw_cells(raw: dict) -> tuple[str, str, str]:
-    if not raw:
-        return "-", "-", "-"
-    if "error" in raw:
-        e = f"[red]{escape(raw['error'][:80])}[/]"
-        return e, e, e
-    tx, rx = raw["tx"], raw["rx"]
-    return (f"{tx['fps'] / 1e6:.3f} Mfps  {tx['gbps']:.2f} Gb/s",
-            f"{rx['fps'] / 1e6:.3f} Mfps  {rx['gbps']:.2f} Gb/s",
-            f"{raw['payload_gbps']:.2f} Gb/s")
-
-
-def _mr_cells(mr: dict) -> tuple[str, str]:
-    if not mr.get("available"):
-        return "not available", "not available"
-    bw, lat = mr.get("write_bw", {}), mr.get("write_lat", {})
-    if "error" in bw:
-        bw_s = f"[red]{escape(bw['error'][:80])}[/]"
-    else:
-        rate = bw.get("msg_rate")  # Mmsg/s, perftest's MsgRate[Mpps]
-        bw_s = f"{_fmt(bw.get('gbps'), unit=' Gb/s')}  {_fmt(rate and rate * 1e3, '.1f', ' Kmsg/s')}"
-    if "error" in lat:
-        lat_s = f"[red]{escape(lat['error'][:80])}[/]"
-    else:
-        tl = latency_of(lat.get("lat_us"))
-        lat_s = f"{tl[1]:.1f} us ({tl[0]})" if tl else "-"
-    return bw_s, lat_s
+def _value_text(r: dict) -> str:
+    if r["value"] is None:
+        return f"[yellow]{escape(r['not_available'] or '')}[/]"
+    v, u = r["value"], r["unit"]
+    txt = f"{v:.3f}" if u == "x" or abs(v) < 10 else f"{v:.1f}" if abs(v) < 1000 else f"{v:.0f}"
+    txt = f"{txt} {u}" if u != "x" else f"{txt}x"
+    if r.get("meets") is not None:
+        txt += f"  [{'green' if r['meets'] else 'red'}]{'meets' if r['meets'] else 'misses'} {r['target']}[/]"
+    return txt
 
 
 def render(report: dict, console) -> None:
-    """One column per case, one row per measurement, then the ratios against the targets."""
     from rich.table import Table
 
-    cases = report["cases"]
-    t = Table(title="MetaRoCE bench: baselines and MetaRoCE on one veth pair")
-    t.add_column("measurement")
-    for c in cases:
-        t.add_column(f"{c['case']} ({c['frame_bytes']} B frames)", justify="right")
-    rows: dict[str, list[str]] = {k: [] for k in (
-        "veth MTU", "qperf tcp_bw (64 KiB)", "qperf tcp_lat (8 B), 1 core", "qperf tcp_lat (8 B), 2 cores",
-        "raw AF_XDP tx", "raw AF_XDP rx", "raw AF_XDP rx goodput", "MetaRoCE WRITE bw (64 KiB)",
-        "MetaRoCE WRITE lat (8 B)")}
-    ratio_rows: dict[str, list[str]] = {k: [] for k in (
-        f"WRITE bw / raw AF_XDP goodput (target >= {TARGET_RAW_RATIO})", "WRITE bw / TCP bw",
-        f"WRITE lat / TCP lat, 1 core (target <= {TARGET_LAT_RATIO})", "WRITE lat / TCP lat, 2 cores")}
-    for c in cases:
-        q, ra = c.get("qperf", {}), c.get("ratios", {})
-        cells = [str(c.get("veth_mtu", c.get("error", "-"))),
-                 _fmt(q.get("tcp_bw_gbps"), unit=" Gb/s") + ("" if q.get("tso", True) else " (TSO off)"),
-                 _fmt(q.get("tcp_lat_us"), ".1f", " us"), _fmt(q.get("tcp_lat_split_us"), ".1f", " us"),
-                 *_raw_cells(c.get("raw", {})), *_mr_cells(c.get("metaroce", {}))]
-        for k, v in zip(rows, cells):
-            rows[k].append(v)
-        vals = (ra.get("write_bw_over_raw_afxdp"), ra.get("write_bw_over_tcp_bw"),
-                ra.get("write_lat_over_tcp_lat"), ra.get("write_lat_over_tcp_lat_split"))
-        checks = ((TARGET_RAW_RATIO, True), None, (TARGET_LAT_RATIO, False), (TARGET_LAT_RATIO, False))
-        for k, v, chk in zip(ratio_rows, vals, checks):
-            ratio_rows[k].append(f"{_fmt(v, '.3f')} {_verdict(v, *chk) if chk else ''}".strip())
-    for k, v in rows.items():
-        t.add_row(k, *v)
-    t.add_section()
-    for k, v in ratio_rows.items():
-        t.add_row(k, *v)
+    t = Table(title="MetaRoCE bench: kernel TCP, the fastest raw AF_XDP loop, MetaRoCE -- one veth pair, one run",
+              show_lines=False)
+    t.add_column("measurement", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
+    t.add_column("configuration", overflow="fold", style="dim")
+    group = None
+    for r in report["rows"]:
+        if group is not None and r["group"] != group:
+            t.add_section()
+        group = r["group"]
+        t.add_row(escape(r["label"]), _value_text(r), escape(r["config"] or ""))
     console.print(t)
-    notes = ["raw goodput = received frames/s x path MTU (payload bits), the quantity MetaRoCE's "
-             "WRITE bandwidth counts; raw Gb/s counts whole Ethernet frames.",
-             "qperf tcp_lat is one-way (half a round trip), client and server pinned to one core "
-             "and to two cores; qperf runs with no XDP program attached, so the peer keeps TSO.",
-             f"threaded NAPI: {'on' if report['threaded_napi'] else 'off'}; raw tx pinned to CPU "
-             f"{report['pin_cpus']['tx']}, rx to CPU {report['pin_cpus']['rx']}."]
-    busy = report["host"].get("busy_before_pct")
-    if busy is not None and busy > 10:
-        notes.insert(0, f"[yellow]the host was {busy:.0f}% busy before the run: numbers are "
-                        f"disturbed by other load[/]")
-    if not any(c.get("metaroce", {}).get("available") for c in cases):
-        notes.insert(0, "MetaRoCE: perf tool not available (tools/perf.py / `metaroce perf`)")
+    h = report["host"]
+    notes = [f"placement: {report['placement']['text']} (MetaRoCE and qperf alike); threaded NAPI "
+             f"{'on' if report['options']['threaded_napi'] else 'off'} for them",
+             "raw goodput = received frames/s x path MTU (the payload bits MetaRoCE's WRITE bandwidth counts)",
+             "qperf runs with no XDP program attached, so the veth keeps TSO; latencies are one-way",
+             "bytes per CPU-second: psutil user+system time of both sides' processes over the middle of the "
+             "test (softirq work in their context included; threaded-NAPI kthreads not)",
+             f"host: {h['cpus']} CPUs, {h['busy_before_pct']:.0f}% busy before the run, load average "
+             f"{', '.join(f'{x:.2f}' for x in h['load_avg'])} -- other load on the host disturbs every number"]
+    if report.get("plots"):
+        notes.append("plots: " + ", ".join(report["plots"]))
     for n in notes:
-        console.print(f"[dim]{n}[/]")
+        console.print(f"[dim]{escape(n)}[/]")
+
+
+def plot(report: dict, out_dir: Path) -> list[str]:
+    """throughput.png and latency.png against message size into out_dir (matplotlib, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for kind, ylabel, fname in (("throughput", "throughput [Gb/s]", "throughput.png"),
+                                ("latency", "one-way latency, median [us]", "latency.png")):
+        pts = report["series"][kind]
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+        for who in dict.fromkeys(p["who"] for p in pts):
+            xs = sorted((p["size"], p["value"]) for p in pts if p["who"] == who)
+            if who.startswith("raw AF_XDP"):  # a ceiling, not a function of message size
+                ax.axhline(xs[0][1], ls="--", color="grey", label=f"{who}: {xs[0][1]:.2f} Gb/s")
+                continue
+            ax.plot([x for x, _ in xs], [y for _, y in xs], marker="o", label=who)
+        ax.set_xscale("log", base=2)
+        if kind == "latency":
+            ax.set_yscale("log")
+        ax.set_xlabel("message size [bytes]")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"MetaRoCE bench: {kind} vs message size ({report['placement']['text']})", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
 
 
 # --------------------------------------------------------------------------- main
 
 
-def run(cases, d: Durations, threaded_napi: bool, log) -> dict:
-    from metaroce_xdp.topo import two_hosts
-
-    binary = build_rawloop()
-    perf_ok = metaroce_perf_available()
-    if not perf_ok:
-        log("MetaRoCE: perf tool not available")
-    cpus = _cpus()
-    report = {"host": {"kernel": os.uname().release, "cpus": os.cpu_count(),
-                       "busy_before_pct": busy_pct()},
-              "threaded_napi": threaded_napi, "durations": d.__dict__, "rawloop": str(binary),
-              "pin_cpus": {"tx": cpus[0], "rx": cpus[1]}, "cases": []}
-    topo, pair = two_hosts(mtu=1500, threaded_napi=threaded_napi, prefix="mrbench")
-    with topo:
-        prog = RedirectProgram(topo, pair.b, attach=False)
-        try:
-            for case in cases:
-                report["cases"].append(run_case(topo, pair, prog, case, d, binary, perf_ok, cpus, log))
-        finally:
-            prog.close()
-    return report
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print one JSON document (everything measured)")
-    ap.add_argument("--quick", action="store_true", help="short durations (smoke test)")
+    ap.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, no table)")
+    ap.add_argument("--quick", action="store_true", help="short durations, a two-configuration raw sweep, no size "
+                    "series (smoke test)")
+    ap.add_argument("--plane", choices=("python", "compiled", "both"), default="python",
+                    help="MetaRoCE data plane(s) to measure; --plane is passed to perf only when not python")
+    ap.add_argument("--placement", choices=("split", "same", "unpinned"), default="split",
+                    help="CPUs of host A's and B's processes, MetaRoCE and qperf alike (default split: A on the "
+                         "first CPU, B on the second)")
     ap.add_argument("--threaded-napi", action="store_true",
-                    help="veth NAPI in a kthread: the receive half runs on the other core")
-    ap.add_argument("--case", action="append", choices=[c.name for c in CASES],
-                    help="run only this case (repeatable)")
-    ap.add_argument("--seconds", type=float, help="override qperf and raw-loop durations")
+                    help="veth NAPI in kthreads for the qperf and MetaRoCE runs (the raw sweep tries both)")
+    ap.add_argument("--plots", metavar="DIR", help=f"write the PNG plots here (default: {PLOTS_DIR.relative_to(ROOT)} "
+                    "for a full run, none for --quick)")
+    ap.add_argument("--no-plots", action="store_true", help="write no plots")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench: needs root (network namespaces, XDP, AF_XDP)", file=sys.stderr)
@@ -631,11 +1050,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     d = QUICK if args.quick else FULL
-    if args.seconds:
-        d = Durations(args.seconds, args.seconds, d.bw_iters, d.lat_iters, d.perf_timeout_s)
+    planes = PLANES if args.plane == "both" else (args.plane,)
     err = Console(stderr=True)
-    log = (lambda m: err.print(f"[dim]{escape(m)}[/]")) if not args.json or sys.stderr.isatty() else (lambda m: None)
-    cases = [c for c in CASES if not args.case or c.name in args.case]
+    log = (lambda m: err.print(f"[dim]{escape(m)}[/]")) if sys.stderr.isatty() or args.json != "-" \
+        else (lambda m: None)
 
     main_pid = os.getpid()
 
@@ -648,17 +1066,25 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        report = run(cases, d, args.threaded_napi, log)
+        report = run(d, planes, args.placement, args.threaded_napi, log)
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("bench: interrupted; namespaces and processes removed", file=sys.stderr)
         return 130
-    if args.json:
+    plots_dir = None if args.no_plots else Path(args.plots) if args.plots else None if args.quick else PLOTS_DIR
+    if plots_dir is not None:
+        try:
+            report["plots"] = plot(report, plots_dir)
+        except ImportError as e:
+            print(f"bench: no plots ({e}); `make setup` installs matplotlib", file=sys.stderr)
+    if args.json == "-":
         print(json.dumps(report, indent=2))
-    else:
-        render(report, Console())
+        return 0
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    render(report, Console(width=None if sys.stdout.isatty() else 160))
     return 0
 
 
