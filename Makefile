@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak clean lint conformance
+.PHONY: setup test demo bench soak clean lint conformance conformance-rxe
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -29,6 +29,15 @@ soak: setup
 CONFORMANCE_ARGS ?=
 conformance: setup
 	$(PY) -m metaroce_xdp.conformance --self-test --report conformance-report $(CONFORMANCE_ARGS)
+
+# The same suite against Linux Soft-RoCE (rdma_rxe) in the QEMU VM of ../shared/rxe-vm, through the
+# rdma-core agent (metaroce_xdp/conformance/pyverbs_agent.py): tools/rxe_conformance.py builds and boots
+# the VM, starts the agent in it and runs the tester in netns rxeh<ID>; it always tears down.
+# Reports in conformance-report-rxe/.  RXE_VM_ARGS: e.g. "-i 3" for another VM instance.
+RXE_VM_ARGS ?=
+conformance-rxe: setup
+	$(PY) -m tools.rxe_conformance $(RXE_VM_ARGS) -- $(abspath $(PY)) -m metaroce_xdp.conformance \
+		--agent {agent} --iface {iface} --peer-ip {lt_ip} --report conformance-report-rxe $(CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,7 +1,7 @@
 """Run the conformance tester against Linux Soft-RoCE (`rdma_rxe`) in the QEMU VM of ../shared/rxe-vm.
 
     python -m tools.rxe_conformance                         # boot, agent smoke check, tear down
-    python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface} ...
+    python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface} --peer-ip {lt_ip}
 
 Steps: build the VM image (rxe-vm/build.sh, idempotent), boot it in keep mode
 (up.sh -k: netns rxeh<ID> with tap rxetap<ID> 10.77.<ID>.1/24 <-> VM eth0
@@ -12,10 +12,11 @@ until it says AGENT-READY, then run the given command in netns rxeh<ID>
 end, also on Ctrl-C or SIGTERM; the agent's log is kept in
 /tmp/rxevm/run/<ID>/agent.log.
 
-In the command, {agent} (VM address:port), {iface} (the tap), {vm_ip},
-{vm_mac}, {host_ip} and {netns} are replaced; the same values are in the
-environment as RXE_AGENT, RXE_IFACE, RXE_VM_IP, RXE_VM_MAC, RXE_HOST_IP and
-RXE_NETNS.  Without a command the agent smoke check runs: one AgentClient
+In the command, {agent} (VM address:port), {iface} (the tap), {lt_ip} (an
+address on the tap's subnet for the lower tester to play, 10.77.<ID>.3),
+{vm_ip}, {vm_mac}, {host_ip} (the tap's own) and {netns} are replaced; the
+same values are in the environment as RXE_AGENT, RXE_IFACE, RXE_LT_IP,
+RXE_VM_IP, RXE_VM_MAC, RXE_HOST_IP and RXE_NETNS.  Without a command the agent smoke check runs: one AgentClient
 session (hello, caps, PD/MR/CQ/QP, memory write and read back, reset).
 
 Library use (tests/test_rxe_agent.py):
@@ -95,6 +96,10 @@ class RxeVM:
         self.scripts = Path(scripts)
         self.netns, self.iface = f"rxeh{vm_id}", f"rxetap{vm_id}"
         self.host_ip, self.vm_ip = f"10.77.{vm_id}.1", f"10.77.{vm_id}.2"
+        # The address a lower tester plays on the tap: on the subnet but not the tap's own (whose
+        # kernel would answer RoCE packets with ICMP port unreachable).  The VM learns its MAC from
+        # the dmac of modify_qp (the agent's neighbour entry); rxeh<ID> silently drops what is sent to it.
+        self.lt_ip = f"10.77.{vm_id}.3"
         self.vm_mac = f"52:54:00:77:{vm_id:02x}:02"
         self.run_dir = RUN_BASE / "run" / str(vm_id)
         self.share = self.run_dir / "share"
@@ -109,7 +114,8 @@ class RxeVM:
 
     def env(self) -> dict:
         return {"RXE_AGENT": self.agent, "RXE_IFACE": self.iface, "RXE_VM_IP": self.vm_ip,
-                "RXE_VM_MAC": self.vm_mac, "RXE_HOST_IP": self.host_ip, "RXE_NETNS": self.netns,
+                "RXE_VM_MAC": self.vm_mac, "RXE_HOST_IP": self.host_ip, "RXE_LT_IP": self.lt_ip,
+                "RXE_NETNS": self.netns,
                 "RXE_GID_IDX": str(self.gid_index if self.gid_index is not None else "")}
 
     # -- the scripts of ../shared/rxe-vm ------------------------------------------------
@@ -208,7 +214,7 @@ class RxeVM:
     def run_in_netns(self, argv: list[str], timeout: float | None = None) -> int:
         """Run argv in the VM's netns (ip netns exec) with {agent} etc. replaced; its exit code."""
         values = {"agent": self.agent, "iface": self.iface, "vm_ip": self.vm_ip, "vm_mac": self.vm_mac,
-                  "host_ip": self.host_ip, "netns": self.netns, "gid_index": self.gid_index}
+                  "host_ip": self.host_ip, "lt_ip": self.lt_ip, "netns": self.netns, "gid_index": self.gid_index}
         argv = [a.format(**values) for a in argv]
         self._log(f"running in netns {self.netns}: {shlex.join(argv)}")
         env = dict(os.environ, **self.env())
@@ -262,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tools.rxe_conformance",
         description="Boot the Soft-RoCE VM, run the rdma-core (pyverbs) test agent in it, run COMMAND in the "
                     "VM's network namespace (default: the agent smoke check), always tear down.",
-        epilog="example: python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface}")
+        epilog="example: python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface} "
+               "--peer-ip {lt_ip} --report conformance-report-rxe")
     p.add_argument("-i", "--id", type=int, default=int(os.environ.get("RXEVM_ID", 0)),
                    help="VM instance: netns rxeh<ID>, 10.77.<ID>.0/24 (default %(default)s)")
     p.add_argument("--port", type=int, default=AGENT_PORT, help="agent TCP port in the VM (default %(default)s)")
