@@ -75,3 +75,239 @@ def future_psn_one_nak(t):
     t.check("MR-NAK-003", ack is not None, "the packet at epsn was then accepted and ACKed" if ack
             else "no ACK for the packet at epsn", frames=[ack] if ack else [mark + 1],
             expected=f"ACKNOWLEDGE ACK psn={epsn:#08x}")
+
+
+# ---- byte-level edits of a valid frame (untagged IPv4: IP at 14, UDP at 34, BTH at 42) ----------
+IP0, UDP0, BTH0 = 14, 34, 42
+
+
+def _set(frame: bytes, off: int, data: bytes) -> bytes:
+    return frame[:off] + data + frame[off + len(data):]
+
+
+def _u16(frame: bytes, off: int, v: int) -> bytes:
+    return _set(frame, off, v.to_bytes(2, "big"))
+
+
+def _lengths(frame: bytes, ip_len: int | None = None, udp_len: int | None = None) -> bytes:
+    n = len(frame) - IP0
+    frame = _u16(frame, IP0 + 2, n if ip_len is None else ip_len)
+    return _u16(frame, UDP0 + 4, n - 20 if udp_len is None else udp_len)
+
+
+@case("TC-BTH-010-a", rules=["MR-BTH-010"], category="WIRE", timeout=15)
+def pkey_mismatch_dropped(t):
+    """Requests with a P_Key outside the QP's partition (0x8001, 0x1234) or the invalid P_Key are dropped."""
+    c = t.connect()
+    for pkey in (0x8001, 0x1234, 0x0000, 0x8000):
+        dropped_silently(t, c, _bad_write(c, pkey=pkey), ["MR-BTH-010"], f"P_Key {pkey:#06x}", length=16)
+
+
+@case("TC-BTH-010-b", rules=["MR-BTH-010"], category="WIRE", timeout=10)
+def pkey_limited_member_accepted(t):
+    """P_Key 0x7fff (limited member of the default partition) matches the QP's 0xffff and is accepted."""
+    c = t.connect()
+    mark = c.send(c.write(b"limited!", offset=64, pkey=0x7FFF))
+    ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+    placed = c.mem(64, 8) == b"limited!"
+    t.check("MR-BTH-010", ack is not None and placed, f"ACKed: {ack is not None}, placed: {placed}",
+            frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK for the WRITE with P_Key 0x7fff")
+
+
+@case("TC-BTH-013-a", rules=["MR-BTH-005", "MR-BTH-011", "MR-BTH-012", "MR-BTH-013"], category="WIRE", timeout=10)
+def ignored_bth_bits(t):
+    """M, FECN, BECN, Resv6 and Resv7 set in a request are ignored: the WRITE is placed and ACKed."""
+    c = t.connect()
+    for i, (kw, rules) in enumerate((({"migreq": True}, ["MR-BTH-005"]), ({"fecn": True}, ["MR-BTH-011"]),
+                                     ({"becn": True}, ["MR-BTH-012"]), ({"resv6": 0x3F, "resv7": 0x7F},
+                                                                       ["MR-BTH-013"]))):
+        data = b"bits%04d" % i
+        mark = c.send(c.write(data, offset=64 * i, **kw))
+        ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+        placed = c.mem(64 * i, len(data)) == data
+        for r in rules:
+            t.check(r, ack is not None and placed, f"{kw}: ACKed {ack is not None}, placed {placed}",
+                    frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK, data placed")
+
+
+@case("TC-OPC-004-a", rules=["MR-OPC-004", "MR-NAT-008"], category="SEQ", timeout=20)
+def native_opcodes_on_compat_dropped(t):
+    """Native opcodes 0xc0-0xc6 on a compat QP are dropped without a NAK and change nothing."""
+    c = t.connect()
+    neth = bytes(16)
+    for op in P.NATIVE_OPCODES:
+        hdr = P.RETH(va=c.va, rkey=c.rkey, dlen=16).build() + neth if op in (0xC2, 0xC3, 0xC4) else neth
+        bad = c.frame(op, ackreq=True, headers=hdr, payload=b"BAD!" * 4 if op != 0xC4 else b"")
+        dropped_silently(t, c, bad, ["MR-OPC-004", "MR-NAT-008"], f"opcode {op:#04x}", length=16)
+
+
+@case("TC-BTH-016-a", rules=["MR-BTH-016"], category="WIRE", timeout=10)
+def unknown_dest_qp_dropped(t):
+    """A WRITE to a QPN no QP has is dropped without a response."""
+    c = t.connect()
+    for delta in (1, 0x1000):
+        other = (c.qpn + delta) & 0xFFFFFF
+        dropped_silently(t, c, _bad_write(c, dqpn=other), ["MR-BTH-016"], f"DestQP {other:#08x}", length=16)
+
+
+@case("TC-BTH-015-a", rules=["MR-BTH-015"], category="WIRE", timeout=10)
+def reserved_qpns_dropped(t):
+    """Packets to the reserved QPNs 0, 1 and 0xffffff are dropped without a response."""
+    c = t.connect()
+    for q in (0, 1, 0xFFFFFF):
+        dropped_silently(t, c, _bad_write(c, dqpn=q), ["MR-BTH-015"], f"DestQP {q:#08x}", length=16)
+
+
+@case("TC-ENC-014-a", rules=["MR-ENC-014"], category="WIRE", timeout=15)
+def ip_udp_length_mismatch_dropped(t):
+    """IPv4 Total Length beyond the frame, UDP Length not Total Length - 20, or below 44: dropped."""
+    c = t.connect()
+    good = _bad_write(c)
+    n = len(good) - IP0
+    variants = (("Total Length 8 bytes beyond the frame", _lengths(good, ip_len=n + 8, udp_len=n + 8 - 20)),
+                ("UDP Length 4 less than Total Length - 20", _lengths(good, udp_len=n - 20 - 4)),
+                ("UDP Length 4 more than Total Length - 20", _lengths(good, udp_len=n - 20 + 4)),
+                ("Total Length 40 (no room for BTH and ICRC)", _lengths(good[:IP0 + 40], ip_len=40, udp_len=20)))
+    for what, f in variants:
+        dropped_silently(t, c, P.refresh(f, icrc_=False), ["MR-ENC-014"], what, length=16)
+
+
+@case("TC-ENC-007-a", rules=["MR-ENC-007"], category="WIRE", timeout=10)
+def bytes_after_ip_packet_ignored(t):
+    """Bytes after the end of the IP packet (Ethernet padding) are ignored: the WRITE is accepted."""
+    c = t.connect()
+    data = b"padded"
+    mark = c.send(c.write(data, offset=32) + b"\xee" * 20)
+    ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+    placed = c.mem(32, 8) == data + b"\0\0"
+    t.check("MR-ENC-007", ack is not None and placed, f"ACKed {ack is not None}, placed exactly: {placed}",
+            frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK; 6 bytes placed, nothing more")
+
+
+@case("TC-ENC-027-a", rules=["MR-ENC-027", "MR-OPC-002"], category="WIRE", timeout=15)
+def truncated_headers_and_payload_on_none(t):
+    """A RETH cut short, a PadCnt beyond the payload, and a READ REQUEST with payload are dropped."""
+    c = t.connect()
+    reth = P.RETH(va=c.va, rkey=c.rkey, dlen=16).build()
+    cut = c.frame("RDMA_WRITE_ONLY", ackreq=True, headers=reth[:8], payload=b"")
+    dropped_silently(t, c, cut, ["MR-ENC-027"], "WRITE ONLY with 8 of the RETH's 16 bytes", length=16)
+    pad = c.frame("SEND_ONLY", ackreq=True, headers=b"", payload=b"", pad=b"", padcount=3)
+    dropped_silently(t, c, pad, ["MR-ENC-027"], "SEND ONLY with no payload and PadCnt 3", length=16)
+    rd = c.frame("RDMA_READ_REQUEST", ackreq=True, reth=(c.va, c.rkey, 16), payload=b"XXXX")
+    dropped_silently(t, c, rd, ["MR-ENC-027", "MR-OPC-002"], "READ REQUEST with 4 payload bytes", length=16)
+
+
+@case("TC-ENC-026-a", rules=["MR-ENC-026"], category="WIRE", timeout=10)
+def pad_byte_values_ignored(t):
+    """Pad bytes that are not zero are ignored (ICRC correct): 5 bytes placed, no pad byte."""
+    c = t.connect()
+    mark = c.send(c.write(b"fives", offset=16, pad=b"\xab\xcd\xef"))
+    ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+    got = c.mem(16, 8)
+    ok = ack is not None and got == b"fives\0\0\0"
+    t.check("MR-ENC-026", ok, f"ACKed {ack is not None}, memory {got.hex()}", frames=[ack] if ack else [mark + 1],
+            expected="ACKNOWLEDGE ACK; memory 6669766573000000")
+
+
+@case("TC-ENC-009-a", rules=["MR-ENC-009", "MR-ENC-010", "MR-ENC-013"], category="WIRE", timeout=15)
+def ipv4_options_fragments_checksum_dropped(t):
+    """IPv4 with options (IHL 6), with MF or a fragment offset, or with a wrong header checksum: dropped."""
+    c = t.connect()
+    good = _bad_write(c)
+    opt = good[:IP0] + bytes([0x46]) + good[IP0 + 1:IP0 + 20] + b"\x01\x01\x01\x00" + good[IP0 + 20:]
+    opt = _u16(opt, IP0 + 2, len(opt) - IP0)
+    dropped_silently(t, c, P.refresh(opt, icrc_=False), ["MR-ENC-009"], "IHL 6 (4 bytes of options)", length=16)
+    for what, flags in (("More Fragments", 0x6000), ("Fragment Offset 8", 0x4001)):
+        f = P.refresh(_u16(good, IP0 + 6, flags))
+        dropped_silently(t, c, f, ["MR-ENC-010"], what, length=16)
+    f = _u16(good, IP0 + 10, int.from_bytes(good[IP0 + 10:IP0 + 12], "big") ^ 0x0101)
+    dropped_silently(t, c, f, ["MR-ENC-013"], "IPv4 header checksum wrong", length=16)
+
+
+@case("TC-ENC-021-a", rules=["MR-ENC-021", "MR-ENC-023", "MR-ECN-006"], category="WIRE", timeout=10)
+def accepted_variations(t):
+    """Any UDP source port, a correct non-zero UDP checksum, and any DSCP/ECN (but CE) are accepted."""
+    c = t.connect()
+    from scapy.layers.inet import UDP
+    from scapy.layers.l2 import Ether
+
+    def csum(f):
+        p = Ether(f)
+        p[UDP].chksum = None
+        return bytes(p)
+    variants = ((["MR-ENC-021"], "UDP source port 1", lambda d, o: c.write(d, offset=o, sport=1)),
+                (["MR-ENC-021"], "UDP source port 0xbfff", lambda d, o: c.write(d, offset=o, sport=0xBFFF)),
+                (["MR-ENC-023"], "correct non-zero UDP checksum", lambda d, o: csum(c.write(d, offset=o))),
+                (["MR-ECN-006"], "DSCP 0, Not-ECT", lambda d, o: c.write(d, offset=o, tos=0x00)),
+                (["MR-ECN-006"], "DSCP 63, ECT(1)", lambda d, o: c.write(d, offset=o, tos=0xFD)))
+    for i, (rules, what, mk) in enumerate(variants):
+        data = b"var%05d" % i
+        mark = c.send(mk(data, 64 * i))
+        ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+        placed = c.mem(64 * i, len(data)) == data
+        for r in rules:
+            t.check(r, ack is not None and placed, f"{what}: ACKed {ack is not None}, placed {placed}",
+                    frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK, data placed")
+
+
+@case("TC-ICRC-013-a", rules=["MR-ICRC-013", "MR-ICRC-010"], category="ICRC", timeout=10)
+def icrc_wrong_byte_order_dropped(t):
+    """The correct ICRC sent most significant byte first is not accepted."""
+    c = t.connect()
+    f = _bad_write(c)
+    f = f[:-4] + f[-4:][::-1]
+    if f[-4:] == f[-4:][::-1]:
+        raise RuntimeError("palindromic ICRC: rerun")
+    dropped_silently(t, c, f, ["MR-ICRC-013", "MR-ICRC-010"], "ICRC byte-swapped", length=16)
+
+
+@case("TC-ICRC-004-a", rules=["MR-ICRC-004", "MR-ICRC-007", "MR-ICRC-011"], category="ICRC", timeout=10)
+def masked_fields_may_change(t):
+    """TTL, DSCP and BTH byte 4 changed after the ICRC was computed: still accepted (masked fields)."""
+    c = t.connect()
+    edits = ((["MR-ICRC-004", "MR-ICRC-011"], "TTL 64 -> 3", lambda f: P.refresh(_set(f, IP0 + 8, b"\x03"), icrc_=False)),
+             (["MR-ICRC-004", "MR-ICRC-011"], "DSCP 26 -> 10", lambda f: P.refresh(_set(f, IP0 + 1, b"\x2a"), icrc_=False)),
+             (["MR-ICRC-007"], "FECN and BECN set", lambda f: _set(f, BTH0 + 4, bytes([f[BTH0 + 4] | 0xC0]))))
+    for i, (rules, what, edit) in enumerate(edits):
+        data = b"mask%04d" % i
+        mark = c.send(edit(c.write(data, offset=64 * i)))
+        ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+        placed = c.mem(64 * i, len(data)) == data
+        for r in rules:
+            t.check(r, ack is not None and placed, f"{what}: ACKed {ack is not None}, placed {placed}",
+                    frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK, data placed")
+
+
+@case("TC-ICRC-006-a", rules=["MR-ICRC-006", "MR-ICRC-008"], category="ICRC", timeout=10)
+def covered_fields_break_the_icrc(t):
+    """A UDP source port or a payload byte changed after the ICRC was computed: dropped silently."""
+    c = t.connect()
+    f = _bad_write(c)
+    dropped_silently(t, c, _u16(f, UDP0, int.from_bytes(f[UDP0:UDP0 + 2], "big") ^ 1), ["MR-ICRC-006"],
+                     "UDP source port changed", length=16)
+    f = _bad_write(c)
+    dropped_silently(t, c, _set(f, len(f) - 6, b"?"), ["MR-ICRC-008"], "a payload byte changed", length=16)
+
+
+@case("TC-ENC-005-a", rules=["MR-ENC-005", "MR-ENC-006"], category="WIRE", timeout=10)
+def vlan_tagged_accepted(t):
+    """A frame with one 802.1Q tag (any VID) is accepted; the VID does not select the QP."""
+    c = t.connect()
+    for i, vid in enumerate((7, 4000)):
+        data = b"vlan%04d" % vid
+        mark = c.send(c.write(data, offset=64 * i, vlan=vid))
+        ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+        placed = c.mem(64 * i, len(data)) == data
+        for r in ("MR-ENC-005", "MR-ENC-006"):
+            t.check(r, ack is not None and placed, f"VID {vid}: ACKed {ack is not None}, placed {placed}",
+                    frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK, data placed")
+
+
+@case("TC-ENC-005-b", rules=["MR-ENC-005"], category="WIRE", timeout=10)
+def qinq_not_metaroce(t):
+    """A frame with an 802.1ad (0x88a8) outer tag, or two 802.1Q tags, is not processed as MetaRoCE."""
+    c = t.connect()
+    f = _bad_write(c)
+    for what, tag in (("802.1ad outer tag", b"\x88\xa8\x00\x05\x81\x00\x00\x07"),
+                      ("two 802.1Q tags", b"\x81\x00\x00\x05\x81\x00\x00\x07")):
+        dropped_silently(t, c, f[:12] + tag + f[12:], ["MR-ENC-005"], what, length=16)
