@@ -1,0 +1,10 @@
+"""The compiled data plane (issue 7): RC state in arrays, one GIL-free progress loop per port.
+
+`metaroce_xdp.dp.Context.open(ifname)` offers the README's verbs API over it (opt-in; the Python
+engine in metaroce_xdp.rc stays the default).  layout.py: the tables; loop.py: the compiled loop;
+context.py: the control plane and verbs objects; prims.py: compiled primitives (raw memory,
+atomics, libc by name).  docs/design-dataplane.md says how they fit.
+"""
+from .context import CQ, MR, PD, QP, Context, Plane, Unsupported
+
+__all__ = ["Context", "CQ", "MR", "PD", "Plane", "QP", "Unsupported"]

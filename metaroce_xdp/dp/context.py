@@ -1,0 +1,804 @@
+"""The verbs API over the compiled data plane: Context, PD, MR, CQ, QP as in the README.
+
+    from metaroce_xdp.dp import Context
+    ctx = Context.open("eth1")             # XDP program + AF_XDP socket + compiled loop
+    pd = ctx.alloc_pd(); mr = pd.reg_mr(buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    cq = ctx.create_cq(256); qp = ctx.create_qp(pd, cq, cq)
+    qp.modify(QPAttr(...INIT...)); qp.modify(QPAttr(...RTR...)); qp.modify(QPAttr(...RTS...))
+    qp.post_send(SendWR(...)); cq.poll()
+
+Python is the control plane: it validates and writes work requests into the arrays of
+layout.py, marks the QP in the ready ring and wakes the loop; QP state changes pause the
+loop for the moment of the change.  The packet work is all in loop.dp_round / dp_run.
+
+Not implemented by this plane, refused with `Unsupported` (a typed InvalidArgument):
+ATOMICs, SEND_WITH_INV, gather/scatter lists of more than one SGE, SQD, completion
+channels and solicited events, DCQCN, path re-resolution, native profile.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import struct
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..rc.events import AsyncEvent, AsyncEventQueue, EventType
+from ..rc.memory import as_u8
+from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
+                           RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode, WCStatus,
+                           WROpcode, local_ack_timeout_ns)
+from . import layout as L
+
+_WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "RNR retries exhausted",
+        4: "bad response (reserved AETH)", 11: "the peer NAKed an invalid request",
+        12: "the peer NAKed a remote access error", 13: "the peer NAKed a remote operational error",
+        21: "invalid request: opcode out of sequence", 22: "remote access violation (key, PD, access or bounds)",
+        23: "invalid request: wrong payload length", 24: "a SEND longer than the receive buffer",
+        25: "a request this plane does not implement (ATOMIC or SEND WITH INVALIDATE)",
+        100: "moved to ERR by modify", 101: "destroyed"}
+_EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
+            L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
+_SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
+                  WROpcode.RDMA_READ)
+
+
+class Unsupported(InvalidArgument):
+    """The compiled data plane does not implement this (yet); the message names it.  Use the Python
+    engine (metaroce_xdp.rc.engine.Context) for it meanwhile."""
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
+# ============================================================================ the port
+class Plane:
+    """The tables of one port (an Arena), its AF_XDP socket and XDP program, and the loop driver."""
+
+    SQ_ROWS = 1 << 15
+    RQ_ROWS = 1 << 15
+    CQE_ROWS = 1 << 17
+
+    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS) -> None:
+        from ..wire.fastpath import TABLES
+        from . import loop
+        self.loop = loop
+        self.port, self.loader, self.maxq = port, loader, maxq
+        self.tables = TABLES
+        nframes = port.umem.nframes
+        words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
+                 + self.CQE_ROWS * L.NE + L.MAX_CQS * L.NC + L.MAX_MRS * L.NM + maxq * L.MAX_RD * L.NJ
+                 + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8)
+        ar = self.arena = L.Arena(words)
+        A = self.A = ar.a
+        p0 = ar.alloc(L.N_P)
+        assert p0 == 0
+        txq = ar.alloc(2 * L.TX_BATCH)
+        pfd = ar.alloc(8)
+        q = ar.alloc(maxq * L.NQ)
+        sq = ar.alloc(self.SQ_ROWS * L.NW)
+        rq = ar.alloc(self.RQ_ROWS * L.NR, align=False)
+        ce = ar.alloc(self.CQE_ROWS * L.NE, align=False)
+        cqt = ar.alloc(L.MAX_CQS * L.NC, align=False)
+        mr = ar.alloc(L.MAX_MRS * L.NM, align=False)
+        rdj = ar.alloc(maxq * L.MAX_RD * L.NJ, align=False)
+        ev = ar.alloc(L.N_EV * L.NEVF)
+        rdy = ar.alloc(L.N_RDY)
+        act = ar.alloc(maxq)
+        free = ar.alloc(nframes)
+        # the compiled views need these regions contiguous and in this order
+        for name, off in (("q_off", q), ("sq_off", sq), ("rq_off", rq), ("ce_off", ce), ("cq_off", cqt),
+                          ("mr_off", mr), ("rdj_off", rdj), ("ev_off", ev), ("rdy_off", rdy), ("act_off", act),
+                          ("free_off", free), ("txq_off", txq)):
+            A[getattr(L, "P_" + name.upper())] = off
+        A[L.P_MAXQ] = maxq
+        A[L.P_NQ] = L.NQ
+        self.Q = A[q:q + maxq * L.NQ].reshape(maxq, L.NQ)
+        self.SW = A[sq:rq].reshape(-1, L.NW)
+        self.RW = A[rq:ce].reshape(-1, L.NR)
+        self.CE = A[ce:cqt].reshape(-1, L.NE)
+        self.CQT = A[cqt:mr].reshape(-1, L.NC)
+        self.MRT = A[mr:rdj].reshape(-1, L.NM)
+        self.EV = A[ev:ev + L.N_EV * L.NEVF].reshape(-1, L.NEVF)
+        self.qps_view = ar.view(q, maxq, L.QP_DTYPE)          # the same bytes as named records
+        # the padding between regions (alignment) must not break the compiled reshapes
+        for a, b, n in ((sq, rq, L.NW), (rq, ce, L.NR), (ce, cqt, L.NE), (cqt, mr, L.NC), (mr, rdj, L.NM)):
+            assert (b - a) % n == 0, (a, b, n)
+        self.sq_pool = L.RowPool(0, (rq - sq) // L.NW)
+        self.rq_pool = L.RowPool(0, (ce - rq) // L.NR)
+        self.ce_pool = L.RowPool(0, (cqt - ce) // L.NE)
+        self.TM = np.zeros((maxq, 128), np.uint8)
+        self.umem = port.frames
+        # AF_XDP rings by address
+        x = port.xsk
+        ad = lambda arr: int(arr.ctypes.data)  # noqa: E731
+        for pre, ring, body in (("rx", x.rx, "desc"), ("tx", x.tx, "desc"), ("fq", x.fill, "addrs"),
+                                ("cq", x.comp, "addrs")):
+            A[getattr(L, f"P_{pre.upper()}_PROD")] = ad(ring.producer)
+            A[getattr(L, f"P_{pre.upper()}_CONS")] = ad(ring.consumer)
+            A[getattr(L, f"P_{pre.upper()}_{body.upper()}")] = ad(ring.descs if body == "desc" else ring.addrs)
+            A[getattr(L, f"P_{pre.upper()}_SIZE")] = ring.size
+        A[L.P_TX_FLAGS] = ad(x.tx.flags)
+        A[L.P_FQ_FLAGS] = ad(x.fill.flags)
+        A[L.P_FD] = x.fileno()
+        A[L.P_UMEM_ADDR] = ad(port.frames)
+        A[L.P_FRAME_SIZE] = port.umem.frame_size
+        A[L.P_FRAME_MASK] = ~(port.umem.frame_size - 1)
+        A[L.P_KS_ADDR] = ad(loader.qps) if loader is not None else 0
+        A[L.P_KS_SIZE] = loader.qps.dtype.itemsize if loader is not None else 256
+        # the free frames: what the port's pool still holds becomes ours
+        pool = port.pool
+        k = int(pool.top[0])
+        A[free:free + k] = pool.stack[:k].astype(np.int64)
+        A[L.P_FREE_TOP] = k
+        A[L.P_FREE_CAP] = nframes
+        pool.top[0] = 0
+        # wake-ups: poll() on the socket and an eventfd a post writes
+        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        A[L.P_EFD] = self.efd
+        A[pfd] = (x.fileno() & 0xFFFFFFFF) | (1 << 32)          # struct pollfd {fd, POLLIN, 0}
+        A[pfd + 1] = (self.efd & 0xFFFFFFFF) | (1 << 32)
+        A[L.P_POLLFD] = ad(A) + pfd * 8
+        A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
+        A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
+        A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
+        A[L.P_POLL_MS] = 1000
+        A[L.P_MAGIC] = L.MAGIC
+        self.lock = threading.Lock()
+        self.post_lock = threading.Lock()
+        self.threaded = False
+        self._thread: threading.Thread | None = None
+        self.on_event = None
+
+    # ---- driving the loop ---------------------------------------------------------------
+    def progress(self) -> int:
+        with self.lock:
+            n = self.loop.dp_round(self.A, self.TM, self.umem, self.tables)
+        if self.A[L.P_EV_TAIL] != self.A[L.P_EV_HEAD]:
+            self.drain_events()
+        return n
+
+    def run(self, max_ns: int, watch_addr: int = 0, watch_val: int = 0) -> int:
+        """The GIL-free loop for up to max_ns (busy polling), until the byte at watch_addr equals
+        watch_val, or (watch_val=-2) a completion was added."""
+        with self.lock:
+            rc = self.loop.dp_run(self.A, self.TM, self.umem, self.tables, max_ns, watch_addr, watch_val, 0)
+        if self.A[L.P_EV_TAIL] != self.A[L.P_EV_HEAD]:
+            self.drain_events()
+        return rc
+
+    def start(self, busy: bool = True) -> None:
+        """A dedicated progress thread: the compiled loop runs without the GIL and returns only for
+        events, pauses or stop.  busy=False sleeps in poll() when idle (a post wakes it)."""
+        if self._thread is not None:
+            return
+        self.threaded = True
+        self.A[L.P_STOP] = 0
+        self._sleep_ok = 0 if busy else 1
+        self._thread = threading.Thread(target=self._run, name="metaroce-dp", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        A = self.A
+        while not A[L.P_STOP]:
+            with self.lock:
+                rc = self.loop.dp_run(A, self.TM, self.umem, self.tables, 50_000_000, 0, 0, self._sleep_ok)
+            if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
+                self.drain_events()
+            if rc == 2:
+                time.sleep(0)          # let the control operation that paused us take the lock
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self.A[L.P_STOP] = 1
+        self.wake()
+        self._thread.join(timeout=5)
+        self._thread = None
+        self.threaded = False
+
+    def wake(self) -> None:
+        if self.A[L.P_SLEEPING]:
+            os.eventfd_write(self.efd, 1)
+            self.A[L.P_WAKEUPS] += 0
+
+    class _Paused:
+        def __init__(self, plane: "Plane") -> None:
+            self.p = plane
+
+        def __enter__(self):
+            self.p.A[L.P_PAUSE] = 1
+            self.p.wake()
+            self.p.lock.acquire()
+            return self.p
+
+        def __exit__(self, *exc):
+            self.p.A[L.P_PAUSE] = 0
+            self.p.lock.release()
+
+    def paused(self) -> "_Paused":
+        """Control operations run with the loop between rounds."""
+        return Plane._Paused(self)
+
+    def mark_ready(self, qi: int) -> None:
+        """A post: the QP goes in the ready ring (the loop puts it on its active list)."""
+        A = self.A
+        while A[L.P_RDY_TAIL] - A[L.P_RDY_HEAD] >= L.N_RDY:
+            if self.threaded:
+                time.sleep(0)
+            else:
+                self.progress()
+        t = int(A[L.P_RDY_TAIL])
+        A[int(A[L.P_RDY_OFF]) + (t & (L.N_RDY - 1))] = qi
+        A[L.P_RDY_TAIL] = t + 1
+        self.wake()
+
+    def drain_events(self) -> None:
+        A = self.A
+        while A[L.P_EV_HEAD] != A[L.P_EV_TAIL]:
+            h = int(A[L.P_EV_HEAD])
+            typ, qi, arg, arg2 = (int(v) for v in self.EV[h % L.N_EV])
+            A[L.P_EV_HEAD] = h + 1
+            if self.on_event is not None:
+                self.on_event(typ, qi, arg, arg2)
+
+    def stats(self) -> dict[str, int]:
+        names = ("rx tx rx_drop_icrc rx_drop_qp rx_drop_state rx_drop_len rx_drop_op rx_dup rx_oos tx_ack tx_nak "
+                 "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
+                 "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes").split()
+        return {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
+
+    def close(self) -> None:
+        self.stop()
+        self.A[L.P_MAGIC] = 0
+        os.close(self.efd)
+
+
+# ============================================================================ verbs objects
+class PD:
+    def __init__(self, ctx: "Context", handle: int) -> None:
+        self.ctx, self.handle = ctx, handle
+        self.mrs: set[int] = set()
+        self.qps: set[int] = set()
+
+    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE, **kw) -> "MR":
+        return self.ctx.reg_mr(self, buf, access, **kw)
+
+    def __repr__(self) -> str:
+        return f"PD({self.handle})"
+
+
+class MR:
+    """A registered region: the MR table row (address, length, key, PD, access, valid)."""
+
+    def __init__(self, ctx, pd, mem, access, index, key) -> None:
+        self.ctx, self.pd, self.mem, self.access, self.index = ctx, pd, mem, Access(access), index
+        self.addr = int(mem.ctypes.data) if mem.size else 0
+        self.length = int(mem.size)
+        self.lkey = self.rkey = key
+        self.valid = True
+
+    def dereg(self) -> None:
+        self.ctx.dereg_mr(self)
+
+    def __repr__(self) -> str:
+        return f"MR(addr={self.addr:#x}, len={self.length}, lkey={self.lkey:#x}, access={self.access!r})"
+
+
+class CQ:
+    def __init__(self, ctx: "Context", index: int, depth: int, size: int, base: int, cq_context: Any) -> None:
+        self.ctx, self.index, self.depth, self.size, self.base = ctx, index, depth, size, base
+        self.cq_context = cq_context
+        self.row = ctx.plane.CQT[index]
+
+    def poll(self, num_entries: int = 16) -> list[WC]:
+        """ibv_poll_cq: up to num_entries completions (drives a progress round when busy polling)."""
+        pl = self.ctx.plane
+        if not pl.threaded:
+            pl.progress()
+        return self._take(num_entries)
+
+    def _take(self, num_entries: int) -> list[WC]:
+        row = self.row
+        head, tail = int(row[L.C_HEAD]), int(row[L.C_TAIL])
+        out = []
+        CE = self.ctx.plane.CE
+        mask = self.size - 1
+        while head != tail and len(out) < num_entries:
+            wr_id, st, op, blen, qpn, imm, flags = (int(v) for v in CE[self.base + (head & mask)])
+            wf = WCFlags(flags)
+            out.append(WC(wr_id=wr_id, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
+                          imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf))
+            head += 1
+        row[L.C_HEAD] = head
+        return out
+
+    def wait(self, n: int = 1, timeout: float = 10.0) -> list[WC]:
+        """Poll until n completions arrived; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout
+        out: list[WC] = []
+        pl = self.ctx.plane
+        while len(out) < n:
+            if pl.threaded:
+                out += self._take(n - len(out))
+                if len(out) < n:
+                    time.sleep(0.0001)
+            else:
+                if int(self.row[L.C_HEAD]) == int(self.row[L.C_TAIL]):
+                    pl.run(2_000_000, 0, -2)
+                out += self._take(n - len(out))
+            if len(out) < n and time.monotonic() > deadline:
+                raise TimeoutError(f"{len(out)} of {n} completions after {timeout}s")
+        return out
+
+
+class QP:
+    def __init__(self, ctx: "Context", pd: PD, send_cq: CQ, recv_cq: CQ, cap: QPCap, qi: int, qpn: int,
+                 sq_sig_all: bool) -> None:
+        self.ctx, self.pd, self.send_cq, self.recv_cq, self.cap = ctx, pd, send_cq, recv_cq, cap
+        self.qi, self.qp_num = qi, qpn
+        pl = ctx.plane
+        self.sq_size = _pow2(max(cap.max_send_wr, 1))
+        self.rq_size = _pow2(max(cap.max_recv_wr, 1))
+        self.sq_base = pl.sq_pool.alloc(self.sq_size)
+        try:
+            self.rq_base = pl.rq_pool.alloc(self.rq_size)
+        except MemoryError:
+            pl.sq_pool.release(self.sq_base, self.sq_size)
+            raise
+        self.row = pl.Q[qi]
+        r = self.row
+        r[:] = 0
+        r[L.Q_QPN] = qpn
+        r[L.Q_PD] = pd.handle
+        r[L.Q_SEND_CQ] = send_cq.index
+        r[L.Q_RECV_CQ] = recv_cq.index
+        r[L.Q_SIG_ALL] = int(sq_sig_all)
+        r[L.Q_SQ_BASE], r[L.Q_SQ_SIZE] = self.sq_base, self.sq_size
+        r[L.Q_RQ_BASE], r[L.Q_RQ_SIZE] = self.rq_base, self.rq_size
+        r[L.Q_MAX_RD] = L.MAX_RD
+        r[L.Q_PMTU] = 1024
+        self.state = QPState.RESET
+        self.dgid: str | None = None
+        self.dest_qp = 0
+        self.pmtu = 1024
+        self.error_reason: str | None = None
+        self.installed = False
+
+    # ---- state --------------------------------------------------------------------------
+    def modify(self, attr: QPAttr) -> None:
+        """ibv_modify_qp.  RESET -> INIT -> RTR -> RTS, any -> ERR or RESET; a failed modify changes nothing."""
+        g = attr.given()
+        new = attr.qp_state if attr.qp_state is not None else self.state
+        if new == QPState.SQD or attr.en_sqd_async_notify:
+            raise Unsupported("SQD (send queue drain) is not implemented by the compiled data plane")
+        allowed = {QPState.RESET: {QPState.RESET, QPState.INIT, QPState.ERR},
+                   QPState.INIT: {QPState.INIT, QPState.RTR, QPState.RESET, QPState.ERR},
+                   QPState.RTR: {QPState.RTS, QPState.RESET, QPState.ERR},
+                   QPState.RTS: {QPState.RTS, QPState.RESET, QPState.ERR},
+                   QPState.SQE: {QPState.RTS, QPState.RESET, QPState.ERR},
+                   QPState.ERR: {QPState.RESET, QPState.ERR}}
+        cur = self.query_state()
+        if new not in allowed[cur]:
+            raise InvalidState(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} is not a valid transition")
+        ctx = self.ctx
+        if new == QPState.RTR:
+            for k in ("dest_qp_num", "rq_psn", "dgid"):
+                if k not in g:
+                    raise InvalidArgument(f"INIT -> RTR needs {k}")
+            mtu = g.get("path_mtu", 1024)
+            if mtu not in PATH_MTUS:
+                raise InvalidArgument(f"path_mtu {mtu}: use one of {PATH_MTUS}")
+            if mtu > ctx.max_pmtu:
+                raise InvalidArgument(f"path_mtu {mtu} exceeds what {ctx.ifname} carries ({ctx.max_pmtu})")
+            tmpl = ctx.template_for(self, g["dgid"], g.get("dmac"), g.get("sport"), g.get("dscp", 0),
+                                    g["dest_qp_num"])
+        pl = ctx.plane
+        with pl.paused():
+            r = self.row
+            if "qp_access_flags" in g:
+                r[L.Q_ACCESS] = int(g["qp_access_flags"])
+            if new == QPState.RESET:
+                self._reset()
+                return
+            if new == QPState.ERR:
+                self._to_err(100)
+                return
+            if new == QPState.RTR:
+                self.dgid, self.dest_qp, self.pmtu = g["dgid"], g["dest_qp_num"], mtu
+                buf, l3, v6 = tmpl
+                pl.TM[self.qi, :] = 0
+                pl.TM[self.qi, :len(buf)] = buf
+                r[L.Q_TMPL_LEN], r[L.Q_L3_OFF], r[L.Q_IPV6] = len(buf), l3, int(v6)
+                r[L.Q_DEST_QP] = g["dest_qp_num"]
+                r[L.Q_PMTU] = mtu
+                r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
+                r[L.Q_MIN_RNR] = g.get("min_rnr_timer", 1) & 0x1F
+                r[L.Q_STATE] = QPState.RTR
+                self._install(QPState.RTR)
+            elif new == QPState.RTS:
+                if cur == QPState.RTR:
+                    psn = g.get("sq_psn", 0) & L.PSN_MASK
+                    r[L.Q_SND_PSN] = r[L.Q_SND_MAX] = r[L.Q_COMP_PSN] = psn
+                    r[L.Q_SQ_PSN0] = psn
+                    r[L.Q_PUB_COMP] = -1
+                t = g.get("timeout", 14 if cur == QPState.RTR else None)
+                if t is not None:
+                    r[L.Q_TIMEOUT_NS] = local_ack_timeout_ns(t) or 0
+                if "retry_cnt" in g or cur == QPState.RTR:
+                    r[L.Q_RETRY_CNT] = r[L.Q_RETRY_LEFT] = min(7, g.get("retry_cnt", 7))
+                if "rnr_retry" in g or cur == QPState.RTR:
+                    r[L.Q_RNR_RETRY] = r[L.Q_RNR_LEFT] = min(7, g.get("rnr_retry", 7))
+                if "max_rd_atomic" in g:
+                    r[L.Q_MAX_RD] = max(1, min(L.MAX_RD, g["max_rd_atomic"]))
+                if cur == QPState.RTR:
+                    self._kernel_rts(int(r[L.Q_SND_PSN]))
+                r[L.Q_STATE] = QPState.RTS
+                self._kernel_state(QPState.RTS)
+            else:
+                r[L.Q_STATE] = int(new)
+            self.state = QPState(new)
+
+    def _install(self, state: QPState) -> None:
+        ld = self.ctx.loader
+        if ld is None:
+            return
+        ld.install_qp(self.qp_num, peer_ip=self.dgid, dest_qpn=self.dest_qp, state=int(state), pmtu=self.pmtu,
+                      init_psn=0)
+        self.installed = True
+
+    def _kernel_rts(self, psn: int) -> None:
+        ld = self.ctx.loader
+        if ld is None:
+            return
+        slot = ld.qp(self.qp_num)
+        slot["snd_nxt"] = psn
+        slot["comp_psn"] = psn
+        slot["ack_psn"] = (psn - 1) & L.PSN_MASK
+        r = self.row
+        r[L.Q_K_SEQ] = int(slot["ack_seq"])
+        r[L.Q_K_ACK] = (psn - 1) & L.PSN_MASK
+        r[L.Q_K_NAK_SEQ] = int(slot["nak_seq"])
+        r[L.Q_K_RNR_SEQ] = int(slot["rnr_seq"])
+
+    def _kernel_state(self, state: QPState) -> None:
+        if self.installed:
+            self.ctx.loader.set_qp_state(self.qp_num, int(state))
+
+    def _to_err(self, why: int) -> None:
+        r = self.row
+        if int(r[L.Q_STATE]) != QPState.ERR:
+            r[L.Q_ERR] = why
+            r[L.Q_STATE] = QPState.ERR
+            self._kernel_state(QPState.ERR)
+            self.error_reason = _WHY.get(why, str(why))
+        self.state = QPState.ERR
+        self.ctx.plane.mark_ready(self.qi)          # the loop flushes the queues
+
+    def _reset(self) -> None:
+        r = self.row
+        keep = {k: int(r[k]) for k in (L.Q_QPN, L.Q_PD, L.Q_SEND_CQ, L.Q_RECV_CQ, L.Q_SIG_ALL, L.Q_SQ_BASE,
+                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE)}
+        r[:] = 0
+        for k, v in keep.items():
+            r[k] = v
+        r[L.Q_MAX_RD] = L.MAX_RD
+        r[L.Q_PMTU] = 1024
+        if self.installed:
+            self.ctx.loader.clear_qp(self.qp_num)
+            self.installed = False
+        self.state = QPState.RESET
+        self.error_reason = None
+
+    def query_state(self) -> QPState:
+        return QPState(int(self.row[L.Q_STATE]))
+
+    def query(self) -> dict:
+        r = self.row
+        st = self.query_state()
+        why = int(r[L.Q_ERR])
+        return {"qp_num": self.qp_num, "state": st, "error": _WHY.get(why) if st == QPState.ERR and why else None,
+                "sq_psn": int(r[L.Q_SND_PSN]), "snd_max": int(r[L.Q_SND_MAX]), "comp_psn": int(r[L.Q_COMP_PSN]),
+                "rq_psn": int(r[L.Q_EPSN]), "msn": int(r[L.Q_MSN]), "retry_left": int(r[L.Q_RETRY_LEFT]),
+                "rnr_left": int(r[L.Q_RNR_LEFT]), "path_mtu": int(r[L.Q_PMTU]), "dest_qp_num": self.dest_qp,
+                "sq_outstanding": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
+                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD])}
+
+    # ---- work requests ------------------------------------------------------------------
+    def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int]:
+        if len(sg_list) > 1:
+            raise Unsupported(f"{what} with {len(sg_list)} SGEs: the compiled data plane takes at most one SGE "
+                              "per work request so far")
+        if not sg_list:
+            return 0, 0
+        s = sg_list[0]
+        if s.length < 0 or s.length >= 1 << 31:
+            raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
+        mr = self.ctx.mrs.get(s.lkey >> 8)
+        if (mr is None or mr.lkey != s.lkey or not mr.valid or mr.pd is not self.pd
+                or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length
+                or (need and not mr.access & need)):
+            raise InvalidArgument(f"{what}: SGE (addr {s.addr:#x}, length {s.length}, lkey {s.lkey:#x}) is not "
+                                  "inside a valid MR of this QP's PD" + (f" with {need!r}" if need else ""))
+        return s.addr, s.length
+
+    def post_send(self, wrs: SendWR | list[SendWR]) -> None:
+        """ibv_post_send; a list is posted whole or not at all."""
+        wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
+        st = self.query_state()
+        if st not in (QPState.RTS, QPState.ERR):
+            raise InvalidState(f"post_send on a QP in {st.name}: move it to RTS first")
+        rows = []
+        for wr in wrs:
+            op = WROpcode(wr.opcode)
+            if op not in _SUPPORTED_OPS:
+                raise Unsupported(f"{op.name} is not implemented by the compiled data plane (it has RDMA WRITE, "
+                                  "WRITE WITH IMM, SEND, SEND WITH IMM and RDMA READ)")
+            if wr.send_flags & SendFlags.FENCE:
+                raise Unsupported("SendFlags.FENCE is not implemented by the compiled data plane")
+            addr, length = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else Access(0),
+                                     op.name)
+            rows.append((wr.wr_id & 0xFFFFFFFFFFFFFFFF, int(op), int(wr.send_flags), addr, length,
+                         wr.remote_addr & 0xFFFFFFFFFFFFFFFF, wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF))
+        pl = self.ctx.plane
+        with pl.post_lock:
+            r = self.row
+            tail = int(r[L.Q_SQ_TAIL])
+            if tail - int(r[L.Q_SQ_HEAD]) + len(rows) > self.sq_size:
+                raise QueueFull(f"send queue full ({self.sq_size} WQEs): poll the CQ, then post again")
+            SW = pl.SW
+            for i, (wr_id, op, flags, addr, length, raddr, rkey, imm) in enumerate(rows):
+                w = SW[self.sq_base + ((tail + i) & (self.sq_size - 1))]
+                w[:] = 0
+                w[L.W_WR_ID] = np.uint64(wr_id).view(np.int64)
+                w[L.W_OPCODE], w[L.W_FLAGS], w[L.W_LADDR], w[L.W_LENGTH] = op, flags, addr, length
+                w[L.W_RADDR] = np.uint64(raddr).view(np.int64)
+                w[L.W_RKEY], w[L.W_IMM] = rkey, imm
+            r[L.Q_SQ_TAIL] = tail + len(rows)
+            pl.mark_ready(self.qi)
+
+    def post_recv(self, wrs: RecvWR | list[RecvWR]) -> None:
+        wrs = [wrs] if isinstance(wrs, RecvWR) else list(wrs)
+        if self.query_state() == QPState.RESET:
+            raise InvalidState("post_recv on a QP in RESET: move it to INIT first")
+        rows = [(wr.wr_id & 0xFFFFFFFFFFFFFFFF, *self._sge(wr.sg_list, Access.LOCAL_WRITE, "RECV")) for wr in wrs]
+        pl = self.ctx.plane
+        with pl.post_lock:
+            r = self.row
+            tail = int(r[L.Q_RQ_TAIL])
+            if tail - int(r[L.Q_RQ_HEAD]) + len(rows) > self.rq_size:
+                raise QueueFull(f"receive queue full ({self.rq_size} WQEs)")
+            for i, (wr_id, addr, length) in enumerate(rows):
+                w = pl.RW[self.rq_base + ((tail + i) & (self.rq_size - 1))]
+                w[L.R_WR_ID] = np.uint64(wr_id).view(np.int64)
+                w[L.R_LADDR], w[L.R_LENGTH] = addr, length
+            r[L.Q_RQ_TAIL] = tail + len(rows)
+            if int(r[L.Q_STATE]) == QPState.ERR:
+                pl.mark_ready(self.qi)
+
+    def __repr__(self) -> str:
+        return f"QP({self.qp_num:#x}, {self.query_state().name})"
+
+
+# ============================================================================ the context
+class Context:
+    """ibv_context over the compiled data plane: one port (interface queue), one loop."""
+
+    def __init__(self, port: Any, loader: Any, ifname: str) -> None:
+        self.port, self.loader, self.ifname = port, loader, ifname
+        self.plane = Plane(port, loader)
+        self.plane.on_event = self._event
+        self.max_pmtu = port.max_pmtu
+        self.local_ip, self.local_mac = port.ip, port.mac
+        self.async_events = AsyncEventQueue()
+        self.mrs: dict[int, MR] = {}
+        self.cqs: dict[int, CQ] = {}
+        self.qps: dict[int, QP] = {}
+        self._pd_next = 1
+        self._cq_next = 0
+        self._mr_next = 1
+        self.closed = False
+
+    @classmethod
+    def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
+             ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True) -> "Context":
+        """An endpoint on a real interface: the XDP program attached (as rc.engine.Context.open does), an
+        AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads."""
+        from ..kern.loader import XdpLoader, XdpMode
+        from ..rc.xskport import XskPort
+        from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
+        loader = XdpLoader(max_qps=L.MAX_QPS)
+        port = None
+        try:
+            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6)
+            loader.set_config(local_ip4=None if ipv6 else port.ip, local_ip6=port.ip if ipv6 else None,
+                              local_mac=port.mac)
+            loader.set_xsk(queue, port.fileno())
+            loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
+            ctx = cls(port, loader, ifname)
+        except BaseException:
+            if port is not None:
+                port.close()
+            loader.close()
+            raise
+        if progress_thread:
+            ctx.plane.start(busy=busy_poll)
+        return ctx
+
+    @property
+    def gid(self) -> str:
+        return self.local_ip
+
+    # ---- events -------------------------------------------------------------------------
+    def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
+        if typ == L.EV_CQ_ERR:
+            cq = self.cqs.get(arg)
+            self.async_events.put(AsyncEvent(EventType.CQ_ERR, cq=cq, reason="CQ overflowed"))
+            for qp in list(self.qps.values()):             # every QP using it moves to ERR (MR-QP-036)
+                if (qp.send_cq is cq or qp.recv_cq is cq) and qp.query_state() != QPState.ERR:
+                    with self.plane.paused():
+                        qp._to_err(1)
+                    self.async_events.put(AsyncEvent(EventType.QP_FATAL, qp=qp, reason="its CQ overflowed"))
+            return
+        qp = self.qps.get(qi)
+        if qp is not None:
+            qp.state = QPState.ERR
+            qp.error_reason = _WHY.get(arg, str(arg))
+            if qp.installed:
+                self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
+        self.async_events.put(AsyncEvent(_EV_TYPE.get(typ, EventType.QP_FATAL), qp=qp,
+                                         reason=_WHY.get(arg, f"code {arg}")))
+
+    def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not self.plane.threaded:
+                self.plane.progress()
+            ev = self.async_events.get()
+            if ev is not None:
+                return ev
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.0005)
+
+    # ---- resources ----------------------------------------------------------------------
+    def alloc_pd(self) -> PD:
+        pd = PD(self, self._pd_next)
+        self._pd_next += 1
+        return pd
+
+    def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE, *, remote_invalidate: bool = False) -> MR:
+        if remote_invalidate:
+            raise Unsupported("remote invalidation (SEND WITH INVALIDATE) is not implemented by the compiled "
+                              "data plane")
+        access = Access(access)
+        if access & Access.REMOTE_ATOMIC:
+            raise Unsupported("REMOTE_ATOMIC: ATOMICs are not implemented by the compiled data plane")
+        if access & Access.REMOTE_WRITE and not access & Access.LOCAL_WRITE:
+            raise InvalidArgument("REMOTE_WRITE needs LOCAL_WRITE too (as in ibv_reg_mr)")
+        mem = as_u8(buf)
+        idx = self._mr_next
+        while idx in self.mrs:
+            idx = idx % (L.MAX_MRS - 1) + 1
+            if idx == self._mr_next:
+                raise ResourceError(f"at most {L.MAX_MRS - 1} MRs")
+        self._mr_next = idx % (L.MAX_MRS - 1) + 1
+        key = (idx << 8) | secrets.randbelow(256)
+        mr = MR(self, pd, mem, access, idx, key)
+        row = self.plane.MRT[idx]
+        row[L.M_VALID] = 0
+        row[L.M_ADDR], row[L.M_LENGTH], row[L.M_KEY] = mr.addr, mr.length, key
+        row[L.M_PD], row[L.M_ACCESS] = pd.handle, int(access)
+        row[L.M_VALID] = 1
+        self.mrs[idx] = mr
+        pd.mrs.add(idx)
+        return mr
+
+    def dereg_mr(self, mr: MR) -> None:
+        """From now on no packet reaches the memory: the loop checks the valid bit on every access."""
+        self.plane.MRT[mr.index, L.M_VALID] = 0
+        with self.plane.paused():                        # a placement in progress finishes first
+            pass
+        mr.valid = False
+        self.mrs.pop(mr.index, None)
+        mr.pd.mrs.discard(mr.index)
+
+    def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: Any = None) -> CQ:
+        if depth <= 0:
+            raise InvalidArgument("CQ depth must be positive")
+        if channel is not None:
+            raise Unsupported("completion channels are not implemented by the compiled data plane")
+        size = _pow2(depth)
+        idx = self._cq_next
+        if idx >= L.MAX_CQS:
+            raise ResourceError(f"at most {L.MAX_CQS} CQs")
+        base = self.plane.ce_pool.alloc(size)
+        self._cq_next += 1
+        row = self.plane.CQT[idx]
+        row[:] = 0
+        row[L.C_BASE], row[L.C_SIZE] = base, size
+        cq = CQ(self, idx, depth, size, base, cq_context)
+        self.cqs[idx] = cq
+        return cq
+
+    def create_qp(self, pd: PD, send_cq: CQ, recv_cq: CQ, cap: QPCap | None = None, sq_sig_all: bool = False) -> QP:
+        cap = cap or QPCap()
+        for q in (send_cq, recv_cq):
+            if q.ctx is not self:
+                raise InvalidArgument("the CQ belongs to another context")
+        with self.plane.paused():
+            qi = next((i for i in range(1, self.plane.maxq) if i not in self.qps), None)
+            if qi is None:
+                raise ResourceError(f"at most {self.plane.maxq - 1} QPs per context")
+            qpn = self.plane.maxq * (1 + secrets.randbelow(255)) + qi
+            qp = QP(self, pd, send_cq, recv_cq, cap, qi, qpn, sq_sig_all)
+            self.qps[qi] = qp
+        pd.qps.add(qi)
+        return qp
+
+    def destroy_qp(self, qp: QP) -> None:
+        with self.plane.paused():
+            qp.row[L.Q_STATE] = QPState.RESET
+            qp._reset()
+            qp.row[L.Q_QPN] = 0
+            pl = self.plane
+            pl.sq_pool.release(qp.sq_base, qp.sq_size)
+            pl.rq_pool.release(qp.rq_base, qp.rq_size)
+            self.qps.pop(qp.qi, None)
+            qp.pd.qps.discard(qp.qi)
+
+    def dealloc_pd(self, pd: PD) -> None:
+        if pd.mrs or pd.qps:
+            raise ResourceError(f"PD {pd.handle} still has {len(pd.mrs)} MRs and {len(pd.qps)} QPs")
+
+    def template_for(self, qp: QP, dgid: str, dmac: str | None, sport: int | None, dscp: int, dest_qp: int):
+        from ..wire.fastpath import make_template
+        try:
+            ipaddress.ip_address(dgid)
+        except ValueError:
+            raise InvalidArgument(f"dgid {dgid!r} is not an IP address") from None
+        if dmac is None:
+            hop = self.port.paths.resolve(dgid)
+            if ipaddress.ip_address(hop.src) != ipaddress.ip_address(self.local_ip) if hop.src else False:
+                raise InvalidArgument(f"the route to {dgid} uses source {hop.src}, not this endpoint's {self.local_ip}")
+            dmac = hop.mac
+        sport = sport if sport is not None else 0xC000 | (qp.qp_num & 0x3FFF)
+        t = make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=dgid, sport=sport,
+                          dest_qp=dest_qp, dscp=dscp, ecn=2)
+        if t.length > 128:
+            raise InvalidArgument("header template longer than 128 bytes")
+        return t.buf, t.l3_off, t.ipv6
+
+    # ---- driving ------------------------------------------------------------------------
+    def progress(self) -> int:
+        return self.plane.progress()
+
+    def stats(self) -> dict[str, int]:
+        return self.plane.stats()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.plane.close()
+        self.port.close()
+        if self.loader is not None:
+            self.loader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["Context", "CQ", "MR", "PD", "Plane", "QP", "Unsupported", "VerbsError"]
+_ = struct

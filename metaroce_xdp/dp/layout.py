@@ -1,0 +1,191 @@
+"""The data plane's state: declared dtypes, carved out of one shared buffer.
+
+Every table is a numpy structured dtype whose fields are all 8-byte integers, so the
+compiled loop sees each table as a 2-D int64 array (row = entry, column = field, the
+column numbers below) and Python sees named records of the same bytes.  All tables of
+a port live in one `Arena`: a single anonymous shared mapping (MAP_SHARED), so a later
+daemon can put the same bytes in shared memory and hand them to clients.
+
+Tables (sizes per port):
+  P    port scalars: ring addresses, counters, ready/event ring indices, flags
+  QP   MAX_QPS rows, row = qpn % MAX_QPS (the kernel's mr_qps slot)
+  SWQE send queues: each QP owns a power-of-two ring of rows
+  RWQE receive queues, likewise
+  CQE  completion queues: each CQ owns a ring of rows
+  CQ   MAX_CQS rows: base, size, head (Python), tail (loop)
+  MR   MAX_MRS rows: address, length, key, PD, access, valid (checked on every access)
+  RDJ  READ responses still to send: MAX_RD jobs per QP
+  EV   events for Python (errors, state changes): a ring
+  RDY  QPs marked by a post (Python produces, the loop consumes)
+  ACT  QPs with outstanding work: the only ones the loop looks at
+  FREE the UMEM frame free stack
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+MAX_QPS = 1024            # = the XDP program's MR_MAX_QPS (kern/loader.XdpLoader(max_qps))
+MAX_CQS = 256
+MAX_MRS = 4096
+MAX_RD = 16               # outstanding READs a responder queues per QP (max_dest_rd_atomic)
+N_EV = 1024
+N_RDY = 4096              # power of two, > MAX_QPS: a QP is in it at most once (Q_READY)
+TX_BATCH = 64
+PSN_MASK = 0xFFFFFF
+PSN_NONE = 0xFFFFFFFF
+ACKREQ_EVERY = 32         # rc/requester.py ACKREQ_EVERY (MR-ACK-013)
+
+
+def _cols(names: str) -> list[str]:
+    return names.split()
+
+
+# ---- port scalars ------------------------------------------------------------------
+P_FIELDS = _cols("""
+    magic maxq sq_off rq_off ce_off cq_off mr_off rdj_off ev_off rdy_off act_off free_off free_cap free_top
+    q_off nq n_act
+    rx_prod rx_cons rx_desc rx_size tx_prod tx_cons tx_flags tx_desc tx_size
+    fq_prod fq_cons fq_flags fq_addrs fq_size cq_prod cq_cons cq_addrs cq_size
+    fd efd umem_addr frame_size frame_mask ks_addr ks_size
+    rdy_head rdy_tail ev_head ev_tail stop sleeping pause paused spin_idle poll_ms
+    window budget now txn txq_off pollfd scratch
+    rx tx rx_drop_icrc rx_drop_qp rx_drop_state rx_drop_len rx_drop_op rx_dup rx_oos tx_ack tx_nak tx_rnr
+    tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen rx_rsp_stale
+    rounds idle_polls wakeups cqe_out rx_bytes tx_bytes
+""")
+for _i, _n in enumerate(P_FIELDS):
+    globals()["P_" + _n.upper()] = _i
+N_P = 128
+assert len(P_FIELDS) <= N_P - 32        # the rest: TX scratch lives at txq_off
+MAGIC = 0x4D52_4450_0001                # "MRDP" v1
+
+# ---- QP table -------------------------------------------------------------------------
+Q_FIELDS = _cols("""
+    qpn state pd access dest_qp pmtu send_cq recv_cq sig_all
+    sq_base sq_size sq_head sq_next sq_tail rq_base rq_size rq_head rq_tail
+    tmpl_len l3_off ipv6 ready active
+    snd_psn snd_max comp_psn timeout_ns deadline retry_cnt retry_left rnr_retry rnr_left rnr_until rnr_psn
+    rd_out max_rd rr_retry
+    k_seq k_ack k_nak_seq k_rnr_seq pub_comp
+    epsn msn ack_pend nak_pend nak_psn min_rnr
+    r_kind r_addr r_left r_mr r_total r_wqe r_imm
+    rd_head rd_tail err flushed sq_psn0 pkey
+""")
+for _i, _n in enumerate(Q_FIELDS):
+    globals()["Q_" + _n.upper()] = _i
+NQ = len(Q_FIELDS)
+
+# responder message in progress (Q_R_KIND)
+RK_NONE, RK_SEND, RK_WRITE = 0, 1, 2
+
+# ---- send WQE -------------------------------------------------------------------------
+W_FIELDS = _cols("wr_id opcode flags laddr length raddr rkey imm first_psn npsn sent started done status")
+for _i, _n in enumerate(W_FIELDS):
+    globals()["W_" + _n.upper()] = _i
+NW = len(W_FIELDS)
+
+# ---- receive WQE ----------------------------------------------------------------------
+R_FIELDS = _cols("wr_id laddr length")
+for _i, _n in enumerate(R_FIELDS):
+    globals()["R_" + _n.upper()] = _i
+NR = len(R_FIELDS)
+
+# ---- completion -----------------------------------------------------------------------
+E_FIELDS = _cols("wr_id status opcode byte_len qp_num imm flags")
+for _i, _n in enumerate(E_FIELDS):
+    globals()["E_" + _n.upper()] = _i
+NE = len(E_FIELDS)
+
+C_FIELDS = _cols("base size head tail overflow")
+for _i, _n in enumerate(C_FIELDS):
+    globals()["C_" + _n.upper()] = _i
+NC = len(C_FIELDS)
+
+M_FIELDS = _cols("addr length key pd access valid")
+for _i, _n in enumerate(M_FIELDS):
+    globals()["M_" + _n.upper()] = _i
+NM = len(M_FIELDS)
+
+J_FIELDS = _cols("psn addr length mr npk sent")
+for _i, _n in enumerate(J_FIELDS):
+    globals()["J_" + _n.upper()] = _i
+NJ = len(J_FIELDS)
+
+EV_FIELDS = _cols("type qp arg arg2")
+NEVF = len(EV_FIELDS)
+
+# event types (EV.type) the loop hands to Python
+EV_QP_FATAL, EV_CQ_ERR, EV_QP_REQ_ERR, EV_QP_ACCESS_ERR = 1, 2, 3, 4
+
+
+def dtype_of(fields: list[str]) -> np.dtype:
+    return np.dtype([(n, "<i8") for n in fields])
+
+
+QP_DTYPE = dtype_of(Q_FIELDS)
+SWQE_DTYPE = dtype_of(W_FIELDS)
+RWQE_DTYPE = dtype_of(R_FIELDS)
+CQE_DTYPE = dtype_of(E_FIELDS)
+CQ_DTYPE = dtype_of(C_FIELDS)
+MR_DTYPE = dtype_of(M_FIELDS)
+RDJ_DTYPE = dtype_of(J_FIELDS)
+EV_DTYPE = dtype_of(EV_FIELDS)
+
+
+class Arena:
+    """One anonymous shared mapping holding every table of a port, as int64 words.
+
+    `alloc(n)` hands out word ranges (bump allocation; queues are sized at create time and
+    their rows come from per-kind pools below, so nothing grows while traffic runs)."""
+
+    def __init__(self, words: int) -> None:
+        self.words = words
+        self._mm = mmap.mmap(-1, words * 8, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.a = np.frombuffer(self._mm, dtype=np.int64)
+        self.top = 0
+
+    def alloc(self, n: int, align: bool = True) -> int:
+        off = (self.top + 7) & ~7 if align else self.top    # 64-byte aligned, or right after the last
+        if off + n > self.words:
+            raise MemoryError(f"arena of {self.words} words is full")
+        self.top = off + n
+        return off
+
+    def view(self, off: int, rows: int, dtype: np.dtype) -> np.ndarray:
+        return self.a[off:off + rows * (dtype.itemsize // 8)].view(dtype)
+
+    def close(self) -> None:
+        self.a = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass
+
+
+class RowPool:
+    """First-fit allocator of power-of-two row ranges inside one table region (SQ/RQ/CQE rows)."""
+
+    def __init__(self, base: int, rows: int) -> None:
+        self.base, self.rows = base, rows
+        self.free: list[tuple[int, int]] = [(0, rows)]
+
+    def alloc(self, n: int) -> int:
+        for i, (s, ln) in enumerate(self.free):
+            if ln >= n:
+                self.free[i] = (s + n, ln - n)
+                return s
+        raise MemoryError(f"no room for {n} more rows (of {self.rows})")
+
+    def release(self, start: int, n: int) -> None:
+        self.free.append((start, n))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, ln in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + ln)
+            elif ln:
+                merged.append((s, ln))
+        self.free = merged

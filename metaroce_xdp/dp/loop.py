@@ -1,0 +1,1110 @@
+"""The compiled progress loop: one function per port does a whole round of RC work.
+
+`dp_round(A, TM, umem, tables)` -- and `dp_run`, which repeats it in a GIL-free loop --
+receive a burst straight from the AF_XDP RX ring, validate it (header lengths, ICRC,
+QP, state), run the responder (in-order SEND/WRITE placement, RECV consumption, READ
+responses, coalesced ACKs, one sequence-error NAK per gap, re-ACKed duplicates, remote
+access checks against the MR table, RNR NAKs), the completer (the kernel-written ACK
+state in the mmap'd mr_qps slot, READ RESPONSE placement), the requester (segmentation
+of SQ WQEs into UMEM frames, PSNs, AckReq every ACKREQ_EVERY packets, window) and the
+timers (local ACK timeout, go-back-N, retry_cnt, RNR waits), then fill the TX ring, kick
+it and reap the completion ring.  No Python object is created; what Python must see
+(errors, state changes) goes to the event ring.
+
+All state is the port's Arena (layout.py): A is the arena's int64 words, TM the per-QP
+frame templates, umem the AF_XDP UMEM, tables the ICRC tables.  Work finding: a post
+puts its QP in the ready ring; only QPs in the active list (outstanding work) have their
+kernel slot and timers looked at, so idle cost does not grow with the number of QPs.
+
+Every entry point has an explicit signature and cache=True (see SIGNATURES; metaroce
+warmup loads them) and compiling is disabled after definition: a call with other types
+fails at once instead of compiling on a live path.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+from numba import types as nbt
+
+from ..kern.layout import QP_STATE_DTYPE
+from ..rc.burst import peek_bth, segment_opcode
+from ..wire.fastpath import build_frame, frame_icrc_ok
+from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
+from .layout import (ACKREQ_EVERY, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
+                     E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
+                     PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
+from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
+                    ld_acq_i64, ld_acq_u8, ld_acq_u32, ld_acq_u64, ptr_u8, ptr_u64, st_rel_i64, st_rel_u8,
+                    st_rel_u32, st_rel_u64)
+
+# kernel slot offsets (struct mr_qp_state)
+_KF = {k: v[1] for k, v in QP_STATE_DTYPE.fields.items()}
+KS_STATE = _KF["state"]
+KS_SND_NXT = _KF["snd_nxt"]
+KS_COMP_PSN = _KF["comp_psn"]
+KS_NAK_READ = _KF["nak_read_psn"]
+KS_ACK_SEQ = _KF["ack_seq"]
+KS_ACK_PSN = _KF["ack_psn"]
+KS_NAK_PSN = _KF["nak_psn"]
+KS_NAK_SEQ = _KF["nak_seq"]
+KS_RNR_PSN = _KF["rnr_psn"]
+KS_RNR_SEQ = _KF["rnr_seq"]
+KS_NAK_CODE = _KF["nak_code"]
+KS_RNR_TIMER = _KF["rnr_timer"]
+
+ST_RESET, ST_INIT, ST_RTR, ST_RTS, ST_SQD, ST_SQE, ST_ERR = 0, 1, 2, 3, 4, 5, 6
+# WR opcodes (verbs_types.WROpcode) and WC opcodes / statuses (libibverbs numbers)
+WR_WRITE, WR_WRITE_IMM, WR_SEND, WR_SEND_IMM, WR_READ = 0, 1, 2, 3, 4
+WC_SEND, WC_WRITE, WC_READ, WC_RECV, WC_RECV_IMM = 0, 1, 2, 128, 129
+S_OK, S_LOC_LEN, S_LOC_QP_OP, S_FLUSH, S_BAD_RESP = 0, 1, 2, 5, 7
+S_REM_INV_REQ, S_REM_ACCESS, S_REM_OP, S_RETRY_EXC, S_RNR_EXC = 9, 10, 11, 12, 13
+F_SIGNALED, F_SOLICITED = 2, 4
+WCF_IMM = 2
+ACC_REMOTE_WRITE, ACC_REMOTE_READ = 2, 4
+AETH_ACK_SYN = 0x1F          # ACK, credits invalid
+NAK_SEQ, NAK_INV_REQ, NAK_REM_ACCESS, NAK_REM_OP = 0x60, 0x61, 0x62, 0x63
+RNR_SYN = 0x20
+OP_READ_REQ, OP_RSP_FIRST, OP_RSP_MIDDLE, OP_RSP_LAST, OP_RSP_ONLY, OP_ACK = 12, 13, 14, 15, 16, 17
+RING_NEED_WAKEUP = 1
+
+RNR_TIMER_US = np.array((655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+                         2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880,
+                         163840, 245760, 327680, 491520), np.int64)
+
+_jit = dict(cache=True, nogil=True)
+
+
+# ============================================================================ small helpers
+@njit(**_jit)
+def psn_diff(a, b):
+    """a - b in 24-bit serial arithmetic (negative: a is before b)."""
+    d = (a - b) & PSN_MASK
+    if d >= 0x800000:
+        d -= 0x1000000
+    return d
+
+
+@njit(**_jit)
+def ks_addr(A, qi):
+    return A[P_KS_ADDR] + qi * A[P_KS_SIZE]
+
+
+@njit(**_jit)
+def push_event(A, typ, qi, arg, arg2):
+    off = A[P_EV_OFF]
+    n = (A[P_EV_TAIL] - A[P_EV_HEAD])
+    cap = 1024
+    if n >= cap:
+        return
+    i = off + (A[P_EV_TAIL] % cap) * NEVF
+    A[i] = typ
+    A[i + 1] = qi
+    A[i + 2] = arg
+    A[i + 3] = arg2
+    st_rel_i64(A, P_EV_TAIL, A[P_EV_TAIL] + 1)
+
+
+@njit(**_jit)
+def activate(A, Q, qi):
+    if Q[qi, Q_ACTIVE] == 0:
+        Q[qi, Q_ACTIVE] = 1
+        A[A[P_ACT_OFF] + A[P_N_ACT]] = qi
+        A[P_N_ACT] += 1
+
+
+@njit(**_jit)
+def mr_check(MRT, key, pd, va, length, need):
+    """The MR row for a remote access, or -1: key (index and tag), valid bit, PD, access, bounds."""
+    idx = key >> 8
+    if idx <= 0 or idx >= MRT.shape[0]:
+        return -1
+    if MRT[idx, M_VALID] == 0 or MRT[idx, M_KEY] != key or MRT[idx, M_PD] != pd:
+        return -1
+    if (MRT[idx, M_ACCESS] & need) == 0:
+        return -1
+    if length < 0 or va < MRT[idx, M_ADDR] or va + length > MRT[idx, M_ADDR] + MRT[idx, M_LENGTH]:
+        return -1
+    return idx
+
+
+# ============================================================================ frames and the TX ring
+@njit(**_jit)
+def frame_alloc(A):
+    """A free UMEM frame address, or -1 (after reaping the completion ring once)."""
+    if A[P_FREE_TOP] == 0:
+        comp_reap(A)
+        if A[P_FREE_TOP] == 0:
+            A[P_TX_NO_FRAME] += 1
+            return -1
+    A[P_FREE_TOP] -= 1
+    return A[A[P_FREE_OFF] + A[P_FREE_TOP]]
+
+
+@njit(**_jit)
+def frame_free(A, a):
+    A[A[P_FREE_OFF] + A[P_FREE_TOP]] = a & A[P_FRAME_MASK]
+    A[P_FREE_TOP] += 1
+
+
+@njit(**_jit)
+def comp_reap(A):
+    size = A[P_CQ_SIZE]
+    if size == 0:
+        return 0
+    prod = ld_acq_u32(A[P_CQ_PROD])
+    cons = ld_acq_u32(A[P_CQ_CONS])
+    n = (prod - cons) & 0xFFFFFFFF
+    if n == 0:
+        return 0
+    ring = carray(ptr_u64(A[P_CQ_ADDRS]), (size,))
+    for i in range(n):
+        frame_free(A, np.int64(ring[(cons + i) & (size - 1)]))
+    st_rel_u32(A[P_CQ_CONS], (cons + n) & 0xFFFFFFFF)
+    return n
+
+
+@njit(**_jit)
+def tx_kick(A):
+    """Kick until the kernel took what the TX ring holds (copy mode sends <= 32 per kick)."""
+    fd = A[P_FD]
+    for _ in range(16):
+        if ld_acq_u32(A[P_TX_PROD]) == ld_acq_u32(A[P_TX_CONS]):
+            break
+        if (ld_acq_u32(A[P_TX_FLAGS]) & RING_NEED_WAKEUP) == 0 and _ > 0:
+            break
+        c_sendto_kick(fd)
+        A[P_KICKS] += 1
+
+
+@njit(**_jit)
+def tx_flush(A):
+    """Queue the pending frames on the TX ring, kick, reap."""
+    n = A[P_TXN]
+    size = A[P_TX_SIZE]
+    if n == 0 or size == 0:
+        if size:
+            comp_reap(A)
+        return
+    q = A[P_TXQ_OFF]
+    done = 0
+    for attempt in range(8):
+        prod = ld_acq_u32(A[P_TX_PROD])
+        cons = ld_acq_u32(A[P_TX_CONS])
+        room = size - ((prod - cons) & 0xFFFFFFFF)
+        k = min(room, n - done)
+        if k > 0:
+            ring = carray(ptr_u64(A[P_TX_DESC]), (size * 2,))
+            for i in range(k):
+                j = ((prod + i) & (size - 1)) * 2
+                ring[j] = np.uint64(A[q + 2 * (done + i)])
+                ring[j + 1] = np.uint64(A[q + 2 * (done + i) + 1])
+            st_rel_u32(A[P_TX_PROD], (prod + k) & 0xFFFFFFFF)
+            done += k
+        tx_kick(A)
+        comp_reap(A)
+        if done == n:
+            break
+    if done < n:                                  # ring full: those frames are lost (retransmission recovers)
+        A[P_TX_RING_FULL] += n - done
+        for i in range(done, n):
+            frame_free(A, A[q + 2 * i])
+    A[P_TXN] = 0
+
+
+@njit(**_jit)
+def tx_push(A, a, ln):
+    q = A[P_TXQ_OFF]
+    n = A[P_TXN]
+    A[q + 2 * n] = a
+    A[q + 2 * n + 1] = ln
+    A[P_TXN] = n + 1
+    A[P_TX] += 1
+    A[P_TX_BYTES] += ln
+    if n + 1 >= TX_BATCH:
+        tx_flush(A)
+
+
+@njit(**_jit)
+def emit(A, Q, TM, umem, tables, qi, opcode, flags, ackreq, psn, ext, ext_len, src_addr, plen):
+    """Build one frame of QP qi (payload plen bytes at raw address src_addr) and queue it."""
+    a = frame_alloc(A)
+    if a < 0:
+        return False
+    pay = carray(ptr_u8(src_addr), (plen,))
+    n = build_frame(tables, umem, a, TM[qi], Q[qi, Q_TMPL_LEN], Q[qi, Q_L3_OFF], Q[qi, Q_IPV6] != 0,
+                    opcode, flags, ackreq, psn, ext, ext_len, pay, 0, plen)
+    tx_push(A, a, n)
+    return True
+
+
+@njit(**_jit)
+def put_be(ext, off, v, nbytes):
+    for i in range(nbytes):
+        ext[off + i] = (v >> (8 * (nbytes - 1 - i))) & 0xFF
+
+
+@njit(**_jit)
+def send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn):
+    """An ACKNOWLEDGE: ACK, NAK or RNR NAK (MR-ACK-001) with the QP's MSN."""
+    put_be(ext, 0, ((syn & 0xFF) << 24) | (Q[qi, Q_MSN] & PSN_MASK), 4)
+    if emit(A, Q, TM, umem, tables, qi, OP_ACK, 0, 0, psn & PSN_MASK, ext, 4, 0, 0):
+        if syn == AETH_ACK_SYN:
+            A[P_TX_ACK] += 1
+        elif (syn & 0x60) == RNR_SYN:
+            A[P_TX_RNR] += 1
+        else:
+            A[P_TX_NAK] += 1
+
+
+# ============================================================================ completions
+@njit(**_jit)
+def push_cqe(A, Q, CQT, CE, cq, qi, wr_id, status, opcode, byte_len, imm, flags):
+    """Add a CQE; a full CQ overflows: the completion is lost, CQ_ERR raised once, the QP goes to ERR."""
+    size = CQT[cq, C_SIZE]
+    tail = CQT[cq, C_TAIL]
+    if tail - ld_acq_i64(CQT[cq], C_HEAD) >= size:
+        if CQT[cq, C_OVERFLOW] == 0:
+            CQT[cq, C_OVERFLOW] = 1
+            push_event(A, EV_CQ_ERR, qi, cq, 0)
+        return False
+    CQT[cq, C_OVERFLOW] = 0
+    r = CQT[cq, C_BASE] + (tail & (size - 1))
+    CE[r, E_WR_ID] = wr_id
+    CE[r, E_STATUS] = status
+    CE[r, E_OPCODE] = opcode
+    CE[r, E_BYTE_LEN] = byte_len
+    CE[r, E_QP_NUM] = Q[qi, Q_QPN]
+    CE[r, E_IMM] = imm
+    CE[r, E_FLAGS] = flags
+    st_rel_i64(CQT[cq], C_TAIL, tail + 1)
+    A[P_CQE_OUT] += 1
+    return True
+
+
+@njit(**_jit)
+def wc_of(op):
+    if op == WR_WRITE or op == WR_WRITE_IMM:
+        return WC_WRITE
+    if op == WR_READ:
+        return WC_READ
+    return WC_SEND
+
+
+@njit(**_jit)
+def sq_row(Q, qi, idx):
+    return Q[qi, Q_SQ_BASE] + (idx & (Q[qi, Q_SQ_SIZE] - 1))
+
+
+@njit(**_jit)
+def complete_head(A, Q, SW, CQT, CE, qi, status):
+    r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+    if SW[r, W_OPCODE] == WR_READ and SW[r, W_DONE] == 0 and SW[r, W_STARTED]:
+        Q[qi, Q_RD_OUT] -= 1                          # an unanswered READ leaves (error)
+    SW[r, W_DONE] = 1
+    if status != S_OK or (SW[r, W_FLAGS] & F_SIGNALED) or Q[qi, Q_SIG_ALL]:
+        if not push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, SW[r, W_WR_ID], status, wc_of(SW[r, W_OPCODE]),
+                        SW[r, W_LENGTH] if status == S_OK else 0, 0, 0):
+            qp_error(A, Q, SW, CQT, CE, qi, -1, EV_QP_FATAL, 1)
+            return
+    Q[qi, Q_SQ_HEAD] += 1
+    if Q[qi, Q_SQ_NEXT] - Q[qi, Q_SQ_HEAD] < 0:
+        Q[qi, Q_SQ_NEXT] = Q[qi, Q_SQ_HEAD]
+    Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]       # forward progress resets both budgets
+    Q[qi, Q_RNR_LEFT] = Q[qi, Q_RNR_RETRY]
+
+
+@njit(**_jit)
+def flush_queues(A, Q, SW, RW, CQT, CE, qi):
+    """ERR: everything still queued completes with WR_FLUSH_ERR, in posting order (MR-QP-027)."""
+    tail = ld_acq_i64(Q[qi], Q_SQ_TAIL)
+    while Q[qi, Q_SQ_HEAD] != tail:
+        r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+        if not push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, SW[r, W_WR_ID], S_FLUSH, wc_of(SW[r, W_OPCODE]),
+                        0, 0, 0):
+            break
+        Q[qi, Q_SQ_HEAD] += 1
+    Q[qi, Q_SQ_NEXT] = Q[qi, Q_SQ_HEAD]
+    Q[qi, Q_RD_OUT] = 0
+    rtail = ld_acq_i64(Q[qi], Q_RQ_TAIL)
+    while Q[qi, Q_RQ_HEAD] != rtail:
+        r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+        if not push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_FLUSH, WC_RECV, 0, 0, 0):
+            break
+        Q[qi, Q_RQ_HEAD] += 1
+    Q[qi, Q_R_KIND] = RK_NONE
+    Q[qi, Q_RD_HEAD] = Q[qi, Q_RD_TAIL]
+    Q[qi, Q_ACK_PEND] = 0
+
+
+@njit(**_jit)
+def qp_error(A, Q, SW, CQT, CE, qi, status, ev, why):
+    """Enter ERR: the head WQE completes with `status` (when >= 0 and it was sent), the queues are
+    flushed; the kernel stops steering requests to the QP; Python hears of it (event `ev`, `why`)."""
+    if Q[qi, Q_STATE] == ST_ERR:
+        return
+    Q[qi, Q_STATE] = ST_ERR
+    Q[qi, Q_ERR] = why
+    if A[P_KS_ADDR] != 0:
+        st_rel_u8(ks_addr(A, qi) + KS_STATE, ST_ERR)
+    if status >= 0 and Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
+        r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+        if SW[r, W_STARTED]:
+            if push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, SW[r, W_WR_ID], status, wc_of(SW[r, W_OPCODE]),
+                        0, 0, 0):
+                Q[qi, Q_SQ_HEAD] += 1
+    push_event(A, ev, qi, why, status)
+    Q[qi, Q_FLUSHED] = 0
+    activate(A, Q, qi)
+
+
+# ============================================================================ requester side
+@njit(**_jit)
+def publish_comp(A, Q, qi):
+    if A[P_KS_ADDR] != 0 and Q[qi, Q_PUB_COMP] != Q[qi, Q_COMP_PSN]:
+        st_rel_u32(ks_addr(A, qi) + KS_COMP_PSN, Q[qi, Q_COMP_PSN])
+        Q[qi, Q_PUB_COMP] = Q[qi, Q_COMP_PSN]
+
+
+@njit(**_jit)
+def advance(A, Q, SW, CQT, CE, qi, target, now):
+    """Everything before PSN `target` is acknowledged: complete SEND/WRITE WQEs wholly before it and
+    READs already answered, in order; stop at a READ still waiting for responses (its responses
+    may still be in the RX ring: an ACK consumed in the kernel can overtake them)."""
+    if psn_diff(target, Q[qi, Q_SND_MAX]) > 0 or psn_diff(target, Q[qi, Q_COMP_PSN]) <= 0:
+        return
+    moved = False
+    while Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT] or (Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL)):
+        r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+        if SW[r, W_STARTED] == 0:
+            break
+        last = (SW[r, W_FIRST_PSN] + SW[r, W_NPSN] - 1) & PSN_MASK
+        if SW[r, W_OPCODE] == WR_READ and SW[r, W_DONE] == 0:
+            if psn_diff(target, SW[r, W_FIRST_PSN]) > 0:
+                target = Q[qi, Q_COMP_PSN] if psn_diff(Q[qi, Q_COMP_PSN], SW[r, W_FIRST_PSN]) > 0 \
+                    else SW[r, W_FIRST_PSN]
+            break
+        if psn_diff(last, target) >= 0:
+            break
+        complete_head(A, Q, SW, CQT, CE, qi, S_OK)
+        moved = True
+        if Q[qi, Q_STATE] == ST_ERR:
+            return
+    if psn_diff(target, Q[qi, Q_COMP_PSN]) > 0:
+        Q[qi, Q_COMP_PSN] = target
+        moved = True
+    if moved:
+        Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
+        Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
+        publish_comp(A, Q, qi)
+
+
+@njit(**_jit)
+def rewind(A, Q, SW, qi, psn):
+    """Go back N: transmit again from PSN `psn` (the WQE holding it resumes at that packet)."""
+    i = Q[qi, Q_SQ_HEAD]
+    end = Q[qi, Q_SQ_NEXT]
+    found = -1
+    while i != end:
+        r = sq_row(Q, qi, i)
+        d = psn_diff(psn, SW[r, W_FIRST_PSN])
+        if SW[r, W_STARTED] and d >= 0 and d < SW[r, W_NPSN]:
+            found = i
+            break
+        i += 1
+    if found < 0:
+        # the WQE being sent now (sq_next) may hold it
+        if end != ld_acq_i64(Q[qi], Q_SQ_TAIL):
+            r = sq_row(Q, qi, end)
+            d = psn_diff(psn, SW[r, W_FIRST_PSN])
+            if SW[r, W_STARTED] and d >= 0 and d < SW[r, W_NPSN]:
+                SW[r, W_SENT] = d
+                Q[qi, Q_SND_PSN] = psn
+        return
+    r = sq_row(Q, qi, found)
+    SW[r, W_SENT] = psn_diff(psn, SW[r, W_FIRST_PSN])
+    j = found + 1
+    while j != end + 1 and j != ld_acq_i64(Q[qi], Q_SQ_TAIL):
+        rr = sq_row(Q, qi, j)
+        if SW[rr, W_STARTED] == 0:
+            break
+        SW[rr, W_SENT] = 0
+        j += 1
+    Q[qi, Q_SQ_NEXT] = found
+    Q[qi, Q_SND_PSN] = psn
+    A[P_RETRANSMITS] += 1
+
+
+@njit(**_jit)
+def kernel_acks(A, Q, SW, CQT, CE, qi, now):
+    """The ACK state the XDP program wrote into the QP's mr_qps slot (seqcount read protocol)."""
+    if A[P_KS_ADDR] == 0:
+        return False
+    k = ks_addr(A, qi)
+    s1 = ld_acq_u64(k + KS_ACK_SEQ)
+    if s1 == Q[qi, Q_K_SEQ] or (s1 & 1):
+        return False
+    ack = ld_acq_u32(k + KS_ACK_PSN)
+    nak_psn = ld_acq_u32(k + KS_NAK_PSN)
+    nak_seq = ld_acq_u32(k + KS_NAK_SEQ)
+    rnr_psn = ld_acq_u32(k + KS_RNR_PSN)
+    rnr_seq = ld_acq_u32(k + KS_RNR_SEQ)
+    nak_code = ld_acq_u8(k + KS_NAK_CODE)
+    rnr_timer = ld_acq_u8(k + KS_RNR_TIMER)
+    if ld_acq_u64(k + KS_ACK_SEQ) != s1:
+        return False                                 # the kernel wrote meanwhile: next round
+    Q[qi, Q_K_SEQ] = s1
+    if psn_diff(ack, Q[qi, Q_K_ACK]) > 0:
+        Q[qi, Q_K_ACK] = ack
+        A[P_ACKS_SEEN] += 1
+        advance(A, Q, SW, CQT, CE, qi, (ack + 1) & PSN_MASK, now)
+    if nak_seq != Q[qi, Q_K_NAK_SEQ]:
+        Q[qi, Q_K_NAK_SEQ] = nak_seq
+        A[P_NAKS_SEEN] += 1
+        on_nak(A, Q, SW, CQT, CE, qi, nak_psn, nak_code, now)
+    if rnr_seq != Q[qi, Q_K_RNR_SEQ] and Q[qi, Q_STATE] != ST_ERR:
+        Q[qi, Q_K_RNR_SEQ] = rnr_seq
+        A[P_RNR_SEEN] += 1
+        advance(A, Q, SW, CQT, CE, qi, rnr_psn, now)
+        if Q[qi, Q_RNR_LEFT] == 0:
+            qp_error(A, Q, SW, CQT, CE, qi, S_RNR_EXC, EV_QP_FATAL, 3)
+        else:
+            if Q[qi, Q_RNR_RETRY] != 7:               # 7: retry for ever
+                Q[qi, Q_RNR_LEFT] -= 1
+            Q[qi, Q_RNR_UNTIL] = now + RNR_TIMER_US[rnr_timer & 31] * 1000
+            Q[qi, Q_RNR_PSN] = rnr_psn
+    return True
+
+
+@njit(**_jit)
+def on_nak(A, Q, SW, CQT, CE, qi, psn, code, now):
+    if Q[qi, Q_STATE] == ST_ERR:
+        return
+    advance(A, Q, SW, CQT, CE, qi, psn, now)
+    if code == 0:                                   # PSN sequence error: go back to it
+        if psn_diff(psn, Q[qi, Q_COMP_PSN]) >= 0:
+            rewind(A, Q, SW, qi, psn)
+        return
+    st = S_REM_INV_REQ if code == 1 else (S_REM_ACCESS if code == 2 else S_REM_OP)
+    qp_error(A, Q, SW, CQT, CE, qi, st, EV_QP_FATAL, 10 + code)
+
+
+@njit(**_jit)
+def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
+    """Transmit from the send queue: up to `budget` packets, inside the window.  Returns packets sent."""
+    sent = 0
+    pmtu = Q[qi, Q_PMTU]
+    window = A[P_WINDOW]
+    kaddr = ks_addr(A, qi) if A[P_KS_ADDR] != 0 else 0
+    while sent < budget:
+        nxt = Q[qi, Q_SQ_NEXT]
+        if nxt == ld_acq_i64(Q[qi], Q_SQ_TAIL):
+            break
+        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window:
+            break
+        r = sq_row(Q, qi, nxt)
+        op = SW[r, W_OPCODE]
+        length = SW[r, W_LENGTH]
+        if SW[r, W_STARTED] == 0:
+            if op == WR_READ and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
+                break
+            SW[r, W_FIRST_PSN] = Q[qi, Q_SND_PSN]
+            SW[r, W_NPSN] = max(1, (length + pmtu - 1) // pmtu)
+            SW[r, W_SENT] = 0
+            SW[r, W_STARTED] = 1
+            SW[r, W_DONE] = 0
+            if op == WR_READ:
+                Q[qi, Q_RD_OUT] += 1
+        first = SW[r, W_FIRST_PSN]
+        npsn = SW[r, W_NPSN]
+        if op == WR_READ:
+            k = SW[r, W_SENT]
+            psn = (first + k) & PSN_MASK
+            put_be(ext, 0, SW[r, W_RADDR] + k * pmtu, 8)
+            put_be(ext, 8, SW[r, W_RKEY], 4)
+            put_be(ext, 12, length - k * pmtu, 4)
+            if kaddr:
+                np_ = (first + npsn) & PSN_MASK
+                if psn_diff(np_, Q[qi, Q_SND_MAX]) > 0:
+                    st_rel_u32(kaddr + KS_SND_NXT, np_)
+            if not emit(A, Q, TM, umem, tables, qi, OP_READ_REQ, 0, 1, psn, ext, 16, 0, 0):
+                break
+            SW[r, W_SENT] = npsn
+            sent += 1
+        else:
+            is_write = op == WR_WRITE or op == WR_WRITE_IMM
+            has_imm = op == WR_WRITE_IMM or op == WR_SEND_IMM
+            se = (SW[r, W_FLAGS] & F_SOLICITED) != 0 and op != WR_WRITE
+            ok = True
+            while SW[r, W_SENT] < npsn and sent < budget:
+                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window:
+                    ok = False
+                    break
+                k = SW[r, W_SENT]
+                last = k == npsn - 1
+                ext_len = 0
+                if is_write and k == 0:
+                    put_be(ext, 0, SW[r, W_RADDR], 8)
+                    put_be(ext, 8, SW[r, W_RKEY], 4)
+                    put_be(ext, 12, length, 4)
+                    ext_len = 16
+                if last and has_imm:
+                    put_be(ext, ext_len, SW[r, W_IMM], 4)
+                    ext_len += 4
+                off = k * pmtu
+                plen = min(pmtu, length - off)
+                if plen < 0:
+                    plen = 0
+                psn = (first + k) & PSN_MASK
+                if kaddr and psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_SND_MAX]) > 0:
+                    st_rel_u32(kaddr + KS_SND_NXT, (psn + 1) & PSN_MASK)   # before the frame can leave
+                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0) else 0
+                if not emit(A, Q, TM, umem, tables, qi, segment_opcode(is_write, has_imm, k, npsn),
+                            0x80 if (last and se) else 0, ackreq, psn, ext, ext_len, SW[r, W_LADDR] + off, plen):
+                    ok = False
+                    break
+                SW[r, W_SENT] = k + 1
+                sent += 1
+                Q[qi, Q_SND_PSN] = (psn + 1) & PSN_MASK
+                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_SND_MAX]) > 0:
+                    Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
+            if not ok or SW[r, W_SENT] < npsn:
+                break
+        Q[qi, Q_SND_PSN] = (first + npsn) & PSN_MASK
+        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_SND_MAX]) > 0:
+            Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
+        Q[qi, Q_SQ_NEXT] = nxt + 1
+    if sent and Q[qi, Q_DEADLINE] == 0 and Q[qi, Q_TIMEOUT_NS]:
+        Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS]
+    return sent
+
+
+@njit(**_jit)
+def timers(A, Q, SW, CQT, CE, qi, now):
+    """Local ACK timeout (MR-RETRY-001): go back N from comp_psn, or RETRY_EXC_ERR when retries ran out;
+    the end of an RNR wait resumes at the PSN the RNR NAK named."""
+    if Q[qi, Q_RNR_UNTIL]:
+        if now < Q[qi, Q_RNR_UNTIL]:
+            return
+        Q[qi, Q_RNR_UNTIL] = 0
+        rewind(A, Q, SW, qi, Q[qi, Q_RNR_PSN])
+        Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
+        return
+    if Q[qi, Q_DEADLINE] == 0:
+        return
+    if psn_diff(Q[qi, Q_SND_MAX], Q[qi, Q_COMP_PSN]) <= 0 and Q[qi, Q_SQ_HEAD] == Q[qi, Q_SQ_NEXT]:
+        Q[qi, Q_DEADLINE] = 0                         # nothing outstanding
+        return
+    if now < Q[qi, Q_DEADLINE]:
+        return
+    A[P_TIMEOUTS] += 1
+    if Q[qi, Q_RETRY_LEFT] <= 0:
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
+        return
+    Q[qi, Q_RETRY_LEFT] -= 1
+    rewind(A, Q, SW, qi, Q[qi, Q_COMP_PSN])
+    Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS]
+
+
+# ============================================================================ receive side
+@njit(**_jit)
+def get_be(umem, off, nbytes):
+    v = np.int64(0)
+    for i in range(nbytes):
+        v = (v << 8) | np.int64(umem[off + i])
+    return v
+
+
+@njit(**_jit)
+def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, why):
+    """A NAK that ends the connection (invalid request, remote access): sent at once, then ERR."""
+    send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
+    qp_error(A, Q, SW, CQT, CE, qi, -1, ev, why)
+
+
+@njit(**_jit)
+def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
+    """Queue the READ RESPONSEs for a READ request (new or duplicate); False: access violation."""
+    mr = 0
+    if dlen > 0:
+        mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ)
+        if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+            return -1
+    if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
+        return 0                                    # beyond max_dest_rd_atomic: dropped, retried
+    j = A[P_RDJ_OFF] + (qi * MAX_RD + (Q[qi, Q_RD_TAIL] % MAX_RD)) * NJ
+    pmtu = Q[qi, Q_PMTU]
+    A[j + J_PSN] = psn
+    A[j + J_ADDR] = va
+    A[j + J_LENGTH] = dlen
+    A[j + J_MR] = mr
+    A[j + J_NPK] = max(1, (dlen + pmtu - 1) // pmtu)
+    A[j + J_SENT] = 0
+    Q[qi, Q_RD_TAIL] += 1
+    return 1
+
+
+@njit(**_jit)
+def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
+    """One request packet (SEND, WRITE, READ) of QP qi; b = BTH offset, end = ICRC offset."""
+    e = Q[qi, Q_EPSN]
+    d = psn_diff(psn, e)
+    hdr = b + 12
+    pmtu = Q[qi, Q_PMTU]
+    ackreq = (umem[b + 8] & 0x80) != 0
+    if d < 0:                                        # duplicate (MR-DUP-002): ACK again; READ re-executed
+        A[P_RX_DUP] += 1
+        if op == OP_READ_REQ:
+            if push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4),
+                             get_be(umem, hdr + 12, 4)) < 0:
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
+                                EV_QP_ACCESS_ERR, 22)
+        else:
+            Q[qi, Q_ACK_PEND] = 1
+        return
+    if d > 0:                                        # out of sequence: one NAK per gap (MR-NAK-003)
+        A[P_RX_OOS] += 1
+        if Q[qi, Q_NAK_PEND] == 0:
+            Q[qi, Q_NAK_PEND] = 1
+            send_syndrome(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)
+        return
+    kind = Q[qi, Q_R_KIND]
+    if op == OP_READ_REQ:
+        if kind != RK_NONE:
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+            return
+        dlen = get_be(umem, hdr + 12, 4)
+        k = push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4), dlen)
+        if k < 0:
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            return
+        if k == 0:
+            return
+        Q[qi, Q_NAK_PEND] = 0
+        Q[qi, Q_EPSN] = (psn + max(1, (dlen + pmtu - 1) // pmtu)) & PSN_MASK
+        Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
+        return
+    is_write = op >= 6
+    sub = op - 6 if is_write else op
+    first = sub == 0 or sub == 4 or sub == 5
+    lastp = sub >= 2
+    has_imm = sub == 3 or sub == 5
+    want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
+    if kind != want:
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+        return
+    pay = hdr
+    va = np.int64(0)
+    rkey = np.int64(0)
+    dlen = np.int64(0)
+    if is_write and first:
+        va = get_be(umem, pay, 8)
+        rkey = get_be(umem, pay + 8, 4)
+        dlen = get_be(umem, pay + 12, 4)
+        pay += 16
+    imm = np.int64(0)
+    if has_imm:
+        imm = get_be(umem, pay, 4)
+        pay += 4
+    plen = end - pad - pay
+    if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
+        return
+    src = A[P_UMEM_ADDR] + pay
+    if has_imm or (not is_write and first):
+        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
+            send_syndrome(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
+            return
+    if not is_write:
+        r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+        if first:
+            Q[qi, Q_R_TOTAL] = 0
+            Q[qi, Q_R_KIND] = RK_SEND
+        if Q[qi, Q_R_TOTAL] + plen > RW[r, R_LENGTH]:
+            # the message is longer than the receive buffer: the RECV fails, the requester gets
+            # an invalid request NAK (MR-RC-017)
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_LEN, WC_RECV, 0, 0, 0)
+            Q[qi, Q_RQ_HEAD] += 1
+            Q[qi, Q_R_KIND] = RK_NONE
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 24)
+            return
+        if plen:
+            c_memcpy(RW[r, R_LADDR] + Q[qi, Q_R_TOTAL], src, plen)
+        Q[qi, Q_R_TOTAL] += plen
+        if lastp:
+            flags = WCF_IMM if has_imm else 0
+            Q[qi, Q_R_KIND] = RK_NONE
+            Q[qi, Q_RQ_HEAD] += 1
+            Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_OK, WC_RECV, Q[qi, Q_R_TOTAL],
+                     imm, flags)
+    else:
+        if first:
+            mr = 0
+            if dlen > 0:
+                mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_WRITE)
+                if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
+                    responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
+                                    EV_QP_ACCESS_ERR, 22)
+                    return
+            Q[qi, Q_R_ADDR] = va
+            Q[qi, Q_R_LEFT] = dlen
+            Q[qi, Q_R_MR] = mr
+            Q[qi, Q_R_TOTAL] = dlen
+            Q[qi, Q_R_KIND] = RK_WRITE
+        elif Q[qi, Q_R_MR] and MRT[Q[qi, Q_R_MR], M_VALID] == 0:     # deregistered meanwhile (MR-MEM-033)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            return
+        if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
+            return
+        if plen:
+            c_memcpy(Q[qi, Q_R_ADDR], src, plen)
+        Q[qi, Q_R_ADDR] += plen
+        Q[qi, Q_R_LEFT] -= plen
+        if lastp:
+            Q[qi, Q_R_KIND] = RK_NONE
+            Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
+            if has_imm:
+                r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+                Q[qi, Q_RQ_HEAD] += 1
+                push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_OK, WC_RECV_IMM, Q[qi, Q_R_TOTAL],
+                         imm, WCF_IMM)
+    A[P_RX_BYTES] += plen
+    Q[qi, Q_NAK_PEND] = 0
+    Q[qi, Q_EPSN] = (psn + 1) & PSN_MASK
+    if ackreq:
+        Q[qi, Q_ACK_PEND] = 1
+
+
+@njit(**_jit)
+def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
+    """Send READ RESPONSE packets of the oldest queued READ jobs (AETH on FIRST, LAST, ONLY)."""
+    n = 0
+    pmtu = Q[qi, Q_PMTU]
+    while n < budget and Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (Q[qi, Q_RD_HEAD] % MAX_RD)) * NJ
+        npk = A[j + J_NPK]
+        while A[j + J_SENT] < npk and n < budget:
+            k = A[j + J_SENT]
+            if A[j + J_MR] and MRT[A[j + J_MR], M_VALID] == 0:         # MR-MEM-033
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS,
+                                (A[j + J_PSN] + k) & PSN_MASK, EV_QP_ACCESS_ERR, 22)
+                return n
+            if npk == 1:
+                op = OP_RSP_ONLY
+            elif k == 0:
+                op = OP_RSP_FIRST
+            elif k == npk - 1:
+                op = OP_RSP_LAST
+            else:
+                op = OP_RSP_MIDDLE
+            ext_len = 0
+            if op != OP_RSP_MIDDLE:
+                put_be(ext, 0, (AETH_ACK_SYN << 24) | (Q[qi, Q_MSN] & PSN_MASK), 4)
+                ext_len = 4
+            off = k * pmtu
+            plen = min(pmtu, A[j + J_LENGTH] - off)
+            if plen < 0:
+                plen = 0
+            if not emit(A, Q, TM, umem, tables, qi, op, 0, 0, (A[j + J_PSN] + k) & PSN_MASK, ext, ext_len,
+                        A[j + J_ADDR] + off, plen):
+                return n
+            A[j + J_SENT] = k + 1
+            n += 1
+        if A[j + J_SENT] >= npk:
+            Q[qi, Q_RD_HEAD] += 1
+    return n
+
+
+@njit(**_jit)
+def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
+    """A READ RESPONSE: placed when it is the PSN the completer waits for; stale ones are counted
+    and dropped; a gap (a lost response) sends the READ again for the rest (go back N)."""
+    comp = Q[qi, Q_COMP_PSN]
+    if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
+        A[P_RX_RSP_STALE] += 1
+        return
+    i = Q[qi, Q_SQ_HEAD]
+    found = -1
+    while i != Q[qi, Q_SQ_NEXT]:
+        r = sq_row(Q, qi, i)
+        d = psn_diff(psn, SW[r, W_FIRST_PSN])
+        if d >= 0 and d < SW[r, W_NPSN]:
+            found = r
+            break
+        if SW[r, W_OPCODE] == WR_READ and SW[r, W_DONE] == 0:
+            break                                    # an earlier READ is not answered yet: a gap
+        i += 1
+    if found < 0 or SW[found, W_OPCODE] != WR_READ:
+        if Q[qi, Q_RR_RETRY] != comp + 1:
+            Q[qi, Q_RR_RETRY] = comp + 1
+            rewind(A, Q, SW, qi, comp)
+        A[P_RX_RSP_STALE] += 1
+        return
+    r = found
+    k = psn_diff(psn, SW[r, W_FIRST_PSN])
+    if psn != comp:
+        # only the first response of a READ may implicitly acknowledge what is before it
+        if k != 0:
+            if Q[qi, Q_RR_RETRY] != comp + 1:
+                Q[qi, Q_RR_RETRY] = comp + 1
+                rewind(A, Q, SW, qi, comp)
+            A[P_RX_RSP_STALE] += 1
+            return
+        advance(A, Q, SW, CQT, CE, qi, psn, now)
+        if Q[qi, Q_COMP_PSN] != psn:
+            A[P_RX_RSP_STALE] += 1
+            return
+    npsn = SW[r, W_NPSN]
+    want = OP_RSP_ONLY if npsn == 1 else (OP_RSP_FIRST if k == 0 else (OP_RSP_LAST if k == npsn - 1
+                                                                         else OP_RSP_MIDDLE))
+    if op != want and not (k == 0 and op == OP_RSP_FIRST and npsn > 1):
+        if not (op == OP_RSP_FIRST and want == OP_RSP_FIRST):
+            A[P_RX_DROP_OP] += 1
+            return
+    pay = b + 12 + (0 if op == OP_RSP_MIDDLE else 4)
+    plen = end - pad - pay
+    pmtu = Q[qi, Q_PMTU]
+    expect = min(pmtu, SW[r, W_LENGTH] - k * pmtu)
+    if expect < 0:
+        expect = 0
+    if plen != expect:
+        A[P_RX_DROP_LEN] += 1
+        return
+    if plen:
+        c_memcpy(SW[r, W_LADDR] + k * pmtu, A[P_UMEM_ADDR] + pay, plen)
+    A[P_RX_BYTES] += plen
+    Q[qi, Q_COMP_PSN] = (psn + 1) & PSN_MASK
+    Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
+    Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
+    if k == npsn - 1:
+        SW[r, W_DONE] = 1                            # answered; retired in order below
+        Q[qi, Q_RD_OUT] -= 1
+        while Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
+            rr = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+            if SW[rr, W_OPCODE] == WR_READ:
+                if SW[rr, W_DONE] == 0:
+                    break
+            elif psn_diff((SW[rr, W_FIRST_PSN] + SW[rr, W_NPSN] - 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= 0:
+                break
+            complete_head(A, Q, SW, CQT, CE, qi, S_OK)
+            if Q[qi, Q_STATE] == ST_ERR:
+                break
+    publish_comp(A, Q, qi)
+
+
+@njit(**_jit)
+def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
+    op, qpn, boff, loff = peek_bth(umem, a, ln)
+    if op < 0:
+        A[P_RX_DROP_LEN] += 1
+        return
+    qi = qpn % A[P_MAXQ]
+    if Q[qi, Q_QPN] != qpn or qpn == 0:
+        A[P_RX_DROP_QP] += 1
+        return
+    st = Q[qi, Q_STATE]
+    b = a + boff
+    l3 = a + loff
+    if umem[l3] >> 4 == 6:
+        end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
+    else:
+        end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
+    if end > a + ln or end < b + 16 or (umem[b + 1] & 0x0F):
+        A[P_RX_DROP_LEN] += 1
+        return
+    if not frame_icrc_ok(tables, umem, a, ln):
+        A[P_RX_DROP_ICRC] += 1                       # MR-ICRC-013: dropped, counted
+        return
+    pad = (umem[b + 1] >> 4) & 3
+    psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
+    end -= 4                                         # the ICRC
+    if op <= OP_READ_REQ:
+        if st != ST_RTR and st != ST_RTS and st != ST_SQD:
+            A[P_RX_DROP_STATE] += 1
+            return
+        responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        activate(A, Q, qi)
+    elif op <= OP_RSP_ONLY:
+        if st != ST_RTS and st != ST_SQD and st != ST_SQE:
+            A[P_RX_DROP_STATE] += 1
+            return
+        completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now)
+        activate(A, Q, qi)
+    elif op == OP_ACK:
+        # only ACKNOWLEDGEs the kernel could not judge come here: a bad AETH (MR-XH-008, MR-NAK-012)
+        if st == ST_RTS or st == ST_SQD:
+            qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
+    else:
+        # ATOMIC, SEND WITH INVALIDATE, native opcodes: not implemented by this plane.  A request
+        # in sequence is refused with an invalid request NAK (the peer sees REM_INV_REQ_ERR)
+        A[P_RX_DROP_OP] += 1
+        if (op == 19 or op == 20 or op == 22 or op == 23) and psn == Q[qi, Q_EPSN] and st >= ST_RTR \
+                and st <= ST_SQD:
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 25)
+
+
+# ============================================================================ the round
+@njit(**_jit)
+def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
+    size = A[P_RX_SIZE]
+    if size == 0:
+        return 0
+    prod = ld_acq_u32(A[P_RX_PROD])
+    cons = ld_acq_u32(A[P_RX_CONS])
+    n = min((prod - cons) & 0xFFFFFFFF, budget)
+    if n == 0:
+        fqf = A[P_FQ_FLAGS]
+        if fqf and (ld_acq_u32(fqf) & RING_NEED_WAKEUP):
+            c_recvfrom_kick(A[P_FD])
+        return 0
+    ring = carray(ptr_u64(A[P_RX_DESC]), (size * 2,))
+    fsize = A[P_FQ_SIZE]
+    fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))
+    fprod = ld_acq_u32(A[P_FQ_PROD])
+    froom = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
+    nf = 0
+    for i in range(n):
+        j = ((cons + i) & (size - 1)) * 2
+        a = np.int64(ring[j])
+        ln = np.int64(ring[j + 1] & 0xFFFFFFFF)
+        A[P_RX] += 1
+        rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now)
+        # the frame goes straight back to the fill ring (we took it from there)
+        if nf < froom:
+            fring[(fprod + nf) & (fsize - 1)] = np.uint64(a & A[P_FRAME_MASK])
+            nf += 1
+        else:
+            frame_free(A, a)
+    st_rel_u32(A[P_RX_CONS], (cons + n) & 0xFFFFFFFF)
+    st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
+    return n
+
+
+@njit(**_jit)
+def views(A, TM):
+    maxq = A[P_MAXQ]
+    Q = A[A[P_Q_OFF]:A[P_Q_OFF] + maxq * NQ].reshape((maxq, NQ))
+    SW = A[A[P_SQ_OFF]:A[P_RQ_OFF]].reshape(((A[P_RQ_OFF] - A[P_SQ_OFF]) // NW, NW))
+    RW = A[A[P_RQ_OFF]:A[P_CE_OFF]].reshape(((A[P_CE_OFF] - A[P_RQ_OFF]) // NR, NR))
+    CE = A[A[P_CE_OFF]:A[P_CQ_OFF]].reshape(((A[P_CQ_OFF] - A[P_CE_OFF]) // NE, NE))
+    CQT = A[A[P_CQ_OFF]:A[P_MR_OFF]].reshape(((A[P_MR_OFF] - A[P_CQ_OFF]) // NC, NC))
+    MRT = A[A[P_MR_OFF]:A[P_RDJ_OFF]].reshape(((A[P_RDJ_OFF] - A[P_MR_OFF]) // NM, NM))
+    return Q, SW, RW, CE, CQT, MRT
+
+
+@njit(**_jit)
+def round_(A, TM, umem, tables, ext, now):
+    """One round; returns the number of packets handled and sent."""
+    Q, SW, RW, CE, CQT, MRT = views(A, TM)
+    budget = A[P_BUDGET]
+    work = rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
+    # posts: the ready ring
+    rdy = A[P_RDY_OFF]
+    tail = ld_acq_i64(A, P_RDY_TAIL)
+    while A[P_RDY_HEAD] != tail:
+        qi = A[rdy + (A[P_RDY_HEAD] & 4095)]
+        st_rel_i64(A, P_RDY_HEAD, A[P_RDY_HEAD] + 1)
+        if 0 <= qi < A[P_MAXQ]:
+            activate(A, Q, qi)
+    # the active QPs only
+    act = A[P_ACT_OFF]
+    i = A[P_N_ACT] - 1
+    while i >= 0:
+        qi = A[act + i]
+        st = Q[qi, Q_STATE]
+        busy = False
+        if st == ST_ERR:
+            flush_queues(A, Q, SW, RW, CQT, CE, qi)
+        elif st >= ST_RTR:
+            # responder: coalesced ACK for this batch (MR-ACK-004), READ responses
+            if Q[qi, Q_ACK_PEND]:
+                Q[qi, Q_ACK_PEND] = 0
+                send_syndrome(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN, (Q[qi, Q_EPSN] - 1) & PSN_MASK)
+            if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
+                work += read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget)
+                busy = busy or Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]
+            if st == ST_RTS or st == ST_SQD or st == ST_SQE:
+                if kernel_acks(A, Q, SW, CQT, CE, qi, now):
+                    work += 1
+                if Q[qi, Q_STATE] == ST_RTS:
+                    timers(A, Q, SW, CQT, CE, qi, now)
+                if Q[qi, Q_STATE] == ST_RTS and Q[qi, Q_RNR_UNTIL] == 0:
+                    work += requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget)
+                if Q[qi, Q_STATE] == ST_ERR:
+                    flush_queues(A, Q, SW, RW, CQT, CE, qi)
+                busy = busy or Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL) or Q[qi, Q_RNR_UNTIL] != 0
+        if Q[qi, Q_STATE] == ST_ERR:
+            idle = Q[qi, Q_SQ_HEAD] == ld_acq_i64(Q[qi], Q_SQ_TAIL) and Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL)
+        else:
+            idle = not busy and Q[qi, Q_ACK_PEND] == 0
+        if idle:
+            # idle: off the active list (a post or a packet puts it back)
+            n = A[P_N_ACT] - 1
+            A[act + i] = A[act + n]
+            A[P_N_ACT] = n
+            Q[qi, Q_ACTIVE] = 0
+        i -= 1
+    tx_flush(A)
+    A[P_ROUNDS] += 1
+    return work
+
+
+@njit(nbt.int64(nbt.int64[::1], nbt.uint8[:, ::1], nbt.uint8[::1], nbt.uint32[:, ::1]), **_jit)
+def dp_round(A, TM, umem, tables):
+    """One progress round of the port whose state is A (see the module docstring)."""
+    if A[P_MAGIC] != MAGIC:
+        return -1
+    ext = np.empty(32, np.uint8)
+    now = c_monotonic_ns()
+    A[P_NOW] = now
+    return round_(A, TM, umem, tables, ext, now)
+
+
+@njit(nbt.int64(nbt.int64[::1], nbt.uint8[:, ::1], nbt.uint8[::1], nbt.uint32[:, ::1], nbt.int64, nbt.int64,
+                nbt.int64, nbt.int64), **_jit)
+def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
+    """Rounds until something Python must see, without the GIL: returns 1 when events are queued,
+    2 when asked to stop or pause, 3 when the byte at watch_addr (if any) equals watch_val, 4 when
+    a completion was added (watch_val = -2), 0 when max_ns passed.  Idle, with sleep_ok, it sleeps
+    in poll() on the AF_XDP socket and the port's eventfd (a post writes it) after spin_idle rounds."""
+    if A[P_MAGIC] != MAGIC:
+        return -1
+    ext = np.empty(32, np.uint8)
+    start = c_monotonic_ns()
+    idle = 0
+    cqe0 = A[P_CQE_OUT]
+    while True:
+        now = c_monotonic_ns()
+        A[P_NOW] = now
+        w = round_(A, TM, umem, tables, ext, now)
+        if A[P_EV_TAIL] != A[P_EV_HEAD]:
+            return 1
+        if ld_acq_i64(A, P_STOP) or ld_acq_i64(A, P_PAUSE):
+            return 2
+        if watch_addr != 0 and ld_acq_u8(watch_addr) == watch_val:
+            return 3
+        if watch_val == -2 and A[P_CQE_OUT] != cqe0:
+            return 4
+        if now - start >= max_ns:
+            return 0
+        if w:
+            idle = 0
+            continue
+        idle += 1
+        A[P_IDLE_POLLS] += 1
+        if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
+            st_rel_i64(A, P_SLEEPING, 1)
+            if ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] and not ld_acq_i64(A, P_STOP) \
+                    and not ld_acq_i64(A, P_PAUSE):
+                left = (max_ns - (now - start)) // 1000000
+                c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
+            st_rel_i64(A, P_SLEEPING, 0)
+            c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
+            A[P_WAKEUPS] += 1
+            idle = 0
+
+
+SIGNATURES = {"dp_round": dp_round, "dp_run": dp_run}
+for _f in SIGNATURES.values():
+    _f.disable_compile()
