@@ -49,6 +49,8 @@ Rules of the game:
   NOT-APPLICABLE ("skipped, not claimed").  Rules outside the claim, and unobservable rules
   (Table 9-2), get their verdicts without running.
 * `timeout` is the case's time bound in seconds; keep every wait bounded by it (t.left()).
+  `timing=True` marks a case whose verdict rests on measured times (MR-CONF-011 tolerances):
+  make conformance runs it, make test leaves it out (the project asserts no speed in make test).
 * Clean-up is automatic for what t.connect / t.pd / t.reg_mr created (QPs destroyed, MRs
   deregistered, CQs and PDs freed), and the runner issues `reset` before and after every case.
 

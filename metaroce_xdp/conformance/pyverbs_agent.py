@@ -16,8 +16,14 @@ tools/rxe_conformance.py:
 
 What the device cannot do is refused with ENOTSUP, never pretended:
   * no connection manager of our own (cm_listen, cm_connect, cm_wait);
-  * no set_param knob: libibverbs has no protocol parameters beyond the QP
-    attributes that modify_qp already carries;
+  * set_param offers `dscp` (the upper six bits of the address vector's
+    traffic class) and `hop_limit`, applied to the QPs that reach RTR
+    afterwards; nothing else (no ACK delay, no CNP interval, no ECN switch:
+    those live inside the device).  Linux RoCE ignores the address vector's
+    hop limit and takes the TTL / Hop Limit from the route to the destination
+    (ib_resolve_eth_dmac), so `hop_limit` becomes a host route to the dgid's
+    address with that hoplimit metric (`ip route replace ... hoplimit N`),
+    removed on reset;
   * only the compat profile (plain RoCEv2 RC), only P_Keys in the port's table;
   * per-QP counters (get_counters with `qp`): rdma-core reports per port.
 
@@ -31,7 +37,8 @@ Mapping notes (the reference agent is the model for each):
     MAC from the destination GID's IP address).  The agent therefore makes it
     true the way the kernel learns it: a permanent neighbour entry for the
     dgid's address on the GID's network device (`ip neigh replace`), removed
-    again on reset.  Without `dmac` the kernel resolves it (ARP/ND).
+    again on reset.  Without `dmac` the kernel resolves it (ARP/ND).  These
+    kernel edits are shared by the agent's sessions: the last one wins.
   * A post list goes to the device in one ibv_post_send/ibv_post_recv after
     every WR was checked; a device that still refuses one WR keeps the WRs
     before it (the verbs bad_wr rule) and the error message says how many.
@@ -110,6 +117,8 @@ TRANSITIONS = {"RESET": {"INIT"}, "INIT": {"INIT", "RTR"}, "RTR": {"RTS"}, "RTS"
 DEFAULTS = {"timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "min_rnr_timer": 12, "max_rd_atomic": 1,
             "max_dest_rd_atomic": 1}
 HOP_LIMIT = 64
+# set_param (9.4.2): name -> (default, min, max); the session's values go into the AV at RTR.
+PARAMS = {"hop_limit": (HOP_LIMIT, 1, 255), "dscp": (0, 0, 63)}
 # 06-connection.md 6.3 capability bits this agent can claim for a device.
 CAP_IPV6, CAP_ATOMICS = 0x40, 0x80
 
@@ -254,7 +263,7 @@ class Device:
         self.driver = self._driver()
         self.timer_granularity_us = timer_granularity_us or self._timer_granularity()
         self.max_inline = self._probe_max_inline()
-        self.lock = threading.Lock()               # serialises the neighbour-table edits
+        self.lock = threading.Lock()               # serialises the neighbour and route edits
 
     # what the device says about itself
     def _pick_gid(self, want: int | None) -> int:
@@ -398,6 +407,20 @@ class Device:
         except AgentError as e:
             log.warning("cannot remove neighbour %s: %s", ip, e.message)
 
+    # the TTL / Hop Limit: Linux RoCE takes it from the route to the destination
+    def set_route(self, ip: str, hop: int) -> None:
+        if not self.netdev:
+            raise AgentError("ENOTSUP", "the GID has no network device: hop_limit cannot be applied")
+        plen = 32 if ipaddress.ip_address(ip).version == 4 else 128
+        self._ip(["route", "replace", f"{ip}/{plen}", "dev", self.netdev, "hoplimit", str(hop)])
+
+    def del_route(self, ip: str) -> None:
+        plen = 32 if ipaddress.ip_address(ip).version == 4 else 128
+        try:
+            self._ip(["route", "del", f"{ip}/{plen}", "dev", self.netdev])
+        except AgentError as e:
+            log.warning("cannot remove route %s: %s", ip, e.message)
+
     def neighbour(self, ip: str) -> str | None:
         """The MAC the kernel has for ip on our netdev, if any."""
         out = self._ip(["neigh", "show", ip, "dev", self.netdev])
@@ -441,7 +464,9 @@ class Agent:
         self.mrs: dict = {}
         self.cqs: dict = {}
         self.qps: dict = {}
-        self.neighbours: set = set()
+        self.kernel_edits: set = set()            # ("neigh" | "route", ip) made for this session's QPs
+        self.params = {k: v[0] for k, v in PARAMS.items()}
+        self.params_set: set = set()
         self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
         self._commands = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
@@ -536,7 +561,7 @@ class Agent:
         return {"caps": self.dev.caps,
                 "defaults": {"sack_window": 0, "entropy_count": 1, "ack_coalesce_us": 0, "ack_coalesce_pkts": 1,
                              "rto_min_us": rto_min},
-                "dcqcn": False, "counters": sorted(self.dev.counters())}
+                "dcqcn": False, "counters": sorted(self.dev.counters()), "params": sorted(PARAMS)}
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
@@ -545,7 +570,8 @@ class Agent:
         self.closing = True
 
     def reset(self) -> None:
-        """MR-CONF-021: destroy every QP, MR, CQ and PD of the session; remove its neighbour entries.
+        """MR-CONF-021: destroy every QP, MR, CQ and PD of the session; undo its neighbour and route
+        entries; restore the set_param values.
         Never raises: what fails to go is logged and forgotten."""
         closers = ((self.qps, lambda e: e.qp.close()), (self.mrs, lambda e: e.mr.close()),
                    (self.cqs, lambda cq: cq.close()), (self.pds, lambda pd: pd.close()))
@@ -557,9 +583,11 @@ class Agent:
                     log.exception("agent reset: cannot destroy handle %d", h)
             table.clear()
         with self.dev.lock:
-            for ip in sorted(self.neighbours):
-                self.dev.del_neighbour(ip)
-        self.neighbours.clear()
+            for kind, ip in sorted(self.kernel_edits):
+                (self.dev.del_neighbour if kind == "neigh" else self.dev.del_route)(ip)
+        self.kernel_edits.clear()
+        self.params = {k: v[0] for k, v in PARAMS.items()}
+        self.params_set.clear()
         self._next = dict.fromkeys(self._next, 1)
 
     # -- PD, MR, CQ ----------------------------------------------------------------------
@@ -587,7 +615,10 @@ class Agent:
             raise AgentError("ENOMEM", f"len {n} exceeds the agent's MR limit of {MAX_MR_LEN} bytes")
         access = _flags(args, "access", ACCESS)
         fill = _int(args, "fill", 0, 255, 0)
-        if args.get("remote_invalidate"):
+        inval = _get(args, "remote_invalidate", False)
+        if not isinstance(inval, bool):
+            raise AgentError("EINVAL", "remote_invalidate must be true or false")
+        if inval:
             # ibv_reg_mr gives a memory region no remote invalidation: in rdma-core only
             # memory windows and fast-registered MRs (kernel consumers) are invalidatable.
             raise AgentError("ENOTSUP", "remote_invalidate: a user MR of an rdma-core device cannot be "
@@ -674,12 +705,12 @@ class Agent:
                                     f"{[hex(p) for p in self.dev.pkeys]}")
 
     def _qp_attr(self, cur: str, state: str, attrs: dict):
-        """modify_qp attrs (section 9.4.2) -> (pyverbs QPAttr, ibv_qp_attr_mask, neighbour to set)."""
+        """modify_qp attrs (section 9.4.2) -> (pyverbs QPAttr, ibv_qp_attr_mask, kernel path edits)."""
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.qp import QPAttr
         a = QPAttr(qp_state=QP_STATES[state], port_num=self.dev.port)
         mask = M_STATE
-        neighbour = None
+        edits = []                                   # (kind, ip, value) for the kernel's path to dgid
         fresh = {"INIT": cur == "RESET", "RTR": cur == "INIT", "RTS": cur == "RTR"}.get(state, False)
 
         if "access" in attrs or (state == "INIT" and fresh):
@@ -711,8 +742,8 @@ class Agent:
             if not isinstance(g, str) or len(g) != 32 or not _HEX.fullmatch(g):
                 raise AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
             g = g.lower()
-            hop = _int(attrs, "hop_limit", 1, 255, HOP_LIMIT)
-            tclass = _int(attrs, "traffic_class", 0, 255, 0)
+            hop = _int(attrs, "hop_limit", 1, 255, self.params["hop_limit"])
+            tclass = _int(attrs, "traffic_class", 0, 255, self.params["dscp"] << 2)
             gr = GlobalRoute(dgid=GID(gid_text(g)), sgid_index=self.dev.gid_index, hop_limit=hop,
                              traffic_class=tclass)
             a.ah_attr = AHAttr(is_global=1, port_num=self.dev.port, gr=gr)
@@ -721,7 +752,9 @@ class Agent:
                 m = attrs["dmac"]
                 if not isinstance(m, str) or not _MAC.fullmatch(m):
                     raise AgentError("EINVAL", f"dmac {m!r} is not aa:bb:cc:dd:ee:ff")
-                neighbour = (ip_of_gid(g), m.lower())
+                edits.append(("neigh", ip_of_gid(g), m.lower()))
+            if "hop_limit" in attrs or "hop_limit" in self.params_set:
+                edits.append(("route", ip_of_gid(g), hop))
         elif "dmac" in attrs:
             raise AgentError("EINVAL", "dmac without dgid: a verbs device takes the peer's MAC from its GID")
         for name, bit, hi in (("max_dest_rd_atomic", M_MAX_DEST_RD, 16), ("min_rnr_timer", M_MIN_RNR, 31)):
@@ -744,7 +777,7 @@ class Agent:
             raise AgentError("ENOTSUP", "profile native: an rdma-core device implements RoCEv2 (compat) only")
         if attrs.get("native"):
             raise AgentError("ENOTSUP", "native parameters: an rdma-core device implements compat only")
-        return a, mask, neighbour
+        return a, mask, edits
 
     def cmd_modify_qp(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
@@ -753,23 +786,25 @@ class Agent:
         cur = self._state(e.qp)
         if state not in ("RESET", "ERR") and state not in TRANSITIONS[cur]:
             raise AgentError("ESTATE", f"{cur} -> {state} not allowed")
-        attr, mask, neighbour = self._qp_attr(cur, state, attrs)
-        added = None
-        if neighbour is not None:
-            ip, mac = neighbour
-            with self.dev.lock:
-                if self.dev.neighbour(ip) != mac:
-                    self.dev.set_neighbour(ip, mac)
-                    added = ip
+        attr, mask, edits = self._qp_attr(cur, state, attrs)
+        added = []
         try:
+            with self.dev.lock:
+                for kind, ip, value in edits:
+                    if kind == "neigh" and self.dev.neighbour(ip) != value:
+                        self.dev.set_neighbour(ip, value)
+                        added.append((kind, ip))
+                    elif kind == "route":
+                        self.dev.set_route(ip, value)
+                        added.append((kind, ip))
             e.qp.modify(attr, mask)
         except BaseException:
-            if added is not None and added not in self.neighbours:
-                with self.dev.lock:
-                    self.dev.del_neighbour(added)
+            with self.dev.lock:                 # a failed command leaves the kernel's tables as they were
+                for kind, ip in added:
+                    if (kind, ip) not in self.kernel_edits:
+                        (self.dev.del_neighbour if kind == "neigh" else self.dev.del_route)(ip)
             raise
-        if added is not None:
-            self.neighbours.add(added)
+        self.kernel_edits.update(added)
 
     def cmd_query_qp(self, args: dict) -> dict:
         _, e = self._lookup(self.qps, "qp", args)
@@ -950,8 +985,12 @@ class Agent:
 
     def cmd_set_param(self, args: dict) -> None:
         name = _get(args, "name")
-        raise AgentError("ENOTSUP", f"parameter {name!r}: a verbs device has no protocol knobs beyond the QP "
-                                    "attributes of modify_qp")
+        if name not in PARAMS:
+            raise AgentError("ENOTSUP", f"parameter {name!r}: this agent sets {sorted(PARAMS)} (what the address "
+                                        "vector of a verbs QP carries)")
+        _, lo, hi = PARAMS[name]
+        self.params[name] = _int(args, "value", lo, hi)
+        self.params_set.add(name)
 
     def _cm(self, args: dict):
         raise AgentError("ENOTSUP", "connection set-up (cm_*) is not offered by the rdma-core agent; "

@@ -23,6 +23,7 @@ class Case:
     profile: str = "compat"          # the profile of the QP under test
     timeout: float = 20.0            # seconds, the case's time bound
     title: str = ""
+    timing: bool = False             # decides on measured times: left out of make test (not of make conformance)
 
     @property
     def module(self) -> str:
@@ -32,7 +33,8 @@ class Case:
 CASES: dict[str, Case] = {}
 
 
-def case(id: str, *, rules, category: str, caps=(), profile: str = "compat", timeout: float = 20.0):
+def case(id: str, *, rules, category: str, caps=(), profile: str = "compat", timeout: float = 20.0,
+         timing: bool = False):
     """Register a test case function `fn(t)`; see the package docstring for how to write one."""
     if not CASE_ID.fullmatch(id):
         raise ValueError(f"case ID {id!r} is not TC-<AREA>-<NNN>-<letter>")
@@ -46,7 +48,8 @@ def case(id: str, *, rules, category: str, caps=(), profile: str = "compat", tim
         if id in CASES and CASES[id].fn is not fn:
             raise ValueError(f"case {id} registered twice ({CASES[id].fn.__module__}, {fn.__module__})")
         doc = (fn.__doc__ or "").strip().splitlines()
-        CASES[id] = Case(id, rules, category, fn, tuple(caps), profile, float(timeout), doc[0] if doc else "")
+        CASES[id] = Case(id, rules, category, fn, tuple(caps), profile, float(timeout), doc[0] if doc else "",
+                         bool(timing))
         return fn
     return register
 
@@ -60,12 +63,16 @@ def load_all() -> dict[str, Case]:
     return CASES
 
 
-def select(patterns: list[str] | None = None, categories: list[str] | None = None) -> list[Case]:
-    """Cases whose ID (or module name, or a rule they check) matches any glob pattern, in ID order."""
+def select(patterns: list[str] | None = None, categories: list[str] | None = None,
+           timing: bool = True) -> list[Case]:
+    """Cases whose ID (or module name, or a rule they check) matches any glob pattern, in ID order;
+    timing=False leaves out the cases that decide on measured times."""
     load_all()
     out = []
     for c in sorted(CASES.values(), key=lambda c: c.id):
         if categories and c.category not in categories:
+            continue
+        if not timing and c.timing:
             continue
         if patterns and not any(fnmatch.fnmatchcase(c.id, p) or fnmatch.fnmatchcase(c.module, p)
                                 or any(fnmatch.fnmatchcase(r, p) for r in c.rules) for p in patterns):

@@ -1,0 +1,118 @@
+"""The IUT's own frames: layout of its requests and responses (MR-ENC, MR-BTH, MR-ICRC on the sending side)."""
+from __future__ import annotations
+
+from .. import packets as P
+from ..registry import case
+from ._common import ACK_WAIT, describe
+
+
+def _frame_rules(t, c, frames, rules_ok: dict, *, response: bool) -> None:
+    """Accumulate per-rule problems for frames the IUT sent to the LT."""
+    from scapy.layers.inet import IP, UDP
+    sports = set()
+    for f in frames:
+        v, ip, udp = f.roce, f.roce.pkt[IP], f.roce.pkt[UDP]
+        sports.add(v.sport)
+        probs = {
+            "MR-ENC-002": (v.dst_mac.lower() != t.lt_mac.lower() or v.src_mac.lower() != t.iut_mac.lower()),
+            "MR-ENC-008": (ip.version != 4 or ip.ihl != 5),
+            "MR-ENC-010": (not (int(ip.flags) & 2) or int(ip.flags) & 1 or ip.frag != 0),
+            "MR-ENC-013": (ip.proto != 17 or P.ipv4_checksum(bytes(f.data[14:34])) != int(ip.chksum)),
+            "MR-ENC-019": udp.dport != 4791,
+            "MR-ENC-022": int(udp.len) != len(bytes(udp)),
+            "MR-ICRC-001": not v.icrc_ok, "MR-ICRC-010": not v.icrc_ok,
+            "MR-BTH-006": v.tver != 0, "MR-BTH-009": v.pkey != 0xFFFF, "MR-BTH-011": v.fecn != 0,
+            "MR-BTH-012": v.becn != 0, "MR-BTH-013": (v.resv6 != 0 or v.resv7 != 0),
+            "MR-BTH-014": v.dqpn != c.lt_qpn, "MR-ECN-003": (v.ecn in (1, 3)),
+            "MR-ENC-026": (v.pad != ((-len(v.payload)) & 3)),
+        }
+        if response:
+            probs["MR-BTH-017"] = v.ackreq != 0
+        for r, bad in probs.items():
+            if r in rules_ok and bad:
+                rules_ok[r].append(f)
+    if "MR-ENC-020" in rules_ok and (len(sports) > 1 or any(not 0xC000 <= s <= 0xFFFF for s in sports)):
+        rules_ok["MR-ENC-020"].extend(frames)
+
+
+LAYOUT = ["MR-ENC-002", "MR-ENC-008", "MR-ENC-010", "MR-ENC-013", "MR-ENC-019", "MR-ENC-022", "MR-ICRC-001",
+          "MR-ICRC-010", "MR-BTH-006", "MR-BTH-009", "MR-BTH-011", "MR-BTH-012", "MR-BTH-013", "MR-BTH-014",
+          "MR-ECN-003", "MR-ENC-026"]
+
+
+@case("TC-ENC-001-a", rules=LAYOUT + ["MR-BTH-017", "MR-ENC-020"], category="WIRE", timeout=10)
+def response_layout(t):
+    """The IUT's ACKs and NAK to the LT: Ethernet/IPv4/UDP/BTH fields as the sender rules require."""
+    c = t.connect()
+    m = c.send(*[c.write(b"L%d" % i, offset=8 * i) for i in range(3)],
+               c.write(b"gap", offset=64, psn=P.psn_add(c.psn, 5)))
+    got = c.expect(4, ACK_WAIT, after=m)
+    if len(got) < 4:
+        got += c.quiet(0.2, after=got[-1].num if got else m)
+    probs: dict = {r: [] for r in LAYOUT + ["MR-BTH-017", "MR-ENC-020"]}
+    _frame_rules(t, c, got, probs, response=True)
+    for r, bad in probs.items():
+        t.check(r, bool(got) and not bad, f"{len(got)} responses checked" + (f"; violating: {describe(bad)}" if bad
+                                                                           else ""),
+                frames=bad or got or [m + 1], expected="3 ACKs and 1 NAK laid out as the sender rules say")
+
+
+@case("TC-RC-002-a", rules=LAYOUT + ["MR-RC-002", "MR-RC-004", "MR-RC-007", "MR-ACK-013", "MR-BTH-003",
+                                     "MR-XH-002", "MR-BTH-008", "MR-ENC-020", "MR-RC-021"],
+      category="WIRE", timeout=15)
+def segmented_write_from_the_iut(t):
+    """A 2501-byte RDMA WRITE posted on the IUT at path MTU 1024: FIRST (RETH), MIDDLE, LAST of 1024, 1024 and
+    453 bytes with PadCnt 3 and zero pad, consecutive PSNs from sq_psn, AckReq on LAST, SE 0; the LT's ACK
+    completes it successfully."""
+    c = t.connect(mtu=1024)
+    data = bytes((i * 13 + 7) & 0xFF for i in range(2501))
+    c.mem_write(0, data)
+    remote_va, remote_rkey = 0x7F00_1234_5000, 0xABCD
+    m = c.t.lt.last_num()
+    c.post_send(wr_id="0x77", opcode="RDMA_WRITE", sg_list=[{"mr": c.mr, "offset": 0, "len": len(data)}],
+                remote={"va": hex(remote_va), "rkey": remote_rkey})
+    got = c.expect(3, ACK_WAIT, after=m)
+    probs: dict = {r: [] for r in LAYOUT + ["MR-ENC-020"]}
+    _frame_rules(t, c, got, probs, response=False)
+    names = [f.roce.name for f in got]
+    sizes = [len(f.roce.payload) for f in got]
+    psns = [f.roce.psn for f in got]
+    exp = (f"RDMA_WRITE_FIRST psn={c.iut_psn:#08x} RETH va={remote_va:#x} rkey={remote_rkey:#x} len=2501 payload=1024B, "
+           f"RDMA_WRITE_MIDDLE payload=1024B, RDMA_WRITE_LAST A payload=453B (PadCnt 3)")
+    seg_ok = names == ["RDMA_WRITE_FIRST", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST"] and sizes == [1024, 1024, 453]
+    t.check("MR-RC-002", seg_ok and b"".join(f.roce.payload for f in got) == data,
+            f"{names} {sizes}", frames=got or [m + 1], expected=exp)
+    t.check("MR-RC-004", psns == [P.psn_add(c.iut_psn, i) for i in range(3)], f"PSNs {[hex(p) for p in psns]}",
+            frames=got or [m + 1], expected=exp)
+    reth = [f for f in got if "RETH" in f.roce.headers]
+    t.check("MR-RC-007", len(got) == 3 and reth == got[:1], f"RETH in {[f.num for f in reth]}", frames=got or [m + 1],
+            expected=exp)
+    r0 = got[0].roce.headers.get("RETH") if got else None
+    t.check("MR-XH-002", r0 is not None and (int(r0.va), int(r0.rkey), int(r0.dlen)) == (remote_va, remote_rkey, 2501),
+            f"RETH {r0.summary() if r0 is not None else None}", frames=got[:1] or [m + 1], expected=exp)
+    t.check("MR-ACK-013", len(got) == 3 and got[-1].roce.ackreq == 1, f"AckReq {[f.roce.ackreq for f in got]}",
+            frames=got or [m + 1], expected=exp)
+    t.check("MR-BTH-003", len(got) == 3 and all(f.roce.se == 0 for f in got), f"SE {[f.roce.se for f in got]}",
+            frames=got or [m + 1], expected="SE 0 in every packet (no SOLICITED; a WRITE)")
+    pad_ok = len(got) == 3 and [f.roce.pad for f in got] == [0, 0, 3] and _pad_bytes(got[-1]) == bytes(3)
+    t.check("MR-BTH-008", pad_ok, f"PadCnt {[f.roce.pad for f in got]}", frames=got or [m + 1], expected=exp)
+    for r, bad in probs.items():
+        t.check(r, len(got) == 3 and not bad and (r != "MR-ENC-026" or pad_ok),
+                f"{len(got)} requests checked" + (f"; violating: {describe(bad)}" if bad else ""),
+                frames=bad or got or [m + 1], expected=exp)
+    if len(got) == 3:
+        c.send(P.build("ACKNOWLEDGE", src_mac=t.lt_mac, dst_mac=t.iut_mac, src_ip=t.lt_ip, dst_ip=t.iut_ip,
+                       dqpn=c.qpn, psn=psns[-1], sport=c.sport, aeth=(0x1F, 1)))
+    wcs = c.poll(1, timeout=ACK_WAIT)
+    ok = len(wcs) == 1 and wcs[0]["status"] == "IBV_WC_SUCCESS" and wcs[0]["wr_id"] == "0x77"
+    t.check("MR-RC-021", ok, f"completion {wcs}", frames=got[-1:] or [m + 1],
+            expected="IBV_WC_SUCCESS for wr_id 0x77 after the ACK of the LAST packet")
+
+
+def _pad_bytes(f) -> bytes:
+    v = f.roce
+    from scapy.contrib.roce import BTH
+    body = bytes(v.pkt[BTH].payload)
+    return body[len(body) - v.pad:] if v.pad else b""
+
+
