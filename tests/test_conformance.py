@@ -145,3 +145,37 @@ def test_self_test_passes_and_reports(tmp_path, capsys):
     from scapy.utils import rdpcap
     one = next(v for v in verdicts if v["verdict"] == "PASS")
     assert len(rdpcap(str(tmp_path / one["evidence"]["pcap"]))) >= 1
+
+
+def test_reports_render_a_failure_with_its_packets(tmp_path):
+    """A FAIL, an ERROR and a not-claimed skip, rendered without a network: the failure section shows the
+    expected and the observed packets and the capture; JUnit counts them; the summary is NOT-CONFORMANT."""
+    from metaroce_xdp.conformance.registry import Case
+    from metaroce_xdp.conformance.report import summary, write_all
+    from metaroce_xdp.conformance.runner import CaseRun, RunResult, Verdict
+    cat = Catalogue()
+    claim = Claim(["compat"], set())
+    fail = Case("TC-NAK-002-z", ("MR-NAK-002",), "ACK", lambda t: None, title="made up")
+    err = Case("TC-ICRC-014-z", ("MR-ICRC-014",), "ICRC", lambda t: None, title="made up too")
+    skip = Case("TC-ATOM-001-z", ("MR-ATOM-001",), "ATOM", lambda t: None, caps=("ATOMICS",), title="atomic")
+    v1 = Verdict("TC-NAK-002-z", "MR-NAK-002", "FAIL", "two NAKs for one gap", frames=[3, 4],
+                 expected="one NAK(0x60) psn=0x000100", observed=["#3 IUT>LT ACKNOWLEDGE NAK", "#4 IUT>LT ACKNOWLEDGE NAK"])
+    v2 = Verdict("TC-ICRC-014-z", "MR-ICRC-014", "ERROR", "precondition failed: create_qp ENOMEM")
+    v3 = Verdict("TC-ATOM-001-z", "MR-ATOM-001", "NOT-APPLICABLE", "skipped, not claimed: ATOMICS")
+    res = RunResult("run-1", {"name": "x", "version": "1", "claim": "compat"}, claim, {}, {}, "LT", "v1", "now",
+                    [CaseRun(fail, [v1], 10.0, "captures/TC-NAK-002-z.pcap", "agent/TC-NAK-002-z.jsonl"),
+                     CaseRun(err, [v2], 5.0, "captures/TC-ICRC-014-z.pcap", "agent/TC-ICRC-014-z.jsonl",
+                             error="precondition failed: create_qp ENOMEM"),
+                     CaseRun(skip, [v3], 0.0, skipped="skipped, not claimed: ATOMICS")])
+    paths = write_all(res, cat, tmp_path)
+    s = summary(res, cat)
+    assert s["conformance"] == "NOT-CONFORMANT" and s["must_fail"] == ["MR-NAK-002"]
+    md = paths["md"].read_text()
+    assert "### TC-NAK-002-z / MR-NAK-002: FAIL" in md and "one NAK(0x60) psn=0x000100" in md
+    assert "#4 IUT>LT ACKNOWLEDGE NAK" in md and "captures/TC-NAK-002-z.pcap" in md
+    assert "| MR-ATOM-001 | must | no |" in md                       # not claimed: not applicable
+    junit = ET.parse(paths["junit"]).getroot()
+    assert (junit.get("tests"), junit.get("failures"), junit.get("errors"), junit.get("skipped")) == ("3", "1", "1", "1")
+    lines = [json.loads(x) for x in paths["jsonl"].read_text().splitlines()]
+    assert lines[0]["evidence"]["frames"] == [3, 4] and lines[-1]["summary"]["counts"]["ERROR"] == 1
+    assert "<h3 class='FAIL'>" in paths["html"].read_text()
