@@ -18,6 +18,8 @@ leave the module out (pytest -m "not vm").
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import time
 
 import pytest
@@ -144,6 +146,7 @@ def test_hello_describes_rxe(vm):
         assert h["limits"]["max_inline"] > 0 and h["timer_granularity_us"] > 0
         caps = c.call("caps")
         assert {"sent_pkts", "rcvd_pkts"} <= set(caps["counters"]) and caps["dcqcn"] is False
+        assert caps["params"] == ["dscp", "hop_limit"]
         counters = c.call("get_counters")["counters"]
         assert set(counters) == set(caps["counters"])
 
@@ -277,7 +280,9 @@ def test_agent_errors(vm):
         assert c.call("query_qp", qp=qp)["state"] == "INIT"
         assert code("destroy_cq", cq=cq) == "EBUSY"
         assert code("dealloc_pd", pd=pd) == "EBUSY"
-        assert code("set_param", name="ack_coalesce_us", value=0) == "ENOTSUP"
+        assert code("set_param", name="ack_delay_max_us", value=0) == "ENOTSUP"
+        assert code("set_param", name="hop_limit", value=300) == "EINVAL"
+        assert code("reg_mr", pd=pd, len=64, access=["LOCAL_WRITE"], remote_invalidate="yes") == "EINVAL"
         assert code("cm_connect", qp=qp, host="10.77.0.1", port=18515) == "ENOTSUP"
         assert code("get_counters", qp=qp) == "ENOTSUP"
         assert code("reg_mr", pd=pd, len=64, access=["LOCAL_WRITE"], remote_invalidate=True) == "ENOTSUP"
@@ -286,3 +291,79 @@ def test_agent_errors(vm):
         c.call("reset")
         assert code("dereg_mr", mr=mr) == "ENOENT"               # reset destroyed it
         c.call("bye")
+
+
+def test_send_with_invalidate_from_rxe(vm, ours):
+    """rxe's SEND WITH INVALIDATE names the rkey of our remotely invalidatable MR: our receive
+    completion carries it as invalidated_rkey, and rxe's next WRITE with that key is refused."""
+    a = Side(_client(vm, *ours.address)).setup()
+    b = Side(_client(vm, vm.vm_ip, vm.agent_port)).setup()
+    try:
+        inv = a.c.call("reg_mr", pd=a.pd, len=4096, access=FULL, remote_invalidate=True)
+        a.connect(b, psn=0x300, peer_psn=0x400)
+        b.connect(a, psn=0x400, peer_psn=0x300)
+        a.c.call("post_recv", qp=a.qp, wr={"wr_id": "0x70", "sg_list": a.sge(0, 256)})
+        b.write(0, b"inv!" * 8)
+        b.c.call("post_send", qp=b.qp, wr={"wr_id": "0x71", "opcode": "SEND_WITH_INV", "sg_list": b.sge(0, 32),
+                                           "invalidate_rkey": inv["rkey"]})
+        assert b.poll()[0]["status"] == "IBV_WC_SUCCESS"
+        (wr,) = a.poll()
+        assert (wr["wr_id"], wr["status"], wr["byte_len"]) == ("0x70", "IBV_WC_SUCCESS", 32)
+        assert wr["invalidated_rkey"] == inv["rkey"] and a.read(0, 32) == b"inv!" * 8
+        b.c.call("post_send", qp=b.qp, wr={"wr_id": "0x72", "opcode": "RDMA_WRITE", "sg_list": b.sge(0, 8),
+                                           "remote": {"va": inv["va"], "rkey": inv["rkey"]}})
+        assert b.poll()[0]["status"] == "IBV_WC_REM_ACCESS_ERR"
+    finally:
+        for s in (a, b):
+            s.c.call("reset")
+            s.c.close()
+
+
+def _capture_roce(ns: str, iface: str, src_ip: str, seconds: float) -> bytes | None:
+    """The first RoCEv2 frame from src_ip seen on iface within `seconds` (AF_PACKET, in ns)."""
+    with in_netns(ns):
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    with s:
+        s.bind((iface, 0))
+        s.settimeout(0.5)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                f = s.recv(4096)
+            except TimeoutError:
+                continue
+            if (len(f) > 42 and f[12:14] == b"\x08\x00" and f[23] == 17 and socket.inet_ntoa(f[26:30]) == src_ip
+                    and struct.unpack("!H", f[36:38])[0] == 4791):
+                return f
+    return None
+
+
+def test_set_param_hop_limit_and_dscp_reach_the_wire(vm, ours):
+    """set_param hop_limit and dscp go into the address vector of rxe's next QP: its request to a
+    lower-tester address (10.77.<ID>.3, MAC given as dmac: the agent's neighbour entry) leaves
+    with that TTL and DSCP, to that MAC, with the QPN and PSN of modify_qp."""
+    b = Side(_client(vm, vm.vm_ip, vm.agent_port)).setup()
+    with _client(vm, *ours.address) as c:
+        tap_mac = c.call("hello", proto=1)["mac"]                     # our endpoint is on the tap
+    lt_gid = "00000000000000000000ffff" + socket.inet_aton(vm.lt_ip).hex()
+    try:
+        b.c.call("set_param", name="hop_limit", value=7)
+        b.c.call("set_param", name="dscp", value=10)
+        b.c.call("modify_qp", qp=b.qp, state="INIT", attrs={"access": FULL})
+        b.c.call("modify_qp", qp=b.qp, state="RTR",
+                 attrs={"dest_qpn": 0x123, "rq_psn": 0x10, "path_mtu": 1024, "dgid": lt_gid, "dmac": tap_mac})
+        b.c.call("modify_qp", qp=b.qp, state="RTS", attrs={"sq_psn": 0x777, "timeout": 14, "retry_cnt": 1,
+                                                           "rnr_retry": 1})
+        assert b.c.call("query_qp", qp=b.qp)["attrs"]["dmac"] == tap_mac
+        b.c.call("post_send", qp=b.qp, wr={"wr_id": "0x80", "opcode": "SEND", "sg_list": b.sge(0, 16)})
+        f = _capture_roce(vm.netns, vm.iface, vm.vm_ip, 15.0)
+        assert f is not None, "no RoCEv2 frame from rxe on the tap"
+        assert f[0:6] == bytes.fromhex(tap_mac.replace(":", ""))
+        assert f[22] == 7 and f[15] >> 2 == 10                        # IPv4 TTL and DSCP
+        assert socket.inet_ntoa(f[30:34]) == vm.lt_ip
+        bth = f[42:54]
+        assert bth[0] == 0x04                                          # RC SEND ONLY
+        assert int.from_bytes(bth[5:8], "big") == 0x123 and int.from_bytes(bth[9:12], "big") == 0x777
+    finally:
+        b.c.call("reset")
+        b.c.close()
