@@ -142,6 +142,12 @@ struct mr_neth {
 #define MR_NETH_LAST  0x40
 #define MR_NETH_RETX  0x20
 
+/* ---- Receive Sequence Number header, 4 bytes (MR-XH-037): NATIVE_SEND,
+ * NATIVE_SEND_IMM and NATIVE_WRITE_IMM carry it after the NETH ---------- */
+struct mr_rsneth {
+	__be32 rsn; /* reserved bits31-24 | RSN bits23-0: which receive WQE */
+};
+
 /* ---- SACK Extended Transport Header, 12 bytes + bitmap (MR-XH-026) ---- */
 struct mr_sacketh {
 	__be32 tsecr;
@@ -161,6 +167,7 @@ struct mr_sacketh {
 #define MR_IMMDT_LEN         4
 #define MR_IETH_LEN          4
 #define MR_NETH_LEN          16
+#define MR_RSNETH_LEN        4
 #define MR_SACKETH_LEN       12
 #define MR_CNP_LEN           16
 
@@ -172,6 +179,7 @@ _Static_assert(sizeof(struct mr_atomicacketh) == MR_ATOMICACKETH_LEN, "AtomicAck
 _Static_assert(sizeof(struct mr_immdt) == MR_IMMDT_LEN, "ImmDt is 4 bytes");
 _Static_assert(sizeof(struct mr_ieth) == MR_IETH_LEN, "IETH is 4 bytes");
 _Static_assert(sizeof(struct mr_neth) == MR_NETH_LEN, "NETH is 16 bytes");
+_Static_assert(sizeof(struct mr_rsneth) == MR_RSNETH_LEN, "RSNETH is 4 bytes");
 _Static_assert(sizeof(struct mr_sacketh) == MR_SACKETH_LEN, "SACKETH is 12 bytes");
 _Static_assert(sizeof(struct mr_cnp_pad) == MR_CNP_LEN, "CNP pad is 16 bytes");
 
@@ -201,6 +209,7 @@ _Static_assert(sizeof(struct mr_cnp_pad) == MR_CNP_LEN, "CNP pad is 16 bytes");
 #define MR_OPM_END           (1u << 20)
 #define MR_OPM_NATIVE        (1u << 21)
 #define MR_OPM_CONTROL       (1u << 22)  /* outside the PSN sequence (CNP) */
+#define MR_OPM_RSNETH        (1u << 23)  /* native receive sequence number header */
 
 /* Fixed header length (BTH + extension headers) derived from the mask, never
  * written by hand.  The SACK bitmap is variable and not included. */
@@ -210,6 +219,7 @@ _Static_assert(sizeof(struct mr_cnp_pad) == MR_CNP_LEN, "CNP pad is 16 bytes");
 	+ (((m) & MR_OPM_AETH) ? MR_AETH_LEN : 0)                       \
 	+ (((m) & MR_OPM_ATOMICACKETH) ? MR_ATOMICACKETH_LEN : 0)       \
 	+ (((m) & MR_OPM_NETH) ? MR_NETH_LEN : 0)                       \
+	+ (((m) & MR_OPM_RSNETH) ? MR_RSNETH_LEN : 0)                   \
 	+ (((m) & MR_OPM_SACKETH) ? MR_SACKETH_LEN : 0)                 \
 	+ (((m) & MR_OPM_IMMDT) ? MR_IMMDT_LEN : 0)                     \
 	+ (((m) & MR_OPM_IETH) ? MR_IETH_LEN : 0)                       \
@@ -247,10 +257,10 @@ _Static_assert(sizeof(struct mr_cnp_pad) == MR_CNP_LEN, "CNP pad is 16 bytes");
 	X(0x16, SEND_LAST_WITH_INVALIDATE,      MR__S | MR_OPM_IETH | MR_OPM_COMP | MR_OPM_END) \
 	X(0x17, SEND_ONLY_WITH_INVALIDATE,      MR__S | MR_OPM_IETH | MR_OPM_RWR | MR_OPM_COMP | MR__SE) \
 	X(0x81, CNP,                            MR_OPM_CNP | MR_OPM_CONTROL)                    \
-	X(0xC0, NATIVE_SEND,                    MR__S | MR_OPM_NETH | MR_OPM_RWR | MR_OPM_COMP | MR_OPM_NATIVE) \
-	X(0xC1, NATIVE_SEND_IMM,                MR__S | MR_OPM_NETH | MR_OPM_IMMDT | MR_OPM_RWR | MR_OPM_COMP | MR_OPM_NATIVE) \
+	X(0xC0, NATIVE_SEND,                    MR__S | MR_OPM_NETH | MR_OPM_RSNETH | MR_OPM_RWR | MR_OPM_COMP | MR_OPM_NATIVE) \
+	X(0xC1, NATIVE_SEND_IMM,                MR__S | MR_OPM_NETH | MR_OPM_RSNETH | MR_OPM_IMMDT | MR_OPM_RWR | MR_OPM_COMP | MR_OPM_NATIVE) \
 	X(0xC2, NATIVE_WRITE,                   MR__W | MR_OPM_RETH | MR_OPM_NETH | MR_OPM_NATIVE) \
-	X(0xC3, NATIVE_WRITE_IMM,               MR__W | MR_OPM_RETH | MR_OPM_NETH | MR_OPM_IMMDT | MR_OPM_RWR | MR_OPM_COMP | MR_OPM_NATIVE) \
+	X(0xC3, NATIVE_WRITE_IMM,               MR__W | MR_OPM_RETH | MR_OPM_NETH | MR_OPM_RSNETH | MR_OPM_IMMDT | MR_OPM_RWR | MR_OPM_COMP | MR_OPM_NATIVE) \
 	X(0xC4, NATIVE_READ_REQ,                MR_OPM_READ | MR_OPM_REQ | MR_OPM_RETH | MR_OPM_NETH | MR__SE | MR_OPM_NATIVE) \
 	X(0xC5, NATIVE_READ_RESP,               MR__RR | MR_OPM_NETH | MR_OPM_NATIVE)           \
 	X(0xC6, NATIVE_SACK,                    MR_OPM_ACK | MR_OPM_AETH | MR_OPM_SACKETH | MR__SE | MR_OPM_NATIVE)

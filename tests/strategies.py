@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from metaroce_xdp.wire import OPCODES, OpMask
-from metaroce_xdp.wire.headers import (AETH, IETH, NETH, RETH, SACKETH, AtomicAckETH, AtomicETH,
+from metaroce_xdp.wire.headers import (AETH, IETH, NETH, RETH, RSNETH, SACKETH, AtomicAckETH, AtomicETH,
                                        ImmDt, Vlan)
 
 COMPAT_OPCODES = sorted(o for o, i in OPCODES.items() if not i.has(OpMask.NATIVE))
@@ -32,6 +32,7 @@ def ext_header(name: str):
         "ieth": st.builds(IETH, rkey=u32),
         "neth": st.builds(NETH, flags=st.sampled_from([0, 0x80, 0x40, 0xC0, 0x20]), msn=u24,
                           offset=u32, msg_len=u32, tsval=u32),
+        "rsneth": st.builds(RSNETH, rsn=u24),
     }[name]
 
 

@@ -27,10 +27,10 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 HDR_LENS = {"BTH": H.BTH, "RETH": H.RETH, "AETH": H.AETH, "ATOMICETH": H.AtomicETH,
             "ATOMICACKETH": H.AtomicAckETH, "IMMDT": H.ImmDt, "IETH": H.IETH, "NETH": H.NETH,
-            "SACKETH": H.SACKETH, "CNP": H.CNPPad}
+            "RSNETH": H.RSNETH, "SACKETH": H.SACKETH, "CNP": H.CNPPad}
 WIRE_STRUCTS = {"mr_bth": H.BTH, "mr_reth": H.RETH, "mr_aeth": H.AETH, "mr_atomiceth": H.AtomicETH,
                 "mr_atomicacketh": H.AtomicAckETH, "mr_immdt": H.ImmDt, "mr_ieth": H.IETH,
-                "mr_neth": H.NETH, "mr_sacketh": H.SACKETH, "mr_cnp_pad": H.CNPPad}
+                "mr_neth": H.NETH, "mr_rsneth": H.RSNETH, "mr_sacketh": H.SACKETH, "mr_cnp_pad": H.CNPPad}
 
 
 def _header_names(prefix: str, filename: str) -> dict[str, int]:

@@ -80,12 +80,13 @@ def test_packet_roundtrip_all_profiles(case):
 
 
 def test_sack_bitmap_semantics():
-    """MR-XH-028, MR-XH-029: bit i of the bitmap <-> PSN (BTH.PSN + 1 + i); BTH.PSN is cumulative."""
-    bitmap = (0x60000000, 0x00000001)          # bits 1, 2 and 63
+    """MR-XH-028, MR-XH-029: bit i of the bitmap <-> PSN (BTH.PSN + 2 + i); BTH.PSN is cumulative,
+    BTH.PSN + 1 the first missing PSN, which no bit stands for."""
+    bitmap = (0xC0000000, 0x00000001)          # bits 0, 1 and 63
     f = encode(Op.NATIVE_SACK, psn=0xFFFFFE, headers={"aeth": AETH(syndrome=0x1F, msn=3),
                "sacketh": SACKETH(tsecr=99, bitmap_words=2)}, sack_bitmap=bitmap)
     pkt = decode(f)
-    assert pkt.sack_received_psns() == [0x000000, 0x000001, (0xFFFFFE + 64) & 0xFFFFFF]
+    assert pkt.sack_received_psns() == [0x000000, 0x000001, (0xFFFFFE + 65) & 0xFFFFFF]
 
 
 def test_truncations_raise_typed_errors():

@@ -10,7 +10,7 @@ builder for the data path), `psn` (24-bit serial arithmetic).
 """
 from .errors import CodecError, DecodeReason, EncodeError, MalformedPacket, NotMetaRoCE
 from .headers import (AETH, BTH, CNPPad, ETH_P_IP, ETH_P_IPV6, IETH, NETH, RETH, ROCE_UDP_PORT,
-                      SACKETH, UDP, AtomicAckETH, AtomicETH, Ethernet, ImmDt, IPv4, IPv6, Vlan)
+                      RSNETH, SACKETH, UDP, AtomicAckETH, AtomicETH, Ethernet, ImmDt, IPv4, IPv6, Vlan)
 from .icrc import icrc_ref
 from .opcodes import BY_NAME, OPCODES, Op, OpInfo, OpMask, opcode_name, opinfo
 from .packet import RocePacket, decode, encode, encode_packet, mac_str, mac_to_int

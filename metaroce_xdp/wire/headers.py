@@ -96,6 +96,11 @@ class NETH(Header):
     FIELDS = (("flags", 8), ("msn", 24), ("offset", 32), ("msg_len", 32), ("tsval", 32))
 
 
+class RSNETH(Header):
+    """Receive Sequence Number header of the recv-consuming native opcodes (MR-XH-037): which receive WQE."""
+    FIELDS = (("resv", 8), ("rsn", 24))
+
+
 SACK_FLAG_CE = 0x80
 SACK_MAX_WORDS = 32
 
@@ -155,8 +160,8 @@ def describe_syndrome(syndrome: int) -> str:
 
 # Order of extension headers after the BTH; a packet carries a subset of these
 # in this order (IBTA order for compat; native headers slot in before ImmDt).
-EXT_ORDER = ("reth", "atomiceth", "aeth", "atomicacketh", "neth", "sacketh", "immdt", "ieth", "cnp")
+EXT_ORDER = ("reth", "atomiceth", "aeth", "atomicacketh", "neth", "rsneth", "sacketh", "immdt", "ieth", "cnp")
 EXT_CLASSES: dict[str, type[Header]] = {
     "reth": RETH, "atomiceth": AtomicETH, "aeth": AETH, "atomicacketh": AtomicAckETH,
-    "neth": NETH, "sacketh": SACKETH, "immdt": ImmDt, "ieth": IETH, "cnp": CNPPad,
+    "neth": NETH, "rsneth": RSNETH, "sacketh": SACKETH, "immdt": ImmDt, "ieth": IETH, "cnp": CNPPad,
 }

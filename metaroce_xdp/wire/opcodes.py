@@ -39,11 +39,13 @@ class OpMask(enum.IntFlag):
     END = 1 << 20        # last packet of a message (LAST/ONLY)
     NATIVE = 1 << 21     # native-profile opcode
     CONTROL = 1 << 22    # not part of the PSN sequence (CNP)
+    RSNETH = 1 << 23     # carries the native receive sequence number header
 
 
 _HDR_BIT = {"reth": OpMask.RETH, "aeth": OpMask.AETH, "atomiceth": OpMask.ATOMICETH,
             "atomicacketh": OpMask.ATOMICACKETH, "immdt": OpMask.IMMDT, "ieth": OpMask.IETH,
-            "neth": OpMask.NETH, "sacketh": OpMask.SACKETH, "cnp": OpMask.CNP}
+            "neth": OpMask.NETH, "sacketh": OpMask.SACKETH, "cnp": OpMask.CNP,
+            "rsneth": OpMask.RSNETH}
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,10 @@ _TABLE = [
     (0x81, "CNP",                             M.CNP | M.CONTROL),
     # --- native profile (manufacturer-specific range 0xC0-0xFF) ---
     # START/END of a native data packet are in NETH.flags, not in the opcode.
-    (0xC0, "NATIVE_SEND",                     _S | _P | M.NETH | M.RWR | M.COMP | M.NATIVE),
-    (0xC1, "NATIVE_SEND_IMM",                 _S | _P | M.NETH | M.IMMDT | M.RWR | M.COMP | M.NATIVE),
+    (0xC0, "NATIVE_SEND",                     _S | _P | M.NETH | M.RSNETH | M.RWR | M.COMP | M.NATIVE),
+    (0xC1, "NATIVE_SEND_IMM",                 _S | _P | M.NETH | M.RSNETH | M.IMMDT | M.RWR | M.COMP | M.NATIVE),
     (0xC2, "NATIVE_WRITE",                    _W | _P | M.RETH | M.NETH | M.NATIVE),
-    (0xC3, "NATIVE_WRITE_IMM",                _W | _P | M.RETH | M.NETH | M.IMMDT | M.RWR | M.COMP | M.NATIVE),
+    (0xC3, "NATIVE_WRITE_IMM",                _W | _P | M.RETH | M.NETH | M.RSNETH | M.IMMDT | M.RWR | M.COMP | M.NATIVE),
     (0xC4, "NATIVE_READ_REQ",                 _RD | M.REQ | M.RETH | M.NETH | M.START | M.END | M.NATIVE),
     (0xC5, "NATIVE_READ_RESP",                _RD | M.ACK | _P | M.NETH | M.NATIVE),
     (0xC6, "NATIVE_SACK",                     M.ACK | M.AETH | M.SACKETH | M.START | M.END | M.NATIVE),

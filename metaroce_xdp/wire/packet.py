@@ -100,13 +100,16 @@ class RocePacket:
         raise AttributeError(name)
 
     def sack_received_psns(self) -> list[int]:
-        """PSNs the SACK bitmap reports received (MR-XH-029): bit i <-> BTH.PSN + 1 + i."""
+        """PSNs the SACK bitmap reports received (MR-XH-029): bit i <-> BTH.PSN + 2 + i.
+
+        BTH.PSN is the cumulative PSN and BTH.PSN + 1 the first missing one, so
+        bit 0 stands for the PSN after that."""
         out = []
         base = self.bth.psn
         for w, word in enumerate(self.sack_bitmap):
             for b in range(32):
                 if word & (1 << (31 - b)):
-                    out.append((base + 1 + w * 32 + b) & 0xFFFFFF)
+                    out.append((base + 2 + w * 32 + b) & 0xFFFFFF)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -301,6 +304,8 @@ def encode(opcode: int, *, src_mac: Any = "02:00:00:00:00:01", dst_mac: Any = "0
     headers = dict(headers or {})
     if op.has(OpMask.SACKETH) and "sacketh" not in headers:
         headers["sacketh"] = SACKETH(bitmap_words=len(sack_bitmap))
+    if op.has(OpMask.RSNETH) and "rsneth" not in headers:
+        headers["rsneth"] = EXT_CLASSES["rsneth"]()
     if op.has(OpMask.CNP) and "cnp" not in headers:
         headers["cnp"] = EXT_CLASSES["cnp"]()
     missing = [h for h in op.headers if h not in headers]
