@@ -82,6 +82,24 @@ def test_bad_receive_sge_gives_nak_code_3():
     assert b.qp.state == QPState.ERR and not b.buf.any()
 
 
+def test_receive_mr_deregistered_after_post_gives_nak_code_3():
+    """MR-MEM-020, MR-MEM-033, MR-NAK-008: a receive WR posted into an MR that is deregistered before the
+    SEND arrives is not filled (the memory was once written all the same): NAK code 3, the receive WR
+    completes with IBV_WC_LOC_PROT_ERR, and the old memory is untouched.  (Conformance TC-MEM-020-c.)"""
+    a, b = loop_pair()
+    mem = np.zeros(4096, np.uint8)
+    mr = b.pd.reg_mr(mem, FULL)
+    b.qp.post_recv(RecvWR(wr_id=6, sg_list=[SGE(mr.addr, 64, mr.lkey)]))
+    mr.dereg()
+    a.buf[:32] = 9
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 32)]))
+    (swc,) = wait_wcs([a, b], a, 1)
+    (rwc,) = wait_wcs([a, b], b, 1)
+    assert swc.status == WCStatus.REM_OP_ERR
+    assert (rwc.wr_id, rwc.status) == (6, WCStatus.LOC_PROT_ERR)
+    assert b.qp.state == QPState.ERR and not mem.any()
+
+
 def test_zero_length_sge_is_skipped():
     """MR-MEM-032: an SGE of length 0 is skipped: its lkey is not checked and it carries no data."""
     a, b = loop_pair()

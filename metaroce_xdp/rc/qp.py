@@ -277,7 +277,7 @@ class QP:
         self.to_error(None, f"{w.opcode.name} WR {w.wr.wr_id}: {w.status_error.name} (local scatter/gather list)")
 
     # ---- posting ------------------------------------------------------------------
-    def _sinks(self, sg_list, need: Access) -> tuple[list | None, int]:
+    def _sinks(self, sg_list, need: Access, mrs: list | None = None) -> tuple[list | None, int]:
         """The SGEs as (memory, offset, length) pieces and their total length.  A zero-length SGE is
         skipped, its lkey unchecked (MR-MEM-032).  The pieces are None when an lkey, PD, bound or
         LOCAL_WRITE check fails (MR-MEM-020): that is reported by a completion, not here (MR-RC-022)."""
@@ -295,6 +295,8 @@ class QP:
             elif sinks is not None:
                 mr, off = chk
                 sinks.append((mr.mem, off, sge.length))
+                if mrs is not None:
+                    mrs.append(mr)
         return sinks, total
 
     def post_send(self, wrs: SendWR | Iterable[SendWR]) -> None:
@@ -358,9 +360,11 @@ class QP:
             for wr in wrs:
                 if len(self.responder.rq) + len(staged) >= self.cap.max_recv_wr:
                     raise QueueFull(f"receive queue full ({self.cap.max_recv_wr} WRs)")
-                sinks, total = self._sinks(wr.sg_list, Access.LOCAL_WRITE)
-                # a bad SGE is found by the responder before it places a byte (MR-MEM-020: NAK code 3)
-                staged.append(RecvWQE(wr.wr_id, sinks, total))
+                mrs: list = []
+                sinks, total = self._sinks(wr.sg_list, Access.LOCAL_WRITE, mrs)
+                # a bad SGE is found by the responder before it places a byte (MR-MEM-020: NAK code 3),
+                # and so is an MR deregistered after this post (MR-MEM-033)
+                staged.append(RecvWQE(wr.wr_id, sinks, total, tuple(mrs)))
             self.responder.rq.extend(staged)
         self.ctx.engine.kick()
 

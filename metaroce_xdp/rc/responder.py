@@ -248,9 +248,10 @@ class Responder:
             # (MR-RC-012)
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.LOC_LEN_ERR, "SEND longer than receive buffer")
             return
-        if w.sinks is None:
+        if not w.usable():
             # Table 3-4 row 8: the receive WQE's scatter list failed its lkey / PD / bounds / LOCAL_WRITE
-            # check (MR-MEM-020): NAK code 3 before any byte is placed (MR-NAK-008)
+            # check (MR-MEM-020), or an MR of it was deregistered or invalidated since it was posted
+            # (MR-MEM-033): NAK code 3 before any byte is placed (MR-NAK-008)
             self._nak(NAK_REMOTE_OP_ERR, pkt.psn, True, WCStatus.LOC_PROT_ERR, f"receive WR {w.wr_id}: bad local SGE")
             return
         if pkt.ieth is not None and self.qp.ctx.keys.check_invalidate(pkt.ieth, self.qp.pd) is None:

@@ -57,13 +57,20 @@ class SendWQE:
 
 
 class RecvWQE:
-    """A posted receive WR; `sinks` is None when its scatter list failed the local checks (MR-MEM-020)."""
-    __slots__ = ("wr_id", "sinks", "length")
+    """A posted receive WR; `sinks` is None when its scatter list failed the local checks (MR-MEM-020).
+    `mrs` are the MRs its pieces lie in: a deregistered or invalidated one fails the WQE when the
+    responder comes to use it (MR-MEM-020, MR-MEM-033), since the pieces were checked at post time."""
+    __slots__ = ("wr_id", "sinks", "length", "mrs")
 
-    def __init__(self, wr_id: int, sinks: list | None, length: int) -> None:
+    def __init__(self, wr_id: int, sinks: list | None, length: int, mrs: tuple = ()) -> None:
         self.wr_id = wr_id
         self.sinks = sinks
         self.length = length
+        self.mrs = mrs
+
+    def usable(self) -> bool:
+        """The local checks still hold: every piece's MR is registered and valid."""
+        return self.sinks is not None and all(mr.valid for mr in self.mrs)
 
 
 def scatter(sinks: list, offset: int, data: np.ndarray) -> bool:
