@@ -38,12 +38,15 @@ def test_header_roundtrip(cls: type[Header], data):
 
 def test_header_sizes_match_spec():
     """MR-BTH-001, MR-XH-001, MR-XH-006, MR-XH-010, MR-XH-013, MR-XH-014, MR-XH-015, MR-XH-016, MR-XH-017,
-    MR-XH-026: every header has the size the spec gives."""
+    MR-XH-026, MR-XH-037: every header has the size the spec gives; MR-XH-039: the recv-consuming native
+    opcodes, and only they, carry the RSNETH, so their fixed headers are 32, 36 and 52 bytes."""
     sizes = {"BTH": 12, "RETH": 16, "AETH": 4, "AtomicETH": 28, "AtomicAckETH": 8, "ImmDt": 4,
-             "IETH": 4, "CNP": 16, "NETH": 16, "SACKETH": 12}
+             "IETH": 4, "CNP": 16, "NETH": 16, "SACKETH": 12, "RSNETH": 4}
     for cls in ALL_HEADERS:
         if cls.NAME in sizes:
             assert cls.SIZE == sizes[cls.NAME], cls.NAME
+    with_rsn = {o.name: o.hdr_len for o in OPCODES.values() if "rsneth" in o.headers}
+    assert with_rsn == {"NATIVE_SEND": 32, "NATIVE_SEND_IMM": 36, "NATIVE_WRITE_IMM": 52}
 
 
 def test_field_out_of_range_is_a_typed_error():
