@@ -3,12 +3,13 @@
 `layout` mirrors bpf/metaroce_structs.h and bpf/metaroce_drop_reasons.h as
 numpy dtypes and enums (one place; tests/test_c_python_agree.py proves they
 match the C).  `loader` compiles bpf/metaroce_xdp.c with BCC, attaches it,
-mmaps the QP table and pins the maps the CLI reads.  `bpfsys` is the thin
+mmaps the QP table and pins the maps the CLI reads (attached through a bpf_link,
+so the program goes away with the process that owns it).  `bpfsys` is the thin
 bpf(2) syscall layer (BPF_PROG_TEST_RUN, BPF_OBJ_PIN) used by both.
 """
 from .layout import (CONFIG_DTYPE, QP_STATE_DTYPE, DropReason, Event, Profile, QpFlag, QpState,
                      CfgFlag)
-from .loader import PIN_ROOT, XdpLoader, XdpMode
+from .loader import PIN_ROOT, LoaderError, XdpBusy, XdpLoader, XdpMode
 
 __all__ = ["CONFIG_DTYPE", "QP_STATE_DTYPE", "DropReason", "Event", "Profile", "QpFlag", "QpState",
-           "CfgFlag", "PIN_ROOT", "XdpLoader", "XdpMode"]
+           "CfgFlag", "PIN_ROOT", "LoaderError", "XdpBusy", "XdpLoader", "XdpMode"]

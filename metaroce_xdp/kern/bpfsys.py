@@ -1,9 +1,17 @@
 """The few bpf(2) commands BCC does not wrap for us, through ctypes.
 
-BPF_PROG_TEST_RUN (golden-packet tests) and BPF_OBJ_PIN (pinning maps for
-the CLI).  Attribute layouts are those of union bpf_attr in
-include/uapi/linux/bpf.h; only the fields we use are spelled out, the rest
-of the structure is zero.
+BPF_PROG_TEST_RUN (golden-packet tests), BPF_OBJ_PIN / BPF_OBJ_GET (pinning
+maps for the CLI), BPF_PROG_LOAD with prog_flags (BCC 0.26's Python
+`load_func` cannot pass BPF_F_XDP_HAS_FRAGS, so the loader hands the
+instructions BCC compiled to `prog_load` itself), BPF_LINK_CREATE (an XDP
+attachment owned by a file descriptor: it goes away with the process that
+holds it) and BPF_OBJ_GET_INFO_BY_FD for maps, programs and links.
+Attribute layouts are those of union bpf_attr in include/uapi/linux/bpf.h;
+only the fields we use are spelled out, the rest of the structure is zero.
+
+Public API used by others (metaroce_xdp/dp may use it too): prog_test_run,
+obj_pin, obj_get, map_info, prog_info, link_info, prog_load, link_create,
+xdp_link_holders, percpu_u64_sum, possible_cpus.
 """
 from __future__ import annotations
 
@@ -127,3 +135,110 @@ def percpu_u64_sum(fd: int, key: int) -> int:
     vals = (ctypes.c_uint64 * ncpu)()
     _bpf(BPF_MAP_LOOKUP_ELEM, _MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(vals)))
     return int(sum(vals))
+
+
+# ---- loading and attaching ---------------------------------------------------------------
+BPF_PROG_LOAD = 5
+BPF_LINK_CREATE = 28
+BPF_PROG_TYPE_XDP = 6
+BPF_XDP = 37                     # enum bpf_attach_type
+BPF_F_XDP_HAS_FRAGS = 1 << 5     # the program understands multi-buffer frames (Linux 5.18)
+
+
+class _ProgLoadAttr(ctypes.Structure):
+    # union bpf_attr, BPF_PROG_LOAD (up to expected_attach_type)
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32), ("insns", ctypes.c_uint64),
+                ("license", ctypes.c_uint64), ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32), ("prog_flags", ctypes.c_uint32),
+                ("prog_name", ctypes.c_char * 16), ("prog_ifindex", ctypes.c_uint32),
+                ("expected_attach_type", ctypes.c_uint32)]
+
+
+class _LinkCreateAttr(ctypes.Structure):
+    # union bpf_attr, BPF_LINK_CREATE (the leading fields; the per-type union stays zero)
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("target_ifindex", ctypes.c_uint32),
+                ("attach_type", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("_union", ctypes.c_uint64 * 4)]
+
+
+def prog_load(prog_type: int, insns: int, insn_bytes: int, license: bytes, *, kern_version: int = 0,
+              prog_flags: int = 0, name: bytes = b"", expected_attach_type: int = 0) -> int:
+    """BPF_PROG_LOAD of `insn_bytes` bytes of instructions at address `insns`; returns the
+    program's fd.  On a verifier refusal the OSError's message ends with the verifier log."""
+    lic = ctypes.create_string_buffer(license)
+    a = _ProgLoadAttr(prog_type=prog_type, insn_cnt=insn_bytes // 8, insns=insns,
+                      license=ctypes.addressof(lic), kern_version=kern_version, prog_flags=prog_flags,
+                      prog_name=name[:15], expected_attach_type=expected_attach_type)
+    try:
+        return _bpf(BPF_PROG_LOAD, a)
+    except OSError as e:
+        if e.errno not in (13, 22):          # EACCES / EINVAL: the verifier has something to say
+            raise
+    log = ctypes.create_string_buffer(1 << 22)
+    a.log_level, a.log_size, a.log_buf = 1, len(log), ctypes.addressof(log)
+    try:
+        return _bpf(BPF_PROG_LOAD, a)
+    except OSError as e:
+        tail = log.value.decode(errors="replace")[-3000:]
+        raise OSError(e.errno, f"{e.strerror}; verifier log (end):\n{tail}") from None
+
+
+def link_create(prog_fd: int, ifindex: int, attach_type: int = BPF_XDP, flags: int = 0) -> int:
+    """BPF_LINK_CREATE: attach prog_fd to the interface (XDP: flags are XDP_FLAGS_SKB_MODE /
+    XDP_FLAGS_DRV_MODE).  The returned fd owns the attachment: closing it (or the death of
+    every process holding it) detaches the program.  EBUSY / EEXIST: the interface already
+    has an XDP program (another link, or one attached through netlink)."""
+    return _bpf(BPF_LINK_CREATE, _LinkCreateAttr(prog_fd=prog_fd, target_ifindex=ifindex,
+                                                 attach_type=attach_type, flags=flags))
+
+
+class ProgInfo(ctypes.Structure):
+    # struct bpf_prog_info, leading fields
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
+                ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
+                ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
+                ("load_time", ctypes.c_uint64), ("created_by_uid", ctypes.c_uint32),
+                ("nr_map_ids", ctypes.c_uint32), ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16)]
+
+
+class LinkInfo(ctypes.Structure):
+    # struct bpf_link_info: type, id, prog_id, then the per-type union (xdp: ifindex first)
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("prog_id", ctypes.c_uint32),
+                ("_pad", ctypes.c_uint32), ("ifindex", ctypes.c_uint32), ("_rest", ctypes.c_uint32 * 7)]
+
+
+def _info(fd: int, info: ctypes.Structure) -> ctypes.Structure:
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info)))
+    return info
+
+
+def prog_info(fd: int) -> ProgInfo:
+    return _info(fd, ProgInfo())
+
+
+def link_info(fd: int) -> LinkInfo:
+    return _info(fd, LinkInfo())
+
+
+def xdp_link_holders(prog_id: int) -> list[int]:
+    """PIDs of processes holding an XDP bpf_link fd of program `prog_id` (read from
+    /proc/*/fdinfo, best effort: for error messages).  Program ids are unique machine-wide,
+    unlike ifindexes, which repeat across network namespaces."""
+    out = []
+    want = f"prog_id:\t{prog_id}\n"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fdinfo")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if "link_type:\txdp" in text and want in text:
+                out.append(int(pid))
+                break
+    return out

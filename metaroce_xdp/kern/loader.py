@@ -1,27 +1,46 @@
 """Load, attach and share the MetaRoCE XDP program (bpf/metaroce_xdp.c).
 
-    ld = XdpLoader(max_qps=1024)              # compile with BCC, -D flags only
+    ld = XdpLoader(max_qps=1024)              # compile with BCC, -D flags only; frags-aware
     ld.set_config(local_ip4="10.55.0.2")
     ld.install_qp(0x11, peer_ip="10.55.0.1", dest_qpn=0x22, state=QpState.RTS, init_psn=100)
-    ld.attach("veth0")                         # driver mode; pins maps for the CLI
+    ld.attach("veth0")                         # driver mode, through a bpf_link; pins maps for the CLI
     ld.qps[0x11 % ld.max_qps]["ack_psn"]       # mmapped mr_qps, a numpy structured array
     ld.drops(), ld.events()                    # per-CPU counters summed, by name
-    ld.close()                                 # detach, unpin, unmap (idempotent)
+    ld.close()                                 # unpin, detach, unmap (idempotent)
 
-Pinned maps (read by the CLI): /sys/fs/bpf/metaroce/<ifname>/{mr_qps,mr_drops,
-mr_events,mr_cfg}; removed by detach()/close().
+Ownership.  The program is attached through a bpf_link (BPF_LINK_CREATE, BPF_XDP), not
+netlink: the link's file descriptor owns the attachment, so when the owning process dies
+(even SIGKILLed) the kernel detaches the program and the interface carries RoCE traffic
+to the normal stack again instead of black-holing it.  The link is also the lock: an
+interface takes one XDP link per mode and refuses a link while any XDP program is
+attached, so a second owner's attach() fails with `XdpBusy` (typed, naming the holding
+process when it can find it) and touches nothing of the first owner's.
 
-Neighbours: layout.py (dtypes, enums), bpfsys.py (test run, pin),
+Pinned maps (read by the CLI): /sys/fs/bpf/metaroce/<pin_name(ifname)>/{mr_qps,mr_drops,
+mr_events,mr_cfg}.  Pins do not keep a program attached, so a SIGKILLed owner leaves them
+behind.  They are only ever written by the holder of the interface's link: attach() pins
+after the link exists, so pins it finds there are a dead owner's leftovers, which it
+replaces (counted in `stale_pins_removed`); detach() unpins (only pins that are still its
+own maps) before it releases the link.  A live owner's pins are therefore never unlinked.
+
+Multi-buffer (frags=True, the default): the program is loaded with BPF_F_XDP_HAS_FRAGS
+(BCC 0.26's Python load_func cannot pass prog_flags, so the instructions BCC compiled are
+loaded with bpfsys.prog_load), which lets veth and drivers run it on frames larger than a
+page (MTU 9000; path MTU 4096).  It parses the headers in the first buffer and reads the
+ACK/CNP ICRC input with bpf_xdp_load_bytes, which spans fragments.  frags=False loads it
+through BCC as before.
+
+Neighbours: layout.py (dtypes, enums), bpfsys.py (test run, pin, load, link),
 metaroce_xdp/afxdp (sockets whose fds go into mr_xsks via set_xsk()).
 """
 from __future__ import annotations
 
-import ctypes as ct
 import enum
+import errno
 import ipaddress
 import mmap
 import os
-import threading
+import socket
 
 from pathlib import Path
 
@@ -41,9 +60,6 @@ XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 
 
-_libc = ct.CDLL(None, use_errno=True)
-_CLONE_NEWNET = 0x40000000
-
 
 def pin_name(ifname: str) -> str:
     """The pin directory of an interface: its name in the initial network namespace,
@@ -60,6 +76,18 @@ def pin_name(ifname: str) -> str:
     return ifname if here == init else f"{ifname}@netns{here}"
 
 
+def pinned_map_id(path) -> int | None:
+    """Id of the map pinned at path, None when nothing (readable) is pinned there."""
+    try:
+        fd = bpfsys.obj_get(str(path))
+    except OSError:
+        return None
+    try:
+        return bpfsys.map_info(fd).id
+    finally:
+        os.close(fd)
+
+
 class XdpMode(enum.Enum):
     DRV = "drv"      # native driver mode (veth supports it; the default)
     SKB = "skb"      # generic mode: any interface, slower, no zero-copy AF_XDP
@@ -73,13 +101,39 @@ class LoaderError(RuntimeError):
     """Loading, attaching or pinning failed; the message says what to check."""
 
 
+class XdpBusy(LoaderError):
+    """The interface already has an XDP program: another endpoint (a live owner) or a tool
+    holds it.  `holders` lists the PIDs holding its bpf_link, when they could be found."""
+
+    def __init__(self, msg: str, ifname: str, prog_id: int | None, holders: list[int]):
+        super().__init__(msg)
+        self.ifname, self.prog_id, self.holders = ifname, prog_id, holders
+
+
+def attached_xdp_prog_id(ifname: str) -> int | None:
+    """Id of the XDP program attached to `ifname` (any mode), None when there is none.
+    Looked up in the calling thread's network namespace."""
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            return None
+        xdp = ipr.get_links(idx[0])[0].get_attr("IFLA_XDP")
+    if xdp is None:
+        return None
+    attrs = dict(xdp.get("attrs", [])) if isinstance(xdp, dict) else {k: v for k, v in xdp["attrs"]}
+    if not attrs.get("IFLA_XDP_ATTACHED"):
+        return None
+    return attrs.get("IFLA_XDP_PROG_ID") or None
+
+
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
 class XdpLoader:
     def __init__(self, max_qps: int = 1024, max_rxq: int = MR_MAX_RXQ, verify_ack_icrc: bool = True,
-                 defines: dict[str, int] | None = None, bpf_dir: Path | str = BPF_DIR):
+                 defines: dict[str, int] | None = None, bpf_dir: Path | str = BPF_DIR, frags: bool = True):
         if not _pow2(max_qps):
             raise ValueError(f"max_qps must be a power of two, got {max_qps}")
         from bcc import BPF      # imported late: layout/bpfsys stay usable without BCC
@@ -89,18 +143,41 @@ class XdpLoader:
         params = {"MR_MAX_QPS": max_qps, "MR_MAX_RXQ": max_rxq,
                   "MR_VERIFY_ACK_ICRC": int(verify_ack_icrc), **(defines or {})}
         self.cflags = [f"-I{self.bpf_dir}"] + [f"-D{k}={int(v)}" for k, v in params.items()]
+        self.frags = frags
+        self._own_prog_fd = -1
+        self._link_fd = -1
+        self.fn = None
         try:
             self.bpf = BPF(src_file=str(self.bpf_dir / PROG_SRC).encode(), cflags=self.cflags)
-            self.fn = self.bpf.load_func(PROG_FUNC, BPF.XDP)
+            if frags:
+                self.prog_fd = self._own_prog_fd = self._load_frags()
+            else:
+                self.fn = self.bpf.load_func(PROG_FUNC, BPF.XDP)
+                self.prog_fd = self.fn.fd
         except Exception as e:
             raise LoaderError(f"could not compile/load {PROG_SRC} ({e}); run as root with BCC "
                               f"and kernel headers installed") from e
-        self.prog_fd = self.fn.fd
         self._ifname: str | None = None
         self._mode: XdpMode | None = None
         self._pin_dir: Path | None = None
+        self._pinned_ids: dict[str, int] = {}
+        #: pins of a dead owner that attach() found and replaced (0 when the place was clean)
+        self.stale_pins_removed = 0
         self._closed = False
         self._map_qps()
+
+    def _load_frags(self) -> int:
+        """BPF_PROG_LOAD of the instructions BCC compiled (map fds already in them), with
+        BPF_F_XDP_HAS_FRAGS, which BCC 0.26's Python API cannot pass."""
+        from bcc.libbcc import lib
+        mod = self.bpf.module
+        start = lib.bpf_function_start(mod, PROG_FUNC)
+        size = lib.bpf_function_size(mod, PROG_FUNC)
+        if not start or not size:
+            raise LoaderError(f"BCC compiled no function {PROG_FUNC.decode()} in {PROG_SRC}")
+        return bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, start, size, lib.bpf_module_license(mod),
+                                kern_version=lib.bpf_module_kern_version(mod),
+                                prog_flags=bpfsys.BPF_F_XDP_HAS_FRAGS, name=PROG_FUNC)
 
     # ---- shared QP table --------------------------------------------------
     def _map_qps(self) -> None:
@@ -203,68 +280,98 @@ class XdpLoader:
             pass
 
     # ---- attach / pin -----------------------------------------------------------
+    @property
+    def attached(self) -> bool:
+        return self._link_fd >= 0
+
     def attach(self, ifname: str, mode: XdpMode = XdpMode.DRV, pin: bool = True) -> None:
+        """Attach through a bpf_link owned by this process (see the module docstring), in the
+        calling thread's network namespace.  XdpBusy when the interface already has an XDP
+        program; LoaderError for anything else."""
         if self._ifname is not None:
             raise LoaderError(f"already attached to {self._ifname}; detach() first")
         try:
-            self._BPF.attach_xdp(ifname.encode(), self.fn, mode.flags)
-        except Exception as e:
+            ifindex = socket.if_nametoindex(ifname)
+        except OSError as e:
+            raise LoaderError(f"no interface {ifname} in this network namespace") from e
+        try:
+            link = bpfsys.link_create(self.prog_fd, ifindex, bpfsys.BPF_XDP, mode.flags)
+        except OSError as e:
+            if e.errno in (errno.EBUSY, errno.EEXIST):
+                raise self._busy(ifname) from e
             hint = " (try mode=XdpMode.SKB)" if mode is XdpMode.DRV else ""
+            if e.errno == errno.ERANGE or (self.frags is False and e.errno == errno.EINVAL):
+                hint += "; the interface MTU may be too large for a program without frags support"
             raise LoaderError(f"attaching XDP to {ifname} in {mode.value} mode failed: {e}{hint}") from e
+        os.set_inheritable(link, False)
+        self._link_fd = link
         self._ifname, self._mode = ifname, mode
-        # Remember the network namespace: detach() may run from another thread
-        # (or after the caller left the namespace) and must find the same device.
-        self._netns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         if pin:
-            self.pin(ifname)
+            try:
+                self.pin(ifname)
+            except BaseException:
+                self.detach()
+                raise
+
+    def _busy(self, ifname: str) -> XdpBusy:
+        try:
+            prog_id = attached_xdp_prog_id(ifname)
+        except Exception:
+            prog_id = None
+        holders = bpfsys.xdp_link_holders(prog_id) if prog_id else []
+        if holders:
+            who = f"held through a bpf_link by pid {', '.join(map(str, holders))}"
+        elif prog_id:
+            who = f"attached through netlink (`ip link set dev {ifname} xdp off` removes it)"
+        else:
+            who = "held by another owner"
+        return XdpBusy(f"{ifname} already has an XDP program (id {prog_id}), {who}: another MetaRoCE "
+                       f"endpoint or tool owns this interface; close it first or use another interface",
+                       ifname, prog_id, holders)
 
     def detach(self) -> None:
-        """Remove the program from the interface and unpin; safe to call twice, and
-        after the interface is gone."""
-        ifname, mode = self._ifname, self._mode
-        self._ifname = self._mode = None
-        nsfd, self._netns_fd = getattr(self, "_netns_fd", None), None
-        if ifname is not None:
-            def remove() -> None:
-                try:
-                    if nsfd is not None and _libc.setns(nsfd, _CLONE_NEWNET) != 0:
-                        return       # namespace gone: the device (and program) went with it
-                    self._BPF.remove_xdp(ifname.encode(), mode.flags)
-                except Exception:
-                    pass             # interface already deleted: nothing to detach
-            # a throwaway thread, so setns never moves the caller's thread
-            t = threading.Thread(target=remove, name="xdp-detach")
-            t.start()
-            t.join(timeout=10)
-        if nsfd is not None:
-            os.close(nsfd)
+        """Unpin (our own pins only), then release the link, which detaches the program; safe
+        to call twice, from any thread, and after the interface is gone."""
         self.unpin()
+        link, self._link_fd = self._link_fd, -1
+        self._ifname = self._mode = None
+        if link >= 0:
+            os.close(link)
 
     def pin(self, ifname: str) -> Path | None:
         """Pin the maps the CLI reads under PIN_ROOT/<pin_name(ifname)>/; skipped (None)
-        when bpffs is not mounted, e.g. under `ip netns exec`, which remounts /sys."""
+        when bpffs is not mounted, e.g. under `ip netns exec`, which remounts /sys.
+        Only the holder of the interface's link pins (attach() calls this), so a pin
+        already there is a dead owner's and is replaced."""
         if not os.path.ismount(os.path.dirname(PIN_ROOT)):
             self._pin_dir = None
             return None
+        if self._link_fd < 0:
+            raise LoaderError("pin() before attach(): only the owner of the interface's XDP link pins")
         d = Path(PIN_ROOT) / pin_name(ifname)
         d.mkdir(parents=True, exist_ok=True)
+        self._pin_dir = d
         for name in PINNED_MAPS:
             p = d / name
+            fd = self.bpf[name.encode()].map_fd
             if p.exists():
-                p.unlink()           # stale pin of an earlier run
-            bpfsys.obj_pin(self.bpf[name.encode()].map_fd, str(p))
-        self._pin_dir = d
+                p.unlink()           # a dead owner's (we hold the link): see the module docstring
+                self.stale_pins_removed += 1
+            bpfsys.obj_pin(fd, str(p))
+            self._pinned_ids[name] = bpfsys.map_info(fd).id
         return d
 
     def unpin(self) -> None:
         d, self._pin_dir = self._pin_dir, None
+        ids, self._pinned_ids = self._pinned_ids, {}
         if d is None:
             return
         for name in PINNED_MAPS:
-            try:
-                (d / name).unlink()
-            except FileNotFoundError:
-                pass
+            if name in ids and pinned_map_id(d / name) == ids[name]:
+                try:
+                    (d / name).unlink()
+                except FileNotFoundError:
+                    pass
         for p in (d, d.parent):
             try:
                 p.rmdir()
@@ -285,6 +392,9 @@ class XdpLoader:
             self._qps_mm.close()
         except BufferError:
             pass                     # a caller still holds a view: the GC unmaps it later
+        if self._own_prog_fd >= 0:
+            os.close(self._own_prog_fd)
+            self._own_prog_fd = -1
         self.bpf.cleanup()
 
     def __enter__(self):
