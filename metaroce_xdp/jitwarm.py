@@ -192,6 +192,12 @@ def plan() -> list[Entry]:
         e(R, "frame_alloc", "FramePool.alloc", pool.stack, pool.top, np.empty(4, np.uint64), 4),
         e(R, "frame_free", "FramePool.free", pool.stack, pool.top, addrs, len(addrs), pool.frame_mask),
         e(R, "needs_wakeup", "rings API (engine-side jitted loops)", tflags),
+        # multi-buffer sockets (XDP_USE_SG, path MTU 4096): XskPort.sg / XskSocket(sg=True)
+        e(R, "rx_burst_sg", "XskPort.rx_burst_raw / XskSocket.rx_burst with sg", rp, rc, rdescs, frames, rx_a, rx_l,
+          pool.stack, pool.top, pool.frame_mask, np.zeros(2, np.int64), 64),
+        e(R, "tx_burst_sg", "XskSocket.tx_burst with sg", tp, tc, tdescs, np.zeros(4, np.uint64),
+          np.zeros(4, np.uint32), 4, 4096),
+        e(R, "comp_reap_sg", "XskSocket.reap with sg", cp, cc, caddrs, pool.stack, pool.top, pool.frame_mask, 4096, 64),
     ]
 
 

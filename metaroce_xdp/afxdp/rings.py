@@ -14,6 +14,17 @@ Ring representation (what `xsk.Ring` exposes):
 Indices are free-running u32 counters; the slot is `index & (size - 1)`.  `size` is
 always taken from the array length, so it cannot disagree with the mapping.
 
+Multi-buffer (XDP_USE_SG) variants, used only when a socket is bound with XDP_USE_SG
+(path MTU 4096: a frame spans two 4 KiB chunks; `rc/xskport.py`):
+  rx_burst_sg    reassembles a packet that came in several descriptors (XDP_PKT_CONTD)
+                 into its first buffer's slot, so callers still see one contiguous frame;
+  tx_burst_sg    splits a frame longer than a chunk into chained descriptors;
+  comp_reap_sg   returns only the slot-start chunk of each completed frame to the pool.
+They assume the "slot" pool layout: the FramePool hands out slots of `slot` bytes (a
+multiple of the UMEM chunk size, aligned), only slot-start chunks ever go on the fill
+ring, and the rest of a slot is this process's to write.  The single-buffer functions
+above are unchanged and keep their cost.
+
 Ownership.  Each index has one writer: user space writes the producer of fill and TX and
 the consumer of RX and completion; the kernel writes the other two.  So a producer may read
 its own producer index back instead of caching it, which keeps these functions stateless.
@@ -50,6 +61,9 @@ __all__ = [
     "comp_reap",
     "frame_alloc",
     "frame_free",
+    "rx_burst_sg",
+    "tx_burst_sg",
+    "comp_reap_sg",
     "FramePool",
 ]
 
@@ -58,6 +72,7 @@ JIT_ENABLED = not config.DISABLE_JIT
 U32_MASK = 0xFFFFFFFF
 RING_NEED_WAKEUP = 1  # uapi.XDP_RING_NEED_WAKEUP; literal so jitted code sees a constant
 DESC_LEN_MASK = np.uint64(0xFFFFFFFF)
+PKT_CONTD = 1  # uapi.XDP_PKT_CONTD: more descriptors of this packet follow
 
 if JIT_ENABLED:
     from numba import types
@@ -248,6 +263,145 @@ def comp_reap(cq_prod, cq_cons, cq_addrs, stack, top, frame_mask, max_n):
     top[0] = t
     cons_release(cq_cons, n)
     return n
+
+
+# --------------------------------------------------------------------------- multi-buffer (XDP_USE_SG)
+
+
+@njit(cache=True, nogil=True)
+def rx_burst_sg(rx_prod, rx_cons, rx_descs, frames, out_addr, out_len, stack, top, slot_mask, stats, max_n):
+    """Take up to max_n received packets, each as ONE contiguous frame out_addr[i], out_len[i]
+    (the caller owns those frames, as after rx_burst).
+
+    A packet in several descriptors (XDP_PKT_CONTD on all but the last) is reassembled in
+    its first buffer's slot: the later buffers' bytes are copied right after the first
+    buffer's, into the rest of that slot (never on the fill ring), and the later buffers'
+    slots go straight back to the pool (stack, top).  A packet that does not fit in its
+    slot is dropped, all its slots returned (stats[0] += 1); stats[1] counts reassembled
+    packets.  A packet whose last descriptor is not published yet stays in the ring for
+    the next call.  Returns the number of packets."""
+    avail = cons_avail(rx_prod, rx_cons)
+    mask = rx_descs.shape[0] - 1
+    idx = np.int64(rx_cons[0])
+    slot = np.int64(~slot_mask) + 1
+    inner = ~slot_mask
+    cap = stack.shape[0]
+    np_ = 0
+    used = np.int64(0)
+    lim_out = min(max_n, out_addr.shape[0], out_len.shape[0])
+    while np_ < lim_out and used < avail:
+        j0 = (idx + used) & mask
+        w1 = rx_descs[j0, 1]
+        a0 = rx_descs[j0, 0]
+        if not (w1 >> np.uint64(32)) & np.uint64(PKT_CONTD):
+            out_addr[np_] = a0                     # single buffer: as rx_burst
+            out_len[np_] = w1 & DESC_LEN_MASK
+            np_ += 1
+            used += 1
+            continue
+        k = used + 1                               # find the packet's last descriptor
+        while k < avail and (rx_descs[(idx + k) & mask, 1] >> np.uint64(32)) & np.uint64(PKT_CONTD):
+            k += 1
+        if k >= avail:
+            break                                  # incomplete: wait for the rest
+        nd = k - used + 1
+        if top[0] + nd > cap:
+            break                                  # cannot happen unless a frame was freed twice
+        total = np.int64(w1 & DESC_LEN_MASK)
+        room = slot - np.int64(a0 & inner)
+        t = top[0]
+        for d in range(1, nd):
+            jd = (idx + used + d) & mask
+            ad = rx_descs[jd, 0]
+            ld = np.int64(rx_descs[jd, 1] & DESC_LEN_MASK)
+            if total + ld <= room:
+                dst = np.int64(a0) + total
+                src = np.int64(ad)
+                frames[dst:dst + ld] = frames[src:src + ld]
+            total += ld
+            stack[t] = ad & slot_mask
+            t += 1
+        if total <= room:
+            out_addr[np_] = a0
+            out_len[np_] = total
+            np_ += 1
+            stats[1] += 1
+        else:
+            stack[t] = a0 & slot_mask              # too long for a slot: dropped
+            t += 1
+            stats[0] += 1
+        top[0] = t
+        used += nd
+    if used:
+        cons_release(rx_cons, used)
+    return np_
+
+
+@njit(cache=True, nogil=True)
+def tx_burst_sg(tx_prod, tx_cons, tx_descs, addrs, lens, n, chunk):
+    """Queue up to n frames on the TX ring, a frame longer than what is left of its chunk
+    as chained descriptors (XDP_PKT_CONTD on all but the last), each within one chunk; the
+    frame's bytes are contiguous from addrs[i] (the chunks of a slot are adjacent).  Only
+    whole frames are queued.  Returns the number of frames queued."""
+    size = tx_descs.shape[0]
+    free = prod_free(tx_prod, tx_cons, size)
+    mask = size - 1
+    idx = np.int64(tx_prod[0])
+    w = np.int64(0)
+    k = 0
+    cmask = np.uint64(chunk - 1)
+    while k < n:
+        a = np.uint64(addrs[k])
+        ln = np.int64(lens[k])
+        first = np.int64(chunk) - np.int64(a & cmask)
+        nd = 1 if ln <= first else 1 + (ln - first + chunk - 1) // chunk
+        if w + nd > free:
+            break
+        left = ln
+        take = min(left, first)
+        while True:
+            j = (idx + w) & mask
+            tx_descs[j, 0] = a
+            left -= take
+            opt = np.uint64(PKT_CONTD) if left > 0 else np.uint64(0)
+            tx_descs[j, 1] = (np.uint64(take) & DESC_LEN_MASK) | (opt << np.uint64(32))
+            w += 1
+            if left <= 0:
+                break
+            a = a + np.uint64(take)
+            take = min(left, np.int64(chunk))
+        k += 1
+    if w:
+        prod_submit(tx_prod, w)
+    return k
+
+
+@njit(cache=True, nogil=True)
+def comp_reap_sg(cq_prod, cq_cons, cq_addrs, stack, top, slot_mask, chunk, max_n):
+    """comp_reap for the slot layout: each completed descriptor comes back, but only one
+    that lies in the first chunk of its slot returns the slot to the pool (the later
+    descriptors of a chained frame lie in the slot's later chunks).  Returns the number of
+    completion entries consumed."""
+    n = min(cons_avail(cq_prod, cq_cons), max_n)
+    if n <= 0:
+        return 0
+    mask = cq_addrs.shape[0] - 1
+    idx = np.int64(cq_cons[0])
+    t = top[0]
+    cap = stack.shape[0]
+    inner = ~slot_mask
+    k = 0
+    while k < n:
+        a = cq_addrs[(idx + k) & mask]
+        if (a & inner) < np.uint64(chunk):
+            if t >= cap:
+                break
+            stack[t] = a & slot_mask
+            t += 1
+        k += 1
+    top[0] = t
+    cons_release(cq_cons, k)
+    return k
 
 
 # --------------------------------------------------------------------------- Python side

@@ -13,6 +13,12 @@ made, unmaps, then closes the fd.  If the caller still holds a view of a ring, P
 mmap refuses to unmap (BufferError): close() then warns and leaves the unmap to the garbage
 collector, so a stale view can never touch unmapped memory.
 
+Multi-buffer (sg=True): the socket is bound with XDP_USE_SG, so a frame larger than a chunk
+comes in (and goes out as) several descriptors chained by XDP_PKT_CONTD.  Its Umem must be
+built with slot_frames > 1: the pool then hands out slots of slot_frames adjacent chunks, only
+slot starts go on the fill ring, and rx_burst/tx_burst/reap use the *_sg ring functions, so a
+caller still sees one contiguous frame per packet (rings.py explains the layout).
+
 Threads and namespaces: the socket belongs to the network namespace of the thread that
 creates it; create it inside the namespace that owns the interface (topo.Topology.enter).
 """
@@ -88,9 +94,13 @@ class Umem:
     `frames` is the whole area as a numpy uint8 array (frame at byte offset addr); `pool`
     is the free list of chunk addresses.  The area is anonymous, page aligned, populated
     up front (the kernel pins it at registration anyway).  A Umem is registered by the
-    first XskSocket built on it; its fill and completion rings live on that socket."""
+    first XskSocket built on it; its fill and completion rings live on that socket.
 
-    def __init__(self, nframes: int = 4096, frame_size: int = 2048, headroom: int = 0):
+    slot_frames > 1 (multi-buffer sockets): the pool holds slots of slot_frames adjacent
+    chunks (`slot` bytes, aligned), so a frame up to `slot` bytes is contiguous in memory;
+    the kernel still sees `frame_size` chunks."""
+
+    def __init__(self, nframes: int = 4096, frame_size: int = 2048, headroom: int = 0, slot_frames: int = 1):
         if frame_size not in CHUNK_SIZES:
             raise ValueError(
                 f"frame_size {frame_size} unsupported: use 2048 (frames up to ~1.8 KB) or "
@@ -98,6 +108,8 @@ class Umem:
             )
         if nframes <= 0:
             raise ValueError("nframes must be positive")
+        if not _is_pow2(slot_frames) or nframes % slot_frames:
+            raise ValueError(f"slot_frames {slot_frames} must be a power of two dividing nframes {nframes}")
         self.nframes = nframes
         self.frame_size = frame_size
         self.headroom = headroom
@@ -106,7 +118,8 @@ class Umem:
         self._mm = mmap.mmap(-1, self.size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.frames = np.frombuffer(self._mm, dtype=np.uint8)
         self.addr = self.frames.ctypes.data
-        self.pool = FramePool(nframes, frame_size)
+        self.slot = frame_size * slot_frames
+        self.pool = FramePool(nframes // slot_frames, self.slot)
         self.owner_fd = -1  # fd of the socket that registered this area with the kernel
         self.closed = False
 
@@ -200,7 +213,8 @@ class XskSocket:
     need_wakeup: bind with XDP_USE_NEED_WAKEUP; then kick_tx() / wake_rx() only enter the
     kernel when the ring's flags ask for it.
     prefill: frames put on the fill ring at start (default: fill_size, at most half the
-    pool so TX has frames too).  rx_size / tx_size of 0 omit that ring."""
+    pool so TX has frames too).  rx_size / tx_size of 0 omit that ring.
+    sg: bind with XDP_USE_SG (multi-buffer RX and TX); needs a Umem with slot_frames > 1."""
 
     def __init__(
         self,
@@ -215,6 +229,7 @@ class XskSocket:
         mode: str = "copy",
         need_wakeup: bool = True,
         prefill: int | None = None,
+        sg: bool = False,
     ):
         if mode not in ("copy", "zerocopy", "auto"):
             raise ValueError(f"mode {mode!r}: use 'copy', 'zerocopy' or 'auto'")
@@ -235,13 +250,18 @@ class XskSocket:
         self.ifname = ifname if isinstance(ifname, str) else socket.if_indextoname(ifname)
         self.queue_id = queue_id
         self.need_wakeup = need_wakeup
+        self.sg = sg
+        #: multi-buffer RX: [packets dropped as too long for a slot, packets reassembled]
+        self.sg_stats = np.zeros(2, np.int64)
         self.bind_flags = 0
         self.zerocopy = False
         self.fd = -1
         self.rx = self.tx = self.fill = self.comp = None
         self.closed = False
         self._own_umem = umem is None
-        self.umem = umem if umem is not None else Umem()
+        self.umem = umem if umem is not None else (Umem(slot_frames=2) if sg else Umem())
+        if sg and self.umem.slot <= self.umem.frame_size:
+            raise ValueError("sg=True needs a Umem with slot_frames > 1 (frames span adjacent chunks)")
         try:
             self._setup(rx_size, tx_size, fill_size, comp_size, mode, prefill)
         except BaseException:
@@ -280,12 +300,14 @@ class XskSocket:
         self.zerocopy = (_getsockopt(fd, uapi.XDP_OPTIONS, opts) > 0
                          and bool(opts.flags & uapi.XDP_OPTIONS_ZEROCOPY))
         if prefill is None:
-            prefill = min(fill_size, u.nframes // 2) if rx_size else 0
+            prefill = min(fill_size, u.pool.nframes // 2) if rx_size else 0     # pool: chunks or slots
         if prefill:
             self.refill(prefill)
 
     def _bind(self, mode: str) -> None:
         wake = uapi.XDP_USE_NEED_WAKEUP if self.need_wakeup else 0
+        if self.sg:
+            wake |= uapi.XDP_USE_SG
         tries = {"copy": [uapi.XDP_COPY], "zerocopy": [uapi.XDP_ZEROCOPY],
                  "auto": [uapi.XDP_ZEROCOPY, uapi.XDP_COPY]}[mode]
         for flag in tries:
@@ -296,7 +318,8 @@ class XskSocket:
                 return
         _raise(f"bind({self.ifname} queue {self.queue_id}, {mode})",
                "EBUSY: another socket owns this queue; EOPNOTSUPP: no zero-copy in this driver, "
-               "use mode='copy'; EINVAL: queue id beyond the device's channels")
+               "use mode='copy'; EINVAL: queue id beyond the device's channels"
+               + ("; EOPNOTSUPP with XDP_USE_SG: no multi-buffer AF_XDP in this kernel/driver" if self.sg else ""))
 
     # ------------------------------------------------------------------ data path (Python)
     # Engine code calls rings.* on self.rx/tx/fill/comp arrays from its own jitted loops;
@@ -318,7 +341,12 @@ class XskSocket:
         addrs = np.empty(max_n, np.uint64)
         lens = np.empty(max_n, np.uint32)
         r = self.rx
-        n = rings.rx_burst(r.producer, r.consumer, r.descs, addrs, lens, max_n)
+        if self.sg:
+            p = self.umem.pool
+            n = rings.rx_burst_sg(r.producer, r.consumer, r.descs, self.umem.frames, addrs, lens, p.stack, p.top,
+                                  p.frame_mask, self.sg_stats, max_n)
+        else:
+            n = rings.rx_burst(r.producer, r.consumer, r.descs, addrs, lens, max_n)
         return addrs[:n], lens[:n]
 
     def tx_burst(self, addrs, lens, kick: bool = True) -> int:
@@ -328,14 +356,22 @@ class XskSocket:
         addrs = np.ascontiguousarray(addrs, dtype=np.uint64)
         lens = np.ascontiguousarray(lens, dtype=np.uint32)
         t = self.tx
-        n = int(rings.tx_burst(t.producer, t.consumer, t.descs, addrs, lens, addrs.shape[0]))
+        if self.sg:
+            n = int(rings.tx_burst_sg(t.producer, t.consumer, t.descs, addrs, lens, addrs.shape[0],
+                                      self.umem.frame_size))
+        else:
+            n = int(rings.tx_burst(t.producer, t.consumer, t.descs, addrs, lens, addrs.shape[0]))
         if kick and n:
             self.kick_tx()
         return n
 
     def reap(self, max_n: int | None = None) -> int:
-        """Return completed TX frames to the UMEM pool; return count."""
+        """Return completed TX frames to the UMEM pool; return count (completion entries:
+        with sg, a chained frame's descriptors count one each)."""
         c, p = self.comp, self.umem.pool
+        if self.umem.slot != self.umem.frame_size:
+            return int(rings.comp_reap_sg(c.producer, c.consumer, c.addrs, p.stack, p.top, p.frame_mask,
+                                          self.umem.frame_size, c.size if max_n is None else max_n))
         return int(rings.comp_reap(c.producer, c.consumer, c.addrs, p.stack, p.top,
                                    p.frame_mask, c.size if max_n is None else max_n))
 

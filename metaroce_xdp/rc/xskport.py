@@ -2,6 +2,28 @@
 interface's queue into an AF_XDP socket; frames are built straight into UMEM
 chunks and handed to the TX ring in batches.
 
+Multi-buffer (path MTU 4096).  A UMEM chunk is at most 4 KiB on this kernel,
+and a frame with 4096 bytes of payload is ~4.2 KB.  When the interface's MTU
+carries a path MTU that one chunk cannot hold (MTU >= 4178 for 4096, e.g. a
+veth at MTU 9000), the port binds its socket with XDP_USE_SG (`self.sg`) and
+its UMEM pool hands out 8 KiB slots (two adjacent chunks):
+  * TX: the engine still builds each frame contiguously at a slot address;
+    flush() queues a frame longer than a chunk as two chained descriptors
+    (rings.tx_burst_sg), and completions return the slot once (comp_reap_sg);
+  * RX: a packet that arrives in several descriptors (XDP_PKT_CONTD) is
+    reassembled in its first buffer's slot (rings.rx_burst_sg), so the
+    engine sees one contiguous frame per packet, as before;
+  * frames of one descriptor take the same path as without sg, apart from a
+    flag test per descriptor.
+On smaller MTUs (1500) the port is unchanged: no XDP_USE_SG, 4 KiB frames,
+the single-buffer ring functions.  `max_pmtu` is what the interface and the
+UMEM layout carry; QP.modify refuses larger path MTUs.
+
+Public API (engine, tests, metaroce_xdp/dp): tx_slot/tx_commit, tx_slots/
+tx_commit_batch (frames up to `frame_limit` bytes from the slot address),
+flush, rx_burst_raw/rx_burst/rx_done, max_pmtu, sg, frame_limit, stats,
+sg_stats() (multi-buffer counters), fileno, wait, close.
+
 Neighbours: afxdp/xsk.py (socket, UMEM, rings), kern/ (the XDP program and
 its shared maps), netinfo.py (addresses, MTU, neighbour MACs).
 """
@@ -19,10 +41,13 @@ MAX_OVERHEAD_L2 = 14 + 4 + 40 + 8 + 12 + 16 + 4 + 4
 MAX_OVERHEAD_L3 = MAX_OVERHEAD_L2 - 18
 
 
-def max_path_mtu(if_mtu: int, chunk: int) -> int:
+def max_path_mtu(if_mtu: int, chunk: int, slot: int | None = None) -> int:
+    """Largest path MTU whose frames fit the interface's MTU and one UMEM frame of `slot`
+    bytes (a chunk; with multi-buffer, a slot of adjacent chunks)."""
     best = 0
+    limit = chunk if slot is None else slot
     for m in PATH_MTUS:
-        if m + MAX_OVERHEAD_L3 <= if_mtu and m + MAX_OVERHEAD_L2 <= chunk:
+        if m + MAX_OVERHEAD_L3 <= if_mtu and m + MAX_OVERHEAD_L2 <= limit:
             best = m
     if not best:
         raise ValueError(f"interface MTU {if_mtu} is too small for the smallest path MTU (256)")
@@ -31,7 +56,9 @@ def max_path_mtu(if_mtu: int, chunk: int) -> int:
 
 class XskPort:
     def __init__(self, ifname: str, queue: int = 0, frame_size: int = 4096, nframes: int = 8192,
-                 ring: int = 2048, ipv6: bool = False) -> None:
+                 ring: int = 2048, ipv6: bool = False, multibuffer: bool | None = None) -> None:
+        """multibuffer: None (default) = XDP_USE_SG exactly when the interface's MTU carries a
+        larger path MTU than one chunk holds; True/False force it on/off."""
         info = iface_info(ifname)
         self.ifname = ifname
         self.info = info
@@ -40,12 +67,18 @@ class XskPort:
         if not addrs:
             raise ValueError(f"{ifname} has no {'IPv6' if ipv6 else 'IPv4'} address")
         self.ip = addrs[0]
-        self.max_pmtu = max_path_mtu(info.mtu, frame_size)
+        if multibuffer is None:
+            multibuffer = max_path_mtu(info.mtu, frame_size, 2 * frame_size) > max_path_mtu(info.mtu, frame_size)
+        self.sg = bool(multibuffer)
+        slot_frames = 2 if self.sg else 1
+        self.frame_limit = frame_size * slot_frames        # bytes a frame may take from its slot address
+        self.max_pmtu = max_path_mtu(info.mtu, frame_size, self.frame_limit)
         self.paths = PathResolver(ifname)       # next hops, looked up in this (the caller's) namespace
         try:
-            self.umem = Umem(nframes, frame_size)
+            self.umem = Umem(nframes, frame_size, slot_frames=slot_frames)
+            nslots = nframes // slot_frames
             self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
-                                 comp_size=ring, prefill=min(ring, nframes // 2))
+                                 comp_size=ring, prefill=min(ring, nslots // 2), sg=self.sg)
         except BaseException:
             self.paths.close()
             raise
@@ -145,7 +178,12 @@ class XskPort:
     def rx_burst_raw(self, max_n: int):
         max_n = min(max_n, len(self._rx_a))
         r = self.xsk.rx
-        n = int(rings.rx_burst(r.producer, r.consumer, r.descs, self._rx_a, self._rx_l, max_n))
+        if self.sg:
+            p = self.pool
+            n = int(rings.rx_burst_sg(r.producer, r.consumer, r.descs, self.frames, self._rx_a, self._rx_l,
+                                      p.stack, p.top, p.frame_mask, self.xsk.sg_stats, max_n))
+        else:
+            n = int(rings.rx_burst(r.producer, r.consumer, r.descs, self._rx_a, self._rx_l, max_n))
         if n == 0:
             self.xsk.wake_rx()
             return self.frames, self._rx_a[:0], self._rx_l[:0]
@@ -167,6 +205,12 @@ class XskPort:
             self.pool.free(self._rx_addrs)
             self._rx_addrs = None
             self.xsk.refill()
+
+    def sg_stats(self) -> dict[str, int]:
+        """Multi-buffer counters: packets reassembled from several descriptors, and packets
+        dropped because they did not fit in a slot (both 0 without sg)."""
+        st = self.xsk.sg_stats
+        return {"rx_sg_reassembled": int(st[1]), "rx_sg_too_long": int(st[0])}
 
     def wait(self, timeout: float) -> None:
         self.xsk.poll(int(timeout * 1000))
