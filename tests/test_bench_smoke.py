@@ -91,6 +91,27 @@ def test_rawloop_moves_frames_in_every_wakeup_mode(tmp_path):
             assert rx["busy_polls"] > 0, rx
 
 
+def test_rawloop_sg_frames_through_a_frags_aware_program(tmp_path):
+    """Path MTU 4096: a 4154-byte frame is two descriptors (XDP_USE_SG) on both sockets, the
+    redirect program is loaded with BPF_F_XDP_HAS_FRAGS so veth takes it at MTU 4200."""
+    binary = bench.build_rawloop(tmp_path)
+    frame = bench.frame_bytes(4096)
+    topo, pair = two_hosts(mtu=bench.MTU_FOR_PMTU[4096], prefix="mrbsg")
+    with topo:
+        prog = bench.RedirectProgram(topo, pair.b, frags=True)
+        try:
+            res = bench.run_rawloop(topo, pair, binary, prog, frame, 0.5, bench.RawConfig(*bench._cpus()))
+            redirected = prog.redirected()
+        finally:
+            prog.close()
+    rx = res["rx"]
+    assert rx["frames"] > 0 and res["tx"]["frames"] > 0, res
+    assert rx["descs"] == 2 * rx["frames"]  # 4096 + 58 bytes
+    assert rx["bytes"] == rx["frames"] * frame and rx["rx_invalid_descs"] == 0
+    assert res["tx"]["tx_invalid_descs"] == 0
+    assert redirected >= rx["frames"]
+
+
 def test_rawloop_rejects_bad_arguments(tmp_path):
     binary = bench.build_rawloop(tmp_path)
     cp = subprocess.run([str(binary), "tx", "-i", "lo", "-s", "100"], capture_output=True, text=True)

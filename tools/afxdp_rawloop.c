@@ -30,6 +30,10 @@
  *                   SO_BUSY_POLL_BUDGET(BATCH), and recvfrom(MSG_DONTWAIT) to run the
  *                   device's NAPI from this thread
  *
+ * A frame larger than a UMEM chunk (4096 B; e.g. 4154 B at path MTU 4096) is sent and
+ * received as several descriptors with XDP_USE_SG (Linux >= 6.6; the XDP program on the
+ * receiving side must then be frags-aware); frames count whole frames, descs the parts.
+ *
  * tx sends for SECONDS and reports what the kernel completed.  rx inserts its socket into
  * the XSKMAP (an inherited map fd, or a pinned map opened with BPF_OBJ_GET), prints
  * "ready" on stdout, then counts frames for SECONDS from the first one received (or
@@ -71,6 +75,14 @@
 #ifndef XDP_MAX_TX_SKB_BUDGET
 #define XDP_MAX_TX_SKB_BUDGET 9
 #endif
+/* Linux 6.6: multi-buffer AF_XDP.  A frame larger than a UMEM chunk spans several
+ * descriptors; all but the last carry XDP_PKT_CONTD in their options. */
+#ifndef XDP_USE_SG
+#define XDP_USE_SG (1 << 4)
+#endif
+#ifndef XDP_PKT_CONTD
+#define XDP_PKT_CONTD (1 << 0)
+#endif
 
 #define ROCE_UDP_PORT   4791
 #define ETH_HLEN_       14
@@ -80,6 +92,7 @@
 #define ICRC_LEN        4
 #define MIN_FRAME       (ETH_HLEN_ + IPV4_HLEN + UDP_HLEN + BTH_LEN + ICRC_LEN)
 #define MAX_CHUNK       4096 /* aligned UMEM chunks: power of two, <= PAGE_SIZE */
+#define MAX_FRAME       (4 * MAX_CHUNK) /* larger than a chunk: XDP_USE_SG, several descriptors */
 #define RING_SIZE       4096 /* every ring; power of two */
 #define NUM_FRAMES      8192 /* UMEM frames: RX keeps RING_SIZE of them on the fill ring */
 /* Default: rx sleeps in poll() as soon as its ring is empty.  Spinning measured no better
@@ -268,7 +281,7 @@ static void map_ring(int fd, struct ring *r, struct xdp_ring_offset *off, uint32
 /* One socket on (ifname, queue) in copy mode, with need_wakeup unless told not; rings
  * only for the directions asked for (fill and completion always: bind insists on both). */
 static void xsk_open(struct xsk *x, const char *ifname, int queue, uint32_t chunk, int want_rx, int want_tx,
-		     int need_wakeup)
+		     int need_wakeup, int sg)
 {
 	struct xdp_umem_reg reg = {0};
 	struct xdp_mmap_offsets off;
@@ -314,12 +327,13 @@ static void xsk_open(struct xsk *x, const char *ifname, int queue, uint32_t chun
 	sxdp.sxdp_family = AF_XDP;
 	sxdp.sxdp_ifindex = ifindex;
 	sxdp.sxdp_queue_id = queue;
-	sxdp.sxdp_flags = XDP_COPY | (need_wakeup ? XDP_USE_NEED_WAKEUP : 0);
+	sxdp.sxdp_flags = XDP_COPY | (need_wakeup ? XDP_USE_NEED_WAKEUP : 0) | (sg ? XDP_USE_SG : 0);
 	/* A socket closed just before (the previous run) releases its queue from a
 	 * workqueue, a little later: EBUSY for a while is expected, not an error. */
 	for (int tries = 0; bind(x->fd, (struct sockaddr *)&sxdp, sizeof(sxdp)); tries++) {
 		if (errno != EBUSY || tries >= 300)
-			die("bind", "queue exists? another socket still bound to it?");
+			die("bind", sg ? "XDP_USE_SG needs Linux >= 6.6; queue exists? another socket bound to it?"
+				       : "queue exists? another socket still bound to it?");
 		usleep(10000);
 	}
 }
@@ -398,14 +412,19 @@ static int run_tx(struct opts *o)
 
 	if (!o->have_src_mac || !o->have_dst_mac || !o->have_src_ip || !o->have_dst_ip)
 		usage("tx needs --src-mac, --dst-mac, --src-ip and --dst-ip");
-	if (o->frame < MIN_FRAME || o->frame > MAX_CHUNK)
+	if (o->frame < MIN_FRAME || o->frame > MAX_FRAME)
 		usage("frame size out of range");
-	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 0, 1, o->need_wakeup);
+	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 0, 1, o->need_wakeup, o->frame > MAX_CHUNK);
 	if (o->budget > 0) /* best effort: the option is newer than most kernels */
 		setsockopt(x.fd, SOL_XDP, XDP_MAX_TX_SKB_BUDGET, &o->budget, sizeof(o->budget));
-	for (uint32_t i = 0; i < NUM_FRAMES; i++) {
-		build_frame(x.umem + (size_t)i * x.chunk, o);
-		free_addrs[nfree++] = (uint64_t)i * x.chunk;
+	/* A frame occupies `parts` consecutive chunks (a slot); only slot bases go on the free
+	 * list, and a slot is free again when its first descriptor completes. */
+	uint32_t parts = (o->frame + x.chunk - 1) / x.chunk;
+	uint64_t slot = (uint64_t)parts * x.chunk;
+
+	for (uint32_t i = 0; i < NUM_FRAMES / parts; i++) {
+		build_frame(x.umem + i * slot, o);
+		free_addrs[nfree++] = i * slot;
 	}
 
 	t0 = now_s();
@@ -418,23 +437,34 @@ static int run_tx(struct opts *o)
 		if (n) {
 			uint64_t *ca = x.comp.descs;
 
-			for (uint32_t i = 0; i < n; i++)
-				free_addrs[nfree++] = ca[(x.comp.cached_cons + i) & x.comp.mask];
+			for (uint32_t i = 0; i < n; i++) {
+				uint64_t a = ca[(x.comp.cached_cons + i) & x.comp.mask];
+
+				if (a % slot == 0) {
+					free_addrs[nfree++] = a;
+					completed++;
+				}
+			}
 			cons_release(&x.comp, n);
-			completed += n;
 		}
-		n = prod_free(&x.tx, o->batch < nfree ? o->batch : nfree);
+		n = prod_free(&x.tx, (o->batch < nfree ? o->batch : nfree) * parts) / parts;
 		if (n) {
 			struct xdp_desc *d = x.tx.descs;
+			uint32_t k = 0;
 
 			for (uint32_t i = 0; i < n; i++) {
-				struct xdp_desc *e = &d[(x.tx.cached_prod + i) & x.tx.mask];
+				uint64_t base = free_addrs[--nfree];
 
-				e->addr = free_addrs[--nfree];
-				e->len = o->frame;
-				e->options = 0;
+				for (uint32_t p = 0; p < parts; p++, k++) {
+					struct xdp_desc *e = &d[(x.tx.cached_prod + k) & x.tx.mask];
+					uint32_t off = p * x.chunk;
+
+					e->addr = base + off;
+					e->len = p + 1 < parts ? x.chunk : o->frame - off;
+					e->options = p + 1 < parts ? XDP_PKT_CONTD : 0;
+				}
 			}
-			prod_submit(&x.tx, n);
+			prod_submit(&x.tx, k);
 			sent += n;
 		}
 		/* copy mode: the kernel transmits only inside sendto(), a bounded batch per call;
@@ -499,13 +529,13 @@ static int run_rx(struct opts *o)
 {
 	struct xsk x;
 	struct xdp_statistics st;
-	uint64_t frames = 0, bytes = 0, polls = 0, busy_polls = 0;
+	uint64_t frames = 0, bytes = 0, polls = 0, busy_polls = 0, descs = 0;
 	double t_start, t_first = 0, t_end = 0, t_last = 0, t_empty = 0;
 	struct pollfd pfd;
 
 	if (o->map_fd < 0 && !o->map_pin)
 		usage("rx needs --xskmap-fd or --xskmap-pin");
-	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 1, 0, o->need_wakeup);
+	xsk_open(&x, o->ifname, o->queue, chunk_for(o->frame), 1, 0, o->need_wakeup, o->frame > MAX_CHUNK);
 	if (o->wait == WAIT_BUSY_POLL) {
 		int one = 1, budget = (int)o->batch;
 
@@ -534,7 +564,7 @@ static int run_rx(struct opts *o)
 
 		if (n == 0) {
 			t_last = now_s();
-			if (frames ? t_last >= t_end : t_last - t_start >= o->idle)
+			if (descs ? t_last >= t_end : t_last - t_start >= o->idle)
 				break;
 			if (o->wait == WAIT_SPIN)
 				continue;
@@ -554,7 +584,7 @@ static int run_rx(struct opts *o)
 			continue;
 		}
 		t_empty = 0;
-		if (!frames) {
+		if (!descs) {
 			t_first = now_s();
 			t_end = t_first + o->seconds;
 		}
@@ -567,11 +597,12 @@ static int run_rx(struct opts *o)
 				struct xdp_desc *e = &d[(x.rx.cached_cons + i) & x.rx.mask];
 
 				bytes += e->len;
+				frames += !(e->options & XDP_PKT_CONTD); /* a frame ends at its last part */
 				fa[(x.fill.cached_prod + i) & x.fill.mask] = e->addr;
 			}
 			cons_release(&x.rx, room);
 			prod_submit(&x.fill, room);
-			frames += room;
+			descs += room;
 		}
 		if (now_s() >= t_end) /* vDSO clock: cheap next to a 64-frame batch */
 			break;
@@ -579,18 +610,19 @@ static int run_rx(struct opts *o)
 	t_last = now_s();
 	xsk_stats(&x, &st);
 	{
-		double secs = frames ? t_last - t_first : 0.0;
+		double secs = descs ? t_last - t_first : 0.0;
 		double fps = secs > 0 ? frames / secs : 0.0;
 		double gbps = secs > 0 ? bytes * 8 / secs / 1e9 : 0.0;
 
 		printf("{\"mode\": \"rx\", \"frames\": %llu, \"bytes\": %llu, \"seconds\": %.6f, "
 		       "\"fps\": %.1f, \"gbps\": %.4f, \"polls\": %llu, \"rx_dropped\": %llu, "
 		       "\"rx_invalid_descs\": %llu, \"rx_ring_full\": %llu, "
-		       "\"rx_fill_ring_empty_descs\": %llu, \"busy_polls\": %llu, \"cpu_s\": %.4f}\n",
+		       "\"rx_fill_ring_empty_descs\": %llu, \"busy_polls\": %llu, \"descs\": %llu, \"cpu_s\": %.4f}\n",
 		       (unsigned long long)frames, (unsigned long long)bytes, secs, fps, gbps,
 		       (unsigned long long)polls, (unsigned long long)st.rx_dropped,
 		       (unsigned long long)st.rx_invalid_descs, (unsigned long long)st.rx_ring_full,
-		       (unsigned long long)st.rx_fill_ring_empty_descs, (unsigned long long)busy_polls, cpu_s());
+		       (unsigned long long)st.rx_fill_ring_empty_descs, (unsigned long long)busy_polls,
+		       (unsigned long long)descs, cpu_s());
 	}
 	fflush(stdout);
 	return 0;
