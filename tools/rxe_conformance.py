@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _terminate)
+    # Ctrl-C even when started with SIGINT ignored (a background job of a script)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     vm = RxeVM(a.id, port=a.port, smp=a.smp, mtu=a.mtu)
     rc = 1
