@@ -24,7 +24,7 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
   `unsealed()` lifts it for a block (a test that calls a compiled function with its own types).
 
 Registering new compiled code: put the module in `MODULES` (tests/test_first_run.py fails while a
-module with `@njit` is missing) and one `Entry` per run-time call in `plan()`; `warm_up()` then
+module with numba functions is missing) and one `Entry` per run-time call in `plan()`; `warm_up()` then
 compiles it and `seal()` covers it -- nothing else to call.
 
 tests/test_first_run.py checks that after `warm_up()` a real transfer over veth adds no

@@ -83,7 +83,7 @@ def test_write_in_flight(mode):
     a, b = loop_pair(size=1 << 20, mtu=MTU, burst=MODES[mode])
     n = 64 * MTU
     a0, b0 = _fill(a, b, 1)
-    b.ctx.engine.budget = 16                           # B takes 16 frames a round
+    b.ctx.engine.budget, b.ctx.engine.rx_bursts = 16, 1    # B takes 16 frames a round
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
     a.ctx.engine.progress()                            # the whole window leaves A
