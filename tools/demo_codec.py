@@ -42,9 +42,10 @@ def packets() -> list[tuple[str, bytes]]:
         ("native WRITE, last packet", encode(Op.NATIVE_WRITE, dest_qp=qb, psn=0x200, sport=50001,
             headers={"reth": RETH(va=0x7F0000004000, rkey=0x2A0001, dma_len=8192),
                      "neth": NETH(flags=0x40, msn=9, offset=7168, msg_len=8192, tsval=123456)}, payload=bytes(1024))),
+        # cumulative PSN 0x1FF, 0x200 missing, 0x201-0x205 received: bit 0 is 0x201 (MR-XH-029)
         ("native SACK with a hole", encode(Op.NATIVE_SACK, dest_qp=qa, psn=0x1FF, src_ip="10.55.0.2",
             dst_ip="10.55.0.1", headers={"aeth": AETH(syndrome=0x1F, msn=8),
-            "sacketh": SACKETH(tsecr=123456, credit=64, echo_sport=50001, bitmap_words=1)}, sack_bitmap=(0x7C000000,))),
+            "sacketh": SACKETH(tsecr=123456, credit=64, echo_sport=50001, bitmap_words=1)}, sack_bitmap=(0xF8000000,))),
     ]
 
 
