@@ -63,6 +63,16 @@ _ERRNO_CODES = {errno.EINVAL: "EINVAL", errno.ENOMEM: "ENOMEM", errno.EAGAIN: "E
 ENGINE_COUNTERS = (("tx", "rx", "tx_no_frame", "tx_ring_full", "drop_icrc", "drop_unknown_qp", "drop_qp_state",
                     "progress_errors")
                    + tuple("drop_" + r.name.lower() for r in DecodeReason if r != DecodeReason.OK))
+# The receive drop counters the spec names (01-encapsulation.md MR-ENC-032, MR-BTH, MR-OPC), each the sum of
+# the XDP program's drops (kern/layout.py DropReason) and the engine's (drop_*) for the same reasons.
+SPEC_DROPS = {
+    "rx_drop_ip_options": ("IP_OPTIONS",), "rx_drop_ip_frag": ("IP_FRAGMENT",), "rx_drop_ip_csum": ("BAD_IP_CSUM",),
+    "rx_drop_len": ("TRUNCATED_IP", "BAD_IP_HEADER", "TRUNCATED_UDP", "BAD_UDP_LENGTH", "TRUNCATED_BTH",
+                    "TRUNCATED_EXT", "BAD_PAD"),
+    "rx_drop_tver": ("BAD_TVER",), "rx_drop_opcode": ("UNKNOWN_OPCODE", "WRONG_PROFILE"),
+    "rx_drop_qpn": ("UNKNOWN_QP",), "rx_drop_wrong_peer": ("WRONG_PEER",), "rx_drop_icrc": ("BAD_ICRC",),
+    "rx_drop_pkey": ("BAD_PKEY",), "rx_drop_qp_state": ("QP_STATE",),
+}
 # The counters of QP.query(); its other members are attributes, reported by query_qp.
 QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
                "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth")
@@ -332,7 +342,7 @@ class Agent:
 
     def cmd_caps(self, args: dict) -> dict:
         return {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
-                "counters": list(ENGINE_COUNTERS) + list(QP_COUNTERS), "params": sorted(PARAMS)}
+                "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS), "params": sorted(PARAMS)}
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
@@ -654,6 +664,18 @@ class Agent:
             stats = dict(self.engine.stats)
         counters = dict.fromkeys(ENGINE_COUNTERS, 0)
         counters.update({k: int(v) for k, v in stats.items()})
+        loader = getattr(self.ctx, "loader", None)
+        xdp = {}
+        if loader is not None:
+            try:
+                xdp = {k: int(v) for k, v in loader.drops().items()}
+            except Exception:                      # noqa: BLE001 - counters are evidence, never a failure
+                log.exception("agent: cannot read the XDP drop counters")
+        counters.update({"xdp_drop_" + k.lower(): v for k, v in xdp.items()})
+        engine_name = {"BAD_ICRC": "drop_icrc"}           # the engine's names are drop_<reason> otherwise
+        for name, reasons in SPEC_DROPS.items():         # MR-ENC-032's counters by the spec's names
+            counters[name] = sum(xdp.get(r, 0) + int(stats.get(engine_name.get(r, "drop_" + r.lower()), 0))
+                                 for r in reasons)
         return {"counters": counters}
 
     def cmd_set_param(self, args: dict) -> None:

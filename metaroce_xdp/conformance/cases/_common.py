@@ -24,14 +24,26 @@ def expect_ack(c: Conn, psn: int, after: int, timeout: float = ACK_WAIT) -> Fram
     return got[0] if got else None
 
 
+def counter(t: T, name: str | None) -> int | None:
+    """A global IUT counter by its spec name (e.g. rx_drop_icrc), None when the IUT does not report it."""
+    if name is None or name not in t.caps.get("counters", ()):
+        return None
+    return int(t.agent.call("get_counters")["counters"].get(name, 0))
+
+
 def dropped_silently(t: T, c: Conn, bad: bytes, rules: list[str], what: str, *, offset: int = 0,
-                     length: int = 0, count_rule: str | None = None) -> None:
+                     length: int = 0, counter_name: str | None = None) -> None:
     """Send `bad` (a request at c.psn that the IUT must drop without a response), then the valid
     WRITE ONLY at the same PSN.  Pass for each rule when: nothing answered the bad frame within
-    QUIET s; the bytes [offset, offset + length) of the MR are still zero; and the valid WRITE
-    at the same PSN is ACKed (the drop changed no PSN state) and placed."""
+    QUIET s; the bytes [offset, offset + length) of the MR are still zero; the counter the rule
+    names (counter_name, e.g. rx_drop_icrc) grew, when the IUT reports it (get_counters; an IUT
+    that does not report it is not failed for that); and the valid WRITE at the same PSN is ACKed
+    (the drop changed no PSN state) and placed."""
+    n0 = counter(t, counter_name)
     mark = c.send(bad)
     seen = c.quiet(QUIET, after=mark)
+    n1 = counter(t, counter_name)
+    counted = n0 is None or (n1 is not None and n1 > n0)
     before = c.mem(offset, length) if length else b""
     good = b"GOOD"
     goff = offset + max(length, 64)
@@ -39,14 +51,17 @@ def dropped_silently(t: T, c: Conn, bad: bytes, rules: list[str], what: str, *, 
     ack = expect_ack(c, c.psn, mark2)
     placed = c.mem(goff, len(good)) == good
     untouched = before == bytes(length)
-    ok = not seen and untouched and ack is not None and placed
-    detail = (f"{what}: " + ("no response, memory untouched, the valid WRITE at the same PSN ACKed"
+    ok = not seen and untouched and ack is not None and placed and counted
+    cnt = "" if counter_name is None else (f", {counter_name} +{n1 - n0}" if n0 is not None else
+                                           f", {counter_name} not reported")
+    detail = (f"{what}: " + (f"no response, memory untouched{cnt}, the valid WRITE at the same PSN ACKed"
                              if ok else
-                             f"responses to it: {describe(seen)}; memory untouched: {untouched}; "
+                             f"responses to it: {describe(seen)}; memory untouched: {untouched}{cnt}; "
                              f"valid WRITE at PSN {c.psn:#08x} ACKed: {ack is not None}, placed: {placed}"))
     frames = seen + ([ack] if ack is not None else [])
-    exp = (f"no frame from the IUT for {QUIET:g} s after the bad frame, then ACKNOWLEDGE ACK psn={c.psn:#08x} "
-           f"for the valid WRITE")
+    exp = (f"no frame from the IUT for {QUIET:g} s after the bad frame"
+           + (f", {counter_name} incremented" if counter_name else "")
+           + f", then ACKNOWLEDGE ACK psn={c.psn:#08x} for the valid WRITE")
     for r in rules:
         t.check(r, ok, detail, frames=frames or [mark + 1], expected=exp)
     c.psn = P.psn_add(c.psn, 1)

@@ -33,14 +33,14 @@ def bad_icrc_dropped(t):
     """A WRITE whose ICRC has one bit flipped is dropped silently, neither NAKed nor placed."""
     c = t.connect()
     dropped_silently(t, c, _bad_write(c, bad_icrc=True), ["MR-ICRC-014", "MR-ICRC-013"], "ICRC bit 0 flipped",
-                     length=16)
+                     length=16, counter_name="rx_drop_icrc")
 
 
 @case("TC-BTH-007-a", rules=["MR-BTH-007"], category="WIRE", timeout=10)
 def tver_nonzero_dropped(t):
     """A request with TVer 1 is dropped without a response."""
     c = t.connect()
-    dropped_silently(t, c, _bad_write(c, tver=1), ["MR-BTH-007"], "TVer 1", length=16)
+    dropped_silently(t, c, _bad_write(c, tver=1), ["MR-BTH-007"], "TVer 1", length=16, counter_name="rx_drop_tver")
 
 
 @case("TC-OPC-003-a", rules=["MR-OPC-003"], category="SEQ", timeout=15)
@@ -49,7 +49,8 @@ def unknown_opcodes_dropped(t):
     c = t.connect()
     for op in (0x15, 0x18, 0x1F, 0x64, 0xFF):
         bad = c.frame(op, ackreq=True, headers=P.RETH(va=c.va, rkey=c.rkey, dlen=16).build(), payload=b"BAD!" * 4)
-        dropped_silently(t, c, bad, ["MR-OPC-003"], f"opcode {op:#04x}", length=16)
+        dropped_silently(t, c, bad, ["MR-OPC-003"], f"opcode {op:#04x}", length=16,
+                         counter_name="rx_drop_opcode")
 
 
 @case("TC-NAK-002-a", rules=["MR-NAK-002", "MR-NAK-003"], category="ACK", timeout=10)
@@ -100,7 +101,8 @@ def pkey_mismatch_dropped(t):
     """Requests with a P_Key outside the QP's partition (0x8001, 0x1234) or the invalid P_Key are dropped."""
     c = t.connect()
     for pkey in (0x8001, 0x1234, 0x0000, 0x8000):
-        dropped_silently(t, c, _bad_write(c, pkey=pkey), ["MR-BTH-010"], f"P_Key {pkey:#06x}", length=16)
+        dropped_silently(t, c, _bad_write(c, pkey=pkey), ["MR-BTH-010"], f"P_Key {pkey:#06x}", length=16,
+                         counter_name="rx_drop_pkey")
 
 
 @case("TC-BTH-010-b", rules=["MR-BTH-010"], category="WIRE", timeout=10)
@@ -133,12 +135,18 @@ def ignored_bth_bits(t):
 @case("TC-OPC-004-a", rules=["MR-OPC-004", "MR-NAT-008"], category="SEQ", timeout=20)
 def native_opcodes_on_compat_dropped(t):
     """Native opcodes 0xc0-0xc6 on a compat QP are dropped without a NAK and change nothing."""
+    import struct
     c = t.connect()
-    neth = bytes(16)
-    for op in P.NATIVE_OPCODES:
-        hdr = P.RETH(va=c.va, rkey=c.rkey, dlen=16).build() + neth if op in (0xC2, 0xC3, 0xC4) else neth
-        bad = c.frame(op, ackreq=True, headers=hdr, payload=b"BAD!" * 4 if op != 0xC4 else b"")
-        dropped_silently(t, c, bad, ["MR-OPC-004", "MR-NAT-008"], f"opcode {op:#04x}", length=16)
+    reth = P.RETH(va=c.va, rkey=c.rkey, dlen=16).build()
+    neth = struct.pack("!IIII", 0xC0 << 24, 0, 16, 0)                     # F, L, MSN 0, offset 0, length 16
+    imm = struct.pack("!I", 0x1234)
+    layouts = {0xC0: neth, 0xC1: neth + imm, 0xC2: reth + neth, 0xC3: reth + neth + imm, 0xC4: reth + neth,
+               0xC5: neth, 0xC6: struct.pack("!I", 0x1F << 24) + struct.pack("!IHHHBB", 0, 0xFFFF, 0, c.sport, 0, 0)}
+    for op in P.NATIVE_OPCODES:                 # each laid out as Table 2-1 says (MR-XH-017, MR-XH-026)
+        payload = b"" if op in (0xC4, 0xC6) else b"BAD!" * 4
+        bad = c.frame(op, ackreq=True, headers=layouts[op], payload=payload)
+        dropped_silently(t, c, bad, ["MR-OPC-004", "MR-NAT-008"], f"opcode {op:#04x}", length=16,
+                         counter_name="rx_drop_opcode")
 
 
 @case("TC-BTH-016-a", rules=["MR-BTH-016"], category="WIRE", timeout=10)
@@ -147,7 +155,8 @@ def unknown_dest_qp_dropped(t):
     c = t.connect()
     for delta in (1, 0x1000):
         other = (c.qpn + delta) & 0xFFFFFF
-        dropped_silently(t, c, _bad_write(c, dqpn=other), ["MR-BTH-016"], f"DestQP {other:#08x}", length=16)
+        dropped_silently(t, c, _bad_write(c, dqpn=other), ["MR-BTH-016"], f"DestQP {other:#08x}", length=16,
+                         counter_name="rx_drop_qpn")
 
 
 @case("TC-BTH-015-a", rules=["MR-BTH-015"], category="WIRE", timeout=10)
@@ -155,7 +164,8 @@ def reserved_qpns_dropped(t):
     """Packets to the reserved QPNs 0, 1 and 0xffffff are dropped without a response."""
     c = t.connect()
     for q in (0, 1, 0xFFFFFF):
-        dropped_silently(t, c, _bad_write(c, dqpn=q), ["MR-BTH-015"], f"DestQP {q:#08x}", length=16)
+        dropped_silently(t, c, _bad_write(c, dqpn=q), ["MR-BTH-015"], f"DestQP {q:#08x}", length=16,
+                         counter_name="rx_drop_qpn")
 
 
 @case("TC-ENC-014-a", rules=["MR-ENC-014"], category="WIRE", timeout=15)
@@ -169,7 +179,8 @@ def ip_udp_length_mismatch_dropped(t):
                 ("UDP Length 4 more than Total Length - 20", _lengths(good, udp_len=n - 20 + 4)),
                 ("Total Length 40 (no room for BTH and ICRC)", _lengths(good[:IP0 + 40], ip_len=40, udp_len=20)))
     for what, f in variants:
-        dropped_silently(t, c, P.refresh(f, icrc_=False), ["MR-ENC-014"], what, length=16)
+        dropped_silently(t, c, P.refresh(f, icrc_=False), ["MR-ENC-014"], what, length=16,
+                         counter_name="rx_drop_len")
 
 
 @case("TC-ENC-007-a", rules=["MR-ENC-007"], category="WIRE", timeout=10)
@@ -190,11 +201,14 @@ def truncated_headers_and_payload_on_none(t):
     c = t.connect()
     reth = P.RETH(va=c.va, rkey=c.rkey, dlen=16).build()
     cut = c.frame("RDMA_WRITE_ONLY", ackreq=True, headers=reth[:8], payload=b"")
-    dropped_silently(t, c, cut, ["MR-ENC-027"], "WRITE ONLY with 8 of the RETH's 16 bytes", length=16)
+    dropped_silently(t, c, cut, ["MR-ENC-027"], "WRITE ONLY with 8 of the RETH's 16 bytes", length=16,
+                     counter_name="rx_drop_len")
     pad = c.frame("SEND_ONLY", ackreq=True, headers=b"", payload=b"", pad=b"", padcount=3)
-    dropped_silently(t, c, pad, ["MR-ENC-027"], "SEND ONLY with no payload and PadCnt 3", length=16)
+    dropped_silently(t, c, pad, ["MR-ENC-027"], "SEND ONLY with no payload and PadCnt 3", length=16,
+                     counter_name="rx_drop_len")
     rd = c.frame("RDMA_READ_REQUEST", ackreq=True, reth=(c.va, c.rkey, 16), payload=b"XXXX")
-    dropped_silently(t, c, rd, ["MR-ENC-027", "MR-OPC-002"], "READ REQUEST with 4 payload bytes", length=16)
+    dropped_silently(t, c, rd, ["MR-ENC-027", "MR-OPC-002"], "READ REQUEST with 4 payload bytes", length=16,
+                     counter_name="rx_drop_len")
 
 
 @case("TC-ENC-026-a", rules=["MR-ENC-026"], category="WIRE", timeout=10)
@@ -216,12 +230,16 @@ def ipv4_options_fragments_checksum_dropped(t):
     good = _bad_write(c)
     opt = good[:IP0] + bytes([0x46]) + good[IP0 + 1:IP0 + 20] + b"\x01\x01\x01\x00" + good[IP0 + 20:]
     opt = _u16(opt, IP0 + 2, len(opt) - IP0)
-    dropped_silently(t, c, P.refresh(opt, icrc_=False), ["MR-ENC-009"], "IHL 6 (4 bytes of options)", length=16)
-    for what, flags in (("More Fragments", 0x6000), ("Fragment Offset 8", 0x4001)):
-        f = P.refresh(_u16(good, IP0 + 6, flags))
-        dropped_silently(t, c, f, ["MR-ENC-010"], what, length=16)
+    dropped_silently(t, c, P.refresh(opt, icrc_=False), ["MR-ENC-009"], "IHL 6 (4 bytes of options)", length=16,
+                     counter_name="rx_drop_ip_options")
+    dropped_silently(t, c, P.refresh(_u16(good, IP0 + 6, 0x6000)), ["MR-ENC-010"], "More Fragments", length=16,
+                     counter_name="rx_drop_ip_frag")
+    # A non-first fragment has no UDP header: a receiver cannot tell it is for port 4791 and may leave it
+    # to its IP stack (MR-ENC-032 step 1), so only "not acted upon" is required of it, not the count.
+    dropped_silently(t, c, P.refresh(_u16(good, IP0 + 6, 0x4001)), ["MR-ENC-010"], "Fragment Offset 8", length=16)
     f = _u16(good, IP0 + 10, int.from_bytes(good[IP0 + 10:IP0 + 12], "big") ^ 0x0101)
-    dropped_silently(t, c, f, ["MR-ENC-013"], "IPv4 header checksum wrong", length=16)
+    dropped_silently(t, c, f, ["MR-ENC-013"], "IPv4 header checksum wrong", length=16,
+                     counter_name="rx_drop_ip_csum")
 
 
 @case("TC-ENC-021-a", rules=["MR-ENC-021", "MR-ENC-023", "MR-ECN-006"], category="WIRE", timeout=10)
@@ -258,7 +276,8 @@ def icrc_wrong_byte_order_dropped(t):
     f = f[:-4] + f[-4:][::-1]
     if f[-4:] == f[-4:][::-1]:
         raise RuntimeError("palindromic ICRC: rerun")
-    dropped_silently(t, c, f, ["MR-ICRC-013", "MR-ICRC-010"], "ICRC byte-swapped", length=16)
+    dropped_silently(t, c, f, ["MR-ICRC-013", "MR-ICRC-010"], "ICRC byte-swapped", length=16,
+                     counter_name="rx_drop_icrc")
 
 
 @case("TC-ICRC-004-a", rules=["MR-ICRC-004", "MR-ICRC-007", "MR-ICRC-011"], category="ICRC", timeout=10)
@@ -284,9 +303,10 @@ def covered_fields_break_the_icrc(t):
     c = t.connect()
     f = _bad_write(c)
     dropped_silently(t, c, _u16(f, UDP0, int.from_bytes(f[UDP0:UDP0 + 2], "big") ^ 1), ["MR-ICRC-006"],
-                     "UDP source port changed", length=16)
+                     "UDP source port changed", length=16, counter_name="rx_drop_icrc")
     f = _bad_write(c)
-    dropped_silently(t, c, _set(f, len(f) - 6, b"?"), ["MR-ICRC-008"], "a payload byte changed", length=16)
+    dropped_silently(t, c, _set(f, len(f) - 6, b"?"), ["MR-ICRC-008"], "a payload byte changed", length=16,
+                     counter_name="rx_drop_icrc")
 
 
 @case("TC-ENC-005-a", rules=["MR-ENC-005", "MR-ENC-006"], category="WIRE", timeout=10)
@@ -311,3 +331,86 @@ def qinq_not_metaroce(t):
     for what, tag in (("802.1ad outer tag", b"\x88\xa8\x00\x05\x81\x00\x00\x07"),
                       ("two 802.1Q tags", b"\x81\x00\x00\x05\x81\x00\x00\x07")):
         dropped_silently(t, c, f[:12] + tag + f[12:], ["MR-ENC-005"], what, length=16)
+
+
+def _never_answered(t, c, frames_and_what, rules, counter_name=None):
+    """Each frame must get no response at all (no ACK, NAK or CNP) and change nothing; afterwards the
+    packet at epsn is accepted (the PSN state did not move)."""
+    from ._common import QUIET, counter
+    for bad, what in frames_and_what:
+        n0 = counter(t, counter_name)
+        mark = c.send(bad)
+        seen = c.t.lt.collect(lambda f: not f.outgoing and f.roce is not None, QUIET, after=mark)
+        n1 = counter(t, counter_name)
+        counted = n0 is None or (n1 is not None and n1 > n0)
+        cnt = "" if counter_name is None else (f"; {counter_name} +{n1 - n0}" if n0 is not None
+                                               else f"; {counter_name} not reported")
+        for r in rules:
+            t.check(r, not seen and counted, f"{what}: responses {describe(seen)}{cnt}", frames=seen or [mark + 1],
+                    expected="no frame at all from the IUT" + (f", {counter_name} incremented" if counter_name else ""))
+    untouched = c.mem(0, 64) == bytes(64)
+    mark = c.send(c.write(b"in order", offset=512))
+    ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+    for r in rules:
+        t.check(r, untouched and ack is not None, f"memory untouched {untouched}; the packet at epsn then ACKed "
+                f"{ack is not None}", frames=[ack] if ack else [mark + 1],
+                expected=f"ACKNOWLEDGE ACK psn={P.psn_add(c.psn, -1):#08x}")
+
+
+@case("TC-ICRC-014-b", rules=["MR-ICRC-014", "MR-ECN-007"], category="ICRC", timeout=15)
+def bad_icrc_never_answered(t):
+    """A bad ICRC is never answered, whatever else the packet would cause: a future PSN (no sequence NAK),
+    a duplicate PSN (no ACK), a READ REQUEST (no response), a CE mark (no CNP)."""
+    c = t.connect()
+    p0 = c.psn
+    m = c.send(c.write(b"base", offset=1024))
+    expect_ack(c, p0, m)
+    frames = [
+        (c.frame("RDMA_WRITE_ONLY", psn=P.psn_add(c.psn, 5), ackreq=True, reth=(c.va, c.rkey, 16),
+                 payload=b"BAD!" * 4, bad_icrc=True), "future PSN"),
+        (c.frame("RDMA_WRITE_ONLY", psn=p0, ackreq=True, reth=(c.va, c.rkey, 16), payload=b"BAD!" * 4,
+                 bad_icrc=True), "duplicate PSN"),
+        (c.frame("RDMA_READ_REQUEST", ackreq=True, reth=(c.va, c.rkey, 16), bad_icrc=True), "READ REQUEST"),
+        (c.frame("RDMA_WRITE_ONLY", ackreq=True, reth=(c.va, c.rkey, 16), payload=b"BAD!" * 4, tos=0x6B,
+                 bad_icrc=True), "CE-marked"),
+    ]
+    _never_answered(t, c, frames, ["MR-ICRC-014"], "rx_drop_icrc")
+    # MR-ECN-007: only a packet that passed every check counts as CE-marked.  The CE-marked frame with a bad
+    # ICRC drew no CNP (above); the same frame with a good ICRC must draw one (MR-CNP-002), or the silence
+    # above proves nothing.
+    mark = c.send(c.write(b"ce", offset=2048, tos=0x6B))
+    cnp = c.expect(1, ACK_WAIT, after=mark, match=lambda f: f.roce.op == 0x81)
+    if cnp:
+        t.check("MR-ECN-007", True, "no CNP for the bad-ICRC CE frame; a CNP for the valid one", frames=cnp)
+    else:
+        t.undecided("MR-ECN-007", "no CNP for a valid CE-marked packet either: this case cannot tell")
+
+
+@case("TC-ENC-032-a", rules=["MR-ENC-032", "MR-BTH-022"], category="WIRE", timeout=15)
+def failed_checks_at_future_psn_never_naked(t):
+    """Packets that fail a header check (TVer, opcode, length, P_Key, ICRC) at a future PSN are dropped
+    before the PSN check: no sequence-error NAK, no state change."""
+    c = t.connect()
+    fut = P.psn_add(c.psn, 3)
+
+    def w(**kw):
+        return c.frame("RDMA_WRITE_ONLY", psn=fut, ackreq=True, reth=(c.va, c.rkey, 16), payload=b"BAD!" * 4, **kw)
+    good = w()
+    n = len(good) - IP0
+    frames = [(w(tver=1), "TVer 1"), (c.frame(0x1F, psn=fut, ackreq=True, payload=b"BAD!"), "opcode 0x1f"),
+              (P.refresh(_lengths(good, udp_len=n - 24), icrc_=False), "UDP Length short by 4"),
+              (w(pkey=0x1234), "P_Key 0x1234"), (w(bad_icrc=True), "ICRC wrong"),
+              (w(dqpn=(c.qpn + 7) & 0xFFFFFF), "unknown DestQP")]
+    _never_answered(t, c, frames, ["MR-ENC-032", "MR-BTH-022"])
+
+
+@case("TC-SEC-009-a", rules=["MR-SEC-009"], category="SEC", timeout=10)
+def request_from_another_address_dropped(t):
+    """A valid request from an IP address other than the QP's peer is discarded and counted, not answered."""
+    import ipaddress
+    c = t.connect()
+    other = str(ipaddress.ip_address(t.lt_ip) + 1)
+    if other == t.iut_ip:
+        other = str(ipaddress.ip_address(t.lt_ip) + 2)
+    dropped_silently(t, c, _bad_write(c, src_ip=other), ["MR-SEC-009"], f"source {other}", length=16,
+                     counter_name="rx_drop_wrong_peer")

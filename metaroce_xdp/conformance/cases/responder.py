@@ -765,3 +765,127 @@ def multi_packet_send_completion(t):
         t.check(r, got == want, f"completions: {got}", expected=str(want), observed=[wc_text(w) for w in wcs])
     t.check("MR-RC-018", c.mem(4096, 600) == data and c.mem(8192, 6) == b"second",
             "the 3-packet SEND in order in the first buffer, the next SEND in the second")
+
+
+@case("TC-RC-016-b", rules=["MR-RC-016", "MR-NAK-006", "MR-QP-032", "MR-QP-024", "MR-NAK-009"], category="SEQ",
+      timeout=10)
+def send_interrupted_by_write(t):
+    """A WRITE ONLY inside a SEND (missing LAST): NAK code 1; the receive WQE in use completes REM_INV_REQ_ERR."""
+    c = connect(t, mtu=256)
+    c.post_recv(1024, offset=4096, wr_id=0x81)
+    c.post_recv(1024, offset=8192, wr_id=0x82)
+    mark = c.send(req(c, "SEND_FIRST", payload=_pattern(256, 14)))
+    f = first_response(c, mark)
+    if f is None or f.roce.ack_kind != "ACK":
+        t.undecided("MR-RC-016", f"the SEND FIRST was not ACKed: {describe([f] if f else [])}")
+    expect_fatal(t, c, c.write(b"interloper", offset=512), 1, "WRITE ONLY inside a SEND",
+                 nak=["MR-RC-016", "MR-NAK-006"], msn=0)
+    wcs = c.poll(2, 1.0)
+    got = [(int(w["wr_id"], 16), w["status"]) for w in wcs]
+    want = [(0x81, "IBV_WC_REM_INV_REQ_ERR"), (0x82, "IBV_WC_WR_FLUSH_ERR")]
+    t.check("MR-QP-032", got[:1] == want[:1], f"completions: {got}", expected=str(want[:1]),
+            observed=[wc_text(w) for w in wcs])
+    t.check("MR-QP-024", got == want, f"completions: {got}", expected=str(want), observed=[wc_text(w) for w in wcs])
+    check_err(t, c, ["MR-NAK-009"], "WRITE ONLY inside a SEND")
+
+
+@case("TC-NAK-014-a", rules=["MR-NAK-014", "MR-NAK-006", "MR-NAK-007", "MR-RNR-001"], category="ACK", timeout=15)
+def responder_check_order(t):
+    """Table 3-4's order decides which error is reported when a request breaks two checks at once."""
+    # QP access flags (3) before the receive WQE (4): WRITE WITH IMMEDIATE, no REMOTE_WRITE, receive queue empty
+    c = connect(t, access=["REMOTE_READ"])
+    p = c.psn
+    mark = c.send(req(c, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", reth=(c.va, c.rkey, 4), imm=1, payload=b"abcd"))
+    check_nak(t, c, ["MR-NAK-014", "MR-NAK-006"], mark, 1, p, 0, "QP access (3) before receive WQE (4)")
+    # receive WQE (4) before length (5): a SEND longer than any buffer with the receive queue empty is RNR
+    c = connect(t, min_rnr_timer=9)
+    p = c.psn
+    mark = c.send(req(c, "SEND_ONLY", payload=bytes(c.mtu)))
+    f = first_response(c, mark)
+    ok = f is not None and f.roce.ack_kind == "RNR" and f.roce.syndrome == 0x29 and f.roce.psn == p
+    for r in ("MR-NAK-014", "MR-RNR-001"):
+        t.check(r, ok, f"receive WQE (4) before length (5): {describe([f] if f else [])}",
+                frames=[f] if f else [mark + 1], expected=f"ACKNOWLEDGE RNR(0x29) psn={p:#08x}")
+    # responder resources (4) before R_Key (6): a READ with a bad key on max_dest_rd_atomic 0
+    c = connect(t, max_dest_rd_atomic=0)
+    p = c.psn
+    mark = c.send(read_req(c, c.va, 64, rkey=c.rkey ^ 0x5500))
+    check_nak(t, c, ["MR-NAK-014", "MR-NAK-006"], mark, 1, p, 0, "resources (4) before R_Key (6)")
+    # length (5) before R_Key (6): a WRITE ONLY carrying 16 bytes for a DMA Length of 8, with a bad key
+    c = connect(t)
+    p = c.psn
+    mark = c.send(req(c, "RDMA_WRITE_ONLY", reth=(c.va + 64, c.rkey ^ 0x5500, 8), payload=bytes(16)))
+    check_nak(t, c, ["MR-NAK-014", "MR-NAK-006"], mark, 1, p, 0, "length (5) before R_Key (6)")
+    # R_Key (6) before ATOMIC alignment (7): an unaligned FETCH_ADD with a bad key
+    if "ATOMICS" in t.claim.caps:
+        c = connect(t)
+        p = c.psn
+        mark = c.send(atomic_req(c, "FETCH_ADD", c.va + 12, 1, rkey=c.rkey ^ 0x5500))
+        check_nak(t, c, ["MR-NAK-014", "MR-NAK-007"], mark, 2, p, 0, "R_Key (6) before alignment (7)")
+    else:
+        c = connect(t)
+        p = c.psn
+        mark = c.send(req(c, "RDMA_WRITE_ONLY", reth=(c.va + c.mr_len - 4, c.rkey, 8), payload=bytes(8)))
+        check_nak(t, c, ["MR-NAK-007"], mark, 2, p, 0, "bounds")
+
+
+@case("TC-NAK-013-a", rules=["MR-NAK-013", "MR-ACK-014"], category="ACK", timeout=12)
+def naks_whatever_ackreq(t):
+    """Invalid-request, access-error and RNR NAKs are sent for packets without AckReq, and never repeated."""
+    subjects = []
+    c = connect(t, access=["REMOTE_READ"])
+    p = c.psn
+    subjects.append((c, c.send(req(c, "RDMA_WRITE_ONLY", reth=(c.va, c.rkey, 4), payload=b"abcd", ackreq=False)),
+                     "ACKNOWLEDGE NAK(0x61)", lambda f, p=p: f.roce.nak_code == 1 and f.roce.psn == p, "invalid request"))
+    c = connect(t)
+    p = c.psn
+    subjects.append((c, c.send(req(c, "RDMA_WRITE_ONLY", reth=(c.va, c.rkey ^ 0x100, 4), payload=b"abcd",
+                                   ackreq=False)),
+                     "ACKNOWLEDGE NAK(0x62)", lambda f, p=p: f.roce.nak_code == 2 and f.roce.psn == p, "access error"))
+    c = connect(t, min_rnr_timer=1)
+    p = c.psn
+    subjects.append((c, c.send(req(c, "SEND_ONLY", payload=b"x", ackreq=False)), "ACKNOWLEDGE RNR(0x21)",
+                     lambda f, p=p: f.roce.syndrome == 0x21 and f.roce.psn == p, "receiver not ready"))
+    for c, mark, exp, good, what in subjects:
+        got = [f for f in c.quiet(0.6, after=mark) if f.roce.op == ACKNOWLEDGE]
+        ok = len(got) == 1 and good(got[0])
+        t.check("MR-ACK-014", len(got) >= 1 and good(got[0]), f"{what} without AckReq: {describe(got)}",
+                frames=got or [mark + 1], expected=exp)
+        t.check("MR-NAK-013", ok, f"{what} without AckReq, over 0.6 s: {describe(got)}", frames=got or [mark + 1],
+                expected=f"exactly one {exp}")
+
+
+@case("TC-RC-025-a", rules=["MR-RC-025", "MR-RC-014", "MR-ACK-006"], category="ACK", caps=("ATOMICS",), timeout=12)
+def responses_leave_in_psn_order(t):
+    """A 256-packet READ, a WRITE with AckReq and a FETCH_ADD sent together: all READ responses, then the ACK, then
+    the ATOMIC ACKNOWLEDGE."""
+    c = connect(t, mtu=256)
+    data = _pattern(65536, 15)
+    c.mem_write(0, data[:32768])
+    c.mem_write(32768, data[32768:])
+    c.mem_write(4096 * 15, _le(9))          # the ATOMIC target lies inside the READ's range: read before the add
+    data = data[:4096 * 15] + _le(9) + data[4096 * 15 + 8:]
+    pr = c.psn
+    frames = [read_req(c, c.va, 65536)]
+    pw = c.psn
+    frames.append(c.write(b"W" * 8, offset=c.mr_len - 64))
+    pa = c.psn
+    frames.append(atomic_req(c, "FETCH_ADD", c.va + 4096 * 15, 1))
+    mark = c.send(*frames)
+    got = c.expect(258, 5.0, after=mark)
+    kinds = [("R" if f.roce.op in READ_RESPONSES else "A" if f.roce.op == ACKNOWLEDGE else "T") for f in got]
+    order = "".join(kinds)
+    reads = [f for f in got if f.roce.op in READ_RESPONSES]
+    ok = order == "R" * 256 + "AT"
+    exp = f"256 READ RESPONSEs from {pr:#08x}, then ACK psn={pw:#08x}, then ATOMIC_ACKNOWLEDGE psn={pa:#08x}"
+    tail = got[-2:] if len(got) >= 2 else got
+    detail = (f"order of the {len(got)} responses: {len(reads)} READ RESPONSE, then "
+              f"{describe([f for f in got if f.roce.op not in READ_RESPONSES])}")
+    t.check("MR-RC-025", ok, detail, frames=tail or [mark + 1], expected=exp)
+    good_tail = (ok and tail[0].roce.psn == pw and tail[0].roce.ack_kind == "ACK" and tail[0].roce.msn == 2
+                 and tail[1].roce.psn == pa and _orig(tail[1]) == 9 and tail[1].roce.msn == 3)
+    t.check("MR-RC-014", good_tail and b"".join(f.roce.payload for f in reads) == data,
+            "the READ saw the word before the FETCH_ADD; ACK msn 2, ATOMIC ACKNOWLEDGE orig 9 msn 3" if good_tail
+            else detail, frames=tail or [mark + 1], expected=exp)
+    t.check("MR-ACK-006", ok and all(f.roce.ack_kind == "ACK" for f in (reads[0], reads[-1])),
+            "the READ's FIRST and LAST carry an ACK-type AETH", frames=[reads[0], reads[-1]] if reads else [mark + 1])
