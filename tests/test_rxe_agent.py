@@ -78,7 +78,7 @@ class Side:
         self.cq = c.call("create_cq", cqe=cqe)["cq"]
         r = c.call("create_qp", pd=self.pd, send_cq=self.cq, recv_cq=self.cq, type="RC",
                    cap={"max_send_wr": 32, "max_recv_wr": 32, "max_send_sge": 2, "max_recv_sge": 2,
-                        "max_inline_data": 0})
+                        "max_inline_data": self.hello["limits"]["max_inline"] and 64})
         self.qp, self.qpn = r["qp"], r["qpn"]
         return self
 
@@ -185,6 +185,36 @@ def test_write_send_read_atomics_both_ways(pair):
         assert src.poll()[0]["status"] == "IBV_WC_SUCCESS"
         (w0,) = dst.poll()
         assert (w0["wr_id"], w0["status"], w0["byte_len"]) == ("0x22", "IBV_WC_SUCCESS", 0) and "imm" not in w0
+
+        # a chain of two WRITEs (one post, the first unsignaled), then WRITE WITH IMMEDIATE: placed
+        # at 24576, and the immediate consumes a receive (byte_len: the message length)
+        src.write(12288, _pattern(seed + 20, 2048))
+        src.c.call("post_send", qp=src.qp, wrs=[
+            {"wr_id": "0x24", "opcode": "RDMA_WRITE", "sg_list": src.sge(12288, 1024), "flags": [],
+             "remote": {"va": dst.va(24576), "rkey": dst.rkey()}},
+            {"wr_id": "0x25", "opcode": "RDMA_WRITE", "sg_list": src.sge(13312, 1024),
+             "remote": {"va": dst.va(25600), "rkey": dst.rkey()}}])
+        assert [w["wr_id"] for w in src.poll()] == ["0x25"]
+        dst.c.call("post_recv", qp=dst.qp, wr={"wr_id": "0x26", "sg_list": []})
+        src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x27", "opcode": "RDMA_WRITE_WITH_IMM", "imm": 7 + seed,
+                                               "sg_list": src.sge(0, 100),
+                                               "remote": {"va": dst.va(26624), "rkey": dst.rkey()}})
+        assert src.poll()[0]["opcode"] == "IBV_WC_RDMA_WRITE"
+        (wi,) = dst.poll()
+        assert (wi["wr_id"], wi["status"], wi["opcode"], wi["imm"]) == \
+            ("0x26", "IBV_WC_SUCCESS", "IBV_WC_RECV_RDMA_WITH_IMM", 7 + seed)
+        assert dst.read(24576, 2048) == _pattern(seed + 20, 2048) and dst.read(26624, 100) == data[:100]
+
+        if src is b:    # rxe offers inline data (hello: max_inline 512); our endpoint claims none
+            # an INLINE SEND of 60 bytes (the payload copied at post time)
+            dst.c.call("post_recv", qp=dst.qp, wr={"wr_id": "0x28", "sg_list": dst.sge(28000, 64)})
+            src.write(30000, b"inline!!" * 8)
+            src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x29", "opcode": "SEND", "flags": ["SIGNALED", "INLINE"],
+                                                   "sg_list": src.sge(30000, 60)})
+            src.write(30000, bytes(64))                              # too late to change what was sent
+            assert src.poll()[0]["status"] == "IBV_WC_SUCCESS"
+            (wn,) = dst.poll()
+            assert (wn["wr_id"], wn["byte_len"]) == ("0x28", 60) and dst.read(28000, 60) == (b"inline!!" * 8)[:60]
 
         # RDMA READ of 2500 bytes back from where the WRITE put them
         src.c.call("post_send", qp=src.qp, wr={"wr_id": "0x30", "opcode": "RDMA_READ", "sg_list": src.sge(32768, 2500),

@@ -67,6 +67,7 @@ import threading
 import time
 
 log = logging.getLogger("metaroce.pyverbs_agent")
+_T0 = time.monotonic()
 
 PROTO = 1
 DEFAULT_PORT = 18516
@@ -1113,9 +1114,9 @@ def main(argv: list | None = None) -> int:
     except OSError as e:
         print(f"pyverbs agent: cannot listen on {a.listen}:{a.port}: {e}", file=sys.stderr)
         return 1
-    log.info("agent on %s:%d for %s port %d GID[%d] %s (%s, %s), max_inline %d, G %d us",
+    log.info("agent on %s:%d for %s port %d GID[%d] %s (%s, %s), max_inline %d, G %d us; ready in %.1f s",
              *srv.address, dev.name, dev.port, dev.gid_index, dev.ip, dev.netdev, dev.mac, dev.max_inline,
-             dev.timer_granularity_us)
+             dev.timer_granularity_us, time.monotonic() - _T0)
     print(f"AGENT-READY {srv.address[0]}:{srv.address[1]}", flush=True)
     try:
         srv.serve_forever()
