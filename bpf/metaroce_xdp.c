@@ -116,42 +116,51 @@ static __always_inline __u32 mr_crc32_byte(__u32 crc, __u32 b)
 			 (1ull << 46) | (1ull << 47) |                           /* UDP checksum */ \
 			 (1ull << 52))                                           /* BTH byte 4 */
 
-/* Verify the ICRC of an ACKNOWLEDGE whose IP header is at byte l3off of the
- * frame; one copy per IP version so that the length and mask are constants.
+/* Verify the ICRC of an ACKNOWLEDGE whose IP header is at l3, byte l3off of
+ * the frame; one copy per IP version so that the length and mask are
+ * constants.
  *
- * The ICRC input is copied to the stack with bpf_xdp_load_bytes, which reads
- * across the fragments of a multi-buffer frame (this program is loaded with
- * BPF_F_XDP_HAS_FRAGS: data_end is the end of the first buffer only), so
- * the check covers every byte wherever the frame was split.
+ * Multi-buffer frames (this program is loaded with BPF_F_XDP_HAS_FRAGS:
+ * data_end ends the first buffer only): when the ICRC input does not lie
+ * whole in the first buffer, it is copied to the stack with
+ * bpf_xdp_load_bytes, which reads across fragments, so the check covers
+ * every byte wherever the frame was split.  An ACK always fits a driver's
+ * first buffer, so the usual path reads the packet directly, as before.
  *
  * Verifier workarounds: (1) a bounded loop, NOT unrolled: unrolled, the 72
  * bytes x 8 bit steps are ~4000 instructions and BCC refuses programs over
- * 4096; (2) a constant loop bound over a constant-size stack buffer: the
- * verifier walks the loop with i known exactly, so each buf[i] is a constant
- * offset and nothing forks per iteration.  See also mr_crc32_byte() for the
- * one idiom that did fork. */
+ * 4096; (2) one bounds check of the whole range before the loop (or a
+ * constant-size stack copy) and a constant loop bound: the verifier walks
+ * the loop with i known exactly, so each p[i] is a constant offset inside
+ * the checked range and nothing forks per iteration.  See also
+ * mr_crc32_byte() for the one idiom that did fork. */
 #define MR_DEFINE_ACK_ICRC(name, LEN, MASKED, V6)                                  \
-static __always_inline int name(struct xdp_md *ctx, __u32 l3off)                  \
+static __always_inline int name(struct xdp_md *ctx, const __u8 *l3, void *data_end, \
+				__u32 l3off)                                       \
 {                                                                                  \
 	__u8 buf[(LEN) + MR_ICRC_SIZE];                                            \
+	const __u8 *p = l3;                                                        \
 	__u32 crc = 0xFFFFFFFFu, wire, i;                                          \
                                                                                    \
-	if (bpf_xdp_load_bytes(ctx, l3off, buf, sizeof(buf)) < 0)                  \
-		return 0;                                                          \
+	if (l3 + (LEN) + MR_ICRC_SIZE > (const __u8 *)data_end) {                  \
+		if (bpf_xdp_load_bytes(ctx, l3off, buf, sizeof(buf)) < 0)          \
+			return 0;                                                  \
+		p = buf;                                                           \
+	}                                                                          \
 	_Pragma("clang loop unroll(disable)")                                      \
 	for (i = 0; i < 8; i++)                                                    \
 		crc = mr_crc32_byte(crc, 0xFF);         /* LRH stand-in */         \
 	_Pragma("clang loop unroll(disable)")                                      \
 	for (i = 0; i < (LEN); i++) {                                              \
-		__u32 b = buf[i];                                                  \
+		__u32 b = p[i];                                                    \
 		if (i < 64 && (((MASKED) >> (i & 63)) & 1))                        \
 			b = 0xFF;           /* masks end before byte 64 */         \
 		if ((V6) && i == 0)                                                \
 			b |= 0x0F;                  /* keep version, mask TC */    \
 		crc = mr_crc32_byte(crc, b);                                       \
 	}                                                                          \
-	wire = buf[(LEN)] | (buf[(LEN) + 1] << 8) | (buf[(LEN) + 2] << 16) |       \
-	       ((__u32)buf[(LEN) + 3] << 24);                                      \
+	wire = p[(LEN)] | (p[(LEN) + 1] << 8) | (p[(LEN) + 2] << 16) |             \
+	       ((__u32)p[(LEN) + 3] << 24);                                        \
 	return (crc ^ 0xFFFFFFFFu) == wire;     /* LSB first (MR-ICRC-010) */      \
 }
 MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v4, MR_ACK_ICRC_V4_LEN, MR_ICRC_MASK_V4, 0)
@@ -421,7 +430,7 @@ int xdp_metaroce(struct xdp_md *ctx)
 	struct mr_qp_state *qp;
 	struct mr_config *cfg;
 	__u32 action = XDP_PASS, reason = MR_DROP_NONE, event = MR_EV_PASSED;
-	__u32 zero = 0, mask = 0, qpn, slot, accept, ulen, l4len, cfg_flags = 0, l3off, flen;
+	__u32 zero = 0, mask = 0, qpn, slot, accept, ulen, l4len, cfg_flags = 0, l3off = 0;
 	int ret, vlan, hlen, rest;
 	/* Verifier: after parsing, the IP header is reached only through `l3`,
 	 * a packet pointer on every path, and helpers that use it re-check
@@ -477,10 +486,11 @@ int xdp_metaroce(struct xdp_md *ctx)
 			reason = MR_DROP_BAD_IP_CSUM;
 			goto out;
 		}
-		/* The whole frame, every fragment: the payload may lie past data_end. */
+		/* The whole frame, every fragment: the payload may lie past
+		 * data_end (the frame's length is only asked for then). */
 		l3off = (__u32)((void *)iph - data);
-		flen = (__u32)bpf_xdp_get_buff_len(ctx);
-		if (l4len < sizeof(*iph) || l3off + l4len > flen) {
+		if (l4len < sizeof(*iph) ||
+		    ((void *)iph + l4len > data_end && l3off + l4len > (__u32)bpf_xdp_get_buff_len(ctx))) {
 			reason = MR_DROP_BAD_IP_HEADER;
 			goto out;
 		}
@@ -525,8 +535,8 @@ int xdp_metaroce(struct xdp_md *ctx)
 		l4len = mr_ntohs(ip6h->payload_len);
 		action = XDP_DROP;
 		l3off = (__u32)((void *)ip6h - data);
-		flen = (__u32)bpf_xdp_get_buff_len(ctx);
-		if (l3off + sizeof(*ip6h) + l4len > flen) {
+		if ((void *)(ip6h + 1) + l4len > data_end &&
+		    l3off + sizeof(*ip6h) + l4len > (__u32)bpf_xdp_get_buff_len(ctx)) {
 			reason = MR_DROP_BAD_IP_HEADER;
 			goto out;
 		}
@@ -568,14 +578,16 @@ int xdp_metaroce(struct xdp_md *ctx)
 	 * BAD_PAD, so only the exact ACK size is checked. */
 	if (ret == MR_OP_ACKNOWLEDGE &&
 	    ulen == sizeof(*udph) + MR_BTH_LEN + MR_AETH_LEN + MR_ICRC_SIZE &&
-	    !(v6 ? mr_ack_icrc_ok_v6(ctx, l3off) : mr_ack_icrc_ok_v4(ctx, l3off))) {
+	    !(v6 ? mr_ack_icrc_ok_v6(ctx, (const __u8 *)l3, data_end, l3off)
+		 : mr_ack_icrc_ok_v4(ctx, (const __u8 *)l3, data_end, l3off))) {
 		reason = MR_DROP_BAD_ICRC;
 		goto out;
 	}
 	/* The same for a CNP, before cnp_count can move (MR-ENC-032). */
 	if (ret == MR_OP_CNP &&
 	    ulen == sizeof(*udph) + MR_BTH_LEN + MR_CNP_LEN + MR_ICRC_SIZE &&
-	    !(v6 ? mr_cnp_icrc_ok_v6(ctx, l3off) : mr_cnp_icrc_ok_v4(ctx, l3off))) {
+	    !(v6 ? mr_cnp_icrc_ok_v6(ctx, (const __u8 *)l3, data_end, l3off)
+		 : mr_cnp_icrc_ok_v4(ctx, (const __u8 *)l3, data_end, l3off))) {
 		reason = MR_DROP_BAD_ICRC;
 		goto out;
 	}
