@@ -75,3 +75,20 @@ def make_pair(mtu=1500, **kw):
         topo.close()
         raise
     return topo, a, b
+
+
+def make_switched(mtu=1500, **kw):
+    """A (mr0) <-> switch namespace (swA, swB: where faults are injected) <-> B (mr1)."""
+    from metaroce_xdp.topo import switched_hosts
+    topo, _, _ = switched_hosts(mtu=mtu)
+    a = b = None
+    try:
+        a = Side(topo, topo[0], "mr0", **kw)
+        b = Side(topo, topo[2], "mr1", **kw)
+    except BaseException:
+        for s in (a, b):
+            if s is not None:
+                s.close()
+        topo.close()
+        raise
+    return topo, a, b

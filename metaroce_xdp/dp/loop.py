@@ -596,6 +596,10 @@ def timers(A, Q, SW, CQT, CE, qi, now):
         return
     if now < Q[qi, Q_DEADLINE]:
         return
+    if A[P_KS_ADDR] != 0 and psn_diff((Q[qi, Q_K_ACK] + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) > 0:
+        advance(A, Q, SW, CQT, CE, qi, (Q[qi, Q_K_ACK] + 1) & PSN_MASK, now)   # held back by a READ before
+        if Q[qi, Q_STATE] == ST_ERR or now < Q[qi, Q_DEADLINE]:
+            return
     A[P_TIMEOUTS] += 1
     if Q[qi, Q_RETRY_LEFT] <= 0:
         qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
@@ -856,12 +860,15 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
             A[P_RX_RSP_STALE] += 1
             return
     npsn = SW[r, W_NPSN]
-    want = OP_RSP_ONLY if npsn == 1 else (OP_RSP_FIRST if k == 0 else (OP_RSP_LAST if k == npsn - 1
-                                                                         else OP_RSP_MIDDLE))
-    if op != want and not (k == 0 and op == OP_RSP_FIRST and npsn > 1):
-        if not (op == OP_RSP_FIRST and want == OP_RSP_FIRST):
-            A[P_RX_DROP_OP] += 1
-            return
+    # the last PSN of the READ comes as LAST or ONLY, the others as FIRST or MIDDLE; a request for the
+    # rest of a READ (after a lost response) is answered from FIRST (or ONLY) at the PSN it asked for
+    if k == npsn - 1:
+        ok_op = op == OP_RSP_LAST or op == OP_RSP_ONLY
+    else:
+        ok_op = op == OP_RSP_FIRST or op == OP_RSP_MIDDLE
+    if not ok_op or (k == 0 and op != OP_RSP_FIRST and op != OP_RSP_ONLY):
+        A[P_RX_DROP_OP] += 1
+        return
     pay = b + 12 + (0 if op == OP_RSP_MIDDLE else 4)
     plen = end - pad - pay
     pmtu = Q[qi, Q_PMTU]
@@ -890,6 +897,9 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
             complete_head(A, Q, SW, CQT, CE, qi, S_OK)
             if Q[qi, Q_STATE] == ST_ERR:
                 break
+        # the kernel may have taken an ACK for what follows the READ while it waited: apply it now
+        if A[P_KS_ADDR] != 0 and Q[qi, Q_STATE] != ST_ERR:
+            advance(A, Q, SW, CQT, CE, qi, (Q[qi, Q_K_ACK] + 1) & PSN_MASK, now)
     publish_comp(A, Q, qi)
 
 
