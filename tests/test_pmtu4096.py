@@ -284,12 +284,14 @@ def test_capture_decodes_with_good_icrcs(jumbo):
 @needs_root
 def test_mtu_1500_keeps_single_buffer_path():
     """At MTU 1500 nothing changes: no XDP_USE_SG, one descriptor per frame, path MTU 4096
-    refused as more than the interface carries, and a 64 KiB WRITE at 1024 works."""
+    refused as more than the interface carries, and a 64 KiB WRITE at 1024 works (one side's
+    program in generic (SKB) mode: the bpf_link keeps the mode choice)."""
     topo, _ = two_hosts(mtu=1500)
     a = b = None
     try:
         with topo.enter(topo[0]):
-            a = Side(topo, topo[0], Context.open("mr0"), 1 << 17)
+            a = Side(topo, topo[0], Context.open("mr0", xdp_mode="skb"), 1 << 17)
+            assert a.ctx.loader._mode.value == "skb"
         with topo.enter(topo[1]):
             b = Side(topo, topo[1], Context.open("mr1"), 1 << 17)
         for p in (a, b):

@@ -88,6 +88,28 @@ def pinned_map_id(path) -> int | None:
         os.close(fd)
 
 
+def busy_error(ifname: str, prog_id: int | None) -> XdpBusy:
+    """The XdpBusy for an interface whose XDP program is prog_id, naming who holds it."""
+    holders = bpfsys.xdp_link_holders(prog_id) if prog_id else []
+    if holders:
+        who = f"held through a bpf_link by pid {', '.join(map(str, holders))}"
+    elif prog_id:
+        who = f"attached through netlink (`ip link set dev {ifname} xdp off` removes it)"
+    else:
+        who = "held by another owner"
+    return XdpBusy(f"{ifname} already has an XDP program (id {prog_id}), {who}: another MetaRoCE "
+                   f"endpoint or tool owns this interface; close it first or use another interface",
+                   ifname, prog_id, holders)
+
+
+def check_interface_free(ifname: str) -> None:
+    """Raise XdpBusy at once when ifname already has an XDP program: a cheap look before
+    compiling one (seconds).  Only attach() takes the interface; this is no lock."""
+    prog_id = attached_xdp_prog_id(ifname)
+    if prog_id:
+        raise busy_error(ifname, prog_id)
+
+
 class XdpMode(enum.Enum):
     DRV = "drv"      # native driver mode (veth supports it; the default)
     SKB = "skb"      # generic mode: any interface, slower, no zero-copy AF_XDP
@@ -318,16 +340,7 @@ class XdpLoader:
             prog_id = attached_xdp_prog_id(ifname)
         except Exception:
             prog_id = None
-        holders = bpfsys.xdp_link_holders(prog_id) if prog_id else []
-        if holders:
-            who = f"held through a bpf_link by pid {', '.join(map(str, holders))}"
-        elif prog_id:
-            who = f"attached through netlink (`ip link set dev {ifname} xdp off` removes it)"
-        else:
-            who = "held by another owner"
-        return XdpBusy(f"{ifname} already has an XDP program (id {prog_id}), {who}: another MetaRoCE "
-                       f"endpoint or tool owns this interface; close it first or use another interface",
-                       ifname, prog_id, holders)
+        return busy_error(ifname, prog_id)
 
     def detach(self) -> None:
         """Unpin (our own pins only), then release the link, which detaches the program; safe

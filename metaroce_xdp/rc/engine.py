@@ -543,10 +543,11 @@ class Context:
              frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True) -> "Context":
         """An endpoint on a real interface: the XDP program attached, an AF_XDP
         socket on `queue`, and the kernel ACK fast path feeding the completers."""
-        from ..kern.loader import XdpLoader, XdpMode
+        from ..kern.loader import XdpLoader, XdpMode, check_interface_free
         from .fastack import FastAck
         from .xskport import XskPort
 
+        check_interface_free(ifname)   # XdpBusy before seconds of compiling when another owner lives
         _warm_up()            # before the socket and XDP program exist, long before any QP reaches RTR
         loader = XdpLoader(max_qps=MAX_QPS)
         port = None
