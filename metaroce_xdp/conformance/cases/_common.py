@@ -17,6 +17,17 @@ def describe(frames: list[Frame]) -> str:
     return ", ".join(f.summary() for f in frames) or "nothing"
 
 
+def responses(c: Conn, after: int, first, timeout: float = ACK_WAIT, extra: float = QUIET) -> list[Frame]:
+    """Every frame the IUT sends to this conn after `after`: waits up to `timeout` s for one that
+    matches `first`, then `extra` s more for anything else (so a slow IUT is not taken for a silent
+    one, and a second, unwanted response is still seen)."""
+    got = c.expect(1, timeout, after=after, match=first)
+    if not got:
+        return c.quiet(0.0, after=after)
+    before = [f for f in c.quiet(0.0, after=after) if f.num <= got[0].num]
+    return before + c.quiet(extra, after=got[0].num)
+
+
 def expect_ack(c: Conn, psn: int, after: int, timeout: float = ACK_WAIT) -> Frame | None:
     """The first ACKNOWLEDGE of type ACK with BTH.PSN psn that the IUT sends after `after`."""
     got = c.expect(1, timeout, after=after,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import packets as P
 from ..registry import case
-from ._common import ACK_WAIT, describe, dropped_silently, expect_ack
+from ._common import ACK_WAIT, describe, dropped_silently, expect_ack, responses
 
 
 def _bad_write(c, **kw) -> bytes:
@@ -60,7 +60,7 @@ def future_psn_one_nak(t):
     epsn = c.psn
     frames = [c.write(b"ahead%d" % i, offset=256 + 64 * i, psn=P.psn_add(epsn, 2 + i)) for i in range(3)]
     mark = c.send(*frames)
-    got = c.quiet(0.4, after=mark)
+    got = responses(c, mark, lambda f: f.roce.op == 0x11 and f.roce.ack_kind == "NAK", extra=0.3)
     naks = [f for f in got if f.roce.op == 0x11 and f.roce.ack_kind == "NAK" and f.roce.nak_code == 0]
     exp = f"exactly one ACKNOWLEDGE NAK(0x60) psn={epsn:#08x}, nothing else"
     ok1 = len(naks) >= 1 and naks[0].roce.psn == epsn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import packets as P
 from ..registry import case
-from ._common import ACK_WAIT, QUIET, describe, expect_ack
+from ._common import ACK_WAIT, QUIET, describe, expect_ack, responses
 
 HALF = 1 << 23
 
@@ -65,7 +65,7 @@ def duplicate_during_gap_keeps_nak_sent(t):
     m1 = c.send(c.write(b"ahead", offset=64, psn=P.psn_add(p, 3)))
     nak = c.expect(1, ACK_WAIT, after=m1, match=_is_nak0)
     m2 = c.send(c.write(b"dup", offset=0, psn=p))
-    dup = c.quiet(QUIET, after=m2)
+    dup = responses(c, m2, lambda f: f.roce.op == 0x11)
     m3 = c.send(c.write(b"ahead2", offset=128, psn=P.psn_add(p, 4)))
     later = c.quiet(QUIET, after=m3)
     ok_dup = len(dup) == 1 and dup[0].roce.ack_kind == "ACK" and dup[0].roce.psn == p
@@ -86,11 +86,11 @@ def one_nak_per_gap(t):
     c = t.connect()
     p = c.psn
     m1 = c.send(c.write(b"g1", offset=0, psn=P.psn_add(p, 1)), c.write(b"g1b", offset=8, psn=P.psn_add(p, 2)))
-    n1 = c.quiet(QUIET, after=m1)
+    n1 = responses(c, m1, _is_nak0)
     m2 = c.send(c.write(b"fill", offset=16, psn=p))
     a2 = expect_ack(c, p, m2)
     m3 = c.send(c.write(b"g2", offset=32, psn=P.psn_add(p, 3)), c.write(b"g2b", offset=40, psn=P.psn_add(p, 4)))
-    n3 = c.quiet(QUIET, after=m3)
+    n3 = responses(c, m3, _is_nak0)
     ok1 = len(n1) == 1 and _is_nak0(n1[0]) and n1[0].roce.psn == p
     ok3 = len(n3) == 1 and _is_nak0(n3[0]) and n3[0].roce.psn == P.psn_add(p, 1)
     detail = f"first gap: {describe(n1)}; filled: {a2 is not None}; second gap: {describe(n3)}"
@@ -158,8 +158,8 @@ def coalesced_ack_for_last_ackreq(t):
     frames = [c.write(b"c%d" % i, offset=8 * i, ackreq=(i == 7)) for i in range(8)]
     m = c.send(*frames)
     last = P.psn_add(p, 7)
-    got = c.expect(8, ACK_WAIT, after=m, match=lambda f: f.roce.op == 0x11)
-    got += c.quiet(0.05, after=got[-1].num if got else m)
+    c.expect(1, ACK_WAIT, after=m, match=lambda f: f.roce.op == 0x11 and f.roce.psn == last)
+    got = c.quiet(0.05, after=m)
     fin = [f for f in got if f.roce.ack_kind == "ACK" and f.roce.psn == last]
     stray = [f for f in got if f.roce.ack_kind != "ACK" or not (P.psn_before(f.roce.psn, P.psn_add(last, 1))
                                                                  and not P.psn_before(f.roce.psn, p))]
@@ -178,7 +178,7 @@ def every_ackreq_covered(t):
     p = c.psn
     m = c.send(*[c.write(b"e%d" % i, offset=8 * i) for i in range(8)])
     last = P.psn_add(p, 7)
-    got = c.expect(8, ACK_WAIT, after=m, match=lambda f: f.roce.op == 0x11 and f.roce.psn == last)
+    got = c.expect(1, ACK_WAIT, after=m, match=lambda f: f.roce.op == 0x11 and f.roce.psn == last)
     acks = [f for f in c.t.lt.collect(c.is_mine, 0.05, after=m) if f.roce.ack_kind == "ACK"]
     ok = bool(got) and acks and acks[-1].roce.psn == last
     t.check("MR-ACK-003", ok, f"ACKs: {describe(acks)}", frames=acks or [m + 1],
@@ -193,7 +193,7 @@ def ack_delay_bounded(t):
     g_us = int(t.hello.get("timer_granularity_us", 0) or 0)
     tol_us = max(50.0, 2 * g_us, 0.1 * 10)
     limit_us = 10 + tol_us
-    worst, worst_pair = 0.0, []
+    worst, worst_pair, delays = 0.0, [], []
     for i in range(20):
         psn = c.psn
         m = c.send(c.write(b"d%02d" % i, offset=8 * i))
@@ -203,9 +203,12 @@ def ack_delay_bounded(t):
             t.check("MR-ACK-004", False, f"no ACK for PSN {psn:#08x}", frames=[m + 1], expected="an ACK")
             return
         d = (a.ts - req.ts) * 1e6
+        delays.append(d)
         if d > worst:
             worst, worst_pair = d, [req, a]
-    t.check("MR-ACK-004", worst <= limit_us, f"largest delay {worst:.0f} us, limit {limit_us:.0f} us "
+    delays.sort()
+    t.check("MR-ACK-004", worst <= limit_us, f"largest delay {worst:.0f} us (median {delays[len(delays) // 2]:.0f} us, "
+            f"arrival to ACK on the wire, so the IUT's input latency included), limit {limit_us:.0f} us "
             f"(10 us + max(50 us, 2 x G = {2 * g_us} us))", frames=worst_pair, expected=f"ACK within {limit_us:.0f} us")
 
 
