@@ -73,6 +73,9 @@ SPEC_DROPS = {
     "rx_drop_qpn": ("UNKNOWN_QP",), "rx_drop_wrong_peer": ("WRONG_PEER",), "rx_drop_icrc": ("BAD_ICRC",),
     "rx_drop_pkey": ("BAD_PKEY",), "rx_drop_qp_state": ("QP_STATE",),
 }
+# Per-QP counters the spec names (MR-DUP-010, MR-ACK-015), from QP.query()'s members.
+QP_SPEC_COUNTERS = {"rx_dup_req": "duplicates", "rx_ghost_rsp": "rx_ghost_rsp", "rx_stale_rsp": "rx_stale_rsp",
+                    "rx_bad_rsp": "rx_bad_rsp"}
 # The counters of QP.query(); its other members are attributes, reported by query_qp.
 QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
                "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth")
@@ -342,7 +345,8 @@ class Agent:
 
     def cmd_caps(self, args: dict) -> dict:
         return {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
-                "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS), "params": sorted(PARAMS)}
+                "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS) + list(QP_SPEC_COUNTERS),
+                "params": sorted(PARAMS)}
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
@@ -659,7 +663,9 @@ class Agent:
             _, e = self._lookup(self.qps, "qp", args)
             with self.engine.lock:
                 q = e.qp.query()
-            return {"counters": {k: int(q[k]) for k in QP_COUNTERS}}
+            out = {k: int(q[k]) for k in QP_COUNTERS}
+            out.update({k: int(q.get(v, 0) or 0) for k, v in QP_SPEC_COUNTERS.items()})
+            return {"counters": out}
         with self.engine.lock:
             stats = dict(self.engine.stats)
         counters = dict.fromkeys(ENGINE_COUNTERS, 0)

@@ -13,7 +13,8 @@ def _is_nak0(f) -> bool:
     return f.roce.op == 0x11 and f.roce.ack_kind == "NAK" and f.roce.nak_code == 0
 
 
-@case("TC-DUP-002-a", rules=["MR-DUP-001", "MR-DUP-002", "MR-DUP-006", "MR-ACK-008"], category="DUP", timeout=10)
+@case("TC-DUP-002-a", rules=["MR-DUP-001", "MR-DUP-002", "MR-DUP-006", "MR-ACK-008", "MR-DUP-010"], category="DUP",
+      timeout=10)
 def duplicate_write_acked_not_placed(t):
     """A WRITE sent again at the same PSN (other bytes) is ACKed at epsn - 1 with the same MSN, not placed."""
     c = t.connect()
@@ -35,6 +36,12 @@ def duplicate_write_acked_not_placed(t):
             f"{a2.roce.msn if a2 else None}", frames=frames, expected=exp)
     t.check("MR-ACK-008", ok, "MSN 1 after one WRITE, unchanged by its duplicate" if ok else "MSN wrong",
             frames=frames, expected=exp)
+    if "rx_dup_req" in t.caps.get("counters", ()):
+        n = c.counters().get("rx_dup_req")
+        t.check("MR-DUP-010", n == 1, f"rx_dup_req {n} after one duplicate", frames=frames,
+                expected="rx_dup_req 1")
+    else:
+        t.undecided("MR-DUP-010", "the IUT reports no rx_dup_req counter (get_counters with qp)")
     m3 = c.send(c.write(b"next", offset=16))          # epsn unchanged by the duplicate
     a3 = expect_ack(c, P.psn_add(p, 1), m3)
     t.check("MR-DUP-006", a3 is not None and a3.roce.msn == 2, f"the next PSN was then accepted: {a3 is not None}",

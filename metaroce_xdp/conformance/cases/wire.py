@@ -116,3 +116,26 @@ def _pad_bytes(f) -> bytes:
     return body[len(body) - v.pad:] if v.pad else b""
 
 
+
+
+@case("TC-RC-004-b", rules=["MR-RC-004", "MR-BTH-020", "MR-RC-021"], category="SEQ", timeout=10)
+def requester_psn_wraps(t):
+    """The IUT as requester with sq_psn 0xffffff: a 3-packet WRITE takes PSNs 0xffffff, 0, 1, and the LT's
+    ACK with PSN 1 (after 0xffffff modulo 2^24) completes it."""
+    c = t.connect(mtu=1024, iut_psn=0xFFFFFF)
+    c.mem_write(0, b"w" * 2049)
+    m = c.t.lt.last_num()
+    c.post_send(wr_id="0x5", opcode="RDMA_WRITE", sg_list=[{"mr": c.mr, "offset": 0, "len": 2049}],
+                remote={"va": "0x10000", "rkey": 0x77})
+    got = c.expect(3, ACK_WAIT, after=m)
+    psns = [f.roce.psn for f in got]
+    t.check("MR-RC-004", psns == [0xFFFFFF, 0, 1], f"PSNs {[hex(p) for p in psns]}", frames=got or [m + 1],
+            expected="RDMA WRITE FIRST/MIDDLE/LAST at PSNs 0xffffff, 0x000000, 0x000001")
+    if len(got) == 3:
+        c.send(P.build("ACKNOWLEDGE", src_mac=t.lt_mac, dst_mac=t.iut_mac, src_ip=t.lt_ip, dst_ip=t.iut_ip,
+                       dqpn=c.qpn, psn=1, sport=c.sport, aeth=(0x1F, 1)))
+    wcs = c.poll(1, timeout=ACK_WAIT)
+    ok = len(wcs) == 1 and wcs[0]["status"] == "IBV_WC_SUCCESS"
+    t.check("MR-BTH-020", ok and psns == [0xFFFFFF, 0, 1], f"ACK psn 0x000001 -> completion {wcs}",
+            frames=got or [m + 1], expected="the ACK at PSN 1 acknowledges the packet at 0xffffff too")
+    t.check("MR-RC-021", ok, f"completion {wcs}", frames=got[-1:] or [m + 1], expected="IBV_WC_SUCCESS")
