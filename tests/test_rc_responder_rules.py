@@ -397,6 +397,30 @@ def test_fatal_nak_after_a_read_leaves_after_its_responses():
     assert a.ctx.port.inbox == type(a.ctx.port.inbox)()
 
 
+@pytest.mark.parametrize("budget", [256, 1])
+def test_later_requests_do_not_change_an_earlier_reads_data(budget):
+    """MR-RC-025, MR-RC-014, MR-ATOM-009: a WRITE, a FETCH_ADD and a SEND that land inside the range of an
+    earlier READ whose responses are still queued do not show in those responses: the READ returns the
+    memory as it was when it was executed, the later requests' effects are all in memory afterwards.
+    (Before, responses were built from memory as they left; conformance TC-RC-025-a.)"""
+    a, b = loop_pair(mtu=MTU)
+    b.buf[:4 * MTU] = 0x42
+    b.qp.post_recv(RecvWR(wr_id=7, sg_list=[b.sge(3 * MTU, 64)]))
+    rk = b.mr.rkey
+    out = inject_burst(a, b, [
+        (Op.RDMA_READ_REQUEST, 100, b"", dict(reth=RETH(va=b.mr.addr, rkey=rk, dma_len=4 * MTU))),
+        (Op.RDMA_WRITE_ONLY, 104, b"w" * 16, dict(reth=RETH(va=b.mr.addr + 2 * MTU - 8, rkey=rk, dma_len=16))),
+        (Op.FETCH_ADD, 105, b"", dict(atomiceth=AtomicETH(va=b.mr.addr + MTU + 8, rkey=rk, swap_add=1, compare=0))),
+        (Op.SEND_ONLY, 106, b"s" * 32, {})], budget)
+    assert order_of(out) == [("RR", 100), ("RR", 101), ("RR", 102), ("RR", 103), ("ACK", 104), ("ATOMIC_ACK", 105),
+                             ("ACK", 106)]
+    assert b"".join(p.payload for p in out[:4]) == b"\x42" * (4 * MTU)
+    assert out[5].ext["atomicacketh"].orig == 0x4242424242424242
+    assert bytes(b.buf[2 * MTU - 8:2 * MTU + 8]) == b"w" * 16 and bytes(b.buf[3 * MTU:3 * MTU + 32]) == b"s" * 32
+    assert int(b.buf[MTU + 8:MTU + 16].view(np.uint64)[0]) == 0x4242424242424243
+    assert b.qp.responder.read_queue == [] and b.qp.state == QPState.RTS
+
+
 @pytest.mark.parametrize("burst", [True, False])
 def test_requester_completes_read_then_write_without_a_retry(burst):
     """MR-RC-025, MR-RETRY-012: READ, WRITE and SEND posted together complete in order with no

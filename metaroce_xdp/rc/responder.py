@@ -33,6 +33,7 @@ _AETH = struct.Struct("!I")
 _AETH_ORIG = struct.Struct("!IQ")
 U64_MASK = (1 << 64) - 1
 DMA_LEN_MAX = 1 << 31                      # MR-XH-004
+SNAPSHOT_MAX = 16 << 20                    # the largest unsent READ copied aside for a later request (_protect_reads)
 # the asynchronous event of a responder error, by NAK code (MR-QP-030)
 _NAK_EVENT = {NAK_INVALID_REQUEST: EventType.QP_REQ_ERR, NAK_REMOTE_ACCESS_ERR: EventType.QP_ACCESS_ERR,
               NAK_REMOTE_OP_ERR: EventType.QP_FATAL}
@@ -42,7 +43,7 @@ class Resource:
     """A remembered READ (first PSN, response count, VA, R_Key, DMA Length) or ATOMIC (PSN,
     original value): IBTA responder resources, MR-DUP-007.  A re-executed READ is a Resource of
     its own whose `origin` is the saved one."""
-    __slots__ = ("kind", "psn", "npsn", "mr", "offset", "length", "orig", "va", "rkey", "origin")
+    __slots__ = ("kind", "psn", "npsn", "mr", "offset", "length", "orig", "va", "rkey", "origin", "mem", "mem_off")
 
     def __init__(self, kind: str, psn: int, npsn: int, mr, offset: int, length: int, va: int = 0,
                  rkey: int = 0, origin: "Resource | None" = None) -> None:
@@ -56,6 +57,10 @@ class Resource:
         self.va = va
         self.rkey = rkey
         self.origin = origin
+        # where READ RESPONSE data comes from: the MR's memory at `offset`, or a private copy of the part
+        # not yet sent, taken before a later request wrote over it (Responder._protect_reads)
+        self.mem = None
+        self.mem_off = offset
 
 
 class Responder:
@@ -260,6 +265,9 @@ class Responder:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR,
                       f"SEND WITH INVALIDATE of key {pkt.ieth:#x}, which cannot be invalidated")
             return
+        if self.read_queue and self.recv_off == 0:
+            for mem, off, ln in w.sinks:                 # MR-RC-025: earlier READs read first
+                self._protect_reads(int(mem.ctypes.data) + off, ln)
         scatter(w.sinks, self.recv_off, pkt.payload)     # in order, continuing the message (MR-RC-018)
         self.recv_off += n
         self.bytes_received += n
@@ -318,6 +326,7 @@ class Responder:
                     return
                 self.write_mr, self.write_off = chk
                 self.write_left = pkt.dma_len
+                self._protect_reads(self.write_mr.addr + self.write_off, pkt.dma_len)   # MR-RC-025
             self.write_len = pkt.dma_len
         elif n and not self.write_mr.valid:
             # deregistered (or invalidated) while the WRITE was in progress: no later packet reaches
@@ -396,6 +405,31 @@ class Responder:
             del self.resources[0]
         self.resources.append(res)
 
+    def _protect_reads(self, addr: int, n: int) -> None:
+        """MR-RC-025, MR-RC-014: a request is executed only after every earlier request has been processed
+        entirely, READ RESPONSEs included.  Those are built as they leave (progress), so before a later
+        request writes [addr, addr + n) -- WRITE, SEND placement, ATOMIC -- the part not yet sent of each
+        queued READ that overlaps it is taken now: copied aside (up to SNAPSHOT_MAX bytes) or, for a
+        larger one, sent at once.  Overlap is by address, so MRs that alias the same memory count."""
+        if not self.read_queue or n <= 0:
+            return
+        mtu = self.qp.pmtu
+        for e in list(self.read_queue):
+            res, k = e
+            if res.mr is None or res.mem is not None:
+                continue
+            lo = res.mr.addr + res.offset + k * mtu
+            hi = res.mr.addr + res.offset + res.length
+            if not (lo < addr + n and addr < hi):
+                continue
+            if hi - lo <= SNAPSHOT_MAX:
+                res.mem = res.mr.mem[res.offset + k * mtu:res.offset + res.length].copy()
+                res.mem_off = -k * mtu
+            else:
+                while e in self.read_queue:
+                    self.progress(self.qp.ctx.engine.budget)
+                    self.qp.ctx.engine.port.flush()
+
     def _read(self, pkt: "RxPkt") -> None:
         # Table 3-4 (MR-NAK-014): resources (row 4), DMA Length (row 5), R_Key and bounds (row 6)
         if self._resources_full():
@@ -461,7 +495,7 @@ class Responder:
                 self._nak(NAK_REMOTE_ACCESS_ERR, res.psn, True, WCStatus.REM_ACCESS_ERR,
                           f"READ rkey {res.rkey:#x}: memory region no longer valid")
                 return False
-        mem = res.mr.mem if res.mr is not None else None
+        mem = (res.mem if res.mem is not None else res.mr.mem) if res.mr is not None else None
         # FIRST, LAST and ONLY carry the current msn (MR-ACK-008)
         aeth = _AETH.pack((AETH_ACK | AETH_CREDIT_INVALID) << 24 | (self.msn & 0xFFFFFF))
         for k in range(start, stop):
@@ -474,7 +508,7 @@ class Responder:
                 opcode, ext = Op.RDMA_READ_RESPONSE_LAST, aeth
             else:
                 opcode, ext = Op.RDMA_READ_RESPONSE_MIDDLE, b""
-            self.qp.emit(opcode, (res.psn + k) & PSN_MASK, 0, 0, ext, mem, res.offset + k * mtu, max(0, plen))
+            self.qp.emit(opcode, (res.psn + k) & PSN_MASK, 0, 0, ext, mem, res.mem_off + k * mtu, max(0, plen))
             self.bytes_sent += max(0, plen)
         return True
 
@@ -493,6 +527,7 @@ class Responder:
             self._nak(NAK_INVALID_REQUEST, pkt.psn, True, WCStatus.REM_INV_REQ_ERR, "ATOMIC address not 8-byte aligned")
             return
         mr, off = chk
+        self._protect_reads(mr.addr + off, 8)            # MR-RC-025: earlier READs read first (MR-ATOM-009)
         cell = mr.mem[off:off + 8].view(np.uint64)       # host byte order (MR-ATOM-001, MR-ATOM-003)
         orig = int(cell[0])
         if pkt.opcode == Op.COMPARE_SWAP:
