@@ -91,7 +91,8 @@ def check_err(t: T, c: Conn, rules, what: str) -> bool:
     seen = c.quiet(QUIET, after=mark)
     untouched = c.mem(probe_off, 8) == before
     ok = st == "ERR" and not seen and untouched
-    detail = (f"{what}: QP state {st}; a valid WRITE afterwards: responses {describe(seen)}, "
+    detail = (f"{what}: QP state {st}; a valid WRITE afterwards: responses {describe(seen[:3])}"
+              f"{f' and {len(seen) - 3} more' if len(seen) > 3 else ''}, "
               f"placed: {not untouched}")
     for r in ([rules] if isinstance(rules, str) else rules):
         t.check(r, ok, detail, frames=seen or [mark + 1], expected="QP in ERR, nothing sent, nothing placed",

@@ -427,12 +427,13 @@ def send_with_invalidate(t):
                  untouched=[(h, 0, 256)])
 
 
-def _inval_refused(t, c, key: int, what: str, rules) -> None:
+def _inval_refused(t, c, key: int, what: str, rules, msn: int = 1, primed: bool = True) -> None:
     c.post_recv(64, offset=4096, wr_id=0x41)
-    prime(t, c)
+    if primed:
+        prime(t, c)
     p = c.psn
     mark = c.send(req(c, "SEND_ONLY_WITH_INVALIDATE", ieth=key, payload=b"no"))
-    check_nak(t, c, rules, mark, 1, p, 1, what)
+    check_nak(t, c, rules, mark, 1, p, msn, what)
     wc = poll_one(t, c)
     good = wc is not None and wc["status"] == "IBV_WC_REM_INV_REQ_ERR" and int(wc["wr_id"], 16) == 0x41
     t.check("MR-MEM-041", good, f"receive completion: {wc_text(wc)}", expected="wr_id 0x41 IBV_WC_REM_INV_REQ_ERR",
@@ -500,3 +501,106 @@ def recv_wqe_mr_deregistered(t):
     t.agent.call("post_recv", qp=c.qp, wr={"wr_id": "0x20", "sg_list": [{"mr": h, "offset": 0, "len": 64}]})
     dereg_mr(t, h)
     _bad_recv(t, c, None, "receive WQE in a deregistered MR", extra=["MR-MEM-033"])
+
+
+@case("TC-MEM-026-a", rules=["MR-MEM-026", "MR-NAK-007", "MR-QP-032", "MR-QP-024", "MR-MEM-027"], category="MEM",
+      timeout=10)
+def write_imm_bad_key_after_wqe_taken(t):
+    """A WRITE WITH IMMEDIATE with a wrong R_Key, its receive WQE already taken: NAK code 2, LOC_ACCESS_ERR."""
+    c = connect(t)
+    c.post_recv(64, offset=4096, wr_id=0x91)
+    c.post_recv(64, offset=8192, wr_id=0x92)
+    prime(t, c)
+    expect_fatal(t, c, req(c, "RDMA_WRITE_ONLY_WITH_IMMEDIATE", reth=(c.va + 256, _other_key(c.rkey, True), 16),
+                           imm=5, payload=PAYLOAD[:16]), 2, "WRITE WITH IMMEDIATE with a wrong R_Key",
+                 nak=["MR-MEM-026", "MR-NAK-007"], mem=["MR-MEM-027"], untouched=[(None, 256, 16), (None, 4096, 64)])
+    wcs = c.poll(2, 1.0)
+    got = [(int(w["wr_id"], 16), w["status"]) for w in wcs]
+    want = [(0x91, "IBV_WC_LOC_ACCESS_ERR"), (0x92, "IBV_WC_WR_FLUSH_ERR")]
+    t.check("MR-QP-032", got[:1] == want[:1], f"completions: {got}", expected=str(want[:1]),
+            observed=[wc_text(w) for w in wcs])
+    t.check("MR-QP-024", got == want, f"completions: {got}", expected=str(want), observed=[wc_text(w) for w in wcs])
+
+
+@case("TC-MEM-033-c", rules=["MR-MEM-033", "MR-SEC-003"], category="MEM", timeout=20)
+def read_stream_dereg(t):
+    """An MR deregistered during a READ RESPONSE stream from it: no response after dereg_mr returned.
+
+    If the stream was still under way, it must end with NAK code 2 at the READ REQUEST's PSN and nothing
+    after it.  An IUT may also hold dereg_mr until the stream has left (MR-MEM-034): then every response
+    precedes its return, which the capture time stamps show."""
+    import time
+    c = connect(t, mtu=256)
+    size = 1 << 20                                      # 4096 responses: more overrun the capture on 2 CPUs
+    h, mr = reg_mr(t, c.pd, size)
+    p = c.psn
+    n = size // 256
+    mark = c.send(read_req(c, int(mr["va"], 16), size, rkey=mr["rkey"]))
+    first = c.expect(1, 2.0, after=mark, match=lambda f: f.roce.op in READ_RESPONSES)
+    if not first:
+        t.undecided("MR-MEM-033", "the READ was not answered")
+    dereg_mr(t, h)
+    returned = time.time()                              # capture stamps are on this clock
+    c.expect(1, 1.0, after=mark, match=lambda f: f.roce.op == ACKNOWLEDGE)
+    seen = t.lt.last_num()
+    while t.left() > 3:                                  # until the capture has caught up with the link
+        time.sleep(0.3)
+        if t.lt.last_num() == seen:
+            break
+        seen = t.lt.last_num()
+    got = t.lt.collect(c.is_mine, 0.01, after=mark)
+    reads = [f for f in got if f.roce.op in READ_RESPONSES]
+    naks = [f for f in got if f.roce.op == ACKNOWLEDGE]
+    f = naks[0] if naks else None
+    late = [x for x in reads if x.ts > returned + 0.002]
+    after = [x for x in reads if f is not None and x.num > f.num]
+    detail = (f"{len(reads)} of {n} READ RESPONSEs, {len(late)} stamped more than 2 ms after dereg_mr returned; "
+              f"then {describe(naks[:2])}, {len(after)} responses after it")
+    if f is not None:
+        ok = (f.roce.ack_kind == "NAK" and f.roce.nak_code == 2 and f.roce.psn == p and f.roce.msn == 1
+              and not after and len(naks) == 1)
+        t.check("MR-MEM-033", ok, detail, frames=[f] + after[:1], expected=f"ACKNOWLEDGE NAK(0x62) psn={p:#08x} "
+                "msn=1 ends the stream; no READ RESPONSE after it")
+        t.check("MR-SEC-003", not after, detail, frames=[f] + after[:1], expected="no READ RESPONSE after the NAK")
+    else:
+        ok = not late and bool(reads)
+        for r in ("MR-MEM-033", "MR-SEC-003"):
+            t.check(r, ok, detail + (" (dereg_mr returned after the whole stream had left)" if ok else ""),
+                    frames=late[:1] or reads[-1:] or [mark + 1],
+                    expected="no READ RESPONSE stamped after dereg_mr returned")
+
+
+@case("TC-MEM-033-d", rules=["MR-MEM-033", "MR-DUP-003", "MR-NAK-007", "MR-NAK-009"], category="MEM", timeout=10)
+def duplicate_read_after_dereg(t):
+    """A duplicate of a READ whose MR has since been deregistered checks the key again: NAK code 2, no data."""
+    c = connect(t)
+    h, mr = reg_mr(t, c.pd, 4096)
+    p = c.psn
+    mark = c.send(read_req(c, int(mr["va"], 16), 100, rkey=mr["rkey"]))
+    if not c.expect(1, 1.0, after=mark, match=lambda f: f.roce.op in READ_RESPONSES):
+        t.undecided("MR-DUP-003", "the original READ was not answered")
+    dereg_mr(t, h)
+    mark = c.send(read_req(c, int(mr["va"], 16), 100, rkey=mr["rkey"], psn=p))
+    check_nak(t, c, ["MR-MEM-033", "MR-DUP-003", "MR-NAK-007"], mark, 2, p, 1, "duplicate READ after dereg")
+    data = [f for f in c.quiet(0.1, after=mark) if f.roce.op in READ_RESPONSES]
+    t.check("MR-MEM-033", not data, f"READ RESPONSEs to the duplicate: {describe(data)}", frames=data or [mark + 1],
+            expected="none")
+    check_err(t, c, ["MR-NAK-009"], "duplicate READ after dereg")
+
+
+@case("TC-MEM-041-c", rules=["MR-MEM-041", "MR-MEM-040", "MR-NAK-006", "MR-NAK-009"], category="MEM", timeout=10)
+def invalidate_twice(t):
+    """A second SEND WITH INVALIDATE of a key already invalidated names no valid MR: NAK code 1."""
+    c = connect(t)
+    h, mr = reg_mr(t, c.pd, 4096, remote_invalidate=True)
+    c.post_recv(64, offset=4096, wr_id=0x42)
+    p = c.psn
+    mark = c.send(req(c, "SEND_ONLY_WITH_INVALIDATE", ieth=mr["rkey"], payload=b"once"))
+    f = first_response(c, mark)
+    wc = poll_one(t, c)
+    ok = (f is not None and f.roce.ack_kind == "ACK" and f.roce.psn == p and wc is not None
+          and wc.get("invalidated_rkey") == mr["rkey"])
+    t.check("MR-MEM-040", ok, f"first: {describe([f] if f else [])}; {wc_text(wc)}", frames=[f] if f else [mark + 1],
+            expected=f"ACKNOWLEDGE ACK psn={p:#08x}, completion with invalidated_rkey {mr['rkey']}")
+    _inval_refused(t, c, mr["rkey"], "IETH names a key already invalidated", ["MR-MEM-041", "MR-NAK-006"],
+                   msn=1, primed=False)
