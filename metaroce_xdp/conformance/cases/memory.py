@@ -64,7 +64,7 @@ def write_rkey_zero(t):
                  nak=["MR-MEM-009", "MR-MEM-021", *NAK2], mem=MEM, err=ERR, untouched=[(None, 256, 8)])
 
 
-@case("TC-MEM-021-c", rules=["MR-MEM-021", "MR-MEM-029", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
+@case("TC-MEM-021-c", rules=["MR-MEM-021", "MR-MEM-027", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
 def read_wrong_key(t):
     """A READ with a wrong R_Key: NAK code 2 and no READ RESPONSE, QP in ERR."""
     c = connect(t)
@@ -73,7 +73,7 @@ def read_wrong_key(t):
     p = P.psn_add(c.psn, -1)
     check_nak(t, c, ["MR-MEM-021", *NAK2], mark, 2, p, 1, "READ with a wrong R_Key")
     data = [f for f in c.quiet(0.1, after=mark) if f.roce.op in READ_RESPONSES]
-    t.check("MR-MEM-029", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
+    t.check("MR-MEM-027", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
             frames=data or [mark + 1], expected="no READ RESPONSE")
     check_err(t, c, ERR, "READ with a wrong R_Key")
 
@@ -128,7 +128,7 @@ def write_edges_accepted(t):
         t.check("MR-RC-018", placed, f"[{off}, {off + n}) placed: {placed}", frames=[mark + 1])
 
 
-@case("TC-MEM-024-d", rules=["MR-MEM-024", "MR-MEM-029", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
+@case("TC-MEM-024-d", rules=["MR-MEM-024", "MR-MEM-027", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
 def read_past_end(t):
     """A READ of the whole MR plus one byte: NAK code 2 and no READ RESPONSE."""
     c = connect(t, mr_len=8192)
@@ -137,7 +137,7 @@ def read_past_end(t):
     p = P.psn_add(c.psn, -((c.mr_len + 1 + c.mtu - 1) // c.mtu))
     check_nak(t, c, ["MR-MEM-024", *NAK2], mark, 2, p, 1, "READ one byte past the end")
     data = [f for f in c.quiet(0.1, after=mark) if f.roce.op in READ_RESPONSES]
-    t.check("MR-MEM-029", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
+    t.check("MR-MEM-027", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
             frames=data or [mark + 1], expected="no READ RESPONSE")
     check_err(t, c, ERR, "READ past the end")
 
@@ -190,7 +190,7 @@ def write_mr_without_remote_write(t):
                  untouched=[(h, 0, 256)])
 
 
-@case("TC-MEM-023-b", rules=["MR-MEM-023", "MR-MEM-029", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
+@case("TC-MEM-023-b", rules=["MR-MEM-023", "MR-MEM-027", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
 def read_mr_without_remote_read(t):
     """A READ from an MR registered without REMOTE_READ: NAK code 2 and no READ RESPONSE."""
     c = connect(t)
@@ -199,7 +199,7 @@ def read_mr_without_remote_read(t):
     mark = c.send(read_req(c, int(mr["va"], 16), 128, rkey=mr["rkey"]))
     check_nak(t, c, ["MR-MEM-023", *NAK2], mark, 2, P.psn_add(c.psn, -1), 1, "READ of an MR without REMOTE_READ")
     data = [f for f in c.quiet(0.1, after=mark) if f.roce.op in READ_RESPONSES]
-    t.check("MR-MEM-029", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
+    t.check("MR-MEM-027", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
             frames=data or [mark + 1], expected="no READ RESPONSE")
     check_err(t, c, ERR, "READ of an MR without REMOTE_READ")
 
@@ -241,7 +241,7 @@ def write_other_pd(t):
                  nak=["MR-MEM-022", "MR-SEC-008", *NAK2], mem=MEM, err=ERR, untouched=[(h, 0, 256)])
 
 
-@case("TC-MEM-022-b", rules=["MR-MEM-022", "MR-MEM-029", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
+@case("TC-MEM-022-b", rules=["MR-MEM-022", "MR-MEM-027", *NAK2, "MR-NAK-009"], category="MEM", timeout=10)
 def read_other_pd(t):
     """A READ with the rkey of an MR of another PD: NAK code 2 and no READ RESPONSE."""
     c = connect(t)
@@ -250,7 +250,7 @@ def read_other_pd(t):
     mark = c.send(read_req(c, int(mr["va"], 16), 100, rkey=mr["rkey"]))
     check_nak(t, c, ["MR-MEM-022", *NAK2], mark, 2, P.psn_add(c.psn, -1), 1, "READ of an MR of another PD")
     data = [f for f in c.quiet(0.1, after=mark) if f.roce.op in READ_RESPONSES]
-    t.check("MR-MEM-029", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
+    t.check("MR-MEM-027", not data, "no READ RESPONSE" if not data else f"READ RESPONSE sent: {describe(data)}",
             frames=data or [mark + 1], expected="no READ RESPONSE")
     check_err(t, c, ERR, "READ of an MR of another PD")
 

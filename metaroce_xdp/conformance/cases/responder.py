@@ -102,7 +102,7 @@ def write_qp_without_remote_write(t):
     check_err(t, c, ERR1, "WRITE on a QP without REMOTE_WRITE")
 
 
-@case("TC-RC-017-b", rules=["MR-RC-017", "MR-NAK-006", "MR-NAK-001", "MR-ACK-007", *ERR1], category="ACK",
+@case("TC-RC-017-b", rules=["MR-RC-017", "MR-NAK-006", "MR-NAK-001", "MR-MEM-027", *ERR1], category="ACK",
       timeout=10)
 def read_qp_without_remote_read(t):
     """A READ on a QP without REMOTE_READ, after a WRITE: NAK code 1 (msn 1), no READ RESPONSE, QP in ERR."""
@@ -112,7 +112,7 @@ def read_qp_without_remote_read(t):
     mark = c.send(read_req(c, c.va + 64, 64))
     check_nak(t, c, ["MR-RC-017", "MR-NAK-006", "MR-NAK-001"], mark, 1, p, 1, "READ on a QP without REMOTE_READ")
     data = [f for f in c.quiet(0.1, after=mark) if f.roce.op in READ_RESPONSES]
-    t.check("MR-ACK-007", not data, f"READ RESPONSEs: {describe(data)}", frames=data or [mark + 1],
+    t.check("MR-MEM-027", not data, f"READ RESPONSEs: {describe(data)}", frames=data or [mark + 1],
             expected="no READ RESPONSE")
     check_err(t, c, ERR1, "READ on a QP without REMOTE_READ")
 
