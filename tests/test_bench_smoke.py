@@ -186,3 +186,5 @@ def test_bench_quick_report_schema(tmp_path):
     assert sorted(Path(x).name for x in report["plots"]) == ["latency.png", "throughput.png"]
     for x in report["plots"]:
         assert Path(x).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (plots / "RESULTS.md").read_text()
+    assert md.count("\n| ") == len(report["rows"]) + 1  # header and one line a row

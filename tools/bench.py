@@ -2,7 +2,8 @@
 machine allows -- on one veth pair, in one run, with the ratios the targets of issue 7 are
 stated in.
 
-    python -m tools.bench                            # full run: table on stdout, plots in docs/bench/
+    python -m tools.bench                            # full run: table on stdout, plots and RESULTS.md
+                                                     # (the table in Markdown) in docs/bench/
     python -m tools.bench --json FILE                # ... and the report as JSON (schema below)
     python -m tools.bench --plane both               # MetaRoCE's python and compiled data planes
     python -m tools.bench --quick --json FILE --no-plots   # short smoke run (tests/test_bench_smoke.py)
@@ -19,9 +20,9 @@ What one run measures, in this order, on namespaces A and B joined by one veth p
      the other core or left to the scheduler), batch size, XDP_MAX_TX_SKB_BUDGET, wake-up
      policy (need_wakeup on/off; rx sleeping in poll(), spinning, or busy-polling).  The sweep
      is coordinate descent -- one knob at a time from the best so far, each candidate tried
-     twice, interleaved -- and the winner is re-run REPS times; the best repetition is the
-     figure (other load on the host only ever slows a run, and a baseline set too low would
-     inflate every ratio), printed beside its configuration, all repetitions and their
+     twice, interleaved -- and the winner is re-run REPS times; its best run is the figure
+     (other load on the host only ever slows a run, and a baseline set too low would
+     inflate every ratio), printed beside its configuration, the repetitions and their
      median.  Frame sizes: 64 B (the small-message bar) and MetaRoCE's full data packet at
      path MTU 1024 (1082 B, veth MTU 1500) and 4096 (4154 B, veth MTU 4200: two UMEM chunks a
      frame, so XDP_USE_SG and the redirect program loaded frags-aware, BPF_F_XDP_HAS_FRAGS).
@@ -40,7 +41,7 @@ threaded-NAPI kthreads is not.
 
 JSON report (schema "metaroce-bench/1"; keys are only ever added, never renamed):
 
-    {"schema": "metaroce-bench/1",
+    {"schema": "metaroce-bench/1", "when": "YYYY-MM-DD HH:MM UTC",
      "host": {"kernel", "cpus", "busy_before_pct", "load_avg"},
      "options": {"quick", "planes", "placement", "threaded_napi", "durations"},
      "placement": {"a_cpu", "b_cpu", "text"},        # MetaRoCE client/server and qperf alike
@@ -816,12 +817,17 @@ class Bench:
                 set_mtu(topo, pair, MTU_FOR_PMTU[1024])
 
     def _raw_rows(self, key, frame, pmtu, best, final, trials, why) -> None:
-        fps = [r["rx"]["fps"] for r in final]
-        top = max(fps) if fps else None  # the best repetition: load only ever slows a run
-        cfg = None if not fps else (f"{best.label}; best of {len(fps)} run(s) "
-                                    f"({', '.join(f'{f / 1e6:.3f}' for f in fps)} Mfps, median "
-                                    f"{statistics.median(fps) / 1e6:.3f}); {len(trials) - len(final)} trials "
-                                    "in the sweep")
+        # The figure: the best run of the winning configuration, in the sweep or repeated after
+        # it -- load on the host only ever slows a run, and a baseline set too low inflates
+        # every ratio.  The repetitions' median is printed beside it.
+        fps = [t["rx_fps"] for t in trials if best is not None and t["label"] == best.label and t["rx_fps"]]
+        reps = [r["rx"]["fps"] for r in final]
+        top = max(fps) if fps else None
+        cfg = None if not fps else (f"{best.label}; best of {len(fps)} runs of it, "
+                                    f"{len(reps)} repeated after the sweep: "
+                                    f"{', '.join(f'{f / 1e6:.3f}' for f in reps)} Mfps"
+                                    + (f" (median {statistics.median(reps) / 1e6:.3f})" if reps else "")
+                                    + f"; {len(trials) - len(final)} trials in the sweep")
         if why is None and not top:
             why = "every configuration failed: " + "; ".join({t["error"] for t in trials if t["error"]})[:300]
         self.add(row(f"raw.{key}.mfps", "raw", f"raw AF_XDP loop, {frame} B frames", top and top / 1e6,
@@ -996,7 +1002,7 @@ def run(d: Durations, planes: tuple[str, ...], placement: str, threaded_napi: bo
     perf_ok = metaroce_perf_available()
     popts = perf_options() if perf_ok else {k: None for k in PERF_OPTION_NAMES}
     pl = placement_for(placement)
-    report = {"schema": SCHEMA,
+    report = {"schema": SCHEMA, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "host": {"kernel": os.uname().release, "cpus": os.cpu_count(), "busy_before_pct": busy_pct(),
                        "load_avg": os.getloadavg()},
               "options": {"quick": not d.full_sweep, "planes": list(planes), "placement": placement,
@@ -1063,6 +1069,29 @@ def render(report: dict, console) -> None:
         notes.append("plots: " + ", ".join(report["plots"]))
     for n in notes:
         console.print(f"[dim]{escape(n)}[/]")
+
+
+def markdown(report: dict) -> str:
+    """The table as Markdown (docs/bench/RESULTS.md beside the plots), with the run's context."""
+    h, o = report["host"], report["options"]
+    out = [f"# `make bench` results ({report['when']})", "",
+           f"Host: {h['cpus']} CPUs, kernel {h['kernel']}, {h['busy_before_pct']:.0f}% busy before the run, load "
+           f"average {', '.join(f'{x:.2f}' for x in h['load_avg'])} (other work on the host disturbs every figure). "
+           f"Placement: {report['placement']['text']}, MetaRoCE and qperf alike; threaded NAPI "
+           f"{'on' if o['threaded_napi'] else 'off'} for them. Planes: {', '.join(o['planes'])}."
+           + (" Quick run." if o["quick"] else ""), "",
+           "| measurement | value | configuration / why not |", "|---|---|---|"]
+    for r in report["rows"]:
+        if r["value"] is None:
+            val, note = "n/a", r["not_available"]
+        else:
+            v = r["value"]
+            val = (f"{v:.3f}x" if r["unit"] == "x" else f"{v:.3g} {r['unit']}")
+            if r.get("meets") is not None:
+                val += f" ({'meets' if r['meets'] else 'misses'} {r['target']})"
+            note = r["config"] or ""
+        out.append(f"| {r['label']} | {val} | {note.replace('|', '/')} |")
+    return "\n".join(out) + "\n"
 
 
 def plot(report: dict, out_dir: Path) -> list[str]:
@@ -1154,6 +1183,7 @@ def main(argv: list[str] | None = None) -> int:
             report["plots"] = plot(report, plots_dir)
         except ImportError as e:
             print(f"bench: no plots ({e}); `make setup` installs matplotlib", file=sys.stderr)
+        (plots_dir / "RESULTS.md").write_text(markdown(report))
     if args.json == "-":
         print(json.dumps(report, indent=2))
         return 0
