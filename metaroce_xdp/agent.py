@@ -73,9 +73,9 @@ SPEC_DROPS = {
     "rx_drop_qpn": ("UNKNOWN_QP",), "rx_drop_wrong_peer": ("WRONG_PEER",), "rx_drop_icrc": ("BAD_ICRC",),
     "rx_drop_pkey": ("BAD_PKEY",), "rx_drop_qp_state": ("QP_STATE",),
 }
-# Per-QP counters the spec names (MR-DUP-010, MR-ACK-015), from QP.query()'s members.
+# Per-QP counters the spec names (MR-DUP-010, MR-ACK-015, MR-MEM-019), from QP.query()'s members.
 QP_SPEC_COUNTERS = {"rx_dup_req": "duplicates", "rx_ghost_rsp": "rx_ghost_rsp", "rx_stale_rsp": "rx_stale_rsp",
-                    "rx_bad_rsp": "rx_bad_rsp"}
+                    "rx_bad_rsp": "rx_bad_rsp", "rx_rkey_violation": "rx_rkey_violation"}
 # The counters of QP.query(); its other members are attributes, reported by query_qp.
 QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
                "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth")

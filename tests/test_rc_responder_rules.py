@@ -425,6 +425,18 @@ def test_later_requests_do_not_change_an_earlier_reads_data(budget, copy, monkey
     assert b.qp.responder.read_queue == [] and b.qp.state == QPState.RTS
 
 
+def test_remote_key_failures_are_counted():
+    """MR-MEM-019: each failed remote key check (NAK code 2) counts in the QP's rx_rkey_violation; an
+    invalid request (code 1) does not."""
+    a, b = loop_pair(mtu=MTU)
+    assert b.qp.query()["rx_rkey_violation"] == 0
+    out = inject(a, b, Op.RDMA_WRITE_ONLY, 100, b"w" * 8, reth=RETH(va=b.mr.addr, rkey=b.mr.rkey ^ 1, dma_len=8))
+    assert nak_of(out) == [(100, 0x62)] and b.qp.query()["rx_rkey_violation"] == 1
+    a, b = loop_pair(mtu=MTU)
+    out = inject(a, b, Op.FETCH_ADD, 100, atomiceth=AtomicETH(va=b.mr.addr + 4, rkey=b.mr.rkey, swap_add=1, compare=0))
+    assert nak_of(out) == [(100, 0x61)] and b.qp.query()["rx_rkey_violation"] == 0
+
+
 @pytest.mark.parametrize("burst", [True, False])
 def test_requester_completes_read_then_write_without_a_retry(burst):
     """MR-RC-025, MR-RETRY-012: READ, WRITE and SEND posted together complete in order with no

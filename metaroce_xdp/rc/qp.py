@@ -407,6 +407,7 @@ class QP:
             "seq_naks_sent": s.seq_naks, "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.dup_requests,
             "rx_ghost_rsp": c.ghost, "rx_stale_rsp": c.stale, "rx_bad_rsp": c.bad_rsp,
             "dup_read_replays": s.dup_read_replays, "dup_read_discards": s.dup_read_discards,
+            "rx_rkey_violation": s.rkey_violations,
             "error": self.error_reason, **self.dcqcn.counters(),   # rate_bps, tx_cnp, rx_cnp, ... (MR-CNP-010)
             "next_hop": (self.next_hop.hop if self.next_hop else None), "dmac": self.dmac,
             "path_resolves": self.path_resolves, "path_changes": self.path_changes,

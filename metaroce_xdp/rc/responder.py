@@ -87,6 +87,7 @@ class Responder:
         self.dup_read_replays = 0           # duplicate READs re-executed (MR-DUP-003)
         self.seq_naks = 0
         self.rnr_naks_sent = 0
+        self.rkey_violations = 0            # remote key check failures, NAK code 2 (MR-MEM-019, MR-SEC-006)
         self.read_queue: list = []          # [resource, next k]: READ responses still to send
         # other responses (ACK, NAK, ATOMIC ACKNOWLEDGE) held behind queued READ responses of earlier
         # PSNs, in order: (psn, opcode, ext, coalescable ACK) (MR-RC-025)
@@ -147,6 +148,8 @@ class Responder:
         asynchronous event of its code (MR-QP-030)."""
         self.flush_ack()
         self._send_syndrome(psn, AETH_NAK | code)
+        if code == NAK_REMOTE_ACCESS_ERR:
+            self.rkey_violations += 1
         if fatal:
             self.qp.log(f"responder error: {why}")
             if self.cur_recv is not None:

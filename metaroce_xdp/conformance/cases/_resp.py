@@ -163,6 +163,16 @@ __all__ = ["ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE", "FILL", "READ_RESPONSES", "atomi
            "read_req", "read_responses", "reg_mr", "req", "wc_text"]
 
 
+def check_rkey_counter(t: T, c: Conn, what: str, want: int = 1) -> None:
+    """MR-MEM-019: the QP's rx_rkey_violation counter (get_counters) counts the failed key check."""
+    v = c.counters().get("rx_rkey_violation")
+    if v is None:
+        t.undecided("MR-MEM-019", "the agent reports no per-QP rx_rkey_violation counter")
+        return
+    t.check("MR-MEM-019", v == want, f"{what}: rx_rkey_violation {v}", expected=f"rx_rkey_violation {want}",
+            observed=[f"rx_rkey_violation {v}"])
+
+
 def expect_fatal(t: T, c: Conn, frame: bytes, code: int, what: str, *, nak=(), mem=(), err=(),
                  untouched=(), msn: int = 1, psn: int | None = None) -> Frame | None:
     """Send `frame` (a request at PSN `psn`, default the PSN before c.psn) to a QP whose msn is `msn`
@@ -172,6 +182,8 @@ def expect_fatal(t: T, c: Conn, frame: bytes, code: int, what: str, *, nak=(), m
     psn = P.psn_add(c.psn, -1) if psn is None else psn
     mark = c.send(frame)
     f = check_nak(t, c, nak, mark, code, psn, msn, what)
+    if code == 2 and "MR-MEM-019" in t.case.rules:
+        check_rkey_counter(t, c, what)
     for mr, off, n in untouched:
         check_untouched(t, c, mem, off, n, what, mr=mr)
     if err:

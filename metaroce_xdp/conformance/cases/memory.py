@@ -33,7 +33,7 @@ def _other_key(rkey: int, tag_only: bool) -> int:
 
 
 # ---- R_Key lookup (MR-MEM-021, MR-MEM-014, MR-MEM-016) ---------------------------------------
-@case("TC-MEM-021-a", rules=["MR-MEM-021", "MR-MEM-014", "MR-MEM-016", *NAK2, "MR-MEM-027", "MR-NAK-009"],
+@case("TC-MEM-021-a", rules=["MR-MEM-019", "MR-MEM-021", "MR-MEM-014", "MR-MEM-016", *NAK2, "MR-MEM-027", "MR-NAK-009"],
       category="MEM", timeout=10)
 def write_wrong_tag(t):
     """A WRITE whose R_Key has the right index and a wrong tag: NAK code 2, nothing written, QP in ERR."""
@@ -44,7 +44,7 @@ def write_wrong_tag(t):
                  untouched=[(None, 256, 16)])
 
 
-@case("TC-MEM-021-b", rules=["MR-MEM-021", "MR-MEM-016", *NAK2, "MR-MEM-027", "MR-NAK-009"],
+@case("TC-MEM-021-b", rules=["MR-MEM-019", "MR-MEM-021", "MR-MEM-016", *NAK2, "MR-MEM-027", "MR-NAK-009"],
       category="MEM", timeout=10)
 def write_unknown_index(t):
     """A WRITE whose R_Key names an index holding no MR: the same NAK code 2, nothing written, QP in ERR."""
@@ -78,7 +78,7 @@ def read_wrong_key(t):
     check_err(t, c, ERR, "READ with a wrong R_Key")
 
 
-@case("TC-MEM-021-d", rules=["MR-MEM-021", "MR-ATOM-005", "MR-ATOM-011", *NAK2, "MR-NAK-009"],
+@case("TC-MEM-021-d", rules=["MR-MEM-019", "MR-MEM-021", "MR-ATOM-005", "MR-ATOM-011", *NAK2, "MR-NAK-009"],
       category="ATOM", caps=("ATOMICS",), timeout=10)
 def atomic_wrong_key(t):
     """A FETCH_ADD with a wrong R_Key: NAK code 2, the target word unchanged, QP in ERR."""
@@ -90,7 +90,7 @@ def atomic_wrong_key(t):
 
 
 # ---- bounds (MR-MEM-024) -----------------------------------------------------------------
-@case("TC-MEM-024-a", rules=["MR-MEM-024", *NAK2, "MR-MEM-027", "MR-NAK-009"], category="MEM", timeout=10)
+@case("TC-MEM-024-a", rules=["MR-MEM-019", "MR-MEM-024", *NAK2, "MR-MEM-027", "MR-NAK-009"], category="MEM", timeout=10)
 def write_past_end(t):
     """EX-MEM-1: an 8-byte WRITE at the MR's last 4 bytes: NAK code 2, not even the 4 bytes that fit are written."""
     c = connect(t)
@@ -178,7 +178,7 @@ def _mr_without(t, c, missing: str):
     return reg_mr(t, c.pd, 4096, access)
 
 
-@case("TC-MEM-023-a", rules=["MR-MEM-023", "MR-MEM-017", "MR-SEC-008", *NAK2, "MR-MEM-027", "MR-NAK-009"],
+@case("TC-MEM-023-a", rules=["MR-MEM-019", "MR-MEM-023", "MR-MEM-017", "MR-SEC-008", *NAK2, "MR-MEM-027", "MR-NAK-009"],
       category="MEM", timeout=10)
 def write_mr_without_remote_write(t):
     """A WRITE to an MR of the QP's PD registered without REMOTE_WRITE: NAK code 2 (not 1), nothing written."""
@@ -230,7 +230,7 @@ def write_mr_local_only(t):
 
 
 # ---- protection domain (MR-MEM-022) --------------------------------------------------------
-@case("TC-MEM-022-a", rules=["MR-MEM-022", "MR-SEC-008", *NAK2, "MR-MEM-027", "MR-NAK-009"], category="MEM",
+@case("TC-MEM-022-a", rules=["MR-MEM-019", "MR-MEM-022", "MR-SEC-008", *NAK2, "MR-MEM-027", "MR-NAK-009"], category="MEM",
       timeout=10)
 def write_other_pd(t):
     """A WRITE with the rkey of a fully accessible MR of another PD: NAK code 2, that MR untouched."""
@@ -268,7 +268,7 @@ def atomic_other_pd(t):
 
 
 # ---- deregistration (MR-MEM-033) -------------------------------------------------------------
-@case("TC-MEM-033-a", rules=["MR-MEM-033", "MR-MEM-014", "MR-SEC-003", *NAK2, "MR-MEM-027", "MR-NAK-009"],
+@case("TC-MEM-033-a", rules=["MR-MEM-019", "MR-MEM-033", "MR-MEM-014", "MR-SEC-003", *NAK2, "MR-MEM-027", "MR-NAK-009"],
       category="MEM", timeout=10)
 def write_deregistered(t):
     """A WRITE with the rkey of an MR deregistered before it arrives: NAK code 2, nothing written anywhere."""
