@@ -180,3 +180,78 @@ def test_reports_render_a_failure_with_its_packets(tmp_path):
     lines = [json.loads(x) for x in paths["jsonl"].read_text().splitlines()]
     assert lines[0]["evidence"]["frames"] == [3, 4] and lines[-1]["summary"]["counts"]["ERROR"] == 1
     assert "<h3 class='FAIL'>" in paths["html"].read_text()
+
+
+class _FakeAgent:
+    """Just enough of AgentClient for the runner: hello, caps, reset, counters; records the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, cmd, **args):
+        self.calls.append(cmd)
+        if cmd == "hello":
+            return {"proto": 1, "impl": "fake", "version": "0", "profiles": ["compat"], "caps": 0,
+                    "ip": "127.0.0.1", "mac": "00:00:00:00:00:00", "timer_granularity_us": 10}
+        if cmd == "caps":
+            return {"caps": 0, "counters": [], "params": ["budget"]}
+        if cmd == "get_counters":
+            return {"counters": {"rx": len(self.calls)}}
+        if cmd == "create_pd":
+            return {"pd": 1}
+        return {}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for an AF_PACKET socket")
+def test_runner_verdicts_without_a_network(tmp_path):
+    """9.5 and MR-CONF-024 as the runner applies them: per-rule verdicts, a failure keeps the other
+    rule's PASS, exceptions and undecided rules are ERROR, not-claimed and not-offered are
+    NOT-APPLICABLE, an unobservable rule is NOT-OBSERVABLE, a case over its time bound is ERROR,
+    and what the case created is destroyed."""
+    import time as _time
+
+    from metaroce_xdp.conformance.context import NotApplicable
+    from metaroce_xdp.conformance.lt import LowerTester
+    from metaroce_xdp.conformance.registry import Case
+    from metaroce_xdp.conformance.runner import Runner
+
+    def mixed(t):
+        t.pd()
+        t.check("MR-ACK-001", True, "fine")
+        t.check("MR-ACK-003", False, "missing", expected="an ACK")
+
+    def raises(t):
+        t.check("MR-ACK-001", True, "decided before the exception")
+        raise RuntimeError("boom")
+
+    def offers_not(t):
+        t.set_param("ack_delay_max_us", 5)
+
+    def slow(t):
+        _time.sleep(3)
+
+    cases = [Case("TC-ACK-001-y", ("MR-ACK-001", "MR-ACK-003"), "ACK", mixed),
+             Case("TC-ACK-001-x", ("MR-ACK-001", "MR-ACK-008"), "ACK", raises),
+             Case("TC-ACK-004-y", ("MR-ACK-004",), "ACK", offers_not),
+             Case("TC-ATOM-001-y", ("MR-ATOM-001",), "ATOM", mixed, caps=("ATOMICS",)),
+             Case("TC-QP-007-y", ("MR-QP-007", "MR-ACK-001"), "QPS", lambda t: t.check("MR-ACK-001", True, "ok")),
+             Case("TC-ACK-005-y", ("MR-ACK-001",), "ACK", slow, timeout=0.5)]
+    fake = _FakeAgent()
+    with LowerTester("lo") as lt:
+        res = Runner(fake, lt, "127.0.0.1", tmp_path, log=lambda s: None).run(cases)
+    got = {(v.test, v.rule): v.verdict for v in res.verdicts()}
+    assert got == {("TC-ACK-001-y", "MR-ACK-001"): "PASS", ("TC-ACK-001-y", "MR-ACK-003"): "FAIL",
+                   ("TC-ACK-001-x", "MR-ACK-001"): "PASS", ("TC-ACK-001-x", "MR-ACK-008"): "ERROR",
+                   ("TC-ACK-004-y", "MR-ACK-004"): "NOT-APPLICABLE", ("TC-ATOM-001-y", "MR-ATOM-001"): "NOT-APPLICABLE",
+                   ("TC-QP-007-y", "MR-QP-007"): "NOT-OBSERVABLE", ("TC-QP-007-y", "MR-ACK-001"): "PASS",
+                   ("TC-ACK-005-y", "MR-ACK-001"): "ERROR"}
+    v = {(v.test, v.rule): v for v in res.verdicts()}
+    assert "boom" in v[("TC-ACK-001-x", "MR-ACK-008")].detail
+    assert "time bound" in v[("TC-ACK-005-y", "MR-ACK-001")].detail
+    assert "ATOMICS not claimed" in v[("TC-ATOM-001-y", "MR-ATOM-001")].detail
+    assert v[("TC-ACK-001-y", "MR-ACK-003")].expected == "an ACK"
+    assert "dealloc_pd" in fake.calls and fake.calls.count("reset") >= 2 * 5
+    assert (tmp_path / "captures" / "TC-ACK-001-y.pcap").is_file()

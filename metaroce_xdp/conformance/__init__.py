@@ -42,7 +42,9 @@ Rules of the game:
 * Decide each declared rule with t.check(rule, ok, detail, frames=..., expected=...) -- from
   captured frames, agent replies and memory read through the agent only (MR-CONF-010).
   Several checks of one rule are ANDed; a rule never checked gets ERROR; an exception or a
-  failed precondition (raise CaseError) gives ERROR to the rules not yet decided.  A FAIL must
+  failed precondition (raise CaseError) gives ERROR to the rules not yet decided; a feature
+  the IUT does not offer (raise NotApplicable, or t.set_param(name, v) for a parameter it does
+  not list in caps.params) gives NOT-APPLICABLE to them; t.not_applicable(rule, why) for one.  A FAIL must
   cite frames (MR-CONF-027): pass the Frames, and describe the packet you expected.
 * `caps` names capabilities the case needs ("ATOMICS", "IPV6", "DCQCN", "MULTIPATH", "CREDITS",
   "CC_DELAY"); if the IUT does not claim one, the case does not run and its rules are
@@ -73,7 +75,7 @@ Shared helpers for cases live in cases/_common.py.
 """
 from __future__ import annotations
 
-from .context import CaseError, Conn, T
+from .context import CaseError, Conn, NotApplicable, T
 from .registry import CASES, Case, case, select
 
-__all__ = ["CASES", "Case", "CaseError", "Conn", "T", "case", "select"]
+__all__ = ["CASES", "Case", "CaseError", "Conn", "NotApplicable", "T", "case", "select"]

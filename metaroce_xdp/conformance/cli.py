@@ -56,8 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     from .registry import select
     cases = select(a.case, a.category, timing=not a.no_timing)
     if a.list:
-        for c in cases:
-            print(f"{c.id:<16} {c.category:<5} {','.join(c.rules):<40} {c.title}")
+        try:
+            for c in cases:
+                print(f"{c.id:<16} {c.category:<5} {','.join(c.rules):<40} {c.title}")
+        except BrokenPipeError:               # `--list | head`
+            sys.stdout = None
         return 0
     if not cases:
         print("metaroce-conformance: no case matches", file=sys.stderr)

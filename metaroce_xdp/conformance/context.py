@@ -23,6 +23,11 @@ class CaseError(Exception):
     """The case could not establish a precondition: every rule it has not decided gets ERROR."""
 
 
+class NotApplicable(Exception):
+    """The IUT does not offer what the case needs (a set_param parameter, an optional feature the
+    claim does not cover): every rule the case has not decided gets NOT-APPLICABLE."""
+
+
 class LoggedAgent:
     """An AgentClient that keeps the case's agent log (requests and responses, numbered lines)."""
 
@@ -57,6 +62,7 @@ class Observation:
     expected: str = ""
     observed: list[str] = field(default_factory=list)
     agent_lines: list[int] = field(default_factory=list)
+    verdict: str = ""                 # "NOT-APPLICABLE" from t.not_applicable; "" otherwise
 
 
 class Conn:
@@ -174,6 +180,17 @@ class T:
         """The case cannot decide `rule` this run (ERROR for it, the others keep their verdicts)."""
         self.observations.append(Observation(rule, None, detail))
 
+    def not_applicable(self, rule: str, detail: str) -> None:
+        """`rule` does not apply to this IUT in this case (NOT-APPLICABLE, MR-CONF-006)."""
+        self.observations.append(Observation(rule, None, detail, verdict="NOT-APPLICABLE"))
+
+    def set_param(self, name: str, value: int) -> None:
+        """set_param through the agent; NotApplicable when the IUT does not offer `name` (9.4.2:
+        caps.params).  The runner's reset restores it."""
+        if name not in self.caps.get("params", ()):
+            raise NotApplicable(f"the IUT does not offer set_param {name!r}")
+        self.agent.call("set_param", name=name, value=value)
+
     def left(self) -> float:
         """Seconds left of the case's time bound."""
         return self.deadline - time.monotonic()
@@ -251,4 +268,4 @@ def _gid(ip: str) -> str:
     return a.packed.hex()
 
 
-__all__ = ["CaseError", "Conn", "FULL_ACCESS", "LoggedAgent", "Observation", "T"]
+__all__ = ["CaseError", "Conn", "NotApplicable", "FULL_ACCESS", "LoggedAgent", "Observation", "T"]

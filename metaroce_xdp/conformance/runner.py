@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .context import CaseError, LoggedAgent, Observation, T
+from .context import CaseError, LoggedAgent, NotApplicable, Observation, T
 from .lt import LowerTester
 from .registry import Case
 from .spec import Catalogue, Claim
@@ -73,6 +73,9 @@ def _decide(rule: str, obs: list[Observation]) -> tuple[str, Observation | None,
     bad = [o for o in mine if o.ok is False]
     if bad:
         return "FAIL", bad[0], "; ".join(o.detail for o in bad)
+    na = [o for o in mine if o.verdict == "NOT-APPLICABLE"]
+    if na:
+        return "NOT-APPLICABLE", na[0], "; ".join(o.detail for o in na)
     err = [o for o in mine if o.ok is None]
     if err:
         return "ERROR", err[0], "; ".join(o.detail for o in err)
@@ -179,6 +182,10 @@ class Runner:
                     t.agent = agent
                     self.client.call("hello", proto=1)
                 th.join(2.0)
+            elif isinstance(box.get("exc"), NotApplicable):
+                for r in c.rules:
+                    if not any(o.rule == r for o in t.observations):
+                        t.not_applicable(r, f"skipped: {box['exc']}")
             elif "exc" in box:
                 e = box["exc"]
                 kind = "precondition failed" if isinstance(e, CaseError) else type(e).__name__
