@@ -8,8 +8,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+# The codes of 9.3.3, and AGT for the test agent itself (9.4, MR-CONF-013 to MR-CONF-023).
 CATEGORIES = ("WIRE", "ICRC", "SEQ", "ACK", "RTO", "RNR", "DUP", "ATOM", "MEM", "QPS", "SACK", "OOO", "MP", "CC",
-              "CM", "SEC", "IOP")
+              "CM", "SEC", "IOP", "AGT")
 CASE_ID = re.compile(r"TC-[A-Z]+-\d{3}-[a-z]")
 
 
