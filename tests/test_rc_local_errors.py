@@ -157,3 +157,14 @@ def test_read_with_max_rd_atomic_0_is_a_local_qp_operation_error():
         wcs = wait_wcs([a, b], a, 2)
         assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.LOC_QP_OP_ERR)]
         assert a.qp.requester.psn_next == 101 and not a.buf[:8].any() and (b.buf[:8] == 3).all()
+
+
+def test_zero_length_registration_is_refused():
+    """MR-MEM-004: registering an MR of 0 bytes fails with EINVAL (InvalidArgument); 1 byte is fine.
+    (Conformance TC-MEM-004-a.)"""
+    import pytest
+    from metaroce_xdp.verbs_types import InvalidArgument
+    a, _ = loop_pair()
+    with pytest.raises(InvalidArgument):
+        a.pd.reg_mr(np.zeros(0, np.uint8), Access.LOCAL_WRITE)
+    assert a.pd.reg_mr(np.zeros(1, np.uint8), Access.LOCAL_WRITE).length == 1

@@ -611,6 +611,8 @@ class Context:
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:   # MR-MEM-006
             raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
         mem = as_u8(buf)
+        if mem.size == 0:                                                  # MR-MEM-004
+            raise InvalidArgument("an MR of 0 bytes cannot be registered")
         with self.engine.lock:
             mr = self.keys.add(pd, mem, access, remote_invalidate)
             pd.mrs.add(mr.index)

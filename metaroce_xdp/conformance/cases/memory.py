@@ -604,3 +604,71 @@ def invalidate_twice(t):
             expected=f"ACKNOWLEDGE ACK psn={p:#08x}, completion with invalidated_rkey {mr['rkey']}")
     _inval_refused(t, c, mr["rkey"], "IETH names a key already invalidated", ["MR-MEM-041", "MR-NAK-006"],
                    msn=1, primed=False)
+
+
+# ---- registration through the agent (MR-MEM-002, MR-MEM-004, MR-MEM-006, MR-MEM-009, MR-MEM-015) ----------
+def _agent_error(t, cmd: str, **args) -> str | None:
+    """The 9.4.3 error code of an agent command, or None when it succeeded (then it is undone)."""
+    from ...agent import AgentError
+    try:
+        r = t.agent.call(cmd, **args)
+    except AgentError as e:
+        return e.code
+    if cmd == "reg_mr":
+        t._extra.append(("dereg_mr", {"mr": r["mr"]}))
+    return None
+
+
+@case("TC-MEM-004-a", rules=["MR-MEM-004", "MR-MEM-006"], category="MEM", timeout=10)
+def registration_refused(t):
+    """reg_mr of 0 bytes, and with REMOTE_WRITE or REMOTE_ATOMIC but no LOCAL_WRITE, fails with EINVAL."""
+    pd = t.pd()
+    code = _agent_error(t, "reg_mr", pd=pd, len=0, access=["LOCAL_WRITE"])
+    t.check("MR-MEM-004", code == "EINVAL", f"reg_mr len 0: {code or 'succeeded'}", expected="EINVAL",
+            observed=[str(code)])
+    for access in (["REMOTE_WRITE"], ["REMOTE_ATOMIC"], ["REMOTE_READ", "REMOTE_WRITE"]):
+        code = _agent_error(t, "reg_mr", pd=pd, len=4096, access=access)
+        t.check("MR-MEM-006", code == "EINVAL", f"reg_mr access {access}: {code or 'succeeded'}", expected="EINVAL",
+                observed=[str(code)])
+    code = _agent_error(t, "reg_mr", pd=pd, len=4096, access=["REMOTE_READ"])
+    t.check("MR-MEM-006", code is None, f"reg_mr access ['REMOTE_READ'] (no LOCAL_WRITE needed): {code or 'ok'}",
+            expected="success", observed=[str(code)])
+
+
+@case("TC-MEM-002-a", rules=["MR-MEM-002"], category="MEM", timeout=10)
+def dealloc_pd_in_use(t):
+    """dealloc_pd fails with EBUSY while an MR or a QP belongs to the PD, and succeeds once they are gone."""
+    pd = t.agent.call("create_pd")["pd"]
+    mr = t.agent.call("reg_mr", pd=pd, len=4096, access=["LOCAL_WRITE"])["mr"]
+    code = _agent_error(t, "dealloc_pd", pd=pd)
+    t.check("MR-MEM-002", code == "EBUSY", f"dealloc_pd with an MR: {code or 'succeeded'}", expected="EBUSY",
+            observed=[str(code)])
+    if code is None:
+        return
+    t.agent.call("dereg_mr", mr=mr)
+    cq = t.agent.call("create_cq", cqe=8)["cq"]
+    t._extra.append(("destroy_cq", {"cq": cq}))
+    qp = t.agent.call("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="RC",
+                      cap={"max_send_wr": 4, "max_recv_wr": 4, "max_send_sge": 1, "max_recv_sge": 1,
+                           "max_inline_data": 0})["qp"]
+    code = _agent_error(t, "dealloc_pd", pd=pd)
+    t.check("MR-MEM-002", code == "EBUSY", f"dealloc_pd with a QP: {code or 'succeeded'}", expected="EBUSY",
+            observed=[str(code)])
+    t.agent.call("destroy_qp", qp=qp)
+    code = _agent_error(t, "dealloc_pd", pd=pd)
+    t.check("MR-MEM-002", code is None, f"dealloc_pd once empty: {code or 'ok'}", expected="success",
+            observed=[str(code)])
+
+
+@case("TC-MEM-015-a", rules=["MR-MEM-015", "MR-MEM-009", "MR-MEM-010"], category="MEM", timeout=10)
+def keys_unique(t):
+    """16 MRs in two PDs: every rkey distinct, none with index 0, and their tags not all the same."""
+    pds = [t.pd(), t.pd()]
+    keys = [reg_mr(t, pds[i % 2], 64)[1]["rkey"] for i in range(16)]
+    t.check("MR-MEM-015", len(set(keys)) == 16, f"rkeys {[hex(k) for k in keys]}", expected="16 distinct rkeys",
+            observed=[" ".join(hex(k) for k in keys)])
+    t.check("MR-MEM-009", all(k >> 8 for k in keys), "no rkey has index 0", expected="index (key >> 8) never 0",
+            observed=[" ".join(hex(k) for k in keys)])
+    tags = {k & 0xFF for k in keys}
+    t.check("MR-MEM-010", len(tags) > 1, f"{len(tags)} distinct tags among 16 keys (the random source itself is "
+            "not observable)", expected="tags that vary", observed=[" ".join(hex(k & 0xFF) for k in keys)])

@@ -887,3 +887,31 @@ def responses_leave_in_psn_order(t):
     t.check("MR-RC-014", good_tail and b"".join(f.roce.payload for f in reads) == data,
             "the READ saw the word before the FETCH_ADD; ACK msn 2, ATOMIC ACKNOWLEDGE orig 9 msn 3" if good_tail
             else detail, frames=tail or [mark + 1], expected=exp)
+
+
+def _credits(code: int) -> int:
+    """Table 3-3."""
+    if code < 4:
+        return code
+    return 1 << (code // 2) if code % 2 == 0 else 3 << ((code - 1) // 2 - 1)
+
+
+@case("TC-ACK-009-a", rules=["MR-ACK-009"], category="ACK", timeout=10)
+def ack_credit_code(t):
+    """The credit code of each ACK is 0x1F or the largest code not above the receive WQEs left (5, 3, 0)."""
+    c = connect(t)
+    for i in range(5):
+        c.post_recv(64, offset=4096 + 64 * i, wr_id=0x900 + i)
+    for left, frames in ((5, [c.write(b"w", offset=64)]),
+                         (3, [req(c, "SEND_ONLY", payload=b"a", ackreq=False), req(c, "SEND_ONLY", payload=b"b")]),
+                         (0, [req(c, "SEND_ONLY", payload=b"c", ackreq=False), req(c, "SEND_ONLY", payload=b"d",
+                                                                                  ackreq=False),
+                              req(c, "SEND_ONLY", payload=b"e")])):
+        p = P.parse(frames[-1]).psn
+        mark = c.send(*frames)
+        got = c.expect(1, 1.0, after=mark, match=lambda f, p=p: f.roce.op == ACKNOWLEDGE and f.roce.psn == p)
+        best = max(k for k in range(0x1F) if _credits(k) <= left)
+        f = got[0] if got else None
+        ok = f is not None and f.roce.ack_kind == "ACK" and f.roce.syndrome in (0x1F, best)
+        t.check("MR-ACK-009", ok, f"{left} receive WQEs left: {describe(got)}", frames=got or [mark + 1],
+                expected=f"ACKNOWLEDGE ACK psn={p:#08x} with credit code {best:#04x} or 0x1f")
