@@ -90,7 +90,7 @@ class Side:
                       "dmac": peer.hello["mac"], "max_dest_rd_atomic": 4, "min_rnr_timer": 1,
                       "profile": "compat"})
         c.call("modify_qp", qp=self.qp, state="RTS",
-               attrs={"sq_psn": psn, "timeout": TIMEOUT, "retry_cnt": 3, "rnr_retry": 3, "max_rd_atomic": 4})
+               attrs={"sq_psn": psn, "timeout": TIMEOUT, "retry_cnt": 6, "rnr_retry": 6, "max_rd_atomic": 4})
 
     def va(self, off: int) -> str:
         return hex(int(self.mr_info["va"], 16) + off)
@@ -149,6 +149,7 @@ def test_hello_describes_rxe(vm):
         assert caps["params"] == ["dscp", "hop_limit"]
         counters = c.call("get_counters")["counters"]
         assert set(counters) == set(caps["counters"])
+        assert counters["rx_dup_req"] == counters["duplicate_request"]      # the spec's name (MR-DUP-010)
 
 
 def test_write_send_read_atomics_both_ways(pair):

@@ -120,6 +120,10 @@ DEFAULTS = {"timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "min_rnr_timer": 12, 
 HOP_LIMIT = 64
 # set_param (9.4.2): name -> (default, min, max); the session's values go into the AV at RTR.
 PARAMS = {"hop_limit": (HOP_LIMIT, 1, 255), "dscp": (0, 0, 63)}
+# Spec counter names (03-compat-rc.md etc.) that a kernel port counter matches exactly: rxe's
+# duplicate_request counts every duplicate request its responders see (rxe_resp.c check_psn), which is
+# what MR-DUP-010's rx_dup_req counts.  Port-wide: rdma-core has no per-QP counters to offer.
+SPEC_COUNTERS = {"rx_dup_req": "duplicate_request"}
 # 06-connection.md 6.3 capability bits this agent can claim for a device.
 CAP_IPV6, CAP_ATOMICS = 0x40, 0x80
 
@@ -385,7 +389,8 @@ class Device:
         return [os.path.join(base, d) for d in ("counters", "hw_counters") if os.path.isdir(os.path.join(base, d))]
 
     def counters(self) -> dict:
-        """The port's counters as the kernel exports them (counters/ and hw_counters/)."""
+        """The port's counters as the kernel exports them (counters/ and hw_counters/), plus the
+        spec's name for each one that counts exactly what a spec counter counts (SPEC_COUNTERS)."""
         out = {}
         for d in self.counter_dirs():
             for name in sorted(os.listdir(d)):
@@ -394,6 +399,9 @@ class Device:
                 v = self._read(os.path.join(d, name))
                 if v is not None and v.isdigit():
                     out[name] = int(v)
+        for spec_name, kernel_name in SPEC_COUNTERS.items():
+            if kernel_name in out:
+                out[spec_name] = out[kernel_name]
         return out
 
     # the peer's MAC: the kernel's neighbour table is how a verbs device learns it
