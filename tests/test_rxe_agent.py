@@ -27,7 +27,7 @@ import pytest
 from metaroce_xdp.agent import AgentClient, AgentError, AgentServer
 from tools.rxe_conformance import RxeVM, in_netns
 
-pytestmark = [pytest.mark.vm, pytest.mark.netns, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.vm, pytest.mark.netns, pytest.mark.timeout(600)]
 
 VM_ID = int(os.environ.get("RXE_TEST_VM_ID", 11))    # not 0: leave rxeh0 to interactive use
 FULL = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"]

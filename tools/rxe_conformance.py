@@ -87,7 +87,7 @@ class RxeVM:
     down() removes everything (safe to call twice, and after a failed up())."""
 
     def __init__(self, vm_id: int = 0, *, port: int = AGENT_PORT, smp: int = 2, mtu: int | None = None,
-                 boot_timeout: float = 180.0, agent_timeout: float = 90.0, scripts: Path = VM_DIR,
+                 boot_timeout: float = 420.0, agent_timeout: float = 120.0, scripts: Path = VM_DIR,
                  log=None) -> None:
         if not 0 <= vm_id <= 254:
             raise ValueError(f"vm_id {vm_id}: 0..254")
