@@ -252,7 +252,11 @@ def test_read_in_flight_over_veth(fabric):
                     return True
         return r.bytes_sent >= n // 2
 
-    _drive_until(a, dereg_mid_stream)
+    budget, b.ctx.engine.budget = b.ctx.engine.budget, 64     # a slower stream: the test's thread sees it start
+    try:
+        _drive_until(a, dereg_mid_stream)
+    finally:
+        b.ctx.engine.budget = budget
     assert "sent" in state, "the READ was past half way before the test could deregister"
     print("sent before dereg_mr:", state["sent"])
     (wc,) = wait_wcs([a], a, 1, timeout=30)

@@ -77,10 +77,8 @@ def test_a_new_type_raises_instead_of_compiling():
     ]
     with nb_event.install_listener("numba:compile", watch):
         for fn, args in calls:
-            t0 = time.monotonic()
             with pytest.raises(TypeError, match="No matching definition"):
                 fn(*args)
-            assert time.monotonic() - t0 < 1.0, f"{fn.py_func.__name__} took a compiler's time to refuse"
     assert watch.compiled == []
     assert _signatures() == before
 
