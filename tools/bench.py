@@ -54,7 +54,8 @@ JSON report (schema "metaroce-bench/1"; keys are only ever added, never renamed)
              "value": number|null, "unit": str, "config": str|null,
              "not_available": str|null,                # exactly one of value / not_available
              "target": str|null, "meets": bool|null}   # ratios only
-    TRIAL = {"stage", "config": {...}, "label", "rx_fps", "tx_fps", "rx_dropped", "error"}
+    TRIAL = {"stage", "config": {...}, "label", "rx_fps", "tx_fps", "rx_dropped", "error",
+             "load1" (the host's 1-minute load average as the trial began; sweep trials only)}
     PT    = {"who", "size", "value", "unit"}
 
 Neighbours: metaroce_xdp/topo.py (namespaces, veth, cleanup), tools/perf.py (owned elsewhere;
@@ -114,7 +115,7 @@ class Durations:
     raw_reps: int           # repetitions of the winning raw configuration
     sweep_passes: int       # times each candidate of a sweep stage is tried
     lat_iters: int
-    rate_iters: int         # 8-byte WRITEs for the message rate
+    rate_iters: int         # 8-byte WRITEs for the message rate (0: not measured)
     bw_iters: int           # 64 KiB WRITEs
     series_sizes: tuple[int, ...]
     perf_timeout_s: float
@@ -123,7 +124,7 @@ class Durations:
 
 FULL = Durations(qperf_s=3, series_s=1, raw_trial_s=0.8, raw_reps=3, sweep_passes=2, lat_iters=2000, rate_iters=50000,
                  bw_iters=10000, series_sizes=(8, 512, 8192, 65536), perf_timeout_s=180, full_sweep=True)
-QUICK = Durations(qperf_s=1, series_s=1, raw_trial_s=0.4, raw_reps=1, sweep_passes=1, lat_iters=300, rate_iters=2000,
+QUICK = Durations(qperf_s=1, series_s=1, raw_trial_s=0.4, raw_reps=1, sweep_passes=1, lat_iters=300, rate_iters=0,
                   bw_iters=300, series_sizes=(), perf_timeout_s=60, full_sweep=False)
 
 
@@ -598,7 +599,7 @@ def sweep_rawloop(topo, pair, binary: Path, prog: RedirectProgram, napi: NapiCon
 
     def trial(stage: str, cfg: RawConfig) -> None:
         t = {"stage": stage, "config": asdict(cfg), "label": cfg.label, "rx_fps": None, "tx_fps": None,
-             "rx_dropped": None, "error": None}
+             "rx_dropped": None, "error": None, "load1": os.getloadavg()[0]}
         results.setdefault(cfg, [])
         try:
             napi.set(cfg.napi_threaded, cfg.napi_cpu)
@@ -891,6 +892,8 @@ class Bench:
                     self.add(row(f"{p}.{k}", "metaroce", f"{name} WRITE 8 B latency, {what}", unit="us", na=na_of(e)))
             # message rate
             try:
+                if not d.rate_iters:
+                    raise BenchError("not measured by --quick (the same write-bw path as the 64 KiB row)")
                 r = perf("write-bw", LAT_MSG, d.rate_iters)
                 self.add(row(f"{p}.rate_8B_1qp_mmsgs", "metaroce", f"{name} WRITE 8 B message rate, 1 QP",
                              r.get("msg_rate"), "Mmsg/s", r["config"]))
