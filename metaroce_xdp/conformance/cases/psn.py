@@ -241,3 +241,36 @@ def read_consumes_its_response_count(t):
             expected=f"3 READ RESPONSEs, ACK psn={P.psn_add(p, 2):#08x}, ACK psn={P.psn_add(p, 3):#08x}")
     t.check("MR-DUP-009", ok_dup and not placed, f"WRITE inside the READ's PSNs: {describe(d)}, placed {placed}",
             frames=d or [m1 + 1], expected=f"ACK psn={P.psn_add(p, 2):#08x}, nothing placed")
+
+
+@case("TC-NAK-002-c", rules=["MR-NAK-002", "MR-NAK-001", "MR-ACK-007"], category="ACK", timeout=10)
+def future_read_and_atomic_naked(t):
+    """A READ REQUEST and (with ATOMICS) a FETCH_ADD after a gap each get the sequence-error NAK, with the
+    current MSN; an in-order READ is answered by READ RESPONSEs only, never by an ACKNOWLEDGE."""
+    c = t.connect()
+    p = c.psn
+    m = c.send(c.write(b"msn1", offset=0))
+    expect_ack(c, p, m)
+    e, msn = c.psn, 1
+    kinds = [("READ REQUEST", c.frame("RDMA_READ_REQUEST", psn=P.psn_add(e, 2), ackreq=True,
+                                      reth=(c.va, c.rkey, 64)))]
+    if "ATOMICS" in t.claim.caps:
+        kinds.append(("FETCH_ADD", c.frame("FETCH_ADD", psn=P.psn_add(e, 2), ackreq=True,
+                                           atomic=(c.va + 64, c.rkey, 1, 0))))
+    for what, f in kinds:
+        mk = c.send(f)
+        got = responses(c, mk, _is_nak0)
+        ok = len(got) == 1 and _is_nak0(got[0]) and got[0].roce.psn == e
+        t.check("MR-NAK-002", ok, f"{what} at epsn + 2: {describe(got)}", frames=got or [mk + 1],
+                expected=f"one NAK(0x60) psn={e:#08x}")
+        t.check("MR-NAK-001", ok and got[0].roce.msn == msn, f"NAK msn {got[0].roce.msn if got else None}",
+                frames=got or [mk + 1], expected=f"NAK msn {msn} (the messages executed so far)")
+        mk = c.send(c.write(b"fill", offset=256))      # clears nak_sent (MR-NAK-003) for the next kind
+        expect_ack(c, e, mk)
+        e, msn = c.psn, msn + 1
+    mk = c.send(c.frame("RDMA_READ_REQUEST", ackreq=True, reth=(c.va, c.rkey, 16)))
+    c.psn = P.psn_add(c.psn, 1)
+    got = responses(c, mk, lambda f: f.roce.op == 0x10)
+    ok = bool(got) and all(f.roce.op != 0x11 for f in got) and got[0].roce.op == 0x10
+    t.check("MR-ACK-007", ok, f"answers to an in-order READ with AckReq: {describe(got)}", frames=got or [mk + 1],
+            expected="RDMA_READ_RESPONSE_ONLY and no ACKNOWLEDGE")
