@@ -12,14 +12,18 @@ the tap, completions polled through the agents, memory read back through them
 and compared byte by byte.  Then the agent's error answers (section 9.4.3),
 and remote errors that rxe reports as NAKs.
 
-The VM takes 15-30 s to boot under TCG; the `vm` mark lets `make test`
-leave the module out (pytest -m "not vm").
+The VM takes 15-30 s to boot under TCG on an idle host (up to two minutes on
+a loaded one); the `vm` mark lets `make test` leave those tests out (pytest -m
+"not vm").  The first test needs no VM: the agent file is self-contained.
 """
 from __future__ import annotations
 
+import ast
 import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -27,13 +31,31 @@ import pytest
 from metaroce_xdp.agent import AgentClient, AgentError, AgentServer
 from tools.rxe_conformance import RxeVM, in_netns
 
-pytestmark = [pytest.mark.vm, pytest.mark.netns, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(600)]
+AGENT = os.path.join(os.path.dirname(__file__), "..", "metaroce_xdp", "conformance", "pyverbs_agent.py")
 
 VM_ID = int(os.environ.get("RXE_TEST_VM_ID", 11))    # not 0: leave rxeh0 to interactive use
 FULL = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"]
 MR_LEN = 65536
 WAIT_MS = 20000          # TCG: a round trip through the VM can take tens of ms on a loaded host
 TIMEOUT = 16             # local ACK timeout 4.096 us * 2^16 = 268 ms: nothing is lost on the tap
+
+
+def test_agent_is_self_contained():
+    """The agent runs where our package is not installed (the VM's 9p share, a NIC host): it imports
+    only the standard library and pyverbs, and without pyverbs it says what to install."""
+    tree = ast.parse(open(AGENT).read())
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "relative import"
+    assert mods - {"pyverbs"} <= set(sys.stdlib_module_names), mods - set(sys.stdlib_module_names)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    help_ = subprocess.run(["/usr/bin/python3", "-I", AGENT, "--help"], capture_output=True, text=True, env=env,
+                           timeout=30)
+    assert help_.returncode == 0 and "--gid-index" in help_.stdout
+    run = subprocess.run(["/usr/bin/python3", "-I", AGENT, "--listen", "127.0.0.1", "--port", "0"],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert run.returncode == 2 and "python3-pyverbs" in run.stderr    # no pyverbs on this host
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +155,8 @@ def pair(vm, ours):
         s.c.close()
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_hello_describes_rxe(vm):
     with _client(vm, vm.vm_ip, vm.agent_port) as c:
         h = c.call("hello", proto=1)
@@ -152,6 +176,8 @@ def test_hello_describes_rxe(vm):
         assert counters["rx_dup_req"] == counters["duplicate_request"]      # the spec's name (MR-DUP-010)
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_write_send_read_atomics_both_ways(pair):
     """The full session: each side WRITEs, SENDs (with immediate), READs and runs both atomics
     into the other over the tap; completions and memory through the agents."""
@@ -251,6 +277,8 @@ def test_write_send_read_atomics_both_ways(pair):
     assert n["sent_pkts"] > 0 and n["rcvd_pkts"] > 0
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_remote_access_error_leaves_rxe_memory_alone(pair):
     """A WRITE from our side with a wrong rkey: rxe NAKs it (remote access error), our
     completion says so, and rxe's memory is unchanged (read through its agent)."""
@@ -265,6 +293,8 @@ def test_remote_access_error_leaves_rxe_memory_alone(pair):
     assert a.c.call("query_qp", qp=a.qp)["state"] == "ERR"
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_rxe_requester_flushes_in_err(vm, ours):
     """ERR on rxe's QP flushes its posted receives with IBV_WC_WR_FLUSH_ERR (in order)."""
     b = Side(_client(vm, vm.vm_ip, vm.agent_port)).setup()
@@ -280,6 +310,8 @@ def test_rxe_requester_flushes_in_err(vm, ours):
         b.c.close()
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_agent_errors(vm):
     """Section 9.4.3 codes from the rdma-core agent; a failed command changes nothing."""
     with _client(vm, vm.vm_ip, vm.agent_port) as c:
@@ -324,6 +356,8 @@ def test_agent_errors(vm):
         c.call("bye")
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_send_with_invalidate_from_rxe(vm, ours):
     """rxe's SEND WITH INVALIDATE names the rkey of our remotely invalidatable MR: our receive
     completion carries it as invalidated_rkey, and rxe's next WRITE with that key is refused."""
@@ -369,6 +403,8 @@ def _capture_roce(ns: str, iface: str, src_ip: str, seconds: float) -> bytes | N
     return None
 
 
+@pytest.mark.vm
+@pytest.mark.netns
 def test_set_param_hop_limit_and_dscp_reach_the_wire(vm, ours):
     """set_param hop_limit and dscp go into the address vector of rxe's next QP: its request to a
     lower-tester address (10.77.<ID>.3, MAC given as dmac: the agent's neighbour entry) leaves
