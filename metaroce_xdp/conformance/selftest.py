@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import sys
 import time
 
@@ -37,7 +38,8 @@ class SelfTest:
             self.lt_iface = "mr1"
             self.proc = self.topo.popen(self.iut_ns, [sys.executable, "-m", "metaroce_xdp.agent", "--dev", "mr0",
                                                       "--listen", CTL_IUT, "--port", str(AGENT_PORT)],
-                                        stdout=agent_log or subprocess_devnull(), stderr=subprocess_stdout(agent_log),
+                                        stdout=agent_log or subprocess.DEVNULL,
+                                        stderr=subprocess.STDOUT if agent_log is not None else subprocess.DEVNULL,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
             with self.topo.enter(self.lt_ns):
                 # The tester's kernel owns LT_IP: without a socket on port 4791 it would answer the IUT's
@@ -82,16 +84,6 @@ class SelfTest:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def subprocess_devnull():
-    import subprocess
-    return subprocess.DEVNULL
-
-
-def subprocess_stdout(log):
-    import subprocess
-    return subprocess.STDOUT if log is not None else subprocess.DEVNULL
 
 
 __all__ = ["SelfTest", "IUT_IP", "LT_IP"]
