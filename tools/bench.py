@@ -42,7 +42,7 @@ threaded-NAPI kthreads is not.
 JSON report (schema "metaroce-bench/1"; keys are only ever added, never renamed):
 
     {"schema": "metaroce-bench/1", "when": "YYYY-MM-DD HH:MM UTC",
-     "host": {"kernel", "cpus", "busy_before_pct", "load_avg"},
+     "host": {"kernel", "cpus", "busy_before_pct", "load_avg", "load_avg_after"},
      "options": {"quick", "planes", "placement", "threaded_napi", "durations"},
      "placement": {"a_cpu", "b_cpu", "text"},        # MetaRoCE client/server and qperf alike
      "rows": [ROW, ...],                              # the table, in order
@@ -245,10 +245,6 @@ def tso_on(topo, ep) -> bool | None:
 
 def _pinned(argv: list[str], cpu: int | None) -> list[str]:
     return argv if cpu is None else ["taskset", "-c", str(cpu), *argv]
-
-
-def _size_text(n: int) -> str:
-    return f"{n // 1024} KiB" if n >= 1024 and n % 1024 == 0 else f"{n} B"
 
 
 # --------------------------------------------------------------------------- CPU sampling
@@ -577,7 +573,8 @@ def _sweep_stages(d: Durations) -> list[tuple[str, callable]]:
         placements = [RawConfig()]
     else:
         placements = [RawConfig(), RawConfig(c0, c1), RawConfig(c0, c0), RawConfig(c1, c1),
-                      RawConfig(c0, c0, True, c1), RawConfig(c1, c1, True, c0), RawConfig(c0, c1, True, None),
+                      RawConfig(c0, c0, True, c1), RawConfig(c1, c1, True, c0), RawConfig(c0, c1, True, c1),
+                      RawConfig(c0, c1, True, None),
                       RawConfig(None, None, True, None)]
     if not d.full_sweep:  # --quick: today's default beside the usual winner, nothing else
         return [("placement", lambda best: [RawConfig(c0, c1)] + ([RawConfig(c0, c0, True, c1)] if c1 is not None
@@ -1026,6 +1023,7 @@ def run(d: Durations, planes: tuple[str, ...], placement: str, threaded_napi: bo
                     b.add(row(rid, "raw", f"raw AF_XDP loop ({rid})", na=f"raw loop failed: {str(e)[:300]}"))
         b.metaroce(topo, pair, perf_ok, popts)
     b.ratios()
+    report["host"]["load_avg_after"] = os.getloadavg()
     report.update(rows=b.rows, raw_sweep=b.raw_sweep, series=b.series, plots=[])
     return report
 
@@ -1079,7 +1077,9 @@ def markdown(report: dict) -> str:
     h, o = report["host"], report["options"]
     out = [f"# `make bench` results ({report['when']})", "",
            f"Host: {h['cpus']} CPUs, kernel {h['kernel']}, {h['busy_before_pct']:.0f}% busy before the run, load "
-           f"average {', '.join(f'{x:.2f}' for x in h['load_avg'])} (other work on the host disturbs every figure). "
+           f"average {', '.join(f'{x:.2f}' for x in h['load_avg'])} before and "
+           f"{', '.join(f'{x:.2f}' for x in h.get('load_avg_after', ()))} after (other work on the host "
+           "disturbs every figure). "
            f"Placement: {report['placement']['text']}, MetaRoCE and qperf alike; threaded NAPI "
            f"{'on' if o['threaded_napi'] else 'off'} for them. Planes: {', '.join(o['planes'])}."
            + (" Quick run." if o["quick"] else ""), "",
