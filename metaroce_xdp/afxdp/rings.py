@@ -289,18 +289,26 @@ def rx_burst_sg(rx_prod, rx_cons, rx_descs, frames, out_addr, out_len, stack, to
     np_ = 0
     used = np.int64(0)
     lim_out = min(max_n, out_addr.shape[0], out_len.shape[0])
+    contd = np.uint64(PKT_CONTD) << np.uint64(32)
     while np_ < lim_out and used < avail:
-        j0 = (idx + used) & mask
-        w1 = rx_descs[j0, 1]
-        a0 = rx_descs[j0, 0]
-        if not (w1 >> np.uint64(32)) & np.uint64(PKT_CONTD):
-            out_addr[np_] = a0                     # single buffer: as rx_burst
+        # single-buffer packets: the same loop as rx_burst plus one flag test
+        run = min(avail - used, lim_out - np_)
+        for _ in range(run):
+            j0 = (idx + used) & mask
+            w1 = rx_descs[j0, 1]
+            if w1 & contd:
+                break
+            out_addr[np_] = rx_descs[j0, 0]
             out_len[np_] = w1 & DESC_LEN_MASK
             np_ += 1
             used += 1
-            continue
+        if np_ >= lim_out or used >= avail:
+            break
+        j0 = (idx + used) & mask                   # a multi-buffer packet starts here
+        w1 = rx_descs[j0, 1]
+        a0 = rx_descs[j0, 0]
         k = used + 1                               # find the packet's last descriptor
-        while k < avail and (rx_descs[(idx + k) & mask, 1] >> np.uint64(32)) & np.uint64(PKT_CONTD):
+        while k < avail and rx_descs[(idx + k) & mask, 1] & contd:
             k += 1
         if k >= avail:
             break                                  # incomplete: wait for the rest
@@ -354,7 +362,16 @@ def tx_burst_sg(tx_prod, tx_cons, tx_descs, addrs, lens, n, chunk):
         a = np.uint64(addrs[k])
         ln = np.int64(lens[k])
         first = np.int64(chunk) - np.int64(a & cmask)
-        nd = 1 if ln <= first else 1 + (ln - first + chunk - 1) // chunk
+        if ln <= first:                            # one descriptor: as tx_burst
+            if w >= free:
+                break
+            j = (idx + w) & mask
+            tx_descs[j, 0] = a
+            tx_descs[j, 1] = np.uint64(ln) & DESC_LEN_MASK
+            w += 1
+            k += 1
+            continue
+        nd = 1 + (ln - first + chunk - 1) // chunk
         if w + nd > free:
             break
         left = ln
