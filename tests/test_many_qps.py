@@ -8,8 +8,10 @@ WRITE back on each.  So 3,000 messages from 2,000 requesters are in flight at on
 the sockets' rings hold (what the rings drop, go-back-N resends).  Every completion must be SUCCESS,
 each QP's completions in posting order, and every WR's bytes land where they should, byte for byte.
 
-The current engine walks every QP on every round, so its idle round grows with the QP count
-(measured by tools, not asserted here: see test_idle_round_cost_is_reported and the issue note).
+The current engine walks every QP on every round, so its round grows with the QP count (about
+20 ms idle at 1,000 QPs on this machine, longer than the 67 ms ACK timeout once loaded): frames the
+sockets' rings could not hold are resent after a timeout, which this test tolerates and prints, but
+does not assert on (speed is for benchmarks).
 """
 from __future__ import annotations
 
@@ -103,6 +105,9 @@ def test_thousand_qps_at_once_over_veth(hosts):
                    remote_addr=b.mr.addr + s + 4096, rkey=b.mr.rkey)])
         b.qps[i].post_send(SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[b.sge(s + 6144, 1500)],
                                   remote_addr=a.mr.addr + s + 6144, rkey=a.mr.rkey))
+    ev0 = {h: h.ctx.loader.events() for h in (a, b)}
+    xs0 = {h: h.ctx.port.xsk.statistics() for h in (a, b)}
+    dr0 = {h: h.ctx.loader.drops() for h in (a, b)}
     got = {a: [], b: []}
     want = {a: 2 * NQP, b: NQP}
     t0 = time.monotonic()
@@ -122,6 +127,17 @@ def test_thousand_qps_at_once_over_veth(hosts):
     print(f"\n{NQP} QP pairs: set up in {setup:.1f} s; 3,000 messages in {elapsed:.2f} s, {rounds} rounds "
           f"({1e3 * elapsed / rounds:.1f} ms a round); frames A {stats[a]['tx']} out / {stats[a]['rx']} in, "
           f"B {stats[b]['tx']} out / {stats[b]['rx']} in; go-back-N restarts {retrans}")
+    ev = {h: {k: v - ev0[h].get(k, 0) for k, v in h.ctx.loader.events().items()} for h in (a, b)}
+    dr = {h: {k: v - dr0[h].get(k, 0) for k, v in h.ctx.loader.drops().items() if v != dr0[h].get(k, 0)}
+          for h in (a, b)}
+    xs = {h: {k: v - xs0[h].get(k, 0) for k, v in h.ctx.port.xsk.statistics().items() if v != xs0[h].get(k, 0)}
+          for h in (a, b)}
+    print(f"XDP program: A steered {ev[a]['STEERED']}, ACKs consumed {ev[a]['ACK_CONSUMED']}, drops {dr[a]}; "
+          f"B steered {ev[b]['STEERED']}, ACKs consumed {ev[b]['ACK_CONSUMED']}, drops {dr[b]}; "
+          f"AF_XDP socket counters A {xs[a]}, B {xs[b]}")
+    # the XDP program knew all 1,000 QPs of its side: it dropped nothing, and took every QP's ACKs itself
+    assert dr[a] == {} and dr[b] == {} and ev[a]["DROPPED"] == 0 and ev[b]["DROPPED"] == 0
+    assert ev[a]["ACK_CONSUMED"] >= NQP and ev[b]["ACK_CONSUMED"] >= NQP
     # every completion SUCCESS, on the QP that posted it, in posting order per QP
     for h, wcs in got.items():
         bad = [w for w in wcs if w.status != WCStatus.SUCCESS]
