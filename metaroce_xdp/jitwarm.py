@@ -309,9 +309,12 @@ def seal() -> int:
             return _sealed_count
         ds = sealable()
         for d in ds:
-            # Dispatcher.disable_compile() insists on a signature; functions compiled only into their
-            # callers have none of their own, and must not start compiling either.
-            d._can_compile = False
+            if d.signatures:
+                d.disable_compile()
+            else:
+                # disable_compile() insists on a signature; functions compiled only into their callers
+                # have none of their own, and must not start compiling either (the same flag)
+                d._can_compile = False
         _sealed = True
         _sealed_count = len(ds)
         return len(ds)
@@ -331,7 +334,7 @@ def unsealed():
     if was and not numba_config.DISABLE_JIT:
         with _lock:
             for d in sealable():
-                d._can_compile = True
+                d.disable_compile(False)
             _sealed = False
     try:
         yield
