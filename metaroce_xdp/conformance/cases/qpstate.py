@@ -1,0 +1,318 @@
+"""QP states (07-qp-state.md): packets arriving in RESET, INIT, RTR, SQD and ERR; post_send and post_recv in
+states that refuse them; flushing on ERR; illegal transitions and attributes refused; RESET stops everything.
+
+A QP is brought to the state under test through the agent (modify_qp); the LT
+sends to it and watches what it sends; completions, agent errors and memory read
+through the agent are the other evidence.  Agent error codes: a refused transition
+or a post in a state that refuses it is ESTATE or EINVAL (9.4.3 names ESTATE for
+"not allowed in the QP's state", MR-QP-004/017/018 the verbs errno EINVAL: both are
+accepted).
+"""
+from __future__ import annotations
+
+from .. import packets as P
+from ..context import FULL_ACCESS, _gid
+from ..registry import case
+from ._common import QUIET, counter, describe, expect_ack
+from ._req import (STATE_ERRORS, WC_FLUSH, WC_OK, ack, agent_error, all_requests, expect_wcs, need, post, qp_state,
+                   requests, write_wr)
+
+
+def _attrs(t, c, state: str) -> dict:
+    """The attributes t.connect gives for the transition into `state`."""
+    if state == "INIT":
+        return {"access": list(FULL_ACCESS), "pkey": 0xFFFF}
+    if state == "RTR":
+        return {"dest_qpn": c.lt_qpn, "rq_psn": c.psn, "path_mtu": c.mtu, "dgid": _gid(t.lt_ip), "dmac": t.lt_mac,
+                "max_dest_rd_atomic": 4, "min_rnr_timer": 1, "profile": "compat"}
+    if state == "RTS":
+        return {"sq_psn": c.iut_psn, "timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "max_rd_atomic": 4}
+    return {}
+
+
+def _modify(t, c, state: str, attrs: dict | None = None) -> str | None:
+    """modify_qp; the agent error code, None on success."""
+    a = _attrs(t, c, state) if attrs is None else attrs
+    return agent_error(lambda: t.agent.call("modify_qp", qp=c.qp, state=state, attrs=a))
+
+
+def _dropped(t, c, rules, what: str, offset: int = 256, count: bool = True) -> None:
+    """A valid WRITE ONLY to the QP gets no response, writes nothing, and (count) counts in rx_drop_qp_state when
+    the IUT reports it (MR-QP-020).  For RESET and INIT the counter is reported, not decided: such a QP has no
+    connected peer yet, so the check of MR-ENC-032 step 11 (rx_drop_wrong_peer) comes before the state check of
+    step 14, and the reference implementation counts the packet under rx_drop_qpn (its XDP program learns a QP
+    at RTR) -- a point the spec leaves open."""
+    n0 = counter(t, "rx_drop_qp_state")
+    mark = c.send(c.write(b"NOTHERE!", offset=offset))
+    seen = c.quiet(QUIET, after=mark)
+    n1 = counter(t, "rx_drop_qp_state")
+    untouched = c.mem(offset, 8) == bytes(8)
+    counted = n0 is None or (n1 is not None and n1 > n0) or not count
+    ok = not seen and untouched and counted
+    cnt = f"rx_drop_qp_state {n0} -> {n1}" if n0 is not None else "rx_drop_qp_state not reported"
+    for r in rules:
+        t.check(r, ok, f"{what}: responses {describe(seen)}; memory untouched: {untouched}; {cnt}",
+                frames=seen or [mark + 1], expected="no response, nothing written, rx_drop_qp_state +1")
+
+
+def _post_refused(t, c, rules_send, rules_recv, state: str, recv_ok: bool) -> None:
+    es = agent_error(lambda: t.agent.call("post_send", qp=c.qp, wr=write_wr(c, 8, 0x51)))
+    for r in rules_send:
+        t.check(r, es in STATE_ERRORS, f"post_send in {state}: {es or 'accepted'}",
+                expected=f"post_send fails ({' or '.join(STATE_ERRORS)})", observed=[f"agent: {es or 'ok'}"])
+    er = agent_error(lambda: c.post_recv(8, 0, 0x52))
+    want = None if recv_ok else STATE_ERRORS
+    ok = er is None if recv_ok else er in STATE_ERRORS
+    for r in rules_recv:
+        t.check(r, ok, f"post_recv in {state}: {er or 'accepted'}",
+                expected="post_recv accepted" if recv_ok else f"post_recv fails ({' or '.join(want)})",
+                observed=[f"agent: {er or 'ok'}"])
+
+
+@case("TC-QP-020-a", rules=["MR-QP-002", "MR-QP-020", "MR-QP-019", "MR-QP-017", "MR-QP-018"], category="QPS",
+      timeout=10)
+def packets_in_reset(t):
+    """A new QP is in RESET; a valid WRITE addressed to it is dropped without response; post_send and post_recv
+    fail."""
+    c = t.connect(state="RESET")
+    st = qp_state(c)
+    t.check("MR-QP-002", st == "RESET", f"state after create_qp: {st}", expected="RESET", observed=[st])
+    _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in RESET", count=False)
+    _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "RESET", recv_ok=False)
+
+
+@case("TC-QP-020-b", rules=["MR-QP-020", "MR-QP-019", "MR-QP-017", "MR-QP-018"], category="QPS", timeout=10)
+def packets_in_init(t):
+    """A QP in INIT drops a valid WRITE without response; post_recv is accepted, post_send fails."""
+    c = t.connect(state="INIT")
+    need(qp_state(c) == "INIT", "the QP did not reach INIT")
+    _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in INIT", count=False)
+    _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "INIT", recv_ok=True)
+
+
+@case("TC-QP-020-c", rules=["MR-QP-020", "MR-QP-019", "MR-QP-018"], category="QPS", timeout=10)
+def requests_in_rtr(t):
+    """A QP in RTR executes and ACKs a WRITE (its responder runs); post_send fails; an ACKNOWLEDGE addressed to it
+    (a response) is dropped without effect, counted in rx_drop_qp_state when reported; it sends nothing else."""
+    c = t.connect(state="RTR")
+    p = c.psn
+    mark = c.send(c.write(b"rtr-data", offset=0))
+    a = expect_ack(c, p, mark)
+    placed = c.mem(0, 8) == b"rtr-data"
+    t.check("MR-QP-019", a is not None and placed, f"WRITE in RTR: ACK {a.summary() if a else None}, placed {placed}",
+            frames=[a] if a else [mark + 1], expected=f"ACKNOWLEDGE ACK psn={p:#08x}")
+    n0 = counter(t, "rx_drop_qp_state")
+    m2 = c.send(ack(c, c.iut_psn, 1))
+    seen = c.quiet(QUIET, after=m2)
+    n1 = counter(t, "rx_drop_qp_state")
+    st = qp_state(c)
+    counted = n0 is None or (n1 is not None and n1 > n0)
+    t.check("MR-QP-020", not seen and st == "RTR" and counted,
+            f"ACK to a QP in RTR: responses {describe(seen)}, state {st}, rx_drop_qp_state {n0} -> {n1}",
+            frames=seen or [m2 + 1], expected="dropped, counted, QP still RTR")
+    t.check("MR-QP-019", not seen, f"frames after the ACK: {describe(seen)}", frames=seen or [m2 + 1],
+            expected="nothing sent")
+    _post_refused(t, c, ["MR-QP-018"], [], "RTR", recv_ok=True)
+    m3 = c.send(c.write(b"still-on", offset=16))
+    a3 = expect_ack(c, c.psn - 1 & 0xFFFFFF, m3)
+    t.check("MR-QP-020", a3 is not None, "the next WRITE still ACKed", frames=[a3] if a3 else [m3 + 1],
+            expected="ACK")
+
+
+@case("TC-QP-025-a", rules=["MR-QP-025", "MR-QP-020", "MR-QP-019", "MR-QP-038", "MR-QP-016"], category="QPS",
+      timeout=10)
+def packets_in_err(t):
+    """A QP moved to ERR reports ERR and drops a valid WRITE without response or placement."""
+    c = t.connect()
+    e = _modify(t, c, "ERR", {})
+    need(e is None, f"modify to ERR failed: {e}")
+    st = qp_state(c)
+    t.check("MR-QP-038", st == "ERR", f"query_qp after modify to ERR: {st}", expected="ERR", observed=[st])
+    t.check("MR-QP-016", st == "ERR", f"state {st}", expected="ERR", observed=[st])
+    _dropped(t, c, ["MR-QP-025", "MR-QP-020", "MR-QP-019"], "WRITE to a QP in ERR")
+
+
+@case("TC-QP-018-a", rules=["MR-QP-018", "MR-QP-017", "MR-QP-028"], category="QPS", timeout=10)
+def post_in_err_flushed(t):
+    """A WRITE outstanding, the QP moved to ERR, then a WRITE and a receive posted in ERR: both accepted and
+    completed WR_FLUSH_ERR, the send after the flush of the earlier WRITE."""
+    c = t.connect(timeout=18)
+    mark = post(c, write_wr(c, 8, 1))
+    need(bool(requests(c, mark, 1, 1.0)), "the first WRITE was not sent")
+    need(_modify(t, c, "ERR", {}) is None, "modify to ERR failed")
+    es = agent_error(lambda: t.agent.call("post_send", qp=c.qp, wr=write_wr(c, 8, 2, offset=64)))
+    er = agent_error(lambda: c.post_recv(8, 128, 10))
+    wcs = c.poll(4, 1.0)
+    sends = [w for w in wcs if int(w["wr_id"], 16) in (1, 2)]
+    recvs = [w for w in wcs if int(w["wr_id"], 16) == 10]
+    t.check("MR-QP-018", es is None, f"post_send in ERR: {es or 'accepted'}", expected="accepted",
+            observed=[f"agent: {es or 'ok'}"])
+    expect_wcs(t, ["MR-QP-018", "MR-QP-028"], sends, [(1, WC_FLUSH), (2, WC_FLUSH)], "send queue in ERR")
+    t.check("MR-QP-017", er is None, f"post_recv in ERR: {er or 'accepted'}", expected="accepted",
+            observed=[f"agent: {er or 'ok'}"])
+    expect_wcs(t, "MR-QP-017", recvs, [(10, WC_FLUSH)], "receive posted in ERR")
+
+
+@case("TC-QP-027-a", rules=["MR-QP-027", "MR-QP-016", "MR-QP-033", "MR-QP-025", "MR-QP-035"], category="QPS",
+      timeout=10)
+def flush_on_modify_to_err(t):
+    """Three WRITEs outstanding (the 2nd unsignaled) and two receives posted; modify to ERR: every WQE completes
+    WR_FLUSH_ERR, each queue in posting order, and the QP sends nothing more."""
+    c = t.connect(timeout=18)
+    c.post_recv(16, 1024, 10)
+    c.post_recv(16, 1040, 11)
+    mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i, signaled=(i != 1)) for i in range(3)])
+    need(len(requests(c, mark, 3, 1.0)) == 3, "the WRITEs were not sent")
+    need(_modify(t, c, "ERR", {}) is None, "modify to ERR failed")
+    m = t.lt.last_num()
+    wcs = c.poll(5, 1.0)
+    after = c.quiet(0.15, after=m)
+    sends = [w for w in wcs if int(w["wr_id"], 16) < 10]
+    recvs = [w for w in wcs if int(w["wr_id"], 16) >= 10]
+    expect_wcs(t, ["MR-QP-027", "MR-QP-016", "MR-QP-033", "MR-QP-035"], sends,
+               [(1, WC_FLUSH), (2, WC_FLUSH), (3, WC_FLUSH)], "send queue flushed")
+    expect_wcs(t, ["MR-QP-027", "MR-QP-035"], recvs, [(10, WC_FLUSH), (11, WC_FLUSH)], "receive queue flushed")
+    t.check("MR-QP-025", not after, f"frames after the modify: {describe(after)}", frames=after or [m],
+            expected="nothing (no retransmission of the flushed WRITEs)")
+
+
+ILLEGAL = {"RESET": ("RTR", "RTS", "SQD"), "INIT": ("RTS", "SQD"), "RTR": ("INIT", "RTR", "SQD"),
+           "RTS": ("INIT", "RTR"), "ERR": ("INIT", "RTR", "RTS")}
+
+
+@case("TC-QP-004-a", rules=["MR-QP-004", "MR-QP-038", "MR-QP-022"], category="QPS", timeout=15)
+def illegal_transitions_refused(t):
+    """From RESET, INIT, RTR, RTS and ERR, each transition Table 7-2 does not list is refused and leaves the
+    state as it was; ERR is left by RESET, from which INIT is allowed again."""
+    bad = []
+    tried = 0
+    for src, targets in ILLEGAL.items():
+        c = t.connect(state="RTS" if src == "ERR" else src)
+        if src == "ERR":
+            need(_modify(t, c, "ERR", {}) is None, "modify to ERR failed")
+        for dst in targets:
+            tried += 1
+            e = _modify(t, c, dst)
+            st = qp_state(c)
+            if e not in STATE_ERRORS or st != src:
+                bad.append(f"{src} -> {dst}: {e or 'accepted'}, state {st}")
+        if src == "ERR":
+            e1, e2 = _modify(t, c, "RESET", {}), _modify(t, c, "INIT")
+            st = qp_state(c)
+            t.check("MR-QP-022", e1 is None and e2 is None and st == "INIT",
+                    f"ERR -> RESET: {e1 or 'ok'}, RESET -> INIT: {e2 or 'ok'}, state {st}", expected="INIT",
+                    observed=[st])
+    ok = not bad
+    det = f"{tried} illegal transitions: " + ("each refused, state unchanged" if ok else "; ".join(bad))
+    t.check("MR-QP-004", ok, det, expected=f"each refused with {' or '.join(STATE_ERRORS)}", observed=bad or [det])
+    t.check("MR-QP-038", ok, det, expected="query_qp reports the unchanged state", observed=bad or [det])
+
+
+@case("TC-QP-003-a", rules=["MR-QP-003"], category="QPS", timeout=10)
+def sqe_refused(t):
+    """An RC QP never enters SQE: modify RTS -> SQE and RTR -> SQE are refused and leave the QP as it was."""
+    res = []
+    for src in ("RTS", "RTR"):
+        c = t.connect(state=src)
+        e = _modify(t, c, "SQE", {})
+        res.append((src, e, qp_state(c)))
+    ok = all(e in STATE_ERRORS and st == src for src, e, st in res)
+    t.check("MR-QP-003", ok, "; ".join(f"{s} -> SQE: {e or 'accepted'}, state {st}" for s, e, st in res),
+            expected="refused, state unchanged", observed=[str(r) for r in res])
+
+
+@case("TC-QP-013-a", rules=["MR-QP-013", "MR-QP-018", "MR-QP-019", "MR-QP-014"], category="QPS", timeout=10)
+def sqd_queues_without_sending(t):
+    """In SQD a WRITE posted is accepted but not sent while the responder still ACKs the LT's WRITE; SQD -> RTS
+    sends it and its ACK completes it."""
+    c = t.connect(timeout=16)
+    need(_modify(t, c, "SQD", {}) is None, "RTS -> SQD failed")
+    e = agent_error(lambda: t.agent.call("post_send", qp=c.qp, wr=write_wr(c, 8, 1)))
+    mark = t.lt.last_num()
+    early = requests(c, mark, 1, 0.25)
+    p = c.psn
+    m2 = c.send(c.write(b"sqd-resp", offset=512))
+    a = expect_ack(c, p, m2)
+    t.check("MR-QP-018", e is None, f"post_send in SQD: {e or 'accepted'}", expected="accepted",
+            observed=[f"agent: {e or 'ok'}"])
+    t.check("MR-QP-013", e is None and not early, f"requests in SQD: {describe(early)}", frames=early or [mark],
+            expected="none (no new WQE starts in SQD)")
+    t.check("MR-QP-019", a is not None, f"LT's WRITE in SQD answered: {a.summary() if a else None}",
+            frames=[a] if a else [m2 + 1], expected=f"ACKNOWLEDGE ACK psn={p:#08x}")
+    e2 = _modify(t, c, "RTS", {})
+    m3 = t.lt.last_num()
+    sent = requests(c, m3, 1, 1.0)
+    if sent:
+        c.send(ack(c, sent[0].roce.psn, 1))
+    wcs = c.poll(1, 0.5)
+    ok = e2 is None and [f.roce.psn for f in sent] == [c.iut_psn] and [w["status"] for w in wcs] == [WC_OK]
+    t.check("MR-QP-014", ok, f"SQD -> RTS: {e2 or 'ok'}; sent {describe(sent)}; completion "
+            f"{[w['status'] for w in wcs]}", frames=sent or [m3], expected="the WRITE sent, then IBV_WC_SUCCESS")
+
+
+@case("TC-QP-015-a", rules=["MR-QP-015", "MR-QP-019"], category="QPS", timeout=10)
+def reset_stops_everything(t):
+    """A WRITE being retransmitted (timeout 8, never ACKed), then modify to RESET: no packet after it, no
+    completion, state RESET."""
+    c = t.connect(timeout=8, retry_cnt=7)
+    mark = post(c, write_wr(c, 8, 1))
+    need(len(requests(c, mark, 2, 1.0)) == 2, "the WRITE was not retransmitted")
+    e = _modify(t, c, "RESET", {})
+    m = t.lt.last_num()
+    after = c.quiet(0.2, after=m)
+    wcs = c.poll(1, 0.2)
+    st = qp_state(c)
+    ok = e is None and not after and not wcs and st == "RESET"
+    for r in ("MR-QP-015", "MR-QP-019"):
+        t.check(r, ok, f"modify to RESET: {e or 'ok'}; frames after: {describe(after)}; completions {wcs}; state {st}",
+                frames=after or [m], expected="nothing sent, no completion, RESET")
+
+
+@case("TC-QP-005-a", rules=["MR-QP-005"], category="QPS", timeout=10)
+def bad_attributes_refused(t):
+    """A required attribute missing (INIT -> RTR without dest_qpn), an attribute the transition does not take
+    (RESET -> INIT with sq_psn), and one out of range (RTR -> RTS with retry_cnt 8): refused, state unchanged."""
+    res = []
+    c = t.connect(state="RESET")
+    a = {**_attrs(t, c, "INIT"), "sq_psn": 5}
+    res.append(("RESET -> INIT with sq_psn", _modify(t, c, "INIT", a), qp_state(c), "RESET"))
+    c2 = t.connect(state="INIT")
+    a = _attrs(t, c2, "RTR")
+    a.pop("dest_qpn")
+    res.append(("INIT -> RTR without dest_qpn", _modify(t, c2, "RTR", a), qp_state(c2), "INIT"))
+    c3 = t.connect(state="RTR")
+    a = {**_attrs(t, c3, "RTS"), "retry_cnt": 8}
+    res.append(("RTR -> RTS with retry_cnt 8", _modify(t, c3, "RTS", a), qp_state(c3), "RTR"))
+    bad = [f"{w}: {e or 'accepted'}, state {st}" for w, e, st, want in res if e != "EINVAL" or st != want]
+    t.check("MR-QP-005", not bad, "; ".join(bad) or "each refused with EINVAL, state unchanged",
+            expected="EINVAL, state unchanged", observed=bad or ["ok"])
+
+
+@case("TC-QP-022-a", rules=["MR-QP-022", "MR-QP-010", "MR-QP-015"], category="QPS", timeout=10)
+def err_reset_and_reconnect(t):
+    """A QP in ERR moved to RESET drops a WRITE; brought to RTR again with a new rq_psn it accepts a WRITE at
+    that PSN and ACKs it with MSN 1 (the responder state starts afresh)."""
+    c = t.connect()
+    m0 = c.send(c.write(b"before!!", offset=0))
+    expect_ack(c, P.psn_add(c.psn, -1), m0)
+    need(_modify(t, c, "ERR", {}) is None and _modify(t, c, "RESET", {}) is None, "ERR -> RESET failed")
+    st = qp_state(c)
+    mark = c.send(c.write(b"dropped!", offset=64))
+    seen = c.quiet(QUIET, after=mark)
+    t.check("MR-QP-015", st == "RESET" and not seen, f"after RESET: state {st}, responses {describe(seen)}",
+            frames=seen or [mark + 1], expected="RESET, no response")
+    c.psn = 0x00ABCD
+    errs = [_modify(t, c, s) for s in ("INIT", "RTR")]
+    need(errs == [None, None], f"RESET -> INIT -> RTR failed: {errs}")
+    p = c.psn
+    m2 = c.send(c.write(b"again!!!", offset=128))
+    a = expect_ack(c, p, m2)
+    ok = a is not None and a.roce.msn == 1 and c.mem(128, 8) == b"again!!!"
+    t.check("MR-QP-022", ok, f"reconnected: {a.summary() if a else 'no ACK'}", frames=[a] if a else [m2 + 1],
+            expected=f"ACKNOWLEDGE ACK psn={p:#08x} msn=1")
+    t.check("MR-QP-010", ok, f"epsn = rq_psn {p:#08x}, msn from 0: {a.summary() if a else 'no ACK'}",
+            frames=[a] if a else [m2 + 1], expected=f"ACKNOWLEDGE ACK psn={p:#08x} msn=1")
+
+
+__all__: list[str] = []
+_ = (all_requests,)
