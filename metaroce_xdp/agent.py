@@ -912,8 +912,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         print(f"metaroce agent: cannot open {a.dev}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    # the claim follows the engine: its DCQCN reaction point runs unless METAROCE_DCQCN_ENABLED=0 (rc/dcqcn.py)
+    dcqcn = getattr(getattr(ctx.engine, "dcqcn", None), "enabled", False)
     try:
-        srv = AgentServer(ctx, a.listen, a.port)
+        srv = AgentServer(ctx, a.listen, a.port, impl_info=ImplInfo(dcqcn=bool(dcqcn)))
     except OSError as e:
         ctx.close()
         print(f"metaroce agent: cannot listen on {a.listen}:{a.port}: {e}", file=sys.stderr)
