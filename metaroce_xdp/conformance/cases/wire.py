@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import packets as P
 from ..registry import case
-from ._common import ACK_WAIT, describe
+from ._common import ACK_WAIT, describe, expect_ack
 
 
 def _frame_rules(t, c, frames, rules_ok: dict, *, response: bool) -> None:
@@ -13,7 +13,16 @@ def _frame_rules(t, c, frames, rules_ok: dict, *, response: bool) -> None:
     for f in frames:
         v, ip, udp = f.roce, f.roce.pkt[IP], f.roce.pkt[UDP]
         sports.add(v.sport)
+        info = P.OPS.get(v.op)
         probs = {
+            "MR-ENC-001": bool(v.malformed) or info is None,
+            "MR-OPC-001": bool(v.malformed) or info is None or (info.payload == "none" and bool(v.payload)),
+            "MR-OPC-005": info is None or info.kind == "CNP" and not response,
+            "MR-BTH-001": len(f.data) < 14 + 20 + 8 + 12,
+            "MR-ENC-003": f.data[12:14] != b"\x08\x00",
+            "MR-ENC-012": int(ip.ttl) != 64,
+            "MR-ICRC-002": not v.icrc_ok, "MR-ICRC-003": not v.icrc_ok,
+            "MR-ECN-004": (v.tos >> 2) != 26,
             "MR-ENC-002": (v.dst_mac.lower() != t.lt_mac.lower() or v.src_mac.lower() != t.iut_mac.lower()),
             "MR-ENC-008": (ip.version != 4 or ip.ihl != 5),
             "MR-ENC-010": (not (int(ip.flags) & 2) or int(ip.flags) & 1 or ip.frag != 0),
@@ -28,6 +37,11 @@ def _frame_rules(t, c, frames, rules_ok: dict, *, response: bool) -> None:
         }
         if response:
             probs["MR-BTH-017"] = v.ackreq != 0
+            probs["MR-XH-006"] = v.op == 0x11 and int(udp.len) != 8 + 12 + 4 + 4
+            probs["MR-ECN-002"] = v.ecn != 2
+        else:
+            probs["MR-ECN-001"] = v.ecn != 2
+            probs["MR-ENC-028"] = len(v.payload) > c.mtu
         for r, bad in probs.items():
             if r in rules_ok and bad:
                 rules_ok[r].append(f)
@@ -35,21 +49,24 @@ def _frame_rules(t, c, frames, rules_ok: dict, *, response: bool) -> None:
         rules_ok["MR-ENC-020"].extend(frames)
 
 
-LAYOUT = ["MR-ENC-002", "MR-ENC-008", "MR-ENC-010", "MR-ENC-013", "MR-ENC-019", "MR-ENC-022", "MR-ICRC-001",
-          "MR-ICRC-010", "MR-BTH-006", "MR-BTH-009", "MR-BTH-011", "MR-BTH-012", "MR-BTH-013", "MR-BTH-014",
-          "MR-ECN-003", "MR-ENC-026"]
+LAYOUT = ["MR-ENC-001", "MR-ENC-002", "MR-ENC-003", "MR-ENC-008", "MR-ENC-010", "MR-ENC-012", "MR-ENC-013",
+          "MR-ENC-019", "MR-ENC-022", "MR-ICRC-001", "MR-ICRC-002", "MR-ICRC-003", "MR-ICRC-010", "MR-BTH-001",
+          "MR-BTH-006", "MR-BTH-009", "MR-BTH-011", "MR-BTH-012", "MR-BTH-013", "MR-BTH-014", "MR-ECN-003",
+          "MR-ECN-004", "MR-ENC-026", "MR-OPC-001", "MR-OPC-005"]
 
 
-@case("TC-ENC-001-a", rules=LAYOUT + ["MR-BTH-017", "MR-ENC-020"], category="WIRE", timeout=10)
+@case("TC-ENC-001-a", rules=LAYOUT + ["MR-BTH-017", "MR-ENC-020", "MR-XH-006", "MR-ECN-002"], category="WIRE",
+      timeout=10)
 def response_layout(t):
-    """The IUT's ACKs and NAK to the LT: Ethernet/IPv4/UDP/BTH fields as the sender rules require."""
+    """The IUT's ACKs and NAK to the LT: Ethernet/IPv4/UDP/BTH fields as the sender rules require (TTL 64 and
+    DSCP 26 being the defaults of a QP created without other values)."""
     c = t.connect()
     m = c.send(*[c.write(b"L%d" % i, offset=8 * i) for i in range(3)],
                c.write(b"gap", offset=64, psn=P.psn_add(c.psn, 5)))
     got = c.expect(4, ACK_WAIT, after=m)
     if len(got) < 4:
         got += c.quiet(0.2, after=got[-1].num if got else m)
-    probs: dict = {r: [] for r in LAYOUT + ["MR-BTH-017", "MR-ENC-020"]}
+    probs: dict = {r: [] for r in LAYOUT + ["MR-BTH-017", "MR-ENC-020", "MR-XH-006", "MR-ECN-002"]}
     _frame_rules(t, c, got, probs, response=True)
     for r, bad in probs.items():
         t.check(r, bool(got) and not bad, f"{len(got)} responses checked" + (f"; violating: {describe(bad)}" if bad
@@ -58,7 +75,8 @@ def response_layout(t):
 
 
 @case("TC-RC-002-a", rules=LAYOUT + ["MR-RC-002", "MR-RC-004", "MR-RC-007", "MR-ACK-013", "MR-BTH-003",
-                                     "MR-XH-002", "MR-BTH-008", "MR-ENC-020", "MR-RC-021"],
+                                     "MR-XH-002", "MR-XH-001", "MR-BTH-008", "MR-ENC-020", "MR-RC-021", "MR-ECN-001",
+                                     "MR-ENC-028", "MR-RC-006"],
       category="WIRE", timeout=15)
 def segmented_write_from_the_iut(t):
     """A 2501-byte RDMA WRITE posted on the IUT at path MTU 1024: FIRST (RETH), MIDDLE, LAST of 1024, 1024 and
@@ -72,7 +90,7 @@ def segmented_write_from_the_iut(t):
     c.post_send(wr_id="0x77", opcode="RDMA_WRITE", sg_list=[{"mr": c.mr, "offset": 0, "len": len(data)}],
                 remote={"va": hex(remote_va), "rkey": remote_rkey})
     got = c.expect(3, ACK_WAIT, after=m)
-    probs: dict = {r: [] for r in LAYOUT + ["MR-ENC-020"]}
+    probs: dict = {r: [] for r in LAYOUT + ["MR-ENC-020", "MR-ECN-001", "MR-ENC-028"]}
     _frame_rules(t, c, got, probs, response=False)
     names = [f.roce.name for f in got]
     sizes = [len(f.roce.payload) for f in got]
@@ -88,8 +106,12 @@ def segmented_write_from_the_iut(t):
     t.check("MR-RC-007", len(got) == 3 and reth == got[:1], f"RETH in {[f.num for f in reth]}", frames=got or [m + 1],
             expected=exp)
     r0 = got[0].roce.headers.get("RETH") if got else None
-    t.check("MR-XH-002", r0 is not None and (int(r0.va), int(r0.rkey), int(r0.dlen)) == (remote_va, remote_rkey, 2501),
-            f"RETH {r0.summary() if r0 is not None else None}", frames=got[:1] or [m + 1], expected=exp)
+    reth_ok = r0 is not None and (int(r0.va), int(r0.rkey), int(r0.dlen)) == (remote_va, remote_rkey, 2501)
+    for r in ("MR-XH-002", "MR-XH-001"):
+        t.check(r, reth_ok, f"RETH {r0.summary() if r0 is not None else None}", frames=got[:1] or [m + 1],
+                expected=exp)
+    t.check("MR-RC-006", seg_ok and psns == sorted(psns, key=lambda p: (p - c.iut_psn) & 0xFFFFFF),
+            f"{names} in PSN order", frames=got or [m + 1], expected=exp)
     t.check("MR-ACK-013", len(got) == 3 and got[-1].roce.ackreq == 1, f"AckReq {[f.roce.ackreq for f in got]}",
             frames=got or [m + 1], expected=exp)
     t.check("MR-BTH-003", len(got) == 3 and all(f.roce.se == 0 for f in got), f"SE {[f.roce.se for f in got]}",
@@ -139,3 +161,79 @@ def requester_psn_wraps(t):
     t.check("MR-BTH-020", ok and psns == [0xFFFFFF, 0, 1], f"ACK psn 0x000001 -> completion {wcs}",
             frames=got or [m + 1], expected="the ACK at PSN 1 acknowledges the packet at 0xffffff too")
     t.check("MR-RC-021", ok, f"completion {wcs}", frames=got[-1:] or [m + 1], expected="IBV_WC_SUCCESS")
+
+
+@case("TC-XH-016-a", rules=["MR-XH-016", "MR-CNP-001", "MR-CNP-002", "MR-BTH-019", "MR-ECN-005", "MR-ECN-009"],
+      category="CC", timeout=10)
+def cnp_format(t):
+    """A CE-marked WRITE to a compat QP draws a CNP: opcode 0x81, BECN 1, PSN 0, DestQP the LT's QP, 16 zero
+    bytes, ICRC correct, DSCP 48 (default), Not-ECT (SHOULD), the QP's UDP source port."""
+    c = t.connect()
+    m0 = c.send(c.write(b"plain", offset=0))
+    ack = expect_ack(c, P.psn_add(c.psn, -1), m0)
+    mark = c.send(c.write(b"marked", offset=64, tos=0x6B))
+    got = c.expect(1, ACK_WAIT, after=mark, match=lambda f: f.roce.op == 0x81)
+    cnp = got[0] if got else None
+    v = cnp.roce if cnp else None
+    from scapy.contrib.roce import BTH
+    body = bytes(v.pkt[BTH].payload) if v else b""
+    fmt = (v is not None and v.se == 0 and v.migreq == 0 and v.pad == 0 and v.tver == 0 and v.pkey == 0xFFFF
+           and v.fecn == 0 and v.becn == 1 and v.dqpn == c.lt_qpn and v.ackreq == 0 and v.psn == 0
+           and body == bytes(16) and v.icrc_ok and len(cnp.data) - 14 - 20 == 8 + 12 + 16 + 4)
+    exp = f"CNP dqpn={c.lt_qpn:#08x} psn=0 BECN, 16 zero bytes, DSCP 48, Not-ECT"
+    f = [cnp] if cnp else [mark + 1]
+    t.check("MR-CNP-002", cnp is not None, "CNP sent" if cnp else "no CNP for a CE-marked request", frames=f,
+            expected=exp)
+    t.check("MR-ECN-009", cnp is not None, "the CE mark was answered with a CNP" if cnp else "no CNP", frames=f,
+            expected=exp)
+    t.check("MR-XH-016", fmt, v.summary() + f" body {body.hex()}" if v else "no CNP", frames=f, expected=exp)
+    t.check("MR-BTH-019", v is not None and v.psn == 0, f"PSN {v.psn if v else None}", frames=f, expected=exp)
+    sport_ok = v is not None and ack is not None and v.sport == ack.roce.sport
+    t.check("MR-CNP-001", fmt and v.dst_ip == t.lt_ip and (v.tos >> 2) == 48 and sport_ok,
+            f"to {v.dst_ip if v else None}, DSCP {v.tos >> 2 if v else None}, source port "
+            f"{v.sport if v else None} (the QP's ACKs: {ack.roce.sport if ack else None})", frames=f, expected=exp)
+    t.check("MR-ECN-005", v is not None and v.ecn == 0, f"ECN {v.ecn if v else None}", frames=f, expected=exp)
+
+
+@case("TC-ENC-031-a", rules=["MR-ENC-031", "MR-RC-010"], category="WIRE", timeout=10)
+def payload_beyond_pmtu_is_a_transport_error(t):
+    """A WRITE ONLY with 1280 bytes of payload on a QP of path MTU 1024 (the frame fits the link MTU) is not
+    dropped at the encapsulation layer: it is an invalid request, NAK code 1, nothing placed."""
+    c = t.connect(mtu=1024)
+    p = c.psn
+    mark = c.send(c.write(b"\x5a" * 1280, offset=0))
+    got = c.expect(1, ACK_WAIT, after=mark)
+    nak = bool(got) and got[0].roce.ack_kind == "NAK" and got[0].roce.nak_code == 1 and got[0].roce.psn == p
+    placed = c.mem(0, 16) != bytes(16)
+    exp = f"ACKNOWLEDGE NAK(0x61) psn={p:#08x}; nothing placed"
+    t.check("MR-ENC-031", bool(got), f"answered: {describe(got)}", frames=got or [mark + 1], expected=exp)
+    t.check("MR-RC-010", nak and not placed, f"{describe(got)}; placed {placed}", frames=got or [mark + 1],
+            expected=exp)
+
+
+@case("TC-RC-011-a", rules=["MR-RC-011", "MR-NAK-006", "MR-NAK-009"], category="SEQ", timeout=15)
+def write_lengths_must_add_up(t):
+    """WRITEs whose payloads do not add up to RETH.DMA Length are invalid requests (NAK code 1, QP to ERR,
+    nothing placed): ONLY shorter than its DMA Length, ONLY longer, FIRST + LAST short of it."""
+    variants = (("ONLY with 12 of 16 bytes", lambda c: [c.frame("RDMA_WRITE_ONLY", ackreq=True,
+                                                                 reth=(c.va, c.rkey, 16), payload=b"\x11" * 12)]),
+                ("ONLY with 20 of 16 bytes", lambda c: [c.frame("RDMA_WRITE_ONLY", ackreq=True,
+                                                                 reth=(c.va, c.rkey, 16), payload=b"\x11" * 20)]),
+                ("FIRST + LAST with 256 + 100 of 400 bytes",
+                 lambda c: [c.frame("RDMA_WRITE_FIRST", reth=(c.va, c.rkey, 400), payload=b"\x11" * 256),
+                            c.frame("RDMA_WRITE_LAST", psn=P.psn_add(c.psn, 1), ackreq=True, payload=b"\x11" * 100)]))
+    for what, mk in variants:
+        c = t.connect(mtu=256)
+        frames = mk(c)
+        bad_psn = P.psn_add(c.psn, len(frames) - 1)
+        mark = c.send(*frames)
+        got = c.expect(1, ACK_WAIT, after=mark, match=lambda f: f.roce.op == 0x11 and f.roce.ack_kind == "NAK")
+        ok = bool(got) and got[0].roce.nak_code == 1 and got[0].roce.psn == bad_psn
+        exp = f"ACKNOWLEDGE NAK(0x61) psn={bad_psn:#08x}; QP in ERR; nothing placed beyond earlier packets"
+        placed_tail = c.mem(256, 16) != bytes(16) if len(frames) > 1 else c.mem(0, 16) != bytes(16)
+        state = c.query()["state"]
+        for r in ("MR-RC-011", "MR-NAK-006"):
+            t.check(r, ok and not placed_tail, f"{what}: {describe(got)}; placed {placed_tail}",
+                    frames=got or [mark + 1], expected=exp)
+        t.check("MR-NAK-009", ok and state == "ERR", f"{what}: QP {state} after the NAK", frames=got or [mark + 1],
+                expected=exp)
