@@ -6,7 +6,8 @@ A frame with 4096 bytes of payload is ~4.2 KB, more than a 4 KiB UMEM chunk: it 
 as two chained TX descriptors and arrives as two RX descriptors that the port reassembles
 (rc/xskport.py, afxdp/rings.py *_sg).  Checked: WRITE, READ and SEND of 1 B, 4095, 4096,
 4097 B, 64 KiB and 1 MiB move the right bytes; ACKs are consumed by the XDP program
-(kernel fast path); multi-buffer frames really were reassembled; the capture decodes with
+(kernel fast path); multi-buffer frames really were reassembled; an 8000-byte datagram
+that is not RoCE still passes the program to the stack; the capture decodes with
 good ICRCs in `metaroce decode` and in tshark; at MTU 1500 the port keeps the old
 single-buffer path and refuses path MTU 4096.  The ring functions are also checked on
 plain arrays against a simulated kernel.
@@ -245,6 +246,28 @@ def test_write_read_send_at_path_mtu_4096(jumbo):
     drops = b.ctx.loader.drops()
     assert drops["BAD_IP_HEADER"] == 0 and drops["TRUNCATED_EXT"] == 0, drops
     assert b.ctx.port.sg_stats()["rx_sg_too_long"] == 0
+
+
+@needs_root
+def test_jumbo_frames_that_are_not_roce_pass(jumbo):
+    """The frags-aware program passes what is not MetaRoCE whatever its size: an 8000-byte
+    UDP datagram (one multi-buffer frame, not fragmented: DF set) reaches a plain socket."""
+    import socket
+    topo, a, b, _, _ = jumbo
+    passed0 = a.ctx.loader.events()["PASSED"]
+    with topo.enter(topo[0]):
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with topo.enter(topo[2]):
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with rx, tx:
+        rx.bind(("10.77.0.1", 5791))
+        rx.settimeout(2.0)
+        tx.setsockopt(socket.IPPROTO_IP, 10, 2)          # IP_MTU_DISCOVER = IP_PMTUDISC_DO: no IP fragments
+        payload = bytes(range(250)) * 32
+        tx.sendto(payload, ("10.77.0.1", 5791))
+        data, _ = rx.recvfrom(9000)
+    assert data == payload
+    assert a.ctx.loader.events()["PASSED"] >= passed0 + 1
 
 
 @needs_root
