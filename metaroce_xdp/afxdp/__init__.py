@@ -5,11 +5,13 @@ Neighbours: the XDP programs in bpf/ steer RoCE frames into these sockets; the e
 
   uapi   linux/if_xdp.h constants and ctypes structs
   xsk    Umem, XskSocket, Ring: socket set-up, ring mmap, teardown (control path)
-  rings  jitted ring bursts and the UMEM frame pool (hot path, numpy + numba only)
+  rings  jitted ring bursts and the UMEM frame pool (hot path, numpy + numba only);
+         rx_burst_sg / tx_burst_sg / comp_reap_sg for multi-buffer sockets (XDP_USE_SG)
 """
 from .rings import (
     FramePool,
     comp_reap,
+    comp_reap_sg,
     cons_avail,
     cons_release,
     fill_ring_refill,
@@ -19,12 +21,14 @@ from .rings import (
     prod_free,
     prod_submit,
     rx_burst,
+    rx_burst_sg,
     tx_burst,
+    tx_burst_sg,
 )
 from .xsk import Ring, Umem, XskError, XskSocket, xskmap_set
 
 __all__ = [
     "FramePool", "Ring", "Umem", "XskError", "XskSocket", "xskmap_set",
-    "comp_reap", "cons_avail", "cons_release", "fill_ring_refill", "frame_alloc",
-    "frame_free", "needs_wakeup", "prod_free", "prod_submit", "rx_burst", "tx_burst",
+    "comp_reap", "comp_reap_sg", "cons_avail", "cons_release", "fill_ring_refill", "frame_alloc",
+    "frame_free", "needs_wakeup", "prod_free", "prod_submit", "rx_burst", "rx_burst_sg", "tx_burst", "tx_burst_sg",
 ]

@@ -5,7 +5,8 @@ numpy dtypes and enums (one place; tests/test_c_python_agree.py proves they
 match the C).  `loader` compiles bpf/metaroce_xdp.c with BCC, attaches it,
 mmaps the QP table and pins the maps the CLI reads (attached through a bpf_link,
 so the program goes away with the process that owns it).  `bpfsys` is the thin
-bpf(2) syscall layer (BPF_PROG_TEST_RUN, BPF_OBJ_PIN) used by both.
+bpf(2) syscall layer (BPF_PROG_TEST_RUN, BPF_OBJ_PIN/GET, BPF_PROG_LOAD with
+BPF_F_XDP_HAS_FRAGS, BPF_LINK_CREATE, object info) used by both.
 """
 from .layout import (CONFIG_DTYPE, QP_STATE_DTYPE, DropReason, Event, Profile, QpFlag, QpState,
                      CfgFlag)
