@@ -242,9 +242,11 @@ def ipv4_options_fragments_checksum_dropped(t):
                      counter_name="rx_drop_ip_csum")
 
 
-@case("TC-ENC-021-a", rules=["MR-ENC-021", "MR-ENC-023", "MR-ECN-006"], category="WIRE", timeout=10)
+@case("TC-ENC-021-a", rules=["MR-ENC-021", "MR-ENC-023", "MR-ECN-006", "MR-ENC-011", "MR-ENC-012", "MR-ENC-006"],
+      category="WIRE", timeout=10)
 def accepted_variations(t):
-    """Any UDP source port, a correct non-zero UDP checksum, and any DSCP/ECN (but CE) are accepted."""
+    """Any UDP source port, a correct non-zero UDP checksum, any DSCP/ECN (but CE), any IPv4 Identification,
+    any TTL and any Ethernet source address are accepted."""
     c = t.connect()
     from scapy.layers.inet import UDP
     from scapy.layers.l2 import Ether
@@ -257,7 +259,11 @@ def accepted_variations(t):
                 (["MR-ENC-021"], "UDP source port 0xbfff", lambda d, o: c.write(d, offset=o, sport=0xBFFF)),
                 (["MR-ENC-023"], "correct non-zero UDP checksum", lambda d, o: csum(c.write(d, offset=o))),
                 (["MR-ECN-006"], "DSCP 0, Not-ECT", lambda d, o: c.write(d, offset=o, tos=0x00)),
-                (["MR-ECN-006"], "DSCP 63, ECT(1)", lambda d, o: c.write(d, offset=o, tos=0xFD)))
+                (["MR-ECN-006"], "DSCP 63, ECT(1)", lambda d, o: c.write(d, offset=o, tos=0xFD)),
+                (["MR-ENC-011"], "IPv4 Identification 0xbeef", lambda d, o: c.write(d, offset=o, ip_id=0xBEEF)),
+                (["MR-ENC-012"], "TTL 1", lambda d, o: c.write(d, offset=o, ttl=1)),
+                (["MR-ENC-006"], "Ethernet source 02:12:34:56:78:9a",
+                 lambda d, o: c.write(d, offset=o, src_mac="02:12:34:56:78:9a")))
     for i, (rules, what, mk) in enumerate(variants):
         data = b"var%05d" % i
         mark = c.send(mk(data, 64 * i))
@@ -309,16 +315,17 @@ def covered_fields_break_the_icrc(t):
                      counter_name="rx_drop_icrc")
 
 
-@case("TC-ENC-005-a", rules=["MR-ENC-005", "MR-ENC-006"], category="WIRE", timeout=10)
+@case("TC-ENC-005-a", rules=["MR-ENC-005", "MR-ENC-006", "MR-ICRC-009"], category="WIRE", timeout=10)
 def vlan_tagged_accepted(t):
-    """A frame with one 802.1Q tag (any VID) is accepted; the VID does not select the QP."""
+    """A frame with one 802.1Q tag (any VID) is accepted; the VID does not select the QP, and the tag is
+    not covered by the ICRC (computed over the untagged packet)."""
     c = t.connect()
     for i, vid in enumerate((7, 4000)):
         data = b"vlan%04d" % vid
         mark = c.send(c.write(data, offset=64 * i, vlan=vid))
         ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
         placed = c.mem(64 * i, len(data)) == data
-        for r in ("MR-ENC-005", "MR-ENC-006"):
+        for r in ("MR-ENC-005", "MR-ENC-006", "MR-ICRC-009"):
             t.check(r, ack is not None and placed, f"VID {vid}: ACKed {ack is not None}, placed {placed}",
                     frames=[ack] if ack else [mark + 1], expected="ACKNOWLEDGE ACK, data placed")
 
