@@ -44,21 +44,34 @@ class Side:
         self.ctx.close()
 
 
+def step(side):
+    """One progress round of either engine (the compiled plane or the Python engine)."""
+    ctx = side.ctx
+    if hasattr(ctx, "plane"):
+        ctx.progress()
+    else:
+        ctx.engine.progress()
+
+
+def stats(side):
+    return side.ctx.stats() if hasattr(side.ctx, "plane") else dict(side.ctx.engine.stats)
+
+
 def drive(sides, until, timeout=10.0):
-    """Progress both (non-threaded) endpoints until until() is true."""
+    """Progress the (non-threaded) endpoints until until() is true."""
     import time
     t0 = time.monotonic()
     while not until():
         for s in sides:
-            s.ctx.progress()
+            step(s)
         if time.monotonic() - t0 > timeout:
-            raise TimeoutError("condition not reached; stats: " + "; ".join(str(s.ctx.stats()) for s in sides))
+            raise TimeoutError("condition not reached; stats: " + "; ".join(str(stats(s)) for s in sides))
 
 
 def collect(side, n, others, timeout=10.0):
     """n completions from side.cq, progressing all sides meanwhile."""
     out = []
-    drive([side, *others], lambda: (out.extend(side.cq._take(n - len(out))) or len(out) >= n), timeout)
+    drive([side, *others], lambda: (out.extend(side.cq.poll(n - len(out))) or len(out) >= n), timeout)
     return out
 
 
@@ -77,10 +90,11 @@ def make_pair(mtu=1500, **kw):
     return topo, a, b
 
 
-def make_switched(mtu=1500, **kw):
+def make_switched(mtu=1500, topo=None, **kw):
     """A (mr0) <-> switch namespace (swA, swB: where faults are injected) <-> B (mr1)."""
     from metaroce_xdp.topo import switched_hosts
-    topo, _, _ = switched_hosts(mtu=mtu)
+    if topo is None:
+        topo, _, _ = switched_hosts(mtu=mtu)
     a = b = None
     try:
         a = Side(topo, topo[0], "mr0", **kw)

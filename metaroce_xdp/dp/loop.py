@@ -484,6 +484,26 @@ def on_nak(A, Q, SW, CQT, CE, qi, psn, code, now):
         if psn_diff(psn, Q[qi, Q_COMP_PSN]) >= 0:
             rewind(A, Q, SW, qi, psn)
         return
+    # the WQE the NAK names fails once everything before it has completed: READ responses for
+    # earlier WQEs may still be in the RX ring (the kernel consumed the NAK ahead of them)
+    Q[qi, Q_NERR_PSN] = psn + 1
+    Q[qi, Q_NERR_CODE] = code
+    nak_error_due(A, Q, SW, CQT, CE, qi)
+
+
+@njit(**_jit)
+def nak_error_due(A, Q, SW, CQT, CE, qi):
+    """A NAK with an error code (MR-NAK-005..007) fails the WQE holding its PSN when that WQE is the oldest."""
+    if Q[qi, Q_NERR_PSN] == 0 or Q[qi, Q_STATE] == ST_ERR:
+        return
+    psn = Q[qi, Q_NERR_PSN] - 1
+    if Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
+        r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+        d = psn_diff(psn, SW[r, W_FIRST_PSN])
+        if d >= SW[r, W_NPSN]:
+            return                                   # an earlier WQE is still waiting for its responses
+    code = Q[qi, Q_NERR_CODE]
+    Q[qi, Q_NERR_PSN] = 0
     st = S_REM_INV_REQ if code == 1 else (S_REM_ACCESS if code == 2 else S_REM_OP)
     qp_error(A, Q, SW, CQT, CE, qi, st, EV_QP_FATAL, 10 + code)
 
@@ -620,7 +640,12 @@ def get_be(umem, off, nbytes):
 
 @njit(**_jit)
 def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, why):
-    """A NAK that ends the connection (invalid request, remote access): sent at once, then ERR."""
+    """A NAK that ends the connection (invalid request, remote access), then ERR -- held behind the READ
+    responses already queued, which go first (MR-RC-025); meanwhile no new request is taken."""
+    if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
+        if Q[qi, Q_FNAK_SYN] == 0:
+            Q[qi, Q_FNAK_SYN], Q[qi, Q_FNAK_PSN], Q[qi, Q_FNAK_EV], Q[qi, Q_FNAK_WHY] = syn, psn, ev, why
+        return
     send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
     qp_error(A, Q, SW, CQT, CE, qi, -1, ev, why)
 
@@ -930,7 +955,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
     end -= 4                                         # the ICRC
     if op <= OP_READ_REQ:
-        if st != ST_RTR and st != ST_RTS and st != ST_SQD:
+        if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
             A[P_RX_DROP_STATE] += 1
             return
         responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
@@ -1034,9 +1059,16 @@ def round_(A, TM, umem, tables, ext, now):
             if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
                 work += read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget)
                 busy = busy or Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]
+            if Q[qi, Q_FNAK_SYN] and Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL]:
+                syn = Q[qi, Q_FNAK_SYN]
+                Q[qi, Q_FNAK_SYN] = 0
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, Q[qi, Q_FNAK_PSN],
+                                Q[qi, Q_FNAK_EV], Q[qi, Q_FNAK_WHY])
             if st == ST_RTS or st == ST_SQD or st == ST_SQE:
                 if kernel_acks(A, Q, SW, CQT, CE, qi, now):
                     work += 1
+                if Q[qi, Q_NERR_PSN]:
+                    nak_error_due(A, Q, SW, CQT, CE, qi)
                 if Q[qi, Q_STATE] == ST_RTS:
                     timers(A, Q, SW, CQT, CE, qi, now)
                 if Q[qi, Q_STATE] == ST_RTS and Q[qi, Q_RNR_UNTIL] == 0:
