@@ -329,7 +329,7 @@ def test_agent_errors(vm):
         assert code("reg_mr", pd=pd, len=64, access=["EXECUTE"]) == "EINVAL"
         assert code("mem_read", mr=mr, offset=4000, len=200) == "EINVAL"
         cq = c.call("create_cq", cqe=8)["cq"]
-        qp = c.call("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="RC", cap={})["qp"]
+        qp = c.call("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="RC", cap={"max_recv_wr": 4})["qp"]
         assert code("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="UD", cap={}) == "ENOTSUP"
         assert code("modify_qp", qp=qp, state="RTS", attrs={"sq_psn": 256}) == "ESTATE"
         assert code("modify_qp", qp=qp, state="INIT", attrs={"pkey": 0x1234}) == "ENOTSUP"
@@ -349,6 +349,17 @@ def test_agent_errors(vm):
         assert code("cm_connect", qp=qp, host="10.77.0.1", port=18515) == "ENOTSUP"
         assert code("get_counters", qp=qp) == "ENOTSUP"
         assert code("reg_mr", pd=pd, len=64, access=["LOCAL_WRITE"], remote_invalidate=True) == "ENOTSUP"
+        # a full receive queue: EAGAIN (rxe answers ENOMEM, ibv_post_recv's "queue full")
+        depth = c.call("query_qp", qp=qp)["attrs"]["max_recv_wr"]        # granted (rxe rounds up)
+        posted, refused = 0, None
+        while posted < 256 and refused is None:
+            try:
+                c.call("post_recv", qp=qp, wr={"wr_id": hex(posted + 1), "sg_list": [{"mr": mr, "len": 8}]})
+                posted += 1
+            except AgentError as e:
+                refused = e.code
+        assert refused == "EAGAIN" and depth <= posted < 256, (refused, depth, posted)
+        assert code("reg_mr", pd=pd, len=1 << 31, access=["LOCAL_WRITE"]) == "ENOMEM"   # over the agent's limit
         c.call("destroy_qp", qp=qp)
         c.call("destroy_cq", cq=cq)
         c.call("reset")

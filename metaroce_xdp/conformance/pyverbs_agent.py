@@ -632,7 +632,13 @@ class Agent:
             # memory windows and fast-registered MRs (kernel consumers) are invalidatable.
             raise AgentError("ENOTSUP", "remote_invalidate: a user MR of an rdma-core device cannot be "
                                         "invalidated remotely (only memory windows can)")
-        mr = MR(pd, n, access)
+        from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsError
+        try:
+            mr = MR(pd, n, access)
+        except PyverbsRDMAError:
+            raise
+        except PyverbsError as exc:             # pyverbs could not allocate the buffer itself
+            raise AgentError("ENOMEM", str(exc)) from None
         try:
             if fill:
                 chunk = bytes([fill]) * min(n, 1 << 20)
@@ -928,7 +934,9 @@ class Agent:
                 raise AgentError("ESTATE", f"{what} in state {state}: {exc}") from None
             note = (f" (of the {len(wrs)} chained work requests the device keeps those before the one it "
                     "refused: the verbs bad_wr rule)") if len(wrs) > 1 else ""
-            raise AgentError(_ERRNO_CODES.get(exc.error_code, "EINTERNAL"), f"{what}: {exc}{note}") from None
+            # ibv_post_send(3): ENOMEM is "queue full" for a post -- the protocol's EAGAIN
+            code = "EAGAIN" if exc.error_code == errno.ENOMEM else _ERRNO_CODES.get(exc.error_code, "EINTERNAL")
+            raise AgentError(code, f"{what}: {exc}{note}") from None
 
     def cmd_post_send(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
