@@ -554,7 +554,7 @@ class Context:
         try:
             # attach first: the bpf_link is the interface's ownership (XdpBusy while another owner lives)
             loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
-            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6)
+            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6, multibuffer=None)   # SG: MTU >= 4178
             loader.set_config(local_ip4=None if ipv6 else port.ip, local_ip6=port.ip if ipv6 else None,
                               local_mac=port.mac)
             loader.set_xsk(queue, port.fileno())

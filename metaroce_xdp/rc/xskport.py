@@ -16,7 +16,9 @@ its UMEM pool hands out 8 KiB slots (two adjacent chunks):
   * frames of one descriptor take the same path as without sg, apart from a
     flag test per descriptor.
 On smaller MTUs (1500) the port is unchanged: no XDP_USE_SG, 4 KiB frames,
-the single-buffer ring functions.  `max_pmtu` is what the interface and the
+the single-buffer ring functions.  Multi-buffer is opt-in (multibuffer=None:
+automatic, as rc.engine.Context.open asks; the default False keeps the
+single-buffer layout for callers that drive the rings themselves).  `max_pmtu` is what the interface and the
 UMEM layout carry; QP.modify refuses larger path MTUs.
 
 Public API (engine, tests, metaroce_xdp/dp): tx_slot/tx_commit, tx_slots/
@@ -56,9 +58,12 @@ def max_path_mtu(if_mtu: int, chunk: int, slot: int | None = None) -> int:
 
 class XskPort:
     def __init__(self, ifname: str, queue: int = 0, frame_size: int = 4096, nframes: int = 8192,
-                 ring: int = 2048, ipv6: bool = False, multibuffer: bool | None = None) -> None:
-        """multibuffer: None (default) = XDP_USE_SG exactly when the interface's MTU carries a
-        larger path MTU than one chunk holds; True/False force it on/off."""
+                 ring: int = 2048, ipv6: bool = False, multibuffer: bool | None = False) -> None:
+        """multibuffer: None = XDP_USE_SG exactly when the interface's MTU carries a larger path
+        MTU than one chunk holds (what rc.engine.Context.open asks for); True forces it on.  The
+        default, False, keeps the single-buffer layout (4 KiB frames, one descriptor each, a
+        per-chunk pool) that code reading the rings and the pool directly expects
+        (metaroce_xdp/dp until it handles XDP_PKT_CONTD); max_pmtu is then at most 2048."""
         info = iface_info(ifname)
         self.ifname = ifname
         self.info = info
