@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import packets as P
 from ..registry import case
 from ._common import describe
-from ._resp import (ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE, FILL, READ_RESPONSES, atomic_req, check_err, check_nak,
+from ._resp import (ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE, READ_RESPONSES, atomic_req, check_err, check_nak,
                     check_state, check_untouched, connect, expect_fatal, first_response, npsn, poll_one, prime,
                     read_req, read_responses, req, wc_text)
 
@@ -523,6 +523,31 @@ def duplicate_compare_swap_not_reexecuted(t):
     mem = int.from_bytes(c.mem(1024, 8), "little")
     t.check("MR-ATOM-007", mem == 7, f"memory after the duplicate: {mem} (99 would mean it was executed again)",
             expected="7", observed=[str(mem)])
+
+
+@case("TC-DUP-005-c", rules=["MR-DUP-005", "MR-DUP-007", "MR-ATOM-007"], category="DUP", caps=("ATOMICS",),
+      timeout=10)
+def duplicate_atomic_evicted(t):
+    """max_dest_rd_atomic 1: the duplicate of an ATOMIC whose entry a newer ATOMIC took is discarded, not run."""
+    c = connect(t, max_dest_rd_atomic=1)
+    c.mem_write(1024, _le(10))
+    c.mem_write(2048, _le(20))
+    pa = c.psn
+    mark = c.send(atomic_req(c, "FETCH_ADD", c.va + 1024, 1))
+    a = first_response(c, mark)
+    mark = c.send(atomic_req(c, "FETCH_ADD", c.va + 2048, 1))
+    b = first_response(c, mark)
+    if a is None or b is None or _orig(a) != 10 or _orig(b) != 20:
+        t.undecided("MR-DUP-005", f"the two FETCH_ADDs were not answered: {describe([x for x in (a, b) if x])}")
+    mark = c.send(atomic_req(c, "FETCH_ADD", c.va + 1024, 1, psn=pa))
+    seen = c.quiet(0.3, after=mark)
+    for r in ("MR-DUP-005", "MR-DUP-007"):
+        t.check(r, not seen, f"duplicate of the evicted FETCH_ADD: {describe(seen)}", frames=seen or [mark + 1],
+                expected="silently discarded")
+    mem = int.from_bytes(c.mem(1024, 8), "little")
+    t.check("MR-ATOM-007", mem == 11, f"the first target after its duplicate: {mem}", expected="11",
+            observed=[str(mem)])
+    _next_write_acked(t, c, ["MR-DUP-005"], 3, "the discarded duplicate changed nothing")
 
 
 @case("TC-DUP-009-a", rules=["MR-DUP-009", "MR-DUP-003", "MR-DUP-005", "MR-DUP-002", "MR-DUP-006"], category="DUP",
