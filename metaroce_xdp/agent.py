@@ -35,8 +35,8 @@ import numpy as np
 
 from . import __version__
 from .rc.memory import MAX_MRS
-from .verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
-                          RecvWR, ResourceError, SendFlags, SendWR, SGE, WROpcode)
+from .verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
+                          QueueFull, RecvWR, ResourceError, SendFlags, SendWR, SGE, WROpcode)
 from .wire.errors import DecodeReason
 
 log = logging.getLogger("metaroce.agent")
@@ -300,6 +300,8 @@ class Agent:
             raise
         except InvalidArgument as e:
             raise AgentError("EINVAL", str(e)) from None
+        except Busy as e:                           # EBUSY, not ESTATE (MR-QP-014, MR-CONF-023)
+            raise AgentError("EBUSY", str(e)) from None
         except InvalidState as e:
             raise AgentError("ESTATE", str(e)) from None
         except QueueFull as e:

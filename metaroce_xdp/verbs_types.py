@@ -100,6 +100,10 @@ class InvalidState(VerbsError):
     """The QP's state does not allow the call (e.g. post_send before RTS)."""
 
 
+class Busy(InvalidState):
+    """EBUSY: the call must wait until the QP is idle (SQD -> SQD while the send queue drains, MR-QP-014)."""
+
+
 class QueueFull(VerbsError):
     """The send or receive queue is full: poll the CQ, then post again."""
 

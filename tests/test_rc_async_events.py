@@ -10,7 +10,7 @@ from metaroce_xdp.rc.events import (IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EV
                                     IBV_EVENT_QP_FATAL, IBV_EVENT_SQ_DRAINED, AsyncEvent, AsyncEventQueue,
                                     EventType)
 from metaroce_xdp.rc.port import LoopPort
-from metaroce_xdp.verbs_types import InvalidState, QPAttr, QPState
+from metaroce_xdp.verbs_types import Busy, QPAttr, QPState
 from rc_players import (Faults, Player, RecvWR, SendWR, WCStatus, WROpcode, loop_pair, run_until, wait_wcs)
 
 
@@ -130,7 +130,7 @@ def test_sqd_finishes_the_wqe_in_progress_then_reports_drained():
     (posted earlier, or posted in SQD) does not start; IBV_EVENT_SQ_DRAINED when nothing is outstanding;
     SQD -> SQD fails with EBUSY while draining and works once drained; SQD -> RTS resumes."""
     a, b, n1, n2 = _sqd_setup()
-    with pytest.raises(InvalidState, match="EBUSY"):
+    with pytest.raises(Busy, match="EBUSY"):          # the agent answers EBUSY (MR-QP-014)
         a.qp.modify(QPAttr(qp_state=QPState.SQD))
     assert a.qp.state == QPState.SQD
     a.qp.post_send(_write(a, b, 3, n1 + n2, 64))    # accepted in SQD, queued without starting

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
+from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCOpcode, WCStatus, WROpcode)
 from ..wire.opcodes import MI
 from .completer import Completer
@@ -151,7 +151,7 @@ class QP:
                 raise InvalidState(f"QP {self.qp_num:#x}: {self.state.name} -> {new.name} is not a valid transition")
             if self.state == new == QPState.SQD and self.sq_draining:
                 # EBUSY (MR-QP-014): wait for IBV_EVENT_SQ_DRAINED or poll until nothing is outstanding
-                raise InvalidState(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining "
+                raise Busy(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining "
                                    "(EBUSY); wait until it is drained")
             key = (self.state, new)
             missing = [a for a in REQUIRED.get(key, ()) if a not in given]
