@@ -15,7 +15,7 @@ import time
 from .. import packets as P
 from ..registry import case
 from ._common import describe, expect_ack
-from ._req import (ACKNOWLEDGE, CNP, WC_OK, ack, cnp, need, post, read_rsp, read_wr, requests, tolerance_s,
+from ._req import (CNP, WC_OK, ack, cnp, need, post, read_rsp, read_wr, requests, tolerance_s,
                    write_wr)
 
 CE_TOS = 0x6B                  # DSCP 26, ECN CE (binary 11)
@@ -133,7 +133,8 @@ def cnp_for_duplicate_and_out_of_sequence(t):
     m2 = c.send(c.write(b"gap-data", offset=64, psn=P.psn_add(c.psn, 2), tos=CE_TOS))
     g = _cnp_wait(c, m2)
     untouched = c.mem(0, 8) == b"original" and c.mem(64, 8) == bytes(8)
-    det = f"CNP for the duplicate: {describe(d)}; for the out-of-sequence WRITE: {describe(g)}; memory kept: {untouched}"
+    det = (f"CNP for the duplicate: {describe(d)}; for the out-of-sequence WRITE: {describe(g)}; "
+           f"memory kept: {untouched}")
     for r in ("MR-CC-031", "MR-ECN-007", "MR-CNP-002"):
         t.check(r, bool(d) and bool(g) and untouched, det, frames=d + g or [m1 + 1],
                 expected="a CNP for each, nothing placed")
@@ -244,8 +245,8 @@ def cnp_slows_the_requester(t):
     det = (f"packets {k}..511: {ra / 1e6:.1f} MB/s before, {rb / 1e6:.1f} MB/s with CNPs "
            f"({(a[-1].ts - a[k].ts) * 1e3:.2f} ms vs {(b[-1].ts - b[k].ts) * 1e3:.2f} ms)")
     for r in ("MR-CNP-006", "MR-CC-034", "MR-CC-035"):
-        t.check(r, ok, det, frames=[a[k], a[-1], b[k], b[-1]], expected="the rate with CNPs below half the rate without")
+        t.check(r, ok, det, frames=[a[k], a[-1], b[k], b[-1]],
+                expected="the rate with CNPs below half the rate without")
 
 
 __all__: list[str] = []
-_ = (ACKNOWLEDGE,)

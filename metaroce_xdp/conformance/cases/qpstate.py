@@ -14,7 +14,7 @@ from .. import packets as P
 from ..context import FULL_ACCESS, _gid
 from ..registry import case
 from ._common import QUIET, counter, describe, expect_ack
-from ._req import (STATE_ERRORS, WC_FLUSH, WC_OK, ack, agent_error, all_requests, expect_wcs, need, post, qp_state,
+from ._req import (STATE_ERRORS, WC_FLUSH, WC_OK, ack, agent_error, expect_wcs, need, post, qp_state,
                    requests, write_wr)
 
 
@@ -314,5 +314,31 @@ def err_reset_and_reconnect(t):
             frames=[a] if a else [m2 + 1], expected=f"ACKNOWLEDGE ACK psn={p:#08x} msn=1")
 
 
+@case("TC-QP-014-a", rules=["MR-QP-014", "MR-QP-013"], category="QPS", timeout=10)
+def sqd_to_sqd_busy_while_draining(t):
+    """A WRITE outstanding (the LT withholds its ACK), RTS -> SQD: SQD -> SQD fails with EBUSY and leaves SQD;
+    the WRITE is still retransmitted in SQD; once its ACK drains the QP, SQD -> SQD and SQD -> RTS succeed."""
+    c = t.connect(timeout=14)
+    mark = post(c, write_wr(c, 8, 1))
+    first = requests(c, mark, 1, 1.0)
+    need(bool(first), "the WRITE was not sent")
+    need(_modify(t, c, "SQD", {}) is None, "RTS -> SQD failed")
+    e1 = _modify(t, c, "SQD", {})
+    st = qp_state(c)
+    m = t.lt.last_num()
+    again = requests(c, m, 1, 1.0, psn=c.iut_psn)
+    c.send(ack(c, c.iut_psn, 1))
+    wcs = c.poll(1, 1.0)
+    e2 = _modify(t, c, "SQD", {})
+    e3 = _modify(t, c, "RTS", {})
+    st2 = qp_state(c)
+    ok = e1 == "EBUSY" and st == "SQD" and e2 is None and e3 is None and st2 == "RTS"
+    t.check("MR-QP-014", ok, f"SQD -> SQD while draining: {e1 or 'accepted'} (state {st}); after the ACK: "
+            f"SQD -> SQD {e2 or 'ok'}, SQD -> RTS {e3 or 'ok'} (state {st2})",
+            expected="EBUSY and SQD, then both accepted", observed=[f"{e1} {st} {e2} {e3} {st2}"])
+    t.check("MR-QP-013", bool(again) and [w["status"] for w in wcs] == [WC_OK],
+            f"retransmission in SQD: {describe(again)}; completion {[w['status'] for w in wcs]}",
+            frames=first + again, expected="the outstanding WRITE retransmitted in SQD, then completed")
+
+
 __all__: list[str] = []
-_ = (all_requests,)

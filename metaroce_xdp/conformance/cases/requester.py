@@ -14,9 +14,9 @@ import time
 from .. import packets as P
 from ..registry import case
 from ._common import counter, describe
-from ._req import (REQUEST_OPS, WC_FLUSH, WC_OK, ack, all_requests, check_err_silent, connect_req, expect_wcs, last_num, nak,
-                   need, pattern, post, qp_state, read_rsp, read_stream, read_wr, requests, rnr, same_request,
-                   timeout_s, tolerance_s, wr, write_wr)
+from ._req import (REMOTE_VA, REQUEST_OPS, WC_FLUSH, WC_OK, ack, all_requests, check_err_silent, connect_req,
+                   expect_wcs, nak, need, pattern, post, read_rsp, read_stream, read_wr, requests,
+                   rnr, same_request, timeout_s, tolerance_s, wr, write_wr)
 
 FATAL = ["MR-QP-023", "MR-QP-027", "MR-QP-032"]
 
@@ -159,7 +159,8 @@ def timeout_0_is_infinite(t):
     c.send(ack(c, p, 1))
     wcs = c.poll(1, 0.5)
     ok = not more and [w["status"] for w in wcs] == [WC_OK]
-    t.check("MR-RETRY-001", ok, f"retransmissions within 0.4 s: {describe(more)}; completion {[w['status'] for w in wcs]}",
+    t.check("MR-RETRY-001", ok, f"retransmissions within 0.4 s: {describe(more)}; completion "
+            f"{[w['status'] for w in wcs]}",
             frames=[orig] + more, expected="no retransmission, then IBV_WC_SUCCESS after the ACK")
 
 
@@ -777,5 +778,117 @@ def max_rd_atomic_limits_reads(t):
                      "and the WRITE")
 
 
+@case("TC-RC-013-a", rules=["MR-RC-013"], category="ACK", timeout=10)
+def fence_waits_for_read(t):
+    """A READ, then a WRITE with FENCE: the WRITE does not leave until the READ has completed; then it does."""
+    c = connect_req(t, timeout=16)
+    p = c.iut_psn
+    mark = post(c, read_wr(c, 64, 1), write_wr(c, 8, 2, offset=256, flags=["SIGNALED", "FENCE"]))
+    first = _first(c, mark)
+    early = [f for f in c.quiet(0.15, after=first[0].num) if f.roce.psn != p]
+    m = c.send(*read_stream(c, p, pattern(64), 1))
+    later = requests(c, m, 1, 1.0, psn=P.psn_add(p, 1))
+    if later:
+        c.send(ack(c, P.psn_add(p, 1), 2))
+    wcs = c.poll(2, 1.0)
+    ok = not early and bool(later) and [w["status"] for w in wcs] == [WC_OK, WC_OK]
+    t.check("MR-RC-013", ok, f"while the READ was outstanding: {describe(early)}; after its response: "
+            f"{describe(later)}; completions {[w['status'] for w in wcs]}", frames=first + early + later,
+            expected="the fenced WRITE only after the READ completed")
+
+
+@case("TC-SEC-025-a", rules=["MR-SEC-025", "MR-RC-021"], category="ACK", timeout=10)
+def ack_does_not_complete_a_read(t):
+    """A READ answered by an ACK of its PSN (no data) is not completed; its READ RESPONSE then completes it with
+    the data."""
+    c = connect_req(t, timeout=16)
+    p = c.iut_psn
+    data = pattern(48, 21)
+    mark = post(c, read_wr(c, 48, 1))
+    _first(c, mark)
+    m = c.send(ack(c, p, 1))
+    early = c.poll(1, 0.2)
+    c.send(*read_stream(c, p, data, 1))
+    wcs = c.poll(1, 1.0)
+    t.check("MR-SEC-025", not early, f"completions after the bare ACK: {[w['status'] for w in early]}",
+            frames=[m + 1], expected="none")
+    expect_wcs(t, "MR-RC-021", early + wcs, [(1, WC_OK)], "after the READ RESPONSE")
+    t.check("MR-RC-021", c.mem(0, 48) == data, "READ data placed", expected="the 48 bytes placed")
+
+
+@case("TC-ATOM-008-a", rules=["MR-ATOM-008", "MR-RC-005", "MR-RETRY-004", "MR-RC-021"], category="ATOM",
+      caps=("ATOMICS",), timeout=10)
+def atomic_requester(t):
+    """FETCH_ADD and COMPARE_SWAP from the IUT: the AtomicETH carries the operands; a lost ATOMIC ACKNOWLEDGE gets
+    the request resent unchanged; the original value lands in the 8-byte local buffer in host (little-endian)
+    order and the completions are IBV_WC_FETCH_ADD and IBV_WC_COMP_SWAP."""
+    c = connect_req(t, timeout=14)
+    p = c.iut_psn
+    mark = post(c, wr("ATOMIC_FETCH_AND_ADD", 8, wr_id=1, c=c, offset=0, remote_off=8, swap_add="0x5"),
+                wr("ATOMIC_CMP_AND_SWP", 8, wr_id=2, c=c, offset=8, remote_off=16, compare="0x7",
+                   swap_add="0x99"))
+    orig = _first(c, mark, 2)
+    again = requests(c, orig[1].num, 1, 1.0, psn=p)
+    o1, o2 = 0x1122334455667788, 0x0102030405060708
+    c.send(c.frame("ATOMIC_ACKNOWLEDGE", psn=p, aeth=(0x1F, 1), atomic_ack=o1),
+           c.frame("ATOMIC_ACKNOWLEDGE", psn=P.psn_add(p, 1), aeth=(0x1F, 2), atomic_ack=o2))
+    wcs = c.poll(2, 1.0)
+    probs = []
+    e1, e2 = orig[0].roce.headers.get("AtomicETH"), orig[1].roce.headers.get("AtomicETH")
+    if orig[0].roce.op != 0x14 or e1 is None or int(e1.swap_add) != 5 or int(e1.va) != REMOTE_VA + 8:
+        probs.append(f"FETCH_ADD request {orig[0].summary()}")
+    if (orig[1].roce.op != 0x13 or e2 is None or int(e2.swap_add) != 0x99 or int(e2.compare) != 7
+            or int(e2.va) != REMOTE_VA + 16):
+        probs.append(f"COMPARE_SWAP request {orig[1].summary()}")
+    mem = c.mem(0, 16)
+    if mem != o1.to_bytes(8, "little") + o2.to_bytes(8, "little"):
+        probs.append(f"local buffers {mem.hex()}")
+    ops = [w.get("opcode") for w in wcs]
+    if [w["status"] for w in wcs] != [WC_OK, WC_OK] or ops != ["IBV_WC_FETCH_ADD", "IBV_WC_COMP_SWAP"]:
+        probs.append(f"completions {wcs}")
+    t.check("MR-ATOM-008", not probs, "; ".join(probs) or "operands, results and completions as specified",
+            frames=orig, expected="AtomicETH operands; orig little-endian in the local buffer; FETCH_ADD/COMP_SWAP")
+    diff = same_request(orig[0], again[0]) if again else ["no retransmission"]
+    t.check("MR-RC-005", not diff, "; ".join(diff) or "FETCH_ADD resent unchanged", frames=orig + again,
+            expected=f"FETCH_ADD psn={p:#08x} again, unchanged")
+    t.check("MR-RETRY-004", bool(again), f"retransmission: {describe(again)}", frames=orig + again,
+            expected="the ATOMIC resent after the timeout")
+    expect_wcs(t, "MR-RC-021", wcs, [(1, WC_OK), (2, WC_OK)], "after the ATOMIC ACKNOWLEDGEs")
+
+
+@case("TC-NAK-012-e", rules=["MR-NAK-012", "MR-QP-025"], category="ACK", timeout=10)
+def atomic_ack_for_a_read(t):
+    """An ATOMIC ACKNOWLEDGE at the PSN of an RDMA READ: BAD_RESP_ERR for the READ, QP in ERR."""
+    c = connect_req(t, timeout=14)
+    _bad_response(t, c, lambda r: [c.frame("ATOMIC_ACKNOWLEDGE", psn=c.iut_psn, aeth=(0x1F, 1), atomic_ack=3)], 1,
+                  [read_wr(c, 64, 1)], "ATOMIC ACKNOWLEDGE for a READ", ["MR-NAK-012"])
+
+
+@case("TC-RC-006-a", rules=["MR-RC-006", "MR-RC-004", "MR-RC-003", "MR-ECN-001", "MR-ECN-004"], category="SEQ",
+      timeout=10)
+def messages_in_order_not_interleaved(t):
+    """A 3-packet SEND, a 3-packet WRITE, a 600-byte READ and a WRITE ONLY (path MTU 256): packets in posting
+    order, not interleaved, opcodes by position, PSNs consecutive with the READ taking 3; every request
+    packet DSCP 26 and ECT(0)."""
+    c = connect_req(t, mtu=256, timeout=16)
+    p = c.iut_psn
+    mark = post(c, wr("SEND", 600, wr_id=1, c=c), write_wr(c, 600, 2, offset=1024), read_wr(c, 600, 3, offset=2048),
+                write_wr(c, 8, 4, offset=4096))
+    reqs = _first(c, mark, 8)
+    want = [(0x00, 0), (0x01, 1), (0x02, 2), (0x06, 3), (0x07, 4), (0x08, 5), (0x0C, 6), (0x0A, 9)]
+    got = [(f.roce.op, (f.roce.psn - p) & 0xFFFFFF) for f in reqs]
+    c.send(ack(c, P.psn_add(p, 5), 2), *read_stream(c, P.psn_add(p, 6), pattern(600), 3), ack(c, P.psn_add(p, 9), 4))
+    wcs = c.poll(4, 1.0)
+    ok = got == want and [w["status"] for w in wcs] == [WC_OK] * 4
+    det = "packets (opcode, PSN - sq_psn): " + ", ".join(f"({o:#04x}, {d})" for o, d in got)
+    for r in ("MR-RC-006", "MR-RC-004", "MR-RC-003"):
+        t.check(r, ok, det + f"; completions {[w['status'] for w in wcs]}", frames=reqs,
+                expected="SEND F/M/L at 0-2, WRITE F/M/L at 3-5, READ at 6, WRITE ONLY at 9")
+    tos = sorted({f.roce.tos for f in reqs})
+    t.check("MR-ECN-001", all(f.roce.ecn == 2 for f in reqs), f"TOS bytes {[hex(x) for x in tos]}", frames=reqs,
+            expected="ECN ECT(0) (binary 10)")
+    t.check("MR-ECN-004", all(f.roce.tos >> 2 == 26 for f in reqs), f"TOS bytes {[hex(x) for x in tos]}",
+            frames=reqs, expected="DSCP 26 (TOS 0x6a)")
+
+
 __all__: list[str] = []
-_ = (qp_state, last_num)
