@@ -237,3 +237,39 @@ def write_lengths_must_add_up(t):
                     frames=got or [mark + 1], expected=exp)
         t.check("MR-NAK-009", ok and state == "ERR", f"{what}: QP {state} after the NAK", frames=got or [mark + 1],
                 expected=exp)
+
+
+@case("TC-XH-014-a", rules=["MR-XH-014", "MR-BTH-003", "MR-RC-019"], category="WIRE", timeout=10)
+def immediate_data_both_ways(t):
+    """SEND WITH IMMEDIATE posted on the IUT with SOLICITED: SEND_ONLY_WITH_IMMEDIATE carries the value in
+    ImmDt unchanged and SE 1; the LT's SEND_ONLY_WITH_IMMEDIATE with SE reaches the receive completion with
+    its ImmDt unchanged."""
+    c = t.connect()
+    c.mem_write(0, b"immediate")
+    m = c.t.lt.last_num()
+    c.post_send(wr_id="0x9", opcode="SEND_WITH_IMM", imm=0x11223344, flags=["SIGNALED", "SOLICITED"],
+                sg_list=[{"mr": c.mr, "offset": 0, "len": 9}])
+    got = c.expect(1, ACK_WAIT, after=m)
+    v = got[0].roce if got else None
+    imm = int(v.headers["ImmDt"].imm) if v is not None and "ImmDt" in v.headers else None
+    exp = "SEND_ONLY_WITH_IMMEDIATE SE A imm=0x11223344 payload=9B"
+    t.check("MR-XH-014", v is not None and v.name == "SEND_ONLY_WITH_IMMEDIATE" and imm == 0x11223344,
+            f"IUT sent {describe(got)}", frames=got or [m + 1], expected=exp)
+    t.check("MR-BTH-003", v is not None and v.se == 1, f"SE {v.se if v else None}", frames=got or [m + 1],
+            expected=exp)
+    if got:
+        c.send(P.build("ACKNOWLEDGE", src_mac=t.lt_mac, dst_mac=t.iut_mac, src_ip=t.lt_ip, dst_ip=t.iut_ip,
+                       dqpn=c.qpn, psn=v.psn, sport=c.sport, aeth=(0x1F, 1)))
+        c.poll(1, ACK_WAIT)                                   # the send completion
+    c.post_recv(64, offset=1024, wr_id=0x21)
+    mark = c.send(c.frame("SEND_ONLY_WITH_IMMEDIATE", ackreq=True, se=True, imm=0xA1B2C3D4, payload=b"hello"))
+    c.psn = P.psn_add(c.psn, 1)
+    ack = expect_ack(c, P.psn_add(c.psn, -1), mark)
+    wcs = c.poll(1, ACK_WAIT)
+    w = wcs[0] if wcs else {}
+    ok = (w.get("opcode") == "IBV_WC_RECV" and w.get("imm") == 0xA1B2C3D4 and w.get("byte_len") == 5
+          and w.get("status") == "IBV_WC_SUCCESS" and c.mem(1024, 5) == b"hello")
+    t.check("MR-XH-014", ok, f"receive completion {w}", frames=[ack] if ack else [mark + 1],
+            expected="IBV_WC_RECV, imm 0xa1b2c3d4, byte_len 5")
+    t.check("MR-RC-019", ok, f"receive completion {w}", frames=[ack] if ack else [mark + 1],
+            expected="IBV_WC_RECV, imm 0xa1b2c3d4, byte_len 5")
