@@ -25,7 +25,12 @@ What the device cannot do is refused with ENOTSUP, never pretended:
     address with that hoplimit metric (`ip route replace ... hoplimit N`),
     removed on reset;
   * only the compat profile (plain RoCEv2 RC), only P_Keys in the port's table;
+  * reg_mr `remote_invalidate`: ibv_reg_mr gives no remotely invalidatable
+    memory region (in rdma-core only memory windows are);
   * per-QP counters (get_counters with `qp`): rdma-core reports per port.
+    get_counters returns the port's counters under the kernel's names, and
+    under the spec's name too where one counts exactly the same thing
+    (SPEC_COUNTERS: rxe's duplicate_request is rx_dup_req).
 
 Mapping notes (the reference agent is the model for each):
   * modify_qp fills the attributes ibv_modify_qp requires but the protocol
@@ -41,7 +46,8 @@ Mapping notes (the reference agent is the model for each):
     kernel edits are shared by the agent's sessions: the last one wins.
   * A post list goes to the device in one ibv_post_send/ibv_post_recv after
     every WR was checked; a device that still refuses one WR keeps the WRs
-    before it (the verbs bad_wr rule) and the error message says how many.
+    before it (the verbs bad_wr rule), and the error message says so.  A
+    post refused with ENOMEM (ibv_post_send(3): queue full) is EAGAIN.
   * Immediate data is converted between host order (JSON) and the network
     order of ibv_send_wr/ibv_wc; a completion WITH_INV reports
     `invalidated_rkey`.
@@ -382,7 +388,8 @@ class Device:
                 "max_inline": self.max_inline, "max_rd_atomic": a.max_qp_rd_atom}
 
     def version(self) -> str:
-        return f"{self.driver} on Linux {platform.release()}, fw {self.attr.fw_version or '-'}"
+        return (f"{self.driver} on Linux {platform.release()}, fw {self.attr.fw_version or '-'}; "
+                f"pyverbs agent {VERSION}")
 
     def counter_dirs(self) -> list:
         base = f"/sys/class/infiniband/{self.name}/ports/{self.port}"
@@ -903,7 +910,10 @@ class Agent:
         elif opname == "ATOMIC_CMP_AND_SWP":
             compare, swap = _u64(wr, "compare"), _u64(wr, "swap_add")
         sg, num = self._sge_objs(sges)
-        s = SendWR(wr_id=wr_id, opcode=op, num_sge=len(sg), sg=sg, send_flags=flags, imm_data=word)
+        try:
+            s = SendWR(wr_id=wr_id, opcode=op, num_sge=len(sg), sg=sg, send_flags=flags, imm_data=word)
+        finally:
+            _close_all(sg)                    # SendWR copied them
         s.num_sge = num
         if opname.startswith("RDMA_"):
             s.set_wr_rdma(remote[1], remote[0])
@@ -915,7 +925,10 @@ class Agent:
         from pyverbs.wr import RecvWR
         wr_id = _u64(wr, "wr_id")
         sg, num = self._sge_objs(self._sges(wr))
-        r = RecvWR(wr_id=wr_id, num_sge=len(sg), sg=sg)
+        try:
+            r = RecvWR(wr_id=wr_id, num_sge=len(sg), sg=sg)
+        finally:
+            _close_all(sg)
         r.num_sge = num
         return r
 
@@ -940,13 +953,22 @@ class Agent:
 
     def cmd_post_send(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        wrs = [self._send_wr(w, e) for w in self._wrs(args)]
-        self._post(e, wrs, True)
+        self._build_and_post(e, self._wrs(args), self._send_wr, True)
 
     def cmd_post_recv(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        wrs = [self._recv_wr(w) for w in self._wrs(args)]
-        self._post(e, wrs, False)
+        self._build_and_post(e, self._wrs(args), lambda w, _: self._recv_wr(w), False)
+
+    def _build_and_post(self, e: _QPEntry, specs: list, build, send: bool) -> None:
+        """Every WR built (and so checked) before the post; their C memory freed afterwards
+        (pyverbs 44 frees a WR's sg_list only in close())."""
+        wrs: list = []
+        try:
+            for w in specs:
+                wrs.append(build(w, e))
+            self._post(e, wrs, send)
+        finally:
+            _close_all(wrs)
 
     def cmd_poll_cq(self, args: dict) -> dict:
         _, cq = self._lookup(self.cqs, "cq", args)
@@ -1014,6 +1036,11 @@ class Agent:
                                     "connect QPs with modify_qp")
 
     cmd_cm_listen = cmd_cm_connect = cmd_cm_wait = _cm
+
+
+def _close_all(objs) -> None:
+    for o in objs:
+        o.close()
 
 
 # ---- TCP server ----------------------------------------------------------------------------
