@@ -14,9 +14,9 @@ import time
 from .. import packets as P
 from ..registry import case
 from ._common import counter, describe
-from ._req import (REMOTE_VA, REQUEST_OPS, WC_FLUSH, WC_OK, ack, all_requests, check_err_silent, connect_req,
-                   expect_wcs, nak, need, pattern, post, read_rsp, read_stream, read_wr, requests,
-                   rnr, same_request, timeout_s, tolerance_s, wr, write_wr)
+from ._req import (REMOTE_VA, REQUEST_OPS, WC_FLUSH, WC_OK, ack, agent_error, all_requests, check_err_silent,
+                   connect_req, expect_wcs, nak, need, pattern, post, read_rsp, read_stream, read_wr, requests, rnr,
+                   same_request, timeout_s, tolerance_s, wr, write_wr)
 
 FATAL = ["MR-QP-023", "MR-QP-027", "MR-QP-032"]
 
@@ -889,6 +889,42 @@ def messages_in_order_not_interleaved(t):
             expected="ECN ECT(0) (binary 10)")
     t.check("MR-ECN-004", all(f.roce.tos >> 2 == 26 for f in reqs), f"TOS bytes {[hex(x) for x in tos]}",
             frames=reqs, expected="DSCP 26 (TOS 0x6a)")
+
+
+@case("TC-RC-022-a", rules=["MR-RC-022", "MR-QP-032", "MR-QP-023", "MR-QP-027"], category="ACK", timeout=10)
+def local_sge_failure_sends_nothing(t):
+    """A WRITE, then a READ into an MR without LOCAL_WRITE, then a WRITE: the first is sent and ACKed; the READ
+    completes LOC_PROT_ERR without a packet of its own, the last is flushed and never sent; QP in ERR."""
+    c = connect_req(t, timeout=16)
+    p = c.iut_psn
+    mr2 = t.reg_mr(c.pd, 4096, access=["REMOTE_READ"])[0]
+    mark = post(c, write_wr(c, 8, 1), wr("RDMA_READ", 64, wr_id=2, mr=mr2), write_wr(c, 8, 3, offset=64))
+    first = _first(c, mark)
+    c.send(ack(c, p, 1))
+    wcs = c.poll(3, 1.0)
+    reqs = all_requests(c, mark)
+    others = [f for f in reqs if f.roce.psn != p]
+    expect_wcs(t, ["MR-QP-032", "MR-QP-023", "MR-QP-027"], wcs,
+               [(1, WC_OK), (2, "IBV_WC_LOC_PROT_ERR"), (3, WC_FLUSH)], "READ into an MR without LOCAL_WRITE")
+    t.check("MR-RC-022", not others and [w["status"] for w in wcs][1:2] == ["IBV_WC_LOC_PROT_ERR"],
+            f"requests other than the first WRITE: {describe(others)}", frames=first + others,
+            expected="nothing sent for the READ or after it")
+
+
+@case("TC-ATOM-008-b", rules=["MR-ATOM-008"], category="ATOM", caps=("ATOMICS",), timeout=10)
+def atomic_buffer_not_8_bytes(t):
+    """A FETCH_ADD whose local buffer is 4 bytes is refused at post time (EINVAL) or completes LOC_LEN_ERR; no
+    ATOMIC request is sent either way.  (MR-ATOM-008 says "IBV_WC_LOC_LEN_ERR ... at post time": both
+    readings are accepted.)"""
+    c = connect_req(t, timeout=16)
+    mark = t.lt.last_num()
+    e = agent_error(lambda: t.agent.call("post_send", qp=c.qp, wr=wr("ATOMIC_FETCH_AND_ADD", 4, wr_id=1, c=c,
+                                                                       swap_add="0x1")))
+    wcs = c.poll(1, 0.3) if e is None else []
+    sent = [f for f in c.quiet(0.1, after=mark) if f.roce.op in (0x13, 0x14)]
+    ok = not sent and (e == "EINVAL" or [w["status"] for w in wcs] == ["IBV_WC_LOC_LEN_ERR"])
+    t.check("MR-ATOM-008", ok, f"post: {e or 'accepted'}; completion {[w['status'] for w in wcs]}; atomic "
+            f"requests {describe(sent)}", frames=sent, expected="EINVAL at post, or IBV_WC_LOC_LEN_ERR; nothing sent")
 
 
 __all__: list[str] = []
