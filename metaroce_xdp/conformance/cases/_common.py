@@ -6,7 +6,7 @@ from ..context import Conn, T
 from ..lt import Frame
 
 QUIET = 0.25           # seconds of silence that count as "no response"
-ACK_WAIT = 1.0         # seconds to wait for a response that must come
+ACK_WAIT = 2.0         # seconds to wait for a response that must come (generous: a loaded host is slow)
 
 
 def acks(frames: list[Frame]) -> list[Frame]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import packets as P
 from ..registry import case
-from ._common import ACK_WAIT, describe, expect_ack
+from ._common import ACK_WAIT, describe, expect_ack, responses
 
 
 def _frame_rules(t, c, frames, rules_ok: dict, *, response: bool) -> None:
@@ -63,9 +63,7 @@ def response_layout(t):
     c = t.connect()
     m = c.send(*[c.write(b"L%d" % i, offset=8 * i) for i in range(3)],
                c.write(b"gap", offset=64, psn=P.psn_add(c.psn, 5)))
-    got = c.expect(4, ACK_WAIT, after=m)
-    if len(got) < 4:
-        got += c.quiet(0.2, after=got[-1].num if got else m)
+    got = responses(c, m, lambda f: f.roce.ack_kind == "NAK", extra=0.1)
     probs: dict = {r: [] for r in LAYOUT + ["MR-BTH-017", "MR-ENC-020", "MR-XH-006", "MR-ECN-002"]}
     _frame_rules(t, c, got, probs, response=True)
     for r, bad in probs.items():
