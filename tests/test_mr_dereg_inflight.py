@@ -19,7 +19,8 @@ Each case checks memory byte for byte:
   requester's buffer untouched.
 
 In process (LoopPort pairs, both the burst and the per-packet path, frames B sent recorded and
-decoded) and over veth through the real XDP program and AF_XDP sockets (a switch namespace whose
+decoded; also with a new MR registered over the same memory right after the deregistration: its
+new key does not revive the old one) and over veth through the real XDP program and AF_XDP sockets (a switch namespace whose
 fault injector loses the READ responses for the duplicate case).
 """
 from __future__ import annotations
@@ -78,8 +79,12 @@ def _fill(a, b, seed):
 
 # ------------------------------------------------------------------------------------------ in process
 
+AFTER = ["dereg", "dereg-then-reg"]       # and a new MR over the same memory at once (MR-MEM-011: a new key)
+
+
+@pytest.mark.parametrize("after", AFTER)
 @pytest.mark.parametrize("mode", MODES)
-def test_write_in_flight(mode):
+def test_write_in_flight(mode, after):
     a, b = loop_pair(size=1 << 20, mtu=MTU, burst=MODES[mode])
     n = 64 * MTU
     a0, b0 = _fill(a, b, 1)
@@ -92,7 +97,10 @@ def test_write_in_flight(mode):
     assert r.bytes_received == 16 * MTU and r.in_progress
     epsn = r.epsn
     sent = _record_tx(b.ctx.port)
+    old_rkey = b.mr.rkey
     b.ctx.dereg_mr(b.mr)
+    if after == "dereg-then-reg":
+        assert b.pd.reg_mr(b.buf, FULL).rkey != old_rkey
     snap = b.buf.copy()
     (wc,) = wait_wcs([a, b], a, 1)
     assert wc.status == WCStatus.REM_ACCESS_ERR
@@ -106,8 +114,9 @@ def test_write_in_flight(mode):
         assert b.ctx.engine.stats["rx_burst"] > 0      # the compiled placer ran before, and stood aside after
 
 
+@pytest.mark.parametrize("after", AFTER)
 @pytest.mark.parametrize("mode", MODES)
-def test_read_in_flight(mode):
+def test_read_in_flight(mode, after):
     a, b = loop_pair(size=1 << 20, mtu=MTU, burst=MODES[mode])
     n = 64 * MTU
     a0, b0 = _fill(a, b, 2)
@@ -120,7 +129,10 @@ def test_read_in_flight(mode):
     before = r.bytes_sent
     assert 0 < before < n
     sent = _record_tx(b.ctx.port)
+    old_rkey = b.mr.rkey
     b.ctx.dereg_mr(b.mr)
+    if after == "dereg-then-reg":
+        assert b.pd.reg_mr(b.buf, FULL).rkey != old_rkey
     b.buf[:n] = 0xA5                                   # what a later response would now carry
     (wc,) = wait_wcs([a, b], a, 1)
     assert wc.status == WCStatus.REM_ACCESS_ERR
