@@ -274,3 +274,55 @@ def future_read_and_atomic_naked(t):
     ok = bool(got) and all(f.roce.op != 0x11 for f in got) and got[0].roce.op == 0x10
     t.check("MR-ACK-007", ok, f"answers to an in-order READ with AckReq: {describe(got)}", frames=got or [mk + 1],
             expected="RDMA_READ_RESPONSE_ONLY and no ACKNOWLEDGE")
+
+
+@case("TC-DUP-006-b", rules=["MR-DUP-006", "MR-DUP-002"], category="DUP", timeout=10)
+def duplicate_first_leaves_op_state(t):
+    """A duplicate RDMA WRITE FIRST after its message completed is ACKed and not placed, and does not leave
+    the responder expecting a MIDDLE/LAST: a WRITE ONLY after it is accepted."""
+    c = t.connect(mtu=256)
+    p = c.psn
+    first = c.frame("RDMA_WRITE_FIRST", reth=(c.va, c.rkey, 300), payload=b"\x01" * 256)
+    last = c.frame("RDMA_WRITE_LAST", psn=P.psn_add(p, 1), ackreq=True, payload=b"\x02" * 44)
+    m = c.send(first, last)
+    expect_ack(c, P.psn_add(p, 1), m)
+    c.psn = P.psn_add(p, 2)
+    c.mem_write(0, b"\xee" * 8)                         # a re-placement would overwrite this
+    m2 = c.send(first)
+    dup = expect_ack(c, P.psn_add(p, 1), m2)
+    m3 = c.send(c.write(b"only", offset=1024))
+    only = c.expect(1, ACK_WAIT, after=m3)
+    ok_only = len(only) == 1 and only[0].roce.ack_kind == "ACK" and only[0].roce.psn == P.psn_add(p, 2)
+    t.check("MR-DUP-002", dup is not None and c.mem(0, 8) == b"\xee" * 8,
+            f"duplicate FIRST ACKed {dup is not None}, memory {c.mem(0, 8).hex()}", frames=[dup] if dup else [m2 + 1],
+            expected=f"ACK psn={P.psn_add(p, 1):#08x}; memory untouched")
+    t.check("MR-DUP-006", ok_only, f"WRITE ONLY after the duplicate FIRST: {describe(only)}",
+            frames=only or [m3 + 1], expected=f"ACK psn={P.psn_add(p, 2):#08x} (op_state unchanged)")
+
+
+@case("TC-NAK-002-d", rules=["MR-NAK-002", "MR-RC-014", "MR-RC-018"], category="SEQ", timeout=10)
+def lost_middle_recovered(t):
+    """A 3-packet SEND whose MIDDLE is lost: the LAST draws the sequence-error NAK at the MIDDLE's PSN; MIDDLE
+    and LAST sent again complete the receive WQE with the whole message, in order."""
+    c = t.connect(mtu=256)
+    c.post_recv(1024, offset=0, wr_id=0x31)
+    p = c.psn
+    parts = [bytes([0x41 + i]) * n for i, n in enumerate((256, 256, 10))]
+    first = c.frame("SEND_FIRST", payload=parts[0])
+    middle = c.frame("SEND_MIDDLE", psn=P.psn_add(p, 1), payload=parts[1])
+    last = c.frame("SEND_LAST", psn=P.psn_add(p, 2), ackreq=True, payload=parts[2])
+    m = c.send(first, last)
+    nak = responses(c, m, _is_nak0)
+    ok_nak = len(nak) == 1 and _is_nak0(nak[0]) and nak[0].roce.psn == P.psn_add(p, 1)
+    t.check("MR-NAK-002", ok_nak, f"after FIRST, LAST: {describe(nak)}", frames=nak or [m + 1],
+            expected=f"one NAK(0x60) psn={P.psn_add(p, 1):#08x}")
+    m2 = c.send(middle, last)
+    ack = expect_ack(c, P.psn_add(p, 2), m2)
+    wcs = c.poll(1, ACK_WAIT)
+    data = c.mem(0, 522)
+    ok = (ack is not None and wcs and wcs[0].get("status") == "IBV_WC_SUCCESS" and wcs[0].get("byte_len") == 522
+          and data == b"".join(parts))
+    t.check("MR-RC-014", ok, f"ACK {ack is not None}; completion {wcs}", frames=[ack] if ack else [m2 + 1],
+            expected=f"ACK psn={P.psn_add(p, 2):#08x}, IBV_WC_RECV 522 bytes")
+    t.check("MR-RC-018", ok, "the message placed in order" if ok else f"memory {data[:16].hex()}...",
+            frames=[ack] if ack else [m2 + 1], expected="A x 256, B x 256, C x 10 at the WQE's buffer")
