@@ -1,9 +1,10 @@
 """The rdma-core test agent (metaroce_xdp/conformance/pyverbs_agent.py) on Linux Soft-RoCE, end to end.
 
-One QEMU VM for the module (tools/rxe_conformance.RxeVM, ../shared/rxe-vm): the
-Debian kernel's rdma_rxe on the VM's eth0, the pyverbs agent serving on
-10.77.11.2:18516.  On this side, in netns rxeh11, OUR endpoint runs on the tap
-(Context.open("rxetap11"): the XDP program and an AF_XDP socket) behind the
+One QEMU VM for the module (tools/rxe_conformance.RxeVM, ../shared/rxe-vm;
+instance ID the first free one from 11): the Debian kernel's rdma_rxe on the
+VM's eth0, the pyverbs agent serving on 10.77.<ID>.2:18516.  On this side, in
+netns rxeh<ID>, OUR endpoint runs on the tap (Context.open("rxetap<ID>"): the
+XDP program and an AF_XDP socket) behind the
 reference agent (metaroce_xdp/agent.py) on 127.0.0.1 of that namespace.  The
 test is the upper tester: AgentClient sessions to both agents, QPs connected
 by hand with modify_qp (RoCEv2 GID of each side from hello), RDMA WRITE,
@@ -29,12 +30,14 @@ import time
 import pytest
 
 from metaroce_xdp.agent import AgentClient, AgentError, AgentServer
-from tools.rxe_conformance import RxeVM, in_netns
+from tools.rxe_conformance import RxeVM, free_vm_id, in_netns
 
 pytestmark = [pytest.mark.timeout(600)]
 AGENT = os.path.join(os.path.dirname(__file__), "..", "metaroce_xdp", "conformance", "pyverbs_agent.py")
 
-VM_ID = int(os.environ.get("RXE_TEST_VM_ID", 11))    # not 0: leave rxeh0 to interactive use
+# RXE_TEST_VM_ID, else the first free instance from 11 (0 is left to interactive use and make
+# conformance-rxe; a VM someone else is running is never taken)
+VM_ID = os.environ.get("RXE_TEST_VM_ID")
 FULL = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"]
 MR_LEN = 65536
 WAIT_MS = 20000          # TCG: a round trip through the VM can take tens of ms on a loaded host
@@ -62,7 +65,7 @@ def test_agent_is_self_contained():
 def vm():
     if os.geteuid() != 0:
         pytest.fail("needs root: netns, tap and QEMU")
-    with RxeVM(VM_ID, agent_timeout=120) as v:
+    with RxeVM(int(VM_ID) if VM_ID else free_vm_id(11), agent_timeout=120) as v:
         yield v
 
 

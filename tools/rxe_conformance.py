@@ -80,6 +80,15 @@ def in_netns(name: str):
             os.close(saved)
 
 
+def free_vm_id(first: int = 11, last: int = 254) -> int:
+    """The first VM instance ID in first..last that no QEMU and no netns uses (for tests, which
+    must not take a VM that another run or a developer is using)."""
+    for i in range(first, last + 1):
+        if RxeVM(i).in_use() is None:
+            return i
+    raise RxeVMError(f"every VM id {first}..{last} is in use")
+
+
 class RxeVM:
     """One Soft-RoCE VM with the pyverbs agent running in it.
 
@@ -136,14 +145,32 @@ class RxeVM:
         self._log("building the VM image (build.sh; ~1 min the first time, ~1 s when up to date)")
         self._script("build.sh", timeout=1800)
 
-    def up(self) -> None:
-        """Build if needed and boot (up.sh -k).  A VM of this ID left from an earlier run is
-        stopped first: the ID is ours for the run."""
-        self.build()
+    def in_use(self) -> str | None:
+        """Why this ID is taken (a live QEMU of it, or its netns), or None when it is free."""
+        why = []
         pid = self.run_dir / "qemu.pid"
-        if pid.exists() and pid.read_text().strip():
-            self._log(f"VM {self.vm_id} from an earlier run is still there: down.sh -i {self.vm_id}")
-            self._script("down.sh", "-i", str(self.vm_id), timeout=60, check=False)
+        text = pid.read_text().strip() if pid.exists() else ""
+        if text.isdigit():
+            try:
+                if b"qemu-system" in Path(f"/proc/{text}/cmdline").read_bytes():
+                    why.append(f"qemu pid {text}")
+            except OSError:
+                pass
+        if Path(f"/var/run/netns/{self.netns}").exists():
+            why.append(f"netns {self.netns}")
+        return ", ".join(why) or None
+
+    def up(self, replace: bool = False) -> None:
+        """Build if needed and boot (up.sh -k).  A VM of this ID that is already there belongs to
+        someone else (another run, a developer): refused unless `replace`, which stops it first."""
+        self.build()
+        busy = self.in_use()
+        if busy:
+            if not replace:
+                raise RxeVMError(f"VM {self.vm_id} is in use ({busy}): another run owns it; pick another id "
+                                 f"or stop it ({self.scripts}/down.sh -i {self.vm_id}, or --replace)")
+            self._log(f"VM {self.vm_id} is there ({busy}): replacing it (down.sh -i {self.vm_id})")
+            self._script("down.sh", "-i", str(self.vm_id), timeout=90, check=False)
         args = ["-i", str(self.vm_id), "-k", "-s", str(self.smp), "-t", str(int(self.boot_timeout))]
         if self.mtu:
             args += ["-M", str(self.mtu)]
@@ -277,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mtu", type=int, help="link MTU (default 1500: rxe active_mtu 1024; 9000: 4096)")
     p.add_argument("--timeout", type=float, help="seconds COMMAND may run (default: no limit)")
     p.add_argument("--keep", action="store_true", help="leave the VM running after COMMAND (down.sh -i ID)")
+    p.add_argument("--replace", action="store_true",
+                   help="stop a VM that already runs with this ID first (default: refuse, it is someone's)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ... (run in netns rxeh<ID>)")
     a = p.parse_args(argv)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -294,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     vm = RxeVM(a.id, port=a.port, smp=a.smp, mtu=a.mtu)
     rc = 1
     try:
-        vm.up()
+        vm.up(replace=a.replace)
         vm.start_agent()
         if cmd:
             rc = vm.run_in_netns(cmd, timeout=a.timeout)
