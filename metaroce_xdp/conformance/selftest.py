@@ -27,7 +27,9 @@ AGENT_PORT = 18516
 class SelfTest:
     """Namespaces, links and the reference agent; `with SelfTest() as st: st.enter_tester()` ..."""
 
-    def __init__(self, start_timeout: float = 90.0, agent_log=None) -> None:
+    def __init__(self, start_timeout: float = 300.0, agent_log=None) -> None:
+        # start_timeout: Context.open compiles the numba data path when its cache is cold (minutes on a
+        # loaded 2-core host); a warm cache opens in seconds.
         self.topo = Topology(2, prefix="mrcf")
         self.proc = None
         self._swallow = None
