@@ -242,7 +242,8 @@ class RxeVM:
         """Run argv in the VM's netns (ip netns exec) with {agent} etc. replaced; its exit code."""
         values = {"agent": self.agent, "iface": self.iface, "vm_ip": self.vm_ip, "vm_mac": self.vm_mac,
                   "host_ip": self.host_ip, "lt_ip": self.lt_ip, "netns": self.netns, "gid_index": self.gid_index}
-        argv = [a.format(**values) for a in argv]
+        for key, val in values.items():            # only these placeholders: other braces stay as they are
+            argv = [a.replace("{" + key + "}", str(val)) for a in argv]
         self._log(f"running in netns {self.netns}: {shlex.join(argv)}")
         env = dict(os.environ, **self.env())
         p = subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], env=env, start_new_session=True)
