@@ -427,6 +427,33 @@ def send_with_invalidate(t):
                  untouched=[(h, 0, 256)])
 
 
+@case("TC-MEM-040-b", rules=["MR-MEM-040", "MR-RC-019", "MR-RC-018", "MR-NAK-007"], category="MEM", timeout=10)
+def send_last_with_invalidate(t):
+    """A 3-packet SEND ending in LAST WITH INVALIDATE: one completion of 600 bytes with the key; the key then fails."""
+    c = connect(t, mtu=256)
+    h, mr = reg_mr(t, c.pd, 4096, remote_invalidate=True)
+    c.post_recv(1024, offset=4096, wr_id=0x43)
+    data = bytes((i * 13) & 0xFF for i in range(600))
+    frames = [req(c, "SEND_FIRST", payload=data[:256], ackreq=False),
+              req(c, "SEND_MIDDLE", payload=data[256:512], ackreq=False),
+              req(c, "SEND_LAST_WITH_INVALIDATE", ieth=mr["rkey"], payload=data[512:])]
+    p = P.psn_add(c.psn, -1)
+    mark = c.send(*frames)
+    f = c.expect(1, 1.0, after=mark, match=lambda x: x.roce.op == ACKNOWLEDGE and x.roce.psn == p)
+    t.check("MR-MEM-040", bool(f) and f[0].roce.ack_kind == "ACK" and f[0].roce.msn == 1, f"ACK: {describe(f)}",
+            frames=f or [mark + 1], expected=f"ACKNOWLEDGE ACK psn={p:#08x} msn=1")
+    wc = poll_one(t, c)
+    good = (wc is not None and wc["status"] == "IBV_WC_SUCCESS" and wc["opcode"] == "IBV_WC_RECV"
+            and wc["byte_len"] == 600 and wc.get("invalidated_rkey") == mr["rkey"] and int(wc["wr_id"], 16) == 0x43)
+    for r in ("MR-MEM-040", "MR-RC-019"):
+        t.check(r, good, f"completion: {wc_text(wc)}",
+                expected=f"wr_id 0x43 IBV_WC_SUCCESS IBV_WC_RECV byte_len 600 invalidated_rkey {mr['rkey']}",
+                observed=[wc_text(wc)])
+    t.check("MR-RC-018", c.mem(4096, 600) == data, "the three packets in order in the receive buffer")
+    expect_fatal(t, c, _write(c, int(mr["va"], 16), mr["rkey"]), 2, "WRITE with the key invalidated by the LAST",
+                 nak=["MR-MEM-040", "MR-NAK-007"], msn=1, untouched=[(h, 0, 64)], mem=["MR-MEM-040"])
+
+
 def _inval_refused(t, c, key: int, what: str, rules, msn: int = 1, primed: bool = True) -> None:
     c.post_recv(64, offset=4096, wr_id=0x41)
     if primed:
