@@ -76,9 +76,10 @@ def _perf_command(test: str):
         rx_depth: int = typer.Option(512, "-r", "--rx-depth", help="receives kept posted (send-bw server)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
+        plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
-                                   timeout)
+                                   timeout, plane)
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

@@ -68,6 +68,7 @@ class PerfOptions:
     rx_depth: int = 512
     as_json: bool = False
     timeout: float = 30.0                # seconds without progress before giving up
+    plane: str = "python"                # "python" (metaroce_xdp.rc) or "compiled" (metaroce_xdp.dp)
 
     @property
     def is_server(self) -> bool:
@@ -115,14 +116,38 @@ def lat_row(r: dict) -> str:
 # --------------------------------------------------------------------------- the run
 
 
-def open_context(ifname: str):
+PLANES = ("python", "compiled")
+
+
+def open_context(ifname: str, plane: str = "python"):
     """Context.open for the tools.  Pinning the maps (for the CLI's readers) needs a
     bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so pin
-    only where it can work rather than fail the run."""
+    only where it can work rather than fail the run.  plane="compiled": the compiled data
+    plane (metaroce_xdp.dp), driven from this thread (busy polling, no progress thread)."""
     import os
 
+    if plane == "compiled":
+        from metaroce_xdp.dp import Context as DpContext
+        return DpContext.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
     from metaroce_xdp.rc.engine import Context
     return Context.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
+
+
+class _DpEngine:
+    """What the benchmark loops use of an engine, for the compiled plane: progress() runs the compiled
+    loop without the GIL for a slice of time; stats are the port's counters."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx, self.plane = ctx, ctx.plane
+        self.local_mac, self.max_pmtu = ctx.local_mac, ctx.max_pmtu
+        self.threaded = False
+
+    def progress(self) -> int:
+        return self.plane.run(200_000)
+
+    @property
+    def stats(self) -> dict:
+        return self.ctx.stats()
 
 
 class _Side:
@@ -130,12 +155,15 @@ class _Side:
 
     def __init__(self, opt: PerfOptions) -> None:
         from metaroce_xdp.verbs_types import QPCap
+        if opt.plane not in PLANES:
+            raise PerfError(f"--plane {opt.plane}: use one of {', '.join(PLANES)}")
+        self.compiled = opt.plane == "compiled"
         try:
-            self.ctx = open_context(opt.ifname)
+            self.ctx = open_context(opt.ifname, opt.plane)
         except Exception as e:  # noqa: BLE001 - tool boundary: every cause becomes one clear line
             raise PerfError(f"cannot open interface {opt.ifname!r}: {e} (run as root in the interface's "
                             "network namespace; list interfaces with `ip link`)") from None
-        self.eng = self.ctx.engine
+        self.eng = _DpEngine(self.ctx) if self.compiled else self.ctx.engine
         self.pd = self.ctx.alloc_pd()
         self.cq = self.ctx.create_cq(1 << 16)
         self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq,
@@ -187,6 +215,8 @@ class _Side:
         if os.environ.get("METAROCE_PERF_DEBUG"):      # engine and XDP counters, for bug reports
             ld = getattr(self.ctx, "loader", None)
             sys.stderr.write(f"debug: engine {dict(self.eng.stats)} port {getattr(self.ctx.port, 'stats', {})}\n")
+            if self.compiled:
+                sys.stderr.write(f"debug: qp {self.qp.query()}\n")
             if ld is not None:
                 drops = {k: v for k, v in ld.drops().items() if v}
                 sys.stderr.write(f"debug: xdp drops {drops} events {ld.events()}\n")
@@ -290,6 +320,8 @@ def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
                 done_ns[completed] = now
                 completed += 1
         else:
+            if side.compiled:
+                side.eng.plane.run(1_000_000, 0, -2)     # the compiled loop until a completion
             dog.tick()
     seconds = (time.perf_counter_ns() - t0) / 1e9
     return bw_stats(size, iters, seconds, done_ns, depth)
@@ -330,6 +362,8 @@ def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
     dog = _Watchdog(side, opt.timeout, "waiting for the peer's write")
     scnt = rcnt = ccnt = 0
     clock = time.perf_counter_ns
+    if side.compiled:
+        return _write_lat_compiled(side, opt, size, iters, wr, posted_ns, sends_first, dog)
     while scnt < iters or ccnt < iters or rcnt < iters:
         if rcnt < iters and not (scnt < 1 and sends_first):
             rcnt += 1
@@ -357,12 +391,52 @@ def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
     return r
 
 
+def _write_lat_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, wr, posted_ns, sends_first: bool,
+                        dog: _Watchdog) -> dict:
+    """write-lat on the compiled plane: the waits (for the peer's write, seen as the last byte of the
+    poll area changing; for the completion) run inside the compiled loop, without the GIL and without
+    a Python call per round; posting is the verbs call as usual."""
+    buf, cq, plane = side.buf, side.cq, side.eng.plane
+    post_last, poll_last = size - 1, size + size - 1
+    watch = int(buf.ctypes.data) + poll_last
+    take = cq._take
+    post = side.qp.post_send
+    clock = time.perf_counter_ns
+    scnt = rcnt = ccnt = 0
+    while scnt < iters or ccnt < iters or rcnt < iters:
+        if rcnt < iters and not (scnt < 1 and sends_first):
+            rcnt += 1
+            want = rcnt & 0xFF
+            while buf[poll_last] != want:
+                plane.run(2_000_000, watch, want)
+                dog.tick()
+        if scnt < iters:
+            posted_ns[scnt] = clock()
+            scnt += 1
+            buf[post_last] = scnt & 0xFF
+            post(wr)
+        if ccnt < iters:
+            while True:
+                wcs = take(1)
+                if wcs:
+                    _check_wc(wcs[0], side)
+                    ccnt += 1
+                    break
+                plane.run(2_000_000, 0, -2)
+                dog.tick()
+    seconds = (int(posted_ns[-1]) - int(posted_ns[0])) / 1e9 if iters > 1 else 0.0
+    return {"bytes": size, "iterations": iters, "total_bytes": size * iters, "seconds": seconds,
+            "gbps": size * (iters - 1) * 8 / seconds / 1e9 if seconds else 0.0,
+            "msg_rate": (iters - 1) / seconds / 1e6 if seconds else 0.0, "lat_us": lat_stats(posted_ns)}
+
+
 def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int,
                   local: cm.CMMsg, remote: cm.CMMsg, peer: dict) -> None:
     w = out.write
     w(RESULT_LINE + "\n")
     w(" " * 20 + TITLES[opt.test] + "\n")
     w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE compat (RoCEv2 RC)\n")
+    w(f" Data plane      : {opt.plane}\n")
     w(f" Number of qps   : 1           Connection type : RC\n")
     if opt.test == "write-lat":
         w(f" Mtu             : {mtu}[B]\n")
@@ -444,7 +518,8 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
             r = _write_lat(side, opt, size, iters, peer)
         else:
             r = _bw_client(side, opt, size, iters, peer)
-        r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters())
+        r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
+                 plane=opt.plane)
         try:
             ch.send_json({"type": "result", **r})
             reply = _progress_until_line(side, ch, opt.timeout, what="waiting for the server's summary")
@@ -522,4 +597,4 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
         return r
 
 
-__all__ = ["PerfError", "PerfOptions", "TESTS", "run", "bw_stats", "lat_stats"]
+__all__ = ["PerfError", "PerfOptions", "PLANES", "TESTS", "run", "bw_stats", "lat_stats"]

@@ -72,6 +72,9 @@ class Plane:
         from . import loop
         self.loop = loop
         self.port, self.loader, self.maxq = port, loader, maxq
+        if getattr(port, "sg", False):
+            raise Unsupported("multi-buffer AF_XDP (XDP_USE_SG, path MTU 4096 on MTU > 4 KiB interfaces) is not "
+                              "implemented by the compiled data plane yet: use an interface MTU up to 3.5 KB")
         self.tables = TABLES
         nframes = port.umem.nframes
         words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR

@@ -1149,4 +1149,16 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
 
 SIGNATURES = {"dp_round": dp_round, "dp_run": dp_run}
 for _f in SIGNATURES.values():
-    _f.disable_compile()
+    _f.disable_compile()        # a call with other types fails at once instead of compiling on a live path
+del _f
+
+
+def warm_plan() -> list[tuple[str, str, tuple]]:
+    """(name, why, args) for metaroce_xdp.jitwarm: the entry points with their run-time types on an
+    arena that is not a port (magic 0), so each returns at once."""
+    from ..wire.fastpath import TABLES
+    A = np.zeros(N_P, np.int64)
+    TM = np.zeros((2, 128), np.uint8)
+    umem = np.zeros(4096, np.uint8)
+    return [("dp_round", "dp.Plane.progress", (A, TM, umem, TABLES)),
+            ("dp_run", "dp.Plane.run / the progress thread", (A, TM, umem, TABLES, 0, 0, 0, 0))]
