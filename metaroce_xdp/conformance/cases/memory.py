@@ -230,8 +230,8 @@ def write_mr_local_only(t):
 
 
 # ---- protection domain (MR-MEM-022) --------------------------------------------------------
-@case("TC-MEM-022-a", rules=["MR-MEM-019", "MR-MEM-022", "MR-SEC-008", *NAK2, "MR-MEM-027", "MR-NAK-009"], category="MEM",
-      timeout=10)
+@case("TC-MEM-022-a", rules=["MR-MEM-019", "MR-MEM-022", "MR-SEC-008", *NAK2, "MR-MEM-027", "MR-NAK-009"],
+      category="MEM", timeout=10)
 def write_other_pd(t):
     """A WRITE with the rkey of a fully accessible MR of another PD: NAK code 2, that MR untouched."""
     c = connect(t)

@@ -883,7 +883,8 @@ def naks_whatever_ackreq(t):
     c = connect(t, access=["REMOTE_READ"])
     p = c.psn
     subjects.append((c, c.send(req(c, "RDMA_WRITE_ONLY", reth=(c.va, c.rkey, 4), payload=b"abcd", ackreq=False)),
-                     "ACKNOWLEDGE NAK(0x61)", lambda f, p=p: f.roce.nak_code == 1 and f.roce.psn == p, "invalid request"))
+                     "ACKNOWLEDGE NAK(0x61)", lambda f, p=p: f.roce.nak_code == 1 and f.roce.psn == p,
+                     "invalid request"))
     c = connect(t)
     p = c.psn
     subjects.append((c, c.send(req(c, "RDMA_WRITE_ONLY", reth=(c.va, c.rkey ^ 0x100, 4), payload=b"abcd",
