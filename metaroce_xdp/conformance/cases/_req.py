@@ -151,11 +151,18 @@ def qp_state(c: Conn) -> str:
     return c.query()["state"]
 
 
+def sent_since(c: Conn, wall: float, mark: int, duration: float) -> list[Frame]:
+    """What the IUT sends to this conn during `duration` s, captured after `mark` with a capture time stamp
+    after `wall` (time.time()): a frame sent before `wall` that the capture thread numbered late (a loaded
+    host) is not taken for one sent after it."""
+    return [f for f in c.quiet(duration, after=mark) if f.ts > wall]
+
+
 def check_err_silent(t: T, c: Conn, rules, what: str, quiet: float = 0.1) -> bool:
     """The IUT QP is in ERR (query_qp) and sends nothing for `quiet` s (MR-QP-025)."""
     st = qp_state(c)
-    mark = last_num(c)
-    seen = c.quiet(quiet, after=mark)
+    wall, mark = time.time(), last_num(c)
+    seen = sent_since(c, wall, mark, quiet)
     ok = st == "ERR" and not seen
     for r in ([rules] if isinstance(rules, str) else rules):
         t.check(r, ok, f"{what}: QP state {st}, frames sent afterwards: {describe(seen)}",
@@ -214,5 +221,5 @@ def sleep_until(deadline: float) -> None:
 __all__ = ["ACKNOWLEDGE", "ACK_SYN", "CNP", "REMOTE_RKEY", "REMOTE_VA", "REQUEST_OPS", "STATE_ERRORS", "WC_FLUSH",
            "WC_OK", "ack", "agent_error", "all_requests", "check_err_silent", "cnp", "completions", "connect_req",
            "expect_wcs", "is_req", "last_num", "nak", "need", "pattern", "post", "qp_state", "read_rsp",
-           "read_stream", "read_wr", "requests", "rnr", "same_request", "sleep_until", "timeout_s", "tolerance_s",
+           "read_stream", "read_wr", "requests", "rnr", "same_request", "sent_since", "sleep_until", "timeout_s", "tolerance_s",
            "wc_list", "wr", "write_wr"]

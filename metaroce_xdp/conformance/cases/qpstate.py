@@ -10,12 +10,14 @@ accepted).
 """
 from __future__ import annotations
 
+import time
+
 from .. import packets as P
 from ..context import FULL_ACCESS, _gid
 from ..registry import case
 from ._common import QUIET, counter, describe, expect_ack
 from ._req import (STATE_ERRORS, WC_FLUSH, WC_OK, ack, agent_error, expect_wcs, need, post, qp_state,
-                   requests, write_wr)
+                   requests, sent_since, write_wr)
 
 
 def _attrs(t, c, state: str) -> dict:
@@ -164,9 +166,9 @@ def flush_on_modify_to_err(t):
     mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i, signaled=(i != 1)) for i in range(3)])
     need(len(requests(c, mark, 3, 1.0)) == 3, "the WRITEs were not sent")
     need(_modify(t, c, "ERR", {}) is None, "modify to ERR failed")
-    m = t.lt.last_num()
+    wall, m = time.time(), t.lt.last_num()
     wcs = c.poll(5, 1.0)
-    after = c.quiet(0.15, after=m)
+    after = sent_since(c, wall, m, 0.15)
     sends = [w for w in wcs if int(w["wr_id"], 16) < 10]
     recvs = [w for w in wcs if int(w["wr_id"], 16) >= 10]
     expect_wcs(t, ["MR-QP-027", "MR-QP-016", "MR-QP-033", "MR-QP-035"], sends,
@@ -252,14 +254,14 @@ def sqd_queues_without_sending(t):
 
 @case("TC-QP-015-a", rules=["MR-QP-015", "MR-QP-019"], category="QPS", timeout=10)
 def reset_stops_everything(t):
-    """A WRITE being retransmitted (timeout 8, never ACKed), then modify to RESET: no packet after it, no
-    completion, state RESET."""
-    c = t.connect(timeout=8, retry_cnt=7)
+    """A WRITE being retransmitted (timeout 14: T = 67 ms, never ACKed), then modify to RESET: no packet after it
+    (its capture time stamp after the modify), no completion, state RESET."""
+    c = t.connect(timeout=14, retry_cnt=7)
     mark = post(c, write_wr(c, 8, 1))
-    need(len(requests(c, mark, 2, 1.0)) == 2, "the WRITE was not retransmitted")
+    need(len(requests(c, mark, 2, 2.0)) == 2, "the WRITE was not retransmitted")
     e = _modify(t, c, "RESET", {})
-    m = t.lt.last_num()
-    after = c.quiet(0.2, after=m)
+    wall, m = time.time(), t.lt.last_num()
+    after = sent_since(c, wall, m, 0.3)
     wcs = c.poll(1, 0.2)
     st = qp_state(c)
     ok = e is None and not after and not wcs and st == "RESET"
