@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 from rc_players import MTU, Faults, Plan, VethPlayer, loop_pair, set_burst, wait_wcs
