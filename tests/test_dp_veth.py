@@ -10,6 +10,7 @@ import pytest
 
 from dp_players import collect, make_pair
 from metaroce_xdp.dp import Unsupported
+from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import (Access, QPState, RecvWR, SendWR, WCFlags, WCOpcode, WCStatus,
                                       WROpcode)
 
@@ -57,6 +58,10 @@ def test_write_8_bytes_and_multi_packet_acked_in_the_kernel(pair):
     # the ACKs never reached user space: the XDP program consumed them into the QP's slot
     assert a.ctx.loader.events()["ACK_CONSUMED"] > ev0
     assert a.ctx.stats()["acks_seen"] >= 1 and a.ctx.stats()["rx_drop_op"] == 0
+    # nothing outstanding: both QPs leave the active list, so an idle round looks at no QP at all
+    for _ in range(3):
+        a.ctx.progress(), b.ctx.progress()
+    assert a.ctx.plane.A[L.P_N_ACT] == 0 and b.ctx.plane.A[L.P_N_ACT] == 0
 
 
 def test_send_recv_imm_write_imm_read_in_order(pair):

@@ -1,0 +1,115 @@
+"""The compiled data plane's thread model and its overflow and memory rules, over veth with the XDP program:
+a progress thread per endpoint that sleeps in poll() (AF_XDP socket + eventfd) when idle and is woken by a
+post or a packet; a full CQ puts the QP in ERR with CQ_ERR raised, nothing grows; a deregistered MR is
+never touched again (the valid bit is checked on every access)."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from dp_players import FULL, collect, make_pair
+from metaroce_xdp.dp import layout as L
+from metaroce_xdp.rc.events import EventType
+from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    topo, a, b = make_pair()
+    try:
+        yield topo, a, b
+    finally:
+        a.close()
+        b.close()
+        topo.close()
+
+
+def _fresh(a, b):
+    a.new_qp(), b.new_qp()
+    a.connect(b), b.connect(a)
+    a.buf[:] = np.random.default_rng(3).integers(0, 256, a.buf.size, dtype=np.uint8)
+
+
+def test_progress_threads_sleep_and_are_woken_by_posts_and_packets(fabric):
+    topo, a, b = fabric
+    _fresh(a, b)
+    for s in (a, b):
+        s.ctx.plane.start(busy=False)
+    try:
+        deadline = time.monotonic() + 5                   # both loops go to sleep in poll()
+        while not all(s.ctx.plane.A[L.P_SLEEPING] for s in (a, b)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(s.ctx.plane.A[L.P_SLEEPING] for s in (a, b))
+        w0 = a.ctx.stats()["wakeups"], b.ctx.stats()["wakeups"]
+        b.qp.post_recv(RecvWR(wr_id=5, sg_list=[b.sge(0, 4096)]))
+        for i in range(20):                               # each post wakes A's loop, each packet B's
+            a.qp.post_send(SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i * 5000, 5000)],
+                                  remote_addr=b.mr.addr + 100_000 + i * 5000, rkey=b.mr.rkey))
+            assert a.cq.wait(1, timeout=5)[0].status == WCStatus.SUCCESS
+            time.sleep(0.002)
+        a.qp.post_send(SendWR(wr_id=99, opcode=WROpcode.SEND, sg_list=[a.sge(0, 300)]))
+        assert a.cq.wait(1, timeout=5)[0].wr_id == 99
+        w = b.cq.wait(1, timeout=5)[0]
+        assert (w.wr_id, w.byte_len) == (5, 300)
+        assert (b.buf[100_000:200_000] == a.buf[:100_000]).all() and (b.buf[:300] == a.buf[:300]).all()
+        assert a.ctx.stats()["wakeups"] > w0[0] and b.ctx.stats()["wakeups"] > w0[1]
+    finally:
+        for s in (a, b):
+            s.ctx.plane.stop()
+
+
+def test_cq_overflow_puts_the_qp_in_err_and_raises_cq_err(fabric):
+    topo, a, b = fabric
+    _fresh(a, b)
+    small = a.ctx.create_cq(4)
+    qp = a.ctx.create_qp(a.pd, small, small)
+    peer = b.ctx.create_qp(b.pd, b.cq, b.cq)
+    with topo.enter(a.ns):
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=7, dgid=b.ctx.gid))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=9))
+    with topo.enter(b.ns):
+        peer.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+        peer.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=qp.qp_num, rq_psn=9, dgid=a.ctx.gid))
+        peer.modify(QPAttr(qp_state=QPState.RTS, sq_psn=7))
+    qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8)], remote_addr=b.mr.addr,
+                         rkey=b.mr.rkey) for i in range(8)])
+    evs = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(e.event_type == EventType.CQ_ERR for e in evs):
+        a.ctx.progress(), b.ctx.progress()
+        ev = a.ctx.get_async_event(0)
+        if ev is not None:
+            evs.append(ev)
+    assert any(e.event_type == EventType.CQ_ERR for e in evs)
+    assert qp.query_state() == QPState.ERR
+    got = small.poll(16)
+    assert len(got) == 4 and [w.wr_id for w in got] == [0, 1, 2, 3]   # the CQ never held more than its depth
+    a.ctx.destroy_qp(qp)
+    b.ctx.destroy_qp(peer)
+
+
+def test_deregistered_mr_is_never_touched(fabric):
+    topo, a, b = fabric
+    _fresh(a, b)
+    target = np.full(1 << 16, 0x5A, np.uint8)
+    mr = b.pd.reg_mr(target, b.mr.access)
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 4000)], remote_addr=mr.addr,
+                          rkey=mr.rkey))
+    assert collect(a, 1, [b])[0].status == WCStatus.SUCCESS
+    assert (target[:4000] == a.buf[:4000]).all()
+    b.ctx.dereg_mr(mr)
+    target[:] = 0x5A
+    a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 40_000)], remote_addr=mr.addr,
+                          rkey=mr.rkey))
+    a.qp.post_send(SendWR(wr_id=3, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(100_000, 100)], remote_addr=mr.addr,
+                          rkey=mr.rkey))
+    got = collect(a, 2, [b])
+    assert [(w.wr_id, w.status) for w in got] == [(2, WCStatus.REM_ACCESS_ERR), (3, WCStatus.WR_FLUSH_ERR)]
+    assert (target == 0x5A).all()
