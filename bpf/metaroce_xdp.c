@@ -134,6 +134,9 @@ static __always_inline __u32 mr_crc32_byte(__u32 crc, __u32 b)
  * the loop with i known exactly, so each p[i] is a constant offset inside
  * the checked range and nothing forks per iteration.  See also
  * mr_crc32_byte() for the one idiom that did fork. */
+#ifndef MR_ICRC_VIA_LOAD_BYTES
+#define MR_ICRC_VIA_LOAD_BYTES 0   /* 1 (tests): every frame takes the multi-buffer path */
+#endif
 #define MR_DEFINE_ACK_ICRC(name, LEN, MASKED, V6)                                  \
 static __always_inline int name(struct xdp_md *ctx, const __u8 *l3, void *data_end, \
 				__u32 l3off)                                       \
@@ -142,7 +145,7 @@ static __always_inline int name(struct xdp_md *ctx, const __u8 *l3, void *data_e
 	const __u8 *p = l3;                                                        \
 	__u32 crc = 0xFFFFFFFFu, wire, i;                                          \
                                                                                    \
-	if (l3 + (LEN) + MR_ICRC_SIZE > (const __u8 *)data_end) {                  \
+	if (MR_ICRC_VIA_LOAD_BYTES || l3 + (LEN) + MR_ICRC_SIZE > (const __u8 *)data_end) { \
 		if (bpf_xdp_load_bytes(ctx, l3off, buf, sizeof(buf)) < 0)          \
 			return 0;                                                  \
 		p = buf;                                                           \

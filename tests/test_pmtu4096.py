@@ -135,6 +135,32 @@ def test_xdp_program_checks_lengths_over_all_fragments():
         assert ld.test_run(bad).action == "XDP_DROP" and ld.drops()["BAD_ICRC"] == b0 + 1
 
 
+@needs_root
+def test_ack_and_cnp_icrc_read_across_fragments():
+    """The ICRC input of an ACK or CNP that does not lie whole in the first buffer is read with
+    bpf_xdp_load_bytes.  No real ACK is that small a first buffer, so the program is built with
+    MR_ICRC_VIA_LOAD_BYTES=1 (that path for every frame): good ACKs and CNPs are consumed, IPv4
+    and IPv6, corrupt ones are BAD_ICRC."""
+    from metaroce_xdp.kern import QpState, XdpLoader
+    from metaroce_xdp.wire import AETH, Op, encode
+    cases = (("10.57.0.2", "10.57.0.1", 0x11), ("fd57::2", "fd57::1", 0x12))
+    with XdpLoader(max_qps=64, defines={"MR_ICRC_VIA_LOAD_BYTES": 1}) as ld:
+        ld.set_config(local_ip4=cases[0][0], local_ip6=cases[1][0])
+        for local, peer, qpn in cases:
+            ld.install_qp(qpn, peer_ip=peer, dest_qpn=0x22, state=QpState.RTS, init_psn=100)
+            ld.qp(qpn)["snd_nxt"] = 110
+            a = encode(Op.ACKNOWLEDGE, dest_qp=qpn, psn=104, src_ip=peer, dst_ip=local,
+                       headers={"aeth": AETH(syndrome=0x1F, msn=3)})
+            cnp = encode(Op.CNP, dest_qp=qpn, psn=0, src_ip=peer, dst_ip=local)
+            for frame, event in ((a, "ACK_CONSUMED"), (cnp, "CNP_CONSUMED")):
+                bad = frame[:-2] + bytes([frame[-2] ^ 0x40]) + frame[-1:]
+                b0 = ld.drops()["BAD_ICRC"]
+                assert ld.test_run(bad).action == "XDP_DROP" and ld.drops()["BAD_ICRC"] == b0 + 1
+                e0 = ld.events()[event]
+                assert ld.test_run(frame).action == "XDP_DROP" and ld.events()[event] == e0 + 1, (local, event)
+            assert int(ld.qp(qpn)["ack_psn"]) == 104 and int(ld.qp(qpn)["cnp_count"]) == 1
+
+
 # ---------------------------------------------------------------- over veth at MTU 9000
 
 class Side:
