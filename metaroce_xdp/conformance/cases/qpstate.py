@@ -83,13 +83,26 @@ def packets_in_reset(t):
     _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "RESET", recv_ok=False)
 
 
-@case("TC-QP-020-b", rules=["MR-QP-020", "MR-QP-019", "MR-QP-017", "MR-QP-018"], category="QPS", timeout=10)
+@case("TC-QP-020-b", rules=["MR-QP-020", "MR-QP-019", "MR-QP-017", "MR-QP-018", "MR-QP-009"], category="QPS",
+      timeout=10)
 def packets_in_init(t):
-    """A QP in INIT drops a valid WRITE without response; post_recv is accepted, post_send fails."""
+    """A QP in INIT drops a valid WRITE without response; post_recv is accepted, post_send fails; the receive
+    posted in INIT is kept: after INIT -> RTR a SEND from the LT lands in it."""
     c = t.connect(state="INIT")
     need(qp_state(c) == "INIT", "the QP did not reach INIT")
     _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in INIT", count=False)
-    _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "INIT", recv_ok=True)
+    _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "INIT", recv_ok=True)     # the receive: wr_id 0x52, 8 B at 0
+    need(_modify(t, c, "RTR") is None, "INIT -> RTR failed")
+    p = c.psn
+    mark = c.send(c.frame("SEND_ONLY", ackreq=True, payload=b"kept-wr!"))
+    c.psn = P.psn_add(p, 1)
+    a = expect_ack(c, p, mark)
+    wcs = c.poll(1, 1.0)
+    ok = (a is not None and [(w["wr_id"], w["status"]) for w in wcs] == [("0x52", WC_OK)]
+          and c.mem(0, 8) == b"kept-wr!")
+    t.check("MR-QP-009", ok, f"SEND after RTR: ACK {a is not None}; completions {wcs}; data placed "
+            f"{c.mem(0, 8) == b'kept-wr!'}", frames=[a] if a else [mark + 1],
+            expected="the receive posted in INIT completes IBV_WC_SUCCESS with the SEND's 8 bytes")
 
 
 @case("TC-QP-020-c", rules=["MR-QP-020", "MR-QP-019", "MR-QP-018"], category="QPS", timeout=10)
@@ -341,6 +354,45 @@ def sqd_to_sqd_busy_while_draining(t):
     t.check("MR-QP-013", bool(again) and [w["status"] for w in wcs] == [WC_OK],
             f"retransmission in SQD: {describe(again)}; completion {[w['status'] for w in wcs]}",
             frames=first + again, expected="the outstanding WRITE retransmitted in SQD, then completed")
+
+
+@case("TC-QP-039-a", rules=["MR-QP-039", "MR-BTH-016"], category="QPS", timeout=10)
+def destroyed_qp_is_gone(t):
+    """A QP destroyed while a WRITE of it is being retransmitted sends nothing more; a WRITE to its QPN is dropped
+    without response and counted in rx_drop_qpn when reported."""
+    c = t.connect(timeout=14)
+    mark = post(c, write_wr(c, 8, 1))
+    need(bool(requests(c, mark, 1, 1.0)), "the WRITE was not sent")
+    t.agent.call("destroy_qp", qp=c.qp)
+    t._conns.remove(c)                                   # destroyed here, not again at clean-up
+    wall, m = time.time(), t.lt.last_num()
+    after = sent_since(c, wall, m, 0.2)
+    n0 = counter(t, "rx_drop_qpn")
+    m2 = c.send(c.write(b"ghostqp!", offset=0))
+    seen = c.quiet(QUIET, after=m2)
+    n1 = counter(t, "rx_drop_qpn")
+    counted = n0 is None or (n1 is not None and n1 > n0)
+    t.check("MR-QP-039", not after and not seen, f"sent after destroy_qp: {describe(after)}; answer to a WRITE to "
+            f"its QPN: {describe(seen)}", frames=after + seen or [m2 + 1], expected="nothing")
+    t.check("MR-BTH-016", not seen and counted, f"WRITE to the destroyed QPN: {describe(seen)}; rx_drop_qpn "
+            f"{n0} -> {n1}", frames=seen or [m2 + 1], expected="dropped, rx_drop_qpn +1")
+
+
+@case("TC-QP-036-a", rules=["MR-QP-036"], category="QPS", timeout=10)
+def cq_overflow_moves_qp_to_err(t):
+    """A CQ of 4 entries and 12 signaled WRITEs ACKed at once: the CQ overflows and the QP using it moves to ERR
+    (query_qp), after which a WRITE from the LT is not answered."""
+    c = t.connect(timeout=16, cqe=4)
+    p = c.iut_psn
+    mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i) for i in range(12)])
+    need(len(requests(c, mark, 12, 1.0)) == 12, "the WRITEs were not sent")
+    c.send(ack(c, P.psn_add(p, 11), 12))
+    time.sleep(0.2)
+    st = qp_state(c)
+    m2 = c.send(c.write(b"after-ov", offset=512))
+    seen = c.quiet(QUIET, after=m2)
+    t.check("MR-QP-036", st == "ERR" and not seen, f"QP state after the overflow: {st}; answer to a WRITE: "
+            f"{describe(seen)}", frames=seen or [m2 + 1], expected="ERR, no answer")
 
 
 __all__: list[str] = []

@@ -330,6 +330,12 @@ def seq_nak_consumes_a_retry(t):
             expected=f"exactly one retransmission at {p:#08x}")
 
 
+WC_STATUSES = {"IBV_WC_SUCCESS", "IBV_WC_LOC_LEN_ERR", "IBV_WC_LOC_QP_OP_ERR", "IBV_WC_LOC_PROT_ERR",
+               "IBV_WC_WR_FLUSH_ERR", "IBV_WC_BAD_RESP_ERR", "IBV_WC_LOC_ACCESS_ERR", "IBV_WC_REM_INV_REQ_ERR",
+               "IBV_WC_REM_ACCESS_ERR", "IBV_WC_REM_OP_ERR", "IBV_WC_RETRY_EXC_ERR", "IBV_WC_RNR_RETRY_EXC_ERR",
+               "IBV_WC_FATAL_ERR", "IBV_WC_GENERAL_ERR"}      # Table 7-5, the values MetaRoCE v1 generates
+
+
 def _fatal_nak(t, code: int, status: str, rules):
     c = connect_req(t, timeout=14)
     p = c.iut_psn
@@ -340,21 +346,30 @@ def _fatal_nak(t, code: int, status: str, rules):
     want = [(1, WC_OK), (2, status), (3, WC_FLUSH)]
     expect_wcs(t, rules, wcs, want, f"NAK code {code} at the 2nd WRITE", frames=[m + 1])
     check_err_silent(t, c, ["MR-QP-025", "MR-QP-038"], f"after NAK code {code}")
+    errs = [w for w in wcs if w["status"] != WC_OK]
+    t.check("MR-QP-029", bool(errs) and all(w.get("qp_num") == c.qpn and "wr_id" in w for w in errs),
+            f"error completions {errs}", expected=f"wr_id, status and qp_num {c.qpn:#x} defined",
+            observed=[str(errs)])
+    t.check("MR-QP-031", bool(wcs) and all(w["status"] in WC_STATUSES for w in wcs),
+            f"statuses {[w['status'] for w in wcs]}", expected="statuses of Table 7-5", observed=[str(wcs)])
 
 
-@case("TC-NAK-010-a", rules=["MR-NAK-010", "MR-QP-025", "MR-QP-038", *FATAL], category="ACK", timeout=10)
+@case("TC-NAK-010-a", rules=["MR-NAK-010", "MR-QP-025", "MR-QP-038", "MR-QP-029", "MR-QP-031", *FATAL],
+      category="ACK", timeout=10)
 def nak_remote_access(t):
     """NAK remote access error at the 2nd of 3 WRITEs: SUCCESS, REM_ACCESS_ERR, WR_FLUSH_ERR; QP in ERR, silent."""
     _fatal_nak(t, 2, "IBV_WC_REM_ACCESS_ERR", ["MR-NAK-010", *FATAL])
 
 
-@case("TC-NAK-010-b", rules=["MR-NAK-010", "MR-QP-025", "MR-QP-038", *FATAL], category="ACK", timeout=10)
+@case("TC-NAK-010-b", rules=["MR-NAK-010", "MR-QP-025", "MR-QP-038", "MR-QP-029", "MR-QP-031", *FATAL],
+      category="ACK", timeout=10)
 def nak_invalid_request(t):
     """NAK invalid request at the 2nd of 3 WRITEs: SUCCESS, REM_INV_REQ_ERR, WR_FLUSH_ERR; QP in ERR, silent."""
     _fatal_nak(t, 1, "IBV_WC_REM_INV_REQ_ERR", ["MR-NAK-010", *FATAL])
 
 
-@case("TC-NAK-010-c", rules=["MR-NAK-010", "MR-QP-025", "MR-QP-038", *FATAL], category="ACK", timeout=10)
+@case("TC-NAK-010-c", rules=["MR-NAK-010", "MR-QP-025", "MR-QP-038", "MR-QP-029", "MR-QP-031", *FATAL],
+      category="ACK", timeout=10)
 def nak_remote_operational(t):
     """NAK remote operational error at the 2nd of 3 WRITEs: SUCCESS, REM_OP_ERR, WR_FLUSH_ERR; QP in ERR."""
     _fatal_nak(t, 3, "IBV_WC_REM_OP_ERR", ["MR-NAK-010", *FATAL])
@@ -419,7 +434,8 @@ def aeth_reserved_type(t):
 
 
 # ---- ACK semantics at the completer (MR-ACK-002/006/015, MR-RETRY-012) --------------------------
-@case("TC-ACK-002-a", rules=["MR-ACK-002", "MR-RC-020", "MR-QP-035", "MR-RC-021"], category="ACK", timeout=10)
+@case("TC-ACK-002-a", rules=["MR-ACK-002", "MR-RC-020", "MR-QP-035", "MR-RC-021", "MR-QP-037"], category="ACK",
+      timeout=10)
 def coalesced_ack_completes_all(t):
     """Four WRITEs and one ACK for the last PSN: four SUCCESS completions in posting order."""
     c = connect_req(t, timeout=14)
@@ -430,6 +446,9 @@ def coalesced_ack_completes_all(t):
     wcs = c.poll(4, 1.0)
     expect_wcs(t, ["MR-ACK-002", "MR-RC-020", "MR-QP-035", "MR-RC-021"], wcs, [(i + 1, WC_OK) for i in range(4)],
                "one ACK for the 4th PSN", frames=reqs)
+    t.check("MR-QP-037", len(wcs) == 4 and all(int(w.get("vendor_err", 0)) == 0 for w in wcs),
+            f"vendor_err of the successful completions: {[w.get('vendor_err', 0) for w in wcs]}",
+            expected="0 (absent) in every successful completion", observed=[str(wcs)])
 
 
 @case("TC-ACK-006-a", rules=["MR-ACK-006", "MR-RC-021", "MR-RC-020", "MR-QP-034"], category="ACK", timeout=10)
@@ -864,8 +883,8 @@ def atomic_ack_for_a_read(t):
                   [read_wr(c, 64, 1)], "ATOMIC ACKNOWLEDGE for a READ", ["MR-NAK-012"])
 
 
-@case("TC-RC-006-a", rules=["MR-RC-006", "MR-RC-004", "MR-RC-003", "MR-ECN-001", "MR-ECN-004"], category="SEQ",
-      timeout=10)
+@case("TC-RC-006-a", rules=["MR-RC-006", "MR-RC-004", "MR-RC-003", "MR-ECN-001", "MR-ECN-004", "MR-QP-011",
+                            "MR-RC-023"], category="SEQ", timeout=10)
 def messages_in_order_not_interleaved(t):
     """A 3-packet SEND, a 3-packet WRITE, a 600-byte READ and a WRITE ONLY (path MTU 256): packets in posting
     order, not interleaved, opcodes by position, PSNs consecutive with the READ taking 3; every request
@@ -884,6 +903,12 @@ def messages_in_order_not_interleaved(t):
     for r in ("MR-RC-006", "MR-RC-004", "MR-RC-003"):
         t.check(r, ok, det + f"; completions {[w['status'] for w in wcs]}", frames=reqs,
                 expected="SEND F/M/L at 0-2, WRITE F/M/L at 3-5, READ at 6, WRITE ONLY at 9")
+    t.check("MR-QP-011", bool(got) and got[0][1] == 0, f"first request PSN {reqs[0].roce.psn:#08x}, sq_psn {p:#08x}",
+            frames=reqs[:1], expected="the first request at sq_psn")
+    every = [f for f in c.quiet(0.0, after=mark)]
+    odd = [f for f in every if f.roce.op not in P.OPS]
+    t.check("MR-RC-023", not odd, f"opcodes sent: {sorted({f.roce.name for f in every})}", frames=odd or reqs[:1],
+            expected="compat opcodes of Table 2-1 only")
     tos = sorted({f.roce.tos for f in reqs})
     t.check("MR-ECN-001", all(f.roce.ecn == 2 for f in reqs), f"TOS bytes {[hex(x) for x in tos]}", frames=reqs,
             expected="ECN ECT(0) (binary 10)")
