@@ -78,7 +78,8 @@ QP_SPEC_COUNTERS = {"rx_dup_req": "duplicates", "rx_ghost_rsp": "rx_ghost_rsp", 
                     "rx_bad_rsp": "rx_bad_rsp", "rx_rkey_violation": "rx_rkey_violation"}
 # The counters of QP.query(); its other members are attributes, reported by query_qp.
 QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
-               "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth")
+               "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth",
+               "tx_cnp", "rx_cnp", "rx_ce_marked")          # the last three per QP: MR-CNP-010, MR-ECN-012
 
 
 class AgentError(Exception):
