@@ -13,6 +13,7 @@ import threading
 import time
 
 from .. import packets as P
+from ..context import NotApplicable
 from ..registry import case
 from ._common import describe, expect_ack
 from ._req import (CNP, WC_OK, ack, cnp, need, post, read_rsp, read_wr, requests, tolerance_s,
@@ -247,6 +248,35 @@ def cnp_slows_the_requester(t):
     for r in ("MR-CNP-006", "MR-CC-034", "MR-CC-035"):
         t.check(r, ok, det, frames=[a[k], a[-1], b[k], b[-1]],
                 expected="the rate with CNPs below half the rate without")
+
+
+@case("TC-CNP-010-a", rules=["MR-CNP-010", "MR-ECN-012", "MR-CNP-003"], category="CC", timeout=10)
+def cnp_counters_per_qp(t):
+    """Per-QP counters (get_counters qp): five CE-marked WRITEs back to back add 5 to rx_ce_marked and, to
+    tx_cnp, the number of CNPs captured (marks inside the interval are counted, not answered); three CNPs
+    from the LT add 3 to rx_cnp.  NOT-APPLICABLE when the IUT does not report these counters per QP."""
+    c = t.connect(timeout=16)
+    names = ("tx_cnp", "rx_cnp", "rx_ce_marked")
+    c0 = c.counters()
+    if not all(n in c0 for n in names):
+        raise NotApplicable(f"the IUT does not report {', '.join(n for n in names if n not in c0)} per QP")
+    time.sleep(SETTLE)
+    n = 5
+    mark = c.send(*[c.write(b"m%d" % i, offset=8 * i, tos=CE_TOS, ackreq=(i == n - 1)) for i in range(n)])
+    expect_ack(c, P.psn_add(c.psn, -1), mark)
+    sent = _cnps(c, mark, 0.1)
+    c1 = c.counters()
+    m2 = c.send(*[cnp(c)] * 3)
+    time.sleep(0.1)
+    c2 = c.counters()
+    d_ce, d_tx, d_rx = (c1["rx_ce_marked"] - c0["rx_ce_marked"], c1["tx_cnp"] - c0["tx_cnp"],
+                        c2["rx_cnp"] - c1["rx_cnp"])
+    det = f"rx_ce_marked +{d_ce}, tx_cnp +{d_tx} ({len(sent)} CNPs captured), rx_cnp +{d_rx} (3 CNPs sent)"
+    t.check("MR-CNP-010", d_tx == len(sent) >= 1 and d_rx == 3, det, frames=sent or [m2 + 1],
+            expected=f"tx_cnp +{len(sent)}, rx_cnp +3")
+    t.check("MR-ECN-012", d_ce == n, det, frames=sent or [mark + 1], expected=f"rx_ce_marked +{n}")
+    t.check("MR-CNP-003", d_ce == n and d_tx == len(sent), det, frames=sent or [mark + 1],
+            expected="every CE mark counted, CNPs only as sent")
 
 
 __all__: list[str] = []
