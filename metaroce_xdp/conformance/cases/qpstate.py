@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from .. import packets as P
-from ..context import FULL_ACCESS, _gid
+from ..context import FULL_ACCESS, CaseError, _gid
 from ..registry import case
 from ._common import QUIET, counter, describe, expect_ack
 from ._req import (STATE_ERRORS, WC_FLUSH, WC_OK, ack, agent_error, expect_wcs, need, post, qp_state,
@@ -378,15 +378,29 @@ def destroyed_qp_is_gone(t):
             f"{n0} -> {n1}", frames=seen or [m2 + 1], expected="dropped, rx_drop_qpn +1")
 
 
+def _cq_depth(t) -> int:
+    """The cqe the agent's last create_cq answered (the IUT may round the request up)."""
+    import json
+    lines = t.agent.lines
+    for i in range(len(lines) - 2, -1, -1):
+        if json.loads(lines[i]).get("cmd") == "create_cq":
+            return int(json.loads(lines[i + 1])["result"]["cqe"])
+    raise CaseError("no create_cq in the agent log")
+
+
 @case("TC-QP-036-a", rules=["MR-QP-036"], category="QPS", timeout=10)
 def cq_overflow_moves_qp_to_err(t):
-    """A CQ of 4 entries and 12 signaled WRITEs ACKed at once: the CQ overflows and the QP using it moves to ERR
-    (query_qp), after which a WRITE from the LT is not answered."""
+    """A CQ asked for 4 entries (the IUT may give more: create_cq's cqe) and that many signaled WRITEs plus 8
+    ACKed at once: the CQ overflows and the QP using it moves to ERR (query_qp), after which a WRITE from the LT
+    is not answered."""
     c = t.connect(timeout=16, cqe=4)
+    depth = _cq_depth(t)
+    need(depth + 8 <= 60, f"the IUT made the CQ {depth} deep: too deep to overflow with one send queue")
+    n = depth + 8
     p = c.iut_psn
-    mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i) for i in range(12)])
-    need(len(requests(c, mark, 12, 1.0)) == 12, "the WRITEs were not sent")
-    c.send(ack(c, P.psn_add(p, 11), 12))
+    mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i) for i in range(n)])
+    need(len(requests(c, mark, n, 1.0)) >= n, "the WRITEs were not sent")
+    c.send(ack(c, P.psn_add(p, n - 1), n))
     time.sleep(0.2)
     st = qp_state(c)
     m2 = c.send(c.write(b"after-ov", offset=512))
