@@ -955,4 +955,37 @@ def atomic_buffer_not_8_bytes(t):
             f"requests {describe(sent)}", frames=sent, expected="EINVAL at post, or IBV_WC_LOC_LEN_ERR; nothing sent")
 
 
+@case("TC-RETRY-013-a", rules=["MR-RETRY-013", "MR-RETRY-008", "MR-RC-021"], category="RTO", timeout=10)
+def old_read_stream_restarts_the_timer(t):
+    """retry_cnt 1, timeout 16 (T = 268 ms): an 8-packet READ (path MTU 256) answered FIRST, then a gap, then the
+    rest of the old stream trickling in every 100 ms for 0.4 s.  The gap may start a retry for the remainder; the
+    late responses must neither use up the retry nor let the timer expire (each restarts it), so when the LT
+    finally answers the READ asked again the READ completes with all its data."""
+    c = connect_req(t, mtu=256, timeout=16, retry_cnt=1)
+    p = c.iut_psn
+    data = pattern(2048, 17)
+    mark = post(c, read_wr(c, 2048, 1))
+    (orig,) = _first(c, mark)
+    s = read_stream(c, p, data, 1)
+    c.send(s[0], s[2])
+    for k in range(3, 7):
+        time.sleep(0.1)
+        c.send(s[k])
+    asked = [f for f in all_requests(c, orig.num) if f.roce.op == 0x0C]
+    early = c.poll(1, 0.01)
+    rr = asked[-1] if asked else None
+    if rr is not None and rr.roce.psn == P.psn_add(p, 1):
+        c.send(*read_stream(c, P.psn_add(p, 1), data[256:], 1))
+    elif rr is not None and rr.roce.psn == p:
+        c.send(*s)
+    wcs = early + c.poll(1, 1.0)
+    ok = rr is not None and [w["status"] for w in wcs] == [WC_OK] and c.mem(0, 2048) == data
+    det = (f"READ asked again: {describe(asked)}; completion {[w['status'] for w in wcs]}; data complete "
+           f"{c.mem(0, 2048) == data}")
+    for r in ("MR-RETRY-013", "MR-RC-021"):
+        t.check(r, ok, det, frames=[orig] + asked, expected="the READ completes IBV_WC_SUCCESS with its 2048 bytes")
+    t.check("MR-RETRY-008", rr is not None and rr.roce.psn in (p, P.psn_add(p, 1)), det, frames=[orig] + asked,
+            expected=f"READ REQUEST at {p:#08x} (whole) or {P.psn_add(p, 1):#08x} (remainder)")
+
+
 __all__: list[str] = []
