@@ -37,6 +37,7 @@ class Rule:
     observable: str = "yes"        # "yes", "partly", "no" (MR-CONF-037, Table 9-2)
     unobservable_what: str = ""    # Table 9-2's second column
     needs: str = ""                # the capability of Table 9-1 the rule depends on, "" if none
+    native_only: bool = False      # under a "(native)" heading, or "In the native profile, ..." / "In NATIVE_..."
 
     @property
     def area(self) -> str:
@@ -120,11 +121,15 @@ class Catalogue:
         self.rules: dict[str, Rule] = {}
         for md in sorted(self.dir.glob("*.md")):
             text = md.read_text()
+            native_section = False
             for para in re.split(r"\n\s*\n", text):
+                if para.startswith("#"):
+                    native_section = para.splitlines()[0].rstrip().endswith("(native)")
                 m = DEFINITION.match(para)
                 if m:
                     body = para[m.end():].strip()
-                    self.rules[m.group(1)] = Rule(m.group(1), md.name, body, _level(body))
+                    native = native_section or re.match(r"In (the native profile\b|NATIVE_)", body) is not None
+                    self.rules[m.group(1)] = Rule(m.group(1), md.name, body, _level(body), native_only=native)
         self.version = self._version()
         self._observability()
         self._capabilities()
@@ -186,6 +191,8 @@ class Catalogue:
     def in_profile(self, r: Rule, claim: Claim) -> bool:
         """Whether the rule belongs to what the claimed profile requires, before capabilities."""
         area, n = r.area, r.num
+        if r.native_only:           # a native header (02-headers.md 3.7 to 3.9) or a native-profile rule
+            return claim.native
         if r.file in COMPAT_FILES or area == "MR-CM":
             return True
         if area == "MR-CC":
