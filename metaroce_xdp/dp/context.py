@@ -52,6 +52,12 @@ class Unsupported(InvalidArgument):
     engine (metaroce_xdp.rc.engine.Context) for it meanwhile."""
 
 
+def _i64(v: int) -> int:
+    """A 64-bit unsigned field (wr_id, addresses) as the int64 the tables hold."""
+    v &= 0xFFFFFFFFFFFFFFFF
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
 def _pow2(n: int) -> int:
     p = 1
     while p < n:
@@ -316,9 +322,9 @@ class CQ:
         CE = self.ctx.plane.CE
         mask = self.size - 1
         while head != tail and len(out) < num_entries:
-            wr_id, st, op, blen, qpn, imm, flags = (int(v) for v in CE[self.base + (head & mask)])
+            wr_id, st, op, blen, qpn, imm, flags = CE[self.base + (head & mask)].tolist()
             wf = WCFlags(flags)
-            out.append(WC(wr_id=wr_id, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
+            out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
                           imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf))
             head += 1
         row[L.C_HEAD] = head
@@ -536,36 +542,32 @@ class QP:
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send; a list is posted whole or not at all."""
         wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
-        st = self.query_state()
-        if st not in (QPState.RTS, QPState.ERR):
-            raise InvalidState(f"post_send on a QP in {st.name}: move it to RTS first")
+        st = int(self.row[L.Q_STATE])
+        if st != QPState.RTS and st != QPState.ERR:
+            raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
         rows = []
         for wr in wrs:
-            op = WROpcode(wr.opcode)
+            op = wr.opcode
             if op not in _SUPPORTED_OPS:
+                op = WROpcode(op)
                 raise Unsupported(f"{op.name} is not implemented by the compiled data plane (it has RDMA WRITE, "
                                   "WRITE WITH IMM, SEND, SEND WITH IMM and RDMA READ)")
             if wr.send_flags & SendFlags.FENCE:
                 raise Unsupported("SendFlags.FENCE is not implemented by the compiled data plane")
-            addr, length = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else Access(0),
-                                     op.name)
-            rows.append((wr.wr_id & 0xFFFFFFFFFFFFFFFF, int(op), int(wr.send_flags), addr, length,
-                         wr.remote_addr & 0xFFFFFFFFFFFFFFFF, wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF))
+            addr, length = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else 0,
+                                     WROpcode(op).name)
+            rows.append((_i64(wr.wr_id), int(op), int(wr.send_flags), addr, length, _i64(wr.remote_addr),
+                         wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF, 0, 0, 0, 0, 0, 0))
         pl = self.ctx.plane
         with pl.post_lock:
             r = self.row
             tail = int(r[L.Q_SQ_TAIL])
             if tail - int(r[L.Q_SQ_HEAD]) + len(rows) > self.sq_size:
                 raise QueueFull(f"send queue full ({self.sq_size} WQEs): poll the CQ, then post again")
-            SW = pl.SW
-            for i, (wr_id, op, flags, addr, length, raddr, rkey, imm) in enumerate(rows):
-                w = SW[self.sq_base + ((tail + i) & (self.sq_size - 1))]
-                w[:] = 0
-                w[L.W_WR_ID] = np.uint64(wr_id).view(np.int64)
-                w[L.W_OPCODE], w[L.W_FLAGS], w[L.W_LADDR], w[L.W_LENGTH] = op, flags, addr, length
-                w[L.W_RADDR] = np.uint64(raddr).view(np.int64)
-                w[L.W_RKEY], w[L.W_IMM] = rkey, imm
-            r[L.Q_SQ_TAIL] = tail + len(rows)
+            SW, base, mask = pl.SW, self.sq_base, self.sq_size - 1
+            for i, row in enumerate(rows):
+                SW[base + ((tail + i) & mask)] = row
+            r[L.Q_SQ_TAIL] = tail + len(rows)          # published after the WQEs (x86 keeps store order)
             pl.mark_ready(self.qi)
 
     def post_recv(self, wrs: RecvWR | list[RecvWR]) -> None:
@@ -580,9 +582,7 @@ class QP:
             if tail - int(r[L.Q_RQ_HEAD]) + len(rows) > self.rq_size:
                 raise QueueFull(f"receive queue full ({self.rq_size} WQEs)")
             for i, (wr_id, addr, length) in enumerate(rows):
-                w = pl.RW[self.rq_base + ((tail + i) & (self.rq_size - 1))]
-                w[L.R_WR_ID] = np.uint64(wr_id).view(np.int64)
-                w[L.R_LADDR], w[L.R_LENGTH] = addr, length
+                pl.RW[self.rq_base + ((tail + i) & (self.rq_size - 1))] = (_i64(wr_id), addr, length)
             r[L.Q_RQ_TAIL] = tail + len(rows)
             if int(r[L.Q_STATE]) == QPState.ERR:
                 pl.mark_ready(self.qi)
