@@ -99,6 +99,8 @@ TARGET_LAT = 0.5                # MetaRoCE latency / TCP latency, at most
 TARGET_RATE = 0.8               # MetaRoCE rate / raw AF_XDP rate, at least
 PERF_PORT = 18515               # `metaroce perf` connection set-up (TCP), its default
 MTU_FOR_PMTU = {1024: 1500, 4096: 4200}
+# perf failures worth a second attempt: a side starved past its peer's timers on a loaded host
+TRANSIENT = re.compile(r"RETRY_EXC_ERR|RNR_RETRY_EXC|no traffic|timed? ?out|timeout|not listening", re.I)
 PLANES = ("python", "compiled")
 
 
@@ -867,6 +869,8 @@ class Bench:
                     except BenchError as e:
                         if first is not None:
                             raise BenchError(f"{e} (first attempt: {first[:200]})") from None
+                        if not TRANSIENT.search(str(e)):
+                            raise      # a refusal (no such option, unsupported MTU) stays one
                         first = str(e)
                         continue
                     r["config"] = pl.text + (f"; the first attempt failed: {first[-160:]}" if first else "")
