@@ -439,8 +439,8 @@ class Engine:
                         self.port.rx_done()
                     got = len(frames)
                 work |= got > 0
-                if got < self.budget:
-                    break
+                if got < min(self.budget, getattr(self.port, "BATCH", self.budget)):
+                    break                          # (a LoopPort hands out at most BATCH frames a burst)
             if self.fast_ack is not None:
                 work |= self.fast_ack.poll(self)
             for qp in list(self.qps.values()):
