@@ -67,15 +67,18 @@ def prime(t: T, c: Conn, offset: int = 0) -> int:
     return 1
 
 
-def check_nak(t: T, c: Conn, rules, mark: int, code: int, psn: int, msn: int, what: str,
+def check_nak(t: T, c: Conn, rules, mark: int, code, psn: int, msn: int, what: str,
               timeout: float = ACK_WAIT) -> Frame | None:
     """Wait for the IUT's first response after `mark` and decide each rule on it: an ACKNOWLEDGE
-    with a NAK syndrome 0x60 | code, BTH.PSN psn and AETH MSN msn (MR-NAK-001, MR-XH-007)."""
+    with a NAK syndrome 0x60 | code, BTH.PSN psn and AETH MSN msn (MR-NAK-001, MR-XH-007).
+    `code` may be a tuple of the codes the spec allows (e.g. (1, 2), MR-NAK-014)."""
+    codes = (code,) if isinstance(code, int) else tuple(code)
     f = first_response(c, mark, timeout)
-    exp = f"ACKNOWLEDGE NAK({0x60 | code:#04x}) psn={psn:#08x} msn={msn} ({NAK_NAMES.get(code, code)})"
-    ok = (f is not None and f.roce.op == ACKNOWLEDGE and f.roce.ack_kind == "NAK" and f.roce.nak_code == code
+    exp = " or ".join(f"ACKNOWLEDGE NAK({0x60 | k:#04x}) psn={psn:#08x} msn={msn} ({NAK_NAMES.get(k, k)})"
+                      for k in codes)
+    ok = (f is not None and f.roce.op == ACKNOWLEDGE and f.roce.ack_kind == "NAK" and f.roce.nak_code in codes
           and f.roce.psn == psn and f.roce.msn == msn)
-    detail = f"{what}: " + (f"NAK code {code} psn={psn:#08x} msn={msn}" if ok else f"got {aeth_text(f)}")
+    detail = f"{what}: " + (f"NAK code {f.roce.nak_code} psn={psn:#08x} msn={msn}" if ok else f"got {aeth_text(f)}")
     for r in ([rules] if isinstance(rules, str) else rules):
         t.check(r, ok, detail, frames=[f] if f is not None else [mark + 1], expected=exp)
     return f
