@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import interop
 from .runner import VERDICTS, RunResult, Verdict
 from .spec import Catalogue
 
@@ -52,6 +53,24 @@ def matrix(res: RunResult, cat: Catalogue) -> list[RuleRow]:
     return rows
 
 
+def _divs(cat: Catalogue) -> list:
+    """Table 9-3 (spec 9.7.1), read once per catalogue; none when the spec has no such table."""
+    if not hasattr(cat, "_interop"):
+        try:
+            cat._interop = interop.load(cat.dir)
+        except (OSError, interop.InteropTableError):
+            cat._interop = []
+    return cat._interop
+
+
+def known(res: RunResult, cat: Catalogue, v: Verdict) -> str:
+    """The known-divergence note for a FAIL or ERROR verdict that Table 9-3 explains, else ""."""
+    if v.verdict not in ("FAIL", "ERROR"):
+        return ""
+    d = interop.explain(_divs(cat), res.iut, v.test, v.rule)
+    return d.note() if d else ""
+
+
 def summary(res: RunResult, cat: Catalogue) -> dict:
     """The summary line of 9.6.1, with the conformance statement of MR-CONF-025."""
     vs = res.verdicts()
@@ -72,7 +91,9 @@ def summary(res: RunResult, cat: Catalogue) -> dict:
     return {"run_id": res.run_id, "iut": res.iut, "claim": res.claim.text(), "spec_version": res.spec_version,
             "counts": counts, "must_fail": must_fail, "should_fail": should_fail, "conformance": conf,
             "must_rules": len(must), "must_passed": sum(1 for r in must if r.overall == "PASS"),
-            "must_error": errors, "must_uncovered": len(uncovered)}
+            "must_error": errors, "must_uncovered": len(uncovered),
+            "explained": sum(1 for v in vs if known(res, cat, v)),
+            "unexplained": sum(1 for v in vs if v.verdict in ("FAIL", "ERROR") and not known(res, cat, v))}
 
 
 def _evidence(res: RunResult, v: Verdict) -> dict:
@@ -143,7 +164,9 @@ def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
          f"* conformance (MR-CONF-025): **{s['conformance']}** - applicable observable MUST rules: "
          f"{s['must_rules']}, passed {s['must_passed']}, failed {len(s['must_fail'])}, "
          f"error {len(s['must_error'])}, uncovered {s['must_uncovered']}",
-         "* verdicts: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()), ""]
+         "* verdicts: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()),
+         f"* FAIL and ERROR verdicts explained by a known, decided divergence (spec 9.7.1, Table 9-3): "
+         f"{s['explained']}; **unexplained: {s['unexplained']}**", ""]
     if s["must_fail"]:
         L.append("MUST failures: " + ", ".join(s["must_fail"]))
         L.append("")
@@ -151,7 +174,7 @@ def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
           "|---|---|---|---|---|---|---|"]
     for v in sorted(res.verdicts(), key=lambda v: (v.rule, v.test)):
         L.append(f"| {v.rule} | {v.test} | {v.level} | {v.profile} | {v.verdict} | {_md_cell(_ev_text(res, v))} | "
-                 f"{_md_cell(v.detail)} |")
+                 f"{_md_cell(v.detail)}{_md_cell(' -- ' + known(res, cat, v) if known(res, cat, v) else '')} |")
     L.append("")
     fails = [v for v in res.verdicts() if v.verdict in ("FAIL", "ERROR")]
     if fails:
@@ -159,6 +182,7 @@ def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
         for v in fails:
             run = next(r for r in res.runs if r.case.id == v.test)
             L += [f"### {v.test} / {v.rule}: {v.verdict}", "", f"{v.detail}", "",
+                  f"**{known(res, cat, v) or 'unexplained: no row of Table 9-3 (spec 9.7.1) covers it'}**", "",
                   f"capture: [{run.pcap}]({run.pcap}), agent log: [{run.agent_log}]({run.agent_log})", ""]
             if v.expected:
                 L += ["expected:", "", "```", v.expected, "```", ""]
@@ -200,7 +224,9 @@ def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
          f"claim <b>{e(s['claim'])}</b><br>conformance (MR-CONF-025): <b class='{e(s['conformance'])}'>"
          f"{e(s['conformance'])}</b>: applicable observable MUST rules {s['must_rules']}, passed {s['must_passed']}, "
          f"failed {len(s['must_fail'])}, error {len(s['must_error'])}, uncovered {s['must_uncovered']}<br>",
-         "verdicts: " + " &nbsp; ".join(f"{k} {v}" for k, v in s["counts"].items()) + "</p>",
+         "verdicts: " + " &nbsp; ".join(f"{k} {v}" for k, v in s["counts"].items()) + "<br>",
+         f"FAIL and ERROR verdicts explained by a known, decided divergence (spec 9.7.1, Table 9-3): "
+         f"{s['explained']}; <b>unexplained: {s['unexplained']}</b></p>",
          "<h2>Verdicts</h2><table><tr><th>Rule</th><th>Test</th><th>Level</th><th>Profile</th><th>Verdict</th>"
          "<th>Evidence</th><th>Detail</th></tr>"]
     for v in sorted(res.verdicts(), key=lambda v: (v.rule, v.test)):
@@ -208,7 +234,8 @@ def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
         ev = _ev_text(res, v)
         evh = f"<a href='{e(run.pcap)}'>{e(ev)}</a>" if ev != "-" else "-"
         H.append(f"<tr><td>{e(v.rule)}</td><td>{e(v.test)}</td><td>{e(v.level)}</td><td>{e(v.profile)}</td>"
-                 f"<td class='{v.verdict}'>{v.verdict}</td><td>{evh}</td><td>{e(v.detail)}</td></tr>")
+                 f"<td class='{v.verdict}'>{v.verdict}</td><td>{evh}</td><td>{e(v.detail)}"
+                 f"{'<br><i>' + e(known(res, cat, v)) + '</i>' if known(res, cat, v) else ''}</td></tr>")
     H.append("</table>")
     fails = [v for v in res.verdicts() if v.verdict in ("FAIL", "ERROR")]
     if fails:
@@ -217,7 +244,8 @@ def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
             run = next(r for r in res.runs if r.case.id == v.test)
             H.append(f"<h3 class='{v.verdict}'>{e(v.test)} / {e(v.rule)}: {v.verdict}</h3><p>{e(v.detail)}<br>"
                      f"capture <a href='{e(run.pcap)}'>{e(run.pcap)}</a>, agent log "
-                     f"<a href='{e(run.agent_log)}'>{e(run.agent_log)}</a></p>")
+                     f"<a href='{e(run.agent_log)}'>{e(run.agent_log)}</a><br><b>"
+                     f"{e(known(res, cat, v) or 'unexplained: no row of Table 9-3 (spec 9.7.1) covers it')}</b></p>")
             if v.expected:
                 H.append(f"<p>expected</p><pre>{e(v.expected)}</pre>")
             H.append(f"<p>observed</p><pre>{e(chr(10).join(v.observed or ['(no frames)']))}</pre>")
@@ -246,11 +274,15 @@ def console(res: RunResult, cat: Catalogue) -> str:
     lines = []
     for v in sorted(res.verdicts(), key=lambda v: (v.rule, v.test)):
         if v.verdict in ("FAIL", "ERROR"):
-            lines.append(f"{v.verdict:<6} {v.rule:<13} {v.test:<15} {v.detail}")
+            k = known(res, cat, v)
+            lines.append(f"{v.verdict:<6} {v.rule:<13} {v.test:<15} {v.detail}"
+                         + (f" [{k.split('; decided: ')[1].split(' (')[0]}: known divergence, 9.7.1]" if k else ""))
     lines.append("  ".join(f"{k} {n}" for k, n in s["counts"].items()))
     lines.append(f"Conformance ({s['claim']}): {s['conformance']}"
                  + (f" (MUST failures: {', '.join(s['must_fail'])})" if s["must_fail"] else "")
                  + f"; MUST rules passed {s['must_passed']} of {s['must_rules']}, uncovered {s['must_uncovered']}")
+    lines.append(f"FAIL/ERROR verdicts explained by known divergences (9.7.1): {s['explained']}, "
+                 f"unexplained: {s['unexplained']}")
     return "\n".join(lines)
 
 
@@ -265,5 +297,5 @@ def write_all(res: RunResult, cat: Catalogue, report_dir: Path | str) -> dict[st
     return paths
 
 
-__all__ = ["console", "matrix", "summary", "write_all", "write_html", "write_jsonl", "write_junit",
+__all__ = ["console", "known", "matrix", "summary", "write_all", "write_html", "write_jsonl", "write_junit",
            "write_markdown"]
