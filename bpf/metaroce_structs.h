@@ -89,7 +89,7 @@ struct mr_qp_state {
 	 * from even to odd with a compare-and-swap (so two CPUs never write at
 	 * once: the loser drops the ACK as ACK_BUSY; ACKs are cumulative), writes,
 	 * then makes it even again.  (ack_seq / 2) is the number of accepted
-	 * ACK/NAK/RNR NAK packets.  stale_acks and cnp_count are atomic adds
+	 * ACK/NAK/RNR NAK packets.  ghost_acks, stale_acks and cnp_count are atomic adds
 	 * outside the seqcount. */
 	__u64 ack_seq;          /* 64 seqcount, odd while the kernel writes */
 	__u32 ack_psn;          /* 72 highest cumulatively acknowledged PSN (snd_una - 1) */
@@ -102,7 +102,7 @@ struct mr_qp_state {
 	__u8  nak_code;         /* 97 low 5 bits of the last NAK syndrome */
 	__u8  rnr_timer;        /* 98 low 5 bits of the last RNR NAK syndrome */
 	__u8  k_pad0;           /* 99 */
-	__u32 k_pad1;           /* 100 */
+	__u32 ghost_acks;       /* 100 ACK/NAKs for a PSN at or after snd_nxt, never sent: MR-ACK-015 (a) (atomic add) */
 	__u64 rtt_ns;           /* 104 last RTT sample */
 	__u64 srtt_ns;          /* 112 smoothed RTT (RFC 6298, gain 1/8) */
 	__u64 rttvar_ns;        /* 120 RTT variation (RFC 6298, gain 1/4) */

@@ -299,7 +299,7 @@ static __always_inline __u32 mr_nak_window_start(struct mr_qp_state *qp, __u32 a
  * moves nothing and only takes its MSN (the credits MR-ACK-015 (c) allows).
  * A NAK or RNR NAK names the first PSN that failed, in [comp_psn, snd_nxt)
  * (mr_nak_window_start), and acknowledges everything before it.  Anything
- * else is STALE_ACK, counted in stale_acks.  ack_psn only moves forward
+ * else is STALE_ACK, counted in ghost_acks or stale_acks (mr_count_outside).  ack_psn only moves forward
  * (MR-SEC-022, MR-SEC-024).
  *
  * An AETH with bit 7 set or type 10 (reserved) is a bad response (MR-XH-008):
@@ -309,6 +309,19 @@ static __always_inline __u32 mr_nak_window_start(struct mr_qp_state *qp, __u32 a
  * it, it is stale and never moves a QP to ERR (MR-SEC-032).  Nothing is
  * written for it, so it takes no seqcount.
  */
+/*
+ * An ACK/NAK outside its window (MR-ACK-015): at or after snd_nxt it answers a
+ * PSN never sent, a ghost, counted in ghost_acks (user space adds it to
+ * rx_ghost_rsp); anything else is stale, counted in stale_acks.
+ */
+static __always_inline void mr_count_outside(struct mr_qp_state *qp, __u32 psn, __u32 nxt)
+{
+	if (mr_psn_in(psn, nxt, 1u << 23))
+		__sync_fetch_and_add(&qp->ghost_acks, 1);
+	else
+		__sync_fetch_and_add(&qp->stale_acks, 1);
+}
+
 static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth *bth,
 					   void *data_end)
 {
@@ -328,7 +341,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 		nxt = MR_READ_ONCE_U32(qp->snd_nxt);
 		lo = mr_nak_window_start(qp, old_ack, nxt, syn, psn);
 		if (!mr_psn_in(psn, lo, nxt - lo)) {
-			__sync_fetch_and_add(&qp->stale_acks, 1);
+			mr_count_outside(qp, psn, nxt);
 			return -MR_DROP_STALE_ACK;
 		}
 		return MR_EV_STEERED;
@@ -351,7 +364,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 		/* Nothing was written: restore the count, readers see no change. */
 		mr_barrier();
 		__sync_val_compare_and_swap(&qp->ack_seq, seq + 1, seq);
-		__sync_fetch_and_add(&qp->stale_acks, 1);
+		mr_count_outside(qp, psn, nxt);
 		return -MR_DROP_STALE_ACK;
 	}
 

@@ -66,7 +66,9 @@ def test_misaligned_atomic_is_invalid_request():
     a, b = loop_pair()
     before = _snapshot(b)
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
-                          remote_addr=b.mr.addr + 4, rkey=b.mr.rkey, compare_add=5))
+                          remote_addr=b.mr.addr + 8, rkey=b.mr.rkey, compare_add=5))
+    # our requester refuses a misaligned VA at post (MR-XH-011): play a peer that does not
+    a.qp.requester.sq[0].wr.remote_addr = b.mr.addr + 4
     (wc,) = wait_wcs([a, b], a, 1)
     assert wc.status == WCStatus.REM_INV_REQ_ERR and np.array_equal(b.buf, before)
 

@@ -47,6 +47,8 @@ class FastAck:
         self.seen: dict[int, tuple[int, int, int, int]] = {}   # qpn -> (ack_seq, ack_psn, nak_seq, rnr_seq)
         self._cnp = off["cnp_count"] // 8
         self.cnp_seen: dict[int, int] = {}                      # qpn -> cnp_count already given to the RP
+        self._ghost = off["ghost_acks"] // 4
+        self.ghost_seen: dict[int, int] = {}                    # qpn -> ghost_acks already in rx_ghost_rsp
         self.installed: set[int] = set()
 
     def qp_changed(self, qp: "QP") -> None:
@@ -58,6 +60,7 @@ class FastAck:
                 self.installed.discard(qpn)
                 self.seen.pop(qpn, None)
                 self.cnp_seen.pop(qpn, None)
+                self.ghost_seen.pop(qpn, None)
                 self.published.pop(qpn, None)
             return
         if qpn not in self.installed:
@@ -68,6 +71,7 @@ class FastAck:
             slot = self.loader.qp(qpn)
             self.seen[qpn] = (int(slot["ack_seq"]), int(slot["ack_psn"]), int(slot["nak_seq"]), int(slot["rnr_seq"]))
             self.cnp_seen[qpn] = int(slot["cnp_count"])
+            self.ghost_seen[qpn] = int(slot["ghost_acks"])
         else:
             self.loader.set_qp_state(qpn, QpState(int(qp.state)))
         if qp.state == QPState.RTS and qpn in self.installed:
@@ -140,6 +144,12 @@ class FastAck:
                     qp.dcqcn.rp.on_cnp(engine.now, cnps - self.cnp_seen[qpn])
                     engine.stats["rx_cnp"] += cnps - self.cnp_seen[qpn]
                 self.cnp_seen[qpn] = cnps
+            # ACK/NAKs the kernel dropped as ghosts (PSN never sent, MR-ACK-015 (a)) -> rx_ghost_rsp
+            ghosts = int(self._u32[self.loader.slot_of(qpn), self._ghost])
+            if ghosts != self.ghost_seen.get(qpn, ghosts):
+                if qp is not None:
+                    qp.completer.ghost += (ghosts - self.ghost_seen[qpn]) & 0xFFFFFFFF
+                self.ghost_seen[qpn] = ghosts
             if qp is None or qp.state not in (QPState.RTS, QPState.SQD, QPState.SQE):
                 continue
             self.publish_comp_psn(qp)    # READ responses of this round may have moved it

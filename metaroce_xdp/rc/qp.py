@@ -330,6 +330,8 @@ class QP:
                 if op in (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD):
                     if total != 8:
                         raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
+                    if wr.remote_addr % 8:          # MR-XH-011: the AtomicETH VA is a multiple of 8
+                        raise InvalidArgument(f"ATOMIC remote address {wr.remote_addr:#x} is not a multiple of 8")
                 elif op != WROpcode.RDMA_READ and error is None:
                     if len(sinks) == 1:
                         mem, off, n = sinks[0]
