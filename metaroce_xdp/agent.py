@@ -75,7 +75,8 @@ SPEC_DROPS = {
 }
 # Per-QP counters the spec names (MR-DUP-010, MR-ACK-015, MR-MEM-019), from QP.query()'s members.
 QP_SPEC_COUNTERS = {"rx_dup_req": "duplicates", "rx_ghost_rsp": "rx_ghost_rsp", "rx_stale_rsp": "rx_stale_rsp",
-                    "rx_bad_rsp": "rx_bad_rsp", "rx_rkey_violation": "rx_rkey_violation"}
+                    "rx_bad_rsp": "rx_bad_rsp", "rx_rkey_violation": "rx_rkey_violation",
+                    "rx_drop_out_of_seq": "rx_drop_out_of_seq"}          # MR-SEC-031: every request after epsn
 # The counters of QP.query(); its other members are attributes, reported by query_qp.
 QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
                "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth",
@@ -416,6 +417,14 @@ class Agent:
         self.ctx.dereg_mr(mr)
         del self.mrs[h]
 
+    def cmd_rereg_mr(self, args: dict) -> None:
+        self._lookup(self.mrs, "mr", args)
+        raise AgentError("ENOTSUP", "rereg_mr is not supported by this IUT (MR-MEM-037)")
+
+    def cmd_alloc_mw(self, args: dict) -> None:
+        self._lookup(self.pds, "pd", args)
+        raise AgentError("ENOTSUP", "MetaRoCE v1 has no memory windows (MR-MEM-036)")
+
     def cmd_create_cq(self, args: dict) -> dict:
         cqe = _int(args, "cqe", 1, MAX_CQE)
         if len(self.cqs) >= self.info.limits["max_cq"]:
@@ -662,12 +671,23 @@ class Agent:
 
     # -- counters and knobs ------------------------------------------------------------
     def cmd_get_counters(self, args: dict) -> dict:
+        if args.get("src") is not None:               # MR-SEC-006: the counts of one source IP address
+            src = args["src"]
+            try:
+                src = str(ipaddress.ip_address(src))
+            except (TypeError, ValueError):
+                raise AgentError("EINVAL", f"src {src!r} is not an IP address") from None
+            with self.engine.lock:
+                n = sum(int(v) for k, v in self.engine.rae_by_src.items() if _canon_ip(k) == src)
+            return {"counters": {"rx_rkey_violation": n}}
         if "qp" in args and args["qp"] is not None:
             _, e = self._lookup(self.qps, "qp", args)
             with self.engine.lock:
                 q = e.qp.query()
             out = {k: int(q[k]) for k in QP_COUNTERS}
             out.update({k: int(q.get(v, 0) or 0) for k, v in QP_SPEC_COUNTERS.items()})
+            # the stale ACKNOWLEDGEs the XDP program dropped are discards of the QP's too (MR-SEC-031)
+            out["rx_stale_rsp"] += int(q.get("rx_stale_ack_kernel", 0) or 0)
             return {"counters": out}
         with self.engine.lock:
             stats = dict(self.engine.stats)
@@ -704,6 +724,13 @@ class Agent:
                                     "connect QPs with modify_qp")
 
     cmd_cm_listen = cmd_cm_connect = cmd_cm_wait = _cm
+
+
+def _canon_ip(a: str) -> str:
+    try:
+        return str(ipaddress.ip_address(a))
+    except ValueError:
+        return a
 
 
 def _set_budget(agent: Agent, v: int) -> None:

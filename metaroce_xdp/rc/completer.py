@@ -221,6 +221,12 @@ class Completer:
         if op.mask & MI.READ and target.opcode != WROpcode.RDMA_READ:
             self._bad_response(f"{op.name} for a {target.opcode.name} WQE")
             return
+        if not all(mr.valid for mr in target.mrs):
+            # MR-MEM-035: the destination MR was deregistered after the WR was posted: nothing is
+            # placed; the WQE completes with LOC_PROT_ERR and the QP moves to ERR
+            self.qp.to_error(WCStatus.LOC_PROT_ERR, f"{target.opcode.name} WR {target.wr.wr_id}: "
+                                                    "its local MR was deregistered")
+            return
         if op.mask & MI.ATOMIC:
             if pkt.syndrome & _AETH_NOT_ACK:
                 self._bad_response(f"ATOMIC ACKNOWLEDGE with AETH syndrome {pkt.syndrome:#04x}")

@@ -188,6 +188,9 @@ class Engine:
         self.qps: dict[int, QP] = {}
         self.now = time.monotonic_ns()
         self.stats: Counter = Counter()
+        # remote access errors (NAK code 2) by the source IP address of the request (MR-SEC-006); the
+        # source is always a QP's connected peer (other sources are dropped first, MR-SEC-009)
+        self.rae_by_src: Counter = Counter()
         self.threaded = threaded
         # packets per progress round, and in flight per QP: tunables (also through the environment)
         self.budget = int(os.environ.get("METAROCE_BUDGET", "256"))

@@ -51,6 +51,15 @@ class FastAck:
         self.ghost_seen: dict[int, int] = {}                    # qpn -> ghost_acks already in rx_ghost_rsp
         self.installed: set[int] = set()
 
+    def stale_acks(self, qp: "QP") -> int:
+        """The ACKNOWLEDGEs the XDP program dropped as stale for this QP (its slot's stale_acks,
+        DropReason.STALE_ACK): part of the QP's rx_stale_rsp (MR-ACK-015, MR-SEC-031).  Ghosts are
+        counted apart (ghost_acks, added to rx_ghost_rsp by poll())."""
+        if qp.qp_num not in self.installed:
+            return 0
+        rec = self.loader.qp(qp.qp_num)
+        return int(rec["stale_acks"]) if int(rec["qpn"]) == qp.qp_num else 0
+
     def qp_changed(self, qp: "QP") -> None:
         """Mirror the QP's control-plane fields into its slot (single writer: us)."""
         qpn = qp.qp_num

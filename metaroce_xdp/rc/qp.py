@@ -321,7 +321,8 @@ class QP:
                     raise InvalidArgument(f"unknown send opcode {wr.opcode!r}") from None
                 need = Access.LOCAL_WRITE if op in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
                                                     WROpcode.ATOMIC_FETCH_AND_ADD) else Access(0)
-                sinks, total = self._sinks(wr.sg_list, need)
+                mrs: list = []
+                sinks, total = self._sinks(wr.sg_list, need, mrs)
                 data = None
                 # a bad SGE or a message over 2^31 bytes is accepted here and completes in error, without
                 # a packet, when its turn comes (MR-RC-022, MR-MEM-020, MR-RC-008)
@@ -343,6 +344,8 @@ class QP:
                 signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
                 wqe = SendWQE(wr, total, data, sinks or [], signaled)
                 wqe.status_error = error
+                if op in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD):
+                    wqe.mrs = tuple(mrs)
                 staged.append(wqe)
             self.requester.sq.extend(staged)
         self.ctx.engine.kick()
@@ -400,6 +403,8 @@ class QP:
 
     def query(self) -> dict:
         r, s, c = self.requester, self.responder, self.completer
+        fast = self.ctx.engine.fast_ack
+        kernel_stale = fast.stale_acks(self) if fast is not None else 0     # dropped by the XDP program
         return {
             "qpn": self.qp_num, "state": self.state.name, "dest_qpn": self.dest_qp, "dgid": self.dgid,
             "path_mtu": self.pmtu, "sq_psn": r.psn_next, "acked_psn": r.acked_psn, "rq_psn": s.epsn,
@@ -408,8 +413,10 @@ class QP:
             "timeouts": c.timeouts, "naks_received": c.naks, "rnr_naks_received": c.rnr_naks,
             "seq_naks_sent": s.seq_naks, "rnr_naks_sent": s.rnr_naks_sent, "duplicates": s.dup_requests,
             "rx_ghost_rsp": c.ghost, "rx_stale_rsp": c.stale, "rx_bad_rsp": c.bad_rsp,
+            "rx_stale_ack_kernel": kernel_stale,       # stale ACKNOWLEDGEs the XDP program dropped
             "dup_read_replays": s.dup_read_replays, "dup_read_discards": s.dup_read_discards,
             "rx_rkey_violation": s.rkey_violations,
+            "rx_drop_out_of_seq": s.out_of_seq,
             "error": self.error_reason, **self.dcqcn.counters(),   # rate_bps, tx_cnp, rx_cnp, ... (MR-CNP-010)
             "next_hop": (self.next_hop.hop if self.next_hop else None), "dmac": self.dmac,
             "path_resolves": self.path_resolves, "path_changes": self.path_changes,

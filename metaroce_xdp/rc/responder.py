@@ -86,6 +86,7 @@ class Responder:
         self.dup_read_discards = 0          # duplicate READs inconsistent with the saved one (MR-DUP-003)
         self.dup_read_replays = 0           # duplicate READs re-executed (MR-DUP-003)
         self.seq_naks = 0
+        self.out_of_seq = 0                 # requests after epsn, every one discarded (MR-NAK-002, MR-SEC-031)
         self.rnr_naks_sent = 0
         self.rkey_violations = 0            # remote key check failures, NAK code 2 (MR-MEM-019, MR-SEC-006)
         self.read_queue: list = []          # [resource, next k]: READ responses still to send
@@ -150,6 +151,7 @@ class Responder:
         self._send_syndrome(psn, AETH_NAK | code)
         if code == NAK_REMOTE_ACCESS_ERR:
             self.rkey_violations += 1
+            self.qp.ctx.engine.rae_by_src[self.qp.dgid or "?"] += 1       # MR-SEC-006: per source too
         if fatal:
             self.qp.log(f"responder error: {why}")
             if self.cur_recv is not None:
@@ -171,7 +173,8 @@ class Responder:
             return
         d = psn_diff(pkt.psn, self.epsn)
         if d > 0:
-            # out of sequence: NAK once per ePSN, drop (MR-NAK-002, MR-NAK-003)
+            # out of sequence: NAK once per ePSN, drop (MR-NAK-002, MR-NAK-003), count each (MR-SEC-031)
+            self.out_of_seq += 1
             if not self.nak_sent:
                 self.nak_sent = True
                 self.seq_naks += 1
@@ -386,6 +389,7 @@ class Responder:
         if st[0]:
             self.dup_requests += int(st[0])
             self.ack_pending = True
+        self.out_of_seq += int(st[1])
         return j
 
     def _resources_full(self) -> bool:

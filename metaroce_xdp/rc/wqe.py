@@ -26,7 +26,8 @@ class SendWQE:
     """
 
     __slots__ = ("wr", "opcode", "length", "data", "sinks", "first_psn", "npsn", "sent", "done",
-                 "resp_bytes", "signaled", "is_rd_atomic", "fence", "status_error", "burst_args", "restart_psns")
+                 "resp_bytes", "signaled", "is_rd_atomic", "fence", "status_error", "burst_args", "restart_psns",
+                 "mrs")
 
     def __init__(self, wr: SendWR, length: int, data: np.ndarray | None, sinks: list, signaled: bool) -> None:
         self.wr = wr
@@ -46,6 +47,7 @@ class SendWQE:
         self.fence = False
         self.status_error = None
         self.burst_args = None              # cached arguments of burst.tx_segment
+        self.mrs: tuple = ()                # READ/ATOMIC: the MRs of `sinks`, checked before placing (MR-MEM-035)
 
     @property
     def last_psn(self) -> int:
