@@ -343,8 +343,11 @@ def no_memory_windows(t):
     """alloc_mw fails, a BIND_MW work request is refused at post time with nothing sent and no completion."""
     c = connect_req(t)
     code, res = _agent_error(t, "alloc_mw", pd=c.pd)
-    t.check("MR-MEM-036", code is not None, f"alloc_mw: {code or f'succeeded {res}'}",
-            expected="an error (ENOTSUP)", observed=[str(code or res)])
+    if code == "ENOCMD":
+        t.not_applicable("MR-MEM-036", "the agent offers no alloc_mw command: ibv_alloc_mw is not reachable")
+    else:
+        t.check("MR-MEM-036", code is not None, f"alloc_mw: {code or f'succeeded {res}'}",
+                expected="an error (ENOTSUP)", observed=[str(code or res)])
     mark = t.lt.last_num()
     code, _ = _agent_error(t, "post_send", qp=c.qp, wr={"wr_id": "0x36", "opcode": "BIND_MW", "sg_list": [],
                                                          "flags": ["SIGNALED"]})
