@@ -113,3 +113,30 @@ def test_deregistered_mr_is_never_touched(fabric):
     got = collect(a, 2, [b])
     assert [(w.wr_id, w.status) for w in got] == [(2, WCStatus.REM_ACCESS_ERR), (3, WCStatus.WR_FLUSH_ERR)]
     assert (target == 0x5A).all()
+
+
+def test_mr_deregistered_in_the_middle_of_a_read_stream(fabric):
+    """MR-MEM-033: the rest of the stream is not sent; the NAK names the READ's PSN, which the kernel accepts
+    though responses of that READ were placed (nak_read_psn published), and the READ fails REM_ACCESS_ERR."""
+    topo, a, b = fabric
+    _fresh(a, b)
+    target = np.full(1 << 20, 7, np.uint8)
+    mr = b.pd.reg_mr(target, b.mr.access)
+    a.buf[:1 << 20] = 0
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 1 << 20)], remote_addr=mr.addr,
+                          rkey=mr.rkey))
+    a.ctx.progress()                                      # the READ request leaves
+    deadline = time.monotonic() + 5
+    tx0 = b.ctx.stats()["tx"]
+    while b.ctx.stats()["tx"] == tx0 and time.monotonic() < deadline:
+        b.ctx.progress()                                  # B answers with one round of responses
+    sent, naks_sent = b.ctx.stats()["tx"], b.ctx.stats()["tx_nak"]
+    assert 0 < sent - tx0 < 1024
+    b.ctx.dereg_mr(mr)
+    naks0 = a.ctx.loader.events()["NAK_CONSUMED"]
+    w = collect(a, 1, [b])[0]
+    assert (w.wr_id, w.status) == (1, WCStatus.REM_ACCESS_ERR)
+    assert b.ctx.stats()["tx"] == sent + 1 and b.ctx.stats()["tx_nak"] == naks_sent + 1   # the NAK, nothing more
+    assert a.ctx.loader.events()["NAK_CONSUMED"] == naks0 + 1
+    placed = int((a.buf[:1 << 20] == 7).sum())
+    assert 0 < placed <= (sent - tx0) * 1024

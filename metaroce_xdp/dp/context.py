@@ -439,6 +439,7 @@ class QP:
                     r[L.Q_SND_PSN] = r[L.Q_SND_MAX] = r[L.Q_COMP_PSN] = psn
                     r[L.Q_SQ_PSN0] = psn
                     r[L.Q_PUB_COMP] = -1
+                    r[L.Q_PUB_NAKR] = L.PSN_NONE                     # install_qp wrote it so
                 t = g.get("timeout", 14 if cur == QPState.RTR else None)
                 if t is not None:
                     r[L.Q_TIMEOUT_NS] = local_ack_timeout_ns(t) or 0

@@ -71,7 +71,7 @@ Q_FIELDS = _cols("""
     k_seq k_ack k_nak_seq k_rnr_seq pub_comp
     epsn msn ack_pend nak_pend nak_psn min_rnr
     r_kind r_addr r_left r_mr r_total r_wqe r_imm
-    rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why
+    rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i

@@ -362,6 +362,15 @@ def qp_error(A, Q, SW, CQT, CE, qi, status, ev, why):
 
 # ============================================================================ requester side
 @njit(**_jit)
+def publish_nak_read(A, Q, qi, psn):
+    """The PSN a responder NAKs when a READ's MR goes away mid-stream (MR-MEM-033): the first PSN of
+    the READ request whose responses are being placed, or PSN_NONE.  Written before comp_psn."""
+    if A[P_KS_ADDR] != 0 and Q[qi, Q_PUB_NAKR] != psn:
+        st_rel_u32(ks_addr(A, qi) + KS_NAK_READ, psn)
+        Q[qi, Q_PUB_NAKR] = psn
+
+
+@njit(**_jit)
 def publish_comp(A, Q, qi):
     if A[P_KS_ADDR] != 0 and Q[qi, Q_PUB_COMP] != Q[qi, Q_COMP_PSN]:
         st_rel_u32(ks_addr(A, qi) + KS_COMP_PSN, Q[qi, Q_COMP_PSN])
@@ -551,6 +560,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     st_rel_u32(kaddr + KS_SND_NXT, np_)
             if not emit(A, Q, TM, umem, tables, qi, OP_READ_REQ, 0, 1, psn, ext, 16, 0, 0):
                 break
+            SW[r, W_STATUS] = k                      # where this request's response stream starts
             SW[r, W_SENT] = npsn
             sent += 1
         else:
@@ -818,9 +828,10 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
         npk = A[j + J_NPK]
         while A[j + J_SENT] < npk and n < budget:
             k = A[j + J_SENT]
-            if A[j + J_MR] and MRT[A[j + J_MR], M_VALID] == 0:         # MR-MEM-033
+            if A[j + J_MR] and MRT[A[j + J_MR], M_VALID] == 0:         # MR-MEM-033: NAK the READ's PSN
+                Q[qi, Q_RD_HEAD] = Q[qi, Q_RD_TAIL]
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS,
-                                (A[j + J_PSN] + k) & PSN_MASK, EV_QP_ACCESS_ERR, 22)
+                                A[j + J_PSN], EV_QP_ACCESS_ERR, 22)
                 return n
             if npk == 1:
                 op = OP_RSP_ONLY
@@ -909,6 +920,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
     if plen:
         c_memcpy(SW[r, W_LADDR] + k * pmtu, A[P_UMEM_ADDR] + pay, plen)
     A[P_RX_BYTES] += plen
+    publish_nak_read(A, Q, qi, PSN_NONE if k == npsn - 1 else (SW[r, W_FIRST_PSN] + SW[r, W_STATUS]) & PSN_MASK)
     Q[qi, Q_COMP_PSN] = (psn + 1) & PSN_MASK
     Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
     Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
