@@ -210,7 +210,7 @@ class T:
                 access=FULL_ACCESS, mr_access=FULL_ACCESS, mr_len: int = 65536, fill: int = 0,
                 timeout: int = 14, retry_cnt: int = 7, rnr_retry: int = 7, min_rnr_timer: int = 1,
                 max_rd_atomic: int = 4, max_dest_rd_atomic: int = 4, lt_qpn: int | None = None,
-                state: str = "RTS", cqe: int = 64) -> Conn:
+                state: str = "RTS", cqe: int = 64, max_send_sge: int = 1) -> Conn:
         """Create a PD, an MR, a CQ and an RC QP on the IUT and bring the QP to `state` with the LT as
         its peer: dest QPN lt_qpn (random if None), rq_psn = psn (the LT's first request PSN),
         sq_psn = iut_psn.  Everything is destroyed after the case."""
@@ -219,7 +219,7 @@ class T:
         cq = self.agent.call("create_cq", cqe=cqe)["cq"]
         self._extra.append(("destroy_cq", {"cq": cq}))
         r = self.agent.call("create_qp", pd=pd, send_cq=cq, recv_cq=cq, type="RC",
-                            cap={"max_send_wr": 64, "max_recv_wr": 64, "max_send_sge": 1, "max_recv_sge": 1,
+                            cap={"max_send_wr": 64, "max_recv_wr": 64, "max_send_sge": max_send_sge, "max_recv_sge": 1,
                                  "max_inline_data": 0})
         qp = r["qp"]
         lt_qpn = lt_qpn if lt_qpn is not None else 0x100 + secrets.randbelow(0xFFFE00)

@@ -1,0 +1,279 @@
+"""Compat RC and QP cases that the other modules leave open: the work request opcodes a requester supports
+(MR-RC-001), the 2^31-byte message limit (MR-RC-008), the three state machines seen together on the wire
+(MR-RC-024), atomicity across QPs (MR-ATOM-004), CNP validation (MR-CNP-005) and the QP states the agent
+reports (MR-QP-001)."""
+from __future__ import annotations
+
+import secrets
+import struct
+
+from .. import packets as P
+from ..context import Conn, _gid
+from ..registry import case
+from ._common import QUIET, counter, describe, expect_ack
+from ._req import ack, agent_error, cnp, connect_req, is_req, pattern, post, read_stream, wc_list, wr
+
+ATOMIC_ACK = 0x12
+GB = 1 << 30
+
+
+def second_qp(t, c: Conn) -> Conn:
+    """Another IUT QP in c's PD (so it reaches c's MR), with its own CQ, connected in RTS to a new LT QP."""
+    cq = t.agent.call("create_cq", cqe=64)["cq"]
+    t._extra.append(("destroy_cq", {"cq": cq}))
+    r = t.agent.call("create_qp", pd=c.pd, send_cq=cq, recv_cq=cq, type="RC",
+                     cap={"max_send_wr": 16, "max_recv_wr": 16, "max_send_sge": 1, "max_recv_sge": 1,
+                          "max_inline_data": 0})
+    lt_qpn = 0x100 + secrets.randbelow(0xFFFE00)
+    psn, iut_psn = secrets.randbelow(1 << 24), secrets.randbelow(1 << 24)
+    mr = {"va": hex(c.va), "rkey": c.rkey, "lkey": c.lkey, "len": c.mr_len}
+    c2 = Conn(t, r["qp"], r["qpn"], c.pd, cq, mr, c.mr, lt_qpn, psn, iut_psn, c.mtu, 0xC000 | secrets.randbelow(0x4000))
+    t._conns.append(c2)
+    t.agent.call("modify_qp", qp=c2.qp, state="INIT",
+                 attrs={"access": ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"], "pkey": 0xFFFF})
+    t.agent.call("modify_qp", qp=c2.qp, state="RTR",
+                 attrs={"dest_qpn": lt_qpn, "rq_psn": psn, "path_mtu": c.mtu, "dgid": _gid(t.lt_ip),
+                        "dmac": t.lt_mac, "max_dest_rd_atomic": 4, "min_rnr_timer": 1, "profile": "compat"})
+    t.agent.call("modify_qp", qp=c2.qp, state="RTS",
+                 attrs={"sq_psn": iut_psn, "timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "max_rd_atomic": 4})
+    return c2
+
+
+# ---- MR-RC-001 --------------------------------------------------------------------------------------------
+WR_OPS = [("SEND", 0x04), ("SEND_WITH_IMM", 0x05), ("SEND_WITH_INV", 0x17), ("RDMA_WRITE", 0x0A),
+          ("RDMA_WRITE_WITH_IMM", 0x0B), ("RDMA_READ", 0x0C), ("ATOMIC_CMP_AND_SWP", 0x13),
+          ("ATOMIC_FETCH_AND_ADD", 0x14)]
+OTHER_OPS = ["LOCAL_INV", "BIND_MW", "SEND_WITH_IMMEDIATE", "TSO", "ATOMIC_WRITE", "NOP"]
+
+
+@case("TC-RC-001-a", rules=["MR-RC-001"], category="SEQ", timeout=15)
+def work_request_opcodes(t):
+    """Each of the eight work request opcodes posted at the IUT is accepted, goes out as its request opcode
+    and completes successfully once the LT answers; any other opcode name is refused at post, and nothing
+    is sent or completed for it."""
+    c = connect_req(t, timeout=14)
+    c.mem_write(0, pattern(64))
+    ops = [(o, code) for o, code in WR_OPS if "ATOMIC" not in o or "ATOMICS" in t.claim.caps]
+    probs = []
+    for i, (op, code) in enumerate(ops):
+        kw = {"invalidate_rkey": 0x1234} if op == "SEND_WITH_INV" else {}
+        if op == "ATOMIC_CMP_AND_SWP":
+            kw = {"compare": "0x0", "swap_add": "0x1"}
+        elif op == "ATOMIC_FETCH_AND_ADD":
+            kw = {"swap_add": "0x1"}
+        n = 8 if "ATOMIC" in op else 32
+        w = wr(op, n, wr_id=0x100 + i, c=c, offset=256 + 16 * i, remote_off=64 * i, **kw)
+        mark = c.t.lt.last_num()
+        err = agent_error(lambda: c.t.agent.call("post_send", qp=c.qp, wr=w))
+        if err:
+            probs.append(f"{op}: refused ({err})")
+            continue
+        got = c.expect(1, 2.0, after=mark, match=lambda f, p=c.iut_psn: is_req(f) and f.roce.psn == p)
+        if not got:
+            probs.append(f"{op}: nothing sent")
+            continue
+        f = got[0]
+        if f.roce.op != code:
+            probs.append(f"{op}: sent {f.roce.name}")
+        p = c.iut_psn
+        if op == "RDMA_READ":
+            c.send(*read_stream(c, p, pattern(n, 3), i + 1))
+        elif "ATOMIC" in op:
+            c.send(c.frame("ATOMIC_ACKNOWLEDGE", psn=p, aeth=(0x1F, i + 1), atomic_ack=0))
+        else:
+            c.send(ack(c, p, i + 1))
+        c.iut_psn = P.psn_add(p, 1)
+        wcs = c.poll(1, 1.0)
+        if [(w_["wr_id"], w_["status"]) for w_ in wcs] != [(hex(0x100 + i), "IBV_WC_SUCCESS")]:
+            probs.append(f"{op}: completions {wc_list(wcs)}")
+    t.check("MR-RC-001", not probs, "; ".join(probs) or f"{len(ops)} opcodes sent and completed",
+            expected="each opcode accepted, sent as its request, completed IBV_WC_SUCCESS")
+    mark = c.t.lt.last_num()
+    refused = {}
+    for j, op in enumerate(OTHER_OPS):
+        w = wr("SEND", 8, wr_id=0x200 + j, c=c)
+        w["opcode"] = op
+        refused[op] = agent_error(lambda: c.t.agent.call("post_send", qp=c.qp, wr=w))
+    sent = c.quiet(QUIET, after=mark)
+    wcs = c.poll(4, 0.2)
+    ok = all(refused.values()) and not sent and not wcs
+    t.check("MR-RC-001", ok, f"other opcodes: {refused}; sent {describe(sent)}; completions {wc_list(wcs)}",
+            frames=sent, expected="every other opcode refused at post (an error), nothing sent or completed")
+
+
+# ---- MR-RC-008 --------------------------------------------------------------------------------------------
+@case("TC-RC-008-a", rules=["MR-RC-008"], category="SEQ", timeout=15)
+def message_over_2_31_bytes(t):
+    """A WRITE whose three SGEs of 2^30 bytes (one MR, 3 x 2^30 > 2^31) completes with IBV_WC_LOC_LEN_ERR and
+    sends no packet."""
+    from ...agent import AgentError
+    from ..context import NotApplicable
+    c = connect_req(t, timeout=14, max_send_sge=3)
+    try:
+        big, _ = t.reg_mr(c.pd, GB)
+    except AgentError as e:              # an IUT may refuse 1 GiB of registered memory (ENOMEM)
+        raise NotApplicable(f"the IUT does not register a 1 GiB MR: {e}") from None
+    mark = post(c, {"wr_id": "0x1", "opcode": "RDMA_WRITE", "flags": ["SIGNALED"],
+                    "sg_list": [{"mr": big, "offset": 0, "len": GB}] * 3,
+                    "remote": {"va": hex(0x7F00_0000_0000), "rkey": 0x1234}})
+    wcs = c.poll(1, 2.0)
+    sent = c.quiet(QUIET, after=mark)
+    ok = [w["status"] for w in wcs] == ["IBV_WC_LOC_LEN_ERR"] and not sent
+    t.check("MR-RC-008", ok, f"3 x 2^30 bytes: completions {wc_list(wcs)}, sent {describe(sent[:3])}",
+            frames=sent[:3], expected="IBV_WC_LOC_LEN_ERR, no packet")
+
+
+# ---- MR-RC-024 --------------------------------------------------------------------------------------------
+@case("TC-RC-024-a", rules=["MR-RC-024"], category="SEQ", timeout=10)
+def three_machines_on_the_wire(t):
+    """Both directions at once on one QP (path MTU 256): the IUT's requester sends a 600-byte SEND and a READ
+    while its responder takes a 2-packet WRITE, a SEND into a posted receive and a READ from the LT.  Every
+    IUT frame is what section 10's requester, responder and completer would send, in that order: the
+    requests at consecutive PSNs, an ACK per AckReq with the running MSN, the READ answered at the request's
+    PSNs; and the completions are the ones they would produce."""
+    c = connect_req(t, mtu=256, timeout=14)
+    c.mem_write(0, pattern(600))
+    c.post_recv(64, offset=8192, wr_id=0x77)
+    p, q = c.iut_psn, c.psn
+    mark = post(c, wr("SEND", 600, wr_id=1, c=c), wr("RDMA_READ", 300, wr_id=2, c=c, offset=4096))
+    reqs = c.expect(4, 2.0, after=mark, match=is_req)
+    w1 = c.frame("RDMA_WRITE_FIRST", psn=q, reth=(c.va + 12288, c.rkey, 300), payload=pattern(256, 5))
+    w2 = c.frame("RDMA_WRITE_LAST", psn=P.psn_add(q, 1), ackreq=True, payload=pattern(300, 5)[256:])
+    s1 = c.frame("SEND_ONLY", psn=P.psn_add(q, 2), ackreq=True, payload=b"hello")
+    rd = c.frame("RDMA_READ_REQUEST", psn=P.psn_add(q, 3), reth=(c.va, c.rkey, 300))
+    m2 = c.send(w1, w2, s1, rd)
+    c.psn = P.psn_add(q, 5)
+    resp = c.expect(4, 2.0, after=m2, match=lambda f: f.roce.op in (0x11, 0x0D, 0x0E, 0x0F, 0x10))
+    c.send(ack(c, P.psn_add(p, 2), 1), *read_stream(c, P.psn_add(p, 3), pattern(300, 9), 2))
+    wcs = c.poll(3, 1.0)
+    got_req = [(f.roce.op, f.roce.psn) for f in reqs]
+    want_req = [(0x00, p), (0x01, P.psn_add(p, 1)), (0x02, P.psn_add(p, 2)), (0x0C, P.psn_add(p, 3))]
+    got_rsp = [(f.roce.op, f.roce.psn, f.roce.msn) for f in resp]
+    want_rsp = [(0x11, P.psn_add(q, 1), 1), (0x11, P.psn_add(q, 2), 2), (0x0D, P.psn_add(q, 3), 3),
+                (0x0F, P.psn_add(q, 4), 3)]
+    got_wc = sorted((w["wr_id"], w["status"], w.get("opcode")) for w in wcs)
+    want_wc = sorted([("0x1", "IBV_WC_SUCCESS", "IBV_WC_SEND"), ("0x2", "IBV_WC_SUCCESS", "IBV_WC_RDMA_READ"),
+                      ("0x77", "IBV_WC_SUCCESS", "IBV_WC_RECV")])
+    placed = c.mem(12288, 300) == pattern(300, 5) and c.mem(8192, 5) == b"hello" and c.mem(4096, 300) == pattern(300, 9)
+    probs = []
+    if got_req != want_req:
+        probs.append(f"requests {[(hex(o), hex(s)) for o, s in got_req]}")
+    if got_rsp != want_rsp:
+        probs.append(f"responses {[(hex(o), hex(s), m) for o, s, m in got_rsp]}")
+    if got_wc != want_wc:
+        probs.append(f"completions {got_wc}")
+    if not placed:
+        probs.append("memory not as placed by WRITE, SEND and READ")
+    t.check("MR-RC-024", not probs, "; ".join(probs) or "requests, responses, completions and memory as the "
+            "section 10 machines produce them", frames=reqs + resp,
+            expected=f"requests {[(hex(o), hex(s)) for o, s in want_req]}; responses "
+                     f"{[(hex(o), hex(s), m) for o, s, m in want_rsp]}")
+
+
+# ---- MR-ATOM-004 ------------------------------------------------------------------------------------------
+@case("TC-ATOM-004-a", rules=["MR-ATOM-004"], category="ATOM", caps=("ATOMICS",), timeout=15)
+def atomics_of_two_qps_are_atomic(t):
+    """Two IUT QPs in one PD, 48 FETCH_ADD +1 to one 8-byte word, sent in bursts of 4 per QP interleaved: the
+    original values returned are exactly 0..47 (each once) and the word ends at 48 -- no add was lost or
+    seen twice."""
+    c1 = t.connect()
+    c2 = second_qp(t, c1)
+    c1.mem_write(512, bytes(8))
+    origs: list[int] = []
+    frames = []
+    for _ in range(6):
+        burst = []
+        for _k in range(4):
+            for c in (c1, c2):
+                burst.append(c.frame("FETCH_ADD", atomic=(c1.va + 512, c1.rkey, 1, 0)))
+                c.psn = P.psn_add(c.psn, 1)
+        mark = t.lt.last_num()
+        t.lt.send(*burst)
+        for c in (c1, c2):
+            got = c.expect(4, 2.0, after=mark, match=lambda f: f.roce.op == ATOMIC_ACK)
+            frames += got
+            origs += [int(f.roce.headers["AtomicAckETH"].orig) for f in got if "AtomicAckETH" in f.roce.headers]
+    final = struct.unpack("<Q", c1.mem(512, 8))[0]
+    ok = sorted(origs) == list(range(48)) and final == 48
+    t.check("MR-ATOM-004", ok, f"{len(origs)} ATOMIC ACKNOWLEDGEs, originals sorted {sorted(origs)[:6]}..., "
+            f"final value {final}", frames=frames[:4], expected="originals 0..47 each once, final value 48")
+
+
+# ---- MR-CNP-005 -------------------------------------------------------------------------------------------
+@case("TC-CNP-005-a", rules=["MR-CNP-005"], category="CC", timeout=10)
+def cnps_are_validated(t):
+    """A CNP with a bad ICRC, one from an address that is not the QP's peer, and one to a QP in RTR change no
+    QP's rx_cnp and draw no response (counted in rx_drop_icrc, rx_drop_wrong_peer and rx_drop_qp_state when
+    the IUT reports them); a valid CNP to the QP in RTS adds 1 to its rx_cnp."""
+    from ..context import NotApplicable
+    c = t.connect()
+    r = t.connect(state="RTR")
+    if "rx_cnp" not in t.caps.get("counters", ()):
+        raise NotApplicable("the IUT does not report rx_cnp per QP")
+    probs, frames = [], []
+
+    def rx(cn):
+        return int(cn.counters().get("rx_cnp", 0))
+
+    tests = [("bad ICRC", c, cnp(c, bad_icrc=True), "rx_drop_icrc"),
+             ("wrong peer", c, cnp(c, src_ip=_other_ip(t.lt_ip)), "rx_drop_wrong_peer"),
+             ("QP in RTR", r, cnp(r), "rx_drop_qp_state")]
+    for what, cn, frame, name in tests:
+        before, n0 = rx(cn), counter(t, name)
+        mark = cn.send(frame)
+        seen = cn.quiet(QUIET, after=mark)
+        after, n1 = rx(cn), counter(t, name)
+        counted = n0 is None or (n1 is not None and n1 > n0)
+        if after != before or seen or not counted:
+            probs.append(f"{what}: rx_cnp {before}->{after}, {name} {n0}->{n1}, answered by {describe(seen)}")
+        frames += seen
+    before = rx(c)
+    c.send(cnp(c))
+    m = c.send(c.write(b"x", offset=0))
+    expect_ack(c, P.psn_add(c.psn, -1), m)
+    after = rx(c)
+    if after != before + 1:
+        probs.append(f"valid CNP: rx_cnp {before}->{after}")
+    t.check("MR-CNP-005", not probs, "; ".join(probs) or "the three invalid CNPs discarded and counted, the valid "
+            "one taken", frames=frames or [m], expected="invalid CNPs: rx_cnp unchanged, drop counter +1; valid: +1")
+
+
+def _other_ip(ip: str) -> str:
+    if ":" in ip:
+        return ip.rsplit(":", 1)[0] + ":beef"
+    a = ip.split(".")
+    a[-1] = str((int(a[-1]) + 77) % 254 + 1)
+    return ".".join(a)
+
+
+# ---- MR-QP-001 --------------------------------------------------------------------------------------------
+@case("TC-QP-001-a", rules=["MR-QP-001"], category="QPS", timeout=10)
+def states_reported(t):
+    """A QP walked RESET -> INIT -> RTR -> RTS -> SQD -> RTS -> ERR -> RESET is reported by query_qp in each of
+    the states of Table 7-1 it was moved to, and never as UNKNOWN."""
+    c = t.connect(state="RESET")
+    seen = [c.query()["state"]]
+    from ...agent import AgentError
+    steps = [("INIT", {"access": ["LOCAL_WRITE", "REMOTE_WRITE"], "pkey": 0xFFFF}),
+             ("RTR", {"dest_qpn": c.lt_qpn, "rq_psn": c.psn, "path_mtu": c.mtu, "dgid": _gid(t.lt_ip),
+                      "dmac": t.lt_mac, "max_dest_rd_atomic": 4, "min_rnr_timer": 1}),
+             ("RTS", {"sq_psn": c.iut_psn, "timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "max_rd_atomic": 4}),
+             ("SQD", {}), ("RTS", {}), ("ERR", {}), ("RESET", {})]
+    want = ["RESET"]
+    skip = False
+    for state, attrs in steps:
+        if skip:                     # the RTS after an SQD the IUT does not offer
+            skip = False
+            continue
+        try:
+            t.agent.call("modify_qp", qp=c.qp, state=state, attrs=attrs)
+        except AgentError:
+            if state != "SQD":
+                raise
+            skip = True              # SQD is optional for this walk (MR-QP-013 decides it)
+            continue
+        want.append(state)
+        seen.append(c.query()["state"])
+    ok = seen == want
+    t.check("MR-QP-001", ok, f"query_qp after each modify: {seen}", expected=f"{want}",
+            observed=[f"states {seen}"])
