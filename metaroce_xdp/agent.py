@@ -716,14 +716,61 @@ class Agent:
         self._saved_params.setdefault(name, get(self))
         put(self, value)
 
-    # -- connection set-up (section 6): not implemented by the reference endpoint yet.
-    # The commands exist so that a tester gets ENOTSUP ("not supported by the IUT")
-    # rather than ENOCMD; they become real when the CM of 06-connection.md lands.
+    # -- connection set-up (section 6).  cm_connect: the active side of 6.5.1 in the MRC1 format
+    # (metaroce_xdp/cm.py, as `metaroce perf` uses it).  The passive side (cm_listen, cm_wait) and
+    # the pingpong format are not offered yet: a tester gets ENOTSUP ("not supported by the IUT").
     def _cm(self, args: dict):
-        raise AgentError("ENOTSUP", "connection set-up (cm_*) is not implemented by this IUT yet; "
-                                    "connect QPs with modify_qp")
+        raise AgentError("ENOTSUP", "passive connection set-up (cm_listen, cm_wait) is not implemented by this "
+                                    "IUT yet; connect QPs with modify_qp or cm_connect")
 
-    cmd_cm_listen = cmd_cm_connect = cmd_cm_wait = _cm
+    cmd_cm_listen = cmd_cm_wait = _cm
+
+    def cmd_cm_connect(self, args: dict) -> dict:
+        from . import cm
+        h, e = self._lookup(self.qps, "qp", args)
+        if _enum(args, "format", ("mrc1", "pingpong"), "mrc1") != "mrc1":
+            raise AgentError("ENOTSUP", "cm_connect format pingpong: only mrc1")
+        host = _get(args, "host")
+        if not isinstance(host, str) or not host:
+            raise AgentError("EINVAL", "host must be a host name or address")
+        port = _int(args, "port", 1, 65535, cm.CM_PORT)
+        timeout = _int(args, "timeout_ms", 1, MAX_TIMEOUT_MS, int(cm.CM_TIMEOUT * 1000)) / 1000
+        caps = _int(args, "caps", 0, 0xFF, 0) & self.info.caps
+        flags = _int(args, "flags", 0, 0xFFFF, cm.FLAG_COMPAT_OK)
+        qp = e.qp
+        if qp.state != QPState.INIT:                                   # MR-CM-025
+            raise AgentError("ESTATE", f"cm_connect needs the QP in INIT, it is {qp.state.name}")
+        eng = self.engine
+        mtu = max(m for m in PATH_MTUS if m <= eng.max_pmtu)
+        psn = cm.random_psn()                                          # MR-CM-007, MR-SEC-020
+        req = cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), flags=flags, capabilities=caps,
+                       gid=cm.ip_to_gid(eng.local_ip), qpn=qp.qp_num, psn=psn, path_mtu=cm.MTU_ENUM[mtu],
+                       mac=cm.mac_bytes(eng.local_mac), tlvs=[(cm.TLV_IMPL_NAME, self.info.impl.encode())])
+
+        def connect_qp(rep) -> None:
+            attrs = {"dest_qpn": rep.qpn, "rq_psn": rep.psn, "path_mtu": rep.mtu_bytes,
+                     "dgid": cm.ip_to_gid(cm.gid_to_ip(rep.gid)).hex(), "max_dest_rd_atomic": req.max_dest_rd_atomic,
+                     "min_rnr_timer": req.min_rnr_timer}
+            if any(rep.mac):
+                attrs["dmac"] = rep.mac_text
+            self.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})
+            self.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
+                "sq_psn": psn, "timeout": req.timeout, "retry_cnt": req.retry_cnt, "rnr_retry": req.rnr_retry,
+                "max_rd_atomic": min(req.max_rd_atomic, rep.max_dest_rd_atomic)}})
+        try:
+            with cm.connect(host, port, timeout) as ch:
+                rep = cm.active_exchange(ch, req, connect_qp, timeout)
+        except cm.ConnectFailed as ex:
+            raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL",
+                             f"cm_connect to {host}:{port}: {ex}") from None
+        except cm.Rejected as ex:
+            raise AgentError("EACCES" if ex.by_peer else "EINVAL", f"cm_connect: {ex}") from None
+        except cm.CMError as ex:
+            raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL", f"cm_connect: {ex}") from None
+        return {"profile": "compat", "agreed_caps": rep.capabilities,
+                "peer": {"qpn": rep.qpn, "psn": rep.psn, "gid": rep.gid.hex()},
+                "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window,
+                           "entropy_count": rep.entropy_count}}
 
 
 def _canon_ip(a: str) -> str:

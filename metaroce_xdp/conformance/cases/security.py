@@ -1,8 +1,8 @@
 """Security considerations (10-security.md) seen on the wire: memory checks on every keyed packet
 (MR-SEC-004), which requests may cost a connection (MR-SEC-005), counting and not punishing remote
 access errors (MR-SEC-006, MR-SEC-007, MR-SEC-033), replies only to the address vector (MR-SEC-010),
-bounded responder state (MR-SEC-015), forged and stale acknowledgements (MR-SEC-021, MR-SEC-023,
-MR-SEC-026, MR-SEC-032) and named drop counters (MR-SEC-031).
+bounded responder state (MR-SEC-015), random starting PSNs (MR-SEC-020), forged and stale
+acknowledgements (MR-SEC-021, MR-SEC-023, MR-SEC-026, MR-SEC-032) and named drop counters (MR-SEC-031).
 
 A forged source address is one the LT sends from without owning it: every frame still goes only to
 the IUT on the test link.
@@ -10,9 +10,11 @@ the IUT on the test link.
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import time
 
 from .. import packets as P
+from ..context import CaseError, NotApplicable
 from ..registry import case
 from ._common import ACK_WAIT, QUIET, counter, describe, dropped_silently, expect_ack
 from ._req import ack, connect_req, nak, post, requests, wc_list, write_wr
@@ -387,3 +389,89 @@ def discards_counted_by_name(t):
     mark = c.send(c.write(b"IN ERR!!", offset=64))             # the QP is in ERR after the NAK code 2
     c.quiet(QUIET, after=mark)
     grew("bad QP state", q0, counter(t, "rx_drop_qp_state"))
+
+
+# ---- random starting PSNs (MR-SEC-020, MR-CM-007) ------------------------------------------------
+@case("TC-SEC-020-a", rules=["MR-SEC-020", "MR-CM-007"], category="SEC", timeout=30)
+def starting_psns_random(t):
+    """The IUT connects (cm_connect, MRC1) to a passive side the tester plays on the link: the REQs of six
+    QPs carry the QPN of their QP and six different starting PSNs without a fixed step; after a seventh
+    exchange completes, the QP's first request carries the PSN its REQ announced.
+
+    The tester reads and writes the connection messages with metaroce_xdp/cm.py (the wire format of
+    6.2); the RoCE packets are still read with scapy."""
+    import socket
+    import threading
+
+    from ... import cm
+    srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind((t.lt_ip, 0))
+    srv.listen(2)
+    port = srv.getsockname()[1]
+    reqs = []
+    try:
+        for k in range(7):
+            c = t.connect(state="INIT")
+            out: dict = {}
+
+            def run(c=c, out=out):
+                from ...agent import AgentError
+                try:
+                    out["result"] = t.agent.call("cm_connect", qp=c.qp, host=t.lt_ip, port=port, format="mrc1",
+                                                 caps=0, flags=cm.FLAG_COMPAT_OK, timeout_ms=5000)
+                except AgentError as e:
+                    out["error"] = e.code
+            th = threading.Thread(target=run, daemon=True)
+            th.start()
+            srv.settimeout(0.2)
+            conn = None
+            while conn is None and th.is_alive() and t.left() > 3:
+                try:
+                    conn, _ = srv.accept()
+                except socket.timeout:
+                    pass
+            if conn is None:
+                th.join(1)
+                if out.get("error") in ("ENOTSUP", "ENOCMD"):
+                    raise NotApplicable(f"the IUT's agent does not offer cm_connect ({out['error']})")
+                raise CaseError(f"no connection from the IUT's cm_connect: {out}")
+            with cm.Channel(conn, "IUT") as ch:
+                if k < 6:
+                    req = cm.read_msg(ch, 3.0)
+                    reqs.append((c, req))
+                    cm.reject(ch, req.cookie, cm.Reason.CONSUMER_REJECT, "conformance: looking at the PSN only")
+                else:
+                    lt_qpn = 0x100 + secrets.randbelow(0xFFFE00)
+                    c.lt_qpn = lt_qpn
+
+                    def make_rep(r, lt_qpn=lt_qpn):
+                        return cm.CMMsg(cm.MsgType.REP, qpn=lt_qpn, psn=secrets.randbelow(1 << 24),
+                                        gid=cm.ip_to_gid(t.lt_ip), mac=cm.mac_bytes(t.lt_mac), path_mtu=r.path_mtu)
+                    req, _ = cm.passive_exchange(ch, 0, make_rep, 3.0)
+                    reqs.append((c, req))
+            th.join(6)
+    finally:
+        srv.close()
+    psns = [r.psn for _, r in reqs]
+    qpn_ok = all(r.qpn == c.qpn and r.qpn not in (0, 1) for c, r in reqs)
+    t.check("MR-CM-007", qpn_ok, f"REQ qpn vs QP: {[(hex(r.qpn), hex(c.qpn)) for c, r in reqs]}",
+            expected="each REQ carries its QP's QPN", observed=[" ".join(hex(r.qpn) for _, r in reqs)])
+    steps = {(b - a) & 0xFFFFFF for a, b in zip(psns, psns[1:])}
+    varied = len(set(psns)) == len(psns) and len(steps) > 1 and all(0 <= p < 1 << 24 for p in psns)
+    for r in ("MR-SEC-020", "MR-CM-007"):
+        t.check(r, varied, f"starting PSNs of {len(psns)} REQs: {[hex(p) for p in psns]} (the distribution itself "
+                "is not observable from a few samples)", expected="distinct PSNs without a fixed step",
+                observed=[" ".join(hex(p) for p in psns)])
+    c, req = reqs[-1]
+    st = c.query()["state"]
+    if st != "RTS":
+        t.undecided("MR-CM-007", f"the completed exchange left the QP in {st}")
+        return
+    mark = post(c, write_wr(c, 16, wr_id=0x20))
+    rq = requests(c, mark, 1, ACK_WAIT)
+    ok = bool(rq) and rq[0].roce.psn == req.psn
+    t.check("MR-CM-007", ok, f"first request after the exchange: {describe(rq)}; REQ psn {req.psn:#08x}",
+            frames=rq or [mark + 1], expected=f"a request with PSN {req.psn:#08x}")
+    if rq:
+        c.send(ack(c, req.psn, 1))
+        c.poll(1, 1.0)

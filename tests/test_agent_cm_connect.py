@@ -1,0 +1,82 @@
+"""The agent's cm_connect (spec 9.4.2, 6.5.1, MRC1 format): the active side of the connection set-up
+through metaroce_xdp/cm.py, which the conformance case TC-SEC-020-a uses to see the IUT's starting PSNs.
+The test plays the passive side on a local TCP socket with the reference CM codec."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from metaroce_xdp import cm
+from metaroce_xdp.agent import AgentError
+from test_agent import FULL, Side, iuts  # noqa: F401 - pytest fixtures
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _listen():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(10)
+    return srv
+
+
+def _connect_in_thread(side, port, out):
+    def run():
+        try:
+            out["result"] = side.c.call("cm_connect", qp=side.qp, host="127.0.0.1", port=port, format="mrc1",
+                                        caps=0, flags=cm.FLAG_COMPAT_OK, timeout_ms=5000)
+        except AgentError as e:
+            out["error"] = e.code
+    th = threading.Thread(target=run)
+    th.start()
+    return th
+
+
+def _init(side):
+    side.c.call("modify_qp", qp=side.qp, state="INIT", attrs={"access": FULL, "pkey": 0xFFFF})
+
+
+def test_cm_connect_rejected_leaves_the_qp_in_init(iuts):  # noqa: F811
+    srv_a, ctx_a, _, _ = iuts
+    a = Side(srv_a, ctx_a).setup()
+    _init(a)
+    psns = []
+    with _listen() as srv:
+        for _ in range(3):
+            out: dict = {}
+            th = _connect_in_thread(a, srv.getsockname()[1], out)
+            conn, _ = srv.accept()
+            with cm.Channel(conn, "agent") as ch:
+                req = cm.read_msg(ch)
+                assert req.msg_type == cm.MsgType.REQ and req.qpn == a.qpn
+                psns.append(req.psn)
+                cm.reject(ch, req.cookie, cm.Reason.CONSUMER_REJECT, "test")
+            th.join(10)
+            assert out.get("error") == "EACCES"
+            assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"
+    assert len(set(psns)) == 3 and all(0 <= p < 1 << 24 for p in psns)          # MR-CM-007
+
+
+def test_cm_connect_completes_the_exchange(iuts):  # noqa: F811
+    srv_a, ctx_a, srv_b, ctx_b = iuts
+    a, b = Side(srv_a, ctx_a).setup(), Side(srv_b, ctx_b).setup()
+    _init(a)
+    out: dict = {}
+    with _listen() as srv:
+        th = _connect_in_thread(a, srv.getsockname()[1], out)
+        conn, _ = srv.accept()
+        with cm.Channel(conn, "agent") as ch:
+            def make_rep(req):
+                return cm.CMMsg(cm.MsgType.REP, qpn=b.qpn, psn=0x4242, gid=cm.ip_to_gid(ctx_b.engine.local_ip),
+                                mac=cm.mac_bytes(ctx_b.engine.local_mac), path_mtu=req.path_mtu)
+            req, rep = cm.passive_exchange(ch, 0, make_rep)
+        th.join(10)
+    assert "error" not in out, out
+    r = out["result"]
+    assert r["peer"]["qpn"] == b.qpn and r["peer"]["psn"] == 0x4242 and r["profile"] == "compat"
+    q = a.c.call("query_qp", qp=a.qp)
+    assert q["state"] == "RTS" and q["attrs"]["dest_qpn"] == b.qpn and q["attrs"]["rq_psn"] == 0x4242
+    assert q["attrs"]["sq_psn"] == req.psn
