@@ -381,6 +381,9 @@ class Agent:
                 log.exception("agent reset: cannot restore parameter %s", name)
         self._saved_params.clear()
         self._next = dict.fromkeys(self._next, 1)
+        for _ in range(4096):                       # the events of this session's resources go with them
+            if self.ctx.get_async_event(0.0) is None:
+                break
 
     # -- PD, MR, CQ --------------------------------------------------------------------
     def cmd_create_pd(self, args: dict) -> dict:
@@ -509,6 +512,12 @@ class Agent:
                          ("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7)):
             if name in attrs:
                 setattr(a, name, _int(attrs, name, 0, hi))
+        if "cur_state" in attrs:                     # IBV_QP_CUR_STATE (MR-QP-006)
+            a.cur_qp_state = QPState[_enum(attrs, "cur_state", QPState.__members__)]
+        if "alt_path" in attrs:                      # IBV_QP_ALT_PATH: the QP refuses it (MR-QP-008)
+            a.alt_path = _obj(attrs, "alt_path")
+        if "path_mig_state" in attrs:                # IBV_QP_PATH_MIG_STATE (MR-QP-008)
+            a.path_mig_state = _enum(attrs, "path_mig_state", ("MIGRATED", "REARM", "ARMED"))
         profile = _enum(attrs, "profile", ("compat", "native"), "compat")
         if profile != "compat" and "native" not in self.info.profiles:
             raise AgentError("ENOTSUP", "profile native: this IUT implements compat only")
@@ -636,6 +645,38 @@ class Agent:
             time.sleep(min(0.0002, max(0.0, deadline - time.monotonic())))
             wcs = cq.poll(n)
         return {"completions": [self._wc(w) for w in wcs]}
+
+    def cmd_req_notify_cq(self, args: dict) -> None:
+        """ibv_req_notify_cq (MR-BTH-004): arm the CQ for its next completion, or only its next solicited one."""
+        _, cq = self._lookup(self.cqs, "cq", args)
+        solicited = _get(args, "solicited_only", False)
+        if not isinstance(solicited, bool):
+            raise AgentError("EINVAL", "solicited_only must be true or false")
+        cq.req_notify(solicited_only=solicited)
+
+    def cmd_get_cq_event(self, args: dict) -> dict:
+        """ibv_get_cq_event on the CQ's own channel: whether its completion event came within timeout_ms."""
+        _, cq = self._lookup(self.cqs, "cq", args)
+        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        return {"event": bool(cq.get_event(timeout_ms / 1000))}
+
+    def cmd_get_async_events(self, args: dict) -> dict:
+        """ibv_get_async_event, repeated: the events about this session's QPs and CQs raised so far (waiting up
+        to timeout_ms for the first); events about other sessions' resources are not reported."""
+        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        qps = {id(e.qp): h for h, e in self.qps.items()}
+        cqs = {id(cq): h for h, cq in self.cqs.items()}
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout_ms / 1000
+        while len(out) < 256:
+            ev = self.ctx.get_async_event(max(0.0, deadline - time.monotonic()) if not out else 0.0)
+            if ev is None:
+                break
+            qh, ch = qps.get(id(ev.qp)), cqs.get(id(ev.cq))
+            if qh is None and ch is None:
+                continue
+            out.append({"type": f"IBV_EVENT_{ev.event_type.name}", "qp": qh, "qp_num": ev.qp_num, "cq": ch})
+        return {"events": out}
 
     @staticmethod
     def _wc(wc) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 
 class QPState(enum.IntEnum):
@@ -188,6 +188,9 @@ class QPAttr:
     sport: int | None = None             # UDP source port (compat: per-QP entropy)
     dscp: int | None = None
     en_sqd_async_notify: bool | None = None   # RTS -> SQD: raise IBV_EVENT_SQ_DRAINED when drained
+    cur_qp_state: QPState | None = None   # IBV_QP_CUR_STATE: must equal the QP's state (MR-QP-006)
+    alt_path: Any = None                  # IBV_QP_ALT_PATH: always refused, no path migration (MR-QP-008)
+    path_mig_state: str | None = None     # IBV_QP_PATH_MIG_STATE: only "MIGRATED" (MR-QP-008)
 
     def given(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}

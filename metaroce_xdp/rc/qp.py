@@ -138,6 +138,15 @@ class QP:
         new = QPState(attr.qp_state) if attr.qp_state is not None else self.state
         given = attr.given()
         given.pop("qp_state", None)
+        cur = given.pop("cur_qp_state", None)
+        if cur is not None and QPState(cur) != self.state:          # MR-QP-006
+            raise InvalidArgument(f"QP {self.qp_num:#x}: cur_qp_state {QPState(cur).name} but the QP is "
+                                  f"{self.state.name}")
+        if given.pop("alt_path", None) is not None:                 # MR-QP-008: no automatic path migration
+            raise InvalidArgument(f"QP {self.qp_num:#x}: alternate paths are not supported")
+        mig = given.pop("path_mig_state", None)
+        if mig is not None and mig != "MIGRATED":                   # MR-QP-008
+            raise InvalidArgument(f"QP {self.qp_num:#x}: path_mig_state {mig}: only MIGRATED")
         if new == QPState.RTR and self.state == QPState.INIT and "dgid" in given and "dmac" not in given:
             self.ctx.engine.prepare_path(given["dgid"])      # may wait for ARP/ND: not under the lock
         with self.ctx.engine.lock:

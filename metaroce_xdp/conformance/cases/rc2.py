@@ -277,3 +277,122 @@ def states_reported(t):
     ok = seen == want
     t.check("MR-QP-001", ok, f"query_qp after each modify: {seen}", expected=f"{want}",
             observed=[f"states {seen}"])
+
+
+# ---- MR-QP-006, MR-QP-008, MR-QP-021 (9.4.2: cur_state, alt_path, path_mig_state, get_async_events) ----------
+def _modify(t, c: Conn, state: str, attrs: dict) -> str | None:
+    """modify_qp; the agent's error code, None when it succeeded."""
+    return agent_error(lambda: t.agent.call("modify_qp", qp=c.qp, state=state, attrs=attrs))
+
+
+def _rtr_attrs(t, c: Conn) -> dict:
+    return {"dest_qpn": c.lt_qpn, "rq_psn": c.psn, "path_mtu": c.mtu, "dgid": _gid(t.lt_ip), "dmac": t.lt_mac,
+            "max_dest_rd_atomic": 4, "min_rnr_timer": 1}
+
+
+def _rts_attrs(c: Conn) -> dict:
+    return {"sq_psn": c.iut_psn, "timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "max_rd_atomic": 4}
+
+
+@case("TC-QP-006-a", rules=["MR-QP-006"], category="QPS", timeout=10)
+def cur_state_must_match(t):
+    """modify_qp INIT -> RTR with cur_state RESET (wrong) fails with EINVAL and leaves the QP in INIT; with
+    cur_state INIT it succeeds; RTR -> RTS with cur_state RTS (wrong) fails, with RTR succeeds."""
+    c = t.connect(state="INIT")
+    steps = [("RTR", "RESET", _rtr_attrs(t, c), "EINVAL", "INIT"), ("RTR", "INIT", _rtr_attrs(t, c), None, "RTR"),
+             ("RTS", "RTS", _rts_attrs(c), "EINVAL", "RTR"), ("RTS", "RTR", _rts_attrs(c), None, "RTS")]
+    seen, ok = [], True
+    for state, cur, attrs, want_err, want_state in steps:
+        err = _modify(t, c, state, dict(attrs, cur_state=cur))
+        st = c.query()["state"]
+        seen.append(f"-> {state} cur_state {cur}: {err or 'ok'}, now {st}")
+        ok &= err == want_err and st == want_state
+    t.check("MR-QP-006", ok, "; ".join(seen), expected="wrong cur_state: EINVAL, state unchanged; right: accepted",
+            observed=seen)
+
+
+@case("TC-QP-008-a", rules=["MR-QP-008"], category="QPS", timeout=10)
+def no_alternate_path(t):
+    """RTR -> RTS with alt_path, or with path_mig_state REARM or ARMED, is refused and leaves the QP in RTR;
+    with path_mig_state MIGRATED it is accepted; RTS -> RTS with alt_path is refused too."""
+    c = t.connect(state="RTR")
+    alt = {"dgid": _gid(t.lt_ip), "dmac": t.lt_mac, "port_num": 1, "timeout": 14}
+    steps = [("RTS", {"alt_path": alt}, False, "RTR"), ("RTS", {"path_mig_state": "REARM"}, False, "RTR"),
+             ("RTS", {"path_mig_state": "ARMED"}, False, "RTR"), ("RTS", {"path_mig_state": "MIGRATED"}, True, "RTS"),
+             ("RTS", {"alt_path": alt}, False, "RTS")]
+    seen, ok = [], True
+    for i, (state, extra, accept, want_state) in enumerate(steps):
+        attrs = dict(_rts_attrs(c), **extra) if i < 4 else dict(extra)
+        err = _modify(t, c, state, attrs)
+        st = c.query()["state"]
+        seen.append(f"-> {state} {extra}: {err or 'ok'}, now {st}")
+        ok &= (err is None) == accept and st == want_state
+    t.check("MR-QP-008", ok, "; ".join(seen), expected="alt_path and path_mig_state other than MIGRATED refused",
+            observed=seen)
+
+
+def _events(t, timeout_ms: int = 0) -> list[dict]:
+    return t.agent.call("get_async_events", timeout_ms=timeout_ms)["events"]
+
+
+@case("TC-QP-021-a", rules=["MR-QP-021"], category="QPS", timeout=10)
+def comm_est_once(t):
+    """A QP in RTR that accepts its first request (a WRITE, ACKed) raises IBV_EVENT_COMM_EST once for it; a
+    second request raises no second one."""
+    from ...agent import AgentError
+    from ..context import NotApplicable
+    c = t.connect(state="RTR")
+    try:
+        _events(t)
+    except AgentError as e:
+        raise NotApplicable(f"the agent has no get_async_events ({e.code})") from None
+    m = c.send(c.write(b"first", offset=0))
+    a1 = expect_ack(c, P.psn_add(c.psn, -1), m)
+    ev1 = _events(t, 500)
+    m2 = c.send(c.write(b"second", offset=64))
+    a2 = expect_ack(c, P.psn_add(c.psn, -1), m2)
+    ev2 = _events(t, 200)
+    mine = [e for e in ev1 if e["type"] == "IBV_EVENT_COMM_EST" and e["qp"] == c.qp]
+    again = [e for e in ev2 if e["type"] == "IBV_EVENT_COMM_EST" and e["qp"] == c.qp]
+    ok = a1 is not None and a2 is not None and len(mine) == 1 and not again
+    t.check("MR-QP-021", ok, f"after the first WRITE: ACK {a1 is not None}, events {ev1}; after the second: ACK "
+            f"{a2 is not None}, events {ev2}", frames=[f for f in (a1, a2) if f is not None] or [m + 1],
+            expected="one IBV_EVENT_COMM_EST for the QP after the first request, none after the second",
+            observed=[f"events {ev1}", f"events {ev2}"])
+
+
+# ---- MR-BTH-004 (9.4.2: req_notify_cq, get_cq_event) ---------------------------------------------------------
+@case("TC-BTH-004-a", rules=["MR-BTH-004"], category="WIRE", timeout=10)
+def solicited_event_from_the_completing_packet(t):
+    """The IUT's CQ armed for solicited completions only: a SEND ONLY without SE, and a SEND FIRST with SE whose
+    completing SEND LAST has no SE, complete their receives without an event; a SEND ONLY with SE completes
+    its receive with the event."""
+    from ...agent import AgentError
+    from ..context import NotApplicable
+    c = t.connect()
+    for i in range(3):
+        c.post_recv(2048, offset=4096 * i, wr_id=0x10 + i)
+    try:
+        t.agent.call("req_notify_cq", cq=c.cq, solicited_only=True)
+    except AgentError as e:
+        raise NotApplicable(f"the agent has no req_notify_cq ({e.code})") from None
+    results, frames = [], []
+    sends = [("SEND ONLY, SE 0", [c.frame("SEND_ONLY", psn=c.psn, ackreq=True, payload=b"a" * 8)], False),
+             ("SEND FIRST SE 1 + LAST SE 0",
+              [c.frame("SEND_FIRST", psn=P.psn_add(c.psn, 1), se=True, payload=b"b" * c.mtu),
+               c.frame("SEND_LAST", psn=P.psn_add(c.psn, 2), ackreq=True, payload=b"c" * 8)], False),
+             ("SEND ONLY, SE 1", [c.frame("SEND_ONLY", psn=P.psn_add(c.psn, 3), se=True, ackreq=True,
+                                          payload=b"d" * 8)], True)]
+    ok = True
+    for what, fs, want in sends:
+        m = c.send(*fs)
+        c.psn = P.psn_add(c.psn, len(fs))
+        a = expect_ack(c, P.psn_add(c.psn, -1), m)
+        ev = t.agent.call("get_cq_event", cq=c.cq, timeout_ms=300 if want else 150)["event"]
+        wcs = c.poll(1, 1.0)
+        results.append(f"{what}: ACK {a is not None}, completions {wc_list(wcs)}, event {ev}")
+        frames += [a] if a is not None else []
+        ok &= a is not None and ev == want and [w["status"] for w in wcs] == ["IBV_WC_SUCCESS"]
+    t.check("MR-BTH-004", ok, "; ".join(results), frames=frames or [1],
+            expected="events: no, no, yes (SE only counts on the packet that completes the receive)",
+            observed=results)
