@@ -312,8 +312,10 @@ class Engine:
             self.stats["drop_" + e.reason.name.lower()] += 1
             return
         qp = self.qps.get(pkt.dest_qp)
-        if qp is None:
-            self.stats["drop_unknown_qp"] += 1     # MR-BTH-016
+        if qp is None or qp.dgid is None:
+            # MR-BTH-016; a QP without a connected peer (RESET, INIT, or ERR entered from them) is not
+            # addressable yet: step 10 of MR-ENC-032, as in the XDP program, which learns a QP at RTR
+            self.stats["drop_unknown_qp"] += 1
             return
         if not pkey_match(pkt.pkey, qp.pkey):
             self.stats["drop_bad_pkey"] += 1       # MR-BTH-010 (the XDP program's BAD_PKEY)

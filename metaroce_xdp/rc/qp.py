@@ -241,6 +241,7 @@ class QP:
 
     def _reset(self) -> None:
         self.state = QPState.RESET
+        self.dgid = None                        # the connected peer goes with the transport state (MR-QP-015, MR-QP-020)
         self.requester = Requester(self)
         self.responder = Responder(self)
         self.completer = Completer(self)
