@@ -30,6 +30,7 @@ DECISIONS = {
     "both allowed": "the spec allows both behaviours; the case accepts both",
     "untestable": "the implementation or its agent cannot run the check; the verdict stays ERROR",
     "environment": "the failure comes from the test set-up, not from the implementation",
+    "case fixed": "the case demanded more than the rule; it was corrected, and the implementation passes it",
 }
 
 # Implementation keys of the first column, and how an IUT is recognised from its agent's hello
