@@ -88,9 +88,9 @@ def test_report_renders_known_divergences_and_counts_the_rest(cat, divs, tmp_pat
     assert (s["explained"], s["unexplained"]) == (1, 1)
     report.write_all(res, cat, tmp_path)
     md = (tmp_path / "report.md").read_text()
-    assert f"known divergence: rxe {d.observed.rstrip('.')}" in md and "unexplained: 1" in md
+    assert f"known divergence (rxe): {d.observed.rstrip('.')}" in md and "unexplained: 1" in md
     assert "unexplained: no row of Table 9-3" in md
-    assert "known divergence: rxe" in (tmp_path / "report.html").read_text()
+    assert "known divergence (rxe)" in (tmp_path / "report.html").read_text()
     summ = json.loads((tmp_path / "report.jsonl").read_text().splitlines()[-1])["summary"]
     assert summ["unexplained"] == 1
     assert "known divergence" in report.console(res, cat)

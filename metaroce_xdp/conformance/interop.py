@@ -9,7 +9,7 @@ this module reads that table, so the report and the spec cannot disagree:
 
     divs = load(cat.dir)                       # every row of Table 9-3
     d = explain(divs, res.iut, "TC-RC-012-a", "MR-RC-012")
-    d.note() -> "known divergence: rxe answers ... decided: rxe deviates ...; see 9.7.1"
+    d.note() -> "known divergence (rxe): a SEND too long ...; decided: deviates (...); see spec 9.7.1, Table 9-3"
 
 A FAIL or ERROR verdict that no row explains is *unexplained*; the report counts them
 (the summary's "unexplained"), and for Linux Soft-RoCE that count must be 0.
@@ -64,7 +64,7 @@ class Divergence:
                 and any(fnmatch.fnmatchcase(test, c) for c in self.cases))
 
     def note(self) -> str:
-        return (f"known divergence: {self.impl} {self.observed.rstrip('.')}; decided: {self.decision} "
+        return (f"known divergence ({self.impl}): {self.observed.rstrip('.')}; decided: {self.decision} "
                 f"({DECISIONS[self.decision]}); see spec 9.7.1, {TABLE}")
 
 
