@@ -21,7 +21,7 @@ REQUEST_OPS = frozenset({*range(0x00, 0x0D), 0x13, 0x14, 0x16, 0x17})
 ACKNOWLEDGE, CNP = 0x11, 0x81
 ACK_SYN = 0x1F                      # ACK, no credit information
 WC_OK, WC_FLUSH = "IBV_WC_SUCCESS", "IBV_WC_WR_FLUSH_ERR"
-STATE_ERRORS = ("ESTATE", "EINVAL")     # agent codes for "not allowed in this state" (9.4.3, MR-QP-004/018)
+STATE_ERRORS = ("ESTATE",)     # the agent's code for the refusals of MR-QP-004/017/018 (MR-CONF-023, 9.4.3)
 
 
 def timeout_s(code: int) -> float:

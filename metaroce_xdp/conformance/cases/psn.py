@@ -194,29 +194,48 @@ def every_ackreq_covered(t):
 
 @case("TC-ACK-004-a", rules=["MR-ACK-004"], category="ACK", timeout=15, timing=True)
 def ack_delay_bounded(t):
-    """The ACK of an AckReq packet leaves within ack_delay_max (10 us) plus the tolerance of MR-CONF-011,
-    measured between capture time stamps; the largest of 20 samples counts."""
+    """The observable part of MR-ACK-004 (Table 9-2): 20 lone WRITEs with AckReq, each followed by a lone 8-byte
+    READ, to an otherwise idle IUT; arrival-to-send on the capture time stamps.  The median ACK time may exceed
+    the median READ RESPONSE time (the IUT's own input latency and processing, never coalesced) by at most
+    ack_delay_max (10 us) plus the tolerance of MR-CONF-011; the largest delays are reported, not judged."""
     c = t.connect()
     g_us = int(t.hello.get("timer_granularity_us", 0) or 0)
     tol_us = max(50.0, 2 * g_us, 0.1 * 10)
     limit_us = 10 + tol_us
-    worst, worst_pair, delays = 0.0, [], []
+    acks, reads, worst_pair = [], [], []
+
+    def delay(frame: bytes, psn: int, match) -> tuple[float, list] | None:
+        m = c.send(frame)
+        got = c.t.lt.wait(match, ACK_WAIT, after=m)
+        req = c.t.lt.wait(lambda f: f.outgoing and f.roce is not None and f.roce.psn == psn, 0.2, after=m)
+        return None if got is None or req is None else ((got.ts - req.ts) * 1e6, [req, got])
+
     for i in range(20):
         psn = c.psn
-        m = c.send(c.write(b"d%02d" % i, offset=8 * i))
-        a = expect_ack(c, psn, m)
-        req = c.t.lt.wait(lambda f: f.outgoing and f.roce is not None and f.roce.psn == psn, 0.2, after=m)
-        if a is None or req is None:
-            t.check("MR-ACK-004", False, f"no ACK for PSN {psn:#08x}", frames=[m + 1], expected="an ACK")
+        r = delay(c.write(b"d%02d" % i, offset=8 * i), psn,
+                  lambda f: c.is_mine(f) and f.roce.ack_kind == "ACK" and f.roce.psn == psn)
+        if r is None:
+            t.check("MR-ACK-004", False, f"no ACK for PSN {psn:#08x}", frames=[], expected="an ACK")
             return
-        d = (a.ts - req.ts) * 1e6
-        delays.append(d)
-        if d > worst:
-            worst, worst_pair = d, [req, a]
-    delays.sort()
-    t.check("MR-ACK-004", worst <= limit_us, f"largest delay {worst:.0f} us (median {delays[len(delays) // 2]:.0f} us, "
-            f"arrival to ACK on the wire, so the IUT's input latency included), limit {limit_us:.0f} us "
-            f"(10 us + max(50 us, 2 x G = {2 * g_us} us))", frames=worst_pair, expected=f"ACK within {limit_us:.0f} us")
+        if not acks or r[0] > max(acks):
+            worst_pair = r[1]
+        acks.append(r[0])
+        psn = c.psn
+        r = delay(c.frame("RDMA_READ_REQUEST", ackreq=True, reth=(c.va + 8 * i, c.rkey, 8)), psn,
+                  lambda f: c.is_mine(f) and f.roce.op == 0x10 and f.roce.psn == psn)
+        c.psn = P.psn_add(psn, 1)
+        if r is None:
+            t.undecided("MR-ACK-004", f"no READ RESPONSE ONLY for the READ at PSN {psn:#08x}: no reference time")
+            return
+        reads.append(r[0])
+    acks.sort()
+    reads.sort()
+    ma, mr = acks[len(acks) // 2], reads[len(reads) // 2]
+    t.check("MR-ACK-004", ma - mr <= limit_us,
+            f"median ACK {ma:.0f} us, median READ RESPONSE {mr:.0f} us (arrival to send, input latency included), "
+            f"difference {ma - mr:.0f} us, limit {limit_us:.0f} us (10 us + max(50 us, 2 x G = {2 * g_us} us)); "
+            f"largest ACK {acks[-1]:.0f} us, largest READ RESPONSE {reads[-1]:.0f} us (reported, not judged)",
+            frames=worst_pair, expected=f"median ACK at most {limit_us:.0f} us after the median READ RESPONSE")
 
 
 @case("TC-RC-015-a", rules=["MR-RC-015", "MR-DUP-009"], category="SEQ", timeout=10)

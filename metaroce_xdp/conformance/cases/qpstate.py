@@ -4,9 +4,9 @@ states that refuse them; flushing on ERR; illegal transitions and attributes ref
 A QP is brought to the state under test through the agent (modify_qp); the LT
 sends to it and watches what it sends; completions, agent errors and memory read
 through the agent are the other evidence.  Agent error codes: a refused transition
-or a post in a state that refuses it is ESTATE or EINVAL (9.4.3 names ESTATE for
-"not allowed in the QP's state", MR-QP-004/017/018 the verbs errno EINVAL: both are
-accepted).
+or a post in a state that refuses it is ESTATE (the verbs errno of MR-QP-004/017/018
+is EINVAL, which the agent reports as ESTATE: MR-CONF-023); a bad attribute is
+EINVAL (MR-QP-005).
 """
 from __future__ import annotations
 
@@ -38,23 +38,21 @@ def _modify(t, c, state: str, attrs: dict | None = None) -> str | None:
     return agent_error(lambda: t.agent.call("modify_qp", qp=c.qp, state=state, attrs=a))
 
 
-def _dropped(t, c, rules, what: str, offset: int = 256, count: bool = True) -> None:
-    """A valid WRITE ONLY to the QP gets no response, writes nothing, and (count) counts in rx_drop_qp_state when
-    the IUT reports it (MR-QP-020).  For RESET and INIT the counter is reported, not decided: such a QP has no
-    connected peer yet, so the check of MR-ENC-032 step 11 (rx_drop_wrong_peer) comes before the state check of
-    step 14, and the reference implementation counts the packet under rx_drop_qpn (its XDP program learns a QP
-    at RTR) -- a point the spec leaves open."""
-    n0 = counter(t, "rx_drop_qp_state")
+def _dropped(t, c, rules, what: str, offset: int = 256, name: str = "rx_drop_qp_state") -> None:
+    """A valid WRITE ONLY to the QP gets no response, writes nothing, and counts in the counter `name` when the
+    IUT reports it (MR-QP-020): rx_drop_qp_state for a QP that has a connected peer (ERR after RTR), rx_drop_qpn
+    for one that has none (RESET, INIT), which fails step 10 of MR-ENC-032."""
+    n0 = counter(t, name)
     mark = c.send(c.write(b"NOTHERE!", offset=offset))
     seen = c.quiet(QUIET, after=mark)
-    n1 = counter(t, "rx_drop_qp_state")
+    n1 = counter(t, name)
     untouched = c.mem(offset, 8) == bytes(8)
-    counted = n0 is None or (n1 is not None and n1 > n0) or not count
+    counted = n0 is None or (n1 is not None and n1 > n0)
     ok = not seen and untouched and counted
-    cnt = f"rx_drop_qp_state {n0} -> {n1}" if n0 is not None else "rx_drop_qp_state not reported"
+    cnt = f"{name} {n0} -> {n1}" if n0 is not None else f"{name} not reported"
     for r in rules:
         t.check(r, ok, f"{what}: responses {describe(seen)}; memory untouched: {untouched}; {cnt}",
-                frames=seen or [mark + 1], expected="no response, nothing written, rx_drop_qp_state +1")
+                frames=seen or [mark + 1], expected=f"no response, nothing written, {name} +1")
 
 
 def _post_refused(t, c, rules_send, rules_recv, state: str, recv_ok: bool) -> None:
@@ -79,7 +77,7 @@ def packets_in_reset(t):
     c = t.connect(state="RESET")
     st = qp_state(c)
     t.check("MR-QP-002", st == "RESET", f"state after create_qp: {st}", expected="RESET", observed=[st])
-    _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in RESET", count=False)
+    _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in RESET", name="rx_drop_qpn")
     _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "RESET", recv_ok=False)
 
 
@@ -90,7 +88,7 @@ def packets_in_init(t):
     posted in INIT is kept: after INIT -> RTR a SEND from the LT lands in it."""
     c = t.connect(state="INIT")
     need(qp_state(c) == "INIT", "the QP did not reach INIT")
-    _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in INIT", count=False)
+    _dropped(t, c, ["MR-QP-020", "MR-QP-019"], "WRITE to a QP in INIT", name="rx_drop_qpn")
     _post_refused(t, c, ["MR-QP-018"], ["MR-QP-017"], "INIT", recv_ok=True)     # the receive: wr_id 0x52, 8 B at 0
     need(_modify(t, c, "RTR") is None, "INIT -> RTR failed")
     p = c.psn
