@@ -244,6 +244,7 @@ class Agent:
         self.qps: dict[int, _QPEntry] = {}
         self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
         self._saved_params: dict[str, Any] = {}
+        self._listeners: dict[int, "_PassiveCM"] = {}     # qp handle -> its cm_listen
         self._commands: dict[str, Callable[[dict], dict | None]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
@@ -364,6 +365,9 @@ class Agent:
         Never raises: a resource that fails to go is logged and forgotten, so
         that the next test case starts clean.
         """
+        for lst in list(self._listeners.values()):        # connection set-ups in progress go first
+            lst.close()
+        self._listeners.clear()
         ctx = self.ctx
         for table, destroy in ((self.qps, lambda e: ctx.destroy_qp(e.qp)), (self.mrs, ctx.dereg_mr),
                                (self.cqs, None), (self.pds, ctx.dealloc_pd)):
@@ -473,6 +477,9 @@ class Agent:
 
     def cmd_destroy_qp(self, args: dict) -> None:
         h, e = self._lookup(self.qps, "qp", args)
+        lst = self._listeners.pop(h, None)
+        if lst is not None:
+            lst.close()
         self.ctx.destroy_qp(e.qp)
         del self.qps[h]
 
@@ -760,11 +767,36 @@ class Agent:
     # -- connection set-up (section 6).  cm_connect: the active side of 6.5.1 in the MRC1 format
     # (metaroce_xdp/cm.py, as `metaroce perf` uses it).  The passive side (cm_listen, cm_wait) and
     # the pingpong format are not offered yet: a tester gets ENOTSUP ("not supported by the IUT").
-    def _cm(self, args: dict):
-        raise AgentError("ENOTSUP", "passive connection set-up (cm_listen, cm_wait) is not implemented by this "
-                                    "IUT yet; connect QPs with modify_qp or cm_connect")
+    def cmd_cm_listen(self, args: dict) -> None:
+        """The passive side of 6.5.2 for one QP in INIT: REQs on TCP `port` (all addresses); the first
+        valid one connects the QP.  Set-ups in progress are bounded (MR-SEC-017); `check_address` (bool)
+        makes a REQ whose GID is not the TCP source address a REJ ADDRESS_MISMATCH (MR-SEC-019)."""
+        from . import cm
+        h, e = self._lookup(self.qps, "qp", args)
+        if _enum(args, "format", ("mrc1", "pingpong"), "mrc1") != "mrc1":
+            raise AgentError("ENOTSUP", "cm_listen format pingpong: only mrc1")
+        port = _int(args, "port", 1, 65535, cm.CM_PORT)
+        check = _get(args, "check_address", False)
+        if not isinstance(check, bool):
+            raise AgentError("EINVAL", "check_address must be true or false")
+        if e.qp.state != QPState.INIT:
+            raise AgentError("ESTATE", f"cm_listen needs the QP in INIT, it is {e.qp.state.name}")
+        if h in self._listeners:
+            raise AgentError("EBUSY", f"QP {h} is already listening")
+        try:
+            self._listeners[h] = _PassiveCM(self, h, port, check, _int(args, "caps", 0, 0xFF, 0) & self.info.caps)
+        except cm.CMError as ex:
+            raise AgentError("EBUSY" if "in use" in str(ex) else "EINTERNAL", str(ex)) from None
 
-    cmd_cm_listen = cmd_cm_wait = _cm
+    def cmd_cm_wait(self, args: dict) -> dict:
+        h, _ = self._lookup(self.qps, "qp", args)
+        lst = self._listeners.get(h)
+        if lst is None:
+            raise AgentError("ESTATE", f"QP {h} is not listening (cm_listen first)")
+        timeout = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0) / 1000
+        if not lst.done.wait(timeout):
+            raise AgentError("ETIMEDOUT", f"no connection set up within {timeout:g} s")
+        return lst.result
 
     def cmd_cm_connect(self, args: dict) -> dict:
         from . import cm
@@ -812,6 +844,109 @@ class Agent:
                 "peer": {"qpn": rep.qpn, "psn": rep.psn, "gid": rep.gid.hex()},
                 "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window,
                            "entropy_count": rep.entropy_count}}
+
+
+class _PassiveCM:
+    """cm_listen's server: accepts TCP connections in a thread and runs each exchange in its own.
+
+    MR-SEC-017: at most SETUP_TOTAL exchanges in progress, SETUP_PER_SOURCE per source address; a
+    connection beyond either is closed at once, before anything is read, and counted in the engine's
+    cm_drop_setup_limit (MR-SEC-031).  MR-SEC-018: the QP is touched only by make_rep, after the REQ
+    has passed every check of 6.2 (cm.read_msg, passive_exchange); an exchange abandoned after the REP
+    (REJ, cm_timeout, TCP close before the RTU) takes the QP back to INIT for the next REQ."""
+
+    SETUP_TOTAL, SETUP_PER_SOURCE = 64, 8             # 10.4 defaults
+
+    def __init__(self, agent: "Agent", h: int, port: int, check_address: bool, caps: int) -> None:
+        from . import cm
+        self.agent, self.h, self.check, self.caps = agent, h, check_address, caps
+        self.listener = cm.Listener(port)
+        self.done = threading.Event()
+        self.result: dict = {}
+        self.lock = threading.Lock()
+        self.busy = False                              # an exchange holds the QP (REP sent, no RTU yet)
+        self.total = 0
+        self.per_source: dict[str, int] = {}
+        self.closed = False
+        threading.Thread(target=self._serve, name=f"cm-listen-{port}", daemon=True).start()
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        from . import cm
+        while not self.closed:
+            try:
+                ch = self.listener.accept(0.1)
+            except cm.CMError:
+                continue
+            except OSError:
+                return
+            src = ch.peer
+            with self.lock:
+                if self.total >= self.SETUP_TOTAL or self.per_source.get(src, 0) >= self.SETUP_PER_SOURCE:
+                    self.agent.engine.stats["cm_drop_setup_limit"] += 1
+                    ch.close()                                             # MR-SEC-017: at once, no QP
+                    continue
+                self.total += 1
+                self.per_source[src] = self.per_source.get(src, 0) + 1
+            threading.Thread(target=self._exchange, args=(ch, src), daemon=True).start()
+
+    def _exchange(self, ch, src: str) -> None:
+        from . import cm
+        agent, h = self.agent, self.h
+        took = False
+        try:
+            def make_rep(req):
+                nonlocal took
+                if self.check and cm.gid_to_ip(req.gid) != _canon_ip(src):             # MR-SEC-019
+                    raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, f"GID {cm.gid_text(req.gid)} is not {src}",
+                                      by_peer=False)
+                with self.lock:
+                    if self.busy or self.done.is_set() or self.closed:
+                        raise cm.Rejected(cm.Reason.NO_RESOURCES, "the listening QP is taken", by_peer=False)
+                    self.busy = took = True
+                eng = agent.engine
+                mtu = min(req.mtu_bytes, max(m for m in PATH_MTUS if m <= eng.max_pmtu))
+                attrs = {"dest_qpn": req.qpn, "rq_psn": req.psn, "path_mtu": mtu, "dgid": req.gid.hex(),
+                         "max_dest_rd_atomic": min(req.max_rd_atomic, 16), "min_rnr_timer": req.min_rnr_timer}
+                if any(req.mac):
+                    attrs["dmac"] = req.mac_text
+                agent.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})          # MR-CM-026
+                qp = agent.qps[h].qp
+                self.psn = cm.random_psn()                                            # MR-CM-007
+                return cm.CMMsg(cm.MsgType.REP, qpn=qp.qp_num, psn=self.psn, gid=cm.ip_to_gid(eng.local_ip),
+                                mac=cm.mac_bytes(eng.local_mac), path_mtu=cm.MTU_ENUM[mtu],
+                                max_dest_rd_atomic=attrs["max_dest_rd_atomic"])
+            with ch:
+                req, rep = cm.passive_exchange(ch, self.caps, make_rep)
+            agent.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
+                "sq_psn": rep.psn, "timeout": req.timeout, "retry_cnt": req.retry_cnt, "rnr_retry": req.rnr_retry,
+                "max_rd_atomic": min(req.max_dest_rd_atomic, 16)}})
+            self.result = {"profile": "compat", "agreed_caps": rep.capabilities,
+                           "peer": {"qpn": req.qpn, "psn": req.psn, "gid": req.gid.hex()},
+                           "params": {"path_mtu": rep.mtu_bytes, "sack_window": 0, "entropy_count": 1}}
+            self.done.set()
+        except Exception as ex:                        # noqa: BLE001 - an abandoned exchange (MR-SEC-018)
+            log.info("cm_listen: exchange with %s abandoned: %s", src, ex)
+            if took and not self.done.is_set():
+                try:                                   # give the QP back for the next REQ
+                    e = agent.qps[h]
+                    access = _access_names(e.qp.access)
+                    agent.cmd_modify_qp({"qp": h, "state": "RESET", "attrs": {}})
+                    agent.cmd_modify_qp({"qp": h, "state": "INIT", "attrs": {"access": access, "pkey": 0xFFFF}})
+                except Exception:                      # noqa: BLE001 - the QP may be gone (reset, destroy_qp)
+                    log.exception("cm_listen: cannot return QP handle %d to INIT", h)
+        finally:
+            with self.lock:
+                if took:
+                    self.busy = False
+                self.total -= 1
+                self.per_source[src] -= 1
 
 
 def _canon_ip(a: str) -> str:

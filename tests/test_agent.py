@@ -333,7 +333,8 @@ def test_error_codes(pair):
         (("set_param", {"name": "warp_speed", "value": 9}), "ENOTSUP"),
         (("cm_connect", {"qp": a.qp, "host": "127.0.0.1", "port": 18515}), "ESTATE"),    # QP in RTS, not INIT
         (("cm_connect", {"qp": a.qp, "host": "127.0.0.1", "format": "pingpong"}), "ENOTSUP"),
-        (("cm_listen", {"qp": a.qp, "port": 18515}), "ENOTSUP"),
+        (("cm_listen", {"qp": a.qp, "port": 18515}), "ESTATE"),                       # QP in RTS, not INIT
+        (("cm_wait", {"qp": a.qp}), "ESTATE"),                                        # not listening
         (("post_send", {"qp": a.qp, "wr": {"wr_id": 7, "opcode": "SEND"}}), None),   # plain integer wr_id is fine
         (("post_send", {"qp": a.qp, "wr": {"wr_id": "7", "opcode": "SEND"}}), "EINVAL"),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -80,3 +81,64 @@ def test_cm_connect_completes_the_exchange(iuts):  # noqa: F811
     q = a.c.call("query_qp", qp=a.qp)
     assert q["state"] == "RTS" and q["attrs"]["dest_qpn"] == b.qpn and q["attrs"]["rq_psn"] == 0x4242
     assert q["attrs"]["sq_psn"] == req.psn
+
+
+# ---- cm_listen / cm_wait: the passive side (MR-SEC-017, MR-SEC-018, MR-SEC-019) ----------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _req(b, ctx_b, gid_ip=None):
+    return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), qpn=b.qpn, psn=0x1234,
+                    gid=cm.ip_to_gid(gid_ip or "127.0.0.1"), mac=cm.mac_bytes(ctx_b.engine.local_mac))
+
+
+def test_cm_listen_bounds_set_ups_per_source(iuts):  # noqa: F811
+    srv_a, ctx_a, _, _ = iuts
+    a = Side(srv_a, ctx_a).setup()
+    _init(a)
+    port = _free_port()
+    a.c.call("cm_listen", qp=a.qp, port=port, format="mrc1")
+    held = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(8)]
+    try:
+        ninth = socket.create_connection(("127.0.0.1", port), timeout=2)
+        assert ninth.recv(16) == b""                     # closed at once, nothing read
+        ninth.close()
+        for s in held:
+            s.settimeout(0.1)
+            with pytest.raises(socket.timeout):           # still open, waiting for a REQ
+                s.recv(16)
+        assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"
+        assert a.c.call("get_counters")["counters"]["cm_drop_setup_limit"] >= 1
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_cm_listen_checks_before_the_qp_and_releases_abandoned_exchanges(iuts):  # noqa: F811
+    srv_a, ctx_a, srv_b, ctx_b = iuts
+    a, b = Side(srv_a, ctx_a).setup(), Side(srv_b, ctx_b).setup()
+    _init(a)
+    port = _free_port()
+    a.c.call("cm_listen", qp=a.qp, port=port, format="mrc1", check_address=True)
+    with cm.connect("127.0.0.1", port) as ch:                     # GID of another address: REJ
+        with pytest.raises(cm.Rejected) as e:
+            cm.active_exchange(ch, _req(b, ctx_b, "10.9.9.9"), lambda rep: None)
+        assert e.value.reason == cm.Reason.ADDRESS_MISMATCH and e.value.by_peer
+    assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"
+    with cm.connect("127.0.0.1", port) as ch:                     # REP, then the TCP connection closes
+        ch.send(_req(b, ctx_b).encode())
+        rep = cm.read_msg(ch)
+        assert rep.msg_type == cm.MsgType.REP and rep.qpn == a.qpn
+    deadline = time.monotonic() + 5
+    while a.c.call("query_qp", qp=a.qp)["state"] != "INIT" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"        # released (MR-SEC-018)
+    with cm.connect("127.0.0.1", port) as ch:
+        rep = cm.active_exchange(ch, _req(b, ctx_b), lambda rep: None)
+    r = a.c.call("cm_wait", qp=a.qp, timeout_ms=5000)
+    assert r["peer"]["qpn"] == b.qpn and r["peer"]["psn"] == 0x1234
+    q = a.c.call("query_qp", qp=a.qp)
+    assert q["state"] == "RTS" and q["attrs"]["sq_psn"] == rep.psn and q["attrs"]["rq_psn"] == 0x1234

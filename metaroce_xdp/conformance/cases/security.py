@@ -1,7 +1,8 @@
 """Security considerations (10-security.md) seen on the wire: memory checks on every keyed packet
 (MR-SEC-004), which requests may cost a connection (MR-SEC-005), counting and not punishing remote
 access errors (MR-SEC-006, MR-SEC-007, MR-SEC-033), replies only to the address vector (MR-SEC-010),
-bounded responder state (MR-SEC-015), random starting PSNs (MR-SEC-020), forged and stale
+bounded responder state (MR-SEC-015), the passive connection set-up (MR-SEC-017, MR-SEC-018,
+MR-SEC-019), random starting PSNs (MR-SEC-020), forged and stale
 acknowledgements (MR-SEC-021, MR-SEC-023, MR-SEC-026, MR-SEC-032) and named drop counters (MR-SEC-031).
 
 A forged source address is one the LT sends from without owning it: every frame still goes only to
@@ -475,3 +476,158 @@ def starting_psns_random(t):
     if rq:
         c.send(ack(c, req.psn, 1))
         c.poll(1, 1.0)
+
+
+# ---- the passive side of the connection set-up (MR-SEC-017, MR-SEC-018, MR-SEC-019) -----------------
+def _cm_listen(t, c, **kw) -> int:
+    """cm_listen on the IUT QP `c` (in INIT) at a free port; NotApplicable when the IUT offers none."""
+    from ...agent import AgentError
+    for _ in range(5):
+        port = 20000 + secrets.randbelow(40000)
+        try:
+            t.agent.call("cm_listen", qp=c.qp, port=port, format="mrc1", caps=0, flags=1, **kw)
+            return port
+        except AgentError as e:
+            if e.code in ("ENOTSUP", "ENOCMD") or (e.code == "EINVAL" and kw):
+                raise NotApplicable(f"the IUT's agent offers no cm_listen{' with ' + str(kw) if kw else ''}: "
+                                    f"{e.code}") from None
+            if e.code not in ("EBUSY", "EINTERNAL"):
+                raise
+    raise CaseError("cm_listen found no free port")
+
+
+def _tcp(t, port: int, timeout: float = 2.0):
+    import socket
+    s = socket.create_connection((t.iut_ip, port), timeout=timeout, source_address=(t.lt_ip, 0))
+    return s
+
+
+def _req_msg(t, cm, qpn: int, psn: int, gid_ip: str | None = None, **kw):
+    return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), qpn=qpn, psn=psn, gid=cm.ip_to_gid(gid_ip or t.lt_ip),
+                    mac=cm.mac_bytes(t.lt_mac), **kw)
+
+
+def _answer(cm, ch):
+    """The IUT's answer to a REQ: the message (REP or REJ), or None when it closed the connection."""
+    try:
+        return cm.read_msg(ch, 3.0)
+    except cm.Rejected as e:                 # a message this side could not parse
+        return e
+    except cm.CMError:
+        return None
+
+
+@case("TC-SEC-017-a", rules=["MR-SEC-017"], category="SEC", timeout=20)
+def setup_exchanges_bounded_per_source(t):
+    """Eight TCP connections from one address to the IUT's listening port stay open waiting for a REQ (the
+    default 8 per source address); a ninth is closed at once, before any message, and the QP stays in INIT."""
+    import socket
+    c = t.connect(state="INIT")
+    port = _cm_listen(t, c)
+    held = []
+    try:
+        for _ in range(8):
+            held.append(_tcp(t, port))
+        time.sleep(0.2)
+        ninth = _tcp(t, port)
+        ninth.settimeout(1.0)
+        t0 = time.monotonic()
+        try:
+            got = ninth.recv(16)
+        except socket.timeout:
+            got = None
+        except ConnectionResetError:
+            got = b""
+        dt = time.monotonic() - t0
+        ninth.close()
+        t.check("MR-SEC-017", got == b"", f"9th connection from {t.lt_ip}: "
+                + ("closed" if got == b"" else "still open after 1 s" if got is None else f"sent {got!r}")
+                + f" after {dt * 1000:.0f} ms", expected="closed at once, nothing sent",
+                observed=[repr(got)])
+        alive = 0
+        for s in held:
+            s.settimeout(0.05)
+            try:
+                alive += s.recv(16) != b""
+            except socket.timeout:
+                alive += 1
+            except OSError:
+                pass
+        t.check("MR-SEC-017", alive == 8, f"{alive} of the first 8 connections still open", expected="8",
+                observed=[str(alive)])
+        st = c.query()["state"]
+        t.check("MR-SEC-017", st == "INIT", f"QP state {st}", expected="INIT (no QP used)", observed=[st])
+    finally:
+        for s in held:
+            s.close()
+
+
+@case("TC-SEC-018-a", rules=["MR-SEC-018", "MR-CM-008"], category="SEC", timeout=25)
+def qp_only_after_checks_and_released(t):
+    """A REQ that fails a check (path_mtu 9) is answered by REJ INVALID_PARAM and leaves the listening QP in
+    INIT; a valid REQ gets a REP, and when the tester then closes the connection before the RTU the exchange
+    is released: a later REQ is answered with a REP again and completes, the QP taking the later REQ's PSN."""
+    from ... import cm
+    c = t.connect(state="INIT")
+    port = _cm_listen(t, c)
+    lt_qpn = 0x100 + secrets.randbelow(0xFFFE00)
+    with cm.Channel(_tcp(t, port), "IUT") as ch:
+        ch.send(_req_msg(t, cm, lt_qpn, 0x111, path_mtu=9).encode())
+        m = _answer(cm, ch)
+    ok = isinstance(m, cm.CMMsg) and m.msg_type == cm.MsgType.REJ and m.reason == cm.Reason.INVALID_PARAM
+    what = m if not isinstance(m, cm.CMMsg) else f"{m.msg_type.name} {m.reason.name}"
+    t.check("MR-CM-008", ok, f"REQ with path_mtu 9: {what}", expected="REJ INVALID_PARAM", observed=[str(what)])
+    st = c.query()["state"]
+    t.check("MR-SEC-018", st == "INIT", f"after the refused REQ: QP state {st}", expected="INIT", observed=[st])
+    with cm.Channel(_tcp(t, port), "IUT") as ch:
+        ch.send(_req_msg(t, cm, lt_qpn, 0x222).encode())
+        m = _answer(cm, ch)
+    ok = isinstance(m, cm.CMMsg) and m.msg_type == cm.MsgType.REP
+    t.check("MR-SEC-018", ok, f"valid REQ: {getattr(m, 'msg_type', m)!s}; the tester closes before the RTU",
+            expected="REP", observed=[str(getattr(m, "msg_type", m))])
+    time.sleep(0.3)
+    psn = secrets.randbelow(1 << 24)
+    with cm.Channel(_tcp(t, port), "IUT") as ch:
+        try:
+            rep = cm.active_exchange(ch, _req_msg(t, cm, lt_qpn, psn), lambda r: None, 3.0)
+            answer = f"REP qpn {rep.qpn:#x}, RTU sent"
+        except cm.CMError as e:
+            rep, answer = None, str(e)
+    from ...agent import AgentError
+    try:
+        r = t.agent.call("cm_wait", qp=c.qp, timeout_ms=3000)
+    except AgentError as e:
+        r = {"error": e.code}
+    st = c.query()
+    ok = rep is not None and r.get("peer", {}).get("psn") == psn and st["state"] == "RTS" and st["attrs"]["rq_psn"] == psn
+    t.check("MR-SEC-018", ok, f"REQ after the abandoned exchange: {answer}; cm_wait {r}; QP {st['state']} "
+            f"rq_psn {st['attrs'].get('rq_psn')}", expected=f"REP, connected with rq_psn {psn:#x}",
+            observed=[answer, str(r)])
+
+
+@case("TC-SEC-019-a", rules=["MR-SEC-019"], category="SEC", timeout=20)
+def req_gid_checked_against_source(t):
+    """With the address check configured (cm_listen check_address), a REQ whose GID names another address
+    than the TCP connection's source gets REJ ADDRESS_MISMATCH and the QP stays in INIT; a REQ with the
+    source's own GID then connects."""
+    from ... import cm
+    c = t.connect(state="INIT")
+    port = _cm_listen(t, c, check_address=True)
+    other = _other_ip(t)
+    lt_qpn = 0x100 + secrets.randbelow(0xFFFE00)
+    with cm.Channel(_tcp(t, port), "IUT") as ch:
+        ch.send(_req_msg(t, cm, lt_qpn, 0x333, gid_ip=other).encode())
+        m = _answer(cm, ch)
+    ok = isinstance(m, cm.CMMsg) and m.msg_type == cm.MsgType.REJ and m.reason == cm.Reason.ADDRESS_MISMATCH
+    what = m if not isinstance(m, cm.CMMsg) else f"{m.msg_type.name} {m.reason.name}"
+    t.check("MR-SEC-019", ok, f"REQ from {t.lt_ip} with the GID of {other}: {what}",
+            expected="REJ ADDRESS_MISMATCH", observed=[str(what)])
+    st = c.query()["state"]
+    t.check("MR-SEC-019", st == "INIT", f"QP state {st}", expected="INIT", observed=[st])
+    with cm.Channel(_tcp(t, port), "IUT") as ch:
+        try:
+            cm.active_exchange(ch, _req_msg(t, cm, lt_qpn, 0x444), lambda r: None, 3.0)
+            answer = "REP"
+        except cm.CMError as e:
+            answer = str(e)
+    t.check("MR-SEC-019", answer == "REP", f"REQ with its own GID: {answer}", expected="REP", observed=[answer])
