@@ -960,10 +960,15 @@ def _set_budget(agent: Agent, v: int) -> None:
     agent.engine.budget = v
 
 
+def _set_ecn(agent: Agent, v: int) -> None:
+    agent.engine.ecn = bool(v)
+
+
 # set_param knobs: name -> (get, set, min, max).  Engine-wide, shared by every session;
 # the session that changed one restores it on reset.
 PARAMS: dict[str, tuple] = {
     "budget": (lambda a: a.engine.budget, _set_budget, 1, 65536),     # packets per progress round
+    "ecn": (lambda a: int(a.engine.ecn), _set_ecn, 0, 1),              # 9.4.2: ECN on new QPs (MR-ECN-011)
 }
 
 

@@ -194,6 +194,7 @@ class Engine:
         self.threaded = threaded
         # packets per progress round, and in flight per QP: tunables (also through the environment)
         self.budget = int(os.environ.get("METAROCE_BUDGET", "256"))
+        self.ecn = True                # new QPs ECT(0), CE answered by CNPs; False: Not-ECT, no CNP (MR-ECN-011)
         self.window = int(os.environ.get("METAROCE_WINDOW", "1024"))
         self.rx_bursts = 8             # receive bursts a round may take (while each comes back full)
         self._stop = threading.Event()
@@ -252,7 +253,8 @@ class Engine:
                                f"is {self.local_ip}: make the route use it (ip route change <prefix> via "
                                f"<gateway> src {self.local_ip})")
         return make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=qp.dgid,
-                             sport=qp.sport, dest_qp=qp.dest_qp, dscp=qp.dscp, ecn=2)   # ECT(0) (MR-ECN-001)
+                             sport=qp.sport, dest_qp=qp.dest_qp, dscp=qp.dscp,
+                             ecn=2 if qp.ecn else 0)    # ECT(0) (MR-ECN-001); Not-ECT without ECN (MR-ECN-011)
 
     def emit(self, qp: QP, opcode: int, psn: int, ack_req: int, se: int, ext: bytes, payload, off: int,
              plen: int) -> None:
@@ -340,7 +342,9 @@ class Engine:
         # MR-ECN-007, MR-ECN-008: CE on an accepted request or READ RESPONSE (duplicates and
         # NAKed packets too), never on ACKs, ATOMIC ACKNOWLEDGEs or CNPs
         if pkt.ecn == 3 and (pkt.op.mask & MI.REQ or 0x0D <= pkt.opcode <= 0x10):
-            if qp.dcqcn.np.on_ce(self.now):        # MR-ECN-009, MR-ECN-012, MR-CNP-002, MR-CNP-003
+            if not qp.ecn:                         # MR-ECN-011: ECN off on this QP, counted but no CNP
+                qp.dcqcn.np.rx_ce_marked += 1
+            elif qp.dcqcn.np.on_ce(self.now):      # MR-ECN-009, MR-ECN-012, MR-CNP-002, MR-CNP-003
                 self.send_cnp(qp)
 
     def send_cnp(self, qp: QP) -> None:

@@ -83,6 +83,7 @@ class QP:
         self.path_error: str | None = None
         self.sport = 0xC000 | (qp_num & 0x3FFF)     # one source port per QP in [0xC000, 0xFFFF] (MR-ENC-020)
         self.dscp = 26                              # MR-ECN-004
+        self.ecn = bool(getattr(ctx.engine, "ecn", True))   # ECN on this QP, fixed at creation (MR-ECN-011)
         self.pkey = 0xFFFF                          # pkey_index 0 of the one-entry P_Key table (MR-BTH-009)
         self.dcqcn = Dcqcn(ctx.engine.dcqcn, ctx.engine.now)   # CNPs and the sender's rate (dcqcn.py)
         self.attr_timeout = 14

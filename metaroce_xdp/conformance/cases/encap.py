@@ -9,7 +9,7 @@ import struct
 from .. import packets as P
 from ..registry import case
 from ..context import NotApplicable, _gid
-from ._common import describe
+from ._common import QUIET, describe
 from ._req import ack, connect_req, is_req, pattern, post, requests, wr, write_wr
 
 SIOCGIFMTU = 0x8921
@@ -168,3 +168,30 @@ def path_mtu_fits_link(t):
     t.check("MR-ENC-029", bool(first) and not over,
             f"path MTU {top}: IP sizes {[len(f.data) - 14 for f in reqs]} against link MTU {link}",
             frames=over or reqs, expected=f"a WRITE FIRST with {top} B of payload, IP size <= {link}")
+
+
+@case("TC-ECN-011-a", rules=["MR-ECN-011"], category="CC", timeout=10)
+def ecn_disabled_not_ect_no_cnp(t):
+    """set_param ecn 0, then a new QP: its WRITE request, its ACKs and its READ response are Not-ECT, and
+    three CE-marked WRITEs to it draw ACKs but no CNP."""
+    t.set_param("ecn", 0)
+    c = connect_req(t, timeout=14)
+    c.mem_write(0, pattern(200))
+    mark = post(c, write_wr(c, 200, 1))
+    reqs = requests(c, mark, 1, 2.0)
+    if reqs:
+        c.send(ack(c, reqs[0].roce.psn, 1))
+    c.poll(1, 0.5)
+    m2 = c.send(*[c.write(b"ce %d" % i, offset=1024 + 64 * i, tos=0x6B) for i in range(3)])
+    got = c.quiet(0.2 + QUIET, after=m2)
+    m3 = c.send(c.frame("RDMA_READ_REQUEST", reth=(c.va, c.rkey, 64)))
+    c.psn = P.psn_add(c.psn, 1)
+    rsp = c.expect(1, 2.0, after=m3, match=lambda f: f.roce.op == 0x10)
+    frames = reqs + got + rsp
+    cnps = [f for f in got if f.roce.op == 0x81]
+    ect = [f for f in frames if f.roce.ecn != 0]
+    acks = [f for f in got if f.roce.op == 0x11]
+    ok = bool(reqs) and bool(rsp) and len(acks) >= 1 and not cnps and not ect
+    t.check("MR-ECN-011", ok, f"IUT frames {describe(frames)}; ECN bits {[f.roce.ecn for f in frames]}; "
+            f"CNPs {len(cnps)}", frames=cnps + ect or frames,
+            expected="every frame of the QP Not-ECT (ECN 00), ACKs for the CE-marked WRITEs, no CNP")

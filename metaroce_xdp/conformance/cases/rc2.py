@@ -11,7 +11,8 @@ from .. import packets as P
 from ..context import Conn, _gid
 from ..registry import case
 from ._common import QUIET, counter, describe, expect_ack
-from ._req import ack, agent_error, cnp, connect_req, is_req, pattern, post, read_stream, wc_list, wr
+from ._req import (ack, agent_error, cnp, connect_req, is_req, pattern, post, read_stream, requests, wc_list,
+                   wr)
 
 ATOMIC_ACK = 0x12
 GB = 1 << 30
@@ -396,3 +397,45 @@ def solicited_event_from_the_completing_packet(t):
     t.check("MR-BTH-004", ok, "; ".join(results), frames=frames or [1],
             expected="events: no, no, yes (SE only counts on the packet that completes the receive)",
             observed=results)
+
+
+# ---- MR-ACK-012 --------------------------------------------------------------------------------------------
+@case("TC-ACK-012-a", rules=["MR-ACK-012"], category="ACK", timeout=10)
+def nak_leaves_lsn(t):
+    """SEND 1 is ACKed with credit code 0 (lsn = 1); SEND 2 goes out (before, or as the one probe of MR-ACK-011)
+    and SEND 3 is posted: an IUT that honours credits holds SEND 3.  The LT then RNR-NAKs SEND 2 with timer
+    code 31, whose low bits read as a credit code would mean "unlimited": SEND 3 must still be held (lsn
+    unchanged) until an ACK with fresh credits comes.  NOT-APPLICABLE for an IUT that keeps no credit limit
+    (MR-ACK-010 is a SHOULD): it has no lsn a NAK could change."""
+    c = connect_req(t, timeout=18)
+    c.mem_write(0, pattern(64))
+    p = c.iut_psn
+    m1 = post(c, wr("SEND", 16, wr_id=1, c=c))
+    s1 = requests(c, m1, 1, 2.0)
+    c.send(ack(c, p, 1, syndrome=0x00))                 # ACK, credit code 0: lsn = msn 1 + 0
+    c.poll(1, 0.5)
+    m2 = post(c, wr("SEND", 16, wr_id=2, c=c, offset=16))
+    s2 = requests(c, m2, 1, 1.0, psn=P.psn_add(p, 1))
+    m3 = post(c, wr("SEND", 16, wr_id=3, c=c, offset=32))
+    early = requests(c, m3, 1, 0.3, psn=P.psn_add(p, 2))
+    if not s1 or not s2:
+        t.check("MR-ACK-012", False, f"SEND 1: {describe(s1)}; SEND 2: {describe(s2)}", frames=s1 + s2,
+                expected="SEND 1 and SEND 2 sent")
+        return
+    if early:
+        c.send(ack(c, P.psn_add(p, 2), 3))
+        c.poll(2, 0.5)
+        t.not_applicable("MR-ACK-012", "the IUT keeps no credit limit (MR-ACK-010 is a SHOULD): SEND 3 went out "
+                                       "with lsn = 1, so it has no lsn that a NAK could change")
+        return
+    m4 = c.send(ack(c, P.psn_add(p, 1), 1, syndrome=0x3F))     # RNR NAK, timer code 31 (491.52 ms)
+    held = requests(c, m4, 1, 0.35, psn=P.psn_add(p, 2))
+    m5 = c.send(ack(c, P.psn_add(p, 1), 2, syndrome=0x1F))     # SEND 2 done, credits unlimited
+    later = requests(c, m5, 1, 2.0, psn=P.psn_add(p, 2))
+    if later:
+        c.send(ack(c, P.psn_add(p, 2), 3))
+    c.poll(2, 0.5)
+    t.check("MR-ACK-012", not held and bool(later),
+            f"after the RNR NAK (syndrome 0x3f): SEND 3 {describe(held) if held else 'held'}; after an ACK with "
+            f"unlimited credit: {describe(later)}", frames=held or later or s2,
+            expected="SEND 3 held after the RNR NAK (lsn still 1), sent after the ACK with syndrome 0x1f")
