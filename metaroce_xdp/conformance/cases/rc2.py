@@ -439,3 +439,76 @@ def nak_leaves_lsn(t):
             f"after the RNR NAK (syndrome 0x3f): SEND 3 {describe(held) if held else 'held'}; after an ACK with "
             f"unlimited credit: {describe(later)}", frames=held or later or s2,
             expected="SEND 3 held after the RNR NAK (lsn still 1), sent after the ACK with syndrome 0x1f")
+
+
+# ---- MR-CNP-007, MR-CNP-008 (DCQCN reaction point, 05-congestion.md 5.7.2 defaults) --------------------------
+R_MIN_BPS = 10e6            # R_min, Table of 05-congestion.md 5.7.2
+
+
+def _timed_write(c: Conn, wr_id: int, size: int, timeout: float, cnps: str = "") -> list:
+    """Post one WRITE of `size` bytes and capture its packets; ACK it at the end.  cnps "barrage": 64 CNPs just
+    before the post (from R_line, 64 halvings reach R_min); "rain": the barrage, then 8 CNPs every ~0.5 ms
+    until the last packet."""
+    import threading
+    import time
+    n = -(-size // c.mtu)
+    stop = threading.Event()
+    burst = [cnp(c)] * 8
+
+    def pump():
+        while not stop.is_set():
+            c.t.lt.send(*burst)
+            time.sleep(0.0005)
+    if cnps:
+        for _ in range(8):
+            c.t.lt.send(*burst)
+            time.sleep(0.0001)
+        time.sleep(0.002)                # the IUT takes them before the WRITE is posted
+    th = threading.Thread(target=pump, name="cnp-pump", daemon=True) if cnps == "rain" else None
+    if th is not None:
+        th.start()
+    try:
+        mark = post(c, wr("RDMA_WRITE", size, wr_id=wr_id, c=c))
+        got = c.expect(n, timeout, after=mark, match=is_req)
+    finally:
+        stop.set()
+        if th is not None:
+            th.join(1.0)
+    if got:
+        c.send(ack(c, got[-1].roce.psn, wr_id))
+    c.poll(1, 1.0)
+    return got
+
+
+def _rate_bps(fs: list, k: int) -> float:
+    dt = fs[-1].ts - fs[k].ts
+    return sum(len(f.roce.payload) for f in fs[k + 1:]) * 8 / dt if dt > 0 else float("inf")
+
+
+@case("TC-CNP-007-a", rules=["MR-CNP-007", "MR-CNP-008"], category="CC", caps=("DCQCN",), timeout=30,
+      timing=True)
+def rate_floor_and_recovery(t):
+    """Under 64 CNPs and then a steady rain of them (8 every ~0.5 ms), a 384 KiB WRITE still goes out at no
+    less than R_min (10 Mb/s, less 10 %) past its first 128 packets (the pacer's burst allowance).  After 64
+    CNPs alone (the rate cut to R_min), a 512 KiB WRITE posted at once is not held near R_min: its packets
+    past the first 64 take less than a quarter of the time R_min would need, so the reaction point raised
+    the rate again (fast recovery, then additive increase)."""
+    from ._req import need
+    c = t.connect(mtu=1024, timeout=20, mr_len=512 << 10)
+    low = _timed_write(c, 1, 384 << 10, min(12.0, t.left() - 12), cnps="rain")
+    need(len(low) == 384, f"first WRITE: {len(low)} of 384 packets captured")
+    r_low = _rate_bps(low, 128)
+    t.check("MR-CNP-008", r_low >= R_MIN_BPS * 0.9,
+            f"with CNPs, packets 128..383: {r_low / 1e6:.2f} Mb/s ({(low[-1].ts - low[128].ts) * 1e3:.1f} ms)",
+            frames=[low[128], low[-1]], expected=f"at least R_min = {R_MIN_BPS / 1e6:g} Mb/s less 10 %")
+    k0 = c.counters().get("rx_cnp")
+    up = _timed_write(c, 2, 512 << 10, min(8.0, t.left() - 2), cnps="barrage")
+    need(len(up) == 512, f"second WRITE: {len(up)} of 512 packets captured")
+    k1 = c.counters().get("rx_cnp")
+    need(k0 is None or k1 - k0 >= 64, f"the IUT took {k1 - k0 if k0 is not None else '?'} of the 64 CNPs (rx_cnp)")
+    took = up[-1].ts - up[64].ts
+    at_floor = sum(len(f.roce.payload) for f in up[65:]) * 8 / R_MIN_BPS
+    t.check("MR-CNP-007", took < at_floor / 4,
+            f"after 64 CNPs, packets 64..511 took {took * 1e3:.1f} ms; at R_min they would take "
+            f"{at_floor * 1e3:.0f} ms", frames=[up[64], up[-1]],
+            expected=f"less than {at_floor / 4 * 1e3:.0f} ms: the rate raised from R_min")
