@@ -13,7 +13,7 @@ import pytest
 from dp_players import FULL, collect, make_pair
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.rc.events import EventType
-from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
+from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -184,3 +184,21 @@ def test_many_qps_all_carrying_traffic_at_once(fabric):
         a.ctx.destroy_qp(q)
     for q in qb:
         b.ctx.destroy_qp(q)
+
+
+@pytest.mark.parametrize("op", [WROpcode.RDMA_WRITE, WROpcode.RDMA_READ])
+def test_local_mr_deregistered_under_a_posted_wr(fabric, op):
+    """MR-MEM-035: a work request whose local MR is deregistered before it runs fails LOC_PROT_ERR; its memory
+    is neither read nor written (the loop checks the MR's valid bit, not only the post)."""
+    topo, a, b = fabric
+    _fresh(a, b)
+    local = np.full(8192, 3, np.uint8)
+    lmr = a.pd.reg_mr(local, FULL)
+    b.buf[:8192] = 9
+    a.qp.post_send(SendWR(wr_id=1, opcode=op, sg_list=[SGE(lmr.addr, 8192, lmr.lkey)], remote_addr=b.mr.addr,
+                          rkey=b.mr.rkey))
+    a.ctx.dereg_mr(lmr)
+    w = collect(a, 1, [b])[0]
+    assert (w.wr_id, w.status) == (1, WCStatus.LOC_PROT_ERR)
+    assert (local == 3).all() and (b.buf[:8192] == 9).all()
+    assert a.qp.query_state() == QPState.ERR

@@ -40,6 +40,8 @@ _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "
         21: "invalid request: opcode out of sequence", 22: "remote access violation (key, PD, access or bounds)",
         23: "invalid request: wrong payload length", 24: "a SEND longer than the receive buffer",
         25: "a request this plane does not implement (ATOMIC or SEND WITH INVALIDATE)",
+        5: "a local MR was deregistered under a posted work request (MR-MEM-035)",
+        26: "the receive buffer's MR was deregistered",
         100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
@@ -523,12 +525,12 @@ class QP:
                 "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD])}
 
     # ---- work requests ------------------------------------------------------------------
-    def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int]:
+    def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int]:
         if len(sg_list) > 1:
             raise Unsupported(f"{what} with {len(sg_list)} SGEs: the compiled data plane takes at most one SGE "
                               "per work request so far")
         if not sg_list:
-            return 0, 0
+            return 0, 0, 0
         s = sg_list[0]
         if s.length < 0 or s.length >= 1 << 31:
             raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
@@ -538,7 +540,7 @@ class QP:
                 or (need and not mr.access & need)):
             raise InvalidArgument(f"{what}: SGE (addr {s.addr:#x}, length {s.length}, lkey {s.lkey:#x}) is not "
                                   "inside a valid MR of this QP's PD" + (f" with {need!r}" if need else ""))
-        return s.addr, s.length
+        return s.addr, s.length, mr.index      # the loop checks that MR's valid bit before each access
 
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send; a list is posted whole or not at all."""
@@ -555,10 +557,10 @@ class QP:
                                   "WRITE WITH IMM, SEND, SEND WITH IMM and RDMA READ)")
             if wr.send_flags & SendFlags.FENCE:
                 raise Unsupported("SendFlags.FENCE is not implemented by the compiled data plane")
-            addr, length = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else 0,
-                                     WROpcode(op).name)
+            addr, length, lmr = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else 0,
+                                          WROpcode(op).name)
             rows.append((_i64(wr.wr_id), int(op), int(wr.send_flags), addr, length, _i64(wr.remote_addr),
-                         wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF, 0, 0, 0, 0, 0, 0))
+                         wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF, 0, 0, 0, 0, 0, 0, lmr if length else 0))
         pl = self.ctx.plane
         with pl.post_lock:
             r = self.row
@@ -582,8 +584,9 @@ class QP:
             tail = int(r[L.Q_RQ_TAIL])
             if tail - int(r[L.Q_RQ_HEAD]) + len(rows) > self.rq_size:
                 raise QueueFull(f"receive queue full ({self.rq_size} WQEs)")
-            for i, (wr_id, addr, length) in enumerate(rows):
-                pl.RW[self.rq_base + ((tail + i) & (self.rq_size - 1))] = (_i64(wr_id), addr, length)
+            for i, (wr_id, addr, length, lmr) in enumerate(rows):
+                pl.RW[self.rq_base + ((tail + i) & (self.rq_size - 1))] = (_i64(wr_id), addr, length,
+                                                                            lmr if length else 0)
             r[L.Q_RQ_TAIL] = tail + len(rows)
             if int(r[L.Q_STATE]) == QPState.ERR:
                 pl.mark_ready(self.qi)

@@ -71,7 +71,7 @@ Q_FIELDS = _cols("""
     k_seq k_ack k_nak_seq k_rnr_seq pub_comp
     epsn msn ack_pend nak_pend nak_psn min_rnr
     r_kind r_addr r_left r_mr r_total r_wqe r_imm
-    rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr
+    rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i
@@ -81,13 +81,13 @@ NQ = len(Q_FIELDS)
 RK_NONE, RK_SEND, RK_WRITE = 0, 1, 2
 
 # ---- send WQE -------------------------------------------------------------------------
-W_FIELDS = _cols("wr_id opcode flags laddr length raddr rkey imm first_psn npsn sent started done status")
+W_FIELDS = _cols("wr_id opcode flags laddr length raddr rkey imm first_psn npsn sent started done status lmr")
 for _i, _n in enumerate(W_FIELDS):
     globals()["W_" + _n.upper()] = _i
 NW = len(W_FIELDS)
 
 # ---- receive WQE ----------------------------------------------------------------------
-R_FIELDS = _cols("wr_id laddr length")
+R_FIELDS = _cols("wr_id laddr length lmr")
 for _i, _n in enumerate(R_FIELDS):
     globals()["R_" + _n.upper()] = _i
 NR = len(R_FIELDS)

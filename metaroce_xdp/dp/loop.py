@@ -56,7 +56,7 @@ ST_RESET, ST_INIT, ST_RTR, ST_RTS, ST_SQD, ST_SQE, ST_ERR = 0, 1, 2, 3, 4, 5, 6
 # WR opcodes (verbs_types.WROpcode) and WC opcodes / statuses (libibverbs numbers)
 WR_WRITE, WR_WRITE_IMM, WR_SEND, WR_SEND_IMM, WR_READ = 0, 1, 2, 3, 4
 WC_SEND, WC_WRITE, WC_READ, WC_RECV, WC_RECV_IMM = 0, 1, 2, 128, 129
-S_OK, S_LOC_LEN, S_LOC_QP_OP, S_FLUSH, S_BAD_RESP = 0, 1, 2, 5, 7
+S_OK, S_LOC_LEN, S_LOC_QP_OP, S_LOC_PROT, S_FLUSH, S_BAD_RESP = 0, 1, 2, 4, 5, 7
 S_REM_INV_REQ, S_REM_ACCESS, S_REM_OP, S_RETRY_EXC, S_RNR_EXC = 9, 10, 11, 12, 13
 F_SIGNALED, F_SOLICITED = 2, 4
 WCF_IMM = 2
@@ -349,7 +349,7 @@ def qp_error(A, Q, SW, CQT, CE, qi, status, ev, why):
     Q[qi, Q_ERR] = why
     if A[P_KS_ADDR] != 0:
         st_rel_u8(ks_addr(A, qi) + KS_STATE, ST_ERR)
-    if status >= 0 and Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
+    if status >= 0 and Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL):
         r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
         if SW[r, W_STARTED]:
             if push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, SW[r, W_WR_ID], status, wc_of(SW[r, W_OPCODE]),
@@ -536,6 +536,14 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
         r = sq_row(Q, qi, nxt)
         op = SW[r, W_OPCODE]
         length = SW[r, W_LENGTH]
+        lmr = SW[r, W_LMR]
+        if lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0:
+            # its local MR was deregistered (MR-MEM-035): nothing of it is read or written; it fails
+            # LOC_PROT_ERR once it is the oldest
+            if nxt == Q[qi, Q_SQ_HEAD]:
+                SW[r, W_STARTED] = 1
+                Q[qi, Q_LOCERR] = S_LOC_PROT         # round_ fails it (qp_error)
+            break
         if SW[r, W_STARTED] == 0:
             if op == WR_READ and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
                 break
@@ -761,6 +769,13 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         if first:
             Q[qi, Q_R_TOTAL] = 0
             Q[qi, Q_R_KIND] = RK_SEND
+        if RW[r, R_LMR] and A[A[P_MR_OFF] + RW[r, R_LMR] * NM + M_VALID] == 0:
+            # the receive buffer's MR was deregistered: the RECV fails, nothing is placed
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
+            Q[qi, Q_RQ_HEAD] += 1
+            Q[qi, Q_R_KIND] = RK_NONE
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn, EV_QP_FATAL, 26)
+            return
         if Q[qi, Q_R_TOTAL] + plen > RW[r, R_LENGTH]:
             # the message is longer than the receive buffer: the RECV fails, the requester gets
             # an invalid request NAK (MR-RC-017)
@@ -916,6 +931,10 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         expect = 0
     if plen != expect:
         A[P_RX_DROP_LEN] += 1
+        return
+    lmr = SW[r, W_LMR]
+    if lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0:
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035: never placed
         return
     if plen:
         c_memcpy(SW[r, W_LADDR] + k * pmtu, A[P_UMEM_ADDR] + pay, plen)
@@ -1087,6 +1106,9 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                     timers(A, Q, SW, CQT, CE, qi, now)
                 if Q[qi, Q_STATE] == ST_RTS and Q[qi, Q_RNR_UNTIL] == 0:
                     work += requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget)
+                    if Q[qi, Q_LOCERR]:
+                        Q[qi, Q_LOCERR] = 0
+                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
                 if Q[qi, Q_STATE] == ST_ERR:
                     flush_queues(A, Q, SW, RW, CQT, CE, qi)
                 busy = busy or Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL) or Q[qi, Q_RNR_UNTIL] != 0
