@@ -130,28 +130,31 @@ def three_machines_on_the_wire(t):
     """Both directions at once on one QP (path MTU 256): the IUT's requester sends a 600-byte SEND and a READ
     while its responder takes a 2-packet WRITE, a SEND into a posted receive and a READ from the LT.  Every
     IUT frame is what section 10's requester, responder and completer would send, in that order: the
-    requests at consecutive PSNs, an ACK per AckReq with the running MSN, the READ answered at the request's
-    PSNs; and the completions are the ones they would produce."""
+    requests at consecutive PSNs, ACKs with the running MSN (the WRITE's may be coalesced into the SEND's), the
+    READ answered at the request's PSNs; and the completions are the ones they would produce."""
     c = connect_req(t, mtu=256, timeout=14)
     c.mem_write(0, pattern(600))
     c.post_recv(64, offset=8192, wr_id=0x77)
     p, q = c.iut_psn, c.psn
     mark = post(c, wr("SEND", 600, wr_id=1, c=c), wr("RDMA_READ", 300, wr_id=2, c=c, offset=4096))
     reqs = c.expect(4, 2.0, after=mark, match=is_req)
+    c.send(ack(c, P.psn_add(p, 2), 1), *read_stream(c, P.psn_add(p, 3), pattern(300, 9), 2))
     w1 = c.frame("RDMA_WRITE_FIRST", psn=q, reth=(c.va + 12288, c.rkey, 300), payload=pattern(256, 5))
     w2 = c.frame("RDMA_WRITE_LAST", psn=P.psn_add(q, 1), ackreq=True, payload=pattern(300, 5)[256:])
     s1 = c.frame("SEND_ONLY", psn=P.psn_add(q, 2), ackreq=True, payload=b"hello")
     rd = c.frame("RDMA_READ_REQUEST", psn=P.psn_add(q, 3), reth=(c.va, c.rkey, 300))
     m2 = c.send(w1, w2, s1, rd)
     c.psn = P.psn_add(q, 5)
-    resp = c.expect(4, 2.0, after=m2, match=lambda f: f.roce.op in (0x11, 0x0D, 0x0E, 0x0F, 0x10))
-    c.send(ack(c, P.psn_add(p, 2), 1), *read_stream(c, P.psn_add(p, 3), pattern(300, 9), 2))
+    resp = c.expect(4, 0.5, after=m2, match=lambda f: f.roce.op in (0x11, 0x0D, 0x0E, 0x0F, 0x10))
     wcs = c.poll(3, 1.0)
     got_req = [(f.roce.op, f.roce.psn) for f in reqs]
     want_req = [(0x00, p), (0x01, P.psn_add(p, 1)), (0x02, P.psn_add(p, 2)), (0x0C, P.psn_add(p, 3))]
     got_rsp = [(f.roce.op, f.roce.psn, f.roce.msn) for f in resp]
+    # the ACK of the WRITE may be coalesced into the SEND's (a cumulative ACK covers it, MR-ACK-002)
     want_rsp = [(0x11, P.psn_add(q, 1), 1), (0x11, P.psn_add(q, 2), 2), (0x0D, P.psn_add(q, 3), 3),
                 (0x0F, P.psn_add(q, 4), 3)]
+    if got_rsp == want_rsp[1:]:
+        want_rsp = want_rsp[1:]
     got_wc = sorted((w["wr_id"], w["status"], w.get("opcode")) for w in wcs)
     want_wc = sorted([("0x1", "IBV_WC_SUCCESS", "IBV_WC_SEND"), ("0x2", "IBV_WC_SUCCESS", "IBV_WC_RDMA_READ"),
                       ("0x77", "IBV_WC_SUCCESS", "IBV_WC_RECV")])
