@@ -75,6 +75,11 @@ else
 fi
 
 # 4. venv
+# (a venv without pip is one whose creation was interrupted: made anew)
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    step "venv $VENV is incomplete (no pip): making it anew"
+    rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     step "creating venv $VENV from /usr/bin/python3 (--system-site-packages, for bcc)"
     /usr/bin/python3 -m venv --system-site-packages "$VENV" || die "venv creation failed"
