@@ -642,6 +642,11 @@ def timers(A, Q, SW, CQT, CE, qi, now):
         if Q[qi, Q_STATE] == ST_ERR or now < Q[qi, Q_DEADLINE]:
             return
     A[P_TIMEOUTS] += 1
+    # what the QP looked like at its last timeout (Plane.stats(); for diagnosis)
+    A[P_LAST_TO_COMP], A[P_LAST_TO_MAX] = Q[qi, Q_COMP_PSN], Q[qi, Q_SND_MAX]
+    A[P_LAST_TO_KACK], A[P_LAST_TO_KSEQ] = Q[qi, Q_K_ACK], Q[qi, Q_K_SEQ]
+    A[P_LAST_TO_HEAD], A[P_LAST_TO_NEXT], A[P_LAST_TO_TAIL] = Q[qi, Q_SQ_HEAD], Q[qi, Q_SQ_NEXT], \
+        ld_acq_i64(Q[qi], Q_SQ_TAIL)
     if Q[qi, Q_RETRY_LEFT] <= 0:
         qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
         return
