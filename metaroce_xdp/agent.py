@@ -245,6 +245,7 @@ class Agent:
         self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
         self._saved_params: dict[str, Any] = {}
         self._listeners: dict[int, "_PassiveCM"] = {}     # qp handle -> its cm_listen
+        self._agreed: dict[int, int] = {}                 # qp handle -> capabilities agreed by set-up (6.3)
         self._commands: dict[str, Callable[[dict], dict | None]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
@@ -569,7 +570,8 @@ class Agent:
                      "max_dest_rd_atomic": qp.attr_max_dest_rd_atomic,
                      "max_send_wr": qp.cap.max_send_wr, "max_recv_wr": qp.cap.max_recv_wr,
                      "error": q["error"]}
-        return {"state": q["state"], "attrs": attrs, "profile": "compat", "agreed_caps": 0}
+        return {"state": q["state"], "attrs": attrs, "profile": "compat",
+                "agreed_caps": self._agreed.get(args["qp"], 0)}
 
     # -- work requests ---------------------------------------------------------------
     def _sg_list(self, wr: dict, pd: Any) -> list[SGE]:
@@ -620,8 +622,13 @@ class Agent:
         return s
 
     def cmd_post_send(self, args: dict) -> None:
-        _, e = self._lookup(self.qps, "qp", args)
+        h, e = self._lookup(self.qps, "qp", args)
         wrs = [self._send_wr(w, e.qp.pd) for w in self._wrs(args)]
+        agreed = self._agreed.get(h)
+        if agreed is not None and not agreed & 0x80 and any(
+                w.opcode in (WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_CMP_AND_SWP) for w in wrs):
+            raise AgentError("EINVAL", "atomic work request on a QP whose set-up did not agree ATOMICS "
+                             "(MR-CM-019)")
         self._post(e.qp.post_send, lambda: e.qp.requester.sq, wrs)
 
     def cmd_post_recv(self, args: dict) -> None:
@@ -798,6 +805,13 @@ class Agent:
             raise AgentError("ETIMEDOUT", f"no connection set up within {timeout:g} s")
         return lst.result
 
+    def _qp_to_error(self, h: int) -> None:
+        try:
+            if self.qps[h].qp.state != QPState.ERR:
+                self.cmd_modify_qp({"qp": h, "state": "ERR", "attrs": {}})
+        except (AgentError, KeyError):
+            pass
+
     def cmd_cm_connect(self, args: dict) -> dict:
         from . import cm
         h, e = self._lookup(self.qps, "qp", args)
@@ -824,15 +838,18 @@ class Agent:
             attrs = {"dest_qpn": rep.qpn, "rq_psn": rep.psn, "path_mtu": rep.mtu_bytes,
                      "dgid": cm.ip_to_gid(cm.gid_to_ip(rep.gid)).hex(), "max_dest_rd_atomic": req.max_dest_rd_atomic,
                      "min_rnr_timer": req.min_rnr_timer}
-            if any(rep.mac):
-                attrs["dmac"] = rep.mac_text
+            # MR-CM-024: rep.mac is informational; the next hop is resolved from the GID (modify_qp)
             self.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})
             self.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
                 "sq_psn": psn, "timeout": req.timeout, "retry_cnt": req.retry_cnt, "rnr_retry": req.rnr_retry,
                 "max_rd_atomic": min(req.max_rd_atomic, rep.max_dest_rd_atomic)}})
         try:
-            with cm.connect(host, port, timeout) as ch:
-                rep = cm.active_exchange(ch, req, connect_qp, timeout)
+            try:
+                with cm.connect(host, port, timeout) as ch:
+                    rep = cm.active_exchange(ch, req, connect_qp, timeout)
+            except cm.CMError:
+                self._qp_to_error(h)                                   # 6.5.1 FAILED, MR-CM-030
+                raise
         except cm.ConnectFailed as ex:
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL",
                              f"cm_connect to {host}:{port}: {ex}") from None
@@ -840,6 +857,7 @@ class Agent:
             raise AgentError("EACCES" if ex.by_peer else "EINVAL", f"cm_connect: {ex}") from None
         except cm.CMError as ex:
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL", f"cm_connect: {ex}") from None
+        self._agreed[h] = rep.capabilities
         return {"profile": "compat", "agreed_caps": rep.capabilities,
                 "peer": {"qpn": rep.qpn, "psn": rep.psn, "gid": rep.gid.hex()},
                 "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window,
@@ -910,23 +928,29 @@ class _PassiveCM:
                     if self.busy or self.done.is_set() or self.closed:
                         raise cm.Rejected(cm.Reason.NO_RESOURCES, "the listening QP is taken", by_peer=False)
                     self.busy = took = True
+                if req.p_key != 0xFFFF:                                               # MR-CM-023
+                    raise cm.Rejected(cm.Reason.INVALID_PARAM, f"p_key {req.p_key:#06x} is not the QP's 0xffff",
+                                      by_peer=False)
                 eng = agent.engine
                 mtu = min(req.mtu_bytes, max(m for m in PATH_MTUS if m <= eng.max_pmtu))
+                # MR-CM-022: the QP gets this side's own values (those the REP announces), never the REQ's
+                own = cm.CMMsg(cm.MsgType.REP, max_rd_atomic=16, max_dest_rd_atomic=16)
                 attrs = {"dest_qpn": req.qpn, "rq_psn": req.psn, "path_mtu": mtu, "dgid": req.gid.hex(),
-                         "max_dest_rd_atomic": min(req.max_rd_atomic, 16), "min_rnr_timer": req.min_rnr_timer}
-                if any(req.mac):
-                    attrs["dmac"] = req.mac_text
+                         "max_dest_rd_atomic": own.max_dest_rd_atomic, "min_rnr_timer": own.min_rnr_timer}
+                # MR-CM-024: req.mac is informational; modify_qp resolves the next hop from the GID
                 agent.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})          # MR-CM-026
                 qp = agent.qps[h].qp
                 self.psn = cm.random_psn()                                            # MR-CM-007
-                return cm.CMMsg(cm.MsgType.REP, qpn=qp.qp_num, psn=self.psn, gid=cm.ip_to_gid(eng.local_ip),
-                                mac=cm.mac_bytes(eng.local_mac), path_mtu=cm.MTU_ENUM[mtu],
-                                max_dest_rd_atomic=attrs["max_dest_rd_atomic"])
+                own.qpn, own.psn, own.gid, own.mac = qp.qp_num, self.psn, cm.ip_to_gid(eng.local_ip), \
+                    cm.mac_bytes(eng.local_mac)
+                own.path_mtu = cm.MTU_ENUM[mtu]
+                return own
             with ch:
                 req, rep = cm.passive_exchange(ch, self.caps, make_rep)
-            agent.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
-                "sq_psn": rep.psn, "timeout": req.timeout, "retry_cnt": req.retry_cnt, "rnr_retry": req.rnr_retry,
-                "max_rd_atomic": min(req.max_dest_rd_atomic, 16)}})
+            agent.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {                  # MR-CM-021, MR-CM-022
+                "sq_psn": rep.psn, "timeout": rep.timeout, "retry_cnt": rep.retry_cnt, "rnr_retry": rep.rnr_retry,
+                "max_rd_atomic": min(rep.max_rd_atomic, req.max_dest_rd_atomic)}})
+            agent._agreed[h] = rep.capabilities
             self.result = {"profile": "compat", "agreed_caps": rep.capabilities,
                            "peer": {"qpn": req.qpn, "psn": req.psn, "gid": req.gid.hex()},
                            "params": {"path_mtu": rep.mtu_bytes, "sack_window": 0, "entropy_count": 1}}

@@ -537,6 +537,10 @@ def active_exchange(ch: Channel, req: CMMsg, connect_qp: Callable[[CMMsg], None]
     if not rep.capabilities & Cap.NATIVE and not (rep.flags & req.flags & FLAG_COMPAT_OK):
         reject(ch, req.cookie, Reason.NATIVE_REQUIRED)                                   # MR-CM-017
         raise Rejected(Reason.NATIVE_REQUIRED, "", by_peer=False)
+    bad_gid = _gid_problem(req.gid, rep.gid, rep.capabilities)
+    if bad_gid:
+        reject(ch, req.cookie, Reason.INVALID_PARAM, bad_gid)                             # MR-CM-018
+        raise Rejected(Reason.INVALID_PARAM, bad_gid, by_peer=False)
     try:
         connect_qp(rep)
     except Exception as e:
@@ -563,11 +567,18 @@ def passive_exchange(ch: Channel, local_caps: int, make_rep: Callable[[CMMsg], C
     if not agreed & Cap.NATIVE and not req.flags & FLAG_COMPAT_OK:
         reject(ch, req.cookie, Reason.NATIVE_REQUIRED)
         raise Rejected(Reason.NATIVE_REQUIRED, "", by_peer=False)
+    if not _v4_mapped(req.gid) and not agreed & Cap.IPV6:                               # MR-CM-018
+        reject(ch, req.cookie, Reason.INVALID_PARAM, "an IPv6 GID without IPV6 agreed")
+        raise Rejected(Reason.INVALID_PARAM, "IPv6 GID without IPV6", by_peer=False)
     try:
         rep = make_rep(req)
     except Rejected as e:
         reject(ch, req.cookie, e.reason, e.text)
         raise
+    bad_gid = _gid_problem(req.gid, rep.gid, agreed)
+    if bad_gid:
+        reject(ch, req.cookie, Reason.INVALID_PARAM, bad_gid)
+        raise Rejected(Reason.INVALID_PARAM, bad_gid, by_peer=False)
     rep.msg_type, rep.cookie, rep.capabilities = MsgType.REP, req.cookie, agreed
     rep.path_mtu = min(req.path_mtu, rep.path_mtu)                                      # MR-CM-020
     ch.send(rep.encode())
@@ -577,6 +588,19 @@ def passive_exchange(ch: Channel, local_caps: int, make_rep: Callable[[CMMsg], C
         reject(ch, req.cookie, Reason.UNEXPECTED_MESSAGE, f"expected RTU, got {rtu.msg_type.name}")
         raise Rejected(Reason.UNEXPECTED_MESSAGE, rtu.msg_type.name, by_peer=False)
     return req, rep
+
+
+def _v4_mapped(gid: bytes) -> bool:
+    return bytes(gid[:12]) == b"\x00" * 10 + b"\xff\xff"
+
+
+def _gid_problem(a: bytes, b: bytes, agreed: int) -> str:
+    """MR-CM-018: both GIDs IPv4-mapped, or both not with IPV6 agreed; else what is wrong."""
+    if _v4_mapped(a) != _v4_mapped(b):
+        return "the two GIDs are of different families"
+    if not _v4_mapped(a) and not agreed & Cap.IPV6:
+        return "IPv6 GIDs without IPV6 agreed"
+    return ""
 
 
 def mac_bytes(mac: str) -> bytes:
