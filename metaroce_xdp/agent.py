@@ -805,6 +805,14 @@ class Agent:
             raise AgentError("ETIMEDOUT", f"no connection set up within {timeout:g} s")
         return lst.result
 
+    def _loop_dmac(self, mac: bytes) -> dict:
+        """MR-CM-024: the mac field of a REQ/REP is informational; modify_qp finds the next hop from the
+        GID.  Only an engine without a forwarding table (an in-process loop port: resolve_mac None) takes
+        the field, as there is nothing else to go by."""
+        if getattr(self.engine, "resolve_mac", None) is None and any(mac):
+            return {"dmac": ":".join("%02x" % b for b in mac)}
+        return {}
+
     def _qp_to_error(self, h: int) -> None:
         try:
             if self.qps[h].qp.state != QPState.ERR:
@@ -838,7 +846,7 @@ class Agent:
             attrs = {"dest_qpn": rep.qpn, "rq_psn": rep.psn, "path_mtu": rep.mtu_bytes,
                      "dgid": cm.ip_to_gid(cm.gid_to_ip(rep.gid)).hex(), "max_dest_rd_atomic": req.max_dest_rd_atomic,
                      "min_rnr_timer": req.min_rnr_timer}
-            # MR-CM-024: rep.mac is informational; the next hop is resolved from the GID (modify_qp)
+            attrs.update(self._loop_dmac(rep.mac))         # MR-CM-024: next hop resolved from the GID
             self.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})
             self.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
                 "sq_psn": psn, "timeout": req.timeout, "retry_cnt": req.retry_cnt, "rnr_retry": req.rnr_retry,
@@ -937,7 +945,7 @@ class _PassiveCM:
                 own = cm.CMMsg(cm.MsgType.REP, max_rd_atomic=16, max_dest_rd_atomic=16)
                 attrs = {"dest_qpn": req.qpn, "rq_psn": req.psn, "path_mtu": mtu, "dgid": req.gid.hex(),
                          "max_dest_rd_atomic": own.max_dest_rd_atomic, "min_rnr_timer": own.min_rnr_timer}
-                # MR-CM-024: req.mac is informational; modify_qp resolves the next hop from the GID
+                attrs.update(agent._loop_dmac(req.mac))    # MR-CM-024: modify_qp resolves the next hop
                 agent.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})          # MR-CM-026
                 qp = agent.qps[h].qp
                 self.psn = cm.random_psn()                                            # MR-CM-007

@@ -40,7 +40,7 @@ def _init(side):
     side.c.call("modify_qp", qp=side.qp, state="INIT", attrs={"access": FULL, "pkey": 0xFFFF})
 
 
-def test_cm_connect_rejected_leaves_the_qp_in_init(iuts):  # noqa: F811
+def test_cm_connect_rejected_leaves_the_qp_in_err(iuts):  # noqa: F811
     srv_a, ctx_a, _, _ = iuts
     a = Side(srv_a, ctx_a).setup()
     _init(a)
@@ -57,7 +57,9 @@ def test_cm_connect_rejected_leaves_the_qp_in_init(iuts):  # noqa: F811
                 cm.reject(ch, req.cookie, cm.Reason.CONSUMER_REJECT, "test")
             th.join(10)
             assert out.get("error") == "EACCES"
-            assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"
+            assert a.c.call("query_qp", qp=a.qp)["state"] == "ERR"                 # 6.5.1, MR-CM-030
+            a.c.call("modify_qp", qp=a.qp, state="RESET", attrs={})                  # a retry starts in INIT
+            _init(a)
     assert len(set(psns)) == 3 and all(0 <= p < 1 << 24 for p in psns)          # MR-CM-007
 
 
