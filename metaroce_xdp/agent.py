@@ -780,8 +780,7 @@ class Agent:
         makes a REQ whose GID is not the TCP source address a REJ ADDRESS_MISMATCH (MR-SEC-019)."""
         from . import cm
         h, e = self._lookup(self.qps, "qp", args)
-        if _enum(args, "format", ("mrc1", "pingpong"), "mrc1") != "mrc1":
-            raise AgentError("ENOTSUP", "cm_listen format pingpong: only mrc1")
+        fmt = _enum(args, "format", ("mrc1", "pingpong"), "mrc1")
         port = _int(args, "port", 1, 65535, cm.CM_PORT)
         check = _get(args, "check_address", False)
         if not isinstance(check, bool):
@@ -791,7 +790,8 @@ class Agent:
         if h in self._listeners:
             raise AgentError("EBUSY", f"QP {h} is already listening")
         try:
-            self._listeners[h] = _PassiveCM(self, h, port, check, _int(args, "caps", 0, 0xFF, 0) & self.info.caps)
+            self._listeners[h] = _PassiveCM(self, h, port, check, _int(args, "caps", 0, 0xFF, 0) & self.info.caps,
+                                            fmt)
         except cm.CMError as ex:
             raise AgentError("EBUSY" if "in use" in str(ex) else "EINTERNAL", str(ex)) from None
 
@@ -804,6 +804,34 @@ class Agent:
         if not lst.done.wait(timeout):
             raise AgentError("ETIMEDOUT", f"no connection set up within {timeout:g} s")
         return lst.result
+
+    def _pp_connect_qp(self, h: int, theirs, psn: int) -> None:
+        """MR-CM-044: the fixed attributes of ibv_rc_pingpong (path MTU 1024)."""
+        from . import cm
+        self.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": {
+            "dest_qpn": theirs.qpn, "rq_psn": theirs.psn, "path_mtu": 1024, "dgid": theirs.gid.hex(),
+            "max_dest_rd_atomic": cm.PP_ATTRS["max_dest_rd_atomic"], "min_rnr_timer": cm.PP_ATTRS["min_rnr_timer"]}})
+        self.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
+            "sq_psn": psn, "timeout": cm.PP_ATTRS["timeout"], "retry_cnt": cm.PP_ATTRS["retry_cnt"],
+            "rnr_retry": cm.PP_ATTRS["rnr_retry"], "max_rd_atomic": cm.PP_ATTRS["max_rd_atomic"]}})
+
+    def _pp_connect(self, h: int, host: str, port: int, timeout: float) -> dict:
+        """cm_connect format pingpong: the client role of 6.7 (MR-CM-041..044); MRC1 is never sent."""
+        from . import cm
+        qp = self.qps[h].qp
+        psn = cm.random_psn()
+        mine = cm.PingpongDest(0, qp.qp_num, psn, cm.ip_to_gid(self.engine.local_ip))
+        try:
+            with cm.connect(host, port, timeout) as ch:
+                theirs = cm.pp_client_exchange(ch, mine, timeout)
+            self._pp_connect_qp(h, theirs, psn)                       # after the "done", as rc_pingpong
+        except (cm.CMError, AgentError) as ex:
+            self._qp_to_error(h)
+            raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL",
+                             f"cm_connect pingpong: {ex}") from None
+        self._agreed[h] = 0
+        return {"profile": "compat", "agreed_caps": 0, "peer": {"qpn": theirs.qpn, "psn": theirs.psn,
+                "gid": theirs.gid.hex()}, "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
 
     def _loop_dmac(self, mac: bytes) -> dict:
         """MR-CM-024: the mac field of a REQ/REP is informational; modify_qp finds the next hop from the
@@ -823,8 +851,7 @@ class Agent:
     def cmd_cm_connect(self, args: dict) -> dict:
         from . import cm
         h, e = self._lookup(self.qps, "qp", args)
-        if _enum(args, "format", ("mrc1", "pingpong"), "mrc1") != "mrc1":
-            raise AgentError("ENOTSUP", "cm_connect format pingpong: only mrc1")
+        fmt = _enum(args, "format", ("mrc1", "pingpong"), "mrc1")
         host = _get(args, "host")
         if not isinstance(host, str) or not host:
             raise AgentError("EINVAL", "host must be a host name or address")
@@ -836,6 +863,8 @@ class Agent:
         if qp.state != QPState.INIT:                                   # MR-CM-025
             raise AgentError("ESTATE", f"cm_connect needs the QP in INIT, it is {qp.state.name}")
         eng = self.engine
+        if fmt == "pingpong":
+            return self._pp_connect(h, host, port, timeout)
         mtu = max(m for m in PATH_MTUS if m <= eng.max_pmtu)
         psn = cm.random_psn()                                          # MR-CM-007, MR-SEC-020
         req = cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), flags=flags, capabilities=caps,
@@ -883,9 +912,10 @@ class _PassiveCM:
 
     SETUP_TOTAL, SETUP_PER_SOURCE = 64, 8             # 10.4 defaults
 
-    def __init__(self, agent: "Agent", h: int, port: int, check_address: bool, caps: int) -> None:
+    def __init__(self, agent: "Agent", h: int, port: int, check_address: bool, caps: int,
+                 fmt: str = "mrc1") -> None:
         from . import cm
-        self.agent, self.h, self.check, self.caps = agent, h, check_address, caps
+        self.agent, self.h, self.check, self.caps, self.fmt = agent, h, check_address, caps, fmt
         self.listener = cm.Listener(port)
         self.done = threading.Event()
         self.result: dict = {}
@@ -927,6 +957,9 @@ class _PassiveCM:
         agent, h = self.agent, self.h
         took = False
         try:
+            if self.fmt == "pingpong":
+                took = self._pp_exchange(ch)
+                return
             def make_rep(req):
                 nonlocal took
                 if self.check and cm.gid_to_ip(req.gid) != _canon_ip(src):             # MR-SEC-019
@@ -979,6 +1012,41 @@ class _PassiveCM:
                     self.busy = False
                 self.total -= 1
                 self.per_source[src] -= 1
+
+
+def _pp_server(self, ch) -> bool:
+    """cm_listen format pingpong: the server role of 6.7 (MR-CM-043, MR-CM-045): read the client's 52
+    bytes, RTR and RTS, write ours, read the "done".  Anything that is not a pingpong message (an MRC1
+    REQ too, MR-CM-046) closes the connection without a reply and leaves the QP alone."""
+    from . import cm
+    agent, h = self.agent, self.h
+    with ch:
+        theirs = cm.pp_decode(ch.recv_exact(cm.PP_MSG_LEN, cm.CM_TIMEOUT))
+        with self.lock:
+            if self.busy or self.done.is_set() or self.closed:
+                raise cm.CMError("the listening QP is taken")
+            self.busy = True
+        try:
+            qp = agent.qps[h].qp
+            self.psn = cm.random_psn()
+            agent._pp_connect_qp(h, theirs, self.psn)
+            self.result = {"profile": "compat", "agreed_caps": 0,
+                           "peer": {"qpn": theirs.qpn, "psn": theirs.psn, "gid": theirs.gid.hex()},
+                           "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
+            agent._agreed[h] = 0
+            self.done.set()                                   # usable before the "done" (MR-CM-045)
+            ch.send(cm.pp_encode(cm.PingpongDest(0, qp.qp_num, self.psn, cm.ip_to_gid(agent.engine.local_ip))))
+            try:
+                ch.recv_some(cm.PP_MSG_LEN, cm.CM_TIMEOUT)
+            except cm.CMError:
+                pass
+        finally:
+            with self.lock:
+                self.busy = False
+    return False
+
+
+_PassiveCM._pp_exchange = _pp_server
 
 
 def _canon_ip(a: str) -> str:

@@ -234,6 +234,9 @@ class Listener:
 # Section 6.7: "%04x:%06x:%06x:%s" with a 32-digit wire GID, sent with its NUL.
 PP_MSG_LEN = len("0000:000000:000000:" + "0" * 32) + 1      # 52 bytes (MR-CM-041)
 PP_DONE = b"done\x00"                                         # 5 bytes (MR-CM-043)
+# MR-CM-044: the fixed QP attributes of ibv_rc_pingpong
+PP_ATTRS = {"max_dest_rd_atomic": 1, "min_rnr_timer": 12, "timeout": 14, "retry_cnt": 7, "rnr_retry": 7,
+            "max_rd_atomic": 1}
 
 
 @dataclass

@@ -332,7 +332,7 @@ def test_error_codes(pair):
         (("set_param", {"name": "budget", "value": 0}), "EINVAL"),
         (("set_param", {"name": "warp_speed", "value": 9}), "ENOTSUP"),
         (("cm_connect", {"qp": a.qp, "host": "127.0.0.1", "port": 18515}), "ESTATE"),    # QP in RTS, not INIT
-        (("cm_connect", {"qp": a.qp, "host": "127.0.0.1", "format": "pingpong"}), "ENOTSUP"),
+        (("cm_connect", {"qp": a.qp, "host": "127.0.0.1", "format": "pingpong"}), "ESTATE"),
         (("cm_listen", {"qp": a.qp, "port": 18515}), "ESTATE"),                       # QP in RTS, not INIT
         (("cm_wait", {"qp": a.qp}), "ESTATE"),                                        # not listening
         (("post_send", {"qp": a.qp, "wr": {"wr_id": 7, "opcode": "SEND"}}), None),   # plain integer wr_id is fine

@@ -75,3 +75,4 @@ def test_active_without_atomics_refuses_atomic_wrs(iuts):  # noqa: F811
                                            "sg_list": [{"mr": a.mr, "offset": 0, "len": 8}],
                                            "remote": {"va": "0x1000", "rkey": 1}, "swap_add": "0x1"})
     assert e.value.code == "EINVAL"
+

@@ -801,3 +801,134 @@ def active_timeout_and_rej(t):
     t.check("MR-CM-019", posted != "accepted" and not atom,
             f"atomic WR on a QP without ATOMICS agreed: post_send {posted}; atomics sent {describe(atom)}",
             frames=atom, expected="refused at post time, nothing sent", observed=[posted])
+
+
+# ---- the pingpong format of 6.7 ------------------------------------------------------------------------
+PP_RE = __import__("re").compile(rb"0000:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\x00")
+
+
+def pp_msg(lid: int, qpn: int, psn: int, gid_: bytes) -> bytes:
+    return b"%04x:%06x:%06x:%s\x00" % (lid, qpn, psn, gid_.hex().encode())
+
+
+def recv_n(s: socket.socket, n: int, timeout: float = 3.0) -> bytes:
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while len(buf) < n and time.monotonic() < deadline:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = s.recv(n - len(buf))
+        except (socket.timeout, OSError):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def _pp_attrs_ok(t, c, rules, what):
+    a = c.query()["attrs"]
+    got = (a["path_mtu"], a["timeout"], a["retry_cnt"], a["rnr_retry"], a["max_rd_atomic"],
+           a["max_dest_rd_atomic"], a["min_rnr_timer"])
+    for r in rules:
+        t.check(r, got == (1024, 14, 7, 7, 1, 1, 12), f"{what}: QP path_mtu/timeout/retry/rnr_retry/max_rd_atomic/"
+                f"max_dest_rd_atomic/min_rnr_timer {got}", expected="(1024, 14, 7, 7, 1, 1, 12)", observed=[str(a)])
+    return a
+
+
+@case("TC-CM-040-a", rules=["MR-CM-040", "MR-CM-041", "MR-CM-042", "MR-CM-043", "MR-CM-044", "MR-CM-045",
+                            "MR-CM-046", "MR-CM-047"], category="CM", timeout=30)
+def pingpong_both_roles(t):
+    """The ibv_rc_pingpong exchange in both roles.  Server (cm_listen format pingpong): an MRC1 REQ is met with
+    a close and no MRC1 reply; the LT's 52-byte message (LID abcd, to be ignored) is answered with 52 bytes
+    "0000:qpn:psn:gid" + NUL naming the IUT's QP and GID, the QP already in RTS with rc_pingpong's attributes
+    before the "done"; traffic uses the LT's QPN/PSN.  Client (cm_connect format pingpong): the IUT writes its
+    52 bytes first, reads the LT's and writes "done" + NUL; its QP then runs with the same attributes."""
+    from ...agent import AgentError
+    c = t.connect(state="INIT")
+    port = 20000 + secrets.randbelow(40000)
+    try:
+        t.agent.call("cm_listen", qp=c.qp, port=port, format="pingpong", caps=0, flags=COMPAT_OK)
+    except AgentError as e:
+        if e.code in ("ENOTSUP", "ENOCMD", "EINVAL"):
+            raise NotApplicable(f"the IUT's agent offers no pingpong cm_listen: {e.code}") from None
+        raise
+    lt_qpn, lt_psn = 0x100 + secrets.randbelow(0xFFFE00), secrets.randbelow(1 << 24)
+    s = socket.create_connection((t.iut_ip, port), timeout=2.0, source_address=(t.lt_ip, 0))
+    s.sendall(msg(REQ, cookie=9, gid_=gid(t.lt_ip), qpn=lt_qpn, psn=lt_psn, mac=macb(t.lt_mac)))
+    got = recv_n(s, 64, 3.0)
+    s.close()
+    t.check("MR-CM-046", not got.startswith(b"MRC1") and c.query()["state"] == "INIT",
+            f"MRC1 REQ to the pingpong listener: got {got[:16]!r}", expected="closed without an MRC1 reply, QP INIT",
+            observed=[repr(got)])
+    s = socket.create_connection((t.iut_ip, port), timeout=2.0, source_address=(t.lt_ip, 0))
+    try:
+        s.sendall(pp_msg(0xABCD, lt_qpn, lt_psn, gid(t.lt_ip)))
+        theirs = recv_n(s, 52, 3.0)
+        ok = PP_RE.fullmatch(theirs) is not None
+        t.check("MR-CM-041", ok and theirs[5:11] == b"%06x" % c.qpn and theirs[19:51] == gid(t.iut_ip).hex().encode(),
+                f"server's message {theirs!r} (QP {c.qpn:#x})", expected="0000:<qpn 6>:<psn 6>:<gid 32> NUL, 52 bytes",
+                observed=[repr(theirs)])
+        st = c.query()["state"]
+        t.check("MR-CM-045", st == "RTS", f"QP before the LT's \"done\": {st}", expected="RTS", observed=[st])
+        t.check("MR-CM-043", ok and st == "RTS", "server: read the client's message, RTR/RTS, wrote its own",
+                observed=[repr(theirs)])
+        a = _pp_attrs_ok(t, c, ["MR-CM-044"], "server")
+        t.check("MR-CM-042", a["dest_qpn"] == lt_qpn and a["rq_psn"] == lt_psn and
+                a["dgid"] in (gid(t.lt_ip).hex(), t.lt_ip, "::ffff:" + t.lt_ip),
+                f"QP dest_qpn {a['dest_qpn']:#x} rq_psn {a['rq_psn']:#x} dgid {a['dgid']} (LID abcd sent)",
+                expected=f"{lt_qpn:#x}, {lt_psn:#x}, the LT's GID", observed=[str(a)])
+        if ok:
+            c.lt_qpn, c.psn, c.iut_psn = lt_qpn, lt_psn, int(theirs[12:18], 16)
+            traffic(t, c, ["MR-CM-040", "MR-CM-044"], "server role")
+        s.sendall(b"done\x00")
+    finally:
+        s.close()
+    # client role
+    c2 = t.connect(state="INIT")
+    srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind((t.lt_ip, 0))
+    srv.listen(1)
+    out: dict = {}
+    th = threading.Thread(target=lambda: _pp_connect(t, c2, srv.getsockname()[1], out), daemon=True)
+    th.start()
+    srv.settimeout(4.0)
+    lt_qpn2, lt_psn2 = 0x100 + secrets.randbelow(0xFFFE00), secrets.randbelow(1 << 24)
+    try:
+        conn, _ = srv.accept()
+    except socket.timeout:
+        th.join(2)
+        raise CaseError(f"no connection from cm_connect pingpong: {out}") from None
+    finally:
+        srv.close()
+    with conn:
+        first = recv_n(conn, 52, 3.0)
+        conn.sendall(pp_msg(0, lt_qpn2, lt_psn2, gid(t.lt_ip)))
+        done = recv_n(conn, 5, 3.0)
+        th.join(5)
+    ok = PP_RE.fullmatch(first) is not None and first[5:11] == b"%06x" % c2.qpn \
+        and first[19:51] == gid(t.iut_ip).hex().encode()
+    t.check("MR-CM-041", ok, f"client's message {first!r}", expected="52 bytes, 0000:<qpn>:<psn>:<gid> NUL",
+            observed=[repr(first)])
+    t.check("MR-CM-046", not first.startswith(b"MRC1"), f"client's first bytes {first[:8]!r}",
+            expected="no MRC1 message", observed=[repr(first)])
+    t.check("MR-CM-043", ok and done == b"done\x00" and "result" in out,
+            f"client: wrote its message, then after ours {done!r}; cm_connect {out}",
+            expected='its message first, then "done" NUL', observed=[repr(done)])
+    a = _pp_attrs_ok(t, c2, ["MR-CM-044"], "client")
+    t.check("MR-CM-042", a["dest_qpn"] == lt_qpn2 and a["rq_psn"] == lt_psn2, f"client QP {a}",
+            expected=f"dest_qpn {lt_qpn2:#x}, rq_psn {lt_psn2:#x}", observed=[str(a)])
+    if ok:
+        c2.lt_qpn, c2.psn, c2.iut_psn = lt_qpn2, lt_psn2, int(first[12:18], 16)
+        traffic(t, c2, ["MR-CM-040"], "client role")
+    t.not_applicable("MR-CM-047", "the agent protocol (9.4.2 cm_listen format) listens for one format per port; "
+                     "the IUT offers no port that takes both")
+
+
+def _pp_connect(t, c, port, out):
+    from ...agent import AgentError
+    try:
+        out["result"] = t.agent.call("cm_connect", qp=c.qp, host=t.lt_ip, port=port, format="pingpong", caps=0,
+                                     flags=COMPAT_OK, timeout_ms=3000)
+    except AgentError as e:
+        out["error"] = e.code
