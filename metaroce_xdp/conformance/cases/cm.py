@@ -932,3 +932,47 @@ def _pp_connect(t, c, port, out):
                                      flags=COMPAT_OK, timeout_ms=3000)
     except AgentError as e:
         out["error"] = e.code
+
+
+@case("TC-CM-035-a", rules=["MR-CM-035"], category="CM", timeout=20)
+def active_retries_are_fresh(t):
+    """The LT closes the TCP connection on the IUT's first REQ without answering.  If the IUT retries the
+    exchange (it MAY), every retry comes on a new TCP connection with a new cookie and a new starting PSN
+    (the QP is in INIT again: a REQ is only sent from INIT, MR-CM-025); the LT completes none.  An IUT that does
+    not retry within cm_timeout gets NOT-APPLICABLE."""
+    c = t.connect(state="INIT")
+    srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind((t.lt_ip, 0))
+    srv.listen(4)
+    out: dict = {}
+    th = threading.Thread(target=_connect_call, args=(t, c, srv.getsockname()[1], out, 1500), daemon=True)
+    th.start()
+    reqs, ports = [], []
+    deadline = time.monotonic() + min(12.0, t.left() - 3)
+    srv.settimeout(0.2)
+    try:
+        while time.monotonic() < deadline and (th.is_alive() or not reqs):
+            try:
+                conn, addr = srv.accept()
+            except socket.timeout:
+                if not th.is_alive():
+                    break
+                continue
+            with conn:
+                m = recv_msg(conn, 2.0)
+            ports.append(addr[1])
+            if isinstance(m, dict) and m["msg_type"] == REQ:
+                reqs.append(m)
+    finally:
+        srv.close()
+        th.join(4)
+    if not reqs:
+        raise CaseError(f"no REQ from cm_connect: {out}")
+    if len(reqs) == 1:
+        t.not_applicable("MR-CM-035", f"the IUT did not retry the exchange (cm_connect {out})")
+        return
+    cookies, psns = [r["cookie"] for r in reqs], [r["psn"] for r in reqs]
+    ok = len(set(cookies)) == len(reqs) and len(set(psns)) == len(reqs) and len(set(ports)) == len(ports)
+    t.check("MR-CM-035", ok, f"{len(reqs)} REQs: cookies {[hex(x) for x in cookies]}, PSNs "
+            f"{[hex(x) for x in psns]}, TCP source ports {ports}", expected="all different",
+            observed=[show(r) for r in reqs])
