@@ -350,9 +350,16 @@ class Agent:
                 "timer_granularity_us": info.timer_granularity_us}
 
     def cmd_caps(self, args: dict) -> dict:
-        return {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
-                "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS) + list(QP_SPEC_COUNTERS),
-                "params": sorted(PARAMS)}
+        out = {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
+               "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS) + list(QP_SPEC_COUNTERS),
+               "params": sorted(PARAMS)}
+        p = getattr(self.engine, "dcqcn", None)
+        if self.info.dcqcn and p is not None:       # the reaction point's parameters (5.6), for MR-CC-036..038
+            out["dcqcn_params"] = {"g_ppm": round(p.g * 1e6), "alpha_init_ppm": round(p.alpha_init * 1e6),
+                                   "k_ns": p.k_ns, "t_ns": p.t_ns, "b_bytes": p.b_bytes, "f": p.f,
+                                   "r_ai_bps": int(p.r_ai_bps), "r_hai_bps": int(p.r_hai_bps),
+                                   "r_min_bps": int(p.r_min_bps), "r_line_bps": int(p.r_line_bps)}
+        return out
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
@@ -738,8 +745,14 @@ class Agent:
         if "qp" in args and args["qp"] is not None:
             _, e = self._lookup(self.qps, "qp", args)
             with self.engine.lock:
+                rp = getattr(getattr(e.qp, "dcqcn", None), "rp", None)
+                if rp is not None and rp.p.enabled:
+                    rp.advance(time.monotonic_ns())            # the timers up to now (MR-CC-036, MR-CC-037)
                 q = e.qp.query()
             out = {k: int(q[k]) for k in QP_COUNTERS}
+            if rp is not None and rp.p.enabled:               # the reaction point's state (5.6)
+                out.update({"dcqcn_rate_bps": int(rp.rc), "dcqcn_target_bps": int(rp.rt),
+                            "dcqcn_alpha_ppm": round(rp.alpha * 1e6)})
             out.update({k: int(q.get(v, 0) or 0) for k, v in QP_SPEC_COUNTERS.items()})
             # the stale ACKNOWLEDGEs the XDP program dropped are discards of the QP's too (MR-SEC-031)
             out["rx_stale_rsp"] += int(q.get("rx_stale_ack_kernel", 0) or 0)
