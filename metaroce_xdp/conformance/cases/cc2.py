@@ -137,7 +137,7 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
             f"K periods: {lo:.6f}..{hi:.6f})", expected="alpha x (1 - g) per K", observed=[f"{alpha1} {alpha2}"])
 
 
-@case("TC-CC-037-a", rules=["MR-CC-037", "MR-CC-038"], category="CC", caps=("DCQCN",), timeout=15)
+@case("TC-CC-037-a", rules=["MR-CC-037", "MR-CC-038", "MR-CC-032"], category="CC", caps=("DCQCN",), timeout=15)
 def reaction_point_increases_after_cnps(t):
     """After 50 CNPs and no further one, the rate increase timer raises the rate as the pseudocode does: from the
     state read just after the last CNP, Rc and Rt after ~2 ms lie between the values of the fewest and the most
@@ -170,6 +170,9 @@ def reaction_point_increases_after_cnps(t):
             f"expiries after {0}..{k1_max} already run); predicted Rc/Rt ranges "
             f"{[(round(a[0]), round(b[0]), round(a[1]), round(b[1])) for a, b in cands[:3]]}...",
             expected="the pseudocode's fast recovery and additive increase", observed=[f"{rc2} {rt2}"])
+    t.check("MR-CC-032", ok and rc2 > rc1, "the running reaction point follows 5.6: cut on CNPs, then fast "
+            "recovery and additive increase with the parameters it reports", expected="the pseudocode of 5.6",
+            observed=[f"{rc1} {rt1} -> {rc2} {rt2}"])
     t.check("MR-CC-038", p["r_min_bps"] <= rc1 <= rc2 <= p["r_line_bps"],
             f"Rc {rc1:.0f}, {rc2:.0f} within R_min {p['r_min_bps']}..R_line {p['r_line_bps']}",
             expected="R_min <= Rc <= R_line", observed=[f"{rc1} {rc2}"])
