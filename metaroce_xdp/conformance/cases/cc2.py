@@ -92,12 +92,20 @@ def _params(t) -> dict:
     return p
 
 
-def _state(c) -> tuple[float, float, float, float]:
-    """(rate, target, alpha, time read) through the agent."""
+def _state(c) -> tuple[float, float, float, float, float]:
+    """(rate, target, alpha, time before the call, time after it) through the agent: the IUT's timers ran up to
+    a moment between the last two."""
+    tb = time.monotonic()
     q = _qp(c)
     if "dcqcn_rate_bps" not in q:
         raise NotApplicable("the IUT's agent reports no dcqcn_rate_bps / dcqcn_alpha_ppm counters")
-    return float(q["dcqcn_rate_bps"]), float(q["dcqcn_target_bps"]), q["dcqcn_alpha_ppm"] / 1e6, time.monotonic()
+    return (float(q["dcqcn_rate_bps"]), float(q["dcqcn_target_bps"]), q["dcqcn_alpha_ppm"] / 1e6, tb,
+            time.monotonic())
+
+
+def _between(a: tuple, b: tuple, period: float) -> tuple[int, int]:
+    """The fewest and most timer expiries between the moments of two _state readings a and b."""
+    return max(0, int((b[3] - a[4]) / period) - 1), int((b[4] - a[3]) / period) + 2
 
 
 @case("TC-CC-038-a", rules=["MR-CC-038", "MR-CC-036"], category="CC", caps=("DCQCN",), timeout=15)
@@ -109,12 +117,12 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
     t0 = time.monotonic()
     c = t.connect()
     t1 = time.monotonic()
-    rc, rt, alpha, tr = _state(c)
+    rc, rt, alpha, _, tr = _state(c)
     line = float(p["r_line_bps"])
     t.check("MR-CC-038", rc == line and rt == line, f"new QP: Rc {rc:.0f} Rt {rt:.0f}, R_line {line:.0f}",
             expected="Rc = Rt = R_line", observed=[f"{rc} {rt}"])
     a0 = p["alpha_init_ppm"] / 1e6
-    n_hi, n_lo = int((tr - t0) / k) + 2, max(0, int((tr - t1) / k) - 2)
+    n_hi, n_lo = int((tr - t0) / k) + 2, 0
     lo, hi = a0 * (1 - g) ** n_hi - 2e-6, a0 * (1 - g) ** n_lo + 2e-6
     t.check("MR-CC-038", lo <= alpha <= hi, f"alpha {alpha:.6f} {1e3 * (tr - t1):.1f}-{1e3 * (tr - t0):.1f} ms after "
             f"creation; alpha_init {a0} decayed {n_lo}..{n_hi} times: {lo:.6f}..{hi:.6f}",
@@ -124,13 +132,16 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
     q = _wait_rx_cnp(c, n, 2.0)
     if int(q.get("rx_cnp", 0)) < n:
         raise CaseError(f"only {q.get('rx_cnp')} of {n} CNPs reached the reaction point")
-    rc, rt, alpha1, t2 = _state(c)
+    s1 = _state(c)
+    rc, rt, alpha1, t2 = s1[0], s1[1], s1[2], s1[4]
     t.check("MR-CC-038", p["r_min_bps"] <= rc <= line and rc < line,
             f"after {n} CNPs: Rc {rc:.0f} (R_min {p['r_min_bps']}, R_line {line:.0f})",
             expected="R_min <= Rc < R_line", observed=[str(rc)])
     time.sleep(0.003)
-    _, _, alpha2, t3 = _state(c)
-    steps_lo, steps_hi = max(0, int((t3 - t2) / k) - 2), int((t3 - t2) / k) + 2
+    s2 = _state(c)
+    alpha2, t3 = s2[2], s2[4]
+    steps_lo, steps_hi = _between(s1, s2, k)
+    steps_lo = max(0, steps_lo - 1)                      # the period of the last CNP does not decay
     lo, hi = alpha1 * (1 - g) ** steps_hi - 2e-6, alpha1 * (1 - g) ** steps_lo + 2e-6
     t.check("MR-CC-036", lo <= alpha2 <= hi and alpha2 < alpha1,
             f"alpha {alpha1:.6f} -> {alpha2:.6f} over {1e3 * (t3 - t2):.2f} ms without CNPs ({steps_lo}..{steps_hi} "
@@ -151,12 +162,14 @@ def reaction_point_increases_after_cnps(t):
     q = _wait_rx_cnp(c, n, 2.0)
     if int(q.get("rx_cnp", 0)) < n:
         raise CaseError(f"only {q.get('rx_cnp')} of {n} CNPs reached the reaction point")
-    rc1, rt1, _, t1 = _state(c)
+    s1 = _state(c)
+    rc1, rt1, t1 = s1[0], s1[1], s1[4]
     time.sleep(0.002)
-    rc2, rt2, _, t2 = _state(c)
+    s2 = _state(c)
+    rc2, rt2, t2 = s2[0], s2[1], s2[4]
     # Expiries since the last CNP: at t1 between 0 and (t1 - ts) / T (+1); at t2 that plus (t2 - t1) / T (+-2).
     k1_max = int((t1 - ts) / tt) + 1
-    d_lo, d_hi = max(0, int((t2 - t1) / tt) - 2), int((t2 - t1) / tt) + 2
+    d_lo, d_hi = _between(s1, s2, tt)
     # Rc, Rt at t1 are the state after k1 steps; unknown k1 in [0, k1_max].  Re-run the steps from the cut state
     # is not possible (unknown), so bound from the t1 state: the next d steps continue the same sequence.
     cands = []
