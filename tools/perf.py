@@ -199,7 +199,9 @@ class _Side:
                               max_rd_atomic=min(MAX_RD_ATOMIC, peer.max_dest_rd_atomic)))   # MR-CM-021
 
     def msg(self, mtu: int, perf: dict) -> cm.CMMsg:
-        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=cm.ip_to_gid(self.ctx.gid), qpn=self.qp.qp_num,
+        gid = cm.ip_to_gid(self.ctx.gid)
+        v6 = cm.Cap.IPV6 if not cm.gid_to_ip(gid).count(".") else 0      # MR-CM-018: IPv6 GIDs need IPV6
+        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=self.qp.qp_num, capabilities=int(v6),
                         psn=self.psn, path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=MAX_RD_ATOMIC,
                         max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
                         mac=cm.mac_bytes(self.eng.local_mac),
@@ -565,7 +567,7 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
             return side.msg(agreed, {"test": opt.test, "rkey": side.mr.rkey,
                                      "va": side.mr.addr + (size if lat else 0)})
         try:
-            req, rep = cm.passive_exchange(ch, 0, make_rep)
+            req, rep = cm.passive_exchange(ch, int(cm.Cap.IPV6), make_rep)       # MR-CM-018
             side.to_rts(req)                                           # MR-CM-028: RTS on the RTU
         except cm.CMError as e:
             raise PerfError(f"connection set-up with {ch.peer} failed: {e}") from None
