@@ -134,6 +134,10 @@ def test_every_operation_across_routers(routed):
                       remote_addr=b.mr.addr + cell, rkey=b.mr.rkey, compare_add=5))
     wrs.append(SendWR(wr_id=301, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[a.sge(res + 8, 8)],
                       remote_addr=b.mr.addr + cell, rkey=b.mr.rkey, compare_add=5, swap=77))
+    # The 1 MiB READ's last 7 bytes lie under the later WRITE WITH IMMEDIATE at 13 MiB: the READ is
+    # executed first and must return the memory as it was then (MR-RC-025), so its data is taken now.
+    src = (12 << 20) + 7
+    read_src = b.buf[src:src + max(sizes)].copy()
     a.qp.post_send(wrs)
     wcs = wait_wcs([a, b], a, len(wrs), timeout=120)
     assert [w.wr_id for w in wcs] == [w.wr_id for w in wrs]
@@ -142,8 +146,7 @@ def test_every_operation_across_routers(routed):
         if kind == "write":
             assert zlib.crc32(b.buf[o:o + n]) == zlib.crc32(a.buf[o:o + n])
         else:
-            src = (12 << 20) + 7
-            assert zlib.crc32(a.buf[o:o + n]) == zlib.crc32(b.buf[src:src + n])
+            assert zlib.crc32(a.buf[o:o + n]) == zlib.crc32(read_src[:n])
     rwcs = wait_wcs([a, b], b, 4)
     assert [(w.wr_id, w.byte_len, w.imm_data) for w in rwcs] == [
         (900, 0, 1), (901, 5000, 2), (902, 100000, 3), (950, 3000, 0xBEEF)]

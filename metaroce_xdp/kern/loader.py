@@ -315,7 +315,7 @@ class XdpLoader:
         try:
             ifindex = socket.if_nametoindex(ifname)
         except OSError as e:
-            raise LoaderError(f"no interface {ifname} in this network namespace") from e
+            raise LoaderError(f"no interface {ifname!r} in this network namespace") from e
         try:
             link = bpfsys.link_create(self.prog_fd, ifindex, bpfsys.BPF_XDP, mode.flags)
         except OSError as e:
