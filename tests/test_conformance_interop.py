@@ -98,3 +98,12 @@ def test_report_renders_known_divergences_and_counts_the_rest(cat, divs, tmp_pat
     s = report.summary(_result(REF_IUT, [known]), cat)
     assert (s["explained"], s["unexplained"]) == (0, 1)
 
+
+def test_committed_rxe_report_has_no_unexplained_failure(divs):
+    lines = [json.loads(x) for x in RXE_REPORT.read_text().splitlines()]
+    verdicts = [x for x in lines if "verdict" in x]
+    assert verdicts and "rdma_rxe" in verdicts[0]["iut"]["version"]
+    bad = [(x["test"], x["rule"], x["verdict"]) for x in verdicts if x["verdict"] in ("FAIL", "ERROR")
+           and interop.explain(divs, x["iut"], x["test"], x["rule"]) is None]
+    assert not bad, f"unexplained FAIL/ERROR verdicts in {RXE_REPORT}: {bad}"
+    assert lines[-1]["summary"]["unexplained"] == 0
