@@ -393,6 +393,7 @@ class Agent:
                 log.exception("agent reset: cannot restore parameter %s", name)
         self._saved_params.clear()
         self._next = dict.fromkeys(self._next, 1)
+        self._agreed.clear()          # handles start again at 1: no QP inherits another's set-up
         for _ in range(4096):                       # the events of this session's resources go with them
             if self.ctx.get_async_event(0.0) is None:
                 break
@@ -490,6 +491,7 @@ class Agent:
             lst.close()
         self.ctx.destroy_qp(e.qp)
         del self.qps[h]
+        self._agreed.pop(h, None)
 
     def _qp_attr(self, state: QPState, attrs: dict) -> QPAttr:
         """modify_qp attrs (section 9.4.2) -> QPAttr, every value checked as QP._apply would."""

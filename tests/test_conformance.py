@@ -255,3 +255,21 @@ def test_runner_verdicts_without_a_network(tmp_path):
     assert v[("TC-ACK-001-y", "MR-ACK-003")].expected == "an ACK"
     assert "dealloc_pd" in fake.calls and fake.calls.count("reset") >= 2 * 5
     assert (tmp_path / "captures" / "TC-ACK-001-y.pcap").is_file()
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
+def test_agent_reset_forgets_connection_agreements(tmp_path, capsys):
+    """Handles start again at 1 after the agent's reset (MR-CONF-021): a QP connected by hand after a case
+    that set one up through the CM (here the ibv_rc_pingpong format, which agrees no ATOMICS) must not
+    inherit that agreement -- its atomics were refused with EINVAL when the cases ran in this order."""
+    from metaroce_xdp.conformance.cli import main
+    main(["--self-test", "--no-timing", "--report", str(tmp_path),
+          "--case", "TC-CM-040-a", "--case", "TC-RC-001-a", "--case", "TC-XH-010-a"])
+    capsys.readouterr()
+    verdicts = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()][:-1]
+    assert {v["test"] for v in verdicts} >= {"TC-CM-040-a", "TC-RC-001-a", "TC-XH-010-a"}
+    bad = [f"{v['test']} {v['rule']} {v['verdict']}: {v['detail']}" for v in verdicts
+           if v["verdict"] in ("FAIL", "ERROR")]
+    assert not bad, "\n".join(bad)
