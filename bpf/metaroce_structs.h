@@ -89,7 +89,7 @@ struct mr_qp_state {
 	 * from even to odd with a compare-and-swap (so two CPUs never write at
 	 * once: the loser drops the ACK as ACK_BUSY; ACKs are cumulative), writes,
 	 * then makes it even again.  (ack_seq / 2) is the number of accepted
-	 * ACK/NAK/RNR NAK packets.  ghost_acks, stale_acks and cnp_count are atomic adds
+	 * ACK/NAK/RNR NAK packets.  ghost_acks, stale_acks, cnp_count and cnp_discarded are atomic adds
 	 * outside the seqcount. */
 	__u64 ack_seq;          /* 64 seqcount, odd while the kernel writes */
 	__u32 ack_psn;          /* 72 highest cumulatively acknowledged PSN (snd_una - 1) */
@@ -112,7 +112,8 @@ struct mr_qp_state {
 	__u64 stale_acks;       /* 152 ACK/NAKs outside their window, see mr_ack_fastpath() (atomic add) */
 	__u64 cnp_count;        /* 160 valid CNPs for this QP, counted after their ICRC (atomic add; consumed here) */
 	__u64 last_ack_ns;      /* 168 bpf_ktime_get_ns() of the last accepted ACK/NAK */
-	__u8  k_rsvd[16];       /* 176 */
+	__u64 cnp_discarded;    /* 176 CNPs naming this QP but dropped: wrong peer, P_Key, state or profile (MR-CC-039; atomic add) */
+	__u8  k_rsvd[8];        /* 184 */
 
 	/* ---- reserved ---------------------------------------------- [192, 256)
 	 * For the SACK/CNP fast path (a later issue): the native SACK scoreboard

@@ -661,21 +661,21 @@ int xdp_metaroce(struct xdp_md *ctx)
 	}
 	if (v6 ? !mr_peer_ok_v6(qp, l3, data_end) : !mr_peer_ok_v4(qp, l3, data_end)) {
 		reason = MR_DROP_WRONG_PEER;
-		goto out;
+		goto drop_qp;
 	}
 	/* Steps 13-15 of MR-ENC-032 in the spec's order: P_Key, state, profile.
 	 * (For ACKs and CNPs the ICRC, step 12, is already verified; data
 	 * packets have theirs checked in user space, see the file comment.) */
 	if (!mr_pkey_ok(mr_ntohs(bth->pkey), qp->pkey)) {
 		reason = MR_DROP_BAD_PKEY;
-		goto out;
+		goto drop_qp;
 	}
 	accept = (mask & MR_OPM_REQ) ? MR_QPS_ACCEPT_REQ :
 		 (mask & MR_OPM_CNP) ? MR_QPS_ACCEPT_CNP : MR_QPS_ACCEPT_ACK;
 	/* Bound the shift: state is a u8 the daemon writes. */
 	if (qp->state > MR_QPS_ERR || !(MR_QPS_BIT(qp->state) & accept)) {
 		reason = MR_DROP_QP_STATE;
-		goto out;
+		goto drop_qp;
 	}
 	/* Step 15: native opcodes only on native QPs (MR-OPC-004); a native QP
 	 * takes only 0xC0-0xC6 and the atomics 0x12-0x14 (MR-NAT-007), so a CNP
@@ -684,7 +684,7 @@ int xdp_metaroce(struct xdp_md *ctx)
 				    : (qp->profile == MR_PROFILE_NATIVE &&
 				       (ret < MR_OP_ATOMIC_ACKNOWLEDGE || ret > MR_OP_FETCH_ADD))) {
 		reason = MR_DROP_WRONG_PROFILE;
-		goto out;
+		goto drop_qp;
 	}
 
 	/* ---- CNPs are consumed here: counted into the slot, where the
@@ -726,7 +726,14 @@ int xdp_metaroce(struct xdp_md *ctx)
 		goto out;
 	}
 	event = MR_EV_STEERED;
+	goto out;
 
+drop_qp:
+	/* A packet naming an existing QP, dropped by the peer, P_Key, state or
+	 * profile check: a CNP among them is counted per QP as discarded
+	 * (MR-CC-039), beside the port's count by reason. */
+	if (mask & MR_OPM_CNP)
+		__sync_fetch_and_add(&qp->cnp_discarded, 1);
 out:
 	if (action == XDP_DROP && reason != MR_DROP_NONE) {
 		mr_count_drop(reason);

@@ -76,7 +76,8 @@ SPEC_DROPS = {
 # Per-QP counters the spec names (MR-DUP-010, MR-ACK-015, MR-MEM-019), from QP.query()'s members.
 QP_SPEC_COUNTERS = {"rx_dup_req": "duplicates", "rx_ghost_rsp": "rx_ghost_rsp", "rx_stale_rsp": "rx_stale_rsp",
                     "rx_bad_rsp": "rx_bad_rsp", "rx_rkey_violation": "rx_rkey_violation",
-                    "rx_drop_out_of_seq": "rx_drop_out_of_seq"}          # MR-SEC-031: every request after epsn
+                    "rx_drop_out_of_seq": "rx_drop_out_of_seq",          # MR-SEC-031: every request after epsn
+                    "rx_cnp_discarded": "rx_cnp_discarded"}              # MR-CC-039: CNPs for the QP, dropped
 # The counters of QP.query(); its other members are attributes, reported by query_qp.
 QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
                "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth",

@@ -229,4 +229,6 @@ def test_cnp_for_a_qp_not_in_rts_is_dropped():
     a.qp.modify(QPAttr(qp_state=QPState.SQD))
     b.ctx.engine.send_cnp(b.qp)
     a.ctx.engine.progress()
-    assert a.ctx.engine.stats["drop_qp_state"] == 1 and a.qp.query()["rx_cnp"] == 0
+    q = a.qp.query()
+    assert a.ctx.engine.stats["drop_qp_state"] == 1 and q["rx_cnp"] == 0
+    assert q["rx_cnp_discarded"] == 1                          # MR-CC-039: counted per QP too

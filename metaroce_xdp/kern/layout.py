@@ -125,7 +125,8 @@ QP_STATE_FIELDS = [
     ("stale_acks", "<u8", "kernel"),
     ("cnp_count", "<u8", "kernel"),
     ("last_ack_ns", "<u8", "kernel"),
-    ("k_rsvd", ("u1", 16), "kernel"),
+    ("cnp_discarded", "<u8", "kernel"),
+    ("k_rsvd", ("u1", 8), "kernel"),
     # reserved for the SACK/CNP fast path [192, 256)
     ("sack_rsvd", ("u1", 64), "kernel"),
 ]

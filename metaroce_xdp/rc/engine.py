@@ -321,6 +321,8 @@ class Engine:
             return
         if not pkey_match(pkt.pkey, qp.pkey):
             self.stats["drop_bad_pkey"] += 1       # MR-BTH-010 (the XDP program's BAD_PKEY)
+            if pkt.opcode == 0x81:
+                qp.cnp_discarded += 1              # MR-CC-039
             return
         if pkt.op.mask & MI.NATIVE:
             # MR-OPC-004, MR-NAT-008: every QP of this engine runs the compat profile, so a native
@@ -332,6 +334,7 @@ class Engine:
         if pkt.opcode == 0x81:                     # CNP: to the reaction point (MR-CNP-005, MR-CC-033)
             if qp.state != QPState.RTS:
                 self.stats["drop_qp_state"] += 1
+                qp.cnp_discarded += 1              # MR-CC-039
                 return
             qp.dcqcn.rp.on_cnp(self.now)
             self.stats["rx_cnp"] += 1

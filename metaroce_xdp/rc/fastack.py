@@ -60,6 +60,14 @@ class FastAck:
         rec = self.loader.qp(qp.qp_num)
         return int(rec["stale_acks"]) if int(rec["qpn"]) == qp.qp_num else 0
 
+    def cnp_discarded(self, qp: "QP") -> int:
+        """The CNPs naming this QP that the XDP program dropped (wrong peer, P_Key, state or profile:
+        its slot's cnp_discarded), part of the QP's rx_cnp_discarded (MR-CC-039)."""
+        if qp.qp_num not in self.installed:
+            return 0
+        rec = self.loader.qp(qp.qp_num)
+        return int(rec["cnp_discarded"]) if int(rec["qpn"]) == qp.qp_num else 0
+
     def qp_changed(self, qp: "QP") -> None:
         """Mirror the QP's control-plane fields into its slot (single writer: us)."""
         qpn = qp.qp_num

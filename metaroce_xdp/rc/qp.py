@@ -97,6 +97,7 @@ class QP:
         self.responder = Responder(self)
         self.completer = Completer(self)
         self.error_reason: str | None = None
+        self.cnp_discarded = 0                 # CNPs for this QP dropped in user space (MR-CC-039)
         self.comm_est = False                       # IBV_EVENT_COMM_EST raised (MR-QP-021)
         self.sq_draining = False                    # in SQD and not yet drained (MR-QP-013)
         self.sqd_notify = False                     # en_sqd_async_notify of the last RTS -> SQD
@@ -428,6 +429,7 @@ class QP:
             "dup_read_replays": s.dup_read_replays, "dup_read_discards": s.dup_read_discards,
             "rx_rkey_violation": s.rkey_violations,
             "rx_drop_out_of_seq": s.out_of_seq,
+            "rx_cnp_discarded": self.cnp_discarded + (fast.cnp_discarded(self) if fast is not None else 0),
             "error": self.error_reason, **self.dcqcn.counters(),   # rate_bps, tx_cnp, rx_cnp, ... (MR-CNP-010)
             "next_hop": (self.next_hop.hop if self.next_hop else None), "dmac": self.dmac,
             "path_resolves": self.path_resolves, "path_changes": self.path_changes,

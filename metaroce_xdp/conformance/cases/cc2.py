@@ -204,3 +204,40 @@ def _continue(p: dict, rc: float, rt: float, done: int, more: int) -> tuple[floa
         rt = min(rt, line)
         rc = min(line, (rt + rc) / 2)
     return rc, rt
+
+
+# ---- per-QP CNP counters (MR-CC-039, the compat part) ----------------------------------------------------
+@case("TC-CC-039-a", rules=["MR-CC-039"], category="CC", timeout=15)
+def cnps_counted_per_qp_sent_acted_on_and_discarded(t):
+    """Per QP the IUT counts CNPs sent (a CE-marked WRITE answered with a CNP: tx_cnp), received and acted on
+    (a valid CNP from the peer: rx_cnp) and discarded (a CNP from an address that is not the peer, and one with
+    a P_Key outside the QP's partition: rx_cnp_discarded), each moving by exactly what was sent; the native
+    counters of the rule do not apply to a compat QP."""
+    c = t.connect()
+    b = _qp(c)
+    if "rx_cnp_discarded" not in b or "tx_cnp" not in b or "rx_cnp" not in b:
+        raise NotApplicable("the IUT's agent reports no per-QP tx_cnp / rx_cnp / rx_cnp_discarded counters")
+    mark = c.send(c.write(b"ce-count", offset=0, tos=0x6B))          # DSCP 26, ECN CE
+    cnps = c.expect(1, timeout=min(2.0, t.left()), after=mark, match=lambda f: f.roce.op == 0x81)
+    cnps += c.t.lt.collect(lambda f: c.is_mine(f) and f.roce.op == 0x81, 0.2, after=cnps[-1].num if cnps else mark)
+    q = _qp(c)
+    sent = int(q["tx_cnp"]) - int(b["tx_cnp"])
+    t.check("MR-CC-039", len(cnps) == 1 and sent == len(cnps),
+            f"a CE-marked WRITE: {len(cnps)} CNP(s) on the wire, tx_cnp +{sent}", frames=cnps,
+            expected="one CNP on the wire and tx_cnp +1")
+    b = q
+    c.send(cnp(c, src_ip=_other_ip(t)), cnp(c, pkey=0x1234))
+    time.sleep(0.3)
+    q = _qp(c)
+    disc = int(q["rx_cnp_discarded"]) - int(b["rx_cnp_discarded"])
+    acted = int(q["rx_cnp"]) - int(b["rx_cnp"])
+    t.check("MR-CC-039", disc == 2 and acted == 0,
+            f"a CNP from {_other_ip(t)} and one with P_Key 0x1234: rx_cnp_discarded +{disc}, rx_cnp +{acted}",
+            expected="rx_cnp_discarded +2, rx_cnp +0", observed=[str(q)])
+    b = q
+    c.send(cnp(c))
+    q = _wait_rx_cnp(c, int(b["rx_cnp"]) + 1)
+    disc = int(q["rx_cnp_discarded"]) - int(b["rx_cnp_discarded"])
+    acted = int(q["rx_cnp"]) - int(b["rx_cnp"])
+    t.check("MR-CC-039", acted == 1 and disc == 0, f"a valid CNP from the peer: rx_cnp +{acted}, "
+            f"rx_cnp_discarded +{disc}", expected="rx_cnp +1, rx_cnp_discarded +0", observed=[str(q)])
