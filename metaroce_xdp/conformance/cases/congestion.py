@@ -209,8 +209,8 @@ def cnp_rate_limited(t):
 
 
 def _stream(c, wr_id: int, size: int, deadline: float, cnp_burst: int = 0) -> list:
-    """Post one WRITE of `size` bytes and capture its packets; with cnp_burst > 0 a thread sends that many CNPs
-    right before the post and again every ~0.5 ms until the last packet is seen."""
+    """Post one WRITE of `size` bytes and capture its packets; with cnp_burst > 0 that many CNPs are sent every
+    ~0.5 ms, ~60 times before the post and then by a thread until the last packet is seen."""
     n = -(-size // c.mtu)
     stop = threading.Event()
     burst = [cnp(c)] * cnp_burst
@@ -221,7 +221,12 @@ def _stream(c, wr_id: int, size: int, deadline: float, cnp_burst: int = 0) -> li
             time.sleep(0.0005)
     th = None
     if cnp_burst:
-        c.t.lt.send(*burst)
+        # A CNP train of ~60 bursts first: DCQCN's alpha has decayed to ~0 since the QP was made (g = 1/256
+        # per K = 55 us), so each early CNP cuts the rate by a few per cent only (5.6); the train builds alpha
+        # up, so the cut shows within the stream even when an idle host sends it in ~2 ms
+        for _ in range(60):
+            c.t.lt.send(*burst)
+            time.sleep(0.0005)
         th = threading.Thread(target=pump, name="cnp-pump", daemon=True)
         th.start()
     try:
@@ -240,8 +245,8 @@ def _stream(c, wr_id: int, size: int, deadline: float, cnp_burst: int = 0) -> li
 @case("TC-CNP-006-a", rules=["MR-CNP-006", "MR-CC-034", "MR-CC-035"], category="CC", caps=("DCQCN",), timeout=30,
       timing=True)
 def cnp_slows_the_requester(t):
-    """The IUT sends a 512 KiB WRITE (512 packets) twice: as it likes, then while the LT sends it bursts of 8
-    CNPs every ~0.5 ms.  Past the first 128 KiB (room for a pacer's burst allowance), the second stream's rate
+    """The IUT sends a 512 KiB WRITE (512 packets) twice: as it likes, then after and while the LT sends it
+    bursts of 8 CNPs every ~0.5 ms.  Past the first 128 KiB (room for a pacer's burst allowance), the second stream's rate
     is less than half the first's."""
     size = 512 << 10
     c = t.connect(mtu=1024, timeout=18, mr_len=size)
