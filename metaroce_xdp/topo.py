@@ -62,6 +62,26 @@ def _setns_path(path: str) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def thread_in_netns(ns: str):
+    """Move the *calling thread* into the named network namespace for the block, then back.
+
+    Sockets (AF_XDP, AF_PACKET, netlink, TCP) created inside stay in ns after the block, so
+    one process can drive several namespaces.  Other threads are unaffected."""
+    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns_path(os.path.join(NETNS_RUN_DIR, ns))
+        yield ns
+    finally:
+        try:
+            if _libc.setns(saved, CLONE_NEWNET) != 0:
+                e = ctypes.get_errno()
+                # Staying in a test namespace would silently misdirect everything after.
+                raise OSError(e, f"could not return from {ns}: {os.strerror(e)}")
+        finally:
+            os.close(saved)
+
+
 @dataclass
 class Endpoint:
     """One end of a veth pair as seen from inside its namespace."""
@@ -266,18 +286,8 @@ class Topology:
         Sockets (AF_XDP, AF_PACKET, netlink) created inside stay in ns after the block, so
         one test process can drive both players.  Other threads are unaffected."""
         self.ipr(ns)
-        saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns_path(os.path.join(NETNS_RUN_DIR, ns))
+        with thread_in_netns(ns):
             yield ns
-        finally:
-            try:
-                if _libc.setns(saved, CLONE_NEWNET) != 0:
-                    e = ctypes.get_errno()
-                    # Staying in a test namespace would silently misdirect everything after.
-                    raise OSError(e, f"could not return from {ns}: {os.strerror(e)}")
-            finally:
-                os.close(saved)
 
     def call(self, ns: str, fn, *args, timeout: float = 30, **kwargs):
         """Run fn(*args, **kwargs) in a forked child inside ns; return its (pickled) result.

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import shlex
 import shutil
@@ -39,45 +38,22 @@ import sys
 import time
 from pathlib import Path
 
+from metaroce_xdp.topo import thread_in_netns
+
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_SRC = ROOT / "metaroce_xdp" / "conformance" / "pyverbs_agent.py"
 VM_DIR = Path(os.environ.get("RXEVM_SCRIPTS", ROOT.parent / "shared" / "rxe-vm"))
 RUN_BASE = Path(os.environ.get("RXEVM_DIR", "/tmp/rxevm"))
 AGENT_PORT = 18516
-CLONE_NEWNET = 0x40000000
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class RxeVMError(RuntimeError):
     """The VM or its agent could not be brought up; the message says what and where to look."""
 
 
-def _setns(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"setns({path}): {os.strerror(e)}")
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def in_netns(name: str):
-    """Move the calling thread into netns `name` for the block, then back.  Sockets created
-    inside stay in that namespace (how one process talks to the VM through the tap)."""
-    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _setns(f"/var/run/netns/{name}")
-        yield name
-    finally:
-        try:
-            if _libc.setns(saved, CLONE_NEWNET) != 0:
-                e = ctypes.get_errno()
-                raise OSError(e, f"could not return from netns {name}: {os.strerror(e)}")
-        finally:
-            os.close(saved)
+# Move the calling thread into a netns by name for a block (sockets made inside stay there): how one
+# process talks to the VM through its tap.  One implementation, metaroce_xdp.topo's.
+in_netns = thread_in_netns
 
 
 def free_vm_id(first: int = 11, last: int = 254) -> int:
