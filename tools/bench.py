@@ -380,41 +380,25 @@ def qperf_once(topo, pair, test: str, size: int, seconds: float, pl: Placement, 
 # --------------------------------------------------------------------------- raw AF_XDP
 
 
-BPF_PROG_LOAD = 5
-BPF_PROG_TYPE_XDP = 6
-BPF_F_XDP_HAS_FRAGS = 1 << 5
-
-
 def load_xdp_frags(bpf, name: bytes) -> int:
     """BPF_PROG_LOAD of a function BCC compiled (its map fds already in place) with
     BPF_F_XDP_HAS_FRAGS, which BCC 0.26's load_func cannot pass: veth takes such a program
-    at an MTU above one page, and hands it frames in several buffers.  Returns the fd."""
-    import ctypes
-
+    at an MTU above one page, and hands it frames in several buffers.  Returns the fd.
+    (kern/bpfsys.prog_load does the loading, as for the endpoint's own program.)"""
     from bcc.libbcc import lib
 
-    class Attr(ctypes.Structure):  # union bpf_attr, the BPF_PROG_LOAD part (zero-padded)
-        _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32), ("insns", ctypes.c_uint64),
-                    ("license", ctypes.c_uint64), ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-                    ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-                    ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16), ("_pad", ctypes.c_uint8 * 96)]
+    from metaroce_xdp.kern import bpfsys
+
     start = lib.bpf_function_start(bpf.module, name)
     size = lib.bpf_function_size(bpf.module, name)
-    if not start:
+    if not start or not size:
         raise BenchError(f"BCC compiled no function {name!r}")
-    log = ctypes.create_string_buffer(1 << 16)
-    attr = Attr(prog_type=BPF_PROG_TYPE_XDP, insn_cnt=size // 8, insns=ctypes.cast(start, ctypes.c_void_p).value,
-                license=ctypes.cast(lib.bpf_module_license(bpf.module), ctypes.c_void_p).value, log_level=1,
-                log_size=len(log), log_buf=ctypes.addressof(log),
-                kern_version=lib.bpf_module_kern_version(bpf.module), prog_flags=BPF_F_XDP_HAS_FRAGS,
-                prog_name=name[:15])
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.syscall(321, BPF_PROG_LOAD, ctypes.byref(attr), ctypes.sizeof(attr))  # __NR_bpf, x86_64
-    if fd < 0:
-        e = ctypes.get_errno()
-        raise BenchError(f"loading {name.decode()} with BPF_F_XDP_HAS_FRAGS: {os.strerror(e)}: "
-                         f"{log.value.decode(errors='replace')[-300:]}")
-    return fd
+    try:
+        return bpfsys.prog_load(bpfsys.BPF_PROG_TYPE_XDP, start, size, lib.bpf_module_license(bpf.module),
+                                kern_version=lib.bpf_module_kern_version(bpf.module),
+                                prog_flags=bpfsys.BPF_F_XDP_HAS_FRAGS, name=name)
+    except OSError as e:
+        raise BenchError(f"loading {name.decode()} with BPF_F_XDP_HAS_FRAGS: {e}") from None
 
 
 class RedirectProgram:
