@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
@@ -85,7 +86,8 @@ class QP:
         self.dscp = 26                              # MR-ECN-004
         self.ecn = bool(getattr(ctx.engine, "ecn", True))   # ECN on this QP, fixed at creation (MR-ECN-011)
         self.pkey = 0xFFFF                          # pkey_index 0 of the one-entry P_Key table (MR-BTH-009)
-        self.dcqcn = Dcqcn(ctx.engine.dcqcn, ctx.engine.now)   # CNPs and the sender's rate (dcqcn.py)
+        self.dcqcn = Dcqcn(ctx.engine.dcqcn, time.monotonic_ns())   # CNPs and the sender's rate (dcqcn.py);
+        # a fresh clock: the engine's round clock may be stale on an idle host, and alpha decays from creation
         self.attr_timeout = 14
         self.attr_retry_cnt = 7
         self.attr_rnr_retry = 7

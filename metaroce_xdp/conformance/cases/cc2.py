@@ -113,7 +113,9 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
     """A new QP starts at Rc = Rt = R_line with alpha = alpha_init decayed by (1 - g) once per K since its creation
     (no CNP yet); 400 CNPs drive Rc down but never below R_min; with no CNP for ~3 ms alpha falls by (1 - g) per K."""
     p = _params(t)
-    g, k = p["g_ppm"] / 1e6, p["k_ns"] / 1e9
+    # the agent reports g and alpha rounded to parts per million: bound the decay with g +- 0.5 ppm (38 decays
+    # with g = 1/256 reported as 3906 ppm differ by 8e-6) and allow 2 ppm on each alpha reading.
+    g_lo, g_hi, k = (p["g_ppm"] - 0.5) / 1e6, (p["g_ppm"] + 0.5) / 1e6, p["k_ns"] / 1e9
     t0 = time.monotonic()
     c = t.connect()
     t1 = time.monotonic()
@@ -123,7 +125,7 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
             expected="Rc = Rt = R_line", observed=[f"{rc} {rt}"])
     a0 = p["alpha_init_ppm"] / 1e6
     n_hi, n_lo = int((tr - t0) / k) + 2, 0
-    lo, hi = a0 * (1 - g) ** n_hi - 2e-6, a0 * (1 - g) ** n_lo + 2e-6
+    lo, hi = a0 * (1 - g_hi) ** n_hi - 2e-6, a0 * (1 - g_lo) ** n_lo + 2e-6
     t.check("MR-CC-038", lo <= alpha <= hi, f"alpha {alpha:.6f} {1e3 * (tr - t1):.1f}-{1e3 * (tr - t0):.1f} ms after "
             f"creation; alpha_init {a0} decayed {n_lo}..{n_hi} times: {lo:.6f}..{hi:.6f}",
             expected="alpha_init x (1 - g)^(elapsed / K)", observed=[str(alpha)])
@@ -142,7 +144,7 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
     alpha2, t3 = s2[2], s2[4]
     steps_lo, steps_hi = _between(s1, s2, k)
     steps_lo = max(0, steps_lo - 1)                      # the period of the last CNP does not decay
-    lo, hi = alpha1 * (1 - g) ** steps_hi - 2e-6, alpha1 * (1 - g) ** steps_lo + 2e-6
+    lo, hi = alpha1 * (1 - g_hi) ** steps_hi - 2e-6, alpha1 * (1 - g_lo) ** steps_lo + 2e-6
     t.check("MR-CC-036", lo <= alpha2 <= hi and alpha2 < alpha1,
             f"alpha {alpha1:.6f} -> {alpha2:.6f} over {1e3 * (t3 - t2):.2f} ms without CNPs ({steps_lo}..{steps_hi} "
             f"K periods: {lo:.6f}..{hi:.6f})", expected="alpha x (1 - g) per K", observed=[f"{alpha1} {alpha2}"])
