@@ -130,7 +130,9 @@ class PathResolver:
         self._probe_socks: dict[int, socket.socket] = {}
         try:
             try:
-                if _libc.setns(self._nsfd, CLONE_NEWNET) != 0:
+                # setns only when this thread is elsewhere: it needs CAP_SYS_ADMIN, which metaroced lacks
+                st, here = os.fstat(self._nsfd), os.stat("/proc/thread-self/ns/net")
+                if (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino) and _libc.setns(self._nsfd, CLONE_NEWNET) != 0:
                     e = ctypes.get_errno()
                     raise NetInfoError(f"cannot enter the network namespace of {self.ifname}: {os.strerror(e)}")
                 ipr = self._ipr = IPRoute()
