@@ -1,2 +1,3 @@
-"""The MetaRoCE daemon: hosts the engine for other processes (shared-memory rings, systemd
-service).  Not built yet: the engine it will host is metaroce_xdp.rc.engine."""
+"""metaroced, the MetaRoCE daemon: hosts the data plane for other processes (shared-memory rings,
+Unix-socket control, systemd service).  The logic lives in metaroce_xdp.daemon; this package is the
+process's entry: `python -m daemon`, the script daemon/metaroced, or the installed `metaroced`."""

@@ -1,5 +1,7 @@
 """metaroced's configuration: a TOML file (`/etc/metaroce/metaroced.toml`) whose every option is also a
-command-line flag.  Defaults are documented in `DEFAULTS_TOML` (installed as the default file)."""
+command-line flag (`--socket-path` for `socket_path`, ...).  The defaults are those of `DaemonConfig`; the
+file installed by `make install`, etc/metaroced.toml, lists every option with its default and meaning
+(tests/test_daemon_service.py checks that the two agree).  Errors are `ConfigError`, naming the option."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +16,12 @@ DEFAULT_PATH = "/etc/metaroce/metaroced.toml"
 
 
 class ConfigError(InvalidArgument):
-    """The configuration file or a flag is wrong: names the option and what is allowed."""
+    """The configuration file or a flag is wrong: names the option and what is allowed.  `option` is
+    the option's name (None when the error is not about one option, e.g. an unreadable file)."""
+
+    def __init__(self, msg: str, option: str | None = None):
+        super().__init__(msg)
+        self.option = option
 
 
 @dataclass
@@ -36,22 +43,35 @@ class DaemonConfig:
 
     def validate(self) -> "DaemonConfig":
         if self.progress not in ("busy", "sleep"):
-            raise ConfigError(f"progress must be 'busy' or 'sleep', not {self.progress!r}")
+            raise ConfigError(f"progress must be 'busy' or 'sleep', not {self.progress!r}", "progress")
         for name in ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, not {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)!r}", name)
         if not 0 < self.cm_port < 65536:
-            raise ConfigError(f"cm_port must be 1..65535, not {self.cm_port!r}")
+            raise ConfigError(f"cm_port must be 1..65535, not {self.cm_port!r}", "cm_port")
         if not 0 <= self.socket_mode <= 0o777:
-            raise ConfigError(f"socket_mode must be an octal permission, not {self.socket_mode!r}")
+            raise ConfigError(f"socket_mode must be an octal permission, not {self.socket_mode!r}", "socket_mode")
         if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ConfigError(f"log_level must be debug|info|warning|error, not {self.log_level!r}")
+            raise ConfigError(f"log_level must be debug|info|warning|error, not {self.log_level!r}", "log_level")
         if self.drain_timeout_s < 0:
-            raise ConfigError("drain_timeout_s must be >= 0")
+            raise ConfigError(f"drain_timeout_s must be >= 0, not {self.drain_timeout_s!r}", "drain_timeout_s")
         if self.metrics_listen is not None:
             host, _, port = self.metrics_listen.rpartition(":")
             if not host or not port.isdigit():
-                raise ConfigError(f"metrics_listen must be HOST:PORT, not {self.metrics_listen!r}")
+                raise ConfigError(f"metrics_listen must be HOST:PORT, not {self.metrics_listen!r}", "metrics_listen")
+            if not 0 < int(port) < 65536:
+                raise ConfigError(f"metrics_listen's port must be 1..65535, not {port}", "metrics_listen")
+        if self.socket_group is not None:
+            import grp
+            try:
+                grp.getgrnam(self.socket_group)
+            except KeyError:
+                raise ConfigError(f"socket_group: no group named {self.socket_group!r} on this host",
+                                  "socket_group") from None
+        if not self.socket_path.startswith("/"):
+            raise ConfigError(f"socket_path must be an absolute path, not {self.socket_path!r}", "socket_path")
+        if not self.bpffs_prefix.startswith("/"):
+            raise ConfigError(f"bpffs_prefix must be an absolute path, not {self.bpffs_prefix!r}", "bpffs_prefix")
         return self
 
 
@@ -64,33 +84,37 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError("interfaces must be a list of interface names")
+            raise ConfigError(f"interfaces must be a list of interface names, not {value!r}", name)
         return value
     if name == "socket_mode" and isinstance(value, str):
         try:
             return int(value, 8)
         except ValueError:
-            raise ConfigError(f"socket_mode must be octal, not {value!r}") from None
+            raise ConfigError(f"socket_mode must be octal, not {value!r}", name) from None
     if isinstance(default, bool):
         if isinstance(value, str):
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ConfigError(f"{name} must be true or false, not {value!r}")
+                raise ConfigError(f"{name} must be true or false, not {value!r}", name)
             return value.lower() in ("true", "1", "yes")
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, not {value!r}")
+            raise ConfigError(f"{name} must be true or false, not {value!r}", name)
         return value
     if isinstance(default, int):
+        if isinstance(value, bool) or isinstance(value, float):
+            raise ConfigError(f"{name} must be an integer, not {value!r}", name)
         try:
             return int(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be an integer, not {value!r}") from None
+            raise ConfigError(f"{name} must be an integer, not {value!r}", name) from None
     if isinstance(default, float):
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be a number, not {value!r}") from None
+            raise ConfigError(f"{name} must be a number, not {value!r}", name) from None
+    if isinstance(value, str) and value == "" and default is None:
+        return None                               # "" on the command line or in the file: off
     if value is not None and not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, not {value!r}")
+        raise ConfigError(f"{name} must be a string, not {value!r}", name)
     return value
 
 
@@ -110,12 +134,42 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         data = data.get("metaroced", data)      # options may sit under a [metaroced] table
         for k, v in data.items():
             if k not in FIELDS:
-                raise ConfigError(f"{path}: unknown option {k!r} (known: {', '.join(FIELDS)})")
+                raise ConfigError(f"{path}: unknown option {k!r} (known: {', '.join(FIELDS)})", k)
             values[k] = _coerce(k, v)
     for k, v in (overrides or {}).items():
         if v is None:
             continue
         if k not in FIELDS:
-            raise ConfigError(f"unknown option {k!r}")
+            raise ConfigError(f"unknown option {k!r}", k)
         values[k] = _coerce(k, v)
     return DaemonConfig(**values).validate()
+
+
+def diff(old: DaemonConfig, new: DaemonConfig) -> list[str]:
+    """Names of the options whose values differ between two configurations, in declaration order."""
+    return [n for n in FIELDS if getattr(old, n) != getattr(new, n)]
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_toml(cfg: DaemonConfig) -> str:
+    """The configuration as a TOML file that load_config reads back to the same values (options that
+    are None, i.e. off, are written as comments)."""
+    lines = ["[metaroced]"]
+    for n in FIELDS:
+        v = getattr(cfg, n)
+        if v is None:
+            lines.append(f"# {n} = (off)")
+        elif n == "socket_mode":
+            lines.append(f'{n} = "{v:04o}"')
+        else:
+            lines.append(f"{n} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
