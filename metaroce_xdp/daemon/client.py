@@ -1,0 +1,598 @@
+"""The client library of metaroced: the README's verbs API, from any process, through the daemon.
+
+    from metaroce_xdp.daemon.client import connect
+    ctx = connect()                          # the daemon's socket (METAROCE_SOCKET or the configured default)
+    ctx.open_device("eth1")                  # one of the interfaces the daemon owns
+    pd = ctx.alloc_pd()
+    buf = ctx.alloc_buf(1 << 20)             # shared memory (a sealed memfd): the daemon reads/writes it in place
+    mr = pd.reg_mr(buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+    cq = ctx.create_cq(256)
+    qp = ctx.create_qp(pd, cq, cq)
+    conn = ctx.connect_qp(qp, "10.0.0.2", 18515, private={"va": mr.addr, "rkey": mr.rkey})   # spec 06, as rdma_cm
+    qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(mr.addr, 4096, mr.lkey)],
+                        remote_addr=conn.private["va"], rkey=conn.private["rkey"]))
+    wc = cq.poll()
+
+Control operations (open, register, create, modify, connect) are messages on the Unix socket.  Posting
+and polling are not: a post writes the WR into the QP's send/receive ring and its handle into this
+client's doorbell ring, both shared memory the daemon's loop reads; a poll reads the CQ ring the
+daemon's loop writes.  Neither makes a system call (when the daemon runs with progress = "sleep" and
+its loop is asleep, a post writes one eventfd to wake it: docs/daemon.md).
+
+Addresses: an MR's `addr` is the address of the memory in the daemon (an I/O virtual address, as with
+ibv_reg_mr_iova); SGEs and remote addresses use it (`mr.addr + offset`), and `mr.buf` is the local view
+of the same bytes.  Only memory from `alloc_buf` (or another memfd sealed against shrinking) can be
+registered.  This module needs numpy and the standard library only (no numba, no BCC).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import cm
+from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
+                           SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
+from . import proto, shm
+from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PermissionDenied,
+                    UnknownHandle, Unsupported)
+
+DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
+_SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
+             WROpcode.RDMA_READ}
+
+
+def default_socket() -> str:
+    return os.environ.get("METAROCE_SOCKET", DEFAULT_SOCKET)
+
+
+def connect(socket_path: str | None = None, ifname: str | None = None) -> "Context":
+    """A Context on the daemon at socket_path; with ifname, the device opened too."""
+    ctx = Context(socket_path or default_socket())
+    if ifname is not None:
+        ctx.open_device(ifname)
+    return ctx
+
+
+def status(socket_path: str | None = None) -> dict:
+    """The daemon's snapshot() (docs/daemon.md): one request, no device needed."""
+    with Context(socket_path or default_socket()) as ctx:
+        return ctx.status()
+
+
+@dataclass
+class AsyncEvent:
+    """What the daemon reports unasked: QP_FATAL (qp handle, reason), CQ_ERR, DEVICE_FATAL (stopping)."""
+    type: str
+    qp: "QP | None" = None
+    cq: "CQ | None" = None
+    reason: str = ""
+
+
+class Context:
+    """A connection to metaroced; after open_device, the verbs of one device (an ibv_context)."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(socket_path)
+        except OSError as e:
+            s.close()
+            raise DaemonUnavailable(f"cannot connect to metaroced at {socket_path}: {e.strerror} -- is it running "
+                                    "(systemctl status metaroced), and is this the socket_path of its configuration?"
+                                    ) from None
+        self.sock = s
+        self._lock = threading.RLock()
+        self._id = 0
+        self._events: list[dict] = []
+        self._bufs: list[tuple[int, int, int, Any]] = []          # (start, end, fd, mmap) of alloc_buf memory
+        self.mrs: dict[int, MR] = {}                              # lkey -> MR
+        self.qps: dict[int, QP] = {}
+        self.cqs: dict[int, CQ] = {}
+        self.ifname: str | None = None
+        self.closed = False
+        self._efd = -1
+        hello, fds = self._call("hello")
+        self.daemon_pid = hello["daemon_pid"]
+        self.interfaces = hello["interfaces"]
+        self._hdr_fd = fds[0]
+        self._hdr_mm = shm.map_fd(fds[0], shm.round_page(shm.H_WORDS * 8))
+        self.H = shm.words(self._hdr_mm)
+        if int(self.H[shm.H_MAGIC]) != shm.MAGIC:
+            raise DaemonError("the daemon's session memory has the wrong magic (a different version?)")
+        self._rdy_lock = threading.Lock()
+
+    # ---- the socket ---------------------------------------------------------------------------
+    def _call(self, op: str, fds: list[int] | tuple = (), **args) -> tuple[dict, list[int]]:
+        if self.closed:
+            raise InvalidState("the context is closed")
+        with self._lock:
+            self._id += 1
+            rid = self._id
+            try:
+                proto.send(self.sock, {"op": op, "id": rid, **args}, fds)
+            except OSError as e:
+                raise DaemonUnavailable(f"metaroced closed the connection ({e.strerror})") from None
+            while True:
+                try:
+                    msg, rfds, problem = proto.recv(self.sock)
+                except OSError as e:
+                    raise DaemonUnavailable(f"metaroced closed the connection ({e.strerror})") from None
+                if msg is None:
+                    raise DaemonUnavailable("metaroced closed the connection (stopped or restarted)")
+                if problem:
+                    for fd in rfds:
+                        os.close(fd)
+                    raise DaemonError(f"unreadable reply from metaroced: {problem}")
+                if "event" in msg:
+                    self._events.append(msg)
+                    continue
+                if not msg.get("ok"):
+                    for fd in rfds:
+                        os.close(fd)
+                    proto.raise_error(msg)
+                return msg, rfds
+
+    def status(self) -> dict:
+        return self._call("status")[0]["snapshot"]
+
+    # ---- device -------------------------------------------------------------------------------------
+    def open_device(self, ifname: str | None = None) -> "Context":
+        r, fds = self._call("open_device", ifname=ifname)
+        if self._efd >= 0:
+            os.close(self._efd)
+        self._efd = fds[0]
+        self.ifname, self.gid, self.local_mac, self.max_pmtu = r["ifname"], r["gid"], r["mac"], r["max_pmtu"]
+        return self
+
+    @classmethod
+    def open(cls, ifname: str, socket_path: str | None = None) -> "Context":
+        """As metaroce_xdp.rc.engine.Context.open, through the daemon that owns ifname."""
+        return connect(socket_path, ifname)
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def alloc_buf(self, nbytes: int, hugepages: bool = False) -> np.ndarray:
+        """nbytes of zeroed shared memory (a sealed memfd) that reg_mr can register without copying."""
+        if not 0 < nbytes <= 1 << 40:
+            raise InvalidArgument(f"buffer size {nbytes} out of range")
+        fd = shm.create(nbytes, "metaroce-buf", hugepages)
+        size = os.fstat(fd).st_size
+        mm = shm.map_fd(fd, size)
+        a = np.frombuffer(mm, np.uint8, count=nbytes)
+        start = int(a.ctypes.data)
+        self._bufs.append((start, start + size, fd, mm))
+        return a
+
+    def alloc_pd(self) -> "PD":
+        return PD(self, self._call("alloc_pd")[0]["pd"])
+
+    def reg_mr(self, pd: "PD", buf: Any, access: Access = Access.LOCAL_WRITE) -> "MR":
+        if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
+            raise InvalidArgument("register a contiguous numpy array from ctx.alloc_buf() (or a slice of one)")
+        mem = buf.reshape(-1).view(np.uint8)
+        a, n = int(mem.ctypes.data), int(mem.size)
+        if n == 0:
+            raise InvalidArgument("cannot register an empty region")
+        for start, end, fd, _ in self._bufs:
+            if start <= a and a + n <= end:
+                break
+        else:
+            raise InvalidArgument("this memory is not shared with the daemon: allocate it with ctx.alloc_buf() "
+                                  "(anonymous private memory such as np.zeros cannot be registered; see "
+                                  "docs/daemon.md, 'Which memory can be registered')")
+        r, _ = self._call("reg_mr", [fd], pd=pd.handle, access=int(Access(access)), offset=a - start, length=n)
+        mr = MR(self, pd, r["mr"], r["addr"], r["length"], r["lkey"], r["rkey"], Access(access), mem)
+        self.mrs[mr.lkey] = mr
+        return mr
+
+    def dereg_mr(self, mr: "MR") -> None:
+        self._call("dereg_mr", mr=mr.handle)
+        self.mrs.pop(mr.lkey, None)
+        mr.valid = False
+
+    # ---- queues -----------------------------------------------------------------------------------
+    def create_cq(self, depth: int = 1024, cq_context: Any = None) -> "CQ":
+        r, fds = self._call("create_cq", depth=depth)
+        cq = CQ(self, r["cq"], r["size"], fds[0], cq_context)
+        self.cqs[cq.handle] = cq
+        return cq
+
+    def create_qp(self, pd: "PD", send_cq: "CQ", recv_cq: "CQ", cap: QPCap | None = None,
+                  sq_sig_all: bool = False) -> "QP":
+        cap = cap or QPCap(max_send_wr=256, max_recv_wr=256)
+        r, fds = self._call("create_qp", pd=pd.handle, send_cq=send_cq.handle, recv_cq=recv_cq.handle,
+                            max_send_wr=cap.max_send_wr, max_recv_wr=cap.max_recv_wr, sq_sig_all=bool(sq_sig_all))
+        qp = QP(self, pd, r["qp"], r["qp_num"], r["sq_size"], r["rq_size"], fds[0], send_cq, recv_cq)
+        self.qps[qp.handle] = qp
+        return qp
+
+    def _doorbell(self, qh: int) -> None:
+        H = self.H
+        with self._rdy_lock:
+            t = int(H[shm.H_RDY_TAIL])
+            if t - int(H[shm.H_RDY_HEAD]) < shm.N_RDY:          # full: the daemon's periodic scan finds it
+                H[shm.H_RDY_OFF + (t & (shm.N_RDY - 1))] = qh
+                H[shm.H_RDY_TAIL] = t + 1
+        if H[shm.H_SLEEPING] and self._efd >= 0:
+            os.eventfd_write(self._efd, 1)
+
+    # ---- connection management (spec 06) ----------------------------------------------------------
+    def _cm_msg(self, qp: "QP", psn: int, mtu: int, private: dict | None) -> cm.CMMsg:
+        import json
+        gid = cm.ip_to_gid(self.gid)
+        v6 = cm.Cap.IPV6 if ":" in self.gid else 0
+        tl = [(cm.TLV_IMPL_NAME, cm.IMPL_NAME.encode())]
+        if private is not None:
+            tl.append((cm.TLV_PERF_PARAMS, json.dumps(private, separators=(",", ":")).encode()))
+        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=qp.qp_num, capabilities=int(v6),
+                        psn=psn, path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=16, max_dest_rd_atomic=16,
+                        min_rnr_timer=12, mac=cm.mac_bytes(self.local_mac), tlvs=tl)
+
+    def _mtu(self, mtu: int | None) -> int:
+        m = min(mtu or self.max_pmtu, self.max_pmtu, 4096)
+        return max(v for v in cm.MTU_ENUM if v <= m)
+
+    def connect_qp(self, qp: "QP", host: str, port: int = cm.CM_PORT, private: dict | None = None,
+                   mtu: int | None = None, timeout: float = cm.CM_TIMEOUT) -> "Connection":
+        """Active side of 6.5.1: TCP to host:port, REQ/REP/RTU, the QP through INIT/RTR/RTS.  `private` (a
+        JSON object, e.g. a buffer's address and rkey) reaches the peer; its own comes back in .private."""
+        ch = cm.connect(host, port, timeout)
+        try:
+            if qp.state == QPState.RESET:
+                qp.modify(QPAttr(qp_state=QPState.INIT,
+                                 qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+            psn = cm.random_psn()
+            req = self._cm_msg(qp, psn, self._mtu(mtu), private)
+
+            def to_rts(rep: cm.CMMsg) -> None:
+                qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
+                                 dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=16, min_rnr_timer=12))
+                qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7,
+                                 max_rd_atomic=min(16, rep.max_dest_rd_atomic)))          # MR-CM-021
+            rep = cm.active_exchange(ch, req, to_rts, timeout)
+        except BaseException:
+            ch.close()
+            try:
+                qp.modify(QPAttr(qp_state=QPState.ERR))                             # MR-CM-030
+            except Exception:                    # noqa: BLE001
+                pass
+            raise
+        return Connection(ch, qp, rep, req)
+
+    def listen(self, port: int = cm.CM_PORT) -> "Listener":
+        """Passive side (6.5.2): accept() connections on TCP port `port` of this host."""
+        return Listener(self, port)
+
+    # ---- events, stats, close ----------------------------------------------------------------------
+    def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
+        """The next QP_FATAL / CQ_ERR / DEVICE_FATAL the daemon reported, waiting up to timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._events:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self.sock.settimeout(left)
+                try:
+                    msg, fds, problem = proto.recv(self.sock)
+                except (socket.timeout, BlockingIOError):
+                    return None
+                except OSError:
+                    msg = None
+                finally:
+                    self.sock.settimeout(None)
+                if msg is None:
+                    return AsyncEvent("DEVICE_FATAL", reason="metaroced closed the connection")
+                for fd in fds:
+                    os.close(fd)
+                if "event" in msg:
+                    self._events.append(msg)
+            m = self._events.pop(0)
+        qp = next((q for q in self.qps.values() if q.handle == m.get("qp")), None)
+        cq = self.cqs.get(m.get("cq")) if "cq" in m else None
+        return AsyncEvent(m["event"], qp, cq, m.get("reason", ""))
+
+    def stats(self) -> dict:
+        return self._call("stats")[0]["stats"]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        for o in list(self.qps.values()) + list(self.cqs.values()):
+            o._unmap()
+        if self._efd >= 0:
+            os.close(self._efd)
+        os.close(self._hdr_fd)
+        self.H = None
+        shm.close_map(self._hdr_mm)
+        for _, _, fd, mm in self._bufs:
+            os.close(fd)            # the mapping (and views of it) stays valid until the last view goes
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PD:
+    def __init__(self, ctx: Context, handle: int) -> None:
+        self.ctx, self.handle = ctx, handle
+
+    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE) -> "MR":
+        return self.ctx.reg_mr(self, buf, access)
+
+    def dealloc(self) -> None:
+        self.ctx._call("dealloc_pd", pd=self.handle)
+
+    def __repr__(self) -> str:
+        return f"PD({self.handle})"
+
+
+class MR:
+    """addr: the region's address in the daemon (use it in SGEs and hand it to peers); buf: the local view."""
+
+    def __init__(self, ctx, pd, handle, addr, length, lkey, rkey, access, buf) -> None:
+        self.ctx, self.pd, self.handle, self.addr, self.length = ctx, pd, handle, addr, length
+        self.lkey, self.rkey, self.access, self.buf = lkey, rkey, access, buf
+        self.valid = True
+
+    def sge(self, offset: int, length: int):
+        from ..verbs_types import SGE
+        return SGE(self.addr + offset, length, self.lkey)
+
+    def dereg(self) -> None:
+        self.ctx.dereg_mr(self)
+
+    def __repr__(self) -> str:
+        return f"MR(addr={self.addr:#x}, len={self.length}, lkey={self.lkey:#x}, access={self.access!r})"
+
+
+class CQ:
+    def __init__(self, ctx: Context, handle: int, size: int, fd: int, cq_context: Any) -> None:
+        self.ctx, self.handle, self.size, self.cq_context = ctx, handle, size, cq_context
+        self._fd = fd
+        self._mm = shm.map_fd(fd, shm.round_page(shm.cq_words(size) * 8))
+        self.W = shm.words(self._mm)
+        self._ring = self.W[shm.CH_WORDS:shm.CH_WORDS + size * shm.CQE_WORDS].reshape(size, shm.CQE_WORDS)
+
+    def poll(self, num_entries: int = 16) -> list[WC]:
+        """ibv_poll_cq: up to num_entries completions, read from shared memory (no system call)."""
+        W = self.W
+        head, tail = int(W[shm.CH_HEAD]), int(W[shm.CH_TAIL])
+        out = []
+        mask = self.size - 1
+        while head != tail and len(out) < num_entries:
+            wr_id, st, op, blen, qpn, imm, flags, _ = self._ring[head & mask].tolist()
+            wf = WCFlags(flags)
+            out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen,
+                          qp_num=qpn, imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf))
+            head += 1
+        W[shm.CH_HEAD] = head
+        return out
+
+    def wait(self, n: int = 1, timeout: float = 10.0) -> list[WC]:
+        """Poll until n completions arrived; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout
+        out: list[WC] = []
+        spins = 0
+        while len(out) < n:
+            got = self.poll(n - len(out))
+            out += got
+            if len(out) >= n:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(out)} of {n} completions after {timeout}s")
+            spins = 0 if got else spins + 1
+            if spins > 200:
+                time.sleep(0.0002)
+        return out
+
+    @property
+    def overflowed(self) -> bool:
+        return bool(self.W[shm.CH_OVERFLOW])
+
+    def destroy(self) -> None:
+        self.ctx._call("destroy_cq", cq=self.handle)
+        self.ctx.cqs.pop(self.handle, None)
+        self._unmap()
+
+    def _unmap(self) -> None:
+        if self.W is None:
+            return
+        self.W = self._ring = None
+        os.close(self._fd)
+        shm.close_map(self._mm)
+
+
+class QP:
+    def __init__(self, ctx: Context, pd: PD, handle: int, qp_num: int, sq_size: int, rq_size: int, fd: int,
+                 send_cq: CQ, recv_cq: CQ) -> None:
+        self.ctx, self.pd, self.handle, self.qp_num = ctx, pd, handle, qp_num
+        self.sq_size, self.rq_size = sq_size, rq_size
+        self.send_cq, self.recv_cq = send_cq, recv_cq
+        self._fd = fd
+        self._mm = shm.map_fd(fd, shm.round_page(shm.qp_words(sq_size, rq_size) * 8))
+        W = self.W = shm.words(self._mm)
+        o = shm.QH_WORDS
+        self._sq = W[o:o + sq_size * shm.SQE_WORDS].reshape(sq_size, shm.SQE_WORDS)
+        o += sq_size * shm.SQE_WORDS
+        self._rq = W[o:o + rq_size * shm.RQE_WORDS].reshape(rq_size, shm.RQE_WORDS)
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> QPState:
+        return QPState(int(self.W[shm.QH_STATE]))
+
+    def query_state(self) -> QPState:
+        return self.state
+
+    def modify(self, attr: QPAttr) -> None:
+        a = {k: (str(v) if k in ("dgid", "dmac") else v.value if hasattr(v, "value") else v)
+             for k, v in attr.given().items()}
+        self.ctx._call("modify_qp", qp=self.handle, attr=a)
+
+    def query(self) -> dict:
+        d = self.ctx._call("query_qp", qp=self.handle)[0]["qp_info"]
+        d["state"] = QPState(d["state"])
+        d["qp_num"] = d["qpn"]
+        return d
+
+    def destroy(self) -> None:
+        self.ctx._call("destroy_qp", qp=self.handle)
+        self.ctx.qps.pop(self.handle, None)
+        self._unmap()
+
+    def _unmap(self) -> None:
+        if self.W is None:
+            return
+        self.W = self._sq = self._rq = None
+        os.close(self._fd)
+        shm.close_map(self._mm)
+
+    def _check_sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int]:
+        if len(sg_list) > 1:
+            raise Unsupported(f"{what} with {len(sg_list)} SGEs: the daemon's data plane takes one SGE per work "
+                              "request")
+        if not sg_list:
+            return 0, 0, 0
+        s = sg_list[0]
+        mr = self.ctx.mrs.get(s.lkey)
+        if (mr is None or not mr.valid or mr.pd is not self.pd or not 0 <= s.length < 1 << 31
+                or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length or (need and not mr.access & need)):
+            raise InvalidArgument(f"{what}: SGE (addr {s.addr:#x}, length {s.length}, lkey {s.lkey:#x}) is not "
+                                  "inside a registered MR of this QP's PD" + (f" with {need!r}" if need else ""))
+        return s.addr, s.length, s.lkey
+
+    def post_send(self, wrs: SendWR | list[SendWR]) -> None:
+        """ibv_post_send into shared memory (no system call); a list is posted whole or not at all."""
+        wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
+        st = self.state
+        if st not in (QPState.RTS, QPState.ERR):
+            raise InvalidState(f"post_send on a QP in {st.name}: move it to RTS first")
+        rows = []
+        for wr in wrs:
+            if wr.opcode not in _SEND_OPS:
+                raise Unsupported(f"{WROpcode(wr.opcode).name} is not implemented by the daemon's data plane")
+            if wr.send_flags & ~(SendFlags.SIGNALED | SendFlags.SOLICITED):
+                raise Unsupported(f"send_flags {SendFlags(wr.send_flags)!r}: only SIGNALED and SOLICITED")
+            addr, length, lkey = self._check_sge(wr.sg_list, Access.LOCAL_WRITE if wr.opcode == WROpcode.RDMA_READ
+                                                 else Access(0), WROpcode(wr.opcode).name)
+            rows.append((_i64(wr.wr_id), int(wr.opcode), int(wr.send_flags), addr, length, lkey,
+                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF))
+        W = self.W
+        with self._lock:
+            tail = int(W[shm.QH_SQ_TAIL])
+            if tail - int(W[shm.QH_SQ_HEAD]) + len(rows) > self.sq_size:
+                raise QueueFull(f"send queue full ({self.sq_size} WRs waiting for the daemon): poll the CQ, "
+                                "then post again")
+            mask = self.sq_size - 1
+            for i, row in enumerate(rows):
+                self._sq[(tail + i) & mask, :9] = row
+            W[shm.QH_SQ_TAIL] = tail + len(rows)         # published after the entries
+        self.ctx._doorbell(self.handle)
+
+    def post_recv(self, wrs: RecvWR | list[RecvWR]) -> None:
+        wrs = [wrs] if isinstance(wrs, RecvWR) else list(wrs)
+        if self.state == QPState.RESET:
+            raise InvalidState("post_recv on a QP in RESET: move it to INIT first")
+        rows = [(_i64(wr.wr_id), *self._check_sge(wr.sg_list, Access.LOCAL_WRITE, "RECV")) for wr in wrs]
+        W = self.W
+        with self._lock:
+            tail = int(W[shm.QH_RQ_TAIL])
+            if tail - int(W[shm.QH_RQ_HEAD]) + len(rows) > self.rq_size:
+                raise QueueFull(f"receive queue full ({self.rq_size} WRs waiting for the daemon)")
+            mask = self.rq_size - 1
+            for i, row in enumerate(rows):
+                self._rq[(tail + i) & mask] = row
+            W[shm.QH_RQ_TAIL] = tail + len(rows)
+        self.ctx._doorbell(self.handle)
+
+    def __repr__(self) -> str:
+        return f"QP({self.qp_num:#x}, {self.state.name})"
+
+
+def _i64(v: int) -> int:
+    v &= 0xFFFFFFFFFFFFFFFF
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class Connection:
+    """An established connection: .peer (QPN, GID, agreed capabilities) and .private (the peer's JSON);
+    .channel is the TCP connection, which the application may keep using (closing it changes nothing)."""
+
+    def __init__(self, ch: cm.Channel, qp: QP, theirs: cm.CMMsg, mine: cm.CMMsg) -> None:
+        self.channel, self.qp = ch, qp
+        self.private = theirs.perf
+        self.peer = {"qpn": theirs.qpn, "gid": cm.gid_text(theirs.gid), "ip": cm.gid_to_ip(theirs.gid),
+                     "path_mtu": theirs.mtu_bytes, "caps": int(theirs.capabilities)}
+        self.caps = cm.Cap(theirs.capabilities & 0xFF)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class Listener:
+    def __init__(self, ctx: Context, port: int) -> None:
+        self.ctx, self.port = ctx, port
+        self._lst = cm.Listener(port)
+
+    def accept(self, qp: QP, private: dict | None = None, timeout: float | None = None,
+               mtu: int | None = None) -> Connection:
+        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT)."""
+        ctx = self.ctx
+        ch = self._lst.accept(timeout)
+        try:
+            if qp.state == QPState.RESET:
+                qp.modify(QPAttr(qp_state=QPState.INIT,
+                                 qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+            psn = cm.random_psn()
+            mine = ctx._mtu(mtu)
+
+            def make_rep(req: cm.CMMsg) -> cm.CMMsg:
+                agreed = min(mine, req.mtu_bytes or 256)
+                try:
+                    qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=req.qpn, rq_psn=req.psn, path_mtu=agreed,
+                                     dgid=cm.gid_to_ip(req.gid), max_dest_rd_atomic=16, min_rnr_timer=12))
+                except Exception as e:          # noqa: BLE001 - becomes the REJ the peer reads
+                    raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
+                return ctx._cm_msg(qp, psn, agreed, private)
+            req, rep = cm.passive_exchange(ch, int(cm.Cap.IPV6), make_rep)          # MR-CM-014/018
+            qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7,
+                             max_rd_atomic=min(16, req.max_dest_rd_atomic)))           # MR-CM-028
+        except BaseException:
+            ch.close()
+            try:
+                qp.modify(QPAttr(qp_state=QPState.ERR))
+            except Exception:                   # noqa: BLE001
+                pass
+            raise
+        c = Connection(ch, qp, req, rep)
+        c.peer["caps"] = int(rep.capabilities)           # the agreed set
+        c.caps = cm.Cap(rep.capabilities & 0xFF)
+        return c
+
+    def close(self) -> None:
+        self._lst.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["connect", "status", "Context", "PD", "MR", "CQ", "QP", "Connection", "Listener", "AsyncEvent",
+           "DaemonError", "DaemonUnavailable", "PermissionDenied", "MalformedRequest", "UnknownHandle",
+           "LimitExceeded", "Unsupported", "DEFAULT_SOCKET"]

@@ -1,0 +1,105 @@
+"""The control protocol between metaroced and its clients (docs/daemon.md, "The control socket").
+
+A Unix SOCK_SEQPACKET socket: one message = one UTF-8 JSON object (at most MAX_MSG bytes), with file
+descriptors riding along as SCM_RIGHTS.  Requests carry "op" and an "id" the reply echoes; a reply is
+{"ok": true, ...} or {"ok": false, "error": "<TypedError>", "message": "..."}; messages with "event"
+are unsolicited (asynchronous events: a QP moved to ERR, a CQ overflowed, the daemon stopping).
+
+The typed errors are the verbs errors of metaroce_xdp.verbs_types plus those below; the client raises
+the class the reply names.
+"""
+from __future__ import annotations
+
+import array
+import json
+import socket
+
+from ..verbs_types import Busy, InvalidArgument, InvalidState, QueueFull, ResourceError, VerbsError
+
+MAX_MSG = 65536
+MAX_FDS = 4
+VERSION = 1
+
+
+class DaemonError(VerbsError):
+    """metaroced refused or failed an operation; the message says why."""
+
+
+class PermissionDenied(DaemonError):
+    """The connecting process is neither root nor in the daemon's socket group (SO_PEERCRED)."""
+
+
+class DaemonUnavailable(DaemonError):
+    """No daemon answers on the socket, or it closed the connection (stopped or restarted)."""
+
+
+class MalformedRequest(InvalidArgument):
+    """The control message is not a JSON object of a known op with fields of the right types."""
+
+
+class UnknownHandle(InvalidArgument):
+    """The handle names no object of this client (never one of another client's)."""
+
+
+class LimitExceeded(ResourceError):
+    """A per-client limit of the daemon's configuration (max_qps_per_client, max_mr_bytes_per_client,
+    max_clients) would be exceeded."""
+
+
+class Unsupported(InvalidArgument):
+    """The daemon's data plane does not implement this (the message names it)."""
+
+
+class InternalError(DaemonError):
+    """The daemon failed unexpectedly on this request (logged there); it keeps serving."""
+
+
+ERRORS: dict[str, type[VerbsError]] = {c.__name__: c for c in (
+    VerbsError, InvalidArgument, InvalidState, Busy, QueueFull, ResourceError, DaemonError, PermissionDenied,
+    DaemonUnavailable, MalformedRequest, UnknownHandle, LimitExceeded, Unsupported, InternalError)}
+
+
+def error_reply(e: BaseException, rid=None) -> dict:
+    name = type(e).__name__
+    if name not in ERRORS:
+        # a subclass of ours or of verbs_types (dp.Unsupported, ConfigError, XdpBusy...): its nearest known base
+        name = next((c.__name__ for c in type(e).__mro__ if c.__name__ in ERRORS), "InternalError")
+    return {"ok": False, "id": rid, "error": name, "message": str(e)}
+
+
+def raise_error(reply: dict) -> None:
+    cls = ERRORS.get(str(reply.get("error")), DaemonError)
+    raise cls(str(reply.get("message", "")))
+
+
+def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = ()) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    if len(data) > MAX_MSG:
+        raise MalformedRequest(f"message of {len(data)} bytes exceeds {MAX_MSG}")
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+    sock.sendmsg([data], anc)
+
+
+def recv(sock: socket.socket) -> tuple[dict | None, list[int], str | None]:
+    """(message, fds, problem): message None at EOF; problem names why a message is unusable
+    (truncated, not JSON, not an object) -- the fds are still returned so the caller closes them."""
+    data, anc, flags, _ = sock.recvmsg(MAX_MSG, socket.CMSG_SPACE(MAX_FDS * 4))
+    fds: list[int] = []
+    for level, typ, cdata in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(cdata[:len(cdata) - len(cdata) % a.itemsize])
+            fds.extend(a)
+    if not data and not fds:
+        return None, [], None
+    if flags & socket.MSG_TRUNC:
+        return {}, fds, f"message longer than {MAX_MSG} bytes (truncated)"
+    if flags & socket.MSG_CTRUNC:
+        return {}, fds, f"more than {MAX_FDS} file descriptors"
+    try:
+        obj = json.loads(data.decode())
+    except (UnicodeDecodeError, ValueError) as e:
+        return {}, fds, f"not a JSON message: {e}"
+    if not isinstance(obj, dict):
+        return {}, fds, "a message must be a JSON object"
+    return obj, fds, None

@@ -1,0 +1,1199 @@
+"""metaroced's core: the compiled data plane of each owned interface, served over a Unix socket.
+
+    d = Daemon(cfg)          # cfg: metaroce_xdp.daemon.config.DaemonConfig
+    d.start()                # clean a crashed instance's leftovers, open the interfaces, bind the socket
+    d.run(stop, tick)        # serve until stop (a threading.Event) is set; tick() about every 100 ms
+    d.drain_and_stop(5.0)    # finish or flush outstanding work, detach XDP, remove the socket
+    d.reload(new_cfg)        # what can change at run time; ConfigError for the rest
+    d.snapshot()             # live state (docs/daemon.md, "snapshot() schema")
+
+Threads: the caller's thread runs `run()` (accepts, control requests, client exits, tick); each
+interface has one driver thread (`Device._drive`) that alternates the GIL-free compiled loop
+(`loop.dp_run`, which returns on a new completion, an event or a short time slice) with the pump:
+it takes the work requests clients wrote into their shared rings (validated: opcode, lkey of the
+QP's own PD, bounds, access) into the data plane's queues, and copies completions from the data
+plane's CQs into the clients' CQ rings.  Clients never see the data plane's arena.
+
+Locks, always taken in this order: Device.reg_lock (the maps of clients' objects), then the plane's
+lock (held by the driver around dp_run and the pump; control operations take it via plane.paused()).
+
+Neighbours: shm.py (ring layouts), proto.py (messages, typed errors), client.py (the other end),
+metaroce_xdp/dp (the data plane), metaroce_xdp/kern/loader.py (XDP program, pins).
+"""
+from __future__ import annotations
+
+import dataclasses
+import grp
+import json
+import logging
+import os
+import secrets
+import selectors
+import socket
+import stat
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import __version__
+from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError,
+                           WCOpcode, WCStatus)
+from . import proto, shm
+from .config import ConfigError, DaemonConfig
+from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
+
+log = logging.getLogger("metaroced")
+
+SEND_TIMEOUT_S = 0.5          # a client that does not read its socket for this long is dropped
+SCAN_EVERY_S = 0.01           # fallback scan of every QP ring (a doorbell lost to a full ring)
+IDLE_BEFORE_SLEEP_S = 0.002   # progress = sleep: spin this long after the last work before sleeping
+BUSY_SLICE_NS = 50_000        # dp_run time slice between two pumps
+SLEEP_SLICE_NS = 20_000_000   # dp_run slice while sleeping (bounds a doorbell lost to a race)
+MAX_PUMP_PER_QP = 1024        # entries taken from one client ring per pump
+WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring
+WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
+WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
+
+RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
+                   "progress", "socket_mode", "socket_group", "watchdog", "metrics_listen")
+FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port")
+
+_SEND_OPS = (0, 1, 2, 3, 4)        # WRITE, WRITE_IMM, SEND, SEND_IMM, READ: what the compiled plane does
+_WC_OF = {0: WCOpcode.RDMA_WRITE, 1: WCOpcode.RDMA_WRITE, 2: WCOpcode.SEND, 3: WCOpcode.SEND, 4: WCOpcode.RDMA_READ}
+_ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
+
+
+# ================================================================================ per-client objects
+class SQP:
+    """A client's QP: the data plane's QP and the shared rings the client posts into."""
+
+    def __init__(self, h: int, sess: "Session", dev: "Device", dpqp: Any, fd: int, mm: Any) -> None:
+        self.h, self.sess, self.dev, self.dpqp, self.fd, self.mm = h, sess, dev, dpqp, fd, mm
+        self.W = shm.words(mm)
+        self.sq_size, self.rq_size = dpqp.sq_size, dpqp.rq_size
+        self.sq_off = shm.QH_WORDS
+        self.rq_off = shm.QH_WORDS + self.sq_size * shm.SQE_WORDS
+        self.sq_taken = self.rq_taken = 0       # the daemon's own counts (the shm copies are for the client)
+        self.bytes_tx = self.bytes_rx = 0
+        self.rate_bps = 0.0
+        self._rate_t, self._rate_b = time.monotonic(), 0
+        self.dead = False
+
+    def mirror_state(self) -> None:
+        r = self.dpqp.row
+        self.W[shm.QH_ERR] = int(r[self.dev.L.Q_ERR])
+        self.W[shm.QH_STATE] = int(r[self.dev.L.Q_STATE])
+
+
+class SCQ:
+    def __init__(self, h: int, sess: "Session", dpcq: Any, fd: int, mm: Any) -> None:
+        self.h, self.sess, self.dpcq, self.fd, self.mm = h, sess, dpcq, fd, mm
+        self.W = shm.words(mm)
+        self.size = dpcq.size
+        self.tail = 0                           # the daemon's own count of completions delivered
+
+
+class SMR:
+    def __init__(self, h: int, dpmr: Any, mm: Any, length: int, pd_h: int) -> None:
+        self.h, self.dpmr, self.mm, self.length, self.pd_h = h, dpmr, mm, length, pd_h
+
+
+class Session:
+    """One client connection: its credentials, its objects (handles are per client), its header ring."""
+
+    def __init__(self, sid: int, sock: socket.socket, pid: int, uid: int, gid: int) -> None:
+        self.id, self.sock, self.pid, self.uid, self.gid = sid, sock, pid, uid, gid
+        try:
+            self.comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            self.comm = "?"
+        self.dev: Device | None = None
+        self.pds: dict[int, Any] = {}
+        self.mrs: dict[int, SMR] = {}
+        self.cqs: dict[int, SCQ] = {}
+        self.qps: dict[int, SQP] = {}
+        self.mr_bytes = 0
+        self._next = 1
+        self.send_lock = threading.Lock()
+        self.hdr_fd = shm.create(shm.H_WORDS * 8, "metaroce-session")
+        self.hdr_mm = shm.map_fd(self.hdr_fd, shm.round_page(shm.H_WORDS * 8))
+        self.H = shm.words(self.hdr_mm)
+        self.H[shm.H_MAGIC] = shm.MAGIC
+        self.H[shm.H_SESSION] = sid
+        self.rdy_head = 0
+        self.gone = False                        # set by any thread; the serving thread reclaims
+
+    def handle(self) -> int:
+        h = self._next
+        self._next += 1
+        return h
+
+    def owner(self) -> dict:
+        return {"pid": self.pid, "uid": self.uid, "comm": self.comm}
+
+    def push(self, obj: dict, fds: list[int] | tuple = ()) -> bool:
+        """Send a reply or an event; a client that does not read for SEND_TIMEOUT_S is marked gone."""
+        if self.gone:
+            return False
+        with self.send_lock:
+            try:
+                proto.send(self.sock, obj, fds)
+                return True
+            except (OSError, proto.MalformedRequest) as e:
+                if isinstance(e, proto.MalformedRequest):       # our reply too large: say so instead
+                    try:
+                        proto.send(self.sock, proto.error_reply(e, obj.get("id")))
+                        return True
+                    except OSError:
+                        pass
+                log.warning("client pid %d: cannot send (%s); dropping it", self.pid, e)
+                self.gone = True
+                return False
+
+
+# ================================================================================ one interface
+def _dp():
+    """The data plane modules (numba): imported by the daemon only, never by clients."""
+    from ..dp import context as dpc
+    from ..dp import layout as L
+    from ..dp import loop
+    return dpc, L, loop
+
+
+def _make_context_class():
+    dpc, L, _ = _dp()
+
+    class DaemonContext(dpc.Context):
+        """dp.Context with CQ destruction (indices and rows reused: clients come and go) and an event hook."""
+
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            self._cq_free: list[int] = []
+            self.on_qp_event: Callable[[Any, int, int], None] | None = None
+            self.on_cq_event: Callable[[Any], None] | None = None
+
+        def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: Any = None):
+            if not 0 < depth <= 1 << 16:
+                raise InvalidArgument(f"CQ depth {depth}: use 1 .. 65536")
+            if channel is not None:
+                raise dpc.Unsupported("completion channels are not implemented by the compiled data plane")
+            size = dpc._pow2(depth)
+            if self._cq_free:
+                idx = self._cq_free.pop()
+            elif self._cq_next < L.MAX_CQS:
+                idx = self._cq_next
+                self._cq_next += 1
+            else:
+                raise ResourceError(f"at most {L.MAX_CQS} CQs on this interface")
+            try:
+                base = self.plane.ce_pool.alloc(size)
+            except MemoryError:
+                self._cq_free.append(idx)
+                raise ResourceError(f"no room for a CQ of {size} entries on this interface") from None
+            row = self.plane.CQT[idx]
+            row[:] = 0
+            row[L.C_BASE], row[L.C_SIZE] = base, size
+            cq = dpc.CQ(self, idx, depth, size, base, cq_context)
+            self.cqs[idx] = cq
+            return cq
+
+        def destroy_cq(self, cq) -> None:
+            if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
+                raise ResourceError("the CQ is still used by a QP: destroy the QP first")
+            with self.plane.paused():
+                self.plane.CQT[cq.index] = 0
+            self.plane.ce_pool.release(cq.base, cq.size)
+            self.cqs.pop(cq.index, None)
+            self._cq_free.append(cq.index)
+
+        def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
+            super()._event(typ, qi, arg, arg2)
+            if typ == L.EV_CQ_ERR:
+                if self.on_cq_event is not None:
+                    self.on_cq_event(self.cqs.get(arg))
+            elif self.on_qp_event is not None:
+                self.on_qp_event(self.qps.get(qi), typ, arg)
+
+    return DaemonContext
+
+
+class Device:
+    """One owned interface: its data-plane context, the clients' objects on it, the driver thread."""
+
+    def __init__(self, daemon: "Daemon", ifname: str, ctx: Any) -> None:
+        self.daemon, self.ifname, self.ctx = daemon, ifname, ctx
+        self.dpc, self.L, self.loop = _dp()
+        self.plane = ctx.plane
+        self.plane.threaded = True          # posts never drive rounds from the calling thread
+        self.plane.A[self.L.P_POLL_MS] = SLEEP_SLICE_NS // 1_000_000
+        self.reg_lock = threading.RLock()
+        self.sessions: set[Session] = set()
+        self.qp_by_qi: dict[int, SQP] = {}
+        self.cq_by_idx: dict[int, SCQ] = {}
+        self.stopping = False
+        self._thread: threading.Thread | None = None
+        self._next_scan = 0.0
+        self._last_work = time.monotonic()
+        ctx.on_qp_event = self._qp_event
+        ctx.on_cq_event = self._cq_event
+
+    # ---- events from the data plane --------------------------------------------------------
+    def _qp_event(self, dpqp: Any, typ: int, why: int) -> None:
+        q = self.qp_by_qi.get(dpqp.qi) if dpqp is not None else None
+        if q is None:
+            return
+        q.mirror_state()
+        log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
+        q.sess.push({"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num, "reason": dpqp.error_reason})
+
+    def _cq_event(self, dpcq: Any) -> None:
+        c = self.cq_by_idx.get(dpcq.index) if dpcq is not None else None
+        if c is None:
+            return
+        c.W[shm.CH_OVERFLOW] = 1
+        log.info("cq %d (pid %d): overflowed; its QPs moved to ERR", c.h, c.sess.pid)
+        c.sess.push({"event": "CQ_ERR", "cq": c.h, "reason": "CQ overflowed: poll it faster or make it deeper"})
+        for q in list(c.sess.qps.values()):
+            q.mirror_state()
+
+    # ---- the driver thread --------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._drive, name=f"metaroced-{self.ifname}", daemon=True)
+        self._thread.start()
+
+    def _drive(self) -> None:
+        pl, L, A = self.plane, self.L, self.plane.A
+        dp_run = self.loop.dp_run
+        while not self.stopping:
+            sleepy = (self.daemon.cfg.progress == "sleep"
+                      and time.monotonic() - self._last_work > IDLE_BEFORE_SLEEP_S)
+            if sleepy:
+                for s in list(self.sessions):
+                    s.H[shm.H_SLEEPING] = 1
+                with self.reg_lock, pl.lock:
+                    moved = self.pump()
+                if moved:
+                    for s in list(self.sessions):
+                        s.H[shm.H_SLEEPING] = 0
+                    self._last_work = time.monotonic()
+                    continue
+            with pl.lock:
+                if self.stopping:
+                    break
+                rc = dp_run(A, pl.TM, pl.umem, pl.tables, SLEEP_SLICE_NS if sleepy else BUSY_SLICE_NS, 0, -2,
+                            1 if sleepy else 0)
+            if sleepy:
+                for s in list(self.sessions):
+                    s.H[shm.H_SLEEPING] = 0
+            if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
+                try:
+                    pl.drain_events()
+                except Exception:           # noqa: BLE001 - an event hook must not stop the data plane
+                    log.exception("%s: handling a data-plane event failed", self.ifname)
+            with self.reg_lock, pl.lock:
+                moved = self.pump()
+            if moved or rc in (1, 4) or A[L.P_N_ACT]:
+                self._last_work = time.monotonic()
+            if rc == 2:
+                time.sleep(0)               # a control operation paused us: let it take the lock
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.plane.A[self.L.P_STOP] = 1
+        try:
+            os.eventfd_write(self.plane.efd, 1)
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    # ---- the pump: client rings <-> data plane ------------------------------------------------
+    def pump(self) -> int:
+        moved = 0
+        for s in list(self.sessions):
+            if s.gone:
+                continue
+            H = s.H
+            t = int(H[shm.H_RDY_TAIL])
+            h = s.rdy_head
+            if t != h:
+                n = t - h
+                if not 0 < n <= shm.N_RDY:           # nonsense or a ring lapped: the full scan covers it
+                    h = t - min(max(n, 0), shm.N_RDY)
+                seen = set()
+                for i in range(h, t):
+                    qh = int(H[shm.H_RDY_OFF + (i & (shm.N_RDY - 1))])
+                    if qh not in seen:
+                        seen.add(qh)
+                        q = s.qps.get(qh)
+                        if q is not None:
+                            moved += self.pump_qp(q)
+                s.rdy_head = t
+                H[shm.H_RDY_HEAD] = t
+        now = time.monotonic()
+        if now >= self._next_scan:
+            self._next_scan = now + SCAN_EVERY_S
+            for q in list(self.qp_by_qi.values()):
+                moved += self.pump_qp(q)
+                q.mirror_state()
+        CQT, L = self.plane.CQT, self.L
+        for idx in np.nonzero(CQT[:, L.C_TAIL] != CQT[:, L.C_HEAD])[0]:
+            c = self.cq_by_idx.get(int(idx))
+            if c is not None:
+                moved += self.pump_cq(c)
+        return moved
+
+    def pump_qp(self, q: SQP) -> int:
+        if q.dead:
+            return 0
+        L, pl, W = self.L, self.plane, q.W
+        r = q.dpqp.row
+        moved = 0
+        # ---- send ring
+        tail = int(W[shm.QH_SQ_TAIL])
+        n = tail - q.sq_taken
+        if n:
+            if not 0 < n <= q.sq_size:
+                self._bad_wr(q, None, f"send ring tail {tail} is not within {q.sq_size} of head {q.sq_taken}")
+                return 0
+            st = int(r[L.Q_STATE])
+            if st not in (QPState.RTS, QPState.ERR):
+                self._bad_wr(q, None, f"a send posted in {QPState(st).name}")
+                return 0
+            dtail = int(r[L.Q_SQ_TAIL])
+            room = q.sq_size - (dtail - int(r[L.Q_SQ_HEAD]))
+            k = min(n, room, MAX_PUMP_PER_QP)
+            SW, base, mask = pl.SW, q.dpqp.sq_base, q.sq_size - 1
+            took = 0
+            for i in range(k):
+                off = q.sq_off + ((q.sq_taken + i) & mask) * shm.SQE_WORDS
+                e = W[off:off + 9].tolist()
+                row = self._send_row(q, e)
+                if isinstance(row, str):
+                    if took:
+                        r[L.Q_SQ_TAIL] = dtail + took
+                    q.sq_taken += took
+                    W[shm.QH_SQ_HEAD] = q.sq_taken
+                    self._bad_wr(q, e, row)
+                    return moved + took
+                SW[base + ((dtail + took) & mask)] = row
+                if e[1] != 4:
+                    q.bytes_tx += e[4]
+                took += 1
+            if took:
+                r[L.Q_SQ_TAIL] = dtail + took             # published after the WQEs (x86 keeps store order)
+                q.sq_taken += took
+                W[shm.QH_SQ_HEAD] = q.sq_taken
+                pl.mark_ready(q.dpqp.qi)
+                moved += took
+        # ---- receive ring
+        tail = int(W[shm.QH_RQ_TAIL])
+        n = tail - q.rq_taken
+        if n:
+            if not 0 < n <= q.rq_size:
+                self._bad_wr(q, None, f"receive ring tail {tail} is not within {q.rq_size} of head {q.rq_taken}")
+                return moved
+            dtail = int(r[L.Q_RQ_TAIL])
+            room = q.rq_size - (dtail - int(r[L.Q_RQ_HEAD]))
+            k = min(n, room, MAX_PUMP_PER_QP)
+            RW, base, mask = pl.RW, q.dpqp.rq_base, q.rq_size - 1
+            took = 0
+            for i in range(k):
+                off = q.rq_off + ((q.rq_taken + i) & mask) * shm.RQE_WORDS
+                wr_id, laddr, length, lkey = W[off:off + 4].tolist()
+                lmr = self._local_mr(q, laddr, length, lkey, Access.LOCAL_WRITE)
+                if isinstance(lmr, str):
+                    q.rq_taken += took
+                    r[L.Q_RQ_TAIL] = dtail + took
+                    W[shm.QH_RQ_HEAD] = q.rq_taken
+                    self._bad_wr(q, [wr_id, 128], lmr)
+                    return moved + took
+                RW[base + ((dtail + took) & mask)] = (wr_id, laddr if length else 0, length, lmr)
+                took += 1
+            if took:
+                r[L.Q_RQ_TAIL] = dtail + took
+                q.rq_taken += took
+                W[shm.QH_RQ_HEAD] = q.rq_taken
+                if int(r[L.Q_STATE]) == QPState.ERR:
+                    pl.mark_ready(q.dpqp.qi)
+                moved += took
+        return moved
+
+    def _local_mr(self, q: SQP, addr: int, length: int, lkey: int, need: int) -> int | str:
+        """The MR table index for a local SGE of q's client, or why it is refused."""
+        if length == 0:
+            return 0
+        if not 0 < length < 1 << 31:
+            return f"SGE length {length} out of range"
+        mr = self.ctx.mrs.get((lkey & 0xFFFFFFFF) >> 8)
+        if (mr is None or mr.lkey != lkey or not mr.valid or mr.pd is not q.dpqp.pd
+                or addr < mr.addr or addr + length > mr.addr + mr.length or (need and not mr.access & need)):
+            return (f"SGE (addr {addr:#x}, length {length}, lkey {lkey:#x}) is not inside a valid MR of the QP's PD"
+                    + (f" with {Access(need)!r}" if need else ""))
+        return mr.index
+
+    def _send_row(self, q: SQP, e: list[int]) -> tuple | str:
+        wr_id, op, flags, laddr, length, lkey, raddr, rkey, imm = e
+        if op not in _SEND_OPS:
+            return f"opcode {op} is not one the data plane implements"
+        if flags & ~0x6:
+            return f"send_flags {flags:#x}: only SIGNALED and SOLICITED"
+        lmr = self._local_mr(q, laddr, length, lkey, Access.LOCAL_WRITE if op == 4 else 0)
+        if isinstance(lmr, str):
+            return lmr
+        return (wr_id, op, flags, laddr if length else 0, length, raddr, rkey & 0xFFFFFFFF, imm & 0xFFFFFFFF,
+                0, 0, 0, 0, 0, 0, lmr)
+
+    def _bad_wr(self, q: SQP, e: list[int] | None, why: str) -> None:
+        """A work request no honest client library writes: an error completion for it, the QP to ERR."""
+        log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", q.dpqp.qp_num, q.sess.pid,
+                    why)
+        if e is not None:
+            cq = q.dpqp.recv_cq if e[1] == 128 else q.dpqp.send_cq
+            c = self.cq_by_idx.get(cq.index)
+            if c is not None:
+                self._deliver(c, [e[0], int(WCStatus.LOC_PROT_ERR) if "SGE" in why else int(WCStatus.LOC_QP_OP_ERR),
+                                  int(WCOpcode.RECV) if e[1] == 128 else int(_WC_OF.get(e[1], WCOpcode.SEND)), 0,
+                                  q.dpqp.qp_num, 0, 0, 0])
+        q.dpqp._to_err(WHY_BAD_WR)
+        q.dpqp.error_reason = "the client wrote an invalid work request into its ring: " + why
+        q.mirror_state()
+        q.sess.push({"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num, "reason": q.dpqp.error_reason})
+
+    def _deliver(self, c: SCQ, row: list[int]) -> bool:
+        W = c.W
+        if c.tail - int(W[shm.CH_HEAD]) >= c.size:
+            return False
+        off = shm.CH_WORDS + (c.tail & (c.size - 1)) * shm.CQE_WORDS
+        W[off:off + 8] = row
+        c.tail += 1
+        W[shm.CH_TAIL] = c.tail
+        return True
+
+    def pump_cq(self, c: SCQ) -> int:
+        L = self.L
+        row = c.dpcq.row
+        h, t = int(row[L.C_HEAD]), int(row[L.C_TAIL])
+        W = c.W
+        ch = int(W[shm.CH_HEAD])
+        used = c.tail - ch
+        room = c.size - used if 0 <= used <= c.size else 0        # a nonsense head: deliver nothing
+        k = min(t - h, room)
+        if k <= 0:
+            return 0
+        CE, base, mask = self.plane.CE, c.dpcq.base, c.dpcq.size - 1
+        cmask = c.size - 1
+        for i in range(k):
+            e = CE[base + ((h + i) & mask)]
+            off = shm.CH_WORDS + ((c.tail + i) & cmask) * shm.CQE_WORDS
+            W[off:off + 7] = e
+            op, st = int(e[L.E_OPCODE]), int(e[L.E_STATUS])
+            if st == 0 and op in (WCOpcode.RECV, WCOpcode.RECV_RDMA_WITH_IMM, WCOpcode.RDMA_READ):
+                q = self.qp_by_qi.get(int(e[L.E_QP_NUM]) % self.plane.maxq)
+                if q is not None:
+                    q.bytes_rx += int(e[L.E_BYTE_LEN])
+        c.tail += k
+        W[shm.CH_TAIL] = c.tail                  # published after the entries
+        row[L.C_HEAD] = h + k
+        return k
+
+    # ---- state for snapshot() -------------------------------------------------------------------
+    def info(self) -> dict:
+        from .. import cm
+        port = self.ctx.port
+        ld = self.ctx.loader
+        try:
+            mtu = int(Path(f"/sys/class/net/{self.ifname}/mtu").read_text())
+        except (OSError, ValueError):
+            mtu = None
+        counters = {"plane": self.ctx.stats()}
+        try:
+            counters["xdp_drops"] = ld.drops()
+            counters["xdp_events"] = ld.events()
+        except Exception:                           # noqa: BLE001 - the maps may be gone while stopping
+            pass
+        return {"ifname": self.ifname, "mtu": mtu, "mac": port.mac, "gids": [cm.gid_text(cm.ip_to_gid(port.ip))],
+                "ip": port.ip, "queues": [0],
+                "caps": {"plane": "compiled", "max_pmtu": self.ctx.max_pmtu, "max_qps": self.plane.maxq - 1,
+                         "max_cqs": self.L.MAX_CQS, "max_mrs": self.L.MAX_MRS - 1, "max_sge": 1,
+                         "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ"],
+                         "cm_caps": ["IPV6"] if ":" in port.ip else [], "profiles": ["compat"]},
+                "counters": counters, "pins": str(ld._pin_dir) if getattr(ld, "_pin_dir", None) else None}
+
+    def qp_info(self, q: SQP) -> dict:
+        L = self.L
+        r = q.dpqp.row
+        now = time.monotonic()
+        if now - q._rate_t >= 0.5:
+            q.rate_bps = 8.0 * (q.bytes_tx - q._rate_b) / (now - q._rate_t)
+            q._rate_t, q._rate_b = now, q.bytes_tx
+        naks_rx = rnr = None
+        if q.dpqp.installed and self.ctx.loader is not None:
+            try:
+                slot = self.ctx.loader.qp(q.dpqp.qp_num)
+                naks_rx, rnr = int(slot["naks"]), int(slot["rnr_naks"])
+            except Exception:                       # noqa: BLE001
+                pass
+        st = QPState(int(r[L.Q_STATE]))
+        return {"dev": self.ifname, "qpn": q.dpqp.qp_num, "handle": q.h, "state": st.name, "type": "RC",
+                "remote_qpn": q.dpqp.dest_qp or None, "remote_addr": q.dpqp.dgid,
+                "sq_psn": int(r[L.Q_SND_PSN]), "rq_psn": int(r[L.Q_EPSN]), "path_mtu": int(r[L.Q_PMTU]),
+                "outstanding_send": int(q.W[shm.QH_SQ_TAIL]) - q.sq_taken + int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
+                "outstanding_recv": int(q.W[shm.QH_RQ_TAIL]) - q.rq_taken + int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]),
+                "retransmits": None, "naks_rx": naks_rx, "naks_tx": None, "rnr": rnr,
+                "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx,
+                "error": q.dpqp.error_reason if st == QPState.ERR else None, "owner": q.sess.owner()}
+
+    def close(self) -> None:
+        self.stop()
+        self.ctx.close()
+
+
+# ================================================================================ the daemon
+class Daemon:
+    """See the module docstring.  Not thread-safe itself: start/run/drain_and_stop/reload from one thread
+    (snapshot() from any)."""
+
+    def __init__(self, cfg: DaemonConfig) -> None:
+        self.cfg = cfg.validate()
+        self.devices: dict[str, Device] = {}
+        self.sessions: dict[int, Session] = {}
+        self.started: float | None = None
+        self.cleaned: list[str] = []
+        self._lsock: socket.socket | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._sid = 0
+        self._stopped = False
+        self._draining = False
+        self._sock_bound = False
+
+    # ---- start --------------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        log.setLevel(cfg.log_level.upper())
+        self._clean_socket()
+        from ..kern import loader as kl
+        kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
+        ctx_cls = _make_context_class()
+        try:
+            for ifname in cfg.interfaces:
+                self._clean_interface(ifname, kl)
+                ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                if ctx.loader.stale_pins_removed:
+                    self.cleaned.append(f"{ifname}: {ctx.loader.stale_pins_removed} stale pins replaced")
+                dev = Device(self, ifname, ctx)
+                self.devices[ifname] = dev
+                log.info("%s: data plane up (gid %s, max path MTU %d)", ifname, ctx.gid, ctx.max_pmtu)
+            self._bind()
+        except BaseException:
+            for dev in self.devices.values():
+                dev.close()
+            self.devices.clear()
+            raise
+        for dev in self.devices.values():
+            dev.start()
+        self.started = time.time()
+
+    def _clean_socket(self) -> None:
+        p = self.cfg.socket_path
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise DaemonError(f"{p} exists and is not a socket: remove it or choose another socket_path")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.settimeout(1.0)
+            s.connect(p)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(p)
+            self.cleaned.append(f"stale socket {p}")
+            log.info("removed the stale socket %s (no daemon behind it)", p)
+            return
+        except OSError:
+            pass
+        finally:
+            s.close()
+        raise DaemonError(f"another metaroced serves {p}: stop it first")
+
+    def _clean_interface(self, ifname: str, kl: Any) -> None:
+        """A dead instance's leftovers on ifname: an XDP program nobody holds, pins under the prefix."""
+        from ..kern import bpfsys
+        prog_id = kl.attached_xdp_prog_id(ifname)
+        if prog_id:
+            holders = [p for p in bpfsys.xdp_link_holders(prog_id) if p != os.getpid()]
+            name = self._xdp_prog_name(ifname)
+            if holders or name != "xdp_metaroce":
+                raise kl.busy_error(ifname, prog_id)
+            # attached through netlink (or a pinned link) by a dead MetaRoCE instance: nobody owns it
+            for p in (Path(self.cfg.bpffs_prefix) / kl.pin_name(ifname)).glob("link*"):
+                p.unlink()
+            subprocess.run(["ip", "link", "set", "dev", ifname, "xdp", "off"], check=False, capture_output=True)
+            self.cleaned.append(f"{ifname}: stale XDP program {prog_id} detached")
+            log.info("%s: detached the stale XDP program %d (no owner)", ifname, prog_id)
+        d = Path(self.cfg.bpffs_prefix) / kl.pin_name(ifname)
+        if d.is_dir():
+            n = 0
+            for p in d.iterdir():
+                try:
+                    p.unlink()
+                    n += 1
+                except OSError:
+                    pass
+            if n:
+                self.cleaned.append(f"{ifname}: {n} stale pins under {d}")
+                log.info("%s: removed %d stale pins under %s", ifname, n, d)
+
+    @staticmethod
+    def _xdp_prog_name(ifname: str) -> str | None:
+        try:
+            out = subprocess.run(["ip", "-d", "-j", "link", "show", "dev", ifname], capture_output=True,
+                                 text=True, timeout=5).stdout
+            return json.loads(out)[0].get("xdp", {}).get("prog", {}).get("name")
+        except Exception:                   # noqa: BLE001
+            return None
+
+    def _bind(self) -> None:
+        cfg = self.cfg
+        os.makedirs(os.path.dirname(cfg.socket_path) or ".", mode=0o755, exist_ok=True)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            s.bind(cfg.socket_path)
+        finally:
+            os.umask(old)
+        self._sock_bound = True
+        self._apply_socket_perms()
+        s.listen(64)
+        s.setblocking(False)
+        self._lsock = s
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(s, selectors.EVENT_READ, None)
+        log.info("serving on %s (mode %o, group %s)", cfg.socket_path, cfg.socket_mode, cfg.socket_group or "-")
+
+    def _group_gid(self) -> int | None:
+        g = self.cfg.socket_group
+        if g is None:
+            return None
+        try:
+            return grp.getgrnam(g).gr_gid
+        except KeyError:
+            if g.isdigit():
+                return int(g)
+            raise ConfigError(f"socket_group {g!r}: no such group") from None
+
+    def _apply_socket_perms(self) -> None:
+        gid = self._group_gid()
+        os.chmod(self.cfg.socket_path, self.cfg.socket_mode)
+        if gid is not None:
+            os.chown(self.cfg.socket_path, -1, gid)
+
+    # ---- serving --------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, tick: Callable[[], None] | None = None) -> None:
+        if self._sel is None:
+            raise DaemonError("start() first")
+        last_tick = 0.0
+        while not stop.is_set() and not self._stopped:
+            for key, _ in self._sel.select(timeout=0.1):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._serve(key.data)
+            for s in [s for s in self.sessions.values() if s.gone]:
+                self._reclaim(s)
+            now = time.monotonic()
+            if tick is not None and now - last_tick >= 0.1:
+                last_tick = now
+                try:
+                    tick()
+                except Exception:                   # noqa: BLE001 - the caller's hook must not stop serving
+                    log.exception("tick failed")
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._lsock.accept()
+        except (BlockingIOError, OSError):
+            return
+        pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        sock.settimeout(SEND_TIMEOUT_S)
+        why = None
+        if not self._allowed(pid, uid, gid):
+            why = proto.error_reply(PermissionDenied(
+                f"uid {uid} is neither root nor in group {self.cfg.socket_group or '(none configured)'}"))
+        elif len(self.sessions) >= self.cfg.max_clients:
+            why = proto.error_reply(LimitExceeded(f"max_clients ({self.cfg.max_clients}) clients are connected"))
+        elif self._draining:
+            why = proto.error_reply(proto.DaemonUnavailable("the daemon is stopping"))
+        if why is not None:
+            log.warning("refused pid %d uid %d: %s", pid, uid, why["message"])
+            try:
+                proto.send(sock, why)
+            except OSError:
+                pass
+            sock.close()
+            return
+        self._sid += 1
+        s = Session(self._sid, sock, pid, uid, gid)
+        self.sessions[s.id] = s
+        self._sel.register(sock, selectors.EVENT_READ, s)
+        log.info("client pid %d uid %d (%s) connected", pid, uid, s.comm)
+
+    def _allowed(self, pid: int, uid: int, gid: int) -> bool:
+        if uid == 0:
+            return True
+        want = self._group_gid()
+        if want is None:
+            return False
+        if gid == want:
+            return True
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("Groups:"):
+                    return want in {int(x) for x in line.split()[1:]}
+        except OSError:
+            pass
+        return False
+
+    def _serve(self, s: Session) -> None:
+        try:
+            msg, fds, problem = proto.recv(s.sock)
+        except (BlockingIOError, socket.timeout):
+            return
+        except OSError:
+            msg, fds, problem = None, [], None
+        if msg is None:
+            self._reclaim(s)
+            return
+        rid = msg.get("id") if isinstance(msg, dict) else None
+        try:
+            if problem:
+                raise MalformedRequest(problem)
+            op = msg.get("op")
+            fn = getattr(self, f"_op_{op}", None) if isinstance(op, str) and op.isidentifier() else None
+            if fn is None:
+                raise MalformedRequest(f"unknown op {op!r}")
+            reply, out_fds = fn(s, msg, fds)
+            reply = {"ok": True, "id": rid, **reply}
+        except VerbsError as e:
+            reply, out_fds = proto.error_reply(e, rid), []
+        except (KeyError, TypeError, ValueError) as e:
+            reply, out_fds = proto.error_reply(MalformedRequest(f"bad request: {type(e).__name__}: {e}"), rid), []
+        except Exception as e:                       # noqa: BLE001 - one bad request never stops the daemon
+            log.exception("client pid %d: op %r failed", s.pid, msg.get("op"))
+            reply, out_fds = proto.error_reply(proto.InternalError(f"{type(e).__name__}: {e}"), rid), []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        s.push(reply, out_fds)
+
+    # ---- ops ------------------------------------------------------------------------------------
+    @staticmethod
+    def _int(msg: dict, k: str, default: int | None = None, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+        v = msg.get(k, default)
+        if v is None:
+            raise MalformedRequest(f"missing {k!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise MalformedRequest(f"{k!r} must be an integer in {lo}..{hi}, not {v!r}")
+        return v
+
+    def _dev(self, s: Session) -> Device:
+        if s.dev is None:
+            raise InvalidState("open a device first (op open_device)")
+        return s.dev
+
+    def _get(self, table: dict, msg: dict, k: str, what: str):
+        h = self._int(msg, k)
+        o = table.get(h)
+        if o is None:
+            raise UnknownHandle(f"{k} {h} is not a {what} of this client")
+        return o
+
+    def _op_hello(self, s: Session, msg: dict, fds: list[int]):
+        return {"version": proto.VERSION, "daemon_pid": os.getpid(), "daemon_version": __version__,
+                "interfaces": list(self.devices), "session": s.id}, [s.hdr_fd]
+
+    def _op_status(self, s: Session, msg: dict, fds: list[int]):
+        return {"snapshot": self.snapshot()}, []
+
+    def _op_open_device(self, s: Session, msg: dict, fds: list[int]):
+        ifname = msg.get("ifname")
+        if ifname is None and len(self.devices) == 1:
+            ifname = next(iter(self.devices))
+        if not isinstance(ifname, str):
+            raise MalformedRequest("open_device needs an interface name (ifname)")
+        dev = self.devices.get(ifname)
+        if dev is None:
+            raise InvalidArgument(f"this daemon does not own {ifname!r} (it owns {', '.join(self.devices) or '-'})")
+        if s.dev is not None and s.dev is not dev:
+            raise InvalidState(f"this connection already uses {s.dev.ifname}: connect again for another device")
+        if s.dev is None:
+            with dev.reg_lock:
+                s.dev = dev
+                dev.sessions.add(s)
+        ctx = dev.ctx
+        return {"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu}, [dev.plane.efd]
+
+    def _op_alloc_pd(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        h = s.handle()
+        s.pds[h] = dev.ctx.alloc_pd()
+        return {"pd": h}, []
+
+    def _op_dealloc_pd(self, s: Session, msg: dict, fds: list[int]):
+        pd = self._get(s.pds, msg, "pd", "PD")
+        self._dev(s).ctx.dealloc_pd(pd)
+        s.pds.pop(msg["pd"])
+        return {}, []
+
+    def _op_reg_mr(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        pd = self._get(s.pds, msg, "pd", "PD")
+        access = self._int(msg, "access", 0, 0, 0xF)
+        offset = self._int(msg, "offset", 0)
+        length = self._int(msg, "length", None, 1, 1 << 40)
+        if len(fds) != 1:
+            raise MalformedRequest("reg_mr carries exactly one file descriptor (the memfd) as SCM_RIGHTS")
+        try:
+            size = shm.sealed_size(fds[0])
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        if offset + length > size:
+            raise InvalidArgument(f"offset {offset} + length {length} is beyond the memfd's {size} bytes")
+        if s.mr_bytes + length > self.cfg.max_mr_bytes_per_client:
+            raise LimitExceeded(f"registering {length} bytes would exceed max_mr_bytes_per_client "
+                                f"({self.cfg.max_mr_bytes_per_client}; this client has {s.mr_bytes})")
+        start = offset // shm.PAGE * shm.PAGE
+        mm = shm.map_fd(fds[0], offset + length - start, start)
+        try:
+            view = np.frombuffer(mm, np.uint8, count=length, offset=offset - start)
+            with dev.reg_lock:
+                mr = dev.ctx.reg_mr(pd, view, Access(access))
+        except BaseException:
+            view = None
+            shm.close_map(mm)
+            raise
+        h = s.handle()
+        s.mrs[h] = SMR(h, mr, mm, length, msg["pd"])
+        s.mr_bytes += length
+        return {"mr": h, "addr": mr.addr, "length": mr.length, "lkey": mr.lkey, "rkey": mr.rkey}, []
+
+    def _dereg(self, dev: Device, s: Session, m: SMR) -> None:
+        dev.ctx.dereg_mr(m.dpmr)          # the valid bit cleared, then a pause: no placement is in flight
+        m.dpmr.mem = None
+        m.dpmr = None
+        shm.close_map(m.mm)
+        s.mr_bytes -= m.length
+
+    def _op_dereg_mr(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        m = self._get(s.mrs, msg, "mr", "MR")
+        with dev.reg_lock:
+            s.mrs.pop(m.h)
+            self._dereg(dev, s, m)
+        return {}, []
+
+    def _op_create_cq(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        depth = self._int(msg, "depth", 1024, 1, 1 << 16)
+        with dev.reg_lock:
+            cq = dev.ctx.create_cq(depth)
+            try:
+                fd = shm.create(shm.cq_words(cq.size) * 8, "metaroce-cq")
+                mm = shm.map_fd(fd, shm.round_page(shm.cq_words(cq.size) * 8))
+            except BaseException:
+                dev.ctx.destroy_cq(cq)
+                raise
+            h = s.handle()
+            c = SCQ(h, s, cq, fd, mm)
+            c.W[shm.CH_SIZE] = cq.size
+            s.cqs[h] = c
+            dev.cq_by_idx[cq.index] = c
+        return {"cq": h, "size": cq.size}, [fd]
+
+    def _op_destroy_cq(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        c = self._get(s.cqs, msg, "cq", "CQ")
+        with dev.reg_lock:
+            dev.ctx.destroy_cq(c.dpcq)
+            self._forget_cq(dev, s, c)
+        return {}, []
+
+    def _forget_cq(self, dev: Device, s: Session, c: SCQ) -> None:
+        s.cqs.pop(c.h, None)
+        dev.cq_by_idx.pop(c.dpcq.index, None)
+        c.W = None
+        os.close(c.fd)
+        shm.close_map(c.mm)
+
+    def _op_create_qp(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        pd = self._get(s.pds, msg, "pd", "PD")
+        scq = self._get(s.cqs, msg, "send_cq", "CQ")
+        rcq = self._get(s.cqs, msg, "recv_cq", "CQ")
+        cap = QPCap(max_send_wr=self._int(msg, "max_send_wr", 256, 1, 1 << 14),
+                    max_recv_wr=self._int(msg, "max_recv_wr", 256, 1, 1 << 14))
+        if len(s.qps) >= self.cfg.max_qps_per_client:
+            raise LimitExceeded(f"max_qps_per_client ({self.cfg.max_qps_per_client}) QPs already")
+        with dev.reg_lock:
+            try:
+                qp = dev.ctx.create_qp(pd, scq.dpcq, rcq.dpcq, cap, bool(msg.get("sq_sig_all", False)))
+            except MemoryError as e:
+                raise ResourceError(f"no room for the QP's queues: {e}") from None
+            nb = shm.qp_words(qp.sq_size, qp.rq_size) * 8
+            try:
+                fd = shm.create(nb, "metaroce-qp")
+                mm = shm.map_fd(fd, shm.round_page(nb))
+            except BaseException:
+                dev.ctx.destroy_qp(qp)
+                raise
+            h = s.handle()
+            q = SQP(h, s, dev, qp, fd, mm)
+            W = q.W
+            W[shm.QH_SQ_SIZE], W[shm.QH_RQ_SIZE], W[shm.QH_QPN] = qp.sq_size, qp.rq_size, qp.qp_num
+            q.mirror_state()
+            s.qps[h] = q
+            dev.qp_by_qi[qp.qi] = q
+        log.info("qpn %#x created for pid %d", qp.qp_num, s.pid)
+        return {"qp": h, "qp_num": qp.qp_num, "sq_size": qp.sq_size, "rq_size": qp.rq_size}, [fd]
+
+    def _op_modify_qp(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        q = self._get(s.qps, msg, "qp", "QP")
+        a = msg.get("attr")
+        if not isinstance(a, dict):
+            raise MalformedRequest("modify_qp needs attr: an object of QPAttr fields")
+        bad = set(a) - _ATTR_FIELDS
+        if bad:
+            raise MalformedRequest(f"unknown QP attributes {sorted(bad)} (known: {sorted(_ATTR_FIELDS)})")
+        for k, v in a.items():
+            ok = (isinstance(v, str) if k in ("dgid", "dmac", "path_mig_state") else
+                  isinstance(v, bool) if k == "en_sqd_async_notify" else
+                  v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32))
+            if not ok:
+                raise MalformedRequest(f"QP attribute {k}={v!r} has the wrong type")
+        if "qp_state" in a:
+            a["qp_state"] = QPState(a["qp_state"])
+        if "cur_qp_state" in a:
+            a["cur_qp_state"] = QPState(a["cur_qp_state"])
+        if "qp_access_flags" in a:
+            a["qp_access_flags"] = Access(a["qp_access_flags"])
+        q.dpqp.modify(QPAttr(**a))
+        q.mirror_state()
+        st = q.dpqp.query_state()
+        log.info("qpn %#x (pid %d): -> %s", q.dpqp.qp_num, s.pid, st.name)
+        return {"state": int(st)}, []
+
+    def _op_query_qp(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        q = self._get(s.qps, msg, "qp", "QP")
+        d = dev.qp_info(q)
+        d["state"] = int(QPState[d["state"]])
+        return {"qp_info": d}, []
+
+    def _op_destroy_qp(self, s: Session, msg: dict, fds: list[int]):
+        dev = self._dev(s)
+        q = self._get(s.qps, msg, "qp", "QP")
+        with dev.reg_lock:
+            self._destroy_qp(dev, s, q)
+        return {}, []
+
+    def _destroy_qp(self, dev: Device, s: Session, q: SQP) -> None:
+        q.dead = True
+        dev.ctx.destroy_qp(q.dpqp)
+        s.qps.pop(q.h, None)
+        dev.qp_by_qi.pop(q.dpqp.qi, None)
+        q.W = None
+        os.close(q.fd)
+        shm.close_map(q.mm)
+        log.info("qpn %#x (pid %d) destroyed", q.dpqp.qp_num, s.pid)
+
+    def _op_stats(self, s: Session, msg: dict, fds: list[int]):
+        return {"stats": self._dev(s).ctx.stats()}, []
+
+    # ---- a client leaves ---------------------------------------------------------------------------
+    def _reclaim(self, s: Session) -> None:
+        """The client exited (or was killed, or stopped reading): its QPs to ERR, then everything it had freed.
+        Its peers see their QPs' requests go unanswered and complete with RETRY_EXC_ERR."""
+        if self.sessions.pop(s.id, None) is None:
+            return
+        s.gone = True
+        try:
+            self._sel.unregister(s.sock)
+        except (KeyError, ValueError):
+            pass
+        s.sock.close()
+        dev = s.dev
+        nq, nm = len(s.qps), len(s.mrs)
+        if dev is not None:
+            with dev.reg_lock:
+                dev.sessions.discard(s)
+                for q in list(s.qps.values()):
+                    if q.dpqp.query_state() != QPState.ERR:
+                        with dev.plane.paused():
+                            q.dpqp._to_err(WHY_CLIENT_GONE)
+                    self._destroy_qp(dev, s, q)
+                for c in list(s.cqs.values()):
+                    try:
+                        dev.ctx.destroy_cq(c.dpcq)
+                    except ResourceError:
+                        log.exception("cq of pid %d", s.pid)
+                    self._forget_cq(dev, s, c)
+                for m in list(s.mrs.values()):
+                    self._dereg(dev, s, m)
+                s.mrs.clear()
+                s.pds.clear()
+        os.close(s.hdr_fd)
+        s.H = None
+        shm.close_map(s.hdr_mm)
+        log.info("client pid %d left: %d QPs moved to ERR and destroyed, %d MRs deregistered", s.pid, nq, nm)
+
+    # ---- stop -----------------------------------------------------------------------------------------
+    def _outstanding_sends(self) -> int:
+        n = 0
+        for dev in self.devices.values():
+            L = dev.L
+            for q in list(dev.qp_by_qi.values()):
+                r = q.dpqp.row
+                if int(r[L.Q_STATE]) == QPState.RTS:
+                    n += int(q.W[shm.QH_SQ_TAIL]) - q.sq_taken + int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD])
+        return n
+
+    def drain_and_stop(self, timeout_s: float) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._draining = True
+        if self._lsock is not None:
+            try:
+                self._sel.unregister(self._lsock)
+            except (KeyError, ValueError):
+                pass
+            self._lsock.close()
+            self._lsock = None
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while time.monotonic() < deadline and self._outstanding_sends():
+            time.sleep(0.005)
+        left = self._outstanding_sends()
+        flushed = 0
+        for dev in self.devices.values():
+            with dev.reg_lock:
+                for q in list(dev.qp_by_qi.values()):
+                    if q.dpqp.query_state() != QPState.ERR:
+                        with dev.plane.paused():
+                            q.dpqp._to_err(WHY_DRAIN)
+                        q.mirror_state()
+                        flushed += 1
+        # let the loop flush the queues and the pump hand the flush completions to the clients
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            busy = False
+            for dev in self.devices.values():
+                L, CQT = dev.L, dev.plane.CQT
+                if dev.plane.A[L.P_N_ACT] or (CQT[:, L.C_TAIL] != CQT[:, L.C_HEAD]).any():
+                    busy = True
+            if not busy:
+                break
+            time.sleep(0.005)
+        log.info("draining: %d send WRs still outstanding after %.1fs, %d QPs flushed", left, timeout_s, flushed)
+        for s in list(self.sessions.values()):
+            s.push({"event": "DEVICE_FATAL", "reason": "the daemon is stopping"})
+        for s in list(self.sessions.values()):
+            self._reclaim(s)
+        for dev in self.devices.values():
+            try:
+                dev.close()                  # detaches XDP (the link), unpins
+            except Exception:                # noqa: BLE001
+                log.exception("%s: closing", dev.ifname)
+        if self._sel is not None:
+            self._sel.close()
+        if self._sock_bound:
+            try:
+                os.unlink(self.cfg.socket_path)
+            except FileNotFoundError:
+                pass
+            self._sock_bound = False
+        log.info("stopped")
+
+    # ---- reload -----------------------------------------------------------------------------------
+    def reload(self, cfg: DaemonConfig) -> list[str]:
+        cfg = cfg.validate()
+        fixed = [k for k in FIXED_OPTIONS if getattr(cfg, k) != getattr(self.cfg, k)]
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)} cannot change at run time: restart metaroced to apply")
+        changed = [k for k in RUNTIME_OPTIONS if getattr(cfg, k) != getattr(self.cfg, k)]
+        old = self.cfg
+        self.cfg = cfg
+        if ("socket_mode" in changed or "socket_group" in changed) and self._sock_bound:
+            try:
+                self._apply_socket_perms()
+            except BaseException:
+                self.cfg = old
+                raise
+        if "log_level" in changed:
+            log.setLevel(cfg.log_level.upper())
+        for dev in self.devices.values():
+            os.eventfd_write(dev.plane.efd, 1)       # a sleeping loop sees the new progress mode
+        if changed:
+            log.info("reloaded: %s", ", ".join(changed))
+        return changed
+
+    # ---- snapshot ---------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        devices, qps = [], []
+        for dev in list(self.devices.values()):
+            try:
+                devices.append(dev.info())
+            except Exception as e:            # noqa: BLE001 - a stopping device: say so, keep the rest
+                devices.append({"ifname": dev.ifname, "error": str(e)})
+            for q in list(dev.qp_by_qi.values()):
+                try:
+                    qps.append(dev.qp_info(q))
+                except Exception:             # noqa: BLE001 - destroyed meanwhile
+                    pass
+        clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
+                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes}
+                   for s in list(self.sessions.values())]
+        return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
+                           "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned)},
+                "devices": devices, "qps": qps, "clients": clients}
+
+
+# ================================================================================ a bare runner
+def _main(argv: list[str] | None = None) -> int:
+    """`python -m metaroce_xdp.daemon.server --config FILE [--opt value ...]`: start, serve until SIGTERM/SIGINT,
+    drain and exit 0.  (The service's real entry point with systemd notify, SIGHUP and metrics is
+    daemon/metaroced; this runner is what the tests start as the daemon process.)"""
+    import argparse
+    import signal
+    from .config import load_config
+    ap = argparse.ArgumentParser(prog="metaroced-core")
+    ap.add_argument("--config")
+    ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE")
+    a = ap.parse_args(argv)
+    overrides = dict(kv.split("=", 1) for kv in a.set)
+    cfg = load_config(a.config, overrides)
+    logging.basicConfig(level=cfg.log_level.upper(), format="metaroced[%(process)d]: %(levelname)s %(message)s")
+    d = Daemon(cfg)
+    d.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps({"ready": True, "pid": os.getpid(), "cleaned": d.cleaned}), flush=True)
+    try:
+        d.run(stop)
+    finally:
+        d.drain_and_stop(cfg.drain_timeout_s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
+
+_ = (secrets,)

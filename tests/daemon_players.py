@@ -1,0 +1,153 @@
+"""A client application of metaroced, remote-controlled by tests/test_daemon.py: one process per client.
+
+    python tests/daemon_players.py SOCKET IFNAME
+
+reads one JSON command per line on stdin and answers one JSON line on stdout ({"ok": true, ...} or
+{"ok": false, "error": "<TypedError>", "message": ...}).  It uses only metaroce_xdp.daemon.client (no
+numba, no BCC): everything it does goes through the daemon.  Commands:
+
+  setup size seed          PD, a shared buffer of `size` random bytes (seed), an MR (LW|RW|RR), a CQ, a QP
+  listen port / accept     passive connection set-up (spec 06) on the QP; connect host port: active side
+  post ops=[...]           post work requests (write/send/read/recv with offsets into the buffers)
+  wait n timeout           poll n completions; returns them
+  stream op n size         post n WRITEs (or READs) of size back to back (window 32), stop at the first error
+  digest off len           sha256 of a range of the local buffer
+  state                    the QP's state and the daemon's query
+  event timeout            the next asynchronous event
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from metaroce_xdp.daemon import client  # noqa: E402
+from metaroce_xdp.verbs_types import (SGE, Access, QPCap, RecvWR, SendWR, VerbsError, WCStatus,  # noqa: E402
+                                      WROpcode)
+
+OPS = {"write": WROpcode.RDMA_WRITE, "write_imm": WROpcode.RDMA_WRITE_WITH_IMM, "send": WROpcode.SEND,
+       "send_imm": WROpcode.SEND_WITH_IMM, "read": WROpcode.RDMA_READ}
+
+
+class Player:
+    def __init__(self, sock: str, ifname: str) -> None:
+        self.ctx = client.connect(sock, ifname)
+        self.conn = None
+        self.lst = None
+        self.peer = {}
+
+    def setup(self, size: int, seed: int, depth: int = 256) -> dict:
+        ctx = self.ctx
+        self.pd = ctx.alloc_pd()
+        self.buf = ctx.alloc_buf(size)
+        self.buf[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+        self.mr = self.pd.reg_mr(self.buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+        self.cq = ctx.create_cq(depth)
+        self.qp = ctx.create_qp(self.pd, self.cq, self.cq, QPCap(max_send_wr=64, max_recv_wr=64))
+        return {"qpn": self.qp.qp_num, "va": self.mr.addr, "rkey": self.mr.rkey, "lkey": self.mr.lkey,
+                "pid": os.getpid()}
+
+    def _private(self) -> dict:
+        return {"va": self.mr.addr, "rkey": self.mr.rkey, "len": self.mr.length}
+
+    def listen(self, port: int) -> dict:
+        self.lst = self.ctx.listen(port)
+        return {}
+
+    def accept(self, timeout: float = 30) -> dict:
+        self.conn = self.lst.accept(self.qp, self._private(), timeout=timeout)
+        self.peer = self.conn.private
+        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name}
+
+    def connect(self, host: str, port: int) -> dict:
+        self.conn = self.ctx.connect_qp(self.qp, host, port, self._private())
+        self.peer = self.conn.private
+        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name}
+
+    def _wr(self, o: dict, wr_id: int):
+        if o["op"] == "recv":
+            return RecvWR(wr_id=wr_id, sg_list=[self.mr.sge(o.get("off", 0), o["len"])] if o["len"] else [])
+        va = o.get("va", self.peer.get("va", 0))
+        rkey = o.get("rkey", self.peer.get("rkey", 0))
+        sg = [self.mr.sge(o.get("off", 0), o["len"])] if o["len"] else []
+        if "addr" in o:                      # a raw SGE, for the tests of bad input
+            sg = [SGE(o["addr"], o["len"], o.get("lkey", self.mr.lkey))]
+        return SendWR(wr_id=wr_id, opcode=OPS[o["op"]], sg_list=sg, remote_addr=va + o.get("roff", 0), rkey=rkey,
+                      imm_data=o.get("imm", 0))
+
+    def post(self, ops: list[dict]) -> dict:
+        for i, o in enumerate(ops):
+            wr = self._wr(o, o.get("wr_id", i + 1))
+            (self.qp.post_recv if o["op"] == "recv" else self.qp.post_send)(wr)
+        return {}
+
+    def wait(self, n: int, timeout: float = 20) -> dict:
+        wcs = self.cq.wait(n, timeout)
+        return {"wcs": [{"wr_id": w.wr_id, "status": w.status.name, "opcode": w.opcode.name, "byte_len": w.byte_len,
+                         "imm": w.imm_data} for w in wcs]}
+
+    def stream(self, n: int, size: int, op: str = "write", window: int = 32, timeout: float = 60,
+               report_every: int = 0) -> dict:
+        """n WRITEs of `size` bytes from offset 0 to the peer's offset 0 (or READs into offset size), window deep."""
+        posted = done = 0
+        first_err = None
+        t0 = time.monotonic()
+        while done < n:
+            while posted < n and posted - done < window and first_err is None:
+                self.qp.post_send(SendWR(wr_id=posted, opcode=OPS[op], sg_list=[self.mr.sge(0 if op == "write"
+                                                                                             else size, size)],
+                                         remote_addr=self.peer["va"], rkey=self.peer["rkey"]))
+                posted += 1
+            for w in self.cq.poll(32):
+                done += 1
+                if w.status != WCStatus.SUCCESS and first_err is None:
+                    first_err = w.status.name
+            if report_every and done and done % report_every == 0:
+                print(json.dumps({"progress": done}), flush=True)
+            if first_err is not None and done >= posted:
+                break
+            if time.monotonic() - t0 > timeout:
+                return {"done": done, "posted": posted, "error": "TIMEOUT"}
+        return {"done": done, "posted": posted, "error": first_err, "seconds": time.monotonic() - t0}
+
+    def digest(self, off: int, len: int) -> dict:  # noqa: A002
+        return {"sha": hashlib.sha256(self.buf[off:off + len].tobytes()).hexdigest()}
+
+    def state(self) -> dict:
+        q = self.qp.query()
+        return {"state": self.qp.state.name, "query_state": q["state"].name, "error": q.get("error")}
+
+    def event(self, timeout: float = 10) -> dict:
+        ev = self.ctx.get_async_event(timeout)
+        return {"event": ev.type if ev else None, "reason": ev.reason if ev else None}
+
+    def chan_send(self, obj: dict) -> dict:
+        self.conn.channel.send_json(obj)
+        return {}
+
+    def chan_recv(self, timeout: float = 30) -> dict:
+        return {"msg": self.conn.channel.recv_json(timeout)}
+
+
+def main() -> int:
+    p = Player(sys.argv[1], sys.argv[2])
+    print(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        name = cmd.pop("cmd")
+        try:
+            out = {"ok": True, **getattr(p, name)(**cmd)}
+        except (VerbsError, TimeoutError, OSError, Exception) as e:  # noqa: BLE001 - reported to the test
+            out = {"ok": False, "error": type(e).__name__, "message": str(e)}
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
