@@ -121,7 +121,7 @@ class Context:
                 raise DaemonUnavailable(f"metaroced closed the connection ({e.strerror})") from None
             while True:
                 try:
-                    msg, rfds, problem = proto.recv(self.sock)
+                    msg, rfds, problem = proto.recv(self.sock, proto.MAX_REPLY)
                 except OSError as e:
                     raise DaemonUnavailable(f"metaroced closed the connection ({e.strerror})") from None
                 if msg is None:
@@ -140,7 +140,8 @@ class Context:
                 return msg, rfds
 
     def status(self) -> dict:
-        return self._call("status")[0]["snapshot"]
+        r = self._call("status")[0]
+        return {k: r[k] for k in ("daemon", "devices", "qps", "clients")}
 
     # ---- device -------------------------------------------------------------------------------------
     def open_device(self, ifname: str | None = None) -> "Context":
@@ -280,7 +281,7 @@ class Context:
                     return None
                 self.sock.settimeout(left)
                 try:
-                    msg, fds, problem = proto.recv(self.sock)
+                    msg, fds, problem = proto.recv(self.sock, proto.MAX_REPLY)
                 except (socket.timeout, BlockingIOError):
                     return None
                 except OSError:

@@ -16,8 +16,10 @@ import socket
 
 from ..verbs_types import Busy, InvalidArgument, InvalidState, QueueFull, ResourceError, VerbsError
 
-MAX_MSG = 65536
+MAX_MSG = 65536               # a request; replies (status with many QPs) may be larger: MAX_REPLY
+MAX_REPLY = 1 << 26
 MAX_FDS = 4
+SO_SNDBUFFORCE = 32           # socket.h; Python does not name it
 VERSION = 1
 
 
@@ -72,18 +74,30 @@ def raise_error(reply: dict) -> None:
     raise cls(str(reply.get("message", "")))
 
 
-def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = ()) -> None:
+def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = (), limit: int = MAX_MSG) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
-    if len(data) > MAX_MSG:
-        raise MalformedRequest(f"message of {len(data)} bytes exceeds {MAX_MSG}")
+    if len(data) > limit:
+        raise MalformedRequest(f"message of {len(data)} bytes exceeds {limit}")
+    if len(data) > 100_000:
+        # one SEQPACKET message must fit the send buffer: grow it (SO_SNDBUFFORCE needs CAP_NET_ADMIN)
+        for opt in (SO_SNDBUFFORCE, socket.SO_SNDBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, 2 * len(data) + 65536)
+                break
+            except OSError:
+                continue
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
     sock.sendmsg([data], anc)
 
 
-def recv(sock: socket.socket) -> tuple[dict | None, list[int], str | None]:
+def recv(sock: socket.socket, limit: int = MAX_MSG) -> tuple[dict | None, list[int], str | None]:
     """(message, fds, problem): message None at EOF; problem names why a message is unusable
-    (truncated, not JSON, not an object) -- the fds are still returned so the caller closes them."""
-    data, anc, flags, _ = sock.recvmsg(MAX_MSG, socket.CMSG_SPACE(MAX_FDS * 4))
+    (truncated, not JSON, not an object) -- the fds are still returned so the caller closes them.
+    With limit > MAX_MSG (the client reading replies) the message's size is peeked first."""
+    size = MAX_MSG
+    if limit > MAX_MSG:
+        size = min(max(sock.recv_into(bytearray(1), 1, socket.MSG_PEEK | socket.MSG_TRUNC), 1), limit)
+    data, anc, flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(MAX_FDS * 4))
     fds: list[int] = []
     for level, typ, cdata in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
@@ -93,7 +107,7 @@ def recv(sock: socket.socket) -> tuple[dict | None, list[int], str | None]:
     if not data and not fds:
         return None, [], None
     if flags & socket.MSG_TRUNC:
-        return {}, fds, f"message longer than {MAX_MSG} bytes (truncated)"
+        return {}, fds, f"message longer than {size} bytes (truncated)"
     if flags & socket.MSG_CTRUNC:
         return {}, fds, f"more than {MAX_FDS} file descriptors"
     try:

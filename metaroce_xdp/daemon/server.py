@@ -136,13 +136,13 @@ class Session:
     def owner(self) -> dict:
         return {"pid": self.pid, "uid": self.uid, "comm": self.comm}
 
-    def push(self, obj: dict, fds: list[int] | tuple = ()) -> bool:
+    def push(self, obj: dict, fds: list[int] | tuple = (), limit: int = proto.MAX_MSG) -> bool:
         """Send a reply or an event; a client that does not read for SEND_TIMEOUT_S is marked gone."""
         if self.gone:
             return False
         with self.send_lock:
             try:
-                proto.send(self.sock, obj, fds)
+                proto.send(self.sock, obj, fds, limit)
                 return True
             except (OSError, proto.MalformedRequest) as e:
                 if isinstance(e, proto.MalformedRequest):       # our reply too large: say so instead
@@ -791,7 +791,7 @@ class Daemon:
         finally:
             for fd in fds:
                 os.close(fd)
-        s.push(reply, out_fds)
+        s.push(reply, out_fds, proto.MAX_REPLY if msg.get("op") == "status" else proto.MAX_MSG)
 
     # ---- ops ------------------------------------------------------------------------------------
     @staticmethod
@@ -820,7 +820,7 @@ class Daemon:
                 "interfaces": list(self.devices), "session": s.id}, [s.hdr_fd]
 
     def _op_status(self, s: Session, msg: dict, fds: list[int]):
-        return {"snapshot": self.snapshot()}, []
+        return self.snapshot(), []                  # the reply's keys: daemon, devices, qps, clients
 
     def _op_open_device(self, s: Session, msg: dict, fds: list[int]):
         ifname = msg.get("ifname")
