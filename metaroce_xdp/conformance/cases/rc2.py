@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import struct
+import time
 
 from .. import packets as P
 from ..context import Conn, _gid
@@ -448,10 +449,12 @@ def nak_leaves_lsn(t):
 R_MIN_BPS = 10e6            # R_min, Table of 05-congestion.md 5.7.2
 
 
-def _timed_write(c: Conn, wr_id: int, size: int, timeout: float, cnps: str = "") -> list:
+def _timed_write(c: Conn, wr_id: int, size: int, timeout: float, cnps: str = "",
+                 readings: list | None = None) -> list:
     """Post one WRITE of `size` bytes and capture its packets; ACK it at the end.  cnps "barrage": 64 CNPs just
     before the post (from R_line, 64 halvings reach R_min); "rain": the barrage, then 8 CNPs every ~0.5 ms
-    until the last packet."""
+    until the last packet.  With `readings` (a list), the QP's counters are read through the agent every
+    ~1 ms while the packets go out and appended to it."""
     import threading
     import time
     n = -(-size // c.mtu)
@@ -470,13 +473,23 @@ def _timed_write(c: Conn, wr_id: int, size: int, timeout: float, cnps: str = "")
     th = threading.Thread(target=pump, name="cnp-pump", daemon=True) if cnps == "rain" else None
     if th is not None:
         th.start()
+    def read():
+        while not stop.is_set():
+            readings.append(c.counters())
+            time.sleep(0.001)
+    rd = None
     try:
         mark = post(c, wr("RDMA_WRITE", size, wr_id=wr_id, c=c))
+        if readings is not None:
+            rd = threading.Thread(target=read, name="rp-reader", daemon=True)
+            rd.start()
         got = c.expect(n, timeout, after=mark, match=is_req)
     finally:
         stop.set()
         if th is not None:
             th.join(1.0)
+        if rd is not None:
+            rd.join(2.0)
     if got:
         c.send(ack(c, got[-1].roce.psn, wr_id))
     c.poll(1, 1.0)
@@ -484,33 +497,87 @@ def _timed_write(c: Conn, wr_id: int, size: int, timeout: float, cnps: str = "")
 
 
 def _rate_bps(fs: list, k: int) -> float:
+    """The wire rate of packets k+1.. over [t_k, t_last]: frame + FCS, preamble and gap (24 B), as Rc counts."""
     dt = fs[-1].ts - fs[k].ts
-    return sum(len(f.roce.payload) for f in fs[k + 1:]) * 8 / dt if dt > 0 else float("inf")
+    return sum(len(f.data) + 24 for f in fs[k + 1:]) * 8 / dt if dt > 0 else float("inf")
 
 
 @case("TC-CNP-007-a", rules=["MR-CNP-007", "MR-CNP-008"], category="CC", caps=("DCQCN",), timeout=30,
       timing=True)
 def rate_floor_and_recovery(t):
-    """Under 64 CNPs and then a steady rain of them (8 every ~0.5 ms), a 384 KiB WRITE still goes out at no
-    less than R_min (10 Mb/s, less 10 %) past its first 128 packets (the pacer's burst allowance).  After 64
-    CNPs alone (the rate cut to R_min), a 512 KiB WRITE posted at once is not held near R_min: its packets
-    past the first 64 take less than a quarter of the time R_min would need, so the reaction point raised
-    the rate again (fast recovery, then additive increase)."""
+    """Under 64 CNPs and then a steady rain of them (8 every ~0.5 ms), a 384 KiB WRITE goes out; after 64 CNPs
+    alone (the rate cut to R_min), a 512 KiB WRITE is posted.  Where the agent reports the reaction point's
+    state (dcqcn_rate_bps, dcqcn_alpha_ppm, 9.4.2) the verdicts rest on it, not on a throughput that depends
+    on how busy the host is: MR-CNP-008, every reading during the rain has R_min <= Rc <= Rt <= R_line;
+    MR-CNP-007, after the 64 CNPs alpha decays by (1 - g) per K and the rate rises (two readings ~3 ms apart:
+    alpha within the bounds of the K periods between them, Rc higher unless at R_line).  Otherwise from the
+    wire: past the first 128 packets (the pacer's burst allowance) the first WRITE's wire rate is at least
+    R_min less 10 %, and the second WRITE's packets past the first 64 take less than a quarter of the time
+    R_min would need."""
     from ._req import need
     c = t.connect(mtu=1024, timeout=20, mr_len=512 << 10)
-    low = _timed_write(c, 1, 384 << 10, min(12.0, t.left() - 12), cnps="rain")
+    from ...agent import AgentError
+    try:
+        q0 = c.counters()
+    except AgentError as e:                 # an agent without per-QP counters: the wire decides
+        if e.code != "ENOTSUP":
+            raise
+        q0 = {}
+    p = t.caps.get("dcqcn_params") or {}
+    state = bool(p) and "dcqcn_rate_bps" in q0 and "dcqcn_alpha_ppm" in q0
+    r_min, line = float(p.get("r_min_bps", R_MIN_BPS)), float(p.get("r_line_bps", 0) or 0)
+    rd: list = []
+    low = _timed_write(c, 1, 384 << 10, min(12.0, t.left() - 12), cnps="rain", readings=rd if state else None)
     need(len(low) == 384, f"first WRITE: {len(low)} of 384 packets captured")
     r_low = _rate_bps(low, 128)
-    t.check("MR-CNP-008", r_low >= R_MIN_BPS * 0.9,
-            f"with CNPs, packets 128..383: {r_low / 1e6:.2f} Mb/s ({(low[-1].ts - low[128].ts) * 1e3:.1f} ms)",
-            frames=[low[128], low[-1]], expected=f"at least R_min = {R_MIN_BPS / 1e6:g} Mb/s less 10 %")
-    k0 = c.counters().get("rx_cnp")
+    wire = f"with CNPs, packets 128..383: {r_low / 1e6:.2f} Mb/s on the wire ({(low[-1].ts - low[128].ts) * 1e3:.1f} ms)"
+    if state:
+        bad = [q for q in rd if not r_min <= q["dcqcn_rate_bps"] <= q["dcqcn_target_bps"] <= line]
+        rcs = [q["dcqcn_rate_bps"] for q in rd]
+        t.check("MR-CNP-008", bool(rd) and not bad,
+                f"{len(rd)} readings during the rain: Rc {min(rcs, default=0) / 1e6:.2f}..{max(rcs, default=0) / 1e6:.2f}"
+                f" Mb/s; outside R_min..Rt..R_line: {bad[:2]} ({wire}, reported)", frames=[low[128], low[-1]],
+                expected=f"R_min {r_min:.0f} <= Rc <= Rt <= R_line {line:.0f} at every reading",
+                observed=[str(q) for q in (bad or rd)[:3]])
+    else:
+        t.check("MR-CNP-008", r_low >= R_MIN_BPS * 0.9, wire, frames=[low[128], low[-1]],
+                expected=f"at least R_min = {R_MIN_BPS / 1e6:g} Mb/s less 10 %")
+    k0 = c.counters().get("rx_cnp") if q0 else None
+    if state:
+        # 64 CNPs, then two readings ~3 ms apart with no CNP between them
+        for _ in range(8):
+            t.lt.send(*[cnp(c)] * 8)
+        deadline = time.monotonic() + 2.0
+        while True:
+            tb1 = time.monotonic()
+            q1 = c.counters()
+            ta1 = time.monotonic()
+            if k0 is None or q1["rx_cnp"] - k0 >= 64 or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        time.sleep(0.003)
+        tb2 = time.monotonic()
+        q2 = c.counters()
+        need(q2.get("rx_cnp") == q1.get("rx_cnp") and (k0 is None or q1["rx_cnp"] - k0 >= 64),
+             f"the IUT took {q1.get('rx_cnp', 0) - (k0 or 0)} of the 64 CNPs (rx_cnp), then {q2.get('rx_cnp')}")
+        kk = p["k_ns"] / 1e9
+        g_lo, g_hi = (p["g_ppm"] - 0.5) / 1e6, (p["g_ppm"] + 0.5) / 1e6
+        n_lo, n_hi = max(0, int((tb2 - ta1) / kk) - 2), int((time.monotonic() - tb1) / kk) + 2
+        a1, a2 = q1["dcqcn_alpha_ppm"] / 1e6, q2["dcqcn_alpha_ppm"] / 1e6
+        lo, hi = a1 * (1 - g_hi) ** n_hi - 2e-6, a1 * (1 - g_lo) ** n_lo + 2e-6
+        rc1, rc2 = q1["dcqcn_rate_bps"], q2["dcqcn_rate_bps"]
+        ok = lo <= a2 <= hi and a2 < a1 and (rc2 > rc1 or rc1 >= line) and r_min <= rc1 <= rc2 <= line
+        t.check("MR-CNP-007", ok, f"after 64 CNPs: alpha {a1 * 1e6:.0f} -> {a2 * 1e6:.0f} ppm over "
+                f"{(tb2 - ta1) * 1e3:.2f} ms ({n_lo}..{n_hi} K periods: {lo * 1e6:.0f}..{hi * 1e6:.0f}), Rc "
+                f"{rc1 / 1e6:.2f} -> {rc2 / 1e6:.2f} Mb/s", expected="alpha x (1 - g) per K without CNPs; Rc raised",
+                observed=[str(q1), str(q2)])
+        return
     up = _timed_write(c, 2, 512 << 10, min(8.0, t.left() - 2), cnps="barrage")
     need(len(up) == 512, f"second WRITE: {len(up)} of 512 packets captured")
-    k1 = c.counters().get("rx_cnp")
+    k1 = c.counters().get("rx_cnp") if q0 else None
     need(k0 is None or k1 - k0 >= 64, f"the IUT took {k1 - k0 if k0 is not None else '?'} of the 64 CNPs (rx_cnp)")
     took = up[-1].ts - up[64].ts
-    at_floor = sum(len(f.roce.payload) for f in up[65:]) * 8 / R_MIN_BPS
+    at_floor = sum(len(f.data) + 24 for f in up[65:]) * 8 / R_MIN_BPS
     t.check("MR-CNP-007", took < at_floor / 4,
             f"after 64 CNPs, packets 64..511 took {took * 1e3:.1f} ms; at R_min they would take "
             f"{at_floor * 1e3:.0f} ms", frames=[up[64], up[-1]],
