@@ -17,6 +17,7 @@ from typing import List, Optional
 import typer
 
 from . import decode as decode_mod
+from . import fabric as fabric_mod
 from . import perf as perf_mod
 from . import pingpong as pingpong_mod
 
@@ -55,6 +56,8 @@ def decode_cmd(
     if strict and (s.malformed or s.icrc_bad):
         raise typer.Exit(1)
 
+
+app.add_typer(fabric_mod.app, name="fabric")    # tools/fabric.py: metaroce fabric up|set|show|down
 
 # ---------------------------------------------------------------- perf (tools/perf.py)
 perf_app = typer.Typer(no_args_is_help=True, help="perftest-style benchmarks: server without HOST, client with it.")
