@@ -118,6 +118,7 @@ class Context:
             try:
                 proto.send(self.sock, {"op": op, "id": rid, **args}, fds)
             except OSError as e:
+                self._refusal()          # refused at accept (SO_PEERCRED, max_clients): the daemon said why
                 raise DaemonUnavailable(f"metaroced closed the connection ({e.strerror})") from None
             while True:
                 try:
@@ -138,6 +139,19 @@ class Context:
                         os.close(fd)
                     proto.raise_error(msg)
                 return msg, rfds
+
+    def _refusal(self) -> None:
+        self.sock.settimeout(0.5)
+        try:
+            msg, fds, _ = proto.recv(self.sock)
+        except OSError:
+            return
+        finally:
+            self.sock.settimeout(None)
+        for fd in fds:
+            os.close(fd)
+        if msg and not msg.get("ok", True):
+            proto.raise_error(msg)
 
     def status(self) -> dict:
         r = self._call("status")[0]

@@ -454,6 +454,7 @@ class Device:
         """A work request no honest client library writes: an error completion for it, the QP to ERR."""
         log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", q.dpqp.qp_num, q.sess.pid,
                     why)
+        q.dead = True                   # its rings are not read again: the QP is in ERR, the client is broken
         if e is not None:
             cq = q.dpqp.recv_cq if e[1] == 128 else q.dpqp.send_cq
             c = self.cq_by_idx.get(cq.index)
@@ -550,6 +551,20 @@ class Device:
                 "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx,
                 "error": q.dpqp.error_reason if st == QPState.ERR else None, "owner": q.sess.owner()}
 
+    def flushing(self) -> bool:
+        """Work still on its way to the clients' CQ rings: ring entries not taken, queues not flushed,
+        completions not delivered."""
+        L, A, CQT = self.L, self.plane.A, self.plane.CQT
+        if A[L.P_N_ACT] or A[L.P_RDY_TAIL] != A[L.P_RDY_HEAD] or (CQT[:, L.C_TAIL] != CQT[:, L.C_HEAD]).any():
+            return True
+        for q in list(self.qp_by_qi.values()):
+            r = q.dpqp.row
+            if r[L.Q_SQ_HEAD] != r[L.Q_SQ_TAIL] or r[L.Q_RQ_HEAD] != r[L.Q_RQ_TAIL]:
+                return True
+            if not q.dead and (int(q.W[shm.QH_SQ_TAIL]) != q.sq_taken or int(q.W[shm.QH_RQ_TAIL]) != q.rq_taken):
+                return True
+        return False
+
     def close(self) -> None:
         self.stop()
         self.ctx.close()
@@ -572,6 +587,7 @@ class Daemon:
         self._stopped = False
         self._draining = False
         self._sock_bound = False
+        self._refused: dict[socket.socket, tuple[dict, float]] = {}
 
     # ---- start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -704,8 +720,13 @@ class Daemon:
             for key, _ in self._sel.select(timeout=0.1):
                 if key.data is None:
                     self._accept()
+                elif isinstance(key.data, tuple):
+                    self._answer_refused(key.fileobj)
                 else:
                     self._serve(key.data)
+            now = time.monotonic()
+            for sock in [k for k, (_, t) in self._refused.items() if t < now]:
+                self._drop_refused(sock)
             for s in [s for s in self.sessions.values() if s.gone]:
                 self._reclaim(s)
             now = time.monotonic()
@@ -732,18 +753,38 @@ class Daemon:
         elif self._draining:
             why = proto.error_reply(proto.DaemonUnavailable("the daemon is stopping"))
         if why is not None:
+            # answered on its first request (closing with that request unread would reset the connection,
+            # and the client would never read why); dropped after 2 s
             log.warning("refused pid %d uid %d: %s", pid, uid, why["message"])
-            try:
-                proto.send(sock, why)
-            except OSError:
-                pass
-            sock.close()
+            sock.setblocking(False)
+            self._refused[sock] = (why, time.monotonic() + 2.0)
+            self._sel.register(sock, selectors.EVENT_READ, ("refused", why))
             return
         self._sid += 1
         s = Session(self._sid, sock, pid, uid, gid)
         self.sessions[s.id] = s
         self._sel.register(sock, selectors.EVENT_READ, s)
         log.info("client pid %d uid %d (%s) connected", pid, uid, s.comm)
+
+    def _answer_refused(self, sock: socket.socket) -> None:
+        why, _ = self._refused[sock]
+        try:
+            msg, fds, _ = proto.recv(sock)
+            for fd in fds:
+                os.close(fd)
+            if msg is not None:
+                proto.send(sock, {**why, "id": msg.get("id") if isinstance(msg, dict) else None})
+        except OSError:
+            pass
+        self._drop_refused(sock)
+
+    def _drop_refused(self, sock: socket.socket) -> None:
+        self._refused.pop(sock, None)
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
 
     def _allowed(self, pid: int, uid: int, gid: int) -> bool:
         if uid == 0:
@@ -1092,20 +1133,15 @@ class Daemon:
                         flushed += 1
         # let the loop flush the queues and the pump hand the flush completions to the clients
         end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            busy = False
-            for dev in self.devices.values():
-                L, CQT = dev.L, dev.plane.CQT
-                if dev.plane.A[L.P_N_ACT] or (CQT[:, L.C_TAIL] != CQT[:, L.C_HEAD]).any():
-                    busy = True
-            if not busy:
-                break
+        while time.monotonic() < end and any(dev.flushing() for dev in self.devices.values()):
             time.sleep(0.005)
         log.info("draining: %d send WRs still outstanding after %.1fs, %d QPs flushed", left, timeout_s, flushed)
         for s in list(self.sessions.values()):
             s.push({"event": "DEVICE_FATAL", "reason": "the daemon is stopping"})
         for s in list(self.sessions.values()):
             self._reclaim(s)
+        for sock in list(self._refused):
+            self._drop_refused(sock)
         for dev in self.devices.values():
             try:
                 dev.close()                  # detaches XDP (the link), unpins

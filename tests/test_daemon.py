@@ -1,0 +1,460 @@
+"""metaroced end to end: real daemon processes (metaroce_xdp.daemon.server) on the two ends of a veth
+pair in two namespaces, real client processes (tests/daemon_players.py, the client library only)
+connecting through them by address and port (spec 06), with the real XDP program and AF_XDP sockets.
+
+Covers: verified WRITE / SEND / READ between applications on two hosts; a client SIGKILLed in the
+middle of a transfer (its QPs gone from the daemon, its peer's QP failing with RETRY_EXC_ERR, another
+client's transfer on the same daemon completing); another client's rkey used through a connected QP
+(remote access error, memory untouched); bad requests and bad ring entries (typed errors, the daemon
+unharmed); a client that never polls its CQ (overflow on its QP only); restart after SIGKILL of the
+daemon (stale socket and pins cleaned); SIGTERM's drain (outstanding receives flushed with
+WR_FLUSH_ERR into the client's CQ, XDP detached, socket removed)."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from metaroce_xdp.topo import two_hosts
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAYER = str(ROOT / "tests" / "daemon_players.py")
+
+
+class Proc:
+    """A child process speaking JSON lines on stdin/stdout."""
+
+    def __init__(self, p: subprocess.Popen, name: str) -> None:
+        self.p, self.name = p, name
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.q.put(line)
+        self.q.put(None)
+
+    def line(self, timeout: float = 60) -> dict:
+        while True:
+            try:
+                s = self.q.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"{self.name}: no answer within {timeout}s") from None
+            if s is None:
+                raise EOFError(f"{self.name} exited ({self.p.poll()})")
+            s = s.strip()
+            if s.startswith("{"):
+                d = json.loads(s)
+                if "progress" not in d:
+                    return d
+
+    def send(self, **c) -> None:
+        self.p.stdin.write(json.dumps(c) + "\n")
+        self.p.stdin.flush()
+
+    def __call__(self, _wait: float = 60, **c) -> dict:
+        self.send(**c)
+        return self.line(_wait)
+
+    def ok(self, _wait: float = 60, **c) -> dict:
+        r = self(_wait, **c)
+        assert r["ok"], (self.name, c, r)
+        return r
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.close()
+                self.p.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.p.kill()
+
+
+class Env:
+    def __init__(self) -> None:
+        self.topo, self.pair = two_hosts()
+        self.tmp = tempfile.mkdtemp(prefix="mrdaemon-")
+        os.chmod(self.tmp, 0o755)
+        self.bpffs = os.path.join(self.tmp, "bpf")
+        os.mkdir(self.bpffs)
+        subprocess.run(["mount", "-t", "bpf", "bpf", self.bpffs], check=True)
+        self.prefix = os.path.join(self.bpffs, "metaroce")
+        self.hosts = {"A": (self.topo[0], self.pair.a), "B": (self.topo[1], self.pair.b)}
+        self.daemons: dict[str, Proc] = {}
+        self.players: list[Proc] = []
+        self.port = 19500
+
+    def sock(self, h: str) -> str:
+        return os.path.join(self.tmp, f"{h}.sock")
+
+    def config(self, h: str) -> str:
+        path = os.path.join(self.tmp, f"{h}.toml")
+        Path(path).write_text(
+            f'interfaces = ["{self.hosts[h][1].ifname}"]\nsocket_path = "{self.sock(h)}"\nprogress = "sleep"\n'
+            f'bpffs_prefix = "{self.prefix}"\nmax_clients = 8\nmax_qps_per_client = 4\n'
+            f'max_mr_bytes_per_client = {32 << 20}\ndrain_timeout_s = 1.0\n'
+            'socket_mode = "0666"\n')     # any uid reaches the socket: SO_PEERCRED is what refuses it
+        return path
+
+    def start_daemon(self, h: str) -> Proc:
+        ns = self.hosts[h][0]
+        err = open(os.path.join(self.tmp, f"{h}.log"), "a")
+        p = self.topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", self.config(h)],
+                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT))
+        d = Proc(p, f"daemon {h}")
+        self.daemons[h] = d
+        return d
+
+    def ready(self, h: str) -> dict:
+        r = self.daemons[h].line(timeout=180)
+        assert r.get("ready"), r
+        return r
+
+    def player(self, h: str) -> Proc:
+        ns, ep = self.hosts[h]
+        p = self.topo.popen(ns, [sys.executable, PLAYER, self.sock(h), ep.ifname], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+        pl = Proc(p, f"player {h}{len(self.players)}")
+        assert pl.line(60)["ready"]
+        self.players.append(pl)
+        return pl
+
+    def connected(self, size: int = 1 << 20, seeds=(1, 2)) -> tuple[Proc, Proc, dict, dict]:
+        """A client on A connected (spec 06) to a client on B, each with a buffer of random bytes."""
+        a, b = self.player("A"), self.player("B")
+        sa, sb = a.ok(cmd="setup", size=size, seed=seeds[0]), b.ok(cmd="setup", size=size, seed=seeds[1])
+        self.port += 1
+        b.ok(cmd="listen", port=self.port)
+        b.send(cmd="accept")
+        ra = a.ok(cmd="connect", host=self.pair.b.ipv4, port=self.port)
+        rb = b.line()
+        assert rb["ok"], rb
+        assert ra["state"] == "RTS" and rb["state"] == "RTS"
+        assert ra["peer"]["qpn"] == sb["qpn"] and rb["peer"]["qpn"] == sa["qpn"]
+        return a, b, sa, sb
+
+    def status(self, h: str) -> dict:
+        from metaroce_xdp.daemon.client import status
+        return status(self.sock(h))
+
+    def close(self) -> None:
+        for pl in self.players:
+            try:
+                pl.p.kill()
+            except OSError:
+                pass
+        for d in self.daemons.values():
+            if d.p.poll() is None:
+                d.p.send_signal(signal.SIGTERM)
+                try:
+                    d.p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    d.p.kill()
+        self.topo.close()
+        subprocess.run(["umount", self.bpffs], check=False)
+        if not os.environ.get("METAROCE_KEEP_TMP"):
+            subprocess.run(["rm", "-rf", self.tmp], check=False)
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = Env()
+    try:
+        e.start_daemon("A"), e.start_daemon("B")
+        e.ready("A"), e.ready("B")
+        yield e
+    finally:
+        e.close()
+
+
+def _wait_for(pred, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+# ================================================================================ tests
+def test_write_send_read_between_applications_on_two_hosts(env):
+    a, b, sa, sb = env.connected()
+    # WRITE 100 kB (98 packets) into B's buffer at 8192
+    a.ok(cmd="post", ops=[{"op": "write", "off": 0, "len": 100_000, "roff": 8192, "wr_id": 11}])
+    w = a.ok(cmd="wait", n=1)["wcs"][0]
+    assert (w["wr_id"], w["status"], w["opcode"], w["byte_len"]) == (11, "SUCCESS", "RDMA_WRITE", 100_000)
+    assert a.ok(cmd="digest", off=0, len=100_000)["sha"] == b.ok(cmd="digest", off=8192, len=100_000)["sha"]
+    # SEND WITH IMM into a posted receive
+    b.ok(cmd="post", ops=[{"op": "recv", "off": 300_000, "len": 70_000, "wr_id": 21}])
+    a.ok(cmd="post", ops=[{"op": "send_imm", "off": 200_000, "len": 5000, "imm": 0x1234, "wr_id": 22}])
+    assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+    r = b.ok(cmd="wait", n=1)["wcs"][0]
+    assert (r["wr_id"], r["status"], r["opcode"], r["byte_len"], r["imm"]) == (21, "SUCCESS", "RECV", 5000, 0x1234)
+    assert a.ok(cmd="digest", off=200_000, len=5000)["sha"] == b.ok(cmd="digest", off=300_000, len=5000)["sha"]
+    # READ 64 KiB of B's buffer
+    a.ok(cmd="post", ops=[{"op": "read", "off": 700_000, "len": 65_536, "roff": 500_000, "wr_id": 31}])
+    w = a.ok(cmd="wait", n=1)["wcs"][0]
+    assert (w["status"], w["opcode"], w["byte_len"]) == ("SUCCESS", "RDMA_READ", 65_536)
+    assert a.ok(cmd="digest", off=700_000, len=65_536)["sha"] == b.ok(cmd="digest", off=500_000, len=65_536)["sha"]
+    # the daemon's view: the QP, its peer, its owner, its bytes
+    snap = env.status("A")
+    json.dumps(snap)
+    q = next(q for q in snap["qps"] if q["qpn"] == sa["qpn"])
+    assert q["state"] == "RTS" and q["type"] == "RC" and q["remote_qpn"] == sb["qpn"]
+    assert q["remote_addr"] == env.pair.b.ipv4 and q["owner"]["pid"] == sa["pid"]
+    assert q["bytes_tx"] >= 105_000 and q["bytes_rx"] >= 65_536 and q["outstanding_send"] == 0
+    c = next(c for c in snap["clients"] if c["pid"] == sa["pid"])
+    assert c["qps"] == 1 and c["mrs"] == 1 and c["mr_bytes"] == 1 << 20
+    dev = snap["devices"][0]
+    assert dev["ifname"] == env.pair.a.ifname and dev["gids"] == [f"::ffff:{env.pair.a.ipv4}"]
+    assert dev["counters"]["xdp_drops"]["UNKNOWN_QP"] == 0
+    # a client that exits normally: everything it had is reclaimed
+    a.close()
+    _wait_for(lambda: not any(q["owner"]["pid"] == sa["pid"] for q in env.status("A")["qps"]), 10, "reclaim")
+    assert not any(c["pid"] == sa["pid"] for c in env.status("A")["clients"])
+    b.close()
+
+
+def test_another_clients_rkey_gets_remote_access_error_and_memory_is_untouched(env):
+    victim = env.player("B")
+    sv = victim.ok(cmd="setup", size=1 << 16, seed=7)
+    before = victim.ok(cmd="digest", off=0, len=1 << 16)["sha"]
+    a, b, sa, sb = env.connected(size=1 << 16, seeds=(3, 4))
+    nak0 = env.status("B")["devices"][0]["counters"]["plane"]["tx_nak"]
+    # A's client writes to the victim's memory with the victim's exact rkey, over its QP to B's other client
+    a.ok(cmd="post", ops=[{"op": "write", "off": 0, "len": 4096, "va": sv["va"], "rkey": sv["rkey"], "wr_id": 1}])
+    w = a.ok(cmd="wait", n=1)["wcs"][0]
+    assert w["status"] == "REM_ACCESS_ERR", w
+    assert a.ok(cmd="state")["state"] == "ERR"
+    assert victim.ok(cmd="digest", off=0, len=1 << 16)["sha"] == before
+    assert env.status("B")["devices"][0]["counters"]["plane"]["tx_nak"] > nak0
+    # a READ of it through a fresh connection fails the same way
+    a2, b2, _, _ = env.connected(size=1 << 16, seeds=(5, 6))
+    a2.ok(cmd="post", ops=[{"op": "read", "off": 0, "len": 4096, "va": sv["va"], "rkey": sv["rkey"], "wr_id": 2}])
+    assert a2.ok(cmd="wait", n=1)["wcs"][0]["status"] == "REM_ACCESS_ERR"
+    assert victim.ok(cmd="digest", off=0, len=1 << 16)["sha"] == before
+    for p in (a, b, a2, b2, victim):
+        p.close()
+
+
+def _raw(path: str):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    s.settimeout(10)
+    return s
+
+
+def _ask(s, data: bytes, fds=()) -> dict:
+    from metaroce_xdp.daemon import proto
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, np.array(fds, np.int32).tobytes())] if fds else []
+    s.sendmsg([data], anc)
+    while True:
+        msg, rfds, problem = proto.recv(s, proto.MAX_REPLY)
+        for fd in rfds:
+            os.close(fd)
+        assert problem is None and msg is not None
+        if "event" not in msg:
+            return msg
+
+
+def test_bad_requests_get_typed_errors_and_harm_nothing(env):
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.daemon import shm
+    from metaroce_xdp.verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
+                                          SendWR, WROpcode)
+    path = env.sock("A")
+    s = _raw(path)
+    for data, want in ((b"\xff\x00garbage", "MalformedRequest"), (b"[1, 2]", "MalformedRequest"),
+                       (b'{"op": "no_such_op", "id": 1}', "MalformedRequest"),
+                       (b'{"op": "__init__", "id": 1}', "MalformedRequest"),
+                       (b'{"op": "alloc_pd", "id": 2}', "InvalidState"),
+                       (b'{"op": "open_device", "ifname": 5}', "MalformedRequest"),
+                       (b'{"op": "open_device", "ifname": "nope0"}', "InvalidArgument"),
+                       (b"{" + b" " * 70_000 + b"}", "MalformedRequest"),
+                       (b'{"op": "open_device"', "MalformedRequest")):
+        r = _ask(s, data)
+        assert not r["ok"] and r["error"] == want, (data[:40], r)
+    assert _ask(s, b'{"op": "open_device", "id": 3}')["ok"]
+    for req, want in (({"op": "destroy_qp", "qp": 999}, "UnknownHandle"),
+                      ({"op": "create_qp", "pd": "x"}, "MalformedRequest"),
+                      ({"op": "create_cq", "depth": -1}, "MalformedRequest"),
+                      ({"op": "create_cq", "depth": 1 << 30}, "MalformedRequest"),
+                      ({"op": "reg_mr", "pd": 1, "length": 10}, "UnknownHandle")):
+        r = _ask(s, json.dumps(req).encode())
+        assert not r["ok"] and r["error"] == want, (req, r)
+    pd = _ask(s, b'{"op": "alloc_pd"}')["pd"]
+    r = _ask(s, json.dumps({"op": "reg_mr", "pd": pd, "length": 4096}).encode())
+    assert r["error"] == "MalformedRequest"                                # no memfd
+    unsealed = os.memfd_create("x")
+    os.ftruncate(unsealed, 8192)
+    r = _ask(s, json.dumps({"op": "reg_mr", "pd": pd, "length": 4096}).encode(), [unsealed])
+    assert r["error"] == "InvalidArgument" and "sealed" in r["message"]
+    sealed = shm.create(8192)
+    r = _ask(s, json.dumps({"op": "reg_mr", "pd": pd, "length": 4096, "offset": 8000}).encode(), [sealed])
+    assert r["error"] == "InvalidArgument" and "beyond" in r["message"]
+    os.close(unsealed), os.close(sealed)
+    s.close()
+
+    # through the client library
+    ctx = C.connect(path, env.pair.a.ifname)
+    try:
+        pd = ctx.alloc_pd()
+        with pytest.raises(InvalidArgument, match="alloc_buf"):
+            pd.reg_mr(np.zeros(4096, np.uint8), Access.LOCAL_WRITE)
+        with pytest.raises(C.LimitExceeded, match="max_mr_bytes_per_client"):
+            pd.reg_mr(ctx.alloc_buf(33 << 20), Access.LOCAL_WRITE)
+        buf = ctx.alloc_buf(1 << 16)
+        mr = pd.reg_mr(buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        cq = ctx.create_cq(16)
+        qps = [ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=16, max_recv_wr=16)) for _ in range(4)]
+        with pytest.raises(C.LimitExceeded, match="max_qps_per_client"):
+            ctx.create_qp(pd, cq, cq)
+        qp = qps[0]
+        with pytest.raises(InvalidState, match="RTS"):
+            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[mr.sge(0, 8)], remote_addr=0, rkey=1))
+        with pytest.raises(C.MalformedRequest, match="unknown QP attributes"):
+            ctx._call("modify_qp", qp=qp.handle, attr={"qp_state": 1, "bogus": 1})
+        with pytest.raises(InvalidState, match="not a valid transition"):
+            qp.modify(QPAttr(qp_state=QPState.RTS))
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
+        with pytest.raises(InvalidArgument, match="not inside"):          # address outside the MR
+            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(mr.addr + 65_000, 1000, mr.lkey)]))
+        with pytest.raises(InvalidArgument, match="not inside"):          # oversized WR
+            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[mr.sge(0, 1 << 20)]))
+        with pytest.raises(C.Unsupported):
+            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[mr.sge(0, 8)]))
+        # a client bypassing the library: an SGE outside its MRs written straight into the shared ring
+        e = qp._sq[int(qp.W[shm.QH_SQ_TAIL]) & (qp.sq_size - 1)]
+        e[:9] = (77, int(WROpcode.RDMA_WRITE), 2, mr.addr - 4096, 4096, mr.lkey, 0, 0, 0)
+        qp.W[shm.QH_SQ_TAIL] += 1
+        ctx._doorbell(qp.handle)
+        w = cq.wait(1, 10)[0]
+        assert (w.wr_id, w.status.name) == (77, "LOC_PROT_ERR")
+        _wait_for(lambda: qp.state == QPState.ERR, 5, "QP to ERR")
+        ev = ctx.get_async_event(5)
+        assert ev.type == "QP_FATAL" and ev.qp is qp and "invalid work request" in ev.reason
+        # a nonsense tail on another QP moves only that QP to ERR
+        q2 = qps[1]
+        q2.modify(QPAttr(qp_state=QPState.INIT))
+        q2.W[shm.QH_RQ_TAIL] = 1 << 40
+        ctx._doorbell(q2.handle)
+        _wait_for(lambda: q2.state == QPState.ERR, 5, "QP with a nonsense tail to ERR")
+        assert qps[2].state == QPState.RESET
+        assert ctx.status()["daemon"]["clients"] >= 1                   # the daemon serves on
+    finally:
+        ctx.close()
+    # a process that is neither root nor in socket_group (none configured) is refused by SO_PEERCRED
+    out = subprocess.run([sys.executable, "-c", (
+        "import os, sys; sys.path.insert(0, %r); os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+        "from metaroce_xdp.daemon import client\n"
+        "try:\n    client.connect(%r)\nexcept client.PermissionDenied as e:\n    print('denied', e)\n") %
+        (str(ROOT), path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("denied uid 65534"), out
+    _wait_for(lambda: env.status("A")["daemon"]["clients"] == 1, 10, "the bad clients reclaimed (1: this query)")
+
+
+def test_client_that_never_polls_overflows_its_own_cq_only(env):
+    a, b, sa, sb = env.connected(size=1 << 16, seeds=(8, 9))
+    a2, b2, _, _ = env.connected(size=1 << 16, seeds=(10, 11))
+    # setup made a CQ of 256: 32 WRs at a time, never polled, overflow it (256 + the client ring's 256)
+    for i in range(40):
+        a.ok(cmd="post", ops=[{"op": "write", "off": 0, "len": 8, "wr_id": 32 * i + k} for k in range(32)])
+        time.sleep(0.1)
+        if a.ok(cmd="state")["state"] == "ERR":
+            break
+    assert a.ok(cmd="state")["state"] == "ERR"
+    ev = a.ok(cmd="event", timeout=5)
+    assert ev["event"] in ("CQ_ERR", "QP_FATAL"), ev
+    # the other client on the same daemon is unaffected
+    r = a2.ok(cmd="stream", n=50, size=4096)
+    assert r["error"] is None and r["done"] == 50
+    for p in (a, b, a2, b2):
+        p.close()
+
+
+def test_sigkill_of_a_client_mid_transfer(env):
+    a1, b1, s1a, s1b = env.connected(size=1 << 20, seeds=(12, 13))
+    a2, b2, s2a, s2b = env.connected(size=1 << 20, seeds=(14, 15))
+    a1.send(cmd="stream", n=10 ** 6, size=65_536, timeout=60)        # the victim, never finishing
+    b1.send(cmd="stream", n=10 ** 6, size=65_536, timeout=60)        # its peer, writing back to it
+    _wait_for(lambda: next((q["bytes_tx"] for q in env.status("A")["qps"] if q["qpn"] == s1a["qpn"]), 0) > 1 << 20,
+              20, "the victim's transfer under way")
+    a2.send(cmd="stream", n=1500, size=65_536, timeout=90)           # another client on the same daemon
+    _wait_for(lambda: next((q["bytes_tx"] for q in env.status("A")["qps"] if q["qpn"] == s2a["qpn"]), 0) > 0,
+              20, "the other transfer under way")
+    os.kill(s1a["pid"], signal.SIGKILL)
+    # its QPs moved to ERR and destroyed, its MRs, CQs and session gone from the daemon
+    _wait_for(lambda: not any(q["owner"]["pid"] == s1a["pid"] for q in env.status("A")["qps"]), 10, "reclaim")
+    snap = env.status("A")
+    assert not any(c["pid"] == s1a["pid"] for c in snap["clients"])
+    # its peer is told the RC way: its writes go unanswered, RETRY_EXC_ERR, its QP in ERR
+    r = b1.line(timeout=60)
+    assert r["ok"] and r["error"] == "RETRY_EXC_ERR", r
+    assert b1.ok(cmd="state")["state"] == "ERR"
+    # the other client's transfer completed, every byte
+    r = a2.line(timeout=90)
+    assert r["ok"] and r["error"] is None and r["done"] == 1500, r
+    assert a2.ok(cmd="digest", off=0, len=65_536)["sha"] == b2.ok(cmd="digest", off=0, len=65_536)["sha"]
+    # and the daemon goes on serving new clients
+    a3, b3, _, _ = env.connected(size=1 << 16, seeds=(16, 17))
+    assert a3.ok(cmd="stream", n=20, size=8192)["error"] is None
+    for p in (b1, a2, b2, a3, b3):
+        p.close()
+
+
+def test_restart_after_sigkill_of_the_daemon(env):
+    d = env.daemons["A"]
+    pins = [p for p in Path(env.prefix).glob(f"{env.pair.a.ifname}@netns*")]
+    assert pins and (pins[0] / "mr_qps").exists()
+    d.p.send_signal(signal.SIGKILL)
+    d.p.wait(timeout=10)
+    # what the dead instance left: its socket and its pins (the kernel released its XDP link)
+    assert os.path.exists(env.sock("A")) and (pins[0] / "mr_qps").exists()
+    _wait_for(lambda: not env.topo.link_xdp_attached(env.topo[0], env.pair.a.ifname), 10, "XDP detached")
+    env.start_daemon("A")
+    r = env.ready("A")
+    assert any("stale socket" in c for c in r["cleaned"]), r
+    assert any("stale pins" in c for c in r["cleaned"]), r
+    a, b, _, _ = env.connected(size=1 << 16, seeds=(18, 19))
+    a.ok(cmd="post", ops=[{"op": "write", "off": 0, "len": 60_000, "roff": 0}])
+    assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+    assert a.ok(cmd="digest", off=0, len=60_000)["sha"] == b.ok(cmd="digest", off=0, len=60_000)["sha"]
+    a.close(), b.close()
+
+
+def test_sigterm_drains_and_flushes_outstanding_work(env):
+    a, b, _, _ = env.connected(size=1 << 16, seeds=(20, 21))
+    b.ok(cmd="post", ops=[{"op": "recv", "off": 0, "len": 1024, "wr_id": 100 + i} for i in range(8)])
+    a.ok(cmd="post", ops=[{"op": "write", "off": 0, "len": 30_000, "roff": 0, "wr_id": 5}])
+    assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+    d = env.daemons["B"]
+    pins = list(Path(env.prefix).glob(f"{env.pair.b.ifname}@netns*"))
+    assert pins
+    d.p.send_signal(signal.SIGTERM)
+    assert d.p.wait(timeout=30) == 0
+    # the receives still posted complete with flush errors, in the client's CQ ring (still mapped)
+    wcs = b.ok(30, cmd="wait", n=8, timeout=10)["wcs"]
+    assert sorted(w["wr_id"] for w in wcs) == list(range(100, 108))
+    assert {w["status"] for w in wcs} == {"WR_FLUSH_ERR"}
+    assert b.ok(cmd="event", timeout=2)["event"] in ("DEVICE_FATAL", "QP_FATAL")
+    assert not os.path.exists(env.sock("B"))
+    assert not (pins[0] / "mr_qps").exists()
+    assert not env.topo.link_xdp_attached(env.topo[1], env.pair.b.ifname)
+    a.close(), b.close()
