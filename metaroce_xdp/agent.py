@@ -353,9 +353,13 @@ class Agent:
     def cmd_caps(self, args: dict) -> dict:
         out = {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
                "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS) + list(QP_SPEC_COUNTERS),
-               "params": sorted(PARAMS)}
+               "params": sorted(PARAMS),
+               # 9.4.2: the commands this agent implements and the counters get_counters qp reports
+               "commands": sorted(n[4:] for n in dir(self) if n.startswith("cmd_")),
+               "qp_counters": list(QP_COUNTERS) + list(QP_SPEC_COUNTERS)}
         p = getattr(self.engine, "dcqcn", None)
         if self.info.dcqcn and p is not None:       # the reaction point's parameters (5.6), for MR-CC-036..038
+            out["qp_counters"] += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
             out["dcqcn_params"] = {"g_ppm": round(p.g * 1e6), "alpha_init_ppm": round(p.alpha_init * 1e6),
                                    "k_ns": p.k_ns, "t_ns": p.t_ns, "b_bytes": p.b_bytes, "f": p.f,
                                    "r_ai_bps": int(p.r_ai_bps), "r_hai_bps": int(p.r_hai_bps),

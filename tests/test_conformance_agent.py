@@ -39,5 +39,9 @@ def test_reg_mr_remote_invalidate_is_a_bool_and_caps_lists_params(pair):  # noqa
     with pytest.raises(AgentError) as e:
         a.c.call("reg_mr", pd=a.pd, len=16, access=FULL, remote_invalidate=1)
     assert e.value.code == "EINVAL"
-    assert "budget" in a.c.call("caps")["params"]
+    caps = a.c.call("caps")
+    assert "budget" in caps["params"]
+    # 9.4.2: the commands the agent implements and its per-QP counters, which the cases check first
+    assert {"cm_listen", "cm_connect", "cm_wait", "get_async_events", "post_send"} <= set(caps["commands"])
+    assert {"rx_dup_req", "tx_cnp", "rx_cnp", "rx_cnp_discarded"} <= set(caps["qp_counters"])
     assert MR_LEN == 65536

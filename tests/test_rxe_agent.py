@@ -174,6 +174,9 @@ def test_hello_describes_rxe(vm):
         caps = c.call("caps")
         assert {"sent_pkts", "rcvd_pkts"} <= set(caps["counters"]) and caps["dcqcn"] is False
         assert caps["params"] == ["dscp", "hop_limit"]
+        # 9.4.2: what the suite asks before it binds a socket or reads a QP's counters (NOT-APPLICABLE, not ERROR)
+        assert caps["qp_counters"] == [] and "post_send" in caps["commands"]
+        assert not {"cm_listen", "cm_connect", "cm_wait", "get_async_events"} & set(caps["commands"])
         counters = c.call("get_counters")["counters"]
         assert set(counters) == set(caps["counters"])
         assert counters["rx_dup_req"] == counters["duplicate_request"]      # the spec's name (MR-DUP-010)

@@ -147,7 +147,16 @@ class Conn:
         return self.t.agent.call("query_qp", qp=self.qp)
 
     def counters(self) -> dict:
-        return self.t.agent.call("get_counters", qp=self.qp)["counters"]
+        """get_counters qp; NotApplicable when the IUT's agent offers no per-QP counters (caps.qp_counters
+        empty, or ENOTSUP from an agent that does not say)."""
+        from ..agent import AgentError
+        self.t.need_qp_counters()
+        try:
+            return self.t.agent.call("get_counters", qp=self.qp)["counters"]
+        except AgentError as e:
+            if e.code != "ENOTSUP":
+                raise
+            raise NotApplicable(f"the IUT's agent offers no per-QP counters: {e}") from None
 
 
 class T:
@@ -190,6 +199,25 @@ class T:
         if name not in self.caps.get("params", ()):
             raise NotApplicable(f"the IUT does not offer set_param {name!r}")
         self.agent.call("set_param", name=name, value=value)
+
+    def need_commands(self, *names: str) -> None:
+        """NotApplicable unless the agent implements every command named (9.4.2 caps.commands; an agent that
+        does not list its commands is assumed to have them and answers ENOTSUP or ENOCMD otherwise)."""
+        have = self.caps.get("commands")
+        missing = [n for n in names if have is not None and n not in have]
+        if missing:
+            raise NotApplicable(f"the IUT's agent does not offer {', '.join(missing)} (caps.commands)")
+
+    def need_qp_counters(self, *names: str) -> None:
+        """NotApplicable unless get_counters qp reports the counters named (9.4.2 caps.qp_counters; with no
+        names: any per-QP counter at all).  An agent that does not list them is asked."""
+        have = self.caps.get("qp_counters")
+        if have is None:
+            return
+        missing = [n for n in names if n not in have]
+        if not have or missing:
+            raise NotApplicable("the IUT's agent reports " + (f"no per-QP {', '.join(missing)}" if have else
+                                                               "no per-QP counters") + " (caps.qp_counters)")
 
     def left(self) -> float:
         """Seconds left of the case's time bound."""

@@ -577,7 +577,10 @@ class Agent:
         return {"caps": self.dev.caps,
                 "defaults": {"sack_window": 0, "entropy_count": 1, "ack_coalesce_us": 0, "ack_coalesce_pkts": 1,
                              "rto_min_us": rto_min},
-                "dcqcn": False, "counters": sorted(self.dev.counters()), "params": sorted(PARAMS)}
+                "dcqcn": False, "counters": sorted(self.dev.counters()), "params": sorted(PARAMS),
+                # 9.4.2: no cm_* (ENOTSUP: connect with modify_qp), no per-QP counters (rdma-core counts per port)
+                "commands": sorted(n[4:] for n in dir(self) if n.startswith("cmd_") and not n.startswith("cmd_cm_")),
+                "qp_counters": []}
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()

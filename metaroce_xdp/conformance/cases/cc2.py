@@ -55,6 +55,7 @@ def cnps_not_from_the_peer_or_not_in_rts_discarded(t):
     """A CNP to an RTS QP from an address that is not its peer, and a CNP from the peer to a QP in RTR, are
     discarded -- the QP's rx_cnp (and its rate) do not move -- and counted (wrong peer, QP state); a valid CNP
     from the peer to the RTS QP then counts in rx_cnp."""
+    t.need_qp_counters("rx_cnp")
     c = t.connect()
     before, pb = _qp(c), _port(t)
     c.send(cnp(c, src_ip=_other_ip(t)))
@@ -216,6 +217,7 @@ def cnps_counted_per_qp_sent_acted_on_and_discarded(t):
     a P_Key outside the QP's partition: rx_cnp_discarded), each moving by exactly what was sent; the native
     counters of the rule do not apply to a compat QP."""
     from ...agent import AgentError
+    t.need_qp_counters("tx_cnp", "rx_cnp", "rx_cnp_discarded")
     c = t.connect()
     try:
         b = _qp(c)

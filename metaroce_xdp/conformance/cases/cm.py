@@ -133,6 +133,7 @@ class Passive:
         from ...agent import AgentError
         self.t = t
         self.c = t.connect(state="INIT")
+        t.need_commands("cm_listen", "cm_wait")
         ports = [port] if port else [20000 + secrets.randbelow(40000) for _ in range(5)]
         for p in ports:
             try:
@@ -525,6 +526,7 @@ def default_port_18515(t):
     """cm_listen without a port listens on TCP 18515 (a REQ there is answered); cm_connect without a port
     connects to the LT's 18515."""
     from ...agent import AgentError
+    t.need_commands("cm_listen", "cm_connect")
     c = t.connect(state="INIT")
     try:
         t.agent.call("cm_listen", qp=c.qp, format="mrc1", caps=0, flags=COMPAT_OK)
@@ -579,6 +581,7 @@ class Active:
 
     def __init__(self, t, caps: int = ATOMICS, timeout_ms: int = 3000) -> None:
         self.t = t
+        t.need_commands("cm_connect")          # before the socket: the LT's address may be packet-level only
         self.c = t.connect(state="INIT")
         self.srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
         self.srv.bind((t.lt_ip, 0))
@@ -845,6 +848,7 @@ def pingpong_both_roles(t):
     before the "done"; traffic uses the LT's QPN/PSN.  Client (cm_connect format pingpong): the IUT writes its
     52 bytes first, reads the LT's and writes "done" + NUL; its QP then runs with the same attributes."""
     from ...agent import AgentError
+    t.need_commands("cm_listen", "cm_connect")
     c = t.connect(state="INIT")
     port = 20000 + secrets.randbelow(40000)
     try:
@@ -940,6 +944,7 @@ def active_retries_are_fresh(t):
     exchange (it MAY), every retry comes on a new TCP connection with a new cookie and a new starting PSN
     (the QP is in INIT again: a REQ is only sent from INIT, MR-CM-025); the LT completes none.  An IUT that does
     not retry within cm_timeout gets NOT-APPLICABLE."""
+    t.need_commands("cm_connect")
     c = t.connect(state="INIT")
     srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
     srv.bind((t.lt_ip, 0))

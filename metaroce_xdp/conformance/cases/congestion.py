@@ -423,8 +423,9 @@ def cnp_counters_per_qp(t):
     """Per-QP counters (get_counters qp): five CE-marked WRITEs back to back add 5 to rx_ce_marked and, to
     tx_cnp, the number of CNPs captured (marks inside the interval are counted, not answered); three CNPs
     from the LT add 3 to rx_cnp.  NOT-APPLICABLE when the IUT does not report these counters per QP."""
-    c = t.connect(timeout=16)
     names = ("tx_cnp", "rx_cnp", "rx_ce_marked")
+    t.need_qp_counters(*names)
+    c = t.connect(timeout=16)
     c0 = c.counters()
     if not all(n in c0 for n in names):
         raise NotApplicable(f"the IUT does not report {', '.join(n for n in names if n not in c0)} per QP")

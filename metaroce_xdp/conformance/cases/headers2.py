@@ -188,6 +188,7 @@ def requests_responses_and_cnps_are_routed(t):
     """A request goes to the responder (ACKed, placed); an ACKNOWLEDGE for a PSN the IUT never sent goes to the
     completer (no answer, rx_ghost_rsp + 1, the responder's ePSN unchanged); a CNP goes to the rate
     controller (no answer, rx_cnp + 1, the responder's ePSN unchanged)."""
+    t.need_qp_counters("rx_ghost_rsp", "rx_cnp")
     c = t.connect()
     names = set(t.caps.get("counters", ()))
     k0 = c.counters()

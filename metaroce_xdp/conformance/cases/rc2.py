@@ -346,6 +346,7 @@ def comm_est_once(t):
     second request raises no second one."""
     from ...agent import AgentError
     from ..context import NotApplicable
+    t.need_commands("get_async_events")
     c = t.connect(state="RTR")
     try:
         _events(t)

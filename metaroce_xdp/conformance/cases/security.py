@@ -405,6 +405,7 @@ def starting_psns_random(t):
     import threading
 
     from ... import cm
+    t.need_commands("cm_connect")          # before the socket: the LT's address may be packet-level only
     srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
     srv.bind((t.lt_ip, 0))
     srv.listen(2)
@@ -482,6 +483,7 @@ def starting_psns_random(t):
 def _cm_listen(t, c, **kw) -> int:
     """cm_listen on the IUT QP `c` (in INIT) at a free port; NotApplicable when the IUT offers none."""
     from ...agent import AgentError
+    t.need_commands("cm_listen", "cm_wait")
     for _ in range(5):
         port = 20000 + secrets.randbelow(40000)
         try:
