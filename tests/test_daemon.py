@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from metaroce_xdp.topo import two_hosts
+from tools.qpstat import read_qps
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -360,6 +361,16 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
         assert ctx.status()["daemon"]["clients"] >= 1                   # the daemon serves on
     finally:
         ctx.close()
+    # max_clients (8): the ninth connection is refused with a typed error
+    conns = []
+    try:
+        with pytest.raises(C.LimitExceeded, match="max_clients"):
+            for _ in range(9):
+                conns.append(C.connect(path))
+        assert len(conns) == 8
+    finally:
+        for c in conns:
+            c.close()
     # a process that is neither root nor in socket_group (none configured) is refused by SO_PEERCRED
     out = subprocess.run([sys.executable, "-c", (
         "import os, sys; sys.path.insert(0, %r); os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
@@ -399,11 +410,15 @@ def test_sigkill_of_a_client_mid_transfer(env):
     a2.send(cmd="stream", n=1500, size=65_536, timeout=90)           # another client on the same daemon
     _wait_for(lambda: next((q["bytes_tx"] for q in env.status("A")["qps"] if q["qpn"] == s2a["qpn"]), 0) > 0,
               20, "the other transfer under way")
+    pin = next(Path(env.prefix).glob(f"{env.pair.a.ifname}@netns*"))
+    assert s1a["qpn"] in {r["qpn"] for r in read_qps(env.pair.a.ifname, str(pin))}      # the kernel's view
     os.kill(s1a["pid"], signal.SIGKILL)
     # its QPs moved to ERR and destroyed, its MRs, CQs and session gone from the daemon
     _wait_for(lambda: not any(q["owner"]["pid"] == s1a["pid"] for q in env.status("A")["qps"]), 10, "reclaim")
     snap = env.status("A")
     assert not any(c["pid"] == s1a["pid"] for c in snap["clients"])
+    kernel = {r["qpn"] for r in read_qps(env.pair.a.ifname, str(pin))}                  # the pinned QP table
+    assert s1a["qpn"] not in kernel and s2a["qpn"] in kernel
     # its peer is told the RC way: its writes go unanswered, RETRY_EXC_ERR, its QP in ERR
     r = b1.line(timeout=60)
     assert r["ok"] and r["error"] == "RETRY_EXC_ERR", r
@@ -458,3 +473,18 @@ def test_sigterm_drains_and_flushes_outstanding_work(env):
     assert not (pins[0] / "mr_qps").exists()
     assert not env.topo.link_xdp_attached(env.topo[1], env.pair.b.ifname)
     a.close(), b.close()
+
+
+def test_reload_applies_run_time_options_and_refuses_the_others(tmp_path):
+    from metaroce_xdp.daemon.config import ConfigError, DaemonConfig
+    from metaroce_xdp.daemon.server import Daemon
+    cfg = DaemonConfig(interfaces=["x0"], socket_path=str(tmp_path / "s.sock"))
+    d = Daemon(cfg)
+    new = DaemonConfig(interfaces=["x0"], socket_path=str(tmp_path / "s.sock"), max_qps_per_client=3,
+                       progress="sleep", log_level="debug")
+    assert sorted(d.reload(new)) == ["log_level", "max_qps_per_client", "progress"]
+    assert d.cfg.max_qps_per_client == 3 and d.reload(new) == []
+    with pytest.raises(ConfigError, match="interfaces, socket_path"):
+        d.reload(DaemonConfig(interfaces=["y0"], socket_path=str(tmp_path / "t.sock"), max_clients=1))
+    assert d.cfg.max_clients == 64 and d.cfg.interfaces == ["x0"]           # nothing applied
+    d.drain_and_stop(0), d.drain_and_stop(0)                                  # idempotent, even unstarted
