@@ -255,11 +255,14 @@ def unpin(pin_dir: str | Path) -> list[str]:
 
 # ---------------------------------------------------------------------- the real queue (tbf)
 def tbf_params(rate_bps: int, drop_depth: int, mtu: int) -> dict:
-    """A tbf that waits like the modelled queue: the same rate, a bucket of two frames (what
-    lets it send back to back: the model counts those bytes as queued, so the real queue is at
-    most this much shorter), and a limit above drop_depth, so the model's drops are the only
-    ones (tbf's own show in `show` as tbf_drops)."""
-    burst = 2 * (mtu + 18)
+    """A tbf that waits like the modelled queue: the same rate; a bucket of 100 µs at that rate
+    but at least two frames -- tbf refills its bucket only when its timer runs, and a timer
+    that runs late by more than the bucket's worth loses link time for good, which a loaded
+    machine would turn into a slower link than asked; the model counts a full bucket's frames
+    as queued, so it runs at most one bucket ahead of the real queue, at the start of a burst --
+    and a limit above drop_depth, so the model's drops are the only ones (tbf's own show in
+    `show`)."""
+    burst = max(2 * (mtu + 18), rate_bps // 80_000)
     limit = (drop_depth or 16 << 20) + burst + 64 * 1024
     return {"rate": rate_bps, "burst": burst, "limit": limit}
 
