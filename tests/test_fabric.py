@@ -208,8 +208,8 @@ def test_cli_up_set_show_down_leaves_nothing():
         edge = {p["port"]: p["settings"] for p in doc["ports"]}
         assert edge["l2:h2"]["loss_ppm"] == 10_000 and edge["l1:sp0"]["loss_ppm"] == 0
         assert edge["l2:h2"]["seed"] != edge["l1:h1"]["seed"]          # one user seed, a pattern per link
-        r = _cli("set", "--name", name, "nope", "--loss", "1%", check=False)
-        assert r.returncode == 1 and "no port" in r.stderr
+        with fabric.Fabric.load(name) as f, pytest.raises(FabricError, match="no port"):
+            f.set("nope", loss_ppm=1)
         _cli("down", "--name", name)
         assert _leftovers(name) == []
         # A crash: `up` killed while it builds.  Whatever it got to, down removes it.
@@ -222,8 +222,8 @@ def test_cli_up_set_show_down_leaves_nothing():
         p.kill()
         p.wait()
         assert _leftovers(name), "the killed up left nothing to clean: it did not start building"
-        r = _cli("up", "--name", name, check=False)
-        assert r.returncode == 1 and "down" in r.stderr                # refuses to build over the remains
+        with pytest.raises(FabricError, match="down"):                # refuses to build over the remains
+            fabric.up(name)
         _cli("down", "--name", name)
         assert _leftovers(name) == []
     finally:
@@ -231,26 +231,33 @@ def test_cli_up_set_show_down_leaves_nothing():
 
 
 # ------------------------------------------------------------------------ ECMP
+def _flows(fab, flow: Flow, sports, per: int = 10) -> dict[int, str]:
+    """Send `per` frames from each source port, one flow after the other; return the leaf-1 uplink
+    each flow took, checking that all its frames took that one."""
+    out = {}
+    for sport in sports:
+        before = counters(fab, "l1:sp*")
+        flow.send(per, sport=sport)
+        deadline = time.monotonic() + 5                # a neighbour resolution may hold the first frames
+        while True:
+            after = counters(fab, "l1:sp*")
+            delta = {k: after[k]["matched"] - before[k]["matched"] for k in after}
+            if sum(delta.values()) >= per or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert sorted(delta.values()) == [0] * (len(delta) - 1) + [per], (sport, delta)
+        out[sport] = max(delta, key=delta.get)
+    return out
+
+
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 def test_source_ports_spread_over_parallel_links(fab, v6):
     """Flows that differ only in their UDP source port take different parallel links (L4 multipath
     hash), and each flow sticks to one link; the spine's downlinks carry the same frames."""
     fab.set("all", clear=True, reset=True)
     flow = Flow(fab, v6=v6)
-    used = Counter()
     try:
-        for i in range(16):
-            before = counters(fab, "l1:sp*")
-            flow.send(10, sport=41000 + i)
-            deadline = time.monotonic() + 5            # a neighbour resolution may hold the first frames
-            while True:
-                after = counters(fab, "l1:sp*")
-                delta = {k: after[k]["matched"] - before[k]["matched"] for k in after}
-                if sum(delta.values()) >= 10 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-            assert sorted(delta.values()) == [0, 0, 0, 10], (i, delta)
-            used[max(delta, key=delta.get)] += 1
+        used = Counter(_flows(fab, flow, range(41000, 41016)).values())
         got = flow.settle(160)
     finally:
         flow.close()
@@ -259,6 +266,29 @@ def test_source_ports_spread_over_parallel_links(fab, v6):
     down = counters(fab, "sp:l2.*")
     assert sum(c["matched"] for c in down.values()) == 160
     assert sum(1 for c in down.values() if c["matched"]) == len(used)
+
+
+def test_link_down_moves_flows_to_the_other_links(fab):
+    """`set PORT --link down` pulls a cable: both ends see it, the flows that took the link move to
+    the others and nothing is lost; once it is up again every flow is back on its first link."""
+    fab.set("all", clear=True, reset=True)
+    flow = Flow(fab)
+    sports = range(42000, 42032)
+    try:
+        first = _flows(fab, flow, sports)
+        assert "l1:sp0" in first.values()                             # 32 flows over 4 links
+        fab.set("l1:sp0", link="down")
+        states = {p["port"]: p["state"] for p in fab.show(tbf=False)["ports"]}
+        assert states["l1:sp0"] == "down" and states["sp:l1.0"] == "no-carrier" and states["l1:sp1"] == "up"
+        moved = _flows(fab, flow, sports)
+        assert "l1:sp0" not in moved.values() and len(set(moved.values())) >= 2
+        fab.set("l1:sp0", link="up")
+        assert _flows(fab, flow, sports) == first
+        got = flow.settle(3 * 320)
+    finally:
+        fab.set("l1:sp0", link="up")
+        flow.close()
+    assert len(got) == 3 * 320
 
 
 # ------------------------------------------------------------------------ seeded loss

@@ -4,6 +4,7 @@
     metaroce fabric set all --loss 1% --seed 7              # seeded loss on every port
     metaroce fabric set 'sp:l2.*' --rate 1gbit --mark-depth 30kb --drop-depth 200kb
     metaroce fabric set l1:sp2 --loss 5%                    # one degraded path
+    metaroce fabric set l1:sp1 --link down                  # a pulled cable: ECMP moves to the other links
     metaroce fabric show                                    # topology, settings, counters per port
     metaroce fabric show -j                                 # the same as one JSON object
     metaroce fabric down                                    # remove everything (also after a crash)
@@ -113,6 +114,8 @@ def set_cmd(
     seed: Optional[int] = _SEED,
     reset: bool = typer.Option(False, "--reset", help="zero the counters, the queue and the coins' index"),
     clear: bool = typer.Option(False, "--clear", help="turn every impairment and the queue off first"),
+    link_state: Optional[str] = typer.Option(None, "--link", help="down: pull the link's cable (both "
+                                             "directions; routes move to the other links); up: plug it back"),
     as_json: bool = _JSON,
 ) -> None:
     """Change ports: settings not given stay as they are."""
@@ -121,7 +124,7 @@ def set_cmd(
     try:
         settings = _impairments(loss, dup, reorder, reorder_delay, corrupt, rate, mark_depth, drop_depth, scope)
         with fabric.Fabric.load(name) as fab:
-            ports = fab.set(link, seed=seed, reset=reset, clear=clear, **settings)
+            ports = fab.set(link, seed=seed, reset=reset, clear=clear, link=link_state, **settings)
             rows = [{"port": p.name, **fab.port_settings(p)} for p in ports]
     except (fabric.FabricError, units.UnitError) as e:
         raise _fail(e)
@@ -166,11 +169,11 @@ def show_cmd(name: str = _NAME, as_json: bool = _JSON) -> None:
     typer.echo(f"fabric {doc['name']}: {doc['hosts_n']} hosts, {doc['paths']} paths, MTU {doc['mtu']}, "
                f"program id {doc['prog_id']}, maps in {doc['pin_dir']}")
     _echo_hosts(doc)
-    head = f"{'PORT':<10} {'TO':<4}" + "".join(f" {h:>8}" for _, h in _COLUMNS) + f" {'PEAKQ':>8}  SETTINGS"
+    head = f"{'PORT':<10} {'TO':<4} {'LINK':<10}" + "".join(f" {h:>8}" for _, h in _COLUMNS) + f" {'PEAKQ':>8}  SETTINGS"
     typer.echo(head)
     for p in doc["ports"]:
         c = p["counters"]
-        typer.echo(f"{p['port']:<10} {p['toward']:<4}" + "".join(f" {c[k]:>8}" for k, _ in _COLUMNS)
+        typer.echo(f"{p['port']:<10} {p['toward']:<4} {p['state']:<10}" + "".join(f" {c[k]:>8}" for k, _ in _COLUMNS)
                    + f" {p['queue']['peak_bytes']:>8}  {_settings_text(p['settings'])}")
 
 

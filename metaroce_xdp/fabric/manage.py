@@ -28,7 +28,8 @@ from pathlib import Path
 
 from . import impair
 from .impair import PIN_ROOT, PPM, SCOPES, PortMaps
-from .topology import FabricError, Plan, Port, build, check_name, destroy, fabric_namespaces, make_plan, ns_pids
+from .topology import (FabricError, Plan, Port, build, check_name, destroy, fabric_namespaces, link_states, make_plan,
+                       ns_pids, set_link)
 
 DEFAULT_NAME = "fab"
 DEFAULT_DROP_DEPTH = 512 * 1024          # a queue always has a limit: a switch's buffer share
@@ -139,10 +140,14 @@ class Fabric:
 
     # ------------------------------------------------------------------ changing links
     def set(self, spec: str, *, seed: int | None = None, reset: bool = False, clear: bool = False,
-            **changes) -> list[Port]:
+            link: str | None = None, **changes) -> list[Port]:
         """Change the settings of the ports `spec` names; settings not given stay.  seed: the
         coins restart from index 0 with this seed (each port mixes in its number); reset: zero
-        the counters, the coin index and the queue; clear: every impairment off first."""
+        the counters, the coin index and the queue; clear: every impairment off first;
+        link "down"/"up": take the ports' links down (both directions, the routes move off
+        them) or back up."""
+        if link not in (None, "up", "down"):
+            raise FabricError(f"link {link!r}: up or down")
         unknown = set(changes) - set(SETTINGS)
         if unknown:
             raise TypeError(f"unknown settings {sorted(unknown)}")
@@ -156,16 +161,14 @@ class Fabric:
             cfg = self.maps.cfg
             for p in ports:
                 cur = {k: int(cfg[p.id][k]) for k in SETTINGS}
-                if clear:
-                    cur.update(loss_ppm=0, dup_ppm=0, reorder_ppm=0, corrupt_ppm=0, rate_bps=0, mark_depth=0,
-                               drop_depth=0)
-                new = cur | changes
+                new = cur | (dict(loss_ppm=0, dup_ppm=0, reorder_ppm=0, corrupt_ppm=0, rate_bps=0, mark_depth=0,
+                                  drop_depth=0) if clear else {}) | changes
                 if new["rate_bps"] and not new["drop_depth"]:
                     new["drop_depth"] = DEFAULT_DROP_DEPTH
                 if new["reorder_ppm"] and not new["reorder_us"]:
                     new["reorder_us"] = DEFAULT_REORDER_US
                 _check(new, p)
-                queue_changed = (new["rate_bps"], new["drop_depth"]) != (cur["rate_bps"], cur["drop_depth"]) or clear
+                queue_changed = (new["rate_bps"], new["drop_depth"]) != (cur["rate_bps"], cur["drop_depth"])
                 rec = cfg[p.id]
                 # Turn the queue off before its parameters change, on after: no frame sees half.
                 rec["rate_bps"] = 0
@@ -183,6 +186,8 @@ class Fabric:
                     self.maps.reset_counters(p.id)
                 if queue_changed:
                     impair.set_tbf(p.ns, p.ifname, new["rate_bps"], new["drop_depth"], self.plan.mtu)
+                if link is not None:
+                    set_link(p, link == "up")
         return ports
 
     # ------------------------------------------------------------------ reading
@@ -196,11 +201,12 @@ class Fabric:
     def show(self, tbf: bool = True) -> dict:
         """The fabric as one dict: hosts, and per port its settings, counters and queue."""
         ports = []
+        states = link_states(self.plan)
         for p in self.plan.ports:
             s = self.port_settings(p)
             st = self.maps.state(p.id)
             row = {"port": p.name, "id": p.id, "ns": p.ns, "ifname": p.ifname, "toward": p.toward, "link": p.link,
-                   "settings": s, "counters": self.maps.counters(p.id),
+                   "state": states.get(p.name, "missing"), "settings": s, "counters": self.maps.counters(p.id),
                    "queue": {"backlog_bytes": self.maps.backlog(p.id), "peak_bytes": st["q_peak"]},
                    "coin_index": st["index"]}
             if tbf and s["rate_bps"]:

@@ -217,10 +217,13 @@ ROUTER_SYSCTLS = {
     "net.ipv4.fib_multipath_hash_policy": "1",      # L4: source and destination ports in the hash
     "net.ipv4.conf.all.rp_filter": "0",             # paths are asymmetric by design
     "net.ipv4.conf.default.rp_filter": "0",
+    "net.ipv4.conf.all.ignore_routes_with_linkdown": "1",   # a link set down: its next hops are skipped
 }
 ROUTER_SYSCTLS_V6 = {
     "net.ipv6.conf.all.forwarding": "1",
     "net.ipv6.fib_multipath_hash_policy": "1",
+    "net.ipv6.conf.all.ignore_routes_with_linkdown": "1",
+    "net.ipv6.conf.all.keep_addr_on_down": "1",             # so a link comes back up with its addresses
 }
 
 
@@ -314,6 +317,27 @@ def build(plan: Plan) -> None:
             if plan.ipv6:
                 _route(ipr, f"fd90:{i:x}::/64", [str(ip_interface(leaf_spine_addrs(i, k, True)[0]).ip)
                                                  for k in range(k_paths)], "sp")
+
+
+def set_link(port: Port, up: bool) -> None:
+    """Take the port's link down or up, as a pulled or replugged cable: the port's end goes
+    administratively down, so the other end loses its carrier; both routers' multipath routes
+    skip the link's next hops (ignore_routes_with_linkdown) until it is up again."""
+    with thread_in_netns(port.ns), IPRoute() as ipr:
+        ipr.link("set", index=port.ifindex, state="up" if up else "down")
+
+
+def link_states(plan: Plan) -> dict[str, str]:
+    """Port name -> "up", "down" (this end set down) or "no-carrier" (the other end is down)."""
+    out = {}
+    for ns in plan.switches:
+        with thread_in_netns(ns), IPRoute() as ipr:
+            flags = {ln.get_attr("IFLA_IFNAME"): (ln["flags"], ln.get_attr("IFLA_CARRIER")) for ln in ipr.get_links()}
+        for p in plan.ports:
+            if p.ns == ns and p.ifname in flags:
+                f, carrier = flags[p.ifname]
+                out[p.name] = "down" if not f & 1 else "up" if carrier else "no-carrier"     # IFF_UP
+    return out
 
 
 def fabric_namespaces(name: str) -> list[str]:
