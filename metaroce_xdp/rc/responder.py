@@ -95,10 +95,14 @@ class Responder:
         self.held: list = []
         self.drain_in_err = False           # a fatal NAK is held: send what is before it, then it
         self._st = np.zeros(6, np.int64)    # state exchanged with burst.rx_write_run
+        # PSN of the first of the READ REQUESTs executed last, None when the last request executed was
+        # not a READ: a duplicate SEND/WRITE is then re-ACKed at read_run - 1 (MR-DUP-002, as rxe does)
+        self.read_run: int | None = None
 
     def reset(self, rq_psn: int) -> None:
         self.epsn = rq_psn & PSN_MASK
         self.msn = 0
+        self.read_run = None
 
     # -- outputs --------------------------------------------------------------
     def _send_syndrome(self, psn: int, syndrome: int, ack: bool = False) -> None:
@@ -141,7 +145,10 @@ class Responder:
             self._release_held()
         if self.ack_pending:
             self.ack_pending = False
-            self._send_syndrome((self.epsn - 1) & PSN_MASK, AETH_ACK | AETH_CREDIT_INVALID, ack=True)
+            # after READs only duplicates can have asked for it: ACK before the READs (MR-DUP-002 r - 1),
+            # so that a requester whose READ responses were lost does not take the ACK for them
+            last = self.epsn if self.read_run is None else self.read_run
+            self._send_syndrome((last - 1) & PSN_MASK, AETH_ACK | AETH_CREDIT_INVALID, ack=True)
 
     def _nak(self, code: int, psn: int, fatal: bool, status: WCStatus, why: str) -> None:
         """NAK with the offending packet's PSN (MR-NAK-006 to MR-NAK-008); a fatal one completes the
@@ -241,6 +248,7 @@ class Responder:
 
     def _advance(self, pkt: "RxPkt", npsn: int = 1) -> None:
         self.epsn = (self.epsn + npsn) & PSN_MASK
+        self.read_run = None
         if pkt.ack_req:
             self.ack_pending = True
 
@@ -464,6 +472,8 @@ class Responder:
         res = Resource("read", pkt.psn, npsn, mr, off, pkt.dma_len, pkt.va, pkt.rkey)
         self._remember(res)
         self.read_queue.append([res, 0])
+        if self.read_run is None:
+            self.read_run = pkt.psn
         self.epsn = (self.epsn + npsn) & PSN_MASK
 
     def progress(self, budget: int) -> int:
@@ -548,6 +558,7 @@ class Responder:
         res.orig = orig
         self._remember(res)
         self._atomic_ack(res)
+        self.read_run = None
         self.epsn = (self.epsn + 1) & PSN_MASK
 
     def _atomic_ack(self, res: Resource) -> None:

@@ -581,7 +581,10 @@ def duplicate_of_another_kind(t):
     # epsn - 1, or r - 1 with r the PSN of the READ that was the last request executed (MR-DUP-002, Linux rxe)
     psns = (P.psn_add(epsn, -1), P.psn_add(pr, -1))
     ok = f is not None and f.roce.ack_kind == "ACK" and f.roce.psn in psns and f.roce.msn == 2
-    t.check("MR-DUP-002", ok, f"WRITE at the READ's PSN: {describe([f] if f else [])}", frames=[f] if f else [mark + 1],
+    which = ("" if f is None or f.roce.psn not in psns else
+             "; the PSN before the READ, r - 1 (recommended)" if f.roce.psn == psns[1] else "; epsn - 1 (allowed)")
+    t.check("MR-DUP-002", ok, f"WRITE at the READ's PSN: {describe([f] if f else [])}{which}",
+            frames=[f] if f else [mark + 1],
             expected=f"ACKNOWLEDGE ACK psn={psns[0]:#08x} (or {psns[1]:#08x}, before the READ) msn=2")
     check_untouched(t, c, ["MR-DUP-009"], 2048, 16, "WRITE at the READ's PSN")
     _next_write_acked(t, c, ["MR-DUP-006"], 3, "after the duplicates")
