@@ -210,6 +210,9 @@ def test_cli_up_set_show_down_leaves_nothing():
         assert edge["l2:h2"]["seed"] != edge["l1:h1"]["seed"]          # one user seed, a pattern per link
         with fabric.Fabric.load(name) as f, pytest.raises(FabricError, match="no port"):
             f.set("nope", loss_ppm=1)
+        rows = [json.loads(line) for line in _cli("watch", "--name", name, "l*:h*", "-c", "2", "-i", "0.1",
+                                                  "-j").stdout.splitlines()]
+        assert [r["port"] for r in rows] == ["l1:h1", "l2:h2"] * 2 and all("q_dropped" in r for r in rows)
         _cli("down", "--name", name)
         assert _leftovers(name) == []
         # A crash: `up` killed while it builds.  Whatever it got to, down removes it.

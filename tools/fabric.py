@@ -7,6 +7,7 @@
     metaroce fabric set l1:sp1 --link down                  # a pulled cable: ECMP moves to the other links
     metaroce fabric show                                    # topology, settings, counters per port
     metaroce fabric show -j                                 # the same as one JSON object
+    metaroce fabric watch 'sp:l2.*' -i 0.5                  # rates, drops, marks and queue per interval
     metaroce fabric down                                    # remove everything (also after a crash)
     ip netns exec mrf-fab-h1 metaroce perf write-bw -d eth0 10.90.2.2   # run tools on a host
 
@@ -175,6 +176,47 @@ def show_cmd(name: str = _NAME, as_json: bool = _JSON) -> None:
         c = p["counters"]
         typer.echo(f"{p['port']:<10} {p['toward']:<4} {p['state']:<10}" + "".join(f" {c[k]:>8}" for k, _ in _COLUMNS)
                    + f" {p['queue']['peak_bytes']:>8}  {_settings_text(p['settings'])}")
+
+
+@app.command("watch")
+def watch_cmd(
+    link: str = typer.Argument("all", metavar="[PORT|PATTERN|all]", help="ports to watch (default all)"),
+    name: str = _NAME,
+    interval: float = typer.Option(1.0, "--interval", "-i", help="seconds between readings"),
+    count: int = typer.Option(0, "--count", "-c", help="stop after this many intervals (0: until Ctrl-C)"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="one JSON object per port and interval"),
+) -> None:
+    """Per interval and busy port: frames and Mbit/s out, drops and marks by reason, queue now."""
+    import time
+
+    from metaroce_xdp import fabric
+    if interval <= 0:
+        raise _fail(ValueError("--interval must be above 0"), 2)
+    try:
+        with fabric.Fabric.load(name) as fab:
+            prev = fab.sample(link)
+            if not as_json:
+                typer.echo(f"{'PORT':<10} {'PKT/S':>9} {'MBIT/S':>9} {'QDROP':>7} {'CE':>7} {'LOST':>7} {'DUP':>7} "
+                           f"{'HELD':>7} {'CORRUPT':>7} {'QUEUE':>9}")
+            n = 0
+            while count == 0 or n < count:
+                time.sleep(interval)
+                cur = fab.sample(link)
+                dt = (cur["t_ns"] - prev["t_ns"]) / 1e9
+                for port, c in cur["ports"].items():
+                    d = {k: v - prev["ports"][port][k] for k, v in c.items() if k != "backlog_bytes"}
+                    if as_json:
+                        typer.echo(json.dumps({"t": cur["t_ns"] / 1e9, "interval": dt, "port": port,
+                                               "backlog_bytes": c["backlog_bytes"], **d}))
+                    elif d["pkts"] or c["backlog_bytes"]:
+                        typer.echo(f"{port:<10} {d['tx_pkts'] / dt:>9.0f} {d['tx_bytes'] * 8e-6 / dt:>9.1f} "
+                                   f"{d['q_dropped']:>7} {d['marked']:>7} {d['dropped']:>7} {d['duplicated']:>7} "
+                                   f"{d['reordered']:>7} {d['corrupted']:>7} {c['backlog_bytes']:>9}")
+                prev, n = cur, n + 1
+    except fabric.FabricError as e:
+        raise _fail(e)
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
 
 
 @app.command("down")

@@ -198,6 +198,14 @@ class Fabric:
         d["seed"] = int(rec["seed"])
         return d
 
+    def sample(self, spec: str = "all") -> dict:
+        """One reading of the ports `spec` names: time (CLOCK_MONOTONIC ns), and per port its
+        counters and queue backlog now -- what `watch` prints the differences of, and what a
+        benchmark samples to plot a queue over time."""
+        return {"t_ns": impair.time_ns(),
+                "ports": {p.name: {**self.maps.counters(p.id), "backlog_bytes": self.maps.backlog(p.id)}
+                          for p in self.select(spec)}}
+
     def show(self, tbf: bool = True) -> dict:
         """The fabric as one dict: hosts, and per port its settings, counters and queue."""
         ports = []
