@@ -53,6 +53,9 @@ class Completer:
         self.bad_rsp = 0                  # rx_bad_rsp: bad responses, QP to ERR (MR-NAK-012)
         self.retrying_from: int | None = None   # PSN of the go-back-N in progress
         self._st = np.zeros(2, np.int64)        # exchanged with burst.rx_rsp_skip_run
+        # An implied NAK the kernel fast path may have judged too early (MR-RETRY-015): [WQE, ACK PSN, the
+        # engine round it was seen in, later rounds since]; decided once the AF_XDP ring has been drained
+        self._implied: list | None = None
 
     def reset_budgets(self) -> None:
         self.retrying_from = None
@@ -98,6 +101,10 @@ class Completer:
                 return True
             if w.is_rd_atomic:
                 if not implied_nak:
+                    # the READ RESPONSE that precedes this ACK on the wire, if any, was in the AF_XDP ring
+                    # when the kernel took the ACK: judge after the next rounds have drained the ring
+                    if self._implied is None or self._implied[0] is not w:
+                        self._implied = [w, psn, self.qp.now(), 0]
                     return False
                 missing = (w.first_psn + w.resp_bytes // self.qp.pmtu) & PSN_MASK
                 self._retry(missing, "response lost (implicit NAK)")
@@ -312,6 +319,26 @@ class Completer:
             self.ack_upto(self.req.acked_psn, implied_nak=False)
 
     # -- timers ----------------------------------------------------------------------
+    def _settle_implied(self, now: int) -> None:
+        """MR-RETRY-015: an ACK the kernel consumed covered an unfinished READ/ATOMIC (ack_upto with
+        implied_nak=False).  Two engine rounds later every response that arrived before that ACK has left
+        the AF_XDP ring and been processed (each round drains it before the fast path is read); if the
+        READ/ATOMIC is still the oldest WQE and unfinished, its response was lost: retry now, not at
+        the local ACK timer (MR-RETRY-012), from the first PSN whose response is missing."""
+        p = self._implied
+        w, psn, seen, rounds = p
+        if now != seen:
+            p[2], p[3] = now, rounds + 1
+        if p[3] < 2:
+            return
+        self._implied = None
+        sq = self.req.sq
+        if (not sq or sq[0] is not w or w.done or w.first_psn is None
+                or psn_diff(self.req.acked_psn, w.last_psn) < 0):
+            return                                   # completed by its response, or the QP moved on
+        missing = (w.first_psn + w.resp_bytes // self.qp.pmtu) & PSN_MASK
+        self._retry(missing, "response lost (implicit NAK, fast-path ACK)")
+
     def _retry(self, psn: int, why: str, timeout: bool = False) -> None:
         if not timeout and self.retrying_from == psn:
             # Responses that were already in flight when we went back report the
@@ -330,6 +357,8 @@ class Completer:
     def check_timer(self, now: int) -> None:
         """MR-RETRY-001, MR-RETRY-004: local ACK timeout 4.096 us x 2^timeout with packets
         outstanding; never during an RNR wait (MR-RNR-006)."""
+        if self._implied is not None:
+            self._settle_implied(now)
         tmo = local_ack_timeout_ns(self.qp.attr_timeout)
         if tmo is None or not self.req.outstanding():
             self.last_progress = now

@@ -477,19 +477,28 @@ def read_response_acks_earlier_write(t):
 def implied_nak_retries_read(t):
     """A READ then a WRITE; the LT ACKs the WRITE's PSN without answering the READ: the READ's response was
     lost (implied NAK) and the IUT sends the READ REQUEST again at its PSN; answered, both complete.  (The
-    deadline, the local ACK timer, is TC-RETRY-012-b's; here the wait is 1 s, and how soon is reported.)"""
+    deadline, the local ACK timer, is TC-RETRY-012-b's; here the wait is 1 s, and how soon is reported, with
+    whether the local ACK timer had expired by then where the IUT reports its per-QP `timeouts`: a retry
+    without a timeout is the prompt one MR-RETRY-015 recommends.)"""
     c = connect_req(t, timeout=14)
     p = c.iut_psn
     data = pattern(100, 5)
+    timers = "timeouts" in (t.caps.get("qp_counters") or ())
+    k0 = c.counters()["timeouts"] if timers else None
     mark = post(c, read_wr(c, 100, 1), write_wr(c, 64, 2, offset=512))
     orig = _first(c, mark, 2)
     m = c.send(ack(c, P.psn_add(p, 1), 2))
     a = c.t.lt.wait(lambda f: f.outgoing and f.roce is not None and f.roce.op == 0x11, 0.2, after=m)
     again = requests(c, m, 1, 1.0, psn=p)
+    if timers and again:
+        k1 = c.counters()["timeouts"] - k0
+        how = "the implying ACK, the timer not expired" if k1 == 0 else f"the local ACK timer ({k1} expiries)"
     c.send(*read_stream(c, p, data, 2), ack(c, P.psn_add(p, 1), 2))
     wcs = c.poll(2, 1.0)
     ok = bool(again) and again[0].roce.op == 0x0C and not same_request(orig[0], again[0])
     after = f", {(again[0].ts - a.ts) * 1e3:.1f} ms after the ACK" if again and a is not None else ""
+    if timers and again:
+        after += f"; retried on {how}"
     t.check("MR-RETRY-012", ok, f"after ACK {P.psn_add(p, 1):#08x}: {describe(again)}{after}", frames=orig + again,
             expected=f"RDMA_READ_REQUEST psn={p:#08x} again, unchanged")
     t.check("MR-RETRY-008", ok, f"re-sent READ: {describe(again)}", frames=orig + again,
