@@ -26,7 +26,7 @@
  * The coins are drawn from fab_mix(seed, index, salt): `index` counts the frames a port has
  * matched (its scope: every IP frame, UDP, or RoCE UDP/4791), so for a given seed the
  * pattern depends only on the order in which frames reach the port
- * (metaroce_xdp/fabric/impair.py `plan` replays it).
+ * (metaroce_xdp/fabric/impair.py `plan` replays it, through faults.py's).
  *
  * The delay line.  This kernel has no netem, fq or etf, so nothing can hold an skb until a
  * given time.  A frame chosen for reordering gets skb->mark = FAB_MARK_HELD | port << 20 |
@@ -76,7 +76,9 @@
 #define FAB_DEADLINE_MASK 0xFFFFFU      /* 20 bits of µs: wraps after 1.05 s */
 #define FAB_PORT_SHIFT 20
 
-/* Salts of fab_mix, one independent coin per action: never renumber (impair.py mirrors). */
+/* Salts of fab_mix, one independent coin per action: never renumber.  They equal
+ * fault_inject.c's FI_SALT_* (loss = drop, reorder = delay), so metaroce_xdp/faults.py's
+ * plan() replays both programs; tests/test_fabric.py compares. */
 #define FAB_SALT_LOSS 1
 #define FAB_SALT_CORRUPT 2
 #define FAB_SALT_CORRUPT_OFF 3
@@ -135,8 +137,8 @@ BPF_F_TABLE("array", u32, struct fab_cfg, fab_cfg, FAB_MAX_PORTS, BPF_F_MMAPABLE
 BPF_ARRAY(fab_state, struct fab_state, FAB_MAX_PORTS);          /* queue and coin counter; program writes */
 BPF_PERCPU_ARRAY(fab_counters, struct fab_counters, FAB_MAX_PORTS); /* outcomes; program writes */
 
-/* splitmix64 finaliser over (seed, index, salt): a counter-based PRNG, so CPUs share
- * nothing but the index. */
+/* splitmix64 finaliser over (seed, index, salt), as fault_inject.c's fi_mix: a counter-based
+ * PRNG, so CPUs share nothing but the index. */
 static __always_inline __u64 fab_mix(__u64 seed, __u64 index, __u64 salt)
 {
 	__u64 z = seed + index * 0x9E3779B97F4A7C15ULL + salt * 0xD1B54A32D192ED03ULL;

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -158,6 +159,20 @@ def test_layouts_match_the_c():
         assert ctypes.sizeof(leaf) == impair.COUNTERS_DTYPE.itemsize
     finally:
         b.cleanup()
+
+
+def test_coins_are_fault_injects():
+    """fabric_impair.c draws its coins as fault_inject.c does (the same generator and salts), which is
+    what lets faults.plan replay both."""
+    from metaroce_xdp import faults
+    src = impair.BPF_SOURCE.read_text()
+    salts = dict(re.findall(r"#define FAB_SALT_(\w+) (\d+)", src))
+    assert {k: int(v) for k, v in salts.items()} == {
+        "LOSS": faults.SALT_DROP, "CORRUPT": faults.SALT_CORRUPT, "CORRUPT_OFF": faults.SALT_CORRUPT_OFF,
+        "DUP": faults.SALT_DUP, "REORDER": faults.SALT_DELAY}
+    fi = Path(faults.BPF_SOURCE).read_text()
+    mix = re.compile(r"0x[0-9A-F]{16}ULL")
+    assert mix.findall(src) == mix.findall(fi) != []               # the splitmix64 constants, in order
 
 
 def test_units_and_plan_errors():

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..faults import coin, fi_mix
+from ..faults import fi_mix
+from ..faults import plan as faults_plan
 from ..kern import bpfsys
 from ..topo import thread_in_netns
 from .topology import DL0_IFINDEX, DL1_IFINDEX, IFINDEX_BASE, MAX_PORTS, FabricError, Plan
@@ -51,7 +52,6 @@ COUNTERS = ("pkts", "bytes", "matched", "q_dropped", "marked", "not_ect", "dropp
 COUNTERS_DTYPE = np.dtype([(n, "<u8") for n in COUNTERS])
 
 SCOPES = {"ip": 0, "udp": 1, "roce": 2}
-SALT_LOSS, SALT_CORRUPT, SALT_CORRUPT_OFF, SALT_DUP, SALT_REORDER = 1, 2, 3, 4, 5
 SEED_SALT = 0x5EED              # per-port seed = fab_mix(user seed, port, SEED_SALT)
 PPM = 1_000_000
 MAX_RATE = 100 * 10**9          # (q_empty - now) * 1000 / ps_per_byte must not overflow; ps_per_byte >= 80
@@ -74,21 +74,13 @@ def port_seed(seed: int, port: int) -> int:
 def plan(seed: int, count: int, *, loss_ppm: int = 0, dup_ppm: int = 0, reorder_ppm: int = 0,
          corrupt_ppm: int = 0, first_index: int = 0) -> list[frozenset[str]]:
     """What a port with this (per-port) seed does to matched frames first_index.. when no queue
-    drops them: a set from {"loss", "corrupt", "dup", "reorder"}; a loss excludes the rest."""
-    out = []
-    for i in range(first_index, first_index + count):
-        if coin(seed, i, SALT_LOSS, loss_ppm):
-            out.append(frozenset({"loss"}))
-            continue
-        acts = set()
-        if coin(seed, i, SALT_CORRUPT, corrupt_ppm):
-            acts.add("corrupt")
-        if coin(seed, i, SALT_DUP, dup_ppm):
-            acts.add("dup")
-        if coin(seed, i, SALT_REORDER, reorder_ppm):
-            acts.add("reorder")
-        out.append(frozenset(acts))
-    return out
+    drops them: a set from {"loss", "corrupt", "dup", "reorder"}; a loss excludes the rest.
+    The program draws the coins of fault_inject.c with the same salts (FAB_SALT_* = FI_SALT_*,
+    a test compares them), so faults.plan replays both; only the names differ."""
+    names = {"drop": "loss", "delay": "reorder"}
+    return [frozenset(names.get(a, a) for a in acts)
+            for acts in faults_plan(seed, count, drop_ppm=loss_ppm, dup_ppm=dup_ppm, corrupt_ppm=corrupt_ppm,
+                                    reorder_ppm=reorder_ppm, first_index=first_index)]
 
 
 def ps_per_byte(rate_bps: int) -> int:
