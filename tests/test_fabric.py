@@ -154,6 +154,8 @@ def test_layouts_match_the_c():
             assert ctypes.sizeof(leaf) == dt.itemsize, name
             c_fields = [(f[0], getattr(leaf, f[0]).offset) for f in leaf._fields_]
             assert c_fields == [(n, dt.fields[n][1]) for n in dt.names], name
+        scopes = re.findall(r"#define FAB_SCOPE_(\w+) (\d+)", impair.BPF_SOURCE.read_text())
+        assert {k.lower(): int(v) for k, v in scopes} == impair.SCOPES
         leaf = b[b"fab_counters"].Leaf._type_                     # per-CPU: an array of the struct
         assert [f[0] for f in leaf._fields_] == list(impair.COUNTERS)
         assert ctypes.sizeof(leaf) == impair.COUNTERS_DTYPE.itemsize
