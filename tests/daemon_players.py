@@ -116,6 +116,42 @@ class Player:
                 return {"done": done, "posted": posted, "error": "TIMEOUT"}
         return {"done": done, "posted": posted, "error": first_err, "seconds": time.monotonic() - t0}
 
+    def lat(self, iters: int, active: bool, size: int = 8) -> dict:
+        """perftest write-lat through the daemon: each side WRITEs `size` bytes carrying the iteration number
+        into the other's buffer and spins on its own buffer for the answer; one-way latency = RTT / 2."""
+        mine = self.buf[:8].view(np.uint64)
+        src = self.buf[4096:4096 + 8].view(np.uint64)
+        rtts = []
+        posted = completed = 0
+
+        def write(i: int) -> None:
+            nonlocal posted
+            src[0] = i
+            self.qp.post_send(SendWR(wr_id=i, opcode=OPS["write"], sg_list=[self.mr.sge(4096, size)],
+                                     remote_addr=self.peer["va"], rkey=self.peer["rkey"]))
+            posted += 1
+        deadline = time.monotonic() + 120
+        for i in range(1, iters + 1):
+            t0 = time.perf_counter_ns()
+            if active:
+                write(i)
+            while int(mine[0]) != i:
+                completed += len(self.cq.poll(16))
+                if time.monotonic() > deadline:
+                    return {"error": f"stuck at iteration {i}"}
+            if not active:
+                write(i)
+            else:
+                rtts.append(time.perf_counter_ns() - t0)
+            while posted - completed > 16:
+                completed += len(self.cq.poll(16))
+        while completed < posted and time.monotonic() < deadline:
+            completed += len(self.cq.poll(16))
+        if not active:
+            return {}
+        r = np.array(rtts[len(rtts) // 10:], np.float64) / 2000.0
+        return {"median_us": float(np.median(r)), "p99_us": float(np.percentile(r, 99)), "iters": iters}
+
     def digest(self, off: int, len: int) -> dict:  # noqa: A002
         return {"sha": hashlib.sha256(self.buf[off:off + len].tobytes()).hexdigest()}
 

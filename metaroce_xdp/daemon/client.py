@@ -98,6 +98,7 @@ class Context:
         self.ifname: str | None = None
         self.closed = False
         self._efd = -1
+        self._bell = None
         hello, fds = self._call("hello")
         self.daemon_pid = hello["daemon_pid"]
         self.interfaces = hello["interfaces"]
@@ -163,6 +164,9 @@ class Context:
         if self._efd >= 0:
             os.close(self._efd)
         self._efd = fds[0]
+        self._bell_mm = shm.map_fd(fds[1], shm.PAGE)
+        os.close(fds[1])
+        self._bell = np.frombuffer(self._bell_mm, np.uint8)
         self.ifname, self.gid, self.local_mac, self.max_pmtu = r["ifname"], r["gid"], r["mac"], r["max_pmtu"]
         return self
 
@@ -234,8 +238,10 @@ class Context:
             if t - int(H[shm.H_RDY_HEAD]) < shm.N_RDY:          # full: the daemon's periodic scan finds it
                 H[shm.H_RDY_OFF + (t & (shm.N_RDY - 1))] = qh
                 H[shm.H_RDY_TAIL] = t + 1
+        if self._bell is not None:
+            self._bell[0] = 1                          # the daemon's loop returns for it (no system call)
         if H[shm.H_SLEEPING] and self._efd >= 0:
-            os.eventfd_write(self._efd, 1)
+            os.eventfd_write(self._efd, 1)             # only when the daemon's loop sleeps
 
     # ---- connection management (spec 06) ----------------------------------------------------------
     def _cm_msg(self, qp: "QP", psn: int, mtu: int, private: dict | None) -> cm.CMMsg:
@@ -328,6 +334,9 @@ class Context:
             o._unmap()
         if self._efd >= 0:
             os.close(self._efd)
+        if self._bell is not None:
+            self._bell = None
+            shm.close_map(self._bell_mm)
         os.close(self._hdr_fd)
         self.H = None
         shm.close_map(self._hdr_mm)

@@ -52,7 +52,7 @@ log = logging.getLogger("metaroced")
 SEND_TIMEOUT_S = 0.5          # a client that does not read its socket for this long is dropped
 SCAN_EVERY_S = 0.01           # fallback scan of every QP ring (a doorbell lost to a full ring)
 IDLE_BEFORE_SLEEP_S = 0.002   # progress = sleep: spin this long after the last work before sleeping
-BUSY_SLICE_NS = 50_000        # dp_run time slice between two pumps
+BUSY_SLICE_NS = 200_000       # dp_run time slice between two pumps (a post or a completion ends it at once)
 SLEEP_SLICE_NS = 20_000_000   # dp_run slice while sleeping (bounds a doorbell lost to a race)
 MAX_PUMP_PER_QP = 1024        # entries taken from one client ring per pump
 WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring
@@ -239,6 +239,13 @@ class Device:
         self._thread: threading.Thread | None = None
         self._next_scan = 0.0
         self._last_work = time.monotonic()
+        self.iterations = 0                 # driver loop iterations (dp_run slice + pump)
+        # the doorbell byte every client of this interface sets after a post: dp_run returns for it
+        # (watch_val -3: that byte nonzero, or a new completion), so a post is taken at once
+        self.bell_fd = shm.create(shm.PAGE, "metaroce-bell")
+        self.bell_mm = shm.map_fd(self.bell_fd, shm.PAGE)
+        self.bell = np.frombuffer(self.bell_mm, np.uint8)
+        self.bell_addr = int(self.bell.ctypes.data)
         ctx.on_qp_event = self._qp_event
         ctx.on_cq_event = self._cq_event
 
@@ -270,6 +277,7 @@ class Device:
         pl, L, A = self.plane, self.L, self.plane.A
         dp_run = self.loop.dp_run
         while not self.stopping:
+            self.iterations += 1
             sleepy = (self.daemon.cfg.progress == "sleep"
                       and time.monotonic() - self._last_work > IDLE_BEFORE_SLEEP_S)
             if sleepy:
@@ -285,8 +293,10 @@ class Device:
             with pl.lock:
                 if self.stopping:
                     break
-                rc = dp_run(A, pl.TM, pl.umem, pl.tables, SLEEP_SLICE_NS if sleepy else BUSY_SLICE_NS, 0, -2,
-                            1 if sleepy else 0)
+                rc = dp_run(A, pl.TM, pl.umem, pl.tables, SLEEP_SLICE_NS if sleepy else BUSY_SLICE_NS,
+                            self.bell_addr, -3, 1 if sleepy else 0)
+            if self.bell[0]:
+                self.bell[0] = 0            # cleared before the pump reads the rings
             if sleepy:
                 for s in list(self.sessions):
                     s.H[shm.H_SLEEPING] = 0
@@ -297,7 +307,7 @@ class Device:
                     log.exception("%s: handling a data-plane event failed", self.ifname)
             with self.reg_lock, pl.lock:
                 moved = self.pump()
-            if moved or rc in (1, 4) or A[L.P_N_ACT]:
+            if moved or rc in (1, 3, 4) or A[L.P_N_ACT]:
                 self._last_work = time.monotonic()
             if rc == 2:
                 time.sleep(0)               # a control operation paused us: let it take the lock
@@ -414,7 +424,10 @@ class Device:
                     W[shm.QH_RQ_HEAD] = q.rq_taken
                     self._bad_wr(q, [wr_id, 128], lmr)
                     return moved + took
-                RW[base + ((dtail + took) & mask)] = (wr_id, laddr if length else 0, length, lmr)
+                row = [0] * L.NR
+                row[L.R_WR_ID], row[L.R_LADDR], row[L.R_LENGTH], row[L.R_LMR] = (wr_id, laddr if length else 0,
+                                                                                  length, lmr)
+                RW[base + ((dtail + took) & mask)] = row
                 took += 1
             if took:
                 r[L.Q_RQ_TAIL] = dtail + took
@@ -447,8 +460,12 @@ class Device:
         lmr = self._local_mr(q, laddr, length, lkey, Access.LOCAL_WRITE if op == 4 else 0)
         if isinstance(lmr, str):
             return lmr
-        return (wr_id, op, flags, laddr if length else 0, length, raddr, rkey & 0xFFFFFFFF, imm & 0xFFFFFFFF,
-                0, 0, 0, 0, 0, 0, lmr)
+        L = self.L
+        row = [0] * L.NW                 # by column name: the table may grow columns (dp/layout.py)
+        row[L.W_WR_ID], row[L.W_OPCODE], row[L.W_FLAGS] = wr_id, op, flags
+        row[L.W_LADDR], row[L.W_LENGTH], row[L.W_LMR] = laddr if length else 0, length, lmr
+        row[L.W_RADDR], row[L.W_RKEY], row[L.W_IMM] = raddr, rkey & 0xFFFFFFFF, imm & 0xFFFFFFFF
+        return row
 
     def _bad_wr(self, q: SQP, e: list[int] | None, why: str) -> None:
         """A work request no honest client library writes: an error completion for it, the QP to ERR."""
@@ -490,10 +507,11 @@ class Device:
             return 0
         CE, base, mask = self.plane.CE, c.dpcq.base, c.dpcq.size - 1
         cmask = c.size - 1
+        _E_COLS = [L.E_WR_ID, L.E_STATUS, L.E_OPCODE, L.E_BYTE_LEN, L.E_QP_NUM, L.E_IMM, L.E_FLAGS]
         for i in range(k):
             e = CE[base + ((h + i) & mask)]
             off = shm.CH_WORDS + ((c.tail + i) & cmask) * shm.CQE_WORDS
-            W[off:off + 7] = e
+            W[off:off + 7] = e[_E_COLS]
             op, st = int(e[L.E_OPCODE]), int(e[L.E_STATUS])
             if st == 0 and op in (WCOpcode.RECV, WCOpcode.RECV_RDMA_WITH_IMM, WCOpcode.RDMA_READ):
                 q = self.qp_by_qi.get(int(e[L.E_QP_NUM]) % self.plane.maxq)
@@ -513,7 +531,7 @@ class Device:
             mtu = int(Path(f"/sys/class/net/{self.ifname}/mtu").read_text())
         except (OSError, ValueError):
             mtu = None
-        counters = {"plane": self.ctx.stats()}
+        counters = {"plane": self.ctx.stats(), "driver_iterations": self.iterations}
         try:
             counters["xdp_drops"] = ld.drops()
             counters["xdp_events"] = ld.events()
@@ -568,6 +586,9 @@ class Device:
     def close(self) -> None:
         self.stop()
         self.ctx.close()
+        self.bell = None
+        os.close(self.bell_fd)
+        shm.close_map(self.bell_mm)
 
 
 # ================================================================================ the daemon
@@ -879,7 +900,8 @@ class Daemon:
                 s.dev = dev
                 dev.sessions.add(s)
         ctx = dev.ctx
-        return {"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu}, [dev.plane.efd]
+        return ({"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu},
+                [dev.plane.efd, dev.bell_fd])
 
     def _op_alloc_pd(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)

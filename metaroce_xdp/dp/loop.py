@@ -1155,7 +1155,8 @@ def dp_round(A, TM, umem, tables):
 def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
     """Rounds until something Python must see, without the GIL: returns 1 when events are queued,
     2 when asked to stop or pause, 3 when the byte at watch_addr (if any) equals watch_val, 4 when
-    a completion was added (watch_val = -2), 0 when max_ns passed.  Idle, with sleep_ok, it sleeps
+    a completion was added (watch_val = -2; -3: either, the byte nonzero or a completion -- metaroced's
+    doorbell), 0 when max_ns passed.  Idle, with sleep_ok, it sleeps
     in poll() on the AF_XDP socket and the port's eventfd (a post writes it) after spin_idle rounds."""
     if A[P_MAGIC] != MAGIC:
         return -1
@@ -1174,9 +1175,9 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
             return 1
         if ld_acq_i64(A, P_STOP) or ld_acq_i64(A, P_PAUSE):
             return 2
-        if watch_addr != 0 and ld_acq_u8(watch_addr) == watch_val:
+        if watch_addr != 0 and (ld_acq_u8(watch_addr) == watch_val or (watch_val == -3 and ld_acq_u8(watch_addr))):
             return 3
-        if watch_val == -2 and A[P_CQE_OUT] != cqe0:
+        if (watch_val == -2 or watch_val == -3) and A[P_CQE_OUT] != cqe0:
             return 4
         if now - start >= max_ns:
             return 0
