@@ -2,7 +2,8 @@
 # MetaRoCE set-up for a fresh Debian 12 machine.  Idempotent: each step checks
 # first and only acts on what is missing.  Called by `make setup`.
 #
-#   1. Debian packages: python3-bpfcc bpftool iproute2 tshark qperf iperf3 ...
+#   1. Debian packages: python3-bpfcc bpftool iproute2 tshark qperf iperf3 ... (systemd for
+#      `systemd-analyze verify` of the metaroced unit: PID 1 need not be systemd)
 #   2. kernel headers for BCC: only when /lib/modules/$(uname -r)/build is absent,
 #      install linux-headers-amd64 and link build/ and source/ to it
 #   3. bpffs mounted at /sys/fs/bpf
@@ -15,7 +16,7 @@
 set -euo pipefail
 
 VENV="${VENV:-.venv}"
-PKGS="python3-bpfcc bpftool iproute2 tshark qperf iperf3 python3-venv python3-pip tcpdump ethtool"
+PKGS="python3-bpfcc bpftool iproute2 tshark qperf iperf3 python3-venv python3-pip tcpdump ethtool systemd"
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die()  { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }

@@ -125,42 +125,6 @@ def pingpong_cmd(
         raise typer.Exit(130)
 
 
-@app.command("qp")
-def qp_cmd(
-    dev: str = typer.Option(..., "-d", "--dev", help="interface the endpoint runs on"),
-    as_json: bool = typer.Option(False, "--json", help="a JSON list, one object per QP"),
-    pin_dir: Optional[str] = typer.Option(None, "--pin-dir", help="read the maps pinned here instead"),
-) -> None:
-    """QPs the endpoint's XDP program knows, with the ACK fast path's view (like `rdma res show qp`)."""
-    import json as _json
-
-    from . import qpstat
-    try:
-        rows = qpstat.read_qps(dev, pin_dir)
-    except (qpstat.StatError, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    typer.echo(_json.dumps(rows) if as_json else qpstat.format_qps(rows))
-
-
-@app.command("stat")
-def stat_cmd(
-    dev: str = typer.Option(..., "-d", "--dev", help="interface the endpoint runs on"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object"),
-    pin_dir: Optional[str] = typer.Option(None, "--pin-dir", help="read the maps pinned here instead"),
-) -> None:
-    """The XDP program's counters: events and drops by named reason."""
-    import json as _json
-
-    from . import qpstat
-    try:
-        c = qpstat.read_counters(dev, pin_dir)
-    except (qpstat.StatError, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    typer.echo(_json.dumps(c) if as_json else qpstat.format_counters(c))
-
-
 @app.command("warmup")
 def warmup_cmd(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="only the summary line"),
@@ -193,6 +157,12 @@ def warmup_cmd(
     typer.echo(f"metaroce warmup: {rep.compiled} of {len(rep.entries)} compiled, the rest loaded from the cache, "
                f"in {rep.seconds:.1f} s; cache was "
                f"{'warm' if rep.was_warm else 'cold' if rep.was_warm is False else 'unknown'} ({rep.cache_dir})")
+
+
+# dev show, qp list/show (and the kernel view `qp -d DEV`), stat, top: tools/daemon_cli.py
+from . import daemon_cli  # noqa: E402
+
+daemon_cli.register(app)
 
 
 def main() -> None:

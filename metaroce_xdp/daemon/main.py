@@ -11,7 +11,7 @@ or dies, 2 for a configuration error (one line naming the option; systemd does n
 RestartPreventExitStatus=2 in the unit).
 
 Signals: SIGTERM and SIGINT stop (STOPPING=1, drain for drain_timeout_s, flush, detach, exit 0);
-SIGHUP re-reads the file (the flags given at start still win), applies what can change while
+SIGUSR1 writes every thread's stack to stderr (a stuck daemon); SIGHUP re-reads the file (the flags given at start still win), applies what can change while
 running and logs each option changed and each one that needs a restart (RELOADING=1 ... READY=1).
 
 Logging goes to stderr, one line per event (a traceback is folded into that line).  Under systemd
@@ -210,6 +210,8 @@ class Service:
         self._hup.set()
 
     def install_signals(self) -> None:
+        import faulthandler
+        faulthandler.register(signal.SIGUSR1, all_threads=True)     # a stuck daemon: where every thread is
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)

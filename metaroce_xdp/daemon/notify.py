@@ -78,6 +78,7 @@ class Notifier:
         self._last_status: str | None = None
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
+        self.dropped = 0                       # messages not sent (manager's queue full or gone)
         if unset_environment:
             for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
                 os.environ.pop(k, None)
@@ -95,18 +96,24 @@ class Notifier:
             return False
         data = message.encode()
         with self._lock:
+            # Non-blocking: a manager that does not read (its queue holds net.unix.max_dgram_qlen
+            # datagrams) must never stall the daemon's control loop; that message is dropped instead.
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
             try:
                 self._sock.sendto(data, self.address)
+            except BlockingIOError:
+                self.dropped += 1
+                return False
             except OSError:
                 # The manager went away or the socket was replaced: one fresh try, then give up (a
                 # lost notification must never take the daemon down).
                 self._sock.close()
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
                 try:
                     self._sock.sendto(data, self.address)
                 except OSError:
+                    self.dropped += 1
                     return False
         return True
 

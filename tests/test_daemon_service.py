@@ -1,0 +1,377 @@
+"""metaroced as a service: the sd_notify protocol, signals, reload, the unit file, configuration errors,
+the CLI's JSON and the Prometheus endpoint (issue 8, service and operator side).
+
+The end-to-end tests share one real daemon (daemon/metaroced, the script the unit runs) on a veth in a
+namespace, started the way systemd starts it: NOTIFY_SOCKET naming a datagram socket of the test,
+WATCHDOG_USEC set, and only the capabilities of the unit's CapabilityBoundingSet (setpriv) -- so they
+also prove those capabilities suffice.  A client process made through the daemon's client library
+holds one QP in RTS.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+from metaroce_xdp.daemon import config as config_mod
+from metaroce_xdp.daemon import main as main_mod
+from metaroce_xdp.daemon.config import ConfigError, DaemonConfig, load_config
+from metaroce_xdp.daemon.notify import Notifier, NotifyError, socket_address, watchdog_interval
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNIT = os.path.join(ROOT, "systemd", "metaroced.service")
+CLI = [sys.executable, "-m", "tools.metaroce_cli"]
+
+
+def _dgram(path_or_abstract: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(socket_address(path_or_abstract))
+    s.settimeout(0.2)
+    return s
+
+
+def _recv_all(s: socket.socket) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(s.recv(4096).decode())
+        except (socket.timeout, BlockingIOError):
+            return out
+
+
+# ------------------------------------------------------------------------------- without a daemon
+def test_notify_messages_reach_path_and_abstract_sockets(tmp_path):
+    for addr in (str(tmp_path / "notify"), f"@metaroce-test-{os.getpid()}"):
+        rx = _dgram(addr)
+        n = Notifier({"NOTIFY_SOCKET": addr, "WATCHDOG_USEC": "2000000"})
+        assert n.enabled and n.interval == 1.0
+        assert n.ready("serving mr0")
+        assert n.status("x\ny")                      # one line
+        assert not n.status("x y")                   # unchanged: not resent
+        assert n.reloading() and n.stopping() and n.watchdog()
+        msgs = _recv_all(rx)
+        assert msgs[0] == "READY=1\nSTATUS=serving mr0" and msgs[1] == "STATUS=x y"
+        assert re.fullmatch(r"RELOADING=1\nMONOTONIC_USEC=\d+", msgs[2])
+        usec = int(msgs[2].rsplit("=", 1)[1])
+        assert abs(usec - time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000) < 5_000_000
+        assert msgs[3:] == ["STOPPING=1", "WATCHDOG=1"]
+        assert not n.watchdog_due() and n.watchdog_due(time.monotonic() + 1.0)
+        # a manager that does not read: its queue fills, and the daemon drops pings instead of blocking
+        t0 = time.monotonic()
+        sent = [n.watchdog() for _ in range(200)]
+        assert time.monotonic() - t0 < 5 and not all(sent) and n.dropped == sent.count(False)
+        rx.close()
+    assert not Notifier({}).enabled and not Notifier({}).ready()          # not under systemd: silent no-op
+    assert watchdog_interval({"WATCHDOG_USEC": "1000", "WATCHDOG_PID": "1"}, pid=2) is None   # another PID's
+    assert watchdog_interval({"WATCHDOG_USEC": "0"}) is None
+    with pytest.raises(NotifyError):
+        Notifier({"NOTIFY_SOCKET": "vsock:2:1"})
+
+
+def test_config_errors_are_typed_and_name_the_option(tmp_path):
+    cases = [({"cm_port": "x"}, "cm_port"), ({"cm_port": 70000}, "cm_port"), ({"progress": "spin"}, "progress"),
+             ({"max_clients": 0}, "max_clients"), ({"socket_mode": "999"}, "socket_mode"),
+             ({"metrics_listen": "9462"}, "metrics_listen"), ({"watchdog": "maybe"}, "watchdog"),
+             ({"socket_group": "no-such-group-mr"}, "socket_group"), ({"socket_path": "rel.sock"}, "socket_path"),
+             ({"log_level": "loud"}, "log_level"), ({"bogus": 1}, "bogus")]
+    for overrides, name in cases:
+        with pytest.raises(ConfigError) as ei:
+            load_config(os.devnull, overrides)
+        assert ei.value.option == name and name in str(ei.value), (overrides, ei.value)
+    f = tmp_path / "bad.toml"
+    f.write_text("[metaroced]\nmax_qps_per_client = 'many'\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(str(f))
+    assert ei.value.option == "max_qps_per_client"
+    f.write_text("[metaroced]\ninterfaces = [\n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(str(f))
+    # the process: exit 2, one line naming the option (systemd does not restart it: RestartPreventExitStatus=2)
+    r = subprocess.run([sys.executable, "-m", "daemon", "--config", str(f.with_name("none.toml"))],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "daemon", "--config", os.devnull, "--max-clients", "-1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "max_clients" in r.stderr
+
+
+def test_default_config_file_documents_the_defaults():
+    """etc/metaroced.toml (installed as /etc/metaroce/metaroced.toml) holds exactly the built-in defaults and
+    mentions every option; --print-config writes a file that reads back to the same configuration."""
+    path = os.path.join(ROOT, "etc", "metaroced.toml")
+    assert load_config(path) == DaemonConfig()
+    text = open(path).read()
+    for name in config_mod.FIELDS:
+        assert re.search(rf"^#? ?{name} = ", text, re.M), name
+    r = subprocess.run([sys.executable, "-m", "daemon", "--config", path, "--print-config", "-i", "a,b",
+                        "--no-watchdog", "--metrics-listen", "127.0.0.1:9999"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+        f.write(r.stdout)
+        f.flush()
+        assert load_config(f.name) == DaemonConfig(interfaces=["a", "b"], watchdog=False,
+                                                   metrics_listen="127.0.0.1:9999")
+
+
+def _unit_caps() -> list[str]:
+    for line in open(UNIT):
+        if line.startswith("CapabilityBoundingSet="):
+            return line.split("=", 1)[1].split()
+    raise AssertionError("no CapabilityBoundingSet in the unit")
+
+
+def test_unit_file_verifies(tmp_path):
+    """`systemd-analyze verify` accepts the unit (ExecStart pointed at this tree's daemon/metaroced, as
+    `make install` points it at the installed one); Type=notify, a watchdog, no CAP_SYS_ADMIN."""
+    text = open(UNIT).read()
+    unit = tmp_path / "metaroced.service"
+    unit.write_text(text.replace("/usr/local/bin/metaroced", os.path.join(ROOT, "daemon", "metaroced")))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+    for line in ("Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "Restart=on-failure", "ProtectSystem=strict",
+                 "ProtectHome=yes", "PrivateTmp=yes", "RuntimeDirectory=metaroce", "RestartPreventExitStatus=2"):
+        assert re.search(rf"^{re.escape(line)}$", text, re.M), line
+    assert re.search(r"^WatchdogSec=\d+s$", text, re.M)
+    caps = _unit_caps()
+    assert {"CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_RAW"} <= set(caps) and "CAP_SYS_ADMIN" not in caps
+
+
+def test_log_lines_for_journald_terminal_and_files(tmp_path):
+    import logging
+    rec = logging.LogRecord("metaroced", logging.WARNING, __file__, 1, "qpn %#x: two\nlines", (0x11,), None)
+    assert main_mod.LineFormatter("journal").format(rec) == "<4>qpn 0x11: two | lines"
+    plain = main_mod.LineFormatter("plain").format(rec)
+    assert "\033" not in plain and plain.endswith("warning qpn 0x11: two | lines")
+    assert "\033[33m" in main_mod.LineFormatter("tty").format(rec)
+    with open(tmp_path / "log", "w") as f:
+        st = os.fstat(f.fileno())
+        assert main_mod.log_mode(f, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}) == "journal"
+        assert main_mod.log_mode(f, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino + 1}"}) == "plain"
+        assert main_mod.log_mode(f, {}) == "plain"
+
+
+def test_cli_without_a_daemon_says_so_in_one_line(tmp_path):
+    for args in (["dev", "show"], ["qp", "list", "-j"], ["qp", "show", "17"], ["stat", "--json"], ["top", "-n", "1"]):
+        r = subprocess.run(CLI + args + ["--socket", str(tmp_path / "none.sock")], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no metaroced is running" in r.stderr, (args, r)
+        assert not r.stdout
+
+
+# --------------------------------------------------------------------------------- a real daemon
+CLIENT = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[3])
+from metaroce_xdp.daemon import client
+from metaroce_xdp.verbs_types import Access, QPAttr, QPState
+ctx = client.connect(sys.argv[1], sys.argv[2])
+pd = ctx.alloc_pd()
+buf = ctx.alloc_buf(1 << 16)
+mr = pd.reg_mr(buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+cq = ctx.create_cq(64)
+qp = ctx.create_qp(pd, cq, cq)
+qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
+qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x4242, rq_psn=100, path_mtu=1024, dgid="10.77.0.2"))
+qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=200, timeout=14, retry_cnt=7, rnr_retry=7))
+print(json.dumps({"qpn": qp.qp_num, "pid": os.getpid()}), flush=True)
+sys.stdin.read()
+"""
+
+
+class Service:
+    def __init__(self, tmp: str, ns: str):
+        self.tmp, self.ns = tmp, ns
+        self.sock = os.path.join(tmp, "metaroced.sock")
+        self.conf = os.path.join(tmp, "metaroced.toml")
+        self.log = os.path.join(tmp, "metaroced.log")
+        with socket.socket() as s:            # a free port (in the namespace's own loopback)
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
+        self.write_conf(max_clients=64, cm_port=18515)
+        self.notify_path = os.path.join(tmp, "notify")
+        self.notify = _dgram(self.notify_path)
+        self.msgs: list[str] = []
+
+    def write_conf(self, **kw) -> None:
+        body = {"interfaces": ["mr0"], "socket_path": self.sock, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
+                "drain_timeout_s": 1.0, **kw}
+        with open(self.conf, "w") as f:
+            f.write("[metaroced]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items()))
+
+    def start(self) -> None:
+        bounding = "-all" + "".join(",+" + c[4:].lower() for c in _unit_caps())
+        env = {k: v for k, v in os.environ.items() if k not in ("JOURNAL_STREAM",)}
+        env.update(NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC="400000")
+        argv = ["nsenter", f"--net=/run/netns/{self.ns}", "setpriv", f"--bounding-set={bounding}", "--inh-caps=-all",
+                sys.executable, os.path.join(ROOT, "daemon", "metaroced"), "--config", self.conf]
+        self.logf = open(self.log, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                     start_new_session=True)
+        self.wait_msg(lambda m: m.startswith("READY=1"), 120, "READY=1")
+
+    def wait_msg(self, pred, timeout: float, what: str) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in _recv_all(self.notify):
+                self.msgs.append(m)
+            hit = [m for m in self.msgs if pred(m)]
+            if hit:
+                return hit[0]
+            if self.proc.poll() is not None:
+                raise AssertionError(f"metaroced exited {self.proc.returncode} before {what}: {self.log_text()}")
+        raise AssertionError(f"no {what} from metaroced within {timeout}s: {self.log_text()}")
+
+    def log_text(self) -> str:
+        self.logf.flush()
+        return open(self.log).read()
+
+    def cli(self, *args: str, ns: bool = False, check: bool = True) -> subprocess.CompletedProcess:
+        pre = ["nsenter", f"--net=/run/netns/{self.ns}"] if ns else []
+        r = subprocess.run(pre + CLI + list(args) + ["--socket", self.sock], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+        if check:
+            assert r.returncode == 0, (args, r.stdout, r.stderr, self.log_text()[-3000:])
+        return r
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.notify.close()
+        self.logf.close()
+
+
+@pytest.fixture(scope="module")
+def svc():
+    if os.geteuid() != 0:
+        pytest.fail("needs root (namespaces, XDP)")
+    from metaroce_xdp.topo import two_hosts
+    topo, _pair = two_hosts()
+    tmp = tempfile.mkdtemp(prefix="metaroced-svc-")
+    s = Service(tmp, topo[0])
+    cl = None
+    try:
+        s.start()
+        cl = subprocess.Popen([sys.executable, "-c", CLIENT, s.sock, "mr0", ROOT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        line = cl.stdout.readline()
+        assert line, cl.stderr.read()
+        s.client = json.loads(line)
+        s.client_proc = cl
+        yield s
+    finally:
+        if cl is not None and cl.poll() is None:
+            cl.kill()
+            cl.wait(10)
+        s.stop()
+        topo.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_ready_status_and_watchdog_pings(svc):
+    ready = svc.wait_msg(lambda m: m.startswith("READY=1"), 1, "READY=1")
+    assert "STATUS=serving mr0" in ready
+    n0 = sum(m == "WATCHDOG=1" for m in svc.msgs)
+    svc.wait_msg(lambda m: m == "WATCHDOG=1" and sum(x == "WATCHDOG=1" for x in svc.msgs) >= n0 + 3, 10,
+                 "three WATCHDOG=1 pings (every WATCHDOG_USEC/2 = 0.2 s)")
+    # STATUS follows the daemon's state: the client's QP shows up
+    svc.wait_msg(lambda m: m.startswith("STATUS=") and "1 QPs (1 RTS)" in m, 10, "a STATUS with the client's QP")
+    log = svc.log_text()
+    assert "ready in" in log and "\033" not in log                 # not a terminal: no colour
+    assert re.search(rf"qpn {svc.client['qpn']:#x}", log)          # one line per event, with the QPN
+
+
+def test_cli_json_against_the_daemon(svc):
+    qpn, pid = svc.client["qpn"], svc.client["pid"]
+    dev = json.loads(svc.cli("dev", "show", "-j").stdout)
+    assert dev["schema"] == "metaroce.dev/1" and dev["source"] == "daemon"
+    d = dev["devices"][0]
+    assert d["ifname"] == "mr0" and d["gids"] and d["caps"] and d["queues"] is not None
+    assert "mtu" in d and "mac" in d           # (the daemon reads the MTU from /sys, which nsenter --net leaves
+                                               # showing the initial namespace: None here, 1500 on a host)
+    assert "GID table" in svc.cli("dev", "show").stdout
+    ql = json.loads(svc.cli("qp", "list", "-j").stdout)
+    assert ql["schema"] == "metaroce.qp-list/1"
+    mine = [q for q in ql["qps"] if q["qpn"] == qpn]
+    assert len(mine) == 1
+    q = mine[0]
+    assert set(("dev", "qpn", "state", "type", "remote_qpn", "remote_addr", "sq_psn", "rq_psn", "outstanding_send",
+                "outstanding_recv", "retransmits", "naks_rx", "naks_tx", "rnr", "rate_bps", "bytes_tx", "bytes_rx",
+                "owner")) <= set(q)
+    assert q["state"] == "RTS" and q["remote_qpn"] == 0x4242 and q["remote_addr"] == "10.77.0.2"
+    assert q["sq_psn"] == 200 and q["rq_psn"] == 100 and q["owner"]["pid"] == pid
+    assert str(qpn) in svc.cli("qp", "list").stdout
+    one = json.loads(svc.cli("qp", "show", hex(qpn), "-j").stdout)
+    assert one["schema"] == "metaroce.qp/1" and one["qp"]["qpn"] == qpn
+    assert f"lqpn {qpn} type RC state RTS rqpn {0x4242}" in svc.cli("qp", "show", str(qpn)).stdout
+    r = svc.cli("qp", "show", "0xfffff0", check=False)
+    assert r.returncode == 1 and "no QP" in r.stderr
+    stat = json.loads(svc.cli("stat", "-j").stdout)
+    assert stat["schema"] == "metaroce.stat/1" and stat["totals"]["qps"] >= 1
+    assert stat["totals"]["qp_states"].get("RTS", 0) >= 1
+    counters = stat["devices"][0]["counters"]
+    assert any(k.endswith("drops") and isinstance(v, dict) and v for k, v in counters.items())
+    top = svc.cli("top", "-n", "2", "-i", "0.2", "-j").stdout.splitlines()
+    assert len(top) == 2
+    t = json.loads(top[-1])
+    assert t["schema"] == "metaroce.top/1" and any(r["qpn"] == qpn and r["tx_bps"] == 0 for r in t["qps"])
+
+
+def test_metrics_endpoint_has_per_qp_and_drop_counters(svc):
+    from metaroce_xdp.topo import thread_in_netns
+    with thread_in_netns(svc.ns):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{svc.metrics_port}/metrics", timeout=10).read().decode()
+    qpn = svc.client["qpn"]
+    assert re.search(rf'^metaroce_qp_info{{.*qpn="{qpn}".*state="RTS".*}} 1\.0$', text, re.M), text[:3000]
+    assert re.search(rf'^metaroce_qp_tx_bytes_total{{dev="mr0",qpn="{qpn}"}} ', text, re.M)
+    assert re.search(rf'^metaroce_qp_outstanding_send{{dev="mr0",qpn="{qpn}"}} 0\.0$', text, re.M)
+    assert re.search(r'^metaroce_xdp_drops_total{dev="mr0",reason="[a-z_]+"} \d', text, re.M)
+    assert re.search(r"^metaroced_process_resident_memory_bytes \d", text, re.M)
+    assert re.search(r'^metaroced_process_cpu_seconds_total{mode="user"} ', text, re.M)
+
+
+def test_kernel_view_while_the_daemon_is_stopped(svc):
+    """SIGSTOP: the socket accepts but nobody answers -> the CLI says so (exit 2); the kernel's view of the
+    QP table still comes from the maps the daemon pinned."""
+    pins = json.loads(svc.cli("dev", "show", "-j").stdout)["devices"][0].get("pins")
+    os.kill(svc.proc.pid, signal.SIGSTOP)
+    try:
+        r = svc.cli("qp", "list", "-j", "--timeout", "1", check=False)
+        assert r.returncode == 2 and "did not answer" in r.stderr
+        args = ["qp", "list", "--kernel", "-d", "mr0", "-j"] + (["--pin-dir", pins] if pins else [])
+        k = json.loads(svc.cli(*args, ns=True).stdout)
+        assert k["source"] == "kernel"
+        assert any(q["qpn"] == svc.client["qpn"] and q["dest_qpn"] == 0x4242 for q in k["qps"]), k
+    finally:
+        os.kill(svc.proc.pid, signal.SIGCONT)
+
+
+def test_sighup_reload_then_sigterm_drains_and_exits_0(svc):
+    """SIGHUP: RELOADING=1 (+MONOTONIC_USEC) ... READY=1; the log names what changed and what needs a restart.
+    Then SIGTERM: STOPPING=1, exit 0, the socket removed.  (Last test of the module: it ends the daemon.)"""
+    svc.write_conf(max_clients=32, cm_port=18600)
+    svc.msgs.clear()
+    os.kill(svc.proc.pid, signal.SIGHUP)
+    svc.wait_msg(lambda m: m.startswith("RELOADING=1\nMONOTONIC_USEC="), 10, "RELOADING=1")
+    svc.wait_msg(lambda m: m.startswith("READY=1"), 10, "READY=1 after the reload")
+    log = svc.log_text()
+    assert "reload: max_clients 64 -> 32" in log
+    assert re.search(r"reload: cm_port cannot change while running", log)
+    svc.msgs.clear()
+    os.kill(svc.proc.pid, signal.SIGTERM)
+    svc.wait_msg(lambda m: m.startswith("STOPPING=1"), 10, "STOPPING=1")
+    assert svc.proc.wait(30) == 0, svc.log_text()
+    assert not os.path.exists(svc.sock)
+    assert "SIGTERM: draining" in svc.log_text()
