@@ -50,8 +50,7 @@ def fab():
     try:
         yield f
     finally:
-        f.close()
-        fabric.down(name, kill=True)
+        f.down()
 
 
 # ------------------------------------------------------------------------ traffic helpers

@@ -114,9 +114,15 @@ class Fabric:
         return self._maps
 
     def close(self) -> None:
+        """Let go of the maps; the fabric stays up."""
         if self._maps is not None:
             self._maps.close()
             self._maps = None
+
+    def down(self, kill: bool = True) -> dict:
+        """Close and remove the fabric (see down())."""
+        self.close()
+        return down(self.name, kill=kill)
 
     def __enter__(self):
         return self
