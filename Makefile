@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak clean lint conformance conformance-rxe
+.PHONY: setup test demo bench soak clean lint conformance conformance-rxe install
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -41,6 +41,42 @@ RXE_VM_ARGS ?=
 conformance-rxe: setup
 	$(PY) -m tools.rxe_conformance $(RXE_VM_ARGS) -- $(abspath $(PY)) -m metaroce_xdp.conformance \
 		--agent {agent} --iface {iface} --peer-ip {lt_ip} --report conformance-report-rxe $(CONFORMANCE_ARGS)
+
+# metaroced as a systemd service (docs/daemon.md, "Installing and running the service"): the package in a
+# venv of its own at INSTALL_VENV (system site packages for BCC; the source tree is copied to
+# INSTALL_VENV/src, as the loader finds bpf/ beside the package), metaroced and metaroce linked into
+# BINDIR, the unit into UNITDIR (ExecStart pointed at BINDIR), the default configuration into
+# SYSCONFDIR/metaroce/ unless one is there, numba's cache warmed where the unit points it.  DESTDIR
+# stages the unit and the configuration only (a venv cannot be moved).
+PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
+SYSCONFDIR   ?= /etc
+UNITDIR      ?= /etc/systemd/system
+INSTALL_VENV ?= /opt/metaroce
+CACHEDIR     ?= /var/cache/metaroce
+DESTDIR      ?=
+install:
+	@[ "$$(id -u)" -eq 0 ] || [ -n "$(DESTDIR)" ] || { echo "make install: run as root (or stage with DESTDIR=...)" >&2; exit 1; }
+	install -d "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(SYSCONFDIR)/metaroce"
+	sed 's|/usr/local/bin/metaroced|$(BINDIR)/metaroced|; s|/etc/metaroce/metaroced.toml|$(SYSCONFDIR)/metaroce/metaroced.toml|; s|/var/cache/metaroce/numba|$(CACHEDIR)/numba|' \
+		systemd/metaroced.service > "$(DESTDIR)$(UNITDIR)/metaroced.service"
+	chmod 644 "$(DESTDIR)$(UNITDIR)/metaroced.service"
+	@if [ -e "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml" ]; then \
+		echo "keeping the existing $(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml (the defaults: etc/metaroced.toml)"; \
+	else install -m 644 etc/metaroced.toml "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml"; fi
+	@if [ -n "$(DESTDIR)" ]; then echo "DESTDIR set: unit and configuration staged; the package venv is not built"; exit 0; fi; \
+	set -e; \
+	install -d "$(INSTALL_VENV)/src" "$(BINDIR)" "$(CACHEDIR)/numba"; \
+	tar -cf - --exclude=__pycache__ --exclude='*.pyc' metaroce_xdp tools daemon bpf pyproject.toml README.md \
+		| tar -xf - -C "$(INSTALL_VENV)/src"; \
+	[ -x "$(INSTALL_VENV)/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$(INSTALL_VENV)"; \
+	"$(INSTALL_VENV)/bin/python" -m pip install -q -e "$(INSTALL_VENV)/src"; \
+	ln -sfn "$(INSTALL_VENV)/bin/metaroced" "$(BINDIR)/metaroced"; \
+	ln -sfn "$(INSTALL_VENV)/bin/metaroce" "$(BINDIR)/metaroce"; \
+	NUMBA_CACHE_DIR="$(CACHEDIR)/numba" "$(INSTALL_VENV)/bin/metaroce" warmup -q; \
+	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
+	echo "installed: $(BINDIR)/metaroced, $(UNITDIR)/metaroced.service, $(SYSCONFDIR)/metaroce/metaroced.toml;" \
+		"set interfaces there, then: systemctl enable --now metaroced"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
