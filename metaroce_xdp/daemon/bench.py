@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,9 +40,43 @@ def _perf(topo, test: str, args: list[str], port: int) -> dict:
     return json.loads(cli.stdout.strip().splitlines()[-1])
 
 
+class Proc:
+    """A child speaking JSON lines on stdout (and stdin): the daemon runner and tests/daemon_players.py."""
+
+    def __init__(self, p: subprocess.Popen, name: str) -> None:
+        self.p, self.name = p, name
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.q.put(line)
+        self.q.put(None)
+
+    def line(self, timeout: float = 60) -> dict:
+        while True:
+            try:
+                s = self.q.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"{self.name}: no answer within {timeout}s") from None
+            if s is None:
+                raise EOFError(f"{self.name} exited ({self.p.poll()})")
+            if s.startswith("{") and "progress" not in s:
+                return json.loads(s)
+
+    def send(self, **c) -> None:
+        self.p.stdin.write(json.dumps(c) + "\n")
+        self.p.stdin.flush()
+
+    def ok(self, _wait: float = 60, **c) -> dict:
+        self.send(**c)
+        r = self.line(_wait)
+        if not r.get("ok"):
+            raise RuntimeError(f"{self.name}: {c} -> {r}")
+        return r
+
+
 def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, port: int) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_daemon import Proc  # the JSON-lines child helper of the tests
     procs = []
     try:
         socks = {}
@@ -50,7 +86,8 @@ def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, po
             Path(cfg).write_text(f'interfaces = ["{ifname}"]\nsocket_path = "{sock}"\nprogress = "{progress}"\n'
                                  f'bpffs_prefix = "{tmp}/bpf/metaroce"\n')
             p = Proc(topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", cfg],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT)), ifname)
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                                cwd=str(ROOT)), ifname)
             procs.append(p)
             socks[ifname] = sock
         for p in procs:
@@ -58,7 +95,8 @@ def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, po
         pl = []
         for ns, ifname in ((topo[0], "mr0"), (topo[1], "mr1")):
             p = Proc(topo.popen(ns, [sys.executable, str(ROOT / "tests" / "daemon_players.py"), socks[ifname], ifname],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT)), ifname)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=str(ROOT)),
+                     ifname)
             assert p.line(60)["ready"]
             procs.append(p)
             pl.append(p)
@@ -72,6 +110,8 @@ def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, po
         lat = a.ok(300, cmd="lat", iters=lat_iters, active=True)
         b.line(60)
         bw = a.ok(300, cmd="stream", n=bw_iters, size=65536, window=32, timeout=240)
+        if "median_us" not in lat:
+            raise RuntimeError(f"write-lat through the daemon: {lat}")
         return {"lat_median_us": lat["median_us"], "lat_p99_us": lat["p99_us"],
                 "gbps": bw_iters * 65536 * 8 / bw["seconds"] / 1e9}
     finally:

@@ -421,6 +421,8 @@ class CQ:
             spins = 0 if got else spins + 1
             if spins > 200:
                 time.sleep(0.0002)
+            elif spins > 20:
+                os.sched_yield()            # waiting, not polling: leave the CPU to the daemon's loop
         return out
 
     @property

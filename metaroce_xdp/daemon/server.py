@@ -256,7 +256,8 @@ class Device:
             return
         q.mirror_state()
         log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
-        q.sess.push({"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num, "reason": dpqp.error_reason})
+        self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num,
+                                        "reason": dpqp.error_reason})
 
     def _cq_event(self, dpcq: Any) -> None:
         c = self.cq_by_idx.get(dpcq.index) if dpcq is not None else None
@@ -264,7 +265,8 @@ class Device:
             return
         c.W[shm.CH_OVERFLOW] = 1
         log.info("cq %d (pid %d): overflowed; its QPs moved to ERR", c.h, c.sess.pid)
-        c.sess.push({"event": "CQ_ERR", "cq": c.h, "reason": "CQ overflowed: poll it faster or make it deeper"})
+        self.daemon.post_event(c.sess, {"event": "CQ_ERR", "cq": c.h,
+                                        "reason": "CQ overflowed: poll it faster or make it deeper"})
         for q in list(c.sess.qps.values()):
             q.mirror_state()
 
@@ -482,7 +484,8 @@ class Device:
         q.dpqp._to_err(WHY_BAD_WR)
         q.dpqp.error_reason = "the client wrote an invalid work request into its ring: " + why
         q.mirror_state()
-        q.sess.push({"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num, "reason": q.dpqp.error_reason})
+        self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num,
+                                        "reason": q.dpqp.error_reason})
 
     def _deliver(self, c: SCQ, row: list[int]) -> bool:
         W = c.W
@@ -609,6 +612,11 @@ class Daemon:
         self._draining = False
         self._sock_bound = False
         self._refused: dict[socket.socket, tuple[dict, float]] = {}
+        # events from the driver threads: queued, sent by the serving thread (a client slow to read its
+        # socket must never hold up a data plane); the eventfd wakes the serving thread's select
+        self._events: list[tuple[Session, dict]] = []
+        self._events_lock = threading.Lock()
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     # ---- start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -713,6 +721,7 @@ class Daemon:
         self._lsock = s
         self._sel = selectors.DefaultSelector()
         self._sel.register(s, selectors.EVENT_READ, None)
+        self._sel.register(self._efd, selectors.EVENT_READ, "events")
         log.info("serving on %s (mode %o, group %s)", cfg.socket_path, cfg.socket_mode, cfg.socket_group or "-")
 
     def _group_gid(self) -> int | None:
@@ -732,6 +741,25 @@ class Daemon:
         if gid is not None:
             os.chown(self.cfg.socket_path, -1, gid)
 
+    def post_event(self, s: Session, ev: dict) -> None:
+        """From any thread: send ev to the client s soon (the serving thread sends it)."""
+        with self._events_lock:
+            self._events.append((s, ev))
+        try:
+            os.eventfd_write(self._efd, 1)
+        except OSError:
+            pass
+
+    def _send_events(self) -> None:
+        try:
+            os.eventfd_read(self._efd)
+        except OSError:
+            pass
+        with self._events_lock:
+            evs, self._events = self._events, []
+        for s, ev in evs:
+            s.push(ev)
+
     # ---- serving --------------------------------------------------------------------------------
     def run(self, stop: threading.Event, tick: Callable[[], None] | None = None) -> None:
         if self._sel is None:
@@ -741,6 +769,8 @@ class Daemon:
             for key, _ in self._sel.select(timeout=0.1):
                 if key.data is None:
                     self._accept()
+                elif key.data == "events":
+                    self._send_events()
                 elif isinstance(key.data, tuple):
                     self._answer_refused(key.fileobj)
                 else:
@@ -1158,6 +1188,7 @@ class Daemon:
         while time.monotonic() < end and any(dev.flushing() for dev in self.devices.values()):
             time.sleep(0.005)
         log.info("draining: %d send WRs still outstanding after %.1fs, %d QPs flushed", left, timeout_s, flushed)
+        self._send_events()
         for s in list(self.sessions.values()):
             s.push({"event": "DEVICE_FATAL", "reason": "the daemon is stopping"})
         for s in list(self.sessions.values()):
@@ -1171,6 +1202,7 @@ class Daemon:
                 log.exception("%s: closing", dev.ifname)
         if self._sel is not None:
             self._sel.close()
+        os.close(self._efd)
         if self._sock_bound:
             try:
                 os.unlink(self.cfg.socket_path)
