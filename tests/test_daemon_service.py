@@ -312,10 +312,10 @@ def test_cli_json_against_the_daemon(svc):
                 "owner")) <= set(q)
     assert q["state"] == "RTS" and q["remote_qpn"] == 0x4242 and q["remote_addr"] == "10.77.0.2"
     assert q["sq_psn"] == 200 and q["rq_psn"] == 100 and q["owner"]["pid"] == pid
-    assert str(qpn) in svc.cli("qp", "list").stdout
+    assert f"{qpn:#x} RTS" in svc.cli("qp", "list").stdout            # text: QPNs in hex, as the log writes them
     one = json.loads(svc.cli("qp", "show", hex(qpn), "-j").stdout)
     assert one["schema"] == "metaroce.qp/1" and one["qp"]["qpn"] == qpn
-    assert f"lqpn {qpn} type RC state RTS rqpn {0x4242}" in svc.cli("qp", "show", str(qpn)).stdout
+    assert f"lqpn {qpn:#x} type RC state RTS rqpn 0x4242" in svc.cli("qp", "show", str(qpn)).stdout
     r = svc.cli("qp", "show", "0xfffff0", check=False)
     assert r.returncode == 1 and "no QP" in r.stderr
     stat = json.loads(svc.cli("stat", "-j").stdout)

@@ -9,6 +9,7 @@ maps the XDP program pins in bpffs, which stay readable while the daemon is stuc
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from typing import Any
@@ -226,6 +227,11 @@ def _v(x: Any) -> str:
     return "-" if x is None else str(x)
 
 
+def _qpn(x: Any) -> str:
+    """QPNs in text as the daemon's log writes them (hex); JSON keeps integers."""
+    return f"{x:#x}" if isinstance(x, int) and not isinstance(x, bool) else _v(x)
+
+
 def human_bps(bps: float | None) -> str:
     if bps is None:
         return "-"
@@ -248,7 +254,9 @@ def _kv(value: Any, indent: str) -> list[str]:
     if isinstance(value, dict):
         out = []
         for k, v in value.items():
-            if isinstance(v, (dict, list)) and v:
+            if isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v):
+                out.append(f"{indent}{k}: {', '.join(map(_v, v)) if v else '(none)'}")
+            elif isinstance(v, (dict, list)) and v:
                 out.append(f"{indent}{k}:")
                 out += _kv(v, indent + "\t")
             else:
@@ -274,13 +282,16 @@ def format_dev(doc: dict) -> str:
         lines.append("(no interface)")
     for dev in doc["devices"]:
         lines.append(f"hca_id:\t{dev['ifname']}")
-        lines.append(f"\ttransport:\t\tMetaRoCE (RoCEv2 compat) over XDP/AF_XDP")
+        lines.append("\ttransport:\t\tMetaRoCE (RoCEv2 compat) over XDP/AF_XDP")
         lines.append(f"\tnode_guid/mac:\t\t{_v(dev['mac'])}")
         lines.append(f"\tactive_mtu:\t\t{_v(dev['mtu'])}")
         q = dev["queues"]
-        lines.append(f"\tqueues:\t\t\t{q if not isinstance(q, (list, dict)) else ''}".rstrip())
-        if isinstance(q, (list, dict)):
-            lines += _kv(q, "\t\t")
+        if isinstance(q, list) and not any(isinstance(x, (dict, list)) for x in q):
+            lines.append(f"\tqueues:\t\t\t{', '.join(map(_v, q))} ({len(q)} RX queue{'s' * (len(q) != 1)})")
+        else:
+            lines.append(f"\tqueues:\t\t\t{_v(q) if not isinstance(q, (list, dict)) else ''}".rstrip())
+            if isinstance(q, (list, dict)):
+                lines += _kv(q, "\t\t")
         lines.append("\tGID table:")
         for i, g in enumerate(dev["gids"] or []):
             lines.append(f"\t\tGID[{i:3}]:\t{g if not isinstance(g, dict) else json.dumps(g)}")
@@ -297,8 +308,8 @@ def format_qp_list(doc: dict) -> str:
     lines = [head]
     for q in doc["qps"]:
         o = q["owner"] or {}
-        lines.append(f"{_v(q['dev']):<8} {_v(q['qpn']):>8} {_v(q['state']):<5} {_v(q['type']):<4} "
-                     f"{_v(q['remote_qpn']):>8} {_v(q['remote_addr']):<16} {_v(q['sq_psn']):>8} "
+        lines.append(f"{_v(q['dev']):<8} {_qpn(q['qpn']):>8} {_v(q['state']):<5} {_v(q['type']):<4} "
+                     f"{_qpn(q['remote_qpn']):>8} {_v(q['remote_addr']):<16} {_v(q['sq_psn']):>8} "
                      f"{_v(q['rq_psn']):>8} {_v(q['outstanding_send']):>5} {_v(q['outstanding_recv']):>5} "
                      f"{_v(q['retransmits']):>6} {human_bytes(q['bytes_tx']):>10} {human_bytes(q['bytes_rx']):>10} "
                      f"{_v(o.get('comm'))}[{_v(o.get('pid'))}]")
@@ -311,8 +322,8 @@ def format_qp(doc: dict) -> str:
     """Like `rdma res show qp lqpn N`: one line of key value pairs, then the counters."""
     q = doc["qp"]
     o = q["owner"] or {}
-    first = (f"dev {_v(q['dev'])} lqpn {_v(q['qpn'])} type {_v(q['type'])} state {_v(q['state'])} "
-             f"rqpn {_v(q['remote_qpn'])} raddr {_v(q['remote_addr'])} sq-psn {_v(q['sq_psn'])} "
+    first = (f"dev {_v(q['dev'])} lqpn {_qpn(q['qpn'])} type {_v(q['type'])} state {_v(q['state'])} "
+             f"rqpn {_qpn(q['remote_qpn'])} raddr {_v(q['remote_addr'])} sq-psn {_v(q['sq_psn'])} "
              f"rq-psn {_v(q['rq_psn'])} pid {_v(o.get('pid'))} uid {_v(o.get('uid'))} comm {_v(o.get('comm'))}")
     second = (f"    outstanding-send {_v(q['outstanding_send'])} outstanding-recv {_v(q['outstanding_recv'])} "
               f"retransmits {_v(q['retransmits'])} naks-rx {_v(q['naks_rx'])} naks-tx {_v(q['naks_tx'])} "
@@ -342,7 +353,8 @@ def format_stat(doc: dict) -> str:
             else:
                 lines.append(f"  {group:<26} {_v(value)}")
     for c in doc["clients"]:
-        lines.append(f"client {_v(c['comm'])}[{_v(c['pid'])}] uid {_v(c['uid'])}: {_v(c['qps'])} QPs, "
+        me = " (this command)" if c["pid"] == os.getpid() else ""
+        lines.append(f"client {_v(c['comm'])}[{_v(c['pid'])}]{me} uid {_v(c['uid'])}: {_v(c['qps'])} QPs, "
                      f"{_v(c['mrs'])} MRs ({human_bytes(c['mr_bytes'])})")
     return "\n".join(lines)
 
@@ -357,7 +369,7 @@ def top_table(doc: dict, title: str = ""):
         t.add_column(name, justify=just)
     for r in doc["qps"]:
         o = r["owner"] or {}
-        t.add_row(_v(r["dev"]), _v(r["qpn"]), _v(r["state"]), f"{_v(r['remote_addr'])}/{_v(r['remote_qpn'])}",
+        t.add_row(_v(r["dev"]), _qpn(r["qpn"]), _v(r["state"]), f"{_v(r['remote_addr'])}/{_qpn(r['remote_qpn'])}",
                   human_bps(r["tx_bps"]), human_bps(r["rx_bps"]), _v(r["outstanding_send"]),
                   _v(r["outstanding_recv"]), _v(r["retransmits"]), f"{_v(o.get('comm'))}[{_v(o.get('pid'))}]")
     return t
@@ -369,7 +381,7 @@ def top_table_text(doc: dict) -> str:
              f"{'DEV':<8} {'QPN':>8} {'STATE':<5} {'TX':>12} {'RX':>12} {'OUT_S':>5} {'RETX':>6} OWNER"]
     for r in doc["qps"]:
         o = r["owner"] or {}
-        lines.append(f"{_v(r['dev']):<8} {_v(r['qpn']):>8} {_v(r['state']):<5} {human_bps(r['tx_bps']):>12} "
+        lines.append(f"{_v(r['dev']):<8} {_qpn(r['qpn']):>8} {_v(r['state']):<5} {human_bps(r['tx_bps']):>12} "
                      f"{human_bps(r['rx_bps']):>12} {_v(r['outstanding_send']):>5} {_v(r['retransmits']):>6} "
                      f"{_v(o.get('comm'))}[{_v(o.get('pid'))}]")
     return "\n".join(lines)
