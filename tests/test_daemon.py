@@ -295,6 +295,7 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
                       ({"op": "create_qp", "pd": "x"}, "MalformedRequest"),
                       ({"op": "create_cq", "depth": -1}, "MalformedRequest"),
                       ({"op": "create_cq", "depth": 1 << 30}, "MalformedRequest"),
+                      ({"op": "create_cq", "depth": 1 << 16}, "LimitExceeded"),   # this client's CQ entries
                       ({"op": "reg_mr", "pd": 1, "length": 10}, "UnknownHandle")):
         r = _ask(s, json.dumps(req).encode())
         assert not r["ok"] and r["error"] == want, (req, r)

@@ -59,6 +59,13 @@ WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work req
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
 
+# per-client shares of an interface's fixed tables (beside the configured limits), so that no client can take
+# the queue rows, CQ slots or MR slots every other client needs
+MAX_WQES_PER_CLIENT = 8192      # send + receive queue entries over all its QPs (the plane has 32768 of each)
+MAX_CQES_PER_CLIENT = 16384     # CQ entries over all its CQs (the plane has 131072)
+MAX_CQS_PER_CLIENT = 32         # of the plane's 256
+MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
+
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
                    "progress", "socket_mode", "socket_group", "watchdog", "metrics_listen")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port")
@@ -231,6 +238,9 @@ class Device:
         self.plane = ctx.plane
         self.plane.threaded = True          # posts never drive rounds from the calling thread
         self.plane.A[self.L.P_POLL_MS] = SLEEP_SLICE_NS // 1_000_000
+        # progress = sleep: idle rounds before the loop sleeps (the plane's own default, 2000, is ~1-2 ms of
+        # spinning that a client on the same core would wait behind)
+        self.plane.A[self.L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "200"))
         self.reg_lock = threading.RLock()
         self.sessions: set[Session] = set()
         self.qp_by_qi: dict[int, SQP] = {}
@@ -962,6 +972,8 @@ class Daemon:
         if s.mr_bytes + length > self.cfg.max_mr_bytes_per_client:
             raise LimitExceeded(f"registering {length} bytes would exceed max_mr_bytes_per_client "
                                 f"({self.cfg.max_mr_bytes_per_client}; this client has {s.mr_bytes})")
+        if len(s.mrs) >= MAX_MRS_PER_CLIENT:
+            raise LimitExceeded(f"at most {MAX_MRS_PER_CLIENT} MRs per client")
         start = offset // shm.PAGE * shm.PAGE
         mm = shm.map_fd(fds[0], offset + length - start, start)
         try:
@@ -995,6 +1007,12 @@ class Daemon:
     def _op_create_cq(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)
         depth = self._int(msg, "depth", 1024, 1, 1 << 16)
+        if len(s.cqs) >= MAX_CQS_PER_CLIENT:
+            raise LimitExceeded(f"at most {MAX_CQS_PER_CLIENT} CQs per client")
+        used = sum(c.size for c in s.cqs.values())
+        if used + depth > MAX_CQES_PER_CLIENT:
+            raise LimitExceeded(f"a CQ of {depth} entries would exceed {MAX_CQES_PER_CLIENT} CQ entries per client "
+                                f"({used} used)")
         with dev.reg_lock:
             cq = dev.ctx.create_cq(depth)
             try:
@@ -1034,6 +1052,10 @@ class Daemon:
                     max_recv_wr=self._int(msg, "max_recv_wr", 256, 1, 1 << 14))
         if len(s.qps) >= self.cfg.max_qps_per_client:
             raise LimitExceeded(f"max_qps_per_client ({self.cfg.max_qps_per_client}) QPs already")
+        used = sum(q.sq_size + q.rq_size for q in s.qps.values())
+        if used + cap.max_send_wr + cap.max_recv_wr > MAX_WQES_PER_CLIENT:
+            raise LimitExceeded(f"queues of {cap.max_send_wr} + {cap.max_recv_wr} entries would exceed "
+                                f"{MAX_WQES_PER_CLIENT} queue entries per client ({used} used)")
         with dev.reg_lock:
             try:
                 qp = dev.ctx.create_qp(pd, scq.dpcq, rcq.dpcq, cap, bool(msg.get("sq_sig_all", False)))
