@@ -27,7 +27,6 @@ import grp
 import json
 import logging
 import os
-import secrets
 import selectors
 import socket
 import stat
@@ -73,6 +72,16 @@ FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port")
 _SEND_OPS = (0, 1, 2, 3, 4)        # WRITE, WRITE_IMM, SEND, SEND_IMM, READ: what the compiled plane does
 _WC_OF = {0: WCOpcode.RDMA_WRITE, 1: WCOpcode.RDMA_WRITE, 2: WCOpcode.SEND, 3: WCOpcode.SEND, 4: WCOpcode.RDMA_READ}
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
+
+
+def _copy(view) -> list:
+    """list(view) of a dict or set another thread may change meanwhile (snapshot() takes no lock)."""
+    for _ in range(10):
+        try:
+            return list(view)
+        except RuntimeError:            # changed size during iteration: try again
+            continue
+    return []
 
 
 # ================================================================================ per-client objects
@@ -286,6 +295,23 @@ class Device:
         self._thread.start()
 
     def _drive(self) -> None:
+        errors = 0
+        while not self.stopping:
+            try:
+                self._drive_loop()
+            except Exception:               # noqa: BLE001 - the data plane of every client must go on
+                errors += 1
+                if errors <= 10 or errors % 1000 == 0:
+                    log.exception("%s: driver loop error %d (continuing)", self.ifname, errors)
+                time.sleep(0.001)
+
+    def _set_sleeping(self, v: int) -> None:
+        for s in _copy(self.sessions):
+            H = s.H
+            if H is not None:
+                H[shm.H_SLEEPING] = v
+
+    def _drive_loop(self) -> None:
         pl, L, A = self.plane, self.L, self.plane.A
         dp_run = self.loop.dp_run
         while not self.stopping:
@@ -293,13 +319,11 @@ class Device:
             sleepy = (self.daemon.cfg.progress == "sleep"
                       and time.monotonic() - self._last_work > IDLE_BEFORE_SLEEP_S)
             if sleepy:
-                for s in list(self.sessions):
-                    s.H[shm.H_SLEEPING] = 1
+                self._set_sleeping(1)
                 with self.reg_lock, pl.lock:
                     moved = self.pump()
                 if moved:
-                    for s in list(self.sessions):
-                        s.H[shm.H_SLEEPING] = 0
+                    self._set_sleeping(0)
                     self._last_work = time.monotonic()
                     continue
             with pl.lock:
@@ -310,8 +334,7 @@ class Device:
             if self.bell[0]:
                 self.bell[0] = 0            # cleared before the pump reads the rings
             if sleepy:
-                for s in list(self.sessions):
-                    s.H[shm.H_SLEEPING] = 0
+                self._set_sleeping(0)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
                 try:
                     pl.drain_events()
@@ -1259,19 +1282,19 @@ class Daemon:
     # ---- snapshot ---------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         devices, qps = [], []
-        for dev in list(self.devices.values()):
+        for dev in _copy(self.devices.values()):
             try:
                 devices.append(dev.info())
             except Exception as e:            # noqa: BLE001 - a stopping device: say so, keep the rest
                 devices.append({"ifname": dev.ifname, "error": str(e)})
-            for q in list(dev.qp_by_qi.values()):
+            for q in _copy(dev.qp_by_qi.values()):
                 try:
                     qps.append(dev.qp_info(q))
                 except Exception:             # noqa: BLE001 - destroyed meanwhile
                     pass
         clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
                     "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes}
-                   for s in list(self.sessions.values())]
+                   for s in _copy(self.sessions.values())]
         return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
                            "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned)},
                 "devices": devices, "qps": qps, "clients": clients}
@@ -1307,5 +1330,3 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
-
-_ = (secrets,)
