@@ -190,8 +190,8 @@ sys.stdin.read()
 
 
 class Service:
-    def __init__(self, tmp: str, ns: str):
-        self.tmp, self.ns = tmp, ns
+    def __init__(self, tmp: str, ns: str, ifname: str = "mr0"):
+        self.tmp, self.ns, self.ifname = tmp, ns, ifname
         self.sock = os.path.join(tmp, "metaroced.sock")
         self.conf = os.path.join(tmp, "metaroced.toml")
         self.log = os.path.join(tmp, "metaroced.log")
@@ -204,7 +204,7 @@ class Service:
         self.msgs: list[str] = []
 
     def write_conf(self, **kw) -> None:
-        body = {"interfaces": ["mr0"], "socket_path": self.sock, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
+        body = {"interfaces": [self.ifname], "socket_path": self.sock, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
                 "drain_timeout_s": 1.0, **kw}
         with open(self.conf, "w") as f:
             f.write("[metaroced]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items()))
@@ -270,6 +270,7 @@ def svc():
         assert line, cl.stderr.read()
         s.client = json.loads(line)
         s.client_proc = cl
+        s.topo = topo
         yield s
     finally:
         if cl is not None and cl.poll() is None:
@@ -356,6 +357,96 @@ def test_kernel_view_while_the_daemon_is_stopped(svc):
         assert any(q["qpn"] == svc.client["qpn"] and q["dest_qpn"] == 0x4242 for q in k["qps"]), k
     finally:
         os.kill(svc.proc.pid, signal.SIGCONT)
+
+
+XFER = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[5])
+from metaroce_xdp.daemon import client
+from metaroce_xdp.verbs_types import Access, QPCap, SendWR, WCStatus, WROpcode
+role, sock, ifname, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ctx = client.connect(sock, ifname)
+pd = ctx.alloc_pd()
+buf = ctx.alloc_buf(1 << 20)
+mr = pd.reg_mr(buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
+cq = ctx.create_cq(256)
+qp = ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=64, max_recv_wr=64))
+mine = {"va": mr.addr, "rkey": mr.rkey}
+if role == "server":
+    lst = ctx.listen(port)
+    print(json.dumps({"listening": port}), flush=True)
+    conn = lst.accept(qp, mine, timeout=60)
+    print(json.dumps({"qpn": qp.qp_num}), flush=True)
+    sys.stdin.read()
+    sys.exit(0)
+conn = ctx.connect_qp(qp, sys.argv[6], port, mine)
+print(json.dumps({"qpn": qp.qp_num}), flush=True)
+import select
+posted = done = 0
+t_end = time.monotonic() + float(sys.argv[7])
+while time.monotonic() < t_end and not select.select([sys.stdin], [], [], 0)[0]:   # 64 KiB WRITEs, 8 deep, until told
+    while posted - done < 8:
+        qp.post_send(SendWR(wr_id=posted, opcode=WROpcode.RDMA_WRITE, sg_list=[mr.sge(0, 65536)],
+                            remote_addr=conn.private["va"], rkey=conn.private["rkey"]))
+        posted += 1
+    for w in cq.poll(16):
+        assert w.status == WCStatus.SUCCESS, w
+        done += 1
+while done < posted:
+    done += len(cq.wait(1, 10))
+print(json.dumps({"done": done}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_cli_shows_a_live_transfer(svc):
+    """A second daemon in the peer namespace, a client on each connected through spec 06, 64 KiB WRITEs
+    streaming: `metaroce top` puts the busy QP first with a throughput, `qp list` shows its PSN and bytes
+    advancing in RTS."""
+    tmp = tempfile.mkdtemp(prefix="metaroced-svc-b-")
+    b = Service(tmp, svc.topo[1], "mr1")
+    procs = []
+    try:
+        b.start()
+
+        def player(ns, *args):
+            p = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-c", XFER, *args],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=ROOT)
+            procs.append(p)
+            return p
+
+        def line(p):
+            out = p.stdout.readline()
+            assert out, p.stderr.read() if p.poll() is not None else "no output"
+            return json.loads(out)
+
+        srv = player(b.ns, "server", b.sock, "mr1", "18533", ROOT)
+        assert line(srv) == {"listening": 18533}
+        cli = player(svc.ns, "client", svc.sock, "mr0", "18533", ROOT, "10.77.0.2", "60")
+        qpn = line(cli)["qpn"]
+        line(srv)
+        first = [q for q in json.loads(svc.cli("qp", "list", "-j").stdout)["qps"] if q["qpn"] == qpn][0]
+        top = json.loads(svc.cli("top", "-n", "1", "-i", "1", "-j").stdout)
+        later = [q for q in json.loads(svc.cli("qp", "list", "-j").stdout)["qps"] if q["qpn"] == qpn][0]
+        assert top["qps"][0]["qpn"] == qpn and top["qps"][0]["tx_bps"] > 0, top        # the busy QP first
+        assert [r["qpn"] for r in top["qps"]].index(svc.client["qpn"]) > 0
+        assert first["state"] == later["state"] == "RTS" and first["remote_addr"] == "10.77.0.2"
+        assert later["bytes_tx"] > first["bytes_tx"] > 0
+        assert (later["sq_psn"] - first["sq_psn"]) % (1 << 24) > 0                       # PSNs advance
+        cli.stdin.write("stop\n")
+        cli.stdin.flush()
+        assert line(cli)["done"] > 0                   # every WRITE completed successfully
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        if b.proc.poll() is None:
+            os.kill(b.proc.pid, signal.SIGTERM)
+            assert b.proc.wait(30) == 0, b.log_text()
+        b.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_sighup_reload_then_sigterm_drains_and_exits_0(svc):
