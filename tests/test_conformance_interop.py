@@ -107,3 +107,26 @@ def test_committed_rxe_report_has_no_unexplained_failure(divs):
            and interop.explain(divs, x["iut"], x["test"], x["rule"]) is None]
     assert not bad, f"unexplained FAIL/ERROR verdicts in {RXE_REPORT}: {bad}"
     assert lines[-1]["summary"]["unexplained"] == 0
+
+
+def test_publish_copies_the_reports_and_the_failing_cases_evidence(tmp_path):
+    """tools/rxe_conformance.py --publish: the four reports, and the capture and agent log of each case with a
+    FAIL or ERROR verdict only (a capture above 256 KiB stays out); older evidence in the destination goes."""
+    from tools.rxe_conformance import PUBLISH_MAX_PCAP, publish
+    rep, dest = tmp_path / "rep", tmp_path / "dest"
+    for d in (rep / "captures", rep / "agent", dest / "captures"):
+        d.mkdir(parents=True)
+    (dest / "captures" / "OLD.pcap").write_bytes(b"old")
+    rows = [{"test": "TC-A", "verdict": "FAIL"}, {"test": "TC-B", "verdict": "PASS"},
+            {"test": "TC-C", "verdict": "ERROR"}, {"summary": {}}]
+    (rep / "report.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    for name in ("report.md", "report.html", "junit.xml"):
+        (rep / name).write_text(name)
+    for t, size in (("TC-A", 10), ("TC-B", 10), ("TC-C", PUBLISH_MAX_PCAP + 1)):
+        (rep / "captures" / f"{t}.pcap").write_bytes(bytes(size))
+        (rep / "agent" / f"{t}.jsonl").write_text("{}\n")
+    out = publish(rep, dest)
+    assert sorted(p.name for p in (dest / "captures").iterdir()) == ["TC-A.pcap"]
+    assert sorted(p.name for p in (dest / "agent").iterdir()) == ["TC-A.jsonl", "TC-C.jsonl"]
+    assert {"report.md", "report.html", "report.jsonl", "junit.xml"} <= set(out)
+    assert (dest / "report.md").read_text() == "report.md"

@@ -19,6 +19,11 @@ same values are in the environment as RXE_AGENT, RXE_IFACE, RXE_LT_IP,
 RXE_VM_IP, RXE_VM_MAC, RXE_HOST_IP and RXE_NETNS.  Without a command the agent smoke check runs: one AgentClient
 session (hello, caps, PD/MR/CQ/QP, memory write and read back, reset).
 
+Publishing a report into the tree (docs/conformance/rxe/: the reports and the captures and agent logs of the
+failing cases):
+
+    python -m tools.rxe_conformance --publish conformance-report-rxe docs/conformance/rxe
+
 Library use (tests/test_rxe_agent.py):
 
     with RxeVM(vm_id=11) as vm:          # boots, starts the agent; tears down on exit
@@ -267,7 +272,44 @@ def smoke(vm: RxeVM) -> None:
     print(f"smoke: OK (QPN {qp['qpn']:#x}, rkey {mr['rkey']:#x}, memory read back)")
 
 
+PUBLISH_MAX_PCAP = 256 << 10     # captures above this stay out of the tree (make conformance-rxe writes them all)
+
+
+def publish(report: Path, dest: Path) -> list[str]:
+    """Copy a report directory into the tree (docs/conformance/rxe/): report.md, report.html, report.jsonl,
+    junit.xml, and the capture and agent log of every case with a FAIL or ERROR verdict (captures above
+    PUBLISH_MAX_PCAP left out).  Files of an earlier report in captures/ and agent/ are removed first; the
+    README stays.  Returns the paths written, relative to dest."""
+    import json
+    lines = [json.loads(x) for x in (report / "report.jsonl").read_text().splitlines() if x.strip()]
+    failing = sorted({x["test"] for x in lines if x.get("verdict") in ("FAIL", "ERROR")})
+    dest.mkdir(parents=True, exist_ok=True)
+    for sub in ("captures", "agent"):
+        shutil.rmtree(dest / sub, ignore_errors=True)
+        (dest / sub).mkdir()
+    out = []
+    for name in ("report.md", "report.html", "report.jsonl", "junit.xml"):
+        shutil.copyfile(report / name, dest / name)
+        out.append(name)
+    for test in failing:
+        for sub, ext in (("captures", "pcap"), ("agent", "jsonl")):
+            src = report / sub / f"{test}.{ext}"
+            if src.is_file() and (ext != "pcap" or src.stat().st_size <= PUBLISH_MAX_PCAP):
+                shutil.copyfile(src, dest / sub / src.name)
+                out.append(f"{sub}/{src.name}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--publish"]:
+        if len(argv) != 3:
+            print("usage: python -m tools.rxe_conformance --publish REPORT_DIR DEST_DIR", file=sys.stderr)
+            return 2
+        written = publish(Path(argv[1]), Path(argv[2]))
+        print(f"rxe_conformance: {len(written)} files written to {argv[2]}")
+        return 0
     p = argparse.ArgumentParser(
         prog="python -m tools.rxe_conformance",
         description="Boot the Soft-RoCE VM, run the rdma-core (pyverbs) test agent in it, run COMMAND in the "

@@ -10,6 +10,7 @@ pseudocode of 5.6, over the range of timer expiries the measured interval allows
 from __future__ import annotations
 
 import ipaddress
+import math
 import time
 
 from ..context import CaseError, NotApplicable
@@ -131,15 +132,25 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
             f"creation; alpha_init {a0} decayed {n_lo}..{n_hi} times: {lo:.6f}..{hi:.6f}",
             expected="alpha_init x (1 - g)^(elapsed / K)", observed=[str(alpha)])
     n = 400
+    t_cnp = time.monotonic()
     c.send(*[cnp(c) for _ in range(n)])
     q = _wait_rx_cnp(c, n, 2.0)
     if int(q.get("rx_cnp", 0)) < n:
         raise CaseError(f"only {q.get('rx_cnp')} of {n} CNPs reached the reaction point")
     s1 = _state(c)
     rc, rt, alpha1, t2 = s1[0], s1[1], s1[2], s1[4]
-    t.check("MR-CC-038", p["r_min_bps"] <= rc <= line and rc < line,
-            f"after {n} CNPs: Rc {rc:.0f} (R_min {p['r_min_bps']}, R_line {line:.0f})",
-            expected="R_min <= Rc < R_line", observed=[str(rc)])
+    # Rc < R_line is demanded only when the reading came too soon for any recovery to reach R_line: the last
+    # cut took at least R_line alpha / 2 off (alpha before it >= (alpha1 - g) / (1 - g)), and each expiry of T
+    # at most halves the gap to R_line, so that needs log2(gap) expiries; a later reading may see R_line.
+    a_last = max(0.0, (alpha1 - 2e-6 - g_hi) / (1 - g_hi))
+    k_need = math.ceil(math.log2(line * a_last / 2)) if line * a_last / 2 > 1 else 0
+    k_max = int((t2 - t_cnp) / (p["t_ns"] / 1e9)) + 2
+    below = rc < line or k_max >= k_need
+    t.check("MR-CC-038", p["r_min_bps"] <= rc <= line and rc <= rt and below,
+            f"after {n} CNPs: Rc {rc:.0f}, Rt {rt:.0f} (R_min {p['r_min_bps']}, R_line {line:.0f}), read "
+            f"{1e3 * (t2 - t_cnp):.2f} ms after the CNPs were sent (up to {k_max} T expiries; back to R_line "
+            f"takes at least {k_need}, so Rc < R_line {'is' if k_max < k_need else 'is not'} required)",
+            expected="R_min <= Rc <= Rt <= R_line", observed=[str(rc)])
     time.sleep(0.003)
     s2 = _state(c)
     alpha2, t3 = s2[2], s2[4]
@@ -151,7 +162,7 @@ def reaction_point_starts_at_line_rate_and_alpha_decays(t):
             f"K periods: {lo:.6f}..{hi:.6f})", expected="alpha x (1 - g) per K", observed=[f"{alpha1} {alpha2}"])
 
 
-@case("TC-CC-037-a", rules=["MR-CC-037", "MR-CC-038", "MR-CC-032"], category="CC", caps=("DCQCN",), timeout=15)
+@case("TC-CC-037-a", rules=["MR-CC-037", "MR-CC-038", "MR-CC-032"], category="CC", caps=("DCQCN",), timeout=30)
 def reaction_point_increases_after_cnps(t):
     """After 50 CNPs and no further one, the rate increase timer raises the rate as the pseudocode does: from the
     state read just after the last CNP, Rc and Rt after ~2 ms lie between the values of the fewest and the most
@@ -160,13 +171,19 @@ def reaction_point_increases_after_cnps(t):
     tt = p["t_ns"] / 1e9
     c = t.connect()
     n = 50
-    ts = time.monotonic()
-    c.send(*[cnp(c) for _ in range(n)])
-    q = _wait_rx_cnp(c, n, 2.0)
-    if int(q.get("rx_cnp", 0)) < n:
-        raise CaseError(f"only {q.get('rx_cnp')} of {n} CNPs reached the reaction point")
-    s1 = _state(c)
-    rc1, rt1, t1 = s1[0], s1[1], s1[4]
+    # A reading that comes after the rate is back at R_line (about 14 ms with the defaults of 5.7.2: a loaded
+    # host may be that slow to answer) shows no increase: the CNPs are sent again, up to 5 times.
+    for attempt in range(1, 6):
+        ts = time.monotonic()
+        c.send(*[cnp(c) for _ in range(n)])
+        q = _wait_rx_cnp(c, n * attempt, 2.0)
+        if int(q.get("rx_cnp", 0)) < n * attempt:
+            raise CaseError(f"only {q.get('rx_cnp')} of {n * attempt} CNPs reached the reaction point")
+        s1 = _state(c)
+        rc1, rt1, t1 = s1[0], s1[1], s1[4]
+        if rc1 < p["r_line_bps"] or attempt == 5:
+            break
+        time.sleep(0.02)
     time.sleep(0.002)
     s2 = _state(c)
     rc2, rt2, t2 = s2[0], s2[1], s2[4]
@@ -176,11 +193,14 @@ def reaction_point_increases_after_cnps(t):
     # Rc, Rt at t1 are the state after k1 steps; unknown k1 in [0, k1_max].  Re-run the steps from the cut state
     # is not possible (unknown), so bound from the t1 state: the next d steps continue the same sequence.
     cands = []
-    for k1 in range(0, k1_max + 1):
+    for k1 in range(0, min(k1_max, p["f"]) + 1):        # from F - 1 on, every step is the same additive one
         lo = _continue(p, rc1, rt1, k1, d_lo)
         hi = _continue(p, rc1, rt1, k1, d_hi)
         cands.append((lo, hi))
     ok = any(lo[0] - 1 <= rc2 <= hi[0] + 1 and lo[1] - 1 <= rt2 <= hi[1] + 1 for lo, hi in cands)
+    if rc1 >= p["r_line_bps"]:
+        raise CaseError(f"five readings came after the rate was back at R_line ({1e3 * (t1 - ts):.1f} ms after the "
+                        "CNPs): no increase to observe")
     t.check("MR-CC-037", ok and rc2 > rc1,
             f"Rc {rc1:.0f} -> {rc2:.0f}, Rt {rt1:.0f} -> {rt2:.0f} over {1e3 * (t2 - t1):.2f} ms ({d_lo}..{d_hi} T "
             f"expiries after {0}..{k1_max} already run); predicted Rc/Rt ranges "
