@@ -102,6 +102,7 @@ class Context:
         hello, fds = self._call("hello")
         self.daemon_pid = hello["daemon_pid"]
         self.interfaces = hello["interfaces"]
+        self.cm_port = int(hello.get("cm_port", cm.CM_PORT))      # the default port of connect_qp / listen
         self._hdr_fd = fds[0]
         self._hdr_mm = shm.map_fd(fds[0], shm.round_page(shm.H_WORDS * 8))
         self.H = shm.words(self._hdr_mm)
@@ -259,11 +260,11 @@ class Context:
         m = min(mtu or self.max_pmtu, self.max_pmtu, 4096)
         return max(v for v in cm.MTU_ENUM if v <= m)
 
-    def connect_qp(self, qp: "QP", host: str, port: int = cm.CM_PORT, private: dict | None = None,
+    def connect_qp(self, qp: "QP", host: str, port: int | None = None, private: dict | None = None,
                    mtu: int | None = None, timeout: float = cm.CM_TIMEOUT) -> "Connection":
         """Active side of 6.5.1: TCP to host:port, REQ/REP/RTU, the QP through INIT/RTR/RTS.  `private` (a
         JSON object, e.g. a buffer's address and rkey) reaches the peer; its own comes back in .private."""
-        ch = cm.connect(host, port, timeout)
+        ch = cm.connect(host, port or self.cm_port, timeout)
         try:
             if qp.state == QPState.RESET:
                 qp.modify(QPAttr(qp_state=QPState.INIT,
@@ -286,9 +287,10 @@ class Context:
             raise
         return Connection(ch, qp, rep, req)
 
-    def listen(self, port: int = cm.CM_PORT) -> "Listener":
-        """Passive side (6.5.2): accept() connections on TCP port `port` of this host."""
-        return Listener(self, port)
+    def listen(self, port: int | None = None) -> "Listener":
+        """Passive side (6.5.2): accept() connections on TCP port `port` of this host (default: the daemon's
+        cm_port)."""
+        return Listener(self, port or self.cm_port)
 
     # ---- events, stats, close ----------------------------------------------------------------------
     def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:

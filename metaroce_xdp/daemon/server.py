@@ -942,7 +942,7 @@ class Daemon:
 
     def _op_hello(self, s: Session, msg: dict, fds: list[int]):
         return {"version": proto.VERSION, "daemon_pid": os.getpid(), "daemon_version": __version__,
-                "interfaces": list(self.devices), "session": s.id}, [s.hdr_fd]
+                "interfaces": list(self.devices), "session": s.id, "cm_port": self.cfg.cm_port}, [s.hdr_fd]
 
     def _op_status(self, s: Session, msg: dict, fds: list[int]):
         return self.snapshot(), []                  # the reply's keys: daemon, devices, qps, clients
