@@ -452,7 +452,11 @@ def test_cli_shows_a_live_transfer(svc):
 def test_sighup_reload_then_sigterm_drains_and_exits_0(svc):
     """SIGHUP: RELOADING=1 (+MONOTONIC_USEC) ... READY=1; the log names what changed and what needs a restart.
     Then SIGTERM: STOPPING=1, exit 0, the socket removed.  (Last test of the module: it ends the daemon.)"""
-    svc.write_conf(max_clients=32, cm_port=18600)
+    old_port = svc.metrics_port
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        svc.metrics_port = so.getsockname()[1]
+    svc.write_conf(max_clients=32, cm_port=18600)             # metrics_listen moves to the new port too
     svc.msgs.clear()
     os.kill(svc.proc.pid, signal.SIGHUP)
     svc.wait_msg(lambda m: m.startswith("RELOADING=1\nMONOTONIC_USEC="), 10, "RELOADING=1")
@@ -460,6 +464,11 @@ def test_sighup_reload_then_sigterm_drains_and_exits_0(svc):
     log = svc.log_text()
     assert "reload: max_clients 64 -> 32" in log
     assert re.search(r"reload: cm_port cannot change while running", log)
+    assert f"metrics_listen '127.0.0.1:{old_port}' -> '127.0.0.1:{svc.metrics_port}'" in log
+    from metaroce_xdp.topo import thread_in_netns
+    with thread_in_netns(svc.ns):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{svc.metrics_port}/metrics", timeout=10).read().decode()
+    assert "metaroce_qp_info" in text
     svc.msgs.clear()
     os.kill(svc.proc.pid, signal.SIGTERM)
     svc.wait_msg(lambda m: m.startswith("STOPPING=1"), 10, "STOPPING=1")
