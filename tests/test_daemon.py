@@ -440,6 +440,8 @@ def test_sigkill_of_a_client_mid_transfer(env):
 
 
 def test_restart_after_sigkill_of_the_daemon(env):
+    """What a dead instance left -- its socket, its pins, and (from an instance that attached through
+    netlink) an XDP program nobody owns -- is cleaned, and the new one serves."""
     d = env.daemons["A"]
     pins = [p for p in Path(env.prefix).glob(f"{env.pair.a.ifname}@netns*")]
     assert pins and (pins[0] / "mr_qps").exists()
@@ -448,10 +450,18 @@ def test_restart_after_sigkill_of_the_daemon(env):
     # what the dead instance left: its socket and its pins (the kernel released its XDP link)
     assert os.path.exists(env.sock("A")) and (pins[0] / "mr_qps").exists()
     _wait_for(lambda: not env.topo.link_xdp_attached(env.topo[0], env.pair.a.ifname), 10, "XDP detached")
+    # an older instance that attached through netlink leaves its program behind, owned by nobody: make one
+    env.topo.run(env.topo[0], [sys.executable, "-c", (
+        "import os, sys; sys.path.insert(0, %r)\n"
+        "from bcc import BPF\nfrom metaroce_xdp.kern.loader import XdpLoader\n"
+        "ld = XdpLoader(max_qps=1024)\nfn = ld.bpf.load_func(b'xdp_metaroce', BPF.XDP)\n"
+        "BPF.attach_xdp(%r, fn, 0)\nos._exit(0)\n") % (str(ROOT), env.pair.a.ifname)], timeout=180)
+    assert env.topo.link_xdp_attached(env.topo[0], env.pair.a.ifname)
     env.start_daemon("A")
     r = env.ready("A")
     assert any("stale socket" in c for c in r["cleaned"]), r
     assert any("stale pins" in c for c in r["cleaned"]), r
+    assert any("stale XDP program" in c for c in r["cleaned"]), r
     a, b, _, _ = env.connected(size=1 << 16, seeds=(18, 19))
     a.ok(cmd="post", ops=[{"op": "write", "off": 0, "len": 60_000, "roff": 0}])
     assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
