@@ -355,6 +355,11 @@ def test_kernel_view_while_the_daemon_is_stopped(svc):
         k = json.loads(svc.cli(*args, ns=True).stdout)
         assert k["source"] == "kernel"
         assert any(q["qpn"] == svc.client["qpn"] and q["dest_qpn"] == 0x4242 for q in k["qps"]), k
+        # with -d, qp list and stat fall back to the kernel's view by themselves, and say so on stderr
+        r = svc.cli("qp", "list", "-d", "mr0", "-j", "--timeout", "1", *(["--pin-dir", pins] if pins else []), ns=True)
+        assert json.loads(r.stdout)["source"] == "kernel" and "did not answer" in r.stderr
+        r = svc.cli("stat", "-d", "mr0", "-j", "--timeout", "1", ns=True)
+        assert "kernel's counters" in r.stderr and json.loads(r.stdout)["source"] == "kernel"
     finally:
         os.kill(svc.proc.pid, signal.SIGCONT)
 

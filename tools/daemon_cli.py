@@ -6,7 +6,8 @@ socket (`status` op), with the kernel's view from the pinned maps where the daem
     metaroce qp show 17               # one QP, `rdma res show qp lqpn 17` style (0x11 works too)
     metaroce stat                     # totals, the XDP program's counters incl. drop reasons, clients
     metaroce top                      # live, refreshed in place, sorted by throughput (q or Ctrl-C quits)
-    metaroce qp list --kernel -d eth1 # the kernel's QP table from the pinned maps (daemon stuck or gone)
+    metaroce qp list --kernel -d eth1 # the kernel's QP table from the pinned maps (also what `qp list -d eth1`
+                                      # and `stat -d eth1` show when the daemon is stuck or gone, saying so)
     metaroce qp -d eth1               # the same, in the older form (a bare JSON list with --json)
 
 Every command takes -j/--json (schemas: docs/daemon.md, "CLI JSON schema") and --socket PATH (default:
@@ -113,7 +114,18 @@ def qp_list(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only QP
             kernel: bool = typer.Option(False, "--kernel", "-k", help="the kernel's view from the pinned maps "
                                         "(needs -d; works while the daemon is stuck or stopped)"),
             pin_dir: Optional[str] = typer.Option(None, "--pin-dir", help="with --kernel: maps pinned here")) -> None:
-    """QPs with state, peer, PSNs, outstanding WRs, retransmissions, bytes and owner (like rdma res show qp)."""
+    """QPs with state, peer, PSNs, outstanding WRs, retransmissions, bytes and owner (like rdma res show qp).
+    With -d DEV and a daemon that is not running or not answering, the kernel's QP table of DEV."""
+    if not kernel:
+        try:
+            snap = st.query_status(sock or default_socket(), timeout)
+        except (st.DaemonNotRunning, st.DaemonNotAnswering) as e:
+            if dev is None:
+                raise _fail(str(e)) from None
+            typer.echo(f"metaroce: {e}; showing the kernel's QP table of {dev}", err=True)
+            kernel = True
+        except st.StatusError as e:
+            raise _fail(str(e)) from None
     if kernel:
         if dev is None:
             raise _fail("--kernel needs -d DEV (the pinned maps are per interface)")
@@ -124,7 +136,7 @@ def qp_list(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only QP
             from . import qpstat
             typer.echo(f"(kernel view of {dev}, from the pinned maps)\n" + qpstat.format_qps(doc["qps"]))
         return
-    _emit(st.qp_list_doc(_snapshot(sock, timeout), dev), as_json, st.format_qp_list)
+    _emit(st.qp_list_doc(snap, dev), as_json, st.format_qp_list)
 
 
 @qp_app.command("show")
@@ -149,12 +161,12 @@ def stat_cmd(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only t
                                          "maps (needs -d)"),
              pin_dir: Optional[str] = typer.Option(None, "--pin-dir", help="read the maps pinned here (implies "
                                                    "--kernel)")) -> None:
-    """Counters: QP totals, the XDP program's events and drops by named reason, clients.  With -d DEV and no
-    daemon running, the kernel's counters of DEV from the pinned maps."""
+    """Counters: QP totals, the XDP program's events and drops by named reason, clients.  With -d DEV and a
+    daemon that is not running or not answering, the kernel's counters of DEV from the pinned maps."""
     if not kernel and pin_dir is None:
         try:
             snap = st.query_status(sock or default_socket(), timeout)
-        except st.DaemonNotRunning as e:
+        except (st.DaemonNotRunning, st.DaemonNotAnswering) as e:
             if dev is None:
                 raise _fail(str(e)) from None
             typer.echo(f"metaroce: {e}; showing the kernel's counters of {dev}", err=True)
