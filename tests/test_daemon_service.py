@@ -245,10 +245,14 @@ class Service:
         return r
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None:             # a test failed before stopping it: drain (unpins), else kill
             os.kill(self.proc.pid, signal.SIGCONT)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
         self.notify.close()
         self.logf.close()
 
