@@ -169,6 +169,69 @@ def test_cli_without_a_daemon_says_so_in_one_line(tmp_path):
         assert not r.stdout
 
 
+FAKE_SERVICE = r"""
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[2])
+from metaroce_xdp.daemon import main
+from metaroce_xdp.daemon.config import load_config
+
+class Fake:                        # the Daemon interface, nothing behind it: this test is about the process
+    def __init__(self, cfg): self.cfg = cfg
+    def start(self): pass
+    def run(self, stop, tick):
+        while not stop.wait(0.05):
+            tick()
+    def drain_and_stop(self, timeout_s): print("drained", timeout_s, flush=True)
+    def reload(self, cfg): self.cfg = cfg; return []
+    def snapshot(self): return {"daemon": {}, "devices": [{"ifname": "fake0"}], "qps": [], "clients": []}
+
+main.setup_logging("info")
+cfg = load_config(sys.argv[1])
+sys.exit(main.Service(cfg, sys.argv[1], {}, daemon_factory=Fake).run())
+"""
+
+
+def test_sigint_stops_like_sigterm_and_a_bad_reload_keeps_the_running_configuration(tmp_path):
+    """The process layer alone (main.Service around a stand-in for server.Daemon): SIGHUP with a broken file
+    is refused whole (logged, READY=1 again, still serving); SIGINT drains and exits 0 like SIGTERM."""
+    conf = tmp_path / "m.toml"
+    conf.write_text("[metaroced]\nmax_clients = 8\n")
+    rx = _dgram(str(tmp_path / "notify"))
+    env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify"))
+    env.pop("JOURNAL_STREAM", None)
+    p = subprocess.Popen([sys.executable, "-c", FAKE_SERVICE, str(conf), ROOT], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        msgs: list[str] = []
+
+        def wait(pred, what):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                msgs.extend(_recv_all(rx))
+                if any(pred(m) for m in msgs):
+                    return
+            raise AssertionError(f"no {what}: {msgs}")
+
+        wait(lambda m: m.startswith("READY=1\nSTATUS=serving fake0"), "READY=1")
+        msgs.clear()
+        conf.write_text("[metaroced]\nmax_clients = 0\n")
+        p.send_signal(signal.SIGHUP)
+        wait(lambda m: m.startswith("READY=1\nSTATUS=reload refused: max_clients must be positive"), "refusal")
+        p.send_signal(signal.SIGINT)
+        wait(lambda m: m.startswith("STOPPING=1"), "STOPPING=1")
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert out.startswith("drained 5.0")
+        assert "reload refused, keeping the running configuration: max_clients must be positive" in err
+        assert "SIGINT: draining" in err and "stopped (exit 0)" in err
+        assert all(line.count("\n") == 0 for line in err.splitlines())
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        rx.close()
+
+
 # --------------------------------------------------------------------------------- a real daemon
 CLIENT = r"""
 import json, os, sys, time
