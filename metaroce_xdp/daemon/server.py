@@ -316,7 +316,8 @@ class Device:
         dp_run = self.loop.dp_run
         while not self.stopping:
             self.iterations += 1
-            sleepy = (self.daemon.cfg.progress == "sleep"
+            # busy mode spins only while the interface has QPs: with none there is nothing to wait for
+            sleepy = ((self.daemon.cfg.progress == "sleep" or not self.qp_by_qi)
                       and time.monotonic() - self._last_work > IDLE_BEFORE_SLEEP_S)
             if sleepy:
                 self._set_sleeping(1)
