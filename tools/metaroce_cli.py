@@ -16,7 +16,6 @@ from typing import List, Optional
 
 import typer
 
-from . import decode as decode_mod
 from . import fabric as fabric_mod
 from . import perf as perf_mod
 from . import pingpong as pingpong_mod
@@ -42,6 +41,7 @@ def decode_cmd(
     if (pcap is None) == (not hex_):
         typer.echo("error: give either a capture file or --hex HEX (not both, not neither)", err=True)
         raise typer.Exit(2)
+    from . import decode as decode_mod          # here: it loads numba (the ICRC), which other commands do not need
     try:
         if hex_:
             frames = [decode_mod.parse_hex(h) for h in hex_]
