@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 
+import daemon_procs
 import pytest
 
 EXPECTED_SKIPS = (
@@ -43,6 +46,34 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_sessionfinish(session, exitstatus):
     if _unexpected and os.environ.get("METAROCE_ALLOW_SKIPS") != "1" and session.exitstatus == 0:
+        session.exitstatus = 1
+    _no_daemon_left(session)
+
+
+# Every metaroced a test starts inherits this session's tag (tests/daemon_procs.py); one still running at the
+# end is killed and fails the session (earlier runs left daemons spinning on the CPUs).
+os.environ.setdefault(daemon_procs.TAG_ENV, f"pytest-{os.getpid()}-{time.time_ns()}")
+
+
+def _no_daemon_left(session) -> None:
+    left = daemon_procs.leftovers()
+    end = time.monotonic() + 5                  # one in the middle of its drain gets a moment
+    while left and time.monotonic() < end:
+        time.sleep(0.2)
+        left = daemon_procs.leftovers()
+    if not left:
+        return
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.section("metaroced processes left running by the tests (killed; each is a failure)", red=True)
+        for pid, cmd in left:
+            tr.line(f"pid {pid}: {cmd}")
+    if session.exitstatus == 0:
         session.exitstatus = 1
 
 

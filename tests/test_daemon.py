@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+import daemon_procs
 import numpy as np
 import pytest
 
@@ -115,7 +116,8 @@ class Env:
         ns = self.hosts[h][0]
         err = open(os.path.join(self.tmp, f"{h}.log"), "a")
         p = self.topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", self.config(h)],
-                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT))
+                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT),
+                            preexec_fn=daemon_procs.die_with_parent)     # dies with pytest, however it ends
         d = Proc(p, f"daemon {h}")
         self.daemons[h] = d
         return d
@@ -159,12 +161,7 @@ class Env:
             except OSError:
                 pass
         for d in self.daemons.values():
-            if d.p.poll() is None:
-                d.p.send_signal(signal.SIGTERM)
-                try:
-                    d.p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    d.p.kill()
+            daemon_procs.reap(d.p)            # SIGTERM (drains, unpins), then SIGKILL to its process group
         self.topo.close()
         subprocess.run(["umount", self.bpffs], check=False)
         if not os.environ.get("METAROCE_KEEP_TMP"):

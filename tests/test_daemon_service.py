@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.request
 
+import daemon_procs
 import pytest
 
 from metaroce_xdp.daemon import config as config_mod
@@ -280,7 +281,7 @@ class Service:
                 sys.executable, os.path.join(ROOT, "daemon", "metaroced"), "--config", self.conf]
         self.logf = open(self.log, "w")
         self.proc = subprocess.Popen(argv, stdout=self.logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=daemon_procs.die_with_parent)
         self.wait_msg(lambda m: m.startswith("READY=1"), 120, "READY=1")
 
     def wait_msg(self, pred, timeout: float, what: str) -> str:
@@ -308,14 +309,8 @@ class Service:
         return r
 
     def stop(self) -> None:
-        if self.proc.poll() is None:             # a test failed before stopping it: drain (unpins), else kill
-            os.kill(self.proc.pid, signal.SIGCONT)
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if hasattr(self, "proc"):
+            daemon_procs.reap(self.proc, 20)      # a test failed before stopping it: drain (unpins), else kill
         self.notify.close()
         self.logf.close()
 
