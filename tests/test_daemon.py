@@ -228,6 +228,38 @@ def test_write_send_read_between_applications_on_two_hosts(env):
     b.close()
 
 
+def test_pingpong_uses_the_daemon_that_serves_the_interface(env):
+    """`metaroce pingpong` on both hosts: each finds the daemon serving its interface (a `status` request on
+    --socket), says so on stderr, and the exchange runs through the daemons (their clients list it); with the
+    socket of a daemon serving another interface it would fall back to its own engine, which says why."""
+    cli = [sys.executable, "-m", "tools.metaroce_cli", "pingpong", "-n", "40", "-s", "1024", "-r", "16"]
+    env.port += 1
+    srv = env.topo.popen(env.topo[1], [*cli, "-d", env.pair.b.ifname, "-p", str(env.port), "--socket",
+                                       env.sock("B")], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        first = srv.stdout.readline()               # "  local address: ..." once it listens (or EOF: it failed)
+        assert "local address" in first, (first, srv.stderr.read() if srv.poll() is not None else "")
+        c = env.topo.run(env.topo[0], [*cli, "-d", env.pair.a.ifname, "-p", str(env.port), "--socket",
+                                       env.sock("A"), env.pair.b.ipv4], timeout=120, check=False)
+        out, err = srv.communicate(timeout=60)
+        out = first + out
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert c.returncode == 0 and srv.returncode == 0, (c.stdout, c.stderr, out, err)
+    for o, e, h in ((c.stdout, c.stderr, "A"), (out, err, "B")):
+        assert f"engine: metaroced (pid {env.status(h)['daemon']['pid']}) on {env.sock(h)}" in e, e
+        assert "81920 bytes in" in o and "40 iters in" in o, o                 # rc_pingpong's closing lines
+    # a socket whose daemon serves another interface: not used, and the reason is given
+    from tools import engine_choice
+    ch = engine_choice.choose("no-such-if0", env.sock("A"))
+    assert not ch.daemon and f"serves {env.pair.a.ifname}, not no-such-if0" in ch.why
+    assert not engine_choice.choose(env.pair.a.ifname, env.sock("A") + ".none").daemon
+    assert "--no-daemon" in engine_choice.choose(env.pair.a.ifname, env.sock("A"), no_daemon=True).why
+
+
 def test_another_clients_rkey_gets_remote_access_error_and_memory_is_untouched(env):
     victim = env.player("B")
     sv = victim.ok(cmd="setup", size=1 << 16, seed=7)

@@ -113,9 +113,14 @@ def pingpong_cmd(
     gid_idx: int = typer.Option(-1, "-g", "--gid-idx", help="accepted for compatibility: the GID is always "
                                 "the interface's IP address"),
     timeout: float = typer.Option(60.0, "--timeout", help="give up after this many seconds without a completion"),
+    no_daemon: bool = typer.Option(False, "--no-daemon", help="own engine even when metaroced serves the interface"),
+    sock: Optional[str] = typer.Option(None, "--socket", help="metaroced's control socket (default: "
+                                       "$METAROCE_SOCKET, the configuration's, /run/metaroce/metaroced.sock)"),
 ) -> None:
-    """ibv_rc_pingpong on a MetaRoCE endpoint: same options, exchange, traffic and output."""
-    opt = pingpong_mod.PingpongOptions(ifname, server, port, size, mtu, rx_depth, iters, gid_idx, timeout)
+    """ibv_rc_pingpong on a MetaRoCE endpoint: same options, exchange, traffic and output (through metaroced
+    when it serves the interface)."""
+    opt = pingpong_mod.PingpongOptions(ifname, server, port, size, mtu, rx_depth, iters, gid_idx, timeout,
+                                       no_daemon, sock)
     try:
         pingpong_mod.run(opt)
     except pingpong_mod.PingpongError as e:

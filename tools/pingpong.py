@@ -15,9 +15,14 @@ ITERS sends and ITERS receives.  One buffer serves both directions.
 -g is accepted for compatibility and does not select anything: the endpoint has
 one GID, its interface's IP address.  When the peer sends an all-zero GID
 (ibv_rc_pingpong without -g) the TCP peer address is used instead.
+
+Engine: metaroced when one serves the interface (tools/engine_choice.py: its socket answers a
+`status` request listing the interface, in this network namespace), the in-process engine otherwise
+or with --no-daemon; which one ran is said on stderr (stdout stays rc_pingpong's).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +33,7 @@ import numpy as np
 from metaroce_xdp import cm
 from metaroce_xdp.verbs_types import wc_failure
 
+from . import engine_choice
 from .perf import open_context
 
 RECV_WRID = 1                      # PINGPONG_RECV_WRID
@@ -56,6 +62,8 @@ class PingpongOptions:
     iters: int = 1000
     gid_idx: int = -1
     timeout: float = 60.0          # seconds without progress before giving up (rc_pingpong waits forever)
+    no_daemon: bool = False        # never use metaroced, even when it serves the interface
+    socket: str | None = None      # metaroced's control socket (default: engine_choice's search)
 
 
 def address_line(label: str, d: cm.PingpongDest) -> str:
@@ -81,17 +89,24 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
                                               VerbsError, WCStatus, WROpcode)
     except Exception as e:  # noqa: BLE001
         raise PingpongError(f"cannot load the engine: {e}") from None
+    choice = engine_choice.choose(opt.ifname, opt.socket, opt.no_daemon)
+    engine_choice.say("metaroce pingpong", choice)
     try:
-        ctx = open_context(opt.ifname)
+        ctx = engine_choice.open_daemon_context(choice, opt.ifname) if choice.daemon else open_context(opt.ifname)
     except Exception as e:  # noqa: BLE001 - tool boundary: one clear line
         raise PingpongError(f"IB device {opt.ifname} not usable: {e} (run as root in the interface's network "
                             "namespace; list interfaces with `ip link`)") from None
     try:
-        if opt.mtu > ctx.engine.max_pmtu:
-            raise PingpongError(f"-m {opt.mtu}: {opt.ifname} carries at most {ctx.engine.max_pmtu}")
+        max_pmtu = ctx.max_pmtu if choice.daemon else ctx.engine.max_pmtu
+        if opt.mtu > max_pmtu:
+            raise PingpongError(f"-m {opt.mtu}: {opt.ifname} carries at most {max_pmtu}")
         # pp_init_ctx: buffer filled with 0x7b, MR with LOCAL_WRITE, CQ of rx_depth + 1,
         # QP with one send WR and rx_depth receives, INIT with no remote access.
-        buf = np.full(max(opt.size, 1), 0x7B, np.uint8)
+        if choice.daemon:                 # memory the daemon can reach: a shared buffer
+            buf = ctx.alloc_buf(max(opt.size, 1))
+            buf[:] = 0x7B
+        else:
+            buf = np.full(max(opt.size, 1), 0x7B, np.uint8)
         pd = ctx.alloc_pd()
         mr = pd.reg_mr(buf, Access.LOCAL_WRITE)
         cq = ctx.create_cq(opt.rx_depth + 1)
@@ -163,6 +178,8 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
             wcs = cq.poll(2)
             if not wcs:
                 idle += 1
+                if choice.daemon:
+                    os.sched_yield()      # the daemon's threads may need this CPU to deliver it
                 if not idle & 1023 and time.monotonic() - last_progress > opt.timeout:
                     raise PingpongError(f"no completion for {opt.timeout:g}s (scnt={scnt}, rcnt={rcnt}): "
                                         "is the peer still running?")
@@ -191,12 +208,14 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
         end = time.time()
         usec = (end - start) * 1e6
         # the final ACK of our last SEND may still sit in the engine: one more round sends it
-        for _ in range(8):
+        # (metaroced keeps running: it sends it by itself)
+        for _ in range(0 if choice.daemon else 8):
             ctx.engine.progress()
         for line in closing_lines(opt.size, iters, usec):
             out.write(line + "\n")
         out.flush()
-        return {"local": mine, "remote": rem, "usec": usec, "bytes": opt.size * iters * 2, "iters": iters}
+        return {"local": mine, "remote": rem, "usec": usec, "bytes": opt.size * iters * 2, "iters": iters,
+                "engine": "metaroced" if choice.daemon else "in-process"}
     finally:
         ctx.close()
 
