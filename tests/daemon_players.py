@@ -13,6 +13,10 @@ numba, no BCC): everything it does goes through the daemon.  Commands:
   stream op n size         post n WRITEs (or READs) of size back to back (window 32), stop at the first error
   digest off len           sha256 of a range of the local buffer
   state                    the QP's state and the daemon's query
+  many n                   n more QPs (2 send, 1 receive entries each) on one CQ: their QPNs (the scale test)
+  many_connect qpns ip va rkey   each of them to RTS towards the peer's QP of the same index (PSN 0)
+  many_write size rounds   every QP WRITEs `size` bytes from offset i*size to the peer's n*size + i*size, all
+                           posted before any is polled; `rounds` times; completions by status
   event timeout            the next asynchronous event
 """
 from __future__ import annotations
@@ -28,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 from metaroce_xdp.daemon import client  # noqa: E402
-from metaroce_xdp.verbs_types import (SGE, Access, QPCap, RecvWR, SendWR, VerbsError, WCStatus,  # noqa: E402
-                                      WROpcode)
+from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, RecvWR, SendWR,  # noqa: E402
+                                      VerbsError, WCStatus, WROpcode)
 
 OPS = {"write": WROpcode.RDMA_WRITE, "write_imm": WROpcode.RDMA_WRITE_WITH_IMM, "send": WROpcode.SEND,
        "send_imm": WROpcode.SEND_WITH_IMM, "read": WROpcode.RDMA_READ}
@@ -152,6 +156,42 @@ class Player:
             return {}
         r = np.array(rtts[len(rtts) // 10:], np.float64) / 2000.0
         return {"median_us": float(np.median(r)), "p99_us": float(np.percentile(r, 99)), "iters": iters}
+
+    def many(self, n: int) -> dict:
+        self.mcq = self.ctx.create_cq(max(2, 2 * n))
+        self.mqps = [self.ctx.create_qp(self.pd, self.mcq, self.mcq, QPCap(max_send_wr=2, max_recv_wr=1))
+                     for _ in range(n)]
+        return {"qpns": [q.qp_num for q in self.mqps]}
+
+    def many_connect(self, qpns: list[int], ip: str, va: int, rkey: int) -> dict:
+        self.mpeer = (va, rkey)
+        for q, dest in zip(self.mqps, qpns, strict=True):
+            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
+            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=dest, rq_psn=0, path_mtu=1024, dgid=ip))
+            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7))
+        return {"rts": sum(q.state == QPState.RTS for q in self.mqps)}
+
+    def many_write(self, size: int, rounds: int = 1, timeout: float = 60) -> dict:
+        n = len(self.mqps)
+        va, rkey = self.mpeer
+        statuses: dict[str, int] = {}
+        t0 = time.monotonic()
+        for _ in range(rounds):
+            for i, q in enumerate(self.mqps):
+                q.post_send(SendWR(wr_id=i, opcode=OPS["write"], sg_list=[self.mr.sge(i * size, size)],
+                                   remote_addr=va + (n + i) * size, rkey=rkey))
+            done = 0
+            while done < n:
+                wcs = self.mcq.poll(64)
+                if not wcs:
+                    os.sched_yield()
+                    if time.monotonic() - t0 > timeout:
+                        statuses["TIMEOUT"] = n - done
+                        break
+                for w in wcs:
+                    statuses[w.status.name] = statuses.get(w.status.name, 0) + 1
+                done += len(wcs)
+        return {"statuses": statuses, "seconds": time.monotonic() - t0}
 
     def digest(self, off: int, len: int) -> dict:  # noqa: A002
         return {"sha": hashlib.sha256(self.buf[off:off + len].tobytes()).hexdigest()}

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from . import shm
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tools.metaroce_cli", "perf"]
 
@@ -79,19 +81,8 @@ class Proc:
 def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, port: int) -> dict:
     procs = []
     try:
-        socks = {}
-        for i, (ns, ifname) in enumerate(((topo[0], "mr0"), (topo[1], "mr1"))):
-            sock = os.path.join(tmp, f"{ifname}.sock")
-            cfg = os.path.join(tmp, f"{ifname}.toml")
-            Path(cfg).write_text(f'interfaces = ["{ifname}"]\nsocket_path = "{sock}"\nprogress = "{progress}"\n'
-                                 f'bpffs_prefix = "{tmp}/bpf/metaroce"\n')
-            p = Proc(topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", cfg],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
-                                cwd=str(ROOT)), ifname)
-            procs.append(p)
-            socks[ifname] = sock
-        for p in procs:
-            assert p.line(180).get("ready")
+        dprocs, socks, _ = _start_daemons(topo, tmp, progress)
+        procs += dprocs
         pl = []
         for ns, ifname in ((topo[0], "mr0"), (topo[1], "mr1")):
             p = Proc(topo.popen(ns, [sys.executable, str(ROOT / "tests" / "daemon_players.py"), socks[ifname], ifname],
@@ -115,12 +106,140 @@ def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, po
         return {"lat_median_us": lat["median_us"], "lat_p99_us": lat["p99_us"],
                 "gbps": bw_iters * 65536 * 8 / bw["seconds"] / 1e9}
     finally:
-        for p in procs:
-            try:
-                p.p.terminate()
-                p.p.wait(timeout=20)
-            except Exception:   # noqa: BLE001
-                p.p.kill()
+        _stop(procs)
+
+
+def _start_daemons(topo, tmp: str, progress: str, extra: str = "") -> tuple[list[Proc], dict, list[float]]:
+    """One metaroced (this package's runner) per namespace: (their Procs, socket by interface, seconds to ready)."""
+    procs, socks, t0 = [], {}, time.monotonic()
+    for ns, ifname in ((topo[0], "mr0"), (topo[1], "mr1")):
+        sock = os.path.join(tmp, f"{ifname}.sock")
+        cfg = os.path.join(tmp, f"{ifname}.toml")
+        Path(cfg).write_text(f'interfaces = ["{ifname}"]\nsocket_path = "{sock}"\nprogress = "{progress}"\n'
+                             f'bpffs_prefix = "{tmp}/bpf/metaroce"\n{extra}')
+        procs.append(Proc(topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", cfg],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                                     cwd=str(ROOT), preexec_fn=_die_with_parent), ifname))
+        socks[ifname] = sock
+    ready = []
+    for p in procs:
+        r = p.line(180)
+        assert r.get("ready"), r
+        p.pid = r["pid"]
+        ready.append(time.monotonic() - t0)
+    return procs, socks, ready
+
+
+def _die_with_parent() -> None:
+    """Popen preexec_fn: the daemon is SIGKILLed if this process dies (no orphan left spinning)."""
+    import ctypes
+    import signal
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)         # PR_SET_PDEATHSIG
+
+
+def _stop(procs: list[Proc]) -> None:
+    for p in procs:
+        try:
+            p.p.terminate()
+            p.p.wait(timeout=20)
+        except Exception:   # noqa: BLE001
+            p.p.kill()
+
+
+def _rss(pid: int) -> int:
+    import psutil
+    return psutil.Process(pid).memory_info().rss
+
+
+def scale_run(topo, tmp: str, nqps: int = 1000, clients: int = 4, size: int = 4096, rounds: int = 2,
+              progress: str = "sleep", port: int = 19900) -> dict:
+    """`nqps` connected QPs on each of two daemons (`clients` client processes per daemon, `nqps/clients` QPs
+    each, client i of A connected QP by QP to client i of B), then every QP WRITEs at once in both directions,
+    `rounds` times.  Returns the completions by status, whether every byte arrived (sha256 of each
+    destination range against its source), the daemons' snapshots' QP states, and the memory per QP: the
+    daemon's RSS growth over the QPs' creation and connection / nqps, and the shared memory per QP."""
+    from ..dp import layout as L
+    per = nqps // clients
+    procs: list[Proc] = []
+    try:
+        dprocs, socks, ready = _start_daemons(topo, tmp, progress, f"max_clients = {clients + 2}\n"
+                                              f"max_qps_per_client = {per + 1}\n")
+        procs += dprocs
+        side: dict[str, list[Proc]] = {"mr0": [], "mr1": []}
+        for ns, ifname in ((topo[0], "mr0"), (topo[1], "mr1")):
+            for i in range(clients):
+                p = Proc(topo.popen(ns, [sys.executable, str(ROOT / "tests" / "daemon_players.py"), socks[ifname],
+                                         ifname], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                    cwd=str(ROOT)), f"{ifname} client {i}")
+                procs.append(p)
+                side[ifname].append(p)
+        for p in side["mr0"] + side["mr1"]:
+            assert p.line(120)["ready"]
+        setups = {}
+        for k, p in enumerate(side["mr0"] + side["mr1"]):
+            setups[p.name] = p.ok(cmd="setup", size=2 * per * size, seed=100 + k)
+        rss0 = [_rss(d.pid) for d in dprocs]
+        t0 = time.monotonic()
+        for p in side["mr0"] + side["mr1"]:
+            p.send(cmd="many", n=per)
+        qpns = {p.name: p.line(600)["qpns"] for p in side["mr0"] + side["mr1"]}
+        ips = {"mr0": "10.77.0.2", "mr1": "10.77.0.1"}                  # the peer's address, seen from each side
+        for ifname, other in (("mr0", "mr1"), ("mr1", "mr0")):
+            for a, b in zip(side[ifname], side[other]):
+                a.send(cmd="many_connect", qpns=qpns[b.name], ip=ips[ifname], va=setups[b.name]["va"],
+                       rkey=setups[b.name]["rkey"])
+        rts = sum(p.line(600)["rts"] for p in side["mr0"] + side["mr1"])
+        setup_s = time.monotonic() - t0
+        rss1 = [_rss(d.pid) for d in dprocs]
+        for p in side["mr0"] + side["mr1"]:
+            p.send(cmd="many_write", size=size, rounds=rounds, timeout=120)
+        statuses: dict[str, int] = {}
+        secs = []
+        for p in side["mr0"] + side["mr1"]:
+            r = p.line(300)
+            assert r.get("ok"), r
+            secs.append(r["seconds"])
+            for k, v in r["statuses"].items():
+                statuses[k] = statuses.get(k, 0) + v
+        intact = 0
+        for ifname, other in (("mr0", "mr1"), ("mr1", "mr0")):
+            for a, b in zip(side[ifname], side[other]):
+                src = a.ok(cmd="digest", off=0, len=per * size)["sha"]
+                dst = b.ok(cmd="digest", off=per * size, len=per * size)["sha"]
+                intact += src == dst
+        from .client import status
+        states: dict[str, int] = {}
+        for ifname in ("mr0", "mr1"):
+            for q in status(socks[ifname])["qps"]:
+                states[q["state"]] = states.get(q["state"], 0) + 1
+        ring = shm.round_page(shm.qp_words(2, 1) * 8)
+        arena = (L.NQ + L.MAX_RD * L.NJ + 1) * 8 + 128
+        return {"qps_per_daemon": per * clients, "clients_per_daemon": clients, "rts": rts, "setup_s": setup_s,
+                "statuses": statuses, "writes": 2 * per * clients * rounds, "write_s_max": max(secs),
+                "intact_pairs": intact, "pairs": 2 * clients, "states": states,
+                "rss_per_qp_bytes": [round((b - a) / (per * clients)) for a, b in zip(rss0, rss1)],
+                "ring_bytes_per_qp": ring, "plane_row_bytes_per_qp": arena, "ready_s": ready}
+    finally:
+        _stop(procs)
+
+
+def start_to_ready(topo, tmp: str, progress: str = "sleep") -> float:
+    """Seconds from exec to ready of one daemon alone (numba's cache warm from the runs before it)."""
+    sub = os.path.join(tmp, "ready")
+    os.makedirs(os.path.join(sub, "bpf"), exist_ok=True)
+    t0 = time.monotonic()
+    sock = os.path.join(sub, "mr0.sock")
+    cfg = os.path.join(sub, "mr0.toml")
+    Path(cfg).write_text(f'interfaces = ["mr0"]\nsocket_path = "{sock}"\nprogress = "{progress}"\n'
+                         f'bpffs_prefix = "{sub}/bpf/metaroce"\n')
+    p = Proc(topo.popen(topo[0], [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", cfg],
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1, cwd=str(ROOT),
+                        preexec_fn=_die_with_parent), "mr0")
+    try:
+        assert p.line(180).get("ready")
+        return time.monotonic() - t0
+    finally:
+        _stop([p])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,41 @@
+"""1,000 connected QPs on one metaroced, all carrying traffic at once (issue 8's scale item).
+
+Two real daemons (one per namespace, real XDP program and AF_XDP socket), four real client processes
+per daemon (tests/daemon_players.py, the client library only) with 250 QPs each: every QP of client i
+on A is connected to the QP of the same index of client i on B.  Then every one of the 2,000 QPs
+posts a 4 KiB WRITE before any completion is polled, twice.  Every completion must be SUCCESS, every
+destination range must hold exactly its source's bytes (sha256), and every QP must still be in RTS.
+The memory per QP (daemon RSS growth / QPs, ring and data-plane bytes) is printed; `make bench`
+reports it (metaroce_xdp.daemon.bench.scale_run, which this test runs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from metaroce_xdp.daemon import bench
+from metaroce_xdp.topo import two_hosts
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+
+def test_1000_qps_on_one_daemon_all_carrying_traffic_at_once():
+    topo, _pair = two_hosts()
+    tmp = tempfile.mkdtemp(prefix="mrscale-")
+    os.mkdir(os.path.join(tmp, "bpf"))
+    try:
+        r = bench.scale_run(topo, tmp, nqps=1000, clients=4, size=4096, rounds=2)
+    finally:
+        topo.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(r))
+    assert r["qps_per_daemon"] == 1000 and r["rts"] == 2000, r
+    assert r["statuses"] == {"SUCCESS": r["writes"]} and r["writes"] == 4000, r
+    assert r["intact_pairs"] == r["pairs"] == 8, r
+    assert r["states"].get("RTS") == 2000 and r["states"].get("ERR", 0) == 0, r      # + the 8 unconnected setup QPs
+    assert all(b > 0 for b in r["rss_per_qp_bytes"]), r
