@@ -163,12 +163,12 @@ class Player:
                      for _ in range(n)]
         return {"qpns": [q.qp_num for q in self.mqps]}
 
-    def many_connect(self, qpns: list[int], ip: str, va: int, rkey: int) -> dict:
+    def many_connect(self, qpns: list[int], ip: str, va: int, rkey: int, timeout: int = 18) -> dict:
         self.mpeer = (va, rkey)
         for q, dest in zip(self.mqps, qpns, strict=True):
             q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
             q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=dest, rq_psn=0, path_mtu=1024, dgid=ip))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7))
+            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=timeout, retry_cnt=7, rnr_retry=7))
         return {"rts": sum(q.state == QPState.RTS for q in self.mqps)}
 
     def many_write(self, size: int, rounds: int = 1, timeout: float = 60) -> dict:

@@ -3,7 +3,7 @@
 Two real daemons (one per namespace, real XDP program and AF_XDP socket), four real client processes
 per daemon (tests/daemon_players.py, the client library only) with 250 QPs each: every QP of client i
 on A is connected to the QP of the same index of client i on B.  Then every one of the 2,000 QPs
-posts a 4 KiB WRITE before any completion is polled, twice.  Every completion must be SUCCESS, every
+posts a 1 KiB WRITE (one packet) before any completion is polled, twice (ACK timeout 1 s: see scale_run).  Every completion must be SUCCESS, every
 destination range must hold exactly its source's bytes (sha256), and every QP must still be in RTS.
 The memory per QP (daemon RSS growth / QPs, ring and data-plane bytes) is printed; `make bench`
 reports it (metaroce_xdp.daemon.bench.scale_run, which this test runs).
@@ -29,7 +29,7 @@ def test_1000_qps_on_one_daemon_all_carrying_traffic_at_once():
     tmp = tempfile.mkdtemp(prefix="mrscale-")
     os.mkdir(os.path.join(tmp, "bpf"))
     try:
-        r = bench.scale_run(topo, tmp, nqps=1000, clients=4, size=4096, rounds=2)
+        r = bench.scale_run(topo, tmp, nqps=1000, clients=4, size=1024, rounds=2)
     finally:
         topo.close()
         shutil.rmtree(tmp, ignore_errors=True)
