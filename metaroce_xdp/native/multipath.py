@@ -1,0 +1,198 @@
+"""Native multipath path selection (04-native.md 4.5.2): entropy values, weights, eviction, probes.
+
+`pt` holds the K entropy values of one QP (rows 0..K-1 used); weights are fixed point (FP).
+"""
+from __future__ import annotations
+
+from numba import njit
+
+from .layout import *  # noqa: F401,F403
+from .layout import FP, NONE
+
+_jit = dict(cache=True, nogil=True)
+
+
+@njit("void(int64[:, ::1], int64[::1], int64[::1])", **_jit)
+def mp_init(pt, par, sports):
+    """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1."""
+    k = par[P_K]
+    for i in range(k):
+        e = pt[i]
+        e[:] = 0
+        e[E_SPORT] = sports[i]
+        e[E_STATE] = ST_ACTIVE
+        e[E_WEIGHT] = FP
+        e[E_SRTT] = NONE
+        e[E_LOSS_START] = NONE
+        e[E_EVICT_UNTIL] = NONE
+        e[E_PENALIZED_SINCE] = NONE
+        e[E_LAST_PROBE] = NONE
+
+
+@njit("boolean(int64[:, ::1], int64)", **_jit)
+def _usable(pt, i):
+    s = pt[i, E_STATE]
+    return s == ST_ACTIVE or s == ST_PENALIZED
+
+
+@njit("int64(int64[:, ::1], int64[::1])", **_jit)
+def _min_active_srtt(pt, par):
+    m = NONE
+    for i in range(par[P_K]):
+        if pt[i, E_STATE] == ST_ACTIVE and pt[i, E_SRTT] != NONE:
+            if m == NONE or pt[i, E_SRTT] < m:
+                m = pt[i, E_SRTT]
+    return m
+
+
+@njit("int64(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+def mp_pick(pt, par, srtt, now):
+    """MR-MP-006/010: the entropy value for the next packet; index | PICK_PROBE when it is a probe
+    on a PROBING value (the caller sets AckReq).  Smooth weighted round-robin over ACTIVE and
+    PENALIZED values."""
+    k = par[P_K]
+    for i in range(k):
+        e = pt[i]
+        if e[E_STATE] == ST_EVICTED and now >= e[E_EVICT_UNTIL]:
+            e[E_STATE] = ST_PROBING
+        if e[E_STATE] == ST_PROBING and srtt != NONE and (e[E_LAST_PROBE] == NONE
+                                                          or now - e[E_LAST_PROBE] >= srtt):
+            e[E_LAST_PROBE] = now
+            e[E_C_TX] += 1
+            return i | PICK_PROBE
+    best = -1
+    total = 0
+    for i in range(k):
+        if _usable(pt, i):
+            pt[i, E_CURRENT] += pt[i, E_WEIGHT]
+            total += pt[i, E_WEIGHT]
+            if best < 0 or pt[i, E_CURRENT] > pt[best, E_CURRENT]:
+                best = i
+    if best < 0:                     # cannot happen (MR-MP-013 keeps one usable); be safe
+        best = 0
+        pt[0, E_STATE] = ST_ACTIVE
+        if pt[0, E_WEIGHT] < par[P_MP_MIN_WEIGHT]:
+            pt[0, E_WEIGHT] = par[P_MP_MIN_WEIGHT]
+    pt[best, E_CURRENT] -= total
+    pt[best, E_C_TX] += 1
+    return best
+
+
+@njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+def _evict(pt, par, i, now):
+    """MR-MP-010, MR-MP-013: evict value i unless it is the last usable one."""
+    others = 0
+    for j in range(par[P_K]):
+        if j != i and _usable(pt, j):
+            others += 1
+    if others == 0:
+        pt[i, E_STATE] = ST_ACTIVE
+        if pt[i, E_WEIGHT] < par[P_MP_MIN_WEIGHT]:
+            pt[i, E_WEIGHT] = par[P_MP_MIN_WEIGHT]
+        return
+    e = pt[i]
+    e[E_STATE] = ST_EVICTED
+    e[E_EVICTIONS] += 1
+    e[E_C_EVICT] += 1
+    d = par[P_MP_EVICT_TIME]
+    for _ in range(e[E_EVICTIONS] - 1):
+        d *= 2
+        if d >= par[P_MP_EVICT_MAX]:
+            break
+    if d > par[P_MP_EVICT_MAX]:
+        d = par[P_MP_EVICT_MAX]
+    e[E_EVICT_UNTIL] = now + d
+    e[E_LOSS_N] = 0
+    e[E_LOSS_START] = NONE
+    e[E_PENALIZED_SINCE] = NONE
+    e[E_CURRENT] = 0
+
+
+@njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+def _reclassify(pt, par, i, now):
+    """MR-MP-009."""
+    e = pt[i]
+    if e[E_STATE] == ST_ACTIVE and e[E_WEIGHT] < par[P_MP_MIN_WEIGHT]:
+        e[E_STATE] = ST_PENALIZED
+        e[E_PENALIZED_SINCE] = now
+    if e[E_LOSS_N] >= par[P_MP_EVICT_LOSSES] or (
+            e[E_STATE] == ST_PENALIZED and now - e[E_PENALIZED_SINCE] > par[P_MP_EVICT_WINDOW]):
+        _evict(pt, par, i, now)
+
+
+@njit("int64(int64[:, ::1], int64[::1], int64)", **_jit)
+def mp_index(pt, par, sport):
+    for i in range(par[P_K]):
+        if pt[i, E_SPORT] == sport:
+            return i
+    return -1
+
+
+@njit("void(int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
+def mp_on_sack(pt, par, sport, rtt, ce, now):
+    """MR-MP-007/009/010: feedback of a SACK to the value in its echo_sport (rtt in ns or NONE)."""
+    i = mp_index(pt, par, sport)
+    if i < 0:
+        return
+    e = pt[i]
+    if rtt != NONE:
+        e[E_SRTT] = rtt if e[E_SRTT] == NONE else (7 * e[E_SRTT] + rtt) // 8
+    e[E_CE_EWMA] = (15 * e[E_CE_EWMA] + (FP if ce else 0)) // 16
+    m = _min_active_srtt(pt, par)
+    if e[E_STATE] == ST_PROBING:
+        if not ce and rtt != NONE and (m == NONE or rtt * FP < par[P_MP_RTT_FACTOR] * m):
+            e[E_STATE] = ST_ACTIVE
+            e[E_WEIGHT] = par[P_MP_INITIAL_WEIGHT]
+            e[E_CURRENT] = 0
+        elif ce:
+            _evict(pt, par, i, now)
+        return
+    if e[E_STATE] == ST_EVICTED:
+        return                       # a late SACK for an evicted value changes nothing
+    if ce:
+        e[E_WEIGHT] = e[E_WEIGHT] * (FP - par[P_MP_CE_PENALTY] * e[E_CE_EWMA] // FP) // FP
+        e[E_DIRTY] = 1
+    if m != NONE and e[E_SRTT] != NONE and e[E_SRTT] * FP > par[P_MP_RTT_FACTOR] * m:
+        e[E_WEIGHT] //= 2
+    _reclassify(pt, par, i, now)
+
+
+@njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+def mp_on_loss(pt, par, i, now):
+    """MR-MP-008: a loss declared by SACK on value i halves its weight; mp_evict_losses losses
+    within mp_evict_window evict it."""
+    if i < 0 or i >= par[P_K]:
+        return
+    e = pt[i]
+    e[E_C_LOSS] += 1
+    if e[E_STATE] == ST_PROBING:
+        _evict(pt, par, i, now)
+        return
+    if e[E_STATE] == ST_EVICTED:
+        return
+    e[E_WEIGHT] //= 2
+    if e[E_LOSS_START] == NONE or now - e[E_LOSS_START] > par[P_MP_EVICT_WINDOW]:
+        e[E_LOSS_START] = now
+        e[E_LOSS_N] = 1
+    else:
+        e[E_LOSS_N] += 1
+    e[E_DIRTY] = 1
+    _reclassify(pt, par, i, now)
+
+
+@njit("void(int64[:, ::1], int64[::1], int64)", **_jit)
+def mp_on_round(pt, par, now):
+    """MR-MP-012: once per srtt, values without loss or CE in the round recover mp_recover."""
+    for i in range(par[P_K]):
+        e = pt[i]
+        if _usable(pt, i) and e[E_DIRTY] == 0:
+            e[E_WEIGHT] += par[P_MP_RECOVER]
+            if e[E_WEIGHT] >= FP:
+                e[E_WEIGHT] = FP
+                e[E_EVICTIONS] = 0
+            if e[E_STATE] == ST_PENALIZED and e[E_WEIGHT] >= par[P_MP_MIN_WEIGHT]:
+                e[E_STATE] = ST_ACTIVE
+                e[E_PENALIZED_SINCE] = NONE
+        if e[E_STATE] == ST_PENALIZED and now - e[E_PENALIZED_SINCE] > par[P_MP_EVICT_WINDOW]:
+            _evict(pt, par, i, now)
+        e[E_DIRTY] = 0

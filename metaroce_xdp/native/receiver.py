@@ -1,0 +1,245 @@
+"""Native responder logic (04-native.md 4.3.2, 4.3.3, 4.4.4, 4.4.5): receive window, SACKs, RSN.
+
+I/O free: the data plane validates a packet (04 section 4.4.1 checks 1-2 and 4-9), calls
+`rx_on_packet` for check 3 (window, duplicates) and to record it, places the payload when
+the result has RX_NEW, and builds a NATIVE_SACK from `rx_build_sack` when the result has
+RX_SACK_NOW or when `rx_sack_due` says the coalescing timer ran out.
+"""
+from __future__ import annotations
+
+from numba import njit
+
+from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
+from .layout import NONE, PSN_HALF, PSN_MASK, R_BM, WMASK
+
+_jit = dict(cache=True, nogil=True)
+
+RX_NEW, RX_DUP, RX_OOW, RX_SACK_NOW = 1, 2, 4, 8
+RSN_NOT_READY, RSN_INVALID = -1, -2
+
+_ROW = "int64[::1]"
+
+
+@njit("boolean(int64[::1], int64)", **_jit)
+def _bit(r, psn):
+    i = psn & WMASK
+    return (r[R_BM + (i >> 6)] >> (i & 63)) & 1 == 1
+
+
+@njit("void(int64[::1], int64, int64)", **_jit)
+def _setbit(r, psn, v):
+    i = psn & WMASK
+    m = 1 << (i & 63)
+    if v:
+        r[R_BM + (i >> 6)] |= m
+    else:
+        r[R_BM + (i >> 6)] &= ~m
+
+
+@njit("void(int64[::1], int64[::1], int64)", **_jit)
+def rx_init(r, par, epsn):
+    """QP enters RTR: ePSN = the peer's initial PSN, nothing recorded."""
+    r[:] = 0
+    r[R_EPSN] = epsn & PSN_MASK
+    r[R_HIGHEST] = (epsn - 1) & PSN_MASK
+    r[R_FIRST_TS] = NONE
+    r[R_CREDIT] = par[P_INIT_CREDIT]
+    r[R_LAST_RX_TS] = NONE
+
+
+@njit("int64(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64)", **_jit)
+def rx_on_packet(r, par, psn, ackreq, ce, has_ts, tsval, sport, now):
+    """A validated native request packet with PSN `psn` arrived (check 3 of 4.4.1 and the SACK
+    triggers).  Returns RX_* flags: RX_NEW record and place it (MR-SACK-010), RX_DUP a duplicate
+    (MR-SACK-013: do not place again), RX_OOW beyond the window (MR-SACK-011: drop, no SACK),
+    RX_SACK_NOW send a SACK now (MR-SACK-013/014/016, or the packet count of MR-SACK-015)."""
+    w = par[P_W]
+    out = 0
+    imm = False
+    if ce:                                              # MR-CC-025, MR-SACK-007, MR-SACK-016
+        if r[R_CE_COUNT] == 0:
+            imm = True
+        if r[R_CE_COUNT] < 0xFFFF:
+            r[R_CE_COUNT] += 1
+    epsn = r[R_EPSN]
+    d = (psn - epsn) & PSN_MASK
+    if d < w:
+        if d == 0 or not _bit(r, psn):
+            out |= RX_NEW
+            r[R_C_NEW] += 1
+            hi = r[R_HIGHEST]
+            if d == 0:
+                epsn = (epsn + 1) & PSN_MASK
+                while r[R_NREC] > 0 and _bit(r, epsn):
+                    _setbit(r, epsn, 0)
+                    r[R_NREC] -= 1
+                    epsn = (epsn + 1) & PSN_MASK
+                r[R_EPSN] = epsn
+                if r[R_NREC] > 0:
+                    imm = True                          # fills a gap, MR-SACK-014 (2)
+                    # highest stays (it is beyond the new ePSN)
+                else:
+                    r[R_HIGHEST] = (epsn - 1) & PSN_MASK
+            else:
+                _setbit(r, psn, 1)
+                r[R_NREC] += 1
+                dh = (psn - hi) & PSN_MASK
+                if 1 < dh < PSN_HALF:
+                    imm = True                          # opens a new gap, MR-SACK-014 (1)
+                if 0 < dh < PSN_HALF:
+                    r[R_HIGHEST] = psn
+        else:
+            out |= RX_DUP
+            r[R_C_DUP] += 1
+            imm = True                                  # MR-SACK-014 (4)
+    elif d > PSN_HALF:
+        out |= RX_DUP                                   # before the ePSN: duplicate
+        r[R_C_DUP] += 1
+        imm = True
+    else:
+        r[R_C_OOW] += 1                                 # MR-SACK-011: no record, no SACK
+        return RX_OOW
+    r[R_TRIG_TSVAL] = tsval if has_ts else 0            # MR-SACK-006: the triggering packet
+    r[R_TRIG_N] = 0 if has_ts else 1
+    r[R_TRIG_SPORT] = sport
+    r[R_TRIG_CE] = 1 if ce else 0
+    r[R_LAST_RX_TS] = now
+    if ackreq:
+        imm = True                                      # MR-SACK-014 (3)
+    r[R_SINCE_SACK] += 1
+    if r[R_FIRST_TS] == NONE:
+        r[R_FIRST_TS] = now
+    if r[R_SINCE_SACK] >= par[P_ACK_N]:
+        imm = True                                      # MR-SACK-015 count
+    if imm:
+        out |= RX_SACK_NOW
+    return out
+
+
+@njit("boolean(int64[::1], int64[::1], int64)", **_jit)
+def rx_sack_due(r, par, now):
+    """MR-SACK-015/017: the coalescing timer T ran out with a packet received since the last SACK."""
+    return r[R_SINCE_SACK] > 0 and now - r[R_FIRST_TS] >= par[P_ACK_T]
+
+
+@njit("int64(int64[::1], int64[::1])", **_jit)
+def rx_sack_deadline(r, par):
+    """When rx_sack_due becomes true (NONE: nothing to acknowledge)."""
+    if r[R_SINCE_SACK] == 0:
+        return NONE
+    return r[R_FIRST_TS] + par[P_ACK_T]
+
+
+@njit("int64(int64[::1], int64[::1], int64[::1], int64[::1])", **_jit)
+def rx_build_sack(r, par, hdr, words):
+    """Fill an ACK-type NATIVE_SACK (4.3.1) and restart coalescing.  hdr gets
+    [cum PSN, bitmap_words, tsecr, credit, ce_count, echo_sport, flags byte (CE 0x80, N 0x40)],
+    words[0:bitmap_words] the 32-bit bitmap words (bit i = PSN cum + 2 + i, MR-SACK-004;
+    the fewest words covering `highest`, MR-SACK-005).  Returns bitmap_words."""
+    epsn = r[R_EPSN]
+    cum = (epsn - 1) & PSN_MASK
+    nw = 0
+    if r[R_NREC] > 0:
+        span = (r[R_HIGHEST] - epsn) & PSN_MASK        # highest - ePSN, >= 1
+        nw = (span + 31) >> 5
+        lim = par[P_W] >> 5
+        if nw > lim:
+            nw = lim
+    for j in range(nw):
+        words[j] = 0
+    left = r[R_NREC]
+    for i in range(32 * nw):
+        if left == 0:
+            break
+        p = (epsn + 1 + i) & PSN_MASK
+        if _bit(r, p):
+            words[i >> 5] |= 1 << (31 - (i & 31))
+            left -= 1
+    hdr[0] = cum
+    hdr[1] = nw
+    hdr[2] = r[R_TRIG_TSVAL]
+    if par[P_CREDITS]:                                  # MR-SACK-008, MR-CC-015
+        c = r[R_CREDIT]
+        if c < 1:
+            c = 1
+        if c > par[P_W]:
+            c = par[P_W]
+        hdr[3] = c
+    else:
+        hdr[3] = 0xFFFF
+    hdr[4] = r[R_CE_COUNT]
+    hdr[5] = r[R_TRIG_SPORT]
+    hdr[6] = (0x80 if r[R_TRIG_CE] else 0) | (0x40 if r[R_TRIG_N] else 0)
+    r[R_SINCE_SACK] = 0
+    r[R_FIRST_TS] = NONE
+    r[R_CE_COUNT] = 0                                   # MR-SACK-007: restarts after each SACK
+    r[R_C_SACKS] += 1
+    return nw
+
+
+@njit("int64(int64[::1], int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
+def rx_rsn_check(r, rm, par, rsn, msn, last_psn, posted):
+    """A packet of a recv-consuming message (RSN `rsn`, message `msn` ending at `last_psn`):
+    its receive offset k (MR-OOO-006, the (k+1)-th oldest receive WQE not yet completed) when
+    ready; RSN_NOT_READY when k >= posted (MR-OOO-012: do not record, RNR per MR-SACK-035);
+    RSN_INVALID when k >= W or the RSN contradicts an earlier packet (MR-OOO-026)."""
+    k = (rsn - r[R_RSN_NEXT]) & PSN_MASK
+    if k >= par[P_W]:
+        r[R_C_RSN_INV] += 1
+        return RSN_INVALID
+    m = rm[rsn & WMASK]
+    if m[M_STATE] == 1:
+        if m[M_RSN] != rsn or m[M_MSN] != msn or m[M_LAST_PSN] != last_psn:
+            r[R_C_RSN_INV] += 1
+            return RSN_INVALID
+    if k >= posted:
+        r[R_C_NOTREADY] += 1
+        return RSN_NOT_READY
+    if m[M_STATE] == 0:
+        m[M_STATE] = 1
+        m[M_RSN] = rsn
+        m[M_MSN] = msn
+        m[M_LAST_PSN] = last_psn
+    return k
+
+
+@njit("int64(int64[::1], int64[:, ::1], int64[::1])", **_jit)
+def rx_recv_completions(r, rm, out):
+    """Receive completions now due, in RSN (= receive WQE) order (MR-OOO-013): the oldest
+    messages whose last PSN the cumulative PSN has reached (MR-OOO-014).  Writes their RSNs to
+    out, advances rsn_next (MR-OOO-006) and returns how many."""
+    n = 0
+    epsn = r[R_EPSN]
+    while n < out.shape[0]:
+        rsn = r[R_RSN_NEXT]
+        m = rm[rsn & WMASK]
+        if m[M_STATE] != 1 or m[M_RSN] != rsn:
+            break
+        d = (epsn - m[M_LAST_PSN]) & PSN_MASK          # last_psn before ePSN
+        if not (0 < d < PSN_HALF):
+            break
+        out[n] = rsn
+        n += 1
+        m[M_STATE] = 0
+        r[R_RSN_NEXT] = (rsn + 1) & PSN_MASK
+    return n
+
+
+@njit("void(int64[:, ::1], int64[::1], int64)", **_jit)
+def rx_credit_alloc(rxs, par, now):
+    """MR-CC-018 reference allocation over the responder rows of one receiver: every QP active in
+    the last active_window shares rx_budget packets; idle ones keep init_credit.  Run every
+    credit_interval."""
+    n = rxs.shape[0]
+    active = 0
+    for q in range(n):
+        t = rxs[q, R_LAST_RX_TS]
+        if t != NONE and now - t <= par[P_ACTIVE_WINDOW]:
+            active += 1
+    share = par[P_RX_BUDGET] // (active if active > 0 else 1)
+    if share < 1:
+        share = 1
+    for q in range(n):
+        t = rxs[q, R_LAST_RX_TS]
+        c = share if (t != NONE and now - t <= par[P_ACTIVE_WINDOW]) else par[P_INIT_CREDIT]
+        rxs[q, R_CREDIT] = c if c < par[P_W] else par[P_W]

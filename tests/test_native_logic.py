@@ -1,0 +1,398 @@
+"""The native profile's transport logic (metaroce_xdp/native): compiled, I/O-free building blocks,
+tested per rule of docs/spec/04-native.md and 05-congestion.md, by hypothesis properties over a
+seeded link model, and by the in-process two-endpoint simulation (goodput at 1 % loss)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metaroce_xdp.native import layout as L
+from metaroce_xdp.native import sim
+from metaroce_xdp.native.multipath import mp_init, mp_on_loss, mp_on_round, mp_on_sack, mp_pick
+from metaroce_xdp.native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_DUP, RX_NEW, RX_OOW, RX_SACK_NOW,
+                                          rx_build_sack, rx_credit_alloc, rx_init, rx_on_packet,
+                                          rx_recv_completions, rx_rsn_check, rx_sack_due)
+from metaroce_xdp.native.sender import (ACT_FAIL, ACT_RNR_END, ACT_RTO, ACT_TLP, SACK_INVALID, SACK_STALE, TK_NEW,
+                                        TK_RETX, tsval_of, tx_can_send, tx_init, tx_next_lost, tx_on_rnr_nak,
+                                        tx_on_sack, tx_on_timer, tx_on_transmit)
+
+US = 1000
+
+
+def rx(isn=0x100, **kw):
+    par = L.params(**kw)
+    r = L.new_rx()[0]
+    rx_init(r, par, isn)
+    return r, par
+
+
+def sack(r, par):
+    hdr = np.zeros(8, np.int64)
+    words = np.zeros(32, np.int64)
+    nw = rx_build_sack(r, par, hdr, words)
+    return hdr, words[:nw].copy()
+
+
+def tx(isn=0x100, k=1, **kw):
+    par = L.params(k=k, **kw)
+    s, sb, pt = L.new_tx()[0], L.new_sb(), L.new_pt()
+    tx_init(s, par, isn, 0)
+    mp_init(pt, par, np.arange(0xC000, 0xC000 + L.KMAX, dtype=np.int64))
+    return s, sb, pt, par
+
+
+def send(s, sb, par, n, now, e=0):
+    ts = []
+    for _ in range(n):
+        ts.append(tx_on_transmit(s, sb, par, int(s[L.S_SND_NXT]), e, TK_NEW, now))
+    return ts
+
+
+def words_for(cum, psns):
+    w = np.zeros(32, np.int64)
+    for p in psns:
+        i = (p - cum - 2) & L.PSN_MASK
+        w[i >> 5] |= 1 << (31 - (i & 31))
+    nw = max([((((p - cum - 2) & L.PSN_MASK) >> 5) + 1) for p in psns], default=0)
+    return w, nw
+
+
+# ------------------------------------------------------------------ responder
+def test_sack_bitmap_nat5_mr_sack_004_005():
+    """MR-SACK-004/005: the NAT-5 scenario of 04 section 4.3.7: bit i = cum + 2 + i, two words."""
+    r, par = rx(0x101)
+    got = [0x102, 0x103] + list(range(0x105, 0x120)) + list(range(0x121, 0x126))
+    for p in got:
+        rx_on_packet(r, par, p, 0, 0, 1, 0x1E2F5, 0xC005, 0)
+    hdr, w = sack(r, par)
+    assert hdr[0] == 0x100 and hdr[1] == 2
+    assert [int(x) for x in w] == [0xDFFFFFFD, 0xF0000000]
+    assert hdr[2] == 0x1E2F5 and hdr[5] == 0xC005 and hdr[3] == 0xFFFF and hdr[6] == 0
+
+
+def test_sack_triggers_mr_sack_013_014_015_016():
+    """MR-SACK-014 (gap opens / fills, AckReq, duplicate), MR-SACK-015 (N = 8, T = 5 us), MR-SACK-016 (CE)."""
+    r, par = rx(0)
+    for p in range(7):
+        assert rx_on_packet(r, par, p, 0, 0, 1, p, 1, 0) == RX_NEW          # coalesced
+    assert rx_on_packet(r, par, 7, 0, 0, 1, 7, 1, 0) & RX_SACK_NOW          # 8th packet
+    sack(r, par)
+    assert rx_on_packet(r, par, 9, 0, 0, 1, 9, 1, 0) == RX_NEW | RX_SACK_NOW   # opens a gap
+    assert rx_on_packet(r, par, 10, 0, 0, 1, 9, 1, 0) == RX_NEW            # extends, no new gap
+    assert rx_on_packet(r, par, 12, 0, 0, 1, 9, 1, 0) & RX_SACK_NOW         # another gap
+    assert rx_on_packet(r, par, 8, 0, 0, 1, 9, 1, 0) & RX_SACK_NOW          # fills, 12 still beyond
+    assert r[L.R_EPSN] == 11
+    assert rx_on_packet(r, par, 9, 0, 0, 1, 9, 1, 0) == RX_DUP | RX_SACK_NOW  # MR-SACK-013
+    sack(r, par)
+    assert rx_on_packet(r, par, 11, 0, 0, 1, 9, 1, 0) == RX_NEW             # fills the last gap: nothing beyond
+    assert r[L.R_EPSN] == 13
+    sack(r, par)
+    assert rx_on_packet(r, par, 13, 0, 0, 1, 9, 1, 100) == RX_NEW
+    assert not rx_sack_due(r, par, 100 + 4 * US) and rx_sack_due(r, par, 100 + 5 * US)
+    assert rx_on_packet(r, par, 14, 1, 0, 1, 9, 1, 0) & RX_SACK_NOW          # AckReq
+    sack(r, par)
+    assert rx_on_packet(r, par, 15, 0, 1, 1, 9, 1, 0) & RX_SACK_NOW          # first CE
+    assert rx_on_packet(r, par, 16, 0, 1, 1, 9, 1, 0) == RX_NEW
+    hdr, _ = sack(r, par)
+    assert hdr[4] == 2 and hdr[6] == 0x80                                    # MR-SACK-007
+
+
+def test_window_edges_and_wrap_mr_sack_010_011():
+    """MR-SACK-010/011 at the window edge and across the 2^24 wrap; MR-SACK-005's W/32-word cap."""
+    r, par = rx(0xFFFFF0, w=64)
+    last = (0xFFFFF0 + 63) & L.PSN_MASK
+    assert rx_on_packet(r, par, last, 0, 0, 1, 0, 1, 0) & RX_NEW
+    assert rx_on_packet(r, par, (last + 1) & L.PSN_MASK, 0, 0, 1, 0, 1, 0) == RX_OOW
+    assert r[L.R_C_OOW] == 1
+    hdr, w = sack(r, par)
+    assert hdr[0] == 0xFFFFEF and hdr[1] == 2 and w[1] == 1 << 1           # bit 62 = W - 2
+    for p in range(0xFFFFF0, 0xFFFFF0 + 63):
+        rx_on_packet(r, par, p & L.PSN_MASK, 0, 0, 1, 0, 1, 0)
+    assert r[L.R_EPSN] == (last + 1) & L.PSN_MASK and r[L.R_NREC] == 0
+    hdr, w = sack(r, par)
+    assert hdr[0] == last and hdr[1] == 0
+
+
+def test_rsn_placement_and_inorder_completions_mr_ooo_006_012_013_014_026():
+    """RSN names the receive WQE (MR-OOO-006), not ready without one (MR-OOO-012), completions in RSN order
+    once the cumulative PSN reaches each message (MR-OOO-013/014), inconsistent RSNs invalid (MR-OOO-026)."""
+    r, par = rx(0)
+    rm = L.new_rm()
+    out = np.zeros(8, np.int64)
+    # messages RSN 0 (PSNs 0-1), RSN 1 (PSN 2), RSN 2 (PSN 3); arrivals 3, 2, 1, 0
+    assert rx_rsn_check(r, rm, par, 2, 12, 3, 2) == RSN_NOT_READY             # only 2 WQEs posted
+    assert rx_rsn_check(r, rm, par, 2, 12, 3, 3) == 2
+    rx_on_packet(r, par, 3, 0, 0, 1, 0, 1, 0)
+    assert rx_rsn_check(r, rm, par, 1, 11, 2, 3) == 1
+    rx_on_packet(r, par, 2, 0, 0, 1, 0, 1, 0)
+    assert rx_recv_completions(r, rm, out) == 0                              # nothing before them yet
+    assert rx_rsn_check(r, rm, par, 0, 10, 1, 3) == 0
+    rx_on_packet(r, par, 1, 0, 0, 1, 0, 1, 0)
+    assert rx_recv_completions(r, rm, out) == 0
+    assert rx_rsn_check(r, rm, par, 1, 99, 2, 3) == RSN_INVALID               # same RSN, other MSN
+    assert rx_rsn_check(r, rm, par, 300, 13, 9, 3) == RSN_INVALID             # k >= W
+    rx_on_packet(r, par, 0, 0, 0, 1, 0, 1, 0)
+    assert rx_recv_completions(r, rm, out) == 3 and list(out[:3]) == [0, 1, 2]
+    assert r[L.R_RSN_NEXT] == 3
+
+
+def test_credit_allocation_mr_cc_018():
+    """MR-CC-018: active QPs share rx_budget, idle ones keep init_credit, credits in [1, W]."""
+    par = L.params(rx_budget=64, init_credit=16, credits=1)
+    rxs = L.new_rx(5)
+    for q in range(5):
+        rx_init(rxs[q], par, 0)
+    for q in range(4):
+        rx_on_packet(rxs[q], par, 0, 0, 0, 1, 0, 1, 1000)
+    rx_credit_alloc(rxs, par, 2000)
+    assert list(rxs[:, L.R_CREDIT]) == [16, 16, 16, 16, 16]
+    rx_credit_alloc(rxs[:2].copy(), par, 2000)
+    hdr, _ = sack(rxs[0], par)
+    assert 1 <= hdr[3] <= 256
+
+
+# ------------------------------------------------------------------ requester
+def test_sack_validation_mr_sack_019_037():
+    """MR-SACK-019: a SACK naming a PSN never sent is discarded, counted and changes nothing;
+    MR-SACK-037: a stale SACK changes no acknowledgement state."""
+    s, sb, pt, par = tx()
+    send(s, sb, par, 10, 0)
+    before = s.copy(), sb.copy()
+    w, nw = words_for(0x100, [0x10A])                                         # 0x10A never sent
+    assert tx_on_sack(s, sb, pt, par, 0x101, nw, w, 0, 0, 0, 0xFFFF, 0xC000, 5 * US) == SACK_INVALID
+    assert tx_on_sack(s, sb, pt, par, 0x10A, 0, w, 0, 0, 0, 0xFFFF, 0xC000, 5 * US) == SACK_INVALID
+    assert s[L.S_C_SACK_INV] == 2
+    s2 = s.copy(); s2[L.S_C_SACK_INV] = before[0][L.S_C_SACK_INV]
+    assert (s2 == before[0]).all() and (sb == before[1]).all()
+    assert tx_on_sack(s, sb, pt, par, 0x105, 0, w, 0, 0, 0, 0xFFFF, 0xC000, 5 * US) == 6
+    assert s[L.S_SND_UNA] == 0x106
+    assert tx_on_sack(s, sb, pt, par, 0x102, 0, w, 0, 0, 0, 0xFFFF, 0xC000, 6 * US) == SACK_STALE
+    assert s[L.S_SND_UNA] == 0x106
+
+
+def test_rack_time_rule_and_count_rule_mr_sack_028_029_mp_014():
+    """MR-SACK-028: a hole is lost only rack_rtt + reo_wnd + T_peer after its send; MR-SACK-029: the count rule
+    marks it at once with K = 1, never with K > 1 (MR-MP-014)."""
+    for k in (1, 4):
+        s, sb, pt, par = tx(k=k)
+        send(s, sb, par, 1, 0)
+        send(s, sb, par, 5, 1 * US)
+        w, nw = words_for(0xFF, [0x101, 0x102, 0x103, 0x104])
+        tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(1 * US), 0, 0, 0xFFFF, 0xC000, 21 * US)
+        if k == 1:
+            assert tx_next_lost(s, sb) == 0x100
+        else:
+            assert tx_next_lost(s, sb) == L.PSN_NONE and s[L.S_REO_AT] != L.NONE
+            at = int(s[L.S_REO_AT])
+            tx_on_timer(s, sb, pt, par, at - 1)
+            assert tx_next_lost(s, sb) == L.PSN_NONE
+            tx_on_timer(s, sb, pt, par, at)
+            assert tx_next_lost(s, sb) == 0x100
+        assert tx_can_send(s, par, 30 * US, 0) == 0
+        tx_on_transmit(s, sb, par, 0x100, 1, TK_RETX, 40 * US)
+        assert tx_next_lost(s, sb) == L.PSN_NONE and s[L.S_C_RETX_SACK] == 1
+
+
+def test_spurious_retransmission_eifel_mr_sack_030():
+    """MR-SACK-030: a SACK whose tsecr predates the retransmission reports the original: reo_wnd_mult grows."""
+    s, sb, pt, par = tx(k=4)
+    send(s, sb, par, 1, 0)
+    send(s, sb, par, 3, 2 * US)
+    w, nw = words_for(0xFF, [0x101, 0x102, 0x103])
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(2 * US), 0, 0, 0xFFFF, 0xC000, 22 * US)
+    tx_on_timer(s, sb, pt, par, int(s[L.S_REO_AT]))
+    tx_on_transmit(s, sb, par, 0x100, 2, TK_RETX, 40 * US)
+    tx_on_sack(s, sb, pt, par, 0x103, 0, w, tsval_of(0), 0, 0, 0xFFFF, 0xC000, 41 * US)
+    assert s[L.S_C_SPURIOUS] == 1 and s[L.S_REO_MULT] == 2
+
+
+def test_rto_backoff_floor_and_retry_budget_mr_loss_003_to_009():
+    """MR-LOSS-004 initial RTO, MR-LOSS-003/005 floor at rto_min, MR-LOSS-007 doubling to rto_max,
+    MR-LOSS-009 failure after retry_cnt, MR-LOSS-008 reset on progress."""
+    s, sb, pt, par = tx(retry_cnt=3, rto_max=0.004)
+    assert s[L.S_RTO] == 4_000_000
+    send(s, sb, par, 4, 0)
+    tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    assert s[L.S_RTO] == 500 * US                                  # 20 us + 4 * 10 us, floored
+    rtos = []
+    t = int(s[L.S_RTO_AT])
+    for _ in range(3):
+        a = tx_on_timer(s, sb, pt, par, t)
+        assert a >> 32 == ACT_RTO and a & 0xFFFFFFFF == 0x101
+        rtos.append(int(s[L.S_RTO]))
+        t = int(s[L.S_RTO_AT])
+    assert rtos == [1_000_000, 2_000_000, 4_000_000]
+    assert tx_on_timer(s, sb, pt, par, t) >> 32 == ACT_FAIL
+    s, sb, pt, par = tx(retry_cnt=3)
+    send(s, sb, par, 4, 0)
+    tx_on_timer(s, sb, pt, par, int(s[L.S_RTO_AT]))
+    assert s[L.S_RETRY_COUNT] == 1 and s[L.S_N_LOST] == 4 and s[L.S_CONSEC_RTO] == 1
+    tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 9_000 * US)
+    assert s[L.S_RETRY_COUNT] == 0 and s[L.S_CONSEC_RTO] == 0
+
+
+def test_tail_loss_probe_mr_loss_010_011():
+    """MR-LOSS-010: PTO = max(2 srtt + T_peer, pto_min) after the last SACK/transmission probes the highest
+    unsacked PSN; MR-LOSS-011: one probe until a SACK arrives."""
+    s, sb, pt, par = tx()
+    send(s, sb, par, 1, 0)
+    tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    send(s, sb, par, 3, 20 * US)
+    assert s[L.S_PTO_AT] == 20 * US + 50 * US                        # 2 * 20 + 5 < pto_min
+    a = tx_on_timer(s, sb, pt, par, 70 * US)
+    assert a >> 32 == ACT_TLP and a & 0xFFFFFFFF == 0x103 and s[L.S_PROBE_OUT] == 1
+    assert s[L.S_PTO_AT] == L.NONE
+
+
+def test_rnr_wait_mr_sack_036_039_040_042():
+    """MR-SACK-036 start, MR-SACK-039 nothing sent during the wait, MR-SACK-040 held PSNs not in flight nor
+    lost and no window cut, MR-SACK-041 a repeat costs nothing, MR-SACK-042 held PSNs become lost at the end."""
+    s, sb, pt, par = tx()
+    send(s, sb, par, 6, 0)
+    cwnd = s[L.S_CWND]
+    assert tx_on_rnr_nak(s, sb, pt, par, 0x107, 0x21, 1, tsval_of(0), 0, 0, 0xFFFF, 10 * US) == -1   # not sent
+    assert tx_on_rnr_nak(s, sb, pt, par, 0x102, 0x21, 1, tsval_of(0), 0, 0, 0xFFFF, 10 * US) == 1
+    assert s[L.S_SND_UNA] == 0x102 and s[L.S_IN_FLIGHT] == 0 and s[L.S_N_LOST] == 0
+    assert tx_can_send(s, par, 11 * US, 1) != 0 and s[L.S_RTO_AT] == L.NONE
+    assert tx_on_rnr_nak(s, sb, pt, par, 0x102, 0x21, 1, tsval_of(0), 0, 0, 0xFFFF, 10 * US) == 0
+    assert s[L.S_RNR_COUNT] == 1 and s[L.S_CWND] >= cwnd and s[L.S_C_RNR_WAIT] == 1
+    a = tx_on_timer(s, sb, pt, par, 20 * US)                          # code 1 = 10 us
+    assert a >> 32 == ACT_RNR_END and s[L.S_N_LOST] == 4 and tx_next_lost(s, sb) == 0x102
+    assert s[L.S_RETRY_COUNT] == 0 and s[L.S_CWND] >= cwnd and s[L.S_C_DEC_LOSS] == 0
+
+
+# ------------------------------------------------------------------ congestion control
+def test_cc_delay_ecn_loss_mr_cc_008_009_012_013_022_041():
+    """MR-CC-008 additive increase below target, MR-CC-009 delay cut above it, MR-CC-012 ECN cut, MR-CC-013 at
+    most once per srtt; MR-CC-022 with MR-CC-041: a loss at low delay without CE does not cut, with CE it does."""
+    s, sb, pt, par = tx()
+    send(s, sb, par, 8, 0)
+    c0 = s[L.S_CWND]
+    tx_on_sack(s, sb, pt, par, 0x101, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    assert s[L.S_CWND] == c0 + 2 * L.FP * L.FP // c0                   # +ai*n/cwnd
+    # target = min_rtt 20 + 25 = 45 us; a 100 us sample cuts by beta * 55/100 = 0.44
+    c1 = s[L.S_CWND]
+    tx_on_sack(s, sb, pt, par, 0x102, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 100 * US)
+    assert abs(s[L.S_CWND] / c1 - 0.56) < 0.01 and s[L.S_C_DEC_DELAY] == 1
+    c2 = s[L.S_CWND]
+    tx_on_sack(s, sb, pt, par, 0x103, 0, np.zeros(1, np.int64), tsval_of(99 * US), 0x80, 3, 0xFFFF, 0xC000, 101 * US)
+    assert s[L.S_CWND] == c2                                           # no second cut within srtt, no increase
+    # loss with low delay and no CE: no cut (MR-CC-041)
+    s, sb, pt, par = tx(k=1)
+    send(s, sb, par, 1, 0)
+    send(s, sb, par, 7, 1 * US)
+    w, nw = words_for(0xFF, [0x101, 0x102, 0x103])
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    assert tx_next_lost(s, sb) == 0x100 and s[L.S_C_LOSS_NOCUT] == 1 and s[L.S_C_DEC_LOSS] == 0
+    s, sb, pt, par = tx(k=1)
+    send(s, sb, par, 1, 0)
+    send(s, sb, par, 7, 1 * US)
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(0), 0x80, 1, 0xFFFF, 0xC000, 20 * US)
+    assert s[L.S_C_DEC_ECN] + s[L.S_C_DEC_LOSS] >= 1
+
+
+def test_credits_bound_new_psns_mr_cc_014_017():
+    """MR-CC-017 initial right edge, MR-CC-014 right_edge = cum + clamp(credit, 1, W) from the highest cum."""
+    s, sb, pt, par = tx(credits=1, init_credit=4)
+    send(s, sb, par, 4, 0)
+    assert tx_can_send(s, par, 0, 1) == 3                              # TXB_CREDIT
+    tx_on_sack(s, sb, pt, par, 0x101, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0, 0xC000, 20 * US)
+    assert s[L.S_RIGHT_EDGE] == 0x102                                  # credit 0 grants one
+    tx_on_sack(s, sb, pt, par, 0x101, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 21 * US)
+    assert s[L.S_RIGHT_EDGE] == 0x101 + 256                            # 0xFFFF clamps to W
+
+
+# ------------------------------------------------------------------ multipath
+def test_path_penalty_eviction_probe_return_mr_mp_006_to_013():
+    """MR-MP-006 weighted spreading, MR-MP-008 loss halves, MR-MP-009/010 eviction and probing, MR-MP-012
+    recovery, MR-MP-013 the last usable value stays."""
+    par = L.params(k=4)
+    pt = L.new_pt()
+    mp_init(pt, par, np.arange(0xC000, 0xC000 + L.KMAX, dtype=np.int64))
+    picks = [mp_pick(pt, par, L.NONE, 0) for _ in range(8)]
+    assert sorted(picks) == [0, 0, 1, 1, 2, 2, 3, 3] and picks[0] != picks[1]
+    mp_on_loss(pt, par, 2, 10 * US)
+    assert pt[2, L.E_WEIGHT] == L.FP // 2
+    mp_on_loss(pt, par, 2, 20 * US)
+    assert pt[2, L.E_STATE] == L.ST_EVICTED
+    assert 2 not in [mp_pick(pt, par, 20 * US, 30 * US) for _ in range(30)]
+    t = int(pt[2, L.E_EVICT_UNTIL])
+    assert mp_pick(pt, par, 20 * US, t) == 2 | L.PICK_PROBE             # probe after evict_time
+    mp_on_sack(pt, par, 0xC002, 20 * US, 0, t + 20 * US)
+    assert pt[2, L.E_STATE] == L.ST_ACTIVE and pt[2, L.E_WEIGHT] == L.FP // 4
+    for i in range(7):                     # the first round clears the loss seen before the eviction
+        mp_on_round(pt, par, t + (i + 2) * 20 * US)
+    assert pt[2, L.E_WEIGHT] == L.FP
+    for e in (0, 1, 2):                                                # evict all but one...
+        pt[e, L.E_STATE] = L.ST_EVICTED
+    mp_on_loss(pt, par, 3, t)
+    mp_on_loss(pt, par, 3, t + 1)
+    assert pt[3, L.E_STATE] == L.ST_ACTIVE                             # ...which stays (MR-MP-013)
+
+
+# ------------------------------------------------------------------ properties over the link model
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), loss=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+       dup=st.sampled_from([0.0, 0.05]), n=st.integers(1, 400))
+def test_prop_retransmits_exactly_lost_psns(seed, loss, dup, n):
+    """Any drop/duplication schedule on a FIFO path (data and SACKs): the transfer completes, every SACK-driven
+    retransmission (MR-SACK-023, MR-SACK-028) is of a PSN the responder had not received, and each such PSN
+    had a copy dropped (MR-SACK-022: never a delivered one)."""
+    r = sim.run(n=n, loss=loss, dup=dup, seed=seed, max_us=400_000)
+    assert r.done_us is not None and not r.failed
+    assert r.bad_retx == []
+    assert r.delivered == n
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31), k=st.integers(2, 8),
+       delays=st.lists(st.integers(8, 12), min_size=2, max_size=8))
+def test_prop_reordering_within_tolerance_no_retransmission_mr_mp_014(seed, k, delays):
+    """MR-MP-014: spraying over K paths whose round trips differ by less than reo_wnd (floor 10 us) reorders
+    packets but causes no retransmission of any kind."""
+    r = sim.run(n=600, k=k, delays_us=tuple(delays), seed=seed)
+    assert r.done_us is not None
+    assert (r.retx_sack, r.retx_tlp, r.retx_rto, r.spurious) == (0, 0, 0, 0)
+    assert sum(1 for c in r.per_path_tx[:k] if c > 0) == k
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31), credit=st.integers(1, 64), loss=st.sampled_from([0.0, 0.02]))
+def test_prop_new_psns_never_beyond_credits_mr_cc_002_014(seed, credit, loss):
+    """MR-CC-002/014: with CREDITS agreed no new PSN is sent beyond the highest cum + credit granted."""
+    r = sim.run(n=300, loss=loss, seed=seed, credits=True, credit=credit, max_us=400_000)
+    assert r.done_us is not None and r.credit_violations == 0
+
+
+def test_goodput_at_one_percent_loss_issue_target():
+    """Issue 9's target as evidence for the design: in the two-endpoint simulation (seeded 1 % random loss on
+    data and SACKs), native goodput stays >= 80 % of loss-free goodput."""
+    base = sim.run(n=20_000, loss=0.0, seed=7)
+    ratios = []
+    for seed in (7, 8, 9):
+        lossy = sim.run(n=20_000, loss=0.01, seed=seed)
+        assert lossy.done_us is not None and lossy.bad_retx == []
+        ratios.append(base.done_us / lossy.done_us)
+    assert min(ratios) >= 0.8, ratios
+
+
+def test_multipath_moves_off_bad_path_and_returns():
+    """MR-MP-008..012 end to end: one of 4 paths drops 20 %: the sender moves off it (few of the packets
+    after the first milliseconds use it), the transfer completes; healed, the path carries traffic again."""
+    healed_at = 30_000
+    marks = {}
+
+    def step(t, ploss):
+        if t == 5_000:
+            marks["a"] = None
+        if t == healed_at:
+            ploss[2] = 0.0
+    r0 = sim.run(n=60_000, k=4, delays_us=(10, 10, 10, 10), path_loss=(0, 0, 0.2, 0), seed=5,
+                 on_step=step, max_us=200_000)
+    assert r0.done_us is not None
+    share = r0.per_path_tx[2] / sum(r0.per_path_tx[:4])
+    assert 0.02 < share < 0.2, r0.per_path_tx                          # mostly avoided, then back
+    assert r0.paths[2, L.E_C_EVICT] >= 1
+    assert r0.paths[2, L.E_STATE] == L.ST_ACTIVE                       # healed: in use at the end
