@@ -8,7 +8,12 @@ switch dropping, duplicating, corrupting and reordering packets.  Prints a
 summary (bytes, operations, retransmissions, ACKs consumed in the kernel,
 integrity verdict) and removes everything it built, also on Ctrl-C.
 
-    python -m tools.demo [--size-mib N] [--no-faults] [--codec]
+    python -m tools.demo [--size-mib N] [--no-faults] [--codec] [--daemon]
+
+Engine: the demo builds its own hosts, so no running metaroced can serve their interfaces; it runs its
+own in-process engine on each.  With --daemon it starts one metaroced per host namespace instead and
+its two hosts are client processes' views of them (metaroce_xdp.daemon.client): the traffic goes
+through the daemons' compiled data planes, which have no ATOMICs (that step is skipped).
 """
 from __future__ import annotations
 
@@ -36,20 +41,28 @@ con = Console()
 
 
 class Host:
-    def __init__(self, topo, ns: str, ifname: str, size: int) -> None:
-        self.topo, self.ns = topo, ns
-        with topo.enter(ns):
-            self.ctx = Context.open(ifname, progress_thread=True)
+    def __init__(self, topo, ns: str, ifname: str, size: int, daemon_sock: str | None = None) -> None:
+        self.topo, self.ns, self.daemon = topo, ns, daemon_sock is not None
+        access = FULL
+        if self.daemon:              # a client of the metaroced serving ifname; memory it can reach
+            from metaroce_xdp.daemon import client
+            self.ctx = client.connect(daemon_sock, ifname)
+            self.buf = self.ctx.alloc_buf(size)
+            access = FULL & ~Access.REMOTE_ATOMIC
+        else:
+            with topo.enter(ns):
+                self.ctx = Context.open(ifname, progress_thread=True)
+            self.buf = np.zeros(size, np.uint8)
+        self.access = access
         self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = self.ctx.create_cq(1 << 16)
+        self.mr = self.pd.reg_mr(self.buf, access)
+        self.cq = self.ctx.create_cq(1 << 13 if self.daemon else 1 << 16)
         self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
 
     def connect(self, peer: "Host") -> None:
         with self.topo.enter(self.ns):
             q = self.qp
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=self.access))
             q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0, path_mtu=1024,
                             dgid=peer.ctx.gid, max_dest_rd_atomic=8, min_rnr_timer=1))
             q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=8))
@@ -131,8 +144,8 @@ def exchange(a: Host, b: Host, size: int, title: str) -> dict:
             rwcs += b.cq.poll(64)
         verdict["SEND"] = outcome(wcs, {a: wcs, b: rwcs},
                                   lambda: len(rwcs) == msgs and [x.imm_data for x in rwcs] == list(range(msgs)))
-        if verdict["SEND"] not in (INTACT, CORRUPT):
-            return verdict
+        if verdict["SEND"] not in (INTACT, CORRUPT) or a.daemon:
+            return verdict                      # the daemon's compiled data plane does no ATOMICs
         cell = size - 8
         b.buf[cell:] = 0
         k = 256
@@ -143,8 +156,41 @@ def exchange(a: Host, b: Host, size: int, title: str) -> dict:
     return verdict
 
 
+def _daemon_table(a: Host, b: Host) -> Table:
+    """The summary from the daemons' snapshots (their `status` op): per-QP bytes, port counters, XDP's."""
+    from metaroce_xdp.daemon.client import status
+    snaps = [status(h.ctx.socket_path) for h in (a, b)]
+    qps = [next(q for q in s["qps"] if q["qpn"] == h.qp.qp_num) for s, h in zip(snaps, (a, b))]
+    dev = [s["devices"][0]["counters"] for s in snaps]
+    pl = [d["plane"] for d in dev]
+    t = Table(title=f"summary (through metaroced: pids {snaps[0]['daemon']['pid']}, {snaps[1]['daemon']['pid']})")
+    t.add_column("")
+    t.add_column("host A (requester)", justify="right")
+    t.add_column("host B (responder)", justify="right")
+    t.add_row("payload bytes sent", f"{qps[0]['bytes_tx']:,}", f"{qps[1]['bytes_tx']:,}")
+    t.add_row("packets sent", f"{pl[0].get('tx', 0):,}", f"{pl[1].get('tx', 0):,}")
+    t.add_row("retransmissions", str(pl[0].get("retransmits")), str(pl[1].get("retransmits")))
+    t.add_row("local ACK timeouts", str(pl[0].get("timeouts")), str(pl[1].get("timeouts")))
+    t.add_row("NAKs received / sent", str(pl[0].get("naks_seen")), str(pl[1].get("tx_nak")))
+    t.add_row("duplicate requests seen", "", str(pl[1].get("rx_dup")))
+    ev = dev[0].get("xdp_events", {})
+    t.add_row("ACKs + NAKs consumed by the XDP program", f"{ev.get('ACK_CONSUMED', 0) + ev.get('NAK_CONSUMED', 0):,}",
+              "")
+    t.add_row("frames dropped for a bad ICRC (user / kernel)",
+              *(f"{p.get('rx_drop_icrc')} / {d.get('xdp_drops', {}).get('BAD_ICRC')}" for p, d in zip(pl, dev)))
+    return t
+
+
 def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> int:
     """Print the table and the verdicts; 0 when every operation is intact, 1 otherwise."""
+    if a.daemon:
+        con.print(_daemon_table(a, b))
+    else:
+        con.print(_engine_table(a, b))
+    return _verdicts(verdicts, faults)
+
+
+def _engine_table(a: Host, b: Host) -> Table:
     qa, qb = a.qp.query(), b.qp.query()
     ev_a = a.ctx.loader.events()
     t = Table(title="summary")
@@ -161,7 +207,10 @@ def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> int:
     t.add_row("frames dropped for a bad ICRC (user / kernel)",
               f"{a.ctx.engine.stats['drop_icrc']} / {a.ctx.loader.drops()['BAD_ICRC']}",
               f"{b.ctx.engine.stats['drop_icrc']} / {b.ctx.loader.drops()['BAD_ICRC']}")
-    con.print(t)
+    return t
+
+
+def _verdicts(verdicts: dict, faults: dict | None) -> int:
     if faults:
         con.print("switch impairments: " + ", ".join(f"{k} {v}" for k, v in faults.items()))
     failed = [f for v in verdicts.values() for f in v.values() if f not in (INTACT, CORRUPT)]
@@ -187,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mib", type=int, default=16, help="memory region per host (default 16)")
     ap.add_argument("--no-faults", action="store_true", help="skip the lossy-switch round")
     ap.add_argument("--codec", action="store_true", help="show the packet codec demo instead")
+    ap.add_argument("--daemon", action="store_true", help="run each host through a metaroced started in its "
+                    "namespace (the hosts are the daemons' clients) instead of an in-process engine")
     args = ap.parse_args(argv)
     if args.codec:
         from . import demo_codec
@@ -197,12 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     size = max(4, args.size_mib) << 20
     topo = None
     hosts: list[Host] = []
+    daemons: list = []
     try:
         con.print("building hosts A and B (network namespaces) joined by a switch namespace M ...")
         topo, _, _ = switched_hosts()
-        a = Host(topo, topo[0], "mr0", size)
+        socks: dict[str, str | None] = {"mr0": None, "mr1": None}
+        if args.daemon:
+            socks = _start_daemons(topo, daemons)
+        con.print("engine: " + (f"metaroced in each host's namespace ({socks['mr0']}, {socks['mr1']})" if args.daemon
+                                else "in process (the demo's hosts are its own: no running metaroced serves them; "
+                                     "--daemon starts one per host)"))
+        a = Host(topo, topo[0], "mr0", size, socks["mr0"])
         hosts.append(a)
-        b = Host(topo, topo[2], "mr1", size)
+        b = Host(topo, topo[2], "mr1", size, socks["mr1"])
         hosts.append(b)
         a.connect(b)
         b.connect(a)
@@ -226,9 +284,52 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for h in hosts:
             h.ctx.close()
+        for p in daemons:              # SIGTERM: each drains, detaches XDP and exits
+            p.terminate()
+            try:
+                p.wait(30)
+            except Exception:          # noqa: BLE001
+                p.kill()
+        if daemons and os.path.isdir(daemons[0].tmp):
+            import shutil
+            shutil.rmtree(daemons[0].tmp, ignore_errors=True)
         if topo is not None:
             topo.close()
             con.print("[dim]namespaces, veths and XDP programs removed[/dim]")
+
+
+def _start_daemons(topo, out: list) -> dict[str, str]:
+    """One metaroced (python -m metaroce_xdp.daemon.server) per host namespace; their control sockets.
+    Each dies with this process (PR_SET_PDEATHSIG) should the demo be killed."""
+    import ctypes
+    import json
+    import signal
+    import subprocess
+    import tempfile
+
+    def die_with_parent() -> None:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+    tmp = tempfile.mkdtemp(prefix="metaroce-demo-")
+    os.mkdir(os.path.join(tmp, "bpf"))
+    socks = {}
+    for ns, ifname in ((topo[0], "mr0"), (topo[2], "mr1")):
+        sock, cfg = os.path.join(tmp, f"{ifname}.sock"), os.path.join(tmp, f"{ifname}.toml")
+        with open(cfg, "w") as f:
+            f.write(f'interfaces = ["{ifname}"]\nsocket_path = "{sock}"\nprogress = "sleep"\n'
+                    f'bpffs_prefix = "{tmp}/bpf/metaroce"\nmax_mr_bytes_per_client = {1 << 31}\n')
+        p = topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", cfg],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), preexec_fn=die_with_parent)
+        p.tmp = tmp
+        out.append(p)
+        socks[ifname] = sock
+    con.print("starting metaroced in A and in B (BCC compiles the XDP program: a few seconds) ...")
+    for p in out:
+        line = p.stdout.readline()
+        if not line.startswith("{") or not json.loads(line).get("ready"):
+            raise RuntimeError(f"metaroced did not start (exit {p.poll()})")
+    return socks
 
 
 if __name__ == "__main__":

@@ -63,3 +63,24 @@ def open_daemon_context(choice: Choice, ifname: str) -> Any:
 
 def say(tool: str, choice: Choice) -> None:
     print(f"{tool}: engine: {choice.why}", file=sys.stderr, flush=True)
+
+
+class DaemonEngine:
+    """What the tools' loops use of an in-process engine (`progress()`, `stats`, `local_mac`, `max_pmtu`), for a
+    client of metaroced: the daemon makes progress by itself, so progress() only yields the CPU to it (on a
+    host with few cores the daemon's threads need it to deliver what this process waits for); `stats` are the
+    device's counters through the daemon's `stats` op (a control round trip: the loops read it rarely)."""
+
+    threaded = True
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.local_mac, self.max_pmtu = ctx.local_mac, ctx.max_pmtu
+
+    def progress(self) -> int:
+        os.sched_yield()
+        return 0
+
+    @property
+    def stats(self) -> dict:
+        return self.ctx.stats()
