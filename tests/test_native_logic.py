@@ -376,6 +376,19 @@ def test_goodput_at_one_percent_loss_issue_target():
         assert lossy.done_us is not None and lossy.bad_retx == []
         ratios.append(base.done_us / lossy.done_us)
     assert min(ratios) >= 0.8, ratios
+    # the contrast that made MR-CC-041: when every loss cuts the window (no CC_DELAY), 1 % loss costs half
+    cut = sim.run(n=20_000, loss=0.01, seed=7, cc_delay=0)
+    assert base.done_us / cut.done_us < 0.8
+
+
+def test_multipath_one_degraded_path_keeps_aggregate():
+    """Issue 9's multipath case in the simulation: 4 paths, one dropping 5 %: the flow keeps >= 70 % of the
+    loss-free 4-path goodput (MR-MP-008/009 move it off the bad path) and sends little on that path."""
+    healthy = sim.run(n=30_000, k=4, delays_us=(10,), seed=5)
+    bad = sim.run(n=30_000, k=4, delays_us=(10,), path_loss=(0, 0, 0.05, 0), seed=5)
+    assert bad.done_us is not None and bad.bad_retx == []
+    assert healthy.done_us / bad.done_us >= 0.7
+    assert bad.per_path_tx[2] < 0.1 * sum(bad.per_path_tx[:4])
 
 
 def test_multipath_moves_off_bad_path_and_returns():
