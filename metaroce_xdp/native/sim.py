@@ -157,3 +157,123 @@ def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0,
     res.sender = s
     res.paths = pt
     return res
+
+
+@dataclass
+class IncastResult:
+    done_us: list                        # per sender: step its last PSN was cumulatively received (None: not)
+    delivered: list                      # per sender: packets delivered in the measuring window
+    window_us: int
+    drops: int
+    marks: int
+    max_queue: int
+    queue: list                          # queue depth sampled every 10 us
+    retx: int
+    senders: list = field(default_factory=list)
+
+
+def incast(senders=4, n=3000, seed=1, credits=True, ecn_at=30, drop_at=120, one_way_us=5,
+           window=(500, 2500), max_us=100_000, **par_kw) -> IncastResult:
+    """`senders` requesters, each with a line-rate uplink (one packet per 1 us step), stream `n` packets
+    each into one responder through one bottleneck of one packet per step: a FIFO queue that CE-marks
+    a packet arriving when it holds `ecn_at` packets or more and drops it at `drop_at` (a
+    DCTCP-configured switch).  The responder keeps one RX row per QP and, with credits, allocates them
+    with rx_credit_alloc every credit_interval.  Delivered packets are counted per sender over the
+    steps window[0]..window[1] (all senders active)."""
+    from .receiver import rx_credit_alloc
+    rng = np.random.default_rng(seed)
+    base = dict(k=1, credits=1 if credits else 0)
+    base.update(par_kw)
+    par = L.params(**base)
+    ns = senders
+    S = L.new_tx(ns)
+    SB = np.zeros((ns, L.WMAX, L.NSB), np.int64)
+    PT = np.zeros((ns, L.KMAX, L.NPT), np.int64)
+    R = L.new_rx(ns)
+    isn = 0xFFFF00
+    for q in range(ns):
+        tx_init(S[q], par, isn, 0)
+        mp_init(PT[q], par, np.arange(0xC000, 0xC000 + L.KMAX, dtype=np.int64))
+        rx_init(R[q], par, isn)
+    last = (isn + n - 1) & L.PSN_MASK
+    ev: list = []
+    seq = 0
+    queue: list = []
+    hdr = np.zeros(8, np.int64)
+    words = np.zeros(32, np.int64)
+    sent = [0] * ns
+    done = [None] * ns
+    got = [0] * ns
+    res = IncastResult(done, got, window[1] - window[0], 0, 0, 0, [], 0)
+    next_credit = 0
+    start = rng.integers(0, 5, ns)
+
+    def push(t, kind, pl):
+        nonlocal seq
+        seq += 1
+        heapq.heappush(ev, (t, seq, kind, pl))
+
+    def tx_one(q, t, psn, kind, ackreq):
+        pick = mp_pick(PT[q], par, S[q, L.S_SRTT], t * US)
+        tsval = tx_on_transmit(S[q], SB[q], par, psn, pick & 0xFFFF, kind, t * US)
+        push(t + one_way_us, 0, (q, psn, tsval, int(ackreq or psn == last)))
+
+    for t in range(max_us):
+        now = t * US
+        while ev and ev[0][0] <= t:
+            _, _, kind, pl = heapq.heappop(ev)
+            if kind == 0:                                   # arrives at the switch
+                if len(queue) >= drop_at:
+                    res.drops += 1
+                    continue
+                ce = len(queue) >= ecn_at
+                res.marks += ce
+                queue.append(pl + (int(ce),))
+            elif kind == 1:                                 # arrives at the responder
+                q, psn, tsval, ackreq, ce = pl
+                f = rx_on_packet(R[q], par, psn, ackreq, ce, 1, tsval, 0xC000, now)
+                if f & RX_NEW and window[0] <= t < window[1]:
+                    got[q] += 1
+                if f & RX_SACK_NOW:
+                    nw = rx_build_sack(R[q], par, hdr, words)
+                    push(t + 2 * one_way_us, 2, (q, hdr.copy(), words[:max(nw, 1)].copy(), nw))
+            else:
+                q, h, w, nw = pl
+                tx_on_sack(S[q], SB[q], PT[q], par, h[0], nw, w, h[2], h[6], h[4], h[3], h[5], now)
+        if queue:                                           # the bottleneck: one packet per step
+            push(t + one_way_us, 1, queue.pop(0))
+        res.max_queue = max(res.max_queue, len(queue))
+        if t % 10 == 0:
+            res.queue.append(len(queue))
+        if credits and now >= next_credit:
+            rx_credit_alloc(R, par, now)
+            next_credit = now + par[L.P_CREDIT_INTERVAL]
+        for q in range(ns):
+            if rx_sack_due(R[q], par, now):
+                nw = rx_build_sack(R[q], par, hdr, words)
+                push(t + 2 * one_way_us, 2, (q, hdr.copy(), words[:max(nw, 1)].copy(), nw))
+            if done[q] is None and R[q, L.R_EPSN] == (last + 1) & L.PSN_MASK:
+                done[q] = t
+        if all(d is not None for d in done):
+            break
+        for q in range(ns):
+            if t < start[q] or done[q] is not None:
+                continue
+            s = S[q]
+            dl = tx_next_deadline(s)
+            if dl != L.NONE and dl <= now:
+                a = tx_on_timer(s, SB[q], PT[q], par, now)
+                act, psn = a >> 32, a & 0xFFFFFFFF
+                if act in (ACT_RTO, ACT_TLP) and psn != L.PSN_NONE:
+                    tx_one(q, t, psn, TK_RTO if act == ACT_RTO else TK_TLP, True)
+                    continue
+            lp = tx_next_lost(s, SB[q])
+            if lp != L.PSN_NONE:
+                if tx_can_send(s, par, now, 0) == 0:
+                    tx_one(q, t, lp, TK_RETX, False)
+            elif sent[q] < n and tx_can_send(s, par, now, 1) == 0:
+                tx_one(q, t, int(s[L.S_SND_NXT]), TK_NEW, False)
+                sent[q] += 1
+    res.retx = int(sum(S[q, L.S_C_RETX_SACK] + S[q, L.S_C_RETX_TLP] + S[q, L.S_C_RETX_RTO] for q in range(ns)))
+    res.senders = S
+    return res
