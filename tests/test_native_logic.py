@@ -12,7 +12,7 @@ from metaroce_xdp.native import layout as L
 from metaroce_xdp.native import sim
 from metaroce_xdp.native.multipath import mp_init, mp_on_loss, mp_on_round, mp_on_sack, mp_pick
 from metaroce_xdp.native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_DUP, RX_NEW, RX_OOW, RX_SACK_NOW,
-                                          rx_build_sack, rx_credit_alloc, rx_init, rx_on_packet,
+                                          rx_build_sack, rx_credit_alloc, rx_init, rx_on_not_ready, rx_on_packet,
                                           rx_recv_completions, rx_rsn_check, rx_sack_due)
 from metaroce_xdp.native.sender import (ACT_FAIL, ACT_RNR_END, ACT_RTO, ACT_TLP, SACK_INVALID, SACK_STALE, TK_NEW,
                                         TK_RETX, tsval_of, tx_can_send, tx_init, tx_next_lost, tx_on_rnr_nak,
@@ -136,6 +136,11 @@ def test_rsn_placement_and_inorder_completions_mr_ooo_006_012_013_014_026():
     rx_on_packet(r, par, 0, 0, 0, 1, 0, 1, 0)
     assert rx_recv_completions(r, rm, out) == 3 and list(out[:3]) == [0, 1, 2]
     assert r[L.R_RSN_NEXT] == 3
+    # a not-ready message (MR-OOO-012): not recorded, its CE counted (MR-CC-025), it triggers the RNR SACK
+    assert rx_rsn_check(r, rm, par, 3, 13, 4, 0) == RSN_NOT_READY
+    rx_on_not_ready(r, 1, 1, 0x1234, 0xC009, 0)
+    hdr, _ = sack(r, par)
+    assert r[L.R_EPSN] == 4 and hdr[4] == 1 and hdr[2] == 0x1234 and hdr[5] == 0xC009 and hdr[6] == 0x80
 
 
 def test_credit_allocation_mr_cc_018():
@@ -343,6 +348,7 @@ def test_prop_retransmits_exactly_lost_psns(seed, loss, dup, n):
     r = sim.run(n=n, loss=loss, dup=dup, seed=seed, max_us=400_000)
     assert r.done_us is not None and not r.failed
     assert r.bad_retx == []
+    assert r.retx_psns <= r.dropped
     assert r.delivered == n
 
 
@@ -389,6 +395,37 @@ def test_multipath_one_degraded_path_keeps_aggregate():
     assert bad.done_us is not None and bad.bad_retx == []
     assert healthy.done_us / bad.done_us >= 0.7
     assert bad.per_path_tx[2] < 0.1 * sum(bad.per_path_tx[:4])
+    assert bad.retx_sack > 0 and bad.same_path_retx == 0                 # MR-SACK-025
+
+
+@settings(max_examples=30, deadline=None)
+@given(samples=st.lists(st.integers(1, 3_000_000), min_size=1, max_size=40), expiries=st.integers(0, 7))
+def test_prop_rto_from_rtt_floor_and_backoff_mr_loss_003_005_007(samples, expiries):
+    """MR-LOSS-003: RTO = SRTT + max(G, 4 RTTVAR) over any RTT sample sequence (RFC 6298 arithmetic),
+    clamped to [rto_min, rto_max] (MR-LOSS-005); each expiry doubles it up to rto_max (MR-LOSS-007)."""
+    s, sb, pt, par = tx(rto_max=0.05)
+    srtt = rttvar = None
+    now = 0
+    for x in samples:
+        us = x // 1000
+        send(s, sb, par, 1, now)
+        now += us * US
+        tx_on_sack(s, sb, pt, par, int(s[L.S_SND_NXT]) - 1, 0, np.zeros(1, np.int64), tsval_of(now - us * US),
+                   0, 0, 0xFFFF, 0xC000, now)
+        r = us * US
+        if srtt is None:
+            srtt, rttvar = r, r // 2
+        else:
+            rttvar = (3 * rttvar + abs(srtt - r)) // 4
+            srtt = (7 * srtt + r) // 8
+    want = min(max(srtt + max(1000, 4 * rttvar), 500 * US), 50_000 * US)
+    assert s[L.S_RTO] == want
+    send(s, sb, par, 1, now)
+    for _ in range(expiries):
+        a = tx_on_timer(s, sb, pt, par, int(s[L.S_RTO_AT]))
+        assert a >> 32 == ACT_RTO
+        want = min(2 * want, 50_000 * US)
+        assert s[L.S_RTO] == want and 500 * US <= s[L.S_RTO] <= 50_000 * US
 
 
 def test_multipath_moves_off_bad_path_and_returns():

@@ -196,3 +196,17 @@ def mp_on_round(pt, par, now):
         if e[E_STATE] == ST_PENALIZED and now - e[E_PENALIZED_SINCE] > par[P_MP_EVICT_WINDOW]:
             _evict(pt, par, i, now)
         e[E_DIRTY] = 0
+
+
+@njit("int64(int64[:, ::1], int64[::1], int64, int64, int64)", **_jit)
+def mp_pick_retx(pt, par, srtt, now, avoid):
+    """MR-SACK-025: the entropy value for a retransmission, other than `avoid` (the value the lost
+    transmission used) when another usable value exists."""
+    i = mp_pick(pt, par, srtt, now)
+    if (i & 0xFFFF) != avoid or par[P_K] == 1:
+        return i
+    for _ in range(par[P_K]):
+        j = mp_pick(pt, par, srtt, now)
+        if (j & 0xFFFF) != avoid:
+            return j
+    return i

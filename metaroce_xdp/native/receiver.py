@@ -243,3 +243,19 @@ def rx_credit_alloc(rxs, par, now):
         t = rxs[q, R_LAST_RX_TS]
         c = share if (t != NONE and now - t <= par[P_ACTIVE_WINDOW]) else par[P_INIT_CREDIT]
         rxs[q, R_CREDIT] = c if c < par[P_W] else par[P_W]
+
+
+@njit("void(int64[::1], int64, int64, int64, int64, int64)", **_jit)
+def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
+    """A packet of a not-ready recv-consuming message (MR-OOO-012): not recorded, but its ECN mark
+    counts (MR-CC-025) and it is the trigger of the RNR NAK-type SACK the data plane may send for it
+    (MR-SACK-035: rx_build_sack fills tsecr, credit, ce_count, echo_sport and flags, MR-SACK-032;
+    the data plane sets the syndrome, BTH.PSN = the ePSN and bitmap_words 0)."""
+    if ce and r[R_CE_COUNT] < 0xFFFF:
+        r[R_CE_COUNT] += 1
+    r[R_TRIG_TSVAL] = tsval if has_ts else 0
+    r[R_TRIG_N] = 0 if has_ts else 1
+    r[R_TRIG_SPORT] = sport
+    r[R_TRIG_CE] = 1 if ce else 0
+    r[R_LAST_RX_TS] = now
+    r[R_C_NOTREADY] += 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import layout as L
-from .multipath import mp_init, mp_pick
+from .multipath import mp_init, mp_pick, mp_pick_retx
 from .receiver import RX_NEW, RX_SACK_NOW, rx_build_sack, rx_init, rx_on_packet, rx_sack_due
 from .sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tx_can_send, tx_init,
                      tx_next_deadline, tx_next_lost, tx_on_sack, tx_on_timer, tx_on_transmit)
@@ -33,6 +33,8 @@ class Result:
     spurious: int
     dropped: set = field(default_factory=set)          # PSNs of which some copy was dropped
     bad_retx: list = field(default_factory=list)       # SACK retransmissions of PSNs already received
+    retx_psns: set = field(default_factory=set)        # PSNs retransmitted because SACKs showed them lost
+    same_path_retx: int = 0                            # retransmissions on the value of the lost copy
     per_path_tx: list = field(default_factory=list)
     credit_violations: int = 0
     failed: bool = False
@@ -76,9 +78,15 @@ def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0,
 
     def send_data(t, psn, kind, ackreq):
         nonlocal seq
-        if kind == TK_RETX and received(psn):
-            res.bad_retx.append(psn)
-        pick = mp_pick(pt, par, s[L.S_SRTT], t * US)
+        if kind == TK_RETX:
+            res.retx_psns.add(psn)
+            if received(psn):
+                res.bad_retx.append(psn)
+            old = int(sb[psn & L.WMASK, L.B_ENTROPY])
+            pick = mp_pick_retx(pt, par, s[L.S_SRTT], t * US, old)    # MR-SACK-025
+            res.same_path_retx += k > 1 and (pick & 0xFFFF) == old
+        else:
+            pick = mp_pick(pt, par, s[L.S_SRTT], t * US)
         e = pick & 0xFFFF
         ackreq = ackreq or bool(pick & L.PICK_PROBE) or psn == last
         tsval = tx_on_transmit(s, sb, par, psn, e, kind, t * US)
