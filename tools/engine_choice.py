@@ -44,6 +44,8 @@ def choose(ifname: str, socket_path: str | None = None, no_daemon: bool = False)
     path = socket_path or default_socket()
     try:
         snap = st.query_status(path, ASK_TIMEOUT_S)
+    except st.DaemonNotRunning:
+        return Choice(None, f"in-process engine (no metaroced on {path})")
     except st.StatusError as e:
         return Choice(None, f"in-process engine ({e})")
     pid = (snap.get("daemon") or {}).get("pid")
