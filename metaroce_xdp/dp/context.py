@@ -160,6 +160,8 @@ class Plane:
         A[L.P_POLLFD] = ad(A) + pfd * 8
         A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
         A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
+        # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
+        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
         A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
         A[L.P_POLL_MS] = 1000
         A[L.P_MAGIC] = L.MAGIC

@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 from numba import types as nbt
 
-from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_CQE_OUT, P_EV_HEAD,
+from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_CQE_OUT, P_EV_HEAD,
                      P_EV_TAIL, P_MAGIC, P_MAXQ, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, P_SLEEPING, MAGIC, Q_SQ_BASE,
                      Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
 from .loop import activate, round_, views
@@ -209,7 +209,7 @@ _ = (P_CQE_OUT, P_MAXQ, P_SLEEPING)
 def warm_plan() -> list[tuple[str, str, tuple]]:
     """(name, why, args) for metaroce_xdp.jitwarm, on an arena that is not a port (magic 0)."""
     from ..wire.fastpath import TABLES
-    A = np.zeros(128, np.int64)
+    A = np.zeros(N_P, np.int64)
     TM = np.zeros((2, 128), np.uint8)
     umem = np.zeros(4096, np.uint8)
     w = np.zeros(NW, np.int64)

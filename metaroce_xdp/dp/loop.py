@@ -524,6 +524,13 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
 
 
 @njit(**_jit)
+def port_full(A, Q, qi):
+    """The port's in-flight budget is spent -- but a QP with fewer than 16 packets out may always send
+    (a retransmission after a timeout must never wait for other QPs' packets, which may be lost too)."""
+    return A[P_INFL_LEFT] <= 0 and psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= 16
+
+
+@njit(**_jit)
 def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
     """Transmit from the send queue: up to `budget` packets, inside the window.  Returns packets sent."""
     sent = 0
@@ -537,7 +544,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
         nxt = Q[qi, Q_SQ_NEXT]
         if nxt == ld_acq_i64(Q[qi], Q_SQ_TAIL):
             break
-        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or A[P_INFL_LEFT] <= 0:
+        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or port_full(A, Q, qi):
             break
         r = sq_row(Q, qi, nxt)
         op = SW[r, W_OPCODE]
@@ -584,7 +591,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             se = (SW[r, W_FLAGS] & F_SOLICITED) != 0 and op != WR_WRITE
             ok = True
             while SW[r, W_SENT] < npsn and sent < budget:
-                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or A[P_INFL_LEFT] <= 0:
+                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or port_full(A, Q, qi):
                     ok = False
                     break
                 k = SW[r, W_SENT]
@@ -607,7 +614,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     st_rel_u32(kaddr + KS_SND_NXT, (psn + 1) & PSN_MASK)   # before the frame can leave
                 # AckReq also on the last packet this QP sends before it stops for the window, the
                 # port's budget or the round's: the ACK for it is what lets it go on
-                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] == 1
+                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= 1
                                or psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= window) else 0
                 if not emit(A, Q, TM, umem, tables, qi, segment_opcode(is_write, has_imm, k, npsn),
                             0x80 if (last and se) else 0, ackreq, psn, ext, ext_len, SW[r, W_LADDR] + off, plen):
@@ -1116,11 +1123,11 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
             activate(A, Q, qi)
     # the active QPs only
     act = A[P_ACT_OFF]
-    if A[P_RX_SIZE] > 0:
+    if A[P_INFL_CAP] > 0:
         # the port's QPs share what the peer can take in before its fill ring runs dry (a peer like us
         # holds its RX ring's size in frames): without PFC, more in flight is dropped there and costs
         # go-back-N and local ACK timeouts (bidirectional and many-QP streams did)
-        left = A[P_RX_SIZE] * 3 // 4
+        left = A[P_INFL_CAP]
         nsend = 0
         for j in range(A[P_N_ACT]):
             qj = A[act + j]
@@ -1131,7 +1138,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                 if out > 0 or Q[qj, Q_SQ_NEXT] != Q[qj, Q_SQ_TAIL]:
                     nsend += 1
         A[P_INFL_LEFT] = left
-        A[P_QP_SHARE] = max(16, (A[P_RX_SIZE] * 3 // 4) // max(1, nsend))
+        A[P_QP_SHARE] = max(16, A[P_INFL_CAP] // max(1, nsend))
     else:
         A[P_INFL_LEFT] = 1 << 40
         A[P_QP_SHARE] = 0
