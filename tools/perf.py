@@ -11,6 +11,12 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
   write-lat  ping-pong of SIZE-byte WRITEs; each side busy-polls the last byte of
              its buffer for the peer's write (perftest's write_lat method)
 
+  --qps N          (bw tests) N QP pairs, -n and -t on each; aggregate reported
+  --bidirectional  (write-bw) the server writes to the client at the same time; the
+                   client reports both directions (all bytes over the longer run)
+  write-bw checks the data: each side compares what arrived with the writer's pattern.
+  --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
+
 The two sides set up the connection with the MetaRoCE Connection Message
 (metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
 buffer address, size, iterations, test name) ride in its PERF_PARAMS TLV.  The
@@ -230,6 +236,9 @@ class _Side:
             sys.stderr.write(f"debug: engine {dict(self.eng.stats)} port {getattr(self.ctx.port, 'stats', {})}\n")
             if self.compiled:
                 sys.stderr.write(f"debug: qp {self.qp.query()}\n")
+                for qp in self.qps[1:]:
+                    if qp.query()["state"] != self.qp.query()["state"]:
+                        sys.stderr.write(f"debug: qp {qp.query()}\n")
             if ld is not None:
                 drops = {k: v for k, v in ld.drops().items() if v}
                 sys.stderr.write(f"debug: xdp drops {drops} events {ld.events()}\n")
