@@ -24,9 +24,8 @@ import numpy as np
 from numba import njit
 from numba import types as nbt
 
-from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_CQE_OUT, P_EV_HEAD,
-                     P_EV_TAIL, P_MAGIC, P_MAXQ, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, P_SLEEPING, MAGIC, Q_SQ_BASE,
-                     Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
+from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EV_HEAD, P_EV_TAIL,
+                     P_MAGIC, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, MAGIC, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
 from .loop import activate, round_, views
 from .prims import c_monotonic_ns, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8
 
@@ -203,7 +202,6 @@ SIGNATURES = {"sq_post_n": sq_post_n, "dp_drive_bw": dp_drive_bw, "dp_drive_lat"
 for _f in SIGNATURES.values():
     _f.disable_compile()        # a call with other types fails at once instead of compiling on a live path
 del _f
-_ = (P_CQE_OUT, P_MAXQ, P_SLEEPING)
 
 
 def warm_plan() -> list[tuple[str, str, tuple]]:
