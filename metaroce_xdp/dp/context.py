@@ -160,6 +160,8 @@ class Plane:
         A[L.P_POLLFD] = ad(A) + pfd * 8
         A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
         A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
+        # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
+        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
         A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
         A[L.P_POLL_MS] = 1000
         A[L.P_MAGIC] = L.MAGIC
@@ -594,6 +596,39 @@ class QP:
 
     def __repr__(self) -> str:
         return f"QP({self.qp_num:#x}, {self.query_state().name})"
+
+    # ---- compiled posting (dp/drive.py) ----------------------------------------------------
+    def send_wqe(self, wr: SendWR) -> np.ndarray:
+        """The send-queue row post_send would write for wr, validated as post_send validates it (a
+        WRITE, WRITE WITH IMM, SEND, SEND WITH IMM or READ with at most one SGE): for posting many
+        copies at once from compiled code (post_send_n, dp.drive)."""
+        op = wr.opcode
+        if op not in _SUPPORTED_OPS:
+            raise Unsupported(f"{WROpcode(op).name}: compiled posting takes WRITE, WRITE WITH IMM, SEND, "
+                              "SEND WITH IMM and READ")
+        if wr.send_flags & SendFlags.FENCE:
+            raise Unsupported("SendFlags.FENCE is not implemented by the compiled data plane")
+        addr, length, lmr = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else 0,
+                                      WROpcode(op).name)
+        w = np.zeros(L.NW, np.int64)
+        w[L.W_WR_ID], w[L.W_OPCODE], w[L.W_FLAGS], w[L.W_LADDR], w[L.W_LENGTH] = (_i64(wr.wr_id), int(op),
+                                                                                 int(wr.send_flags), addr, length)
+        w[L.W_RADDR], w[L.W_RKEY], w[L.W_IMM] = _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF
+        w[L.W_LMR] = lmr if length else 0
+        return w
+
+    def post_send_n(self, wqe: np.ndarray, n: int) -> int:
+        """Post n copies of a row from send_wqe in one compiled call (no per-WR Python work); returns
+        how many fitted in the send queue."""
+        st = int(self.row[L.Q_STATE])
+        if st != QPState.RTS and st != QPState.ERR:
+            raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
+        pl = self.ctx.plane
+        from . import drive
+        with pl.post_lock:
+            k = drive.sq_post_n(pl.A, pl.TM, self.qi, wqe, n)
+        pl.wake()
+        return int(k)
 
 
 # ============================================================================ the context

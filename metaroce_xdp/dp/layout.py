@@ -55,10 +55,11 @@ P_FIELDS = _cols("""
     tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen rx_rsp_stale
     rounds idle_polls wakeups cqe_out rx_bytes tx_bytes
     last_to_comp last_to_max last_to_kack last_to_kseq last_to_head last_to_next last_to_tail
+    infl_left qp_share rx_owed infl_cap
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i
-N_P = 128
+N_P = 160
 assert len(P_FIELDS) <= N_P - 32        # the rest: TX scratch lives at txq_off
 MAGIC = 0x4D52_4450_0001                # "MRDP" v1
 

@@ -524,17 +524,27 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
 
 
 @njit(**_jit)
+def port_full(A, Q, qi):
+    """The port's in-flight budget is spent -- but a QP with fewer than 16 packets out may always send
+    (a retransmission after a timeout must never wait for other QPs' packets, which may be lost too)."""
+    return A[P_INFL_LEFT] <= 0 and psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= 16
+
+
+@njit(**_jit)
 def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
     """Transmit from the send queue: up to `budget` packets, inside the window.  Returns packets sent."""
     sent = 0
     pmtu = Q[qi, Q_PMTU]
     window = A[P_WINDOW]
+    share = A[P_QP_SHARE]                            # this round's fair share of the port's budget
+    if 0 < share < window:
+        window = share
     kaddr = ks_addr(A, qi) if A[P_KS_ADDR] != 0 else 0
     while sent < budget:
         nxt = Q[qi, Q_SQ_NEXT]
         if nxt == ld_acq_i64(Q[qi], Q_SQ_TAIL):
             break
-        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window:
+        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or port_full(A, Q, qi):
             break
         r = sq_row(Q, qi, nxt)
         op = SW[r, W_OPCODE]
@@ -574,13 +584,14 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             SW[r, W_STATUS] = k                      # where this request's response stream starts
             SW[r, W_SENT] = npsn
             sent += 1
+            A[P_INFL_LEFT] -= npsn - k
         else:
             is_write = op == WR_WRITE or op == WR_WRITE_IMM
             has_imm = op == WR_WRITE_IMM or op == WR_SEND_IMM
             se = (SW[r, W_FLAGS] & F_SOLICITED) != 0 and op != WR_WRITE
             ok = True
             while SW[r, W_SENT] < npsn and sent < budget:
-                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window:
+                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or port_full(A, Q, qi):
                     ok = False
                     break
                 k = SW[r, W_SENT]
@@ -601,13 +612,17 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                 psn = (first + k) & PSN_MASK
                 if kaddr and psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_SND_MAX]) > 0:
                     st_rel_u32(kaddr + KS_SND_NXT, (psn + 1) & PSN_MASK)   # before the frame can leave
-                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0) else 0
+                # AckReq also on the last packet this QP sends before it stops for the window, the
+                # port's budget or the round's: the ACK for it is what lets it go on
+                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= 1
+                               or psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= window) else 0
                 if not emit(A, Q, TM, umem, tables, qi, segment_opcode(is_write, has_imm, k, npsn),
                             0x80 if (last and se) else 0, ackreq, psn, ext, ext_len, SW[r, W_LADDR] + off, plen):
                     ok = False
                     break
                 SW[r, W_SENT] = k + 1
                 sent += 1
+                A[P_INFL_LEFT] -= 1
                 Q[qi, Q_SND_PSN] = (psn + 1) & PSN_MASK
                 if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_SND_MAX]) > 0:
                     Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
@@ -1023,6 +1038,23 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
 
 # ============================================================================ the round
 @njit(**_jit)
+def fq_topup(A):
+    """Give the fill ring the frames owed to it (rx_burst found no room for them) from the free stack."""
+    fsize = A[P_FQ_SIZE]
+    fprod = ld_acq_u32(A[P_FQ_PROD])
+    room = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
+    k = min(room, A[P_RX_OWED], A[P_FREE_TOP])
+    if k <= 0:
+        return
+    fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))
+    for i in range(k):
+        A[P_FREE_TOP] -= 1
+        fring[(fprod + i) & (fsize - 1)] = np.uint64(A[A[P_FREE_OFF] + A[P_FREE_TOP]])
+    st_rel_u32(A[P_FQ_PROD], (fprod + k) & 0xFFFFFFFF)
+    A[P_RX_OWED] -= k
+
+
+@njit(**_jit)
 def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     size = A[P_RX_SIZE]
     if size == 0:
@@ -1030,6 +1062,8 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     prod = ld_acq_u32(A[P_RX_PROD])
     cons = ld_acq_u32(A[P_RX_CONS])
     n = min((prod - cons) & 0xFFFFFFFF, budget)
+    if A[P_RX_OWED] > 0:
+        fq_topup(A)
     if n == 0:
         fqf = A[P_FQ_FLAGS]
         if fqf and (ld_acq_u32(fqf) & RING_NEED_WAKEUP):
@@ -1052,7 +1086,11 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
             fring[(fprod + nf) & (fsize - 1)] = np.uint64(a & A[P_FRAME_MASK])
             nf += 1
         else:
+            # no room yet: the kernel publishes the fill ring's consumer index lazily.  The frame
+            # goes to the free stack and one is owed to the fill ring (fq_topup), or the frames the
+            # kernel can receive into would dwindle -- and the peer's packets be dropped
             frame_free(A, a)
+            A[P_RX_OWED] += 1
     st_rel_u32(A[P_RX_CONS], (cons + n) & 0xFFFFFFFF)
     st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
     return n
@@ -1085,6 +1123,25 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
             activate(A, Q, qi)
     # the active QPs only
     act = A[P_ACT_OFF]
+    if A[P_INFL_CAP] > 0:
+        # the port's QPs share what the peer can take in before its fill ring runs dry (a peer like us
+        # holds its RX ring's size in frames): without PFC, more in flight is dropped there and costs
+        # go-back-N and local ACK timeouts (bidirectional and many-QP streams did)
+        left = A[P_INFL_CAP]
+        nsend = 0
+        for j in range(A[P_N_ACT]):
+            qj = A[act + j]
+            if Q[qj, Q_STATE] == ST_RTS:
+                out = psn_diff(Q[qj, Q_SND_PSN], Q[qj, Q_COMP_PSN])
+                if out > 0:
+                    left -= out
+                if out > 0 or Q[qj, Q_SQ_NEXT] != Q[qj, Q_SQ_TAIL]:
+                    nsend += 1
+        A[P_INFL_LEFT] = left
+        A[P_QP_SHARE] = max(16, A[P_INFL_CAP] // max(1, nsend))
+    else:
+        A[P_INFL_LEFT] = 1 << 40
+        A[P_QP_SHARE] = 0
     i = A[P_N_ACT] - 1
     while i >= 0:
         qi = A[act + i]
