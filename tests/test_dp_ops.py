@@ -1,0 +1,353 @@
+"""The compiled data plane's operations beyond SEND/WRITE/READ (metaroce_xdp/dp/ops.py), end to end: two
+namespaces on a veth, the real XDP program (ACKs and CNPs consumed in the kernel), AF_XDP sockets.
+ATOMICs (results, alignment and access NAKs with memory untouched, a duplicate answered from the saved
+result), SEND WITH INVALIDATE, gather/scatter lists, FENCE behind a READ, completion channels (solicited
+only, threaded wake-ups), SQD draining."""
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from dp_players import FULL, collect, drive, make_pair
+from metaroce_xdp.dp import layout as L
+from metaroce_xdp.rc.events import EventType
+from metaroce_xdp.verbs_types import (SGE, Access, Busy, InvalidArgument, QPAttr, QPState, RecvWR, SendFlags,
+                                      SendWR, WCFlags, WCOpcode, WCStatus, WROpcode)
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    topo, a, b = make_pair()
+    try:
+        yield topo, a, b
+    finally:
+        a.close()
+        b.close()
+        topo.close()
+
+
+@pytest.fixture
+def pair(fabric):
+    topo, a, b = fabric
+    a.new_qp(), b.new_qp()
+    a.connect(b), b.connect(a)
+    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
+    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
+    for s in (a, b):                                    # completions and events of earlier tests' QPs
+        while s.cq.poll(1 << 14):
+            pass
+        while s.ctx.async_events.get() is not None:
+            pass
+    return a, b
+
+
+def u64(buf, off):
+    return struct.unpack_from("<Q", buf, off)[0]
+
+
+def atomic(a, b, wr_id, op, loff, roff, add_or_cmp=0, swap=0, sgl=None, flags=SendFlags.SIGNALED):
+    return SendWR(wr_id=wr_id, opcode=op, sg_list=sgl or [a.sge(loff, 8)], remote_addr=b.mr.addr + roff,
+                  rkey=b.mr.rkey, compare_add=add_or_cmp, swap=swap, send_flags=flags)
+
+
+def post_unchecked(side, wr_id, op, laddr, raddr, rkey, add_or_cmp=0, swap=0):
+    """A WQE written straight into the send queue, past post_send's checks: how a peer that does not
+    check would send (the responder must judge the packet by itself)."""
+    pl, qp = side.ctx.plane, side.qp
+    r = qp.row
+    tail = int(r[L.Q_SQ_TAIL])
+    row = np.zeros(L.NW, np.int64)
+    row[[L.W_WR_ID, L.W_OPCODE, L.W_FLAGS, L.W_LADDR, L.W_LENGTH, L.W_RADDR, L.W_RKEY, L.W_IMM, L.W_SWAP]] = \
+        (wr_id, int(op), int(SendFlags.SIGNALED), laddr, 8, raddr, rkey, add_or_cmp, swap)
+    row[L.W_LMR] = side.mr.index
+    pl.SW[qp.sq_base + (tail & (qp.sq_size - 1))] = row
+    r[L.Q_SQ_TAIL] = tail + 1
+    pl.mark_ready(qp.qi)
+
+
+def test_fetch_add_and_compare_swap(pair):
+    a, b = pair
+    b.buf[64:72] = np.frombuffer(struct.pack("<Q", 1000), np.uint8)
+    b.buf[72:80] = np.frombuffer(struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFFF), np.uint8)
+    wrs = [atomic(a, b, 1, WROpcode.ATOMIC_FETCH_AND_ADD, 0, 64, 5),
+           atomic(a, b, 2, WROpcode.ATOMIC_FETCH_AND_ADD, 8, 64, (1 << 64) - 1),       # adds -1
+           atomic(a, b, 3, WROpcode.ATOMIC_CMP_AND_SWP, 16, 64, 1004, 77),             # matches: swapped
+           atomic(a, b, 4, WROpcode.ATOMIC_CMP_AND_SWP, 24, 64, 1004, 88),             # no match: kept
+           atomic(a, b, 5, WROpcode.ATOMIC_FETCH_AND_ADD, 32, 72, 2),                  # wraps around 2^64
+           SendWR(wr_id=6, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(1000, 100)], remote_addr=b.mr.addr + 5000,
+                  rkey=b.mr.rkey)]
+    a.qp.post_send(wrs)
+    wcs = collect(a, len(wrs), [b])
+    assert [(w.wr_id, w.status, w.opcode, w.byte_len) for w in wcs] == [
+        (1, WCStatus.SUCCESS, WCOpcode.FETCH_ADD, 8), (2, WCStatus.SUCCESS, WCOpcode.FETCH_ADD, 8),
+        (3, WCStatus.SUCCESS, WCOpcode.COMP_SWAP, 8), (4, WCStatus.SUCCESS, WCOpcode.COMP_SWAP, 8),
+        (5, WCStatus.SUCCESS, WCOpcode.FETCH_ADD, 8), (6, WCStatus.SUCCESS, WCOpcode.RDMA_WRITE, 100)]
+    assert [u64(a.buf, o) for o in (0, 8, 16, 24, 32)] == [1000, 1005, 1004, 77, 0xFFFF_FFFF_FFFF_FFFF]
+    assert u64(b.buf, 64) == 77 and u64(b.buf, 72) == 1
+    assert (b.buf[5000:5100] == a.buf[1000:1100]).all()
+    assert a.ctx.stats()["rx_drop_op"] == 0 and b.ctx.stats()["rx_drop_op"] == 0
+
+
+def test_atomic_work_requests_are_checked_at_post(pair):
+    a, b = pair
+    with pytest.raises(InvalidArgument, match="multiple of 8"):
+        a.qp.post_send(atomic(a, b, 1, WROpcode.ATOMIC_FETCH_AND_ADD, 0, 4, 1))
+    with pytest.raises(InvalidArgument, match="8-byte"):
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[a.sge(0, 16)],
+                              remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    assert a.qp.query()["sq_outstanding"] == 0
+
+
+@pytest.mark.parametrize("op", [WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_CMP_AND_SWP])
+def test_misaligned_atomic_is_naked_and_memory_untouched(pair, op):
+    """MR-ATOM-002: a peer that sends a VA not a multiple of 8 gets an invalid request NAK; not a byte of
+    the target (nor of the requester's result buffer) changes; the responder's QP goes to ERR."""
+    a, b = pair
+    before_b, before_a = b.buf[:64].copy(), a.buf[:16].copy()
+    post_unchecked(a, 7, op, a.mr.addr, b.mr.addr + 4, b.mr.rkey, 1, 2)
+    (wc,) = collect(a, 1, [b])
+    assert (wc.wr_id, wc.status, wc.opcode) == (7, WCStatus.REM_INV_REQ_ERR,
+                                                WCOpcode.FETCH_ADD if op == WROpcode.ATOMIC_FETCH_AND_ADD
+                                                else WCOpcode.COMP_SWAP)
+    assert (b.buf[:64] == before_b).all() and (a.buf[:16] == before_a).all()
+    assert b.qp.query_state() == QPState.ERR
+    ev = b.ctx.get_async_event(1.0)
+    assert ev is not None and ev.event_type == EventType.QP_REQ_ERR and "aligned" in ev.reason
+
+
+def test_atomic_with_a_bad_key_is_a_remote_access_error(pair):
+    a, b = pair
+    before = b.buf[:64].copy()
+    a.qp.post_send(SendWR(wr_id=3, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
+                          remote_addr=b.mr.addr + 8, rkey=b.mr.rkey ^ 1, compare_add=1))
+    (wc,) = collect(a, 1, [b])
+    assert (wc.wr_id, wc.status) == (3, WCStatus.REM_ACCESS_ERR)
+    assert (b.buf[:64] == before).all()
+
+
+def test_duplicate_atomic_is_answered_from_the_saved_result(pair):
+    """The requester's local ACK timer fires before the responder answered, so the FETCH_ADD goes out
+    twice with one PSN: the responder executes the first, answers the second from the value it saved
+    (MR-DUP-005) -- the target is incremented once and the completion carries the first original value."""
+    a, b = pair
+    b.buf[128:136] = np.frombuffer(struct.pack("<Q", 40), np.uint8)
+    with a.topo.enter(a.ns):
+        a.qp.modify(QPAttr(qp_state=QPState.RTS, timeout=6))            # 4.096 us * 2^6 = 262 us
+    a.qp.post_send(atomic(a, b, 1, WROpcode.ATOMIC_FETCH_AND_ADD, 0, 128, 2))
+    t0 = time.monotonic()
+    while a.ctx.stats()["timeouts"] < 1 and time.monotonic() - t0 < 5:   # B does not run meanwhile
+        a.ctx.progress()
+    assert a.ctx.stats()["timeouts"] >= 1
+    dup0 = b.ctx.stats()["rx_dup"]
+    (wc,) = collect(a, 1, [b])
+    assert (wc.wr_id, wc.status, wc.opcode) == (1, WCStatus.SUCCESS, WCOpcode.FETCH_ADD)
+    drive([a, b], lambda: b.ctx.plane.A[L.P_RX_DUP_ATOMIC] >= 1, 5)
+    assert u64(a.buf, 0) == 40 and u64(b.buf, 128) == 42               # executed once
+    assert b.ctx.stats()["rx_dup"] > dup0
+
+
+def test_send_with_invalidate(pair):
+    a, b = pair
+    mem = np.zeros(1 << 16, np.uint8)
+    mr2 = b.pd.reg_mr(mem, Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
+    plain = b.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    try:
+        mr3 = b.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
+        b.qp.post_recv([RecvWR(wr_id=10, sg_list=[b.sge(0, 8000)]), RecvWR(wr_id=11, sg_list=[b.sge(8000, 100)])])
+        a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 64)], remote_addr=mr2.addr,
+                               rkey=mr2.rkey),
+                        SendWR(wr_id=2, opcode=WROpcode.SEND_WITH_INV, sg_list=[a.sge(100, 3000)],   # 3 packets
+                               invalidate_rkey=mr2.rkey, send_flags=SendFlags.SIGNALED | SendFlags.SOLICITED),
+                        SendWR(wr_id=4, opcode=WROpcode.SEND_WITH_INV, sg_list=[a.sge(100, 50)],   # 1 packet
+                               invalidate_rkey=mr3.rkey)])
+        wcs = collect(a, 3, [b])
+        assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.SUCCESS),
+                                                      (4, WCStatus.SUCCESS)]
+        r, r2 = collect(b, 2, [a])
+        assert (r.wr_id, r.status, r.opcode, r.byte_len) == (10, WCStatus.SUCCESS, WCOpcode.RECV, 3000)
+        assert r.wc_flags & WCFlags.WITH_INV and r.invalidated_rkey == mr2.rkey and r.imm_data is None
+        assert (r2.wr_id, r2.byte_len, r2.invalidated_rkey) == (11, 50, mr3.rkey)
+        assert b.ctx.plane.MRT[mr3.index, L.M_VALID] == 0
+        assert (b.buf[:3000] == a.buf[100:3100]).all() and (mem[:64] == a.buf[:64]).all()
+        # the key is dead: a WRITE through it is a remote access error, and memory stays as it was
+        a.qp.post_send(SendWR(wr_id=3, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(200, 64)], remote_addr=mr2.addr,
+                              rkey=mr2.rkey))
+        (w,) = collect(a, 1, [b])
+        assert (w.wr_id, w.status) == (3, WCStatus.REM_ACCESS_ERR)
+        assert (mem[:64] == a.buf[:64]).all()
+    finally:
+        mr2.dereg()
+        mr3.dereg()
+        plain.dereg()
+
+
+def test_send_with_invalidate_of_a_plain_key_is_an_invalid_request(pair):
+    a, b = pair
+    plain = b.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    try:
+        b.qp.post_recv(RecvWR(wr_id=20, sg_list=[b.sge(0, 100)]))
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND_WITH_INV, sg_list=[a.sge(0, 10)],
+                              invalidate_rkey=plain.rkey))
+        (w,) = collect(a, 1, [b])
+        assert (w.wr_id, w.status) == (1, WCStatus.REM_INV_REQ_ERR)
+        (r,) = collect(b, 1, [a])
+        assert (r.wr_id, r.status) == (20, WCStatus.REM_INV_REQ_ERR)
+        assert b.ctx.plane.MRT[plain.index, L.M_VALID] == 1          # not invalidated
+    finally:
+        plain.dereg()
+
+
+def test_scatter_gather_lists(pair):
+    a, b = pair
+    b.buf[4096:4104] = np.frombuffer(struct.pack("<Q", 7), np.uint8)
+    b.qp.post_recv(RecvWR(wr_id=30, sg_list=[b.sge(100_000, 700), b.sge(200_000, 1), SGE(b.mr.addr, 0, 0),
+                                             b.sge(300_000, 5000)]))
+    gather = [a.sge(10_000, 1500), a.sge(20_000, 0), a.sge(30_000, 777), a.sge(40_000, 2000)]     # 4277 bytes
+    scatter = [a.sge(500_000, 1000), a.sge(600_000, 1), a.sge(700_000, 3000)]
+    wrs = [SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=gather),
+           SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=gather, remote_addr=b.mr.addr + 1_000_000,
+                  rkey=b.mr.rkey),
+           SendWR(wr_id=3, opcode=WROpcode.RDMA_READ, sg_list=scatter, remote_addr=b.mr.addr + 2_000_000,
+                  rkey=b.mr.rkey),
+           SendWR(wr_id=4, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(800_000, 3), a.sge(900_000, 5)],
+                  remote_addr=b.mr.addr + 4096, rkey=b.mr.rkey, compare_add=1)]
+    a.qp.post_send(wrs)
+    wcs = collect(a, 4, [b])
+    assert [(w.wr_id, w.status, w.byte_len) for w in wcs] == [(1, WCStatus.SUCCESS, 4277), (2, WCStatus.SUCCESS, 4277),
+                                                              (3, WCStatus.SUCCESS, 4001), (4, WCStatus.SUCCESS, 8)]
+    msg = np.concatenate([a.buf[10_000:11_500], a.buf[30_000:30_777], a.buf[40_000:42_000]])
+    (r,) = collect(b, 1, [a])
+    assert (r.wr_id, r.status, r.byte_len) == (30, WCStatus.SUCCESS, 4277)
+    got = np.concatenate([b.buf[100_000:100_700], b.buf[200_000:200_001], b.buf[300_000:303_576]])
+    assert (got == msg).all()
+    assert (b.buf[1_000_000:1_004_277] == msg).all()
+    src = b.buf[2_000_000:2_004_001]
+    assert (a.buf[500_000:501_000] == src[:1000]).all() and a.buf[600_000] == src[1000]
+    assert (a.buf[700_000:703_000] == src[1001:]).all()
+    orig = bytes(a.buf[800_000:800_003]) + bytes(a.buf[900_000:900_005])
+    assert struct.unpack("<Q", orig)[0] == 7 and u64(b.buf, 4096) == 8
+    # every SG row went back to the pool once the loop was done with them
+    a.qp.post_send(SendWR(wr_id=5, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 1), a.sge(1, 1)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    collect(a, 1, [b])
+    a.qp._sg_release(int(a.qp.row[L.Q_SQ_HEAD]), int(a.qp.row[L.Q_RQ_HEAD]))
+    b.qp._sg_release(int(b.qp.row[L.Q_SQ_HEAD]), int(b.qp.row[L.Q_RQ_HEAD]))
+    assert a.ctx.plane.sg_pool.free == [(0, L.SG_ROWS)] and b.ctx.plane.sg_pool.free == [(0, L.SG_ROWS)]
+
+
+def test_fence_waits_behind_a_read(pair):
+    """MR-RC-013: a fenced WRITE starts only once the READ before it completed, so the READ returns the
+    memory as it was before the WRITE overwrote it."""
+    a, b = pair
+    old = b.buf[1_000_000:1_200_000].copy()
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 200_000)],
+                           remote_addr=b.mr.addr + 1_000_000, rkey=b.mr.rkey),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(500_000, 200_000)],
+                           remote_addr=b.mr.addr + 1_000_000, rkey=b.mr.rkey,
+                           send_flags=SendFlags.SIGNALED | SendFlags.FENCE)])
+    a.ctx.progress()
+    qp = a.qp
+    row2 = a.ctx.plane.SW[qp.sq_base + 1]
+    assert int(qp.row[L.Q_SQ_NEXT]) == 1 and row2[L.W_STARTED] == 0 and int(qp.row[L.Q_RD_OUT]) == 1
+    wcs = collect(a, 2, [b])
+    assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.SUCCESS)]
+    assert (a.buf[:200_000] == old).all()
+    assert (b.buf[1_000_000:1_200_000] == a.buf[500_000:700_000]).all()
+
+
+def test_completion_channel_and_solicited_events(pair):
+    a, b = pair
+    ch = b.ctx.create_comp_channel()
+    rcq = b.ctx.create_cq(64, cq_context="rx", channel=ch)
+    qb = b.ctx.create_qp(b.pd, b.cq, rcq)
+    qa = a.ctx.create_qp(a.pd, a.cq, a.cq)
+    try:
+        for q, peer, s in ((qa, qb, a), (qb, qa, b)):
+            with s.topo.enter(s.ns):
+                q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+                q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0, path_mtu=1024,
+                                dgid=(b if s is a else a).ctx.gid, max_dest_rd_atomic=16))
+                q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, max_rd_atomic=16))
+        qb.post_recv([RecvWR(wr_id=i, sg_list=[b.sge(i * 1000, 1000)]) for i in range(4)])
+        rcq.req_notify(solicited_only=True)
+        qa.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
+        collect(a, 1, [b])
+        drive([a, b], lambda: int(rcq.row[L.C_TAIL]) >= 1, 5)
+        assert ch.get_cq_event(0.05) is None                     # not solicited: no event
+        qa.post_send(SendWR(wr_id=2, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)],
+                            send_flags=SendFlags.SIGNALED | SendFlags.SOLICITED))
+        collect(a, 1, [b])
+        got = ch.get_cq_event(2.0)
+        assert got is rcq and got.cq_context == "rx" and rcq.events == 1 and rcq.armed == 0
+        assert [w.wr_id for w in rcq.poll()] == [0, 1]
+        # disarmed: nothing more until req_notify; then any completion reports, from the progress thread
+        qa.post_send(SendWR(wr_id=3, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
+        collect(a, 1, [b])
+        assert ch.get_cq_event(0.05) is None
+        rcq.poll()
+        b.ctx.plane.start(busy=False)
+        try:
+            rcq.req_notify()
+            time.sleep(0.05)
+            qa.post_send(SendWR(wr_id=4, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
+            t0 = time.monotonic()
+            while not ch.q and time.monotonic() - t0 < 5:
+                a.ctx.progress()
+            assert ch.get_cq_event(1.0) is rcq and [w.wr_id for w in rcq.poll()] == [3]
+        finally:
+            b.ctx.plane.stop()
+        collect(a, 1, [b])
+        # a CQ without a channel: its private one (CQ.get_event); B's send completion
+        b.cq.req_notify()
+        qb.post_send(SendWR(wr_id=9, opcode=WROpcode.RDMA_WRITE, sg_list=[b.sge(0, 8)], remote_addr=a.mr.addr,
+                            rkey=a.mr.rkey))
+        t0 = time.monotonic()
+        ok = False
+        while not ok and time.monotonic() - t0 < 5:
+            a.ctx.progress()
+            ok = b.cq.get_event(0.001)
+        assert ok and [w.wr_id for w in b.cq.poll()] == [9]
+        with pytest.raises(Exception, match="channel"):
+            rcq.get_event(0)
+    finally:
+        a.ctx.destroy_qp(qa)
+        b.ctx.destroy_qp(qb)
+
+
+def test_sqd_drains_then_resumes(pair):
+    """RTS -> SQD: the started WQEs finish, no new one starts, SQ_DRAINED is raised once (MR-QP-013);
+    SQD -> SQD while draining is EBUSY (MR-QP-014); SQD -> RTS sends the rest."""
+    a, b = pair
+    wrs = [SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i * 65536, 65536)],
+                  remote_addr=b.mr.addr + i * 65536, rkey=b.mr.rkey) for i in range(16)]
+    a.qp.post_send(wrs)
+    a.ctx.progress()                                    # starts some of them (256 packets a round)
+    started = int(a.qp.row[L.Q_SQ_NEXT]) + int(a.ctx.plane.SW[a.qp.sq_base + int(a.qp.row[L.Q_SQ_NEXT]), L.W_STARTED])
+    assert 0 < started < 16
+    with a.topo.enter(a.ns):
+        a.qp.modify(QPAttr(qp_state=QPState.SQD, en_sqd_async_notify=True))
+        with pytest.raises(Busy):
+            a.qp.modify(QPAttr(qp_state=QPState.SQD))
+    a.qp.post_send(SendWR(wr_id=99, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8)], remote_addr=b.mr.addr,
+                          rkey=b.mr.rkey))                       # accepted in SQD, not started
+    got = collect(a, started, [b])
+    assert [w.wr_id for w in got] == list(range(started))
+    ev = a.ctx.get_async_event(2.0)
+    assert ev is not None and ev.event_type == EventType.SQ_DRAINED and ev.qp is a.qp
+    for _ in range(50):
+        a.ctx.progress(), b.ctx.progress()
+    assert a.cq.poll() == [] and a.ctx.get_async_event(0) is None       # nothing new started, one event
+    assert a.qp.query_state() == QPState.SQD
+    with a.topo.enter(a.ns):
+        a.qp.modify(QPAttr(qp_state=QPState.RTS))
+    rest = collect(a, 17 - started, [b])
+    assert [w.wr_id for w in rest] == list(range(started, 16)) + [99]
+    assert all(w.status == WCStatus.SUCCESS for w in got + rest)
+    assert (b.buf[8:16 * 65536] == a.buf[8:16 * 65536]).all()
