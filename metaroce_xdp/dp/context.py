@@ -148,7 +148,12 @@ class Plane:
         self.sq_pool = L.RowPool(0, (rq - sq) // L.NW)
         self.rq_pool = L.RowPool(0, (ce - rq) // L.NR)
         self.ce_pool = L.RowPool(0, (cqt - ce) // L.NE)
-        self.TM = np.zeros((maxq, 128), np.uint8)
+        self.TM = np.zeros((maxq, 2 * L.TM_CNP), np.uint8)      # frame template | CNP template
+        # DCQCN (dp/ops.py): rc/dcqcn.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
+        from ..rc.dcqcn import DcqcnParams, link_rate_bps
+        self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
+        for i, name in enumerate(L.D_FIELDS):
+            self.F[0, i] = float(getattr(self.dcqcn, name))
         self.umem = port.frames
         # AF_XDP rings by address
         x = port.xsk
@@ -287,7 +292,8 @@ class Plane:
         names = ("rx tx rx_drop_icrc rx_drop_qp rx_drop_state rx_drop_len rx_drop_op rx_dup rx_oos tx_ack tx_nak "
                  "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
-                 "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail").split()
+                 "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
+                 "tx_cnp rx_cnp rx_ce rx_dup_atomic").split()
         return {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
 
     def close(self) -> None:
@@ -464,6 +470,7 @@ class QP:
         r[L.Q_RQ_BASE], r[L.Q_RQ_SIZE] = self.rq_base, self.rq_size
         r[L.Q_MAX_RD] = L.MAX_RD
         r[L.Q_PMTU] = 1024
+        self._dcqcn_init()
         self.state = QPState.RESET
         self.dgid: str | None = None
         self.dest_qp = 0
@@ -472,6 +479,28 @@ class QP:
         self.installed = False
         self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
         self._sg_rq: deque = deque()
+
+    def _dcqcn_init(self) -> None:
+        """The QP's DCQCN state (F row), as rc/dcqcn.Dcqcn starts it: line rate, alpha_init, a full
+        token bucket, timers from a fresh clock (the loop's clock, CLOCK_MONOTONIC)."""
+        pl = self.ctx.plane
+        p, f, now = pl.dcqcn, pl.F[self.qi], time.monotonic_ns()
+        f[:] = 0
+        f[L.F_RC] = f[L.F_RT] = f[L.F_RATE_MIN] = p.r_line_bps
+        f[L.F_ALPHA] = p.alpha_init
+        f[L.F_TOKENS] = p.burst_bytes
+        f[L.F_T_TOKENS] = now
+        f[L.F_ALPHA_DUE] = now + p.k_ns
+        f[L.F_RATE_DUE] = now + p.t_ns
+        f[L.F_NP_LAST] = -1
+
+    def dcqcn_counters(self) -> dict:
+        """As rc.dcqcn.Dcqcn.counters (MR-CNP-010)."""
+        f = self.ctx.plane.F[self.qi]
+        return {"rate_bps": float(f[L.F_RC]), "rate_target_bps": float(f[L.F_RT]),
+                "rate_min_bps": float(f[L.F_RATE_MIN]), "alpha": float(f[L.F_ALPHA]),
+                "rate_cuts": int(f[L.F_RATE_CUTS]), "rx_cnp": int(f[L.F_RX_CNP]), "tx_cnp": int(f[L.F_NP_TX]),
+                "rx_ce_marked": int(f[L.F_NP_CE])}
 
     # ---- state --------------------------------------------------------------------------
     def modify(self, attr: QPAttr) -> None:
@@ -520,6 +549,7 @@ class QP:
                 buf, l3, v6 = tmpl
                 pl.TM[self.qi, :] = 0
                 pl.TM[self.qi, :len(buf)] = buf
+                pl.TM[self.qi, L.TM_CNP:L.TM_CNP + len(buf)] = self._cnp_template(buf, l3, v6)
                 r[L.Q_TMPL_LEN], r[L.Q_L3_OFF], r[L.Q_IPV6] = len(buf), l3, int(v6)
                 r[L.Q_DEST_QP] = g["dest_qp_num"]
                 r[L.Q_PMTU] = mtu
@@ -562,6 +592,19 @@ class QP:
                 r[L.Q_STATE] = int(new)
             self.state = QPState(new)
 
+    def _cnp_template(self, buf, l3: int, v6: bool):
+        """The QP's template for CNPs (rc/engine.send_cnp): DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
+        (MR-BTH-012); the path, UDP source port and P_Key are the QP's."""
+        tb = np.array(buf, np.uint8)
+        tos = (self.ctx.plane.dcqcn.cnp_dscp << 2) & 0xFC
+        if v6:
+            tb[l3] = 0x60 | (tos >> 4)
+            tb[l3 + 1] = ((tos & 0x0F) << 4) | (tb[l3 + 1] & 0x0F)
+        else:
+            tb[l3 + 1] = tos
+        tb[len(tb) - 12 + 4] = 0x40 | (tb[len(tb) - 12 + 4] & 0x3F)
+        return tb
+
     def _install(self, state: QPState) -> None:
         ld = self.ctx.loader
         if ld is None:
@@ -583,6 +626,7 @@ class QP:
         r[L.Q_K_ACK] = (psn - 1) & L.PSN_MASK
         r[L.Q_K_NAK_SEQ] = int(slot["nak_seq"])
         r[L.Q_K_RNR_SEQ] = int(slot["rnr_seq"])
+        r[L.Q_K_CNP] = int(slot["cnp_count"])
 
     def _kernel_state(self, state: QPState) -> None:
         if self.installed:
@@ -626,7 +670,7 @@ class QP:
                 "rq_psn": int(r[L.Q_EPSN]), "msn": int(r[L.Q_MSN]), "retry_left": int(r[L.Q_RETRY_LEFT]),
                 "rnr_left": int(r[L.Q_RNR_LEFT]), "path_mtu": int(r[L.Q_PMTU]), "dest_qp_num": self.dest_qp,
                 "sq_outstanding": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
-                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD])}
+                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), **self.dcqcn_counters()}
 
     # ---- work requests ------------------------------------------------------------------
     def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int, list]:

@@ -140,6 +140,12 @@ F_FIELDS = _cols("rc rt alpha tokens t_tokens alpha_due rate_due t_cnt b_cnt byt
 for _i, _n in enumerate(F_FIELDS):
     globals()["F_" + _n.upper()] = _i
 NF = 24
+# F row 0 holds the port's DCQCN parameters (rc/dcqcn.py DcqcnParams, same names); QP rows start at 1
+D_FIELDS = _cols("enabled cnp_interval_ns cnp_dscp g alpha_init k_ns t_ns b_bytes f r_ai_bps r_hai_bps r_min_bps "
+                 "r_line_bps burst_bytes")
+for _i, _n in enumerate(D_FIELDS):
+    globals()["D_" + _n.upper()] = _i
+TM_CNP = 128            # TM columns [128, 256): the QP's CNP template (DSCP cnp_dscp, Not-ECT, BECN)
 # MR access bit (above the verbs flags) of an MR a SEND WITH INVALIDATE may invalidate (MR-MEM-042)
 ACC_REMOTE_INV = 1 << 16
 

@@ -1036,12 +1036,16 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
             return
         responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
         activate(A, Q, qi)
+        if ce_marked(umem, l3):                      # DCQCN notification point (MR-ECN-007, dp/ops.py)
+            np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
     elif op <= OP_RSP_ONLY:
         if st != ST_RTS and st != ST_SQD and st != ST_SQE:
             A[P_RX_DROP_STATE] += 1
             return
         completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now)
         activate(A, Q, qi)
+        if ce_marked(umem, l3):
+            np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
     elif op == OP_ACK:
         # only ACKNOWLEDGEs the kernel could not judge come here: a bad AETH (MR-XH-008, MR-NAK-012)
         if st == ST_RTS or st == ST_SQD:
@@ -1052,6 +1056,8 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
             return
         responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
         activate(A, Q, qi)
+        if ce_marked(umem, l3):
+            np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
     elif op == OP_ATOMIC_ACK:
         if st != ST_RTS and st != ST_SQD and st != ST_SQE:
             A[P_RX_DROP_STATE] += 1
@@ -1069,6 +1075,8 @@ from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND
                   OP_SEND_ONLY_INV, WCF_INV, WR_CAS, WR_FAA, WR_SEND_INV, atomic_ack_job, atomic_request,
                   completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, sg_valid,
                   sqd_check, src_of)
+from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
+                  rp_on_sent)
 
 
 # ============================================================================ the round
@@ -1150,7 +1158,13 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                                                    (Q[qi, Q_EPSN] - 1) & PSN_MASK):
                 Q[qi, Q_ACK_PEND] = 0
             if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
-                work += read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget)
+                # READ RESPONSEs are paced by the QP's DCQCN rate too (MR-CNP-009)
+                bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)
+                if bud > 0:
+                    tb0 = A[P_TX_BYTES]
+                    k = read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, bud)
+                    rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
+                    work += k
                 busy = busy or Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]
             if Q[qi, Q_FNAK_SYN] and Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL]:
                 syn = Q[qi, Q_FNAK_SYN]
@@ -1165,7 +1179,13 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                 if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
                     timers(A, Q, SW, CQT, CE, qi, now)
                 if (Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD) and Q[qi, Q_RNR_UNTIL] == 0:
-                    work += requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget)
+                    rp_cnps(A, Q, qi, now)                   # DCQCN reaction point (dp/ops.py)
+                    bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)
+                    if bud > 0:
+                        tb0 = A[P_TX_BYTES]
+                        k = requester(A, Q, SW, TM, umem, tables, ext, qi, now, bud)
+                        rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
+                        work += k
                     if Q[qi, Q_LOCERR]:
                         Q[qi, Q_LOCERR] = 0
                         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
