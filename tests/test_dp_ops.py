@@ -390,3 +390,34 @@ def test_dcqcn_cnps_cut_the_senders_rate():
         a.close()
         b.close()
         topo.close()
+
+
+def test_a_bad_sge_is_reported_by_a_completion_not_at_post(pair):
+    """MR-RC-022, MR-MEM-020 (as the Python engine): a send WR whose SGE fails its lkey / bounds check is
+    accepted; the WRs before it complete, it fails LOC_PROT_ERR when it is the oldest with nothing of it
+    sent, the rest are flushed.  A receive WR with a bad SGE fails LOC_PROT_ERR when a SEND comes for it,
+    and the sender gets NAK code 3 (REM_OP_ERR)."""
+    a, b = pair
+    before = b.buf[:300].copy()
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 100)], remote_addr=b.mr.addr,
+                           rkey=b.mr.rkey),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8), SGE(a.mr.addr, 8, a.mr.lkey ^ 1)],
+                           remote_addr=b.mr.addr + 100, rkey=b.mr.rkey),
+                    SendWR(wr_id=3, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 100)], remote_addr=b.mr.addr + 200,
+                           rkey=b.mr.rkey)])
+    wcs = collect(a, 3, [b])
+    assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.LOC_PROT_ERR),
+                                                  (3, WCStatus.WR_FLUSH_ERR)]
+    assert (b.buf[:100] == a.buf[:100]).all() and (b.buf[100:300] == before[100:]).all()
+    assert a.qp.query_state() == QPState.ERR and a.ctx.get_async_event(0.1) is None
+    assert b.qp.query_state() == QPState.RTS
+
+
+def test_a_receive_with_a_bad_sge_fails_when_used(pair):
+    a, b = pair
+    b.qp.post_recv(RecvWR(wr_id=40, sg_list=[SGE(b.mr.addr + b.mr.length - 10, 100, b.mr.lkey)]))   # past the end
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 50)]))
+    (w,) = collect(a, 1, [b])
+    assert (w.wr_id, w.status) == (1, WCStatus.REM_OP_ERR)
+    (r,) = collect(b, 1, [a])
+    assert (r.wr_id, r.status) == (40, WCStatus.LOC_PROT_ERR)

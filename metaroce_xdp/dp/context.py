@@ -47,7 +47,8 @@ _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "
         28: "invalid request: ATOMIC address not 8-byte aligned",
         29: "invalid request: SEND WITH INVALIDATE of a key that cannot be invalidated",
         5: "a local MR was deregistered under a posted work request (MR-MEM-035)",
-        26: "the receive buffer's MR was deregistered",
+        26: "the receive buffer's MR was deregistered, or its SGE failed the local checks",
+        30: "a work request's SGE failed the local checks (lkey, PD, bounds, LOCAL_WRITE)",
         100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
@@ -681,6 +682,7 @@ class QP:
             raise InvalidArgument(f"{what}: {len(sg_list)} SGEs > max {self.cap.max_send_sge}")
         pieces = []
         MRT = self.ctx.plane.MRT
+        bad = False
         for s in sg_list:
             if s.length == 0:
                 continue
@@ -690,14 +692,19 @@ class QP:
             if (mr is None or mr.lkey != s.lkey or not mr.valid or not MRT[mr.index, L.M_VALID]
                     or mr.pd is not self.pd or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length
                     or (need and not mr.access & need)):
-                raise InvalidArgument(f"{what}: SGE (addr {s.addr:#x}, length {s.length}, lkey {s.lkey:#x}) is "
-                                      "not inside a valid MR of this QP's PD" + (f" with {need!r}" if need else ""))
+                bad = True
+                continue
             pieces.append((s.addr, s.length, mr.index))
-        if not pieces:
-            return 0, 0, 0, []
-        total = sum(p[1] for p in pieces)
+        total = sum(s.length for s in sg_list if s.length > 0)
         if total >= 1 << 31:
             raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
+        if bad:
+            # an lkey, PD, bound or LOCAL_WRITE check failed (MR-MEM-020): accepted, and reported by a
+            # completion, not here (MR-RC-022): a send WQE fails LOC_PROT_ERR when it is the oldest, nothing
+            # of it sent; a receive WQE fails LOC_PROT_ERR when a SEND comes for it (NAK code 3)
+            return 0, total, L.MR_BAD, []
+        if not pieces:
+            return 0, 0, 0, []
         if len(pieces) == 1:
             return pieces[0][0], pieces[0][1], pieces[0][2], []
         return pieces[0][0], total, 0, pieces    # the loop checks each MR's valid bit before each access
@@ -864,6 +871,16 @@ class Context:
 
     # ---- events -------------------------------------------------------------------------
     def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
+        if typ == L.EV_QP_FATAL and arg == 30:
+            # a WQE whose local checks failed moved the QP to ERR: its completion says so, no async event
+            # (as the Python engine's fail_unsent)
+            qp = self.qps.get(qi)
+            if qp is not None:
+                qp.state = QPState.ERR
+                qp.error_reason = _WHY[30]
+                if qp.installed:
+                    self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
+            return
         if typ == L.EV_CQ_NOTIFY:
             cq = self.cqs.get(arg)
             if cq is not None:
@@ -916,10 +933,10 @@ class Context:
         mem = as_u8(buf)
         idx = self._mr_next
         while idx in self.mrs:
-            idx = idx % (L.MAX_MRS - 1) + 1
+            idx = idx % (L.MAX_MRS - 2) + 1            # 1 .. MAX_MRS - 2: MR_BAD is never registered
             if idx == self._mr_next:
-                raise ResourceError(f"at most {L.MAX_MRS - 1} MRs")
-        self._mr_next = idx % (L.MAX_MRS - 1) + 1
+                raise ResourceError(f"at most {L.MAX_MRS - 2} MRs")
+        self._mr_next = idx % (L.MAX_MRS - 2) + 1
         key = (idx << 8) | secrets.randbelow(256)
         mr = MR(self, pd, mem, access, idx, key)
         mr.remote_invalidate = remote_invalidate

@@ -29,6 +29,7 @@ import numpy as np
 MAX_QPS = 1024            # = the XDP program's MR_MAX_QPS (kern/loader.XdpLoader(max_qps))
 MAX_CQS = 256
 MAX_MRS = 4096
+MR_BAD = MAX_MRS - 1      # an MR row never valid: a WQE whose SGE failed its local checks names it (MR-RC-022)
 MAX_RD = 16               # outstanding READs a responder queues per QP (max_dest_rd_atomic)
 N_EV = 1024
 N_RDY = 4096              # power of two, > MAX_QPS: a QP is in it at most once (Q_READY)

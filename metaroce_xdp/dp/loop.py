@@ -30,7 +30,7 @@ from ..kern.layout import QP_STATE_DTYPE
 from ..rc.burst import peek_bth, segment_opcode
 from ..wire.fastpath import build_frame, frame_icrc_ok
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
-from .layout import (ACKREQ_EVERY, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
+from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
@@ -549,7 +549,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             # LOC_PROT_ERR once it is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = S_LOC_PROT         # round_ fails it (qp_error)
+                Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5     # round_ fails it (qp_error), the why code
             break
         if SW[r, W_STARTED] == 0:
             if rd_atomic(op) and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
@@ -1187,8 +1187,9 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                         rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
                         work += k
                     if Q[qi, Q_LOCERR]:
+                        why = Q[qi, Q_LOCERR]
                         Q[qi, Q_LOCERR] = 0
-                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
+                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
                 if Q[qi, Q_SQD_DRAIN]:
                     sqd_check(A, Q, SW, qi)
                 if Q[qi, Q_STATE] == ST_ERR:
