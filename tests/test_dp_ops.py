@@ -421,3 +421,27 @@ def test_a_receive_with_a_bad_sge_fails_when_used(pair):
     assert (w.wr_id, w.status) == (1, WCStatus.REM_OP_ERR)
     (r,) = collect(b, 1, [a])
     assert (r.wr_id, r.status) == (40, WCStatus.LOC_PROT_ERR)
+
+
+def test_read_then_overlapping_write_without_fence(pair):
+    """MR-RC-025: the responder executes a WRITE only after the READ before it, responses included: the
+    READ request and the WRITE arrive in one receive burst (B does not run while A sends both), yet the
+    READ returns the memory as it was before the WRITE."""
+    a, b = pair
+    old = b.buf[3_000_000:3_065_536].copy()
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, 65536)],
+                           remote_addr=b.mr.addr + 3_000_000, rkey=b.mr.rkey),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(500_000, 65536)],
+                           remote_addr=b.mr.addr + 3_000_000, rkey=b.mr.rkey),
+                    SendWR(wr_id=3, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(600_000, 8)],
+                           remote_addr=b.mr.addr + 3_000_008, rkey=b.mr.rkey, compare_add=1)])
+    for _ in range(3):
+        a.ctx.progress()
+    assert int(a.qp.row[L.Q_SQ_NEXT]) == 3                 # all three went out before B ran
+    wcs = collect(a, 3, [b])
+    assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.SUCCESS), (2, WCStatus.SUCCESS), (3, WCStatus.SUCCESS)]
+    assert (a.buf[:65536] == old).all()
+    new = a.buf[500_000:565_536]
+    assert u64(a.buf, 600_000) == u64(new, 8)                # the ATOMIC came after the WRITE
+    assert (b.buf[3_000_000:3_000_008] == new[:8]).all() and u64(b.buf, 3_000_008) == (u64(new, 8) + 1) % (1 << 64)
+    assert (b.buf[3_000_016:3_065_536] == new[16:]).all()

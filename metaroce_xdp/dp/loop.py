@@ -791,6 +791,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+        if first and not protect_reads_recv(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, r):
+            return                                   # earlier READ responses first (MR-RC-025): retransmitted
         if first:
             Q[qi, Q_R_TOTAL] = 0
             Q[qi, Q_R_KIND] = RK_SEND
@@ -839,6 +841,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                     EV_QP_ACCESS_ERR, 22)
                     return
+                if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, dlen):
+                    return                           # earlier READ responses first (MR-RC-025): retransmitted
             Q[qi, Q_R_ADDR] = va
             Q[qi, Q_R_LEFT] = dlen
             Q[qi, Q_R_MR] = mr
@@ -1075,6 +1079,7 @@ from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND
                   OP_SEND_ONLY_INV, WCF_INV, WR_CAS, WR_FAA, WR_SEND_INV, atomic_ack_job, atomic_request,
                   completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, sg_valid,
                   sqd_check, src_of)
+from .ops import protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)
 

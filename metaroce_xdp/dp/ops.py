@@ -25,8 +25,13 @@ Each behaves as the Python engine (metaroce_xdp/rc), which is the oracle:
   READ RESPONSE that was accepted is counted and answered by at most one CNP per cnp_interval;
   reaction point -- the kernel's per-QP cnp_count cuts the rate, alpha decays every K, the rate
   timer T and byte counter B raise it again, and a token bucket paces the QP's packets.  The state
-  is float64 words of the arena (F table, F_* columns); the parameters live in the port scalars'
-  float block.
+  is float64 words of the arena (F table, F_* columns); row 0 holds the parameters (D_* columns).
+* READ before a later write (MR-RC-025): protect_reads sends the queued READ responses that would
+  read bytes a later WRITE, SEND or ATOMIC is about to write.
+
+Caching: loop.py's entry points (dp_round, dp_run) are compiled with this module's functions inside,
+and numba's on-disk cache checks only the stamp of the entry point's own file -- after editing only
+this file, touch loop.py (or clear the cache), or the cached entry points keep the old code.
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ from .layout import (ACC_REMOTE_INV, G_ADDR, G_LENGTH, G_MR, MAX_RD, NAT, NEVF, 
                      SG_ROWS, TM_CNP)
 from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ACK, S_BAD_RESP,
                    S_LOC_PROT, S_OK, ST_ERR, ST_SQD, advance, complete_head, emit, frame_alloc, get_be, ks_addr,
-                   mr_check, tx_push,
+                   mr_check, read_responses, tx_push,
                    psn_diff, publish_comp, push_event, put_be, qp_error, responder_error, rewind, send_syndrome,
                    sq_row)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
@@ -255,6 +260,8 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
     if va & 7:                                       # MR-ATOM-002: NAK, memory untouched
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 28)
         return
+    if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, 8):
+        return                                       # earlier READ responses first (MR-RC-025, MR-ATOM-009)
     cell = carray(ptr_u64(va), (1,))                 # host byte order (MR-ATOM-001, MR-ATOM-003)
     orig = cell[0]
     if op == OP_CAS:
@@ -568,3 +575,48 @@ def send_cnp(A, Q, TM, umem, tables, ext, qi):
                     0x81, 0, 0, 0, ext, 16, ext, 0, 0)
     tx_push(A, a, n)
     A[P_TX_CNP] += 1
+
+
+# ============================================================================ READ before a later write
+@njit(**_jit)
+def reads_overlap(A, Q, qi, addr, n):
+    """True when a queued READ response stream still has to read bytes of [addr, addr + n)."""
+    pmtu = Q[qi, Q_PMTU]
+    t = Q[qi, Q_RD_HEAD]
+    while t != Q[qi, Q_RD_TAIL]:
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        if A[j + J_LENGTH] > 0 and A[j + J_MR] > 0:
+            lo = A[j + J_ADDR] + A[j + J_SENT] * pmtu
+            hi = A[j + J_ADDR] + A[j + J_LENGTH]
+            if lo < addr + n and addr < hi:
+                return True
+        t += 1
+    return False
+
+
+@njit(**_jit)
+def protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, addr, n):
+    """MR-RC-025, MR-RC-014: a request is executed only after every earlier one, READ responses included.
+    The responses are built as they leave, so before a later request writes [addr, addr + n) -- WRITE,
+    SEND placement, ATOMIC -- the queued READ responses that would read any of it leave now (the Python
+    engine copies such a READ aside; it also sends a large one at once).  False when they could not all
+    leave (no free TX frame): the caller drops the request, which is retransmitted (go-back-N)."""
+    if Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL] or n <= 0 or not reads_overlap(A, Q, qi, addr, n):
+        return True
+    read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, 1 << 40)
+    return not reads_overlap(A, Q, qi, addr, n)
+
+
+@njit(**_jit)
+def protect_reads_recv(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, r):
+    """protect_reads for every piece of receive WQE r (a SEND is placed there)."""
+    if Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL]:
+        return True
+    if RW[r, R_NSGE] <= 1:
+        return protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, RW[r, R_LADDR], RW[r, R_LENGTH])
+    G = sg_rows(A)
+    for i in range(RW[r, R_NSGE]):
+        g = RW[r, R_SG] + i
+        if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, G[g, G_ADDR], G[g, G_LENGTH]):
+            return False
+    return True
