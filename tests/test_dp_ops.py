@@ -498,3 +498,28 @@ def test_interoperates_with_the_python_engine():
             if s is not None:
                 s.close()
         topo.close()
+
+
+def test_comm_est_when_rtr_accepts_the_first_request(pair):
+    """MR-QP-021 (as the Python engine): a QP still in RTR that accepts a request raises COMM_EST once."""
+    a, b = pair
+    qb = b.ctx.create_qp(b.pd, b.cq, b.cq)
+    qa = a.ctx.create_qp(a.pd, a.cq, a.cq)
+    try:
+        with b.topo.enter(b.ns):
+            qb.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+            qb.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=qa.qp_num, rq_psn=0, path_mtu=1024, dgid=a.ctx.gid))
+        with a.topo.enter(a.ns):
+            qa.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+            qa.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=qb.qp_num, rq_psn=0, path_mtu=1024, dgid=b.ctx.gid))
+            qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
+        assert b.ctx.get_async_event(0.05) is None
+        qa.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 100)], remote_addr=b.mr.addr,
+                             rkey=b.mr.rkey) for i in range(3)])
+        assert [w.status for w in collect(a, 3, [b])] == [WCStatus.SUCCESS] * 3
+        ev = b.ctx.get_async_event(1.0)
+        assert ev is not None and ev.event_type == EventType.COMM_EST and ev.qp is qb
+        assert b.ctx.get_async_event(0.05) is None                     # once
+    finally:
+        a.ctx.destroy_qp(qa)
+        b.ctx.destroy_qp(qb)

@@ -886,6 +886,10 @@ class Context:
             if cq is not None:
                 cq.channel._notify(cq)
             return
+        if typ == L.EV_COMM_EST:
+            qp = self.qps.get(qi)
+            self.async_events.put(AsyncEvent(EventType.COMM_EST, qp=qp, reason="first request accepted in RTR"))
+            return
         if typ == L.EV_SQ_DRAINED:
             qp = self.qps.get(qi)
             self.async_events.put(AsyncEvent(EventType.SQ_DRAINED, qp=qp, reason="send queue drained"))

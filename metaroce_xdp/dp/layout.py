@@ -75,7 +75,7 @@ Q_FIELDS = _cols("""
     epsn msn ack_pend nak_pend nak_psn min_rnr
     r_kind r_addr r_left r_mr r_total r_wqe r_imm
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
-    sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on
+    sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i
@@ -124,6 +124,7 @@ NEVF = len(EV_FIELDS)
 # event types (EV.type) the loop hands to Python
 EV_QP_FATAL, EV_CQ_ERR, EV_QP_REQ_ERR, EV_QP_ACCESS_ERR = 1, 2, 3, 4
 EV_CQ_NOTIFY, EV_SQ_DRAINED = 5, 6      # an armed CQ got its completion; an SQD QP drained (dp/ops.py)
+EV_COMM_EST = 7                         # the first request accepted in RTR (MR-QP-021)
 
 # ---- gather/scatter lists of more than one SGE (dp/ops.py) -----------------------------------
 # a WQE with nsge > 1 names nsge rows of the SG table (addr, length, mr) from row sg; one SGE stays

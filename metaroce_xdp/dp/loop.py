@@ -1038,7 +1038,9 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
         if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
             A[P_RX_DROP_STATE] += 1
             return
+        e0 = Q[qi, Q_EPSN]
         responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        comm_est(A, Q, qi, st, e0)
         activate(A, Q, qi)
         if ce_marked(umem, l3):                      # DCQCN notification point (MR-ECN-007, dp/ops.py)
             np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
@@ -1058,7 +1060,9 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
         if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
             A[P_RX_DROP_STATE] += 1
             return
+        e0 = Q[qi, Q_EPSN]
         responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        comm_est(A, Q, qi, st, e0)
         activate(A, Q, qi)
         if ce_marked(umem, l3):
             np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
@@ -1079,7 +1083,7 @@ from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND
                   OP_SEND_ONLY_INV, WCF_INV, WR_CAS, WR_FAA, WR_SEND_INV, atomic_ack_job, atomic_request,
                   completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, sg_valid,
                   sqd_check, src_of)
-from .ops import protect_reads, protect_reads_recv  # noqa: E402
+from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)
 

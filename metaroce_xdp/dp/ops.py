@@ -47,7 +47,7 @@ from .layout import *  # noqa: F401,F403
 from .layout import (ACC_REMOTE_INV, G_ADDR, G_LENGTH, G_MR, MAX_RD, NAT, NEVF, NF, NG, NJ, NM, PSN_MASK, RK_NONE,
                      SG_ROWS, TM_CNP)
 from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ACK, S_BAD_RESP,
-                   S_LOC_PROT, S_OK, ST_ERR, ST_SQD, advance, complete_head, emit, frame_alloc, get_be, ks_addr,
+                   S_LOC_PROT, S_OK, ST_ERR, ST_RTR, ST_SQD, advance, complete_head, emit, frame_alloc, get_be, ks_addr,
                    mr_check, read_responses, tx_push,
                    psn_diff, publish_comp, push_event, put_be, qp_error, responder_error, rewind, send_syndrome,
                    sq_row)
@@ -386,6 +386,14 @@ def invalidate(MRT, key, pd):
     idx = inv_ok(MRT, key, pd)
     if idx > 0:
         MRT[idx, M_VALID] = 0
+
+
+@njit(**_jit)
+def comm_est(A, Q, qi, st, epsn0):
+    """MR-QP-021: the first request accepted in RTR (it moved the expected PSN) raises COMM_EST, once."""
+    if st == ST_RTR and Q[qi, Q_COMM_EST] == 0 and Q[qi, Q_EPSN] != epsn0 and Q[qi, Q_STATE] == ST_RTR:
+        Q[qi, Q_COMM_EST] = 1
+        push_event(A, EV_COMM_EST, qi, 0, 0)
 
 
 # ============================================================================ SQD
