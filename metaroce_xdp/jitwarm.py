@@ -51,7 +51,7 @@ from numba import config as numba_config
 
 # Modules whose numba functions make up the data path.
 MODULES = ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
-           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.drive")
+           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive")
 
 COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: seconds to a minute; "
                 "`metaroce warmup` does this ahead)")
