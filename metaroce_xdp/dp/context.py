@@ -735,32 +735,34 @@ class QP:
         pl.SG[start:start + len(pieces)] = pieces
         return start
 
+    def _send_row(self, wr: SendWR) -> list:
+        """The send-queue row of wr (its first L.NW words) + its SGE pieces, validated."""
+        op = wr.opcode
+        if op not in _SUPPORTED_OPS:
+            raise InvalidArgument(f"unknown send opcode {op!r}")
+        op = WROpcode(op)
+        need = Access.LOCAL_WRITE if op == WROpcode.RDMA_READ or op in _ATOMICS else Access(0)
+        addr, length, lmr, pieces = self._sge(wr.sg_list, need, op.name)
+        imm = wr.imm_data & 0xFFFFFFFF
+        swap = 0
+        if op in _ATOMICS:
+            if length != 8:
+                raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
+            if wr.remote_addr % 8:          # MR-XH-011: the AtomicETH VA is a multiple of 8
+                raise InvalidArgument(f"ATOMIC remote address {wr.remote_addr:#x} is not a multiple of 8")
+            imm, swap = _i64(wr.compare_add), _i64(wr.swap)
+        elif op == WROpcode.SEND_WITH_INV:
+            imm = wr.invalidate_rkey & 0xFFFFFFFF            # the IETH
+        return [_i64(wr.wr_id), int(op), int(wr.send_flags), addr, length, _i64(wr.remote_addr),
+                wr.rkey & 0xFFFFFFFF, imm, 0, 0, 0, 0, 0, 0, lmr if length else 0, swap, 0, 0, pieces]
+
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send; a list is posted whole or not at all."""
         wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
         st = int(self.row[L.Q_STATE])
         if st != QPState.RTS and st != QPState.ERR and st != QPState.SQD:
             raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
-        rows = []
-        for wr in wrs:
-            op = wr.opcode
-            if op not in _SUPPORTED_OPS:
-                raise InvalidArgument(f"unknown send opcode {op!r}")
-            op = WROpcode(op)
-            need = Access.LOCAL_WRITE if op == WROpcode.RDMA_READ or op in _ATOMICS else Access(0)
-            addr, length, lmr, pieces = self._sge(wr.sg_list, need, op.name)
-            imm = wr.imm_data & 0xFFFFFFFF
-            swap = 0
-            if op in _ATOMICS:
-                if length != 8:
-                    raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
-                if wr.remote_addr % 8:          # MR-XH-011: the AtomicETH VA is a multiple of 8
-                    raise InvalidArgument(f"ATOMIC remote address {wr.remote_addr:#x} is not a multiple of 8")
-                imm, swap = _i64(wr.compare_add), _i64(wr.swap)
-            elif op == WROpcode.SEND_WITH_INV:
-                imm = wr.invalidate_rkey & 0xFFFFFFFF            # the IETH
-            rows.append([_i64(wr.wr_id), int(op), int(wr.send_flags), addr, length, _i64(wr.remote_addr),
-                         wr.rkey & 0xFFFFFFFF, imm, 0, 0, 0, 0, 0, 0, lmr if length else 0, swap, 0, 0, pieces])
+        rows = [self._send_row(wr) for wr in wrs]
         pl = self.ctx.plane
         with pl.post_lock:
             r = self.row
@@ -823,23 +825,14 @@ class QP:
 
     # ---- compiled posting (dp/drive.py) ----------------------------------------------------
     def send_wqe(self, wr: SendWR) -> np.ndarray:
-        """The send-queue row post_send would write for wr, validated as post_send validates it (a
-        WRITE, WRITE WITH IMM, SEND, SEND WITH IMM or READ with at most one SGE): for posting many
+        """The send-queue row post_send would write for wr, validated as post_send validates it (any
+        opcode, at most one SGE): for posting many
         copies at once from compiled code (post_send_n, dp.drive)."""
-        op = wr.opcode
-        if op not in _SUPPORTED_OPS:
-            raise Unsupported(f"{WROpcode(op).name}: compiled posting takes WRITE, WRITE WITH IMM, SEND, "
-                              "SEND WITH IMM and READ")
-        if wr.send_flags & SendFlags.FENCE:
-            raise Unsupported("SendFlags.FENCE is not implemented by the compiled data plane")
-        addr, length, lmr = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else 0,
-                                      WROpcode(op).name)
-        w = np.zeros(L.NW, np.int64)
-        w[L.W_WR_ID], w[L.W_OPCODE], w[L.W_FLAGS], w[L.W_LADDR], w[L.W_LENGTH] = (_i64(wr.wr_id), int(op),
-                                                                                 int(wr.send_flags), addr, length)
-        w[L.W_RADDR], w[L.W_RKEY], w[L.W_IMM] = _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF
-        w[L.W_LMR] = lmr if length else 0
-        return w
+        row = self._send_row(wr)
+        if row[-1]:
+            raise Unsupported("compiled posting (post_send_n) takes WRs with at most one SGE: an SGE list "
+                              "occupies rows of the SG table per WQE")
+        return np.array(row[:L.NW], np.int64)
 
     def post_send_n(self, wqe: np.ndarray, n: int) -> int:
         """Post n copies of a row from send_wqe in one compiled call (no per-WR Python work); returns
