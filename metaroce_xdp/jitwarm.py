@@ -51,7 +51,7 @@ from numba import config as numba_config
 
 # Modules whose numba functions make up the data path.
 MODULES = ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
-           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop")
+           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive")
 
 COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: seconds to a minute; "
                 "`metaroce warmup` does this ahead)")
@@ -200,6 +200,7 @@ def plan() -> list[Entry]:
         e(R, "comp_reap_sg", "XskSocket.reap with sg", cp, cc, caddrs, pool.stack, pool.top, pool.frame_mask, 4096, 64),
         # the compiled data plane (metaroce_xdp/dp): explicit signatures, compiled at import
         *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
+        *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
     ]
 
 

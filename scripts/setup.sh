@@ -16,7 +16,7 @@
 set -euo pipefail
 
 VENV="${VENV:-.venv}"
-PKGS="python3-bpfcc bpftool iproute2 tshark qperf iperf3 python3-venv python3-pip tcpdump ethtool systemd"
+PKGS="python3-bpfcc bpftool iproute2 tshark qperf iperf3 python3-venv python3-pip tcpdump ethtool systemd libdeflate0"
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die()  { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }

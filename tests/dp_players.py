@@ -7,7 +7,7 @@ from metaroce_xdp.dp import Context
 from metaroce_xdp.topo import two_hosts
 from metaroce_xdp.verbs_types import SGE, Access, QPAttr, QPCap, QPState
 
-FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
 class Side:

@@ -931,6 +931,9 @@ class Bench:
                                              for m in missing))
             self.add(row(f"{p}.{key}", "metaroce", label, unit=unit, na=why))
             return
+        if not self.d.full_sweep:          # --quick stays a smoke run: one QP only
+            self.add(row(f"{p}.{key}", "metaroce", label, unit=unit, na="not measured by --quick (one QP only)"))
+            return
         more = (popts["qps"], str(nq)) + ((popts["bidir"],) if bidir else ())
         try:
             r = perf("write-bw", size, iters, more=more)

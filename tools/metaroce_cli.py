@@ -80,9 +80,13 @@ def _perf_command(test: str):
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
         plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
+        qps: int = typer.Option(1, "--qps", "-q", help="bw tests: QP pairs, -n iterations and -t depth on each "
+                                "(client side; aggregate reported)"),
+        bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "
+                                   "(client side; aggregate of both directions reported)"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
-                                   timeout, plane)
+                                   timeout, plane, qps, bidir)
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

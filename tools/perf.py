@@ -11,6 +11,12 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
   write-lat  ping-pong of SIZE-byte WRITEs; each side busy-polls the last byte of
              its buffer for the peer's write (perftest's write_lat method)
 
+  --qps N          (bw tests) N QP pairs, -n and -t on each; aggregate reported
+  --bidirectional  (write-bw) the server writes to the client at the same time; the
+                   client reports both directions (all bytes over the longer run)
+  write-bw checks the data: each side compares what arrived with the writer's pattern.
+  --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
+
 The two sides set up the connection with the MetaRoCE Connection Message
 (metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
 buffer address, size, iterations, test name) ride in its PERF_PARAMS TLV.  The
@@ -69,6 +75,8 @@ class PerfOptions:
     as_json: bool = False
     timeout: float = 30.0                # seconds without progress before giving up
     plane: str = "python"                # "python" (metaroce_xdp.rc) or "compiled" (metaroce_xdp.dp)
+    qps: int = 1                         # bw tests: QP pairs, each with tx_depth outstanding (client side)
+    bidir: bool = False                  # write-bw: both sides write at once (client side; the server follows)
 
     @property
     def is_server(self) -> bool:
@@ -166,43 +174,52 @@ class _Side:
         self.eng = _DpEngine(self.ctx) if self.compiled else self.ctx.engine
         self.pd = self.ctx.alloc_pd()
         self.cq = self.ctx.create_cq(1 << 16)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq,
-                                     QPCap(max_send_wr=max(opt.tx_depth, 16), max_recv_wr=max(opt.rx_depth, 16)))
-        self.psn = cm.random_psn()
+        self.cap = QPCap(max_send_wr=max(opt.tx_depth, 16), max_recv_wr=max(opt.rx_depth, 16))
+        self.qps: list = []
+        self.psns: list[int] = []
+        self.add_qps(1)
+        self.qp, self.psn = self.qps[0], self.psns[0]
         self.buf: np.ndarray | None = None
         self.mr = None
+        self.verified: bool | None = None
+
+    def add_qps(self, n: int) -> None:
+        """Up to n QPs (all on the one CQ and PD), each with its own initial PSN."""
+        while len(self.qps) < n:
+            self.qps.append(self.ctx.create_qp(self.pd, self.cq, self.cq, self.cap))
+            self.psns.append(cm.random_psn())
 
     def register(self, nbytes: int) -> None:
         from metaroce_xdp.verbs_types import Access
         self.buf = np.zeros(max(nbytes, 64), np.uint8)
         self.mr = self.pd.reg_mr(self.buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
 
-    def to_init(self) -> None:
+    def to_init(self, i: int = 0) -> None:
         from metaroce_xdp.verbs_types import Access, QPAttr, QPState
-        self.qp.modify(QPAttr(qp_state=QPState.INIT,
-                              qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+        self.qps[i].modify(QPAttr(qp_state=QPState.INIT,
+                                  qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
 
-    def to_rtr(self, peer: cm.CMMsg, mtu: int) -> None:
+    def to_rtr(self, peer: cm.CMMsg, mtu: int, i: int = 0) -> None:
         from metaroce_xdp.verbs_types import QPAttr, QPState, VerbsError
         # MR-CM-024: the destination MAC is the next hop's, from this host's route and neighbour
         # tables (the engine resolves it); the peer's mac field is informational only
         attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
                       dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER)
         try:
-            self.qp.modify(attr)
+            self.qps[i].modify(attr)
         except VerbsError as e:
             raise PerfError(f"cannot reach {attr.dgid}: {e}") from None
 
-    def to_rts(self, peer: cm.CMMsg) -> None:
+    def to_rts(self, peer: cm.CMMsg, i: int = 0) -> None:
         from metaroce_xdp.verbs_types import QPAttr, QPState
-        self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=self.psn, timeout=14, retry_cnt=7, rnr_retry=7,
-                              max_rd_atomic=min(MAX_RD_ATOMIC, peer.max_dest_rd_atomic)))   # MR-CM-021
+        self.qps[i].modify(QPAttr(qp_state=QPState.RTS, sq_psn=self.psns[i], timeout=14, retry_cnt=7, rnr_retry=7,
+                                  max_rd_atomic=min(MAX_RD_ATOMIC, peer.max_dest_rd_atomic)))   # MR-CM-021
 
-    def msg(self, mtu: int, perf: dict) -> cm.CMMsg:
+    def msg(self, mtu: int, perf: dict, i: int = 0) -> cm.CMMsg:
         gid = cm.ip_to_gid(self.ctx.gid)
         v6 = cm.Cap.IPV6 if not cm.gid_to_ip(gid).count(".") else 0      # MR-CM-018: IPv6 GIDs need IPV6
-        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=self.qp.qp_num, capabilities=int(v6),
-                        psn=self.psn, path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=MAX_RD_ATOMIC,
+        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=self.qps[i].qp_num,
+                        capabilities=int(v6), psn=self.psns[i], path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=MAX_RD_ATOMIC,
                         max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
                         mac=cm.mac_bytes(self.eng.local_mac),
                         tlvs=[(cm.TLV_IMPL_NAME, cm.IMPL_NAME.encode()),
@@ -219,10 +236,23 @@ class _Side:
             sys.stderr.write(f"debug: engine {dict(self.eng.stats)} port {getattr(self.ctx.port, 'stats', {})}\n")
             if self.compiled:
                 sys.stderr.write(f"debug: qp {self.qp.query()}\n")
+                for qp in self.qps[1:]:
+                    if qp.query()["state"] != self.qp.query()["state"]:
+                        sys.stderr.write(f"debug: qp {qp.query()}\n")
             if ld is not None:
                 drops = {k: v for k, v in ld.drops().items() if v}
                 sys.stderr.write(f"debug: xdp drops {drops} events {ld.events()}\n")
         self.ctx.close()
+
+
+def _dp_stats(side: _Side) -> dict:
+    """The compiled port's non-zero counters, with the socket's XDP_STATISTICS (ring-full drops ...)."""
+    out = {k: v for k, v in side.ctx.stats().items() if v and not k.startswith("last_to")}
+    try:
+        out.update({f"xsk_{k}": v for k, v in side.ctx.port.xsk.statistics().items() if v})
+    except Exception:  # noqa: BLE001 - diagnostics only
+        pass
+    return out
 
 
 def _local_mtu(opt: PerfOptions, side: _Side) -> int:
@@ -298,22 +328,30 @@ def _barrier(ch: cm.Channel, side: _Side, opt: PerfOptions, client: bool) -> Non
         raise PerfError(f"synchronising with {ch.peer} before the test: {e}") from None
 
 
-def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict) -> dict:
+def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict, nq: int = 1) -> dict:
+    """ITERS work requests on each of nq QPs, TX_DEPTH outstanding on each (perftest's -q)."""
     from metaroce_xdp.verbs_types import SGE, SendFlags, SendWR, WROpcode
     op = {"write-bw": WROpcode.RDMA_WRITE, "read-bw": WROpcode.RDMA_READ, "send-bw": WROpcode.SEND}[opt.test]
-    wr = SendWR(wr_id=1, opcode=op, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [],
-                send_flags=SendFlags.SIGNALED, remote_addr=peer.get("va", 0), rkey=peer.get("rkey", 0))
-    done_ns = np.zeros(iters, np.int64)
+    qps = side.qps[:nq]
+    wrs = [SendWR(wr_id=q, opcode=op, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [],
+                  send_flags=SendFlags.SIGNALED, remote_addr=peer.get("va", 0), rkey=peer.get("rkey", 0))
+           for q in range(nq)]
     depth = max(1, min(opt.tx_depth, side.qp.cap.max_send_wr))
-    posted = completed = 0
+    if side.compiled:
+        return _bw_compiled(side, opt, size, iters, qps, wrs, depth)
+    done_ns = np.zeros(iters * nq, np.int64)
+    posted = [0] * nq
+    done = [0] * nq
+    completed = 0
     dog = _Watchdog(side, opt.timeout, f"running {opt.test}")
     poll = side.cq.poll
     t0 = time.perf_counter_ns()
-    while completed < iters:
-        room = min(depth - (posted - completed), iters - posted)
-        if room > 0:
-            side.qp.post_send([wr] * room)
-            posted += room
+    while completed < iters * nq:
+        for q in range(nq):
+            room = min(depth - (posted[q] - done[q]), iters - posted[q])
+            if room > 0:
+                qps[q].post_send([wrs[q]] * room)
+                posted[q] += room
         wcs = poll(64)
         if wcs:
             now = time.perf_counter_ns()
@@ -321,12 +359,64 @@ def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
                 _check_wc(wc, side)
                 done_ns[completed] = now
                 completed += 1
+                done[wc.wr_id] += 1
         else:
-            if side.compiled:
-                side.eng.plane.run(1_000_000, 0, -2)     # the compiled loop until a completion
             dog.tick()
     seconds = (time.perf_counter_ns() - t0) / 1e9
-    return bw_stats(size, iters, seconds, done_ns, depth)
+    r = bw_stats(size, iters * nq, seconds, done_ns, depth)
+    r["iterations"], r["qps"] = iters, nq
+    return r
+
+
+def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list, wrs: list, depth: int) -> dict:
+    """The bw loop on the compiled plane: posting, progress and completions in dp.drive.dp_drive_bw (one
+    compiled call per 50 ms; no Python per work request)."""
+    from metaroce_xdp.dp import drive
+    from metaroce_xdp.dp import layout as L
+    from metaroce_xdp.verbs_types import WCStatus
+    nq = len(qps)
+    W = np.zeros((nq, L.NW + 1), np.int64)
+    for q, (qp, wr) in enumerate(zip(qps, wrs)):
+        W[q, 0] = qp.qi
+        W[q, 1:] = qp.send_wqe(wr)
+    S = np.zeros(4 + 2 * nq, np.int64)
+    S[1] = iters
+    done_ns = np.zeros(iters * nq, np.int64)
+    pl = side.eng.plane
+    dog = _Watchdog(side, opt.timeout, f"running {opt.test}")
+    t0 = time.monotonic_ns()
+    while True:
+        with pl.lock:
+            rc = drive.dp_drive_bw(pl.A, pl.TM, pl.umem, pl.tables, W, S, done_ns, side.cq.index, depth,
+                                   50_000_000)
+        if rc == 0:
+            break
+        if rc == 1:
+            pl.drain_events()
+        elif rc == 3:
+            q = int(S[3])
+            qp = qps[q] if 0 <= q < nq else side.qp
+            raise PerfError(f"{opt.test} work request failed: {WCStatus(int(S[2]) - 1).name}, "
+                            f"{qp.query().get('error')} -- is the peer still running?")
+        elif rc < 0:
+            raise PerfError("the compiled data plane is closed")
+        dog.n = 1023                                     # check the watchdog every call (50 ms)
+        dog.tick()
+    seconds = (time.monotonic_ns() - t0) / 1e9
+    r = bw_stats(size, iters * nq, seconds, done_ns, depth)
+    r["iterations"], r["qps"] = iters, nq
+    return r
+
+
+def _fill_pattern(buf: np.ndarray, size: int, who: int) -> None:
+    """The bytes a side writes (its send area): a pattern that differs per side and per offset."""
+    buf[:size] = ((np.arange(size, dtype=np.int64) * 7 + 31 * who) & 0xFF).astype(np.uint8)
+
+
+def _verify(buf: np.ndarray, off: int, size: int, who: int) -> bool:
+    """buf[off:off+size] holds what side `who` writes."""
+    want = ((np.arange(size, dtype=np.int64) * 7 + 31 * who) & 0xFF).astype(np.uint8)
+    return bool(np.array_equal(buf[off:off + size], want))
 
 
 def _send_bw_server_step(side: _Side, size: int, iters: int, depth: int):
@@ -335,19 +425,24 @@ def _send_bw_server_step(side: _Side, size: int, iters: int, depth: int):
     rwr = RecvWR(wr_id=2, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [])
     st = {"posted": 0, "received": 0}
 
-    def post(n: int) -> None:
-        n = min(n, iters - st["posted"])
+    posted = {qp.qp_num: 0 for qp in side.qps}
+    by_num = {qp.qp_num: qp for qp in side.qps}
+
+    def post(qpn: int, n: int) -> None:
+        n = min(n, iters - posted[qpn])
         if n > 0:
-            side.qp.post_recv([rwr] * n)
+            by_num[qpn].post_recv([rwr] * n)
+            posted[qpn] += n
             st["posted"] += n
 
     def step() -> None:
         for wc in side.cq.poll(64):
             _check_wc(wc, side)
             st["received"] += 1
-            post(1)
+            post(wc.qp_num, 1)
 
-    post(min(depth, iters))
+    for qpn in posted:
+        post(qpn, min(depth, iters))
     return step, st
 
 
@@ -395,37 +490,26 @@ def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
 
 def _write_lat_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, wr, posted_ns, sends_first: bool,
                         dog: _Watchdog) -> dict:
-    """write-lat on the compiled plane: the waits (for the peer's write, seen as the last byte of the
-    poll area changing; for the completion) run inside the compiled loop, without the GIL and without
-    a Python call per round; posting is the verbs call as usual."""
-    buf, cq, plane = side.buf, side.cq, side.eng.plane
+    """write-lat on the compiled plane: the whole ping-pong (post, wait for the peer's write seen as the
+    last byte of the poll area changing, reap the completion) runs in dp.drive.dp_drive_lat, one
+    compiled call without the GIL and without Python per iteration."""
+    from metaroce_xdp.dp import drive
+    from metaroce_xdp.verbs_types import WCStatus
+    buf, plane = side.buf, side.eng.plane
     post_last, poll_last = size - 1, size + size - 1
-    watch = int(buf.ctypes.data) + poll_last
-    take = cq._take
-    post = side.qp.post_send
-    clock = time.perf_counter_ns
-    scnt = rcnt = ccnt = 0
-    while scnt < iters or ccnt < iters or rcnt < iters:
-        if rcnt < iters and not (scnt < 1 and sends_first):
-            rcnt += 1
-            want = rcnt & 0xFF
-            while buf[poll_last] != want:
-                plane.run(2_000_000, watch, want)
-                dog.tick()
-        if scnt < iters:
-            posted_ns[scnt] = clock()
-            scnt += 1
-            buf[post_last] = scnt & 0xFF
-            post(wr)
-        if ccnt < iters:
-            while True:
-                wcs = take(1)
-                if wcs:
-                    _check_wc(wcs[0], side)
-                    ccnt += 1
-                    break
-                plane.run(2_000_000, 0, -2)
-                dog.tick()
+    wqe = side.qp.send_wqe(wr)
+    with plane.lock:
+        rc = drive.dp_drive_lat(plane.A, plane.TM, plane.umem, plane.tables, wqe, side.qp.qi, side.cq.index,
+                                int(buf.ctypes.data) + post_last, int(buf.ctypes.data) + poll_last, iters,
+                                int(sends_first), posted_ns, int((opt.timeout or 3600) * 1e9))
+    if rc == -2:
+        raise PerfError(f"no traffic from the peer for {opt.timeout:g}s while waiting for the peer's write")
+    if rc == -1:
+        plane.drain_events()
+        raise PerfError(f"the QP failed: {side.qp.query().get('error')} -- is the peer still running?")
+    if rc >= 100:
+        raise PerfError(f"WRITE failed: {WCStatus(rc - 100).name}, {side.qp.query().get('error')} -- "
+                        "is the peer still running?")
     seconds = (int(posted_ns[-1]) - int(posted_ns[0])) / 1e9 if iters > 1 else 0.0
     return {"bytes": size, "iterations": iters, "total_bytes": size * iters, "seconds": seconds,
             "gbps": size * (iters - 1) * 8 / seconds / 1e9 if seconds else 0.0,
@@ -439,7 +523,8 @@ def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: in
     w(" " * 20 + TITLES[opt.test] + "\n")
     w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE compat (RoCEv2 RC)\n")
     w(f" Data plane      : {opt.plane}\n")
-    w(f" Number of qps   : 1           Connection type : RC\n")
+    w(f" Number of qps   : {len(side.qps):<12d}Connection type : RC"
+      + ("    Bidirectional" if getattr(opt, "_bidir_on", False) else "") + "\n")
     if opt.test == "write-lat":
         w(f" Mtu             : {mtu}[B]\n")
     else:
@@ -477,6 +562,12 @@ def run(opt: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         raise PerfError("read-bw needs -s 1 or more")
     if iters < 1 or (opt.test == "write-lat" and iters < 2):
         raise PerfError(f"-n {iters}: too few iterations")
+    if not 1 <= opt.qps <= 512:
+        raise PerfError(f"--qps {opt.qps}: use 1 to 512 QP pairs")
+    if opt.qps > 1 and opt.test not in ("write-bw", "read-bw", "send-bw"):
+        raise PerfError(f"--qps applies to the bw tests, not {opt.test}")
+    if opt.bidir and opt.test != "write-bw":
+        raise PerfError(f"--bidirectional applies to write-bw, not {opt.test}")
     side = _Side(opt)
     try:
         mtu = _local_mtu(opt, side)
@@ -487,8 +578,9 @@ def run(opt: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         side.close()
 
 
-def _buf_len(test: str, size: int) -> int:
-    return 2 * size if test == "write-lat" else size
+def _buf_len(test: str, size: int, bidir: bool = False) -> int:
+    """write-lat and bidirectional write-bw: [ what this side writes | what the peer writes here ]."""
+    return 2 * size if test == "write-lat" or bidir else size
 
 
 def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, out: TextIO) -> dict:
@@ -497,21 +589,32 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
     except cm.ConnectFailed as e:
         raise PerfError(f"{e} (start `metaroce perf {opt.test} -d IFACE` there first)") from None
     with ch:
-        side.register(_buf_len(opt.test, size))
-        side.to_init()                                              # MR-CM-025
+        nq, bidir = opt.qps, opt.bidir
+        opt._bidir_on = bidir
+        side.add_qps(nq)
+        side.register(_buf_len(opt.test, size, bidir))
+        if opt.test == "write-bw":
+            _fill_pattern(side.buf, size, 1)
         lat = opt.test == "write-lat"
-        req = side.msg(mtu, {"test": opt.test, "size": size, "iters": iters, "tx_depth": opt.tx_depth,
-                             "rkey": side.mr.rkey, "va": side.mr.addr + (size if lat else 0)})
         state = {}
+        reqs, reps = [], []
+        for i in range(nq):
+            side.to_init(i)                                             # MR-CM-025
+            req = side.msg(mtu, {"test": opt.test, "size": size, "iters": iters, "tx_depth": opt.tx_depth,
+                                 "rkey": side.mr.rkey, "va": side.mr.addr + (size if lat or bidir else 0),
+                                 "qps": nq, "qp": i, "bidir": bidir}, i)
 
-        def connect_qp(rep: cm.CMMsg) -> None:
-            state["mtu"] = rep.mtu_bytes
-            side.to_rtr(rep, rep.mtu_bytes)
-            side.to_rts(rep)
-        try:
-            rep = cm.active_exchange(ch, req, connect_qp)
-        except cm.CMError as e:
-            raise PerfError(f"connection set-up with {ch.peer} failed: {e}") from None
+            def connect_qp(rep: cm.CMMsg, i=i) -> None:
+                state["mtu"] = rep.mtu_bytes
+                side.to_rtr(rep, rep.mtu_bytes, i)
+                side.to_rts(rep, i)
+            try:
+                rep = cm.active_exchange(ch, req, connect_qp)
+            except cm.CMError as e:
+                raise PerfError(f"connection set-up with {ch.peer} failed: {e}") from None
+            reqs.append(req)
+            reps.append(rep)
+        req, rep = reqs[0], reps[0]
         peer = rep.perf
         if not opt.as_json:
             _print_header(out, opt, side, state["mtu"], size, iters, req, rep, peer)
@@ -519,18 +622,37 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         if lat:
             r = _write_lat(side, opt, size, iters, peer)
         else:
-            r = _bw_client(side, opt, size, iters, peer)
+            r = _bw_client(side, opt, size, iters, peer, nq)
         r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
-                 plane=opt.plane)
+                 plane=opt.plane, qps=nq, bidirectional=bidir)
         try:
             ch.send_json({"type": "result", **r})
             reply = _progress_until_line(side, ch, opt.timeout, what="waiting for the server's summary")
         except cm.CMError as e:
             raise PerfError(f"after the test: {e}") from None
         r["peer_counters"] = reply.get("counters", {})
+        if side.compiled:            # the port's counters (timeouts, retransmissions, kicks, rounds ...)
+            r["dp_stats"] = _dp_stats(side)
+        if reply.get("dp_stats"):
+            r["peer_dp_stats"] = reply["dp_stats"]
         if lat and "lat_us" in reply:
             r["peer_lat_us"] = reply["lat_us"]
+        if "verified" in reply:
+            r["peer_verified"] = reply["verified"]          # the server's buffer holds what we wrote
+        if bidir:
+            # what the server wrote to us, and both directions together: all bytes over the longer run
+            r["verified"] = _verify(side.buf, size, size, 2)
+            back = reply.get("result") or {}
+            r["reverse"] = back
+            if back.get("seconds"):
+                total = r["total_bytes"] + back["total_bytes"]
+                secs = max(r["seconds"], back["seconds"])
+                r.update(gbps_one_way=r["gbps"], gbps=total * 8 / secs / 1e9,
+                         msg_rate=(r["iterations"] * nq + back["iterations"] * back.get("qps", nq)) / secs / 1e6,
+                         gbps_peak=r["gbps_peak"] + back.get("gbps_peak", 0.0), seconds=secs, total_bytes=total)
         _report(out, opt, r)
+        if r.get("peer_verified") is False or r.get("verified") is False:
+            raise PerfError("the data that arrived differs from what was written")
         return r
 
 
@@ -549,50 +671,73 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
                 raise cm.Rejected(cm.Reason.CONSUMER_REJECT, f"this server runs {opt.test}, the client asked for "
                                   f"{p.get('test')!r}", by_peer=False)
             size, iters = int(p.get("size", -1)), int(p.get("iters", 0))
-            if not 0 <= size < 1 << 31 or iters < 1:
-                raise cm.Rejected(cm.Reason.INVALID_PARAM, f"size {size}, iters {iters}", by_peer=False)
-            if opt.size is not None and opt.size != size or opt.iters is not None and opt.iters != iters:
+            nq, i, bidir = int(p.get("qps", 1)), int(p.get("qp", 0)), bool(p.get("bidir", False))
+            if not 0 <= size < 1 << 31 or iters < 1 or not 1 <= nq <= 512 or not 0 <= i < nq:
+                raise cm.Rejected(cm.Reason.INVALID_PARAM, f"size {size}, iters {iters}, qps {nq}, qp {i}",
+                                  by_peer=False)
+            if i == 0 and (opt.size is not None and opt.size != size or opt.iters is not None and opt.iters != iters):
                 err.write(f" note: using the client's -s {size} -n {iters}\n")
             try:
-                side.register(_buf_len(opt.test, size))
-                side.to_init()
+                if i == 0:
+                    side.add_qps(nq)
+                    side.register(_buf_len(opt.test, size, bidir))
+                    if bidir:
+                        _fill_pattern(side.buf, size, 2)
                 agreed = min(mtu, cm.MTU_BYTES.get(req.path_mtu, 0))
-                if opt.test == "send-bw":
+                side.to_init(i)
+                if opt.test == "send-bw" and i == nq - 1:
                     params["step"], params["rx"] = _send_bw_server_step(side, size, iters, opt.rx_depth)
-                side.to_rtr(req, agreed)                               # MR-CM-026: RTR before the REP
+                side.to_rtr(req, agreed, i)                            # MR-CM-026: RTR before the REP
             except Exception as e:  # noqa: BLE001 - becomes a REJ the client can read
                 raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
-            params.update(size=size, iters=iters, mtu=agreed)
+            params.update(size=size, iters=iters, mtu=agreed, qps=nq, bidir=bidir)
             lat = opt.test == "write-lat"
             return side.msg(agreed, {"test": opt.test, "rkey": side.mr.rkey,
-                                     "va": side.mr.addr + (size if lat else 0)})
+                                     "va": side.mr.addr + (size if lat or bidir else 0)}, i)
+        reqs = []
         try:
-            req, rep = cm.passive_exchange(ch, int(cm.Cap.IPV6), make_rep)       # MR-CM-018
-            side.to_rts(req)                                           # MR-CM-028: RTS on the RTU
+            while not reqs or len(reqs) < params["qps"]:
+                req, rep = cm.passive_exchange(ch, int(cm.Cap.IPV6), make_rep)       # MR-CM-018
+                side.to_rts(req, len(reqs))                                    # MR-CM-028: RTS on the RTU
+                reqs.append((req, rep))
         except cm.CMError as e:
             raise PerfError(f"connection set-up with {ch.peer} failed: {e}") from None
-        size, iters, mtu = params["size"], params["iters"], params["mtu"]
+        req, rep = reqs[0]
+        size, iters, mtu, nq, bidir = params["size"], params["iters"], params["mtu"], params["qps"], params["bidir"]
+        opt._bidir_on = bidir
         if not opt.as_json:
             _print_header(out, opt, side, mtu, size, iters, rep, req, req.perf)
         _barrier(ch, side, opt, client=False)
+        mine = None
         if opt.test == "write-lat":
             mine = _write_lat(side, opt, size, iters, req.perf)
             line = _progress_until_line(side, ch, opt.timeout, what="waiting for the client's summary")
             r = {**mine, "test": opt.test, "role": "server", "mtu": mtu, "counters": side.counters(),
                  "peer_counters": line.get("counters", {}), "peer_lat_us": line.get("lat_us")}
         else:
+            if bidir:                  # our half of the traffic, to the client's buffer, while we serve its half
+                mine = _bw_client(side, opt, size, iters, req.perf, nq)
+                mine.update(test=opt.test, role="server")
             line = _progress_until_line(side, ch, opt.timeout, step=params.get("step"),
                                         what=f"serving {opt.test}")
-            if opt.test == "send-bw" and params["rx"]["received"] < iters:
-                raise PerfError(f"the client finished but only {params['rx']['received']} of {iters} "
+            if opt.test == "send-bw" and params["rx"]["received"] < iters * nq:
+                raise PerfError(f"the client finished but only {params['rx']['received']} of {iters * nq} "
                                 "messages arrived")
             r = {k: line[k] for k in ("bytes", "iterations", "total_bytes", "seconds", "gbps", "gbps_peak",
-                                      "msg_rate") if k in line}
+                                      "msg_rate", "qps") if k in line}
             r.update(test=opt.test, role="server", mtu=mtu, tx_depth=line.get("tx_depth"),
-                     counters=side.counters(), peer_counters=line.get("counters", {}))
+                     counters=side.counters(), peer_counters=line.get("counters", {}), bidirectional=bidir)
+            if opt.test == "write-bw":
+                r["verified"] = _verify(side.buf, size if bidir else 0, size, 1)
+            if mine is not None:
+                r["reverse"] = mine
+        if side.compiled:
+            r["dp_stats"] = _dp_stats(side)
         try:
-            ch.send_json({"type": "summary", "counters": r["counters"], **({"lat_us": r["lat_us"]}
-                                                                          if "lat_us" in r else {})})
+            ch.send_json({"type": "summary", "counters": r["counters"], "dp_stats": r.get("dp_stats"),
+                          **({"lat_us": r["lat_us"]} if "lat_us" in r else {}),
+                          **({"verified": r["verified"]} if "verified" in r else {}),
+                          **({"result": mine} if mine is not None and opt.test != "write-lat" else {})})
         except cm.CMError:
             pass                     # the client may already be gone; our numbers stand
         _report(out, opt, r)

@@ -11,9 +11,10 @@ Python is the control plane: it validates and writes work requests into the arra
 layout.py, marks the QP in the ready ring and wakes the loop; QP state changes pause the
 loop for the moment of the change.  The packet work is all in loop.dp_round / dp_run.
 
-Not implemented by this plane, refused with `Unsupported` (a typed InvalidArgument):
-ATOMICs, SEND_WITH_INV, gather/scatter lists of more than one SGE, SQD, completion
-channels and solicited events, DCQCN, path re-resolution, native profile.
+ATOMICs, SEND WITH INVALIDATE (remote_invalidate MRs), gather/scatter lists, FENCE, SQD and
+completion channels (solicited events too) are dp/ops.py's.  Not implemented by this plane,
+refused with `Unsupported` (a typed InvalidArgument): multi-buffer ports, path re-resolution,
+native profile.
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from collections import deque
+
 from ..rc.events import AsyncEvent, AsyncEventQueue, EventType
 from ..rc.memory import as_u8
-from ..verbs_types import (PATH_MTUS, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
+from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
                            RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode, WCStatus,
                            WROpcode, local_ack_timeout_ns)
 from . import layout as L
@@ -40,13 +43,20 @@ _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "
         21: "invalid request: opcode out of sequence", 22: "remote access violation (key, PD, access or bounds)",
         23: "invalid request: wrong payload length", 24: "a SEND longer than the receive buffer",
         25: "a request this plane does not implement (ATOMIC or SEND WITH INVALIDATE)",
+        27: "invalid request: an ATOMIC the QP's access flags do not allow",
+        28: "invalid request: ATOMIC address not 8-byte aligned",
+        29: "invalid request: SEND WITH INVALIDATE of a key that cannot be invalidated",
         5: "a local MR was deregistered under a posted work request (MR-MEM-035)",
-        26: "the receive buffer's MR was deregistered",
+        26: "the receive buffer's MR was deregistered, or its SGE failed the local checks",
+        30: "a work request's SGE failed the local checks (lkey, PD, bounds, LOCAL_WRITE)",
         100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
 _SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
-                  WROpcode.RDMA_READ)
+                  WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD,
+                  WROpcode.SEND_WITH_INV)
+_ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
+_NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
 
 
 class Unsupported(InvalidArgument):
@@ -87,7 +97,8 @@ class Plane:
         nframes = port.umem.nframes
         words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
                  + self.CQE_ROWS * L.NE + L.MAX_CQS * L.NC + L.MAX_MRS * L.NM + maxq * L.MAX_RD * L.NJ
-                 + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8)
+                 + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8
+                 + L.SG_ROWS * L.NG + maxq * L.MAX_RD * L.NAT + maxq * L.NF + 1024 + 4 * 8)
         ar = self.arena = L.Arena(words)
         A = self.A = ar.a
         p0 = ar.alloc(L.N_P)
@@ -105,6 +116,18 @@ class Plane:
         rdy = ar.alloc(L.N_RDY)
         act = ar.alloc(maxq)
         free = ar.alloc(nframes)
+        # dp/ops.py: SGE lists, saved ATOMIC results, DCQCN state (float64 words), the gather scratch
+        sg = ar.alloc(L.SG_ROWS * L.NG)
+        at = ar.alloc(maxq * L.MAX_RD * L.NAT)
+        fo = ar.alloc(maxq * L.NF)
+        sgx = ar.alloc(1024)
+        for name, off in (("sg_off", sg), ("at_off", at), ("f_off", fo)):
+            A[getattr(L, "P_" + name.upper())] = off
+        A[L.P_SGX_ADDR] = int(A.ctypes.data) + sgx * 8
+        A[L.P_SGX_SIZE] = 1024 * 8
+        self.SG = A[sg:sg + L.SG_ROWS * L.NG].reshape(-1, L.NG)
+        self.sg_pool = L.RowPool(0, L.SG_ROWS)
+        self.F = A[fo:fo + maxq * L.NF].view(np.float64).reshape(maxq, L.NF)
         # the compiled views need these regions contiguous and in this order
         for name, off in (("q_off", q), ("sq_off", sq), ("rq_off", rq), ("ce_off", ce), ("cq_off", cqt),
                           ("mr_off", mr), ("rdj_off", rdj), ("ev_off", ev), ("rdy_off", rdy), ("act_off", act),
@@ -126,7 +149,12 @@ class Plane:
         self.sq_pool = L.RowPool(0, (rq - sq) // L.NW)
         self.rq_pool = L.RowPool(0, (ce - rq) // L.NR)
         self.ce_pool = L.RowPool(0, (cqt - ce) // L.NE)
-        self.TM = np.zeros((maxq, 128), np.uint8)
+        self.TM = np.zeros((maxq, 2 * L.TM_CNP), np.uint8)      # frame template | CNP template
+        # DCQCN (dp/ops.py): rc/dcqcn.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
+        from ..rc.dcqcn import DcqcnParams, link_rate_bps
+        self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
+        for i, name in enumerate(L.D_FIELDS):
+            self.F[0, i] = float(getattr(self.dcqcn, name))
         self.umem = port.frames
         # AF_XDP rings by address
         x = port.xsk
@@ -160,6 +188,8 @@ class Plane:
         A[L.P_POLLFD] = ad(A) + pfd * 8
         A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
         A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
+        # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
+        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
         A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
         A[L.P_POLL_MS] = 1000
         A[L.P_MAGIC] = L.MAGIC
@@ -265,7 +295,8 @@ class Plane:
         names = ("rx tx rx_drop_icrc rx_drop_qp rx_drop_state rx_drop_len rx_drop_op rx_dup rx_oos tx_ack tx_nak "
                  "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
-                 "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail").split()
+                 "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
+                 "tx_cnp rx_cnp rx_ce rx_dup_atomic").split()
         return {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
 
     def close(self) -> None:
@@ -305,11 +336,74 @@ class MR:
         return f"MR(addr={self.addr:#x}, len={self.length}, lkey={self.lkey:#x}, access={self.access!r})"
 
 
+class CompChannel:
+    """ibv_comp_channel, as rc.engine.CompChannel: armed CQs report their completion events here."""
+
+    def __init__(self, ctx: "Context") -> None:
+        self.ctx = ctx
+        self.q: deque[CQ] = deque()
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def _notify(self, cq: "CQ") -> None:
+        with self._lock:
+            self.q.append(cq)
+            self.ready.set()
+
+    def get_cq_event(self, timeout: float | None = 0.0) -> "CQ | None":
+        """ibv_get_cq_event: the CQ of the oldest completion event, waiting up to `timeout` seconds (None:
+        for ever; 0: just look); drives the loop when there is no progress thread.  The CQ is disarmed:
+        call its req_notify again for the next event."""
+        pl = self.ctx.plane
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not pl.threaded:
+                pl.progress()
+            with self._lock:
+                if self.q:
+                    cq = self.q.popleft()
+                    cq.events += 1
+                    if not self.q:
+                        self.ready.clear()
+                    return cq
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if pl.threaded:
+                self.ready.wait(0.01 if left is None else min(left, 0.01))
+            else:
+                # the compiled loop until an event (a completion event is one) or 2 ms
+                pl.run(2_000_000 if left is None else max(1, min(int(left * 1e9), 2_000_000)), 0, 0)
+
+
 class CQ:
-    def __init__(self, ctx: "Context", index: int, depth: int, size: int, base: int, cq_context: Any) -> None:
+    def __init__(self, ctx: "Context", index: int, depth: int, size: int, base: int, cq_context: Any,
+                 channel: "CompChannel | None" = None) -> None:
         self.ctx, self.index, self.depth, self.size, self.base = ctx, index, depth, size, base
         self.cq_context = cq_context
         self.row = ctx.plane.CQT[index]
+        # completion events: a CQ without a channel of its own gets a private one (CQ.get_event)
+        self.private_channel = channel is None
+        self.channel = channel if channel is not None else CompChannel(ctx)
+        self.events = 0
+
+    @property
+    def armed(self) -> int:
+        return int(self.row[L.C_ARMED])
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """ibv_req_notify_cq: one completion event for the next completion added -- with solicited_only,
+        for the next solicited (SE, MR-BTH-004) or unsuccessful one.  Arming for any completion outranks
+        solicited_only until the event comes (as rxe and the Python engine)."""
+        if int(self.row[L.C_ARMED]) != _NOTIFY_NEXT:
+            self.row[L.C_ARMED] = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
+
+    def get_event(self, timeout: float | None = 0.0) -> bool:
+        """Wait up to `timeout` seconds for this CQ's completion event (CQs created without a channel);
+        True when it came, which also disarms the CQ."""
+        if not self.private_channel:
+            raise InvalidState("this CQ reports to a completion channel: use channel.get_cq_event()")
+        return self.channel.get_cq_event(timeout) is self
 
     def poll(self, num_entries: int = 16) -> list[WC]:
         """ibv_poll_cq: up to num_entries completions (drives a progress round when busy polling)."""
@@ -328,7 +422,8 @@ class CQ:
             wr_id, st, op, blen, qpn, imm, flags = CE[self.base + (head & mask)].tolist()
             wf = WCFlags(flags)
             out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
-                          imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf))
+                          imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf,
+                          invalidated_rkey=imm if wf & WCFlags.WITH_INV else None))
             head += 1
         row[L.C_HEAD] = head
         return out
@@ -378,29 +473,57 @@ class QP:
         r[L.Q_RQ_BASE], r[L.Q_RQ_SIZE] = self.rq_base, self.rq_size
         r[L.Q_MAX_RD] = L.MAX_RD
         r[L.Q_PMTU] = 1024
+        self._dcqcn_init()
         self.state = QPState.RESET
         self.dgid: str | None = None
         self.dest_qp = 0
         self.pmtu = 1024
         self.error_reason: str | None = None
         self.installed = False
+        self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
+        self._sg_rq: deque = deque()
+
+    def _dcqcn_init(self) -> None:
+        """The QP's DCQCN state (F row), as rc/dcqcn.Dcqcn starts it: line rate, alpha_init, a full
+        token bucket, timers from a fresh clock (the loop's clock, CLOCK_MONOTONIC)."""
+        pl = self.ctx.plane
+        p, f, now = pl.dcqcn, pl.F[self.qi], time.monotonic_ns()
+        f[:] = 0
+        f[L.F_RC] = f[L.F_RT] = f[L.F_RATE_MIN] = p.r_line_bps
+        f[L.F_ALPHA] = p.alpha_init
+        f[L.F_TOKENS] = p.burst_bytes
+        f[L.F_T_TOKENS] = now
+        f[L.F_ALPHA_DUE] = now + p.k_ns
+        f[L.F_RATE_DUE] = now + p.t_ns
+        f[L.F_NP_LAST] = -1
+
+    def dcqcn_counters(self) -> dict:
+        """As rc.dcqcn.Dcqcn.counters (MR-CNP-010)."""
+        f = self.ctx.plane.F[self.qi]
+        return {"rate_bps": float(f[L.F_RC]), "rate_target_bps": float(f[L.F_RT]),
+                "rate_min_bps": float(f[L.F_RATE_MIN]), "alpha": float(f[L.F_ALPHA]),
+                "rate_cuts": int(f[L.F_RATE_CUTS]), "rx_cnp": int(f[L.F_RX_CNP]), "tx_cnp": int(f[L.F_NP_TX]),
+                "rx_ce_marked": int(f[L.F_NP_CE])}
 
     # ---- state --------------------------------------------------------------------------
     def modify(self, attr: QPAttr) -> None:
         """ibv_modify_qp.  RESET -> INIT -> RTR -> RTS, any -> ERR or RESET; a failed modify changes nothing."""
         g = attr.given()
         new = attr.qp_state if attr.qp_state is not None else self.state
-        if new == QPState.SQD or attr.en_sqd_async_notify:
-            raise Unsupported("SQD (send queue drain) is not implemented by the compiled data plane")
         allowed = {QPState.RESET: {QPState.RESET, QPState.INIT, QPState.ERR},
                    QPState.INIT: {QPState.INIT, QPState.RTR, QPState.RESET, QPState.ERR},
                    QPState.RTR: {QPState.RTS, QPState.RESET, QPState.ERR},
-                   QPState.RTS: {QPState.RTS, QPState.RESET, QPState.ERR},
+                   QPState.RTS: {QPState.RTS, QPState.SQD, QPState.RESET, QPState.ERR},
+                   QPState.SQD: {QPState.SQD, QPState.RTS, QPState.RESET, QPState.ERR},
                    QPState.SQE: {QPState.RTS, QPState.RESET, QPState.ERR},
                    QPState.ERR: {QPState.RESET, QPState.ERR}}
         cur = self.query_state()
         if new not in allowed[cur]:
             raise InvalidState(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} is not a valid transition")
+        if cur == new == QPState.SQD and int(self.row[L.Q_SQD_DRAIN]):
+            # EBUSY (MR-QP-014): wait for IBV_EVENT_SQ_DRAINED or until nothing is outstanding
+            raise Busy(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining (EBUSY); wait "
+                       "until it is drained")
         ctx = self.ctx
         if new == QPState.RTR:
             for k in ("dest_qp_num", "rq_psn", "dgid"):
@@ -429,6 +552,7 @@ class QP:
                 buf, l3, v6 = tmpl
                 pl.TM[self.qi, :] = 0
                 pl.TM[self.qi, :len(buf)] = buf
+                pl.TM[self.qi, L.TM_CNP:L.TM_CNP + len(buf)] = self._cnp_template(buf, l3, v6)
                 r[L.Q_TMPL_LEN], r[L.Q_L3_OFF], r[L.Q_IPV6] = len(buf), l3, int(v6)
                 r[L.Q_DEST_QP] = g["dest_qp_num"]
                 r[L.Q_PMTU] = mtu
@@ -454,11 +578,35 @@ class QP:
                     r[L.Q_MAX_RD] = max(1, min(L.MAX_RD, g["max_rd_atomic"]))
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
+                r[L.Q_SQD_DRAIN] = 0                       # SQD -> RTS resumes where it stopped (MR-QP-014)
                 r[L.Q_STATE] = QPState.RTS
                 self._kernel_state(QPState.RTS)
+                if cur == QPState.SQD:
+                    pl.mark_ready(self.qi)
+            elif new == QPState.SQD:
+                if cur == QPState.RTS:
+                    # no new WQE starts; the loop raises SQ_DRAINED once nothing started is outstanding
+                    r[L.Q_SQD_NOTIFY] = int(bool(g.get("en_sqd_async_notify", False)))
+                    r[L.Q_SQD_DRAIN] = 1
+                r[L.Q_STATE] = QPState.SQD
+                self._kernel_state(QPState.SQD)
+                pl.mark_ready(self.qi)
             else:
                 r[L.Q_STATE] = int(new)
             self.state = QPState(new)
+
+    def _cnp_template(self, buf, l3: int, v6: bool):
+        """The QP's template for CNPs (rc/engine.send_cnp): DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
+        (MR-BTH-012); the path, UDP source port and P_Key are the QP's."""
+        tb = np.array(buf, np.uint8)
+        tos = (self.ctx.plane.dcqcn.cnp_dscp << 2) & 0xFC
+        if v6:
+            tb[l3] = 0x60 | (tos >> 4)
+            tb[l3 + 1] = ((tos & 0x0F) << 4) | (tb[l3 + 1] & 0x0F)
+        else:
+            tb[l3 + 1] = tos
+        tb[len(tb) - 12 + 4] = 0x40 | (tb[len(tb) - 12 + 4] & 0x3F)
+        return tb
 
     def _install(self, state: QPState) -> None:
         ld = self.ctx.loader
@@ -481,6 +629,7 @@ class QP:
         r[L.Q_K_ACK] = (psn - 1) & L.PSN_MASK
         r[L.Q_K_NAK_SEQ] = int(slot["nak_seq"])
         r[L.Q_K_RNR_SEQ] = int(slot["rnr_seq"])
+        r[L.Q_K_CNP] = int(slot["cnp_count"])
 
     def _kernel_state(self, state: QPState) -> None:
         if self.installed:
@@ -505,6 +654,7 @@ class QP:
             r[k] = v
         r[L.Q_MAX_RD] = L.MAX_RD
         r[L.Q_PMTU] = 1024
+        self._sg_release(None, None)
         if self.installed:
             self.ctx.loader.clear_qp(self.qp_num)
             self.installed = False
@@ -523,54 +673,118 @@ class QP:
                 "rq_psn": int(r[L.Q_EPSN]), "msn": int(r[L.Q_MSN]), "retry_left": int(r[L.Q_RETRY_LEFT]),
                 "rnr_left": int(r[L.Q_RNR_LEFT]), "path_mtu": int(r[L.Q_PMTU]), "dest_qp_num": self.dest_qp,
                 "sq_outstanding": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
-                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD])}
+                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), **self.dcqcn_counters()}
 
     # ---- work requests ------------------------------------------------------------------
-    def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int]:
-        if len(sg_list) > 1:
-            raise Unsupported(f"{what} with {len(sg_list)} SGEs: the compiled data plane takes at most one SGE "
-                              "per work request so far")
-        if not sg_list:
-            return 0, 0, 0
-        s = sg_list[0]
-        if s.length < 0 or s.length >= 1 << 31:
-            raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
-        mr = self.ctx.mrs.get(s.lkey >> 8)
-        if (mr is None or mr.lkey != s.lkey or not mr.valid or mr.pd is not self.pd
-                or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length
-                or (need and not mr.access & need)):
-            raise InvalidArgument(f"{what}: SGE (addr {s.addr:#x}, length {s.length}, lkey {s.lkey:#x}) is not "
-                                  "inside a valid MR of this QP's PD" + (f" with {need!r}" if need else ""))
-        return s.addr, s.length, mr.index      # the loop checks that MR's valid bit before each access
+    def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int, list]:
+        """(addr, total length, MR index, pieces): one SGE is (addr, length, mr) itself; a list of more
+        goes to the SG table (pieces [(addr, length, mr)], the WQE names its rows).  A zero-length SGE
+        is skipped, its lkey unchecked (MR-MEM-032)."""
+        if len(sg_list) > self.cap.max_send_sge:
+            raise InvalidArgument(f"{what}: {len(sg_list)} SGEs > max {self.cap.max_send_sge}")
+        pieces = []
+        MRT = self.ctx.plane.MRT
+        bad = False
+        for s in sg_list:
+            if s.length == 0:
+                continue
+            if s.length < 0 or s.length >= 1 << 31:
+                raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
+            mr = self.ctx.mrs.get(s.lkey >> 8)
+            if (mr is None or mr.lkey != s.lkey or not mr.valid or not MRT[mr.index, L.M_VALID]
+                    or mr.pd is not self.pd or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length
+                    or (need and not mr.access & need)):
+                bad = True
+                continue
+            pieces.append((s.addr, s.length, mr.index))
+        total = sum(s.length for s in sg_list if s.length > 0)
+        if total >= 1 << 31:
+            raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
+        if bad:
+            # an lkey, PD, bound or LOCAL_WRITE check failed (MR-MEM-020): accepted, and reported by a
+            # completion, not here (MR-RC-022): a send WQE fails LOC_PROT_ERR when it is the oldest, nothing
+            # of it sent; a receive WQE fails LOC_PROT_ERR when a SEND comes for it (NAK code 3)
+            return 0, total, L.MR_BAD, []
+        if not pieces:
+            return 0, 0, 0, []
+        if len(pieces) == 1:
+            return pieces[0][0], pieces[0][1], pieces[0][2], []
+        return pieces[0][0], total, 0, pieces    # the loop checks each MR's valid bit before each access
+
+    def _sg_release(self, sq_head: int | None, rq_head: int | None) -> None:
+        """SG rows of WQEs the loop has finished with (index before the queue's head) go back to the
+        pool; both heads None: all of them (RESET, destroy)."""
+        pool = self.ctx.plane.sg_pool
+        for dq, head in ((self._sg_sq, sq_head), (self._sg_rq, rq_head)):
+            while dq and (sq_head is None and rq_head is None or head is not None and dq[0][0] < head):
+                _, start, n = dq.popleft()
+                pool.release(start, n)
+
+    def _sg_alloc(self, pieces: list) -> int:
+        pl = self.ctx.plane
+        try:
+            start = pl.sg_pool.alloc(len(pieces))
+        except MemoryError:
+            for q in list(self.ctx.qps.values()):
+                q._sg_release(int(q.row[L.Q_SQ_HEAD]), int(q.row[L.Q_RQ_HEAD]))
+            try:
+                start = pl.sg_pool.alloc(len(pieces))
+            except MemoryError:
+                raise QueueFull(f"no room for {len(pieces)} more SGEs in the port's SG table ({L.SG_ROWS} rows): "
+                                "poll the CQs, then post again") from None
+        pl.SG[start:start + len(pieces)] = pieces
+        return start
+
+    def _send_row(self, wr: SendWR) -> list:
+        """The send-queue row of wr (its first L.NW words) + its SGE pieces, validated."""
+        op = wr.opcode
+        if op not in _SUPPORTED_OPS:
+            raise InvalidArgument(f"unknown send opcode {op!r}")
+        op = WROpcode(op)
+        need = Access.LOCAL_WRITE if op == WROpcode.RDMA_READ or op in _ATOMICS else Access(0)
+        addr, length, lmr, pieces = self._sge(wr.sg_list, need, op.name)
+        imm = wr.imm_data & 0xFFFFFFFF
+        swap = 0
+        if op in _ATOMICS:
+            if length != 8:
+                raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
+            if wr.remote_addr % 8:          # MR-XH-011: the AtomicETH VA is a multiple of 8
+                raise InvalidArgument(f"ATOMIC remote address {wr.remote_addr:#x} is not a multiple of 8")
+            imm, swap = _i64(wr.compare_add), _i64(wr.swap)
+        elif op == WROpcode.SEND_WITH_INV:
+            imm = wr.invalidate_rkey & 0xFFFFFFFF            # the IETH
+        return [_i64(wr.wr_id), int(op), int(wr.send_flags), addr, length, _i64(wr.remote_addr),
+                wr.rkey & 0xFFFFFFFF, imm, 0, 0, 0, 0, 0, 0, lmr if length else 0, swap, 0, 0, pieces]
 
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send; a list is posted whole or not at all."""
         wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
         st = int(self.row[L.Q_STATE])
-        if st != QPState.RTS and st != QPState.ERR:
+        if st != QPState.RTS and st != QPState.ERR and st != QPState.SQD:
             raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
-        rows = []
-        for wr in wrs:
-            op = wr.opcode
-            if op not in _SUPPORTED_OPS:
-                op = WROpcode(op)
-                raise Unsupported(f"{op.name} is not implemented by the compiled data plane (it has RDMA WRITE, "
-                                  "WRITE WITH IMM, SEND, SEND WITH IMM and RDMA READ)")
-            if wr.send_flags & SendFlags.FENCE:
-                raise Unsupported("SendFlags.FENCE is not implemented by the compiled data plane")
-            addr, length, lmr = self._sge(wr.sg_list, Access.LOCAL_WRITE if op == WROpcode.RDMA_READ else 0,
-                                          WROpcode(op).name)
-            rows.append((_i64(wr.wr_id), int(op), int(wr.send_flags), addr, length, _i64(wr.remote_addr),
-                         wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF, 0, 0, 0, 0, 0, 0, lmr if length else 0))
+        rows = [self._send_row(wr) for wr in wrs]
         pl = self.ctx.plane
         with pl.post_lock:
             r = self.row
             tail = int(r[L.Q_SQ_TAIL])
             if tail - int(r[L.Q_SQ_HEAD]) + len(rows) > self.sq_size:
                 raise QueueFull(f"send queue full ({self.sq_size} WQEs): poll the CQ, then post again")
+            if any(row[-1] for row in rows):
+                self._sg_release(int(r[L.Q_SQ_HEAD]), int(r[L.Q_RQ_HEAD]))
+                taken = []
+                try:
+                    for i, row in enumerate(rows):
+                        if row[-1]:
+                            row[L.W_SG], row[L.W_NSGE] = self._sg_alloc(row[-1]), len(row[-1])
+                            taken.append((tail + i, row[L.W_SG], len(row[-1])))
+                except QueueFull:
+                    for _, start, n in taken:
+                        pl.sg_pool.release(start, n)
+                    raise
+                self._sg_sq.extend(taken)
             SW, base, mask = pl.SW, self.sq_base, self.sq_size - 1
             for i, row in enumerate(rows):
-                SW[base + ((tail + i) & mask)] = row
+                SW[base + ((tail + i) & mask)] = row[:L.NW]
             r[L.Q_SQ_TAIL] = tail + len(rows)          # published after the WQEs (x86 keeps store order)
             pl.mark_ready(self.qi)
 
@@ -585,15 +799,53 @@ class QP:
             tail = int(r[L.Q_RQ_TAIL])
             if tail - int(r[L.Q_RQ_HEAD]) + len(rows) > self.rq_size:
                 raise QueueFull(f"receive queue full ({self.rq_size} WQEs)")
-            for i, (wr_id, addr, length, lmr) in enumerate(rows):
+            sgs = [(0, 0)] * len(rows)
+            if any(row[-1] for row in rows):
+                self._sg_release(int(r[L.Q_SQ_HEAD]), int(r[L.Q_RQ_HEAD]))
+                taken = []
+                try:
+                    for i, row in enumerate(rows):
+                        if row[-1]:
+                            sgs[i] = (self._sg_alloc(row[-1]), len(row[-1]))
+                            taken.append((tail + i, *sgs[i]))
+                except QueueFull:
+                    for _, start, n in taken:
+                        pl.sg_pool.release(start, n)
+                    raise
+                self._sg_rq.extend(taken)
+            for i, (wr_id, addr, length, lmr, _) in enumerate(rows):
                 pl.RW[self.rq_base + ((tail + i) & (self.rq_size - 1))] = (_i64(wr_id), addr, length,
-                                                                            lmr if length else 0)
+                                                                            lmr if length else 0, *sgs[i])
             r[L.Q_RQ_TAIL] = tail + len(rows)
             if int(r[L.Q_STATE]) == QPState.ERR:
                 pl.mark_ready(self.qi)
 
     def __repr__(self) -> str:
         return f"QP({self.qp_num:#x}, {self.query_state().name})"
+
+    # ---- compiled posting (dp/drive.py) ----------------------------------------------------
+    def send_wqe(self, wr: SendWR) -> np.ndarray:
+        """The send-queue row post_send would write for wr, validated as post_send validates it (any
+        opcode, at most one SGE): for posting many
+        copies at once from compiled code (post_send_n, dp.drive)."""
+        row = self._send_row(wr)
+        if row[-1]:
+            raise Unsupported("compiled posting (post_send_n) takes WRs with at most one SGE: an SGE list "
+                              "occupies rows of the SG table per WQE")
+        return np.array(row[:L.NW], np.int64)
+
+    def post_send_n(self, wqe: np.ndarray, n: int) -> int:
+        """Post n copies of a row from send_wqe in one compiled call (no per-WR Python work); returns
+        how many fitted in the send queue."""
+        st = int(self.row[L.Q_STATE])
+        if st != QPState.RTS and st != QPState.ERR:
+            raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
+        pl = self.ctx.plane
+        from . import drive
+        with pl.post_lock:
+            k = drive.sq_post_n(pl.A, pl.TM, self.qi, wqe, n)
+        pl.wake()
+        return int(k)
 
 
 # ============================================================================ the context
@@ -647,6 +899,29 @@ class Context:
 
     # ---- events -------------------------------------------------------------------------
     def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
+        if typ == L.EV_QP_FATAL and arg == 30:
+            # a WQE whose local checks failed moved the QP to ERR: its completion says so, no async event
+            # (as the Python engine's fail_unsent)
+            qp = self.qps.get(qi)
+            if qp is not None:
+                qp.state = QPState.ERR
+                qp.error_reason = _WHY[30]
+                if qp.installed:
+                    self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
+            return
+        if typ == L.EV_CQ_NOTIFY:
+            cq = self.cqs.get(arg)
+            if cq is not None:
+                cq.channel._notify(cq)
+            return
+        if typ == L.EV_COMM_EST:
+            qp = self.qps.get(qi)
+            self.async_events.put(AsyncEvent(EventType.COMM_EST, qp=qp, reason="first request accepted in RTR"))
+            return
+        if typ == L.EV_SQ_DRAINED:
+            qp = self.qps.get(qi)
+            self.async_events.put(AsyncEvent(EventType.SQ_DRAINED, qp=qp, reason="send queue drained"))
+            return
         if typ == L.EV_CQ_ERR:
             cq = self.cqs.get(arg)
             self.async_events.put(AsyncEvent(EventType.CQ_ERR, cq=cq, reason="CQ overflowed"))
@@ -684,27 +959,23 @@ class Context:
         return pd
 
     def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE, *, remote_invalidate: bool = False) -> MR:
-        if remote_invalidate:
-            raise Unsupported("remote invalidation (SEND WITH INVALIDATE) is not implemented by the compiled "
-                              "data plane")
         access = Access(access)
-        if access & Access.REMOTE_ATOMIC:
-            raise Unsupported("REMOTE_ATOMIC: ATOMICs are not implemented by the compiled data plane")
-        if access & Access.REMOTE_WRITE and not access & Access.LOCAL_WRITE:
-            raise InvalidArgument("REMOTE_WRITE needs LOCAL_WRITE too (as in ibv_reg_mr)")
+        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+            raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
         mem = as_u8(buf)
         idx = self._mr_next
         while idx in self.mrs:
-            idx = idx % (L.MAX_MRS - 1) + 1
+            idx = idx % (L.MAX_MRS - 2) + 1            # 1 .. MAX_MRS - 2: MR_BAD is never registered
             if idx == self._mr_next:
-                raise ResourceError(f"at most {L.MAX_MRS - 1} MRs")
-        self._mr_next = idx % (L.MAX_MRS - 1) + 1
+                raise ResourceError(f"at most {L.MAX_MRS - 2} MRs")
+        self._mr_next = idx % (L.MAX_MRS - 2) + 1
         key = (idx << 8) | secrets.randbelow(256)
         mr = MR(self, pd, mem, access, idx, key)
+        mr.remote_invalidate = remote_invalidate
         row = self.plane.MRT[idx]
         row[L.M_VALID] = 0
         row[L.M_ADDR], row[L.M_LENGTH], row[L.M_KEY] = mr.addr, mr.length, key
-        row[L.M_PD], row[L.M_ACCESS] = pd.handle, int(access)
+        row[L.M_PD], row[L.M_ACCESS] = pd.handle, int(access) | (L.ACC_REMOTE_INV if remote_invalidate else 0)
         row[L.M_VALID] = 1
         self.mrs[idx] = mr
         pd.mrs.add(idx)
@@ -719,11 +990,15 @@ class Context:
         self.mrs.pop(mr.index, None)
         mr.pd.mrs.discard(mr.index)
 
+    def create_comp_channel(self) -> CompChannel:
+        """ibv_create_comp_channel (completion events: CQ.req_notify)."""
+        return CompChannel(self)
+
     def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: Any = None) -> CQ:
         if depth <= 0:
             raise InvalidArgument("CQ depth must be positive")
-        if channel is not None:
-            raise Unsupported("completion channels are not implemented by the compiled data plane")
+        if channel is not None and channel.ctx is not self:
+            raise InvalidArgument("the completion channel belongs to another context")
         size = _pow2(depth)
         idx = self._cq_next
         if idx >= L.MAX_CQS:
@@ -733,7 +1008,7 @@ class Context:
         row = self.plane.CQT[idx]
         row[:] = 0
         row[L.C_BASE], row[L.C_SIZE] = base, size
-        cq = CQ(self, idx, depth, size, base, cq_context)
+        cq = CQ(self, idx, depth, size, base, cq_context, channel)
         self.cqs[idx] = cq
         return cq
 

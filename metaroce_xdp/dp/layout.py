@@ -29,6 +29,7 @@ import numpy as np
 MAX_QPS = 1024            # = the XDP program's MR_MAX_QPS (kern/loader.XdpLoader(max_qps))
 MAX_CQS = 256
 MAX_MRS = 4096
+MR_BAD = MAX_MRS - 1      # an MR row never valid: a WQE whose SGE failed its local checks names it (MR-RC-022)
 MAX_RD = 16               # outstanding READs a responder queues per QP (max_dest_rd_atomic)
 N_EV = 1024
 N_RDY = 4096              # power of two, > MAX_QPS: a QP is in it at most once (Q_READY)
@@ -55,10 +56,12 @@ P_FIELDS = _cols("""
     tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen rx_rsp_stale
     rounds idle_polls wakeups cqe_out rx_bytes tx_bytes
     last_to_comp last_to_max last_to_kack last_to_kseq last_to_head last_to_next last_to_tail
+    infl_left qp_share rx_owed infl_cap
+    at_off sg_off sgx_addr sgx_size f_off tx_cnp rx_cnp rx_ce rx_dup_atomic
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i
-N_P = 128
+N_P = 160
 assert len(P_FIELDS) <= N_P - 32        # the rest: TX scratch lives at txq_off
 MAGIC = 0x4D52_4450_0001                # "MRDP" v1
 
@@ -73,6 +76,7 @@ Q_FIELDS = _cols("""
     epsn msn ack_pend nak_pend nak_psn min_rnr
     r_kind r_addr r_left r_mr r_total r_wqe r_imm
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
+    sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i
@@ -82,13 +86,14 @@ NQ = len(Q_FIELDS)
 RK_NONE, RK_SEND, RK_WRITE = 0, 1, 2
 
 # ---- send WQE -------------------------------------------------------------------------
-W_FIELDS = _cols("wr_id opcode flags laddr length raddr rkey imm first_psn npsn sent started done status lmr")
+W_FIELDS = _cols("wr_id opcode flags laddr length raddr rkey imm first_psn npsn sent started done status lmr "
+                 "swap sg nsge")
 for _i, _n in enumerate(W_FIELDS):
     globals()["W_" + _n.upper()] = _i
 NW = len(W_FIELDS)
 
 # ---- receive WQE ----------------------------------------------------------------------
-R_FIELDS = _cols("wr_id laddr length lmr")
+R_FIELDS = _cols("wr_id laddr length lmr sg nsge")
 for _i, _n in enumerate(R_FIELDS):
     globals()["R_" + _n.upper()] = _i
 NR = len(R_FIELDS)
@@ -99,7 +104,7 @@ for _i, _n in enumerate(E_FIELDS):
     globals()["E_" + _n.upper()] = _i
 NE = len(E_FIELDS)
 
-C_FIELDS = _cols("base size head tail overflow")
+C_FIELDS = _cols("base size head tail overflow armed")
 for _i, _n in enumerate(C_FIELDS):
     globals()["C_" + _n.upper()] = _i
 NC = len(C_FIELDS)
@@ -119,6 +124,33 @@ NEVF = len(EV_FIELDS)
 
 # event types (EV.type) the loop hands to Python
 EV_QP_FATAL, EV_CQ_ERR, EV_QP_REQ_ERR, EV_QP_ACCESS_ERR = 1, 2, 3, 4
+EV_CQ_NOTIFY, EV_SQ_DRAINED = 5, 6      # an armed CQ got its completion; an SQD QP drained (dp/ops.py)
+EV_COMM_EST = 7                         # the first request accepted in RTR (MR-QP-021)
+
+# ---- gather/scatter lists of more than one SGE (dp/ops.py) -----------------------------------
+# a WQE with nsge > 1 names nsge rows of the SG table (addr, length, mr) from row sg; one SGE stays
+# in the WQE itself (laddr, length, lmr) as before
+G_FIELDS = _cols("addr length mr")
+for _i, _n in enumerate(G_FIELDS):
+    globals()["G_" + _n.upper()] = _i
+NG = len(G_FIELDS)
+SG_ROWS = 1 << 16
+# ---- saved ATOMIC results per QP: (psn, original value) x MAX_RD, a ring (MR-DUP-005) ----------
+NAT = 2
+# ---- floating-point state per QP (DCQCN reaction point, dp/ops.py), NF words a QP ---------------
+F_FIELDS = _cols("rc rt alpha tokens t_tokens alpha_due rate_due t_cnt b_cnt bytes_since cnp_in_period rx_cnp "
+                 "rate_cuts rate_min np_last np_tx np_ce")
+for _i, _n in enumerate(F_FIELDS):
+    globals()["F_" + _n.upper()] = _i
+NF = 24
+# F row 0 holds the port's DCQCN parameters (rc/dcqcn.py DcqcnParams, same names); QP rows start at 1
+D_FIELDS = _cols("enabled cnp_interval_ns cnp_dscp g alpha_init k_ns t_ns b_bytes f r_ai_bps r_hai_bps r_min_bps "
+                 "r_line_bps burst_bytes")
+for _i, _n in enumerate(D_FIELDS):
+    globals()["D_" + _n.upper()] = _i
+TM_CNP = 128            # TM columns [128, 256): the QP's CNP template (DSCP cnp_dscp, Not-ECT, BECN)
+# MR access bit (above the verbs flags) of an MR a SEND WITH INVALIDATE may invalidate (MR-MEM-042)
+ACC_REMOTE_INV = 1 << 16
 
 
 def dtype_of(fields: list[str]) -> np.dtype:

@@ -30,7 +30,7 @@ from ..kern.layout import QP_STATE_DTYPE
 from ..rc.burst import peek_bth, segment_opcode
 from ..wire.fastpath import build_frame, frame_icrc_ok
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
-from .layout import (ACKREQ_EVERY, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
+from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
@@ -281,9 +281,11 @@ def push_cqe(A, Q, CQT, CE, cq, qi, wr_id, status, opcode, byte_len, imm, flags)
     CE[r, E_BYTE_LEN] = byte_len
     CE[r, E_QP_NUM] = Q[qi, Q_QPN]
     CE[r, E_IMM] = imm
-    CE[r, E_FLAGS] = flags
+    CE[r, E_FLAGS] = flags & 0xFF
     st_rel_i64(CQT[cq], C_TAIL, tail + 1)
     A[P_CQE_OUT] += 1
+    if CQT[cq, C_ARMED]:
+        cq_notify(A, CQT, cq, qi, status, flags)       # completion channels (dp/ops.py)
     return True
 
 
@@ -293,6 +295,8 @@ def wc_of(op):
         return WC_WRITE
     if op == WR_READ:
         return WC_READ
+    if op == 5 or op == 6:
+        return op - 2                                  # COMP_SWAP 3, FETCH_ADD 4
     return WC_SEND
 
 
@@ -304,8 +308,8 @@ def sq_row(Q, qi, idx):
 @njit(**_jit)
 def complete_head(A, Q, SW, CQT, CE, qi, status):
     r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
-    if SW[r, W_OPCODE] == WR_READ and SW[r, W_DONE] == 0 and SW[r, W_STARTED]:
-        Q[qi, Q_RD_OUT] -= 1                          # an unanswered READ leaves (error)
+    if rd_atomic(SW[r, W_OPCODE]) and SW[r, W_DONE] == 0 and SW[r, W_STARTED]:
+        Q[qi, Q_RD_OUT] -= 1                          # an unanswered READ or ATOMIC leaves (error)
     SW[r, W_DONE] = 1
     if status != S_OK or (SW[r, W_FLAGS] & F_SIGNALED) or Q[qi, Q_SIG_ALL]:
         if not push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, SW[r, W_WR_ID], status, wc_of(SW[r, W_OPCODE]),
@@ -393,7 +397,7 @@ def advance(A, Q, SW, CQT, CE, qi, target, now):
         if SW[r, W_STARTED] == 0:
             break
         last = (SW[r, W_FIRST_PSN] + SW[r, W_NPSN] - 1) & PSN_MASK
-        if SW[r, W_OPCODE] == WR_READ and SW[r, W_DONE] == 0:
+        if rd_atomic(SW[r, W_OPCODE]) and SW[r, W_DONE] == 0:
             if psn_diff(target, SW[r, W_FIRST_PSN]) > 0:
                 target = Q[qi, Q_COMP_PSN] if psn_diff(Q[qi, Q_COMP_PSN], SW[r, W_FIRST_PSN]) > 0 \
                     else SW[r, W_FIRST_PSN]
@@ -524,42 +528,61 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
 
 
 @njit(**_jit)
+def port_full(A, Q, qi):
+    """The port's in-flight budget is spent -- but a QP with fewer than 16 packets out may always send
+    (a retransmission after a timeout must never wait for other QPs' packets, which may be lost too)."""
+    return A[P_INFL_LEFT] <= 0 and psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= 16
+
+
+@njit(**_jit)
 def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
     """Transmit from the send queue: up to `budget` packets, inside the window.  Returns packets sent."""
     sent = 0
     pmtu = Q[qi, Q_PMTU]
     window = A[P_WINDOW]
+    share = A[P_QP_SHARE]                            # this round's fair share of the port's budget
+    if 0 < share < window:
+        window = share
     kaddr = ks_addr(A, qi) if A[P_KS_ADDR] != 0 else 0
     while sent < budget:
         nxt = Q[qi, Q_SQ_NEXT]
         if nxt == ld_acq_i64(Q[qi], Q_SQ_TAIL):
             break
-        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window:
+        if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or port_full(A, Q, qi):
             break
         r = sq_row(Q, qi, nxt)
         op = SW[r, W_OPCODE]
         length = SW[r, W_LENGTH]
         lmr = SW[r, W_LMR]
-        if lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0:
+        if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             # its local MR was deregistered (MR-MEM-035): nothing of it is read or written; it fails
             # LOC_PROT_ERR once it is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = S_LOC_PROT         # round_ fails it (qp_error)
+                Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5     # round_ fails it (qp_error), the why code
             break
         if SW[r, W_STARTED] == 0:
-            if op == WR_READ and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
+            if rd_atomic(op) and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
                 break
+            if Q[qi, Q_STATE] == ST_SQD:
+                break                                # SQD: no new WQE starts (MR-QP-013)
+            if (SW[r, W_FLAGS] & F_FENCE) and Q[qi, Q_RD_OUT] > 0:
+                break                                # MR-RC-013: behind earlier READ/ATOMICs
             SW[r, W_FIRST_PSN] = Q[qi, Q_SND_PSN]
             SW[r, W_NPSN] = max(1, (length + pmtu - 1) // pmtu)
             SW[r, W_SENT] = 0
             SW[r, W_STARTED] = 1
             SW[r, W_DONE] = 0
-            if op == WR_READ:
+            if rd_atomic(op):
                 Q[qi, Q_RD_OUT] += 1
         first = SW[r, W_FIRST_PSN]
         npsn = SW[r, W_NPSN]
-        if op == WR_READ:
+        if op == WR_CAS or op == WR_FAA:
+            if SW[r, W_SENT] == 0:
+                if not atomic_request(A, Q, SW, TM, umem, tables, ext, qi, r, kaddr):
+                    break
+                sent += 1
+        elif op == WR_READ:
             k = SW[r, W_SENT]
             psn = (first + k) & PSN_MASK
             put_be(ext, 0, SW[r, W_RADDR] + k * pmtu, 8)
@@ -574,13 +597,14 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             SW[r, W_STATUS] = k                      # where this request's response stream starts
             SW[r, W_SENT] = npsn
             sent += 1
+            A[P_INFL_LEFT] -= npsn - k
         else:
             is_write = op == WR_WRITE or op == WR_WRITE_IMM
             has_imm = op == WR_WRITE_IMM or op == WR_SEND_IMM
             se = (SW[r, W_FLAGS] & F_SOLICITED) != 0 and op != WR_WRITE
             ok = True
             while SW[r, W_SENT] < npsn and sent < budget:
-                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window:
+                if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_COMP_PSN]) >= window or port_full(A, Q, qi):
                     ok = False
                     break
                 k = SW[r, W_SENT]
@@ -591,8 +615,8 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     put_be(ext, 8, SW[r, W_RKEY], 4)
                     put_be(ext, 12, length, 4)
                     ext_len = 16
-                if last and has_imm:
-                    put_be(ext, ext_len, SW[r, W_IMM], 4)
+                if last and (has_imm or op == WR_SEND_INV):
+                    put_be(ext, ext_len, SW[r, W_IMM], 4)   # ImmDt, or the IETH (the key to invalidate)
                     ext_len += 4
                 off = k * pmtu
                 plen = min(pmtu, length - off)
@@ -601,13 +625,20 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                 psn = (first + k) & PSN_MASK
                 if kaddr and psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_SND_MAX]) > 0:
                     st_rel_u32(kaddr + KS_SND_NXT, (psn + 1) & PSN_MASK)   # before the frame can leave
-                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0) else 0
-                if not emit(A, Q, TM, umem, tables, qi, segment_opcode(is_write, has_imm, k, npsn),
-                            0x80 if (last and se) else 0, ackreq, psn, ext, ext_len, SW[r, W_LADDR] + off, plen):
+                # AckReq also on the last packet this QP sends before it stops for the window, the
+                # port's budget or the round's: the ACK for it is what lets it go on
+                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= 1
+                               or psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= window) else 0
+                opc = segment_opcode(is_write, has_imm, k, npsn)
+                if last and op == WR_SEND_INV:
+                    opc = OP_SEND_ONLY_INV if npsn == 1 else OP_SEND_LAST_INV
+                if not emit(A, Q, TM, umem, tables, qi, opc, 0x80 if (last and se) else 0, ackreq, psn, ext, ext_len,
+                            src_of(A, SW, r, off, plen), plen):
                     ok = False
                     break
                 SW[r, W_SENT] = k + 1
                 sent += 1
+                A[P_INFL_LEFT] -= 1
                 Q[qi, Q_SND_PSN] = (psn + 1) & PSN_MASK
                 if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_SND_MAX]) > 0:
                     Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
@@ -741,8 +772,9 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         Q[qi, Q_EPSN] = (psn + max(1, (dlen + pmtu - 1) // pmtu)) & PSN_MASK
         Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
         return
-    is_write = op >= 6
-    sub = op - 6 if is_write else op
+    inv = op == OP_SEND_LAST_INV or op == OP_SEND_ONLY_INV     # SEND WITH INVALIDATE (dp/ops.py)
+    is_write = op >= 6 and not inv
+    sub = op - 6 if is_write else ((2 if op == OP_SEND_LAST_INV else 4) if inv else op)
     first = sub == 0 or sub == 4 or sub == 5
     lastp = sub >= 2
     has_imm = sub == 3 or sub == 5
@@ -760,8 +792,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         dlen = get_be(umem, pay + 12, 4)
         pay += 16
     imm = np.int64(0)
-    if has_imm:
-        imm = get_be(umem, pay, 4)
+    if has_imm or inv:
+        imm = get_be(umem, pay, 4)                   # ImmDt, or the IETH
         pay += 4
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
@@ -774,10 +806,13 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+        if first and not protect_reads_recv(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, r):
+            return                                   # earlier READ responses first (MR-RC-025): retransmitted
         if first:
             Q[qi, Q_R_TOTAL] = 0
             Q[qi, Q_R_KIND] = RK_SEND
-        if RW[r, R_LMR] and A[A[P_MR_OFF] + RW[r, R_LMR] * NM + M_VALID] == 0:
+        if (RW[r, R_LMR] and A[A[P_MR_OFF] + RW[r, R_LMR] * NM + M_VALID] == 0) or \
+                not sg_valid(A, RW[r, R_SG], RW[r, R_NSGE]):
             # the receive buffer's MR was deregistered: the RECV fails, nothing is placed
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
@@ -792,11 +827,21 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_R_KIND] = RK_NONE
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 24)
             return
+        if inv and inv_ok(MRT, imm, Q[qi, Q_PD]) < 0:
+            # the IETH names no valid, remotely invalidatable MR of the QP's PD (MR-MEM-041, MR-NAK-006 (h))
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_REM_INV_REQ, WC_RECV, 0, 0, 0)
+            Q[qi, Q_RQ_HEAD] += 1
+            Q[qi, Q_R_KIND] = RK_NONE
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 29)
+            return
         if plen:
-            c_memcpy(RW[r, R_LADDR] + Q[qi, Q_R_TOTAL], src, plen)
+            place(A, RW[r, R_LADDR], RW[r, R_SG], RW[r, R_NSGE], Q[qi, Q_R_TOTAL], src, plen)
         Q[qi, Q_R_TOTAL] += plen
         if lastp:
-            flags = WCF_IMM if has_imm else 0
+            flags = (WCF_IMM if has_imm else 0) | (CQE_SOLICITED if umem[b + 1] & 0x80 else 0)
+            if inv:
+                invalidate(MRT, imm, Q[qi, Q_PD])    # MR-MEM-040
+                flags |= WCF_INV
             Q[qi, Q_R_KIND] = RK_NONE
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
@@ -811,6 +856,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                     EV_QP_ACCESS_ERR, 22)
                     return
+                if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, dlen):
+                    return                           # earlier READ responses first (MR-RC-025): retransmitted
             Q[qi, Q_R_ADDR] = va
             Q[qi, Q_R_LEFT] = dlen
             Q[qi, Q_R_MR] = mr
@@ -833,7 +880,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                 r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
                 Q[qi, Q_RQ_HEAD] += 1
                 push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_OK, WC_RECV_IMM, Q[qi, Q_R_TOTAL],
-                         imm, WCF_IMM)
+                         imm, WCF_IMM | (CQE_SOLICITED if umem[b + 1] & 0x80 else 0))
     A[P_RX_BYTES] += plen
     Q[qi, Q_NAK_PEND] = 0
     Q[qi, Q_EPSN] = (psn + 1) & PSN_MASK
@@ -848,6 +895,12 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
     pmtu = Q[qi, Q_PMTU]
     while n < budget and Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
         j = A[P_RDJ_OFF] + (qi * MAX_RD + (Q[qi, Q_RD_HEAD] % MAX_RD)) * NJ
+        if A[j + J_LENGTH] < 0:                      # an ATOMIC ACKNOWLEDGE, in PSN order (dp/ops.py)
+            if not atomic_ack_job(A, Q, TM, umem, tables, ext, qi, j):
+                return n
+            n += 1
+            Q[qi, Q_RD_HEAD] += 1
+            continue
         npk = A[j + J_NPK]
         while A[j + J_SENT] < npk and n < budget:
             k = A[j + J_SENT]
@@ -898,7 +951,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         if d >= 0 and d < SW[r, W_NPSN]:
             found = r
             break
-        if SW[r, W_OPCODE] == WR_READ and SW[r, W_DONE] == 0:
+        if rd_atomic(SW[r, W_OPCODE]) and SW[r, W_DONE] == 0:
             break                                    # an earlier READ is not answered yet: a gap
         i += 1
     if found < 0 or SW[found, W_OPCODE] != WR_READ:
@@ -941,11 +994,11 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         A[P_RX_DROP_LEN] += 1
         return
     lmr = SW[r, W_LMR]
-    if lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0:
+    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035: never placed
         return
     if plen:
-        c_memcpy(SW[r, W_LADDR] + k * pmtu, A[P_UMEM_ADDR] + pay, plen)
+        place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], k * pmtu, A[P_UMEM_ADDR] + pay, plen)
     A[P_RX_BYTES] += plen
     publish_nak_read(A, Q, qi, PSN_NONE if k == npsn - 1 else (SW[r, W_FIRST_PSN] + SW[r, W_STATUS]) & PSN_MASK)
     Q[qi, Q_COMP_PSN] = (psn + 1) & PSN_MASK
@@ -956,7 +1009,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         Q[qi, Q_RD_OUT] -= 1
         while Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
             rr = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
-            if SW[rr, W_OPCODE] == WR_READ:
+            if rd_atomic(SW[rr, W_OPCODE]):
                 if SW[rr, W_DONE] == 0:
                     break
             elif psn_diff((SW[rr, W_FIRST_PSN] + SW[rr, W_NPSN] - 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= 0:
@@ -996,32 +1049,78 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     pad = (umem[b + 1] >> 4) & 3
     psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
     end -= 4                                         # the ICRC
-    if op <= OP_READ_REQ:
+    if op <= OP_READ_REQ or op == OP_SEND_LAST_INV or op == OP_SEND_ONLY_INV:
         if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
             A[P_RX_DROP_STATE] += 1
             return
+        e0 = Q[qi, Q_EPSN]
         responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        comm_est(A, Q, qi, st, e0)
         activate(A, Q, qi)
+        if ce_marked(umem, l3):                      # DCQCN notification point (MR-ECN-007, dp/ops.py)
+            np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
     elif op <= OP_RSP_ONLY:
         if st != ST_RTS and st != ST_SQD and st != ST_SQE:
             A[P_RX_DROP_STATE] += 1
             return
         completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now)
         activate(A, Q, qi)
+        if ce_marked(umem, l3):
+            np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
     elif op == OP_ACK:
         # only ACKNOWLEDGEs the kernel could not judge come here: a bad AETH (MR-XH-008, MR-NAK-012)
         if st == ST_RTS or st == ST_SQD:
             qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
+    elif op == OP_CAS or op == OP_FAA:
+        if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
+            A[P_RX_DROP_STATE] += 1
+            return
+        e0 = Q[qi, Q_EPSN]
+        responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        comm_est(A, Q, qi, st, e0)
+        activate(A, Q, qi)
+        if ce_marked(umem, l3):
+            np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
+    elif op == OP_ATOMIC_ACK:
+        if st != ST_RTS and st != ST_SQD and st != ST_SQE:
+            A[P_RX_DROP_STATE] += 1
+            return
+        completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now)
+        activate(A, Q, qi)
     else:
-        # ATOMIC, SEND WITH INVALIDATE, native opcodes: not implemented by this plane.  A request
-        # in sequence is refused with an invalid request NAK (the peer sees REM_INV_REQ_ERR)
-        A[P_RX_DROP_OP] += 1
-        if (op == 19 or op == 20 or op == 22 or op == 23) and psn == Q[qi, Q_EPSN] and st >= ST_RTR \
-                and st <= ST_SQD:
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 25)
+        A[P_RX_DROP_OP] += 1                         # native opcodes: not on a compat QP
+
+
+# ============================================================================ the operations of dp/ops.py
+# (imported here: it uses the helpers above, and everything below -- compiled at import through the
+# explicit signatures -- uses it)
+from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND_LAST_INV,  # noqa: E402
+                  OP_SEND_ONLY_INV, WCF_INV, WR_CAS, WR_FAA, WR_SEND_INV, atomic_ack_job, atomic_request,
+                  completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, sg_valid,
+                  sqd_check, src_of)
+from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
+from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
+                  rp_on_sent)
 
 
 # ============================================================================ the round
+@njit(**_jit)
+def fq_topup(A):
+    """Give the fill ring the frames owed to it (rx_burst found no room for them) from the free stack."""
+    fsize = A[P_FQ_SIZE]
+    fprod = ld_acq_u32(A[P_FQ_PROD])
+    room = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
+    k = min(room, A[P_RX_OWED], A[P_FREE_TOP])
+    if k <= 0:
+        return
+    fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))
+    for i in range(k):
+        A[P_FREE_TOP] -= 1
+        fring[(fprod + i) & (fsize - 1)] = np.uint64(A[A[P_FREE_OFF] + A[P_FREE_TOP]])
+    st_rel_u32(A[P_FQ_PROD], (fprod + k) & 0xFFFFFFFF)
+    A[P_RX_OWED] -= k
+
+
 @njit(**_jit)
 def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     size = A[P_RX_SIZE]
@@ -1030,6 +1129,8 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     prod = ld_acq_u32(A[P_RX_PROD])
     cons = ld_acq_u32(A[P_RX_CONS])
     n = min((prod - cons) & 0xFFFFFFFF, budget)
+    if A[P_RX_OWED] > 0:
+        fq_topup(A)
     if n == 0:
         fqf = A[P_FQ_FLAGS]
         if fqf and (ld_acq_u32(fqf) & RING_NEED_WAKEUP):
@@ -1052,7 +1153,11 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
             fring[(fprod + nf) & (fsize - 1)] = np.uint64(a & A[P_FRAME_MASK])
             nf += 1
         else:
+            # no room yet: the kernel publishes the fill ring's consumer index lazily.  The frame
+            # goes to the free stack and one is owed to the fill ring (fq_topup), or the frames the
+            # kernel can receive into would dwindle -- and the peer's packets be dropped
             frame_free(A, a)
+            A[P_RX_OWED] += 1
     st_rel_u32(A[P_RX_CONS], (cons + n) & 0xFFFFFFFF)
     st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
     return n
@@ -1085,6 +1190,25 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
             activate(A, Q, qi)
     # the active QPs only
     act = A[P_ACT_OFF]
+    if A[P_INFL_CAP] > 0:
+        # the port's QPs share what the peer can take in before its fill ring runs dry (a peer like us
+        # holds its RX ring's size in frames): without PFC, more in flight is dropped there and costs
+        # go-back-N and local ACK timeouts (bidirectional and many-QP streams did)
+        left = A[P_INFL_CAP]
+        nsend = 0
+        for j in range(A[P_N_ACT]):
+            qj = A[act + j]
+            if Q[qj, Q_STATE] == ST_RTS:
+                out = psn_diff(Q[qj, Q_SND_PSN], Q[qj, Q_COMP_PSN])
+                if out > 0:
+                    left -= out
+                if out > 0 or Q[qj, Q_SQ_NEXT] != Q[qj, Q_SQ_TAIL]:
+                    nsend += 1
+        A[P_INFL_LEFT] = left
+        A[P_QP_SHARE] = max(16, A[P_INFL_CAP] // max(1, nsend))
+    else:
+        A[P_INFL_LEFT] = 1 << 40
+        A[P_QP_SHARE] = 0
     i = A[P_N_ACT] - 1
     while i >= 0:
         qi = A[act + i]
@@ -1100,7 +1224,13 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                                                    (Q[qi, Q_EPSN] - 1) & PSN_MASK):
                 Q[qi, Q_ACK_PEND] = 0
             if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
-                work += read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget)
+                # READ RESPONSEs are paced by the QP's DCQCN rate too (MR-CNP-009)
+                bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)
+                if bud > 0:
+                    tb0 = A[P_TX_BYTES]
+                    k = read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, bud)
+                    rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
+                    work += k
                 busy = busy or Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]
             if Q[qi, Q_FNAK_SYN] and Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL]:
                 syn = Q[qi, Q_FNAK_SYN]
@@ -1112,13 +1242,22 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                     work += 1
                 if Q[qi, Q_NERR_PSN]:
                     nak_error_due(A, Q, SW, CQT, CE, qi)
-                if Q[qi, Q_STATE] == ST_RTS:
+                if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
                     timers(A, Q, SW, CQT, CE, qi, now)
-                if Q[qi, Q_STATE] == ST_RTS and Q[qi, Q_RNR_UNTIL] == 0:
-                    work += requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget)
+                if (Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD) and Q[qi, Q_RNR_UNTIL] == 0:
+                    rp_cnps(A, Q, qi, now)                   # DCQCN reaction point (dp/ops.py)
+                    bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)
+                    if bud > 0:
+                        tb0 = A[P_TX_BYTES]
+                        k = requester(A, Q, SW, TM, umem, tables, ext, qi, now, bud)
+                        rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
+                        work += k
                     if Q[qi, Q_LOCERR]:
+                        why = Q[qi, Q_LOCERR]
                         Q[qi, Q_LOCERR] = 0
-                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
+                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
+                if Q[qi, Q_SQD_DRAIN]:
+                    sqd_check(A, Q, SW, qi)
                 if Q[qi, Q_STATE] == ST_ERR:
                     flush_queues(A, Q, SW, RW, CQT, CE, qi)
                 busy = busy or Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL) or Q[qi, Q_RNR_UNTIL] != 0
