@@ -260,6 +260,33 @@ def test_pingpong_uses_the_daemon_that_serves_the_interface(env):
     assert "--no-daemon" in engine_choice.choose(env.pair.a.ifname, env.sock("A"), no_daemon=True).why
 
 
+def test_perf_write_bw_through_the_daemons(env):
+    """`metaroce perf write-bw` on both hosts finds the daemon serving its interface and runs through it: the
+    server's buffer holds what the client wrote (peer_verified), and the header names the engine."""
+    cli = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "--json", "-n", "200", "-s", "16384"]
+    env.port += 1
+    srv = env.topo.popen(env.topo[1], [*cli, "-d", env.pair.b.ifname, "-p", str(env.port), "--socket",
+                                       env.sock("B")], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        for _ in range(60):                                  # until the server listens (its first line)
+            c = env.topo.run(env.topo[0], [*cli, "-d", env.pair.a.ifname, "-p", str(env.port), "--socket",
+                                           env.sock("A"), env.pair.b.ipv4], timeout=120, check=False)
+            if "start `metaroce perf" not in c.stderr or srv.poll() is not None:
+                break
+            time.sleep(0.5)
+        out, err = srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert c.returncode == 0 and srv.returncode == 0, (c.stdout, c.stderr, out, err)
+    r = json.loads(c.stdout.strip().splitlines()[-1])
+    assert r["peer_verified"] is True and r["gbps"] > 0, r
+    for e, h in ((c.stderr, "A"), (err, "B")):
+        assert f"metaroce perf: engine: metaroced (pid {env.status(h)['daemon']['pid']})" in e, e
+
+
 def test_another_clients_rkey_gets_remote_access_error_and_memory_is_untouched(env):
     victim = env.player("B")
     sv = victim.ok(cmd="setup", size=1 << 16, seed=7)

@@ -84,9 +84,14 @@ def _perf_command(test: str):
                                 "(client side; aggregate reported)"),
         bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "
                                    "(client side; aggregate of both directions reported)"),
+        no_daemon: bool = typer.Option(False, "--no-daemon", help="own engine even when metaroced serves the "
+                                       "interface"),
+        sock: Optional[str] = typer.Option(None, "--socket", help="metaroced's control socket (default: "
+                                           "$METAROCE_SOCKET, the configuration's, /run/metaroce/metaroced.sock)"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
                                    timeout, plane, qps, bidir)
+        opt.no_daemon, opt.socket = no_daemon, sock
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

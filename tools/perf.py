@@ -77,6 +77,8 @@ class PerfOptions:
     plane: str = "python"                # "python" (metaroce_xdp.rc) or "compiled" (metaroce_xdp.dp)
     qps: int = 1                         # bw tests: QP pairs, each with tx_depth outstanding (client side)
     bidir: bool = False                  # write-bw: both sides write at once (client side; the server follows)
+    no_daemon: bool = False              # never metaroced, even when it serves the interface
+    socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
 
     @property
     def is_server(self) -> bool:
@@ -165,15 +167,21 @@ class _Side:
         from metaroce_xdp.verbs_types import QPCap
         if opt.plane not in PLANES:
             raise PerfError(f"--plane {opt.plane}: use one of {', '.join(PLANES)}")
-        self.compiled = opt.plane == "compiled"
+        from . import engine_choice          # metaroced when it serves the interface (--no-daemon: never)
+        choice = engine_choice.choose(opt.ifname, opt.socket, opt.no_daemon)
+        engine_choice.say("metaroce perf", choice)
+        self.daemon = choice.daemon
+        self.compiled = opt.plane == "compiled" and not self.daemon
         try:
-            self.ctx = open_context(opt.ifname, opt.plane)
+            self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
+                        else open_context(opt.ifname, opt.plane))
         except Exception as e:  # noqa: BLE001 - tool boundary: every cause becomes one clear line
             raise PerfError(f"cannot open interface {opt.ifname!r}: {e} (run as root in the interface's "
                             "network namespace; list interfaces with `ip link`)") from None
-        self.eng = _DpEngine(self.ctx) if self.compiled else self.ctx.engine
+        self.eng = (engine_choice.DaemonEngine(self.ctx) if self.daemon else
+                    _DpEngine(self.ctx) if self.compiled else self.ctx.engine)
         self.pd = self.ctx.alloc_pd()
-        self.cq = self.ctx.create_cq(1 << 16)
+        self.cq = self.ctx.create_cq(1 << 13 if self.daemon else 1 << 16)     # the daemon's share per client
         self.cap = QPCap(max_send_wr=max(opt.tx_depth, 16), max_recv_wr=max(opt.rx_depth, 16))
         self.qps: list = []
         self.psns: list[int] = []
@@ -191,7 +199,7 @@ class _Side:
 
     def register(self, nbytes: int) -> None:
         from metaroce_xdp.verbs_types import Access
-        self.buf = np.zeros(max(nbytes, 64), np.uint8)
+        self.buf = self.ctx.alloc_buf(max(nbytes, 64)) if self.daemon else np.zeros(max(nbytes, 64), np.uint8)
         self.mr = self.pd.reg_mr(self.buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
 
     def to_init(self, i: int = 0) -> None:
@@ -336,7 +344,7 @@ def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict,
     wrs = [SendWR(wr_id=q, opcode=op, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [],
                   send_flags=SendFlags.SIGNALED, remote_addr=peer.get("va", 0), rkey=peer.get("rkey", 0))
            for q in range(nq)]
-    depth = max(1, min(opt.tx_depth, side.qp.cap.max_send_wr))
+    depth = max(1, min(opt.tx_depth, getattr(side.qp, "cap", side.cap).max_send_wr))   # (a daemon's QP: requested)
     if side.compiled:
         return _bw_compiled(side, opt, size, iters, qps, wrs, depth)
     done_ns = np.zeros(iters * nq, np.int64)
@@ -522,7 +530,7 @@ def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: in
     w(RESULT_LINE + "\n")
     w(" " * 20 + TITLES[opt.test] + "\n")
     w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE compat (RoCEv2 RC)\n")
-    w(f" Data plane      : {opt.plane}\n")
+    w(f" Data plane      : {'metaroced (its compiled plane)' if side.daemon else opt.plane}\n")
     w(f" Number of qps   : {len(side.qps):<12d}Connection type : RC"
       + ("    Bidirectional" if getattr(opt, "_bidir_on", False) else "") + "\n")
     if opt.test == "write-lat":
