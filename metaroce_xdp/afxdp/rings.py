@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import config, njit
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 __all__ = [
     "JIT_ENABLED",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 from numba import types as nbt
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EV_HEAD, P_EV_TAIL,
                      P_MAGIC, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, MAGIC, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)

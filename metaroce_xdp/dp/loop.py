@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 from numba import types as nbt
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from ..kern.layout import QP_STATE_DTYPE
 from ..rc.burst import peek_bth, segment_opcode

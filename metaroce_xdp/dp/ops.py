@@ -42,6 +42,7 @@ if __name__.rpartition(".")[0] + ".loop" not in sys.modules:      # loop.py impo
 
 import numpy as np  # noqa: E402
 from numba import carray, njit
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403
 from .layout import (ACC_REMOTE_INV, G_ADDR, G_LENGTH, G_MR, MAX_RD, NAT, NEVF, NF, NG, NJ, NM, PSN_MASK, RK_NONE,

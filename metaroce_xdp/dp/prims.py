@@ -23,6 +23,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _VOIDP = ir.PointerType(_I8)

@@ -8,6 +8,7 @@ RX_SACK_NOW or when `rx_sack_due` says the coalescing timer ran out.
 from __future__ import annotations
 
 from numba import njit
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from .layout import NONE, PSN_HALF, PSN_MASK, R_BM, WMASK

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403
 from .layout import FP, NONE, PSN_HALF, PSN_MASK, PSN_NONE, WMASK

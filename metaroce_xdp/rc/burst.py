@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from ..wire.fastpath import _copy, build_frame, frame_icrc_ok
 

@@ -14,6 +14,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import njit
 from numba import types as nb_types
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .headers import AETH, ETH_P_8021Q, ETH_P_IPV6
 from .icrc import CRC_TABLES, _voidptr, icrc_numba

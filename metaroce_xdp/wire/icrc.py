@@ -31,6 +31,7 @@ from numba import njit
 from numba import types as nb_types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .errors import DecodeReason, MalformedPacket
 
