@@ -32,6 +32,7 @@ from collections import deque
 
 from ..rc.events import AsyncEvent, AsyncEventQueue, EventType
 from ..rc.memory import as_u8
+from ..rc.pathwatch import PathWatch
 from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
                            RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode, WCStatus,
                            WROpcode, local_ack_timeout_ns)
@@ -198,6 +199,15 @@ class Plane:
         self.threaded = False
         self._thread: threading.Thread | None = None
         self.on_event = None
+        self.on_timeout = None          # Context: local ACK timeouts fired -> re-resolve paths (PathWatch)
+        self._timeouts_seen = 0
+
+    def _check_timeouts(self) -> None:
+        n = int(self.A[L.P_TIMEOUTS])
+        if n != self._timeouts_seen:
+            self._timeouts_seen = n
+            if self.on_timeout is not None:
+                self.on_timeout()
 
     # ---- driving the loop ---------------------------------------------------------------
     def progress(self) -> int:
@@ -205,6 +215,8 @@ class Plane:
             n = self.loop.dp_round(self.A, self.TM, self.umem, self.tables)
         if self.A[L.P_EV_TAIL] != self.A[L.P_EV_HEAD]:
             self.drain_events()
+        if self.A[L.P_TIMEOUTS] != self._timeouts_seen:
+            self._check_timeouts()
         return n
 
     def run(self, max_ns: int, watch_addr: int = 0, watch_val: int = 0) -> int:
@@ -214,6 +226,7 @@ class Plane:
             rc = self.loop.dp_run(self.A, self.TM, self.umem, self.tables, max_ns, watch_addr, watch_val, 0)
         if self.A[L.P_EV_TAIL] != self.A[L.P_EV_HEAD]:
             self.drain_events()
+        self._check_timeouts()
         return rc
 
     def start(self, busy: bool = True) -> None:
@@ -234,6 +247,7 @@ class Plane:
                 rc = self.loop.dp_run(A, self.TM, self.umem, self.tables, 50_000_000, 0, 0, self._sleep_ok)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
                 self.drain_events()
+            self._check_timeouts()
             if rc == 2:
                 time.sleep(0)          # let the control operation that paused us take the lock
 
@@ -482,6 +496,12 @@ class QP:
         self.installed = False
         self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
         self._sg_rq: deque = deque()
+        # routed paths (rc/pathwatch.py, through Context.paths): what PathWatch reads and writes
+        self.dmac: str | None = None
+        self.next_hop = None                 # netinfo.NextHop when the path was resolved, not given
+        self.path_resolves = self.path_changes = 0
+        self.path_error: str | None = None
+        self._hop = None                     # the hop template_for resolved for the pending modify
 
     def _dcqcn_init(self) -> None:
         """The QP's DCQCN state (F row), as rc/dcqcn.Dcqcn starts it: line rate, alpha_init, a full
@@ -554,6 +574,7 @@ class QP:
                 pl.TM[self.qi, :len(buf)] = buf
                 pl.TM[self.qi, L.TM_CNP:L.TM_CNP + len(buf)] = self._cnp_template(buf, l3, v6)
                 r[L.Q_TMPL_LEN], r[L.Q_L3_OFF], r[L.Q_IPV6] = len(buf), l3, int(v6)
+                ctx._track_path(self, g.get("dmac"))
                 r[L.Q_DEST_QP] = g["dest_qp_num"]
                 r[L.Q_PMTU] = mtu
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
@@ -673,7 +694,32 @@ class QP:
                 "rq_psn": int(r[L.Q_EPSN]), "msn": int(r[L.Q_MSN]), "retry_left": int(r[L.Q_RETRY_LEFT]),
                 "rnr_left": int(r[L.Q_RNR_LEFT]), "path_mtu": int(r[L.Q_PMTU]), "dest_qp_num": self.dest_qp,
                 "sq_outstanding": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
-                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), **self.dcqcn_counters()}
+                "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "dmac": self.dmac,
+                "next_hop": self.next_hop.hop if self.next_hop else None, "path_resolves": self.path_resolves,
+                "path_changes": self.path_changes, "path_error": self.path_error, **self.dcqcn_counters()}
+
+    # ---- routed paths (rc/pathwatch.PathWatch.apply sets these) ------------------------
+    @property
+    def template(self) -> np.ndarray:
+        """The QP's TM row: frame template | CNP template."""
+        return self.ctx.plane.TM[self.qi].copy()
+
+    @template.setter
+    def template(self, row: np.ndarray) -> None:
+        # the loop reads the row for every frame it builds: it changes between rounds, never mid-frame
+        pl = self.ctx.plane
+        with pl.paused():
+            pl.TM[self.qi, :] = row
+
+    class _LoopResends:
+        """PathWatch resends what went to the old next hop at once in the Python engine; here the
+        loop's own local ACK timer does (outstanding() is False so apply() leaves it alone)."""
+
+        @staticmethod
+        def outstanding() -> bool:
+            return False
+
+    requester = _LoopResends()
 
     # ---- work requests ------------------------------------------------------------------
     def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int, list]:
@@ -866,6 +912,10 @@ class Context:
         self._cq_next = 0
         self._mr_next = 1
         self.closed = False
+        # routed paths: rc/pathwatch.PathWatch re-resolves running QPs' next hops on route/neighbour
+        # events and local ACK timeouts and rewrites their TM rows (_Paths)
+        res = getattr(port, "paths", None)
+        self.paths = _Paths(self, res) if res is not None else None
 
     @classmethod
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
@@ -1048,11 +1098,13 @@ class Context:
             ipaddress.ip_address(dgid)
         except ValueError:
             raise InvalidArgument(f"dgid {dgid!r} is not an IP address") from None
+        qp._hop = None
         if dmac is None:
             hop = self.port.paths.resolve(dgid)
             if ipaddress.ip_address(hop.src) != ipaddress.ip_address(self.local_ip) if hop.src else False:
                 raise InvalidArgument(f"the route to {dgid} uses source {hop.src}, not this endpoint's {self.local_ip}")
             dmac = hop.mac
+            qp._hop = hop
         sport = sport if sport is not None else 0xC000 | (qp.qp_num & 0x3FFF)
         t = make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=dgid, sport=sport,
                           dest_qp=dest_qp, dscp=dscp, ecn=2)
@@ -1060,12 +1112,26 @@ class Context:
             raise InvalidArgument("header template longer than 128 bytes")
         return t.buf, t.l3_off, t.ipv6
 
+    def _track_path(self, qp: QP, given_dmac: str | None) -> None:
+        """At RTR: a resolved path is kept current by PathWatch; a given dmac is the application's."""
+        hop, qp._hop = qp._hop, None
+        qp.dmac, qp.next_hop, qp.path_error = (hop.mac if hop else given_dmac), hop, None
+        if self.paths is None:
+            return
+        if hop is not None:
+            self.paths.watch.track(qp.qp_num, qp.dgid)
+        else:
+            self.paths.watch.tracked.pop(qp.qp_num, None)
+
     # ---- driving ------------------------------------------------------------------------
     def progress(self) -> int:
         return self.plane.progress()
 
     def stats(self) -> dict[str, int]:
-        return self.plane.stats()
+        st = self.plane.stats()
+        if self.paths is not None:
+            st.update(self.paths.stats)
+        return st
 
     def close(self) -> None:
         if self.closed:
@@ -1081,6 +1147,57 @@ class Context:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Paths:
+    """rc/pathwatch.PathWatch drives the compiled plane's QPs through this: the engine side of it
+    (qps by number, stats, build_template, kick).  The resolver thread queues results and calls kick();
+    kick applies them at once (the compiled loop has no Python round to do it in): a QP whose next hop
+    moved gets its TM row's destination MAC rewritten while the loop is paused (QP.template)."""
+
+    def __init__(self, ctx: "Context", resolver: Any) -> None:
+        self.ctx = ctx
+        self.stats = {"path_resolves": 0, "path_changes": 0, "path_errors": 0}
+        self.lock = threading.Lock()         # one apply() at a time (resolver thread, timeout hook)
+        self.watch = PathWatch(self, resolver)
+        ctx.plane.on_timeout = self.on_timeout
+
+    @property
+    def qps(self) -> dict[int, QP]:
+        return {q.qp_num: q for q in self.ctx.qps.values()}
+
+    @property
+    def now(self) -> int:
+        return time.monotonic_ns()
+
+    def build_template(self, qp: QP, dmac: str, src: str | None = None) -> np.ndarray:
+        """The QP's TM row with the frame and CNP templates sent to `dmac`.  The source MAC is the
+        port's and the source address the endpoint's GID: a route using another source is refused, as
+        the Python engine refuses it (NetInfoError)."""
+        from ..netinfo import NetInfoError
+        if src is not None and ipaddress.ip_address(src) != ipaddress.ip_address(self.ctx.local_ip):
+            raise NetInfoError(f"the route to {qp.dgid} uses source {src}, but this endpoint's address (its GID) "
+                               f"is {self.ctx.local_ip}: make the route use it (ip route change <prefix> via "
+                               f"<gateway> src {self.ctx.local_ip})")
+        mac = np.frombuffer(bytes.fromhex(dmac.replace(":", "")), np.uint8)
+        row = qp.template
+        row[0:6] = mac
+        row[L.TM_CNP:L.TM_CNP + 6] = mac
+        return row
+
+    def kick(self) -> None:
+        if self.ctx.closed:
+            return
+        with self.lock:
+            self.watch.apply()
+
+    def on_timeout(self) -> None:
+        """The loop's local ACK timer fired on some QP: re-resolve running QPs' paths, in case a
+        route or neighbour event was missed (the Python engine does it per QP)."""
+        for qp in list(self.ctx.qps.values()):
+            dgid = self.watch.tracked.get(qp.qp_num)
+            if dgid is not None and qp.state in (QPState.RTS, QPState.SQD):
+                self.watch.recheck(qp.qp_num, dgid)
 
 
 __all__ = ["Context", "CQ", "MR", "PD", "Plane", "QP", "Unsupported", "VerbsError"]
