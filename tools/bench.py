@@ -1013,6 +1013,10 @@ def run(d: Durations, planes: tuple[str, ...], placement: str, threaded_napi: bo
                 if rid not in b.byid:
                     b.add(row(rid, "raw", f"raw AF_XDP loop ({rid})", na=f"raw loop failed: {str(e)[:300]}"))
         b.metaroce(topo, pair, perf_ok, popts)
+    from metaroce_xdp.daemon.bench import bench_rows     # the daemon's section: docs/daemon.md, "Numbers"
+    for r in bench_rows(row, log, skip=None if d.full_sweep else "not in --quick: python -m "
+                        "metaroce_xdp.daemon.bench --section"):
+        b.add(r)
     b.ratios()
     report["host"]["load_avg_after"] = os.getloadavg()
     report.update(rows=b.rows, raw_sweep=b.raw_sweep, series=b.series, plots=[])

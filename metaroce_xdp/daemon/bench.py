@@ -29,11 +29,11 @@ CLI = [sys.executable, "-m", "tools.metaroce_cli", "perf"]
 
 
 def _perf(topo, test: str, args: list[str], port: int) -> dict:
-    srv = topo.popen(topo[1], [*CLI, test, "-d", "mr1", "--plane", "compiled", "--json", "-p", str(port)],
+    srv = topo.popen(topo[1], [*CLI, test, "-d", "mr1", "--plane", "compiled", "--json", "-p", str(port), "--no-daemon"],
                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(120):
         cli = topo.run(topo[0], [*CLI, test, "-d", "mr0", "--plane", "compiled", "--json", "-p", str(port), *args,
-                                 "10.77.0.2"], timeout=300, check=False)
+                                 "--no-daemon", "10.77.0.2"], timeout=300, check=False)
         if "start `metaroce perf" not in cli.stderr:
             break
         time.sleep(0.5)
