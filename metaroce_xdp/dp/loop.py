@@ -413,6 +413,9 @@ def advance(A, Q, SW, CQT, CE, qi, target, now):
         Q[qi, Q_COMP_PSN] = target
         moved = True
     if moved:
+        if Q[qi, Q_TO_WIN] > 0:
+            # after a timeout the window reopens by doubling per advancing ACK (see timers)
+            Q[qi, Q_TO_WIN] = 0 if Q[qi, Q_TO_WIN] >= A[P_WINDOW] else 2 * Q[qi, Q_TO_WIN]
         Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
         Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
         publish_comp(A, Q, qi)
@@ -544,6 +547,8 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
     share = A[P_QP_SHARE]                            # this round's fair share of the port's budget
     if 0 < share < window:
         window = share
+    if 0 < Q[qi, Q_TO_WIN] < window:
+        window = Q[qi, Q_TO_WIN]                     # reopening after a local ACK timeout
     kaddr = ks_addr(A, qi) if A[P_KS_ADDR] != 0 else 0
     while sent < budget:
         nxt = Q[qi, Q_SQ_NEXT]
@@ -686,6 +691,11 @@ def timers(A, Q, SW, CQT, CE, qi, now):
         qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
         return
     Q[qi, Q_RETRY_LEFT] -= 1
+    # go back N with a window of one packet (AckReq), doubled per advancing ACK (advance): a timeout
+    # means the peer's RX ring overflowed (no PFC on veth); resending the whole window at once, on top
+    # of what the other QPs resend, overflowed it again, and the packet at comp_psn -- the one that
+    # matters -- could be lost at every retry until RETRY_EXC_ERR
+    Q[qi, Q_TO_WIN] = 1
     rewind(A, Q, SW, qi, Q[qi, Q_COMP_PSN])
     Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS]
 
