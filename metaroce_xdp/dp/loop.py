@@ -954,24 +954,10 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
     if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
         A[P_RX_RSP_STALE] += 1
         return
-    i = Q[qi, Q_SQ_HEAD]
-    found = -1
-    while i != Q[qi, Q_SQ_NEXT]:
-        r = sq_row(Q, qi, i)
-        d = psn_diff(psn, SW[r, W_FIRST_PSN])
-        if d >= 0 and d < SW[r, W_NPSN]:
-            found = r
-            break
-        if rd_atomic(SW[r, W_OPCODE]) and SW[r, W_DONE] == 0:
-            break                                    # an earlier READ is not answered yet: a gap
-        i += 1
-    if found < 0 or SW[found, W_OPCODE] != WR_READ:
-        if Q[qi, Q_RR_RETRY] != comp + 1:
-            Q[qi, Q_RR_RETRY] = comp + 1
-            rewind(A, Q, SW, qi, comp)
-        A[P_RX_RSP_STALE] += 1
+    r = rsp_wqe(Q, SW, qi, psn)
+    if r < 0 or SW[r, W_OPCODE] != WR_READ:
+        rsp_gap(A, Q, SW, qi)                        # a lost response: the READ goes again for the rest
         return
-    r = found
     k = psn_diff(psn, SW[r, W_FIRST_PSN])
     if psn != comp:
         # only the first response of a READ may implicitly acknowledge what is before it
@@ -1107,8 +1093,8 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
 # explicit signatures -- uses it)
 from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND_LAST_INV,  # noqa: E402
                   OP_SEND_ONLY_INV, WCF_INV, WR_CAS, WR_FAA, WR_SEND_INV, atomic_ack_job, atomic_request,
-                  completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, sg_valid,
-                  sqd_check, src_of)
+                  completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, rsp_gap, rsp_wqe,
+                  sg_valid, sqd_check, src_of)
 from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)

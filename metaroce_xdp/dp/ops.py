@@ -291,6 +291,34 @@ def atomic_ack_job(A, Q, TM, umem, tables, ext, qi, j):
     return emit(A, Q, TM, umem, tables, qi, OP_ATOMIC_ACK, 0, 0, A[j + J_PSN] & PSN_MASK, ext, 12, 0, 0)
 
 
+# ============================================================================ responses: the WQE they answer
+@njit(**_jit)
+def rsp_wqe(Q, SW, qi, psn):
+    """The send-queue row whose PSN range holds a response's `psn`, searched from the queue head and
+    never past a READ/ATOMIC still unanswered; -1 when there is none (a response was lost: a gap)."""
+    i = Q[qi, Q_SQ_HEAD]
+    while i != Q[qi, Q_SQ_NEXT]:
+        r = sq_row(Q, qi, i)
+        d = psn_diff(psn, SW[r, W_FIRST_PSN])
+        if d >= 0 and d < SW[r, W_NPSN]:
+            return r
+        if rd_atomic(SW[r, W_OPCODE]) and SW[r, W_DONE] == 0:
+            return -1                                # an earlier READ/ATOMIC is not answered yet
+        i += 1
+    return -1
+
+
+@njit(**_jit)
+def rsp_gap(A, Q, SW, qi):
+    """A response that answers no WQE in order: the requests go again from comp_psn (once per
+    comp_psn, go back N), and the packet is counted stale."""
+    comp = Q[qi, Q_COMP_PSN]
+    if Q[qi, Q_RR_RETRY] != comp + 1:
+        Q[qi, Q_RR_RETRY] = comp + 1
+        rewind(A, Q, SW, qi, comp)
+    A[P_RX_RSP_STALE] += 1
+
+
 # ============================================================================ ATOMIC: completer
 @njit(**_jit)
 def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
@@ -303,24 +331,10 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
     if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
         A[P_RX_RSP_STALE] += 1
         return
-    i = Q[qi, Q_SQ_HEAD]
-    found = -1
-    while i != Q[qi, Q_SQ_NEXT]:
-        r = sq_row(Q, qi, i)
-        d = psn_diff(psn, SW[r, W_FIRST_PSN])
-        if d >= 0 and d < SW[r, W_NPSN]:
-            found = r
-            break
-        if rd_atomic(SW[r, W_OPCODE]) and SW[r, W_DONE] == 0:
-            break                                    # an earlier READ/ATOMIC is not answered yet
-        i += 1
-    if found < 0:
-        if Q[qi, Q_RR_RETRY] != comp + 1:
-            Q[qi, Q_RR_RETRY] = comp + 1
-            rewind(A, Q, SW, qi, comp)
-        A[P_RX_RSP_STALE] += 1
+    r = rsp_wqe(Q, SW, qi, psn)
+    if r < 0:
+        rsp_gap(A, Q, SW, qi)
         return
-    r = found
     if SW[r, W_OPCODE] != WR_CAS and SW[r, W_OPCODE] != WR_FAA:
         qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)     # MR-NAK-012
         return
