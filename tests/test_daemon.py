@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import daemon_procs
 import numpy as np
 import pytest
 
+from metaroce_xdp.daemon.bench import Proc as BenchProc
 from metaroce_xdp.topo import two_hosts
 from tools.qpstat import read_qps
 
@@ -37,42 +36,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAYER = str(ROOT / "tests" / "daemon_players.py")
 
 
-class Proc:
-    """A child process speaking JSON lines on stdin/stdout."""
-
-    def __init__(self, p: subprocess.Popen, name: str) -> None:
-        self.p, self.name = p, name
-        self.q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.p.stdout:
-            self.q.put(line)
-        self.q.put(None)
-
-    def line(self, timeout: float = 60) -> dict:
-        while True:
-            try:
-                s = self.q.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"{self.name}: no answer within {timeout}s") from None
-            if s is None:
-                raise EOFError(f"{self.name} exited ({self.p.poll()})")
-            s = s.strip()
-            if s.startswith("{"):
-                d = json.loads(s)
-                if "progress" not in d:
-                    return d
-
-    def send(self, **c) -> None:
-        self.p.stdin.write(json.dumps(c) + "\n")
-        self.p.stdin.flush()
+class Proc(BenchProc):
+    """metaroce_xdp.daemon.bench.Proc (a child speaking JSON lines) with the tests' call and assert forms."""
 
     def __call__(self, _wait: float = 60, **c) -> dict:
         self.send(**c)
         return self.line(_wait)
 
-    def ok(self, _wait: float = 60, **c) -> dict:
+    def ok(self, _wait: float = 60, **c) -> dict:          # an assertion, not bench's RuntimeError
         r = self(_wait, **c)
         assert r["ok"], (self.name, c, r)
         return r

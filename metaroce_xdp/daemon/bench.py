@@ -64,8 +64,11 @@ class Proc:
                 raise TimeoutError(f"{self.name}: no answer within {timeout}s") from None
             if s is None:
                 raise EOFError(f"{self.name} exited ({self.p.poll()})")
-            if s.startswith("{") and "progress" not in s:
-                return json.loads(s)
+            s = s.strip()
+            if s.startswith("{"):
+                d = json.loads(s)
+                if "progress" not in d:                # a key of progress reports, not a word in a reply
+                    return d
 
     def send(self, **c) -> None:
         self.p.stdin.write(json.dumps(c) + "\n")
