@@ -342,14 +342,19 @@ def test_path_penalty_eviction_probe_return_mr_mp_006_to_013():
 @given(seed=st.integers(0, 2**31), loss=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
        dup=st.sampled_from([0.0, 0.05]), n=st.integers(1, 400))
 def test_prop_retransmits_exactly_lost_psns(seed, loss, dup, n):
-    """Any drop/duplication schedule on a FIFO path (data and SACKs): the transfer completes, every SACK-driven
-    retransmission (MR-SACK-023, MR-SACK-028) is of a PSN the responder had not received, and each such PSN
-    had a copy dropped (MR-SACK-022: never a delivered one)."""
-    r = sim.run(n=n, loss=loss, dup=dup, seed=seed, max_us=400_000)
+    """Any drop/duplication schedule on a FIFO path: with the SACKs delivered, the transfer completes, every
+    SACK-driven retransmission (MR-SACK-023, MR-SACK-028) is of a PSN the responder had not received, and
+    each such PSN had a copy dropped (MR-SACK-022: never a delivered one).  With SACKs lost as well, the
+    transfer still completes; a delivered PSN is sent again only after a retransmission timeout -- every
+    SACK that reported it was lost, so the sender cannot know (MR-LOSS-007: the timeout resends from the oldest)."""
+    r = sim.run(n=n, loss=loss, dup=dup, seed=seed, max_us=400_000, sack_loss=0.0)
     assert r.done_us is not None and not r.failed
     assert r.bad_retx == []
     assert r.retx_psns <= r.dropped
     assert r.delivered == n
+    r = sim.run(n=n, loss=loss, dup=dup, seed=seed, max_us=400_000)
+    assert r.done_us is not None and not r.failed and r.delivered == n
+    assert r.retx_rto > 0 or (r.bad_retx == [] and r.retx_psns <= r.dropped), (r.bad_retx, r.retx_rto)
 
 
 @settings(max_examples=15, deadline=None)
