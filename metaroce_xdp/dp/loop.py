@@ -1004,16 +1004,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
     if k == npsn - 1:
         SW[r, W_DONE] = 1                            # answered; retired in order below
         Q[qi, Q_RD_OUT] -= 1
-        while Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
-            rr = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
-            if rd_atomic(SW[rr, W_OPCODE]):
-                if SW[rr, W_DONE] == 0:
-                    break
-            elif psn_diff((SW[rr, W_FIRST_PSN] + SW[rr, W_NPSN] - 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= 0:
-                break
-            complete_head(A, Q, SW, CQT, CE, qi, S_OK)
-            if Q[qi, Q_STATE] == ST_ERR:
-                break
+        retire_answered(A, Q, SW, CQT, CE, qi)
         # the kernel may have taken an ACK for what follows the READ while it waited: apply it now
         if A[P_KS_ADDR] != 0 and Q[qi, Q_STATE] != ST_ERR:
             advance(A, Q, SW, CQT, CE, qi, (Q[qi, Q_K_ACK] + 1) & PSN_MASK, now)
@@ -1093,8 +1084,8 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
 # explicit signatures -- uses it)
 from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND_LAST_INV,  # noqa: E402
                   OP_SEND_ONLY_INV, WCF_INV, WR_CAS, WR_FAA, WR_SEND_INV, atomic_ack_job, atomic_request,
-                  completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, rsp_gap, rsp_wqe,
-                  sg_valid, sqd_check, src_of)
+                  completer_atomic, cq_notify, inv_ok, invalidate, place, rd_atomic, responder_atomic, retire_answered,
+                  rsp_gap, rsp_wqe, sg_valid, sqd_check, src_of)
 from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)
