@@ -114,14 +114,15 @@ class Flow:
             s.close()
 
     def settle(self, expect: int | None = None, timeout: float = 5.0) -> list[tuple[int, int, bytes]]:
-        """Wait until `expect` frames arrived (or, without it, until 0.3 s pass without one)."""
+        """Wait until `expect` frames arrived or `timeout` passed (without `expect`, until 0.3 s pass
+        without a frame)."""
         deadline, last, seen = time.monotonic() + timeout, time.monotonic(), -1
         while time.monotonic() < deadline:
             if expect is not None and len(self.got) >= expect:
                 break
             if len(self.got) != seen:
                 seen, last = len(self.got), time.monotonic()
-            elif time.monotonic() - last > 0.3:
+            elif expect is None and time.monotonic() - last > 0.3:
                 break
             time.sleep(0.02)
         time.sleep(0.05)

@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from ipaddress import ip_interface
 
@@ -45,6 +46,8 @@ MAX_PORTS = 256
 HOST_IFNAME = "eth0"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,15}$")
 IFA_F_NODAD = 0x02
+IFA_F_TENTATIVE = 0x40
+READY_TIMEOUT = 10.0
 
 
 class FabricError(RuntimeError):
@@ -227,6 +230,9 @@ ROUTER_SYSCTLS_V6 = {
 }
 
 
+NO_DAD = {"net.ipv6.conf.all.accept_dad": "0", "net.ipv6.conf.default.accept_dad": "0"}
+
+
 def _addr(ipr: IPRoute, idx: int, cidr: str) -> None:
     itf = ip_interface(cidr)
     kw = {"flags": IFA_F_NODAD} if itf.version == 6 else {}
@@ -260,6 +266,10 @@ def build(plan: Plan) -> None:
         netns.create(ns)
         with thread_in_netns(ns), IPRoute() as ipr:
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        if plan.ipv6:
+            # No duplicate address detection, for link-local addresses either: the fabric chooses
+            # every address, and a tentative one would hold back neighbour discovery for a second.
+            sysctls(ns, NO_DAD)
     spine = ns_name(plan.name, "sp")
     n, k_paths = plan.hosts, plan.paths
     for h in plan.host_list:
@@ -317,6 +327,7 @@ def build(plan: Plan) -> None:
             if plan.ipv6:
                 _route(ipr, f"fd90:{i:x}::/64", [str(ip_interface(leaf_spine_addrs(i, k, True)[0]).ip)
                                                  for k in range(k_paths)], "sp")
+    wait_ready(plan.namespaces)
 
 
 def set_link(port: Port, up: bool) -> None:
@@ -325,6 +336,37 @@ def set_link(port: Port, up: bool) -> None:
     skip the link's next hops (ignore_routes_with_linkdown) until it is up again."""
     with thread_in_netns(port.ns), IPRoute() as ipr:
         ipr.link("set", index=port.ifindex, state="up" if up else "down")
+    if up:
+        wait_ready([port.ns, f"{port.ns.rsplit('-', 1)[0]}-{port.toward}"])      # both ends of the link
+
+
+def wait_ready(namespaces: list[str], timeout: float = READY_TIMEOUT) -> None:
+    """Return once every link in `namespaces` that is up with a carrier is also operationally up
+    and no address is tentative.  A veth has its carrier at once, but the kernel's link watch
+    (which may wait up to a second) activates its queue: until then every frame routed to it
+    is dropped, neighbour solicitations with them, and the first flows over a new fabric would
+    lose frames for a second or more.  Links set down (and their peers) are not waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = []
+        for ns in namespaces:
+            with thread_in_netns(ns), IPRoute() as ipr:
+                links, addrs = ipr.get_links(), ipr.get_addr()
+            names = {}
+            for ln in links:
+                name = names[ln["index"]] = ln.get_attr("IFLA_IFNAME")
+                oper = ln.get_attr("IFLA_OPERSTATE")
+                if name != "lo" and ln["flags"] & 1 and ln.get_attr("IFLA_CARRIER") and oper not in ("UP", 6):
+                    waiting.append(f"{ns}/{name} operstate {oper}")
+            for a in addrs:
+                if (a.get_attr("IFA_FLAGS") or a["flags"]) & IFA_F_TENTATIVE:
+                    waiting.append(f"{ns}/{names.get(a['index'], a['index'])} {a.get_attr('IFA_ADDRESS')} tentative")
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise FabricError(f"links not ready after {timeout:g} s: {', '.join(waiting[:6])}"
+                              f"{' ...' if len(waiting) > 6 else ''}")
+        time.sleep(0.02)
 
 
 def link_states(plan: Plan) -> dict[str, str]:
