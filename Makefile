@@ -14,11 +14,13 @@ test: setup
 demo: setup
 	$(PY) -m tools.demo
 
-# The table on stdout; docs/bench/: bench.json (schema in tools/bench.py), RESULTS.md, the plots.
+# The table on stdout; docs/bench/: bench.json (schema in tools/bench.py), RESULTS.md, the plots;
+# then goodput against loss on the emulated fabric: fabric.json, goodput_loss.png (tools/bench_fabric.py).
 # BENCH_ARGS passes options (python -m tools.bench --help), e.g. "--plane both".
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m tools.bench --json docs/bench/bench.json $(BENCH_ARGS)
+	$(PY) -m tools.bench_fabric --json docs/bench/fabric.json
 
 # The long checks (about 20 minutes): the fault matrix at 200,000 packets a case and a
 # 10-minute soak at 1 % loss; SOAK_ARGS passes options (python -m tools.soak --help).
