@@ -87,15 +87,6 @@ def ps_per_byte(rate_bps: int) -> int:
     return max(1, round(8e12 / rate_bps)) if rate_bps else 0
 
 
-# ---------------------------------------------------------------------- bpf(2) element access
-def _elem(cmd: int, fd: int, key: int, buf) -> None:
-    k = ctypes.c_uint32(key)
-    bpfsys._bpf(cmd, bpfsys._MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(buf)))
-
-
-BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM = 1, 2
-
-
 class PortMaps:
     """The pinned maps of one fabric: `cfg` mmapped (numpy, one record per port), state and
     counters through bpf(2)."""
@@ -127,24 +118,24 @@ class PortMaps:
 
     def counters(self, port: int) -> dict[str, int]:
         buf = (ctypes.c_uint8 * (COUNTERS_DTYPE.itemsize * self._ncpu))()
-        _elem(BPF_MAP_LOOKUP_ELEM, self.fds["fab_counters"], port, buf)
+        bpfsys.array_lookup(self.fds["fab_counters"], port, buf)
         arr = np.frombuffer(bytes(buf), dtype=COUNTERS_DTYPE)
         return {n: int(arr[n].sum()) for n in COUNTERS}
 
     def state(self, port: int) -> dict[str, int]:
         buf = (ctypes.c_uint8 * STATE_DTYPE.itemsize)()
-        _elem(BPF_MAP_LOOKUP_ELEM, self.fds["fab_state"], port, buf)
+        bpfsys.array_lookup(self.fds["fab_state"], port, buf)
         rec = np.frombuffer(bytes(buf), dtype=STATE_DTYPE)[0]
         return {"index": int(rec["index"]), "q_empty_ns": int(rec["q_empty_ns"]), "q_peak": int(rec["q_peak"])}
 
     def reset_state(self, port: int) -> None:
         """Coin index back to 0 (same seed, same pattern again), queue empty, peak 0."""
         buf = (ctypes.c_uint8 * STATE_DTYPE.itemsize)()
-        _elem(BPF_MAP_UPDATE_ELEM, self.fds["fab_state"], port, buf)
+        bpfsys.array_update(self.fds["fab_state"], port, buf)
 
     def reset_counters(self, port: int) -> None:
         buf = (ctypes.c_uint8 * (COUNTERS_DTYPE.itemsize * self._ncpu))()
-        _elem(BPF_MAP_UPDATE_ELEM, self.fds["fab_counters"], port, buf)
+        bpfsys.array_update(self.fds["fab_counters"], port, buf)
 
     def backlog(self, port: int) -> int:
         """Bytes in the port's virtual queue now."""

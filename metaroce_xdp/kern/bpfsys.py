@@ -83,6 +83,7 @@ def obj_pin(fd: int, path: str) -> None:
 
 
 BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
 BPF_OBJ_GET = 7
 BPF_OBJ_GET_INFO_BY_FD = 15
 
@@ -128,12 +129,23 @@ def possible_cpus() -> int:
     return n
 
 
+def array_lookup(fd: int, key: int, buf) -> None:
+    """Read an array map's value at u32 `key` into the ctypes buffer `buf` (for a per-CPU map,
+    one value per possible CPU)."""
+    k = ctypes.c_uint32(key)
+    _bpf(BPF_MAP_LOOKUP_ELEM, _MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(buf)))
+
+
+def array_update(fd: int, key: int, buf) -> None:
+    """Write the ctypes buffer `buf` as an array map's value at u32 `key`."""
+    k = ctypes.c_uint32(key)
+    _bpf(BPF_MAP_UPDATE_ELEM, _MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(buf)))
+
+
 def percpu_u64_sum(fd: int, key: int) -> int:
     """Sum over CPUs of a per-CPU array's u64 value at `key`."""
-    ncpu = possible_cpus()
-    k = ctypes.c_uint32(key)
-    vals = (ctypes.c_uint64 * ncpu)()
-    _bpf(BPF_MAP_LOOKUP_ELEM, _MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(vals)))
+    vals = (ctypes.c_uint64 * possible_cpus())()
+    array_lookup(fd, key, vals)
     return int(sum(vals))
 
 
