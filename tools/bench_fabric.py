@@ -20,6 +20,11 @@ sequence.  Each point reports:
                resends the whole window behind each loss;
   dropped      frames the impairment program dropped.
 
+Then multipath: 64 KiB WRITEs over the 4 links out of leaf 1, healthy and with one link at 5 %
+loss -- for compat the link its single flow hashes onto, from its 200th frame on (pinned to the
+bad path, for contrast),
+for native link 0 (issue 9's target: a sprayed native flow keeps >= 0.7 of the healthy goodput).
+
 The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
 native profile is wired into the data plane, and then the native rows say "not available" with
 that reason rather than disappearing.  The data plane is `--plane` (default compiled, where
@@ -31,6 +36,8 @@ JSON (schema "metaroce-bench-fabric/1"; keys are only added, never renamed):
      "bytes_per_point"}, "fabric": {"hosts", "paths", "loss_port"},
      "points": [{"profile", "size", "loss_ppm", "gbps"|null, "retained"|null, "sent_over_needed"|null,
                  "dropped", "seconds", "not_available"|null}],
+     "multipath": [{"profile", "healthy_gbps", "degraded_gbps", "kept", "bad_link", "links_used",
+                    "not_available"}],               # full runs only
      "targets": [{"id", "label", "value"|null, "target", "meets"|null}], "plots": [path, ...]}
 """
 from __future__ import annotations
@@ -89,8 +96,9 @@ def _stop(p: subprocess.Popen) -> None:
             p.wait()
 
 
-def perf_once(fab, size: int, total: int, plane: str, profile: str | None, timeout: float) -> dict:
-    """One `metaroce perf write-bw` from h1 to h2 across the fabric; the client's JSON result."""
+def perf_once(fab, size: int, total: int, plane: str, profile: str | None, timeout: float, watch=None) -> dict:
+    """One `metaroce perf write-bw` from h1 to h2 across the fabric; the client's JSON result.
+    `watch()`, if given, is called every 10 ms while the client runs until it returns True."""
     h1, h2 = fab.plan.host("h1"), fab.plan.host("h2")
     iters = max(4, total // size)
     depth = max(1, min(128, IN_FLIGHT // size))
@@ -110,18 +118,24 @@ def perf_once(fab, size: int, total: int, plane: str, profile: str | None, timeo
             if time.monotonic() > deadline:
                 raise BenchError("perf server not listening after 90 s")
             time.sleep(0.2)
+        cli = subprocess.Popen(["ip", "netns", "exec", h1.ns, *base, h2.ipv4], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
         try:
-            cli = subprocess.run(["ip", "netns", "exec", h1.ns, *base, h2.ipv4], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=timeout)
+            end = time.monotonic() + timeout
+            while watch is not None and cli.poll() is None and time.monotonic() < end and not watch():
+                time.sleep(0.01)
+            out, err = cli.communicate(timeout=max(1.0, end - time.monotonic()))
         except subprocess.TimeoutExpired as e:
             raise BenchError(f"perf client still running after {timeout:.0f} s") from e
+        finally:
+            _stop(cli)
         res = None
-        for line in reversed(cli.stdout.strip().splitlines()):
+        for line in reversed(out.strip().splitlines()):
             if line.lstrip().startswith("{"):
                 res = json.loads(line)
                 break
         if res is None:
-            raise BenchError(f"perf client failed ({cli.returncode}): {cli.stderr.strip()[-400:]}")
+            raise BenchError(f"perf client failed ({cli.returncode}): {err.strip()[-400:]}")
         return res
     finally:
         _stop(srv)
@@ -164,8 +178,65 @@ def measure(fab, sizes, losses, profiles, missing: str | None, plane: str, total
     return points
 
 
-def targets(points: list[dict]) -> list[dict]:
+def multipath(fab, profiles, missing: str | None, plane: str, total: int, log) -> list[dict]:
+    """64 KiB WRITEs over the 4 parallel links out of leaf 1, healthy and then with one link at
+    5 % loss: for compat the link its one flow hashes onto (a compat QP keeps one UDP source
+    port, so it is pinned to the bad path); for native, link 0 (a sprayed flow uses them all)."""
+    rows = []
+    for profile in PROFILES:
+        row = {"profile": profile, "healthy_gbps": None, "degraded_gbps": None, "kept": None, "bad_link": None,
+               "links_used": None, "not_available": None}
+        rows.append(row)
+        if profile not in profiles:
+            row["not_available"] = missing
+            continue
+        prof = profile if missing is None else None
+        try:
+            fab.set("all", clear=True, reset=True)
+            log(f"multipath: {profile}, 4 healthy links")
+            healthy = perf_once(fab, 65536, total, plane, prof, timeout=150)
+            use = {p.name: fab.maps.counters(p.id)["tx_pkts"] for p in fab.select("l1:sp*")}
+            if profile == "compat":
+                # A compat QP's source port follows its QPN, which perf does not fix: the flow's
+                # link is known once it carries traffic, and the loss starts there and then.
+                fab.set("all", reset=True)
+                bad = []
+
+                def watch() -> bool:
+                    now = {p.name: fab.maps.counters(p.id)["tx_pkts"] for p in fab.select("l1:sp*")}
+                    top = max(now, key=now.get)
+                    if now[top] >= 200:
+                        fab.set(top, loss_ppm=50_000, seed=SEED, reset=True)
+                        bad.append(top)
+                        return True
+                    return False
+                log(f"multipath: {profile}, its flow's link at 5 % loss")
+                degraded = perf_once(fab, 65536, total, plane, prof, timeout=150, watch=watch)
+                bad = bad[0] if bad else None
+            else:
+                bad = "l1:sp0"
+                fab.set(bad, loss_ppm=50_000, seed=SEED, reset=True)
+                log(f"multipath: {profile}, {bad} at 5 % loss")
+                degraded = perf_once(fab, 65536, total, plane, prof, timeout=150)
+        except BenchError as e:
+            row["not_available"] = str(e)
+            continue
+        finally:
+            fab.set("all", clear=True, reset=True)
+        row.update(healthy_gbps=healthy["gbps"], degraded_gbps=degraded["gbps"], bad_link=bad,
+                   kept=round(degraded["gbps"] / healthy["gbps"], 3) if healthy["gbps"] else None,
+                   links_used=sum(1 for v in use.values() if v > 0.05 * sum(use.values())))
+    return rows
+
+
+def targets(points: list[dict], mp: list[dict]) -> list[dict]:
     out = []
+    for row in mp:
+        if row["profile"] == "native":
+            val = row["kept"]
+            out.append({"id": "native.multipath_kept", "label": "native 64 KiB WRITE: goodput kept with one of 4 "
+                        "links at 5 % loss", "value": val, "target": ">= 0.7",
+                        "meets": None if val is None else val >= 0.7, "not_available": row["not_available"]})
     for size in SIZES:
         pt = next((p for p in points if p["profile"] == "native" and p["size"] == size and p["loss_ppm"] == 10_000),
                   None)
@@ -216,6 +287,12 @@ def render(report: dict) -> str:
         lines.append(f"{p['profile']:8} {p['size']:>8} {p['loss_ppm'] / 1e4:>5g}% {p['gbps']:>13.3f} "
                      f"{p['retained'] if p['retained'] is not None else '-':>9} {p['sent_over_needed']:>12} "
                      f"{p['dropped']:>8}")
+    for m in report["multipath"]:
+        if m["not_available"]:
+            lines.append(f"multipath {m['profile']}: not available: {m['not_available']}")
+        else:
+            lines.append(f"multipath {m['profile']}: {m['healthy_gbps']:.3f} Gb/s on 4 healthy links ({m['links_used']} "
+                         f"used), {m['degraded_gbps']:.3f} Gb/s with {m['bad_link']} at 5 % loss: kept {m['kept']}")
     for t in report["targets"]:
         val = "n/a" if t["value"] is None else f"{t['value']:.3f}"
         verdict = "not measured" if t["meets"] is None else "met" if t["meets"] else "NOT met"
@@ -249,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     fab = fabric.up(name, hosts=2, paths=4)
     try:
         points = measure(fab, sizes, losses, profiles, missing, args.plane, total, log)
+        mp = [] if args.quick else multipath(fab, profiles, missing, args.plane, total, log)
     except KeyboardInterrupt:
         print("bench_fabric: interrupted; fabric removed", file=sys.stderr)
         return 130
@@ -258,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
               "host": {"kernel": os.uname().release, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
               "options": {"quick": args.quick, "plane": args.plane, "seed": SEED, "bytes_per_point": total},
               "fabric": {"hosts": 2, "paths": 4, "loss_port": LOSS_PORT}, "points": points,
-              "targets": targets(points), "plots": []}
+              "multipath": mp, "targets": targets(points, mp), "plots": []}
     if not args.no_plots:
         report["plots"] = plot(report, Path(args.plots) if args.plots else OUT_DIR)
     out = args.json or (None if args.quick else str(OUT_DIR / "fabric.json"))
