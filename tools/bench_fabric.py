@@ -25,6 +25,11 @@ loss -- for compat the link its single flow hashes onto, from its 200th frame on
 bad path, for contrast),
 for native link 0 (issue 9's target: a sprayed native flow keeps >= 0.7 of the healthy goodput).
 
+Last, incast: 4 senders (h1..h4) into h5 through one 200 Mb/s bottleneck that CE-marks above
+30 KB and drops above 200 KB, with compat's DCQCN on and then off (METAROCE_DCQCN_ENABLED=0);
+h5's four perf servers share one engine through metaroced.  Reported: aggregate goodput against
+the bottleneck, Jain fairness, queue drops and marks, and the queue over time (incast_queue.png).
+
 The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
 native profile is wired into the data plane, and then the native rows say "not available" with
 that reason rather than disappearing.  The data plane is `--plane` (default compiled, where
@@ -38,11 +43,14 @@ JSON (schema "metaroce-bench-fabric/1"; keys are only added, never renamed):
                  "dropped", "seconds", "not_available"|null}],
      "multipath": [{"profile", "healthy_gbps", "degraded_gbps", "kept", "bad_link", "links_used",
                     "not_available"}],               # full runs only
+     "incast": [{"cc", "senders", "bottleneck_bps", "flows_gbps", "aggregate_gbps", "of_bottleneck", "jain",
+                 "q_dropped", "marked", "queue": [[t_s, backlog_bytes], ...], "not_available"}],   # full runs only
      "targets": [{"id", "label", "value"|null, "target", "meets"|null}], "plots": [path, ...]}
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -229,8 +237,114 @@ def multipath(fab, profiles, missing: str | None, plane: str, total: int, log) -
     return rows
 
 
-def targets(points: list[dict], mp: list[dict]) -> list[dict]:
+INCAST_SENDERS = 4
+INCAST_RATE = 200_000_000                      # the bottleneck: l5:h5 at 200 Mb/s, DCTCP-like marking
+INCAST_MARK, INCAST_DROP = 30_000, 200_000
+
+
+def incast(plane: str, cc: bool, total: int, log) -> dict:
+    """4 senders (h1..h4, each its own `metaroce perf` process and engine) WRITE 64 KiB messages
+    into h5 at once, through one bottleneck (the port toward h5: 200 Mb/s, CE mark above 30 KB,
+    drop above 200 KB).  h5's four perf servers share one engine through metaroced (one
+    program owns an interface).  `cc` False sets METAROCE_DCQCN_ENABLED=0 on every side.  The
+    bottleneck queue is sampled every 5 ms for the plot."""
+    from metaroce_xdp import fabric
+    env = {**os.environ, "METAROCE_DCQCN_ENABLED": "1" if cc else "0"}
+    name = f"inc{os.getpid() % 10000}"
+    fab = fabric.up(name, hosts=INCAST_SENDERS + 1, paths=2)
+    dst = fab.plan.host(f"h{INCAST_SENDERS + 1}")
+    port = fab.plan.port(f"l{INCAST_SENDERS + 1}:h{INCAST_SENDERS + 1}")
+    sock, pins = f"/run/metaroce/{name}.sock", f"/sys/fs/bpf/metaroce-{name}"
+    procs: list[subprocess.Popen] = []
+    out = {"cc": cc, "senders": INCAST_SENDERS, "bottleneck_bps": INCAST_RATE, "flows_gbps": None,
+           "aggregate_gbps": None, "of_bottleneck": None, "jain": None, "q_dropped": None, "marked": None,
+           "queue": [], "not_available": None}
+    try:
+        fab.set(port.name, rate_bps=INCAST_RATE, mark_depth=INCAST_MARK, drop_depth=INCAST_DROP, reset=True)
+        os.makedirs("/run/metaroce", exist_ok=True)
+        d = subprocess.Popen(["ip", "netns", "exec", dst.ns, sys.executable, "-m", "daemon", "-i", dst.ifname,
+                              "--socket-path", sock, "--bpffs-prefix", pins], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(d)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sock):
+            if d.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"metaroced did not start: {d.stderr.read()[-400:] if d.poll() is not None else 'no socket after 60 s'}")
+            time.sleep(0.1)
+        iters = max(4, total // 65536)
+        opts = ["-s", "65536", "-n", str(iters), "-t", "16", "-m", str(PMTU), "--json", "--timeout", "30"]
+        if plane != "python":
+            opts += ["--plane", plane]
+        perf = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-d", dst.ifname]
+        for i in range(INCAST_SENDERS):
+            procs.append(subprocess.Popen(["ip", "netns", "exec", dst.ns, *perf, *opts, "-p", str(18600 + i),
+                                           "--socket", sock], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 90
+        while not all(_listening(dst.ns, 18600 + i) for i in range(INCAST_SENDERS)):
+            if time.monotonic() > deadline:
+                raise BenchError("incast: perf servers not listening after 90 s")
+            time.sleep(0.2)
+        log(f"incast: {INCAST_SENDERS} senders into h{INCAST_SENDERS + 1}, DCQCN {'on' if cc else 'off'}")
+        fab.set(port.name, reset=True)
+        clients = [subprocess.Popen(["ip", "netns", "exec", fab.plan.host(f"h{i + 1}").ns, *perf, *opts, "--no-daemon",
+                                     "-p", str(18600 + i), dst.ipv4], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for i in range(INCAST_SENDERS)]
+        procs += clients
+        ends: dict[int, float] = {}
+        t0 = time.monotonic()
+        while len(ends) < len(clients) and time.monotonic() - t0 < 300:
+            for i, c in enumerate(clients):
+                if i not in ends and c.poll() is not None:
+                    ends[i] = time.monotonic()
+            smp = fab.maps.backlog(port.id)
+            out["queue"].append([round(time.monotonic() - t0, 4), smp])
+            time.sleep(0.005)
+        res = []
+        for i, c in enumerate(clients):
+            o, e = c.communicate(timeout=30)
+            r = next((json.loads(x) for x in reversed(o.splitlines()) if x.startswith("{")), None)
+            if r is None:
+                raise BenchError(f"incast sender h{i + 1} failed ({c.returncode}): {e.strip()[-300:]}")
+            res.append((ends.get(i, time.monotonic()) - float(r["seconds"]), ends.get(i, time.monotonic()), r))
+        span = max(e for _, e, _ in res) - min(s for s, _, _ in res)
+        g = [r["gbps"] for _, _, r in res]
+        agg = sum(r["total_bytes"] for _, _, r in res) * 8 / span / 1e9
+        c = fab.maps.counters(port.id)
+        # the queue kept only from the first sender's start to the last one's end
+        t_lo, t_hi = min(s for s, _, _ in res) - t0, max(e for _, e, _ in res) - t0
+        out.update(flows_gbps=[round(x, 4) for x in g], aggregate_gbps=round(agg, 4),
+                   of_bottleneck=round(agg * 1e9 / INCAST_RATE, 3),
+                   jain=round(sum(g) ** 2 / (len(g) * sum(x * x for x in g)), 3),
+                   q_dropped=c["q_dropped"], marked=c["marked"],
+                   queue=[q for q in out["queue"] if t_lo <= q[0] <= t_hi])
+    except BenchError as e:
+        out["not_available"] = str(e)
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+        fab.down()
+        with contextlib.suppress(OSError):
+            os.unlink(sock)
+    return out
+
+
+def targets(points: list[dict], mp: list[dict], inc: list[dict] = ()) -> list[dict]:
     out = []
+    on = next((r for r in inc if r["cc"]), None)
+    off = next((r for r in inc if not r["cc"]), None)
+    if on is not None:
+        na = on["not_available"]
+        for rid, label, val, tgt, ok in (
+                ("incast.of_bottleneck", "incast, compat with DCQCN: aggregate goodput / bottleneck",
+                 on["of_bottleneck"], ">= 0.9", lambda v: v >= 0.9),
+                ("incast.jain", "incast, compat with DCQCN: Jain fairness of the 4 senders", on["jain"], ">= 0.9",
+                 lambda v: v >= 0.9),
+                ("incast.drops_vs_off", "incast: bottleneck drops with DCQCN / without",
+                 round(on["q_dropped"] / off["q_dropped"], 3) if off and off["q_dropped"] and on["q_dropped"]
+                 is not None else None, "< 1", lambda v: v < 1)):
+            out.append({"id": rid, "label": label, "value": val, "target": tgt,
+                        "meets": None if val is None else ok(val), "not_available": na})
     for row in mp:
         if row["profile"] == "native":
             val = row["kept"]
@@ -273,7 +387,27 @@ def plot(report: dict, out_dir: Path) -> list[str]:
     path = out_dir / "goodput_loss.png"
     fig.savefig(path)
     plt.close(fig)
-    return [str(path)]
+    paths = [str(path)]
+    if any(r["queue"] for r in report.get("incast", [])):
+        fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
+        for r in report["incast"]:
+            if r["queue"]:
+                t0 = r["queue"][0][0]
+                ax.plot([t - t0 for t, _ in r["queue"]], [b / 1000 for _, b in r["queue"]], lw=0.8,
+                        label=f"DCQCN {'on' if r['cc'] else 'off'}: {r['aggregate_gbps']:.3f} Gb/s, "
+                              f"{r['q_dropped']} drops")
+        ax.axhline(INCAST_MARK / 1000, ls=":", color="grey", label="mark depth")
+        ax.axhline(INCAST_DROP / 1000, ls="--", color="grey", label="drop depth")
+        ax.set_xlabel("time [s]")
+        ax.set_ylabel("bottleneck queue [KB]")
+        ax.set_title("incast: 4 compat senders into one host through a 200 Mb/s bottleneck", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / "incast_queue.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
 
 
 def render(report: dict) -> str:
@@ -293,6 +427,13 @@ def render(report: dict) -> str:
         else:
             lines.append(f"multipath {m['profile']}: {m['healthy_gbps']:.3f} Gb/s on 4 healthy links ({m['links_used']} "
                          f"used), {m['degraded_gbps']:.3f} Gb/s with {m['bad_link']} at 5 % loss: kept {m['kept']}")
+    for r in report["incast"]:
+        head = f"incast, 4 senders, DCQCN {'on' if r['cc'] else 'off'}"
+        if r["not_available"]:
+            lines.append(f"{head}: not available: {r['not_available']}")
+        else:
+            lines.append(f"{head}: {r['aggregate_gbps']:.3f} Gb/s aggregate ({r['of_bottleneck']} of the bottleneck), "
+                         f"flows {r['flows_gbps']}, Jain {r['jain']}, queue drops {r['q_dropped']}, CE marks {r['marked']}")
     for t in report["targets"]:
         val = "n/a" if t["value"] is None else f"{t['value']:.3f}"
         verdict = "not measured" if t["meets"] is None else "met" if t["meets"] else "NOT met"
@@ -332,11 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         fab.down()
+    inc = [] if args.quick else [incast(args.plane, cc, total // 2, log) for cc in (True, False)]
     report = {"schema": SCHEMA, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "host": {"kernel": os.uname().release, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
               "options": {"quick": args.quick, "plane": args.plane, "seed": SEED, "bytes_per_point": total},
               "fabric": {"hosts": 2, "paths": 4, "loss_port": LOSS_PORT}, "points": points,
-              "multipath": mp, "targets": targets(points, mp), "plots": []}
+              "multipath": mp, "incast": inc, "targets": targets(points, mp, inc), "plots": []}
     if not args.no_plots:
         report["plots"] = plot(report, Path(args.plots) if args.plots else OUT_DIR)
     out = args.json or (None if args.quick else str(OUT_DIR / "fabric.json"))
