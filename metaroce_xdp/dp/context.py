@@ -12,9 +12,9 @@ layout.py, marks the QP in the ready ring and wakes the loop; QP state changes p
 loop for the moment of the change.  The packet work is all in loop.dp_round / dp_run.
 
 ATOMICs, SEND WITH INVALIDATE (remote_invalidate MRs), gather/scatter lists, FENCE, SQD and
-completion channels (solicited events too) are dp/ops.py's.  Not implemented by this plane,
-refused with `Unsupported` (a typed InvalidArgument): multi-buffer ports, path re-resolution,
-native profile.
+completion channels (solicited events too) are dp/ops.py's.  Multi-buffer ports (XDP_USE_SG, path
+MTU 4096 on an interface MTU >= 4178) are the loop's (rx_burst_sg, tx_descs_sg).  Not implemented by
+this plane, refused with `Unsupported` (a typed InvalidArgument): native profile.
 """
 from __future__ import annotations
 
@@ -91,9 +91,6 @@ class Plane:
         from . import loop
         self.loop = loop
         self.port, self.loader, self.maxq = port, loader, maxq
-        if getattr(port, "sg", False):
-            raise Unsupported("multi-buffer AF_XDP (XDP_USE_SG, path MTU 4096 on MTU > 4 KiB interfaces) is not "
-                              "implemented by the compiled data plane yet: use an interface MTU up to 3.5 KB")
         self.tables = TABLES
         nframes = port.umem.nframes
         words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
@@ -172,6 +169,12 @@ class Plane:
         A[L.P_UMEM_ADDR] = ad(port.frames)
         A[L.P_FRAME_SIZE] = port.umem.frame_size
         A[L.P_FRAME_MASK] = ~(port.umem.frame_size - 1)
+        sg = bool(getattr(port, "sg", False))
+        if sg:
+            # multi-buffer (XDP_USE_SG, path MTU 4096): frames live in slots of adjacent chunks (the
+            # pool's), built contiguously; the loop chains/joins descriptors at chunk boundaries
+            A[L.P_SG] = 1
+            A[L.P_FRAME_MASK] = ~(port.umem.slot - 1)
         A[L.P_KS_ADDR] = ad(loader.qps) if loader is not None else 0
         A[L.P_KS_SIZE] = loader.qps.dtype.itemsize if loader is not None else 256
         # the free frames: what the port's pool still holds becomes ours
@@ -190,7 +193,8 @@ class Plane:
         A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
         A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
         # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
-        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
+        # (multi-buffer: a full-size packet takes two of the peer's fill-ring slots, so half as many)
+        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // (8 if sg else 4))))
         A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
         A[L.P_POLL_MS] = 1000
         A[L.P_MAGIC] = L.MAGIC
@@ -310,7 +314,7 @@ class Plane:
                  "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
-                 "tx_cnp rx_cnp rx_ce rx_dup_atomic").split()
+                 "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long").split()
         return {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
 
     def close(self) -> None:
@@ -928,7 +932,8 @@ class Context:
         loader = XdpLoader(max_qps=L.MAX_QPS)
         port = None
         try:
-            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6)
+            # multi-buffer (XDP_USE_SG) when the interface's MTU carries path MTU 4096 (MTU >= 4178)
+            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6, multibuffer=None)
             loader.set_config(local_ip4=None if ipv6 else port.ip, local_ip6=port.ip if ipv6 else None,
                               local_mac=port.mac)
             loader.set_xsk(queue, port.fileno())

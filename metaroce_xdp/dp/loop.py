@@ -158,8 +158,18 @@ def comp_reap(A):
     if n == 0:
         return 0
     ring = carray(ptr_u64(A[P_CQ_ADDRS]), (size,))
-    for i in range(n):
-        frame_free(A, np.int64(ring[(cons + i) & (size - 1)]))
+    if A[P_SG] == 0:
+        for i in range(n):
+            frame_free(A, np.int64(ring[(cons + i) & (size - 1)]))
+    else:
+        # multi-buffer: a frame of two chained descriptors completes twice; only the descriptor in
+        # the first chunk of its slot returns the slot
+        inner = ~A[P_FRAME_MASK]
+        chunk = A[P_FRAME_SIZE]
+        for i in range(n):
+            a = np.int64(ring[(cons + i) & (size - 1)])
+            if (a & inner) < chunk:
+                frame_free(A, a)
     st_rel_u32(A[P_CQ_CONS], (cons + n) & 0xFFFFFFFF)
     return n
 
@@ -175,6 +185,42 @@ def tx_kick(A):
             break
         c_sendto_kick(fd)
         A[P_KICKS] += 1
+
+
+@njit(**_jit)
+def tx_descs_sg(A, q, done, n, prod, room):
+    """Multi-buffer TX (XDP_USE_SG): pending frames done.. onto the TX ring, a frame longer than what
+    is left of its chunk as chained descriptors (XDP_PKT_CONTD on all but the last), each within one
+    chunk (the frame's bytes are contiguous in its slot); whole frames only, at most `room`
+    descriptors.  Publishes the producer index; returns the frames queued."""
+    size = A[P_TX_SIZE]
+    chunk = A[P_FRAME_SIZE]
+    ring = carray(ptr_u64(A[P_TX_DESC]), (size * 2,))
+    w = 0
+    k = 0
+    while done + k < n:
+        a = A[q + 2 * (done + k)]
+        ln = A[q + 2 * (done + k) + 1]
+        first = chunk - (a & (chunk - 1))
+        nd = 1 if ln <= first else 1 + (ln - first + chunk - 1) // chunk
+        if w + nd > room:
+            break
+        left = ln
+        take = min(ln, first)
+        while True:
+            j = ((prod + w) & (size - 1)) * 2
+            left -= take
+            ring[j] = np.uint64(a)
+            ring[j + 1] = np.uint64(take | (np.int64(1) << 32 if left > 0 else 0))
+            w += 1
+            if left <= 0:
+                break
+            a += take
+            take = min(left, chunk)
+        k += 1
+    if w:
+        st_rel_u32(A[P_TX_PROD], (prod + w) & 0xFFFFFFFF)
+    return k
 
 
 @njit(**_jit)
@@ -196,13 +242,16 @@ def tx_flush(A):
         cons = ld_acq_u32(A[P_TX_CONS])
         room = size - ((prod - cons) & 0xFFFFFFFF)
         k = min(room, n - done)
-        if k > 0:
+        if k > 0 and A[P_SG] == 0:
             ring = carray(ptr_u64(A[P_TX_DESC]), (size * 2,))
             for i in range(k):
                 j = ((prod + i) & (size - 1)) * 2
                 ring[j] = np.uint64(A[q + 2 * (done + i)])
                 ring[j + 1] = np.uint64(A[q + 2 * (done + i) + 1])
             st_rel_u32(A[P_TX_PROD], (prod + k) & 0xFFFFFFFF)
+            done += k
+        elif k > 0:
+            k = tx_descs_sg(A, q, done, n, prod, room)
             done += k
         tx_kick(A)
         comp_reap(A)
@@ -1110,6 +1159,64 @@ def fq_topup(A):
 
 
 @njit(**_jit)
+def rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, cons, prod, n, fring, fprod, froom):
+    """rx_burst's loop on a multi-buffer socket (XDP_USE_SG): a packet in several descriptors
+    (XDP_PKT_CONTD on all but the last) is joined in its first buffer's slot -- the later buffers'
+    bytes copied right after the first's, into the rest of that slot, which is never on the fill
+    ring -- and handled as one frame; a packet longer than its slot is dropped (rx_sg_long); one
+    whose last descriptor is not published yet waits in the ring.  Every buffer goes back to the
+    fill ring (as its slot's start).  Returns the descriptors consumed."""
+    size = A[P_RX_SIZE]
+    fsize = A[P_FQ_SIZE]
+    avail = (prod - cons) & 0xFFFFFFFF
+    mask = A[P_FRAME_MASK]
+    slot = ~mask + 1
+    ubase = A[P_UMEM_ADDR]
+    nf = 0
+    i = 0
+    while i < n:
+        j = ((cons + i) & (size - 1)) * 2
+        a = np.int64(ring[j])
+        w1 = np.int64(ring[j + 1])
+        ln = w1 & 0xFFFFFFFF
+        nd = 1
+        if (w1 >> 32) & 1:
+            k = i + 1
+            while k < avail and (np.int64(ring[((cons + k) & (size - 1)) * 2 + 1]) >> 32) & 1:
+                k += 1
+            if k >= avail:
+                break                                # its last descriptor is not there yet
+            nd = k - i + 1
+            room = slot - (a & ~mask)
+            for d in range(1, nd):
+                jd = ((cons + i + d) & (size - 1)) * 2
+                ld = np.int64(ring[jd + 1]) & 0xFFFFFFFF
+                if ln + ld <= room:
+                    c_memcpy(ubase + a + ln, ubase + np.int64(ring[jd]), ld)
+                ln += ld
+            if ln <= room:
+                A[P_RX_SG] += 1
+            else:
+                A[P_RX_SG_LONG] += 1
+                ln = -1
+        A[P_RX] += 1
+        if ln >= 0:
+            rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now)
+        for d in range(nd):
+            ad = np.int64(ring[((cons + i + d) & (size - 1)) * 2])
+            if nf < froom:
+                fring[(fprod + nf) & (fsize - 1)] = np.uint64(ad & mask)
+                nf += 1
+            else:
+                frame_free(A, ad)                    # owed to the fill ring (fq_topup), as in rx_burst
+                A[P_RX_OWED] += 1
+        i += nd
+    st_rel_u32(A[P_RX_CONS], (cons + i) & 0xFFFFFFFF)
+    st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
+    return i
+
+
+@njit(**_jit)
 def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     size = A[P_RX_SIZE]
     if size == 0:
@@ -1130,6 +1237,10 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     fprod = ld_acq_u32(A[P_FQ_PROD])
     froom = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
     nf = 0
+    if A[P_SG] != 0:
+        n = rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, cons, prod, n, fring, fprod,
+                        froom)
+        return n
     for i in range(n):
         j = ((cons + i) & (size - 1)) * 2
         a = np.int64(ring[j])
