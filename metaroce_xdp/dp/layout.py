@@ -60,6 +60,7 @@ P_FIELDS = _cols("""
     infl_left qp_share rx_owed infl_cap
     at_off sg_off sgx_addr sgx_size f_off tx_cnp rx_cnp rx_ce rx_dup_atomic
     sg rx_sg rx_sg_long
+    queue rx_wrong_q
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i
@@ -80,6 +81,7 @@ Q_FIELDS = _cols("""
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
     to_win
+    plane
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i

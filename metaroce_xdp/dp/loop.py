@@ -1070,6 +1070,9 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     if Q[qi, Q_QPN] != qpn or qpn == 0:
         A[P_RX_DROP_QP] += 1
         return
+    if Q[qi, Q_PLANE] != A[P_QUEUE]:
+        A[P_RX_WRONG_Q] += 1                         # another queue's loop owns the QP (several RX queues)
+        return
     st = Q[qi, Q_STATE]
     b = a + boff
     l3 = a + loff
@@ -1285,7 +1288,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     while A[P_RDY_HEAD] != tail:
         qi = A[rdy + (A[P_RDY_HEAD] & 4095)]
         st_rel_i64(A, P_RDY_HEAD, A[P_RDY_HEAD] + 1)
-        if 0 <= qi < A[P_MAXQ]:
+        if 0 <= qi < A[P_MAXQ] and Q[qi, Q_PLANE] == A[P_QUEUE]:
             activate(A, Q, qi)
     # the active QPs only
     act = A[P_ACT_OFF]
