@@ -224,8 +224,8 @@ class Plane:
         A[pfd + 1] = (self.efd & 0xFFFFFFFF) | (1 << 32)
         A[L.P_POLLFD] = ad(A) + pfd * 8
         # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
-        # (multi-buffer: a full-size packet takes two of the peer's fill-ring slots, so half as many)
-        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // (8 if sg else 4))))
+        # (multi-buffer: a packet larger than one RX buffer counts twice, loop.infl_weight)
+        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
         A[L.P_MAGIC] = L.MAGIC
 
     def _queue_plane(self, index: int, port: Any, base: int, txq: int, pfd: int) -> "Plane":

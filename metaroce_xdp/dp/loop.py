@@ -581,6 +581,16 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
 
 
 @njit(**_jit)
+def infl_weight(A, Q, qi):
+    """The peer's fill-ring buffers one full packet of QP qi takes: 2 on a multi-buffer port when the
+    packet is larger than one RX buffer (a chunk less the kernel's 256-byte headroom: path MTU 4096),
+    else 1.  The port's in-flight budget counts these, so path MTU 1024 keeps the whole budget."""
+    if A[P_SG] != 0 and Q[qi, Q_PMTU] + 128 > A[P_FRAME_SIZE] - 256:
+        return 2
+    return 1
+
+
+@njit(**_jit)
 def port_full(A, Q, qi):
     """The port's in-flight budget is spent -- but a QP with fewer than 16 packets out may always send
     (a retransmission after a timeout must never wait for other QPs' packets, which may be lost too)."""
@@ -593,7 +603,8 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
     sent = 0
     pmtu = Q[qi, Q_PMTU]
     window = A[P_WINDOW]
-    share = A[P_QP_SHARE]                            # this round's fair share of the port's budget
+    iw = infl_weight(A, Q, qi)
+    share = A[P_QP_SHARE] // iw                      # this round's fair share of the port's budget
     if 0 < share < window:
         window = share
     if 0 < Q[qi, Q_TO_WIN] < window:
@@ -652,7 +663,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             SW[r, W_STATUS] = k                      # where this request's response stream starts
             SW[r, W_SENT] = npsn
             sent += 1
-            A[P_INFL_LEFT] -= npsn - k
+            A[P_INFL_LEFT] -= (npsn - k) * iw
         else:
             is_write = op == WR_WRITE or op == WR_WRITE_IMM
             has_imm = op == WR_WRITE_IMM or op == WR_SEND_IMM
@@ -682,7 +693,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     st_rel_u32(kaddr + KS_SND_NXT, (psn + 1) & PSN_MASK)   # before the frame can leave
                 # AckReq also on the last packet this QP sends before it stops for the window, the
                 # port's budget or the round's: the ACK for it is what lets it go on
-                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= 1
+                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= iw
                                or psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= window) else 0
                 opc = segment_opcode(is_write, has_imm, k, npsn)
                 if last and op == WR_SEND_INV:
@@ -693,7 +704,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     break
                 SW[r, W_SENT] = k + 1
                 sent += 1
-                A[P_INFL_LEFT] -= 1
+                A[P_INFL_LEFT] -= iw
                 Q[qi, Q_SND_PSN] = (psn + 1) & PSN_MASK
                 if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_SND_MAX]) > 0:
                     Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
@@ -1303,7 +1314,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
             if Q[qj, Q_STATE] == ST_RTS:
                 out = psn_diff(Q[qj, Q_SND_PSN], Q[qj, Q_COMP_PSN])
                 if out > 0:
-                    left -= out
+                    left -= out * infl_weight(A, Q, qj)
                 if out > 0 or Q[qj, Q_SQ_NEXT] != Q[qj, Q_SQ_TAIL]:
                     nsend += 1
         A[P_INFL_LEFT] = left
