@@ -204,15 +204,18 @@ class Topology:
         mtu: int = 1500,
         threaded_napi: bool = False,
         macs: tuple[str, str] | None = None,
+        queues: int = 1,
     ) -> VethPair:
         """A veth pair from ns_a to ns_b, configured and up.
 
         IPv6 addresses are added with IFA_F_NODAD so they are usable at once.
         threaded_napi turns GRO on (so veth has NAPI) and writes /sys/class/net/<if>/threaded
-        inside each namespace: NAPI then runs in a kthread rather than softirq."""
+        inside each namespace: NAPI then runs in a kthread rather than softirq.
+        queues > 1: both ends with that many RX and TX queues (numrxqueues/numtxqueues)."""
         ha, hb = self.ipr(ns_a), self.ipr(ns_b)
+        nq = {"num_rx_queues": queues, "num_tx_queues": queues} if queues > 1 else {}
         try:
-            ha.link("add", ifname=ifname_a, kind="veth", peer={"ifname": ifname_b, "net_ns_fd": ns_b})
+            ha.link("add", ifname=ifname_a, kind="veth", peer={"ifname": ifname_b, "net_ns_fd": ns_b, **nq}, **nq)
         except Exception as e:
             raise TopologyError(f"creating veth {ns_a}/{ifname_a} <-> {ns_b}/{ifname_b}: {e}") from e
         self._st.veths.append((ns_a, ifname_a))
@@ -401,12 +404,13 @@ class Topology:
 
 
 def two_hosts(*, mtu: int = 1500, ipv6: bool = False, threaded_napi: bool = False,
-              prefix: str = "mr") -> tuple[Topology, VethPair]:
-    """Two namespaces joined by one veth: 10.77.0.1/24 (and fd77::1/64) in A, .2 (::2) in B."""
+              prefix: str = "mr", queues: int = 1) -> tuple[Topology, VethPair]:
+    """Two namespaces joined by one veth: 10.77.0.1/24 (and fd77::1/64) in A, .2 (::2) in B
+    (queues: RX/TX queues of each end)."""
     topo = Topology(2, prefix=prefix)
     try:
         pair = topo.add_veth(
-            topo[0], topo[1], mtu=mtu, threaded_napi=threaded_napi,
+            topo[0], topo[1], mtu=mtu, threaded_napi=threaded_napi, queues=queues,
             ipv6=("fd77::1/64", "fd77::2/64") if ipv6 else None,
         )
     except BaseException:

@@ -12,9 +12,9 @@ layout.py, marks the QP in the ready ring and wakes the loop; QP state changes p
 loop for the moment of the change.  The packet work is all in loop.dp_round / dp_run.
 
 ATOMICs, SEND WITH INVALIDATE (remote_invalidate MRs), gather/scatter lists, FENCE, SQD and
-completion channels (solicited events too) are dp/ops.py's.  Not implemented by this plane,
-refused with `Unsupported` (a typed InvalidArgument): multi-buffer ports, path re-resolution,
-native profile.
+completion channels (solicited events too) are dp/ops.py's.  Multi-buffer ports (XDP_USE_SG, path
+MTU 4096 on an interface MTU >= 4178) are the loop's (rx_burst_sg, tx_descs_sg).  Not implemented by
+this plane, refused with `Unsupported` (a typed InvalidArgument): native profile.
 """
 from __future__ import annotations
 
@@ -86,26 +86,30 @@ class Plane:
     RQ_ROWS = 1 << 15
     CQE_ROWS = 1 << 17
 
-    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS) -> None:
+    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS, more_ports: tuple = ()) -> None:
+        """more_ports: the sockets of further RX queues of the interface.  Each gets a plane of its own (a
+        P block, event and ready rings, active list, frame stack, loop thread: `others`) over the same
+        tables; a QP belongs to one of them (Q.plane, `owner`, `move`).  See docs/design-dataplane.md."""
         from ..wire.fastpath import TABLES
         from . import loop
         self.loop = loop
         self.port, self.loader, self.maxq = port, loader, maxq
-        if getattr(port, "sg", False):
-            raise Unsupported("multi-buffer AF_XDP (XDP_USE_SG, path MTU 4096 on MTU > 4 KiB interfaces) is not "
-                              "implemented by the compiled data plane yet: use an interface MTU up to 3.5 KB")
         self.tables = TABLES
         nframes = port.umem.nframes
         words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
                  + self.CQE_ROWS * L.NE + L.MAX_CQS * L.NC + L.MAX_MRS * L.NM + maxq * L.MAX_RD * L.NJ
                  + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8
                  + L.SG_ROWS * L.NG + maxq * L.MAX_RD * L.NAT + maxq * L.NF + 1024 + 4 * 8)
+        words += sum(L.N_P + 2 * L.TX_BATCH + 8 + L.N_EV * L.NEVF + L.N_RDY + maxq + p.umem.nframes + 1024 + 8 * 8
+                     for p in more_ports)
         ar = self.arena = L.Arena(words)
         A = self.A = ar.a
         p0 = ar.alloc(L.N_P)
         assert p0 == 0
         txq = ar.alloc(2 * L.TX_BATCH)
         pfd = ar.alloc(8)
+        # further queues' P blocks come before the shared tables: their offsets are relative to them
+        extra = [(ar.alloc(L.N_P), ar.alloc(2 * L.TX_BATCH), ar.alloc(8)) for _ in more_ports]
         q = ar.alloc(maxq * L.NQ)
         sq = ar.alloc(self.SQ_ROWS * L.NW)
         rq = ar.alloc(self.RQ_ROWS * L.NR, align=False)
@@ -156,6 +160,34 @@ class Plane:
         self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
         for i, name in enumerate(L.D_FIELDS):
             self.F[0, i] = float(getattr(self.dcqcn, name))
+        A[L.P_KS_ADDR] = int(loader.qps.ctypes.data) if loader is not None else 0
+        A[L.P_KS_SIZE] = loader.qps.dtype.itemsize if loader is not None else 256
+        A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
+        A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
+        A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
+        A[L.P_POLL_MS] = 1000
+        self._bind_port(port, free, pfd)
+        self.lock = threading.Lock()
+        self.post_lock = threading.Lock()
+        self.threaded = False
+        self._thread: threading.Thread | None = None
+        self.on_event = None
+        self.on_timeout = None          # Context: local ACK timeouts fired -> re-resolve paths (PathWatch)
+        self._timeouts_seen = 0
+        # several RX queues: plane i runs queue i's socket; owner[qi] = the plane of QP row qi
+        self.index = 0
+        self.owner = np.zeros(maxq, np.int64)
+        self.others: list[Plane] = []
+        self.group: list[Plane] = [self]
+        for i, (p, (base, ptxq, ppfd)) in enumerate(zip(more_ports, extra)):
+            self.group.append(self._queue_plane(i + 1, p, base, ptxq, ppfd))
+        self.others = self.group[1:]
+
+    def _bind_port(self, port: Any, free: int, pfd: int) -> None:
+        """The words of the P block that are this plane's socket's: ring addresses, fd, UMEM, the free
+        frame stack (at `free`), the eventfd and pollfds (at `pfd`), the in-flight budget; then MAGIC."""
+        A = self.A
+        nframes = port.umem.nframes
         self.umem = port.frames
         # AF_XDP rings by address
         x = port.xsk
@@ -172,8 +204,12 @@ class Plane:
         A[L.P_UMEM_ADDR] = ad(port.frames)
         A[L.P_FRAME_SIZE] = port.umem.frame_size
         A[L.P_FRAME_MASK] = ~(port.umem.frame_size - 1)
-        A[L.P_KS_ADDR] = ad(loader.qps) if loader is not None else 0
-        A[L.P_KS_SIZE] = loader.qps.dtype.itemsize if loader is not None else 256
+        sg = bool(getattr(port, "sg", False))
+        if sg:
+            # multi-buffer (XDP_USE_SG, path MTU 4096): frames live in slots of adjacent chunks (the
+            # pool's), built contiguously; the loop chains/joins descriptors at chunk boundaries
+            A[L.P_SG] = 1
+            A[L.P_FRAME_MASK] = ~(port.umem.slot - 1)
         # the free frames: what the port's pool still holds becomes ours
         pool = port.pool
         k = int(pool.top[0])
@@ -187,20 +223,57 @@ class Plane:
         A[pfd] = (x.fileno() & 0xFFFFFFFF) | (1 << 32)          # struct pollfd {fd, POLLIN, 0}
         A[pfd + 1] = (self.efd & 0xFFFFFFFF) | (1 << 32)
         A[L.P_POLLFD] = ad(A) + pfd * 8
-        A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
-        A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
         # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
+        # (multi-buffer: a packet larger than one RX buffer counts twice, loop.infl_weight)
         A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
-        A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
-        A[L.P_POLL_MS] = 1000
         A[L.P_MAGIC] = L.MAGIC
-        self.lock = threading.Lock()
-        self.post_lock = threading.Lock()
-        self.threaded = False
-        self._thread: threading.Thread | None = None
-        self.on_event = None
-        self.on_timeout = None          # Context: local ACK timeouts fired -> re-resolve paths (PathWatch)
-        self._timeouts_seen = 0
+
+    def _queue_plane(self, index: int, port: Any, base: int, txq: int, pfd: int) -> "Plane":
+        """The plane of a further RX queue: its P block at arena word `base` (its A is the arena from
+        there, so every offset in it is relative to base), the shared tables of this plane, its own
+        socket, event ring, ready ring, active list, frame stack and gather scratch."""
+        ar = self.arena
+        pl = object.__new__(Plane)
+        pl.__dict__.update(self.__dict__)            # the shared tables, pools, TM, F, dcqcn, owner, post_lock
+        A = pl.A = ar.a[base:]
+        A[:L.N_P] = self.A[:L.N_P]                   # configuration (window, budget, kernel slots, ...)
+        A[L.P_MAGIC] = 0
+        for name in "q_off sq_off rq_off ce_off cq_off mr_off rdj_off sg_off at_off f_off".split():
+            A[getattr(L, "P_" + name.upper())] -= base
+        ev = ar.alloc(L.N_EV * L.NEVF)
+        rdy = ar.alloc(L.N_RDY)
+        act = ar.alloc(self.maxq)
+        free = ar.alloc(port.umem.nframes)
+        sgx = ar.alloc(1024)
+        for name, off in (("ev_off", ev), ("rdy_off", rdy), ("act_off", act), ("free_off", free), ("txq_off", txq)):
+            A[getattr(L, "P_" + name.upper())] = off - base
+        A[L.P_SGX_ADDR] = int(ar.a.ctypes.data) + sgx * 8
+        A[L.P_QUEUE] = index
+        pl.EV = ar.a[ev:ev + L.N_EV * L.NEVF].reshape(-1, L.NEVF)
+        pl.port = port
+        pl.index = index
+        pl.lock = threading.Lock()
+        pl.threaded = False
+        pl._thread = None
+        pl._timeouts_seen = 0
+        pl.others = []
+        pl._bind_port(port, free - base, pfd - base)
+        return pl
+
+    def move(self, qi: int, index: int) -> None:
+        """QP row qi now belongs to plane `index` (the loop of that queue); off the old plane's active
+        list.  Call with every plane paused (paused() of the first plane)."""
+        old = self.group[int(self.owner[qi])]
+        A = old.A
+        act, n = int(A[L.P_ACT_OFF]), int(A[L.P_N_ACT])
+        for j in range(n):
+            if A[act + j] == qi:
+                A[act + j] = A[act + n - 1]
+                A[L.P_N_ACT] = n - 1
+                break
+        self.Q[qi, L.Q_ACTIVE] = 0
+        self.Q[qi, L.Q_PLANE] = index
+        self.owner[qi] = index
 
     def _check_timeouts(self) -> None:
         n = int(self.A[L.P_TIMEOUTS])
@@ -217,11 +290,16 @@ class Plane:
             self.drain_events()
         if self.A[L.P_TIMEOUTS] != self._timeouts_seen:
             self._check_timeouts()
+        for p in self.others:                       # several RX queues: a round of each queue's loop
+            n += p.progress()
         return n
 
     def run(self, max_ns: int, watch_addr: int = 0, watch_val: int = 0) -> int:
         """The GIL-free loop for up to max_ns (busy polling), until the byte at watch_addr equals
-        watch_val, or (watch_val=-2) a completion was added."""
+        watch_val, or (watch_val=-2) a completion was added.  With several RX queues (no progress
+        threads), every queue's loop in turn, in slices of at most 200 us."""
+        if self.others:
+            return self._run_group(max_ns, watch_addr, watch_val)
         with self.lock:
             rc = self.loop.dp_run(self.A, self.TM, self.umem, self.tables, max_ns, watch_addr, watch_val, 0)
         if self.A[L.P_EV_TAIL] != self.A[L.P_EV_HEAD]:
@@ -229,15 +307,34 @@ class Plane:
         self._check_timeouts()
         return rc
 
+    def _run_group(self, max_ns: int, watch_addr: int, watch_val: int) -> int:
+        deadline = time.monotonic_ns() + max_ns
+        while True:
+            for p in self.group:
+                left = deadline - time.monotonic_ns()
+                with p.lock:
+                    rc = self.loop.dp_run(p.A, p.TM, p.umem, p.tables, max(0, min(left, 200_000)), watch_addr,
+                                          watch_val, 0)
+                if p.A[L.P_EV_TAIL] != p.A[L.P_EV_HEAD]:
+                    p.drain_events()
+                p._check_timeouts()
+                if rc != 0:
+                    return rc
+            if time.monotonic_ns() >= deadline:
+                return 0
+
     def start(self, busy: bool = True) -> None:
         """A dedicated progress thread: the compiled loop runs without the GIL and returns only for
-        events, pauses or stop.  busy=False sleeps in poll() when idle (a post wakes it)."""
+        events, pauses or stop.  busy=False sleeps in poll() when idle (a post wakes it).  With several
+        RX queues, one thread per queue's loop."""
+        for p in self.others:
+            p.start(busy)
         if self._thread is not None:
             return
         self.threaded = True
         self.A[L.P_STOP] = 0
         self._sleep_ok = 0 if busy else 1
-        self._thread = threading.Thread(target=self._run, name="metaroce-dp", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"metaroce-dp{self.index or ''}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -252,6 +349,8 @@ class Plane:
                 time.sleep(0)          # let the control operation that paused us take the lock
 
     def stop(self) -> None:
+        for p in self.others:
+            p.stop()
         if self._thread is None:
             return
         self.A[L.P_STOP] = 1
@@ -270,21 +369,27 @@ class Plane:
             self.p = plane
 
         def __enter__(self):
-            self.p.A[L.P_PAUSE] = 1
-            self.p.wake()
-            self.p.lock.acquire()
+            for p in (self.p, *self.p.others):
+                p.A[L.P_PAUSE] = 1
+                p.wake()
+            for p in (self.p, *self.p.others):
+                p.lock.acquire()
             return self.p
 
         def __exit__(self, *exc):
-            self.p.A[L.P_PAUSE] = 0
-            self.p.lock.release()
+            for p in (self.p, *self.p.others):
+                p.A[L.P_PAUSE] = 0
+                p.lock.release()
 
     def paused(self) -> "_Paused":
-        """Control operations run with the loop between rounds."""
+        """Control operations run with the loop between rounds (of every queue's loop, on the first plane)."""
         return Plane._Paused(self)
 
     def mark_ready(self, qi: int) -> None:
-        """A post: the QP goes in the ready ring (the loop puts it on its active list)."""
+        """A post: the QP goes in the ready ring (the loop puts it on its active list) -- of the plane
+        that owns the QP."""
+        if self.others and self.owner[qi]:
+            return self.group[int(self.owner[qi])].mark_ready(qi)
         A = self.A
         while A[L.P_RDY_TAIL] - A[L.P_RDY_HEAD] >= L.N_RDY:
             if self.threaded:
@@ -305,18 +410,27 @@ class Plane:
             if self.on_event is not None:
                 self.on_event(typ, qi, arg, arg2)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self, own: bool = False) -> dict[str, int]:
         names = ("rx tx rx_drop_icrc rx_drop_qp rx_drop_state rx_drop_len rx_drop_op rx_dup rx_oos tx_ack tx_nak "
                  "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
-                 "tx_cnp rx_cnp rx_ce rx_dup_atomic").split()
-        return {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
+                 "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q").split()
+        st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
+        for p in ([] if own else self.others):     # several RX queues: the sum over their loops
+            for n, v in p.stats(own=True).items():
+                st[n] += v
+        return st
+
+    def queue_stats(self) -> list[dict[str, int]]:
+        """stats() of each RX queue's loop (plane), in queue order."""
+        return [p.stats(own=True) for p in self.group]
 
     def close(self) -> None:
         self.stop()
-        self.A[L.P_MAGIC] = 0
-        os.close(self.efd)
+        for p in self.group:
+            p.A[L.P_MAGIC] = 0
+            os.close(p.efd)
 
 
 # ============================================================================ verbs objects
@@ -396,6 +510,7 @@ class CQ:
         self.ctx, self.index, self.depth, self.size, self.base = ctx, index, depth, size, base
         self.cq_context = cq_context
         self.row = ctx.plane.CQT[index]
+        self.rows = [(self.row, base)]       # (CQ row, CQE base): one per RX queue's loop (Context.create_cq)
         # completion events: a CQ without a channel of its own gets a private one (CQ.get_event)
         self.private_channel = channel is None
         self.channel = channel if channel is not None else CompChannel(ctx)
@@ -409,8 +524,9 @@ class CQ:
         """ibv_req_notify_cq: one completion event for the next completion added -- with solicited_only,
         for the next solicited (SE, MR-BTH-004) or unsuccessful one.  Arming for any completion outranks
         solicited_only until the event comes (as rxe and the Python engine)."""
-        if int(self.row[L.C_ARMED]) != _NOTIFY_NEXT:
-            self.row[L.C_ARMED] = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
+        for row, _ in self.rows:
+            if int(row[L.C_ARMED]) != _NOTIFY_NEXT:
+                row[L.C_ARMED] = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
 
     def get_event(self, timeout: float | None = 0.0) -> bool:
         """Wait up to `timeout` seconds for this CQ's completion event (CQs created without a channel);
@@ -427,19 +543,19 @@ class CQ:
         return self._take(num_entries)
 
     def _take(self, num_entries: int) -> list[WC]:
-        row = self.row
-        head, tail = int(row[L.C_HEAD]), int(row[L.C_TAIL])
         out = []
         CE = self.ctx.plane.CE
         mask = self.size - 1
-        while head != tail and len(out) < num_entries:
-            wr_id, st, op, blen, qpn, imm, flags = CE[self.base + (head & mask)].tolist()
-            wf = WCFlags(flags)
-            out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
-                          imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf,
-                          invalidated_rkey=imm if wf & WCFlags.WITH_INV else None))
-            head += 1
-        row[L.C_HEAD] = head
+        for row, base in self.rows:          # several RX queues: each queue's loop fills a ring of its own
+            head, tail = int(row[L.C_HEAD]), int(row[L.C_TAIL])
+            while head != tail and len(out) < num_entries:
+                wr_id, st, op, blen, qpn, imm, flags = CE[base + (head & mask)].tolist()
+                wf = WCFlags(flags)
+                out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
+                              imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf,
+                              invalidated_rkey=imm if wf & WCFlags.WITH_INV else None))
+                head += 1
+            row[L.C_HEAD] = head
         return out
 
     def wait(self, n: int = 1, timeout: float = 10.0) -> list[WC]:
@@ -453,7 +569,7 @@ class CQ:
                 if len(out) < n:
                     time.sleep(0.0001)
             else:
-                if int(self.row[L.C_HEAD]) == int(self.row[L.C_TAIL]):
+                if all(int(row[L.C_HEAD]) == int(row[L.C_TAIL]) for row, _ in self.rows):
                     pl.run(2_000_000, 0, -2)
                 out += self._take(n - len(out))
             if len(out) < n and time.monotonic() > deadline:
@@ -576,6 +692,8 @@ class QP:
                 r[L.Q_TMPL_LEN], r[L.Q_L3_OFF], r[L.Q_IPV6] = len(buf), l3, int(v6)
                 ctx._track_path(self, g.get("dmac"))
                 r[L.Q_DEST_QP] = g["dest_qp_num"]
+                if pl.others:
+                    self._bind_queue(g["dest_qp_num"])
                 r[L.Q_PMTU] = mtu
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
                 r[L.Q_MIN_RNR] = g.get("min_rnr_timer", 1) & 0x1F
@@ -615,6 +733,24 @@ class QP:
             else:
                 r[L.Q_STATE] = int(new)
             self.state = QPState(new)
+
+    def _bind_queue(self, dest_qp: int) -> None:
+        """Several RX queues: the QP moves to the loop of the queue its packets arrive on.  An AF_XDP
+        socket only receives from its own queue, and on veth a frame arrives on the queue the peer sent
+        it from, so both ends of a connection must use the same queue: the one the smaller of the two
+        QPNs names (its row, qpn % MAX_QPS, modulo the number of queues) -- both ends know both QPNs at
+        RTR, and QPs created in step on both hosts alternate over the queues.  (docs/design-dataplane.md)"""
+        pl = self.ctx.plane
+        k = (min(self.qp_num, dest_qp) % L.MAX_QPS) % len(pl.group)
+        pl.move(self.qi, k)
+        r = self.row
+        r[L.Q_SEND_CQ] = self.send_cq.index + k          # the CQ's ring this queue's loop fills
+        r[L.Q_RECV_CQ] = self.recv_cq.index + k
+
+    @property
+    def queue(self) -> int:
+        """The RX queue (and loop) the QP belongs to."""
+        return int(self.row[L.Q_PLANE])
 
     def _cnp_template(self, buf, l3: int, v6: bool):
         """The QP's template for CNPs (rc/engine.send_cnp): DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
@@ -669,7 +805,7 @@ class QP:
     def _reset(self) -> None:
         r = self.row
         keep = {k: int(r[k]) for k in (L.Q_QPN, L.Q_PD, L.Q_SEND_CQ, L.Q_RECV_CQ, L.Q_SIG_ALL, L.Q_SQ_BASE,
-                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE)}
+                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE, L.Q_PLANE)}
         r[:] = 0
         for k, v in keep.items():
             r[k] = v
@@ -696,7 +832,8 @@ class QP:
                 "sq_outstanding": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                 "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "dmac": self.dmac,
                 "next_hop": self.next_hop.hop if self.next_hop else None, "path_resolves": self.path_resolves,
-                "path_changes": self.path_changes, "path_error": self.path_error, **self.dcqcn_counters()}
+                "path_changes": self.path_changes, "path_error": self.path_error, "queue": int(r[L.Q_PLANE]),
+                **self.dcqcn_counters()}
 
     # ---- routed paths (rc/pathwatch.PathWatch.apply sets these) ------------------------
     @property
@@ -888,9 +1025,10 @@ class QP:
             raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
         pl = self.ctx.plane
         from . import drive
+        own = pl.group[int(pl.owner[self.qi])]          # the loop of the QP's queue
         with pl.post_lock:
-            k = drive.sq_post_n(pl.A, pl.TM, self.qi, wqe, n)
-        pl.wake()
+            k = drive.sq_post_n(own.A, pl.TM, self.qi, wqe, n)
+        own.wake()
         return int(k)
 
 
@@ -898,10 +1036,12 @@ class QP:
 class Context:
     """ibv_context over the compiled data plane: one port (interface queue), one loop."""
 
-    def __init__(self, port: Any, loader: Any, ifname: str) -> None:
+    def __init__(self, port: Any, loader: Any, ifname: str, more_ports: tuple = ()) -> None:
         self.port, self.loader, self.ifname = port, loader, ifname
-        self.plane = Plane(port, loader)
-        self.plane.on_event = self._event
+        self.ports = [port, *more_ports]              # one per RX queue (Context.open(queues=n))
+        self.plane = Plane(port, loader, more_ports=tuple(more_ports))
+        for p in self.plane.group:
+            p.on_event = self._event
         self.max_pmtu = port.max_pmtu
         self.local_ip, self.local_mac = port.ip, port.mac
         self.async_events = AsyncEventQueue()
@@ -919,22 +1059,34 @@ class Context:
 
     @classmethod
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
-             ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True) -> "Context":
+             ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True,
+             queues: int = 1) -> "Context":
         """An endpoint on a real interface: the XDP program attached (as rc.engine.Context.open does), an
-        AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads."""
+        AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads.
+        queues > 1: a socket and a loop (progress thread) on each of queues queue .. queue + queues - 1,
+        QPs spread over them (QP._bind_queue); the peer must run as many."""
+        if queues < 1:
+            raise InvalidArgument(f"queues {queues}: at least 1")
         from ..kern.loader import XdpLoader, XdpMode
         from ..rc.xskport import XskPort
         from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
         loader = XdpLoader(max_qps=L.MAX_QPS)
         port = None
+        more: list = []
         try:
-            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6)
+            # multi-buffer (XDP_USE_SG) when the interface's MTU carries path MTU 4096 (MTU >= 4178)
+            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6, multibuffer=None)
             loader.set_config(local_ip4=None if ipv6 else port.ip, local_ip6=port.ip if ipv6 else None,
                               local_mac=port.mac)
             loader.set_xsk(queue, port.fileno())
+            for q in range(queue + 1, queue + queues):
+                more.append(XskPort(ifname, queue=q, frame_size=frame_size, ipv6=ipv6, multibuffer=None))
+                loader.set_xsk(q, more[-1].fileno())
             loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
-            ctx = cls(port, loader, ifname)
+            ctx = cls(port, loader, ifname, more_ports=tuple(more))
         except BaseException:
+            for p in more:
+                p.close()
             if port is not None:
                 port.close()
             loader.close()
@@ -960,8 +1112,10 @@ class Context:
                     self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
             return
         if typ == L.EV_CQ_NOTIFY:
-            cq = self.cqs.get(arg)
+            cq = self.cqs.get(arg - arg % len(self.plane.group))     # (a CQ has a row per RX queue)
             if cq is not None:
+                for row, _ in cq.rows:
+                    row[L.C_ARMED] = 0
                 cq.channel._notify(cq)
             return
         if typ == L.EV_COMM_EST:
@@ -973,7 +1127,7 @@ class Context:
             self.async_events.put(AsyncEvent(EventType.SQ_DRAINED, qp=qp, reason="send queue drained"))
             return
         if typ == L.EV_CQ_ERR:
-            cq = self.cqs.get(arg)
+            cq = self.cqs.get(arg - arg % len(self.plane.group))
             self.async_events.put(AsyncEvent(EventType.CQ_ERR, cq=cq, reason="CQ overflowed"))
             for qp in list(self.qps.values()):             # every QP using it moves to ERR (MR-QP-036)
                 if (qp.send_cq is cq or qp.recv_cq is cq) and qp.query_state() != QPState.ERR:
@@ -1051,14 +1205,24 @@ class Context:
             raise InvalidArgument("the completion channel belongs to another context")
         size = _pow2(depth)
         idx = self._cq_next
-        if idx >= L.MAX_CQS:
-            raise ResourceError(f"at most {L.MAX_CQS} CQs")
-        base = self.plane.ce_pool.alloc(size)
-        self._cq_next += 1
-        row = self.plane.CQT[idx]
-        row[:] = 0
-        row[L.C_BASE], row[L.C_SIZE] = base, size
-        cq = CQ(self, idx, depth, size, base, cq_context, channel)
+        nq = len(self.plane.group)                     # a ring per RX queue's loop: each has one producer
+        if idx + nq > L.MAX_CQS:
+            raise ResourceError(f"at most {L.MAX_CQS // nq} CQs")
+        bases = []
+        try:
+            for _ in range(nq):
+                bases.append(self.plane.ce_pool.alloc(size))
+        except MemoryError:
+            for b in bases:
+                self.plane.ce_pool.release(b, size)
+            raise
+        self._cq_next += nq
+        for i, base in enumerate(bases):
+            row = self.plane.CQT[idx + i]
+            row[:] = 0
+            row[L.C_BASE], row[L.C_SIZE] = base, size
+        cq = CQ(self, idx, depth, size, bases[0], cq_context, channel)
+        cq.rows += [(self.plane.CQT[idx + i], b) for i, b in enumerate(bases) if i]
         self.cqs[idx] = cq
         return cq
 
@@ -1072,6 +1236,8 @@ class Context:
             if qi is None:
                 raise ResourceError(f"at most {self.plane.maxq - 1} QPs per context")
             qpn = self.plane.maxq * (1 + secrets.randbelow(255)) + qi
+            if self.plane.others:
+                self.plane.move(qi, 0)          # QPs start on the first queue's loop; RTR binds them (QP._bind_queue)
             qp = QP(self, pd, send_cq, recv_cq, cap, qi, qpn, sq_sig_all)
             self.qps[qi] = qp
         pd.qps.add(qi)
@@ -1138,7 +1304,8 @@ class Context:
             return
         self.closed = True
         self.plane.close()
-        self.port.close()
+        for p in self.ports:
+            p.close()
         if self.loader is not None:
             self.loader.close()
 
@@ -1160,7 +1327,8 @@ class _Paths:
         self.stats = {"path_resolves": 0, "path_changes": 0, "path_errors": 0}
         self.lock = threading.Lock()         # one apply() at a time (resolver thread, timeout hook)
         self.watch = PathWatch(self, resolver)
-        ctx.plane.on_timeout = self.on_timeout
+        for p in ctx.plane.group:
+            p.on_timeout = self.on_timeout
 
     @property
     def qps(self) -> dict[int, QP]:

@@ -18,7 +18,8 @@ Tables (sizes per port):
   EV   events for Python (errors, state changes): a ring
   RDY  QPs marked by a post (Python produces, the loop consumes)
   ACT  QPs with outstanding work: the only ones the loop looks at
-  FREE the UMEM frame free stack
+  FREE the UMEM frame free stack (chunk addresses; with multi-buffer, P.sg = 1, slot addresses:
+       two adjacent chunks, P.frame_mask the slot's mask, P.frame_size the chunk)
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ P_FIELDS = _cols("""
     last_to_comp last_to_max last_to_kack last_to_kseq last_to_head last_to_next last_to_tail
     infl_left qp_share rx_owed infl_cap
     at_off sg_off sgx_addr sgx_size f_off tx_cnp rx_cnp rx_ce rx_dup_atomic
+    sg rx_sg rx_sg_long
+    queue rx_wrong_q
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i
@@ -78,6 +81,7 @@ Q_FIELDS = _cols("""
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
     to_win
+    plane
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i

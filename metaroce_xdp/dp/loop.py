@@ -158,8 +158,18 @@ def comp_reap(A):
     if n == 0:
         return 0
     ring = carray(ptr_u64(A[P_CQ_ADDRS]), (size,))
-    for i in range(n):
-        frame_free(A, np.int64(ring[(cons + i) & (size - 1)]))
+    if A[P_SG] == 0:
+        for i in range(n):
+            frame_free(A, np.int64(ring[(cons + i) & (size - 1)]))
+    else:
+        # multi-buffer: a frame of two chained descriptors completes twice; only the descriptor in
+        # the first chunk of its slot returns the slot
+        inner = ~A[P_FRAME_MASK]
+        chunk = A[P_FRAME_SIZE]
+        for i in range(n):
+            a = np.int64(ring[(cons + i) & (size - 1)])
+            if (a & inner) < chunk:
+                frame_free(A, a)
     st_rel_u32(A[P_CQ_CONS], (cons + n) & 0xFFFFFFFF)
     return n
 
@@ -175,6 +185,42 @@ def tx_kick(A):
             break
         c_sendto_kick(fd)
         A[P_KICKS] += 1
+
+
+@njit(**_jit)
+def tx_descs_sg(A, q, done, n, prod, room):
+    """Multi-buffer TX (XDP_USE_SG): pending frames done.. onto the TX ring, a frame longer than what
+    is left of its chunk as chained descriptors (XDP_PKT_CONTD on all but the last), each within one
+    chunk (the frame's bytes are contiguous in its slot); whole frames only, at most `room`
+    descriptors.  Publishes the producer index; returns the frames queued."""
+    size = A[P_TX_SIZE]
+    chunk = A[P_FRAME_SIZE]
+    ring = carray(ptr_u64(A[P_TX_DESC]), (size * 2,))
+    w = 0
+    k = 0
+    while done + k < n:
+        a = A[q + 2 * (done + k)]
+        ln = A[q + 2 * (done + k) + 1]
+        first = chunk - (a & (chunk - 1))
+        nd = 1 if ln <= first else 1 + (ln - first + chunk - 1) // chunk
+        if w + nd > room:
+            break
+        left = ln
+        take = min(ln, first)
+        while True:
+            j = ((prod + w) & (size - 1)) * 2
+            left -= take
+            ring[j] = np.uint64(a)
+            ring[j + 1] = np.uint64(take | (np.int64(1) << 32 if left > 0 else 0))
+            w += 1
+            if left <= 0:
+                break
+            a += take
+            take = min(left, chunk)
+        k += 1
+    if w:
+        st_rel_u32(A[P_TX_PROD], (prod + w) & 0xFFFFFFFF)
+    return k
 
 
 @njit(**_jit)
@@ -196,13 +242,16 @@ def tx_flush(A):
         cons = ld_acq_u32(A[P_TX_CONS])
         room = size - ((prod - cons) & 0xFFFFFFFF)
         k = min(room, n - done)
-        if k > 0:
+        if k > 0 and A[P_SG] == 0:
             ring = carray(ptr_u64(A[P_TX_DESC]), (size * 2,))
             for i in range(k):
                 j = ((prod + i) & (size - 1)) * 2
                 ring[j] = np.uint64(A[q + 2 * (done + i)])
                 ring[j + 1] = np.uint64(A[q + 2 * (done + i) + 1])
             st_rel_u32(A[P_TX_PROD], (prod + k) & 0xFFFFFFFF)
+            done += k
+        elif k > 0:
+            k = tx_descs_sg(A, q, done, n, prod, room)
             done += k
         tx_kick(A)
         comp_reap(A)
@@ -532,6 +581,16 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
 
 
 @njit(**_jit)
+def infl_weight(A, Q, qi):
+    """The peer's fill-ring buffers one full packet of QP qi takes: 2 on a multi-buffer port when the
+    packet is larger than one RX buffer (a chunk less the kernel's 256-byte headroom: path MTU 4096),
+    else 1.  The port's in-flight budget counts these, so path MTU 1024 keeps the whole budget."""
+    if A[P_SG] != 0 and Q[qi, Q_PMTU] + 128 > A[P_FRAME_SIZE] - 256:
+        return 2
+    return 1
+
+
+@njit(**_jit)
 def port_full(A, Q, qi):
     """The port's in-flight budget is spent -- but a QP with fewer than 16 packets out may always send
     (a retransmission after a timeout must never wait for other QPs' packets, which may be lost too)."""
@@ -544,7 +603,8 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
     sent = 0
     pmtu = Q[qi, Q_PMTU]
     window = A[P_WINDOW]
-    share = A[P_QP_SHARE]                            # this round's fair share of the port's budget
+    iw = infl_weight(A, Q, qi)
+    share = A[P_QP_SHARE] // iw                      # this round's fair share of the port's budget
     if 0 < share < window:
         window = share
     if 0 < Q[qi, Q_TO_WIN] < window:
@@ -603,7 +663,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             SW[r, W_STATUS] = k                      # where this request's response stream starts
             SW[r, W_SENT] = npsn
             sent += 1
-            A[P_INFL_LEFT] -= npsn - k
+            A[P_INFL_LEFT] -= (npsn - k) * iw
         else:
             is_write = op == WR_WRITE or op == WR_WRITE_IMM
             has_imm = op == WR_WRITE_IMM or op == WR_SEND_IMM
@@ -633,7 +693,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     st_rel_u32(kaddr + KS_SND_NXT, (psn + 1) & PSN_MASK)   # before the frame can leave
                 # AckReq also on the last packet this QP sends before it stops for the window, the
                 # port's budget or the round's: the ACK for it is what lets it go on
-                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= 1
+                ackreq = 1 if (last or (k + 1) % ACKREQ_EVERY == 0 or sent + 1 >= budget or A[P_INFL_LEFT] <= iw
                                or psn_diff((psn + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) >= window) else 0
                 opc = segment_opcode(is_write, has_imm, k, npsn)
                 if last and op == WR_SEND_INV:
@@ -644,7 +704,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                     break
                 SW[r, W_SENT] = k + 1
                 sent += 1
-                A[P_INFL_LEFT] -= 1
+                A[P_INFL_LEFT] -= iw
                 Q[qi, Q_SND_PSN] = (psn + 1) & PSN_MASK
                 if psn_diff(Q[qi, Q_SND_PSN], Q[qi, Q_SND_MAX]) > 0:
                     Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
@@ -1021,6 +1081,9 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     if Q[qi, Q_QPN] != qpn or qpn == 0:
         A[P_RX_DROP_QP] += 1
         return
+    if Q[qi, Q_PLANE] != A[P_QUEUE]:
+        A[P_RX_WRONG_Q] += 1                         # another queue's loop owns the QP (several RX queues)
+        return
     st = Q[qi, Q_STATE]
     b = a + boff
     l3 = a + loff
@@ -1110,6 +1173,64 @@ def fq_topup(A):
 
 
 @njit(**_jit)
+def rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, cons, prod, n, fring, fprod, froom):
+    """rx_burst's loop on a multi-buffer socket (XDP_USE_SG): a packet in several descriptors
+    (XDP_PKT_CONTD on all but the last) is joined in its first buffer's slot -- the later buffers'
+    bytes copied right after the first's, into the rest of that slot, which is never on the fill
+    ring -- and handled as one frame; a packet longer than its slot is dropped (rx_sg_long); one
+    whose last descriptor is not published yet waits in the ring.  Every buffer goes back to the
+    fill ring (as its slot's start).  Returns the descriptors consumed."""
+    size = A[P_RX_SIZE]
+    fsize = A[P_FQ_SIZE]
+    avail = (prod - cons) & 0xFFFFFFFF
+    mask = A[P_FRAME_MASK]
+    slot = ~mask + 1
+    ubase = A[P_UMEM_ADDR]
+    nf = 0
+    i = 0
+    while i < n:
+        j = ((cons + i) & (size - 1)) * 2
+        a = np.int64(ring[j])
+        w1 = np.int64(ring[j + 1])
+        ln = w1 & 0xFFFFFFFF
+        nd = 1
+        if (w1 >> 32) & 1:
+            k = i + 1
+            while k < avail and (np.int64(ring[((cons + k) & (size - 1)) * 2 + 1]) >> 32) & 1:
+                k += 1
+            if k >= avail:
+                break                                # its last descriptor is not there yet
+            nd = k - i + 1
+            room = slot - (a & ~mask)
+            for d in range(1, nd):
+                jd = ((cons + i + d) & (size - 1)) * 2
+                ld = np.int64(ring[jd + 1]) & 0xFFFFFFFF
+                if ln + ld <= room:
+                    c_memcpy(ubase + a + ln, ubase + np.int64(ring[jd]), ld)
+                ln += ld
+            if ln <= room:
+                A[P_RX_SG] += 1
+            else:
+                A[P_RX_SG_LONG] += 1
+                ln = -1
+        A[P_RX] += 1
+        if ln >= 0:
+            rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now)
+        for d in range(nd):
+            ad = np.int64(ring[((cons + i + d) & (size - 1)) * 2])
+            if nf < froom:
+                fring[(fprod + nf) & (fsize - 1)] = np.uint64(ad & mask)
+                nf += 1
+            else:
+                frame_free(A, ad)                    # owed to the fill ring (fq_topup), as in rx_burst
+                A[P_RX_OWED] += 1
+        i += nd
+    st_rel_u32(A[P_RX_CONS], (cons + i) & 0xFFFFFFFF)
+    st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
+    return i
+
+
+@njit(**_jit)
 def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     size = A[P_RX_SIZE]
     if size == 0:
@@ -1130,6 +1251,10 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     fprod = ld_acq_u32(A[P_FQ_PROD])
     froom = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
     nf = 0
+    if A[P_SG] != 0:
+        n = rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, cons, prod, n, fring, fprod,
+                        froom)
+        return n
     for i in range(n):
         j = ((cons + i) & (size - 1)) * 2
         a = np.int64(ring[j])
@@ -1174,7 +1299,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     while A[P_RDY_HEAD] != tail:
         qi = A[rdy + (A[P_RDY_HEAD] & 4095)]
         st_rel_i64(A, P_RDY_HEAD, A[P_RDY_HEAD] + 1)
-        if 0 <= qi < A[P_MAXQ]:
+        if 0 <= qi < A[P_MAXQ] and Q[qi, Q_PLANE] == A[P_QUEUE]:
             activate(A, Q, qi)
     # the active QPs only
     act = A[P_ACT_OFF]
@@ -1189,7 +1314,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
             if Q[qj, Q_STATE] == ST_RTS:
                 out = psn_diff(Q[qj, Q_SND_PSN], Q[qj, Q_COMP_PSN])
                 if out > 0:
-                    left -= out
+                    left -= out * infl_weight(A, Q, qj)
                 if out > 0 or Q[qj, Q_SQ_NEXT] != Q[qj, Q_SQ_TAIL]:
                     nsend += 1
         A[P_INFL_LEFT] = left
