@@ -77,7 +77,7 @@ Q_FIELDS = _cols("""
     r_kind r_addr r_left r_mr r_total r_wqe r_imm
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
-    to_win
+    to_win n_retx n_naks_tx
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i
