@@ -18,6 +18,8 @@ daemon's driver thread: a GIL-free loop that, every round,
   (as much as the client ring has room for: a client that never polls overflows its own CQ).
 
 It returns to Python only for data-plane events (1), a stop or pause (2) or after max_ns (0).
+After G_YIELD_AFTER idle rounds it calls sched_yield() each round, so that a client or another
+daemon sharing its CPU runs at once rather than after its time slice.
 When idle with sleep_ok it sets H_SLEEPING in every client's header and sleeps in poll() on the
 AF_XDP socket and the port's eventfd (a post that sees H_SLEEPING writes it).
 
@@ -35,7 +37,9 @@ Explicit signature, cache=True, compiling disabled after import (as dp/loop.py).
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import cgutils
 from numba import types as nbt
 from numba.extending import intrinsic
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
@@ -56,16 +60,17 @@ _jit = dict(cache=True, nogil=True)
 
 # ---- QX columns --------------------------------------------------------------------------------
 QX_FIELDS = ("addr sess qpn sq_size rq_size sq_taken rq_taken dead bytes_tx bytes_rx "
-             "bad bad_wr_id bad_op bad_a bad_b bad_c").split()
+             "bad bad_wr_id bad_op bad_a bad_b bad_c pend").split()
 for _i, _n in enumerate(QX_FIELDS):
     globals()["QX_" + _n.upper()] = _i
-NQX = 16
+NQX = 24
 assert len(QX_FIELDS) <= NQX
 CX_ADDR, CX_SIZE, CX_TAIL = 0, 1, 2
 NCX = 4
 SX_ADDR, SX_RDY_HEAD = 0, 1
 NSX = 2
-G_NSX, G_SCAN_NS, G_NEXT_SCAN, G_CQE_SEEN, G_CQ_PENDING, G_TAKEN, G_DELIVERED, G_BAD, G_SCANS = range(9)
+(G_NSX, G_SCAN_NS, G_NEXT_SCAN, G_CQE_SEEN, G_CQ_PENDING, G_TAKEN, G_DELIVERED, G_BAD, G_SCANS, G_YIELD_AFTER,
+ G_QP_PENDING) = range(11)
 NG = 16
 
 MAX_PUMP_PER_QP = 1024      # entries taken from one client ring per visit
@@ -88,6 +93,16 @@ def fence_sc(typingctx):
     """A sequentially consistent fence (mfence): the store of H_SLEEPING before the loads of the tails."""
     def codegen(context, builder, sig, args):
         builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return nbt.none(), codegen
+
+
+@intrinsic
+def c_sched_yield(typingctx):
+    """sched_yield(): an idle loop leaves its CPU to any other runnable thread there (a client)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
         return context.get_dummy_value()
     return nbt.none(), codegen
 
@@ -163,6 +178,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
     if base == 0 or QX[qi, QX_DEAD] != 0:
         return 0
     moved = 0
+    pend = 0
     pd = Q[qi, Q_PD]
     # ---- send ring
     size = QX[qi, QX_SQ_SIZE]
@@ -180,6 +196,8 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
         dtail = Q[qi, Q_SQ_TAIL]
         room = size - (dtail - ld_acq_i64(Q[qi], Q_SQ_HEAD))
         k = min(n, room, MAX_PUMP_PER_QP)
+        if k < n:
+            pend = 1
         mask = size - 1
         dbase = Q[qi, Q_SQ_BASE]
         took = 0
@@ -246,6 +264,8 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
         dtail = Q[qi, Q_RQ_TAIL]
         room = size - (dtail - ld_acq_i64(Q[qi], Q_RQ_HEAD))
         k = min(n, room, MAX_PUMP_PER_QP)
+        if k < n:
+            pend = 1
         mask = size - 1
         dbase = Q[qi, Q_RQ_BASE]
         took = 0
@@ -281,6 +301,9 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
                 activate(A, Q, qi)                              # the loop flushes them
             moved += took
     G[G_TAKEN] += moved
+    QX[qi, QX_PEND] = pend              # entries left for want of room: looked at again every round
+    if pend:
+        G[G_QP_PENDING] = 1
     return moved
 
 
@@ -311,6 +334,17 @@ def doorbells(A, Q, SW, RW, CQT, CE, MRT, QX, SX, G):
                 moved += pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi)
         SX[s, SX_RDY_HEAD] = t
         _set(hb, H_RDY_HEAD, t)
+    return moved
+
+
+@njit(**_jit)
+def pending(A, Q, SW, RW, CQT, CE, MRT, QX, G):
+    """QPs whose ring entries did not all fit in the data plane's queue: again, now that some may."""
+    G[G_QP_PENDING] = 0
+    moved = 0
+    for qi in range(QX.shape[0]):
+        if QX[qi, QX_PEND] != 0:
+            moved += pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi)
     return moved
 
 
@@ -410,6 +444,8 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, max_ns, sleep_ok):
             now = c_monotonic_ns()
             A[P_NOW] = now
         w = doorbells(A, Q, SW, RW, CQT, CE, MRT, QX, SX, G)
+        if G[G_QP_PENDING]:
+            w += pending(A, Q, SW, RW, CQT, CE, MRT, QX, G)
         if now >= G[G_NEXT_SCAN]:
             G[G_NEXT_SCAN] = now + G[G_SCAN_NS]
             w += scan(A, Q, SW, RW, CQT, CE, MRT, QX, G)
@@ -427,6 +463,11 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, max_ns, sleep_ok):
             continue
         idle += 1
         A[P_IDLE_POLLS] += 1
+        if idle > G[G_YIELD_AFTER]:
+            # idle: a client (or the peer's daemon) on this CPU runs now, not after our time slice -- on a host
+            # with fewer free cores than spinning threads that slice (ms) would be every message's latency;
+            # with the CPU to itself sched_yield returns at once
+            c_sched_yield()
         if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
             set_sleeping(SX, G, 1)
             st_rel_i64(A, P_SLEEPING, 1)
@@ -452,6 +493,7 @@ def tables(maxq: int, max_cqs: int, max_sessions: int, scan_ns: int) -> tuple[np
     """Fresh QX, CX, SX, G for a port of maxq QP slots and max_cqs CQs."""
     G = np.zeros(NG, np.int64)
     G[G_SCAN_NS] = scan_ns
+    G[G_YIELD_AFTER] = 2            # idle rounds before the loop yields its CPU each round
     return (np.zeros((maxq, NQX), np.int64), np.zeros((max_cqs, NCX), np.int64),
             np.zeros((max_sessions, NSX), np.int64), G)
 
