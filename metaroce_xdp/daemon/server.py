@@ -190,6 +190,42 @@ def _dp():
     return dpc, L, loop
 
 
+LOADER_MAX_QPS = 1024                 # dp.layout.MAX_QPS (checked at start; known before numba is imported)
+
+
+class _Build:
+    """fn() in a thread; result() waits for it (and raises what it raised); discard() closes what it made."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn, self._value, self._error = fn, None, None
+        self._t = threading.Thread(target=self._run, name="metaroced-build", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as e:         # noqa: BLE001 - handed to result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._t.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def discard(self) -> None:
+        self._t.join()
+        if self._value is not None:
+            self._value.close()
+
+
+def _preload_loops() -> None:
+    try:
+        from ..dp import loop, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
+    except Exception:                 # noqa: BLE001 - Context.open imports them again and says what is wrong
+        log.debug("preloading the compiled loops failed", exc_info=True)
+
+
 def _make_context_class():
     dpc, L, _ = _dp()
 
@@ -522,11 +558,25 @@ class Daemon:
         self._clean_socket()
         from ..kern import loader as kl
         kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
-        ctx_cls = _make_context_class()
+        # start to READY is mostly BCC's clang compiling the XDP program (~3 s here): it runs in threads, one per
+        # interface (outside the GIL: ctypes), while this thread imports numba and loads the compiled loops
+        loaders = {ifname: _Build(lambda: kl.XdpLoader(max_qps=LOADER_MAX_QPS)) for ifname in cfg.interfaces}
         try:
+            ctx_cls = _make_context_class()
+            from ..dp import context as dpc
+            from ..dp import layout as dp_layout
+            assert dp_layout.MAX_QPS == LOADER_MAX_QPS
+            _preload_loops()
             for ifname in cfg.interfaces:
                 self._clean_interface(ifname, kl)
-                ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                loader = loaders.pop(ifname).result()
+                dpc.PREBUILT_LOADERS[ifname] = loader
+                try:
+                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                except BaseException:
+                    dpc.PREBUILT_LOADERS.pop(ifname, None)
+                    loader.close()
+                    raise
                 if ctx.loader.stale_pins_removed:
                     self.cleaned.append(f"{ifname}: {ctx.loader.stale_pins_removed} stale pins replaced")
                 dev = Device(self, ifname, ctx)
@@ -534,6 +584,8 @@ class Daemon:
                 log.info("%s: data plane up (gid %s, max path MTU %d)", ifname, ctx.gid, ctx.max_pmtu)
             self._bind()
         except BaseException:
+            for b in loaders.values():
+                b.discard()
             for dev in self.devices.values():
                 dev.close()
             self.devices.clear()
