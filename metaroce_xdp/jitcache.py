@@ -19,7 +19,7 @@ from numba.core import caching
 PKG = os.path.dirname(os.path.abspath(__file__))
 # what compiled code reads: every module of these directories, and these files
 DEPENDS_DIRS = ("dp", "native", "wire", "afxdp")
-DEPENDS_FILES = ("rc/burst.py", "kern/layout.py", "jitcache.py")
+DEPENDS_FILES = ("rc/burst.py", "kern/layout.py", "jitcache.py", "daemon/shm.py")
 
 _digest: bytes | None = None
 

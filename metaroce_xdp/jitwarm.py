@@ -51,7 +51,7 @@ from numba import config as numba_config
 
 # Modules whose numba functions make up the data path.
 MODULES = ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
-           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive")
+           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive", "metaroce_xdp.dp.serve")
 
 # Compiled modules not yet on any data path (nothing in MODULES imports them): the native profile's logic,
 # compiled at import through explicit signatures, used by its tests and simulation.  Once dp/ calls them
@@ -206,6 +206,7 @@ def plan() -> list[Entry]:
         # the compiled data plane (metaroce_xdp/dp): explicit signatures, compiled at import
         *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
         *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
+        *[e("metaroce_xdp.dp.serve", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.serve").warm_plan()],
     ]
 
 

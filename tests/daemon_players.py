@@ -108,10 +108,13 @@ class Player:
                                                                                              else size, size)],
                                          remote_addr=self.peer["va"], rkey=self.peer["rkey"]))
                 posted += 1
-            for w in self.cq.poll(32):
+            wcs = self.cq.poll(32)
+            for w in wcs:
                 done += 1
                 if w.status != WCStatus.SUCCESS and first_err is None:
                     first_err = w.status.name
+            if not wcs and posted - done >= window:
+                os.sched_yield()             # waiting: the daemon may need this CPU
             if report_every and done and done % report_every == 0:
                 print(json.dumps({"progress": done}), flush=True)
             if first_err is not None and done >= posted:

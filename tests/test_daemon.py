@@ -373,7 +373,7 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
         e = qp._sq[int(qp.W[shm.QH_SQ_TAIL]) & (qp.sq_size - 1)]
         e[:9] = (77, int(WROpcode.RDMA_WRITE), 2, mr.addr - 4096, 4096, mr.lkey, 0, 0, 0)
         qp.W[shm.QH_SQ_TAIL] += 1
-        ctx._doorbell(qp.handle)
+        ctx._doorbell(qp.qp_num)
         w = cq.wait(1, 10)[0]
         assert (w.wr_id, w.status.name) == (77, "LOC_PROT_ERR")
         _wait_for(lambda: qp.state == QPState.ERR, 5, "QP to ERR")
@@ -383,7 +383,7 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
         q2 = qps[1]
         q2.modify(QPAttr(qp_state=QPState.INIT))
         q2.W[shm.QH_RQ_TAIL] = 1 << 40
-        ctx._doorbell(q2.handle)
+        ctx._doorbell(q2.qp_num)
         _wait_for(lambda: q2.state == QPState.ERR, 5, "QP with a nonsense tail to ERR")
         assert qps[2].state == QPState.RESET
         assert ctx.status()["daemon"]["clients"] >= 1                   # the daemon serves on
@@ -407,6 +407,81 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
         (str(ROOT), path)], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("denied uid 65534"), out
     _wait_for(lambda: env.status("A")["daemon"]["clients"] == 1, 10, "the bad clients reclaimed (1: this query)")
+
+
+def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
+    """The daemon's loop (dp/serve.py) checks every ring entry itself: another client's MR, even named by
+    its exact lkey and address, is refused (LOC_PROT_ERR), as are an unknown opcode and flags
+    (LOC_QP_OP_ERR); each only moves its own QP to ERR, and the other client's memory is untouched."""
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.daemon import shm
+    from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, WROpcode
+    path = env.sock("A")
+    c1, c2 = C.connect(path, env.pair.a.ifname), C.connect(path, env.pair.a.ifname)
+    try:
+        pd2 = c2.alloc_pd()
+        buf2 = c2.alloc_buf(1 << 16)
+        buf2[:] = 7
+        mr2 = pd2.reg_mr(buf2, Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+        cq2 = c2.create_cq(16)
+        qp2 = c2.create_qp(pd2, cq2, cq2, QPCap(max_send_wr=16, max_recv_wr=16))
+        qp2.modify(QPAttr(qp_state=QPState.INIT))
+        pd1 = c1.alloc_pd()
+        mr1 = pd1.reg_mr(c1.alloc_buf(1 << 16), Access.LOCAL_WRITE)
+        cq1 = c1.create_cq(16)
+        qps = [c1.create_qp(pd1, cq1, cq1, QPCap(max_send_wr=16, max_recv_wr=16)) for _ in range(4)]
+        for q in qps[1:]:
+            q.modify(QPAttr(qp_state=QPState.INIT))
+            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4))
+            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
+        qps[0].modify(QPAttr(qp_state=QPState.INIT))
+
+        def raw(qp, recv: bool, entry: tuple) -> None:       # what a client bypassing the library writes
+            ring, col = (qp._rq, shm.QH_RQ_TAIL) if recv else (qp._sq, shm.QH_SQ_TAIL)
+            ring[int(qp.W[col]) & (len(ring) - 1), :len(entry)] = entry
+            qp.W[col] += 1
+            c1._doorbell(qp.qp_num)
+
+        cases = ((qps[0], True, (11, mr2.addr, 4096, mr2.lkey), "LOC_PROT_ERR", "RECV", "not inside a valid MR"),
+                 (qps[1], False, (12, int(WROpcode.RDMA_READ), 2, mr2.addr, 64, mr2.lkey, 0, 0, 0), "LOC_PROT_ERR",
+                  "RDMA_READ", "not inside a valid MR"),
+                 (qps[2], False, (13, 9, 2, mr1.addr, 8, mr1.lkey, 0, 0, 0), "LOC_QP_OP_ERR", "SEND", "opcode 9"),
+                 (qps[3], False, (14, int(WROpcode.RDMA_WRITE), 0x100, mr1.addr, 8, mr1.lkey, 0, 0, 0),
+                  "LOC_QP_OP_ERR", "RDMA_WRITE", "send_flags 0x100"))
+        for i, (qp, recv, entry, status, opcode, why) in enumerate(cases):
+            raw(qp, recv, entry)
+            w = cq1.wait(1, 10)[0]
+            assert (w.wr_id, w.status.name, w.opcode.name, w.qp_num) == (entry[0], status, opcode, qp.qp_num), w
+            _wait_for(lambda: qp.state == QPState.ERR, 5, "the QP to ERR")
+            ev = c1.get_async_event(5)
+            assert ev.type == "QP_FATAL" and ev.qp is qp and "invalid work request" in ev.reason and why in ev.reason, ev
+            assert all(q.state != QPState.ERR for q in qps[i + 1:])          # only that QP
+        assert qp2.state == QPState.INIT and not cq2.poll() and (buf2 == 7).all()
+        dev = next(d for d in c1.status()["devices"] if d["ifname"] == env.pair.a.ifname)
+        assert dev["counters"]["bad_wrs"] >= 4
+    finally:
+        c1.close()
+        c2.close()
+
+
+def test_work_requests_are_taken_without_python_in_the_daemon(env):
+    """Posting through the daemon wakes no Python there: the driver thread's returns from the compiled loop
+    (driver_iterations) follow the clock -- one per time slice -- not the work requests (wrs_taken)."""
+    from metaroce_xdp.daemon.server import SERVE_SLICE_NS
+    a, b, _, _ = env.connected(size=1 << 16, seeds=(30, 31))
+
+    def counters() -> dict:
+        return env.status("A")["devices"][0]["counters"]
+    c0, t0 = counters(), time.monotonic()
+    r = a.ok(cmd="stream", n=3000, size=64)
+    c1, el = counters(), time.monotonic() - t0
+    assert r["error"] is None and r["done"] == 3000, r
+    taken = c1["wrs_taken"] - c0["wrs_taken"]
+    returns = c1["driver_iterations"] - c0["driver_iterations"]
+    assert taken >= 3000 and c1["cqes_delivered"] - c0["cqes_delivered"] >= 3000
+    assert returns <= el / (SERVE_SLICE_NS / 1e9) + 10, (returns, el)
+    for p in (a, b):
+        p.close()
 
 
 def test_client_that_never_polls_overflows_its_own_cq_only(env):

@@ -47,6 +47,9 @@ def test_one_sequence_nak_per_gap_and_go_back_n(fabric):
     assert sb["tx_nak"] == 1 and sb["rx_oos"] >= 1          # one NAK for the gap, the rest discarded
     assert sa["naks_seen"] == 1 and sa["retransmits"] >= 1   # consumed by the kernel, then go back N
     assert a.ctx.loader.events()["NAK_CONSUMED"] >= 1
+    # and per QP (metaroced's qp show): this QP pair's own counts, the port's being those of this pair alone
+    from metaroce_xdp.dp import layout as L
+    assert int(b.qp.row[L.Q_N_NAKS_TX]) == 1 and int(a.qp.row[L.Q_N_RETX]) == sa["retransmits"]
 
 
 def test_seeded_faults_every_operation_completes_intact(fabric):

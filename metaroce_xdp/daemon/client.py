@@ -14,7 +14,7 @@
     wc = cq.poll()
 
 Control operations (open, register, create, modify, connect) are messages on the Unix socket.  Posting
-and polling are not: a post writes the WR into the QP's send/receive ring and its handle into this
+and polling are not: a post writes the WR into the QP's send/receive ring and its number into this
 client's doorbell ring, both shared memory the daemon's loop reads; a poll reads the CQ ring the
 daemon's loop writes.  Neither makes a system call (when the daemon runs with progress = "sleep" and
 its loop is asleep, a post writes one eventfd to wake it: docs/daemon.md).
@@ -232,15 +232,15 @@ class Context:
         self.qps[qp.handle] = qp
         return qp
 
-    def _doorbell(self, qh: int) -> None:
+    def _doorbell(self, qpn: int) -> None:
+        """After a post: the QP's number into this client's doorbell ring, which the daemon's compiled loop
+        reads every round (it takes only QPs of this client)."""
         H = self.H
         with self._rdy_lock:
             t = int(H[shm.H_RDY_TAIL])
             if t - int(H[shm.H_RDY_HEAD]) < shm.N_RDY:          # full: the daemon's periodic scan finds it
-                H[shm.H_RDY_OFF + (t & (shm.N_RDY - 1))] = qh
+                H[shm.H_RDY_OFF + (t & (shm.N_RDY - 1))] = qpn
                 H[shm.H_RDY_TAIL] = t + 1
-        if self._bell is not None:
-            self._bell[0] = 1                          # the daemon's loop returns for it (no system call)
         if H[shm.H_SLEEPING] and self._efd >= 0:
             os.eventfd_write(self._efd, 1)             # only when the daemon's loop sleeps
 
@@ -529,7 +529,7 @@ class QP:
             for i, row in enumerate(rows):
                 self._sq[(tail + i) & mask, :9] = row
             W[shm.QH_SQ_TAIL] = tail + len(rows)         # published after the entries
-        self.ctx._doorbell(self.handle)
+        self.ctx._doorbell(self.qp_num)
 
     def post_recv(self, wrs: RecvWR | list[RecvWR]) -> None:
         wrs = [wrs] if isinstance(wrs, RecvWR) else list(wrs)
@@ -545,7 +545,7 @@ class QP:
             for i, row in enumerate(rows):
                 self._rq[(tail + i) & mask] = row
             W[shm.QH_RQ_TAIL] = tail + len(rows)
-        self.ctx._doorbell(self.handle)
+        self.ctx._doorbell(self.qp_num)
 
     def __repr__(self) -> str:
         return f"QP({self.qp_num:#x}, {self.state.name})"

@@ -8,14 +8,16 @@
     d.snapshot()             # live state (docs/daemon.md, "snapshot() schema")
 
 Threads: the caller's thread runs `run()` (accepts, control requests, client exits, tick); each
-interface has one driver thread (`Device._drive`) that alternates the GIL-free compiled loop
-(`loop.dp_run`, which returns on a new completion, an event or a short time slice) with the pump:
-it takes the work requests clients wrote into their shared rings (validated: opcode, lkey of the
-QP's own PD, bounds, access) into the data plane's queues, and copies completions from the data
-plane's CQs into the clients' CQ rings.  Clients never see the data plane's arena.
+interface has one driver thread (`Device._drive`) that runs the GIL-free compiled loop
+`dp.serve.dp_serve`: it takes the work requests clients wrote into their shared rings (validated:
+opcode, flags, lkey of the QP's own PD, bounds, access) into the data plane's queues, runs the data
+plane's rounds and copies completions into the clients' CQ rings -- no Python per work request; it
+returns to Python only for data-plane events, a pause or every SERVE_SLICE_NS.  Clients never see
+the data plane's arena.  The client objects' rows the loop reads (Device.QX/CX/SX) are written with
+the loop paused.
 
 Locks, always taken in this order: Device.reg_lock (the maps of clients' objects), then the plane's
-lock (held by the driver around dp_run and the pump; control operations take it via plane.paused()).
+lock (held by the driver around dp_serve; control operations take it via plane.paused()).
 
 Neighbours: shm.py (ring layouts), proto.py (messages, typed errors), client.py (the other end),
 metaroce_xdp/dp (the data plane), metaroce_xdp/kern/loader.py (XDP program, pins).
@@ -40,8 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import __version__
-from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError,
-                           WCOpcode, WCStatus)
+from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
 from . import proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
@@ -50,11 +51,10 @@ log = logging.getLogger("metaroced")
 
 SEND_TIMEOUT_S = 0.5          # a client that does not read its socket for this long is dropped
 SCAN_EVERY_S = 0.01           # fallback scan of every QP ring (a doorbell lost to a full ring)
-IDLE_BEFORE_SLEEP_S = 0.002   # progress = sleep: spin this long after the last work before sleeping
-BUSY_SLICE_NS = 200_000       # dp_run time slice between two pumps (a post or a completion ends it at once)
-SLEEP_SLICE_NS = 20_000_000   # dp_run slice while sleeping (bounds a doorbell lost to a race)
-MAX_PUMP_PER_QP = 1024        # entries taken from one client ring per pump
-WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring
+SERVE_SLICE_NS = 50_000_000   # dp_serve returns to Python at least this often (progress mode, stop)
+SLEEP_SLICE_NS = 20_000_000   # poll() timeout while the loop sleeps (bounds a wake-up lost to a race)
+MAX_SESSIONS = 1024           # rows of the loop's session table (clients with a device open)
+WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring (dp/serve.py)
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
 
@@ -69,8 +69,6 @@ RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client
                    "progress", "socket_mode", "socket_group", "watchdog", "metrics_listen")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port")
 
-_SEND_OPS = (0, 1, 2, 3, 4)        # WRITE, WRITE_IMM, SEND, SEND_IMM, READ: what the compiled plane does
-_WC_OF = {0: WCOpcode.RDMA_WRITE, 1: WCOpcode.RDMA_WRITE, 2: WCOpcode.SEND, 3: WCOpcode.SEND, 4: WCOpcode.RDMA_READ}
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
 
 
@@ -91,14 +89,25 @@ class SQP:
     def __init__(self, h: int, sess: "Session", dev: "Device", dpqp: Any, fd: int, mm: Any) -> None:
         self.h, self.sess, self.dev, self.dpqp, self.fd, self.mm = h, sess, dev, dpqp, fd, mm
         self.W = shm.words(mm)
+        self.qi = dpqp.qi
         self.sq_size, self.rq_size = dpqp.sq_size, dpqp.rq_size
-        self.sq_off = shm.QH_WORDS
-        self.rq_off = shm.QH_WORDS + self.sq_size * shm.SQE_WORDS
-        self.sq_taken = self.rq_taken = 0       # the daemon's own counts (the shm copies are for the client)
-        self.bytes_tx = self.bytes_rx = 0
         self.rate_bps = 0.0
         self._rate_t, self._rate_b = time.monotonic(), 0
-        self.dead = False
+        self.destroyed = False
+
+    # the loop's own counts (dp/serve.py QX row; the shm copies are for the client)
+    def _x(self, col: int) -> int:
+        return int(self.dev.QX[self.qi, col])
+
+    sq_taken = property(lambda self: self._x(self.dev.serve.QX_SQ_TAKEN))
+    rq_taken = property(lambda self: self._x(self.dev.serve.QX_RQ_TAKEN))
+    bytes_tx = property(lambda self: self._x(self.dev.serve.QX_BYTES_TX))
+    bytes_rx = property(lambda self: self._x(self.dev.serve.QX_BYTES_RX))
+
+    @property
+    def dead(self) -> bool:
+        """Destroyed, or its rings are no longer read (it wrote an invalid work request)."""
+        return self.destroyed or bool(self._x(self.dev.serve.QX_DEAD))
 
     def mirror_state(self) -> None:
         r = self.dpqp.row
@@ -141,7 +150,7 @@ class Session:
         self.H = shm.words(self.hdr_mm)
         self.H[shm.H_MAGIC] = shm.MAGIC
         self.H[shm.H_SESSION] = sid
-        self.rdy_head = 0
+        self.slot = -1                           # its row in Device.SX (dp/serve.py), from open_device
         self.gone = False                        # set by any thread; the serving thread reclaims
 
     def handle(self) -> int:
@@ -179,6 +188,42 @@ def _dp():
     from ..dp import layout as L
     from ..dp import loop
     return dpc, L, loop
+
+
+LOADER_MAX_QPS = 1024                 # dp.layout.MAX_QPS (checked at start; known before numba is imported)
+
+
+class _Build:
+    """fn() in a thread; result() waits for it (and raises what it raised); discard() closes what it made."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn, self._value, self._error = fn, None, None
+        self._t = threading.Thread(target=self._run, name="metaroced-build", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as e:         # noqa: BLE001 - handed to result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._t.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def discard(self) -> None:
+        self._t.join()
+        if self._value is not None:
+            self._value.close()
+
+
+def _preload_loops() -> None:
+    try:
+        from ..dp import loop, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
+    except Exception:                 # noqa: BLE001 - Context.open imports them again and says what is wrong
+        log.debug("preloading the compiled loops failed", exc_info=True)
 
 
 def _make_context_class():
@@ -244,7 +289,13 @@ class Device:
     def __init__(self, daemon: "Daemon", ifname: str, ctx: Any) -> None:
         self.daemon, self.ifname, self.ctx = daemon, ifname, ctx
         self.dpc, self.L, self.loop = _dp()
+        from ..dp import serve
+        self.serve = serve
+        assert serve.WHY_BAD_WR == WHY_BAD_WR
         self.plane = ctx.plane
+        # what the compiled loop knows of the clients' objects (dp/serve.py): rows written with the loop paused
+        self.QX, self.CX, self.SX, self.G = serve.tables(self.plane.maxq, self.L.MAX_CQS, MAX_SESSIONS,
+                                                         int(SCAN_EVERY_S * 1e9))
         self.plane.threaded = True          # posts never drive rounds from the calling thread
         self.plane.A[self.L.P_POLL_MS] = SLEEP_SLICE_NS // 1_000_000
         # progress = sleep: idle rounds before the loop sleeps (the plane's own default, 2000, is ~1-2 ms of
@@ -256,11 +307,9 @@ class Device:
         self.cq_by_idx: dict[int, SCQ] = {}
         self.stopping = False
         self._thread: threading.Thread | None = None
-        self._next_scan = 0.0
-        self._last_work = time.monotonic()
-        self.iterations = 0                 # driver loop iterations (dp_run slice + pump)
-        # the doorbell byte every client of this interface sets after a post: dp_run returns for it
-        # (watch_val -3: that byte nonzero, or a new completion), so a post is taken at once
+        self.iterations = 0                 # driver loop iterations (returns of dp_serve)
+        # the doorbell byte clients set after a post (protocol version 1); the compiled loop reads the
+        # clients' doorbell rings directly every round, so nothing waits for it
         self.bell_fd = shm.create(shm.PAGE, "metaroce-bell")
         self.bell_mm = shm.map_fd(self.bell_fd, shm.PAGE)
         self.bell = np.frombuffer(self.bell_mm, np.uint8)
@@ -268,12 +317,82 @@ class Device:
         ctx.on_qp_event = self._qp_event
         ctx.on_cq_event = self._cq_event
 
+    # ---- the loop's tables (dp/serve.py) ------------------------------------------------------
+    def attach_session(self, s: "Session") -> None:
+        SX, sv = self.SX, self.serve
+        free = np.nonzero(SX[:, sv.SX_ADDR] == 0)[0]
+        if not len(free):
+            raise LimitExceeded(f"{MAX_SESSIONS} clients already use {self.ifname}")
+        slot = int(free[0])
+        with self.plane.paused():
+            SX[slot, sv.SX_RDY_HEAD] = int(s.H[shm.H_RDY_TAIL])
+            SX[slot, sv.SX_ADDR] = int(s.H.ctypes.data)
+            self.G[sv.G_NSX] = max(int(self.G[sv.G_NSX]), slot + 1)
+        s.slot = slot
+
+    def detach_session(self, s: "Session") -> None:
+        if s.slot < 0:
+            return
+        with self.plane.paused():
+            self.SX[s.slot] = 0
+        s.slot = -1
+
+    def attach_qp(self, q: SQP) -> None:
+        sv = self.serve
+        with self.plane.paused():
+            row = self.QX[q.qi]
+            row[:] = 0
+            row[sv.QX_SESS], row[sv.QX_QPN] = q.sess.slot, q.dpqp.qp_num
+            row[sv.QX_SQ_SIZE], row[sv.QX_RQ_SIZE] = q.sq_size, q.rq_size
+            row[sv.QX_ADDR] = int(q.W.ctypes.data)
+
+    def detach_qp(self, q: SQP) -> None:
+        with self.plane.paused():
+            self.QX[q.qi] = 0
+
+    def attach_cq(self, c: SCQ) -> None:
+        sv = self.serve
+        with self.plane.paused():
+            row = self.CX[c.dpcq.index]
+            row[:] = 0
+            row[sv.CX_SIZE] = c.size
+            row[sv.CX_ADDR] = int(c.W.ctypes.data)
+
+    def detach_cq(self, c: SCQ) -> None:
+        with self.plane.paused():
+            self.CX[c.dpcq.index] = 0
+
+    def bad_wr_text(self, qi: int) -> str:
+        """Why the loop refused a work request of QP qi (its QX row)."""
+        sv = self.serve
+        x = [int(v) for v in self.QX[qi]]
+        code, op, a, b, c = x[sv.QX_BAD], x[sv.QX_BAD_OP], x[sv.QX_BAD_A], x[sv.QX_BAD_B], x[sv.QX_BAD_C]
+        if code in (sv.BAD_SQ_TAIL, sv.BAD_RQ_TAIL):
+            return f"{'send' if code == sv.BAD_SQ_TAIL else 'receive'} ring tail {a} is not within {c} of head {b}"
+        if code == sv.BAD_SEND_STATE:
+            return f"a send posted in {QPState(a).name if 0 <= a <= 6 else a}"
+        if code == sv.BAD_OPCODE:
+            return f"opcode {op} is not one the data plane implements"
+        if code == sv.BAD_FLAGS:
+            return f"send_flags {a:#x}: only SIGNALED and SOLICITED"
+        if code == sv.BAD_SGE_LEN:
+            return f"SGE length {b} out of range"
+        return (f"SGE (addr {a:#x}, length {b}, lkey {c:#x}) is not inside a valid MR of the QP's PD"
+                + (" with LOCAL_WRITE" if op in (4, 128) else ""))
+
     # ---- events from the data plane --------------------------------------------------------
     def _qp_event(self, dpqp: Any, typ: int, why: int) -> None:
         q = self.qp_by_qi.get(dpqp.qi) if dpqp is not None else None
         if q is None:
             return
+        if typ not in (self.L.EV_QP_FATAL, self.L.EV_QP_REQ_ERR, self.L.EV_QP_ACCESS_ERR):
+            return                          # COMM_EST, SQ_DRAINED, CQ_NOTIFY: not errors
         q.mirror_state()
+        if why == WHY_BAD_WR:
+            text = self.bad_wr_text(dpqp.qi)
+            dpqp.error_reason = "the client wrote an invalid work request into its ring: " + text
+            log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", dpqp.qp_num, q.sess.pid,
+                        text)
         log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
         self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num,
                                         "reason": dpqp.error_reason})
@@ -305,46 +424,23 @@ class Device:
                     log.exception("%s: driver loop error %d (continuing)", self.ifname, errors)
                 time.sleep(0.001)
 
-    def _set_sleeping(self, v: int) -> None:
-        for s in _copy(self.sessions):
-            H = s.H
-            if H is not None:
-                H[shm.H_SLEEPING] = v
-
     def _drive_loop(self) -> None:
         pl, L, A = self.plane, self.L, self.plane.A
-        dp_run = self.loop.dp_run
+        dp_serve = self.serve.dp_serve
+        QX, CX, SX, G = self.QX, self.CX, self.SX, self.G
         while not self.stopping:
             self.iterations += 1
             # busy mode spins only while the interface has QPs: with none there is nothing to wait for
-            sleepy = ((self.daemon.cfg.progress == "sleep" or not self.qp_by_qi)
-                      and time.monotonic() - self._last_work > IDLE_BEFORE_SLEEP_S)
-            if sleepy:
-                self._set_sleeping(1)
-                with self.reg_lock, pl.lock:
-                    moved = self.pump()
-                if moved:
-                    self._set_sleeping(0)
-                    self._last_work = time.monotonic()
-                    continue
+            sleepy = self.daemon.cfg.progress == "sleep" or not self.qp_by_qi
             with pl.lock:
                 if self.stopping:
                     break
-                rc = dp_run(A, pl.TM, pl.umem, pl.tables, SLEEP_SLICE_NS if sleepy else BUSY_SLICE_NS,
-                            self.bell_addr, -3, 1 if sleepy else 0)
-            if self.bell[0]:
-                self.bell[0] = 0            # cleared before the pump reads the rings
-            if sleepy:
-                self._set_sleeping(0)
+                rc = dp_serve(A, pl.TM, pl.umem, pl.tables, QX, CX, SX, G, SERVE_SLICE_NS, 1 if sleepy else 0)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
                 try:
                     pl.drain_events()
                 except Exception:           # noqa: BLE001 - an event hook must not stop the data plane
                     log.exception("%s: handling a data-plane event failed", self.ifname)
-            with self.reg_lock, pl.lock:
-                moved = self.pump()
-            if moved or rc in (1, 3, 4) or A[L.P_N_ACT]:
-                self._last_work = time.monotonic()
             if rc == 2:
                 time.sleep(0)               # a control operation paused us: let it take the lock
 
@@ -359,206 +455,6 @@ class Device:
             self._thread.join(timeout=5)
             self._thread = None
 
-    # ---- the pump: client rings <-> data plane ------------------------------------------------
-    def pump(self) -> int:
-        moved = 0
-        for s in list(self.sessions):
-            if s.gone:
-                continue
-            H = s.H
-            t = int(H[shm.H_RDY_TAIL])
-            h = s.rdy_head
-            if t != h:
-                n = t - h
-                if not 0 < n <= shm.N_RDY:           # nonsense or a ring lapped: the full scan covers it
-                    h = t - min(max(n, 0), shm.N_RDY)
-                seen = set()
-                for i in range(h, t):
-                    qh = int(H[shm.H_RDY_OFF + (i & (shm.N_RDY - 1))])
-                    if qh not in seen:
-                        seen.add(qh)
-                        q = s.qps.get(qh)
-                        if q is not None:
-                            moved += self.pump_qp(q)
-                s.rdy_head = t
-                H[shm.H_RDY_HEAD] = t
-        now = time.monotonic()
-        if now >= self._next_scan:
-            self._next_scan = now + SCAN_EVERY_S
-            for q in list(self.qp_by_qi.values()):
-                moved += self.pump_qp(q)
-                q.mirror_state()
-        CQT, L = self.plane.CQT, self.L
-        for idx in np.nonzero(CQT[:, L.C_TAIL] != CQT[:, L.C_HEAD])[0]:
-            c = self.cq_by_idx.get(int(idx))
-            if c is not None:
-                moved += self.pump_cq(c)
-        return moved
-
-    def pump_qp(self, q: SQP) -> int:
-        if q.dead:
-            return 0
-        L, pl, W = self.L, self.plane, q.W
-        r = q.dpqp.row
-        moved = 0
-        # ---- send ring
-        tail = int(W[shm.QH_SQ_TAIL])
-        n = tail - q.sq_taken
-        if n:
-            if not 0 < n <= q.sq_size:
-                self._bad_wr(q, None, f"send ring tail {tail} is not within {q.sq_size} of head {q.sq_taken}")
-                return 0
-            st = int(r[L.Q_STATE])
-            if st not in (QPState.RTS, QPState.ERR):
-                self._bad_wr(q, None, f"a send posted in {QPState(st).name}")
-                return 0
-            dtail = int(r[L.Q_SQ_TAIL])
-            room = q.sq_size - (dtail - int(r[L.Q_SQ_HEAD]))
-            k = min(n, room, MAX_PUMP_PER_QP)
-            SW, base, mask = pl.SW, q.dpqp.sq_base, q.sq_size - 1
-            took = 0
-            for i in range(k):
-                off = q.sq_off + ((q.sq_taken + i) & mask) * shm.SQE_WORDS
-                e = W[off:off + 9].tolist()
-                row = self._send_row(q, e)
-                if isinstance(row, str):
-                    if took:
-                        r[L.Q_SQ_TAIL] = dtail + took
-                    q.sq_taken += took
-                    W[shm.QH_SQ_HEAD] = q.sq_taken
-                    self._bad_wr(q, e, row)
-                    return moved + took
-                SW[base + ((dtail + took) & mask)] = row
-                if e[1] != 4:
-                    q.bytes_tx += e[4]
-                took += 1
-            if took:
-                r[L.Q_SQ_TAIL] = dtail + took             # published after the WQEs (x86 keeps store order)
-                q.sq_taken += took
-                W[shm.QH_SQ_HEAD] = q.sq_taken
-                pl.mark_ready(q.dpqp.qi)
-                moved += took
-        # ---- receive ring
-        tail = int(W[shm.QH_RQ_TAIL])
-        n = tail - q.rq_taken
-        if n:
-            if not 0 < n <= q.rq_size:
-                self._bad_wr(q, None, f"receive ring tail {tail} is not within {q.rq_size} of head {q.rq_taken}")
-                return moved
-            dtail = int(r[L.Q_RQ_TAIL])
-            room = q.rq_size - (dtail - int(r[L.Q_RQ_HEAD]))
-            k = min(n, room, MAX_PUMP_PER_QP)
-            RW, base, mask = pl.RW, q.dpqp.rq_base, q.rq_size - 1
-            took = 0
-            for i in range(k):
-                off = q.rq_off + ((q.rq_taken + i) & mask) * shm.RQE_WORDS
-                wr_id, laddr, length, lkey = W[off:off + 4].tolist()
-                lmr = self._local_mr(q, laddr, length, lkey, Access.LOCAL_WRITE)
-                if isinstance(lmr, str):
-                    q.rq_taken += took
-                    r[L.Q_RQ_TAIL] = dtail + took
-                    W[shm.QH_RQ_HEAD] = q.rq_taken
-                    self._bad_wr(q, [wr_id, 128], lmr)
-                    return moved + took
-                row = [0] * L.NR
-                row[L.R_WR_ID], row[L.R_LADDR], row[L.R_LENGTH], row[L.R_LMR] = (wr_id, laddr if length else 0,
-                                                                                  length, lmr)
-                RW[base + ((dtail + took) & mask)] = row
-                took += 1
-            if took:
-                r[L.Q_RQ_TAIL] = dtail + took
-                q.rq_taken += took
-                W[shm.QH_RQ_HEAD] = q.rq_taken
-                if int(r[L.Q_STATE]) == QPState.ERR:
-                    pl.mark_ready(q.dpqp.qi)
-                moved += took
-        return moved
-
-    def _local_mr(self, q: SQP, addr: int, length: int, lkey: int, need: int) -> int | str:
-        """The MR table index for a local SGE of q's client, or why it is refused."""
-        if length == 0:
-            return 0
-        if not 0 < length < 1 << 31:
-            return f"SGE length {length} out of range"
-        mr = self.ctx.mrs.get((lkey & 0xFFFFFFFF) >> 8)
-        if (mr is None or mr.lkey != lkey or not mr.valid or mr.pd is not q.dpqp.pd
-                or addr < mr.addr or addr + length > mr.addr + mr.length or (need and not mr.access & need)):
-            return (f"SGE (addr {addr:#x}, length {length}, lkey {lkey:#x}) is not inside a valid MR of the QP's PD"
-                    + (f" with {Access(need)!r}" if need else ""))
-        return mr.index
-
-    def _send_row(self, q: SQP, e: list[int]) -> tuple | str:
-        wr_id, op, flags, laddr, length, lkey, raddr, rkey, imm = e
-        if op not in _SEND_OPS:
-            return f"opcode {op} is not one the data plane implements"
-        if flags & ~0x6:
-            return f"send_flags {flags:#x}: only SIGNALED and SOLICITED"
-        lmr = self._local_mr(q, laddr, length, lkey, Access.LOCAL_WRITE if op == 4 else 0)
-        if isinstance(lmr, str):
-            return lmr
-        L = self.L
-        row = [0] * L.NW                 # by column name: the table may grow columns (dp/layout.py)
-        row[L.W_WR_ID], row[L.W_OPCODE], row[L.W_FLAGS] = wr_id, op, flags
-        row[L.W_LADDR], row[L.W_LENGTH], row[L.W_LMR] = laddr if length else 0, length, lmr
-        row[L.W_RADDR], row[L.W_RKEY], row[L.W_IMM] = raddr, rkey & 0xFFFFFFFF, imm & 0xFFFFFFFF
-        return row
-
-    def _bad_wr(self, q: SQP, e: list[int] | None, why: str) -> None:
-        """A work request no honest client library writes: an error completion for it, the QP to ERR."""
-        log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", q.dpqp.qp_num, q.sess.pid,
-                    why)
-        q.dead = True                   # its rings are not read again: the QP is in ERR, the client is broken
-        if e is not None:
-            cq = q.dpqp.recv_cq if e[1] == 128 else q.dpqp.send_cq
-            c = self.cq_by_idx.get(cq.index)
-            if c is not None:
-                self._deliver(c, [e[0], int(WCStatus.LOC_PROT_ERR) if "SGE" in why else int(WCStatus.LOC_QP_OP_ERR),
-                                  int(WCOpcode.RECV) if e[1] == 128 else int(_WC_OF.get(e[1], WCOpcode.SEND)), 0,
-                                  q.dpqp.qp_num, 0, 0, 0])
-        q.dpqp._to_err(WHY_BAD_WR)
-        q.dpqp.error_reason = "the client wrote an invalid work request into its ring: " + why
-        q.mirror_state()
-        self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num,
-                                        "reason": q.dpqp.error_reason})
-
-    def _deliver(self, c: SCQ, row: list[int]) -> bool:
-        W = c.W
-        if c.tail - int(W[shm.CH_HEAD]) >= c.size:
-            return False
-        off = shm.CH_WORDS + (c.tail & (c.size - 1)) * shm.CQE_WORDS
-        W[off:off + 8] = row
-        c.tail += 1
-        W[shm.CH_TAIL] = c.tail
-        return True
-
-    def pump_cq(self, c: SCQ) -> int:
-        L = self.L
-        row = c.dpcq.row
-        h, t = int(row[L.C_HEAD]), int(row[L.C_TAIL])
-        W = c.W
-        ch = int(W[shm.CH_HEAD])
-        used = c.tail - ch
-        room = c.size - used if 0 <= used <= c.size else 0        # a nonsense head: deliver nothing
-        k = min(t - h, room)
-        if k <= 0:
-            return 0
-        CE, base, mask = self.plane.CE, c.dpcq.base, c.dpcq.size - 1
-        cmask = c.size - 1
-        _E_COLS = [L.E_WR_ID, L.E_STATUS, L.E_OPCODE, L.E_BYTE_LEN, L.E_QP_NUM, L.E_IMM, L.E_FLAGS]
-        for i in range(k):
-            e = CE[base + ((h + i) & mask)]
-            off = shm.CH_WORDS + ((c.tail + i) & cmask) * shm.CQE_WORDS
-            W[off:off + 7] = e[_E_COLS]
-            op, st = int(e[L.E_OPCODE]), int(e[L.E_STATUS])
-            if st == 0 and op in (WCOpcode.RECV, WCOpcode.RECV_RDMA_WITH_IMM, WCOpcode.RDMA_READ):
-                q = self.qp_by_qi.get(int(e[L.E_QP_NUM]) % self.plane.maxq)
-                if q is not None:
-                    q.bytes_rx += int(e[L.E_BYTE_LEN])
-        c.tail += k
-        W[shm.CH_TAIL] = c.tail                  # published after the entries
-        row[L.C_HEAD] = h + k
-        return k
-
     # ---- state for snapshot() -------------------------------------------------------------------
     def info(self) -> dict:
         from .. import cm
@@ -568,7 +464,10 @@ class Device:
             mtu = int(Path(f"/sys/class/net/{self.ifname}/mtu").read_text())
         except (OSError, ValueError):
             mtu = None
-        counters = {"plane": self.ctx.stats(), "driver_iterations": self.iterations}
+        G, sv = self.G, self.serve
+        counters = {"plane": self.ctx.stats(), "driver_iterations": self.iterations,
+                    "wrs_taken": int(G[sv.G_TAKEN]), "cqes_delivered": int(G[sv.G_DELIVERED]),
+                    "bad_wrs": int(G[sv.G_BAD]), "ring_scans": int(G[sv.G_SCANS])}
         try:
             counters["xdp_drops"] = ld.drops()
             counters["xdp_events"] = ld.events()
@@ -602,7 +501,7 @@ class Device:
                 "sq_psn": int(r[L.Q_SND_PSN]), "rq_psn": int(r[L.Q_EPSN]), "path_mtu": int(r[L.Q_PMTU]),
                 "outstanding_send": int(q.W[shm.QH_SQ_TAIL]) - q.sq_taken + int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                 "outstanding_recv": int(q.W[shm.QH_RQ_TAIL]) - q.rq_taken + int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]),
-                "retransmits": None, "naks_rx": naks_rx, "naks_tx": None, "rnr": rnr,
+                "retransmits": int(r[L.Q_N_RETX]), "naks_rx": naks_rx, "naks_tx": int(r[L.Q_N_NAKS_TX]), "rnr": rnr,
                 "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx,
                 "error": q.dpqp.error_reason if st == QPState.ERR else None, "owner": q.sess.owner()}
 
@@ -659,11 +558,25 @@ class Daemon:
         self._clean_socket()
         from ..kern import loader as kl
         kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
-        ctx_cls = _make_context_class()
+        # start to READY is mostly BCC's clang compiling the XDP program (~3 s here): it runs in threads, one per
+        # interface (outside the GIL: ctypes), while this thread imports numba and loads the compiled loops
+        loaders = {ifname: _Build(lambda: kl.XdpLoader(max_qps=LOADER_MAX_QPS)) for ifname in cfg.interfaces}
         try:
+            ctx_cls = _make_context_class()
+            from ..dp import context as dpc
+            from ..dp import layout as dp_layout
+            assert dp_layout.MAX_QPS == LOADER_MAX_QPS
+            _preload_loops()
             for ifname in cfg.interfaces:
                 self._clean_interface(ifname, kl)
-                ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                loader = loaders.pop(ifname).result()
+                dpc.PREBUILT_LOADERS[ifname] = loader
+                try:
+                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                except BaseException:
+                    dpc.PREBUILT_LOADERS.pop(ifname, None)
+                    loader.close()
+                    raise
                 if ctx.loader.stale_pins_removed:
                     self.cleaned.append(f"{ifname}: {ctx.loader.stale_pins_removed} stale pins replaced")
                 dev = Device(self, ifname, ctx)
@@ -671,6 +584,8 @@ class Daemon:
                 log.info("%s: data plane up (gid %s, max path MTU %d)", ifname, ctx.gid, ctx.max_pmtu)
             self._bind()
         except BaseException:
+            for b in loaders.values():
+                b.discard()
             for dev in self.devices.values():
                 dev.close()
             self.devices.clear()
@@ -961,6 +876,7 @@ class Daemon:
             raise InvalidState(f"this connection already uses {s.dev.ifname}: connect again for another device")
         if s.dev is None:
             with dev.reg_lock:
+                dev.attach_session(s)
                 s.dev = dev
                 dev.sessions.add(s)
         ctx = dev.ctx
@@ -1050,6 +966,7 @@ class Daemon:
             c.W[shm.CH_SIZE] = cq.size
             s.cqs[h] = c
             dev.cq_by_idx[cq.index] = c
+            dev.attach_cq(c)
         return {"cq": h, "size": cq.size}, [fd]
 
     def _op_destroy_cq(self, s: Session, msg: dict, fds: list[int]):
@@ -1061,6 +978,7 @@ class Daemon:
         return {}, []
 
     def _forget_cq(self, dev: Device, s: Session, c: SCQ) -> None:
+        dev.detach_cq(c)
         s.cqs.pop(c.h, None)
         dev.cq_by_idx.pop(c.dpcq.index, None)
         c.W = None
@@ -1099,6 +1017,7 @@ class Daemon:
             q.mirror_state()
             s.qps[h] = q
             dev.qp_by_qi[qp.qi] = q
+            dev.attach_qp(q)
         log.info("qpn %#x created for pid %d", qp.qp_num, s.pid)
         return {"qp": h, "qp_num": qp.qp_num, "sq_size": qp.sq_size, "rq_size": qp.rq_size}, [fd]
 
@@ -1144,7 +1063,8 @@ class Daemon:
         return {}, []
 
     def _destroy_qp(self, dev: Device, s: Session, q: SQP) -> None:
-        q.dead = True
+        q.destroyed = True
+        dev.detach_qp(q)                  # the loop no longer reads its rings
         dev.ctx.destroy_qp(q.dpqp)
         s.qps.pop(q.h, None)
         dev.qp_by_qi.pop(q.dpqp.qi, None)
@@ -1188,6 +1108,7 @@ class Daemon:
                     self._dereg(dev, s, m)
                 s.mrs.clear()
                 s.pds.clear()
+                dev.detach_session(s)
         os.close(s.hdr_fd)
         s.H = None
         shm.close_map(s.hdr_mm)
@@ -1229,7 +1150,7 @@ class Daemon:
                             q.dpqp._to_err(WHY_DRAIN)
                         q.mirror_state()
                         flushed += 1
-        # let the loop flush the queues and the pump hand the flush completions to the clients
+        # let the loop flush the queues and hand the flush completions to the clients
         end = time.monotonic() + 1.0
         while time.monotonic() < end and any(dev.flushing() for dev in self.devices.values()):
             time.sleep(0.005)

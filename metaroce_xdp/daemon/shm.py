@@ -4,7 +4,7 @@ Everything here is an array of little-endian int64 words, mapped MAP_SHARED by b
 
   session header (one per client connection, made by the daemon)
       H_MAGIC, H_SLEEPING (daemon: its loop may sleep -- a post then writes the doorbell eventfd),
-      H_RDY_TAIL (client) / H_RDY_HEAD (daemon): the client's doorbell ring of QP handles,
+      H_RDY_TAIL (client) / H_RDY_HEAD (daemon): the client's doorbell ring of QP numbers,
       N_RDY words at H_RDY_OFF.  One ring per client: each has exactly one producer.
   QP rings (one memfd per QP, made by the daemon)
       QH_SQ_TAIL / QH_RQ_TAIL (client), QH_SQ_HEAD / QH_RQ_HEAD (daemon: entries taken), QH_STATE and
@@ -14,7 +14,7 @@ Everything here is an array of little-endian int64 words, mapped MAP_SHARED by b
       CH_TAIL (daemon), CH_HEAD (client), CH_SIZE, then CQE_WORDS per completion.
 
 The daemon never trusts a word a client can write: indexes are masked, counts bounded, and every
-entry is validated before it reaches the data plane (metaroce_xdp/daemon/server.py, Device.pump).
+entry is validated before it reaches the data plane (metaroce_xdp/dp/serve.py, the daemon's compiled loop).
 Every memfd is sealed against shrinking (F_SEAL_SHRINK), so no side can make the other's accesses
 fault by truncating it.  Only numpy and the standard library: clients import this without numba.
 """

@@ -78,6 +78,17 @@ def _pow2(n: int) -> int:
     return p
 
 
+# XdpLoaders built beforehand, by interface: Context.open takes one instead of compiling the XDP program
+# (metaroced compiles it in a thread while numba loads: start to READY)
+PREBUILT_LOADERS: dict[str, Any] = {}
+
+
+def _loader_for(ifname: str) -> Any:
+    from ..kern.loader import XdpLoader
+    ld = PREBUILT_LOADERS.pop(ifname, None)
+    return ld if ld is not None else XdpLoader(max_qps=L.MAX_QPS)
+
+
 # ============================================================================ the port
 class Plane:
     """The tables of one port (an Arena), its AF_XDP socket and XDP program, and the loop driver."""
@@ -1070,7 +1081,7 @@ class Context:
         from ..kern.loader import XdpLoader, XdpMode
         from ..rc.xskport import XskPort
         from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
-        loader = XdpLoader(max_qps=L.MAX_QPS)
+        loader = _loader_for(ifname)
         port = None
         more: list = []
         try:

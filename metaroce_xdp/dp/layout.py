@@ -81,7 +81,7 @@ Q_FIELDS = _cols("""
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
     to_win
-    plane
+    plane n_retx n_naks_tx
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i

@@ -308,6 +308,7 @@ def send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn):
             A[P_TX_RNR] += 1
         else:
             A[P_TX_NAK] += 1
+            Q[qi, Q_N_NAKS_TX] += 1                   # per QP too (metaroced's qp show)
         return True
     return False
 
@@ -504,6 +505,7 @@ def rewind(A, Q, SW, qi, psn):
     Q[qi, Q_SQ_NEXT] = found
     Q[qi, Q_SND_PSN] = psn
     A[P_RETRANSMITS] += 1
+    Q[qi, Q_N_RETX] += 1
 
 
 @njit(**_jit)

@@ -1,0 +1,508 @@
+"""metaroced's progress loop: client rings in, completions out, rounds in between -- all compiled.
+
+The daemon (metaroce_xdp/daemon/server.py) hosts one data plane per interface; each client posts
+into shared-memory rings it writes and the daemon reads (daemon/shm.py).  `dp_serve` is the
+daemon's driver thread: a GIL-free loop that, every round,
+
+* reads each client's doorbell ring (QPNs it posted to) and, every `G_SCAN_NS`, every client QP
+  (a doorbell lost to a full ring costs at most that);
+* takes new entries of those QPs' send and receive rings into the data plane's queues, checking
+  each one -- the client is not trusted: opcode, flags, the SGE's lkey (index and tag), the MR's
+  valid bit, **its PD against the QP's PD** (PDs are per client, so a client reaches only its own
+  MRs), bounds, LOCAL_WRITE where the WR writes; ring tails within the ring; sends only in RTS/ERR.
+  A bad entry completes with LOC_PROT_ERR (SGE) or LOC_QP_OP_ERR (the rest) on that QP's CQ, the
+  QP goes to ERR (event EV_QP_FATAL, why WHY_BAD_WR, details in its QX row for Python's message)
+  and its rings are not read again;
+* runs `loop.round_` (the data plane's round);
+* copies new completions of client CQs from the data plane's CQ rings into the clients' CQ rings
+  (as much as the client ring has room for: a client that never polls overflows its own CQ).
+
+It returns to Python only for data-plane events (1), a stop or pause (2) or after max_ns (0).
+After G_YIELD_AFTER idle rounds it calls sched_yield() each round, so that a client or another
+daemon sharing its CPU runs at once rather than after its time slice.
+When idle with sleep_ok it sets H_SLEEPING in every client's header and sleeps in poll() on the
+AF_XDP socket and the port's eventfd (a post that sees H_SLEEPING writes it).
+
+Tables the daemon owns (numpy arrays beside the arena, never seen by clients):
+  QX[qi]  one row per data-plane QP slot: the client ring's address in the daemon (0: no client QP),
+          the owner's session slot, QPN, ring sizes, entries taken, dead flag, byte counters,
+          the first bad entry (why code and fields).
+  CX[cq]  one row per data-plane CQ: the client CQ ring's address (0: none), size, entries delivered.
+  SX[s]   one row per client session: its header's address (0: free slot), doorbell ring head.
+  G       scalars: scan period and deadline, completions seen, a CQ left with entries, counters.
+Rows are filled and cleared by Python with the loop paused (Plane.paused()).
+
+Explicit signature, cache=True, compiling disabled after import (as dp/loop.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba.core import cgutils
+from numba import types as nbt
+from numba.extending import intrinsic
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
+
+from ..daemon import shm as S
+from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM, E_OPCODE, E_QP_NUM, E_STATUS,
+                     E_WR_ID, EV_QP_FATAL, M_ACCESS, M_ADDR, M_KEY, M_LENGTH, M_PD, M_VALID, MAGIC, MR_BAD, NW,
+                     N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS, P_MAGIC, P_MAXQ, P_N_ACT, P_NOW,
+                     P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN,
+                     P_WAKEUPS, Q_PD, Q_QPN, Q_ERR, Q_RECV_CQ, Q_SEND_CQ, Q_RQ_BASE, Q_RQ_HEAD, Q_RQ_SIZE, Q_RQ_TAIL, Q_SQ_BASE,
+                     Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL, Q_STATE, R_LADDR, R_LENGTH, R_LMR, R_WR_ID, NR, W_FLAGS,
+                     W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_WR_ID)
+from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
+                   round_, views, wc_of)
+from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u64, st_rel_i64, st_rel_u64
+
+_jit = dict(cache=True, nogil=True)
+
+# ---- QX columns --------------------------------------------------------------------------------
+QX_FIELDS = ("addr sess qpn sq_size rq_size sq_taken rq_taken dead bytes_tx bytes_rx "
+             "bad bad_wr_id bad_op bad_a bad_b bad_c pend").split()
+for _i, _n in enumerate(QX_FIELDS):
+    globals()["QX_" + _n.upper()] = _i
+NQX = 24
+assert len(QX_FIELDS) <= NQX
+CX_ADDR, CX_SIZE, CX_TAIL = 0, 1, 2
+NCX = 4
+SX_ADDR, SX_RDY_HEAD = 0, 1
+NSX = 2
+(G_NSX, G_SCAN_NS, G_NEXT_SCAN, G_CQE_SEEN, G_CQ_PENDING, G_TAKEN, G_DELIVERED, G_BAD, G_SCANS, G_YIELD_AFTER,
+ G_QP_PENDING) = range(11)
+NG = 16
+
+MAX_PUMP_PER_QP = 1024      # entries taken from one client ring per visit
+WHY_BAD_WR = 200            # Q_ERR code: the client wrote an invalid work request into its ring
+
+# bad entry codes (QX_BAD); Python turns them into the QP_FATAL message (server.Device.bad_wr_text)
+BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE = 1, 2, 3, 4, 5, 6, 7
+ACC_LOCAL_WRITE = 1
+
+# shared-memory layout (daemon/shm.py; jitcache re-keys this module's cache when it changes)
+QH_WORDS, SQE_WORDS, RQE_WORDS = S.QH_WORDS, S.SQE_WORDS, S.RQE_WORDS
+QH_SQ_TAIL, QH_SQ_HEAD, QH_RQ_TAIL, QH_RQ_HEAD = S.QH_SQ_TAIL, S.QH_SQ_HEAD, S.QH_RQ_TAIL, S.QH_RQ_HEAD
+QH_STATE, QH_ERR = S.QH_STATE, S.QH_ERR
+CH_WORDS, CQE_WORDS, CH_TAIL, CH_HEAD = S.CH_WORDS, S.CQE_WORDS, S.CH_TAIL, S.CH_HEAD
+H_SLEEPING, H_RDY_TAIL, H_RDY_HEAD, H_RDY_OFF, N_RDY_H = S.H_SLEEPING, S.H_RDY_TAIL, S.H_RDY_HEAD, S.H_RDY_OFF, S.N_RDY
+
+
+@intrinsic
+def fence_sc(typingctx):
+    """A sequentially consistent fence (mfence): the store of H_SLEEPING before the loads of the tails."""
+    def codegen(context, builder, sig, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return nbt.none(), codegen
+
+
+@intrinsic
+def c_sched_yield(typingctx):
+    """sched_yield(): an idle loop leaves its CPU to any other runnable thread there (a client)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+    return nbt.none(), codegen
+
+
+@njit(**_jit)
+def _w(base, i):
+    return ld_acq_u64(base + 8 * i)
+
+
+@njit(**_jit)
+def _set(base, i, v):
+    st_rel_u64(base + 8 * i, v)
+
+
+@njit(**_jit)
+def local_mr(MRT, pd, addr, length, lkey, need):
+    """The MR row of a local SGE of a QP of PD pd: 0 for no SGE, -1 length out of range, -2 not inside a
+    valid MR of pd with the access `need` (key index and tag, valid bit, PD, bounds)."""
+    if length == 0:
+        return 0
+    if length < 0 or length >= 1 << 31:
+        return -1
+    idx = (lkey & 0xFFFFFFFF) >> 8
+    if idx <= 0 or idx >= MR_BAD or idx >= MRT.shape[0]:
+        return -2
+    if MRT[idx, M_VALID] == 0 or MRT[idx, M_KEY] != lkey or MRT[idx, M_PD] != pd:
+        return -2
+    if addr < MRT[idx, M_ADDR] or addr + length > MRT[idx, M_ADDR] + MRT[idx, M_LENGTH]:
+        return -2
+    if need != 0 and (MRT[idx, M_ACCESS] & need) == 0:
+        return -2
+    return idx
+
+
+@njit(**_jit)
+def bad_wr(A, Q, SW, CQT, CE, QX, G, qi, code, has_entry, recv, wr_id, op, a, b, c):
+    """A work request no honest client library writes: its error completion (when there is an entry),
+    the QP to ERR, its rings never read again; Python hears of it (EV_QP_FATAL, WHY_BAD_WR)."""
+    QX[qi, QX_DEAD] = 1
+    QX[qi, QX_BAD] = code
+    QX[qi, QX_BAD_WR_ID] = wr_id
+    QX[qi, QX_BAD_OP] = op
+    QX[qi, QX_BAD_A] = a
+    QX[qi, QX_BAD_B] = b
+    QX[qi, QX_BAD_C] = c
+    G[G_BAD] += 1
+    if has_entry:
+        status = S_LOC_PROT if code == BAD_SGE or code == BAD_SGE_LEN else S_LOC_QP_OP
+        if recv:
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, wr_id, status, WC_RECV, 0, 0, 0)
+        else:
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, wr_id, status, wc_of(op) if 0 <= op <= 4 else 0, 0, 0, 0)
+    if Q[qi, Q_STATE] == ST_ERR:
+        push_event(A, EV_QP_FATAL, qi, WHY_BAD_WR, -1)
+    else:
+        qp_error(A, Q, SW, CQT, CE, qi, -1, EV_QP_FATAL, WHY_BAD_WR)
+    mirror(Q, QX, qi)
+
+
+@njit(**_jit)
+def mirror(Q, QX, qi):
+    """The QP's state and error code into the client's ring header (what QP.state reads)."""
+    base = QX[qi, QX_ADDR]
+    if base != 0:
+        _set(base, QH_ERR, Q[qi, Q_ERR])
+        _set(base, QH_STATE, Q[qi, Q_STATE])
+
+
+@njit(**_jit)
+def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
+    """New entries of client QP qi's rings into the data plane's queues; returns how many."""
+    base = QX[qi, QX_ADDR]
+    if base == 0 or QX[qi, QX_DEAD] != 0:
+        return 0
+    moved = 0
+    pend = 0
+    pd = Q[qi, Q_PD]
+    # ---- send ring
+    size = QX[qi, QX_SQ_SIZE]
+    taken = QX[qi, QX_SQ_TAKEN]
+    tail = _w(base, QH_SQ_TAIL)
+    n = tail - taken
+    if n != 0:
+        if n < 0 or n > size:
+            bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SQ_TAIL, False, False, 0, 0, tail, taken, size)
+            return moved
+        st = Q[qi, Q_STATE]
+        if st != ST_RTS and st != ST_ERR:
+            bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SEND_STATE, False, False, 0, 0, st, 0, 0)
+            return moved
+        dtail = Q[qi, Q_SQ_TAIL]
+        room = size - (dtail - ld_acq_i64(Q[qi], Q_SQ_HEAD))
+        k = min(n, room, MAX_PUMP_PER_QP)
+        if k < n:
+            pend = 1
+        mask = size - 1
+        dbase = Q[qi, Q_SQ_BASE]
+        took = 0
+        for i in range(k):
+            e = base + 8 * (QH_WORDS + ((taken + i) & mask) * SQE_WORDS)
+            wr_id = _w(e, S.S_WR_ID)
+            op = _w(e, S.S_OPCODE)
+            flags = _w(e, S.S_FLAGS)
+            laddr = _w(e, S.S_LADDR)
+            length = _w(e, S.S_LENGTH)
+            lkey = _w(e, S.S_LKEY)
+            code = 0
+            lmr = 0
+            if op < 0 or op > 4:
+                code = BAD_OPCODE
+            elif flags & ~0x6:
+                code = BAD_FLAGS
+            else:
+                lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE if op == 4 else 0)
+                if lmr == -1:
+                    code = BAD_SGE_LEN
+                elif lmr < 0:
+                    code = BAD_SGE
+            if code != 0:
+                if took:
+                    st_rel_i64(Q[qi], Q_SQ_TAIL, dtail + took)
+                    activate(A, Q, qi)
+                QX[qi, QX_SQ_TAKEN] = taken + took
+                _set(base, QH_SQ_HEAD, taken + took)
+                G[G_TAKEN] += took
+                bad_wr(A, Q, SW, CQT, CE, QX, G, qi, code, True, False, wr_id, op,
+                       flags if code == BAD_FLAGS else laddr, length, lkey)
+                return moved + took
+            r = dbase + ((dtail + took) & mask)
+            for c in range(NW):
+                SW[r, c] = 0
+            SW[r, W_WR_ID] = wr_id
+            SW[r, W_OPCODE] = op
+            SW[r, W_FLAGS] = flags
+            SW[r, W_LADDR] = laddr if length else 0
+            SW[r, W_LENGTH] = length
+            SW[r, W_LMR] = lmr
+            SW[r, W_RADDR] = _w(e, S.S_RADDR)
+            SW[r, W_RKEY] = _w(e, S.S_RKEY) & 0xFFFFFFFF
+            SW[r, W_IMM] = _w(e, S.S_IMM) & 0xFFFFFFFF
+            if op != 4:
+                QX[qi, QX_BYTES_TX] += length
+            took += 1
+        if took:
+            st_rel_i64(Q[qi], Q_SQ_TAIL, dtail + took)          # published after the rows
+            QX[qi, QX_SQ_TAKEN] = taken + took
+            _set(base, QH_SQ_HEAD, taken + took)
+            activate(A, Q, qi)
+            moved += took
+    # ---- receive ring
+    size = QX[qi, QX_RQ_SIZE]
+    taken = QX[qi, QX_RQ_TAKEN]
+    tail = _w(base, QH_RQ_TAIL)
+    n = tail - taken
+    if n != 0:
+        if n < 0 or n > size:
+            bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_RQ_TAIL, False, True, 0, 0, tail, taken, size)
+            return moved
+        dtail = Q[qi, Q_RQ_TAIL]
+        room = size - (dtail - ld_acq_i64(Q[qi], Q_RQ_HEAD))
+        k = min(n, room, MAX_PUMP_PER_QP)
+        if k < n:
+            pend = 1
+        mask = size - 1
+        dbase = Q[qi, Q_RQ_BASE]
+        took = 0
+        for i in range(k):
+            e = base + 8 * (QH_WORDS + QX[qi, QX_SQ_SIZE] * SQE_WORDS + ((taken + i) & mask) * RQE_WORDS)
+            wr_id = _w(e, S.R_WR_ID)
+            laddr = _w(e, S.R_LADDR)
+            length = _w(e, S.R_LENGTH)
+            lkey = _w(e, S.R_LKEY)
+            lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE)
+            if lmr < 0:
+                if took:
+                    st_rel_i64(Q[qi], Q_RQ_TAIL, dtail + took)
+                QX[qi, QX_RQ_TAKEN] = taken + took
+                _set(base, QH_RQ_HEAD, taken + took)
+                G[G_TAKEN] += took
+                bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SGE_LEN if lmr == -1 else BAD_SGE, True, True, wr_id, 128,
+                       laddr, length, lkey)
+                return moved + took
+            r = dbase + ((dtail + took) & mask)
+            for c in range(NR):
+                RW[r, c] = 0
+            RW[r, R_WR_ID] = wr_id
+            RW[r, R_LADDR] = laddr if length else 0
+            RW[r, R_LENGTH] = length
+            RW[r, R_LMR] = lmr
+            took += 1
+        if took:
+            st_rel_i64(Q[qi], Q_RQ_TAIL, dtail + took)
+            QX[qi, QX_RQ_TAKEN] = taken + took
+            _set(base, QH_RQ_HEAD, taken + took)
+            if Q[qi, Q_STATE] == ST_ERR:
+                activate(A, Q, qi)                              # the loop flushes them
+            moved += took
+    G[G_TAKEN] += moved
+    QX[qi, QX_PEND] = pend              # entries left for want of room: looked at again every round
+    if pend:
+        G[G_QP_PENDING] = 1
+    return moved
+
+
+@njit(**_jit)
+def doorbells(A, Q, SW, RW, CQT, CE, MRT, QX, SX, G):
+    """Every client's doorbell ring: the QPNs it posted to (only its own QPs are taken)."""
+    moved = 0
+    maxq = A[P_MAXQ]
+    for s in range(G[G_NSX]):
+        hb = SX[s, SX_ADDR]
+        if hb == 0:
+            continue
+        t = _w(hb, H_RDY_TAIL)
+        h = SX[s, SX_RDY_HEAD]
+        if t == h:
+            continue
+        n = t - h
+        if n < 0:
+            h = t                                   # nonsense: the periodic scan covers its QPs
+        elif n > N_RDY_H:
+            h = t - N_RDY_H
+        for i in range(h, t):
+            v = _w(hb, H_RDY_OFF + (i & (N_RDY_H - 1)))
+            if v <= 0:
+                continue
+            qi = v % maxq
+            if QX[qi, QX_ADDR] != 0 and QX[qi, QX_SESS] == s and Q[qi, Q_QPN] == v:
+                moved += pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi)
+        SX[s, SX_RDY_HEAD] = t
+        _set(hb, H_RDY_HEAD, t)
+    return moved
+
+
+@njit(**_jit)
+def pending(A, Q, SW, RW, CQT, CE, MRT, QX, G):
+    """QPs whose ring entries did not all fit in the data plane's queue: again, now that some may."""
+    G[G_QP_PENDING] = 0
+    moved = 0
+    for qi in range(QX.shape[0]):
+        if QX[qi, QX_PEND] != 0:
+            moved += pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi)
+    return moved
+
+
+@njit(**_jit)
+def doorbell_pending(SX, G):
+    for s in range(G[G_NSX]):
+        hb = SX[s, SX_ADDR]
+        if hb != 0 and _w(hb, H_RDY_TAIL) != SX[s, SX_RDY_HEAD]:
+            return True
+    return False
+
+
+@njit(**_jit)
+def set_sleeping(SX, G, v):
+    for s in range(G[G_NSX]):
+        hb = SX[s, SX_ADDR]
+        if hb != 0:
+            _set(hb, H_SLEEPING, v)
+
+
+@njit(**_jit)
+def scan(A, Q, SW, RW, CQT, CE, MRT, QX, G):
+    """Every client QP (a doorbell lost to a full ring); the QP states mirrored into the rings."""
+    moved = 0
+    for qi in range(QX.shape[0]):
+        if QX[qi, QX_ADDR] != 0:
+            moved += pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi)
+            mirror(Q, QX, qi)
+    G[G_SCANS] += 1
+    return moved
+
+
+@njit(**_jit)
+def deliver(A, CQT, CE, QX, CX, G):
+    """New completions of client CQs into the clients' CQ rings, as many as each has room for."""
+    moved = 0
+    pending = 0
+    maxq = A[P_MAXQ]
+    G[G_CQE_SEEN] = A[P_CQE_OUT]
+    for cq in range(CX.shape[0]):
+        base = CX[cq, CX_ADDR]
+        if base == 0:
+            continue
+        h = CQT[cq, C_HEAD]
+        t = ld_acq_i64(CQT[cq], C_TAIL)
+        if h == t:
+            continue
+        size = CX[cq, CX_SIZE]
+        ctail = CX[cq, CX_TAIL]
+        used = ctail - _w(base, CH_HEAD)
+        room = size - used if 0 <= used <= size else 0          # a nonsense head: deliver nothing
+        k = min(t - h, room)
+        if k < t - h:
+            pending = 1
+        if k <= 0:
+            continue
+        dbase = CQT[cq, C_BASE]
+        dmask = CQT[cq, C_SIZE] - 1
+        for i in range(k):
+            r = dbase + ((h + i) & dmask)
+            off = base + 8 * (CH_WORDS + ((ctail + i) & (size - 1)) * CQE_WORDS)
+            _set(off, 0, CE[r, E_WR_ID])
+            _set(off, 1, CE[r, E_STATUS])
+            _set(off, 2, CE[r, E_OPCODE])
+            _set(off, 3, CE[r, E_BYTE_LEN])
+            _set(off, 4, CE[r, E_QP_NUM])
+            _set(off, 5, CE[r, E_IMM])
+            _set(off, 6, CE[r, E_FLAGS])
+            op = CE[r, E_OPCODE]
+            if CE[r, E_STATUS] == 0 and (op == WC_RECV or op == WC_RECV + 1 or op == 2):
+                qi = CE[r, E_QP_NUM] % maxq
+                if QX[qi, QX_ADDR] != 0:
+                    QX[qi, QX_BYTES_RX] += CE[r, E_BYTE_LEN]
+        CX[cq, CX_TAIL] = ctail + k
+        _set(base, CH_TAIL, ctail + k)                           # published after the entries
+        st_rel_i64(CQT[cq], C_HEAD, h + k)
+        moved += k
+    G[G_CQ_PENDING] = pending
+    G[G_DELIVERED] += moved
+    return moved
+
+
+@njit(nbt.int64(nbt.int64[::1], nbt.uint8[:, ::1], nbt.uint8[::1], nbt.uint32[:, ::1], nbt.int64[:, ::1],
+                nbt.int64[:, ::1], nbt.int64[:, ::1], nbt.int64[::1], nbt.int64, nbt.int64), **_jit)
+def dp_serve(A, TM, umem, tables, QX, CX, SX, G, max_ns, sleep_ok):
+    """The daemon's loop (module docstring): returns 1 when events wait for Python, 2 on stop or pause,
+    0 after max_ns, -1 when A is not a port."""
+    if A[P_MAGIC] != MAGIC:
+        return -1
+    ext = np.empty(32, np.uint8)
+    Q, SW, RW, CE, CQT, MRT = views(A, TM)
+    start = c_monotonic_ns()
+    now = start
+    idle = 0
+    while True:
+        if idle & 7 == 0:
+            now = c_monotonic_ns()
+            A[P_NOW] = now
+        w = doorbells(A, Q, SW, RW, CQT, CE, MRT, QX, SX, G)
+        if G[G_QP_PENDING]:
+            w += pending(A, Q, SW, RW, CQT, CE, MRT, QX, G)
+        if now >= G[G_NEXT_SCAN]:
+            G[G_NEXT_SCAN] = now + G[G_SCAN_NS]
+            w += scan(A, Q, SW, RW, CQT, CE, MRT, QX, G)
+        w += round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
+        if A[P_CQE_OUT] != G[G_CQE_SEEN] or G[G_CQ_PENDING]:
+            w += deliver(A, CQT, CE, QX, CX, G)
+        if A[P_EV_TAIL] != A[P_EV_HEAD]:
+            return 1
+        if ld_acq_i64(A, P_STOP) or ld_acq_i64(A, P_PAUSE):
+            return 2
+        if now - start >= max_ns:
+            return 0
+        if w:
+            idle = 0
+            continue
+        idle += 1
+        A[P_IDLE_POLLS] += 1
+        if idle > G[G_YIELD_AFTER]:
+            # idle: a client (or the peer's daemon) on this CPU runs now, not after our time slice -- on a host
+            # with fewer free cores than spinning threads that slice (ms) would be every message's latency;
+            # with the CPU to itself sched_yield returns at once
+            c_sched_yield()
+        if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
+            set_sleeping(SX, G, 1)
+            st_rel_i64(A, P_SLEEPING, 1)
+            fence_sc()
+            if (ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] and not doorbell_pending(SX, G)
+                    and not ld_acq_i64(A, P_STOP) and not ld_acq_i64(A, P_PAUSE)):
+                left = (max_ns - (now - start)) // 1000000
+                c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
+            st_rel_i64(A, P_SLEEPING, 0)
+            set_sleeping(SX, G, 0)
+            c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
+            A[P_WAKEUPS] += 1
+            idle = 0
+
+
+SIGNATURES = {"dp_serve": dp_serve}
+for _f in SIGNATURES.values():
+    _f.disable_compile()        # a call with other types fails at once instead of compiling on a live path
+del _f
+
+
+def tables(maxq: int, max_cqs: int, max_sessions: int, scan_ns: int) -> tuple[np.ndarray, ...]:
+    """Fresh QX, CX, SX, G for a port of maxq QP slots and max_cqs CQs."""
+    G = np.zeros(NG, np.int64)
+    G[G_SCAN_NS] = scan_ns
+    G[G_YIELD_AFTER] = 2            # idle rounds before the loop yields its CPU each round
+    return (np.zeros((maxq, NQX), np.int64), np.zeros((max_cqs, NCX), np.int64),
+            np.zeros((max_sessions, NSX), np.int64), G)
+
+
+def warm_plan() -> list[tuple[str, str, tuple]]:
+    """(name, why, args) for metaroce_xdp.jitwarm, on an arena that is not a port (magic 0)."""
+    from ..wire.fastpath import TABLES
+    A = np.zeros(N_P, np.int64)
+    TM = np.zeros((2, 128), np.uint8)
+    umem = np.zeros(4096, np.uint8)
+    QX, CX, SX, G = tables(2, 2, 2, 0)
+    return [("dp_serve", "metaroced's driver thread (daemon/server.py)", (A, TM, umem, TABLES, QX, CX, SX, G, 0, 0))]
