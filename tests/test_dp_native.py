@@ -190,3 +190,62 @@ def test_native_every_fault_kind_every_operation_intact(fabric):
     assert all(hit.values()), hit
     nb = b.qp.native_counters()
     assert nb["c_dup"] >= 1 and a.qp.native_counters()["c_retx"] >= 1
+
+
+def _negotiate(topo, a, b, prof_a, prof_b, port):
+    """a connects to b over the MRC1 exchange (dp/cmconnect.py); returns (a's result, b's result or exception)."""
+    import threading
+
+    from metaroce_xdp import cm
+    from metaroce_xdp.dp.cmconnect import accept_qp, connect_qp
+    a.new_qp(), b.new_qp()
+    for s in (a, b):
+        s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+    with topo.enter(b.ns):
+        lis = cm.Listener(port)
+    got = {}
+
+    def passive():
+        try:
+            with topo.enter(b.ns):
+                got["b"] = accept_qp(b.qp, lis, profile=prof_b, timeout=10)
+        except Exception as e:          # noqa: BLE001 - handed to the test
+            got["b"] = e
+
+    t = threading.Thread(target=passive)
+    t.start()
+    try:
+        with topo.enter(a.ns):
+            ra = connect_qp(a.qp, b.ctx.gid, port=port, profile=prof_a, timeout=10)
+    finally:
+        t.join(15)
+        lis.close()
+    return ra, got["b"]
+
+
+@pytest.mark.parametrize("prof_a,prof_b,want", [("auto", "auto", "native"), ("auto", "compat", "compat"),
+                                                 ("native", "auto", "native")])
+def test_profile_negotiation_and_fallback_to_compat(fabric, prof_a, prof_b, want):
+    """MR-NAT-001/002, MR-CM-013/014/016: the profile comes from the agreed capability set of the MRC1
+    exchange -- native when both ends offer it, compat (and still working) when one end is compat-only;
+    a WRITE then completes intact on the agreed profile."""
+    topo, a, b = fabric
+    ra, rb = _negotiate(topo, a, b, prof_a, prof_b, 18600 + len(prof_a) * 10 + len(prof_b))
+    assert ra["profile"] == rb["profile"] == want == a.qp.query()["profile"] == b.qp.query()["profile"]
+    a.buf[:] = 9
+    b.buf[:] = 0
+    a.qp.post_send(_write(a, b, 1, 0, 0, 20_000))
+    assert [(w.wr_id, w.status) for w in collect(a, 1, [b])] == [(1, WCStatus.SUCCESS)]
+    assert (b.buf[:20_000] == 9).all()
+    assert (a.qp.native_counters().get("c_tx", 0) > 0) == (want == "native")
+
+
+def test_native_only_endpoint_refuses_a_compat_only_peer(fabric):
+    """MR-CM-017: an endpoint that requires the native profile (COMPAT_OK clear) rejects a peer that offers
+    no native capability with NATIVE_REQUIRED; neither QP reaches RTS."""
+    from metaroce_xdp import cm
+    topo, a, b = fabric
+    with pytest.raises(cm.Rejected) as ei:
+        _negotiate(topo, a, b, "native", "compat", 18650)
+    assert ei.value.reason == cm.Reason.NATIVE_REQUIRED
+    assert a.qp.query_state() != QPState.RTS and b.qp.query_state() != QPState.RTS
