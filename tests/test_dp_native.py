@@ -249,3 +249,26 @@ def test_native_only_endpoint_refuses_a_compat_only_peer(fabric):
         _negotiate(topo, a, b, "native", "compat", 18650)
     assert ei.value.reason == cm.Reason.NATIVE_REQUIRED
     assert a.qp.query_state() != QPState.RTS and b.qp.query_state() != QPState.RTS
+
+
+def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
+    """MR-OOO-012 (a SEND with no receive WQE is not recorded), MR-SACK-035 (an RNR NAK-type SACK names its
+    first PSN), MR-SACK-036/039 (the requester waits the RNR timer, sends nothing of it meanwhile) and
+    MR-SACK-042 (after the wait it resends): once the receive is posted the SEND completes intact, and a
+    WRITE posted behind it completes after it (MR-SACK-026)."""
+    topo, a, b = fabric
+    _fresh(a, b)
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 3000)]),
+                    _write(a, b, 2, 10_000, 10_000, 5000)])
+    t0 = time.monotonic()
+    from dp_players import drive
+    drive([a, b], lambda: a.qp.native_counters()["c_rnr"] >= 2 or time.monotonic() - t0 > 0.5, timeout=5)
+    assert a.cq.poll(4) == []
+    na, nb = a.qp.native_counters(), b.qp.native_counters()
+    assert na["c_rnr"] >= 1 and nb["c_notready"] >= 1, (na, nb)
+    b.qp.post_recv(RecvWR(wr_id=77, sg_list=[b.sge(100_000, 4096)]))
+    got = collect(a, 2, [b])
+    assert [(w.wr_id, w.status) for w in got] == [(1, WCStatus.SUCCESS), (2, WCStatus.SUCCESS)]
+    rcv = collect(b, 1, [a])
+    assert [(w.wr_id, w.status, w.byte_len) for w in rcv] == [(77, WCStatus.SUCCESS, 3000)]
+    assert (b.buf[100_000:103_000] == a.buf[:3000]).all() and (b.buf[10_000:15_000] == a.buf[10_000:15_000]).all()

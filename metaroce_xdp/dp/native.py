@@ -18,8 +18,8 @@ SLOT_WORDS words each holding one QP's rows:
   WD HDR OUT       scratch: SACK bitmap words, SACK fields, receive completions
 
 What is not built yet (refused before it reaches the wire): READ and atomics on a native QP
-(MR-OOO-016..027), RNR waits (a SEND finding no receive WQE is dropped and retransmitted),
-capability negotiation (the profile is given at RTR), the XDP program consuming SACKs.
+(MR-OOO-016..027), the XDP program consuming SACKs.  The profile is chosen at RTR
+(QPAttr.profile; dp/cmconnect.py negotiates it).
 """
 from __future__ import annotations
 
@@ -457,6 +457,10 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         if kq == RSN_NOT_READY:                      # MR-OOO-012: not recorded; comes again
             rx_on_not_ready(rx, ce, 1, tsval, sport, now)
             nx[X_C_NOTREADY] += 1
+            if off == 0 and d == 0:
+                # MR-SACK-035: the RNR NAK-type SACK names the message's first PSN once it is the ePSN (and
+                # again for each copy of it while not ready); a later first PSN gets it when retransmitted
+                nat_send_sack(A, Q, TM, umem, tables, qi, b, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
             return
     src = A[P_UMEM_ADDR] + h
     mr = np.int64(0)
