@@ -208,7 +208,24 @@ def plan() -> list[Entry]:
         # the compiled data plane (metaroce_xdp/dp): explicit signatures, compiled at import
         *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
         *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
+        *[e(m, n, why, *a) for m, n, why, a in _native_plan()],
     ]
+
+
+def _native_plan() -> list[tuple[str, str, str, tuple]]:
+    """The native profile's functions Python calls (dp/native.py NativeSlots, at RTR and RTS) or that only
+    tests and the simulation call so far (credits, the coalescing deadline), on rows of their run-time types."""
+    from .native import layout as NL
+    par = NL.params()
+    rxs, s, pt = NL.new_rx(2), NL.new_tx(), NL.new_pt()
+    sports = np.arange(NL.KMAX, dtype=np.int64) | 0xC000
+    RX, TX, MP = "metaroce_xdp.native.receiver", "metaroce_xdp.native.sender", "metaroce_xdp.native.multipath"
+    return [(RX, "rx_init", "dp.native.NativeSlots.attach (INIT -> RTR)", (rxs[0], par, 0)),
+            (TX, "tx_init", "dp.native.NativeSlots.start (RTR -> RTS)", (s[0], par, 0, 0)),
+            (MP, "mp_init", "dp.native.NativeSlots.start (RTR -> RTS)", (pt, par, sports)),
+            (RX, "rx_credit_alloc", "credits (MR-CC-018): native/sim.py and tests, not the data plane yet",
+             (rxs, par, 0)),
+            (RX, "rx_sack_deadline", "native/sim.py and tests (the data plane polls rx_sack_due)", (rxs[0], par))]
 
 
 def _index_has(fn, args) -> bool | None:
