@@ -95,6 +95,9 @@ def test_native_refuses_what_it_does_not_carry(fabric):
                               rkey=b.mr.rkey))
     with pytest.raises(ValueError):
         a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.SEND_WITH_INV, sg_list=[a.sge(0, 8)], invalidate_rkey=1))
+    with pytest.raises(Unsupported):            # compiled posting (perf, dp.drive) is checked the same way
+        a.qp.send_wqe(SendWR(wr_id=3, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
+                             remote_addr=b.mr.addr, rkey=b.mr.rkey))
     assert a.qp.query()["sq_outstanding"] == 0
 
 

@@ -834,13 +834,8 @@ class QP:
         st = int(self.row[L.Q_STATE])
         if st != QPState.RTS and st != QPState.ERR and st != QPState.SQD:
             raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
-        if self.profile == "native":
-            for wr in wrs:
-                if wr.opcode == WROpcode.SEND_WITH_INV:
-                    raise InvalidArgument("SEND with invalidate has no native opcode (MR-NAT-010)")
-                if wr.opcode not in _NATIVE_OPS:
-                    raise Unsupported(f"{WROpcode(wr.opcode).name} on a native QP is not implemented by the compiled "
-                                      "data plane yet (native READ and atomics): use the compat profile for it")
+        for wr in wrs:
+            self._native_check(wr)
         rows = [self._send_row(wr) for wr in wrs]
         pl = self.ctx.plane
         with pl.post_lock:
@@ -903,10 +898,21 @@ class QP:
         return f"QP({self.qp_num:#x}, {self.query_state().name})"
 
     # ---- compiled posting (dp/drive.py) ----------------------------------------------------
+    def _native_check(self, wr: SendWR) -> None:
+        """What a native QP cannot carry is refused before it is queued (dp/native.py)."""
+        if self.profile != "native":
+            return
+        if wr.opcode == WROpcode.SEND_WITH_INV:
+            raise InvalidArgument("SEND with invalidate has no native opcode (MR-NAT-010)")
+        if wr.opcode not in _NATIVE_OPS:
+            raise Unsupported(f"{WROpcode(wr.opcode).name} on a native QP is not implemented by the compiled "
+                              "data plane yet (native READ and atomics): use the compat profile for it")
+
     def send_wqe(self, wr: SendWR) -> np.ndarray:
         """The send-queue row post_send would write for wr, validated as post_send validates it (any
         opcode, at most one SGE): for posting many
         copies at once from compiled code (post_send_n, dp.drive)."""
+        self._native_check(wr)
         row = self._send_row(wr)
         if row[-1]:
             raise Unsupported("compiled posting (post_send_n) takes WRs with at most one SGE: an SGE list "
