@@ -191,16 +191,29 @@ def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
 
 
 @njit(**_jit)
+def pace_slack(s, par):
+    """MR-CC-004: with cwnd >= 1 the sender paces at pacing_gain * cwnd / srtt but may send up to
+    max_burst packets back-to-back: tx_can_send is asked at now + (max_burst - 1) packet gaps, so the
+    loop leaves bursts of frames per kick instead of one frame per round."""
+    c = s[NL.S_CWND]
+    if s[NL.S_SRTT] == NL.NONE or c < NL.FP or par[NL.P_MAX_BURST] <= 1:
+        return 0
+    gap = (s[NL.S_SRTT] * NL.FP // par[NL.P_PACING_GAIN]) * NL.FP // c
+    return (par[NL.P_MAX_BURST] - 1) * gap
+
+
+@njit(**_jit)
 def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
     """Lost PSNs first (MR-SACK-023), then new packets from the send queue, as the window, credits,
     congestion window and pacing allow (tx_can_send: MR-CC-001..004).  Returns packets sent."""
     par, rx, s, nx, sb, pt = rows(A, b)
     sent = 0
+    pnow = now + pace_slack(s, par)
     while sent < budget:
         p = tx_next_lost(s, sb)
         if p == PSN_NONE:
             break
-        if tx_can_send(s, par, now, 0) != 0:
+        if tx_can_send(s, par, pnow, 0) != 0:
             return sent
         if not nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, p, TK_RETX, 0, now):
             return sent
@@ -210,7 +223,7 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         nxt = Q[qi, Q_SQ_NEXT]
         if nxt == ld_acq_i64(Q[qi], Q_SQ_TAIL):
             break
-        if tx_can_send(s, par, now, 1) != 0:
+        if tx_can_send(s, par, pnow, 1) != 0:
             break
         r = sq_row(Q, qi, nxt)
         op = SW[r, W_OPCODE]
