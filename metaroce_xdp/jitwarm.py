@@ -51,12 +51,14 @@ from numba import config as numba_config
 
 # Modules whose numba functions make up the data path.
 MODULES = ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
-           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive", "metaroce_xdp.dp.serve")
+           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
+           "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
+           "metaroce_xdp.native.sender", "metaroce_xdp.dp.native")
 
-# Compiled modules not yet on any data path (nothing in MODULES imports them): the native profile's logic,
-# compiled at import through explicit signatures, used by its tests and simulation.  Once dp/ calls them
-# they are compiled into dp's entry points and leave this list (tests/test_first_run.py checks both).
-NOT_ON_THE_DATA_PATH = ("metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver", "metaroce_xdp.native.sender")
+# Compiled modules not on any data path (nothing in MODULES imports them), excused from warm-up.  The native
+# profile's logic (native/*.py) was here until dp/native.py wired it into the data plane
+# (tests/test_first_run.py checks both ways).
+NOT_ON_THE_DATA_PATH: tuple[str, ...] = ()
 
 COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: seconds to a minute; "
                 "`metaroce warmup` does this ahead)")
@@ -207,7 +209,24 @@ def plan() -> list[Entry]:
         *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
         *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
         *[e("metaroce_xdp.dp.serve", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.serve").warm_plan()],
+        *[e(m, n, why, *a) for m, n, why, a in _native_plan()],
     ]
+
+
+def _native_plan() -> list[tuple[str, str, str, tuple]]:
+    """The native profile's functions Python calls (dp/native.py NativeSlots, at RTR and RTS) or that only
+    tests and the simulation call so far (credits, the coalescing deadline), on rows of their run-time types."""
+    from .native import layout as NL
+    par = NL.params()
+    rxs, s, pt = NL.new_rx(2), NL.new_tx(), NL.new_pt()
+    sports = np.arange(NL.KMAX, dtype=np.int64) | 0xC000
+    RX, TX, MP = "metaroce_xdp.native.receiver", "metaroce_xdp.native.sender", "metaroce_xdp.native.multipath"
+    return [(RX, "rx_init", "dp.native.NativeSlots.attach (INIT -> RTR)", (rxs[0], par, 0)),
+            (TX, "tx_init", "dp.native.NativeSlots.start (RTR -> RTS)", (s[0], par, 0, 0)),
+            (MP, "mp_init", "dp.native.NativeSlots.start (RTR -> RTS)", (pt, par, sports)),
+            (RX, "rx_credit_alloc", "credits (MR-CC-018): native/sim.py and tests, not the data plane yet",
+             (rxs, par, 0)),
+            (RX, "rx_sack_deadline", "native/sim.py and tests (the data plane polls rx_sack_due)", (rxs[0], par))]
 
 
 def _index_has(fn, args) -> bool | None:

@@ -191,6 +191,8 @@ class QPAttr:
     cur_qp_state: QPState | None = None   # IBV_QP_CUR_STATE: must equal the QP's state (MR-QP-006)
     alt_path: Any = None                  # IBV_QP_ALT_PATH: always refused, no path migration (MR-QP-008)
     path_mig_state: str | None = None     # IBV_QP_PATH_MIG_STATE: only "MIGRATED" (MR-QP-008)
+    profile: str | None = None            # INIT -> RTR: the agreed profile, "compat" (default) or "native" (MR-NAT-001)
+    native_params: dict | None = None     # INIT -> RTR, native: parameters of 04 4.7 / 05 5.7.1 (native.layout.params)
 
     def given(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}

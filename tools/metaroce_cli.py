@@ -80,6 +80,8 @@ def _perf_command(test: str):
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
         plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
+        profile: str = typer.Option("compat", "--profile", help="compiled plane: native, compat or auto "
+                                    "(negotiated: native when both ends offer it, else compat)"),
         qps: int = typer.Option(1, "--qps", "-q", help="bw tests: QP pairs, -n iterations and -t depth on each "
                                 "(client side; aggregate reported)"),
         bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "
@@ -92,6 +94,7 @@ def _perf_command(test: str):
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
                                    timeout, plane, qps, bidir)
         opt.no_daemon, opt.socket = no_daemon, sock
+        opt.profile = profile
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

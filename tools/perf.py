@@ -78,6 +78,7 @@ class PerfOptions:
     qps: int = 1                         # bw tests: QP pairs, each with tx_depth outstanding (client side)
     bidir: bool = False                  # write-bw: both sides write at once (client side; the server follows)
     no_daemon: bool = False              # never metaroced, even when it serves the interface
+    profile: str = "compat"              # compiled plane: native|compat|auto, negotiated (dp/cmconnect.py)
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
 
     @property
@@ -172,6 +173,12 @@ class _Side:
         engine_choice.say("metaroce perf", choice)
         self.daemon = choice.daemon
         self.compiled = opt.plane == "compiled" and not self.daemon
+        from metaroce_xdp.dp.cmconnect import PROFILES
+        if opt.profile not in PROFILES:
+            raise PerfError(f"--profile {opt.profile}: use one of {', '.join(PROFILES)}")
+        if opt.profile != "compat" and not self.compiled:
+            raise PerfError(f"--profile {opt.profile} needs --plane compiled (the native profile runs there only)")
+        self.profile = opt.profile
         try:
             self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
                         else open_context(opt.ifname, opt.plane))
@@ -207,12 +214,16 @@ class _Side:
         self.qps[i].modify(QPAttr(qp_state=QPState.INIT,
                                   qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
 
-    def to_rtr(self, peer: cm.CMMsg, mtu: int, i: int = 0) -> None:
+    def to_rtr(self, peer: cm.CMMsg, mtu: int, i: int = 0, agreed: int = 0) -> None:
+        from metaroce_xdp.dp.cmconnect import K_OFFER, W_OFFER, agreed_profile
         from metaroce_xdp.verbs_types import QPAttr, QPState, VerbsError
         # MR-CM-024: the destination MAC is the next hop's, from this host's route and neighbour
         # tables (the engine resolves it); the peer's mac field is informational only
+        prof, params = agreed_profile(agreed, min(peer.sack_window, W_OFFER), min(peer.entropy_count, K_OFFER))
+        extra = {"profile": prof, "native_params": params} if self.compiled else {}     # MR-CM-016
         attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
-                      dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER)
+                      dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
+                      **extra)
         try:
             self.qps[i].modify(attr)
         except VerbsError as e:
@@ -223,11 +234,23 @@ class _Side:
         self.qps[i].modify(QPAttr(qp_state=QPState.RTS, sq_psn=self.psns[i], timeout=14, retry_cnt=7, rnr_retry=7,
                                   max_rd_atomic=min(MAX_RD_ATOMIC, peer.max_dest_rd_atomic)))   # MR-CM-021
 
+    def caps(self) -> tuple[int, int]:
+        """(capabilities, flags) this side offers: --profile's (dp/cmconnect.py), IPV6 for an IPv6 GID."""
+        from metaroce_xdp.dp.cmconnect import offer
+        caps, flags = offer(self.profile, self.ctx.gid)
+        if self.profile == "compat":
+            caps &= ~int(cm.Cap.ATOMICS)            # as before: perf never offered ATOMICS
+        v6 = cm.Cap.IPV6 if ":" in self.ctx.gid else 0                     # MR-CM-018: IPv6 GIDs need IPV6
+        return int(caps | v6), flags
+
     def msg(self, mtu: int, perf: dict, i: int = 0) -> cm.CMMsg:
+        from metaroce_xdp.dp.cmconnect import K_OFFER, W_OFFER
         gid = cm.ip_to_gid(self.ctx.gid)
-        v6 = cm.Cap.IPV6 if not cm.gid_to_ip(gid).count(".") else 0      # MR-CM-018: IPv6 GIDs need IPV6
-        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=self.qps[i].qp_num,
-                        capabilities=int(v6), psn=self.psns[i], path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=MAX_RD_ATOMIC,
+        caps, flags = self.caps()
+        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=self.qps[i].qp_num, flags=flags,
+                        sack_window=W_OFFER if caps & cm.Cap.SACK else 0,
+                        entropy_count=K_OFFER if caps & cm.Cap.MULTIPATH else 1,
+                        capabilities=caps, psn=self.psns[i], path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=MAX_RD_ATOMIC,
                         max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
                         mac=cm.mac_bytes(self.eng.local_mac),
                         tlvs=[(cm.TLV_IMPL_NAME, cm.IMPL_NAME.encode()),
@@ -531,6 +554,7 @@ def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: in
     w(" " * 20 + TITLES[opt.test] + "\n")
     w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE compat (RoCEv2 RC)\n")
     w(f" Data plane      : {'metaroced (its compiled plane)' if side.daemon else opt.plane}\n")
+    w(f" Profile         : {getattr(side.qp, 'profile', 'compat')}\n")
     w(f" Number of qps   : {len(side.qps):<12d}Connection type : RC"
       + ("    Bidirectional" if getattr(opt, "_bidir_on", False) else "") + "\n")
     if opt.test == "write-lat":
@@ -614,7 +638,7 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
 
             def connect_qp(rep: cm.CMMsg, i=i) -> None:
                 state["mtu"] = rep.mtu_bytes
-                side.to_rtr(rep, rep.mtu_bytes, i)
+                side.to_rtr(rep, rep.mtu_bytes, i, rep.capabilities)
                 side.to_rts(rep, i)
             try:
                 rep = cm.active_exchange(ch, req, connect_qp)
@@ -632,7 +656,7 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         else:
             r = _bw_client(side, opt, size, iters, peer, nq)
         r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
-                 plane=opt.plane, qps=nq, bidirectional=bidir)
+                 plane=opt.plane, qps=nq, bidirectional=bidir, profile=getattr(side.qp, "profile", "compat"))
         try:
             ch.send_json({"type": "result", **r})
             reply = _progress_until_line(side, ch, opt.timeout, what="waiting for the server's summary")
@@ -695,7 +719,7 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
                 side.to_init(i)
                 if opt.test == "send-bw" and i == nq - 1:
                     params["step"], params["rx"] = _send_bw_server_step(side, size, iters, opt.rx_depth)
-                side.to_rtr(req, agreed, i)                            # MR-CM-026: RTR before the REP
+                side.to_rtr(req, agreed, i, cm.agree_caps(req.capabilities, side.caps()[0]))   # MR-CM-026
             except Exception as e:  # noqa: BLE001 - becomes a REJ the client can read
                 raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
             params.update(size=size, iters=iters, mtu=agreed, qps=nq, bidir=bidir)
@@ -705,7 +729,7 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
         reqs = []
         try:
             while not reqs or len(reqs) < params["qps"]:
-                req, rep = cm.passive_exchange(ch, int(cm.Cap.IPV6), make_rep)       # MR-CM-018
+                req, rep = cm.passive_exchange(ch, side.caps()[0] | int(cm.Cap.IPV6), make_rep)   # MR-CM-018
                 side.to_rts(req, len(reqs))                                    # MR-CM-028: RTS on the RTU
                 reqs.append((req, rep))
         except cm.CMError as e:

@@ -57,6 +57,7 @@ _SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SE
                   WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD,
                   WROpcode.SEND_WITH_INV)
 _ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
+_NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM)
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
 
 
@@ -103,6 +104,7 @@ class Plane:
         tables; a QP belongs to one of them (Q.plane, `owner`, `move`).  See docs/design-dataplane.md."""
         from ..wire.fastpath import TABLES
         from . import loop
+        from . import native
         self.loop = loop
         self.port, self.loader, self.maxq = port, loader, maxq
         self.tables = TABLES
@@ -110,9 +112,10 @@ class Plane:
         words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
                  + self.CQE_ROWS * L.NE + L.MAX_CQS * L.NC + L.MAX_MRS * L.NM + maxq * L.MAX_RD * L.NJ
                  + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8
-                 + L.SG_ROWS * L.NG + maxq * L.MAX_RD * L.NAT + maxq * L.NF + 1024 + 4 * 8)
+                 + L.SG_ROWS * L.NG + maxq * L.MAX_RD * L.NAT + maxq * L.NF + 1024 + 4 * 8
+                 + native.region_words(maxq) + 8)
         words += sum(L.N_P + 2 * L.TX_BATCH + 8 + L.N_EV * L.NEVF + L.N_RDY + maxq + p.umem.nframes + 1024 + 8 * 8
-                     for p in more_ports)
+                     + native.EXT_BYTES // 8 for p in more_ports)
         ar = self.arena = L.Arena(words)
         A = self.A = ar.a
         p0 = ar.alloc(L.N_P)
@@ -137,6 +140,8 @@ class Plane:
         at = ar.alloc(maxq * L.MAX_RD * L.NAT)
         fo = ar.alloc(maxq * L.NF)
         sgx = ar.alloc(1024)
+        # the native profile's rows (dp/native.py): a slot per native QP
+        self.nat = native.NativeSlots(A, ar.alloc(native.region_words(maxq)), maxq)
         for name, off in (("sg_off", sg), ("at_off", at), ("f_off", fo)):
             A[getattr(L, "P_" + name.upper())] = off
         A[L.P_SGX_ADDR] = int(A.ctypes.data) + sgx * 8
@@ -259,6 +264,12 @@ class Plane:
         for name, off in (("ev_off", ev), ("rdy_off", rdy), ("act_off", act), ("free_off", free), ("txq_off", txq)):
             A[getattr(L, "P_" + name.upper())] = off - base
         A[L.P_SGX_ADDR] = int(ar.a.ctypes.data) + sgx * 8
+        from . import native
+        if A[native.P_NAT_OFF]:
+            # the native region (slots shared: a QP has one plane), its header scratch this loop's own
+            A[native.P_NAT_OFF] -= base
+            ext = ar.alloc(native.EXT_BYTES // 8)
+            A[native.P_NAT_EXT] = int(ar.a.ctypes.data) + ext * 8
         A[L.P_QUEUE] = index
         pl.EV = ar.a[ev:ev + L.N_EV * L.NEVF].reshape(-1, L.NEVF)
         pl.port = port
@@ -621,6 +632,8 @@ class QP:
         self.pmtu = 1024
         self.error_reason: str | None = None
         self.installed = False
+        self.profile = "compat"              # "native" from RTR when QPAttr.profile asks for it (dp/native.py)
+        self._sport = 0
         self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
         self._sg_rq: deque = deque()
         # routed paths (rc/pathwatch.py, through Context.paths): what PathWatch reads and writes
@@ -681,6 +694,9 @@ class QP:
                 raise InvalidArgument(f"path_mtu {mtu}: use one of {PATH_MTUS}")
             if mtu > ctx.max_pmtu:
                 raise InvalidArgument(f"path_mtu {mtu} exceeds what {ctx.ifname} carries ({ctx.max_pmtu})")
+            profile = g.get("profile", "compat")
+            if profile not in ("compat", "native"):
+                raise InvalidArgument(f"profile {profile!r}: the agreed profile is 'compat' or 'native' (MR-NAT-001)")
             tmpl = ctx.template_for(self, g["dgid"], g.get("dmac"), g.get("sport"), g.get("dscp", 0),
                                     g["dest_qp_num"])
         pl = ctx.plane
@@ -708,6 +724,11 @@ class QP:
                 r[L.Q_PMTU] = mtu
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
                 r[L.Q_MIN_RNR] = g.get("min_rnr_timer", 1) & 0x1F
+                pl.nat.detach(self.qi)
+                self.profile = profile
+                self._sport = g.get("sport") if g.get("sport") is not None else 0xC000 | (self.qp_num & 0x3FFF)
+                if profile == "native":                 # MR-NAT-003: fixed from RTR to the next RESET
+                    pl.nat.attach(self.qi, g["rq_psn"], **g.get("native_params", {}))
                 r[L.Q_STATE] = QPState.RTR
                 self._install(QPState.RTR)
             elif new == QPState.RTS:
@@ -728,6 +749,8 @@ class QP:
                     r[L.Q_MAX_RD] = max(1, min(L.MAX_RD, g["max_rd_atomic"]))
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
+                    if self.profile == "native":
+                        pl.nat.start(self.qi, int(r[L.Q_SND_PSN]), self._sport, time.monotonic_ns())
                 r[L.Q_SQD_DRAIN] = 0                       # SQD -> RTS resumes where it stopped (MR-QP-014)
                 r[L.Q_STATE] = QPState.RTS
                 self._kernel_state(QPState.RTS)
@@ -780,8 +803,9 @@ class QP:
         ld = self.ctx.loader
         if ld is None:
             return
+        from ..kern.layout import Profile
         ld.install_qp(self.qp_num, peer_ip=self.dgid, dest_qpn=self.dest_qp, state=int(state), pmtu=self.pmtu,
-                      init_psn=0)
+                      init_psn=0, profile=Profile.NATIVE if self.profile == "native" else Profile.COMPAT)
         self.installed = True
 
     def _kernel_rts(self, psn: int) -> None:
@@ -823,6 +847,8 @@ class QP:
         r[L.Q_MAX_RD] = L.MAX_RD
         r[L.Q_PMTU] = 1024
         self._sg_release(None, None)
+        self.ctx.plane.nat.detach(self.qi)
+        self.profile = "compat"
         if self.installed:
             self.ctx.loader.clear_qp(self.qp_num)
             self.installed = False
@@ -844,7 +870,12 @@ class QP:
                 "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "dmac": self.dmac,
                 "next_hop": self.next_hop.hop if self.next_hop else None, "path_resolves": self.path_resolves,
                 "path_changes": self.path_changes, "path_error": self.path_error, "queue": int(r[L.Q_PLANE]),
-                **self.dcqcn_counters()}
+                "profile": self.profile, **self.dcqcn_counters()}
+
+    def native_counters(self) -> dict:
+        """The native profile's counters and state (MR-LOSS-014): retransmissions by cause, SACKs sent and
+        received, out-of-order placements, srtt/rto/cwnd ({} for a compat QP)."""
+        return self.ctx.plane.nat.counters(self.qi)
 
     # ---- routed paths (rc/pathwatch.PathWatch.apply sets these) ------------------------
     @property
@@ -956,6 +987,8 @@ class QP:
         st = int(self.row[L.Q_STATE])
         if st != QPState.RTS and st != QPState.ERR and st != QPState.SQD:
             raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
+        for wr in wrs:
+            self._native_check(wr)
         rows = [self._send_row(wr) for wr in wrs]
         pl = self.ctx.plane
         with pl.post_lock:
@@ -1018,10 +1051,21 @@ class QP:
         return f"QP({self.qp_num:#x}, {self.query_state().name})"
 
     # ---- compiled posting (dp/drive.py) ----------------------------------------------------
+    def _native_check(self, wr: SendWR) -> None:
+        """What a native QP cannot carry is refused before it is queued (dp/native.py)."""
+        if self.profile != "native":
+            return
+        if wr.opcode == WROpcode.SEND_WITH_INV:
+            raise InvalidArgument("SEND with invalidate has no native opcode (MR-NAT-010)")
+        if wr.opcode not in _NATIVE_OPS:
+            raise Unsupported(f"{WROpcode(wr.opcode).name} on a native QP is not implemented by the compiled "
+                              "data plane yet (native READ and atomics): use the compat profile for it")
+
     def send_wqe(self, wr: SendWR) -> np.ndarray:
         """The send-queue row post_send would write for wr, validated as post_send validates it (any
         opcode, at most one SGE): for posting many
         copies at once from compiled code (post_send_n, dp.drive)."""
+        self._native_check(wr)
         row = self._send_row(wr)
         if row[-1]:
             raise Unsupported("compiled posting (post_send_n) takes WRs with at most one SGE: an SGE list "

@@ -1102,6 +1102,9 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     pad = (umem[b + 1] >> 4) & 3
     psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
     end -= 4                                         # the ICRC
+    if A[P_NAT_OFF] != 0 and A[A[P_NAT_OFF] + qi] > 0:
+        nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, b, end, pad, l3, now)   # dp/native.py
+        return
     if op <= OP_READ_REQ or op == OP_SEND_LAST_INV or op == OP_SEND_ONLY_INV:
         if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
             A[P_RX_DROP_STATE] += 1
@@ -1154,6 +1157,7 @@ from .ops import (CQE_SOLICITED, F_FENCE, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND
 from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)
+from .native import P_NAT_OFF, nat_qp, nat_rx  # noqa: E402  (the native profile, dp/native.py)
 
 
 # ============================================================================ the round
@@ -1331,6 +1335,10 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
         busy = False
         if st == ST_ERR:
             flush_queues(A, Q, SW, RW, CQT, CE, qi)
+        elif st >= ST_RTR and A[P_NAT_OFF] != 0 and A[A[P_NAT_OFF] + qi] > 0:
+            k = nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget)    # dp/native.py
+            work += k & 0xFFFFFFFF
+            busy = (k >> 32) != 0
         elif st >= ST_RTR:
             # responder: coalesced ACK for this batch (MR-ACK-004), READ responses
             # (the flag stays set while no TX frame is free: a lost coalesced ACK would cost the
