@@ -1,6 +1,8 @@
 """Two compiled-plane endpoints in two namespaces joined by a veth (tests/test_dp_*.py)."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from metaroce_xdp.dp import Context
@@ -106,3 +108,16 @@ def make_switched(mtu=1500, topo=None, **kw):
         topo.close()
         raise
     return topo, a, b
+
+
+@contextlib.contextmanager
+def opened(make=make_pair, **kw):
+    """The topology and two Sides `make` builds (make_pair or make_switched, with kw), closed after:
+    what each test module's `fabric` fixture yields."""
+    topo, a, b = make(**kw)
+    try:
+        yield topo, a, b
+    finally:
+        a.close()
+        b.close()
+        topo.close()

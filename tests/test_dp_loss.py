@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from dp_players import collect, make_switched
+from dp_players import collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import QPState, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
 
@@ -18,13 +18,8 @@ pytestmark = [pytest.mark.netns,
 
 @pytest.fixture(scope="module")
 def fabric():
-    topo, a, b = make_switched()
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    with opened(make_switched) as f:
+        yield f
 
 
 def _fresh(a, b, **kw):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_switched
+from dp_players import FULL, collect, make_switched, opened
 from metaroce_xdp.dp import Unsupported
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
@@ -23,13 +23,8 @@ pytestmark = [pytest.mark.netns,
 
 @pytest.fixture(scope="module")
 def fabric():
-    topo, a, b = make_switched()
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    with opened(make_switched) as f:
+        yield f
 
 
 def _connect(side, peer, profile, psn, peer_psn, timeout=12, params=None):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, drive, make_pair
+from dp_players import FULL, collect, drive, make_pair, opened
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.rc.events import EventType
 from metaroce_xdp.verbs_types import (SGE, Access, Busy, InvalidArgument, QPAttr, QPState, RecvWR, SendFlags,
@@ -24,13 +24,8 @@ pytestmark = [pytest.mark.netns,
 
 @pytest.fixture(scope="module")
 def fabric():
-    topo, a, b = make_pair()
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    with opened(make_pair) as f:
+        yield f
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from dp_players import collect, make_switched
+from dp_players import collect, make_switched, opened
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
@@ -27,13 +27,8 @@ SIZES = [1, 4095, 4096, 4097, 64 << 10, 1 << 20]
 
 @pytest.fixture(scope="module")
 def fabric():
-    topo, a, b = make_switched(mtu=9000)
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    with opened(make_switched, mtu=9000) as f:
+        yield f
 
 
 def _fresh(a, b, **kw):

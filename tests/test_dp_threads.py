@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_pair
+from dp_players import FULL, collect, make_pair, opened
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.rc.events import EventType
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
@@ -21,13 +21,8 @@ pytestmark = [pytest.mark.netns,
 
 @pytest.fixture(scope="module")
 def fabric():
-    topo, a, b = make_pair()
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    with opened(make_pair) as f:
+        yield f
 
 
 def _fresh(a, b):

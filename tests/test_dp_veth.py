@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from dp_players import collect, make_pair
+from dp_players import collect, make_pair, opened
 from metaroce_xdp.dp import Unsupported
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPState, RecvWR, SendWR, WCFlags, WCOpcode,
@@ -20,13 +20,8 @@ pytestmark = [pytest.mark.netns,
 
 @pytest.fixture(scope="module")
 def fabric():
-    topo, a, b = make_pair()
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    with opened(make_pair) as f:
+        yield f
 
 
 @pytest.fixture
