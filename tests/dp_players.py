@@ -121,3 +121,20 @@ def opened(make=make_pair, **kw):
         a.close()
         b.close()
         topo.close()
+
+
+def connected(fabric, drain: bool = False):
+    """A fresh QP on each Side of `fabric`, connected to each other, the buffers filled with seeded
+    random bytes; drain=True first takes what earlier tests' QPs left: completions and async events."""
+    topo, a, b = fabric
+    a.new_qp(), b.new_qp()
+    a.connect(b), b.connect(a)
+    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
+    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
+    if drain:
+        for s in (a, b):
+            while s.cq.poll(1 << 14):
+                pass
+            while s.ctx.async_events.get() is not None:
+                pass
+    return a, b

@@ -5,7 +5,6 @@ seeded fault injector of tests/test_dp_loss.py, and fewer retransmitted packets 
 go-back-N on the same seed."""
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -279,27 +278,12 @@ def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
 def test_perf_profile_switch(srv_profile, want):
     """`metaroce perf --plane compiled --profile auto` (MR-NAT-001, MR-CM-016): write-bw runs native
     against an auto server and falls back to compat against a compat one, and reports which."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from metaroce_xdp.topo import two_hosts
-    root = Path(__file__).resolve().parents[1]
-    cli_cmd = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]
+    from perf_players import perf_run
     topo, _ = two_hosts()
     try:
-        srv = topo.popen(topo[1], [*cli_cmd, "-d", "mr1", "--plane", "compiled", "--profile", srv_profile, "--json",
-                                   "-p", "18597"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(60):
-            cli = topo.run(topo[0], [*cli_cmd, "-d", "mr0", "--plane", "compiled", "--profile", "auto", "--json",
-                                     "-p", "18597", "-s", "65536", "-n", "100", "10.77.0.2"], timeout=120, check=False)
-            if "start `metaroce perf" not in cli.stderr:
-                break
-            time.sleep(0.5)
-        out, err = srv.communicate(timeout=60)
-        assert cli.returncode == 0, cli.stderr[-2000:]
-        assert srv.returncode == 0, err[-2000:]
-        r = json.loads(cli.stdout.strip().splitlines()[-1])
+        r, _ = perf_run(topo, "write-bw", 18597, ["--plane", "compiled", "--profile", srv_profile],
+                        ["--plane", "compiled", "--profile", "auto", "-s", "65536", "-n", "100"])
         assert r["profile"] == want and r["gbps"] > 0 and r["iterations"] == 100
     finally:
         topo.close()

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, drive, make_pair, opened
+from dp_players import FULL, collect, connected, drive, make_pair, opened
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.rc.events import EventType
 from metaroce_xdp.verbs_types import (SGE, Access, Busy, InvalidArgument, QPAttr, QPState, RecvWR, SendFlags,
@@ -30,17 +30,7 @@ def fabric():
 
 @pytest.fixture
 def pair(fabric):
-    topo, a, b = fabric
-    a.new_qp(), b.new_qp()
-    a.connect(b), b.connect(a)
-    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
-    for s in (a, b):                                    # completions and events of earlier tests' QPs
-        while s.cq.poll(1 << 14):
-            pass
-        while s.ctx.async_events.get() is not None:
-            pass
-    return a, b
+    return connected(fabric, drain=True)                # completions and events of earlier tests' QPs
 
 
 def u64(buf, off):

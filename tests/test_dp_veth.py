@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from dp_players import collect, make_pair, opened
+from dp_players import collect, connected, make_pair, opened
 from metaroce_xdp.dp import Unsupported
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPState, RecvWR, SendWR, WCFlags, WCOpcode,
@@ -26,12 +26,7 @@ def fabric():
 
 @pytest.fixture
 def pair(fabric):
-    topo, a, b = fabric
-    a.new_qp(), b.new_qp()
-    a.connect(b), b.connect(a)
-    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
-    return a, b
+    return connected(fabric)
 
 
 def _write(a, b, wr_id, off, n, roff, op=WROpcode.RDMA_WRITE, imm=0):
