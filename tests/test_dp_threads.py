@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -165,7 +166,7 @@ def test_many_qps_all_carrying_traffic_at_once(fabric):
                                remote_addr=a.mr.addr + o + 2 * sz, rkey=a.mr.rkey))
     got_a = collect(a, 2 * n, [b], timeout=60)
     got_b = collect(b, n, [a], timeout=60)
-    assert all(w.status == WCStatus.SUCCESS for w in got_a + got_b)
+    assert all(w.status == WCStatus.SUCCESS for w in got_a + got_b), Counter(w.status.name for w in got_a + got_b)
     assert sorted(w.wr_id for w in got_a) == list(range(2 * n)) and sorted(w.wr_id for w in got_b) == list(range(n))
     for i in range(n):
         o = i * 3 * sz
