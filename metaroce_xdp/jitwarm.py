@@ -11,8 +11,11 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
   called from compiled code (`icrc_numba`, `_csum_add`, the ring primitives ...) compile
   with their callers.  With `cache=True` the result lands in numba's on-disk cache, so a
   warm start only loads it (~0.3 s).
-* `Context.open` (and `Engine`) call it before any QP exists; `metaroce warmup` (run by
-  `make setup`) does it ahead of time and says what it did.
+* Two planes (`PLANES`): "python" (the Python engine's compiled helpers) and "compiled" (dp/ and
+  native/, whose explicit signatures compile at import: about two minutes of CPU cold).  The Python
+  engine (`Context.open`, `Engine`) warms only its plane before any QP exists, so its first run
+  does not wait for the compiled plane; `metaroce warmup` (run by `make setup`) warms both ahead
+  of time and says what it did, import-time compilation included.
 * `cache_is_warm()` tells, before compiling, whether the cache holds every entry, so a cold
   start can say why it is slow.
 * `seal()` ends compilation for the process: every dispatcher of `MODULES` and every `plan()`
@@ -38,22 +41,33 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import mmap
 import struct
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 from numba import config as numba_config
 
 # Modules whose numba functions make up the data path.
-MODULES = ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
-           "metaroce_xdp.afxdp.rings", "metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
-           "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
-           "metaroce_xdp.native.sender", "metaroce_xdp.dp.native")
+# Grouped by the plane that runs them: the Python engine (rc/engine.py) needs only "python"; the
+# compiled plane (dp/, metaroced) needs "compiled", whose explicit signatures compile at import (about
+# two minutes of CPU cold).  An engine warms only its own plane, so a first run of the Python engine (the
+# demo) does not wait for the compiled plane; `metaroce warmup` (make setup) warms both.
+PLANES: dict[str, tuple[str, ...]] = {
+    "python": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
+               "metaroce_xdp.afxdp.rings"),
+    "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
+                 "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
+                 "metaroce_xdp.native.sender", "metaroce_xdp.dp.native"),
+}
+ALL_PLANES = tuple(PLANES)
+MODULES = tuple(m for ms in PLANES.values() for m in ms)
 
 # Compiled modules not on any data path (nothing in MODULES imports them), excused from warm-up.  The native
 # profile's logic (native/*.py) was here until dp/native.py wired it into the data plane
@@ -65,7 +79,7 @@ COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an
 
 JIT_ENABLED = not numba_config.DISABLE_JIT
 _lock = threading.Lock()
-_done: "WarmupReport | None" = None
+_done: dict[str, "WarmupReport"] = {}      # plane -> its report
 _sealed = False
 _sealed_count = 0
 
@@ -89,26 +103,29 @@ class WarmupReport:
     was_warm: bool | None = None   # the on-disk cache held every entry before we started (None: unknown)
     jit: bool = True
     cache_dir: str = ""
+    import_seconds: dict[str, float] = field(default_factory=dict)   # module -> import (compile at import)
+    compiled_at_import: list[str] = field(default_factory=list)       # modules whose import compiled
 
     @property
     def compiled(self) -> int:
         return sum(e.source == "compiled" for e in self.entries)
 
     def per_module(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+        out: dict[str, float] = dict(self.import_seconds)
         for e in self.entries:
             out[e.module] = out.get(e.module, 0.0) + e.seconds
         return out
 
 
-def dispatchers() -> list[tuple[str, str, Any]]:
-    """(module, name, dispatcher) for every numba function defined in MODULES.
+def dispatchers(modules: tuple[str, ...] | None = None) -> list[tuple[str, str, Any]]:
+    """(module, name, dispatcher) for every numba function defined in `modules` (default MODULES;
+    importing a module of the compiled plane compiles it).
 
     inline="always" functions are left out: numba inlines their IR into callers and never
     compiles them on their own."""
     from numba.core.dispatcher import Dispatcher
     out = []
-    for modname in MODULES:
+    for modname in MODULES if modules is None else modules:
         mod = importlib.import_module(modname)
         for name, obj in sorted(vars(mod).items()):
             if (isinstance(obj, Dispatcher) and obj.py_func.__module__ == modname
@@ -137,8 +154,15 @@ def _ring(size: int, is_desc: bool):
     return prod, cons, flags, body
 
 
-def plan() -> list[Entry]:
-    """The calls warm_up makes, each typed as its run-time caller types it (see `why`)."""
+def plan(planes: tuple[str, ...] = ALL_PLANES) -> list[Entry]:
+    """The calls warm_up makes for `planes`, each typed as its run-time caller types it (see `why`)."""
+    want = set(planes) - set(PLANES)
+    if want:
+        raise ValueError(f"unknown plane(s) {sorted(want)}: use {', '.join(PLANES)}")
+    return [en for en in _plan_all(planes) if en.module in {m for p in planes for m in PLANES[p]}]
+
+
+def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
     from .afxdp import rings
     from .rc import burst
     from .wire import fastpath
@@ -206,6 +230,12 @@ def plan() -> list[Entry]:
           np.zeros(4, np.uint32), 4, 4096),
         e(R, "comp_reap_sg", "XskSocket.reap with sg", cp, cc, caddrs, pool.stack, pool.top, pool.frame_mask, 4096, 64),
         # the compiled data plane (metaroce_xdp/dp): explicit signatures, compiled at import
+        *(_compiled_plan(e) if "compiled" in planes else []),
+    ]
+
+
+def _compiled_plan(e) -> list[Entry]:
+    return [
         *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
         *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
         *[e("metaroce_xdp.dp.serve", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.serve").warm_plan()],
@@ -269,57 +299,116 @@ def _has_in_memory(en: Entry) -> bool:
 
 
 def warm_up(report: Callable[[str], None] | None = None, *, cold_notice: Callable[[str], None] | None = None,
-            force: bool = False) -> WarmupReport:
-    """Compile (or load) every data-path function; idempotent and thread-safe.
+            force: bool = False, planes: tuple[str, ...] = ALL_PLANES) -> WarmupReport:
+    """Compile (or load) every data-path function of `planes` (PLANES); idempotent and thread-safe.
 
     `report(line)` gets one line per entry; `cold_notice(msg)` is called once before
-    compiling when the cache is cold (default: a line on stderr)."""
-    global _done
+    compiling when the cache is cold (default: a line on stderr).  The compiled plane's
+    modules compile at import: that time is counted too (`WarmupReport.import_seconds`).
+    In a sealed process (an engine has started) what this warms is sealed as well."""
+    unknown = set(planes) - set(PLANES)
+    if unknown:
+        raise ValueError(f"unknown plane(s) {sorted(unknown)}: use {', '.join(PLANES)}")
     with _lock:
-        if _done is not None and not force:
-            return _done
-        rep = WarmupReport(jit=not numba_config.DISABLE_JIT)
-        t0 = time.monotonic()
-        if not rep.jit:
-            rep.was_warm = True
-            _done = rep
-            if report:
-                report("NUMBA_DISABLE_JIT is set: nothing to compile")
-            return rep
-        entries = plan()
-        rep.entries = entries
-        rep.was_warm = cache_is_warm(entries)
-        if rep.was_warm is False:
-            (cold_notice or _stderr)(COLD_MESSAGE)
-        for en in entries:
-            present = _has_in_memory(en)
-            hits0, miss0 = sum(en.fn.stats.cache_hits.values()), sum(en.fn.stats.cache_misses.values())
+        todo = tuple(p for p in planes if force or p not in _done)
+        if todo:
+            _warm(todo, report, cold_notice)
+        reps = [_done[p] for p in planes]
+    if _sealed and todo:
+        seal()
+    return _merge(reps)
+
+
+def _merge(reps: list[WarmupReport]) -> WarmupReport:
+    reps = list({id(r): r for r in reps}.values())          # planes warmed together share one report
+    if len(reps) == 1:
+        return reps[0]
+    out = WarmupReport(jit=reps[0].jit, cache_dir=reps[0].cache_dir)
+    for r in reps:
+        out.entries += r.entries
+        out.seconds += r.seconds
+        out.import_seconds.update(r.import_seconds)
+        out.compiled_at_import += r.compiled_at_import
+    ws = [r.was_warm for r in reps]
+    out.was_warm = False if False in ws else (None if None in ws else True)
+    return out
+
+
+def _warm(planes: tuple[str, ...], report, cold_notice) -> None:
+    rep = WarmupReport(jit=not numba_config.DISABLE_JIT)
+    t0 = time.monotonic()
+    if not rep.jit:
+        rep.was_warm = True
+        if report:
+            report("NUMBA_DISABLE_JIT is set: nothing to compile")
+        _done.update({p: rep for p in planes})
+        return
+    cold = _cold_modules(planes)
+    if cold:
+        (cold_notice or _stderr)(COLD_MESSAGE)
+    for m in (m for p in planes for m in PLANES[p]):            # compiled at import where signatures are explicit
+        if m not in sys.modules:
             t1 = time.monotonic()
-            en.fn(*en.args)
-            en.seconds = time.monotonic() - t1
-            if present:
-                en.source = "present"
-            elif sum(en.fn.stats.cache_misses.values()) > miss0:
-                en.source = "compiled"
-            elif sum(en.fn.stats.cache_hits.values()) > hits0:
-                en.source = "cache"
-            else:
-                en.source = "present"
-            if report:
-                name = f"{en.module.removeprefix('metaroce_xdp.')}.{en.name}"
-                report(f"  {name:<30} {en.source:<8} {en.seconds:7.2f} s   ({en.why})")
-        rep.seconds = time.monotonic() - t0
-        rep.cache_dir = numba_config.CACHE_DIR or "__pycache__ next to each module"
-        _done = rep
-        return rep
+            importlib.import_module(m)
+            rep.import_seconds[m] = time.monotonic() - t1
+            if any(sum(d.stats.cache_misses.values()) for _, _, d in dispatchers((m,))):
+                rep.compiled_at_import.append(m)
+            if report and rep.import_seconds[m] >= 0.5:
+                report(f"  {m.removeprefix('metaroce_xdp.'):<30} {'import':<8} {rep.import_seconds[m]:7.2f} s   "
+                       "(explicit signatures: compiled or loaded at import)")
+    entries = plan(planes)
+    rep.entries = entries
+    rep.was_warm = False if (cold or rep.compiled_at_import) else cache_is_warm(entries)
+    if rep.was_warm is False and not cold:
+        (cold_notice or _stderr)(COLD_MESSAGE)
+    for en in entries:
+        present = _has_in_memory(en)
+        hits0, miss0 = sum(en.fn.stats.cache_hits.values()), sum(en.fn.stats.cache_misses.values())
+        t1 = time.monotonic()
+        en.fn(*en.args)
+        en.seconds = time.monotonic() - t1
+        if present:
+            en.source = "present"
+        elif sum(en.fn.stats.cache_misses.values()) > miss0:
+            en.source = "compiled"
+        elif sum(en.fn.stats.cache_hits.values()) > hits0:
+            en.source = "cache"
+        else:
+            en.source = "present"
+        if report:
+            name = f"{en.module.removeprefix('metaroce_xdp.')}.{en.name}"
+            report(f"  {name:<30} {en.source:<8} {en.seconds:7.2f} s   ({en.why})")
+    rep.seconds = time.monotonic() - t0
+    rep.cache_dir = numba_config.CACHE_DIR or "__pycache__ next to each module"
+    _done.update({p: rep for p in planes})
+
+
+def _cold_modules(planes: tuple[str, ...]) -> list[str]:
+    """Modules of `planes` not imported yet whose numba cache has no index at all: importing them
+    compiles (a cheap look at numba's cache folder before the import that would compile)."""
+    out = []
+    for m in (m for p in planes for m in PLANES[p]):
+        if m in sys.modules:
+            continue
+        spec = importlib.util.find_spec(m)
+        if spec is None or spec.origin is None:
+            continue
+        stem = Path(spec.origin).stem
+        where = Path(numba_config.CACHE_DIR) if numba_config.CACHE_DIR else Path(spec.origin).parent / "__pycache__"
+        if not any(where.rglob(f"{stem}.*.nbi")):
+            out.append(m)
+    return out
 
 
 def sealable() -> list[Any]:
-    """Every dispatcher seal() covers: those defined in MODULES and those plan() calls (once each)."""
+    """Every dispatcher seal() covers: those defined in the modules of the planes warmed so far
+    and in any other module of MODULES already imported, and those plan() calls (once each)."""
+    warmed = tuple(p for p in PLANES if p in _done)
+    mods = tuple(m for m in MODULES if m in sys.modules or any(m in PLANES[p] for p in warmed))
     out: dict[int, Any] = {}
-    for _, _, d in dispatchers():
+    for _, _, d in dispatchers(mods):
         out[id(d)] = d
-    for en in plan():
+    for en in plan(warmed):
         out.setdefault(id(en.fn), en.fn)
     return list(out.values())
 
@@ -328,13 +417,12 @@ def seal() -> int:
     """No numba compilation from now on: each dispatcher of `sealable()` stops compiling new
     signatures (calls with types it has compiled still run; any other type raises TypeError at the
     call, where numba would have compiled).  Idempotent; returns how many dispatchers are sealed.
+    A plane warmed later in a sealed process is sealed as it is warmed (warm_up calls this again).
     Does nothing under NUMBA_DISABLE_JIT (there is no compiler to stop)."""
     global _sealed, _sealed_count
     if numba_config.DISABLE_JIT:
         return 0
     with _lock:
-        if _sealed:
-            return _sealed_count
         ds = sealable()
         for d in ds:
             if d.signatures:

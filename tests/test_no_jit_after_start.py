@@ -1,7 +1,8 @@
 """No JIT after start (issue 7): once an engine has started, numba compiles nothing in the process.
 
-`Engine.__init__` warms up (jitwarm.warm_up: every data-path function with its run-time types) and
-then seals (jitwarm.seal: every registered dispatcher -- MODULES and plan() -- stops compiling).
+`Engine.__init__` warms up (jitwarm.warm_up: every function of its plane with its run-time types) and
+then seals (jitwarm.seal: every registered dispatcher of the planes warmed -- and of any module of
+MODULES imported -- stops compiling; a plane warmed later is sealed as it is warmed).
 So a type the warm-up missed is a TypeError at the call, which fails a test, instead of a
 compilation of seconds on a live QP, which stalls a transfer past the peer's ACK timeout.
 
@@ -49,13 +50,21 @@ def _signatures():
 
 
 def test_an_engine_seals_every_registered_dispatcher():
+    """The Python engine warms and seals its plane; the compiled plane, warmed later in the same
+    process (a dp Context opening), is sealed as it is warmed."""
     a, b = loop_pair()
     assert jitwarm.is_sealed()
+    ds = jitwarm.sealable()
+    py = jitwarm.PLANES["python"]
+    assert {id(d) for _, _, d in jitwarm.dispatchers(py)} <= {id(d) for d in ds}
+    assert {id(e.fn) for e in jitwarm.plan(("python",))} <= {id(d) for d in ds}
+    assert all(d._can_compile is False for d in ds), [d.py_func.__name__ for d in ds if d._can_compile]
+    assert jitwarm.seal() == len(ds)               # idempotent
+    jitwarm.warm_up(planes=("compiled",))
     ds = jitwarm.sealable()
     assert {id(d) for _, _, d in jitwarm.dispatchers()} <= {id(d) for d in ds}
     assert {id(e.fn) for e in jitwarm.plan()} <= {id(d) for d in ds}
     assert all(d._can_compile is False for d in ds), [d.py_func.__name__ for d in ds if d._can_compile]
-    assert jitwarm.seal() == len(ds)               # idempotent
 
 
 def test_a_new_type_raises_instead_of_compiling():

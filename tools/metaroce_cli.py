@@ -156,11 +156,10 @@ def warmup_cmd(
     if not jitwarm.JIT_ENABLED:
         typer.echo("metaroce warmup: NUMBA_DISABLE_JIT is set, nothing to compile")
         return
-    state = jitwarm.cache_is_warm()
-    echo(f"metaroce warmup: {len(jitwarm.plan())} entry points; cache "
-         + {True: "warm (loading)", False: "cold (compiling, may take a minute)", None: "state unknown"}[state])
+    echo(f"metaroce warmup: planes {', '.join(jitwarm.PLANES)} (the compiled plane compiles at import: "
+         "about two minutes of CPU when the cache is cold)")
     try:
-        rep = jitwarm.warm_up(echo, cold_notice=lambda msg: None)
+        rep = jitwarm.warm_up(echo, cold_notice=lambda msg: echo("  cache cold: compiling"))
     except Exception as e:                             # a numba or LLVM failure: say which and stop setup
         typer.echo(f"error: compiling the data path failed: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(1)
@@ -171,8 +170,9 @@ def warmup_cmd(
             inner = [n for m, n, _ in jitwarm.dispatchers() if m == mod and (m, n) not in entry]
             typer.echo(f"  {mod:<28} {per.get(mod, 0.0):7.2f} s" +
                        (f"   compiled into its callers: {', '.join(inner)}" if inner else ""))
-    typer.echo(f"metaroce warmup: {rep.compiled} of {len(rep.entries)} compiled, the rest loaded from the cache, "
-               f"in {rep.seconds:.1f} s; cache was "
+    at_import = f" ({len(rep.compiled_at_import)} modules compiled at import)" if rep.compiled_at_import else ""
+    typer.echo(f"metaroce warmup: {rep.compiled} of {len(rep.entries)} entry points compiled{at_import}, the rest "
+               f"loaded from the cache, in {rep.seconds:.1f} s; cache was "
                f"{'warm' if rep.was_warm else 'cold' if rep.was_warm is False else 'unknown'} ({rep.cache_dir})")
 
 

@@ -166,12 +166,13 @@ class CQ:
 
 
 def _warm_up(seal: bool = False) -> None:
-    """Compile (or load from numba's cache) every data-path function before any QP can
-    transmit (jitwarm.py): a compile on a live QP outlasts the peer's local ACK timeout.
-    Cold, this takes a while and says so on stderr; warm, ~0.1 s.  seal (an Engine starting):
-    no compilation afterwards (jitwarm.seal) -- a type the warm-up missed raises at the call."""
+    """Compile (or load from numba's cache) every function of this engine's data path (jitwarm
+    plane "python"; the compiled plane, dp/, is not needed here) before any QP can transmit: a
+    compile on a live QP outlasts the peer's local ACK timeout.  Cold, this takes a while and says
+    so on stderr; warm, ~0.1 s.  seal (an Engine starting): no compilation afterwards
+    (jitwarm.seal) -- a type the warm-up missed raises at the call."""
     from ..jitwarm import seal as seal_jit, warm_up
-    warm_up()
+    warm_up(planes=("python",))
     if seal:
         seal_jit()
 
