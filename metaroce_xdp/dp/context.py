@@ -30,6 +30,7 @@ import numpy as np
 
 from collections import deque
 
+from ..compchannel import CompChannelBase
 from ..rc.events import AsyncEvent, AsyncEventQueue, EventType
 from ..rc.memory import as_u8
 from ..rc.pathwatch import PathWatch
@@ -486,44 +487,26 @@ class MR:
         return f"MR(addr={self.addr:#x}, len={self.length}, lkey={self.lkey:#x}, access={self.access!r})"
 
 
-class CompChannel:
-    """ibv_comp_channel, as rc.engine.CompChannel: armed CQs report their completion events here."""
+class CompChannel(CompChannelBase):
+    """ibv_comp_channel, as rc.engine.CompChannel: armed CQs report their completion events here.  A
+    lock of its own guards the queue; a waiter without a progress thread runs the compiled loop until
+    an event (a completion event is one) or 2 ms."""
 
     def __init__(self, ctx: "Context") -> None:
-        self.ctx = ctx
-        self.q: deque[CQ] = deque()
-        self.ready = threading.Event()
-        self._lock = threading.Lock()
+        super().__init__(ctx)
+        self._mutex = threading.Lock()
 
-    def _notify(self, cq: "CQ") -> None:
-        with self._lock:
-            self.q.append(cq)
-            self.ready.set()
+    def _lock(self):
+        return self._mutex
 
-    def get_cq_event(self, timeout: float | None = 0.0) -> "CQ | None":
-        """ibv_get_cq_event: the CQ of the oldest completion event, waiting up to `timeout` seconds (None:
-        for ever; 0: just look); drives the loop when there is no progress thread.  The CQ is disarmed:
-        call its req_notify again for the next event."""
-        pl = self.ctx.plane
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if not pl.threaded:
-                pl.progress()
-            with self._lock:
-                if self.q:
-                    cq = self.q.popleft()
-                    cq.events += 1
-                    if not self.q:
-                        self.ready.clear()
-                    return cq
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            if pl.threaded:
-                self.ready.wait(0.01 if left is None else min(left, 0.01))
-            else:
-                # the compiled loop until an event (a completion event is one) or 2 ms
-                pl.run(2_000_000 if left is None else max(1, min(int(left * 1e9), 2_000_000)), 0, 0)
+    def _threaded(self) -> bool:
+        return self.ctx.plane.threaded
+
+    def _progress(self) -> None:
+        self.ctx.plane.progress()
+
+    def _idle(self, left: float | None) -> None:
+        self.ctx.plane.run(2_000_000 if left is None else max(1, min(int(left * 1e9), 2_000_000)), 0, 0)
 
 
 class CQ:

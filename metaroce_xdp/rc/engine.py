@@ -39,47 +39,26 @@ from .pathwatch import PathWatch
 from .qp import ACK_STATES, QP, REQ_STATES
 from .dcqcn import WIRE_OVERHEAD, DcqcnParams, link_rate_bps
 from .rxparse import parse, pkey_match
+from ..compchannel import CompChannelBase
 
 log = logging.getLogger("metaroce.engine")
 _EMPTY = np.zeros(1, np.uint8)
 MAX_QPS = 1024
 
 
-class CompChannel:
+class CompChannel(CompChannelBase):
     """ibv_comp_channel: where armed CQs report their completion events (ibv_get_cq_event).  One
-    channel may serve several CQs; `Context.create_cq(channel=...)` attaches a CQ to it."""
+    channel may serve several CQs; `Context.create_cq(channel=...)` attaches a CQ to it.  The
+    engine's lock guards the queue; a waiter without a progress thread drives the engine."""
 
-    def __init__(self, ctx: "Context") -> None:
-        self.ctx = ctx
-        self.q: deque[CQ] = deque()
-        self.ready = threading.Event()
+    def _lock(self):
+        return self.ctx.engine.lock
 
-    def _notify(self, cq: "CQ") -> None:
-        self.q.append(cq)
-        self.ready.set()
+    def _threaded(self) -> bool:
+        return self.ctx.engine.threaded
 
-    def get_cq_event(self, timeout: float | None = 0.0) -> "CQ | None":
-        """ibv_get_cq_event: the CQ of the oldest completion event (its `cq_context` is the one given to
-        create_cq), waiting up to `timeout` seconds (None: for ever; 0: just look).  Drives progress
-        when there is no progress thread.  None when no event came in time.  The CQ is disarmed:
-        call its req_notify again for the next event."""
-        eng = self.ctx.engine
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if not eng.threaded:
-                eng.progress()
-            with eng.lock:
-                if self.q:
-                    cq = self.q.popleft()
-                    cq.events += 1
-                    if not self.q:
-                        self.ready.clear()
-                    return cq
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            if eng.threaded:
-                self.ready.wait(0.01 if left is None else min(left, 0.01))
+    def _progress(self) -> None:
+        self.ctx.engine.progress()
 
 
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2
