@@ -9,7 +9,7 @@ setup:
 	@VENV=$(VENV) ./scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) -m tools.demo
