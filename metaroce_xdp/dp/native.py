@@ -71,7 +71,7 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
-               c_at_ack_bad""".split()
+               c_at_ack_bad rd_cwnd rd_out rd_dec_ts c_rd_dec""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 48
@@ -670,14 +670,17 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
             return False
     elif not atomic_request(A, Q, SW, TM, umem, tables, ext, qi, r, 0):
         return False
-    for i in range(n):
-        q = (p0 + i) & PSN_MASK
-        if kind == TK_NEW:
-            tx_on_transmit(s, sb, par, q, e, TK_NEW, now)
-        else:
-            f = sb[q & NL.WMASK, NL.B_FLAGS]
-            if (f & NL.BF_OUT) != 0 and sb[q & NL.WMASK, NL.B_PSN] == q and (f & NL.BF_SACKED) == 0:
-                tx_on_transmit(s, sb, par, q, e, kind if q == psn else TK_RETX, now)
+    # one scoreboard record for the request (04 section 4.3.4), one packet in flight (05 section 5.2);
+    # the rest of the range only moves snd_nxt: its responses are the READ window's (MR-CC-019/020)
+    if kind == TK_NEW:
+        tx_on_transmit(s, sb, par, p0, e, TK_NEW, now)
+        for i in range(1, n):
+            sb[(p0 + i) & NL.WMASK, NL.B_FLAGS] = 0
+        s[NL.S_SND_NXT] = (p0 + n) & PSN_MASK
+    else:
+        f = sb[p0 & NL.WMASK, NL.B_FLAGS]
+        if (f & NL.BF_OUT) != 0 and sb[p0 & NL.WMASK, NL.B_PSN] == p0 and (f & NL.BF_SACKED) == 0:
+            tx_on_transmit(s, sb, par, p0, e, kind, now)
     nx[X_C_TX] += 1
     if kind != TK_NEW:
         nx[X_C_RETX] += 1
@@ -709,6 +712,10 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
         return 0
     if par[NL.P_CREDITS] and 0 < ((last - s[NL.S_RIGHT_EDGE]) & PSN_MASK) < NL.PSN_HALF:
         return 0
+    if nx[X_RD_CWND] == 0:
+        nx[X_RD_CWND] = par[NL.P_INIT_CWND]
+    if op == WR_READ and nx[X_RD_OUT] > 0 and nx[X_RD_OUT] + n > max(nx[X_RD_CWND] // NL.FP, 1):
+        return 0                                     # MR-CC-020: the READ window
     msn = nx[X_CUR_MSN] if k0 == 0 else nx[X_MSN_NEXT]
     for i in range(n):
         j = b + O_SBX + ((nxt + i) & NL.WMASK) * NSBX
@@ -738,7 +745,21 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     SW[r, W_SENT] = k0 + n
     nx[X_RD_PROG] = now
     nx[X_C_RD_REQ] += 1
+    if op == WR_READ:
+        nx[X_RD_OUT] += n
     return 1
+
+
+@njit(**_jit)
+def rd_window_loss(nx, s, par, now):
+    """MR-CC-019 with MR-CC-022's cut: a READ response lost (re-requested) cuts read_cwnd by max_mdf, at
+    most once per srtt.  (The delay and ECN inputs of MR-CC-019 are not applied yet.)"""
+    if nx[X_RD_DEC_TS] != 0 and s[NL.S_SRTT] != NL.NONE and now - nx[X_RD_DEC_TS] < s[NL.S_SRTT]:
+        return
+    c = nx[X_RD_CWND] * (NL.FP - par[NL.P_MAX_MDF]) // NL.FP
+    nx[X_RD_CWND] = c if c > par[NL.P_MIN_CWND] else par[NL.P_MIN_CWND]
+    nx[X_RD_DEC_TS] = now
+    nx[X_C_RD_DEC] += 1
 
 
 @njit(**_jit)
@@ -824,6 +845,11 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
     A[P_RX_BYTES] += plen
     nx[X_C_RD_RESP_RX] += 1
     nx[X_RD_PROG] = now
+    nx[X_RD_OUT] -= 1                                # MR-CC-019: a response delivered, the window grows
+    c = nx[X_RD_CWND]
+    if c > 0:
+        c += par[NL.P_AI] * NL.FP // c if c >= NL.FP else par[NL.P_AI]
+        nx[X_RD_CWND] = c if c < par[NL.P_W] * NL.FP else par[NL.P_W] * NL.FP
     s[NL.S_RETRY_COUNT] = 0                          # progress (MR-LOSS-008)
     lo = A[e + RQ_LO]
     while lo < n and rq_bit(A, e, lo):
@@ -973,6 +999,7 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
                 if k < 0:
                     return sent
                 sent += k
+                rd_window_loss(nx, s, par, now)
                 A[e + RQ_RR_TS] = now
                 A[e + RQ_GAP_TS] = NL.NONE
         elif acked:
@@ -1006,6 +1033,7 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
         k = nat_rereq(A, Q, SW, TM, umem, tables, qi, b, oldest, A[oldest + RQ_N], now)
         if k > 0:
             sent += k
+        rd_window_loss(nx, s, par, now)
     elif nat_replay(A, Q, SW, TM, umem, tables, qi, b, oldest, now):
         sent += 1
     A[oldest + RQ_RR_TS] = now
