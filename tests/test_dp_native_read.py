@@ -210,3 +210,17 @@ def test_reads_writes_atomics_under_every_fault_kind(fabric):
     assert res == [sum(faa[:k]) for k in range(len(faa))]          # in PSN order, each once
     assert b.buf[cell:cell + 8].view(np.uint64)[0] == sum(faa)
     assert all(hit.values()), hit
+
+
+def test_perf_read_bw_on_the_native_profile():
+    """`metaroce perf read-bw --plane compiled --profile native` (MR-NAT-001, MR-CM-016): the compiled
+    benchmark loop posts native READs (dp.drive through post_send_n) and every one completes."""
+    from metaroce_xdp.topo import two_hosts
+    from perf_players import perf_run
+    topo, _ = two_hosts()
+    try:
+        r, _ = perf_run(topo, "read-bw", 18598, ["--plane", "compiled", "--profile", "native"],
+                        ["--plane", "compiled", "--profile", "native", "-s", "65536", "-n", "300"])
+        assert r["profile"] == "native" and r["gbps"] > 0 and r["iterations"] == 300, r
+    finally:
+        topo.close()
