@@ -11,7 +11,7 @@ engine, an agent, Linux Soft-RoCE through the MRC1 exchange) falls back to compa
 MR-CM-016).  The agreed capability set chooses the QP's profile at RTR and its native parameters: W
 and K are the agreed sack_window and entropy_count (6.4), CC_DELAY is not offered by this endpoint
 (MR-CC-042: its RTT samples carry host scheduling delay) and `rto_min` is raised to RTO_MIN_US.
-Native READ and atomics are not built in this plane, so ATOMICS is offered only by "compat".
+ATOMICS is offered with every profile (native atomics: dp/native.py, MR-NAT-006).
 """
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ def offer(profile: str, local_ip: str) -> tuple[int, int]:
     """(capabilities, flags) this endpoint puts in its REQ or REP for `profile` (MR-CM-013, MR-CM-017)."""
     if profile not in PROFILES:
         raise InvalidArgument(f"profile {profile!r}: one of {', '.join(PROFILES)}")
-    caps = 0 if profile == "compat" else int(NATIVE_OFFER)
-    if profile == "compat":
-        caps |= cm.Cap.ATOMICS
+    caps = (0 if profile == "compat" else int(NATIVE_OFFER)) | cm.Cap.ATOMICS
     if ":" in local_ip:
         caps |= cm.Cap.IPV6
     return int(caps), 0 if profile == "native" else cm.FLAG_COMPAT_OK

@@ -58,7 +58,8 @@ _SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SE
                   WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD,
                   WROpcode.SEND_WITH_INV)
 _ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
-_NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM)
+_NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
+               WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
 
 
@@ -1041,8 +1042,8 @@ class QP:
         if wr.opcode == WROpcode.SEND_WITH_INV:
             raise InvalidArgument("SEND with invalidate has no native opcode (MR-NAT-010)")
         if wr.opcode not in _NATIVE_OPS:
-            raise Unsupported(f"{WROpcode(wr.opcode).name} on a native QP is not implemented by the compiled "
-                              "data plane yet (native READ and atomics): use the compat profile for it")
+            raise Unsupported(f"{WROpcode(wr.opcode).name} has no native opcode (MR-NAT-005): use the compat "
+                              "profile for it")
 
     def send_wqe(self, wr: SendWR) -> np.ndarray:
         """The send-queue row post_send would write for wr, validated as post_send validates it (any

@@ -17,8 +17,10 @@ SLOT_WORDS words each holding one QP's rows:
   PT SP            entropy values and their UDP source ports
   WD HDR OUT       scratch: SACK bitmap words, SACK fields, receive completions
 
-What is not built yet (refused before it reaches the wire): READ and atomics on a native QP
-(MR-OOO-016..027), the XDP program consuming SACKs.  The profile is chosen at RTR
+READ and atomics (MR-OOO-016..028): see the section "READ and atomics" below; slot rows RQ (the
+requester's outstanding READ request messages and atomics), RS (the responder's resources) and JB
+(the responder's jobs: READ responses and ATOMIC_ACKNOWLEDGEs to send).  Not built yet: the XDP
+program consuming SACKs.  The profile is chosen at RTR
 (QPAttr.profile; dp/cmconnect.py negotiates it).
 """
 from __future__ import annotations
@@ -35,11 +37,12 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 from ..native import layout as NL  # noqa: E402
 from ..native.multipath import mp_init, mp_pick, mp_pick_retx  # noqa: E402
 from ..native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_NEW, RX_OOW, RX_SACK_NOW, rx_build_sack,  # noqa: E402
-                               rx_init, rx_on_not_ready, rx_on_packet, rx_recv_completions, rx_rsn_check,
-                               rx_sack_due)
+                               rx_init, rx_on_not_ready, rx_on_packet, rx_on_range, rx_recorded, rx_recv_completions,
+                               rx_rsn_check, rx_sack_due)
 from ..native.sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tsval_of,  # noqa: E402
                              tx_can_send, tx_init, tx_next_deadline, tx_next_lost, tx_on_rnr_nak, tx_on_sack,
                              tx_on_timer, tx_on_transmit)
+from ..native.sender import reo_wnd  # noqa: E402
 from .layout import *  # noqa: F401,F403,E402
 from .layout import N_P, NM, PSN_MASK, PSN_NONE  # noqa: E402
 from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, S_LOC_LEN, S_LOC_PROT,  # noqa: E402
@@ -48,7 +51,10 @@ from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ER
                    NAK_REM_ACCESS, RNR_SYN, activate, advance, emit, flush_queues, get_be, mr_check,
                    nak_error_due, push_cqe, put_be, qp_error, sq_row)
 from .ops import CQE_SOLICITED, F_FENCE, ce_marked, comm_est, place, sg_valid, sqd_check, src_of  # noqa: E402
-from .prims import ld_acq_i64, ptr_u8  # noqa: E402
+from .loop import ACC_REMOTE_READ, WR_READ  # noqa: E402
+from .ops import (ACC_REMOTE_ATOMIC, OP_ATOMIC_ACK, OP_CAS, OP_FAA, WR_CAS, WR_FAA, atomic_request,  # noqa: E402
+                  rd_atomic, retire_answered)
+from .prims import ld_acq_i64, ptr_u8, ptr_u64  # noqa: E402
 
 _jit = dict(cache=True, nogil=True)
 
@@ -62,12 +68,37 @@ OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE, OP_N_WRITE_IMM, OP_N_READ_REQ, OP_N_READ_R
 NETH_FIRST, NETH_LAST, NETH_RETX = 0x80, 0x40, 0x20
 
 NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_rto c_tlp c_sack_tx c_sack_rx
-               c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes""".split()
+               c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
+               rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
+               c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
+               c_at_ack_bad rd_cwnd rd_out rd_dec_ts c_rd_dec""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
-NNX = 32
+NNX = 48
 NSBX = 4                     # send queue index, packet index k, the message's MSN and RSN
 NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM)
+
+# READ and atomics (MR-OOO-016..028).  Requester row per outstanding READ request message or atomic:
+RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts".split()
+for _i, _n in enumerate(RQ_FIELDS):
+    globals()["RQ_" + _n.upper()] = _i
+RQ_BM = 16                   # then WMAX / 64 words: response PSNs received (bit i = PSN psn + i)
+RQ_STRIDE = RQ_BM + NL.WMAX // 64
+NRQ = 16                     # >= max_rd_atomic (MR-OOO-028)
+K_READ, K_ATOMIC = 1, 2
+# responder resource (MR-OOO-022..024): state 1 held (not executed yet), 2 executed
+RS_FIELDS = "state kind psn n msn va rkey len op swap cmp orig amsn".split()
+for _i, _n in enumerate(RS_FIELDS):
+    globals()["RS_" + _n.upper()] = _i
+RS_STRIDE = 16
+NRS = 16                     # max_dest_rd_atomic (dp/layout.py MAX_RD)
+RS_HELD, RS_DONE = 1, 2
+# responder job: READ responses [i, iend) of the READ at psn0, or an ATOMIC_ACKNOWLEDGE
+JB_FIELDS = "kind psn0 i iend msn va len mr retx orig amsn".split()
+for _i, _n in enumerate(JB_FIELDS):
+    globals()["JB_" + _n.upper()] = _i
+JB_STRIDE = 12
+NJB = 64
 
 O_PAR = 0
 O_RX = O_PAR + NL.NPAR
@@ -83,7 +114,10 @@ O_SP = O_PT + NL.KMAX * NL.NPT
 O_WD = O_SP + NL.KMAX
 O_HDR = O_WD + 32
 O_OUT = O_HDR + 8
-SLOT_WORDS = (O_OUT + 64 + 7) & ~7
+O_RQ = O_OUT + 64            # READ requests and atomics owed a response (requester), NRQ rows
+O_RS = O_RQ + NRQ * RQ_STRIDE    # responder resources: the last READ and atomic requests, NRS rows
+O_JB = O_RS + NRS * RS_STRIDE    # responder jobs: READ responses and ATOMIC_ACKNOWLEDGEs to send, NJB rows
+SLOT_WORDS = (O_JB + NJB * JB_STRIDE + 7) & ~7
 
 
 def region_words(maxq: int) -> int:
@@ -141,6 +175,8 @@ def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
     k = A[j + 1]
     r = sq_row(Q, qi, wi)
     op = SW[r, W_OPCODE]
+    if op == WR_READ or op == WR_CAS or op == WR_FAA:
+        return nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now)
     length = SW[r, W_LENGTH]
     pmtu = Q[qi, Q_PMTU]
     npsn = SW[r, W_NPSN]
@@ -246,8 +282,19 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
             nx[X_CUR_MSN] = nx[X_MSN_NEXT]           # MR-NAT-012
             nx[X_MSN_NEXT] = (nx[X_MSN_NEXT] + 1) & PSN_MASK
             nx[X_CUR_RSN] = nx[X_RSN_NEXT]
-            if op != WR_WRITE:                       # MR-NAT-025
+            if op == WR_SEND or op == WR_SEND_IMM or op == WR_WRITE_IMM:    # MR-NAT-025
                 nx[X_RSN_NEXT] = (nx[X_RSN_NEXT] + 1) & PSN_MASK
+            if rd_atomic(op):
+                Q[qi, Q_RD_OUT] += 1
+        if rd_atomic(op):                            # READ request messages and atomics (MR-OOO-016..028)
+            if not nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, nxt, r, now):
+                break
+            sent += 1
+            Q[qi, Q_SND_PSN] = s[NL.S_SND_NXT]
+            Q[qi, Q_SND_MAX] = s[NL.S_SND_NXT]
+            if SW[r, W_SENT] >= SW[r, W_NPSN]:
+                Q[qi, Q_SQ_NEXT] = nxt + 1
+            continue
         k = SW[r, W_SENT]
         npsn = SW[r, W_NPSN]
         psn = (SW[r, W_FIRST_PSN] + k) & PSN_MASK
@@ -400,8 +447,25 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now)
         activate(A, Q, qi)
         return
+    if op == OP_N_READ_RESP or op == OP_ATOMIC_ACK:  # the requester's READ responses and atomic results
+        if st != ST_RTS and st != ST_SQD and st != ST_SQE:
+            A[P_RX_DROP_STATE] += 1
+            return
+        if op == OP_N_READ_RESP:
+            nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now)
+        else:
+            nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now)
+        activate(A, Q, qi)
+        return
+    if op == OP_N_READ_REQ or op == OP_CAS or op == OP_FAA:
+        if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
+            A[P_RX_DROP_STATE] += 1
+            return
+        nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, end, pad, l3, st, now)
+        activate(A, Q, qi)
+        return
     if op < OP_N_SEND or op > OP_N_WRITE_IMM:
-        A[P_RX_DROP_OP] += 1                         # MR-NAT-007 (native READ and atomics: not built yet)
+        A[P_RX_DROP_OP] += 1                         # MR-NAT-007
         return
     if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
         A[P_RX_DROP_STATE] += 1
@@ -520,37 +584,792 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
     else:
         nx[X_C_DUP] += 1
         A[P_RX_DUP] += 1
-    e1 = rx[NL.R_EPSN]
-    if e1 != e0:
-        p = e0
-        m = nx[X_R_MSN]
-        while p != e1:
-            lm = b + O_LM + (p & NL.WMASK)
-            if A[lm] == p + 1:
-                m += 1
-                A[lm] = 0
-            p = (p + 1) & PSN_MASK
-        nx[X_R_MSN] = m & PSN_MASK
-        Q[qi, Q_MSN] = m & PSN_MASK
-        Q[qi, Q_EPSN] = e1
-        out = A[b + O_OUT:b + O_OUT + 64]
-        rm = A[b + O_RM:b + O_RM + NL.WMAX * NL.NRM].reshape((NL.WMAX, NL.NRM))
-        while True:
-            n = rx_recv_completions(rx, rm, out)     # in receive WQE order (MR-OOO-013/014)
-            for i in range(n):
-                x = b + O_RMX + (out[i] & NL.WMASK) * NRMX
-                r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
-                f = A[x + 2]
-                push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_OK,
-                         WC_RECV_IMM if f & 4 else WC_RECV, A[x], A[x + 1],
-                         (WCF_IMM if f & 1 else 0) | (CQE_SOLICITED if f & 2 else 0))
-                Q[qi, Q_RQ_HEAD] += 1
-            if n < 64:
-                break
-        comm_est(A, Q, qi, st, e0)
+    if rx[NL.R_EPSN] != e0:
+        nat_advanced(A, Q, RW, CQT, CE, qi, b, e0, st)
+        if nx[X_RS_HELD]:
+            nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b)     # READs, atomics now due
     if res & RX_SACK_NOW:
         nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1)
     activate(A, Q, qi)
+
+
+# ============================================================================ READ and atomics
+# Requester (MR-NAT-021/022, MR-OOO-018..021, MR-OOO-025..028, MR-LOSS-013): a READ work request is
+# issued as READ request messages of at most rd_chunk PSNs, each with its own MSN and a row in the
+# requester table (RQ); its responses are placed at their offset in any order, a missing one is
+# re-requested once a later response shows it overdue by reo_wnd, or at the RTO.  An atomic is one
+# PSN without NETH; it stays in the table until its ATOMIC_ACKNOWLEDGE came and is replayed when its
+# PSN was delivered but no result followed.  Responder (MR-OOO-003, MR-OOO-016, MR-OOO-022..024): a
+# READ or atomic is recorded on arrival, held in a resource (RS) until the cumulative PSN reaches it,
+# then executed in PSN order; its responses leave from the job ring (JB); copies of executed ones are
+# answered from the resource, never executed again.
+@njit(**_jit)
+def rd_chunk(par):
+    """PSNs per READ request message (MR-NAT-022: at most W; half of it, so that the next message of a
+    long READ fits the window while one is answered, MR-CC-002)."""
+    c = par[NL.P_W] // 2
+    return c if c > 0 else 1
+
+
+@njit(**_jit)
+def rq_base(b, t):
+    return b + O_RQ + t * RQ_STRIDE
+
+
+@njit(**_jit)
+def rq_bit(A, e, i):
+    return (A[e + RQ_BM + (i >> 6)] >> (i & 63)) & 1
+
+
+@njit(**_jit)
+def rq_find(A, b, kind, key):
+    """The requester row of the READ request with MSN `key` (K_READ) or of the atomic at PSN `key`, -1."""
+    for t in range(NRQ):
+        e = rq_base(b, t)
+        if A[e + RQ_KIND] == kind and A[e + (RQ_MSN if kind == K_READ else RQ_PSN)] == key:
+            return e
+    return -1
+
+
+@njit(**_jit)
+def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
+    """(Re)transmit the READ request message or the atomic that PSN `psn` belongs to: NATIVE_READ_REQ
+    with the sub-range's RETH and NETH FIRST|LAST, offset 0, msg_len = DMA Length (MR-NAT-021), or
+    COMPARE_SWAP / FETCH_ADD with no NETH (MR-NAT-006); AckReq set (MR-NAT-023), RETX on a
+    retransmission (MR-NAT-015).  Every unsacked PSN of a READ's range is recorded as (re)sent: the
+    PSNs of a READ request share one fate (04 section 4.3.4).  False: no frame."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    j = b + O_SBX + (psn & NL.WMASK) * NSBX
+    k0 = A[j + 3]
+    r = sq_row(Q, qi, A[j])
+    op = SW[r, W_OPCODE]
+    pmtu = Q[qi, Q_PMTU]
+    p0 = (SW[r, W_FIRST_PSN] + k0) & PSN_MASK
+    if kind == TK_NEW:
+        e = mp_pick(pt, par, s[NL.S_SRTT], now)
+    else:
+        e = mp_pick_retx(pt, par, s[NL.S_SRTT], now, sb[psn & NL.WMASK, NL.B_ENTROPY])
+    e &= NL.PICK_PROBE - 1                          # AckReq is set anyway
+    set_sport(Q, TM, qi, pt[e, NL.E_SPORT])
+    ext = nat_ext(A)
+    n = 1
+    if op == WR_READ:
+        n = min(rd_chunk(par), SW[r, W_NPSN] - k0)
+        blen = min(n * pmtu, SW[r, W_LENGTH] - k0 * pmtu)
+        if blen < 0:
+            blen = 0
+        put_be(ext, 0, SW[r, W_RADDR] + k0 * pmtu, 8)
+        put_be(ext, 8, SW[r, W_RKEY], 4)
+        put_be(ext, 12, blen, 4)
+        fl = NETH_FIRST | NETH_LAST | (0 if kind == TK_NEW else NETH_RETX)
+        put_be(ext, 16, (fl << 24) | (A[j + 2] & PSN_MASK), 4)
+        put_be(ext, 20, 0, 4)
+        put_be(ext, 24, blen, 4)
+        put_be(ext, 28, tsval_of(now), 4)
+        if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, p0, ext, 32, 0, 0):
+            return False
+    elif not atomic_request(A, Q, SW, TM, umem, tables, ext, qi, r, 0):
+        return False
+    # one scoreboard record for the request (04 section 4.3.4), one packet in flight (05 section 5.2);
+    # the rest of the range only moves snd_nxt: its responses are the READ window's (MR-CC-019/020)
+    if kind == TK_NEW:
+        tx_on_transmit(s, sb, par, p0, e, TK_NEW, now)
+        for i in range(1, n):
+            sb[(p0 + i) & NL.WMASK, NL.B_FLAGS] = 0
+        s[NL.S_SND_NXT] = (p0 + n) & PSN_MASK
+    else:
+        f = sb[p0 & NL.WMASK, NL.B_FLAGS]
+        if (f & NL.BF_OUT) != 0 and sb[p0 & NL.WMASK, NL.B_PSN] == p0 and (f & NL.BF_SACKED) == 0:
+            tx_on_transmit(s, sb, par, p0, e, kind, now)
+    nx[X_C_TX] += 1
+    if kind != TK_NEW:
+        nx[X_C_RETX] += 1
+        A[P_RETRANSMITS] += 1
+    return True
+
+
+@njit(**_jit)
+def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
+    """Issue the next READ request message of READ WQE r (MR-NAT-022: sub-ranges of rd_chunk PSNs, each
+    its own MSN) or its atomic, once a requester row is free within max_rd_atomic (MR-OOO-028) and
+    every PSN of the range lies inside the window and the credits (MR-CC-002).  1 when sent, else 0."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    op = SW[r, W_OPCODE]
+    k0 = SW[r, W_SENT]
+    n = min(rd_chunk(par), SW[r, W_NPSN] - k0) if op == WR_READ else 1
+    used = 0
+    t = -1
+    for i in range(NRQ):
+        if A[rq_base(b, i) + RQ_KIND] != 0:
+            used += 1
+        elif t < 0:
+            t = i
+    if t < 0 or used >= Q[qi, Q_MAX_RD]:
+        return 0
+    nxt = s[NL.S_SND_NXT]
+    last = (nxt + n - 1) & PSN_MASK
+    if ((last - s[NL.S_SND_UNA]) & PSN_MASK) >= par[NL.P_W]:
+        return 0
+    if par[NL.P_CREDITS] and 0 < ((last - s[NL.S_RIGHT_EDGE]) & PSN_MASK) < NL.PSN_HALF:
+        return 0
+    if nx[X_RD_CWND] == 0:
+        nx[X_RD_CWND] = par[NL.P_INIT_CWND]
+    if op == WR_READ and nx[X_RD_OUT] > 0 and nx[X_RD_OUT] + n > max(nx[X_RD_CWND] // NL.FP, 1):
+        return 0                                     # MR-CC-020: the READ window
+    msn = nx[X_CUR_MSN] if k0 == 0 else nx[X_MSN_NEXT]
+    for i in range(n):
+        j = b + O_SBX + ((nxt + i) & NL.WMASK) * NSBX
+        A[j] = wi
+        A[j + 1] = k0 + i
+        A[j + 2] = msn
+        A[j + 3] = k0
+    if not nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, nxt, TK_NEW, now):
+        return 0
+    if k0 != 0:
+        nx[X_MSN_NEXT] = (nx[X_MSN_NEXT] + 1) & PSN_MASK
+    else:
+        SW[r, W_STATUS] = 0                          # response PSNs received so far (nat_rd_answered)
+    e = rq_base(b, t)
+    A[e:e + RQ_STRIDE] = 0
+    A[e + RQ_KIND] = K_READ if op == WR_READ else K_ATOMIC
+    A[e + RQ_PSN] = nxt
+    A[e + RQ_N] = n
+    A[e + RQ_MSN] = msn
+    A[e + RQ_WI] = wi
+    A[e + RQ_K0] = k0
+    blen = min(n * Q[qi, Q_PMTU], SW[r, W_LENGTH] - k0 * Q[qi, Q_PMTU])
+    A[e + RQ_BLEN] = blen if blen > 0 else 0
+    A[e + RQ_GAP_TS] = NL.NONE
+    A[e + RQ_RR_TS] = NL.NONE
+    A[e + RQ_ACKED_TS] = NL.NONE
+    SW[r, W_SENT] = k0 + n
+    nx[X_RD_PROG] = now
+    nx[X_C_RD_REQ] += 1
+    if op == WR_READ:
+        nx[X_RD_OUT] += n
+    return 1
+
+
+@njit(**_jit)
+def rd_window_loss(nx, s, par, now):
+    """MR-CC-019 with MR-CC-022's cut: a READ response lost (re-requested) cuts read_cwnd by max_mdf, at
+    most once per srtt.  (The delay and ECN inputs of MR-CC-019 are not applied yet.)"""
+    if nx[X_RD_DEC_TS] != 0 and s[NL.S_SRTT] != NL.NONE and now - nx[X_RD_DEC_TS] < s[NL.S_SRTT]:
+        return
+    c = nx[X_RD_CWND] * (NL.FP - par[NL.P_MAX_MDF]) // NL.FP
+    nx[X_RD_CWND] = c if c > par[NL.P_MIN_CWND] else par[NL.P_MIN_CWND]
+    nx[X_RD_DEC_TS] = now
+    nx[X_C_RD_DEC] += 1
+
+
+@njit(**_jit)
+def nat_implicit_ack(A, Q, SW, CQT, CE, qi, b, cum, now):
+    """A READ response or an ATOMIC_ACKNOWLEDGE shows that the responder received every PSN up to `cum`
+    (MR-OOO-019, MR-OOO-025): acknowledged as by an ACK-type SACK with flags.N (no RTT sample, no
+    path feedback), then the WQEs that completes (MR-SACK-026)."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    if not (0 < ((cum + 1 - s[NL.S_SND_UNA]) & PSN_MASK) < NL.PSN_HALF):
+        return                                       # nothing new
+    if not (0 < ((s[NL.S_SND_NXT] - cum) & PSN_MASK) < NL.PSN_HALF):
+        return
+    credit = 0xFFFF
+    if par[NL.P_CREDITS]:
+        credit = (s[NL.S_RIGHT_EDGE] - cum) & PSN_MASK      # the right edge stays where SACKs put it
+        if credit < 1 or credit > par[NL.P_W]:
+            credit = 1
+    tx_on_sack(s, sb, pt, par, cum, 0, A[b + O_WD:b + O_WD + 32], 0, 0x40, 0, credit, -1, now)
+    advance(A, Q, SW, CQT, CE, qi, s[NL.S_SND_UNA], now)
+
+
+@njit(**_jit)
+def nat_rd_answered(A, Q, SW, CQT, CE, qi, b, r, n, now):
+    """n more response PSNs of READ/atomic WQE r arrived; once all did, the WQE is answered and
+    completes in WQE order (MR-SACK-026), with what follows it and is acknowledged."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    SW[r, W_STATUS] += n
+    if SW[r, W_STATUS] >= SW[r, W_NPSN] and SW[r, W_SENT] >= SW[r, W_NPSN] and SW[r, W_DONE] == 0:
+        SW[r, W_DONE] = 1
+        Q[qi, Q_RD_OUT] -= 1
+        retire_answered(A, Q, SW, CQT, CE, qi)
+        if Q[qi, Q_STATE] != ST_ERR:
+            advance(A, Q, SW, CQT, CE, qi, s[NL.S_SND_UNA], now)
+
+
+@njit(**_jit)
+def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
+    """A NATIVE_READ_RESP (MR-OOO-018): its MSN names an outstanding READ request, its PSN lies in that
+    READ's range, offset, length and flags agree (MR-NAT-018 applied to the response), else it is
+    dropped and counted; it is placed at its offset of the WQE's buffer whatever the order, a copy of a
+    response already placed is ignored.  A response beyond a missing one is MR-OOO-020's evidence
+    (for this READ, and for every earlier READ still missing responses)."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    h = bo + 12
+    if h + 16 + pad > end:
+        nx[X_C_RD_BAD] += 1
+        A[P_RX_DROP_LEN] += 1
+        return
+    fl = np.int64(umem[h])
+    msn = get_be(umem, h + 1, 3)
+    off = get_be(umem, h + 4, 4)
+    mlen = get_be(umem, h + 8, 4)
+    pay = h + 16
+    plen = end - pad - pay
+    e = rq_find(A, b, K_READ, msn)
+    if e < 0:
+        nx[X_C_RD_RESP_DUP] += 1                     # a late copy for a READ already answered: stale
+        A[P_RX_RSP_STALE] += 1
+        return
+    p = A[e + RQ_PSN]
+    n = A[e + RQ_N]
+    pmtu = Q[qi, Q_PMTU]
+    i = (psn - p) & PSN_MASK
+    blen = A[e + RQ_BLEN]
+    want = min(pmtu, blen - off)
+    if i >= n or off != i * pmtu or mlen != blen or plen != want or ((fl & NETH_FIRST) != 0) != (i == 0) or \
+            ((fl & NETH_LAST) != 0) != (i == n - 1):
+        nx[X_C_RD_BAD] += 1
+        A[P_RX_DROP_LEN] += 1
+        return
+    if rq_bit(A, e, i):
+        nx[X_C_RD_RESP_DUP] += 1
+        return
+    r = sq_row(Q, qi, A[e + RQ_WI])
+    lmr = SW[r, W_LMR]
+    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)     # MR-MEM-035: never placed
+        return
+    if plen:
+        place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], A[e + RQ_K0] * pmtu + off, A[P_UMEM_ADDR] + pay, plen)
+    A[e + RQ_BM + (i >> 6)] |= np.int64(1) << (i & 63)
+    A[e + RQ_GOT] += 1
+    A[P_RX_BYTES] += plen
+    nx[X_C_RD_RESP_RX] += 1
+    nx[X_RD_PROG] = now
+    nx[X_RD_OUT] -= 1                                # MR-CC-019: a response delivered, the window grows
+    c = nx[X_RD_CWND]
+    if c > 0:
+        c += par[NL.P_AI] * NL.FP // c if c >= NL.FP else par[NL.P_AI]
+        nx[X_RD_CWND] = c if c < par[NL.P_W] * NL.FP else par[NL.P_W] * NL.FP
+    s[NL.S_RETRY_COUNT] = 0                          # progress (MR-LOSS-008)
+    lo = A[e + RQ_LO]
+    while lo < n and rq_bit(A, e, lo):
+        lo += 1
+    A[e + RQ_LO] = lo
+    if i + 1 > A[e + RQ_HI]:
+        A[e + RQ_HI] = i + 1
+    if lo < i and A[e + RQ_GAP_TS] == NL.NONE:
+        A[e + RQ_GAP_TS] = now                       # MR-OOO-020: a later response arrived
+    for t in range(NRQ):
+        o = rq_base(b, t)
+        if o != e and A[o + RQ_KIND] == K_READ and A[o + RQ_GOT] < A[o + RQ_N] and \
+                0 < ((p - A[o + RQ_PSN]) & PSN_MASK) < NL.PSN_HALF:
+            A[o + RQ_HI] = A[o + RQ_N]               # ... of a later READ: the earlier one's tail is due
+            if A[o + RQ_GAP_TS] == NL.NONE:
+                A[o + RQ_GAP_TS] = now
+    nat_implicit_ack(A, Q, SW, CQT, CE, qi, b, (p + n - 1) & PSN_MASK, now)
+    if Q[qi, Q_STATE] == ST_ERR:
+        return
+    if A[e + RQ_GOT] >= n:
+        A[e + RQ_KIND] = 0
+        nat_rd_answered(A, Q, SW, CQT, CE, qi, b, r, n, now)
+
+
+@njit(**_jit)
+def nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
+    """An ATOMIC_ACKNOWLEDGE on a native QP (MR-NAT-006, MR-OOO-025): accepted only for an atomic sent
+    and still owed its result (else dropped and counted: a replay's second answer, or forged); the
+    original value is placed (host order), its PSN and all before it are acknowledged, and the WQE
+    completes in order."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    if end - pad - (bo + 24) != 0 or pad != 0:
+        nx[X_C_AT_ACK_BAD] += 1
+        A[P_RX_DROP_LEN] += 1
+        return
+    if (umem[bo + 12] >> 5) & 3 != 0:                # not an ACK syndrome
+        nx[X_C_AT_ACK_BAD] += 1
+        return
+    e = rq_find(A, b, K_ATOMIC, psn)
+    if e < 0:
+        nx[X_C_AT_ACK_BAD] += 1
+        A[P_RX_RSP_STALE] += 1
+        return
+    r = sq_row(Q, qi, A[e + RQ_WI])
+    lmr = SW[r, W_LMR]
+    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
+        return
+    orig = get_be(umem, bo + 16, 8)
+    ext = nat_ext(A)
+    for k in range(8):                               # host (little-endian) order, MR-ATOM-008
+        ext[k] = (orig >> (8 * k)) & 0xFF
+    place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], 0, A[P_NAT_EXT], 8)
+    A[e + RQ_KIND] = 0
+    nx[X_C_AT_ACK_RX] += 1
+    nx[X_RD_PROG] = now
+    s[NL.S_RETRY_COUNT] = 0
+    nat_implicit_ack(A, Q, SW, CQT, CE, qi, b, psn, now)
+    if Q[qi, Q_STATE] != ST_ERR:
+        nat_rd_answered(A, Q, SW, CQT, CE, qi, b, r, 1, now)
+
+
+@njit(**_jit)
+def nat_rereq(A, Q, SW, TM, umem, tables, qi, b, e, upto, now):
+    """READ re-requests (MR-OOO-020/021) for each maximal run of missing response PSNs below index
+    `upto` of the READ request at row e: a NATIVE_READ_REQ at the run's first PSN q with RETH.VA
+    `VA + (q - p) * pmtu`, the rkey, the run's bytes, the READ's MSN, RETX, FIRST and LAST, offset
+    `(q - p) * pmtu` and msg_len the READ's.  Packets sent, or -1 when a frame ran out."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    r = sq_row(Q, qi, A[e + RQ_WI])
+    pmtu = Q[qi, Q_PMTU]
+    p = A[e + RQ_PSN]
+    blen = A[e + RQ_BLEN]
+    va = SW[r, W_RADDR] + A[e + RQ_K0] * pmtu
+    ext = nat_ext(A)
+    sent = 0
+    i = A[e + RQ_LO]
+    while i < upto:
+        if rq_bit(A, e, i):
+            i += 1
+            continue
+        k = i
+        while k < upto and not rq_bit(A, e, k):
+            k += 1
+        off = i * pmtu
+        ln = min((k - i) * pmtu, blen - off)
+        if ln < 0:
+            ln = 0
+        put_be(ext, 0, va + off, 8)
+        put_be(ext, 8, SW[r, W_RKEY], 4)
+        put_be(ext, 12, ln, 4)
+        put_be(ext, 16, ((NETH_FIRST | NETH_LAST | NETH_RETX) << 24) | (A[e + RQ_MSN] & PSN_MASK), 4)
+        put_be(ext, 20, off, 4)
+        put_be(ext, 24, blen, 4)
+        put_be(ext, 28, tsval_of(now), 4)
+        ep = mp_pick(pt, par, s[NL.S_SRTT], now) & (NL.PICK_PROBE - 1)
+        set_sport(Q, TM, qi, pt[ep, NL.E_SPORT])
+        if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, (p + i) & PSN_MASK, ext, 32, 0, 0):
+            return -1
+        sent += 1
+        nx[X_C_REREQ] += 1
+        nx[X_C_TX] += 1
+        i = k
+    return sent
+
+
+@njit(**_jit)
+def nat_replay(A, Q, SW, TM, umem, tables, qi, b, e, now):
+    """MR-OOO-027: the atomic at row e sent again, unchanged but for AckReq and the UDP source port."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    ep = mp_pick(pt, par, s[NL.S_SRTT], now) & (NL.PICK_PROBE - 1)
+    set_sport(Q, TM, qi, pt[ep, NL.E_SPORT])
+    if not atomic_request(A, Q, SW, TM, umem, tables, nat_ext(A), qi, sq_row(Q, qi, A[e + RQ_WI]), 0):
+        return False
+    nx[X_C_AT_REPLAY] += 1
+    nx[X_C_TX] += 1
+    return True
+
+
+@njit(**_jit)
+def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
+    """The requester's READ and atomic timers: re-requests once a later response showed a gap reo_wnd
+    ago (MR-OOO-020; not again before one srtt, so the re-request's responses can come), atomic replays
+    reo_wnd after the atomic's PSN was delivered without its result (MR-OOO-027), and the RTO for
+    responses owed to requests the responder has (MR-LOSS-013: the retry budget of MR-LOSS-007/009;
+    the oldest READ's missing ranges are re-requested, or the oldest atomic replayed).  Packets sent."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    rw = reo_wnd(s, par)
+    guard = s[NL.S_SRTT] if s[NL.S_SRTT] != NL.NONE else s[NL.S_RTO]
+    if guard < rw:
+        guard = rw
+    una = s[NL.S_SND_UNA]
+    sent = 0
+    oldest = -1
+    for t in range(NRQ):
+        e = rq_base(b, t)
+        kind = A[e + RQ_KIND]
+        if kind == 0:
+            continue
+        p = A[e + RQ_PSN]
+        acked = 0 < ((una - ((p + A[e + RQ_N] - 1) & PSN_MASK)) & PSN_MASK) < NL.PSN_HALF
+        rr = A[e + RQ_RR_TS]
+        if kind == K_READ:
+            g = A[e + RQ_GAP_TS]
+            if g != NL.NONE and now >= g + rw and (rr == NL.NONE or now >= rr + guard):
+                k = nat_rereq(A, Q, SW, TM, umem, tables, qi, b, e, A[e + RQ_HI], now)
+                if k < 0:
+                    return sent
+                sent += k
+                rd_window_loss(nx, s, par, now)
+                A[e + RQ_RR_TS] = now
+                A[e + RQ_GAP_TS] = NL.NONE
+        elif acked:
+            if A[e + RQ_ACKED_TS] == NL.NONE:
+                A[e + RQ_ACKED_TS] = now
+            elif now >= A[e + RQ_ACKED_TS] + rw and (rr == NL.NONE or now >= rr + guard):
+                if not nat_replay(A, Q, SW, TM, umem, tables, qi, b, e, now):
+                    return sent
+                sent += 1
+                A[e + RQ_RR_TS] = now
+        if acked or A[e + RQ_GOT] > 0:               # the responder has the request: responses owed
+            if oldest < 0 or 0 < ((A[oldest + RQ_PSN] - p) & PSN_MASK) < NL.PSN_HALF:
+                oldest = e
+    if oldest < 0:
+        return sent
+    prog = nx[X_RD_PROG]
+    if s[NL.S_LAST_SACK_TS] > prog:
+        prog = s[NL.S_LAST_SACK_TS]
+    if now < prog + s[NL.S_RTO]:
+        return sent
+    s[NL.S_RETRY_COUNT] += 1                         # MR-LOSS-013 -> MR-LOSS-007
+    if s[NL.S_RETRY_COUNT] > par[NL.P_RETRY_CNT]:
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)      # MR-LOSS-009
+        return sent
+    rto = 2 * s[NL.S_RTO]
+    s[NL.S_RTO] = rto if rto < par[NL.P_RTO_MAX] else par[NL.P_RTO_MAX]
+    nx[X_C_RD_RTO] += 1
+    A[P_TIMEOUTS] += 1
+    nx[X_RD_PROG] = now
+    if A[oldest + RQ_KIND] == K_READ:
+        k = nat_rereq(A, Q, SW, TM, umem, tables, qi, b, oldest, A[oldest + RQ_N], now)
+        if k > 0:
+            sent += k
+        rd_window_loss(nx, s, par, now)
+    elif nat_replay(A, Q, SW, TM, umem, tables, qi, b, oldest, now):
+        sent += 1
+    A[oldest + RQ_RR_TS] = now
+    A[oldest + RQ_GAP_TS] = NL.NONE
+    return sent
+
+
+# ---------------------------------------------------------------------------- responder
+@njit(**_jit)
+def atomic_check(Q, MRT, qi, va, rkey):
+    """Check 7 for an atomic, in the order of 03 Table 3-4: the QP's REMOTE_ATOMIC, R_Key and bounds of
+    [VA, VA + 8), then the 8-byte alignment (MR-ATOM-002).  0, or the NAK syndrome."""
+    if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:
+        return NAK_INV_REQ
+    if mr_check(MRT, rkey, Q[qi, Q_PD], va, 8, ACC_REMOTE_ATOMIC) < 0:
+        return NAK_REM_ACCESS
+    if va & 7:
+        return NAK_INV_REQ
+    return 0
+
+
+@njit(**_jit)
+def nat_job(A, nx, b, kind, psn0, i, iend, msn, va, ln, mr, retx, orig, amsn, keep):
+    """Queue a responder job: READ responses [i, iend) of the READ at psn0, or an ATOMIC_ACKNOWLEDGE.
+    False when fewer than `keep` rows would stay free (answers to copies leave room for executions)."""
+    if nx[X_JB_TAIL] - nx[X_JB_HEAD] + keep >= NJB:
+        return False
+    x = b + O_JB + (nx[X_JB_TAIL] % NJB) * JB_STRIDE
+    A[x + JB_KIND] = kind
+    A[x + JB_PSN0] = psn0
+    A[x + JB_I] = i
+    A[x + JB_IEND] = iend
+    A[x + JB_MSN] = msn
+    A[x + JB_VA] = va
+    A[x + JB_LEN] = ln
+    A[x + JB_MR] = mr
+    A[x + JB_RETX] = retx
+    A[x + JB_ORIG] = orig
+    A[x + JB_AMSN] = amsn
+    nx[X_JB_TAIL] += 1
+    return True
+
+
+@njit(**_jit)
+def nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b):
+    """MR-OOO-016, MR-OOO-023: the held READs and atomics whose PSN the cumulative PSN has passed execute
+    now, in PSN order.  A READ repeats check 7 and queues its responses; an atomic repeats check 7,
+    reads and writes the remote cell once (host byte order, MR-ATOM-001), keeps the original value in
+    its resource and queues its ATOMIC_ACKNOWLEDGE, whose AETH.MSN counts the atomic (MR-NAT-006)."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    while nx[X_RS_HELD] > 0:
+        epsn = rx[NL.R_EPSN]
+        x = -1
+        bd = 0
+        for t in range(NRS):
+            y = b + O_RS + t * RS_STRIDE
+            if A[y + RS_STATE] == RS_HELD:
+                d = (epsn - A[y + RS_PSN]) & PSN_MASK
+                if 0 < d < NL.PSN_HALF and d > bd:
+                    x = y
+                    bd = d
+        if x < 0 or nx[X_JB_TAIL] - nx[X_JB_HEAD] >= NJB:
+            return                                   # nothing due, or the job ring full: next round
+        psn = A[x + RS_PSN]
+        if A[x + RS_KIND] == K_READ:
+            mr = np.int64(0)
+            if A[x + RS_LEN] > 0:
+                mr = mr_check(MRT, A[x + RS_RKEY], Q[qi, Q_PD], A[x + RS_VA], A[x + RS_LEN], ACC_REMOTE_READ)
+                if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+                    nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+                    return
+            nat_job(A, nx, b, K_READ, psn, 0, A[x + RS_N], A[x + RS_MSN], A[x + RS_VA], A[x + RS_LEN], mr, 0, 0, 0,
+                    0)
+            nx[X_C_RD_EXEC] += 1
+        else:
+            va = A[x + RS_VA]
+            err = atomic_check(Q, MRT, qi, va, A[x + RS_RKEY])
+            if err:
+                nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, err, psn,
+                         EV_QP_ACCESS_ERR if err == NAK_REM_ACCESS else EV_QP_REQ_ERR, 22 if err == NAK_REM_ACCESS else 28)
+                return
+            cell = carray(ptr_u64(va), (1,))
+            orig = cell[0]
+            if A[x + RS_OP] == OP_CAS:
+                if orig == np.uint64(A[x + RS_CMP]):
+                    cell[0] = np.uint64(A[x + RS_SWAP])
+            else:
+                cell[0] = orig + np.uint64(A[x + RS_SWAP])
+            A[x + RS_ORIG] = np.int64(orig)
+            A[x + RS_AMSN] = Q[qi, Q_MSN]
+            nat_job(A, nx, b, K_ATOMIC, psn, 0, 1, 0, 0, 0, 0, 0, A[x + RS_ORIG], A[x + RS_AMSN], 0)
+            nx[X_C_AT_EXEC] += 1
+        A[x + RS_STATE] = RS_DONE
+        nx[X_RS_HELD] -= 1
+
+
+@njit(**_jit)
+def nat_rd_dup(A, Q, MRT, qi, b, is_read, op, psn, va, rkey, dlen, msn, off, mlen, swap, cmp):
+    """A copy of a READ request (a re-request, MR-OOO-021/022) or of an atomic (a replay, MR-OOO-024):
+    answered from the resource that holds it once it was executed and the copy agrees with it (a READ:
+    MSN, VA and offset relative to the original, range within it, check 7 again; an atomic: the same
+    AtomicETH; the saved result, never executed again).  Anything else is dropped and counted.
+    Returns 0, or the NAK syndrome when check 7 fails."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    pmtu = Q[qi, Q_PMTU]
+    for t in range(NRS):
+        x = b + O_RS + t * RS_STRIDE
+        if A[x + RS_STATE] != RS_DONE:
+            continue
+        if is_read:
+            if A[x + RS_KIND] != K_READ or A[x + RS_MSN] != msn:
+                continue
+            i = (psn - A[x + RS_PSN]) & PSN_MASK
+            ln = A[x + RS_LEN]
+            if i >= A[x + RS_N] or off != i * pmtu or mlen != ln or va != A[x + RS_VA] + off or \
+                    rkey != A[x + RS_RKEY] or dlen > ln - off or dlen < 0:
+                continue
+            n = max(1, (dlen + pmtu - 1) // pmtu)
+            if i + n > A[x + RS_N]:
+                continue
+            mr = np.int64(0)
+            if dlen > 0:
+                mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ)
+                if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+                    return NAK_REM_ACCESS
+            if nat_job(A, nx, b, K_READ, A[x + RS_PSN], i, i + n, msn, A[x + RS_VA], ln, mr, 1, 0, 0, NRS):
+                nx[X_C_REREQ_RX] += 1
+                return 0
+            break
+        else:
+            if A[x + RS_KIND] != K_ATOMIC or A[x + RS_PSN] != psn:
+                continue
+            if A[x + RS_VA] == va and A[x + RS_RKEY] == rkey and A[x + RS_SWAP] == swap and A[x + RS_CMP] == cmp \
+                    and A[x + RS_OP] == op and nat_job(A, nx, b, K_ATOMIC, psn, 0, 1, 0, 0, 0, 0, 0, A[x + RS_ORIG],
+                                                      A[x + RS_AMSN], NRS):
+                nx[X_C_REREQ_RX] += 1
+                return 0
+            break
+    nx[X_C_RD_DUP_DROP] += 1
+    return 0
+
+
+@njit(**_jit)
+def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, end, pad, l3, st, now):
+    """A NATIVE_READ_REQ or an atomic request at the responder (04 section 4.4.1 checks 2-4 and 7):
+    a copy is answered per MR-OOO-022/024 and SACKed (MR-SACK-013); a new one is recorded with every
+    PSN of its range (MR-OOO-003), held in a resource and executed when the cumulative PSN reaches it
+    (MR-OOO-016, MR-OOO-023).  A SACK triggered by an atomic has flags.N (MR-SACK-006)."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    h = bo + 12
+    is_read = op == OP_N_READ_REQ
+    if end - h != (32 if is_read else 28) or pad != 0:
+        nx[X_C_BAD_LEN] += 1
+        A[P_RX_DROP_LEN] += 1                        # MR-NAT-009
+        return
+    va = get_be(umem, h, 8)
+    rkey = get_be(umem, h + 8, 4)
+    dlen = np.int64(8)
+    msn = np.int64(0)
+    off = np.int64(0)
+    mlen = np.int64(0)
+    tsval = np.int64(0)
+    swap = np.int64(0)
+    cmp = np.int64(0)
+    if is_read:
+        dlen = get_be(umem, h + 12, 4)
+        fl = np.int64(umem[h + 16])
+        msn = get_be(umem, h + 17, 3)
+        off = get_be(umem, h + 20, 4)
+        mlen = get_be(umem, h + 24, 4)
+        tsval = get_be(umem, h + 28, 4)
+        if (fl & (NETH_FIRST | NETH_LAST)) != (NETH_FIRST | NETH_LAST):
+            nx[X_C_BAD_LEN] += 1                     # MR-NAT-021, MR-XH-021
+            A[P_RX_DROP_LEN] += 1
+            return
+    else:
+        swap = get_be(umem, h + 12, 8)
+        cmp = get_be(umem, h + 20, 8)
+    has_ts = 1 if is_read else 0
+    ackreq = 1 if (umem[bo + 8] & 0x80) else 0
+    ce = 1 if ce_marked(umem, l3) else 0
+    sport = get_be(umem, l3 + (40 if (umem[l3] >> 4) == 6 else 20), 2)
+    pmtu = Q[qi, Q_PMTU]
+    if rx_recorded(rx, par, psn):                    # a copy (MR-SACK-013): a re-request or a replay
+        rx_on_packet(rx, par, psn, ackreq, ce, has_ts, tsval, sport, now)
+        nx[X_C_DUP] += 1
+        A[P_RX_DUP] += 1
+        syn = nat_rd_dup(A, Q, MRT, qi, b, is_read, op, psn, va, rkey, dlen, msn, off, mlen, swap, cmp)
+        if syn:
+            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, syn, psn, EV_QP_ACCESS_ERR, 22)
+            return
+        nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, 1)
+        nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1)
+        return
+    d = (psn - rx[NL.R_EPSN]) & PSN_MASK
+    if d >= par[NL.P_W]:
+        rx_on_packet(rx, par, psn, ackreq, ce, has_ts, tsval, sport, now)     # MR-SACK-011: counted there
+        nx[X_C_OOW] += 1
+        return
+    npk = np.int64(1)
+    if is_read:
+        npk = max(1, (dlen + pmtu - 1) // pmtu)
+        if off != 0 or mlen != dlen or d + npk > par[NL.P_W]:
+            # check 4 (a READ that is not a copy has offset 0), check 7 (the range ends inside the window)
+            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+            return
+        if dlen > 0 and (mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ) < 0 or
+                         (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0):
+            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            return
+    else:
+        err = atomic_check(Q, MRT, qi, va, rkey)
+        if err:
+            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, err, psn,
+                     EV_QP_ACCESS_ERR if err == NAK_REM_ACCESS else EV_QP_REQ_ERR, 22 if err == NAK_REM_ACCESS else 28)
+            return
+    x = b + O_RS + (nx[X_RS_NEXT] % NRS) * RS_STRIDE
+    if A[x + RS_STATE] == RS_HELD:
+        nx[X_C_RD_DUP_DROP] += 1                     # more than max_dest_rd_atomic held: not recorded
+        return
+    e0 = rx[NL.R_EPSN]
+    res = rx_on_range(rx, par, psn, npk, ackreq, ce, has_ts, tsval, sport, now)
+    nx[X_RS_NEXT] += 1
+    A[x:x + RS_STRIDE] = 0
+    A[x + RS_STATE] = RS_HELD
+    A[x + RS_KIND] = K_READ if is_read else K_ATOMIC
+    A[x + RS_PSN] = psn
+    A[x + RS_N] = npk
+    A[x + RS_MSN] = msn
+    A[x + RS_VA] = va
+    A[x + RS_RKEY] = rkey
+    A[x + RS_LEN] = dlen
+    A[x + RS_OP] = op
+    A[x + RS_SWAP] = swap
+    A[x + RS_CMP] = cmp
+    nx[X_RS_HELD] += 1
+    if d != 0:
+        nx[X_C_OOO] += 1
+    nx[X_C_PLACED] += 1
+    lastp = (psn + npk - 1) & PSN_MASK
+    A[b + O_LM + (lastp & NL.WMASK)] = lastp + 1    # a message ends here (MR-SACK-003's MSN)
+    nat_advanced(A, Q, RW, CQT, CE, qi, b, e0, st)
+    nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b)
+    if Q[qi, Q_STATE] == ST_ERR:
+        return
+    if not is_read:
+        nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, 1)     # the result before the SACK
+    if res & RX_SACK_NOW:
+        nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1)
+
+
+@njit(**_jit)
+def nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
+    """The responder's jobs in order (MR-OOO-017): NATIVE_READ_RESP packets -- BTH.PSN the READ's PSN
+    + i, NETH.MSN the READ's, offset i * pmtu, msg_len the READ's length, FIRST / LAST of the READ,
+    RETX when answering a re-request (MR-NAT-015), no AETH -- and ATOMIC_ACKNOWLEDGEs (MR-NAT-006:
+    BTH.PSN the atomic's, AETH 0x1F with the MSN, the original value).  A READ whose MR went away
+    meanwhile ends the QP with a remote access error (as MR-MEM-033).  Returns packets sent."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    ext = nat_ext(A)
+    pmtu = Q[qi, Q_PMTU]
+    n = 0
+    while n < budget and nx[X_JB_HEAD] != nx[X_JB_TAIL]:
+        x = b + O_JB + (nx[X_JB_HEAD] % NJB) * JB_STRIDE
+        if A[x + JB_KIND] == K_ATOMIC:
+            put_be(ext, 0, (AETH_ACK_SYN << 24) | (A[x + JB_AMSN] & PSN_MASK), 4)
+            put_be(ext, 4, A[x + JB_ORIG], 8)
+            if not emit(A, Q, TM, umem, tables, qi, OP_ATOMIC_ACK, 0, 0, A[x + JB_PSN0] & PSN_MASK, ext, 12, 0, 0):
+                return n
+            n += 1
+            nx[X_JB_HEAD] += 1
+            continue
+        ln = A[x + JB_LEN]
+        npk = max(1, (ln + pmtu - 1) // pmtu)
+        while A[x + JB_I] < A[x + JB_IEND] and n < budget:
+            if A[x + JB_MR] and MRT[A[x + JB_MR], M_VALID] == 0:
+                nx[X_JB_HEAD] = nx[X_JB_TAIL]
+                nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, A[x + JB_PSN0],
+                         EV_QP_ACCESS_ERR, 22)
+                return n
+            i = A[x + JB_I]
+            off = i * pmtu
+            plen = min(pmtu, ln - off)
+            if plen < 0:
+                plen = 0
+            fl = (NETH_FIRST if i == 0 else 0) | (NETH_LAST if i == npk - 1 else 0) | \
+                (NETH_RETX if A[x + JB_RETX] else 0)
+            put_be(ext, 0, (fl << 24) | (A[x + JB_MSN] & PSN_MASK), 4)
+            put_be(ext, 4, off, 4)
+            put_be(ext, 8, ln, 4)
+            put_be(ext, 12, tsval_of(now), 4)
+            if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_RESP, 0, 0, (A[x + JB_PSN0] + i) & PSN_MASK, ext, 16,
+                        A[x + JB_VA] + off, plen):
+                return n
+            A[x + JB_I] = i + 1
+            n += 1
+            nx[X_C_RD_RESP_TX] += 1
+        if A[x + JB_I] >= A[x + JB_IEND]:
+            nx[X_JB_HEAD] += 1
+    return n
+
+
+@njit(**_jit)
+def nat_advanced(A, Q, RW, CQT, CE, qi, b, e0, st):
+    """The ePSN moved from e0: count the messages it passed (MR-SACK-003's MSN), generate the receive
+    completions now due in receive WQE order (MR-OOO-013/014), COMM_EST in RTR."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    e1 = rx[NL.R_EPSN]
+    if e1 == e0:
+        return
+    p = e0
+    m = nx[X_R_MSN]
+    while p != e1:
+        lm = b + O_LM + (p & NL.WMASK)
+        if A[lm] == p + 1:
+            m += 1
+            A[lm] = 0
+        p = (p + 1) & PSN_MASK
+    nx[X_R_MSN] = m & PSN_MASK
+    Q[qi, Q_MSN] = m & PSN_MASK
+    Q[qi, Q_EPSN] = e1
+    out = A[b + O_OUT:b + O_OUT + 64]
+    rm = A[b + O_RM:b + O_RM + NL.WMAX * NL.NRM].reshape((NL.WMAX, NL.NRM))
+    while True:
+        n = rx_recv_completions(rx, rm, out)         # in receive WQE order (MR-OOO-013/014)
+        for i in range(n):
+            x = b + O_RMX + (out[i] & NL.WMASK) * NRMX
+            r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+            f = A[x + 2]
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_OK,
+                     WC_RECV_IMM if f & 4 else WC_RECV, A[x], A[x + 1],
+                     (WCF_IMM if f & 1 else 0) | (CQE_SOLICITED if f & 2 else 0))
+            Q[qi, Q_RQ_HEAD] += 1
+        if n < 64:
+            break
+    comm_est(A, Q, qi, st, e0)
 
 
 # ============================================================================ per QP, per round
@@ -565,8 +1384,16 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
         if nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1):
             sent += 1
     st = Q[qi, Q_STATE]
+    if st != ST_ERR:                                 # the responder's READ responses, atomic results
+        if nx[X_RS_HELD]:
+            nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b)
+        if nx[X_JB_HEAD] != nx[X_JB_TAIL] and Q[qi, Q_STATE] != ST_ERR:
+            sent += nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget)
+        st = Q[qi, Q_STATE]
     if st == ST_RTS or st == ST_SQD:
         sent += nat_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now)
+        if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
+            sent += nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now)
         if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
             sent += nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget)
             if Q[qi, Q_LOCERR]:
@@ -577,7 +1404,8 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
             sqd_check(A, Q, SW, qi)
     if Q[qi, Q_STATE] == ST_ERR:
         flush_queues(A, Q, SW, RW, CQT, CE, qi)
-    busy = rx[NL.R_SINCE_SACK] > 0 or nx[X_SACK_OWED] != 0 or \
+        nx[X_JB_HEAD] = nx[X_JB_TAIL]
+    busy = rx[NL.R_SINCE_SACK] > 0 or nx[X_SACK_OWED] != 0 or nx[X_JB_HEAD] != nx[X_JB_TAIL] or \
         (Q[qi, Q_STATE] != ST_ERR and Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL))
     return sent | ((1 if busy else 0) << 32)
 

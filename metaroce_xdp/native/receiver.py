@@ -260,3 +260,50 @@ def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
     r[R_TRIG_CE] = 1 if ce else 0
     r[R_LAST_RX_TS] = now
     r[R_C_NOTREADY] += 1
+
+
+@njit("boolean(int64[::1], int64[::1], int64)", **_jit)
+def rx_recorded(r, par, psn):
+    """Has PSN `psn` been received (MR-SACK-013's duplicate test): before the ePSN (within 2^23) or
+    recorded in the window.  Used for READ and atomic requests, whose duplicates are answered
+    (MR-OOO-022, MR-OOO-024) rather than only SACKed."""
+    d = (psn - r[R_EPSN]) & PSN_MASK
+    if d >= PSN_HALF:
+        return True
+    return d < par[P_W] and d != 0 and _bit(r, psn)
+
+
+@njit("int64(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64)", **_jit)
+def rx_on_range(r, par, psn, n, ackreq, ce, has_ts, tsval, sport, now):
+    """A validated, new NATIVE_READ_REQ for the n PSNs from `psn` (MR-OOO-003: every PSN of the
+    READ's range is recorded as received) or an atomic (n = 1, has_ts = 0): rx_on_packet for the
+    request's PSN, then the rest of the range recorded without counting the packet again.
+    Returns rx_on_packet's flags for the request, with RX_SACK_NOW if recording the range fills
+    a gap."""
+    out = rx_on_packet(r, par, psn, ackreq, ce, has_ts, tsval, sport, now)
+    if not (out & RX_NEW):
+        return out
+    for i in range(1, n):
+        p = (psn + i) & PSN_MASK
+        epsn = r[R_EPSN]
+        d = (p - epsn) & PSN_MASK
+        if d >= par[P_W]:
+            break                                       # the caller checked the range fits (check 7)
+        if d == 0:
+            epsn = (epsn + 1) & PSN_MASK
+            while r[R_NREC] > 0 and _bit(r, epsn):
+                _setbit(r, epsn, 0)
+                r[R_NREC] -= 1
+                epsn = (epsn + 1) & PSN_MASK
+            r[R_EPSN] = epsn
+            if r[R_NREC] > 0:
+                out |= RX_SACK_NOW                      # fills a gap, MR-SACK-014 (2)
+            else:
+                r[R_HIGHEST] = (epsn - 1) & PSN_MASK
+        elif not _bit(r, p):
+            _setbit(r, p, 1)
+            r[R_NREC] += 1
+            dh = (p - r[R_HIGHEST]) & PSN_MASK
+            if 0 < dh < PSN_HALF:
+                r[R_HIGHEST] = p
+    return out
