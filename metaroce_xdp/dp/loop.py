@@ -1158,6 +1158,7 @@ from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)
 from .native import P_NAT_OFF, nat_qp, nat_rx  # noqa: E402  (the native profile, dp/native.py)
+from .native import nat_kern_sacks  # noqa: E402  (NATIVE_SACKs the XDP program consumed: MR-SACK-043)
 
 
 # ============================================================================ the round
@@ -1298,7 +1299,8 @@ def views(A, TM):
 def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     """One round; returns the number of packets handled and sent."""
     budget = A[P_BUDGET]
-    work = rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
+    work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
+    work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
     # posts: the ready ring
     rdy = A[P_RDY_OFF]
     tail = ld_acq_i64(A, P_RDY_TAIL)
