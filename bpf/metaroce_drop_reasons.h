@@ -72,8 +72,8 @@ enum mr_event {
 					 * completer fails the WQE (MR-NAK-012); then STEERED (or NO_XSK) */
 	MR_EV_SACK_CONSUMED = 10, /* NATIVE_SACK put in its QP's mr_sacks ring (after its ICRC), then
 				   * XDP_DROP; not a drop (MR-SACK-043) */
-	MR_EV_SACK_RING_FULL = 11, /* NATIVE_SACK whose ring was full or contended: steered to the
-				    * AF_XDP socket instead; then STEERED (or NO_XSK) */
+	MR_EV_SACK_RING_FULL = 11, /* NATIVE_SACK whose ring was full or contended, or whose loop was
+				    * asleep: steered to the AF_XDP socket instead; then STEERED (or NO_XSK) */
 	MR_EV__MAX,
 };
 

@@ -140,7 +140,8 @@ struct mr_qp_state {
  * cons with acquire; equal to cons + 1 means published: it reads the record,
  * then stores cons + 1 with release.  A record still being written stops the
  * consumer until its next round.  Records are never skipped, so SACKs leave
- * a ring in the order their positions were reserved.
+ * a ring in the order their positions were reserved.  While the consumer
+ * sleeps (`sleeping`), SACKs go to the socket, whose poll() wakes it.
  *
  * Writers: kernel [0, 64) and the records; data plane [64, 128).
  */
@@ -166,11 +167,13 @@ struct mr_sack_ring {
 	__u64 pushed;           /*  8 SACKs put in the ring: consumed in the kernel (atomic add) */
 	__u64 full;             /* 16 SACKs steered to AF_XDP because the ring was full (atomic add) */
 	__u64 busy;             /* 24 SACKs steered to AF_XDP because another CPU won the position (atomic add) */
-	__u8  k_rsvd[32];       /* 32 */
+	__u64 asleep;           /* 32 SACKs steered to AF_XDP because the loop was asleep (atomic add) */
+	__u8  k_rsvd[24];       /* 40 */
 	/* ---- data plane -------------------------------------------- [64, 128) */
 	__u64 cons;             /* 64 next position to read (release store) */
 	__u32 owner;            /* 72 QP row (qpn % MR_MAX_QPS) + 1 whose loop drains the ring; 0 = none */
-	__u32 u_pad;            /* 76 */
+	__u32 sleeping;         /* 76 1 while the owner's loop sleeps in poll(): the kernel steers the SACK to the
+				 *    socket instead, which wakes the loop (a SACK must not wait in the ring) */
 	__u64 drained;          /* 80 records applied to the QP */
 	__u64 discarded;        /* 88 records dropped: not the owner's QPN, uncopied, or the QP's state refuses them */
 	__u8  u_rsvd[32];       /* 96 */

@@ -236,8 +236,9 @@ static __always_inline int mr_sack_icrc_ok(struct xdp_md *ctx, __u32 l3off, __u3
  * -> nat_on_sack -> tx_on_sack).  Nothing of the SACK is judged here: its
  * PSN, bitmap and feedback are validated there (MR-SACK-019, MR-SACK-037),
  * against the requester state of the moment.  Returns MR_EV_SACK_CONSUMED, or
- * MR_EV_SACK_RING_FULL when the ring is full or another CPU took the position:
- * the caller steers the SACK to the AF_XDP socket instead, so none is lost.
+ * MR_EV_SACK_RING_FULL when the ring is full, another CPU took the position
+ * or the loop is asleep: the caller steers the SACK to the AF_XDP socket
+ * instead, so none is lost or left waiting.
  */
 static __always_inline int mr_sack_push(struct xdp_md *ctx, struct mr_qp_state *qp, __u32 qpn,
 					__u32 bth_off, __u32 ulen)
@@ -250,6 +251,12 @@ static __always_inline int mr_sack_push(struct xdp_md *ctx, struct mr_qp_state *
 
 	if (!r)
 		return MR_EV_SACK_RING_FULL;                     /* no such ring: the socket takes it */
+	if (MR_READ_ONCE_U32(r->sleeping)) {
+		/* The loop sleeps in poll(): the socket's frame wakes it, a
+		 * record would wait (and count as path delay in its RTT). */
+		__sync_fetch_and_add(&r->asleep, 1);
+		return MR_EV_SACK_RING_FULL;
+	}
 	prod = MR_READ_ONCE_U64(r->prod);
 	if (prod - MR_READ_ONCE_U64(r->cons) >= MR_SACK_RING_LEN) {
 		__sync_fetch_and_add(&r->full, 1);

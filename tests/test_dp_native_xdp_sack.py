@@ -129,3 +129,49 @@ def test_a_full_ring_falls_back_to_the_socket_and_late_sacks_are_stale(fabric):
     assert (after["snd_una"], after["c_retx"], after["c_sack_inv"]) == \
         (before["snd_una"], before["c_retx"], before["c_sack_inv"])
     assert a.cq.poll(10) == []
+
+
+def test_a_sack_arriving_while_the_loop_sleeps_wakes_it_through_the_socket(fabric):
+    """MR-SACK-043 (4): a requester whose progress thread sleeps in poll() (nothing outstanding) marks its
+    ring `sleeping`; a SACK that arrives then (here a copy of the last one, sent by hand from B's side) is
+    steered to the socket, wakes the loop and is applied at once -- it does not wait in the ring."""
+    import json
+    import socket
+    import struct
+
+    from metaroce_xdp.wire import AETH, SACKETH, Op, encode
+    topo, a, b = fabric
+    _native_pair(a, b, psn=0x300)
+    a.qp.post_send(_writes(a, b, 2, 8192))
+    assert [w.status for w in collect(a, 2, [b])] == [WCStatus.SUCCESS] * 2
+    mac = {s: json.loads(topo.run(s.ns, ["ip", "-j", "link", "show", dev]).stdout)[0]["address"]
+           for s, dev in ((a, "mr0"), (b, "mr1"))}
+    ring, pl = _ring(a), a.ctx.plane
+    na0, rx0 = a.qp.native_counters(), a.ctx.stats()["rx"]
+    pl.start(busy=False)
+    try:
+        for _ in range(400):                               # idle: the thread goes to sleep in poll()
+            if pl.A[pl.loop.P_SLEEPING] and int(ring["sleeping"]):
+                break
+            time.sleep(0.005)
+        assert int(ring["sleeping"]) == 1
+        una = na0["snd_una"]
+        frame = encode(Op.NATIVE_SACK, src_mac=mac[b], dst_mac=mac[a], src_ip=b.ctx.gid, dst_ip=a.ctx.gid,
+                       dest_qp=a.qp.qp_num, psn=(una - 1) & 0xFFFFFF,
+                       headers={"aeth": AETH(syndrome=0x1F, msn=2), "sacketh": SACKETH(flags=0x40)})
+        with topo.enter(b.ns):
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+                s.bind(("mr1", 0))
+                s.send(frame)
+        for _ in range(400):
+            if a.qp.native_counters()["c_sack_rx"] > na0["c_sack_rx"]:
+                break
+            time.sleep(0.005)
+    finally:
+        pl.stop()
+    na = a.qp.native_counters()
+    assert na["c_sack_rx"] - na0["c_sack_rx"] == 1 and na["k_sack_asleep"] - na0["k_sack_asleep"] == 1, na
+    assert a.ctx.stats()["rx"] - rx0 == 1 and na["k_sack_pushed"] == na0["k_sack_pushed"]
+    assert int(ring["sleeping"]) == 0 and int(ring["cons"]) == int(ring["prod"])
+    assert (na["snd_una"], na["c_sack_inv"]) == (una, na0["c_sack_inv"])
+    assert struct.unpack("!H", frame[12:14])[0] == 0x0800

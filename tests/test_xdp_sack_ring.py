@@ -159,3 +159,16 @@ def test_set_sack_ring_skips_what_an_earlier_qp_left(qps):
     ld.set_sack_ring(QPN, None)
     assert int(ld.qp(QPN)["sack_ring"]) == 0
     assert _run(ld, sack())[1] == {"NO_XSK": 1}
+
+
+def test_while_the_loop_sleeps_sacks_go_to_the_socket(qps):
+    """MR-SACK-043 (4): while the ring's loop sleeps in poll() (`sleeping`), a SACK would wait in the ring
+    until something else woke it, so the kernel steers it to the socket, whose frame wakes the loop
+    (counted in `asleep` and SACK_RING_FULL); awake again, the ring takes SACKs."""
+    ld = qps
+    r = ld.sacks[RING]
+    r["sleeping"] = 1
+    assert _run(ld, sack()) == ("XDP_DROP", {"NO_XSK": 1}, {"SACK_RING_FULL": 1, "DROPPED": 1})
+    assert (int(r["prod"]), int(r["asleep"])) == (0, 1)
+    r["sleeping"] = 0
+    assert _run(ld, sack())[2] == {"SACK_CONSUMED": 1}

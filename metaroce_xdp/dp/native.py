@@ -20,13 +20,15 @@ SLOT_WORDS words each holding one QP's rows:
 NATIVE_SACKs mostly never reach the AF_XDP socket: the XDP program verifies their ICRC and puts them,
 as received, in the QP's ring of its mr_sacks map (bpf/metaroce_xdp.c mr_sack_push, MR-SACK-043);
 `nat_kern_sacks` drains the rings at the start of each round into the same `nat_on_sack` a SACK from
-the socket goes to.  A SACK whose ring is full still comes through the socket.
+the socket goes to.  A SACK whose ring is full still comes through the socket (and every SACK does
+with METAROCE_XDP_SACKS=0).
 
 What is not built yet (refused before it reaches the wire): READ and atomics on a native QP
 (MR-OOO-016..027).  The profile is chosen at RTR (QPAttr.profile; dp/cmconnect.py negotiates it).
 """
 from __future__ import annotations
 
+import os
 import sys
 
 if __name__.rpartition(".")[0] + ".loop" not in sys.modules:      # loop.py imports this module half way
@@ -53,7 +55,7 @@ from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ER
                    nak_error_due, push_cqe, put_be, qp_error, sq_row)
 from .ops import CQE_SOLICITED, F_FENCE, ce_marked, comm_est, place, sg_valid, sqd_check, src_of  # noqa: E402
 from .prims import ld_acq_i64, ptr_u8  # noqa: E402
-from .prims import ld_acq_u32, ld_acq_u64, st_rel_u64  # noqa: E402
+from .prims import ld_acq_u32, ld_acq_u64, st_rel_u32, st_rel_u64  # noqa: E402
 from ..kern.layout import MR_SACK_RING_LEN, SACK_REC_DTYPE, SACK_RING_DTYPE  # noqa: E402
 
 _jit = dict(cache=True, nogil=True)
@@ -355,6 +357,7 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
 # struct mr_sack_ring / mr_sack_rec offsets (kern/layout.py, checked against the C header)
 SR_CONS = SACK_RING_DTYPE.fields["cons"][1]
 SR_OWNER = SACK_RING_DTYPE.fields["owner"][1]
+SR_SLEEPING = SACK_RING_DTYPE.fields["sleeping"][1]
 SR_DRAINED = SACK_RING_DTYPE.fields["drained"][1]
 SR_DISCARDED = SACK_RING_DTYPE.fields["discarded"][1]
 SR_REC = SACK_RING_DTYPE.fields["rec"][1]
@@ -372,11 +375,11 @@ SACK_MIN = 12 + 4 + 12                       # BTH, AETH, SACKETH
 def nat_kern_sacks(A, Q, SW, CQT, CE, now):
     """The NATIVE_SACKs the XDP program put in the mr_sacks rings (MR-SACK-043; the protocol is struct
     mr_sack_ring's): each ring whose owner QP this loop runs, drained in ring order into nat_on_sack, as
-    nat_rx hands it a SACK from the AF_XDP socket -- the same state check first, the same counters.  A
-    record is judged against the requester state of now (MR-SACK-019, MR-SACK-037); its `now` is when
-    the SACK arrived if that is earlier (a SACK that waited while the loop slept must not inflate an
-    RTT sample).  Records of another QPN (the slot's previous QP) or uncopied are discarded, counted.
-    Returns the records taken."""
+    nat_rx hands it a SACK from the AF_XDP socket -- the same state check first, the same arguments
+    (`now` the round's clock), the same counters.  A record is judged against the requester state of
+    now (MR-SACK-019, MR-SACK-037); none waits longer than a frame in the socket's ring would (while
+    the loop sleeps the kernel steers SACKs to the socket: nat_kern_sleep).  Records of another QPN
+    (the slot's previous QP) or uncopied are discarded, counted.  Returns the records taken."""
     base = A[P_SR_ADDR]
     if base == 0 or A[P_NAT_OFF] == 0:
         return 0
@@ -403,14 +406,36 @@ def nat_kern_sacks(A, Q, SW, CQT, CE, now):
             else:
                 raw = carray(ptr_u8(e + SREC_RAW), (ln,))
                 psn = (np.int64(raw[9]) << 16) | (np.int64(raw[10]) << 8) | raw[11]
-                ts = ld_acq_u64(e + SREC_TS)
-                nat_on_sack(A, Q, SW, CQT, CE, raw, qi, slot_base(A, sl), psn, 0, ln, ts if 0 < ts < now else now)
+                nat_on_sack(A, Q, SW, CQT, CE, raw, qi, slot_base(A, sl), psn, 0, ln, now)
                 activate(A, Q, qi)
                 A[P_RX_SACK_KERN] += 1
                 st_rel_u64(r + SR_DRAINED, ld_acq_u64(r + SR_DRAINED) + 1)
             cons += 1
             st_rel_u64(r + SR_CONS, cons)            # the position is free for the kernel again
             n += 1
+    return n
+
+
+@njit(**_jit)
+def nat_kern_sleep(A, Q, on):
+    """The loop is about to sleep in poll() (on = 1) or woke (0): the `sleeping` word of each ring it
+    drains, so that meanwhile the kernel steers its QPs' SACKs to the socket, whose frame wakes it.
+    With on = 1, returns the records the rings already hold (then the loop must not sleep: they came
+    before the flag could be seen)."""
+    base = A[P_SR_ADDR]
+    if base == 0 or A[P_NAT_OFF] == 0:
+        return 0
+    n = 0
+    for ri in range(A[P_SR_N]):
+        r = base + ri * A[P_SR_SIZE]
+        qi = ld_acq_u32(r + SR_OWNER) - 1
+        if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
+            continue
+        st_rel_u32(r + SR_SLEEPING, on)
+        if on:
+            cons = ld_acq_u64(r + SR_CONS)
+            if ld_acq_u64(r + SR_REC + (cons & SR_MASK) * SREC_SIZE + SREC_SEQ) == cons + 1:
+                n += 1
     return n
 
 
@@ -670,8 +695,8 @@ class NativeSlots:
         """The XDP program's NATIVE_SACK rings (kern/loader.XdpLoader.sacks, MR-SACK-043): native slot i's QP
         gets ring i at RTS (start), and every loop of the port drains the rings of its QPs."""
         A = self.A
-        if loader is None or getattr(loader, "sacks", None) is None:
-            A[P_SR_ADDR] = A[P_SR_N] = 0
+        if loader is None or getattr(loader, "sacks", None) is None or os.environ.get("METAROCE_XDP_SACKS") == "0":
+            A[P_SR_ADDR] = A[P_SR_N] = 0             # METAROCE_XDP_SACKS=0: SACKs through the socket, as before
             return
         self.loader = loader
         A[P_SR_ADDR] = int(loader.sacks.ctypes.data)
@@ -733,12 +758,14 @@ class NativeSlots:
 
     def sack_counters(self, qi: int) -> dict:
         """QP qi's NATIVE_SACK ring: SACKs consumed in the kernel (k_sack_pushed), steered to the socket
-        because it was full or contended (k_sack_full, k_sack_busy), applied and discarded by the loop."""
+        because it was full or contended or the loop asleep (k_sack_full, k_sack_busy, k_sack_asleep),
+        applied and discarded by the loop."""
         sl = int(self.natq[qi]) - 1
         if self.loader is None or not 0 <= sl < int(self.A[P_SR_N]):
             return {}
         r = self.loader.sacks[sl]
         return {"k_sack_pushed": int(r["pushed"]), "k_sack_full": int(r["full"]), "k_sack_busy": int(r["busy"]),
+                "k_sack_asleep": int(r["asleep"]),
                 "c_sack_kern": int(r["drained"]), "c_sack_kern_discarded": int(r["discarded"])}
 
     def counters(self, qi: int) -> dict:

@@ -85,7 +85,7 @@ class Event(enum.IntEnum):
     CNP_CONSUMED = 8
     ACK_BAD_AETH_TO_USER = 9     # bad AETH (MR-XH-008) in the window: to the completer (MR-NAK-012)
     SACK_CONSUMED = 10           # NATIVE_SACK put in its QP's mr_sacks ring (MR-SACK-043)
-    SACK_RING_FULL = 11          # its ring full or contended: steered instead (then STEERED)
+    SACK_RING_FULL = 11          # its ring full or contended, or its loop asleep: steered instead (then STEERED)
 
 
 # (name, numpy type, writer).  Offsets are implied by order and checked by the test.
@@ -156,8 +156,9 @@ assert SACK_REC_DTYPE.itemsize == 192
 
 def sack_ring_dtype(ring_len: int = MR_SACK_RING_LEN) -> np.dtype:
     return np.dtype([
-        ("prod", "<u8"), ("pushed", "<u8"), ("full", "<u8"), ("busy", "<u8"), ("k_rsvd", ("u1", 32)),   # kernel
-        ("cons", "<u8"), ("owner", "<u4"), ("u_pad", "<u4"), ("drained", "<u8"), ("discarded", "<u8"),
+        ("prod", "<u8"), ("pushed", "<u8"), ("full", "<u8"), ("busy", "<u8"), ("asleep", "<u8"),
+        ("k_rsvd", ("u1", 24)),                                                                         # kernel
+        ("cons", "<u8"), ("owner", "<u4"), ("sleeping", "<u4"), ("drained", "<u8"), ("discarded", "<u8"),
         ("u_rsvd", ("u1", 32)),                                                                         # data plane
         ("rec", SACK_REC_DTYPE, (ring_len,)),
     ])
