@@ -70,6 +70,10 @@ enum mr_event {
 	MR_EV_ACK_BAD_AETH_TO_USER = 9, /* ACKNOWLEDGE in the window whose AETH has bit 7 set or type 10
 					 * (MR-XH-008): not consumed, sent on to the AF_XDP socket so the
 					 * completer fails the WQE (MR-NAK-012); then STEERED (or NO_XSK) */
+	MR_EV_SACK_CONSUMED = 10, /* NATIVE_SACK put in its QP's mr_sacks ring (after its ICRC), then
+				   * XDP_DROP; not a drop (MR-SACK-043) */
+	MR_EV_SACK_RING_FULL = 11, /* NATIVE_SACK whose ring was full or contended, or whose loop was
+				    * asleep: steered to the AF_XDP socket instead; then STEERED (or NO_XSK) */
 	MR_EV__MAX,
 };
 

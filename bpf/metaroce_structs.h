@@ -13,7 +13,7 @@
  *   control plane (daemon)    [0, 40)    rarely written
  *   user-space requester      [40, 64)   on every send
  *   kernel ACK fast path      [64, 192)  on every ACK/NAK
- *   reserved: SACK/CNP        [192, 256) a later issue (see below)
+ *   reserved                  [192, 256) (see below)
  *
  * Slot lifecycle (publication protocol).  A slot is unused while qpn == 0 and
  * the kernel writes nothing to a slot whose qpn does not match the packet's
@@ -73,7 +73,10 @@ struct mr_qp_state {
 	__u16 pmtu;             /* 12 path MTU in payload bytes (256..4096) */
 	__u16 pkey;             /* 14 the QP's P_Key, host order; default 0xFFFF (MR-BTH-009, MR-BTH-010) */
 	__u8  peer_ip[16];      /* 16 peer address, network order; IPv4 as ::ffff:a.b.c.d (MR-SEC-009) */
-	__u32 ctrl_rsvd[2];     /* 32 */
+	__u16 sack_ring;        /* 32 native QP: index + 1 of its mr_sacks ring, where the kernel puts its
+				 *    NATIVE_SACKs (MR-SACK-043); 0 = steer them to the AF_XDP socket */
+	__u16 ctrl_pad;         /* 34 */
+	__u32 ctrl_rsvd;        /* 36 */
 
 	/* ---- user-space requester ---------------------------------- [40, 64) */
 	__u32 snd_nxt;          /* 40 next PSN to send; ACK PSNs must be before it */
@@ -116,11 +119,72 @@ struct mr_qp_state {
 	__u8  k_rsvd[8];        /* 184 */
 
 	/* ---- reserved ---------------------------------------------- [192, 256)
-	 * For the SACK/CNP fast path (a later issue): the native SACK scoreboard
-	 * the kernel will keep (cumulative PSN, a 32-word bitmap summary, tsecr
-	 * RTT, ce_count) and DCQCN rate state.  Zero until then; writer: kernel. */
+	 * Kernel-written QP state still to come (e.g. DCQCN rate state).  The
+	 * native SACK fast path keeps its records in mr_sacks (below), not here:
+	 * a SACK carries up to 156 bytes and several may wait.  Zero; writer: kernel. */
 	__u8  sack_rsvd[64];    /* 192 */
 };
+
+/*
+ * The NATIVE_SACK fast path (MR-SACK-043): a ring per native QP in mr_sacks,
+ * an mmap-able array.  The kernel is the producer, the data plane's loop
+ * (metaroce_xdp/dp/native.py nat_kern_sacks) the single consumer.
+ *
+ * Protocol (a bounded multi-producer, single-consumer queue, one sequence
+ * word per record).  A producer reads prod and cons; prod - cons ==
+ * MR_SACK_RING_LEN means full: the SACK is steered to the AF_XDP socket
+ * instead (counted in `full`).  Otherwise it reserves position prod with a
+ * compare-and-swap prod -> prod + 1 (a lost race is steered too, `busy`),
+ * writes the record at prod % MR_SACK_RING_LEN, then publishes it with a
+ * fully ordered exchange rec.seq = prod + 1.  The consumer reads rec.seq at
+ * cons with acquire; equal to cons + 1 means published: it reads the record,
+ * then stores cons + 1 with release.  A record still being written stops the
+ * consumer until its next round.  Records are never skipped, so SACKs leave
+ * a ring in the order their positions were reserved.  While the consumer
+ * sleeps (`sleeping`), SACKs go to the socket, whose poll() wakes it.
+ *
+ * Writers: kernel [0, 64) and the records; data plane [64, 128).
+ */
+#ifndef MR_SACK_RINGS
+#define MR_SACK_RINGS 32            /* native QPs of one endpoint with a ring */
+#endif
+#ifndef MR_SACK_RING_LEN
+#define MR_SACK_RING_LEN 32         /* records per ring; a power of two */
+#endif
+#define MR_SACK_RAW_MAX (12 + 4 + 12 + 4 * MR_SACK_MAX_WORDS)   /* BTH AETH SACKETH bitmap: 156 */
+
+struct mr_sack_rec {
+	__u64 seq;              /*  0 ring position + 1 once the record is whole (kernel, exchanged last) */
+	__u64 ts_ns;            /*  8 bpf_ktime_get_ns() when the SACK arrived (CLOCK_MONOTONIC) */
+	__u32 qpn;              /* 16 BTH.DestQP */
+	__u32 len;              /* 20 bytes in raw: 28 + 4 * bitmap_words; 0 = could not be copied (discard) */
+	__u8  raw[168];         /* 24 BTH, AETH, SACKETH and bitmap as received (network order) */
+};
+
+struct mr_sack_ring {
+	/* ---- kernel ------------------------------------------------ [0, 64) */
+	__u64 prod;             /*  0 positions reserved (compare-and-swap) */
+	__u64 pushed;           /*  8 SACKs put in the ring: consumed in the kernel (atomic add) */
+	__u64 full;             /* 16 SACKs steered to AF_XDP because the ring was full (atomic add) */
+	__u64 busy;             /* 24 SACKs steered to AF_XDP because another CPU won the position (atomic add) */
+	__u64 asleep;           /* 32 SACKs steered to AF_XDP because the loop was asleep (atomic add) */
+	__u8  k_rsvd[24];       /* 40 */
+	/* ---- data plane -------------------------------------------- [64, 128) */
+	__u64 cons;             /* 64 next position to read (release store) */
+	__u32 owner;            /* 72 QP row (qpn % MR_MAX_QPS) + 1 whose loop drains the ring; 0 = none */
+	__u32 sleeping;         /* 76 1 while the owner's loop sleeps in poll(): the kernel steers the SACK to the
+				 *    socket instead, which wakes the loop (a SACK must not wait in the ring) */
+	__u64 drained;          /* 80 records applied to the QP */
+	__u64 discarded;        /* 88 records dropped: not the owner's QPN, uncopied, or the QP's state refuses them */
+	__u8  u_rsvd[32];       /* 96 */
+	struct mr_sack_rec rec[MR_SACK_RING_LEN];   /* 128 */
+};
+
+_Static_assert(sizeof(struct mr_sack_rec) == 192, "mr_sack_rec is 192 bytes");
+_Static_assert(MR_SACK_RAW_MAX <= sizeof(((struct mr_sack_rec *)0)->raw), "raw holds the largest SACK");
+_Static_assert(offsetof(struct mr_sack_ring, cons) == 64, "consumer part starts on a cache line");
+_Static_assert(offsetof(struct mr_sack_ring, rec) == 128, "records start on a cache line");
+_Static_assert((MR_SACK_RING_LEN & (MR_SACK_RING_LEN - 1)) == 0, "MR_SACK_RING_LEN must be a power of two");
 
 _Static_assert(sizeof(struct mr_qp_state) == 256, "mr_qp_state is 256 bytes");
 _Static_assert(offsetof(struct mr_qp_state, snd_nxt) == 40, "requester part starts at 40");

@@ -177,6 +177,116 @@ MR_DEFINE_ACK_ICRC(mr_ack_icrc_ok_v6, MR_ACK_ICRC_V6_LEN, MR_ICRC_MASK_V6, 1)
 MR_DEFINE_ACK_ICRC(mr_cnp_icrc_ok_v4, MR_CNP_ICRC_V4_LEN, MR_ICRC_MASK_V4, 0)
 MR_DEFINE_ACK_ICRC(mr_cnp_icrc_ok_v6, MR_CNP_ICRC_V6_LEN, MR_ICRC_MASK_V6, 1)
 
+/* A NATIVE_SACK moves requester state too (MR-SACK-043), so its ICRC is
+ * verified before it is consumed.  Its length varies with bitmap_words: the
+ * ICRC input (IP + UDP + BTH + AETH + SACKETH + 0 to 32 bitmap words, at most
+ * 204 bytes) is copied to the per-CPU scratch with bpf_xdp_load_bytes (which
+ * crosses fragments as well) and the bounded loop stops at its end.
+ * Verifier: i is exact in every iteration, the early exit leaves only dead
+ * registers behind (the states prune), and len's bounds are proved before the
+ * copy, so every s->b[] index is a checked offset into the map value. */
+#define MR_SACK_ULEN_MIN (8 + MR_BTH_LEN + MR_AETH_LEN + MR_SACKETH_LEN + MR_ICRC_SIZE)   /* 40 */
+#define MR_SACK_ULEN_MAX (MR_SACK_ULEN_MIN + 4 * MR_SACK_MAX_WORDS)                       /* 168 */
+#define MR_SACK_ICRC_MAX (40 + MR_SACK_ULEN_MAX - MR_ICRC_SIZE)                             /* 204 */
+
+static __always_inline int mr_sack_icrc_ok(struct xdp_md *ctx, __u32 l3off, __u32 ulen, int v6)
+{
+	__u64 masked = v6 ? MR_ICRC_MASK_V6 : MR_ICRC_MASK_V4;
+	__u32 zero = 0, crc = 0xFFFFFFFFu, wire, i;
+	__u64 len;              /* 64 bits: a u32 is checked in a zero-extended copy the verifier cannot link */
+	struct mr_scratch *s;
+
+	len = (v6 ? 40 : 20) + ulen - MR_ICRC_SIZE;              /* covered bytes */
+	/* Verifier: hide len's origin, so that clang checks and uses this very
+	 * register (it had recomputed it from a spilled ulen, bounds lost). */
+	asm volatile("" : "+r"(len));
+	if (len > MR_SACK_ICRC_MAX)          /* (the caller checked ulen's minimum) */
+		return 0;
+	s = mr_scratch.lookup(&zero);
+	if (!s)
+		return 0;
+	if (bpf_xdp_load_bytes(ctx, l3off, s->b, len + MR_ICRC_SIZE) < 0)
+		return 0;
+	_Pragma("clang loop unroll(disable)")
+	for (i = 0; i < 8; i++)
+		crc = mr_crc32_byte(crc, 0xFF);                  /* LRH stand-in */
+	_Pragma("clang loop unroll(disable)")
+	for (i = 0; i < MR_SACK_ICRC_MAX; i++) {
+		__u32 b;
+
+		if (i >= len)
+			break;
+		b = s->b[i];
+		if (i < 64 && ((masked >> (i & 63)) & 1))
+			b = 0xFF;
+		if (v6 && i == 0)
+			b |= 0x0F;                               /* keep version, mask TC */
+		crc = mr_crc32_byte(crc, b);
+	}
+	wire = s->b[len] | (s->b[len + 1] << 8) | (s->b[len + 2] << 16) | ((__u32)s->b[len + 3] << 24);
+	return (crc ^ 0xFFFFFFFFu) == wire;                      /* LSB first (MR-ICRC-010) */
+}
+
+/*
+ * The NATIVE_SACK fast path (MR-SACK-043): the SACK, its ICRC verified and
+ * every check of MR-ENC-032 passed, is copied as received (BTH to the last
+ * bitmap word) into its QP's ring in mr_sacks (struct mr_sack_ring: the
+ * protocol), where the data plane's loop hands it to the same requester logic
+ * as a SACK from the AF_XDP socket (metaroce_xdp/dp/native.py nat_kern_sacks
+ * -> nat_on_sack -> tx_on_sack).  Nothing of the SACK is judged here: its
+ * PSN, bitmap and feedback are validated there (MR-SACK-019, MR-SACK-037),
+ * against the requester state of the moment.  Returns MR_EV_SACK_CONSUMED, or
+ * MR_EV_SACK_RING_FULL when the ring is full, another CPU took the position
+ * or the loop is asleep: the caller steers the SACK to the AF_XDP socket
+ * instead, so none is lost or left waiting.
+ */
+static __always_inline int mr_sack_push(struct xdp_md *ctx, struct mr_qp_state *qp, __u32 qpn,
+					__u32 bth_off, __u32 ulen)
+{
+	__u32 ri = qp->sack_ring - 1;
+	__u64 len = ulen - 8 - MR_ICRC_SIZE;                     /* 64 bits: see mr_sack_icrc_ok() */
+	struct mr_sack_ring *r = mr_sacks.lookup(&ri);
+	struct mr_sack_rec *e;
+	__u64 prod;
+
+	if (!r)
+		return MR_EV_SACK_RING_FULL;                     /* no such ring: the socket takes it */
+	if (MR_READ_ONCE_U32(r->sleeping)) {
+		/* The loop sleeps in poll(): the socket's frame wakes it, a
+		 * record would wait (and count as path delay in its RTT). */
+		__sync_fetch_and_add(&r->asleep, 1);
+		return MR_EV_SACK_RING_FULL;
+	}
+	prod = MR_READ_ONCE_U64(r->prod);
+	if (prod - MR_READ_ONCE_U64(r->cons) >= MR_SACK_RING_LEN) {
+		__sync_fetch_and_add(&r->full, 1);
+		return MR_EV_SACK_RING_FULL;
+	}
+	if (__sync_val_compare_and_swap(&r->prod, prod, prod + 1) != prod) {
+		__sync_fetch_and_add(&r->busy, 1);
+		return MR_EV_SACK_RING_FULL;
+	}
+	/* Position prod is ours alone: its previous record (prod - LEN) was
+	 * consumed, so published and no longer written. */
+	e = &r->rec[prod & (MR_SACK_RING_LEN - 1)];
+	e->qpn = qpn;
+	e->ts_ns = bpf_ktime_get_ns();
+	/* Verifier: see mr_sack_icrc_ok(); the barriers keep clang from merging
+	 * the two bounds into one range test the verifier cannot follow. */
+	asm volatile("" : "+r"(len));
+	if (len > MR_SACK_RAW_MAX)
+		len = 0;
+	asm volatile("" : "+r"(len));
+	if (len < MR_BTH_LEN + MR_AETH_LEN + MR_SACKETH_LEN ||
+	    bpf_xdp_load_bytes(ctx, bth_off, e->raw, len) < 0)
+		len = 0;                                         /* published anyway: the loop discards it */
+	e->len = len;
+	mr_barrier();
+	__sync_lock_test_and_set(&e->seq, prod + 1);             /* publish: fully ordered exchange */
+	__sync_fetch_and_add(&r->pushed, 1);
+	return MR_EV_SACK_CONSUMED;
+}
+
 /* IPv4 header checksum (MR-ENC-013): the one's complement sum of the 10
  * header words, checksum included, is 0xFFFF.  The ICRC masks the checksum,
  * so nothing else protects the header.  Byte order does not matter to a
@@ -607,6 +717,13 @@ int xdp_metaroce(struct xdp_md *ctx)
 		reason = MR_DROP_BAD_ICRC;
 		goto out;
 	}
+	/* And for a NATIVE_SACK of a possible length, before it can be put in
+	 * its QP's ring (MR-SACK-043); any other length is refused below. */
+	if (ret == MR_OP_NATIVE_SACK && ulen >= MR_SACK_ULEN_MIN && ulen <= MR_SACK_ULEN_MAX &&
+	    !mr_sack_icrc_ok(ctx, l3off, ulen, v6)) {
+		reason = MR_DROP_BAD_ICRC;
+		goto out;
+	}
 #endif
 
 	/* ---- MR-OPC-001, MR-OPC-003, MR-ENC-027: the table decides which
@@ -685,6 +802,19 @@ int xdp_metaroce(struct xdp_md *ctx)
 				       (ret < MR_OP_ATOMIC_ACKNOWLEDGE || ret > MR_OP_FETCH_ADD))) {
 		reason = MR_DROP_WRONG_PROFILE;
 		goto drop_qp;
+	}
+
+	/* ---- NATIVE_SACKs are consumed here when the QP has a ring: copied
+	 * into it for the data plane's loop (MR-SACK-043), like ACKs into the
+	 * slot.  A full ring steers the SACK to the socket instead. */
+	if (ret == MR_OP_NATIVE_SACK && qp->sack_ring && !(qp->flags & MR_QPF_ACK_TO_USER)) {
+		int ev = mr_sack_push(ctx, qp, qpn, (__u32)((void *)bth - data), ulen);
+
+		if (ev == MR_EV_SACK_CONSUMED) {
+			event = ev;                   /* XDP_DROP, but consumed */
+			goto out;
+		}
+		mr_count_event(MR_EV_SACK_RING_FULL);
 	}
 
 	/* ---- CNPs are consumed here: counted into the slot, where the

@@ -45,7 +45,8 @@ def c_facts(tmp_path_factory) -> dict[str, int]:
     def p(key: str, expr: str) -> None:
         lines.append(f'\tprintf("%s %llu\\n", "{key}", (unsigned long long)({expr}));')
 
-    for struct, dtype in (("mr_qp_state", layout.QP_STATE_DTYPE), ("mr_config", layout.CONFIG_DTYPE)):
+    for struct, dtype in (("mr_qp_state", layout.QP_STATE_DTYPE), ("mr_config", layout.CONFIG_DTYPE),
+                          ("mr_sack_rec", layout.SACK_REC_DTYPE), ("mr_sack_ring", layout.SACK_RING_DTYPE)):
         p(f"sizeof.{struct}", f"sizeof(struct {struct})")
         for name in dtype.names:
             p(f"offsetof.{struct}.{name}", f"offsetof(struct {struct}, {name})")
@@ -66,7 +67,8 @@ def c_facts(tmp_path_factory) -> dict[str, int]:
         p(f"len.{n}", f"MR_{n}_LEN")
     for c in ("MR_MAX_QPS", "ROCE_UDP_PORT", "MR_MAX_RXQ", "MR_DROP_SLOTS", "MR_EVENT_SLOTS",
               "MR_PROFILE_COMPAT", "MR_PROFILE_NATIVE", "MR_QPF_ACK_TO_USER", "MR_CFG_HAVE_IP4",
-              "MR_CFG_HAVE_IP6", "MR_CFG_HAVE_MAC", "MR_SACK_MAX_WORDS", "MR_PSN_MASK", "MR_PSN_NONE"):
+              "MR_CFG_HAVE_IP6", "MR_CFG_HAVE_MAC", "MR_SACK_MAX_WORDS", "MR_PSN_MASK", "MR_PSN_NONE",
+              "MR_SACK_RINGS", "MR_SACK_RING_LEN", "MR_SACK_RAW_MAX"):
         p(f"const.{c}", c)
     src = "\n".join([
         "#include <stdio.h>", "#include <stddef.h>",
@@ -86,7 +88,9 @@ def c_facts(tmp_path_factory) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("struct,dtype", [("mr_qp_state", layout.QP_STATE_DTYPE),
-                                          ("mr_config", layout.CONFIG_DTYPE)])
+                                          ("mr_config", layout.CONFIG_DTYPE),
+                                          ("mr_sack_rec", layout.SACK_REC_DTYPE),
+                                          ("mr_sack_ring", layout.SACK_RING_DTYPE)])
 def test_struct_layout_matches_dtype(c_facts, struct, dtype):
     assert c_facts[f"sizeof.{struct}"] == dtype.itemsize
     for name in dtype.names:
@@ -153,6 +157,9 @@ def test_constants_agree(c_facts):
     assert c_facts["const.MR_SACK_MAX_WORDS"] == H.SACK_MAX_WORDS
     assert c_facts["const.MR_PSN_MASK"] == layout.PSN_MASK
     assert c_facts["const.MR_PSN_NONE"] == layout.PSN_NONE
+    assert c_facts["const.MR_SACK_RINGS"] == layout.MR_SACK_RINGS
+    assert c_facts["const.MR_SACK_RING_LEN"] == layout.MR_SACK_RING_LEN
+    assert c_facts["const.MR_SACK_RAW_MAX"] == layout.SACK_RAW_MAX
 
 
 def test_opmask_bits_agree(c_facts):

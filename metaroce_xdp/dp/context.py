@@ -180,6 +180,7 @@ class Plane:
             self.F[0, i] = float(getattr(self.dcqcn, name))
         A[L.P_KS_ADDR] = int(loader.qps.ctypes.data) if loader is not None else 0
         A[L.P_KS_SIZE] = loader.qps.dtype.itemsize if loader is not None else 256
+        self.nat.bind_kernel(loader)                 # the XDP program's NATIVE_SACK rings (MR-SACK-043)
         A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
         A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
         A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
@@ -439,7 +440,8 @@ class Plane:
                  "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
-                 "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q").split()
+                 "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
+                 "rx_sack_kern rx_sack_kern_drop").split()
         st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
         for p in ([] if own else self.others):     # several RX queues: the sum over their loops
             for n, v in p.stats(own=True).items():

@@ -18,6 +18,8 @@ Tables (sizes per port):
   EV   events for Python (errors, state changes): a ring
   RDY  QPs marked by a post (Python produces, the loop consumes)
   ACT  QPs with outstanding work: the only ones the loop looks at
+  (P.sr_addr: the XDP program's mmapped NATIVE_SACK rings, kern/layout.SACK_RING_DTYPE, sr_n of
+   sr_size bytes; dp/native.py nat_kern_sacks drains them: MR-SACK-043)
   FREE the UMEM frame free stack (chunk addresses; with multi-buffer, P.sg = 1, slot addresses:
        two adjacent chunks, P.frame_mask the slot's mask, P.frame_size the chunk)
 """
@@ -61,6 +63,7 @@ P_FIELDS = _cols("""
     at_off sg_off sgx_addr sgx_size f_off tx_cnp rx_cnp rx_ce rx_dup_atomic
     sg rx_sg rx_sg_long
     queue rx_wrong_q
+    sr_addr sr_size sr_n rx_sack_kern rx_sack_kern_drop
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i

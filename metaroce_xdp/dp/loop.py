@@ -1158,6 +1158,7 @@ from .ops import comm_est, protect_reads, protect_reads_recv  # noqa: E402
 from .ops import (FRAME_TO_WIRE, WIRE_OVERHEAD, ce_marked, np_on_ce, rp_allowance, rp_cnps,  # noqa: E402
                   rp_on_sent)
 from .native import P_NAT_OFF, nat_qp, nat_rx  # noqa: E402  (the native profile, dp/native.py)
+from .native import nat_kern_sacks, nat_kern_sleep  # noqa: E402  (NATIVE_SACKs the XDP program consumed: MR-SACK-043)
 
 
 # ============================================================================ the round
@@ -1298,7 +1299,8 @@ def views(A, TM):
 def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     """One round; returns the number of packets handled and sent."""
     budget = A[P_BUDGET]
-    work = rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
+    work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
+    work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
     # posts: the ready ring
     rdy = A[P_RDY_OFF]
     tail = ld_acq_i64(A, P_RDY_TAIL)
@@ -1450,10 +1452,11 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
         A[P_IDLE_POLLS] += 1
         if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
             st_rel_i64(A, P_SLEEPING, 1)
-            if ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] and not ld_acq_i64(A, P_STOP) \
-                    and not ld_acq_i64(A, P_PAUSE):
+            if nat_kern_sleep(A, Q, 1) == 0 and ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] \
+                    and not ld_acq_i64(A, P_STOP) and not ld_acq_i64(A, P_PAUSE):
                 left = (max_ns - (now - start)) // 1000000
                 c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
+            nat_kern_sleep(A, Q, 0)                      # SACKs to the kernel's rings again (dp/native.py)
             st_rel_i64(A, P_SLEEPING, 0)
             c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
             A[P_WAKEUPS] += 1

@@ -19,12 +19,18 @@ SLOT_WORDS words each holding one QP's rows:
 
 READ and atomics (MR-OOO-016..028): see the section "READ and atomics" below; slot rows RQ (the
 requester's outstanding READ request messages and atomics), RS (the responder's resources) and JB
-(the responder's jobs: READ responses and ATOMIC_ACKNOWLEDGEs to send).  Not built yet: the XDP
-program consuming SACKs.  The profile is chosen at RTR
-(QPAttr.profile; dp/cmconnect.py negotiates it).
+(the responder's jobs: READ responses and ATOMIC_ACKNOWLEDGEs to send).
+NATIVE_SACKs mostly never reach the AF_XDP socket: the XDP program verifies their ICRC and puts them,
+as received, in the QP's ring of its mr_sacks map (bpf/metaroce_xdp.c mr_sack_push, MR-SACK-043);
+`nat_kern_sacks` drains the rings at the start of each round into the same `nat_on_sack` a SACK from
+the socket goes to.  A SACK whose ring is full still comes through the socket (and every SACK does
+with METAROCE_XDP_SACKS=0).
+
+The profile is chosen at RTR (QPAttr.profile; dp/cmconnect.py negotiates it).
 """
 from __future__ import annotations
 
+import os
 import sys
 
 if __name__.rpartition(".")[0] + ".loop" not in sys.modules:      # loop.py imports this module half way
@@ -55,6 +61,8 @@ from .loop import ACC_REMOTE_READ, WR_READ  # noqa: E402
 from .ops import (ACC_REMOTE_ATOMIC, OP_ATOMIC_ACK, OP_CAS, OP_FAA, WR_CAS, WR_FAA, atomic_request,  # noqa: E402
                   rd_atomic, retire_answered)
 from .prims import ld_acq_i64, ptr_u8, ptr_u64  # noqa: E402
+from .prims import ld_acq_u32, ld_acq_u64, st_rel_u32, st_rel_u64  # noqa: E402
+from ..kern.layout import MR_SACK_RING_LEN, SACK_REC_DTYPE, SACK_RING_DTYPE  # noqa: E402
 
 _jit = dict(cache=True, nogil=True)
 
@@ -390,6 +398,92 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
     advance(A, Q, SW, CQT, CE, qi, s[NL.S_SND_UNA], now)
     if Q[qi, Q_NERR_PSN]:
         nak_error_due(A, Q, SW, CQT, CE, qi)
+
+
+# ============================================================================ SACKs the kernel consumed
+# struct mr_sack_ring / mr_sack_rec offsets (kern/layout.py, checked against the C header)
+SR_CONS = SACK_RING_DTYPE.fields["cons"][1]
+SR_OWNER = SACK_RING_DTYPE.fields["owner"][1]
+SR_SLEEPING = SACK_RING_DTYPE.fields["sleeping"][1]
+SR_DRAINED = SACK_RING_DTYPE.fields["drained"][1]
+SR_DISCARDED = SACK_RING_DTYPE.fields["discarded"][1]
+SR_REC = SACK_RING_DTYPE.fields["rec"][1]
+SREC_SIZE = SACK_REC_DTYPE.itemsize
+SREC_SEQ = SACK_REC_DTYPE.fields["seq"][1]
+SREC_TS = SACK_REC_DTYPE.fields["ts_ns"][1]
+SREC_QPN = SACK_REC_DTYPE.fields["qpn"][1]
+SREC_LEN = SACK_REC_DTYPE.fields["len"][1]
+SREC_RAW = SACK_REC_DTYPE.fields["raw"][1]
+SR_MASK = MR_SACK_RING_LEN - 1
+SACK_MIN = 12 + 4 + 12                       # BTH, AETH, SACKETH
+
+
+@njit(**_jit)
+def nat_kern_sacks(A, Q, SW, CQT, CE, now):
+    """The NATIVE_SACKs the XDP program put in the mr_sacks rings (MR-SACK-043; the protocol is struct
+    mr_sack_ring's): each ring whose owner QP this loop runs, drained in ring order into nat_on_sack, as
+    nat_rx hands it a SACK from the AF_XDP socket -- the same state check first, the same arguments
+    (`now` the round's clock), the same counters.  A record is judged against the requester state of
+    now (MR-SACK-019, MR-SACK-037); none waits longer than a frame in the socket's ring would (while
+    the loop sleeps the kernel steers SACKs to the socket: nat_kern_sleep).  Records of another QPN
+    (the slot's previous QP) or uncopied are discarded, counted.  Returns the records taken."""
+    base = A[P_SR_ADDR]
+    if base == 0 or A[P_NAT_OFF] == 0:
+        return 0
+    n = 0
+    for ri in range(A[P_SR_N]):
+        r = base + ri * A[P_SR_SIZE]
+        qi = ld_acq_u32(r + SR_OWNER) - 1
+        if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
+            continue                                 # no QP, or another RX queue's loop drains it
+        cons = ld_acq_u64(r + SR_CONS)
+        while True:
+            e = r + SR_REC + (cons & SR_MASK) * SREC_SIZE
+            if ld_acq_u64(e + SREC_SEQ) != cons + 1:
+                break                                # empty, or the kernel is still writing it
+            ln = ld_acq_u32(e + SREC_LEN)
+            sl = nat_slot(A, qi)
+            st = Q[qi, Q_STATE]
+            if ln < SACK_MIN or sl < 0 or ld_acq_u32(e + SREC_QPN) != Q[qi, Q_QPN]:
+                A[P_RX_SACK_KERN_DROP] += 1
+                st_rel_u64(r + SR_DISCARDED, ld_acq_u64(r + SR_DISCARDED) + 1)
+            elif st != ST_RTS and st != ST_SQD and st != ST_SQE:
+                A[P_RX_DROP_STATE] += 1              # as nat_rx
+                st_rel_u64(r + SR_DISCARDED, ld_acq_u64(r + SR_DISCARDED) + 1)
+            else:
+                raw = carray(ptr_u8(e + SREC_RAW), (ln,))
+                psn = (np.int64(raw[9]) << 16) | (np.int64(raw[10]) << 8) | raw[11]
+                nat_on_sack(A, Q, SW, CQT, CE, raw, qi, slot_base(A, sl), psn, 0, ln, now)
+                activate(A, Q, qi)
+                A[P_RX_SACK_KERN] += 1
+                st_rel_u64(r + SR_DRAINED, ld_acq_u64(r + SR_DRAINED) + 1)
+            cons += 1
+            st_rel_u64(r + SR_CONS, cons)            # the position is free for the kernel again
+            n += 1
+    return n
+
+
+@njit(**_jit)
+def nat_kern_sleep(A, Q, on):
+    """The loop is about to sleep in poll() (on = 1) or woke (0): the `sleeping` word of each ring it
+    drains, so that meanwhile the kernel steers its QPs' SACKs to the socket, whose frame wakes it.
+    With on = 1, returns the records the rings already hold (then the loop must not sleep: they came
+    before the flag could be seen)."""
+    base = A[P_SR_ADDR]
+    if base == 0 or A[P_NAT_OFF] == 0:
+        return 0
+    n = 0
+    for ri in range(A[P_SR_N]):
+        r = base + ri * A[P_SR_SIZE]
+        qi = ld_acq_u32(r + SR_OWNER) - 1
+        if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
+            continue
+        st_rel_u32(r + SR_SLEEPING, on)
+        if on:
+            cons = ld_acq_u64(r + SR_CONS)
+            if ld_acq_u64(r + SR_REC + (cons & SR_MASK) * SREC_SIZE + SREC_SEQ) == cons + 1:
+                n += 1
+    return n
 
 
 # ============================================================================ responder
@@ -1423,6 +1517,19 @@ class NativeSlots:
         A[P_NAT_EXT] = int(A.ctypes.data) + ext * 8
         self.free = list(range(NSLOT - 1, -1, -1))
         self.par_kw: dict[int, dict] = {}
+        self.loader = None
+
+    def bind_kernel(self, loader) -> None:
+        """The XDP program's NATIVE_SACK rings (kern/loader.XdpLoader.sacks, MR-SACK-043): native slot i's QP
+        gets ring i at RTS (start), and every loop of the port drains the rings of its QPs."""
+        A = self.A
+        if loader is None or getattr(loader, "sacks", None) is None or os.environ.get("METAROCE_XDP_SACKS") == "0":
+            A[P_SR_ADDR] = A[P_SR_N] = 0             # METAROCE_XDP_SACKS=0: SACKs through the socket, as before
+            return
+        self.loader = loader
+        A[P_SR_ADDR] = int(loader.sacks.ctypes.data)
+        A[P_SR_SIZE] = loader.sacks.dtype.itemsize
+        A[P_SR_N] = min(NSLOT, len(loader.sacks))
 
     def _w(self, sl: int, o: int, n: int) -> np.ndarray:
         b = self.base + sl * SLOT_WORDS + o
@@ -1459,12 +1566,35 @@ class NativeSlots:
         for i in range(k):
             sp[i] = 0xC000 | ((sport + 0x101 * i) & 0x3FFF)           # MR-MP-002: distinct ports
         mp_init(pt, par, sp)
+        self._kernel_ring(qi)
+
+    def _kernel_ring(self, qi: int) -> None:
+        """From now on the XDP program puts QP qi's NATIVE_SACKs in its slot's ring (MR-SACK-043)."""
+        sl = int(self.natq[qi]) - 1
+        if self.loader is None or not 0 <= sl < int(self.A[P_SR_N]):
+            return
+        qpn = int(self.A[int(self.A[P_Q_OFF]) + qi * NQ + Q_QPN])
+        self.loader.set_sack_ring(qpn, sl, owner=qi + 1)
 
     def detach(self, qi: int) -> None:
         sl = int(self.natq[qi]) - 1
         if sl >= 0:
             self.natq[qi] = 0
             self.free.append(sl)
+            if self.loader is not None and sl < int(self.A[P_SR_N]):
+                self.loader.sacks[sl]["owner"] = 0         # its loop stops draining; the next start skips the rest
+
+    def sack_counters(self, qi: int) -> dict:
+        """QP qi's NATIVE_SACK ring: SACKs consumed in the kernel (k_sack_pushed), steered to the socket
+        because it was full or contended or the loop asleep (k_sack_full, k_sack_busy, k_sack_asleep),
+        applied and discarded by the loop."""
+        sl = int(self.natq[qi]) - 1
+        if self.loader is None or not 0 <= sl < int(self.A[P_SR_N]):
+            return {}
+        r = self.loader.sacks[sl]
+        return {"k_sack_pushed": int(r["pushed"]), "k_sack_full": int(r["full"]), "k_sack_busy": int(r["busy"]),
+                "k_sack_asleep": int(r["asleep"]),
+                "c_sack_kern": int(r["drained"]), "c_sack_kern_discarded": int(r["discarded"])}
 
     def counters(self, qi: int) -> dict:
         r = self.rows(qi)
@@ -1476,4 +1606,5 @@ class NativeSlots:
         out.update({"rx_" + n: int(rx[getattr(NL, "R_" + n.upper())]) for n in NL.RX_FIELDS if n.startswith("c_")})
         out.update(srtt_ns=int(s[NL.S_SRTT]), rto_ns=int(s[NL.S_RTO]), cwnd=int(s[NL.S_CWND]) / NL.FP,
                    snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]))
+        out.update(self.sack_counters(qi))
         return out

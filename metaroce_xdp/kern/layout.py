@@ -72,7 +72,8 @@ DropReason.__doc__ = "enum mr_drop_reason: index of the per-CPU counter in mr_dr
 
 class Event(enum.IntEnum):
     """enum mr_event: index into mr_events.  PASSED + STEERED + *_CONSUMED + DROPPED = packets
-    (CNP, RTT_SAMPLE and ACK_BAD_AETH_TO_USER are not in the partition: CNP_CONSUMED and STEERED are)."""
+    (CNP, RTT_SAMPLE, ACK_BAD_AETH_TO_USER and SACK_RING_FULL are not in the partition: CNP_CONSUMED,
+    SACK_CONSUMED and STEERED are)."""
     PASSED = 0
     STEERED = 1
     ACK_CONSUMED = 2
@@ -83,6 +84,8 @@ class Event(enum.IntEnum):
     CNP = 7
     CNP_CONSUMED = 8
     ACK_BAD_AETH_TO_USER = 9     # bad AETH (MR-XH-008) in the window: to the completer (MR-NAK-012)
+    SACK_CONSUMED = 10           # NATIVE_SACK put in its QP's mr_sacks ring (MR-SACK-043)
+    SACK_RING_FULL = 11          # its ring full or contended, or its loop asleep: steered instead (then STEERED)
 
 
 # (name, numpy type, writer).  Offsets are implied by order and checked by the test.
@@ -96,7 +99,9 @@ QP_STATE_FIELDS = [
     ("pmtu", "<u2", "control"),
     ("pkey", "<u2", "control"),          # MR-BTH-010; install_qp writes 0xFFFF by default
     ("peer_ip", ("u1", 16), "control"),
-    ("ctrl_rsvd", ("<u4", 2), "control"),
+    ("sack_ring", "<u2", "control"),      # native QP: its mr_sacks ring + 1 (MR-SACK-043); 0 = steer SACKs
+    ("ctrl_pad", "<u2", "control"),
+    ("ctrl_rsvd", "<u4", "control"),
     # requester [40, 64)
     ("snd_nxt", "<u4", "requester"),
     ("comp_psn", "<u4", "requester"),      # the NAK window starts here (MR-ACK-015)
@@ -134,6 +139,33 @@ QP_STATE_FIELDS = [
 QP_STATE_DTYPE = np.dtype([(n, t) for n, t, _ in QP_STATE_FIELDS], align=False)
 QP_FIELD_WRITER = {n: w for n, _, w in QP_STATE_FIELDS}
 assert QP_STATE_DTYPE.itemsize == QP_STATE_SIZE, QP_STATE_DTYPE.itemsize
+
+# ---- the NATIVE_SACK rings (struct mr_sack_ring, struct mr_sack_rec: the protocol is in the C header)
+MR_SACK_RINGS = 32           # default of bpf/metaroce_structs.h; the loader may override
+MR_SACK_RING_LEN = 32
+SACK_RAW_MAX = 12 + 4 + 12 + 4 * 32
+SACK_REC_DTYPE = np.dtype([
+    ("seq", "<u8"),              # ring position + 1 once whole (kernel, last)
+    ("ts_ns", "<u8"),            # arrival, CLOCK_MONOTONIC
+    ("qpn", "<u4"),
+    ("len", "<u4"),              # bytes in raw (0: discard)
+    ("raw", ("u1", 168)),        # BTH .. last bitmap word, as received
+])
+assert SACK_REC_DTYPE.itemsize == 192
+
+
+def sack_ring_dtype(ring_len: int = MR_SACK_RING_LEN) -> np.dtype:
+    return np.dtype([
+        ("prod", "<u8"), ("pushed", "<u8"), ("full", "<u8"), ("busy", "<u8"), ("asleep", "<u8"),
+        ("k_rsvd", ("u1", 24)),                                                                         # kernel
+        ("cons", "<u8"), ("owner", "<u4"), ("sleeping", "<u4"), ("drained", "<u8"), ("discarded", "<u8"),
+        ("u_rsvd", ("u1", 32)),                                                                         # data plane
+        ("rec", SACK_REC_DTYPE, (ring_len,)),
+    ])
+
+
+SACK_RING_DTYPE = sack_ring_dtype()
+assert SACK_RING_DTYPE.fields["cons"][1] == 64 and SACK_RING_DTYPE.fields["rec"][1] == 128
 
 CONFIG_DTYPE = np.dtype([
     ("flags", "<u4"),

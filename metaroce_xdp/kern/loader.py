@@ -5,6 +5,7 @@
     ld.install_qp(0x11, peer_ip="10.55.0.1", dest_qpn=0x22, state=QpState.RTS, init_psn=100)
     ld.attach("veth0")                         # driver mode, through a bpf_link; pins maps for the CLI
     ld.qps[0x11 % ld.max_qps]["ack_psn"]       # mmapped mr_qps, a numpy structured array
+    ld.sacks[ring]                             # mmapped mr_sacks: native QPs' SACK rings (set_sack_ring)
     ld.drops(), ld.events()                    # per-CPU counters summed, by name
     ld.close()                                 # unpin, detach, unmap (idempotent)
 
@@ -47,8 +48,8 @@ from pathlib import Path
 import numpy as np
 
 from . import bpfsys
-from .layout import (CONFIG_DTYPE, MR_MAX_RXQ, PSN_MASK, PSN_NONE, QP_STATE_DTYPE, QP_STATE_SIZE, CfgFlag,
-                     DropReason, Event, Profile, QpState, peer_ip_bytes)
+from .layout import (CONFIG_DTYPE, MR_MAX_RXQ, MR_SACK_RINGS, PSN_MASK, PSN_NONE, QP_STATE_DTYPE, QP_STATE_SIZE,
+                     SACK_RING_DTYPE, CfgFlag, DropReason, Event, Profile, QpState, peer_ip_bytes)
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 PROG_SRC = "metaroce_xdp.c"
@@ -155,14 +156,16 @@ def _pow2(n: int) -> bool:
 
 class XdpLoader:
     def __init__(self, max_qps: int = 1024, max_rxq: int = MR_MAX_RXQ, verify_ack_icrc: bool = True,
-                 defines: dict[str, int] | None = None, bpf_dir: Path | str = BPF_DIR, frags: bool = True):
+                 defines: dict[str, int] | None = None, bpf_dir: Path | str = BPF_DIR, frags: bool = True,
+                 sack_rings: int = MR_SACK_RINGS):
         if not _pow2(max_qps):
             raise ValueError(f"max_qps must be a power of two, got {max_qps}")
         from bcc import BPF      # imported late: layout/bpfsys stay usable without BCC
         self._BPF = BPF
         self.max_qps = max_qps
+        self.sack_rings = sack_rings
         self.bpf_dir = Path(bpf_dir).resolve()
-        params = {"MR_MAX_QPS": max_qps, "MR_MAX_RXQ": max_rxq,
+        params = {"MR_MAX_QPS": max_qps, "MR_MAX_RXQ": max_rxq, "MR_SACK_RINGS": sack_rings,
                   "MR_VERIFY_ACK_ICRC": int(verify_ack_icrc), **(defines or {})}
         self.cflags = [f"-I{self.bpf_dir}"] + [f"-D{k}={int(v)}" for k, v in params.items()]
         self.frags = frags
@@ -187,6 +190,7 @@ class XdpLoader:
         self.stale_pins_removed = 0
         self._closed = False
         self._map_qps()
+        self._map_sacks()
 
     def _load_frags(self) -> int:
         """BPF_PROG_LOAD of the instructions BCC compiled (map fds already in them), with
@@ -209,6 +213,30 @@ class XdpLoader:
         self._qps_mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         #: the mr_qps array as numpy records, one per slot (shared with the kernel)
         self.qps = np.frombuffer(self._qps_mm, dtype=QP_STATE_DTYPE, count=self.max_qps)
+
+    # ---- NATIVE_SACK rings (MR-SACK-043) -------------------------------------
+    def _map_sacks(self) -> None:
+        fd = self.bpf[b"mr_sacks"].map_fd
+        size = self.sack_rings * SACK_RING_DTYPE.itemsize
+        size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        self._sacks_mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        #: the mr_sacks rings as numpy records (shared with the kernel; struct mr_sack_ring)
+        self.sacks = np.frombuffer(self._sacks_mm, dtype=SACK_RING_DTYPE, count=self.sack_rings)
+
+    def set_sack_ring(self, qpn: int, ring: int | None, owner: int = 0) -> None:
+        """Native QP qpn's NATIVE_SACKs go to ring `ring` of mr_sacks from now on (None: to the AF_XDP
+        socket again).  What the ring still holds is skipped (cons = prod), and `owner` (the consumer's
+        QP row + 1) recorded, before the kernel is told of the ring."""
+        s = self.qps[self.slot_of(qpn)]
+        if ring is None:
+            s["sack_ring"] = 0
+            return
+        if not 0 <= ring < self.sack_rings:
+            raise ValueError(f"SACK ring {ring} out of range (the program has {self.sack_rings})")
+        r = self.sacks[ring]
+        r["owner"] = owner
+        r["cons"] = int(r["prod"])
+        s["sack_ring"] = ring + 1
 
     def slot_of(self, qpn: int) -> int:
         return qpn % self.max_qps
@@ -401,10 +429,12 @@ class XdpLoader:
         self._closed = True
         self.detach()
         self.qps = None
-        try:
-            self._qps_mm.close()
-        except BufferError:
-            pass                     # a caller still holds a view: the GC unmaps it later
+        self.sacks = None
+        for mm in (self._qps_mm, self._sacks_mm):
+            try:
+                mm.close()
+            except BufferError:
+                pass                 # a caller still holds a view: the GC unmaps it later
         if self._own_prog_fd >= 0:
             os.close(self._own_prog_fd)
             self._own_prog_fd = -1
