@@ -85,6 +85,29 @@ def psn_diff(a, b):
     return d
 
 
+# local ACK timeouts that may start go-back-N in one round (the rest wait for the next rounds, a few
+# microseconds each while QPs are active): 1,000 QPs that lost packets in the same burst would
+# otherwise all retransmit in the same round, overflow the peer's fill ring again and lose the
+# packet at comp_psn at every retry until RETRY_EXC_ERR (see timers)
+TO_PER_ROUND = 64
+
+
+@njit(**_jit)
+def ack_deadline(Q, qi, now):
+    """When the local ACK timer of QP qi, (re)started at `now`, expires (0: timeout 0, never): T plus a
+    jitter in [0, T/4), from a hash of the QP and the time, so that the timers of QPs armed in the same
+    round do not all expire in the same round.  MR-RETRY-003: never before T, and by 1.25 T well
+    before 2 T (a timeout deferred by TO_PER_ROUND waits rounds, not T)."""
+    t = Q[qi, Q_TIMEOUT_NS]
+    if t == 0:
+        return 0
+    h = (qi + 1) * 0x9E3779B1 + (now >> 10) * 0x85EBCA6B
+    h ^= h >> 15
+    h = (h * 0x2C1B3C6D) & 0x7FFFFFFFFFFF
+    h ^= h >> 13
+    return now + t + (h % max(1, t >> 2))
+
+
 @njit(**_jit)
 def ks_addr(A, qi):
     return A[P_KS_ADDR] + qi * A[P_KS_SIZE]
@@ -467,7 +490,7 @@ def advance(A, Q, SW, CQT, CE, qi, target, now):
             # after a timeout the window reopens by doubling per advancing ACK (see timers)
             Q[qi, Q_TO_WIN] = 0 if Q[qi, Q_TO_WIN] >= A[P_WINDOW] else 2 * Q[qi, Q_TO_WIN]
         Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
-        Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
+        Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
         publish_comp(A, Q, qi)
 
 
@@ -717,32 +740,36 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             Q[qi, Q_SND_MAX] = Q[qi, Q_SND_PSN]
         Q[qi, Q_SQ_NEXT] = nxt + 1
     if sent and Q[qi, Q_DEADLINE] == 0 and Q[qi, Q_TIMEOUT_NS]:
-        Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS]
+        Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
     return sent
 
 
 @njit(**_jit)
-def timers(A, Q, SW, CQT, CE, qi, now):
+def timers(A, Q, SW, CQT, CE, qi, now, to_left):
     """Local ACK timeout (MR-RETRY-001): go back N from comp_psn, or RETRY_EXC_ERR when retries ran out;
-    the end of an RNR wait resumes at the PSN the RNR NAK named."""
+    the end of an RNR wait resumes at the PSN the RNR NAK named.  Returns 1 when a timeout started a
+    go-back-N; with to_left (what is left of the round's TO_PER_ROUND) at 0 an expired timer waits for
+    a later round, its retry not spent."""
     if Q[qi, Q_RNR_UNTIL]:
         if now < Q[qi, Q_RNR_UNTIL]:
-            return
+            return 0
         Q[qi, Q_RNR_UNTIL] = 0
         rewind(A, Q, SW, qi, Q[qi, Q_RNR_PSN])
-        Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
-        return
+        Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
+        return 0
     if Q[qi, Q_DEADLINE] == 0:
-        return
+        return 0
     if psn_diff(Q[qi, Q_SND_MAX], Q[qi, Q_COMP_PSN]) <= 0 and Q[qi, Q_SQ_HEAD] == Q[qi, Q_SQ_NEXT]:
         Q[qi, Q_DEADLINE] = 0                         # nothing outstanding
-        return
+        return 0
     if now < Q[qi, Q_DEADLINE]:
-        return
+        return 0
     if A[P_KS_ADDR] != 0 and psn_diff((Q[qi, Q_K_ACK] + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) > 0:
         advance(A, Q, SW, CQT, CE, qi, (Q[qi, Q_K_ACK] + 1) & PSN_MASK, now)   # held back by a READ before
         if Q[qi, Q_STATE] == ST_ERR or now < Q[qi, Q_DEADLINE]:
-            return
+            return 0
+    if to_left <= 0 and Q[qi, Q_RETRY_LEFT] > 0:
+        return 0                                      # this round's go-back-N starts are spent
     A[P_TIMEOUTS] += 1
     # what the QP looked like at its last timeout (Plane.stats(); for diagnosis)
     A[P_LAST_TO_COMP], A[P_LAST_TO_MAX] = Q[qi, Q_COMP_PSN], Q[qi, Q_SND_MAX]
@@ -751,7 +778,7 @@ def timers(A, Q, SW, CQT, CE, qi, now):
         ld_acq_i64(Q[qi], Q_SQ_TAIL)
     if Q[qi, Q_RETRY_LEFT] <= 0:
         qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
-        return
+        return 0
     Q[qi, Q_RETRY_LEFT] -= 1
     # go back N with a window of one packet (AckReq), doubled per advancing ACK (advance): a timeout
     # means the peer's RX ring overflowed (no PFC on veth); resending the whole window at once, on top
@@ -759,7 +786,8 @@ def timers(A, Q, SW, CQT, CE, qi, now):
     # matters -- could be lost at every retry until RETRY_EXC_ERR
     Q[qi, Q_TO_WIN] = 1
     rewind(A, Q, SW, qi, Q[qi, Q_COMP_PSN])
-    Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS]
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
+    return 1
 
 
 # ============================================================================ receive side
@@ -1062,7 +1090,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
     publish_nak_read(A, Q, qi, PSN_NONE if k == npsn - 1 else (SW[r, W_FIRST_PSN] + SW[r, W_STATUS]) & PSN_MASK)
     Q[qi, Q_COMP_PSN] = (psn + 1) & PSN_MASK
     Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
-    Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
     if k == npsn - 1:
         SW[r, W_DONE] = 1                            # answered; retired in order below
         Q[qi, Q_RD_OUT] -= 1
@@ -1330,6 +1358,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     else:
         A[P_INFL_LEFT] = 1 << 40
         A[P_QP_SHARE] = 0
+    to_left = TO_PER_ROUND
     i = A[P_N_ACT] - 1
     while i >= 0:
         qi = A[act + i]
@@ -1368,7 +1397,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                 if Q[qi, Q_NERR_PSN]:
                     nak_error_due(A, Q, SW, CQT, CE, qi)
                 if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
-                    timers(A, Q, SW, CQT, CE, qi, now)
+                    to_left -= timers(A, Q, SW, CQT, CE, qi, now, to_left)
                 if (Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD) and Q[qi, Q_RNR_UNTIL] == 0:
                     rp_cnps(A, Q, qi, now)                   # DCQCN reaction point (dp/ops.py)
                     bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)

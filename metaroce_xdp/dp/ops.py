@@ -52,6 +52,7 @@ from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_R
                    mr_check, read_responses, tx_push,
                    psn_diff, publish_comp, push_event, put_be, qp_error, responder_error, rewind, send_syndrome,
                    sq_row)
+from .loop import ack_deadline  # noqa: E402  (the local ACK timer, with its jitter)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
 from ..kern.layout import QP_STATE_DTYPE
@@ -356,7 +357,7 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
     place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], 0, addr_of(ext), 8)
     Q[qi, Q_COMP_PSN] = (psn + 1) & PSN_MASK
     Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
-    Q[qi, Q_DEADLINE] = now + Q[qi, Q_TIMEOUT_NS] if Q[qi, Q_TIMEOUT_NS] else 0
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
     SW[r, W_DONE] = 1
     Q[qi, Q_RD_OUT] -= 1
     retire_answered(A, Q, SW, CQT, CE, qi)
