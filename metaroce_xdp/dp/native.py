@@ -67,8 +67,6 @@ for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 32
 X_FL_KEY = NNX - 1           # the QP's flow label key (MR-MP-016, NativeSlots.start)
-X_RNR_PEND = NNX - 2         # MR-SACK-035: first PSN | 1 << 24 of a not-ready message seen beyond the ePSN, or 0
-X_RNR_RSN = NNX - 3          # ... and its RSN
 NSBX = 4                     # send queue index, packet index k, the message's MSN and RSN
 NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM)
 
@@ -510,14 +508,8 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             nx[X_C_NOTREADY] += 1
             if off == 0 and d == 0:
                 # MR-SACK-035: the RNR NAK-type SACK names the message's first PSN once it is the ePSN (and
-                # again for each copy of it while not ready)
+                # again for each copy of it while not ready); a later first PSN gets it when retransmitted
                 nat_send_sack(A, Q, TM, umem, tables, qi, b, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
-            elif off == 0 and d < par[NL.P_W]:
-                # a later first PSN: remembered (the nearest one), and the SACK goes out as the ePSN reaches it
-                pend = nx[X_RNR_PEND]
-                if pend == 0 or d < ((pend - e0) & PSN_MASK):
-                    nx[X_RNR_PEND] = psn | (1 << 24)
-                    nx[X_RNR_RSN] = rsn
             return
     src = A[P_UMEM_ADDR] + h
     mr = np.int64(0)
@@ -592,12 +584,6 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             if n < 64:
                 break
         comm_est(A, Q, qi, st, e0)
-        pend = nx[X_RNR_PEND]
-        if pend != 0 and ((e1 - pend) & PSN_MASK) < NL.PSN_HALF:   # the ePSN reached or passed it
-            nx[X_RNR_PEND] = 0
-            k = (nx[X_RNR_RSN] - rx[NL.R_RSN_NEXT]) & PSN_MASK
-            if e1 == (pend & PSN_MASK) and k >= ld_acq_i64(Q[qi], Q_RQ_TAIL) - Q[qi, Q_RQ_HEAD]:
-                nat_send_sack(A, Q, TM, umem, tables, qi, b, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), e1)  # MR-SACK-035
     if res & RX_SACK_NOW:
         nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1)
     activate(A, Q, qi)
