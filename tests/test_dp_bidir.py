@@ -24,8 +24,9 @@ NO_PORT_CAP = ("env", "METAROCE_PORT_INFLIGHT=0")
 def test_bidirectional_many_qps_recover_from_rx_ring_overflow():
     topo, _ = two_hosts()
     try:
-        r, s = perf_run(topo, "write-bw", 18597, ["--plane", "compiled"],
-                        ["--plane", "compiled", "-s", "65536", "-n", "300", "--qps", "16", "--bidirectional"],
+        r, s = perf_run(topo, "write-bw", 18597, ["--plane", "compiled", "--profile", "compat"],   # go-back-N
+                        ["--plane", "compiled", "--profile", "compat", "-s", "65536", "-n", "300", "--qps", "16",
+                         "--bidirectional"],
                         timeout=180, prefix=NO_PORT_CAP)
         assert r["verified"] is True and r["peer_verified"] is True and s["verified"] is True
         assert r["total_bytes"] == 2 * 16 * 300 * 65536

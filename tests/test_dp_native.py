@@ -269,16 +269,19 @@ def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
     assert (b.buf[100_000:103_000] == a.buf[:3000]).all() and (b.buf[10_000:15_000] == a.buf[10_000:15_000]).all()
 
 
-@pytest.mark.parametrize("srv_profile,want", [("auto", "native"), ("compat", "compat")])
-def test_perf_profile_switch(srv_profile, want):
-    """`metaroce perf --plane compiled --profile auto` (MR-NAT-001, MR-CM-016): write-bw runs native
-    against an auto server and falls back to compat against a compat one, and reports which."""
+@pytest.mark.parametrize("srv_args,want", [(["--plane", "compiled"], "native"),
+                                            (["--plane", "compiled", "--profile", "compat"], "compat"),
+                                            ([], "compat")], ids=["auto", "compat", "python-plane"])
+def test_perf_profile_switch(srv_args, want):
+    """`metaroce perf --plane compiled` with the default --profile auto (MR-NAT-001/002, MR-CM-016): write-bw
+    runs native against an auto server, falls back to compat against a compat one and against the python
+    plane (compat-only, its auto means compat), the data arriving intact each time; both sides report which."""
     from metaroce_xdp.topo import two_hosts
     from perf_players import perf_run
     topo, _ = two_hosts()
     try:
-        r, _ = perf_run(topo, "write-bw", 18597, ["--plane", "compiled", "--profile", srv_profile],
-                        ["--plane", "compiled", "--profile", "auto", "-s", "65536", "-n", "100"])
-        assert r["profile"] == want and r["gbps"] > 0 and r["iterations"] == 100
+        r, s = perf_run(topo, "write-bw", 18597, srv_args, ["--plane", "compiled", "-s", "65536", "-n", "100"])
+        assert r["profile"] == s["profile"] == want and r["gbps"] > 0 and r["iterations"] == 100
+        assert r["peer_verified"] is True and s["verified"] is True
     finally:
         topo.close()

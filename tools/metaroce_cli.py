@@ -80,8 +80,10 @@ def _perf_command(test: str):
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
         plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
-        profile: str = typer.Option("compat", "--profile", help="compiled plane: native, compat or auto "
-                                    "(negotiated: native when both ends offer it, else compat)"),
+        profile: str = typer.Option("auto", "--profile", help="native, compat or auto, negotiated with the "
+                                    "peer: auto runs native when both ends offer it (--plane compiled on both) "
+                                    "and compat otherwise (python plane, metaroced, a compat-only peer); native "
+                                    "needs --plane compiled and a native peer"),
         qps: int = typer.Option(1, "--qps", "-q", help="bw tests: QP pairs, -n iterations and -t depth on each "
                                 "(client side; aggregate reported)"),
         bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "

@@ -16,6 +16,12 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
                    client reports both directions (all bytes over the longer run)
   write-bw checks the data: each side compares what arrived with the writer's pattern.
   --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
+  --profile auto (the default) negotiates the profile in the connection set-up: native when both
+                   ends offer it (the compiled plane, both sides), compat otherwise -- against the
+                   python plane, metaroced, Soft-RoCE or another compat-only peer, and where the
+                   plane cannot run the test natively (read-bw until native READ, more QPs than
+                   native slots).  native refuses a compat-only peer; compat never offers native.
+                   The header and the JSON (`profile`) say which profile was agreed.
 
 The two sides set up the connection with the MetaRoCE Connection Message
 (metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
@@ -78,7 +84,8 @@ class PerfOptions:
     qps: int = 1                         # bw tests: QP pairs, each with tx_depth outstanding (client side)
     bidir: bool = False                  # write-bw: both sides write at once (client side; the server follows)
     no_daemon: bool = False              # never metaroced, even when it serves the interface
-    profile: str = "compat"              # compiled plane: native|compat|auto, negotiated (dp/cmconnect.py)
+    profile: str = "auto"                # native|compat|auto, negotiated (dp/cmconnect.py); auto: native when
+                                         # both ends offer it, compat with a compat-only peer or plane
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
 
     @property
@@ -176,9 +183,13 @@ class _Side:
         from metaroce_xdp.dp.cmconnect import PROFILES
         if opt.profile not in PROFILES:
             raise PerfError(f"--profile {opt.profile}: use one of {', '.join(PROFILES)}")
-        if opt.profile != "compat" and not self.compiled:
-            raise PerfError(f"--profile {opt.profile} needs --plane compiled (the native profile runs there only)")
-        self.profile = opt.profile
+        if opt.profile == "native" and not self.compiled:
+            raise PerfError("--profile native needs --plane compiled (the native profile runs there only; "
+                            "--profile auto runs native there and compat on the python plane and through metaroced)")
+        # auto where the native profile does not run (the python plane, metaroced): this side is compat-only,
+        # as a Soft-RoCE peer is, and offers compat; the peer's auto agrees compat (MR-NAT-002)
+        self.profile = opt.profile if self.compiled else "compat"
+        self.native_room = 1 << 30           # QPs this run may still run native (run() narrows it, _native_room)
         try:
             self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
                         else open_context(opt.ifname, opt.plane))
@@ -237,8 +248,11 @@ class _Side:
     def caps(self) -> tuple[int, int]:
         """(capabilities, flags) this side offers: --profile's (dp/cmconnect.py), IPV6 for an IPv6 GID."""
         from metaroce_xdp.dp.cmconnect import offer
-        caps, flags = offer(self.profile, self.ctx.gid)
-        if self.profile == "compat":
+        prof = self.profile
+        if prof == "auto" and self.native_room < 1:
+            prof = "compat"                  # auto: compat where this run cannot go native (_native_room)
+        caps, flags = offer(prof, self.ctx.gid)
+        if prof == "compat":
             caps &= ~int(cm.Cap.ATOMICS)            # as before: perf never offered ATOMICS
         v6 = cm.Cap.IPV6 if ":" in self.ctx.gid else 0                     # MR-CM-018: IPv6 GIDs need IPV6
         return int(caps | v6), flags
@@ -284,6 +298,20 @@ def _dp_stats(side: _Side) -> dict:
     except Exception:  # noqa: BLE001 - diagnostics only
         pass
     return out
+
+
+def _native_room(opt: PerfOptions, side: _Side) -> int:
+    """How many QPs --profile auto may offer native in this run: 0 (offer compat, as a compat-only peer
+    would) where the plane cannot carry the test natively -- read-bw while native READ is not built
+    (dp/context.py _NATIVE_OPS), or more QPs than the port has native slots (dp/native.py NSLOT)."""
+    if not side.compiled:
+        return 0
+    from metaroce_xdp.dp import context as dpctx
+    from metaroce_xdp.verbs_types import WROpcode
+    if opt.test == "read-bw" and WROpcode.RDMA_READ not in dpctx._NATIVE_OPS:
+        return 0
+    free = len(side.ctx.plane.nat.free)
+    return 0 if not opt.is_server and opt.qps > free else free
 
 
 def _local_mtu(opt: PerfOptions, side: _Side) -> int:
@@ -552,9 +580,9 @@ def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: in
     w = out.write
     w(RESULT_LINE + "\n")
     w(" " * 20 + TITLES[opt.test] + "\n")
-    w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE compat (RoCEv2 RC)\n")
+    w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE RC\n")
     w(f" Data plane      : {'metaroced (its compiled plane)' if side.daemon else opt.plane}\n")
-    w(f" Profile         : {getattr(side.qp, 'profile', 'compat')}\n")
+    w(f" Profile         : {getattr(side.qp, 'profile', 'compat')} (agreed; --profile {opt.profile})\n")
     w(f" Number of qps   : {len(side.qps):<12d}Connection type : RC"
       + ("    Bidirectional" if getattr(opt, "_bidir_on", False) else "") + "\n")
     if opt.test == "write-lat":
@@ -602,6 +630,7 @@ def run(opt: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         raise PerfError(f"--bidirectional applies to write-bw, not {opt.test}")
     side = _Side(opt)
     try:
+        side.native_room = _native_room(opt, side)
         mtu = _local_mtu(opt, side)
         if opt.is_server:
             return _run_server(opt, side, mtu, out, err)
@@ -745,6 +774,7 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
             mine = _write_lat(side, opt, size, iters, req.perf)
             line = _progress_until_line(side, ch, opt.timeout, what="waiting for the client's summary")
             r = {**mine, "test": opt.test, "role": "server", "mtu": mtu, "counters": side.counters(),
+                 "profile": getattr(side.qp, "profile", "compat"),
                  "peer_counters": line.get("counters", {}), "peer_lat_us": line.get("lat_us")}
         else:
             if bidir:                  # our half of the traffic, to the client's buffer, while we serve its half
@@ -758,7 +788,8 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
             r = {k: line[k] for k in ("bytes", "iterations", "total_bytes", "seconds", "gbps", "gbps_peak",
                                       "msg_rate", "qps") if k in line}
             r.update(test=opt.test, role="server", mtu=mtu, tx_depth=line.get("tx_depth"),
-                     counters=side.counters(), peer_counters=line.get("counters", {}), bidirectional=bidir)
+                     counters=side.counters(), peer_counters=line.get("counters", {}), bidirectional=bidir,
+                     profile=getattr(side.qp, "profile", "compat"))
             if opt.test == "write-bw":
                 r["verified"] = _verify(side.buf, size if bidir else 0, size, 1)
             if mine is not None:

@@ -736,7 +736,8 @@ class QP:
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
                     if self.profile == "native":
-                        pl.nat.start(self.qi, int(r[L.Q_SND_PSN]), self._sport, time.monotonic_ns())
+                        pl.nat.start(self.qi, int(r[L.Q_SND_PSN]), self._sport, time.monotonic_ns(),
+                                     pl.TM[self.qi], int(r[L.Q_L3_OFF]) if r[L.Q_IPV6] else -1)
                 r[L.Q_SQD_DRAIN] = 0                       # SQD -> RTS resumes where it stopped (MR-QP-014)
                 r[L.Q_STATE] = QPState.RTS
                 self._kernel_state(QPState.RTS)

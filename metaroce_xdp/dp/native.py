@@ -83,6 +83,8 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 48
+X_FL_KEY = NNX - 1           # the QP's flow label key (MR-MP-016, NativeSlots.start)
+assert len(NX_FIELDS) < X_FL_KEY
 NSBX = 4                     # send queue index, packet index k, the message's MSN and RSN
 NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM)
 
@@ -173,6 +175,41 @@ def set_sport(Q, TM, qi, sport):
 
 
 @njit(**_jit)
+def flow_label(key, sport):
+    """MR-MP-016: the IPv6 flow label of entropy value `sport` on a QP with flow label key `key`: a
+    permutation of 20-bit words keyed by `key` (4 Feistel rounds on 10-bit halves) applied to the
+    value's 14 bits under a 6-bit tag of the key, so distinct values of a QP get distinct labels;
+    never 0 (the one value it would map to 0 is mapped with its tag flipped, an input no value of
+    the QP uses).  Callable from Python as flow_label.py_func."""
+    x = (((key >> 50) & 0x3F) << 14) | (sport & 0x3FFF)
+    y = 0
+    for _t in range(2):
+        lo = x & 0x3FF
+        hi = x >> 10
+        for i in range(4):
+            f = ((((lo ^ (key >> (10 * i))) & 0x3FF) * 0x2C5) ^ (lo >> 3) ^ (key >> (40 + i))) & 0x3FF
+            hi, lo = lo, hi ^ f
+        y = (hi << 10) | lo
+        if y != 0:
+            return y
+        x ^= 1 << 14
+    return y
+
+
+@njit(**_jit)
+def set_entropy(Q, TM, qi, nx, sport):
+    """The QP's next frames go out on entropy value `sport`: its UDP source port (MR-MP-004) and, over
+    IPv6, its flow label (MR-MP-016), kept in the template so a SACK carries the pair too."""
+    set_sport(Q, TM, qi, sport)
+    if Q[qi, Q_IPV6]:
+        o = Q[qi, Q_L3_OFF]
+        fl = flow_label(nx[X_FL_KEY], sport)
+        TM[qi, o + 1] = (TM[qi, o + 1] & 0xF0) | (fl >> 16)
+        TM[qi, o + 2] = (fl >> 8) & 0xFF
+        TM[qi, o + 3] = fl & 0xFF
+
+
+@njit(**_jit)
 def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
     """(Re)transmit PSN `psn` of the QP's send queue as a native request (MR-NAT-005, MR-NAT-017..020,
     MR-NAT-025): RETH (WRITE), NETH, RSNETH (recv-consuming), ImmDt; RETX set unless kind is TK_NEW
@@ -200,7 +237,7 @@ def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
     if e & NL.PICK_PROBE:
         ackreq = 1                                   # a probe on a PROBING value (MR-MP-010)
         e &= NL.PICK_PROBE - 1
-    set_sport(Q, TM, qi, pt[e, NL.E_SPORT])
+    set_entropy(Q, TM, qi, nx, pt[e, NL.E_SPORT])
     ext = nat_ext(A)
     n = 0
     is_write = op == WR_WRITE or op == WR_WRITE_IMM
@@ -744,7 +781,7 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
     else:
         e = mp_pick_retx(pt, par, s[NL.S_SRTT], now, sb[psn & NL.WMASK, NL.B_ENTROPY])
     e &= NL.PICK_PROBE - 1                          # AckReq is set anyway
-    set_sport(Q, TM, qi, pt[e, NL.E_SPORT])
+    set_entropy(Q, TM, qi, nx, pt[e, NL.E_SPORT])
     ext = nat_ext(A)
     n = 1
     if op == WR_READ:
@@ -1040,7 +1077,7 @@ def nat_rereq(A, Q, SW, TM, umem, tables, qi, b, e, upto, now):
         put_be(ext, 24, blen, 4)
         put_be(ext, 28, tsval_of(now), 4)
         ep = mp_pick(pt, par, s[NL.S_SRTT], now) & (NL.PICK_PROBE - 1)
-        set_sport(Q, TM, qi, pt[ep, NL.E_SPORT])
+        set_entropy(Q, TM, qi, nx, pt[ep, NL.E_SPORT])
         if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, (p + i) & PSN_MASK, ext, 32, 0, 0):
             return -1
         sent += 1
@@ -1055,7 +1092,7 @@ def nat_replay(A, Q, SW, TM, umem, tables, qi, b, e, now):
     """MR-OOO-027: the atomic at row e sent again, unchanged but for AckReq and the UDP source port."""
     par, rx, s, nx, sb, pt = rows(A, b)
     ep = mp_pick(pt, par, s[NL.S_SRTT], now) & (NL.PICK_PROBE - 1)
-    set_sport(Q, TM, qi, pt[ep, NL.E_SPORT])
+    set_entropy(Q, TM, qi, nx, pt[ep, NL.E_SPORT])
     if not atomic_request(A, Q, SW, TM, umem, tables, nat_ext(A), qi, sq_row(Q, qi, A[e + RQ_WI]), 0):
         return False
     nx[X_C_AT_REPLAY] += 1
@@ -1558,14 +1595,29 @@ class NativeSlots:
         rx_init(self._w(sl, O_RX, NL.NRX), self._w(sl, O_PAR, NL.NPAR), rq_psn & PSN_MASK)
         self.natq[qi] = sl + 1
 
-    def start(self, qi: int, sq_psn: int, sport: int, now: int) -> None:
-        """RTS: the requester's state (04 4.3.5, 05 5.2) and K entropy values around the QP's port."""
+    def start(self, qi: int, sq_psn: int, sport: int, now: int, tm: np.ndarray | None = None,
+              l3: int = -1) -> None:
+        """RTS: the requester's state (04 4.3.5, 05 5.2) and K entropy values around the QP's port.
+        tm, l3: the QP's header template and, for IPv6, its IP header's offset: the flow label key is
+        a keyed hash of the template (addresses, QPNs, ports) under a per-QP random secret (MR-MP-016),
+        and the template starts on entropy value 0 (port and label) for the SACKs sent before any
+        request."""
+        import hashlib
+        import secrets
         par, rx, s, nx, pt, sp = self.rows(qi)
         tx_init(s, par, sq_psn & PSN_MASK, now)
         k = int(par[NL.P_K])
         for i in range(k):
             sp[i] = 0xC000 | ((sport + 0x101 * i) & 0x3FFF)           # MR-MP-002: distinct ports
         mp_init(pt, par, sp)
+        seen = bytes(tm) if tm is not None else b""
+        key = hashlib.blake2b(seen, key=secrets.token_bytes(16), digest_size=8).digest()
+        nx[X_FL_KEY] = int.from_bytes(key, "little") >> 1
+        if tm is not None and l3 >= 0:
+            fl = flow_label.py_func(int(nx[X_FL_KEY]), int(sp[0]))
+            tm[l3 + 40:l3 + 42] = (int(sp[0]) >> 8, int(sp[0]) & 0xFF)
+            tm[l3 + 1] = (int(tm[l3 + 1]) & 0xF0) | (fl >> 16)
+            tm[l3 + 2:l3 + 4] = ((fl >> 8) & 0xFF, fl & 0xFF)
         self._kernel_ring(qi)
 
     def _kernel_ring(self, qi: int) -> None:

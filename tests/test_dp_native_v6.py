@@ -1,0 +1,148 @@
+"""The native profile over IPv6 in the compiled data plane: the flow label follows the entropy value
+(MR-MP-016, MR-ENC-017).  Hosts A and B through a switch namespace (a bridge), IPv6 addresses on both;
+an AF_PACKET socket on the switch port towards A sees every frame both ways.  A native transfer sprays
+over several UDP source ports and each port's frames carry one non-zero flow label, distinct ports
+distinct labels, retransmissions and SACKs included; every frame's ICRC checks (the label is outside
+it, MR-ICRC-005); receivers do not care (MR-MP-017: the data arrives intact).  A compat transfer on the
+same hosts keeps the one port and the flow label 0 it always had (compat bytes unchanged)."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from dp_players import FULL, Side, collect
+from metaroce_xdp.faults import FaultInjector
+from metaroce_xdp.topo import IFA_F_NODAD, switched_hosts
+from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
+from metaroce_xdp.wire.packet import decode
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+A6, B6 = "fd79::1", "fd79::2"
+A6I, B6I = int(ipaddress.ip_address(A6)), int(ipaddress.ip_address(B6))
+
+
+@pytest.fixture(scope="module")
+def v6():
+    topo, _, _ = switched_hosts(prefix="mr6")
+    a = b = None
+    try:
+        for ns, ifname, addr in ((topo[0], "mr0", A6), (topo[2], "mr1", B6)):
+            h = topo.ipr(ns)
+            h.addr("add", index=h.link_lookup(ifname=ifname)[0], address=addr, prefixlen=64, flags=IFA_F_NODAD)
+        a = Side(topo, topo[0], "mr0", ipv6=True)
+        b = Side(topo, topo[2], "mr1", ipv6=True)
+        assert a.ctx.gid == A6 and b.ctx.gid == B6
+        yield topo, a, b
+    finally:
+        for s in (a, b):
+            if s is not None:
+                s.close()
+        topo.close()
+
+
+def _connect(a, b, profile):
+    a.new_qp(), b.new_qp()
+    for s, p in ((a, b), (b, a)):
+        with s.topo.enter(s.ns):
+            s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+            s.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=p.qp.qp_num, rq_psn=0x100, path_mtu=1024,
+                               dgid=p.ctx.gid, max_dest_rd_atomic=16, profile=profile))
+            s.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=12, retry_cnt=7, rnr_retry=7,
+                               max_rd_atomic=16))
+
+
+class _Tap:
+    """Every IPv6 UDP/4791 frame through switch port swA (both directions), decoded."""
+
+    def __init__(self, topo) -> None:
+        with topo.enter(topo[1]):
+            # ETH_P_ALL: a bridge port's frames reach only the taps of every protocol
+            self.sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+            self.sk.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)              # SO_RCVBUFFORCE
+            self.sk.bind(("swA", 3))
+        self.sk.setblocking(False)
+
+    def frames(self) -> list:
+        out = []
+        while True:
+            try:
+                f = self.sk.recv(65536)
+            except BlockingIOError:
+                return out
+            if len(f) > 62 and f[12:14] == b"\x86\xdd" and f[20] == 17 and f[56:58] == b"\x12\xb7":        # UDP to 4791
+                out.append(decode(f))
+
+    def close(self) -> None:
+        self.sk.close()
+
+
+def _transfer(topo, a, b, profile, fault=None):
+    _connect(a, b, profile)
+    a.buf[:] = np.random.default_rng(7).integers(0, 256, a.buf.size, dtype=np.uint8)
+    b.buf[:] = 0
+    tap = _Tap(topo)
+    try:
+        with (FaultInjector("swB", netns=topo[1], **fault) if fault else _nothing()):
+            a.qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i * 100_000, 100_000)],
+                                   remote_addr=b.mr.addr + i * 100_000, rkey=b.mr.rkey) for i in range(4)])
+            got = collect(a, 4, [b], timeout=30)
+        pkts = tap.frames()
+    finally:
+        tap.close()
+    assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in range(4)]
+    assert (b.buf[:400_000] == a.buf[:400_000]).all()
+    assert pkts and all(p.ipv6 and p.icrc_ok for p in pkts)
+    return pkts
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _labels_by_port(pkts):
+    by = defaultdict(set)
+    for p in pkts:
+        by[p.udp.sport].add(p.ip.flow_label)
+    return by
+
+
+def test_native_flow_label_follows_the_entropy_value(v6):
+    """MR-MP-016: every native frame's flow label is its entropy value's (one non-zero label per UDP source
+    port, distinct ports distinct labels) -- new packets, retransmissions (1 % seeded loss towards B) and
+    SACKs; the spraying shows in the labels too.  MR-MP-017, MR-ICRC-005: the labels are outside the
+    ICRC, which checks on every frame, and the receiver places every byte."""
+    topo, a, b = v6
+    pkts = _transfer(topo, a, b, "native", fault=dict(seed=5, drop_ppm=10_000))
+    data = [p for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)]
+    sacks = [p for p in pkts if p.ip.src == B6I and p.bth.opcode == 0xC6]
+    assert len(data) >= 400 and sacks
+    assert any(p.neth.flags & 0x20 for p in data)                  # retransmissions (NETH.RETX) among them
+    for group in (data, sacks):
+        by = _labels_by_port(group)
+        assert all(len(ls) == 1 for ls in by.values()), {k: sorted(v) for k, v in by.items() if len(v) > 1}
+        labels = [next(iter(ls)) for ls in by.values()]
+        assert 0 not in labels and all(0 < fl < 1 << 20 for fl in labels)
+        assert len(set(labels)) == len(labels)                     # distinct values, distinct labels
+    assert len(_labels_by_port(data)) >= 8                         # K = 16 values sprayed: labels vary
+    assert a.qp.native_counters()["c_retx"] >= 1
+
+
+def test_compat_over_ipv6_keeps_one_port_and_flow_label_zero(v6):
+    """MR-ENC-017: the compat profile is unchanged by the native flow label: one UDP source port for the
+    QP and the constant flow label 0 it always carried, in both directions."""
+    topo, a, b = v6
+    pkts = _transfer(topo, a, b, "compat")
+    assert {p.bth.opcode for p in pkts} <= set(range(0x00, 0x20))  # RC opcodes only
+    assert {p.ip.flow_label for p in pkts} == {0}
+    assert len({p.udp.sport for p in pkts if p.ip.src == A6I}) == 1
