@@ -80,8 +80,11 @@ def _perf_command(test: str):
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
         plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
-        profile: str = typer.Option("compat", "--profile", help="compiled plane: native, compat or auto "
-                                    "(negotiated: native when both ends offer it, else compat)"),
+        profile: str = typer.Option("compat", "--profile", help="compiled plane or metaroced: native, compat or "
+                                    "auto (negotiated: native when both ends offer it, else compat)"),
+        start_at: Optional[float] = typer.Option(None, "--start-at", metavar="EPOCH_SECONDS", help="client: "
+                                                 "connect, then start the test at this wall-clock time "
+                                                 "(several clients at once)"),
         qps: int = typer.Option(1, "--qps", "-q", help="bw tests: QP pairs, -n iterations and -t depth on each "
                                 "(client side; aggregate reported)"),
         bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "
@@ -95,6 +98,7 @@ def _perf_command(test: str):
                                    timeout, plane, qps, bidir)
         opt.no_daemon, opt.socket = no_daemon, sock
         opt.profile = profile
+        opt.start_at = start_at
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

@@ -80,6 +80,7 @@ class PerfOptions:
     no_daemon: bool = False              # never metaroced, even when it serves the interface
     profile: str = "compat"              # compiled plane: native|compat|auto, negotiated (dp/cmconnect.py)
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
+    start_at: float | None = None        # client: connect, then start the test at this time.time() (incast)
 
     @property
     def is_server(self) -> bool:
@@ -176,9 +177,11 @@ class _Side:
         from metaroce_xdp.dp.cmconnect import PROFILES
         if opt.profile not in PROFILES:
             raise PerfError(f"--profile {opt.profile}: use one of {', '.join(PROFILES)}")
-        if opt.profile != "compat" and not self.compiled:
-            raise PerfError(f"--profile {opt.profile} needs --plane compiled (the native profile runs there only)")
+        if opt.profile != "compat" and not (self.compiled or self.daemon):
+            raise PerfError(f"--profile {opt.profile} needs --plane compiled or metaroced (the native profile runs "
+                            "in the compiled plane only)")
         self.profile = opt.profile
+        self.is_client = not opt.is_server
         try:
             self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
                         else open_context(opt.ifname, opt.plane))
@@ -221,6 +224,10 @@ class _Side:
         # tables (the engine resolves it); the peer's mac field is informational only
         prof, params = agreed_profile(agreed, min(peer.sack_window, W_OFFER), min(peer.entropy_count, K_OFFER))
         extra = {"profile": prof, "native_params": params} if self.compiled else {}     # MR-CM-016
+        if self.daemon and prof == "native":          # the daemon adds rto_min and its receiver's parameters
+            prof, params = self.ctx.agreed_profile(agreed, min(peer.sack_window, W_OFFER),
+                                                   min(peer.entropy_count, K_OFFER))
+            extra = {"profile": prof, "native_params": params}
         attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
                       dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
                       **extra)
@@ -228,6 +235,8 @@ class _Side:
             self.qps[i].modify(attr)
         except VerbsError as e:
             raise PerfError(f"cannot reach {attr.dgid}: {e}") from None
+        if self.daemon:
+            self.qps[i].profile = prof
 
     def to_rts(self, peer: cm.CMMsg, i: int = 0) -> None:
         from metaroce_xdp.verbs_types import QPAttr, QPState
@@ -237,9 +246,15 @@ class _Side:
     def caps(self) -> tuple[int, int]:
         """(capabilities, flags) this side offers: --profile's (dp/cmconnect.py), IPV6 for an IPv6 GID."""
         from metaroce_xdp.dp.cmconnect import offer
+        if self.daemon:
+            return self.ctx.offer(self.profile)     # what metaroced serves (daemon/client.py)
         caps, flags = offer(self.profile, self.ctx.gid)
         if self.profile == "compat":
             caps &= ~int(cm.Cap.ATOMICS)            # as before: perf never offered ATOMICS
+        elif self.is_client:
+            # a sender honours the receiver's credits (MR-CC-014); this plane grants none of its own (no
+            # allocation, MR-CC-018, outside metaroced), so the server side does not offer CREDITS
+            caps |= int(cm.Cap.CREDITS)
         v6 = cm.Cap.IPV6 if ":" in self.ctx.gid else 0                     # MR-CM-018: IPv6 GIDs need IPV6
         return int(caps | v6), flags
 
@@ -651,10 +666,14 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         if not opt.as_json:
             _print_header(out, opt, side, state["mtu"], size, iters, req, rep, peer)
         _barrier(ch, side, opt, client=True)
+        if opt.start_at is not None:               # several clients start together (tools/bench_fabric incast)
+            time.sleep(max(0.0, opt.start_at - time.time()))
+        t_start = time.time()
         if lat:
             r = _write_lat(side, opt, size, iters, peer)
         else:
             r = _bw_client(side, opt, size, iters, peer, nq)
+        r.update(start_epoch=t_start, end_epoch=time.time())
         r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
                  plane=opt.plane, qps=nq, bidirectional=bidir, profile=getattr(side.qp, "profile", "compat"))
         try:
@@ -758,7 +777,8 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
             r = {k: line[k] for k in ("bytes", "iterations", "total_bytes", "seconds", "gbps", "gbps_peak",
                                       "msg_rate", "qps") if k in line}
             r.update(test=opt.test, role="server", mtu=mtu, tx_depth=line.get("tx_depth"),
-                     counters=side.counters(), peer_counters=line.get("counters", {}), bidirectional=bidir)
+                     counters=side.counters(), peer_counters=line.get("counters", {}), bidirectional=bidir,
+                     profile=getattr(side.qp, "profile", "compat"))
             if opt.test == "write-bw":
                 r["verified"] = _verify(side.buf, size if bidir else 0, size, 1)
             if mine is not None:
