@@ -82,9 +82,9 @@ def _perf_command(test: str):
         plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
         profile: str = typer.Option("compat", "--profile", help="compiled plane or metaroced: native, compat or "
                                     "auto (negotiated: native when both ends offer it, else compat)"),
-        start_at: Optional[float] = typer.Option(None, "--start-at", metavar="EPOCH_SECONDS", help="client: "
-                                                 "connect, then start the test at this wall-clock time "
-                                                 "(several clients at once)"),
+        start_at: Optional[str] = typer.Option(None, "--start-at", metavar="EPOCH_SECONDS|@FILE", help="client: "
+                                               "connect, then start the test at this wall-clock time, or at the "
+                                               "time written into FILE once it exists (several clients at once)"),
         qps: int = typer.Option(1, "--qps", "-q", help="bw tests: QP pairs, -n iterations and -t depth on each "
                                 "(client side; aggregate reported)"),
         bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "

@@ -16,6 +16,10 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
                    client reports both directions (all bytes over the longer run)
   write-bw checks the data: each side compares what arrived with the writer's pattern.
   --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
+  --start-at T     (client) connect, then start the test at wall-clock time T (epoch seconds,
+                   or @FILE: the time written into FILE once it exists), so that several clients
+                   measure the same interval; the JSON has start_epoch and end_epoch.  METAROCE_NATIVE_PARAMS='{"name": value}' overrides native
+                   parameters (native/layout.py) of an in-process compiled QP, for experiments.
 
 The two sides set up the connection with the MetaRoCE Connection Message
 (metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import select
 import sys
 import time
 from dataclasses import dataclass
@@ -80,7 +86,8 @@ class PerfOptions:
     no_daemon: bool = False              # never metaroced, even when it serves the interface
     profile: str = "compat"              # compiled plane: native|compat|auto, negotiated (dp/cmconnect.py)
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
-    start_at: float | None = None        # client: connect, then start the test at this time.time() (incast)
+    start_at: str | None = None          # client: connect, then start at this time.time(), or "@PATH": at the time
+                                         # written into PATH once it exists (several clients at once: incast)
 
     @property
     def is_server(self) -> bool:
@@ -223,6 +230,8 @@ class _Side:
         # MR-CM-024: the destination MAC is the next hop's, from this host's route and neighbour
         # tables (the engine resolves it); the peer's mac field is informational only
         prof, params = agreed_profile(agreed, min(peer.sack_window, W_OFFER), min(peer.entropy_count, K_OFFER))
+        if params is not None and os.environ.get("METAROCE_NATIVE_PARAMS") and self.compiled:
+            params.update(json.loads(os.environ["METAROCE_NATIVE_PARAMS"]))   # experiments (bench_fabric's CC off)
         extra = {"profile": prof, "native_params": params} if self.compiled else {}     # MR-CM-016
         if self.daemon and prof == "native":          # the daemon adds rto_min and its receiver's parameters
             prof, params = self.ctx.agreed_profile(agreed, min(peer.sack_window, W_OFFER),
@@ -344,10 +353,18 @@ def _progress_until_line(side: _Side, ch: cm.Channel, timeout: float, step: Call
                          what: str = "waiting for the peer") -> dict:
     """Drive the engine (the responder must ACK and answer READs) until the peer's next line."""
     dog = _Watchdog(side, timeout, what)
+    # metaroced makes progress by itself: wait for the line in select() instead of spinning on sched_yield (a
+    # core given back to the daemon and the senders sharing the host: tools/bench_fabric's incast)
+    blocking = step is None and getattr(side.eng, "threaded", False)
     step = step or side.eng.progress
     n = 0
     while True:
-        step()
+        if blocking:
+            select.select([ch.sock], [], [], 0.02)
+            n = 63
+            dog.n |= 1023 if time.monotonic() - dog.since > 1.0 else 0    # the watchdog's check about every second
+        else:
+            step()
         n += 1
         if not n & 63:
             try:
@@ -630,6 +647,28 @@ def _buf_len(test: str, size: int, bidir: bool = False) -> int:
     return 2 * size if test == "write-lat" or bidir else size
 
 
+def _start_time(spec: str, timeout: float) -> float:
+    """--start-at: EPOCH_SECONDS, or @PATH -- the epoch seconds written into PATH, once it exists."""
+    if not str(spec).startswith("@"):
+        try:
+            return float(spec)
+        except ValueError:
+            raise PerfError(f"--start-at {spec}: epoch seconds or @FILE") from None
+    path, deadline = spec[1:], time.monotonic() + (timeout or 3600)
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text:
+                return float(text)
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            raise PerfError(f"--start-at {spec}: the file holds {text[:40]!r}, not epoch seconds") from None
+        time.sleep(0.01)
+    raise PerfError(f"--start-at {spec}: no start time after {timeout:g}s")
+
+
 def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, out: TextIO) -> dict:
     try:
         ch = cm.connect(opt.server, opt.port)
@@ -667,7 +706,7 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
             _print_header(out, opt, side, state["mtu"], size, iters, req, rep, peer)
         _barrier(ch, side, opt, client=True)
         if opt.start_at is not None:               # several clients start together (tools/bench_fabric incast)
-            time.sleep(max(0.0, opt.start_at - time.time()))
+            time.sleep(max(0.0, _start_time(opt.start_at, opt.timeout) - time.time()))
         t_start = time.time()
         if lat:
             r = _write_lat(side, opt, size, iters, peer)
@@ -684,6 +723,8 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         r["peer_counters"] = reply.get("counters", {})
         if side.compiled:            # the port's counters (timeouts, retransmissions, kicks, rounds ...)
             r["dp_stats"] = _dp_stats(side)
+            if getattr(side.qp, "profile", "compat") == "native":
+                r["native"] = side.qp.native_counters()       # window, RTT, SACKs, blocks by cause (MR-LOSS-014)
         if reply.get("dp_stats"):
             r["peer_dp_stats"] = reply["dp_stats"]
         if lat and "lat_us" in reply:
