@@ -41,7 +41,7 @@ class DaemonConfig:
     drain_timeout_s: float = 5.0                          # SIGTERM: how long outstanding work may finish
     log_level: str = "info"
     profile: str = "auto"                                 # native | compat | auto: the profiles its QPs may run
-    credit_budget: int = 64                               # native receiver: packets granted over all senders (MR-CC-018)
+    credit_budget: int = 1024                             # native receiver: packets granted over all senders (MR-CC-018)
 
     def validate(self) -> "DaemonConfig":
         if self.progress not in ("busy", "sleep"):

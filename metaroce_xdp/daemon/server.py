@@ -57,7 +57,7 @@ MAX_SESSIONS = 1024           # rows of the loop's session table (clients with a
 WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring (dp/serve.py)
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
-CREDIT_ACTIVE_WINDOW_US = 2000  # MR-CC-018's active_window here: a sender counts as active for 2 ms after its
+CREDIT_ACTIVE_WINDOW_US = 50_000  # MR-CC-018's active_window here: a sender counts as active for 50 ms after its
                                 # last packet (its process may be descheduled for ms on shared cores, MR-CC-042)
 
 # per-client shares of an interface's fixed tables (beside the configured limits), so that no client can take
