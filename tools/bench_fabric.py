@@ -25,10 +25,17 @@ loss -- for compat the link its single flow hashes onto, from its 200th frame on
 bad path, for contrast),
 for native link 0 (issue 9's target: a sprayed native flow keeps >= 0.7 of the healthy goodput).
 
-Last, incast: 4 senders (h1..h4) into h5 through one 200 Mb/s bottleneck that CE-marks above
-30 KB and drops above 200 KB, with compat's DCQCN on and then off (METAROCE_DCQCN_ENABLED=0);
-h5's four perf servers share one engine through metaroced.  Reported: aggregate goodput against
-the bottleneck, Jain fairness, queue drops and marks, and the queue over time (incast_queue.png).
+Last, incast (also alone: `--incast`): 4 senders (h1..h4) into h5 through one 200 Mb/s bottleneck
+that CE-marks above 30 KB and drops above 200 KB; h5's four perf servers share one engine through
+metaroced.  Four runs: native with its congestion control and the daemon's receiver credits
+(credit_budget INCAST_BUDGET), native with CC off (no credits, a window fixed at W: NATIVE_CC_OFF
+through METAROCE_NATIVE_PARAMS), compat with DCQCN on and off (METAROCE_DCQCN_ENABLED).  The senders
+connect, then start at one instant (perf --start-at @FILE, written once the daemon lists all four
+QPs in RTS), so process start-up is not measured; the bottleneck's and each sender's uplink byte
+counters are sampled every 5 ms and the aggregate and the per-flow rates (Jain's index) are taken
+over the interval in which all four run (last start to first end).  Reported: aggregate against the
+bottleneck, Jain fairness, queue drops and marks, the senders' retransmissions and timeouts, and the
+queue over time (incast_queue.png).
 
 The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
 native profile is wired into the data plane, and then the native rows say "not available" with
@@ -43,8 +50,11 @@ JSON (schema "metaroce-bench-fabric/1"; keys are only added, never renamed):
                  "dropped", "seconds", "not_available"|null}],
      "multipath": [{"profile", "healthy_gbps", "degraded_gbps", "kept", "bad_link", "links_used",
                     "not_available"}],               # full runs only
-     "incast": [{"cc", "senders", "bottleneck_bps", "flows_gbps", "aggregate_gbps", "of_bottleneck", "jain",
-                 "q_dropped", "marked", "queue": [[t_s, backlog_bytes], ...], "not_available"}],   # full runs only
+     "incast": [{"profile", "cc", "senders", "bottleneck_bps", "flows_gbps", "goodput_gbps", "aggregate_gbps",
+                 "of_bottleneck", "jain", "aggregate_goodput_gbps", "goodput_of_bottleneck", "goodput_jain",
+                 "interval_s", "start_spread_s", "q_dropped", "marked", "retransmits",
+                 "timeouts", "native": [per sender: its QP's native counters] | [null ...],
+                 "queue": [[t_s, backlog_bytes], ...], "not_available"}],   # full and --incast runs
      "targets": [{"id", "label", "value"|null, "target", "meets"|null}], "plots": [path, ...]}
 """
 from __future__ import annotations
@@ -240,41 +250,78 @@ def multipath(fab, profiles, missing: str | None, plane: str, total: int, log) -
 INCAST_SENDERS = 4
 INCAST_RATE = 200_000_000                      # the bottleneck: l5:h5 at 200 Mb/s, DCTCP-like marking
 INCAST_MARK, INCAST_DROP = 30_000, 200_000
+INCAST_START_S = 2.0                           # the senders start together this long after all are connected
+INCAST_BUDGET = 1024                           # metaroced's credit_budget (packets) for the native runs with CC
+# native "CC off": no credits (the daemon grants none), and a window that never shrinks -- W from the start,
+# no cut on ECN (alpha 0, gain 0), loss or RTO (max_mdf 0, rto_cwnd_reset never), no pacing below line rate
+NATIVE_CC_OFF = {"init_cwnd": 256, "alpha_init": 0, "g_ecn": 0, "max_mdf": 0, "rto_cwnd_reset": 1 << 20,
+                 "pacing_gain": 64}
+INCAST_CASES = (("native", True), ("native", False), ("compat", True), ("compat", False))
+if os.environ.get("METAROCE_INCAST_CASES"):                 # e.g. "native:1,compat:0" (experiments)
+    INCAST_CASES = tuple((c.split(":")[0], c.split(":")[1] == "1") for c in os.environ["METAROCE_INCAST_CASES"].split(","))
 
 
-def incast(plane: str, cc: bool, total: int, log) -> dict:
+def _jain(xs: list[float]) -> float | None:
+    return round(sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)), 3) if xs and any(xs) else None
+
+
+def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budget: int = INCAST_BUDGET) -> dict:
     """4 senders (h1..h4, each its own `metaroce perf` process and engine) WRITE 64 KiB messages
     into h5 at once, through one bottleneck (the port toward h5: 200 Mb/s, CE mark above 30 KB,
     drop above 200 KB).  h5's four perf servers share one engine through metaroced (one
-    program owns an interface).  `cc` False sets METAROCE_DCQCN_ENABLED=0 on every side.  The
-    bottleneck queue is sampled every 5 ms for the plot."""
+    program owns an interface).  `profile` compat: `cc` is DCQCN (METAROCE_DCQCN_ENABLED on every
+    side); native: `cc` is the native window (delay/ECN/loss, MR-CC-008..023) with the daemon's
+    receiver credits (credit_budget INCAST_BUDGET, MR-CC-018), off is NATIVE_CC_OFF without credits.
+
+    Measurement: every sender connects, then waits for the same wall-clock instant (perf --start-at),
+    so process start-up (numba's load, connection set-up) is outside the measurement.  The bottleneck's
+    and each sender's leaf-uplink byte counters are sampled every 5 ms; `aggregate_gbps` is the bytes
+    the bottleneck forwarded while all four senders ran (from the last start to the first end), over
+    that time, and `flows_gbps` each sender's uplink bytes over the same interval (Jain's index is taken
+    over those) -- wire bytes, retransmissions included; `goodput_gbps` is perf's own figure per sender
+    (its bytes over its own run), `aggregate_goodput_gbps` every sender's bytes from the common start to
+    the last end (`goodput_of_bottleneck`, `goodput_jain` over the senders' goodputs)."""
     from metaroce_xdp import fabric
-    env = {**os.environ, "METAROCE_DCQCN_ENABLED": "1" if cc else "0"}
+    env = {**os.environ, "METAROCE_DCQCN_ENABLED": "1" if cc or profile != "compat" else "0"}
+    if profile == "native" and not cc:
+        env["METAROCE_NATIVE_PARAMS"] = json.dumps(NATIVE_CC_OFF)
     name = f"inc{os.getpid() % 10000}"
+    log(f"incast: building the fabric for {profile}, CC {'on' if cc else 'off'}")
     fab = fabric.up(name, hosts=INCAST_SENDERS + 1, paths=2)
     dst = fab.plan.host(f"h{INCAST_SENDERS + 1}")
     port = fab.plan.port(f"l{INCAST_SENDERS + 1}:h{INCAST_SENDERS + 1}")
+    ups = [[p.id for p in fab.select(f"l{i + 1}:sp*")] for i in range(INCAST_SENDERS)]
     sock, pins = f"/run/metaroce/{name}.sock", f"/sys/fs/bpf/metaroce-{name}"
+    gofile = f"/run/metaroce/{name}.start"
     procs: list[subprocess.Popen] = []
-    out = {"cc": cc, "senders": INCAST_SENDERS, "bottleneck_bps": INCAST_RATE, "flows_gbps": None,
-           "aggregate_gbps": None, "of_bottleneck": None, "jain": None, "q_dropped": None, "marked": None,
-           "queue": [], "not_available": None}
+    out = {"profile": profile, "cc": cc, "credit_budget": budget if profile == "native" and cc else None,
+           "senders": INCAST_SENDERS, "bottleneck_bps": INCAST_RATE,
+           "flows_gbps": None, "goodput_gbps": None, "aggregate_gbps": None, "of_bottleneck": None, "jain": None,
+           "interval_s": None, "start_spread_s": None, "q_dropped": None, "marked": None, "retransmits": None,
+           "timeouts": None, "queue": [], "not_available": None}
     try:
         fab.set(port.name, rate_bps=INCAST_RATE, mark_depth=INCAST_MARK, drop_depth=INCAST_DROP, reset=True)
         os.makedirs("/run/metaroce", exist_ok=True)
+        # progress sleep: the daemon's loop waits in poll() when idle, leaving the shared cores to the senders
+        dflags = ["--credit-budget", str(budget if profile == "native" and cc else 0), "--progress", "sleep"]
+        # its log to a file: a pipe nobody reads would fill (a line per client, the status polls below) and stop it
+        dlog = open(f"/run/metaroce/{name}.log", "w+")
         d = subprocess.Popen(["ip", "netns", "exec", dst.ns, sys.executable, "-m", "daemon", "-i", dst.ifname,
-                              "--socket-path", sock, "--bpffs-prefix", pins], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              "--socket-path", sock, "--bpffs-prefix", pins, "--log-level", "warning", *dflags],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=dlog, text=True)
         procs.append(d)
         deadline = time.monotonic() + 60
         while not os.path.exists(sock):
             if d.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(f"metaroced did not start: {d.stderr.read()[-400:] if d.poll() is not None else 'no socket after 60 s'}")
+                dlog.seek(0)
+                raise BenchError(f"metaroced did not start: {dlog.read()[-400:] if d.poll() is not None else 'no socket after 60 s'}")
             time.sleep(0.1)
         iters = max(4, total // 65536)
         opts = ["-s", "65536", "-n", str(iters), "-t", "16", "-m", str(PMTU), "--json", "--timeout", "30"]
         if plane != "python":
             opts += ["--plane", plane]
+        if profile != "compat":
+            opts += ["--profile", profile]
         perf = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-d", dst.ifname]
         for i in range(INCAST_SENDERS):
             procs.append(subprocess.Popen(["ip", "netns", "exec", dst.ns, *perf, *opts, "-p", str(18600 + i),
@@ -285,39 +332,65 @@ def incast(plane: str, cc: bool, total: int, log) -> dict:
             if time.monotonic() > deadline:
                 raise BenchError("incast: perf servers not listening after 90 s")
             time.sleep(0.2)
-        log(f"incast: {INCAST_SENDERS} senders into h{INCAST_SENDERS + 1}, DCQCN {'on' if cc else 'off'}")
-        fab.set(port.name, reset=True)
+        log(f"incast: {INCAST_SENDERS} {profile} senders into h{INCAST_SENDERS + 1}, "
+            f"{'DCQCN' if profile == 'compat' else 'native CC + credits'} {'on' if cc else 'off'}")
+        fab.set("all", reset=True)
+        with contextlib.suppress(OSError):
+            os.unlink(gofile)
         clients = [subprocess.Popen(["ip", "netns", "exec", fab.plan.host(f"h{i + 1}").ns, *perf, *opts, "--no-daemon",
-                                     "-p", str(18600 + i), dst.ipv4], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for i in range(INCAST_SENDERS)]
+                                     "--start-at", "@" + gofile, "-p", str(18600 + i), dst.ipv4], cwd=ROOT,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for i in range(INCAST_SENDERS)]
         procs += clients
-        ends: dict[int, float] = {}
+        # every sender connected (the daemon lists 4 QPs in RTS) and past its barrier: the start, for all at once
+        from metaroce_xdp.daemon import client as dclient
+        deadline = time.monotonic() + 120
+        while sum(q["state"] == "RTS" for q in dclient.status(sock)["qps"]) < INCAST_SENDERS:
+            if time.monotonic() > deadline or any(c.poll() is not None for c in clients):
+                raise BenchError("incast: the senders did not all connect within 120 s")
+            time.sleep(0.25)
+        start_at = time.time() + INCAST_START_S
+        Path(gofile + ".tmp").write_text(f"{start_at:.3f}\n")
+        os.rename(gofile + ".tmp", gofile)
+        samples = []                            # (wall time, bottleneck tx bytes, [sender uplink tx bytes])
         t0 = time.monotonic()
-        while len(ends) < len(clients) and time.monotonic() - t0 < 300:
-            for i, c in enumerate(clients):
-                if i not in ends and c.poll() is not None:
-                    ends[i] = time.monotonic()
-            smp = fab.maps.backlog(port.id)
-            out["queue"].append([round(time.monotonic() - t0, 4), smp])
-            time.sleep(0.005)
+        while any(c.poll() is None for c in clients) and time.monotonic() - t0 < 300:
+            if time.time() >= start_at - 0.5:
+                now = time.time()
+                samples.append((now, fab.maps.counters(port.id)["tx_bytes"],
+                                [sum(fab.maps.counters(p)["tx_bytes"] for p in u) for u in ups]))
+                out["queue"].append([round(now - start_at, 4), fab.maps.backlog(port.id)])
+                time.sleep(0.005)
+            else:
+                time.sleep(0.05)
         res = []
         for i, c in enumerate(clients):
             o, e = c.communicate(timeout=30)
             r = next((json.loads(x) for x in reversed(o.splitlines()) if x.startswith("{")), None)
             if r is None:
                 raise BenchError(f"incast sender h{i + 1} failed ({c.returncode}): {e.strip()[-300:]}")
-            res.append((ends.get(i, time.monotonic()) - float(r["seconds"]), ends.get(i, time.monotonic()), r))
-        span = max(e for _, e, _ in res) - min(s for s, _, _ in res)
-        g = [r["gbps"] for _, _, r in res]
-        agg = sum(r["total_bytes"] for _, _, r in res) * 8 / span / 1e9
+            res.append(r)
+        lo, hi = max(r["start_epoch"] for r in res), min(r["end_epoch"] for r in res)
+        win = [x for x in samples if lo <= x[0] <= hi]
+        if len(win) < 2 or win[-1][0] - win[0][0] < 0.05:
+            raise BenchError(f"incast: the senders ran together for {max(0.0, hi - lo):.3f} s only "
+                             f"(starts spread over {max(r['start_epoch'] for r in res) - min(r['start_epoch'] for r in res):.2f} s)")
+        dt = win[-1][0] - win[0][0]
+        flows = [(win[-1][2][i] - win[0][2][i]) * 8 / dt / 1e9 for i in range(INCAST_SENDERS)]
+        agg = (win[-1][1] - win[0][1]) * 8 / dt / 1e9
         c = fab.maps.counters(port.id)
-        # the queue kept only from the first sender's start to the last one's end
-        t_lo, t_hi = min(s for s, _, _ in res) - t0, max(e for _, e, _ in res) - t0
-        out.update(flows_gbps=[round(x, 4) for x in g], aggregate_gbps=round(agg, 4),
-                   of_bottleneck=round(agg * 1e9 / INCAST_RATE, 3),
-                   jain=round(sum(g) ** 2 / (len(g) * sum(x * x for x in g)), 3),
+        st = [r.get("dp_stats") or {} for r in res]
+        out["native"] = [r.get("native") for r in res]
+        t_lo, t_hi = min(r["start_epoch"] for r in res), max(r["end_epoch"] for r in res)
+        good = sum(r["total_bytes"] for r in res) * 8 / (t_hi - t_lo) / 1e9
+        out.update(aggregate_goodput_gbps=round(good, 4), goodput_of_bottleneck=round(good * 1e9 / INCAST_RATE, 3),
+                   goodput_jain=_jain([r["gbps"] for r in res]))
+        out.update(flows_gbps=[round(x, 4) for x in flows], goodput_gbps=[round(r["gbps"], 4) for r in res],
+                   aggregate_gbps=round(agg, 4), of_bottleneck=round(agg * 1e9 / INCAST_RATE, 3), jain=_jain(flows),
+                   interval_s=round(dt, 3), start_spread_s=round(lo - min(r["start_epoch"] for r in res), 3),
                    q_dropped=c["q_dropped"], marked=c["marked"],
-                   queue=[q for q in out["queue"] if t_lo <= q[0] <= t_hi])
+                   retransmits=sum(x.get("retransmits", 0) for x in st), timeouts=sum(x.get("timeouts", 0) for x in st),
+                   queue=[q for q in out["queue"] if lo - start_at <= q[0] <= max(r["end_epoch"] for r in res) - start_at])
     except BenchError as e:
         out["not_available"] = str(e)
         out["queue"] = []
@@ -325,25 +398,36 @@ def incast(plane: str, cc: bool, total: int, log) -> dict:
         for p in reversed(procs):
             _stop(p)
         fab.down()
-        with contextlib.suppress(OSError):
-            os.unlink(sock)
+        with contextlib.suppress(NameError):
+            dlog.close()
+        for f in (sock, gofile, f"/run/metaroce/{name}.log"):
+            with contextlib.suppress(OSError):
+                os.unlink(f)
     return out
 
 
 def targets(points: list[dict], mp: list[dict], inc: list[dict] = ()) -> list[dict]:
     out = []
-    on = next((r for r in inc if r["cc"]), None)
-    off = next((r for r in inc if not r["cc"]), None)
-    if on is not None:
+    for prof, what in (("native", "native CC + credits"), ("compat", "compat with DCQCN")):
+        on = next((r for r in inc if r["cc"] and r.get("profile", "compat") == prof), None)
+        off = next((r for r in inc if not r["cc"] and r.get("profile", "compat") == prof), None)
+        if on is None:
+            continue
         na = on["not_available"]
+        ratio = (lambda k: round(on[k] / off[k], 3) if off and off.get(k) and on.get(k) is not None else
+                 (0.0 if off and off.get(k) and on.get(k) == 0 else None))
         for rid, label, val, tgt, ok in (
-                ("incast.of_bottleneck", "incast, compat with DCQCN: aggregate goodput / bottleneck",
-                 on["of_bottleneck"], ">= 0.9", lambda v: v >= 0.9),
-                ("incast.jain", "incast, compat with DCQCN: Jain fairness of the 4 senders", on["jain"], ">= 0.9",
+                (f"incast.{prof}.goodput_of_bottleneck", f"incast, {what}: aggregate goodput (all bytes from the "
+                 "common start to the last end) / bottleneck", on.get("goodput_of_bottleneck"), ">= 0.9",
                  lambda v: v >= 0.9),
-                ("incast.drops_vs_off", "incast: bottleneck drops with DCQCN / without",
-                 round(on["q_dropped"] / off["q_dropped"], 3) if off and off["q_dropped"] and on["q_dropped"]
-                 is not None else None, "< 1", lambda v: v < 1)):
+                (f"incast.{prof}.of_bottleneck", f"incast, {what}: bottleneck wire bytes while all send / bottleneck",
+                 on["of_bottleneck"], ">= 0.9", lambda v: v >= 0.9),
+                (f"incast.{prof}.jain", f"incast, {what}: Jain fairness of the 4 senders", on["jain"], ">= 0.9",
+                 lambda v: v >= 0.9),
+                (f"incast.{prof}.drops_vs_off", f"incast, {what}: bottleneck drops / with CC off",
+                 ratio("q_dropped"), "< 1", lambda v: v < 1),
+                (f"incast.{prof}.retx_vs_off", f"incast, {what}: retransmissions / with CC off",
+                 ratio("retransmits"), "< 1", lambda v: v < 1)):
             out.append({"id": rid, "label": label, "value": val, "target": tgt,
                         "meets": None if val is None else ok(val), "not_available": na})
     for row in mp:
@@ -370,38 +454,39 @@ def plot(report: dict, out_dir: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for profile in PROFILES:
-        for size in SIZES:
-            xs = [(p["loss_ppm"] / 1e4, p["gbps"]) for p in report["points"]
-                  if p["profile"] == profile and p["size"] == size and p["gbps"]]
-            if xs:
-                ax.plot([max(x, 0.01) for x, _ in xs], [y for _, y in xs], marker="o",
-                        ls="-" if profile == "native" else "--", label=f"{profile}, {size // 1024} KiB WRITE")
-    ax.set_xscale("log")
-    ax.set_xlabel("random loss on the last hop [%] (0 plotted at 0.01)")
-    ax.set_ylabel("goodput [Gb/s]")
-    ax.set_title(f"MetaRoCE on the emulated fabric: goodput vs loss ({report['options']['plane']} plane)", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "goodput_loss.png"
-    fig.savefig(path)
-    plt.close(fig)
-    paths = [str(path)]
+    paths = []
+    if report["points"]:
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+        for profile in PROFILES:
+            for size in SIZES:
+                xs = [(p["loss_ppm"] / 1e4, p["gbps"]) for p in report["points"]
+                      if p["profile"] == profile and p["size"] == size and p["gbps"]]
+                if xs:
+                    ax.plot([max(x, 0.01) for x, _ in xs], [y for _, y in xs], marker="o",
+                            ls="-" if profile == "native" else "--", label=f"{profile}, {size // 1024} KiB WRITE")
+        ax.set_xscale("log")
+        ax.set_xlabel("random loss on the last hop [%] (0 plotted at 0.01)")
+        ax.set_ylabel("goodput [Gb/s]")
+        ax.set_title(f"MetaRoCE on the emulated fabric: goodput vs loss ({report['options']['plane']} plane)", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "goodput_loss.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(str(path))
     if any(r["queue"] and not r["not_available"] for r in report.get("incast", [])):
         fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
         for r in report["incast"]:
             if r["queue"] and not r["not_available"]:
                 t0 = r["queue"][0][0]
                 ax.plot([t - t0 for t, _ in r["queue"]], [b / 1000 for _, b in r["queue"]], lw=0.8,
-                        label=f"DCQCN {'on' if r['cc'] else 'off'}: {r['aggregate_gbps']:.3f} Gb/s, "
-                              f"{r['q_dropped']} drops")
+                        label=f"{_cc_name(r)}: {r['aggregate_gbps']:.3f} Gb/s, {r['q_dropped']} drops")
         ax.axhline(INCAST_MARK / 1000, ls=":", color="grey", label="mark depth")
         ax.axhline(INCAST_DROP / 1000, ls="--", color="grey", label="drop depth")
         ax.set_xlabel("time [s]")
         ax.set_ylabel("bottleneck queue [KB]")
-        ax.set_title("incast: 4 compat senders into one host through a 200 Mb/s bottleneck", fontsize=9)
+        ax.set_title("incast: 4 senders into one host through a 200 Mb/s bottleneck", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out_dir / "incast_queue.png"
@@ -409,6 +494,12 @@ def plot(report: dict, out_dir: Path) -> list[str]:
         plt.close(fig)
         paths.append(str(path))
     return paths
+
+
+def _cc_name(r: dict) -> str:
+    if r.get("profile", "compat") == "native":
+        return f"native, CC + credits {'on' if r['cc'] else 'off'}"
+    return f"compat, DCQCN {'on' if r['cc'] else 'off'}"
 
 
 def render(report: dict) -> str:
@@ -429,12 +520,17 @@ def render(report: dict) -> str:
             lines.append(f"multipath {m['profile']}: {m['healthy_gbps']:.3f} Gb/s on 4 healthy links ({m['links_used']} "
                          f"used), {m['degraded_gbps']:.3f} Gb/s with {m['bad_link']} at 5 % loss: kept {m['kept']}")
     for r in report["incast"]:
-        head = f"incast, 4 senders, DCQCN {'on' if r['cc'] else 'off'}"
+        head = f"incast, 4 senders, {_cc_name(r)}"
         if r["not_available"]:
             lines.append(f"{head}: not available: {r['not_available']}")
         else:
-            lines.append(f"{head}: {r['aggregate_gbps']:.3f} Gb/s aggregate ({r['of_bottleneck']} of the bottleneck), "
-                         f"flows {r['flows_gbps']}, Jain {r['jain']}, queue drops {r['q_dropped']}, CE marks {r['marked']}")
+            lines.append(f"{head}: goodput {r.get('aggregate_goodput_gbps')} Gb/s ({r.get('goodput_of_bottleneck')} of "
+                         f"the bottleneck, Jain {r.get('goodput_jain')}); on the wire {r['aggregate_gbps']:.3f} Gb/s "
+                         f"({r['of_bottleneck']} of the bottleneck over the {r.get('interval_s')} s all four ran), "
+                         f"flows {r['flows_gbps']} Gb/s, "
+                         f"Jain {r['jain']}, queue drops {r['q_dropped']}, CE marks {r['marked']}, "
+                         f"retransmissions {r.get('retransmits')}, timeouts {r.get('timeouts')}, "
+                         f"goodput per sender {r.get('goodput_gbps')} Gb/s")
     for t in report["targets"]:
         val = "n/a" if t["value"] is None else f"{t['value']:.3f}"
         verdict = "not measured" if t["meets"] is None else "met" if t["meets"] else "NOT met"
@@ -451,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
                     "fabric.json for a full run)")
     ap.add_argument("--plots", metavar="DIR", help=f"PNG directory (default {OUT_DIR.relative_to(ROOT)})")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--incast", action="store_true", help="the incast part only (native with CC and credits, "
+                    "native with CC off, compat with DCQCN on and off)")
+    ap.add_argument("--incast-bytes", type=int, default=8 << 20, metavar="N", help="bytes each incast sender "
+                    "writes (default 8 MiB)")
+    ap.add_argument("--incast-budget", type=int, default=INCAST_BUDGET, metavar="PKTS", help="metaroced's "
+                    f"credit_budget for the native run with CC (default {INCAST_BUDGET})")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_fabric: needs root (network namespaces, BPF)", file=sys.stderr)
@@ -464,23 +566,27 @@ def main(argv: list[str] | None = None) -> int:
     losses = QUICK_LOSSES if args.quick else LOSSES
     total = (8 << 20) if args.quick else (32 << 20)
     profiles, missing = perf_profiles(args.plane)
-    name = f"bench{os.getpid() % 10000}"
-    fab = fabric.up(name, hosts=2, paths=4)
-    try:
-        points = measure(fab, sizes, losses, profiles, missing, args.plane, total, log)
-        mp = [] if args.quick else multipath(fab, profiles, missing, args.plane, total, log)
-    except KeyboardInterrupt:
-        print("bench_fabric: interrupted; fabric removed", file=sys.stderr)
-        return 130
-    finally:
-        fab.down()
-    inc = [] if args.quick else [incast(args.plane, cc, total // 8, log) for cc in (True, False)]
+    points, mp = [], []
+    if not args.incast:
+        name = f"bench{os.getpid() % 10000}"
+        fab = fabric.up(name, hosts=2, paths=4)
+        try:
+            points = measure(fab, sizes, losses, profiles, missing, args.plane, total, log)
+            mp = [] if args.quick else multipath(fab, profiles, missing, args.plane, total, log)
+        except KeyboardInterrupt:
+            print("bench_fabric: interrupted; fabric removed", file=sys.stderr)
+            return 130
+        finally:
+            fab.down()
+    inc = [] if args.quick and not args.incast else \
+        [incast(args.plane, cc, args.incast_bytes, log, prof, args.incast_budget) for prof, cc in INCAST_CASES
+         if prof in profiles or prof == "compat"]
     report = {"schema": SCHEMA, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "host": {"kernel": os.uname().release, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
               "options": {"quick": args.quick, "plane": args.plane, "seed": SEED, "bytes_per_point": total},
               "fabric": {"hosts": 2, "paths": 4, "loss_port": LOSS_PORT}, "points": points,
               "multipath": mp, "incast": inc, "targets": targets(points, mp, inc), "plots": []}
-    out = args.json or (None if args.quick else str(OUT_DIR / "fabric.json"))
+    out = args.json or (None if args.quick or args.incast else str(OUT_DIR / "fabric.json"))
     if not args.no_plots:
         try:
             report["plots"] = plot(report, Path(args.plots) if args.plots else OUT_DIR)

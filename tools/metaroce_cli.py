@@ -83,7 +83,10 @@ def _perf_command(test: str):
         profile: str = typer.Option("auto", "--profile", help="native, compat or auto, negotiated with the "
                                     "peer: auto runs native when both ends offer it (--plane compiled on both) "
                                     "and compat otherwise (python plane, metaroced, a compat-only peer); native "
-                                    "needs --plane compiled and a native peer"),
+                                    "needs --plane compiled or metaroced and a native peer"),
+        start_at: Optional[str] = typer.Option(None, "--start-at", metavar="EPOCH_SECONDS|@FILE", help="client: "
+                                               "connect, then start the test at this wall-clock time, or at the "
+                                               "time written into FILE once it exists (several clients at once)"),
         qps: int = typer.Option(1, "--qps", "-q", help="bw tests: QP pairs, -n iterations and -t depth on each "
                                 "(client side; aggregate reported)"),
         bidir: bool = typer.Option(False, "--bidirectional", "-b", help="write-bw: both sides write at once "
@@ -97,6 +100,7 @@ def _perf_command(test: str):
                                    timeout, plane, qps, bidir)
         opt.no_daemon, opt.socket = no_daemon, sock
         opt.profile = profile
+        opt.start_at = start_at
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

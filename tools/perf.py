@@ -18,10 +18,14 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
   --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
   --profile auto (the default) negotiates the profile in the connection set-up: native when both
                    ends offer it (the compiled plane, both sides), compat otherwise -- against the
-                   python plane, metaroced, Soft-RoCE or another compat-only peer, and where the
+                   python plane, metaroced (ask it with --profile native), Soft-RoCE or another compat-only peer, and where the
                    plane cannot run the test natively (read-bw until native READ, more QPs than
                    native slots).  native refuses a compat-only peer; compat never offers native.
                    The header and the JSON (`profile`) say which profile was agreed.
+  --start-at T     (client) connect, then start the test at wall-clock time T (epoch seconds,
+                   or @FILE: the time written into FILE once it exists), so that several clients
+                   measure the same interval; the JSON has start_epoch and end_epoch.  METAROCE_NATIVE_PARAMS='{"name": value}' overrides native
+                   parameters (native/layout.py) of an in-process compiled QP, for experiments.
 
 The two sides set up the connection with the MetaRoCE Connection Message
 (metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
@@ -39,6 +43,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import select
 import sys
 import time
 from dataclasses import dataclass
@@ -87,6 +93,8 @@ class PerfOptions:
     profile: str = "auto"                # native|compat|auto, negotiated (dp/cmconnect.py); auto: native when
                                          # both ends offer it, compat with a compat-only peer or plane
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
+    start_at: str | None = None          # client: connect, then start at this time.time(), or "@PATH": at the time
+                                         # written into PATH once it exists (several clients at once: incast)
 
     @property
     def is_server(self) -> bool:
@@ -183,13 +191,14 @@ class _Side:
         from metaroce_xdp.dp.cmconnect import PROFILES
         if opt.profile not in PROFILES:
             raise PerfError(f"--profile {opt.profile}: use one of {', '.join(PROFILES)}")
-        if opt.profile == "native" and not self.compiled:
-            raise PerfError("--profile native needs --plane compiled (the native profile runs there only; "
-                            "--profile auto runs native there and compat on the python plane and through metaroced)")
-        # auto where the native profile does not run (the python plane, metaroced): this side is compat-only,
-        # as a Soft-RoCE peer is, and offers compat; the peer's auto agrees compat (MR-NAT-002)
-        self.profile = opt.profile if self.compiled else "compat"
+        if opt.profile == "native" and not (self.compiled or self.daemon):
+            raise PerfError("--profile native needs --plane compiled or metaroced (the native profile runs in the "
+                            "compiled plane only; --profile auto runs native there and compat on the python plane)")
+        # auto where the native profile does not run (the python plane), or through metaroced (_native_room):
+        # this side offers compat, as a Soft-RoCE peer does; the peer's auto agrees compat (MR-NAT-002)
+        self.profile = opt.profile if (self.compiled or self.daemon) else "compat"
         self.native_room = 1 << 30           # QPs this run may still run native (run() narrows it, _native_room)
+        self.is_client = not opt.is_server
         try:
             self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
                         else open_context(opt.ifname, opt.plane))
@@ -231,7 +240,13 @@ class _Side:
         # MR-CM-024: the destination MAC is the next hop's, from this host's route and neighbour
         # tables (the engine resolves it); the peer's mac field is informational only
         prof, params = agreed_profile(agreed, min(peer.sack_window, W_OFFER), min(peer.entropy_count, K_OFFER))
+        if params is not None and os.environ.get("METAROCE_NATIVE_PARAMS") and self.compiled:
+            params.update(json.loads(os.environ["METAROCE_NATIVE_PARAMS"]))   # experiments (bench_fabric's CC off)
         extra = {"profile": prof, "native_params": params} if self.compiled else {}     # MR-CM-016
+        if self.daemon and prof == "native":          # the daemon adds rto_min and its receiver's parameters
+            prof, params = self.ctx.agreed_profile(agreed, min(peer.sack_window, W_OFFER),
+                                                   min(peer.entropy_count, K_OFFER))
+            extra = {"profile": prof, "native_params": params}
         attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
                       dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,
                       **extra)
@@ -239,6 +254,8 @@ class _Side:
             self.qps[i].modify(attr)
         except VerbsError as e:
             raise PerfError(f"cannot reach {attr.dgid}: {e}") from None
+        if self.daemon:
+            self.qps[i].profile = prof
 
     def to_rts(self, peer: cm.CMMsg, i: int = 0) -> None:
         from metaroce_xdp.verbs_types import QPAttr, QPState
@@ -251,9 +268,15 @@ class _Side:
         prof = self.profile
         if prof == "auto" and self.native_room < 1:
             prof = "compat"                  # auto: compat where this run cannot go native (_native_room)
+        if self.daemon:
+            return self.ctx.offer(prof)      # what metaroced serves (daemon/client.py)
         caps, flags = offer(prof, self.ctx.gid)
         if prof == "compat":
             caps &= ~int(cm.Cap.ATOMICS)            # as before: perf never offered ATOMICS
+        elif self.is_client:
+            # a sender honours the receiver's credits (MR-CC-014); this plane grants none of its own (no
+            # allocation, MR-CC-018, outside metaroced), so the server side does not offer CREDITS
+            caps |= int(cm.Cap.CREDITS)
         v6 = cm.Cap.IPV6 if ":" in self.ctx.gid else 0                     # MR-CM-018: IPv6 GIDs need IPV6
         return int(caps | v6), flags
 
@@ -357,10 +380,18 @@ def _progress_until_line(side: _Side, ch: cm.Channel, timeout: float, step: Call
                          what: str = "waiting for the peer") -> dict:
     """Drive the engine (the responder must ACK and answer READs) until the peer's next line."""
     dog = _Watchdog(side, timeout, what)
+    # metaroced makes progress by itself: wait for the line in select() instead of spinning on sched_yield (a
+    # core given back to the daemon and the senders sharing the host: tools/bench_fabric's incast)
+    blocking = step is None and getattr(side.eng, "threaded", False)
     step = step or side.eng.progress
     n = 0
     while True:
-        step()
+        if blocking:
+            select.select([ch.sock], [], [], 0.02)
+            n = 63
+            dog.n |= 1023 if time.monotonic() - dog.since > 1.0 else 0    # the watchdog's check about every second
+        else:
+            step()
         n += 1
         if not n & 63:
             try:
@@ -644,6 +675,28 @@ def _buf_len(test: str, size: int, bidir: bool = False) -> int:
     return 2 * size if test == "write-lat" or bidir else size
 
 
+def _start_time(spec: str, timeout: float) -> float:
+    """--start-at: EPOCH_SECONDS, or @PATH -- the epoch seconds written into PATH, once it exists."""
+    if not str(spec).startswith("@"):
+        try:
+            return float(spec)
+        except ValueError:
+            raise PerfError(f"--start-at {spec}: epoch seconds or @FILE") from None
+    path, deadline = spec[1:], time.monotonic() + (timeout or 3600)
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text:
+                return float(text)
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            raise PerfError(f"--start-at {spec}: the file holds {text[:40]!r}, not epoch seconds") from None
+        time.sleep(0.01)
+    raise PerfError(f"--start-at {spec}: no start time after {timeout:g}s")
+
+
 def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, out: TextIO) -> dict:
     try:
         ch = cm.connect(opt.server, opt.port)
@@ -680,10 +733,14 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         if not opt.as_json:
             _print_header(out, opt, side, state["mtu"], size, iters, req, rep, peer)
         _barrier(ch, side, opt, client=True)
+        if opt.start_at is not None:               # several clients start together (tools/bench_fabric incast)
+            time.sleep(max(0.0, _start_time(opt.start_at, opt.timeout) - time.time()))
+        t_start = time.time()
         if lat:
             r = _write_lat(side, opt, size, iters, peer)
         else:
             r = _bw_client(side, opt, size, iters, peer, nq)
+        r.update(start_epoch=t_start, end_epoch=time.time())
         r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
                  plane=opt.plane, qps=nq, bidirectional=bidir, profile=getattr(side.qp, "profile", "compat"))
         try:
@@ -694,6 +751,8 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         r["peer_counters"] = reply.get("counters", {})
         if side.compiled:            # the port's counters (timeouts, retransmissions, kicks, rounds ...)
             r["dp_stats"] = _dp_stats(side)
+            if getattr(side.qp, "profile", "compat") == "native":
+                r["native"] = side.qp.native_counters()       # window, RTT, SACKs, blocks by cause (MR-LOSS-014)
         if reply.get("dp_stats"):
             r["peer_dp_stats"] = reply["dp_stats"]
         if lat and "lat_us" in reply:

@@ -43,6 +43,7 @@ from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequ
                     UnknownHandle, Unsupported)
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
+PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
 _SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
              WROpcode.RDMA_READ}
 
@@ -169,6 +170,8 @@ class Context:
         os.close(fds[1])
         self._bell = np.frombuffer(self._bell_mm, np.uint8)
         self.ifname, self.gid, self.local_mac, self.max_pmtu = r["ifname"], r["gid"], r["mac"], r["max_pmtu"]
+        self.profiles = r.get("profiles", ["compat"])
+        self.native_offer = r.get("native_offer") or {"caps": 0, "w": 0, "k": 1}
         return self
 
     @classmethod
@@ -245,14 +248,43 @@ class Context:
             os.eventfd_write(self._efd, 1)             # only when the daemon's loop sleeps
 
     # ---- connection management (spec 06) ----------------------------------------------------------
-    def _cm_msg(self, qp: "QP", psn: int, mtu: int, private: dict | None) -> cm.CMMsg:
+    def offer(self, profile: str = "compat") -> tuple[int, int]:
+        """(capabilities, flags) of this client's REQ or REP for `profile` (as dp/cmconnect.offer, with what the
+        daemon serves: native_offer, CREDITS when it allocates credits): "compat" offers no native capability,
+        "native" offers them without COMPAT_OK (a compat-only peer is refused, MR-CM-017), "auto" with it."""
+        if profile not in PROFILES:
+            raise InvalidArgument(f"profile {profile!r}: one of {', '.join(PROFILES)}")
+        v6 = int(cm.Cap.IPV6) if ":" in self.gid else 0
+        if profile == "compat":
+            return v6, cm.FLAG_COMPAT_OK
+        if "native" not in self.profiles:
+            if profile == "native":
+                raise Unsupported(f"this daemon serves the {' and '.join(self.profiles)} profile only "
+                                  "(its profile option)")
+            return v6, cm.FLAG_COMPAT_OK
+        return v6 | int(self.native_offer["caps"]), 0 if profile == "native" else cm.FLAG_COMPAT_OK
+
+    @staticmethod
+    def agreed_profile(agreed: int, w: int, k: int) -> tuple[str, dict | None]:
+        """The QP's profile and native parameters from the agreed set (MR-CM-016, 6.4), as
+        dp/cmconnect.agreed_profile (the daemon adds rto_min and the receiver's parameters)."""
+        if not (agreed & cm.Cap.NATIVE and agreed & cm.Cap.SACK and agreed & cm.Cap.OOO_PLACEMENT):
+            return "compat", None
+        return "native", {"w": w, "k": k if agreed & cm.Cap.MULTIPATH else 1,
+                          "cc_delay": 1 if agreed & cm.Cap.CC_DELAY else 0,
+                          "credits": 1 if agreed & cm.Cap.CREDITS else 0}
+
+    def _cm_msg(self, qp: "QP", psn: int, mtu: int, private: dict | None, profile: str = "compat") -> cm.CMMsg:
         import json
         gid = cm.ip_to_gid(self.gid)
-        v6 = cm.Cap.IPV6 if ":" in self.gid else 0
+        caps, flags = self.offer(profile)
         tl = [(cm.TLV_IMPL_NAME, cm.IMPL_NAME.encode())]
         if private is not None:
             tl.append((cm.TLV_PERF_PARAMS, json.dumps(private, separators=(",", ":")).encode()))
-        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=qp.qp_num, capabilities=int(v6),
+        native = caps & cm.Cap.SACK
+        return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=gid, qpn=qp.qp_num, capabilities=int(caps),
+                        flags=flags, sack_window=self.native_offer["w"] if native else 0,
+                        entropy_count=self.native_offer["k"] if caps & cm.Cap.MULTIPATH else 1,
                         psn=psn, path_mtu=cm.MTU_ENUM[mtu], max_rd_atomic=16, max_dest_rd_atomic=16,
                         min_rnr_timer=12, mac=cm.mac_bytes(self.local_mac), tlvs=tl)
 
@@ -261,20 +293,27 @@ class Context:
         return max(v for v in cm.MTU_ENUM if v <= m)
 
     def connect_qp(self, qp: "QP", host: str, port: int | None = None, private: dict | None = None,
-                   mtu: int | None = None, timeout: float = cm.CM_TIMEOUT) -> "Connection":
+                   mtu: int | None = None, timeout: float = cm.CM_TIMEOUT, profile: str = "compat") -> "Connection":
         """Active side of 6.5.1: TCP to host:port, REQ/REP/RTU, the QP through INIT/RTR/RTS.  `private` (a
-        JSON object, e.g. a buffer's address and rkey) reaches the peer; its own comes back in .private."""
+        JSON object, e.g. a buffer's address and rkey) reaches the peer; its own comes back in .private.
+        `profile` native|compat|auto: what the REQ offers (offer()); the agreed set chooses the QP's profile
+        (Connection.profile, QP.profile)."""
+        caps, _ = self.offer(profile)
         ch = cm.connect(host, port or self.cm_port, timeout)
         try:
             if qp.state == QPState.RESET:
                 qp.modify(QPAttr(qp_state=QPState.INIT,
                                  qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
             psn = cm.random_psn()
-            req = self._cm_msg(qp, psn, self._mtu(mtu), private)
+            req = self._cm_msg(qp, psn, self._mtu(mtu), private, profile)
 
             def to_rts(rep: cm.CMMsg) -> None:
+                prof, params = self.agreed_profile(rep.capabilities & caps, min(rep.sack_window, req.sack_window),
+                                                   min(rep.entropy_count, req.entropy_count))
+                extra = {"profile": prof, "native_params": params} if prof == "native" else {}
                 qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
-                                 dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=16, min_rnr_timer=12))
+                                 dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=16, min_rnr_timer=12, **extra))
+                qp.profile = prof
                 qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7,
                                  max_rd_atomic=min(16, rep.max_dest_rd_atomic)))          # MR-CM-021
             rep = cm.active_exchange(ch, req, to_rts, timeout)
@@ -458,6 +497,7 @@ class QP:
         o += sq_size * shm.SQE_WORDS
         self._rq = W[o:o + rq_size * shm.RQE_WORDS].reshape(rq_size, shm.RQE_WORDS)
         self._lock = threading.Lock()
+        self.profile = "compat"              # "native" once a connection agreed it (connect_qp, accept)
 
     @property
     def state(self) -> QPState:
@@ -513,6 +553,9 @@ class QP:
         for wr in wrs:
             if wr.opcode not in _SEND_OPS:
                 raise Unsupported(f"{WROpcode(wr.opcode).name} is not implemented by the daemon's data plane")
+            if wr.opcode == WROpcode.RDMA_READ and self.profile == "native":
+                raise Unsupported("RDMA_READ on a native QP is not implemented by the daemon's data plane yet: "
+                                  "connect with the compat profile for it")
             if wr.send_flags & ~(SendFlags.SIGNALED | SendFlags.SOLICITED):
                 raise Unsupported(f"send_flags {SendFlags(wr.send_flags)!r}: only SIGNALED and SOLICITED")
             addr, length, lkey = self._check_sge(wr.sg_list, Access.LOCAL_WRITE if wr.opcode == WROpcode.RDMA_READ
@@ -566,6 +609,7 @@ class Connection:
         self.peer = {"qpn": theirs.qpn, "gid": cm.gid_text(theirs.gid), "ip": cm.gid_to_ip(theirs.gid),
                      "path_mtu": theirs.mtu_bytes, "caps": int(theirs.capabilities)}
         self.caps = cm.Cap(theirs.capabilities & 0xFF)
+        self.profile = qp.profile
 
     def close(self) -> None:
         self.channel.close()
@@ -577,8 +621,8 @@ class Listener:
         self._lst = cm.Listener(port)
 
     def accept(self, qp: QP, private: dict | None = None, timeout: float | None = None,
-               mtu: int | None = None) -> Connection:
-        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT)."""
+               mtu: int | None = None, profile: str = "compat") -> Connection:
+        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT); `profile` as in connect_qp."""
         ctx = self.ctx
         ch = self._lst.accept(timeout)
         try:
@@ -587,16 +631,27 @@ class Listener:
                                  qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
             psn = cm.random_psn()
             mine = ctx._mtu(mtu)
+            caps, flags = ctx.offer(profile)
 
             def make_rep(req: cm.CMMsg) -> cm.CMMsg:
                 agreed = min(mine, req.mtu_bytes or 256)
+                got = cm.agree_caps(req.capabilities, caps | int(cm.Cap.IPV6))
+                if not got & cm.Cap.NATIVE and not flags & cm.FLAG_COMPAT_OK and profile == "native":
+                    raise cm.Rejected(cm.Reason.NATIVE_REQUIRED, "", by_peer=False)      # MR-CM-017
+                w = min(req.sack_window, ctx.native_offer["w"]) if got & cm.Cap.SACK else 0
+                k = min(req.entropy_count, ctx.native_offer["k"]) if got & cm.Cap.MULTIPATH else 1
+                prof, params = ctx.agreed_profile(got, w, k)
+                extra = {"profile": prof, "native_params": params} if prof == "native" else {}
                 try:
                     qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=req.qpn, rq_psn=req.psn, path_mtu=agreed,
-                                     dgid=cm.gid_to_ip(req.gid), max_dest_rd_atomic=16, min_rnr_timer=12))
+                                     dgid=cm.gid_to_ip(req.gid), max_dest_rd_atomic=16, min_rnr_timer=12, **extra))
                 except Exception as e:          # noqa: BLE001 - becomes the REJ the peer reads
                     raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
-                return ctx._cm_msg(qp, psn, agreed, private)
-            req, rep = cm.passive_exchange(ch, int(cm.Cap.IPV6), make_rep)          # MR-CM-014/018
+                qp.profile = prof
+                rep = ctx._cm_msg(qp, psn, agreed, private, profile)
+                rep.flags, rep.sack_window, rep.entropy_count = flags, w, k
+                return rep
+            req, rep = cm.passive_exchange(ch, caps | int(cm.Cap.IPV6), make_rep)          # MR-CM-014/018
             qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7,
                              max_rd_atomic=min(16, req.max_dest_rd_atomic)))           # MR-CM-028
         except BaseException:
@@ -621,6 +676,6 @@ class Listener:
         self.close()
 
 
-__all__ = ["connect", "status", "Context", "PD", "MR", "CQ", "QP", "Connection", "Listener", "AsyncEvent",
+__all__ = ["connect", "status", "PROFILES", "Context", "PD", "MR", "CQ", "QP", "Connection", "Listener", "AsyncEvent",
            "DaemonError", "DaemonUnavailable", "PermissionDenied", "MalformedRequest", "UnknownHandle",
            "LimitExceeded", "Unsupported", "DEFAULT_SOCKET"]

@@ -40,6 +40,8 @@ class DaemonConfig:
     watchdog: bool = True                                 # send WATCHDOG=1 when systemd asks for it
     drain_timeout_s: float = 5.0                          # SIGTERM: how long outstanding work may finish
     log_level: str = "info"
+    profile: str = "auto"                                 # native | compat | auto: the profiles its QPs may run
+    credit_budget: int = 1024                             # native receiver: packets granted over all senders (MR-CC-018)
 
     def validate(self) -> "DaemonConfig":
         if self.progress not in ("busy", "sleep"):
@@ -53,6 +55,10 @@ class DaemonConfig:
             raise ConfigError(f"socket_mode must be an octal permission, not {self.socket_mode!r}", "socket_mode")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"log_level must be debug|info|warning|error, not {self.log_level!r}", "log_level")
+        if self.profile not in ("native", "compat", "auto"):
+            raise ConfigError(f"profile must be native, compat or auto, not {self.profile!r}", "profile")
+        if not 0 <= self.credit_budget <= 65535:
+            raise ConfigError(f"credit_budget must be 0..65535 packets, not {self.credit_budget!r}", "credit_budget")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"drain_timeout_s must be >= 0, not {self.drain_timeout_s!r}", "drain_timeout_s")
         if self.metrics_listen is not None:

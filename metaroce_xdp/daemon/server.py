@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, cm
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
 from . import proto, shm
 from .config import ConfigError, DaemonConfig
@@ -57,6 +57,8 @@ MAX_SESSIONS = 1024           # rows of the loop's session table (clients with a
 WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring (dp/serve.py)
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
+CREDIT_ACTIVE_WINDOW_US = 50_000  # MR-CC-018's active_window here: a sender counts as active for 50 ms after its
+                                # last packet (its process may be descheduled for ms on shared cores, MR-CC-042)
 
 # per-client shares of an interface's fixed tables (beside the configured limits), so that no client can take
 # the queue rows, CQ slots or MR slots every other client needs
@@ -66,8 +68,8 @@ MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
 
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
-                   "progress", "socket_mode", "socket_group", "watchdog", "metrics_listen")
-FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port")
+                   "progress", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile")
+FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
 
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
 
@@ -296,6 +298,8 @@ class Device:
         # what the compiled loop knows of the clients' objects (dp/serve.py): rows written with the loop paused
         self.QX, self.CX, self.SX, self.G = serve.tables(self.plane.maxq, self.L.MAX_CQS, MAX_SESSIONS,
                                                          int(SCAN_EVERY_S * 1e9))
+        # the receiver's credit allocation over every client's native QPs (MR-CC-018, dp/serve.credits)
+        self.CPAR, self.CRX = serve.credit_tables(self.G, **daemon.receiver_params())
         self.plane.threaded = True          # posts never drive rounds from the calling thread
         self.plane.A[self.L.P_POLL_MS] = SLEEP_SLICE_NS // 1_000_000
         # progress = sleep: idle rounds before the loop sleeps (the plane's own default, 2000, is ~1-2 ms of
@@ -377,6 +381,8 @@ class Device:
             return f"send_flags {a:#x}: only SIGNALED and SOLICITED"
         if code == sv.BAD_SGE_LEN:
             return f"SGE length {b} out of range"
+        if code == sv.BAD_NATIVE_OP:
+            return "RDMA READ on a native QP (not built in the native profile: connect with the compat profile)"
         return (f"SGE (addr {a:#x}, length {b}, lkey {c:#x}) is not inside a valid MR of the QP's PD"
                 + (" with LOCAL_WRITE" if op in (4, 128) else ""))
 
@@ -435,7 +441,8 @@ class Device:
             with pl.lock:
                 if self.stopping:
                     break
-                rc = dp_serve(A, pl.TM, pl.umem, pl.tables, QX, CX, SX, G, SERVE_SLICE_NS, 1 if sleepy else 0)
+                rc = dp_serve(A, pl.TM, pl.umem, pl.tables, QX, CX, SX, G, self.CPAR, self.CRX, SERVE_SLICE_NS,
+                              1 if sleepy else 0)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
                 try:
                     pl.drain_events()
@@ -467,7 +474,8 @@ class Device:
         G, sv = self.G, self.serve
         counters = {"plane": self.ctx.stats(), "driver_iterations": self.iterations,
                     "wrs_taken": int(G[sv.G_TAKEN]), "cqes_delivered": int(G[sv.G_DELIVERED]),
-                    "bad_wrs": int(G[sv.G_BAD]), "ring_scans": int(G[sv.G_SCANS])}
+                    "bad_wrs": int(G[sv.G_BAD]), "ring_scans": int(G[sv.G_SCANS]),
+                    "credit_runs": int(G[sv.G_CREDIT_RUNS])}
         try:
             counters["xdp_drops"] = ld.drops()
             counters["xdp_events"] = ld.events()
@@ -478,7 +486,8 @@ class Device:
                 "caps": {"plane": "compiled", "max_pmtu": self.ctx.max_pmtu, "max_qps": self.plane.maxq - 1,
                          "max_cqs": self.L.MAX_CQS, "max_mrs": self.L.MAX_MRS - 1, "max_sge": 1,
                          "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ"],
-                         "cm_caps": ["IPV6"] if ":" in port.ip else [], "profiles": ["compat"]},
+                         "cm_caps": ["IPV6"] if ":" in port.ip else [],
+                         "profiles": self.daemon.profiles(), "credits": self.daemon.cfg.credit_budget > 0},
                 "counters": counters, "pins": str(ld._pin_dir) if getattr(ld, "_pin_dir", None) else None}
 
     def qp_info(self, q: SQP) -> dict:
@@ -496,12 +505,19 @@ class Device:
             except Exception:                       # noqa: BLE001
                 pass
         st = QPState(int(r[L.Q_STATE]))
-        return {"dev": self.ifname, "qpn": q.dpqp.qp_num, "handle": q.h, "state": st.name, "type": "RC",
+        nat = None
+        if q.dpqp.profile == "native":
+            from ..native import layout as NL
+            rows = self.plane.nat.rows(q.qi)
+            if rows is not None:
+                nat = {**q.dpqp.native_counters(), "credits": int(rows[0][NL.P_CREDITS]),
+                       "rx_credit": int(rows[1][NL.R_CREDIT])}
+        return {"native": nat, "dev": self.ifname, "qpn": q.dpqp.qp_num, "handle": q.h, "state": st.name, "type": "RC",
                 "remote_qpn": q.dpqp.dest_qp or None, "remote_addr": q.dpqp.dgid,
                 "sq_psn": int(r[L.Q_SND_PSN]), "rq_psn": int(r[L.Q_EPSN]), "path_mtu": int(r[L.Q_PMTU]),
                 "outstanding_send": int(q.W[shm.QH_SQ_TAIL]) - q.sq_taken + int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                 "outstanding_recv": int(q.W[shm.QH_RQ_TAIL]) - q.rq_taken + int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]),
-                "retransmits": int(r[L.Q_N_RETX]), "naks_rx": naks_rx, "naks_tx": int(r[L.Q_N_NAKS_TX]), "rnr": rnr,
+                "profile": q.dpqp.profile, "retransmits": int(r[L.Q_N_RETX]), "naks_rx": naks_rx, "naks_tx": int(r[L.Q_N_NAKS_TX]), "rnr": rnr,
                 "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx,
                 "error": q.dpqp.error_reason if st == QPState.ERR else None, "owner": q.sess.owner()}
 
@@ -880,8 +896,16 @@ class Daemon:
                 s.dev = dev
                 dev.sessions.add(s)
         ctx = dev.ctx
-        return ({"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu},
+        return ({"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu,
+                 "profiles": self.profiles(), "native_offer": self.native_offer()},
                 [dev.plane.efd, dev.bell_fd])
+
+    def native_offer(self) -> dict:
+        """What a client offers in its REQ/REP for a native QP on this daemon (dp/cmconnect.py's offer, with
+        CREDITS when the daemon allocates credits): capabilities, sack_window, entropy_count."""
+        from ..dp import cmconnect
+        caps = int(cmconnect.NATIVE_OFFER) | (int(cm.Cap.CREDITS) if self.cfg.credit_budget > 0 else 0)
+        return {"caps": caps, "w": cmconnect.W_OFFER, "k": cmconnect.K_OFFER}
 
     def _op_alloc_pd(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)
@@ -1031,11 +1055,14 @@ class Daemon:
         if bad:
             raise MalformedRequest(f"unknown QP attributes {sorted(bad)} (known: {sorted(_ATTR_FIELDS)})")
         for k, v in a.items():
-            ok = (isinstance(v, str) if k in ("dgid", "dmac", "path_mig_state") else
+            ok = (isinstance(v, str) if k in ("dgid", "dmac", "path_mig_state", "profile") else
                   isinstance(v, bool) if k == "en_sqd_async_notify" else
+                  v is None or isinstance(v, dict) if k == "native_params" else
                   v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32))
             if not ok:
                 raise MalformedRequest(f"QP attribute {k}={v!r} has the wrong type")
+        if a.get("profile") is not None or a.get("native_params") is not None or a.get("qp_state") == QPState.RTR:
+            a["native_params"] = self._native_params(a.get("profile"), a.get("native_params"))
         if "qp_state" in a:
             a["qp_state"] = QPState(a["qp_state"])
         if "cur_qp_state" in a:
@@ -1047,6 +1074,56 @@ class Daemon:
         st = q.dpqp.query_state()
         log.info("qpn %#x (pid %d): -> %s", q.dpqp.qp_num, s.pid, st.name)
         return {"state": int(st)}, []
+
+    # the parameters a client may choose for its native QP (those of the connection: the agreed W, K and
+    # capabilities, its timers); the receiver's credit allocation is the daemon's, over all its QPs
+    CLIENT_NATIVE_PARAMS = ("w", "k", "credits", "cc_delay", "rto_min", "ack_n", "ack_t", "dup_thresh", "pto_min",
+                            "init_cwnd", "min_cwnd", "ai", "beta", "max_mdf", "q_target", "g_ecn", "pacing_gain",
+                            "max_burst", "t_peer")
+
+    def profiles(self) -> list[str]:
+        """The profiles this daemon's QPs may run (the `profile` option)."""
+        return {"auto": ["compat", "native"], "compat": ["compat"], "native": ["native"]}[self.cfg.profile]
+
+    def receiver_params(self) -> dict:
+        """The receiver side of MR-CC-018 (dp/serve.credits): rx_budget from credit_budget (0: the spec's
+        default), an activity window that outlasts this host's scheduling delay (MR-CC-042)."""
+        kw = {"active_window": CREDIT_ACTIVE_WINDOW_US}
+        if self.cfg.credit_budget > 0:
+            kw["rx_budget"] = self.cfg.credit_budget
+        return kw
+
+    def _native_params(self, profile: Any, params: Any) -> dict | None:
+        """A client's RTR profile and native parameters, checked: the profile one the daemon serves, only
+        the connection's parameters (CLIENT_NATIVE_PARAMS) numbers within 04 4.7 / 05 5.7.1's ranges; the
+        receiver's are the daemon's.  Without CREDITS agreed the QP's credit fields do not matter."""
+        profile = profile or "compat"
+        if profile not in ("compat", "native"):
+            raise InvalidArgument(f"profile {profile!r}: the agreed profile is 'compat' or 'native' (MR-NAT-001)")
+        if profile not in self.profiles():
+            raise InvalidArgument(f"profile {profile!r}: this daemon serves {' and '.join(self.profiles())} only "
+                                  f"(its profile option is {self.cfg.profile!r})")
+        if profile == "compat":
+            if params:
+                raise InvalidArgument("native_params given for a compat QP")
+            return None
+        params = dict(params or {})
+        if "rto_min" not in params:
+            from ..dp.cmconnect import RTO_MIN_US
+            params["rto_min"] = RTO_MIN_US               # MR-CC-042, as dp/cmconnect.agreed_profile
+        bad = sorted(set(params) - set(self.CLIENT_NATIVE_PARAMS))
+        if bad:
+            raise InvalidArgument(f"native parameters {bad}: a client may set {', '.join(self.CLIENT_NATIVE_PARAMS)}")
+        for k, v in params.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise InvalidArgument(f"native parameter {k}={v!r} is not a number")
+        params.update(self.receiver_params())
+        from ..native.layout import ParamError, params as check
+        try:
+            check(**params)
+        except ParamError as e:
+            raise InvalidArgument(str(e)) from None
+        return params
 
     def _op_query_qp(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)

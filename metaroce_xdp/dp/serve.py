@@ -15,7 +15,13 @@ daemon's driver thread: a GIL-free loop that, every round,
   and its rings are not read again;
 * runs `loop.round_` (the data plane's round);
 * copies new completions of client CQs from the data plane's CQ rings into the clients' CQ rings
-  (as much as the client ring has room for: a client that never polls overflows its own CQ).
+  (as much as the client ring has room for: a client that never polls overflows its own CQ);
+* every `G_CREDIT_NS` (the receiver's credit_interval), shares the receive budget among the port's
+  native QPs with CREDITS agreed (`credits`: native/receiver.rx_credit_alloc, MR-CC-018) -- every
+  client's QPs together, since they share the interface's downlink.
+
+Native QPs (dp/native.py, chosen at RTR) run in `loop.round_` like compat ones; a client's READ on a
+native QP is refused as a bad work request (not built in the native profile, MR-NAT-010).
 
 It returns to Python only for data-plane events (1), a stop or pause (2) or after max_ns (0).
 After G_YIELD_AFTER idle rounds it calls sched_yield() each round, so that a client or another
@@ -54,6 +60,9 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
                      W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_WR_ID)
 from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
                    round_, views, wc_of)
+from .native import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
+from ..native import layout as NL
+from ..native.receiver import rx_credit_alloc
 from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u64, st_rel_i64, st_rel_u64
 
 _jit = dict(cache=True, nogil=True)
@@ -70,14 +79,14 @@ NCX = 4
 SX_ADDR, SX_RDY_HEAD = 0, 1
 NSX = 2
 (G_NSX, G_SCAN_NS, G_NEXT_SCAN, G_CQE_SEEN, G_CQ_PENDING, G_TAKEN, G_DELIVERED, G_BAD, G_SCANS, G_YIELD_AFTER,
- G_QP_PENDING) = range(11)
+ G_QP_PENDING, G_CREDIT_NS, G_NEXT_CREDIT, G_CREDIT_RUNS) = range(14)
 NG = 16
 
 MAX_PUMP_PER_QP = 1024      # entries taken from one client ring per visit
 WHY_BAD_WR = 200            # Q_ERR code: the client wrote an invalid work request into its ring
 
 # bad entry codes (QX_BAD); Python turns them into the QP_FATAL message (server.Device.bad_wr_text)
-BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE = 1, 2, 3, 4, 5, 6, 7
+BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE, BAD_NATIVE_OP = 1, 2, 3, 4, 5, 6, 7, 8
 ACC_LOCAL_WRITE = 1
 
 # shared-memory layout (daemon/shm.py; jitcache re-keys this module's cache when it changes)
@@ -180,6 +189,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
     moved = 0
     pend = 0
     pd = Q[qi, Q_PD]
+    native = A[P_NAT_OFF] != 0 and A[A[P_NAT_OFF] + qi] != 0
     # ---- send ring
     size = QX[qi, QX_SQ_SIZE]
     taken = QX[qi, QX_SQ_TAKEN]
@@ -213,6 +223,8 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             lmr = 0
             if op < 0 or op > 4:
                 code = BAD_OPCODE
+            elif op == 4 and native:
+                code = BAD_NATIVE_OP                    # no native READ yet (dp/native.py)
             elif flags & ~0x6:
                 code = BAD_FLAGS
             else:
@@ -427,14 +439,50 @@ def deliver(A, CQT, CE, QX, CX, G):
     return moved
 
 
+@njit(**_jit)
+def credits(A, CPAR, CRX, CB, now):
+    """MR-CC-018 over every native QP of the port with CREDITS agreed: their responder rows copied into
+    CRX (one row per native slot; the rest look idle forever), native/receiver.rx_credit_alloc with the
+    receiver's parameters CPAR (rx_budget, active_window, init_credit), each QP's credit written back
+    within its own W.  Returns how many QPs it served."""
+    o = A[P_NAT_OFF]
+    if o == 0:
+        return 0
+    n = 0
+    for qi in range(A[P_MAXQ]):
+        sl = A[o + qi] - 1
+        if sl < 0 or n >= NSLOT:
+            continue
+        b = slot_base(A, sl)
+        if A[b + O_PAR + NL.P_CREDITS] == 0:
+            continue
+        for c in range(NL.NRX):
+            CRX[n, c] = A[b + O_RX + c]
+        CB[n] = b
+        n += 1
+    if n == 0:
+        return 0
+    for i in range(n, CRX.shape[0]):
+        CRX[i, NL.R_LAST_RX_TS] = NL.NONE
+    rx_credit_alloc(CRX, CPAR, now)
+    for i in range(n):
+        b = CB[i]
+        c = CRX[i, NL.R_CREDIT]
+        w = A[b + O_PAR + NL.P_W]
+        A[b + O_RX + NL.R_CREDIT] = c if c < w else w
+    return n
+
+
 @njit(nbt.int64(nbt.int64[::1], nbt.uint8[:, ::1], nbt.uint8[::1], nbt.uint32[:, ::1], nbt.int64[:, ::1],
-                nbt.int64[:, ::1], nbt.int64[:, ::1], nbt.int64[::1], nbt.int64, nbt.int64), **_jit)
-def dp_serve(A, TM, umem, tables, QX, CX, SX, G, max_ns, sleep_ok):
+                nbt.int64[:, ::1], nbt.int64[:, ::1], nbt.int64[::1], nbt.int64[::1], nbt.int64[:, ::1], nbt.int64,
+                nbt.int64), **_jit)
+def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
     """The daemon's loop (module docstring): returns 1 when events wait for Python, 2 on stop or pause,
     0 after max_ns, -1 when A is not a port."""
     if A[P_MAGIC] != MAGIC:
         return -1
     ext = np.empty(32, np.uint8)
+    cb = np.zeros(NSLOT, np.int64)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     start = c_monotonic_ns()
     now = start
@@ -449,6 +497,10 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, max_ns, sleep_ok):
         if now >= G[G_NEXT_SCAN]:
             G[G_NEXT_SCAN] = now + G[G_SCAN_NS]
             w += scan(A, Q, SW, RW, CQT, CE, MRT, QX, G)
+        if G[G_CREDIT_NS] > 0 and now >= G[G_NEXT_CREDIT]:
+            G[G_NEXT_CREDIT] = now + G[G_CREDIT_NS]
+            if credits(A, CPAR, CRX, cb, now):
+                G[G_CREDIT_RUNS] += 1
         w += round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
         if A[P_CQE_OUT] != G[G_CQE_SEEN] or G[G_CQ_PENDING]:
             w += deliver(A, CQT, CE, QX, CX, G)
@@ -498,6 +550,15 @@ def tables(maxq: int, max_cqs: int, max_sessions: int, scan_ns: int) -> tuple[np
             np.zeros((max_sessions, NSX), np.int64), G)
 
 
+def credit_tables(G: np.ndarray, **receiver) -> tuple[np.ndarray, np.ndarray]:
+    """(CPAR, CRX) for `credits`: the receiver's parameter row (native.layout.params in its units:
+    rx_budget packets, active_window and credit_interval in us, init_credit packets) and the scratch rows;
+    G's credit period set from credit_interval."""
+    par = NL.params(**receiver)
+    G[G_CREDIT_NS] = int(par[NL.P_CREDIT_INTERVAL])
+    return par, np.zeros((NSLOT, NL.NRX), np.int64)
+
+
 def warm_plan() -> list[tuple[str, str, tuple]]:
     """(name, why, args) for metaroce_xdp.jitwarm, on an arena that is not a port (magic 0)."""
     from ..wire.fastpath import TABLES
@@ -505,4 +566,6 @@ def warm_plan() -> list[tuple[str, str, tuple]]:
     TM = np.zeros((2, 128), np.uint8)
     umem = np.zeros(4096, np.uint8)
     QX, CX, SX, G = tables(2, 2, 2, 0)
-    return [("dp_serve", "metaroced's driver thread (daemon/server.py)", (A, TM, umem, TABLES, QX, CX, SX, G, 0, 0))]
+    CPAR, CRX = credit_tables(G)
+    return [("dp_serve", "metaroced's driver thread (daemon/server.py)",
+             (A, TM, umem, TABLES, QX, CX, SX, G, CPAR, CRX, 0, 0))]
