@@ -382,7 +382,7 @@ class Device:
         if code == sv.BAD_SGE_LEN:
             return f"SGE length {b} out of range"
         if code == sv.BAD_NATIVE_OP:
-            return "RDMA READ on a native QP (not built in the native profile: connect with the compat profile)"
+            return "RDMA READ on a native QP (not served by metaroced yet: connect with the compat profile)"
         return (f"SGE (addr {a:#x}, length {b}, lkey {c:#x}) is not inside a valid MR of the QP's PD"
                 + (" with LOCAL_WRITE" if op in (4, 128) else ""))
 

@@ -210,6 +210,15 @@ def set_entropy(Q, TM, qi, nx, sport):
 
 
 @njit(**_jit)
+def count_tx(A, nx, kind):
+    """A request packet left: counted per QP, and as a retransmission (QP and port) unless new."""
+    nx[X_C_TX] += 1
+    if kind != TK_NEW:
+        nx[X_C_RETX] += 1
+        A[P_RETRANSMITS] += 1
+
+
+@njit(**_jit)
 def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
     """(Re)transmit PSN `psn` of the QP's send queue as a native request (MR-NAT-005, MR-NAT-017..020,
     MR-NAT-025): RETH (WRITE), NETH, RSNETH (recv-consuming), ImmDt; RETX set unless kind is TK_NEW
@@ -264,10 +273,7 @@ def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
     if not emit(A, Q, TM, umem, tables, qi, opc, se, ackreq, psn, ext, n, src_of(A, SW, r, off, plen), plen):
         return False
     tx_on_transmit(s, sb, par, psn, e, kind, now)
-    nx[X_C_TX] += 1
-    if kind != TK_NEW:
-        nx[X_C_RETX] += 1
-        A[P_RETRANSMITS] += 1
+    count_tx(A, nx, kind)
     return True
 
 
@@ -812,10 +818,7 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
         f = sb[p0 & NL.WMASK, NL.B_FLAGS]
         if (f & NL.BF_OUT) != 0 and sb[p0 & NL.WMASK, NL.B_PSN] == p0 and (f & NL.BF_SACKED) == 0:
             tx_on_transmit(s, sb, par, p0, e, kind, now)
-    nx[X_C_TX] += 1
-    if kind != TK_NEW:
-        nx[X_C_RETX] += 1
-        A[P_RETRANSMITS] += 1
+    count_tx(A, nx, kind)
     return True
 
 

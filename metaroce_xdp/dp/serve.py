@@ -21,7 +21,8 @@ daemon's driver thread: a GIL-free loop that, every round,
   client's QPs together, since they share the interface's downlink.
 
 Native QPs (dp/native.py, chosen at RTR) run in `loop.round_` like compat ones; a client's READ on a
-native QP is refused as a bad work request (not built in the native profile, MR-NAT-010).
+native QP is refused as a bad work request (the compiled loop runs native READ, but metaroced does not
+serve it yet: its client path and tests are still to come).
 
 It returns to Python only for data-plane events (1), a stop or pause (2) or after max_ns (0).
 After G_YIELD_AFTER idle rounds it calls sched_yield() each round, so that a client or another
@@ -224,7 +225,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             if op < 0 or op > 4:
                 code = BAD_OPCODE
             elif op == 4 and native:
-                code = BAD_NATIVE_OP                    # no native READ yet (dp/native.py)
+                code = BAD_NATIVE_OP                    # native READ not served by metaroced yet
             elif flags & ~0x6:
                 code = BAD_FLAGS
             else:

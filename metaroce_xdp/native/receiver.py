@@ -37,6 +37,19 @@ def _setbit(r, psn, v):
         r[R_BM + (i >> 6)] &= ~m
 
 
+@njit("int64(int64[::1], int64)", **_jit)
+def _past_recorded(r, epsn):
+    """PSN epsn has arrived in order: the ePSN moves past it and past every PSN recorded out of order
+    right behind it (their bits cleared, nrec counted down).  Returns the new ePSN, also stored."""
+    epsn = (epsn + 1) & PSN_MASK
+    while r[R_NREC] > 0 and _bit(r, epsn):
+        _setbit(r, epsn, 0)
+        r[R_NREC] -= 1
+        epsn = (epsn + 1) & PSN_MASK
+    r[R_EPSN] = epsn
+    return epsn
+
+
 @njit("void(int64[::1], int64[::1], int64)", **_jit)
 def rx_init(r, par, epsn):
     """QP enters RTR: ePSN = the peer's initial PSN, nothing recorded."""
@@ -70,12 +83,7 @@ def rx_on_packet(r, par, psn, ackreq, ce, has_ts, tsval, sport, now):
             r[R_C_NEW] += 1
             hi = r[R_HIGHEST]
             if d == 0:
-                epsn = (epsn + 1) & PSN_MASK
-                while r[R_NREC] > 0 and _bit(r, epsn):
-                    _setbit(r, epsn, 0)
-                    r[R_NREC] -= 1
-                    epsn = (epsn + 1) & PSN_MASK
-                r[R_EPSN] = epsn
+                epsn = _past_recorded(r, epsn)
                 if r[R_NREC] > 0:
                     imm = True                          # fills a gap, MR-SACK-014 (2)
                     # highest stays (it is beyond the new ePSN)
@@ -290,12 +298,7 @@ def rx_on_range(r, par, psn, n, ackreq, ce, has_ts, tsval, sport, now):
         if d >= par[P_W]:
             break                                       # the caller checked the range fits (check 7)
         if d == 0:
-            epsn = (epsn + 1) & PSN_MASK
-            while r[R_NREC] > 0 and _bit(r, epsn):
-                _setbit(r, epsn, 0)
-                r[R_NREC] -= 1
-                epsn = (epsn + 1) & PSN_MASK
-            r[R_EPSN] = epsn
+            epsn = _past_recorded(r, epsn)
             if r[R_NREC] > 0:
                 out |= RX_SACK_NOW                      # fills a gap, MR-SACK-014 (2)
             else:
