@@ -50,7 +50,7 @@
  * sockets in mr_xsks; tests/test_xdp_golden.py runs golden packets through it.
  */
 #include <uapi/linux/bpf.h>
-#include <linux/in.h>
+#include <uapi/linux/in.h>
 
 #include "metaroce_consts.h"
 #include "metaroce_hdr.h"

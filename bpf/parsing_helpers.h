@@ -15,10 +15,10 @@
 #ifndef __PARSING_HELPERS_H
 #define __PARSING_HELPERS_H
 
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/udp.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/udp.h>
 #include "metaroce_consts.h"
 #include "metaroce_hdr.h"
 #include "metaroce_drop_reasons.h"

@@ -9,11 +9,11 @@
  *                          cflags=["-DXSK_TEST_UDP_PORT=4791", "-DXSK_TEST_MAX_QUEUES=64"])
  */
 #include <uapi/linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/in.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/udp.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/udp.h>
 
 #ifndef XSK_TEST_UDP_PORT
 #define XSK_TEST_UDP_PORT 4791
