@@ -448,6 +448,14 @@ def targets(points: list[dict], mp: list[dict], inc: list[dict] = ()) -> list[di
     return out
 
 
+def _save(plt, fig, path: Path) -> str:
+    """Lay out, write and close one figure; its path as a string."""
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
 def plot(report: dict, out_dir: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -470,11 +478,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
         ax.set_title(f"MetaRoCE on the emulated fabric: goodput vs loss ({report['options']['plane']} plane)", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "goodput_loss.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(_save(plt, fig, out_dir / "goodput_loss.png"))
     if any(r["queue"] and not r["not_available"] for r in report.get("incast", [])):
         fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
         for r in report["incast"]:
@@ -488,11 +492,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
         ax.set_ylabel("bottleneck queue [KB]")
         ax.set_title("incast: 4 senders into one host through a 200 Mb/s bottleneck", fontsize=9)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / "incast_queue.png"
-        fig.savefig(path)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(_save(plt, fig, out_dir / "incast_queue.png"))
     return paths
 
 
