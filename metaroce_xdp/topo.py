@@ -158,6 +158,21 @@ def _is_group_leader(p: subprocess.Popen) -> bool:
         return False
 
 
+def _no_dad(ns: str) -> None:
+    """Turn IPv6 duplicate address detection off in a fresh namespace, before any interface exists.
+
+    Global addresses are added with IFA_F_NODAD, but every interface's link-local address would
+    otherwise stay tentative for about 1.5 s after it comes up.  A router whose link-local is
+    tentative sends no neighbour solicitation for packets it forwards (the kernel has no source
+    for it), so the first IPv6 packets across a chain of routers vanish for that long: longer than
+    a short retry budget."""
+    with thread_in_netns(ns):
+        for scope in ("all", "default"):
+            with contextlib.suppress(FileNotFoundError), \
+                    open(f"/proc/sys/net/ipv6/conf/{scope}/accept_dad", "w") as f:   # no IPv6: nothing to do
+                f.write("0")
+
+
 class Topology:
     """N fresh network namespaces, plus the veth pairs added with add_veth().
 
@@ -178,6 +193,7 @@ class Topology:
                 lo = h.link_lookup(ifname="lo")
                 if lo:
                     h.link("set", index=lo[0], state="up")
+                _no_dad(name)
         except BaseException:
             self.close()
             raise

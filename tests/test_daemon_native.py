@@ -70,10 +70,13 @@ def test_native_write_through_metaroced_is_intact_with_credits(daemon_b):
                                        "native", "-s", "65536", "-n", "300", "-t", "16", "-m", "1024", "--json",
                                        "-p", str(port), pair.b.ipv4], cwd=str(ROOT), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-            # the daemon's view while the transfer runs (the QPs are gone once perf exits)
+            # the daemon's view while the transfer runs (the QPs are gone once perf exits); a view
+            # taken while the server was still connecting (RTR, not yet RTS) is kept only until one
+            # taken during the transfer replaces it
             while cli.poll() is None:
                 s = _status(sock)
-                if any(q.get("profile") == "native" for q in s["qps"]):
+                nat = [q for q in s["qps"] if q.get("profile") == "native"]
+                if nat and (snap is None or any(q["state"] == "RTS" for q in nat)):
                     snap = s
                 time.sleep(0.2)
             out, err = cli.communicate()
@@ -93,7 +96,7 @@ def test_native_write_through_metaroced_is_intact_with_credits(daemon_b):
     s = json.loads(sout.strip().splitlines()[-1])
     assert s["verified"] is True and s.get("profile") == "native", s
     assert snap is not None, "the daemon never listed a native QP"
-    q = next(q for q in snap["qps"] if q.get("profile") == "native")
+    q = max((q for q in snap["qps"] if q.get("profile") == "native"), key=lambda q: q["state"] == "RTS")
     assert q["state"] == "RTS" and q["remote_addr"] == pair.a.ipv4
     dev = snap["devices"][0]
     assert "native" in dev["caps"]["profiles"] and dev["caps"]["credits"] is True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -247,6 +248,25 @@ def test_next_hop_follows_a_route_switch_mid_transfer():
         for h in hosts:
             h.close()
         t.close()
+
+
+def test_no_address_is_tentative_once_the_routers_are_built():
+    """Every IPv6 address, link-local ones included, is usable as soon as routed_hosts returns.  A
+    router whose link-local address is still tentative (duplicate address detection, ~1.5 s) sends
+    no neighbour solicitation for packets it forwards: a first WRITE across two IPv6 routers then
+    ran out of retries (RETRY_EXC_ERR)."""
+    IFA_F_TENTATIVE = 0x40
+    r = routed_hosts(routers=2, ipv6=True)
+    try:
+        seen = 0
+        for ns in r.topo.names:
+            for a in r.topo.ipr(ns).get_addr(family=socket.AF_INET6):
+                flags = a.get_attr("IFA_FLAGS") or a["flags"]
+                assert not flags & IFA_F_TENTATIVE, (ns, a.get_attr("IFA_ADDRESS"))
+                seen += 1
+        assert seen >= 2 * 6          # a global and a link-local address on each of the 6 router/host ends
+    finally:
+        r.close()
 
 
 def test_path_errors_are_typed_and_say_what_to_do():
