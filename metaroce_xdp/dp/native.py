@@ -462,6 +462,17 @@ SACK_MIN = 12 + 4 + 12                       # BTH, AETH, SACKETH
 
 
 @njit(**_jit)
+def own_ring(A, Q, ri):
+    """(address, QP index) of mr_sacks ring ri when this loop drains it: its owner is a QP on this loop's
+    RX queue; (0, -1) when the ring has no owner or another queue's loop drains it."""
+    r = A[P_SR_ADDR] + ri * A[P_SR_SIZE]
+    qi = ld_acq_u32(r + SR_OWNER) - 1
+    if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
+        return 0, -1
+    return r, qi
+
+
+@njit(**_jit)
 def nat_kern_sacks(A, Q, SW, CQT, CE, now):
     """The NATIVE_SACKs the XDP program put in the mr_sacks rings (MR-SACK-043; the protocol is struct
     mr_sack_ring's): each ring whose owner QP this loop runs, drained in ring order into nat_on_sack, as
@@ -470,15 +481,13 @@ def nat_kern_sacks(A, Q, SW, CQT, CE, now):
     now (MR-SACK-019, MR-SACK-037); none waits longer than a frame in the socket's ring would (while
     the loop sleeps the kernel steers SACKs to the socket: nat_kern_sleep).  Records of another QPN
     (the slot's previous QP) or uncopied are discarded, counted.  Returns the records taken."""
-    base = A[P_SR_ADDR]
-    if base == 0 or A[P_NAT_OFF] == 0:
+    if A[P_SR_ADDR] == 0 or A[P_NAT_OFF] == 0:
         return 0
     n = 0
     for ri in range(A[P_SR_N]):
-        r = base + ri * A[P_SR_SIZE]
-        qi = ld_acq_u32(r + SR_OWNER) - 1
-        if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
-            continue                                 # no QP, or another RX queue's loop drains it
+        r, qi = own_ring(A, Q, ri)
+        if r == 0:
+            continue
         cons = ld_acq_u64(r + SR_CONS)
         while True:
             e = r + SR_REC + (cons & SR_MASK) * SREC_SIZE
@@ -512,14 +521,12 @@ def nat_kern_sleep(A, Q, on):
     drains, so that meanwhile the kernel steers its QPs' SACKs to the socket, whose frame wakes it.
     With on = 1, returns the records the rings already hold (then the loop must not sleep: they came
     before the flag could be seen)."""
-    base = A[P_SR_ADDR]
-    if base == 0 or A[P_NAT_OFF] == 0:
+    if A[P_SR_ADDR] == 0 or A[P_NAT_OFF] == 0:
         return 0
     n = 0
     for ri in range(A[P_SR_N]):
-        r = base + ri * A[P_SR_SIZE]
-        qi = ld_acq_u32(r + SR_OWNER) - 1
-        if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
+        r = own_ring(A, Q, ri)[0]
+        if r == 0:
             continue
         st_rel_u32(r + SR_SLEEPING, on)
         if on:
