@@ -1135,8 +1135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, no table)")
     ap.add_argument("--quick", action="store_true", help="short durations, a two-configuration raw sweep, no size "
                     "series (smoke test)")
-    ap.add_argument("--plane", choices=("python", "compiled", "both"), default="python",
-                    help="MetaRoCE data plane(s) to measure; --plane is passed to perf only when not python")
+    ap.add_argument("--plane", choices=("python", "compiled", "both"), default="both",
+                    help="MetaRoCE data plane(s) to measure (default both: the performance targets are the "
+                         "compiled plane's, the python plane is shown beside it); --plane is passed to perf "
+                         "only when not python")
     ap.add_argument("--placement", choices=("split", "same", "unpinned"), default="split",
                     help="CPUs of host A's and B's processes, MetaRoCE and qperf alike (default split: A on the "
                          "first CPU, B on the second)")
