@@ -229,6 +229,58 @@ def test_local_ack_timers_armed_together_expire_spread_and_paced(fabric):
         b.ctx.destroy_qp(q)
 
 
+def test_expired_local_ack_timers_go_back_n_oldest_first(fabric):
+    """MR-RETRY-001/003 with TO_PER_ROUND: when more timers have expired than one round may act on, the
+    oldest deadlines go first, wherever their QPs sit in the active list.  The loop walks that list from
+    its end, and used to hand the round's budget out in that order: a QP near the start of the list (the
+    first packets of a burst activate their QPs first) waited for as long as more than TO_PER_ROUND others
+    kept expiring, and its peer ran out of retries meanwhile (the 1,000-QP test above beside CPU hogs:
+    the last 30 QP pairs failed RETRY_EXC_ERR, B's timer for the WRITE overdue by more than a second).
+    Here every QP has an expired timer, the oldest at the start of the list: each round starts
+    go-back-N on exactly the TO_PER_ROUND oldest, in deadline order; then every WRITE completes."""
+    from metaroce_xdp.dp.loop import TO_PER_ROUND
+    from metaroce_xdp.verbs_types import QPCap
+    topo, a, b = fabric
+    n = 2 * TO_PER_ROUND + 8
+    qa = [a.ctx.create_qp(a.pd, a.cq, a.cq, QPCap(max_send_wr=2, max_recv_wr=2)) for _ in range(n)]
+    qb = [b.ctx.create_qp(b.pd, b.cq, b.cq, QPCap(max_send_wr=2, max_recv_wr=2)) for _ in range(n)]
+    for mine, theirs, me, peer in ((qa, qb, a, b), (qb, qa, b, a)):
+        with topo.enter(me.ns):
+            for q, p in zip(mine, theirs):
+                q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+                q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=p.qp_num, rq_psn=0x10, dgid=peer.ctx.gid))
+                q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x10, timeout=16, retry_cnt=7))
+    a.buf[:64 * n] = np.arange(64 * n, dtype=np.uint8)
+    for i, q in enumerate(qa):
+        q.post_send(SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(64 * i, 64)],
+                           remote_addr=b.mr.addr + 64 * i, rkey=b.mr.rkey))
+    A = a.ctx.plane.A
+    a.ctx.progress()                                      # a packet on every QP; B stands still
+    assert all(q.query()["snd_max"] == 0x11 for q in qa)
+    act = int(A[L.P_ACT_OFF])
+    order = [int(x) for x in A[act:act + int(A[L.P_N_ACT])]]
+    by_qi = {q.qi: q for q in qa}
+    walk = [by_qi[qi] for qi in order if qi in by_qi]     # list order; the loop walks it from the end
+    assert len(walk) == n
+    now = time.monotonic_ns()
+    for k, q in enumerate(walk):                          # expired a second ago and more: oldest at the start
+        q.row[L.Q_DEADLINE] = now - 1_000_000_000 - (n - k) * 1_000_000
+    fired = []
+    for _ in range(4):
+        a.ctx.progress()                                  # a QP that went back N has spent one retry
+        fired.append([k for k, q in enumerate(walk) if q.query()["retry_left"] == 6 and
+                      all(k not in f for f in fired)])
+    assert fired == [list(range(0, TO_PER_ROUND)), list(range(TO_PER_ROUND, 2 * TO_PER_ROUND)),
+                     list(range(2 * TO_PER_ROUND, n)), []]
+    got = collect(a, n, [b], timeout=60)
+    assert all(w.status == WCStatus.SUCCESS for w in got), Counter(w.status.name for w in got)
+    assert (b.buf[:64 * n] == a.buf[:64 * n]).all()
+    for q in qa:
+        a.ctx.destroy_qp(q)
+    for q in qb:
+        b.ctx.destroy_qp(q)
+
+
 @pytest.mark.parametrize("op", [WROpcode.RDMA_WRITE, WROpcode.RDMA_READ])
 def test_local_mr_deregistered_under_a_posted_wr(fabric, op):
     """MR-MEM-035: a work request whose local MR is deregistered before it runs fails LOC_PROT_ERR; its memory

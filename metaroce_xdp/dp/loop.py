@@ -745,11 +745,54 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
 
 
 @njit(**_jit)
-def timers(A, Q, SW, CQT, CE, qi, now, to_left):
+def to_expired(A, Q, qi, now):
+    """QP qi's local ACK timer has expired and would start a go-back-N (not an RNR wait, not the last
+    retry, not a native QP: dp/native.py has timers of its own)."""
+    st = Q[qi, Q_STATE]
+    if st != ST_RTS and st != ST_SQD:
+        return False
+    if A[P_NAT_OFF] != 0 and A[A[P_NAT_OFF] + qi] > 0:
+        return False
+    return Q[qi, Q_RNR_UNTIL] == 0 and Q[qi, Q_DEADLINE] != 0 and now >= Q[qi, Q_DEADLINE] \
+        and Q[qi, Q_RETRY_LEFT] > 0
+
+
+@njit(**_jit)
+def timeout_cut(A, Q, now):
+    """The latest local ACK deadline that may start a go-back-N this round: `now` while at most
+    TO_PER_ROUND active QPs have expired timers, else the TO_PER_ROUND-th oldest of their deadlines --
+    the oldest go first, so a QP deferred in one round is ahead of every timer that expires later,
+    wherever it sits in the active list.  (Handing the round's TO_PER_ROUND out in list order starved
+    the QPs at the start of the list, walked last -- the ones the first packets of a burst activated --
+    for as long as other QPs kept expiring: their peers' retries ran out meanwhile, the 1,000-QP test
+    beside CPU hogs.)  One pass over the active list, only when it is longer than TO_PER_ROUND."""
+    n = A[P_N_ACT]
+    if n <= TO_PER_ROUND:
+        return now
+    act = A[P_ACT_OFF]
+    k = 0
+    for j in range(n):
+        if to_expired(A, Q, A[act + j], now):
+            k += 1
+    if k <= TO_PER_ROUND:
+        return now
+    d = np.empty(k, np.int64)
+    k = 0
+    for j in range(n):
+        qi = A[act + j]
+        if to_expired(A, Q, qi, now):
+            d[k] = Q[qi, Q_DEADLINE]
+            k += 1
+    return np.partition(d, TO_PER_ROUND - 1)[TO_PER_ROUND - 1]
+
+
+@njit(**_jit)
+def timers(A, Q, SW, CQT, CE, qi, now, to_left, cut):
     """Local ACK timeout (MR-RETRY-001): go back N from comp_psn, or RETRY_EXC_ERR when retries ran out;
     the end of an RNR wait resumes at the PSN the RNR NAK named.  Returns 1 when a timeout started a
-    go-back-N; with to_left (what is left of the round's TO_PER_ROUND) at 0 an expired timer waits for
-    a later round, its retry not spent."""
+    go-back-N; with to_left (what is left of the round's TO_PER_ROUND) at 0, or a deadline later than
+    the round's `cut` (timeout_cut: the oldest expired timers first), an expired timer waits for a
+    later round, its retry not spent."""
     if Q[qi, Q_RNR_UNTIL]:
         if now < Q[qi, Q_RNR_UNTIL]:
             return 0
@@ -768,8 +811,8 @@ def timers(A, Q, SW, CQT, CE, qi, now, to_left):
         advance(A, Q, SW, CQT, CE, qi, (Q[qi, Q_K_ACK] + 1) & PSN_MASK, now)   # held back by a READ before
         if Q[qi, Q_STATE] == ST_ERR or now < Q[qi, Q_DEADLINE]:
             return 0
-    if to_left <= 0 and Q[qi, Q_RETRY_LEFT] > 0:
-        return 0                                      # this round's go-back-N starts are spent
+    if (to_left <= 0 or Q[qi, Q_DEADLINE] > cut) and Q[qi, Q_RETRY_LEFT] > 0:
+        return 0                                      # this round's go-back-N starts are spent, or older ones first
     A[P_TIMEOUTS] += 1
     # what the QP looked like at its last timeout (Plane.stats(); for diagnosis)
     A[P_LAST_TO_COMP], A[P_LAST_TO_MAX] = Q[qi, Q_COMP_PSN], Q[qi, Q_SND_MAX]
@@ -1359,6 +1402,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
         A[P_INFL_LEFT] = 1 << 40
         A[P_QP_SHARE] = 0
     to_left = TO_PER_ROUND
+    to_cut = timeout_cut(A, Q, now)
     i = A[P_N_ACT] - 1
     while i >= 0:
         qi = A[act + i]
@@ -1397,7 +1441,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                 if Q[qi, Q_NERR_PSN]:
                     nak_error_due(A, Q, SW, CQT, CE, qi)
                 if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
-                    to_left -= timers(A, Q, SW, CQT, CE, qi, now, to_left)
+                    to_left -= timers(A, Q, SW, CQT, CE, qi, now, to_left, to_cut)
                 if (Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD) and Q[qi, Q_RNR_UNTIL] == 0:
                     rp_cnps(A, Q, qi, now)                   # DCQCN reaction point (dp/ops.py)
                     bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)
