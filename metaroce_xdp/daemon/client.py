@@ -573,7 +573,8 @@ class QP:
         if (mr is None or not mr.valid or mr.pd is not self.pd or not 0 <= length < 1 << 31
                 or addr < mr.addr or addr + length > mr.addr + mr.length or (need and not mr._access & need)):
             raise InvalidArgument(f"{_what(what)}: SGE (addr {addr:#x}, length {length}, lkey {lkey:#x}) is not "
-                                  "inside a registered MR of this QP's PD" + (f" with {Access(need)!r}" if need else ""))
+                                  "inside a registered MR of this QP's PD"
+                                  + (f" with {Access(need)!r}" if need else ""))
         return addr, length, lkey
 
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
