@@ -5,7 +5,8 @@ Behaviour, not timing: with busy_idle_ms > 0 a busy daemon that has a QP but no 
 says so in the client's session header, H_SLEEPING, which makes the next post write the wake-up
 eventfd), a post wakes it and is taken, and it goes back to sleep when idle again; with busy_idle_ms = 0
 it spins for as long as the interface has a QP (the mode before the option existed).  The option is a
-flag and a TOML key like the others, checked, and changes on reload."""
+flag and a TOML key like the others, checked, and changes on reload.  METAROCE_DP_TRACE records the loop's
+trace (each entry taken, in order) and writes it at stop."""
 from __future__ import annotations
 
 import os
@@ -15,10 +16,12 @@ import time
 from pathlib import Path
 
 import daemon_procs
+import numpy as np
 import pytest
 
 from metaroce_xdp.daemon import client, shm
 from metaroce_xdp.daemon.config import ConfigError, DaemonConfig, load_config
+from metaroce_xdp.dp import serve
 from metaroce_xdp.topo import two_hosts
 from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, RecvWR
 
@@ -62,13 +65,13 @@ def test_busy_daemon_sleeps_when_idle_wakes_on_a_post_and_spins_with_busy_idle_m
     sock = str(tmp_path / "d.sock")
     procs = []
 
-    def start(busy_idle_ms: int):
+    def start(busy_idle_ms: int, env: dict | None = None):
         cfg = tmp_path / "d.toml"
         cfg.write_text(f'interfaces = ["{pair.b.ifname}"]\nsocket_path = "{sock}"\nprogress = "busy"\n'
                        f'busy_idle_ms = {busy_idle_ms}\nbpffs_prefix = "{bpffs}/metaroce"\n')
         p = topo.popen(topo[1], [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", str(cfg)],
                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT),
-                       preexec_fn=daemon_procs.die_with_parent)
+                       preexec_fn=daemon_procs.die_with_parent, env={**os.environ, **(env or {})})
         procs.append(p)
         assert '"ready": true' in p.stdout.readline()
         ctx = client.connect(sock, pair.b.ifname)
@@ -88,7 +91,8 @@ def test_busy_daemon_sleeps_when_idle_wakes_on_a_post_and_spins_with_busy_idle_m
 
     try:
         # busy_idle_ms = 100: busy while there is work, asleep (H_SLEEPING) once idle although a QP exists
-        p, ctx, qp, mr = start(100)
+        trace = str(tmp_path / "trace")                 # and the loop's trace (daemon/bench.py --trace)
+        p, ctx, qp, mr = start(100, {"METAROCE_DP_TRACE": trace})
         _until(lambda: sleeping(ctx), "the idle busy daemon never went to sleep")
         for n in (1, 2):
             qp.post_recv(RecvWR(wr_id=n, sg_list=[mr.sge(0, 64)]))   # sees H_SLEEPING: writes the eventfd
@@ -96,6 +100,8 @@ def test_busy_daemon_sleeps_when_idle_wakes_on_a_post_and_spins_with_busy_idle_m
             _until(lambda: sleeping(ctx), "the daemon did not go back to sleep when idle again")
         ctx.close()
         daemon_procs.reap(p)
+        t = np.load(f"{trace}.{pair.b.ifname}.npy")     # written at stop: rows (ns, kind, count)
+        assert t[t[:, 1] == serve.T_TAKE, 2].sum() == 2 and (np.diff(t[:, 0]) >= 0).all(), t
         # busy_idle_ms = 0: spins for as long as the interface has a QP, asleep without one
         p, ctx, qp, mr = start(0)
         qp.post_recv(RecvWR(wr_id=1, sg_list=[mr.sge(0, 64)]))
