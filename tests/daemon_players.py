@@ -123,19 +123,28 @@ class Player:
                 return {"done": done, "posted": posted, "error": "TIMEOUT"}
         return {"done": done, "posted": posted, "error": first_err, "seconds": time.monotonic() - t0}
 
-    def lat(self, iters: int, active: bool, size: int = 8) -> dict:
+    def lat(self, iters: int, active: bool, size: int = 8, trace: bool = False) -> dict:
         """perftest write-lat through the daemon: each side WRITEs `size` bytes carrying the iteration number
-        into the other's buffer and spins on its own buffer for the answer; one-way latency = RTT / 2."""
+        into the other's buffer and spins on its own buffer for the answer; one-way latency = RTT / 2.
+        One work request built once and posted again each time (as perftest does).  trace: also the
+        CLOCK_MONOTONIC times of each post's start and end and of each answer seen (daemon/bench.py --trace)."""
         mine = self.buf[:8].view(np.uint64)
         src = self.buf[4096:4096 + 8].view(np.uint64)
         rtts = []
         posted = completed = 0
+        wr = SendWR(wr_id=1, opcode=OPS["write"], sg_list=[self.mr.sge(4096, size)], remote_addr=self.peer["va"],
+                    rkey=self.peer["rkey"])
+        post, poll, yield_, clock = self.qp.post_send, self.cq.poll, os.sched_yield, time.monotonic_ns
+        t_post0, t_post1, t_seen = [], [], []
 
         def write(i: int) -> None:
             nonlocal posted
             src[0] = i
-            self.qp.post_send(SendWR(wr_id=i, opcode=OPS["write"], sg_list=[self.mr.sge(4096, size)],
-                                     remote_addr=self.peer["va"], rkey=self.peer["rkey"]))
+            if trace:
+                t_post0.append(clock())
+            post(wr)
+            if trace:
+                t_post1.append(clock())
             posted += 1
         deadline = time.monotonic() + 300
         for i in range(1, iters + 1):
@@ -143,22 +152,26 @@ class Player:
             if active:
                 write(i)
             while int(mine[0]) != i:
-                completed += len(self.cq.poll(16))
-                os.sched_yield()             # the daemon may need this CPU to deliver it
+                completed += len(poll(16))
+                yield_()                     # the daemon may need this CPU to deliver it
                 if time.monotonic() > deadline:
                     return {"error": f"stuck at iteration {i}"}
+            if trace:
+                t_seen.append(clock())
             if not active:
                 write(i)
             else:
                 rtts.append(time.perf_counter_ns() - t0)
             while posted - completed > 16:
-                completed += len(self.cq.poll(16))
+                completed += len(poll(16))
         while completed < posted and time.monotonic() < deadline:
-            completed += len(self.cq.poll(16))
+            completed += len(poll(16))
+        tr = {"t_post0": t_post0, "t_post1": t_post1, "t_seen": t_seen} if trace else {}
         if not active:
-            return {}
+            return tr
         r = np.array(rtts[len(rtts) // 10:], np.float64) / 2000.0
-        return {"median_us": float(np.median(r)), "p99_us": float(np.percentile(r, 99)), "iters": iters}
+        return {"median_us": float(np.median(r)), "p99_us": float(np.percentile(r, 99)), "min_us": float(r.min()),
+                "p10_us": float(np.percentile(r, 10)), "iters": iters, **tr}
 
     def many(self, n: int) -> dict:
         self.mcq = self.ctx.create_cq(max(2, 2 * n))

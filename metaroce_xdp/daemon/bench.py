@@ -1,12 +1,23 @@
 """Through the daemon vs in process, same run: 8-byte WRITE latency and 64 KiB WRITE bandwidth.
 
     python -m metaroce_xdp.daemon.bench [--rounds 3] [--lat-iters 2000] [--bw-iters 2000] [--progress busy]
+                                        [--pin sides|cross|none] [--trace]
 
 Builds two namespaces on a veth.  In-process bar: `metaroce perf write-lat / write-bw --plane compiled`
 (client in A, server in B).  Through the daemon: one metaroced per namespace (this package's server
 runner) and two client processes (tests/daemon_players.py: perftest-style write-lat, and a 64 KiB WRITE
 stream with 32 outstanding).  The two alternate `--rounds` times; prints each figure and the ratios
 (daemon / in-process) as JSON lines.  Not a test: run it on a quiet machine and compare ratios.
+
+Placement (--pin, taskset): `sides` (default) puts everything of host A on CPU 0 and of host B on CPU 1 --
+the in-process perf client on 0 and its server on 1; daemon A and client A on 0, daemon B and client B
+on 1; `cross` puts daemon A with client B (CPU 0) and daemon B with client A (CPU 1), in-process as
+`sides`; `none` leaves it to the scheduler.
+
+--trace splits the daemon path's one-way trip (A's write seen by B, and B's answer seen by A), from
+timestamps (CLOCK_MONOTONIC, one clock for every process): the client's post (start, end), the daemon's
+loop taking the entry, its round that sent the packet (after the kick), the peer daemon's round that
+placed the payload, the peer client seeing it (dp/serve.py trace; tests/daemon_players.py lat trace).
 """
 from __future__ import annotations
 
@@ -28,11 +39,27 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tools.metaroce_cli", "perf"]
 
 
-def _perf(topo, test: str, args: list[str], port: int) -> dict:
-    srv = topo.popen(topo[1], [*CLI, test, "-d", "mr1", "--plane", "compiled", "--json", "-p", str(port), "--no-daemon"],
+PLACEMENTS = {"sides": {"perf_a": "0", "perf_b": "1", "daemon_a": "0", "client_a": "0", "daemon_b": "1",
+                         "client_b": "1"},
+              "cross": {"perf_a": "0", "perf_b": "1", "daemon_a": "0", "client_b": "0", "daemon_b": "1",
+                        "client_a": "1"},
+              "none": {}}
+
+
+def _on(pin: dict, who: str) -> list[str]:
+    """The argv prefix placing `who` (perf_a, daemon_b, ...) on its CPU (taskset), or nothing."""
+    cpu = pin.get(who)
+    return ["taskset", "-c", cpu] if cpu is not None else []
+
+
+def _perf(topo, test: str, args: list[str], port: int, pin: dict | None = None) -> dict:
+    pin = pin or {}
+    srv = topo.popen(topo[1], [*_on(pin, "perf_b"), *CLI, test, "-d", "mr1", "--plane", "compiled", "--json", "-p",
+                               str(port), "--no-daemon"],
                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(120):
-        cli = topo.run(topo[0], [*CLI, test, "-d", "mr0", "--plane", "compiled", "--json", "-p", str(port), *args,
+        cli = topo.run(topo[0], [*_on(pin, "perf_a"), *CLI, test, "-d", "mr0", "--plane", "compiled", "--json", "-p",
+                                 str(port), *args,
                                  "--no-daemon", "10.77.0.2"], timeout=300, check=False)
         if "start `metaroce perf" not in cli.stderr:
             break
@@ -82,14 +109,19 @@ class Proc:
         return r
 
 
-def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, port: int) -> dict:
+def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, port: int, pin: dict | None = None,
+                trace: bool = False) -> dict:
+    """Latency and bandwidth through two daemons; with trace, "split": the one-way trip's parts (_split)."""
     procs = []
+    pin = pin or {}
+    tpath = os.path.join(tmp, f"trace{port}")
     try:
-        dprocs, socks, _ = _start_daemons(topo, tmp, progress)
+        dprocs, socks, _ = _start_daemons(topo, tmp, progress, pin=pin, trace=tpath if trace else None)
         procs += dprocs
         pl = []
-        for ns, ifname in ((topo[0], "mr0"), (topo[1], "mr1")):
-            p = Proc(topo.popen(ns, [sys.executable, str(ROOT / "tests" / "daemon_players.py"), socks[ifname], ifname],
+        for ns, ifname, who in ((topo[0], "mr0", "client_a"), (topo[1], "mr1", "client_b")):
+            p = Proc(topo.popen(ns, [*_on(pin, who), sys.executable, str(ROOT / "tests" / "daemon_players.py"),
+                                     socks[ifname], ifname],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=str(ROOT)),
                      ifname)
             assert p.line(60)["ready"]
@@ -101,29 +133,84 @@ def _daemon_run(topo, tmp: str, progress: str, lat_iters: int, bw_iters: int, po
         b.send(cmd="accept")
         a.ok(cmd="connect", host="10.77.0.2", port=port)
         assert b.line()["ok"]
-        b.send(cmd="lat", iters=lat_iters, active=False)
-        lat = a.ok(300, cmd="lat", iters=lat_iters, active=True)
-        b.line(60)
+        b.send(cmd="lat", iters=lat_iters, active=False, trace=trace)
+        lat = a.ok(300, cmd="lat", iters=lat_iters, active=True, trace=trace)
+        blat = b.line(60)
         bw = a.ok(300, cmd="stream", n=bw_iters, size=65536, window=32, timeout=240)
         if "median_us" not in lat:
             raise RuntimeError(f"write-lat through the daemon: {lat}")
-        return {"lat_median_us": lat["median_us"], "lat_p99_us": lat["p99_us"],
-                "gbps": bw_iters * 65536 * 8 / bw["seconds"] / 1e9}
+        out = {"lat_median_us": lat["median_us"], "lat_p99_us": lat["p99_us"], "lat_min_us": lat.get("min_us"),
+               "lat_p10_us": lat.get("p10_us"), "gbps": bw_iters * 65536 * 8 / bw["seconds"] / 1e9}
     finally:
         _stop(procs)
+    if trace:
+        import numpy as np
+        out["split"] = _split(lat, blat, np.load(f"{tpath}.mr0.npy"), np.load(f"{tpath}.mr1.npy"))
+    return out
 
 
-def _start_daemons(topo, tmp: str, progress: str, extra: str = "") -> tuple[list[Proc], dict, list[float]]:
-    """One metaroced (this package's runner) per namespace: (their Procs, socket by interface, seconds to ready)."""
+def _split(a: dict, b: dict, ta, tb) -> dict:
+    """Median (and 10th percentile: the path without the scheduler's delays, mostly) µs of each part of the
+    one-way trip through the daemons, both directions pooled, from the
+    clients' times (a, b: lat's t_post0 / t_post1 / t_seen) and the daemons' traces (ta, tb: dp/serve.py
+    traced(), rows (ns, kind, count)):
+
+      post        client's post_send (start to return)
+      to_take     post's start -> its daemon's loop took the entry
+      take_to_tx  taken -> the end of the round that sent it (after the kick: the frame is in the peer's
+                  AF_XDP ring, veth delivers it in the sender's system call)
+      tx_to_rx    sent -> the end of the peer daemon's round that placed the payload
+      rx_to_seen  that round's end -> the peer client saw the bytes change
+      one_way     post's start -> seen (the sum)
+
+    The A->B trip of iteration i starts at A's post i; the B->A trip at B's post i (after B saw i)."""
+    import numpy as np
+    from ..dp import serve as sv
+
+    def times(t, kind):
+        return t[t[:, 1] == kind, 0]
+
+    def after(ts, x):
+        """The first time in the sorted ts at or after each x (NaN past the end)."""
+        j = np.searchsorted(ts, x)
+        out = np.full(len(x), np.nan)
+        ok = j < len(ts)
+        out[ok] = ts[j[ok]]
+        return out
+
+    parts: dict[str, list] = {k: [] for k in ("post", "to_take", "take_to_tx", "tx_to_rx", "rx_to_seen", "one_way")}
+    for src, dst, ts, td in ((a, b, ta, tb), (b, a, tb, ta)):
+        p0 = np.array(src["t_post0"], np.float64)
+        p1 = np.array(src["t_post1"], np.float64)
+        seen = np.array(dst["t_seen"], np.float64)
+        n = min(len(p0), len(seen))
+        p0, p1, seen = p0[:n], p1[:n], seen[:n]
+        take = after(times(ts, sv.T_TAKE), p0)
+        tx = after(times(ts, sv.T_TX), take)
+        rx = after(times(td, sv.T_RX), take)
+        k = slice(n // 10, n)            # as lat's median: the first tenth is warm-up
+        for name, v in (("post", p1 - p0), ("to_take", take - p0), ("take_to_tx", tx - take), ("tx_to_rx", rx - tx),
+                        ("rx_to_seen", seen - rx), ("one_way", seen - p0)):
+            parts[name].append(v[k])
+    return {name: [round(float(np.nanmedian(np.concatenate(v))) / 1000, 2),
+                   round(float(np.nanpercentile(np.concatenate(v), 10)) / 1000, 2)] for name, v in parts.items()}
+
+
+def _start_daemons(topo, tmp: str, progress: str, extra: str = "", pin: dict | None = None,
+                   trace: str | None = None) -> tuple[list[Proc], dict, list[float]]:
+    """One metaroced (this package's runner) per namespace: (their Procs, socket by interface, seconds to ready).
+    pin: PLACEMENTS' daemon_a / daemon_b; trace: each daemon's loop traced into <trace>.<ifname>.npy."""
     procs, socks, t0 = [], {}, time.monotonic()
-    for ns, ifname in ((topo[0], "mr0"), (topo[1], "mr1")):
+    env = {**os.environ, "METAROCE_DP_TRACE": trace} if trace else None
+    for ns, ifname, who in ((topo[0], "mr0", "daemon_a"), (topo[1], "mr1", "daemon_b")):
         sock = os.path.join(tmp, f"{ifname}.sock")
         cfg = os.path.join(tmp, f"{ifname}.toml")
         Path(cfg).write_text(f'interfaces = ["{ifname}"]\nsocket_path = "{sock}"\nprogress = "{progress}"\n'
                              f'bpffs_prefix = "{tmp}/bpf/metaroce"\n{extra}')
-        procs.append(Proc(topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", cfg],
+        procs.append(Proc(topo.popen(ns, [*_on(pin or {}, who), sys.executable, "-m", "metaroce_xdp.daemon.server",
+                                          "--config", cfg],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
-                                     cwd=str(ROOT), preexec_fn=_die_with_parent), ifname))
+                                     cwd=str(ROOT), preexec_fn=_die_with_parent, env=env), ifname))
         socks[ifname] = sock
     ready = []
     for p in procs:
@@ -278,13 +365,15 @@ def bench_rows(row: Callable[..., dict], log: Callable[[str], None], quick: bool
     os.mkdir(os.path.join(tmp, "bpf"))
     try:
         try:
-            lat = _perf(topo, "write-lat", ["-s", "8", "-n", str(lat_n)], 19800)
-            bw = _perf(topo, "write-bw", ["-s", "65536", "-n", str(bw_n)], 19801)
+            pin = PLACEMENTS["sides"]
+            lat = _perf(topo, "write-lat", ["-s", "8", "-n", str(lat_n)], 19800, pin)
+            bw = _perf(topo, "write-bw", ["-s", "65536", "-n", str(bw_n)], 19801, pin)
             inp = {"lat": lat["lat_us"].get("median", lat["lat_us"].get("typical")), "gbps": bw["gbps"]}
             log(f"daemon section: in process {inp}")
-            d = _daemon_run(topo, tmp, "busy", lat_n, bw_n, 19850)
+            d = _daemon_run(topo, tmp, "busy", lat_n, bw_n, 19850, pin)
             log(f"daemon section: through metaroced {d}")
-            cfg = f"compiled plane; {lat_n} / {bw_n} iterations; daemons in busy mode; client processes"
+            cfg = (f"compiled plane; {lat_n} / {bw_n} iterations; daemons in busy mode; client processes; host A's "
+                   "processes on CPU 0, host B's on CPU 1 (taskset)")
             rows += [row("daemon.lat8.inproc_us", g, "8 B WRITE latency, in-process compiled engine (median)",
                          inp["lat"], "us", cfg),
                      row("daemon.lat8.daemon_us", g, "8 B WRITE latency, through metaroced from another process",
@@ -338,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lat-iters", type=int, default=2000)
     ap.add_argument("--bw-iters", type=int, default=2000)
     ap.add_argument("--progress", default="busy", choices=("busy", "sleep"))
+    ap.add_argument("--pin", default="sides", choices=tuple(PLACEMENTS), help="CPU placement (module docstring)")
+    ap.add_argument("--trace", action="store_true", help="split the daemon path's one-way trip (module docstring)")
     ap.add_argument("--section", action="store_true", help="the rows `make bench` shows (bench_rows), as JSON lines")
     ap.add_argument("--quick", action="store_true", help="with --section: fewer iterations")
     a = ap.parse_args(argv)
@@ -355,12 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(a.rounds):
             port += 2
-            lat = _perf(topo, "write-lat", ["-s", "8", "-n", str(a.lat_iters)], port)
-            bw = _perf(topo, "write-bw", ["-s", "65536", "-n", str(a.bw_iters)], port + 1)
+            pin = PLACEMENTS[a.pin]
+            lat = _perf(topo, "write-lat", ["-s", "8", "-n", str(a.lat_iters)], port, pin)
+            bw = _perf(topo, "write-bw", ["-s", "65536", "-n", str(a.bw_iters)], port + 1, pin)
             inproc = {"lat_median_us": lat["lat_us"].get("median", lat["lat_us"].get("typical")),
-                      "gbps": bw["gbps"]}
-            d = _daemon_run(topo, tmp, a.progress, a.lat_iters, a.bw_iters, port + 50)
-            print(json.dumps({"round": r, "in_process": inproc, "daemon": d,
+                      "lat_min_us": lat["lat_us"].get("min"), "gbps": bw["gbps"]}
+            d = _daemon_run(topo, tmp, a.progress, a.lat_iters, a.bw_iters, port + 50, pin, a.trace)
+            print(json.dumps({"round": r, "pin": a.pin, "load": round(os.getloadavg()[0], 1),
+                              "in_process": inproc, "daemon": d,
                               "lat_ratio": d["lat_median_us"] / inproc["lat_median_us"],
                               "bw_ratio": d["gbps"] / inproc["gbps"]}), flush=True)
     finally:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import cm
-from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
+from ..verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
                            SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
 from . import proto, shm
 from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PermissionDenied,
@@ -46,6 +47,20 @@ DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
 PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
 _SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
              WROpcode.RDMA_READ}
+# the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each;
+# a post used to spend ~10 of them), rings read and written through memoryviews and struct (no numpy scalars)
+_SEND_OP_INTS = frozenset(int(o) for o in _SEND_OPS)
+_READ = int(WROpcode.RDMA_READ)
+_SEND_FLAGS_OK = int(SendFlags.SIGNALED | SendFlags.SOLICITED)
+_RTS, _ERR, _RESET = int(QPState.RTS), int(QPState.ERR), int(QPState.RESET)
+_LOCAL_WRITE = int(Access.LOCAL_WRITE)
+_WITH_IMM = int(WCFlags.WITH_IMM)
+_WC_STATUS = {int(v): v for v in WCStatus}
+_WC_OPCODE = {int(v): v for v in WCOpcode}
+_WC_FLAGS: dict[int, WCFlags] = {}
+_SQE = struct.Struct(f"<{shm.S_IMM + 1}q")          # wr_id opcode flags laddr length lkey raddr rkey imm
+_RQE = struct.Struct(f"<{shm.RQE_WORDS}q")
+_CQE = struct.Struct("<7q")                           # wr_id status opcode byte_len qp_num imm flags
 
 
 def default_socket() -> str:
@@ -107,6 +122,7 @@ class Context:
         self._hdr_fd = fds[0]
         self._hdr_mm = shm.map_fd(fds[0], shm.round_page(shm.H_WORDS * 8))
         self.H = shm.words(self._hdr_mm)
+        self._Hv = memoryview(self._hdr_mm).cast("q")          # the doorbell's words as plain ints
         if int(self.H[shm.H_MAGIC]) != shm.MAGIC:
             raise DaemonError("the daemon's session memory has the wrong magic (a different version?)")
         self._rdy_lock = threading.Lock()
@@ -238,10 +254,10 @@ class Context:
     def _doorbell(self, qpn: int) -> None:
         """After a post: the QP's number into this client's doorbell ring, which the daemon's compiled loop
         reads every round (it takes only QPs of this client)."""
-        H = self.H
+        H = self._Hv
         with self._rdy_lock:
-            t = int(H[shm.H_RDY_TAIL])
-            if t - int(H[shm.H_RDY_HEAD]) < shm.N_RDY:          # full: the daemon's periodic scan finds it
+            t = H[shm.H_RDY_TAIL]
+            if t - H[shm.H_RDY_HEAD] < shm.N_RDY:          # full: the daemon's periodic scan finds it
                 H[shm.H_RDY_OFF + (t & (shm.N_RDY - 1))] = qpn
                 H[shm.H_RDY_TAIL] = t + 1
         if H[shm.H_SLEEPING] and self._efd >= 0:
@@ -380,6 +396,7 @@ class Context:
             shm.close_map(self._bell_mm)
         os.close(self._hdr_fd)
         self.H = None
+        self._Hv.release()
         shm.close_map(self._hdr_mm)
         for _, _, fd, mm in self._bufs:
             os.close(fd)            # the mapping (and views of it) stays valid until the last view goes
@@ -411,10 +428,10 @@ class MR:
     def __init__(self, ctx, pd, handle, addr, length, lkey, rkey, access, buf) -> None:
         self.ctx, self.pd, self.handle, self.addr, self.length = ctx, pd, handle, addr, length
         self.lkey, self.rkey, self.access, self.buf = lkey, rkey, access, buf
+        self._access = int(access)          # for the post path's check (no Flag arithmetic per WR)
         self.valid = True
 
     def sge(self, offset: int, length: int):
-        from ..verbs_types import SGE
         return SGE(self.addr + offset, length, self.lkey)
 
     def dereg(self) -> None:
@@ -431,20 +448,31 @@ class CQ:
         self._mm = shm.map_fd(fd, shm.round_page(shm.cq_words(size) * 8))
         self.W = shm.words(self._mm)
         self._ring = self.W[shm.CH_WORDS:shm.CH_WORDS + size * shm.CQE_WORDS].reshape(size, shm.CQE_WORDS)
+        self._v = memoryview(self._mm).cast("q")            # CH_HEAD / CH_TAIL as plain ints
 
     def poll(self, num_entries: int = 16) -> list[WC]:
-        """ibv_poll_cq: up to num_entries completions, read from shared memory (no system call)."""
-        W = self.W
-        head, tail = int(W[shm.CH_HEAD]), int(W[shm.CH_TAIL])
+        """ibv_poll_cq: up to num_entries completions, read from shared memory (no system call).  An empty
+        poll reads one word and writes nothing (the head shares a cache line with the tail the daemon writes)."""
+        v = self._v
+        head, tail = v[shm.CH_HEAD], v[shm.CH_TAIL]
+        if head == tail:
+            return []
         out = []
         mask = self.size - 1
+        mm, unpack = self._mm, _CQE.unpack_from
         while head != tail and len(out) < num_entries:
-            wr_id, st, op, blen, qpn, imm, flags, _ = self._ring[head & mask].tolist()
-            wf = WCFlags(flags)
-            out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen,
-                          qp_num=qpn, imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf))
+            wr_id, st, op, blen, qpn, imm, flags = unpack(mm, 8 * (shm.CH_WORDS + (head & mask) * shm.CQE_WORDS))
+            wf = _WC_FLAGS.get(flags)
+            if wf is None:
+                wf = WCFlags(flags)
+                if len(_WC_FLAGS) < 64:
+                    _WC_FLAGS[flags] = wf
+            status, opcode = _WC_STATUS.get(st), _WC_OPCODE.get(op)       # (SUCCESS is 0: falsy, so no `or`)
+            out.append(WC(wr_id & 0xFFFFFFFFFFFFFFFF, WCStatus(st) if status is None else status,
+                          WCOpcode(op) if opcode is None else opcode, blen, qpn,
+                          imm if flags & _WITH_IMM else None, wf))
             head += 1
-        W[shm.CH_HEAD] = head
+        v[shm.CH_HEAD] = head
         return out
 
     def wait(self, n: int = 1, timeout: float = 10.0) -> list[WC]:
@@ -479,6 +507,7 @@ class CQ:
         if self.W is None:
             return
         self.W = self._ring = None
+        self._v.release()
         os.close(self._fd)
         shm.close_map(self._mm)
 
@@ -496,6 +525,7 @@ class QP:
         self._sq = W[o:o + sq_size * shm.SQE_WORDS].reshape(sq_size, shm.SQE_WORDS)
         o += sq_size * shm.SQE_WORDS
         self._rq = W[o:o + rq_size * shm.RQE_WORDS].reshape(rq_size, shm.RQE_WORDS)
+        self._v = memoryview(self._mm).cast("q")            # the header words as plain ints (post path)
         self._lock = threading.Lock()
         self.profile = "compat"              # "native" once a connection agreed it (connect_qp, accept)
 
@@ -526,72 +556,88 @@ class QP:
         if self.W is None:
             return
         self.W = self._sq = self._rq = None
+        self._v.release()
         os.close(self._fd)
         shm.close_map(self._mm)
 
-    def _check_sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int]:
+    def _check_sge(self, sg_list, need: int, what: str | int) -> tuple[int, int, int]:
+        """(addr, length, lkey) of the one SGE (need: Access bits as an int; what: the WR's name or opcode)."""
         if len(sg_list) > 1:
-            raise Unsupported(f"{what} with {len(sg_list)} SGEs: the daemon's data plane takes one SGE per work "
-                              "request")
+            raise Unsupported(f"{_what(what)} with {len(sg_list)} SGEs: the daemon's data plane takes one SGE per "
+                              "work request")
         if not sg_list:
             return 0, 0, 0
         s = sg_list[0]
-        mr = self.ctx.mrs.get(s.lkey)
-        if (mr is None or not mr.valid or mr.pd is not self.pd or not 0 <= s.length < 1 << 31
-                or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length or (need and not mr.access & need)):
-            raise InvalidArgument(f"{what}: SGE (addr {s.addr:#x}, length {s.length}, lkey {s.lkey:#x}) is not "
-                                  "inside a registered MR of this QP's PD" + (f" with {need!r}" if need else ""))
-        return s.addr, s.length, s.lkey
+        addr, length, lkey = s.addr, s.length, s.lkey
+        mr = self.ctx.mrs.get(lkey)
+        if (mr is None or not mr.valid or mr.pd is not self.pd or not 0 <= length < 1 << 31
+                or addr < mr.addr or addr + length > mr.addr + mr.length or (need and not mr._access & need)):
+            raise InvalidArgument(f"{_what(what)}: SGE (addr {addr:#x}, length {length}, lkey {lkey:#x}) is not "
+                                  "inside a registered MR of this QP's PD"
+                                  + (f" with {Access(need)!r}" if need else ""))
+        return addr, length, lkey
 
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send into shared memory (no system call); a list is posted whole or not at all."""
-        wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
-        st = self.state
-        if st not in (QPState.RTS, QPState.ERR):
-            raise InvalidState(f"post_send on a QP in {st.name}: move it to RTS first")
+        wrs = (wrs,) if isinstance(wrs, SendWR) else list(wrs)
+        v = self._v
+        st = v[shm.QH_STATE]
+        if st != _RTS and st != _ERR:
+            raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
         rows = []
         for wr in wrs:
-            if wr.opcode not in _SEND_OPS:
-                raise Unsupported(f"{WROpcode(wr.opcode).name} is not implemented by the daemon's data plane")
-            if wr.opcode == WROpcode.RDMA_READ and self.profile == "native":
+            op, flags = int(wr.opcode), int(wr.send_flags)
+            if op not in _SEND_OP_INTS:
+                raise Unsupported(f"{_what(op)} is not implemented by the daemon's data plane")
+            if op == _READ and self.profile == "native":
                 raise Unsupported("RDMA_READ on a native QP is not implemented by the daemon's data plane yet: "
                                   "connect with the compat profile for it")
-            if wr.send_flags & ~(SendFlags.SIGNALED | SendFlags.SOLICITED):
-                raise Unsupported(f"send_flags {SendFlags(wr.send_flags)!r}: only SIGNALED and SOLICITED")
-            addr, length, lkey = self._check_sge(wr.sg_list, Access.LOCAL_WRITE if wr.opcode == WROpcode.RDMA_READ
-                                                 else Access(0), WROpcode(wr.opcode).name)
-            rows.append((_i64(wr.wr_id), int(wr.opcode), int(wr.send_flags), addr, length, lkey,
+            if flags & ~_SEND_FLAGS_OK:
+                raise Unsupported(f"send_flags {SendFlags(flags)!r}: only SIGNALED and SOLICITED")
+            addr, length, lkey = self._check_sge(wr.sg_list, _LOCAL_WRITE if op == _READ else 0, op)
+            rows.append((_i64(wr.wr_id), op, flags, addr, length, lkey,
                          _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF))
-        W = self.W
+        mm, pack, base = self._mm, _SQE.pack_into, 8 * shm.QH_WORDS
         with self._lock:
-            tail = int(W[shm.QH_SQ_TAIL])
-            if tail - int(W[shm.QH_SQ_HEAD]) + len(rows) > self.sq_size:
+            tail = v[shm.QH_SQ_TAIL]
+            if tail - v[shm.QH_SQ_HEAD] + len(rows) > self.sq_size:
                 raise QueueFull(f"send queue full ({self.sq_size} WRs waiting for the daemon): poll the CQ, "
                                 "then post again")
             mask = self.sq_size - 1
             for i, row in enumerate(rows):
-                self._sq[(tail + i) & mask, :9] = row
-            W[shm.QH_SQ_TAIL] = tail + len(rows)         # published after the entries
+                pack(mm, base + 8 * shm.SQE_WORDS * ((tail + i) & mask), *row)
+            v[shm.QH_SQ_TAIL] = tail + len(rows)         # published after the entries (x86-64: stores in order)
         self.ctx._doorbell(self.qp_num)
 
     def post_recv(self, wrs: RecvWR | list[RecvWR]) -> None:
-        wrs = [wrs] if isinstance(wrs, RecvWR) else list(wrs)
-        if self.state == QPState.RESET:
+        wrs = (wrs,) if isinstance(wrs, RecvWR) else list(wrs)
+        v = self._v
+        if v[shm.QH_STATE] == _RESET:
             raise InvalidState("post_recv on a QP in RESET: move it to INIT first")
-        rows = [(_i64(wr.wr_id), *self._check_sge(wr.sg_list, Access.LOCAL_WRITE, "RECV")) for wr in wrs]
-        W = self.W
+        rows = [(_i64(wr.wr_id), *self._check_sge(wr.sg_list, _LOCAL_WRITE, "RECV")) for wr in wrs]
+        mm, pack, base = self._mm, _RQE.pack_into, 8 * (shm.QH_WORDS + self.sq_size * shm.SQE_WORDS)
         with self._lock:
-            tail = int(W[shm.QH_RQ_TAIL])
-            if tail - int(W[shm.QH_RQ_HEAD]) + len(rows) > self.rq_size:
+            tail = v[shm.QH_RQ_TAIL]
+            if tail - v[shm.QH_RQ_HEAD] + len(rows) > self.rq_size:
                 raise QueueFull(f"receive queue full ({self.rq_size} WRs waiting for the daemon)")
             mask = self.rq_size - 1
             for i, row in enumerate(rows):
-                self._rq[(tail + i) & mask] = row
-            W[shm.QH_RQ_TAIL] = tail + len(rows)
+                pack(mm, base + 8 * shm.RQE_WORDS * ((tail + i) & mask), *row)
+            v[shm.QH_RQ_TAIL] = tail + len(rows)
         self.ctx._doorbell(self.qp_num)
 
     def __repr__(self) -> str:
         return f"QP({self.qp_num:#x}, {self.state.name})"
+
+
+def _what(op: str | int) -> str:
+    """A work request's name for an error message (an opcode the enum does not know: its number)."""
+    if isinstance(op, str):
+        return op
+    try:
+        return WROpcode(op).name
+    except ValueError:
+        return f"opcode {op}"
 
 
 def _i64(v: int) -> int:

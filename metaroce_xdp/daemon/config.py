@@ -32,6 +32,7 @@ class DaemonConfig:
     socket_mode: int = 0o660
     bpffs_prefix: str = "/sys/fs/bpf/metaroce"            # pins live under <prefix>/<ifname>/
     progress: str = "busy"                                # busy | sleep (poll() on the socket + eventfd)
+    busy_idle_ms: int = 1000                              # busy: sleep as `sleep` does after this long idle (0: never)
     max_clients: int = 64
     max_qps_per_client: int = 256
     max_mr_bytes_per_client: int = 1 << 30
@@ -46,6 +47,9 @@ class DaemonConfig:
     def validate(self) -> "DaemonConfig":
         if self.progress not in ("busy", "sleep"):
             raise ConfigError(f"progress must be 'busy' or 'sleep', not {self.progress!r}", "progress")
+        if not 0 <= self.busy_idle_ms <= 3_600_000:
+            raise ConfigError(f"busy_idle_ms must be 0 (spin while any QP exists) .. 3600000 ms, not "
+                              f"{self.busy_idle_ms!r}", "busy_idle_ms")
         for name in ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)!r}", name)

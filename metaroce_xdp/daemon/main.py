@@ -127,6 +127,8 @@ _HELP = {
     "socket_mode": "permissions of the socket, octal",
     "bpffs_prefix": "bpffs directory under which each interface's maps are pinned (<prefix>/<ifname>/)",
     "progress": "how the data-plane threads wait for work: busy (spin) or sleep (poll)",
+    "busy_idle_ms": "busy mode: after this many ms without work a data-plane thread sleeps as in sleep mode "
+                    "until the next packet or post (0: spin while the interface has any QP)",
     "max_clients": "most client processes served at once",
     "max_qps_per_client": "most QPs one client may create",
     "max_mr_bytes_per_client": "most bytes one client may register",

@@ -68,7 +68,7 @@ MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
 
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
-                   "progress", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile")
+                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
 
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
@@ -295,9 +295,13 @@ class Device:
         self.serve = serve
         assert serve.WHY_BAD_WR == WHY_BAD_WR
         self.plane = ctx.plane
+        # METAROCE_DP_TRACE=PATH: the loop records when it takes ring entries, receives and sends packets and
+        # delivers completions (dp/serve.py trace); written to PATH.<ifname>.npy at close (daemon/bench.py --trace)
+        self.trace_path = os.environ.get("METAROCE_DP_TRACE")
         # what the compiled loop knows of the clients' objects (dp/serve.py): rows written with the loop paused
         self.QX, self.CX, self.SX, self.G = serve.tables(self.plane.maxq, self.L.MAX_CQS, MAX_SESSIONS,
-                                                         int(SCAN_EVERY_S * 1e9))
+                                                         int(SCAN_EVERY_S * 1e9), daemon.cfg.busy_idle_ms * 1_000_000,
+                                                         1 << 18 if self.trace_path else 0)
         # the receiver's credit allocation over every client's native QPs (MR-CC-018, dp/serve.credits)
         self.CPAR, self.CRX = serve.credit_tables(self.G, **daemon.receiver_params())
         self.plane.threaded = True          # posts never drive rounds from the calling thread
@@ -537,6 +541,11 @@ class Device:
 
     def close(self) -> None:
         self.stop()
+        if self.trace_path:
+            try:
+                np.save(f"{self.trace_path}.{self.ifname}.npy", self.serve.traced(self.G))
+            except OSError as e:
+                log.warning("%s: cannot write the trace: %s", self.ifname, e)
         self.ctx.close()
         self.bell = None
         os.close(self.bell_fd)
@@ -1273,6 +1282,7 @@ class Daemon:
         if "log_level" in changed:
             log.setLevel(cfg.log_level.upper())
         for dev in self.devices.values():
+            dev.G[dev.serve.G_BUSY_IDLE_NS] = cfg.busy_idle_ms * 1_000_000
             os.eventfd_write(dev.plane.efd, 1)       # a sleeping loop sees the new progress mode
         if changed:
             log.info("reloaded: %s", ", ".join(changed))

@@ -27,8 +27,10 @@ serve it yet: its client path and tests are still to come).
 It returns to Python only for data-plane events (1), a stop or pause (2) or after max_ns (0).
 After G_YIELD_AFTER idle rounds it calls sched_yield() each round, so that a client or another
 daemon sharing its CPU runs at once rather than after its time slice.
-When idle with sleep_ok it sets H_SLEEPING in every client's header and sleeps in poll() on the
-AF_XDP socket and the port's eventfd (a post that sees H_SLEEPING writes it).
+When idle with sleep_ok -- or, busy, after G_BUSY_IDLE_NS without work (the daemon's busy_idle_ms) --
+it sets H_SLEEPING in every client's header and sleeps in poll() on the AF_XDP socket and the port's
+eventfd (a post that sees H_SLEEPING writes it); the next work makes a busy loop spin again.
+With G_TRACE_CAP > 0 it records (time, T_* kind, count) entries in G after NG (daemon/bench.py --trace).
 
 Tables the daemon owns (numpy arrays beside the arena, never seen by clients):
   QX[qi]  one row per data-plane QP slot: the client ring's address in the daemon (0: no client QP),
@@ -59,6 +61,7 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
                      P_WAKEUPS, Q_PD, Q_QPN, Q_ERR, Q_RECV_CQ, Q_SEND_CQ, Q_RQ_BASE, Q_RQ_HEAD, Q_RQ_SIZE, Q_RQ_TAIL, Q_SQ_BASE,
                      Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL, Q_STATE, R_LADDR, R_LENGTH, R_LMR, R_WR_ID, NR, W_FLAGS,
                      W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_WR_ID)
+from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
 from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
                    round_, views, wc_of)
 from .native import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
@@ -80,8 +83,12 @@ NCX = 4
 SX_ADDR, SX_RDY_HEAD = 0, 1
 NSX = 2
 (G_NSX, G_SCAN_NS, G_NEXT_SCAN, G_CQE_SEEN, G_CQ_PENDING, G_TAKEN, G_DELIVERED, G_BAD, G_SCANS, G_YIELD_AFTER,
- G_QP_PENDING, G_CREDIT_NS, G_NEXT_CREDIT, G_CREDIT_RUNS) = range(14)
-NG = 16
+ G_QP_PENDING, G_CREDIT_NS, G_NEXT_CREDIT, G_CREDIT_RUNS, G_BUSY_IDLE_NS, G_LAST_WORK, G_TRACE_CAP,
+ G_TRACE_POS) = range(18)
+NG = 24
+# the loop's trace (tables(trace=N)): N entries (time ns, kind, count) in G from NG on, kept until full
+T_TAKE, T_RX, T_RXP, T_TX, T_CQE = 1, 2, 3, 4, 5   # ring entries taken (time: before the round); payload bytes
+                                    # placed, packets received, frame bytes sent (after the round's kick); CQEs delivered
 
 MAX_PUMP_PER_QP = 1024      # entries taken from one client ring per visit
 WHY_BAD_WR = 200            # Q_ERR code: the client wrote an invalid work request into its ring
@@ -441,6 +448,17 @@ def deliver(A, CQT, CE, QX, CX, G):
 
 
 @njit(**_jit)
+def trace(G, t, kind, n):
+    p = G[G_TRACE_POS]
+    if p < G[G_TRACE_CAP]:
+        o = NG + 3 * p
+        G[o] = t
+        G[o + 1] = kind
+        G[o + 2] = n
+        G[G_TRACE_POS] = p + 1
+
+
+@njit(**_jit)
 def credits(A, CPAR, CRX, CB, now):
     """MR-CC-018 over every native QP of the port with CREDITS agreed: their responder rows copied into
     CRX (one row per native slot; the rest look idle forever), native/receiver.rx_credit_alloc with the
@@ -488,6 +506,8 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
     start = c_monotonic_ns()
     now = start
     idle = 0
+    tr = G[G_TRACE_CAP] > 0
+    rx0 = rb0 = tb0 = 0
     while True:
         if idle & 7 == 0:
             now = c_monotonic_ns()
@@ -502,9 +522,24 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
             G[G_NEXT_CREDIT] = now + G[G_CREDIT_NS]
             if credits(A, CPAR, CRX, cb, now):
                 G[G_CREDIT_RUNS] += 1
+        if tr:
+            if w:
+                trace(G, c_monotonic_ns(), T_TAKE, w)
+            rx0, rb0, tb0 = A[P_RX], A[P_RX_BYTES], A[P_TX_BYTES]
         w += round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
+        if tr and (A[P_RX] != rx0 or A[P_TX_BYTES] != tb0):
+            t1 = c_monotonic_ns()
+            if A[P_RX_BYTES] != rb0:
+                trace(G, t1, T_RX, A[P_RX_BYTES] - rb0)
+            if A[P_RX] != rx0:
+                trace(G, t1, T_RXP, A[P_RX] - rx0)
+            if A[P_TX_BYTES] != tb0:
+                trace(G, t1, T_TX, A[P_TX_BYTES] - tb0)
         if A[P_CQE_OUT] != G[G_CQE_SEEN] or G[G_CQ_PENDING]:
-            w += deliver(A, CQT, CE, QX, CX, G)
+            k = deliver(A, CQT, CE, QX, CX, G)
+            if tr and k:
+                trace(G, c_monotonic_ns(), T_CQE, k)
+            w += k
         if A[P_EV_TAIL] != A[P_EV_HEAD]:
             return 1
         if ld_acq_i64(A, P_STOP) or ld_acq_i64(A, P_PAUSE):
@@ -513,6 +548,7 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
             return 0
         if w:
             idle = 0
+            G[G_LAST_WORK] = now
             continue
         idle += 1
         A[P_IDLE_POLLS] += 1
@@ -521,7 +557,9 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
             # with fewer free cores than spinning threads that slice (ms) would be every message's latency;
             # with the CPU to itself sched_yield returns at once
             c_sched_yield()
-        if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
+        # busy mode's idle fallback: no work for G_BUSY_IDLE_NS (0: never) -> sleep as sleep mode does
+        if ((sleep_ok or (G[G_BUSY_IDLE_NS] > 0 and now - G[G_LAST_WORK] >= G[G_BUSY_IDLE_NS]))
+                and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0):
             set_sleeping(SX, G, 1)
             st_rel_i64(A, P_SLEEPING, 1)
             fence_sc()
@@ -542,13 +580,22 @@ for _f in SIGNATURES.values():
 del _f
 
 
-def tables(maxq: int, max_cqs: int, max_sessions: int, scan_ns: int) -> tuple[np.ndarray, ...]:
-    """Fresh QX, CX, SX, G for a port of maxq QP slots and max_cqs CQs."""
-    G = np.zeros(NG, np.int64)
+def tables(maxq: int, max_cqs: int, max_sessions: int, scan_ns: int, busy_idle_ns: int = 0,
+           trace: int = 0) -> tuple[np.ndarray, ...]:
+    """Fresh QX, CX, SX, G for a port of maxq QP slots and max_cqs CQs; busy_idle_ns: busy mode sleeps after
+    that long without work (0: never); trace: room for that many trace entries (read them with traced(G))."""
+    G = np.zeros(NG + 3 * trace, np.int64)
     G[G_SCAN_NS] = scan_ns
+    G[G_BUSY_IDLE_NS] = busy_idle_ns
+    G[G_TRACE_CAP] = trace
     G[G_YIELD_AFTER] = 2            # idle rounds before the loop yields its CPU each round
     return (np.zeros((maxq, NQX), np.int64), np.zeros((max_cqs, NCX), np.int64),
             np.zeros((max_sessions, NSX), np.int64), G)
+
+
+def traced(G: np.ndarray) -> np.ndarray:
+    """The trace entries recorded so far: rows of (monotonic ns, T_* kind, count)."""
+    return G[NG:NG + 3 * int(G[G_TRACE_POS])].reshape(-1, 3).copy()
 
 
 def credit_tables(G: np.ndarray, **receiver) -> tuple[np.ndarray, np.ndarray]:
