@@ -44,8 +44,9 @@ from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequ
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
 PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
+_ATOMICS = {WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD}
 _SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
-             WROpcode.RDMA_READ}
+             WROpcode.RDMA_READ} | _ATOMICS
 
 
 def default_socket() -> str:
@@ -251,18 +252,19 @@ class Context:
     def offer(self, profile: str = "compat") -> tuple[int, int]:
         """(capabilities, flags) of this client's REQ or REP for `profile` (as dp/cmconnect.offer, with what the
         daemon serves: native_offer, CREDITS when it allocates credits): "compat" offers no native capability,
-        "native" offers them without COMPAT_OK (a compat-only peer is refused, MR-CM-017), "auto" with it."""
+        "native" offers them without COMPAT_OK (a compat-only peer is refused, MR-CM-017), "auto" with it.
+        ATOMICS with every profile: the daemon's loop executes them, compat and native (MR-NAT-006)."""
         if profile not in PROFILES:
             raise InvalidArgument(f"profile {profile!r}: one of {', '.join(PROFILES)}")
-        v6 = int(cm.Cap.IPV6) if ":" in self.gid else 0
+        base = (int(cm.Cap.IPV6) if ":" in self.gid else 0) | int(cm.Cap.ATOMICS)
         if profile == "compat":
-            return v6, cm.FLAG_COMPAT_OK
+            return base, cm.FLAG_COMPAT_OK
         if "native" not in self.profiles:
             if profile == "native":
                 raise Unsupported(f"this daemon serves the {' and '.join(self.profiles)} profile only "
                                   "(its profile option)")
-            return v6, cm.FLAG_COMPAT_OK
-        return v6 | int(self.native_offer["caps"]), 0 if profile == "native" else cm.FLAG_COMPAT_OK
+            return base, cm.FLAG_COMPAT_OK
+        return base | int(self.native_offer["caps"]), 0 if profile == "native" else cm.FLAG_COMPAT_OK
 
     @staticmethod
     def agreed_profile(agreed: int, w: int, k: int) -> tuple[str, dict | None]:
@@ -302,8 +304,7 @@ class Context:
         ch = cm.connect(host, port or self.cm_port, timeout)
         try:
             if qp.state == QPState.RESET:
-                qp.modify(QPAttr(qp_state=QPState.INIT,
-                                 qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+                qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=_CONN_ACCESS))
             psn = cm.random_psn()
             req = self._cm_msg(qp, psn, self._mtu(mtu), private, profile)
 
@@ -314,6 +315,7 @@ class Context:
                 qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
                                  dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=16, min_rnr_timer=12, **extra))
                 qp.profile = prof
+                qp.atomics = bool(rep.capabilities & caps & cm.Cap.ATOMICS)                 # MR-CM-019
                 qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7,
                                  max_rd_atomic=min(16, rep.max_dest_rd_atomic)))          # MR-CM-021
             rep = cm.active_exchange(ch, req, to_rts, timeout)
@@ -498,6 +500,7 @@ class QP:
         self._rq = W[o:o + rq_size * shm.RQE_WORDS].reshape(rq_size, shm.RQE_WORDS)
         self._lock = threading.Lock()
         self.profile = "compat"              # "native" once a connection agreed it (connect_qp, accept)
+        self.atomics: bool | None = None     # whether the connection agreed ATOMICS (None: set up by hand)
 
     @property
     def state(self) -> QPState:
@@ -553,15 +556,21 @@ class QP:
         for wr in wrs:
             if wr.opcode not in _SEND_OPS:
                 raise Unsupported(f"{WROpcode(wr.opcode).name} is not implemented by the daemon's data plane")
-            if wr.opcode == WROpcode.RDMA_READ and self.profile == "native":
-                raise Unsupported("RDMA_READ on a native QP is not implemented by the daemon's data plane yet: "
-                                  "connect with the compat profile for it")
+            atomic = wr.opcode in _ATOMICS
             if wr.send_flags & ~(SendFlags.SIGNALED | SendFlags.SOLICITED):
                 raise Unsupported(f"send_flags {SendFlags(wr.send_flags)!r}: only SIGNALED and SOLICITED")
-            addr, length, lkey = self._check_sge(wr.sg_list, Access.LOCAL_WRITE if wr.opcode == WROpcode.RDMA_READ
-                                                 else Access(0), WROpcode(wr.opcode).name)
+            if atomic and self.atomics is False:
+                raise InvalidArgument("atomic work request on a QP whose connection did not agree ATOMICS (MR-CM-019)")
+            addr, length, lkey = self._check_sge(wr.sg_list, Access.LOCAL_WRITE if atomic or
+                                                 wr.opcode == WROpcode.RDMA_READ else Access(0),
+                                                 WROpcode(wr.opcode).name)
+            if atomic and (length != 8 or wr.remote_addr % 8):
+                raise InvalidArgument(f"{WROpcode(wr.opcode).name} needs one 8-byte SGE for the original value and "
+                                      f"a remote address that is a multiple of 8 (MR-XH-011), not {length} bytes "
+                                      f"at {wr.remote_addr:#x}")
             rows.append((_i64(wr.wr_id), int(wr.opcode), int(wr.send_flags), addr, length, lkey,
-                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF))
+                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF,
+                         _i64(wr.compare_add) if atomic else 0, _i64(wr.swap) if atomic else 0))
         W = self.W
         with self._lock:
             tail = int(W[shm.QH_SQ_TAIL])
@@ -570,7 +579,7 @@ class QP:
                                 "then post again")
             mask = self.sq_size - 1
             for i, row in enumerate(rows):
-                self._sq[(tail + i) & mask, :9] = row
+                self._sq[(tail + i) & mask, :shm.S_SWAP + 1] = row
             W[shm.QH_SQ_TAIL] = tail + len(rows)         # published after the entries
         self.ctx._doorbell(self.qp_num)
 
@@ -592,6 +601,9 @@ class QP:
 
     def __repr__(self) -> str:
         return f"QP({self.qp_num:#x}, {self.state.name})"
+
+
+_CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
 def _i64(v: int) -> int:
@@ -627,8 +639,7 @@ class Listener:
         ch = self._lst.accept(timeout)
         try:
             if qp.state == QPState.RESET:
-                qp.modify(QPAttr(qp_state=QPState.INIT,
-                                 qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+                qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=_CONN_ACCESS))
             psn = cm.random_psn()
             mine = ctx._mtu(mtu)
             caps, flags = ctx.offer(profile)
@@ -648,6 +659,7 @@ class Listener:
                 except Exception as e:          # noqa: BLE001 - becomes the REJ the peer reads
                     raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
                 qp.profile = prof
+                qp.atomics = bool(got & cm.Cap.ATOMICS)                                     # MR-CM-019
                 rep = ctx._cm_msg(qp, psn, agreed, private, profile)
                 rep.flags, rep.sack_window, rep.entropy_count = flags, w, k
                 return rep
