@@ -833,8 +833,9 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
 @njit(**_jit)
 def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     """Issue the next READ request message of READ WQE r (MR-NAT-022: sub-ranges of rd_chunk PSNs, fewer
-    where the credits end, each its own MSN) or its atomic, once a requester row is free within max_rd_atomic (MR-OOO-028) and
-    every PSN of the range lies inside the window and the credits (MR-CC-002).  1 when sent, else 0."""
+    where the credits end, each its own MSN) or its atomic, once a requester row is free within
+    max_rd_atomic (MR-OOO-028) and every PSN of the range lies inside the window and the credits
+    (MR-CC-002).  1 when sent, else 0."""
     par, rx, s, nx, sb, pt = rows(A, b)
     op = SW[r, W_OPCODE]
     k0 = SW[r, W_SENT]
