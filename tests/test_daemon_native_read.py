@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import daemon_procs
@@ -139,7 +140,6 @@ def _perf_read_bw(env: Env, profile: str, iters: int, size: int = 65536) -> tupl
                                                    "10.77.0.2"], timeout=180, check=False)
             if "start `metaroce perf" not in cli.stderr:
                 break
-            import time
             time.sleep(0.5)                       # the server is still starting
         out, err = srv.communicate(timeout=60)
     finally:
