@@ -105,11 +105,14 @@ def test_native_write_through_metaroced_is_intact_with_credits(daemon_b):
 
 
 def test_client_library_offers_the_daemons_profiles(daemon_b):
-    """The client library's offer (connect_qp/accept): compat unchanged, native with the daemon's
-    native capabilities and CREDITS, auto with COMPAT_OK; a READ on a native QP refused before the ring."""
+    """The client library's offer (connect_qp/accept): compat with ATOMICS only (MR-CM-013: the daemon
+    executes atomics), native with the daemon's native capabilities, CREDITS and ATOMICS, auto with
+    COMPAT_OK; a READ and an atomic on a native QP go into the ring and the daemon's loop takes them (no
+    longer refused: tests/test_daemon_native_read.py runs them end to end)."""
     topo, pair, sock, tmp = daemon_b
     from metaroce_xdp.daemon import client
-    from metaroce_xdp.verbs_types import InvalidArgument
+    from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPAttr, QPCap, QPState, SendFlags, SendWR,
+                                          WROpcode)
     with client.connect(sock, pair.b.ifname) as ctx:
         o = {"profiles": ctx.profiles}
         for p in ("compat", "native", "auto"):
@@ -118,9 +121,33 @@ def test_client_library_offers_the_daemons_profiles(daemon_b):
             ctx.offer("fast")
         o["agreed"] = ctx.agreed_profile(int(cm.Cap.NATIVE | cm.Cap.SACK | cm.Cap.OOO_PLACEMENT | cm.Cap.CREDITS),
                                          256, 16)
+        pd = ctx.alloc_pd()
+        mr = pd.reg_mr(ctx.alloc_buf(4096), Access.LOCAL_WRITE)
+        cq = ctx.create_cq(16)
+        qp = ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        qp.modify(QPAttr(qp_state=QPState.INIT))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777, rq_psn=0, path_mtu=1024, dgid=pair.a.ipv4,
+                         max_dest_rd_atomic=16, profile="native", native_params=o["agreed"][1]))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, max_rd_atomic=16))
+        qp.profile = "native"
+        dev0 = _status(sock)["devices"][0]["counters"]
+        qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[mr.sge(0, 64)], remote_addr=0x1000, rkey=1,
+                             send_flags=SendFlags.SIGNALED),
+                      SendWR(wr_id=2, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[mr.sge(64, 8)],
+                             remote_addr=0x2000, rkey=1, compare_add=1, send_flags=SendFlags.SIGNALED)])
+        for _ in range(100):
+            dev1 = _status(sock)["devices"][0]["counters"]
+            if dev1["wrs_taken"] >= dev0["wrs_taken"] + 2:
+                break
+            time.sleep(0.05)
+        o["taken"] = (dev1["wrs_taken"] - dev0["wrs_taken"], dev1["bad_wrs"] - dev0["bad_wrs"])
+        q = qp.query()
+        o["qp"] = (q["profile"], q["state"])
     assert o["profiles"] == ["compat", "native"]
-    assert o["compat"] == (0, cm.FLAG_COMPAT_OK)
+    assert o["compat"] == (int(cm.Cap.ATOMICS), cm.FLAG_COMPAT_OK)
     caps, flags = o["native"]
     assert flags == 0 and caps & cm.Cap.NATIVE and caps & cm.Cap.SACK and caps & cm.Cap.CREDITS
+    assert caps & cm.Cap.ATOMICS
     assert o["auto"] == (caps, cm.FLAG_COMPAT_OK)
     assert o["agreed"] == ("native", {"w": 256, "k": 1, "cc_delay": 0, "credits": 1})
+    assert o["taken"] == (2, 0) and o["qp"] == ("native", QPState.RTS), o      # taken, not refused

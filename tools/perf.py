@@ -14,7 +14,8 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
   --qps N          (bw tests) N QP pairs, -n and -t on each; aggregate reported
   --bidirectional  (write-bw) the server writes to the client at the same time; the
                    client reports both directions (all bytes over the longer run)
-  write-bw checks the data: each side compares what arrived with the writer's pattern.
+  write-bw checks the data: each side compares what arrived with the writer's pattern; read-bw:
+                   the client compares what its READs brought with the server's pattern.
   --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
   --profile auto (the default) negotiates the profile in the connection set-up: native when both
                    ends offer it (the compiled plane, both sides), compat otherwise -- against the
@@ -759,6 +760,8 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
             r["peer_lat_us"] = reply["lat_us"]
         if "verified" in reply:
             r["peer_verified"] = reply["verified"]          # the server's buffer holds what we wrote
+        if opt.test == "read-bw":
+            r["verified"] = _verify(side.buf, 0, size, 2)    # the server's pattern, read into our buffer
         if bidir:
             # what the server wrote to us, and both directions together: all bytes over the longer run
             r["verified"] = _verify(side.buf, size, size, 2)
@@ -801,7 +804,7 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
                 if i == 0:
                     side.add_qps(nq)
                     side.register(_buf_len(opt.test, size, bidir))
-                    if bidir:
+                    if bidir or opt.test == "read-bw":      # read-bw: what the client's READs must bring back
                         _fill_pattern(side.buf, size, 2)
                 agreed = min(mtu, cm.MTU_BYTES.get(req.path_mtu, 0))
                 side.to_init(i)

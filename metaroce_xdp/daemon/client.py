@@ -45,12 +45,14 @@ from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequ
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
 PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
+_ATOMICS = {WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD}
 _SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
-             WROpcode.RDMA_READ}
+             WROpcode.RDMA_READ} | _ATOMICS
 # the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each;
 # a post used to spend ~10 of them), rings read and written through memoryviews and struct (no numpy scalars)
 _SEND_OP_INTS = frozenset(int(o) for o in _SEND_OPS)
 _READ = int(WROpcode.RDMA_READ)
+_ATOMIC_INTS = frozenset(int(o) for o in _ATOMICS)
 _SEND_FLAGS_OK = int(SendFlags.SIGNALED | SendFlags.SOLICITED)
 _RTS, _ERR, _RESET = int(QPState.RTS), int(QPState.ERR), int(QPState.RESET)
 _LOCAL_WRITE = int(Access.LOCAL_WRITE)
@@ -58,7 +60,7 @@ _WITH_IMM = int(WCFlags.WITH_IMM)
 _WC_STATUS = {int(v): v for v in WCStatus}
 _WC_OPCODE = {int(v): v for v in WCOpcode}
 _WC_FLAGS: dict[int, WCFlags] = {}
-_SQE = struct.Struct(f"<{shm.S_IMM + 1}q")          # wr_id opcode flags laddr length lkey raddr rkey imm
+_SQE = struct.Struct(f"<{shm.S_SWAP + 1}q")  # wr_id opcode flags laddr length lkey raddr rkey imm compare_add swap
 _RQE = struct.Struct(f"<{shm.RQE_WORDS}q")
 _CQE = struct.Struct("<7q")                           # wr_id status opcode byte_len qp_num imm flags
 
@@ -267,18 +269,19 @@ class Context:
     def offer(self, profile: str = "compat") -> tuple[int, int]:
         """(capabilities, flags) of this client's REQ or REP for `profile` (as dp/cmconnect.offer, with what the
         daemon serves: native_offer, CREDITS when it allocates credits): "compat" offers no native capability,
-        "native" offers them without COMPAT_OK (a compat-only peer is refused, MR-CM-017), "auto" with it."""
+        "native" offers them without COMPAT_OK (a compat-only peer is refused, MR-CM-017), "auto" with it.
+        ATOMICS with every profile: the daemon's loop executes them, compat and native (MR-NAT-006)."""
         if profile not in PROFILES:
             raise InvalidArgument(f"profile {profile!r}: one of {', '.join(PROFILES)}")
-        v6 = int(cm.Cap.IPV6) if ":" in self.gid else 0
+        base = (int(cm.Cap.IPV6) if ":" in self.gid else 0) | int(cm.Cap.ATOMICS)
         if profile == "compat":
-            return v6, cm.FLAG_COMPAT_OK
+            return base, cm.FLAG_COMPAT_OK
         if "native" not in self.profiles:
             if profile == "native":
                 raise Unsupported(f"this daemon serves the {' and '.join(self.profiles)} profile only "
                                   "(its profile option)")
-            return v6, cm.FLAG_COMPAT_OK
-        return v6 | int(self.native_offer["caps"]), 0 if profile == "native" else cm.FLAG_COMPAT_OK
+            return base, cm.FLAG_COMPAT_OK
+        return base | int(self.native_offer["caps"]), 0 if profile == "native" else cm.FLAG_COMPAT_OK
 
     @staticmethod
     def agreed_profile(agreed: int, w: int, k: int) -> tuple[str, dict | None]:
@@ -318,8 +321,7 @@ class Context:
         ch = cm.connect(host, port or self.cm_port, timeout)
         try:
             if qp.state == QPState.RESET:
-                qp.modify(QPAttr(qp_state=QPState.INIT,
-                                 qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+                qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=_CONN_ACCESS))
             psn = cm.random_psn()
             req = self._cm_msg(qp, psn, self._mtu(mtu), private, profile)
 
@@ -330,6 +332,7 @@ class Context:
                 qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
                                  dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=16, min_rnr_timer=12, **extra))
                 qp.profile = prof
+                qp.atomics = bool(rep.capabilities & caps & cm.Cap.ATOMICS)                 # MR-CM-019
                 qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7,
                                  max_rd_atomic=min(16, rep.max_dest_rd_atomic)))          # MR-CM-021
             rep = cm.active_exchange(ch, req, to_rts, timeout)
@@ -528,6 +531,7 @@ class QP:
         self._v = memoryview(self._mm).cast("q")            # the header words as plain ints (post path)
         self._lock = threading.Lock()
         self.profile = "compat"              # "native" once a connection agreed it (connect_qp, accept)
+        self.atomics: bool | None = None     # whether the connection agreed ATOMICS (None: set up by hand)
 
     @property
     def state(self) -> QPState:
@@ -589,14 +593,19 @@ class QP:
             op, flags = int(wr.opcode), int(wr.send_flags)
             if op not in _SEND_OP_INTS:
                 raise Unsupported(f"{_what(op)} is not implemented by the daemon's data plane")
-            if op == _READ and self.profile == "native":
-                raise Unsupported("RDMA_READ on a native QP is not implemented by the daemon's data plane yet: "
-                                  "connect with the compat profile for it")
             if flags & ~_SEND_FLAGS_OK:
                 raise Unsupported(f"send_flags {SendFlags(flags)!r}: only SIGNALED and SOLICITED")
-            addr, length, lkey = self._check_sge(wr.sg_list, _LOCAL_WRITE if op == _READ else 0, op)
+            atomic = op in _ATOMIC_INTS
+            if atomic and self.atomics is False:
+                raise InvalidArgument("atomic work request on a QP whose connection did not agree ATOMICS (MR-CM-019)")
+            addr, length, lkey = self._check_sge(wr.sg_list, _LOCAL_WRITE if atomic or op == _READ else 0, op)
+            if atomic and (length != 8 or wr.remote_addr % 8):
+                raise InvalidArgument(f"{_what(op)} needs one 8-byte SGE for the original value and "
+                                      f"a remote address that is a multiple of 8 (MR-XH-011), not {length} bytes "
+                                      f"at {wr.remote_addr:#x}")
             rows.append((_i64(wr.wr_id), op, flags, addr, length, lkey,
-                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF))
+                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF,
+                         _i64(wr.compare_add) if atomic else 0, _i64(wr.swap) if atomic else 0))
         mm, pack, base = self._mm, _SQE.pack_into, 8 * shm.QH_WORDS
         with self._lock:
             tail = v[shm.QH_SQ_TAIL]
@@ -640,6 +649,9 @@ def _what(op: str | int) -> str:
         return f"opcode {op}"
 
 
+_CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+
+
 def _i64(v: int) -> int:
     v &= 0xFFFFFFFFFFFFFFFF
     return v - (1 << 64) if v >= 1 << 63 else v
@@ -673,8 +685,7 @@ class Listener:
         ch = self._lst.accept(timeout)
         try:
             if qp.state == QPState.RESET:
-                qp.modify(QPAttr(qp_state=QPState.INIT,
-                                 qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
+                qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=_CONN_ACCESS))
             psn = cm.random_psn()
             mine = ctx._mtu(mtu)
             caps, flags = ctx.offer(profile)
@@ -694,6 +705,7 @@ class Listener:
                 except Exception as e:          # noqa: BLE001 - becomes the REJ the peer reads
                     raise cm.Rejected(cm.Reason.NO_RESOURCES, str(e), by_peer=False) from None
                 qp.profile = prof
+                qp.atomics = bool(got & cm.Cap.ATOMICS)                                     # MR-CM-019
                 rep = ctx._cm_msg(qp, psn, agreed, private, profile)
                 rep.flags, rep.sack_window, rep.entropy_count = flags, w, k
                 return rep

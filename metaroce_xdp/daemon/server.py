@@ -385,10 +385,11 @@ class Device:
             return f"send_flags {a:#x}: only SIGNALED and SOLICITED"
         if code == sv.BAD_SGE_LEN:
             return f"SGE length {b} out of range"
-        if code == sv.BAD_NATIVE_OP:
-            return "RDMA READ on a native QP (not served by metaroced yet: connect with the compat profile)"
+        if code == sv.BAD_ATOMIC:
+            return (f"atomic with an SGE of {b} bytes (one of 8 holds the original value) and remote address "
+                    f"{a:#x} (a multiple of 8, MR-XH-011)")
         return (f"SGE (addr {a:#x}, length {b}, lkey {c:#x}) is not inside a valid MR of the QP's PD"
-                + (" with LOCAL_WRITE" if op in (4, 128) else ""))
+                + (" with LOCAL_WRITE" if op in (4, 5, 6, 128) else ""))
 
     # ---- events from the data plane --------------------------------------------------------
     def _qp_event(self, dpqp: Any, typ: int, why: int) -> None:
@@ -489,7 +490,8 @@ class Device:
                 "ip": port.ip, "queues": [0],
                 "caps": {"plane": "compiled", "max_pmtu": self.ctx.max_pmtu, "max_qps": self.plane.maxq - 1,
                          "max_cqs": self.L.MAX_CQS, "max_mrs": self.L.MAX_MRS - 1, "max_sge": 1,
-                         "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ"],
+                         "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
+                                     "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"],
                          "cm_caps": ["IPV6"] if ":" in port.ip else [],
                          "profiles": self.daemon.profiles(), "credits": self.daemon.cfg.credit_budget > 0},
                 "counters": counters, "pins": str(ld._pin_dir) if getattr(ld, "_pin_dir", None) else None}

@@ -37,8 +37,9 @@ H_WORDS = H_RDY_OFF + N_RDY
 # ---- QP rings ----------------------------------------------------------------------------
 QH_SQ_TAIL, QH_SQ_HEAD, QH_RQ_TAIL, QH_RQ_HEAD, QH_STATE, QH_SQ_SIZE, QH_RQ_SIZE, QH_QPN, QH_ERR = range(9)
 QH_WORDS = 16
-# send entry: wr_id opcode flags laddr length lkey raddr rkey imm (then spare words)
-S_WR_ID, S_OPCODE, S_FLAGS, S_LADDR, S_LENGTH, S_LKEY, S_RADDR, S_RKEY, S_IMM = range(9)
+# send entry: wr_id opcode flags laddr length lkey raddr rkey imm, then an atomic's compare_add (the add
+# value of FETCH_ADD) and swap (then spare words)
+S_WR_ID, S_OPCODE, S_FLAGS, S_LADDR, S_LENGTH, S_LKEY, S_RADDR, S_RKEY, S_IMM, S_COMPARE_ADD, S_SWAP = range(11)
 SQE_WORDS = 16
 # receive entry: wr_id laddr length lkey
 R_WR_ID, R_LADDR, R_LENGTH, R_LKEY = range(4)

@@ -798,7 +798,15 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
     ext = nat_ext(A)
     n = 1
     if op == WR_READ:
-        n = min(rd_chunk(par), SW[r, W_NPSN] - k0)
+        # the message's PSNs: those whose records name this WQE and sub-range (nat_rd_issue wrote them; the
+        # credits may have made the sub-range shorter than rd_chunk), so a retransmission repeats its range
+        lim = min(rd_chunk(par), SW[r, W_NPSN] - k0)
+        j0 = b + O_SBX + (p0 & NL.WMASK) * NSBX
+        while n < lim:
+            jn = b + O_SBX + ((p0 + n) & NL.WMASK) * NSBX
+            if A[jn] != A[j0] or A[jn + 1] != k0 + n or A[jn + 3] != k0:
+                break
+            n += 1
         blen = min(n * pmtu, SW[r, W_LENGTH] - k0 * pmtu)
         if blen < 0:
             blen = 0
@@ -831,9 +839,10 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
 
 @njit(**_jit)
 def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
-    """Issue the next READ request message of READ WQE r (MR-NAT-022: sub-ranges of rd_chunk PSNs, each
-    its own MSN) or its atomic, once a requester row is free within max_rd_atomic (MR-OOO-028) and
-    every PSN of the range lies inside the window and the credits (MR-CC-002).  1 when sent, else 0."""
+    """Issue the next READ request message of READ WQE r (MR-NAT-022: sub-ranges of rd_chunk PSNs, fewer
+    where the credits end, each its own MSN) or its atomic, once a requester row is free within
+    max_rd_atomic (MR-OOO-028) and every PSN of the range lies inside the window and the credits
+    (MR-CC-002).  1 when sent, else 0."""
     par, rx, s, nx, sb, pt = rows(A, b)
     op = SW[r, W_OPCODE]
     k0 = SW[r, W_SENT]
@@ -848,6 +857,13 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     if t < 0 or used >= Q[qi, Q_MAX_RD]:
         return 0
     nxt = s[NL.S_SND_NXT]
+    if par[NL.P_CREDITS] and op == WR_READ:
+        # MR-CC-002: every PSN of the range within right_edge.  A range longer than the credits allow goes as a
+        # shorter sub-range (MR-NAT-022 permits any): waiting for credits to cover all of it could wait forever,
+        # since no SACK comes back before a request leaves (init_credit 16 < W / 2, MR-CC-017)
+        room = ((s[NL.S_RIGHT_EDGE] - nxt) & PSN_MASK) + 1
+        if room < n:
+            n = room
     last = (nxt + n - 1) & PSN_MASK
     if ((last - s[NL.S_SND_UNA]) & PSN_MASK) >= par[NL.P_W]:
         return 0

@@ -9,7 +9,8 @@ daemon's driver thread: a GIL-free loop that, every round,
 * takes new entries of those QPs' send and receive rings into the data plane's queues, checking
   each one -- the client is not trusted: opcode, flags, the SGE's lkey (index and tag), the MR's
   valid bit, **its PD against the QP's PD** (PDs are per client, so a client reaches only its own
-  MRs), bounds, LOCAL_WRITE where the WR writes; ring tails within the ring; sends only in RTS/ERR.
+  MRs), bounds, LOCAL_WRITE where the WR writes (READ, atomics); an atomic's one 8-byte SGE and remote
+  address a multiple of 8 (MR-XH-011); ring tails within the ring; sends only in RTS/ERR.
   A bad entry completes with LOC_PROT_ERR (SGE) or LOC_QP_OP_ERR (the rest) on that QP's CQ, the
   QP goes to ERR (event EV_QP_FATAL, why WHY_BAD_WR, details in its QX row for Python's message)
   and its rings are not read again;
@@ -20,9 +21,12 @@ daemon's driver thread: a GIL-free loop that, every round,
   native QPs with CREDITS agreed (`credits`: native/receiver.rx_credit_alloc, MR-CC-018) -- every
   client's QPs together, since they share the interface's downlink.
 
-Native QPs (dp/native.py, chosen at RTR) run in `loop.round_` like compat ones; a client's READ on a
-native QP is refused as a bad work request (the compiled loop runs native READ, but metaroced does not
-serve it yet: its client path and tests are still to come).
+Native QPs (dp/native.py, chosen at RTR) run in `loop.round_` like compat ones, READ and atomics
+included: a READ or atomic entry becomes a send-queue row as the in-process post_send writes it (the
+local SGE where the responses or the original value are placed, in the client's registered memory;
+compare_add in W_IMM, swap in W_SWAP), and from there the round does the rest -- request messages of
+at most W/2 PSNs, responses placed by offset, re-requests, the READ window, atomics executed once
+(MR-NAT-006, MR-NAT-021/022, MR-OOO-016..028) -- and completes the WQE in order (MR-SACK-026).
 
 It returns to Python only for data-plane events (1), a stop or pause (2) or after max_ns (0).
 After G_YIELD_AFTER idle rounds it calls sched_yield() each round, so that a client or another
@@ -60,7 +64,7 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
                      P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN,
                      P_WAKEUPS, Q_PD, Q_QPN, Q_ERR, Q_RECV_CQ, Q_SEND_CQ, Q_RQ_BASE, Q_RQ_HEAD, Q_RQ_SIZE, Q_RQ_TAIL, Q_SQ_BASE,
                      Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL, Q_STATE, R_LADDR, R_LENGTH, R_LMR, R_WR_ID, NR, W_FLAGS,
-                     W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_WR_ID)
+                     W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
 from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
                    round_, views, wc_of)
@@ -94,7 +98,8 @@ MAX_PUMP_PER_QP = 1024      # entries taken from one client ring per visit
 WHY_BAD_WR = 200            # Q_ERR code: the client wrote an invalid work request into its ring
 
 # bad entry codes (QX_BAD); Python turns them into the QP_FATAL message (server.Device.bad_wr_text)
-BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE, BAD_NATIVE_OP = 1, 2, 3, 4, 5, 6, 7, 8
+BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE, BAD_ATOMIC = 1, 2, 3, 4, 5, 6, 7, 8
+OP_READ, OP_LAST = 4, 6         # send opcodes served: WRITE, WRITE_IMM, SEND, SEND_IMM, READ, CAS (5), FETCH_ADD (6)
 ACC_LOCAL_WRITE = 1
 
 # shared-memory layout (daemon/shm.py; jitcache re-keys this module's cache when it changes)
@@ -171,7 +176,8 @@ def bad_wr(A, Q, SW, CQT, CE, QX, G, qi, code, has_entry, recv, wr_id, op, a, b,
         if recv:
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, wr_id, status, WC_RECV, 0, 0, 0)
         else:
-            push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, wr_id, status, wc_of(op) if 0 <= op <= 4 else 0, 0, 0, 0)
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, wr_id, status, wc_of(op) if 0 <= op <= OP_LAST else 0,
+                     0, 0, 0)
     if Q[qi, Q_STATE] == ST_ERR:
         push_event(A, EV_QP_FATAL, qi, WHY_BAD_WR, -1)
     else:
@@ -197,7 +203,6 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
     moved = 0
     pend = 0
     pd = Q[qi, Q_PD]
-    native = A[P_NAT_OFF] != 0 and A[A[P_NAT_OFF] + qi] != 0
     # ---- send ring
     size = QX[qi, QX_SQ_SIZE]
     taken = QX[qi, QX_SQ_TAKEN]
@@ -227,16 +232,17 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             laddr = _w(e, S.S_LADDR)
             length = _w(e, S.S_LENGTH)
             lkey = _w(e, S.S_LKEY)
+            raddr = _w(e, S.S_RADDR)
             code = 0
             lmr = 0
-            if op < 0 or op > 4:
+            if op < 0 or op > OP_LAST:
                 code = BAD_OPCODE
-            elif op == 4 and native:
-                code = BAD_NATIVE_OP                    # native READ not served by metaroced yet
             elif flags & ~0x6:
                 code = BAD_FLAGS
+            elif op > OP_READ and (length != 8 or raddr & 7):
+                code = BAD_ATOMIC                       # one 8-byte SGE; MR-XH-011: the VA a multiple of 8
             else:
-                lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE if op == 4 else 0)
+                lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE if op >= OP_READ else 0)
                 if lmr == -1:
                     code = BAD_SGE_LEN
                 elif lmr < 0:
@@ -249,7 +255,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
                 _set(base, QH_SQ_HEAD, taken + took)
                 G[G_TAKEN] += took
                 bad_wr(A, Q, SW, CQT, CE, QX, G, qi, code, True, False, wr_id, op,
-                       flags if code == BAD_FLAGS else laddr, length, lkey)
+                       flags if code == BAD_FLAGS else raddr if code == BAD_ATOMIC else laddr, length, lkey)
                 return moved + took
             r = dbase + ((dtail + took) & mask)
             for c in range(NW):
@@ -260,10 +266,14 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             SW[r, W_LADDR] = laddr if length else 0
             SW[r, W_LENGTH] = length
             SW[r, W_LMR] = lmr
-            SW[r, W_RADDR] = _w(e, S.S_RADDR)
+            SW[r, W_RADDR] = raddr
             SW[r, W_RKEY] = _w(e, S.S_RKEY) & 0xFFFFFFFF
-            SW[r, W_IMM] = _w(e, S.S_IMM) & 0xFFFFFFFF
-            if op != 4:
+            if op > OP_READ:                            # as dp/context.py's _send_row (dp/ops.atomic_request)
+                SW[r, W_IMM] = _w(e, S.S_COMPARE_ADD)
+                SW[r, W_SWAP] = _w(e, S.S_SWAP)
+            else:
+                SW[r, W_IMM] = _w(e, S.S_IMM) & 0xFFFFFFFF
+            if op < OP_READ:
                 QX[qi, QX_BYTES_TX] += length
             took += 1
         if took:

@@ -1,0 +1,91 @@
+"""A client application of metaroced for tests/test_daemon_native_read.py: tests/daemon_players.py's Player
+(one process, one JSON command a line on stdin, one JSON answer a line on stdout; the client library
+only) with what READ and atomics on either profile need:
+
+  setup size seed          as daemon_players, the MR registered with REMOTE_ATOMIC too
+  accept profile / connect host port profile   the connection set-up offering `profile` (native|compat|auto)
+  post ops=[...]           daemon_players' ops and "faa" (add), "cas" (compare, swap): 8 bytes at `off`
+                           (the original value), the peer's buffer at `roff`
+  u64 off n                n little-endian uint64 of the local buffer from `off`
+  put_u64 off value        one uint64 into the local buffer
+  query                    the daemon's query_qp (state, sq_psn, profile, native counters)
+
+    python tests/daemon_native_players.py SOCKET IFNAME
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+from daemon_players import OPS, Player  # noqa: E402
+
+from metaroce_xdp.verbs_types import Access, QPCap, SendWR, VerbsError, WROpcode  # noqa: E402
+
+ATOMIC_OPS = {"faa": WROpcode.ATOMIC_FETCH_AND_ADD, "cas": WROpcode.ATOMIC_CMP_AND_SWP}
+FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+
+
+class NativePlayer(Player):
+    def setup(self, size: int, seed: int, depth: int = 1024) -> dict:
+        ctx = self.ctx
+        self.pd = ctx.alloc_pd()
+        self.buf = ctx.alloc_buf(size)
+        self.buf[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+        self.mr = self.pd.reg_mr(self.buf, FULL)
+        self.cq = ctx.create_cq(depth)
+        self.qp = ctx.create_qp(self.pd, self.cq, self.cq, QPCap(max_send_wr=256, max_recv_wr=64))
+        return {"qpn": self.qp.qp_num, "va": self.mr.addr, "rkey": self.mr.rkey, "pid": os.getpid()}
+
+    def accept(self, timeout: float = 30, profile: str = "compat") -> dict:
+        self.conn = self.lst.accept(self.qp, self._private(), timeout=timeout, profile=profile)
+        self.peer = self.conn.private
+        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name,
+                "profile": self.qp.profile, "atomics": self.qp.atomics}
+
+    def connect(self, host: str, port: int, profile: str = "compat") -> dict:
+        self.conn = self.ctx.connect_qp(self.qp, host, port, self._private(), profile=profile)
+        self.peer = self.conn.private
+        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name,
+                "profile": self.qp.profile, "atomics": self.qp.atomics}
+
+    def _wr(self, o: dict, wr_id: int):
+        if o["op"] not in ATOMIC_OPS:
+            return super()._wr(o, wr_id)
+        return SendWR(wr_id=wr_id, opcode=ATOMIC_OPS[o["op"]], sg_list=[self.mr.sge(o.get("off", 0), 8)],
+                      remote_addr=self.peer["va"] + o.get("roff", 0), rkey=self.peer["rkey"],
+                      compare_add=o.get("add", o.get("compare", 0)), swap=o.get("swap", 0))
+
+    def u64(self, off: int, n: int = 1) -> dict:
+        return {"values": [int(v) for v in self.buf[off:off + 8 * n].view(np.uint64)]}
+
+    def put_u64(self, off: int, value: int) -> dict:
+        self.buf[off:off + 8].view(np.uint64)[0] = value
+        return {}
+
+    def query(self) -> dict:
+        q = self.qp.query()
+        q["state"] = q["state"].name
+        return {"qp": q}
+
+
+def main() -> int:
+    assert set(ATOMIC_OPS).isdisjoint(OPS)
+    p = NativePlayer(sys.argv[1], sys.argv[2])
+    print(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        name = cmd.pop("cmd")
+        try:
+            out = {"ok": True, **getattr(p, name)(**cmd)}
+        except (VerbsError, TimeoutError, OSError, Exception) as e:  # noqa: BLE001 - reported to the test
+            out = {"ok": False, "error": type(e).__name__, "message": str(e)}
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
