@@ -285,6 +285,9 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
     env = {**os.environ, "METAROCE_DCQCN_ENABLED": "1" if cc or profile != "compat" else "0"}
     if profile == "native" and not cc:
         env["METAROCE_NATIVE_PARAMS"] = json.dumps(NATIVE_CC_OFF)
+    trace_to = os.environ.get("METAROCE_INCAST_TRACE")      # experiments: the senders' rows over time, to FILE
+    if trace_to:
+        env["METAROCE_PERF_TRACE"] = "1"
     name = f"inc{os.getpid() % 10000}"
     log(f"incast: building the fabric for {profile}, CC {'on' if cc else 'off'}")
     fab = fabric.up(name, hosts=INCAST_SENDERS + 1, paths=2)
@@ -371,6 +374,11 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
                 raise BenchError(f"incast sender h{i + 1} failed ({c.returncode}): {e.strip()[-300:]}")
             res.append(r)
         lo, hi = max(r["start_epoch"] for r in res), min(r["end_epoch"] for r in res)
+        if trace_to:
+            Path(f"{trace_to}.{profile}-{'on' if cc else 'off'}.json").write_text(json.dumps(
+                {"start_at": start_at, "bottleneck": [(t, b) for t, b, _ in samples], "queue": out["queue"],
+                 "senders": [(r["start_epoch"], r["end_epoch"]) for r in res],
+                 "traces": [r.pop("native_trace", None) for r in res]}))
         win = [x for x in samples if lo <= x[0] <= hi]
         if len(win) < 2 or win[-1][0] - win[0][0] < 0.05:
             raise BenchError(f"incast: the senders ran together for {max(0.0, hi - lo):.3f} s only "
