@@ -499,13 +499,15 @@ def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list
     r = bw_stats(size, iters * nq, seconds, done_ns, depth)
     r["iterations"], r["qps"] = iters, nq
     if trace is not None:
-        r["native_trace"] = trace.rows
+        with open(os.environ["METAROCE_PERF_TRACE"], "w") as f:
+            json.dump(trace.rows, f)
     return r
 
 
 class _NativeTrace:
-    """METAROCE_PERF_TRACE=1 (experiments, tools/bench_fabric --incast): the first QP's requester row
-    (native/layout.py TX_FIELDS) every 5 ms of the compiled bw loop, as {"t": epoch seconds, field: value}."""
+    """METAROCE_PERF_TRACE=FILE (experiments, tools/bench_fabric --incast): the first QP's requester row
+    (native/layout.py TX_FIELDS) every 5 ms of the compiled bw loop, written to FILE as a JSON list of
+    {"t": epoch seconds, field: value}."""
     every_ns = 5_000_000
 
     def __init__(self, side: _Side, qp) -> None:
