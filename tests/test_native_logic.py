@@ -15,7 +15,7 @@ from metaroce_xdp.native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_DUP, RX
                                           rx_build_sack, rx_credit_alloc, rx_init, rx_on_not_ready, rx_on_packet,
                                           rx_recv_completions, rx_rsn_check, rx_sack_due)
 from metaroce_xdp.native.sender import (ACT_FAIL, ACT_RNR_END, ACT_RTO, ACT_TLP, SACK_INVALID, SACK_STALE, TK_NEW,
-                                        TK_RETX, tsval_of, tx_can_send, tx_init, tx_next_lost, tx_on_rnr_nak,
+                                        TK_RETX, TK_RTO, tsval_of, tx_can_send, tx_init, tx_next_lost, tx_on_rnr_nak,
                                         tx_on_sack, tx_on_timer, tx_on_transmit)
 
 US = 1000
@@ -296,6 +296,47 @@ def test_cc_delay_ecn_loss_mr_cc_008_009_012_013_022_041():
     send(s, sb, par, 7, 1 * US)
     tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(0), 0x80, 1, 0xFFFF, 0xC000, 20 * US)
     assert s[L.S_C_DEC_ECN] + s[L.S_C_DEC_LOSS] >= 1
+
+
+def test_loss_without_ce_on_a_marking_path_mr_cc_044():
+    """MR-CC-044: without CC_DELAY, once the QP has seen CE, a loss with no CE in the last srtt does not cut
+    (counted); on a QP that never saw CE the same loss cuts (MR-CC-022)."""
+    w, nw = words_for(0x100, [0x102, 0x103, 0x104])
+    for marks in (True, False):
+        s, sb, pt, par = tx(k=1, cc_delay=0)
+        send(s, sb, par, 2, 0)
+        send(s, sb, par, 6, 1 * US)
+        tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0x80 if marks else 0,
+                   1 if marks else 0, 0xFFFF, 0xC000, 20 * US)
+        c = s[L.S_CWND]
+        tx_on_sack(s, sb, pt, par, 0x100, nw, w, tsval_of(1 * US), 0, 0, 0xFFFF, 0xC000, 200 * US)
+        assert tx_next_lost(s, sb) == 0x101                            # repaired either way (MR-SACK-029)
+        if marks:
+            assert s[L.S_C_LOSS_NOCUT] == 1 and s[L.S_C_DEC_LOSS] == 0 and s[L.S_CWND] >= c
+        else:
+            assert s[L.S_C_LOSS_NOCUT] == 0 and s[L.S_C_DEC_LOSS] == 1 and s[L.S_CWND] < c
+
+
+def test_pacing_follows_window_and_spurious_rto_undo_mr_cc_043_045():
+    """MR-CC-045: two RTOs cut the window to min_cwnd, saving the window before the first; MR-CC-024 undoes
+    both when the original answers; MR-CC-043: the pacing wait set at min_cwnd (srtt / 0.01) shrinks with it.
+    Without CC_DELAY (MR-CC-042), so that the late echo gives no delay cut."""
+    s, sb, pt, par = tx(cc_delay=0)
+    send(s, sb, par, 4, 0)
+    tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    c0 = int(s[L.S_CWND])
+    t = int(s[L.S_RTO_AT])
+    for _ in range(2):
+        a = tx_on_timer(s, sb, pt, par, t)
+        assert a >> 32 == ACT_RTO and a & 0xFFFFFFFF == 0x101
+        tx_on_transmit(s, sb, par, 0x101, 0, TK_RTO, t)
+        last, t = t, int(s[L.S_RTO_AT])
+    assert s[L.S_CWND] == par[L.P_MIN_CWND] and s[L.S_CWND_BEFORE_CUT] == c0
+    assert s[L.S_NEXT_SEND] - last >= 100 * 20 * US * 9 // 10           # one packet per srtt / min_cwnd
+    now = last + 10 * US
+    tx_on_sack(s, sb, pt, par, 0x103, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, now)
+    assert s[L.S_C_SPURIOUS] == 1 and s[L.S_CWND] >= c0 and s[L.S_CWND_BEFORE_CUT] == L.NONE
+    assert s[L.S_NEXT_SEND] - now < 20 * US                          # the 2 ms wait scaled by min_cwnd / c0
 
 
 def test_credits_bound_new_psns_mr_cc_014_017():

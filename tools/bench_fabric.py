@@ -35,7 +35,9 @@ QPs in RTS), so process start-up is not measured; the bottleneck's and each send
 counters are sampled every 5 ms and the aggregate and the per-flow rates (Jain's index) are taken
 over the interval in which all four run (last start to first end).  Reported: aggregate against the
 bottleneck, Jain fairness, queue drops and marks, the senders' retransmissions and timeouts, and the
-queue over time (incast_queue.png).
+queue over time (incast_queue.png).  METAROCE_INCAST_TRACE=FILE (experiments) also writes, per case,
+FILE.<profile>-<on|off>.json: the bottleneck queue and each native sender's requester row (cwnd, srtt,
+in flight, credits, counters) every 5 ms.
 
 The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
 native profile is wired into the data plane, and then the native rows say "not available" with
@@ -285,6 +287,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
     env = {**os.environ, "METAROCE_DCQCN_ENABLED": "1" if cc or profile != "compat" else "0"}
     if profile == "native" and not cc:
         env["METAROCE_NATIVE_PARAMS"] = json.dumps(NATIVE_CC_OFF)
+    trace_to = os.environ.get("METAROCE_INCAST_TRACE")      # experiments: the senders' rows over time, to FILE
     name = f"inc{os.getpid() % 10000}"
     log(f"incast: building the fabric for {profile}, CC {'on' if cc else 'off'}")
     fab = fabric.up(name, hosts=INCAST_SENDERS + 1, paths=2)
@@ -339,7 +342,8 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
             os.unlink(gofile)
         clients = [subprocess.Popen(["ip", "netns", "exec", fab.plan.host(f"h{i + 1}").ns, *perf, *opts, "--no-daemon",
                                      "--start-at", "@" + gofile, "-p", str(18600 + i), dst.ipv4], cwd=ROOT,
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                    env={**env, "METAROCE_PERF_TRACE": f"{trace_to}.h{i + 1}"} if trace_to else env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for i in range(INCAST_SENDERS)]
         procs += clients
         # every sender connected (the daemon lists 4 QPs in RTS) and past its barrier: the start, for all at once
@@ -371,6 +375,11 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
                 raise BenchError(f"incast sender h{i + 1} failed ({c.returncode}): {e.strip()[-300:]}")
             res.append(r)
         lo, hi = max(r["start_epoch"] for r in res), min(r["end_epoch"] for r in res)
+        if trace_to:
+            Path(f"{trace_to}.{profile}-{'on' if cc else 'off'}.json").write_text(json.dumps(
+                {"start_at": start_at, "bottleneck": [(t, b) for t, b, _ in samples], "queue": out["queue"],
+                 "senders": [(r["start_epoch"], r["end_epoch"]) for r in res],
+                 "traces": [json.loads(Path(f"{trace_to}.h{i + 1}").read_text()) for i in range(len(res))]}))
         win = [x for x in samples if lo <= x[0] <= hi]
         if len(win) < 2 or win[-1][0] - win[0][0] < 0.05:
             raise BenchError(f"incast: the senders ran together for {max(0.0, hi - lo):.3f} s only "

@@ -476,10 +476,13 @@ def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list
     pl = side.eng.plane
     dog = _Watchdog(side, opt.timeout, f"running {opt.test}")
     t0 = time.monotonic_ns()
+    trace = _NativeTrace(side, qps[0]) if os.environ.get("METAROCE_PERF_TRACE") else None
     while True:
         with pl.lock:
             rc = drive.dp_drive_bw(pl.A, pl.TM, pl.umem, pl.tables, W, S, done_ns, side.cq.index, depth,
-                                   50_000_000)
+                                   50_000_000 if trace is None else trace.every_ns)
+        if trace is not None:
+            trace.sample()
         if rc == 0:
             break
         if rc == 1:
@@ -496,7 +499,28 @@ def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list
     seconds = (time.monotonic_ns() - t0) / 1e9
     r = bw_stats(size, iters * nq, seconds, done_ns, depth)
     r["iterations"], r["qps"] = iters, nq
+    if trace is not None:
+        with open(os.environ["METAROCE_PERF_TRACE"], "w") as f:
+            json.dump(trace.rows, f)
     return r
+
+
+class _NativeTrace:
+    """METAROCE_PERF_TRACE=FILE (experiments, tools/bench_fabric --incast): the first QP's requester row
+    (native/layout.py TX_FIELDS) every 5 ms of the compiled bw loop, written to FILE as a JSON list of
+    {"t": epoch seconds, field: value}."""
+    every_ns = 5_000_000
+
+    def __init__(self, side: _Side, qp) -> None:
+        from metaroce_xdp.native import layout as NL
+        self.nat, self.qi, self.fields = side.eng.plane.nat, getattr(qp, "qi", None), NL.TX_FIELDS
+        self.rows: list[dict] = []
+
+    def sample(self) -> None:
+        r = self.nat.rows(self.qi) if self.nat is not None and self.qi is not None else None
+        if r is not None:
+            s = r[2]
+            self.rows.append({"t": round(time.time(), 4), **{n: int(s[i]) for i, n in enumerate(self.fields)}})
 
 
 def _fill_pattern(buf: np.ndarray, size: int, who: int) -> None:

@@ -160,6 +160,20 @@ def _clamp_cwnd(s, par):
         s[S_CWND] = par[P_W] * FP
 
 
+@njit("void(int64[::1], int64, int64)", **_jit)
+def _repace(s, old, now):
+    """MR-CC-043: the pacing wait still ahead (next_send_time - now) was set for window `old`; when the
+    window grew (or was restored) while that wait is longer than srtt, scale it by old / cwnd."""
+    new = s[S_CWND]
+    ns = s[S_NEXT_SEND]
+    if new <= old or old <= 0 or s[S_SRTT] == NONE or ns - now <= s[S_SRTT]:
+        return
+    rem = ns - now
+    if rem > 1 << 40:                                  # ~18 min: keeps rem * old inside int64
+        rem = 1 << 40
+    s[S_NEXT_SEND] = now + rem * old // new
+
+
 # ------------------------------------------------------------------ scoreboard transitions
 @njit("void(int64[::1], int64[::1])", **_jit)
 def _leave_flight(s, b):
@@ -310,6 +324,10 @@ def _cc_on_loss(s, par, now, attributed):
     """MR-CC-022 with the congestion gate of MR-CC-041."""
     if not _can_decrease(s, now):
         return
+    if (not par[P_CC_DELAY] and s[S_LAST_CE_TS] != NONE and s[S_SRTT] != NONE
+            and s[S_SRTT] < now - s[S_LAST_CE_TS] <= par[P_MIN_RTT_WIN]):
+        s[S_C_LOSS_NOCUT] += 1                             # MR-CC-044: the path marks, and did not
+        return
     if par[P_CC_DELAY]:
         congested = False
         t = cc_target(s, par)
@@ -320,16 +338,19 @@ def _cc_on_loss(s, par, now, attributed):
         if not congested:
             s[S_C_LOSS_NOCUT] += 1                         # MR-CC-041: loss without congestion
             return
-    s[S_CWND_BEFORE_CUT] = s[S_CWND]
-    c = s[S_CWND] * (FP - par[P_MAX_MDF]) // FP
+    old = s[S_CWND]
+    s[S_CWND_BEFORE_CUT] = old
+    c = old * (FP - par[P_MAX_MDF]) // FP
     s[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
     s[S_T_LAST_DEC] = now
     s[S_C_DEC_LOSS] += 1
+    _repace(s, old, now)
 
 
 @njit("void(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64)", **_jit)
 def _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, stale, now):
     """05 section 5.3.7 cc_on_sack() (credits are applied by the caller)."""
+    old = s[S_CWND]
     ce = ce_count > 0 or flags_ce != 0
     if ce:
         s[S_LAST_CE_TS] = now
@@ -374,6 +395,7 @@ def _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, stale, now):
         else:
             s[S_CWND] += par[P_AI] * n
     _clamp_cwnd(s, par)
+    _repace(s, old, now)                                 # MR-CC-043
 
 
 # ------------------------------------------------------------------ loss detection
@@ -522,7 +544,9 @@ def tx_on_sack(s, sb, pt, par, cum, nw, words, tsecr, flags, ce_count, credit, s
             s[S_REO_MULT] += 1
         if s[S_CWND_BEFORE_CUT] != NONE:
             if s[S_CWND_BEFORE_CUT] > s[S_CWND]:
+                old = s[S_CWND]
                 s[S_CWND] = s[S_CWND_BEFORE_CUT]
+                _repace(s, old, now)                     # MR-CC-043
             s[S_CWND_BEFORE_CUT] = NONE
     newly_lost = _detect_losses(s, sb, pt, par, now)
     _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, 0, now)
@@ -637,12 +661,15 @@ def tx_on_timer(s, sb, pt, par, now):
         r = 2 * s[S_RTO]
         s[S_RTO] = r if r < par[P_RTO_MAX] else par[P_RTO_MAX]
         s[S_CONSEC_RTO] += 1                            # MR-CC-023
-        c = s[S_CWND] * (FP - par[P_MAX_MDF]) // FP
+        old = s[S_CWND]
+        if s[S_CWND_BEFORE_CUT] == NONE or s[S_CWND_BEFORE_CUT] < old:
+            s[S_CWND_BEFORE_CUT] = old                  # MR-CC-045: undone if the RTO proves spurious
+        c = old * (FP - par[P_MAX_MDF]) // FP
         s[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
         if s[S_CONSEC_RTO] >= par[P_RTO_CWND_RESET]:
             s[S_CWND] = par[P_MIN_CWND]
         s[S_C_DEC_RTO] += 1
-        s[S_CWND_BEFORE_CUT] = NONE
+        _repace(s, old, now)                            # MR-CC-043
         s[S_RTO_AT] = now + s[S_RTO]
         s[S_PROBE_OUT] = 0
         s[S_PTO_AT] = NONE
