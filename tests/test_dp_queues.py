@@ -9,7 +9,8 @@ Checked: QPs on both queues, WRITE, SEND and READ on every pair (both directions
 bytes verified, both loops of both hosts received and sent, no frame reached a queue whose loop does not
 own its QP, and the XDP program consumed the ACKs of both queues.  Twice: with a progress thread per
 queue at MTU 1500, and without threads (the application's polls run each queue's loop in turn) at MTU
-9000 and path MTU 4096 (multi-buffer sockets on both queues)."""
+9000 and path MTU 4096 (multi-buffer sockets on both queues); and on the native profile (threads, MTU
+1500), whose SACKs the XDP program hands each queue's loop through the mr_sacks rings."""
 from __future__ import annotations
 
 import os
@@ -28,17 +29,18 @@ NPAIRS = 4
 REGION = 1 << 20            # per pair: WRITE 256 KiB, SEND 64 KiB, READ 128 KiB
 
 
-def _connect(side, qp, peer_qp, peer_gid, pmtu):
+def _connect(side, qp, peer_qp, peer_gid, pmtu, profile):
     with side.topo.enter(side.ns):
         qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer_qp.qp_num, rq_psn=0x200, path_mtu=pmtu,
-                         dgid=peer_gid, max_dest_rd_atomic=16))
+                         dgid=peer_gid, max_dest_rd_atomic=16, profile=profile))
         qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x200, timeout=14, retry_cnt=7, rnr_retry=7,
                          max_rd_atomic=16))
 
 
-@pytest.mark.parametrize("mtu,pmtu,threads", [(1500, 1024, True), (9000, 4096, False)])
-def test_two_rx_queues_one_loop_each_qps_spread_and_verified(mtu, pmtu, threads):
+@pytest.mark.parametrize("mtu,pmtu,threads,profile", [(1500, 1024, True, "compat"), (9000, 4096, False, "compat"),
+                                                     (1500, 1024, True, "native")])
+def test_two_rx_queues_one_loop_each_qps_spread_and_verified(mtu, pmtu, threads, profile):
     topo, _ = two_hosts(queues=2, mtu=mtu)
     a = b = None
     try:
@@ -52,9 +54,10 @@ def test_two_rx_queues_one_loop_each_qps_spread_and_verified(mtu, pmtu, threads)
         for _ in range(NPAIRS):                      # created in step on both hosts
             qa = a.ctx.create_qp(a.pd, a.cq, a.cq)
             qb = b.ctx.create_qp(b.pd, b.cq, b.cq)
-            _connect(a, qa, qb, b.ctx.gid, pmtu)
-            _connect(b, qb, qa, a.ctx.gid, pmtu)
+            _connect(a, qa, qb, b.ctx.gid, pmtu, profile)
+            _connect(b, qb, qa, a.ctx.gid, pmtu, profile)
             assert qa.queue == qb.queue              # both ends of a connection on the same queue
+            assert qa.query()["profile"] == qb.query()["profile"] == profile
             pairs.append((qa, qb))
         assert sorted(qa.queue for qa, _ in pairs) == [0, 0, 1, 1]
         acks0 = a.ctx.loader.events()["ACK_CONSUMED"]
@@ -94,7 +97,10 @@ def test_two_rx_queues_one_loop_each_qps_spread_and_verified(mtu, pmtu, threads)
             assert side.ctx.stats()["rx"] == qs[0]["rx"] + qs[1]["rx"]
             if pmtu == 4096:
                 assert all(st["rx_sg"] > 0 for st in qs), (side.ns, qs)       # multi-buffer on both queues
-        assert a.ctx.loader.events()["ACK_CONSUMED"] > acks0
+        if profile == "compat":
+            assert a.ctx.loader.events()["ACK_CONSUMED"] > acks0
+        else:                       # the XDP program put the native SACKs of both queues in mr_sacks rings
+            assert all(st["rx_sack_kern"] > 0 for st in a.ctx.plane.queue_stats()), a.ctx.plane.queue_stats()
     finally:
         for s in (a, b):
             if s is not None:
