@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-from daemon_players import OPS, Player  # noqa: E402
+from daemon_players import OPS, Player, serve  # noqa: E402
 
 from metaroce_xdp.verbs_types import Access, QPCap, SendWR, VerbsError, WROpcode  # noqa: E402
 
@@ -74,17 +74,7 @@ class NativePlayer(Player):
 
 def main() -> int:
     assert set(ATOMIC_OPS).isdisjoint(OPS)
-    p = NativePlayer(sys.argv[1], sys.argv[2])
-    print(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}), flush=True)
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        name = cmd.pop("cmd")
-        try:
-            out = {"ok": True, **getattr(p, name)(**cmd)}
-        except (VerbsError, TimeoutError, OSError, Exception) as e:  # noqa: BLE001 - reported to the test
-            out = {"ok": False, "error": type(e).__name__, "message": str(e)}
-        print(json.dumps(out), flush=True)
-    return 0
+    return serve(NativePlayer(sys.argv[1], sys.argv[2]))
 
 
 if __name__ == "__main__":

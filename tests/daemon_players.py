@@ -229,7 +229,11 @@ class Player:
 
 
 def main() -> int:
-    p = Player(sys.argv[1], sys.argv[2])
+    return serve(Player(sys.argv[1], sys.argv[2]))
+
+
+def serve(p) -> int:
+    """One JSON command per stdin line to player p's method of that name; one JSON answer per line."""
     print(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

@@ -182,16 +182,9 @@ def test_many_qps_all_carrying_traffic_at_once(fabric):
         b.ctx.destroy_qp(q)
 
 
-def test_local_ack_timers_armed_together_expire_spread_and_paced(fabric):
-    """MR-RETRY-001..004 with many QPs: timers started in the same round expire between T and 1.25 T, each QP
-    at its own instant (a per-QP jitter), and when many have expired anyway (here: the peer's loop stood
-    still for longer than 1.25 T) at most TO_PER_ROUND of them go back N per round, none losing a retry by
-    waiting; then every WRITE completes.  (A mass expiry retransmitting on all QPs in one round overflowed
-    the peer's fill ring again and again until RETRY_EXC_ERR: the 1,000-QP test above under CPU load.)"""
-    from metaroce_xdp.dp.loop import TO_PER_ROUND
+def _small_pairs(topo, a, b, n):
+    """n QP pairs of two WRs each, connected (PSN 0x10, local ACK timeout 16: 268 ms, 7 retries)."""
     from metaroce_xdp.verbs_types import QPCap
-    topo, a, b = fabric
-    n = 3 * TO_PER_ROUND + 8
     qa = [a.ctx.create_qp(a.pd, a.cq, a.cq, QPCap(max_send_wr=2, max_recv_wr=2)) for _ in range(n)]
     qb = [b.ctx.create_qp(b.pd, b.cq, b.cq, QPCap(max_send_wr=2, max_recv_wr=2)) for _ in range(n)]
     for mine, theirs, me, peer in ((qa, qb, a, b), (qb, qa, b, a)):
@@ -200,6 +193,31 @@ def test_local_ack_timers_armed_together_expire_spread_and_paced(fabric):
                 q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
                 q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=p.qp_num, rq_psn=0x10, dgid=peer.ctx.gid))
                 q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x10, timeout=16, retry_cnt=7))
+    return qa, qb
+
+
+def _all_complete_intact(a, b, qa, qb):
+    """Each QP of qa's one 64-byte WRITE completes SUCCESS, the bytes at B; then every QP destroyed."""
+    n = len(qa)
+    got = collect(a, n, [b], timeout=60)
+    assert all(w.status == WCStatus.SUCCESS for w in got), Counter(w.status.name for w in got)
+    assert (b.buf[:64 * n] == a.buf[:64 * n]).all()
+    for q in qa:
+        a.ctx.destroy_qp(q)
+    for q in qb:
+        b.ctx.destroy_qp(q)
+
+
+def test_local_ack_timers_armed_together_expire_spread_and_paced(fabric):
+    """MR-RETRY-001..004 with many QPs: timers started in the same round expire between T and 1.25 T, each QP
+    at its own instant (a per-QP jitter), and when many have expired anyway (here: the peer's loop stood
+    still for longer than 1.25 T) at most TO_PER_ROUND of them go back N per round, none losing a retry by
+    waiting; then every WRITE completes.  (A mass expiry retransmitting on all QPs in one round overflowed
+    the peer's fill ring again and again until RETRY_EXC_ERR: the 1,000-QP test above under CPU load.)"""
+    from metaroce_xdp.dp.loop import TO_PER_ROUND
+    topo, a, b = fabric
+    n = 3 * TO_PER_ROUND + 8
+    qa, qb = _small_pairs(topo, a, b, n)
     t = 4096 << 16                                        # T at timeout 16: 268 ms
     a.buf[:64 * n] = np.arange(64 * n, dtype=np.uint8)
     for i, q in enumerate(qa):
@@ -220,13 +238,7 @@ def test_local_ack_timers_armed_together_expire_spread_and_paced(fabric):
         fired.append(sum(q.query()["retry_left"] == 6 for q in qa) - sum(fired))
     assert fired == [TO_PER_ROUND, TO_PER_ROUND, TO_PER_ROUND, 8]
     assert sorted(q.query()["retry_left"] for q in qa) == [6] * n   # one retry each, none lost to the wait
-    got = collect(a, n, [b], timeout=60)
-    assert all(w.status == WCStatus.SUCCESS for w in got), Counter(w.status.name for w in got)
-    assert (b.buf[:64 * n] == a.buf[:64 * n]).all()
-    for q in qa:
-        a.ctx.destroy_qp(q)
-    for q in qb:
-        b.ctx.destroy_qp(q)
+    _all_complete_intact(a, b, qa, qb)
 
 
 def test_expired_local_ack_timers_go_back_n_oldest_first(fabric):
@@ -239,17 +251,9 @@ def test_expired_local_ack_timers_go_back_n_oldest_first(fabric):
     Here every QP has an expired timer, the oldest at the start of the list: each round starts
     go-back-N on exactly the TO_PER_ROUND oldest, in deadline order; then every WRITE completes."""
     from metaroce_xdp.dp.loop import TO_PER_ROUND
-    from metaroce_xdp.verbs_types import QPCap
     topo, a, b = fabric
     n = 2 * TO_PER_ROUND + 8
-    qa = [a.ctx.create_qp(a.pd, a.cq, a.cq, QPCap(max_send_wr=2, max_recv_wr=2)) for _ in range(n)]
-    qb = [b.ctx.create_qp(b.pd, b.cq, b.cq, QPCap(max_send_wr=2, max_recv_wr=2)) for _ in range(n)]
-    for mine, theirs, me, peer in ((qa, qb, a, b), (qb, qa, b, a)):
-        with topo.enter(me.ns):
-            for q, p in zip(mine, theirs):
-                q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-                q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=p.qp_num, rq_psn=0x10, dgid=peer.ctx.gid))
-                q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x10, timeout=16, retry_cnt=7))
+    qa, qb = _small_pairs(topo, a, b, n)
     a.buf[:64 * n] = np.arange(64 * n, dtype=np.uint8)
     for i, q in enumerate(qa):
         q.post_send(SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(64 * i, 64)],
@@ -272,13 +276,7 @@ def test_expired_local_ack_timers_go_back_n_oldest_first(fabric):
                       all(k not in f for f in fired)])
     assert fired == [list(range(0, TO_PER_ROUND)), list(range(TO_PER_ROUND, 2 * TO_PER_ROUND)),
                      list(range(2 * TO_PER_ROUND, n)), []]
-    got = collect(a, n, [b], timeout=60)
-    assert all(w.status == WCStatus.SUCCESS for w in got), Counter(w.status.name for w in got)
-    assert (b.buf[:64 * n] == a.buf[:64 * n]).all()
-    for q in qa:
-        a.ctx.destroy_qp(q)
-    for q in qb:
-        b.ctx.destroy_qp(q)
+    _all_complete_intact(a, b, qa, qb)
 
 
 @pytest.mark.parametrize("op", [WROpcode.RDMA_WRITE, WROpcode.RDMA_READ])
