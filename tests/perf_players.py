@@ -18,16 +18,19 @@ def _last_json(text: str) -> dict | None:
 
 
 def perf_run(topo, test: str, port: int, server_args: list[str], client_args: list[str], *,
-             timeout: float = 120, prefix: tuple[str, ...] = ()) -> tuple[dict, dict | None]:
+             timeout: float = 120, prefix: tuple[str, ...] = (), ns: tuple[str, str] | None = None
+             ) -> tuple[dict, dict | None]:
     """Start `metaroce perf TEST` as the server, run the client (again while the server is still
     starting), wait for both, check both exited 0; the client's and the server's JSON (--json is
-    given to both).  `prefix` goes before the command (e.g. env VAR=value)."""
+    given to both).  `prefix` goes before the command (e.g. env VAR=value); `ns` is (client's,
+    server's) namespace, topo[0] and topo[1] by default."""
     common = ["--json", "-p", str(port)]
-    srv = topo.popen(topo[1], [*prefix, *PERF, test, "-d", "mr1", *common, *server_args], cwd=ROOT,
+    cns, sns = ns or (topo[0], topo[1])
+    srv = topo.popen(sns, [*prefix, *PERF, test, "-d", "mr1", *common, *server_args], cwd=ROOT,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(60):
-            cli = topo.run(topo[0], [*prefix, *PERF, test, "-d", "mr0", *common, *client_args, "10.77.0.2"],
+            cli = topo.run(cns, [*prefix, *PERF, test, "-d", "mr0", *common, *client_args, "10.77.0.2"],
                            timeout=timeout, check=False)
             if "start `metaroce perf" not in cli.stderr:
                 break

@@ -8,15 +8,14 @@ W/2 PSNs (MR-NAT-021/022), responses placed by offset into the client's register
 with ATOMIC_ACKNOWLEDGE (MR-NAT-006, MR-OOO-023..025), completions in work-request order (MR-SACK-026)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import daemon_procs
+from perf_players import perf_run
 import pytest
 
 from metaroce_xdp import cm
@@ -29,7 +28,6 @@ pytestmark = [pytest.mark.netns,
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYER = str(ROOT / "tests" / "daemon_native_players.py")
-PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf"]
 OP_NATIVE_READ_REQ, OP_NATIVE_READ_RESP, OP_ATOMIC_ACK = 0xC4, 0xC5, 0x12
 
 
@@ -130,25 +128,10 @@ def _perf_read_bw(env: Env, profile: str, iters: int, size: int = 65536) -> tupl
     """`metaroce perf read-bw --profile PROFILE` through both daemons: the client (the READ requester) on
     A, the server (the READ responder) on B; each side's JSON."""
     env.port += 1
-    common = ["--json", "-p", str(env.port), "--profile", profile]
-    srv = env.topo.popen(env.hosts["B"][0], [*PERF, "read-bw", "-d", "mr1", "--socket", env.sock("B"), *common],
-                         cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(60):
-            cli = env.topo.run(env.hosts["A"][0], [*PERF, "read-bw", "-d", "mr0", "--socket", env.sock("A"), *common,
-                                                   "-s", str(size), "-n", str(iters), "-t", "32", "-m", "1024",
-                                                   "10.77.0.2"], timeout=180, check=False)
-            if "start `metaroce perf" not in cli.stderr:
-                break
-            time.sleep(0.5)                       # the server is still starting
-        out, err = srv.communicate(timeout=60)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.wait()
-    assert cli.returncode == 0, cli.stderr[-2000:]
-    assert srv.returncode == 0, err[-2000:]
-    return json.loads(cli.stdout.strip().splitlines()[-1]), json.loads(out.strip().splitlines()[-1])
+    prof = ["--profile", profile]
+    return perf_run(env.topo, "read-bw", env.port, ["--socket", env.sock("B"), *prof],
+                    ["--socket", env.sock("A"), *prof, "-s", str(size), "-n", str(iters), "-t", "32", "-m", "1024"],
+                    timeout=180, ns=(env.hosts["A"][0], env.hosts["B"][0]))
 
 
 def test_perf_read_bw_native_through_metaroced_is_verified(env):
