@@ -50,6 +50,8 @@ _SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, W
              WROpcode.RDMA_READ} | _ATOMICS
 # the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each;
 # a post used to spend ~10 of them), rings read and written through memoryviews and struct (no numpy scalars)
+# the access connect_qp and accept grant a QP they move out of RESET
+_CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 _SEND_OP_INTS = frozenset(int(o) for o in _SEND_OPS)
 _READ = int(WROpcode.RDMA_READ)
 _ATOMIC_INTS = frozenset(int(o) for o in _ATOMICS)
@@ -647,9 +649,6 @@ def _what(op: str | int) -> str:
         return WROpcode(op).name
     except ValueError:
         return f"opcode {op}"
-
-
-_CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
 def _i64(v: int) -> int:

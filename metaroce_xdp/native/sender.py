@@ -344,7 +344,6 @@ def _cc_on_loss(s, par, now, attributed):
     s[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
     s[S_T_LAST_DEC] = now
     s[S_C_DEC_LOSS] += 1
-    _repace(s, old, now)
 
 
 @njit("void(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64)", **_jit)
@@ -669,7 +668,6 @@ def tx_on_timer(s, sb, pt, par, now):
         if s[S_CONSEC_RTO] >= par[P_RTO_CWND_RESET]:
             s[S_CWND] = par[P_MIN_CWND]
         s[S_C_DEC_RTO] += 1
-        _repace(s, old, now)                            # MR-CC-043
         s[S_RTO_AT] = now + s[S_RTO]
         s[S_PROBE_OUT] = 0
         s[S_PTO_AT] = NONE
