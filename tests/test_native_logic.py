@@ -339,6 +339,66 @@ def test_pacing_follows_window_and_spurious_rto_undo_mr_cc_043_045():
     assert s[L.S_NEXT_SEND] - now < 20 * US                          # the 2 ms wait scaled by min_cwnd / c0
 
 
+def test_delay_cuts_stop_at_delay_floor_mr_cc_046():
+    """MR-CC-046: samples far above the target cut the window once per srtt (MR-CC-009, MR-CC-013) down to
+    delay_floor (1 packet) and no further; below the floor a late sample counts as below target (MR-CC-008
+    grows the window by ai * n); CE still cuts below it (MR-CC-012)."""
+    s, sb, pt, par = tx(init_cwnd=4)
+    send(s, sb, par, 1, 0)
+    tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    assert s[L.S_CWND] >= 4 * L.FP                                    # 20 us: below the target, grows
+    now, cuts = 20 * US, []
+    for _ in range(6):                                                # each sample 5 ms late, one srtt apart
+        send(s, sb, par, 1, now)
+        now += 5000 * US
+        tx_on_sack(s, sb, pt, par, int(s[L.S_SND_NXT]) - 1, 0, np.zeros(1, np.int64), tsval_of(now - 5000 * US),
+                   0, 0, 0xFFFF, 0xC000, now)
+        cuts.append(s[L.S_CWND] / L.FP)
+    assert cuts[0] < 4 and cuts[2:] == [1.0] * 4, cuts                # down to the floor, held there
+    assert s[L.S_C_DEC_DELAY] == 3                                    # 4.25 -> 2.1 -> 1.06 -> 1, then none
+    # below the floor (an RTO or CE put it there), a late sample without CE grows it by ai * n
+    s[L.S_CWND] = L.FP // 4
+    send(s, sb, par, 1, now)
+    now += 5000 * US
+    tx_on_sack(s, sb, pt, par, int(s[L.S_SND_NXT]) - 1, 0, np.zeros(1, np.int64), tsval_of(now - 5000 * US),
+               0, 0, 0xFFFF, 0xC000, now)
+    assert s[L.S_CWND] == L.FP // 4 + L.FP
+    # CE at the floor still cuts (alpha starts at 1: by half)
+    s[L.S_CWND] = L.FP
+    send(s, sb, par, 1, now)
+    now += 5000 * US
+    tx_on_sack(s, sb, pt, par, int(s[L.S_SND_NXT]) - 1, 0, np.zeros(1, np.int64), tsval_of(now - 5000 * US),
+               1, 1, 0xFFFF, 0xC000, now)
+    assert s[L.S_CWND] < L.FP
+    # delay_floor at min_cwnd restores the unfloored rule: the same late samples cut below one packet
+    s, sb, pt, par = tx(init_cwnd=4, delay_floor=0.01)
+    now = 0
+    for _ in range(6):
+        send(s, sb, par, 1, now)
+        now += 5000 * US
+        tx_on_sack(s, sb, pt, par, int(s[L.S_SND_NXT]) - 1, 0, np.zeros(1, np.int64), tsval_of(now - 5000 * US),
+                   0, 0, 0xFFFF, 0xC000, now)
+    assert s[L.S_CWND] < L.FP // 2
+    with pytest.raises(L.ParamError):
+        L.params(delay_floor=0)
+
+
+def test_host_delay_does_not_collapse_the_window_mr_cc_046():
+    """MR-CC-046 end to end in the two-endpoint simulation: SACKs held by a host delay (exponential, mean 3 ms,
+    5 % not held, so min_rtt stays at the path's 20 us and srtt is milliseconds). With the floor the stream
+    completes at about one packet per srtt; without it (delay_floor = min_cwnd) the window falls to min_cwnd,
+    pacing sends one packet per 100 srtt, and the stream is far from done in the same time."""
+    def held(rng):
+        return 0 if rng.random() < 0.05 else rng.exponential(3000.0)
+
+    r = sim.run(n=300, seed=3, max_us=1_500_000, host_delay=held)
+    assert r.done_us is not None and r.delivered == 300
+    assert r.sender[L.S_CWND] >= L.FP
+    old = sim.run(n=300, seed=3, max_us=1_500_000, host_delay=held, delay_floor=0.01)
+    assert old.done_us is None and old.delivered < 150
+    assert old.sender[L.S_CWND] == L.params()[L.P_MIN_CWND]
+
+
 def test_credits_bound_new_psns_mr_cc_014_017():
     """MR-CC-017 initial right edge, MR-CC-014 right_edge = cum + clamp(credit, 1, W) from the highest cum."""
     s, sb, pt, par = tx(credits=1, init_credit=4)

@@ -1089,8 +1089,8 @@ class Daemon:
     # the parameters a client may choose for its native QP (those of the connection: the agreed W, K and
     # capabilities, its timers); the receiver's credit allocation is the daemon's, over all its QPs
     CLIENT_NATIVE_PARAMS = ("w", "k", "credits", "cc_delay", "rto_min", "ack_n", "ack_t", "dup_thresh", "pto_min",
-                            "init_cwnd", "min_cwnd", "ai", "beta", "max_mdf", "q_target", "g_ecn", "pacing_gain",
-                            "max_burst", "t_peer")
+                            "init_cwnd", "min_cwnd", "delay_floor", "ai", "beta", "max_mdf", "q_target", "g_ecn",
+                            "pacing_gain", "max_burst", "t_peer")
 
     def profiles(self) -> list[str]:
         """The profiles this daemon's QPs may run (the `profile` option)."""

@@ -95,7 +95,7 @@ PARAMS = [
     ("mp_initial_weight", 0.25, FP), ("mp_recover", 1 / 8, FP), ("mp_evict_losses", 2, 1),
     ("mp_evict_window", 1, _MS), ("mp_evict_time", 1, _MS), ("mp_evict_max", 64, _MS),
     # 05 section 5.7.1
-    ("init_cwnd", 16, FP), ("min_cwnd", 0.01, FP), ("ai", 1.0, FP), ("beta", 0.8, FP), ("max_mdf", 0.5, FP),
+    ("init_cwnd", 16, FP), ("min_cwnd", 0.01, FP), ("delay_floor", 1.0, FP), ("ai", 1.0, FP), ("beta", 0.8, FP), ("max_mdf", 0.5, FP),
     ("q_target", 25, _US), ("target_min", 15, _US), ("target_max", 500, _US), ("min_rtt_win", 10, _S),
     ("g_ecn", 1 / 16, FP), ("alpha_init", 1.0, FP), ("pacing_gain", 1.25, FP), ("max_burst", 8, 1),
     ("rto_cwnd_reset", 2, 1), ("init_credit", 16, 1), ("rx_budget", 16, 1), ("active_window", 100, _US),
@@ -134,6 +134,8 @@ def params(**kw) -> np.ndarray:
         raise ParamError("rto_min: 50 us or more (MR-LOSS-005)")
     if not 3 <= row[P_DUP_THRESH] <= 64:
         raise ParamError("dup_thresh: 3..64")
+    if not 0 < row[P_DELAY_FLOOR] <= row[P_W] * FP:
+        raise ParamError("delay_floor: above 0, at most W packets (MR-CC-046; at or below min_cwnd: no floor)")
     return row
 
 

@@ -372,13 +372,16 @@ def _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, stale, now):
     below = True
     if par[P_CC_DELAY] and rtt != NONE:
         t = cc_target(s, par)
-        if rtt >= t and _can_decrease(s, now):          # MR-CC-009
+        floor = par[P_DELAY_FLOOR]
+        if rtt >= t and s[S_CWND] > floor and _can_decrease(s, now):   # MR-CC-009
             f = FP - par[P_BETA] * (rtt - t) // rtt
             if f < FP - par[P_MAX_MDF]:
                 f = FP - par[P_MAX_MDF]
             cand = s[S_CWND] * f // FP
+            if cand < floor:                             # MR-CC-046: delay cuts stop at delay_floor
+                cand = floor
             s[S_C_DEC_DELAY] += 1
-        below = rtt < t
+        below = rtt < t or s[S_CWND] < floor             # MR-CC-046: below it, delay is no signal
     if ce and _can_decrease(s, now):                     # MR-CC-012
         c2 = s[S_CWND] * (FP - s[S_ALPHA] // 2) // FP
         if cand < 0 or c2 < cand:

@@ -41,9 +41,13 @@ class Result:
 
 
 def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0, sack_loss=None,
-        max_us=200_000, isn=0xFFFF00, credits=False, credit=None, on_step=None, **par_kw) -> Result:
+        max_us=200_000, isn=0xFFFF00, credits=False, credit=None, on_step=None, host_delay=None,
+        **par_kw) -> Result:
     """Stream n packets; returns a Result.  path_loss (per path) overrides loss for data packets;
-    sack_loss defaults to loss.  on_step(t, pt) may change path_loss in place (healing)."""
+    sack_loss defaults to loss.  on_step(t, pt) may change path_loss in place (healing).
+    host_delay(rng) -> us, when given, holds each SACK that long before the sender sees it, in
+    order (a software endpoint's polling thread descheduled on a shared core: RTT samples mostly
+    carry the hold, a few do not, so min_rtt stays near the path's delay and srtt does not)."""
     rng = np.random.default_rng(seed)
     par = L.params(k=k, credits=1 if credits else 0, **par_kw)
     rpar = par.copy()
@@ -68,6 +72,7 @@ def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0,
     last = (isn + n - 1) & L.PSN_MASK
     sent_new = 0
     grant = (isn + par[L.P_INIT_CREDIT] - 1) & L.PSN_MASK
+    sack_at = 0                                        # host_delay: SACKs reach the sender in order
 
     def received(p):
         d = (r[L.R_EPSN] - p) & L.PSN_MASK
@@ -100,14 +105,17 @@ def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0,
             heapq.heappush(ev, (t + delays[e], seq, 0, (psn, tsval, int(pt[e, L.E_SPORT]), int(ackreq))))
 
     def send_sack(t):
-        nonlocal seq
+        nonlocal seq, sack_at
         nw = rx_build_sack(r, rpar, hdr, words)
         if rng.random() < sl:
             return
         seq += 1
         sport = int(hdr[5])
         e = (sport - 0xC000) % k
-        heapq.heappush(ev, (t + delays[e], seq, 1, (hdr.copy(), words[:max(nw, 1)].copy(), nw)))
+        at = t + delays[e]
+        if host_delay is not None:
+            at = sack_at = max(at + int(host_delay(rng)), sack_at)
+        heapq.heappush(ev, (at, seq, 1, (hdr.copy(), words[:max(nw, 1)].copy(), nw)))
 
     for t in range(max_us):
         now = t * US
