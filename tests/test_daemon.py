@@ -442,9 +442,11 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
             qp.W[col] += 1
             c1._doorbell(qp.qp_num)
 
-        cases = ((qps[0], True, (11, mr2.addr, 4096, mr2.lkey), "LOC_PROT_ERR", "RECV", "not inside a valid MR"),
+        # a receive's and a READ's SGE is written: the message asks for an MR with LOCAL_WRITE
+        lw = "not inside a valid MR of the QP's PD with LOCAL_WRITE"
+        cases = ((qps[0], True, (11, mr2.addr, 4096, mr2.lkey), "LOC_PROT_ERR", "RECV", lw),
                  (qps[1], False, (12, int(WROpcode.RDMA_READ), 2, mr2.addr, 64, mr2.lkey, 0, 0, 0), "LOC_PROT_ERR",
-                  "RDMA_READ", "not inside a valid MR"),
+                  "RDMA_READ", lw),
                  (qps[2], False, (13, 9, 2, mr1.addr, 8, mr1.lkey, 0, 0, 0), "LOC_QP_OP_ERR", "SEND", "opcode 9"),
                  (qps[3], False, (14, int(WROpcode.RDMA_WRITE), 0x100, mr1.addr, 8, mr1.lkey, 0, 0, 0),
                   "LOC_QP_OP_ERR", "RDMA_WRITE", "send_flags 0x100"))

@@ -389,7 +389,7 @@ class Device:
             return (f"atomic with an SGE of {b} bytes (one of 8 holds the original value) and remote address "
                     f"{a:#x} (a multiple of 8, MR-XH-011)")
         return (f"SGE (addr {a:#x}, length {b}, lkey {c:#x}) is not inside a valid MR of the QP's PD"
-                + (" with LOCAL_WRITE" if op in (4, 5, 6, 128) else ""))
+                + (" with LOCAL_WRITE" if sv.OP_READ <= op <= sv.OP_LAST or op == sv.OP_RECV else ""))
 
     # ---- events from the data plane --------------------------------------------------------
     def _qp_event(self, dpqp: Any, typ: int, why: int) -> None:

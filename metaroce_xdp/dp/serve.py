@@ -100,6 +100,7 @@ WHY_BAD_WR = 200            # Q_ERR code: the client wrote an invalid work reque
 # bad entry codes (QX_BAD); Python turns them into the QP_FATAL message (server.Device.bad_wr_text)
 BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE, BAD_ATOMIC = 1, 2, 3, 4, 5, 6, 7, 8
 OP_READ, OP_LAST = 4, 6         # send opcodes served: WRITE, WRITE_IMM, SEND, SEND_IMM, READ, CAS (5), FETCH_ADD (6)
+OP_RECV = 128                   # QX_BAD_OP of a refused receive WR (its SGE is written, as a READ's or an atomic's)
 ACC_LOCAL_WRITE = 1
 
 # shared-memory layout (daemon/shm.py; jitcache re-keys this module's cache when it changes)
@@ -312,7 +313,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
                 QX[qi, QX_RQ_TAKEN] = taken + took
                 _set(base, QH_RQ_HEAD, taken + took)
                 G[G_TAKEN] += took
-                bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SGE_LEN if lmr == -1 else BAD_SGE, True, True, wr_id, 128,
+                bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SGE_LEN if lmr == -1 else BAD_SGE, True, True, wr_id, OP_RECV,
                        laddr, length, lkey)
                 return moved + took
             r = dbase + ((dtail + took) & mask)
