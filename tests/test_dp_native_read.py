@@ -146,6 +146,32 @@ def test_lost_read_responses_and_requests_are_recovered_selectively(fabric):
     assert na["c_rd_resp_rx"] == npk and na["c_retx"] >= 1 and nb["c_rd_exec"] == 3
 
 
+def test_read_window_follows_ce_marked_responses_and_its_own_rtt(fabric):
+    """MR-CC-019 on the wire: the READ window takes its RTT samples from request to first response and its
+    CE signals from the IP ECN field of READ responses (here marked by the switch on the way back, MR-CC-025's
+    counterpart on the requester): unmarked, a 256 KiB READ only grows it; with every response marked it is
+    cut (MR-CC-012) and the READ still completes intact (MR-CC-020 lets one request out when none is
+    outstanding); the request window's counters see none of it."""
+    topo, a, b = fabric
+    n = 256 * 1024
+    _fresh(a, b)
+    a.qp.post_send([_read(a, b, 1, 0, 500_000, n)])
+    assert [(w.wr_id, w.status) for w in collect(a, 1, [b], timeout=20)] == [(1, WCStatus.SUCCESS)]
+    assert (a.buf[:n] == b.buf[500_000:500_000 + n]).all()
+    na = a.qp.native_counters()
+    assert na["rd_srtt_ns"] > 0 and na["c_rd_dec_ecn"] == 0 and na["rd_cwnd"] > 16, na
+    _fresh(a, b, psn=0x2000)
+    with FaultInjector("swA", netns=topo[1], opcode_filter=[0xC5], ecn_ce_ppm=1_000_000) as fa:
+        a.qp.post_send([_read(a, b, 2, 0, 500_000, n)])
+        got = collect(a, 1, [b], timeout=20)
+        st = fa.stats()
+    assert [(w.wr_id, w.status) for w in got] == [(2, WCStatus.SUCCESS)]
+    assert (a.buf[:n] == b.buf[500_000:500_000 + n]).all()
+    assert st["ce_marked"] >= n // 1024 and st["ce_not_ect"] == 0, st       # READ responses are ECT
+    na = a.qp.native_counters()
+    assert na["c_rd_dec_ecn"] >= 1 and na["rd_cwnd"] < 16 and na["c_dec_ecn"] == 0, na
+
+
 def test_lost_atomic_acknowledge_is_replayed_and_answered_from_the_saved_result(fabric):
     """MR-OOO-027 (an atomic whose PSN was acknowledged without its result is sent again), MR-OOO-024 (the
     copy is answered from the saved result, never executed twice), MR-OOO-025 (a second answer is not

@@ -15,8 +15,8 @@ from metaroce_xdp.native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_DUP, RX
                                           rx_build_sack, rx_credit_alloc, rx_init, rx_on_not_ready, rx_on_packet,
                                           rx_recv_completions, rx_rsn_check, rx_sack_due)
 from metaroce_xdp.native.sender import (ACT_FAIL, ACT_RNR_END, ACT_RTO, ACT_TLP, SACK_INVALID, SACK_STALE, TK_NEW,
-                                        TK_RETX, TK_RTO, tsval_of, tx_can_send, tx_init, tx_next_lost, tx_on_rnr_nak,
-                                        tx_on_sack, tx_on_timer, tx_on_transmit)
+                                        TK_RETX, TK_RTO, rd_on_loss, rd_on_response, tsval_of, tx_can_send, tx_init,
+                                        tx_next_lost, tx_on_rnr_nak, tx_on_sack, tx_on_timer, tx_on_transmit)
 
 US = 1000
 
@@ -397,6 +397,34 @@ def test_host_delay_does_not_collapse_the_window_mr_cc_046():
     old = sim.run(n=300, seed=3, max_us=1_500_000, host_delay=held, delay_floor=0.01)
     assert old.done_us is None and old.delivered < 150
     assert old.sender[L.S_CWND] == L.params()[L.P_MIN_CWND]
+
+
+def test_read_window_has_its_own_rtt_ecn_and_delay_state_mr_cc_019():
+    """MR-CC-019: the READ window runs the rules of cwnd on a copy of their state: a response with a sample
+    below the target grows it (MR-CC-008), a CE-marked one cuts it by alpha / 2 (MR-CC-012, alpha_init 1:
+    by half) at most once per its own srtt (MR-CC-013), a late sample cuts it (MR-CC-009) no lower than
+    delay_floor (MR-CC-046); a re-request cuts it by max_mdf once per srtt; the request window's row is
+    not touched."""
+    par = L.params(init_cwnd=16)
+    r = L.new_tx()[0]
+    tx_init(r, par, 0, 0)
+    rd_on_response(r, par, 20 * US, 0, 20 * US)                       # first sample: srtt 20 us, grows
+    assert r[L.S_SRTT] == 20 * US and r[L.S_MIN_RTT] == 20 * US and r[L.S_CWND] > 16 * L.FP
+    rd_on_response(r, par, L.NONE, 0, 21 * US)                        # later responses: no sample, grow
+    c = r[L.S_CWND]
+    rd_on_response(r, par, L.NONE, 1, 22 * US)                        # CE: cut by alpha / 2
+    assert r[L.S_CWND] == c // 2 and r[L.S_C_DEC_ECN] == 1 and r[L.S_EPOCH_CE] == 1
+    rd_on_response(r, par, L.NONE, 1, 30 * US)                        # within one srtt: no second cut
+    assert r[L.S_CWND] == c // 2 and r[L.S_C_DEC_ECN] == 1
+    now = 30 * US
+    for _ in range(8):                                                # 5 ms late samples, one srtt apart
+        now += 5000 * US
+        rd_on_response(r, par, 5000 * US, 0, now)
+    assert r[L.S_CWND] == L.FP and r[L.S_C_DEC_DELAY] >= 3            # down to delay_floor, no lower
+    rd_on_loss(r, par, L.NONE, now + 1)
+    assert r[L.S_CWND] == L.FP // 2 and r[L.S_C_DEC_LOSS] == 1
+    rd_on_loss(r, par, L.NONE, now + 2)                               # once per srtt
+    assert r[L.S_CWND] == L.FP // 2 and r[L.S_C_DEC_LOSS] == 1
 
 
 def test_credits_bound_new_psns_mr_cc_014_017():

@@ -48,7 +48,7 @@ from ..native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_NEW, RX_OOW, RX_SA
 from ..native.sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tsval_of,  # noqa: E402
                              tx_can_send, tx_init, tx_next_deadline, tx_next_lost, tx_on_rnr_nak, tx_on_sack,
                              tx_on_timer, tx_on_transmit)
-from ..native.sender import reo_wnd  # noqa: E402
+from ..native.sender import rd_on_loss, rd_on_response, reo_wnd  # noqa: E402
 from .layout import *  # noqa: F401,F403,E402
 from .layout import N_P, NM, PSN_MASK, PSN_NONE  # noqa: E402
 from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, S_LOC_LEN, S_LOC_PROT,  # noqa: E402
@@ -79,7 +79,7 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
-               c_at_ack_bad rd_cwnd rd_out rd_dec_ts c_rd_dec""".split()
+               c_at_ack_bad rd_out""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 48
@@ -89,7 +89,7 @@ NSBX = 4                     # send queue index, packet index k, the message's M
 NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM)
 
 # READ and atomics (MR-OOO-016..028).  Requester row per outstanding READ request message or atomic:
-RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts".split()
+RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts req_ts".split()
 for _i, _n in enumerate(RQ_FIELDS):
     globals()["RQ_" + _n.upper()] = _i
 RQ_BM = 16                   # then WMAX / 64 words: response PSNs received (bit i = PSN psn + i)
@@ -127,7 +127,8 @@ O_OUT = O_HDR + 8
 O_RQ = O_OUT + 64            # READ requests and atomics owed a response (requester), NRQ rows
 O_RS = O_RQ + NRQ * RQ_STRIDE    # responder resources: the last READ and atomic requests, NRS rows
 O_JB = O_RS + NRS * RS_STRIDE    # responder jobs: READ responses and ATOMIC_ACKNOWLEDGEs to send, NJB rows
-SLOT_WORDS = (O_JB + NJB * JB_STRIDE + 7) & ~7
+O_TXR = O_JB + NJB * JB_STRIDE  # the READ window's state (MR-CC-019): a requester row of its own
+SLOT_WORDS = (O_TXR + NL.NTX + 7) & ~7
 
 
 def region_words(maxq: int) -> int:
@@ -158,6 +159,13 @@ def rows(A, b):
     sb = A[b + O_SB:b + O_SB + NL.WMAX * NL.NSB].reshape((NL.WMAX, NL.NSB))
     pt = A[b + O_PT:b + O_PT + NL.KMAX * NL.NPT].reshape((NL.KMAX, NL.NPT))
     return par, rx, s, nx, sb, pt
+
+
+@njit(**_jit)
+def rd_row(A, b):
+    """The READ window's copy of the congestion state of 05 section 5.2 (MR-CC-019), a requester row of
+    which only the window, RTT, ECN and decrease fields are used."""
+    return A[b + O_TXR:b + O_TXR + NL.NTX]
 
 
 @njit(**_jit)
@@ -596,7 +604,8 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             A[P_RX_DROP_STATE] += 1
             return
         if op == OP_N_READ_RESP:
-            nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now)
+            nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, 1 if ce_marked(umem, l3) else 0,
+                             now)
         else:
             nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now)
         activate(A, Q, qi)
@@ -869,9 +878,7 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
         return 0
     if par[NL.P_CREDITS] and 0 < ((last - s[NL.S_RIGHT_EDGE]) & PSN_MASK) < NL.PSN_HALF:
         return 0
-    if nx[X_RD_CWND] == 0:
-        nx[X_RD_CWND] = par[NL.P_INIT_CWND]
-    if op == WR_READ and nx[X_RD_OUT] > 0 and nx[X_RD_OUT] + n > max(nx[X_RD_CWND] // NL.FP, 1):
+    if op == WR_READ and nx[X_RD_OUT] > 0 and nx[X_RD_OUT] + n > max(rd_row(A, b)[NL.S_CWND] // NL.FP, 1):
         return 0                                     # MR-CC-020: the READ window
     msn = nx[X_CUR_MSN] if k0 == 0 else nx[X_MSN_NEXT]
     for i in range(n):
@@ -899,24 +906,13 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     A[e + RQ_GAP_TS] = NL.NONE
     A[e + RQ_RR_TS] = NL.NONE
     A[e + RQ_ACKED_TS] = NL.NONE
+    A[e + RQ_REQ_TS] = now if op == WR_READ else NL.NONE     # MR-CC-019: the READ window's RTT sample
     SW[r, W_SENT] = k0 + n
     nx[X_RD_PROG] = now
     nx[X_C_RD_REQ] += 1
     if op == WR_READ:
         nx[X_RD_OUT] += n
     return 1
-
-
-@njit(**_jit)
-def rd_window_loss(nx, s, par, now):
-    """MR-CC-019 with MR-CC-022's cut: a READ response lost (re-requested) cuts read_cwnd by max_mdf, at
-    most once per srtt.  (The delay and ECN inputs of MR-CC-019 are not applied yet.)"""
-    if nx[X_RD_DEC_TS] != 0 and s[NL.S_SRTT] != NL.NONE and now - nx[X_RD_DEC_TS] < s[NL.S_SRTT]:
-        return
-    c = nx[X_RD_CWND] * (NL.FP - par[NL.P_MAX_MDF]) // NL.FP
-    nx[X_RD_CWND] = c if c > par[NL.P_MIN_CWND] else par[NL.P_MIN_CWND]
-    nx[X_RD_DEC_TS] = now
-    nx[X_C_RD_DEC] += 1
 
 
 @njit(**_jit)
@@ -953,12 +949,14 @@ def nat_rd_answered(A, Q, SW, CQT, CE, qi, b, r, n, now):
 
 
 @njit(**_jit)
-def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
+def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, ce, now):
     """A NATIVE_READ_RESP (MR-OOO-018): its MSN names an outstanding READ request, its PSN lies in that
     READ's range, offset, length and flags agree (MR-NAT-018 applied to the response), else it is
     dropped and counted; it is placed at its offset of the WQE's buffer whatever the order, a copy of a
     response already placed is ignored.  A response beyond a missing one is MR-OOO-020's evidence
-    (for this READ, and for every earlier READ still missing responses)."""
+    (for this READ, and for every earlier READ still missing responses).  Each response placed drives
+    the READ window (MR-CC-019): ce (its IP ECN field is CE) counts one, and the first one after the
+    request or a re-request gives the RTT sample."""
     par, rx, s, nx, sb, pt = rows(A, b)
     h = bo + 12
     if h + 16 + pad > end:
@@ -1002,11 +1000,12 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
     A[P_RX_BYTES] += plen
     nx[X_C_RD_RESP_RX] += 1
     nx[X_RD_PROG] = now
-    nx[X_RD_OUT] -= 1                                # MR-CC-019: a response delivered, the window grows
-    c = nx[X_RD_CWND]
-    if c > 0:
-        c += par[NL.P_AI] * NL.FP // c if c >= NL.FP else par[NL.P_AI]
-        nx[X_RD_CWND] = c if c < par[NL.P_W] * NL.FP else par[NL.P_W] * NL.FP
+    nx[X_RD_OUT] -= 1                                # MR-CC-019: a response delivered
+    rtt = NL.NONE
+    if A[e + RQ_REQ_TS] != NL.NONE:
+        rtt = now - A[e + RQ_REQ_TS]
+        A[e + RQ_REQ_TS] = NL.NONE
+    rd_on_response(rd_row(A, b), par, rtt, ce, now)
     s[NL.S_RETRY_COUNT] = 0                          # progress (MR-LOSS-008)
     lo = A[e + RQ_LO]
     while lo < n and rq_bit(A, e, lo):
@@ -1109,6 +1108,7 @@ def nat_rereq(A, Q, SW, TM, umem, tables, qi, b, e, upto, now):
         sent += 1
         nx[X_C_REREQ] += 1
         nx[X_C_TX] += 1
+        A[e + RQ_REQ_TS] = now                       # MR-CC-019: the re-request's first response is a sample
         i = k
     return sent
 
@@ -1156,7 +1156,7 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
                 if k < 0:
                     return sent
                 sent += k
-                rd_window_loss(nx, s, par, now)
+                rd_on_loss(rd_row(A, b), par, s[NL.S_SRTT], now)
                 A[e + RQ_RR_TS] = now
                 A[e + RQ_GAP_TS] = NL.NONE
         elif acked:
@@ -1190,7 +1190,7 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
         k = nat_rereq(A, Q, SW, TM, umem, tables, qi, b, oldest, A[oldest + RQ_N], now)
         if k > 0:
             sent += k
-        rd_window_loss(nx, s, par, now)
+        rd_on_loss(rd_row(A, b), par, s[NL.S_SRTT], now)
     elif nat_replay(A, Q, SW, TM, umem, tables, qi, b, oldest, now):
         sent += 1
     A[oldest + RQ_RR_TS] = now
@@ -1632,6 +1632,8 @@ class NativeSlots:
         import secrets
         par, rx, s, nx, pt, sp = self.rows(qi)
         tx_init(s, par, sq_psn & PSN_MASK, now)
+        sl = int(self.natq[qi]) - 1
+        tx_init(self._w(sl, O_TXR, NL.NTX), par, 0, now)                # the READ window (MR-CC-019)
         k = int(par[NL.P_K])
         for i in range(k):
             sp[i] = 0xC000 | ((sport + 0x101 * i) & 0x3FFF)           # MR-MP-002: distinct ports
@@ -1684,5 +1686,9 @@ class NativeSlots:
         out.update({"rx_" + n: int(rx[getattr(NL, "R_" + n.upper())]) for n in NL.RX_FIELDS if n.startswith("c_")})
         out.update(srtt_ns=int(s[NL.S_SRTT]), rto_ns=int(s[NL.S_RTO]), cwnd=int(s[NL.S_CWND]) / NL.FP,
                    snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]))
+        rd = self._w(int(self.natq[qi]) - 1, O_TXR, NL.NTX)           # the READ window (MR-CC-019)
+        out.update(rd_cwnd=int(rd[NL.S_CWND]) / NL.FP, rd_srtt_ns=int(rd[NL.S_SRTT]),
+                   c_rd_dec_delay=int(rd[NL.S_C_DEC_DELAY]), c_rd_dec_ecn=int(rd[NL.S_C_DEC_ECN]),
+                   c_rd_dec_loss=int(rd[NL.S_C_DEC_LOSS]))
         out.update(self.sack_counters(qi))
         return out

@@ -400,6 +400,32 @@ def _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, stale, now):
     _repace(s, old, now)                                 # MR-CC-043
 
 
+# ------------------------------------------------------------------ the READ window (MR-CC-019)
+@njit("void(int64[::1], int64[::1], int64, int64, int64)", **_jit)
+def rd_on_response(r, par, rtt, ce, now):
+    """MR-CC-019: a READ response received.  r is a requester row that holds only the READ window's own
+    copy of the state of 05 section 5.2 (cwnd, srtt, min_rtt, alpha, t_last_decrease, the ECN epoch),
+    adjusted by the rules of cwnd (MR-CC-007 to MR-CC-013, MR-CC-046): one packet delivered, rtt (not
+    NONE for the first response after a request or re-request) its sample, ce 1 for a CE-marked
+    response (counted in epoch_ce)."""
+    if rtt != NONE:
+        _rtt_sample(r, par, rtt, now)
+    _cc_on_sack(r, par, 1, rtt, ce, 0, 0, now)
+
+
+@njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
+def rd_on_loss(r, par, fallback_srtt, now):
+    """A READ response re-requested or timed out: the READ window is cut by max_mdf (MR-CC-022's cut),
+    at most once per its srtt (the request's srtt, fallback_srtt, before it has a sample of its own)."""
+    srtt = r[S_SRTT] if r[S_SRTT] != NONE else fallback_srtt
+    if r[S_T_LAST_DEC] != NONE and srtt != NONE and now - r[S_T_LAST_DEC] < srtt:
+        return
+    c = r[S_CWND] * (FP - par[P_MAX_MDF]) // FP
+    r[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
+    r[S_T_LAST_DEC] = now
+    r[S_C_DEC_LOSS] += 1
+
+
 # ------------------------------------------------------------------ loss detection
 @njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64)", **_jit)
 def _detect_losses(s, sb, pt, par, now):
