@@ -175,3 +175,41 @@ def test_a_sack_arriving_while_the_loop_sleeps_wakes_it_through_the_socket(fabri
     assert int(ring["sleeping"]) == 0 and int(ring["cons"]) == int(ring["prod"])
     assert (na["snd_una"], na["c_sack_inv"]) == (una, na0["c_sack_inv"])
     assert struct.unpack("!H", frame[12:14])[0] == 0x0800
+
+
+def test_psn_sequence_error_naks_are_discarded_on_a_native_qp(fabric):
+    """MR-SACK-033: a NAK-type SACK with syndrome 0x60 (PSN sequence error) or 0x64, which no native
+    responder sends, is discarded and counted by the requester: the WRITE it names (its only packet
+    dropped by the switch, so still outstanding) does not fail; it is retransmitted and completes."""
+    import json
+    import socket
+
+    from metaroce_xdp.wire import AETH, SACKETH, Op, encode
+    topo, a, b = fabric
+    _native_pair(a, b, psn=0x500)
+    mac = {s: json.loads(topo.run(s.ns, ["ip", "-j", "link", "show", dev]).stdout)[0]["address"]
+           for s, dev in ((a, "mr0"), (b, "mr1"))}
+    with FaultInjector("swB", netns=topo[1], opcode_filter=[0xC2], psn_drop_once=[0x500]) as fb:
+        a.qp.post_send(_writes(a, b, 1, 1000))
+        for _ in range(2000):                              # transmitted (and dropped): outstanding
+            a.ctx.progress()
+            if fb.stats()["psn_dropped"]:
+                break
+        assert fb.stats()["psn_dropped"] == 1
+        with topo.enter(b.ns):
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+                s.bind(("mr1", 0))
+                for syn in (0x60, 0x64):
+                    s.send(encode(Op.NATIVE_SACK, src_mac=mac[b], dst_mac=mac[a], src_ip=b.ctx.gid,
+                                  dst_ip=a.ctx.gid, dest_qp=a.qp.qp_num, psn=0x500,
+                                  headers={"aeth": AETH(syndrome=syn, msn=0), "sacketh": SACKETH()}))
+        for _ in range(2000):
+            a.ctx.progress()
+            if a.qp.native_counters()["c_sack_nak_seq"] == 2:
+                break
+        got = collect(a, 1, [b])
+    assert [(w.wr_id, w.status) for w in got] == [(0, WCStatus.SUCCESS)]
+    na = a.qp.native_counters()
+    assert na["c_sack_nak_seq"] == 2 and na["c_retx"] + na["c_rto"] + na["c_tlp"] >= 1, na
+    assert a.qp.query_state() == QPState.RTS
+    assert (b.buf[:1000] == a.buf[:1000]).all()

@@ -79,7 +79,7 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
-               c_at_ack_bad rd_out""".split()
+               c_at_ack_bad rd_out c_sack_nak_seq""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 48
@@ -440,6 +440,9 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
             qp_error(A, Q, SW, CQT, CE, qi, S_RNR_EXC, EV_QP_FATAL, 3)
             return
     elif typ == 3:
+        if syn == 0x60 or syn == 0x64:               # MR-SACK-033: never sent on a native QP: discarded, counted
+            nx[X_C_SACK_NAK_SEQ] += 1
+            return
         tx_on_sack(s, sb, pt, par, (psn - 1) & PSN_MASK, 0, words, tsecr, flags, ce_count, credit, sport, now)
         Q[qi, Q_NERR_PSN] = psn + 1
         Q[qi, Q_NERR_CODE] = syn & 0x1F
@@ -1685,9 +1688,11 @@ class NativeSlots:
         out.update({n: int(s[getattr(NL, "S_" + n.upper())]) for n in NL.TX_FIELDS if n.startswith("c_")})
         out.update({"rx_" + n: int(rx[getattr(NL, "R_" + n.upper())]) for n in NL.RX_FIELDS if n.startswith("c_")})
         out.update(srtt_ns=int(s[NL.S_SRTT]), rto_ns=int(s[NL.S_RTO]), cwnd=int(s[NL.S_CWND]) / NL.FP,
+                   alpha=int(s[NL.S_ALPHA]) / NL.FP,
                    snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]))
         rd = self._w(int(self.natq[qi]) - 1, O_TXR, NL.NTX)           # the READ window (MR-CC-019)
         out.update(rd_cwnd=int(rd[NL.S_CWND]) / NL.FP, rd_srtt_ns=int(rd[NL.S_SRTT]),
+                   rd_alpha=int(rd[NL.S_ALPHA]) / NL.FP,
                    c_rd_dec_delay=int(rd[NL.S_C_DEC_DELAY]), c_rd_dec_ecn=int(rd[NL.S_C_DEC_ECN]),
                    c_rd_dec_loss=int(rd[NL.S_C_DEC_LOSS]))
         out.update(self.sack_counters(qi))
