@@ -8,6 +8,8 @@ the same responses -- opcode, PSN, AETH syndrome and the ACKs' MSN -- in the sam
   a WRITE after a READ leaves after that READ's responses -- also when the responses are queued over
   several rounds (a small budget) and when the WRITE arrives while the READ's responses are still
   going out; the ACK of a WRITE before a READ leaves before it, with the WRITE's PSN.
+* MR-RC-025 too: a PSN sequence error NAK, an RNR NAK and an ATOMIC ACKNOWLEDGE caused by requests
+  after a READ leave after its responses.
 * MR-DUP-002: a duplicate WRITE that arrives when the last requests executed were READs is re-ACKed
   with r - 1, r the PSN of the first of those READs (what rxe sends; 09-conformance.md 9.7.1,
   TC-DUP-009-a), and with epsn - 1 once a WRITE was executed after them.
@@ -24,6 +26,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import Access, QPAttr, QPState
 from metaroce_xdp.wire import RETH, Op, decode, encode
+from metaroce_xdp.wire.headers import AtomicETH
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -86,7 +89,7 @@ class Responder:
         with self.topo.enter(self.topo[0]):
             self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
             self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=PEER_QPN, rq_psn=100, path_mtu=MTU,
-                                  dgid=self.pair.b.ipv4, max_dest_rd_atomic=16))
+                                  dgid=self.pair.b.ipv4, max_dest_rd_atomic=16, min_rnr_timer=4))
             self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=0, retry_cnt=7, rnr_retry=7,
                                   max_rd_atomic=16))
         self.budget = budget
@@ -166,8 +169,8 @@ def seen(pkts) -> list[tuple]:
     out = []
     for p in pkts:
         aeth = p.ext.get("aeth")
-        kind = "ACK" if p.bth.opcode == Op.ACKNOWLEDGE else "RR" if \
-            Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode <= Op.RDMA_READ_RESPONSE_ONLY else int(p.bth.opcode)
+        kind = "ACK" if p.bth.opcode == Op.ACKNOWLEDGE else "ATOMIC_ACK" if p.bth.opcode == Op.ATOMIC_ACKNOWLEDGE \
+            else "RR" if Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode <= Op.RDMA_READ_RESPONSE_ONLY else int(p.bth.opcode)
         out.append((kind, p.bth.psn, aeth.syndrome if aeth else None, aeth.msn if aeth else None))
     return out
 
@@ -267,3 +270,20 @@ def test_duplicate_write_after_reads_is_acked_before_them(wire, engine):
                        [("ACK", 103, 0x1F, 4)]]
         assert bytes(r.buf[32768:32776]) == b"a" * 8                # duplicates never placed
         same_as_oracle(("dup",), engine[0], got)
+
+
+@pytest.mark.parametrize("case", ["seq", "rnr", "atomic"])
+def test_naks_and_atomic_acks_do_not_overtake_read_responses(wire, engine, case):
+    """MR-RC-025: READ 100 (2 responses) with a budget of 1 a round, then -- in the same burst -- a SEND at
+    110 (out of sequence: a PSN sequence error NAK at ePSN 102), a SEND at 102 with no receive WQE (an RNR
+    NAK, MR-RNR-001) or a FETCH_ADD at 102 (its ATOMIC ACKNOWLEDGE): that response leaves after the READ's
+    responses."""
+    with responder(wire, engine, 1) as r:
+        later = {"seq": (Op.SEND_ONLY, 110, b"s", {}), "rnr": (Op.SEND_ONLY, 102, b"s", {}),
+                 "atomic": (Op.FETCH_ADD, 102, b"", dict(atomiceth=AtomicETH(va=r.mr.addr + 4096, rkey=r.mr.rkey,
+                                                                              swap_add=1, compare=0)))}[case]
+        r.send([read(r, 100, 2 * MTU), later])
+        out = r.rounds()
+        last = {"seq": ("ACK", 102, 0x60), "rnr": ("ACK", 102, 0x24), "atomic": ("ATOMIC_ACK", 102, 0x1F)}[case]
+        assert [s[:3] for s in seen(out)] == [("RR", 100, 0x1F), ("RR", 101, 0x1F), last]
+        same_as_oracle(("nak", case), engine[0], [s[:3] for s in seen(out)])

@@ -128,8 +128,9 @@ for _i, _n in enumerate(M_FIELDS):
 NM = len(M_FIELDS)
 
 # ack, amsn: a coalesced ACK that leaves right after this job's responses (MR-RC-025): 1 + its PSN (0: none)
-# and the MSN it carries (dp/loop.py ack_now)
-J_FIELDS = _cols("psn addr length mr npk sent ack amsn")
+# and the MSN it carries (dp/loop.py ack_now); nak, nmsn: likewise a PSN sequence error NAK or RNR NAK,
+# 1 + (syndrome << 24 | PSN), after the ACK (dp/loop.py send_nak)
+J_FIELDS = _cols("psn addr length mr npk sent ack amsn nak nmsn")
 for _i, _n in enumerate(J_FIELDS):
     globals()["J_" + _n.upper()] = _i
 NJ = len(J_FIELDS)

@@ -881,6 +881,7 @@ def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
     A[j + J_NPK] = max(1, (dlen + pmtu - 1) // pmtu)
     A[j + J_SENT] = 0
     A[j + J_ACK] = 0
+    A[j + J_NAK] = 0
     Q[qi, Q_RD_TAIL] += 1
     return 1
 
@@ -915,12 +916,36 @@ def ack_now(A, Q, TM, umem, tables, ext, qi):
         if psn_diff(A[j + J_PSN], psn) <= 0:
             A[j + J_ACK] = psn + 1
             A[j + J_AMSN] = Q[qi, Q_MSN]
+            if A[j + J_NAK] and psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) >= 0:
+                A[j + J_NAK] = 0                       # requests at the NAK's PSN were executed since
             Q[qi, Q_ACK_PEND] = 0
             return True
     if send_syndrome(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN, psn):
         Q[qi, Q_ACK_PEND] = 0
         return True
     return False
+
+
+@njit(**_jit)
+def send_nak(A, Q, TM, umem, tables, ext, qi, syn, psn):
+    """A PSN sequence error NAK or an RNR NAK with PSN psn (ePSN), after the coalesced ACK owed (as
+    rc/responder.py does): sent at once, or -- when READ responses or ATOMIC ACKNOWLEDGEs of earlier PSNs
+    are still queued -- attached to the last of those jobs and sent after its responses and its ACK
+    (MR-RC-025).  A NAK attached there before stays unless this one names a later PSN (an RNR NAK and
+    the sequence error NAK of the packets after it name the same ePSN: the requester goes back to it
+    either way)."""
+    ack_now(A, Q, TM, umem, tables, ext, qi)
+    h = Q[qi, Q_RD_HEAD]
+    t = Q[qi, Q_RD_TAIL]
+    while t != h:
+        t -= 1
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        if psn_diff(A[j + J_PSN], psn) < 0:
+            if A[j + J_NAK] == 0 or psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) > 0:
+                A[j + J_NAK] = 1 + (((syn & 0xFF) << 24) | (psn & PSN_MASK))
+                A[j + J_NMSN] = Q[qi, Q_MSN]
+            return True
+    return send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
 
 
 @njit(**_jit)
@@ -946,8 +971,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         A[P_RX_OOS] += 1
         if Q[qi, Q_NAK_PEND] == 0:
             Q[qi, Q_NAK_PEND] = 1
-            ack_now(A, Q, TM, umem, tables, ext, qi)       # the ACK owed goes first (rc/responder.py)
-            send_syndrome(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)
+            send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
@@ -1000,8 +1024,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     src = A[P_UMEM_ADDR] + pay
     if has_imm or (not is_write and first):
         if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
-            ack_now(A, Q, TM, umem, tables, ext, qi)
-            send_syndrome(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
+            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
             return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
@@ -1137,6 +1160,11 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
                                          A[j + J_AMSN]):
                     return n
                 A[j + J_ACK] = 0
+            if A[j + J_NAK]:
+                k = A[j + J_NAK] - 1
+                if not send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, k >> 24, k & PSN_MASK, A[j + J_NMSN]):
+                    return n
+                A[j + J_NAK] = 0
             Q[qi, Q_RD_HEAD] += 1
     return n
 

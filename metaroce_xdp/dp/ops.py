@@ -52,7 +52,7 @@ from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_R
                    mr_check, read_responses, tx_push,
                    psn_diff, publish_comp, push_event, put_be, qp_error, responder_error, rewind, send_syndrome,
                    sq_row)
-from .loop import ack_deadline, ack_now  # noqa: E402  (the local ACK timer, with its jitter; the coalesced ACK)
+from .loop import ack_deadline, ack_now, send_nak  # noqa: E402  (the local ACK timer, with its jitter; ACK, NAK)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
 from ..kern.layout import QP_STATE_DTYPE
@@ -203,6 +203,7 @@ def queue_atomic_ack(A, Q, qi, psn, orig):
     A[j + J_NPK] = 1
     A[j + J_SENT] = 0
     A[j + J_ACK] = 0
+    A[j + J_NAK] = 0
     Q[qi, Q_RD_TAIL] += 1
 
 
@@ -226,8 +227,7 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
         A[P_RX_OOS] += 1
         if Q[qi, Q_NAK_PEND] == 0:
             Q[qi, Q_NAK_PEND] = 1
-            flush_ack(A, Q, TM, umem, tables, ext, qi)
-            send_syndrome(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)
+            send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
     if d < 0:                                        # duplicate: the saved result, never executed again
         A[P_RX_DUP] += 1
