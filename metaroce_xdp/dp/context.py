@@ -709,6 +709,7 @@ class QP:
                     self._bind_queue(g["dest_qp_num"])
                 r[L.Q_PMTU] = mtu
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
+                r[L.Q_READ_RUN] = 0                     # no READ executed yet (MR-DUP-002)
                 r[L.Q_MIN_RNR] = g.get("min_rnr_timer", 1) & 0x1F
                 pl.nat.detach(self.qi)
                 self.profile = profile

@@ -14,7 +14,8 @@ Tables (sizes per port):
   CQE  completion queues: each CQ owns a ring of rows
   CQ   MAX_CQS rows: base, size, head (Python), tail (loop)
   MR   MAX_MRS rows: address, length, key, PD, access, valid (checked on every access)
-  RDJ  READ responses still to send: MAX_RD jobs per QP
+  RDJ  READ responses (and ATOMIC ACKNOWLEDGEs) still to send: MAX_RD jobs per QP, each with the
+       coalesced ACK held behind it, if any (MR-RC-025)
   EV   events for Python (errors, state changes): a ring
   RDY  QPs marked by a post (Python produces, the loop consumes)
   ACT  QPs with outstanding work: the only ones the loop looks at
@@ -85,10 +86,14 @@ Q_FIELDS = _cols("""
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
     to_win
     plane n_retx n_naks_tx
+    read_run
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i
 NQ = len(Q_FIELDS)
+
+# Q_READ_RUN: 1 + the PSN of the first of the READ REQUESTs executed last, 0 when the last request executed
+# was not a READ: the coalesced ACK is then sent at that PSN - 1 (MR-DUP-002 r - 1, dp/loop.py ack_psn)
 
 # responder message in progress (Q_R_KIND)
 RK_NONE, RK_SEND, RK_WRITE = 0, 1, 2
@@ -122,7 +127,10 @@ for _i, _n in enumerate(M_FIELDS):
     globals()["M_" + _n.upper()] = _i
 NM = len(M_FIELDS)
 
-J_FIELDS = _cols("psn addr length mr npk sent")
+# ack, amsn: a coalesced ACK that leaves right after this job's responses (MR-RC-025): 1 + its PSN (0: none)
+# and the MSN it carries (dp/loop.py ack_now); nak, nmsn: likewise a PSN sequence error NAK or RNR NAK,
+# 1 + (syndrome << 24 | PSN), after the ACK (dp/loop.py send_nak)
+J_FIELDS = _cols("psn addr length mr npk sent ack amsn nak nmsn")
 for _i, _n in enumerate(J_FIELDS):
     globals()["J_" + _n.upper()] = _i
 NJ = len(J_FIELDS)

@@ -323,7 +323,13 @@ def put_be(ext, off, v, nbytes):
 def send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn):
     """An ACKNOWLEDGE: ACK, NAK or RNR NAK (MR-ACK-001) with the QP's MSN.  False when no UMEM frame
     was free (counted in tx_no_frame): the caller keeps what it owes."""
-    put_be(ext, 0, ((syn & 0xFF) << 24) | (Q[qi, Q_MSN] & PSN_MASK), 4)
+    return send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, syn, psn, Q[qi, Q_MSN])
+
+
+@njit(**_jit)
+def send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, syn, psn, msn):
+    """send_syndrome with a given MSN (an ACK decided earlier and held behind READ responses: ack_now)."""
+    put_be(ext, 0, ((syn & 0xFF) << 24) | (msn & PSN_MASK), 4)
     if emit(A, Q, TM, umem, tables, qi, OP_ACK, 0, 0, psn & PSN_MASK, ext, 4, 0, 0):
         if syn == AETH_ACK_SYN:
             A[P_TX_ACK] += 1
@@ -845,7 +851,9 @@ def get_be(umem, off, nbytes):
 @njit(**_jit)
 def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, why):
     """A NAK that ends the connection (invalid request, remote access), then ERR -- held behind the READ
-    responses already queued, which go first (MR-RC-025); meanwhile no new request is taken."""
+    responses already queued, which go first (MR-RC-025); meanwhile no new request is taken.  The
+    coalesced ACK owed so far goes before it (rc/responder.py _nak)."""
+    ack_now(A, Q, TM, umem, tables, ext, qi)
     if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
         if Q[qi, Q_FNAK_SYN] == 0:
             Q[qi, Q_FNAK_SYN], Q[qi, Q_FNAK_PSN], Q[qi, Q_FNAK_EV], Q[qi, Q_FNAK_WHY] = syn, psn, ev, why
@@ -872,8 +880,72 @@ def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
     A[j + J_MR] = mr
     A[j + J_NPK] = max(1, (dlen + pmtu - 1) // pmtu)
     A[j + J_SENT] = 0
+    A[j + J_ACK] = 0
+    A[j + J_NAK] = 0
     Q[qi, Q_RD_TAIL] += 1
     return 1
+
+
+@njit(**_jit)
+def ack_psn(Q, qi):
+    """The PSN of the coalesced ACK (MR-ACK-001): epsn - 1; but while the last requests executed were
+    RDMA READs -- only duplicates can have asked for an ACK then -- r - 1, r the PSN of the first of
+    them (MR-DUP-002, rc/responder.py flush_ack, as rxe does): a requester whose READ responses were
+    lost must not take the re-ACK for them."""
+    rr = Q[qi, Q_READ_RUN]
+    e = rr - 1 if rr else Q[qi, Q_EPSN]
+    return (e - 1) & PSN_MASK
+
+
+@njit(**_jit)
+def ack_now(A, Q, TM, umem, tables, ext, qi):
+    """The coalesced ACK owed (Q_ACK_PEND) is decided now, with the PSN (ack_psn) and MSN of now, as
+    rc/responder.py flush_ack does: sent at once -- unless READ responses or ATOMIC ACKNOWLEDGEs of
+    PSNs up to it are still queued: then it is attached to the last of those jobs and leaves right
+    after its responses (read_responses), so that responses leave in PSN order (MR-RC-025); an ACK
+    attached there before is replaced (coalesced, MR-ACK-003: no READ between them).  With no job
+    queued this costs one test.  False when it had to be sent and no TX frame was free (the flag stays)."""
+    if Q[qi, Q_ACK_PEND] == 0:
+        return True
+    psn = ack_psn(Q, qi)
+    h = Q[qi, Q_RD_HEAD]
+    t = Q[qi, Q_RD_TAIL]
+    while t != h:
+        t -= 1
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        if psn_diff(A[j + J_PSN], psn) <= 0:
+            A[j + J_ACK] = psn + 1
+            A[j + J_AMSN] = Q[qi, Q_MSN]
+            if A[j + J_NAK] and psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) >= 0:
+                A[j + J_NAK] = 0                       # requests at the NAK's PSN were executed since
+            Q[qi, Q_ACK_PEND] = 0
+            return True
+    if send_syndrome(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN, psn):
+        Q[qi, Q_ACK_PEND] = 0
+        return True
+    return False
+
+
+@njit(**_jit)
+def send_nak(A, Q, TM, umem, tables, ext, qi, syn, psn):
+    """A PSN sequence error NAK or an RNR NAK with PSN psn (ePSN), after the coalesced ACK owed (as
+    rc/responder.py does): sent at once, or -- when READ responses or ATOMIC ACKNOWLEDGEs of earlier PSNs
+    are still queued -- attached to the last of those jobs and sent after its responses and its ACK
+    (MR-RC-025).  A NAK attached there before stays unless this one names a later PSN (an RNR NAK and
+    the sequence error NAK of the packets after it name the same ePSN: the requester goes back to it
+    either way)."""
+    ack_now(A, Q, TM, umem, tables, ext, qi)
+    h = Q[qi, Q_RD_HEAD]
+    t = Q[qi, Q_RD_TAIL]
+    while t != h:
+        t -= 1
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        if psn_diff(A[j + J_PSN], psn) < 0:
+            if A[j + J_NAK] == 0 or psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) > 0:
+                A[j + J_NAK] = 1 + (((syn & 0xFF) << 24) | (psn & PSN_MASK))
+                A[j + J_NMSN] = Q[qi, Q_MSN]
+            return True
+    return send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
 
 
 @njit(**_jit)
@@ -887,6 +959,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     if d < 0:                                        # duplicate (MR-DUP-002): ACK again; READ re-executed
         A[P_RX_DUP] += 1
         if op == OP_READ_REQ:
+            ack_now(A, Q, TM, umem, tables, ext, qi)       # the ACK owed before this READ's responses
             if push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4),
                              get_be(umem, hdr + 12, 4)) < 0:
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
@@ -898,7 +971,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         A[P_RX_OOS] += 1
         if Q[qi, Q_NAK_PEND] == 0:
             Q[qi, Q_NAK_PEND] = 1
-            send_syndrome(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)
+            send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
@@ -906,6 +979,9 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
             return
         dlen = get_be(umem, hdr + 12, 4)
+        # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
+        # it leaves before the READ's responses (MR-RC-025, MR-ACK-001)
+        ack_now(A, Q, TM, umem, tables, ext, qi)
         k = push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4), dlen)
         if k < 0:
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
@@ -915,6 +991,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         Q[qi, Q_NAK_PEND] = 0
         Q[qi, Q_EPSN] = (psn + max(1, (dlen + pmtu - 1) // pmtu)) & PSN_MASK
         Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
+        if Q[qi, Q_READ_RUN] == 0:
+            Q[qi, Q_READ_RUN] = psn + 1                # the first of a run of READs (MR-DUP-002)
         return
     inv = op == OP_SEND_LAST_INV or op == OP_SEND_ONLY_INV     # SEND WITH INVALIDATE (dp/ops.py)
     is_write = op >= 6 and not inv
@@ -946,7 +1024,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     src = A[P_UMEM_ADDR] + pay
     if has_imm or (not is_write and first):
         if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
-            send_syndrome(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
+            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
             return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
@@ -1028,24 +1106,26 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     A[P_RX_BYTES] += plen
     Q[qi, Q_NAK_PEND] = 0
     Q[qi, Q_EPSN] = (psn + 1) & PSN_MASK
+    Q[qi, Q_READ_RUN] = 0
     if ackreq:
         Q[qi, Q_ACK_PEND] = 1
 
 
 @njit(**_jit)
 def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
-    """Send READ RESPONSE packets of the oldest queued READ jobs (AETH on FIRST, LAST, ONLY)."""
+    """Send READ RESPONSE packets of the oldest queued READ jobs (AETH on FIRST, LAST, ONLY), and after
+    a job's last one the coalesced ACK held behind it (ack_now, MR-RC-025)."""
     n = 0
     pmtu = Q[qi, Q_PMTU]
     while n < budget and Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
         j = A[P_RDJ_OFF] + (qi * MAX_RD + (Q[qi, Q_RD_HEAD] % MAX_RD)) * NJ
-        if A[j + J_LENGTH] < 0:                      # an ATOMIC ACKNOWLEDGE, in PSN order (dp/ops.py)
-            if not atomic_ack_job(A, Q, TM, umem, tables, ext, qi, j):
-                return n
-            n += 1
-            Q[qi, Q_RD_HEAD] += 1
-            continue
         npk = A[j + J_NPK]
+        if A[j + J_LENGTH] < 0:                      # an ATOMIC ACKNOWLEDGE, in PSN order (dp/ops.py)
+            if A[j + J_SENT] == 0:
+                if not atomic_ack_job(A, Q, TM, umem, tables, ext, qi, j):
+                    return n
+                A[j + J_SENT] = 1
+                n += 1
         while A[j + J_SENT] < npk and n < budget:
             k = A[j + J_SENT]
             if A[j + J_MR] and MRT[A[j + J_MR], M_VALID] == 0:         # MR-MEM-033: NAK the READ's PSN
@@ -1075,6 +1155,16 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
             A[j + J_SENT] = k + 1
             n += 1
         if A[j + J_SENT] >= npk:
+            if A[j + J_ACK]:
+                if not send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN, A[j + J_ACK] - 1,
+                                         A[j + J_AMSN]):
+                    return n
+                A[j + J_ACK] = 0
+            if A[j + J_NAK]:
+                k = A[j + J_NAK] - 1
+                if not send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, k >> 24, k & PSN_MASK, A[j + J_NMSN]):
+                    return n
+                A[j + J_NAK] = 0
             Q[qi, Q_RD_HEAD] += 1
     return n
 
@@ -1415,12 +1505,12 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
             work += k & 0xFFFFFFFF
             busy = (k >> 32) != 0
         elif st >= ST_RTR:
-            # responder: coalesced ACK for this batch (MR-ACK-004), READ responses
-            # (the flag stays set while no TX frame is free: a lost coalesced ACK would cost the
-            # requester a local ACK timeout, 67 ms at timeout 14, with nothing lost on the wire)
-            if Q[qi, Q_ACK_PEND] and send_syndrome(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN,
-                                                   (Q[qi, Q_EPSN] - 1) & PSN_MASK):
-                Q[qi, Q_ACK_PEND] = 0
+            # responder: coalesced ACK for this batch (MR-ACK-004), READ responses.  The ACK leaves now,
+            # or, when READ responses of PSNs before it are still queued, right after them (ack_now,
+            # MR-RC-025).  (The flag stays set while no TX frame is free: a lost coalesced ACK would
+            # cost the requester a local ACK timeout, 67 ms at timeout 14, with nothing lost on the wire)
+            if Q[qi, Q_ACK_PEND]:
+                ack_now(A, Q, TM, umem, tables, ext, qi)
             if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
                 # READ RESPONSEs are paced by the QP's DCQCN rate too (MR-CNP-009)
                 bud = rp_allowance(A, qi, now, budget, Q[qi, Q_PMTU] + WIRE_OVERHEAD)

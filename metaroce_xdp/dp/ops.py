@@ -52,7 +52,7 @@ from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_R
                    mr_check, read_responses, tx_push,
                    psn_diff, publish_comp, push_event, put_be, qp_error, responder_error, rewind, send_syndrome,
                    sq_row)
-from .loop import ack_deadline  # noqa: E402  (the local ACK timer, with its jitter)
+from .loop import ack_deadline, ack_now, send_nak  # noqa: E402  (the local ACK timer, with its jitter; ACK, NAK)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
 from ..kern.layout import QP_STATE_DTYPE
@@ -202,16 +202,16 @@ def queue_atomic_ack(A, Q, qi, psn, orig):
     A[j + J_MR] = 0
     A[j + J_NPK] = 1
     A[j + J_SENT] = 0
+    A[j + J_ACK] = 0
+    A[j + J_NAK] = 0
     Q[qi, Q_RD_TAIL] += 1
 
 
 @njit(**_jit)
 def flush_ack(A, Q, TM, umem, tables, ext, qi):
     """The coalesced ACK owed so far leaves before a response to a later request (rc/responder.py
-    flush_ack) -- unless READ responses are queued: then it waits for the round (MR-RC-025)."""
-    if Q[qi, Q_ACK_PEND] and Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL]:
-        if send_syndrome(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN, (Q[qi, Q_EPSN] - 1) & PSN_MASK):
-            Q[qi, Q_ACK_PEND] = 0
+    flush_ack) -- behind the READ responses of earlier PSNs still queued (loop.ack_now, MR-RC-025)."""
+    ack_now(A, Q, TM, umem, tables, ext, qi)
 
 
 @njit(**_jit)
@@ -227,7 +227,7 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
         A[P_RX_OOS] += 1
         if Q[qi, Q_NAK_PEND] == 0:
             Q[qi, Q_NAK_PEND] = 1
-            send_syndrome(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)
+            send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
     if d < 0:                                        # duplicate: the saved result, never executed again
         A[P_RX_DUP] += 1
@@ -281,6 +281,7 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
     queue_atomic_ack(A, Q, qi, psn, o)
     Q[qi, Q_NAK_PEND] = 0
     Q[qi, Q_EPSN] = (psn + 1) & PSN_MASK
+    Q[qi, Q_READ_RUN] = 0                            # not a READ: a later re-ACK is at epsn - 1 (MR-DUP-002)
 
 
 @njit(**_jit)

@@ -1,0 +1,296 @@
+"""The compat responder's responses on the wire, the compiled data plane against its oracle, the Python
+engine: crafted request frames from a scripted requester (a raw socket in the other namespace: nothing
+there answers but the script) reach a responder QP on a real interface (XDP program, AF_XDP socket),
+and what the responder sends back is read off the wire in the order it left.  Both engines must send
+the same responses -- opcode, PSN, AETH syndrome and the ACKs' MSN -- in the same order.
+
+* MR-RC-025 (with MR-ACK-001, MR-ACK-003): responses of a QP leave in PSN order.  The coalesced ACK of
+  a WRITE after a READ leaves after that READ's responses -- also when the responses are queued over
+  several rounds (a small budget) and when the WRITE arrives while the READ's responses are still
+  going out; the ACK of a WRITE before a READ leaves before it, with the WRITE's PSN.
+* MR-RC-025 too: a PSN sequence error NAK, an RNR NAK and an ATOMIC ACKNOWLEDGE caused by requests
+  after a READ leave after its responses.
+* MR-DUP-002: a duplicate WRITE that arrives when the last requests executed were READs is re-ACKed
+  with r - 1, r the PSN of the first of those READs (what rxe sends; 09-conformance.md 9.7.1,
+  TC-DUP-009-a), and with epsn - 1 once a WRITE was executed after them.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from metaroce_xdp.verbs_types import Access, QPAttr, QPState
+from metaroce_xdp.wire import RETH, Op, decode, encode
+from metaroce_xdp.wire.headers import AtomicETH
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+PEER_QPN = 0x777            # the scripted requester's QP: exists nowhere
+MTU = 1024
+PACKET_OUTGOING = 4
+ETH_P_ALL = 3
+
+
+@pytest.fixture(scope="module")
+def wire():
+    """Namespace 0: the responder's interface mr0; namespace 1: the script's raw socket on mr1 (and a
+    UDP socket on 4791 that swallows the responses, so that its kernel sends no ICMP back)."""
+    from metaroce_xdp.topo import two_hosts
+    topo, pair = two_hosts(prefix="mrord")
+    sock = swallow = None
+    try:
+        with topo.enter(topo[1]):
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            sock.bind(("mr1", ETH_P_ALL))
+            sock.setblocking(False)
+            swallow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            swallow.bind((pair.b.ipv4, 4791))
+        yield topo, pair, sock
+    finally:
+        for s in (sock, swallow):
+            if s is not None:
+                s.close()
+        topo.close()
+
+
+@pytest.fixture(scope="module", params=["python", "compiled"])
+def engine(request, wire):
+    topo, _, _ = wire
+    if request.param == "python":
+        from metaroce_xdp.rc.engine import Context
+    else:
+        from metaroce_xdp.dp import Context
+    with topo.enter(topo[0]):
+        ctx = Context.open("mr0")
+    try:
+        yield request.param, ctx
+    finally:
+        ctx.close()
+
+
+class Responder:
+    """A fresh responder QP (ePSN 100) of `engine`, connected to the scripted requester."""
+
+    def __init__(self, wire, engine, budget: int = 256) -> None:
+        self.topo, self.pair, self.sock = wire
+        self.kind, self.ctx = engine
+        self.pd = self.ctx.alloc_pd()
+        self.buf = np.zeros(1 << 16, np.uint8)
+        self.mr = self.pd.reg_mr(self.buf, FULL)
+        self.cq = self.ctx.create_cq(64)
+        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
+        with self.topo.enter(self.topo[0]):
+            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=PEER_QPN, rq_psn=100, path_mtu=MTU,
+                                  dgid=self.pair.b.ipv4, max_dest_rd_atomic=16, min_rnr_timer=4))
+            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=0, retry_cnt=7, rnr_retry=7,
+                                  max_rd_atomic=16))
+        self.budget = budget
+        self.src = socket.inet_aton(self.pair.a.ipv4)
+        self._budget0 = self._set_budget(budget)
+        self.drain()
+
+    def _set_budget(self, n: int) -> int:
+        if self.kind == "compiled":
+            from metaroce_xdp.dp import layout as L
+            old = int(self.ctx.plane.A[L.P_BUDGET])
+            self.ctx.plane.A[L.P_BUDGET] = n
+        else:
+            old = self.ctx.engine.budget
+            self.ctx.engine.budget = n
+        return old
+
+    def close(self) -> None:
+        self._set_budget(self._budget0)
+        self.ctx.destroy_qp(self.qp)
+
+    def round(self) -> None:
+        if self.kind == "compiled":
+            self.ctx.progress()
+        else:
+            self.ctx.engine.progress()
+
+    def send(self, reqs) -> None:
+        """Request frames (opcode, psn, payload, headers), AckReq set, onto the wire in this order; then
+        time for them to cross the veth before the next round."""
+        a, b = self.pair.a, self.pair.b
+        for opcode, psn, payload, headers in reqs:
+            self.sock.send(encode(opcode, src_mac=b.mac, dst_mac=a.mac, src_ip=b.ipv4, dst_ip=a.ipv4,
+                                  sport=0xC123, dest_qp=self.qp.qp_num, psn=psn, ack_req=1, headers=headers,
+                                  payload=payload))
+        time.sleep(0.1)
+
+    def drain(self) -> list:
+        """The responder's RoCE frames that reached the script's side, in order (decoded)."""
+        out = []
+        while True:
+            try:
+                frame, addr = self.sock.recvfrom(1 << 16)
+            except BlockingIOError:
+                return out
+            # the responder's frames only: not what the script sent, IPv4 UDP to 4791 from the responder's address
+            if addr[2] == PACKET_OUTGOING or len(frame) < 42 or frame[12:14] != b"\x08\x00" or frame[23] != 17 \
+                    or int.from_bytes(frame[36:38], "big") != 4791 or frame[26:30] != self.src:
+                continue
+            out.append(decode(frame))
+
+    def rounds(self, n: int | None = None) -> list:
+        """n rounds (or rounds until nothing more comes, bounded); what was sent meanwhile."""
+        out = []
+        quiet = 0
+        for _ in range(n if n is not None else 400):
+            self.round()
+            time.sleep(0.002)
+            got = self.drain()
+            out += got
+            quiet = 0 if got else quiet + 1
+            if n is None and quiet >= 25:
+                break
+        return out
+
+
+@contextlib.contextmanager
+def responder(wire, engine, budget=256):
+    r = Responder(wire, engine, budget)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def seen(pkts) -> list[tuple]:
+    """(kind, PSN, syndrome, MSN) of each response: RR for a READ RESPONSE (syndrome and MSN of an
+    AETH-less MIDDLE: None), ACK for an ACKNOWLEDGE."""
+    out = []
+    for p in pkts:
+        aeth = p.ext.get("aeth")
+        op = p.bth.opcode
+        kind = "ACK" if op == Op.ACKNOWLEDGE else "ATOMIC_ACK" if op == Op.ATOMIC_ACKNOWLEDGE \
+            else "RR" if Op.RDMA_READ_RESPONSE_FIRST <= op <= Op.RDMA_READ_RESPONSE_ONLY else int(op)
+        out.append((kind, p.bth.psn, aeth.syndrome if aeth else None, aeth.msn if aeth else None))
+    return out
+
+
+def order(pkts) -> list[tuple[str, int]]:
+    return [(k, psn) for k, psn, _, _ in seen(pkts)]
+
+
+def read(r, psn, n, off=0):
+    return (Op.RDMA_READ_REQUEST, psn, b"", dict(reth=RETH(va=r.mr.addr + off, rkey=r.mr.rkey, dma_len=n)))
+
+
+def write(r, psn, data, off=32768):
+    return (Op.RDMA_WRITE_ONLY, psn, data, dict(reth=RETH(va=r.mr.addr + off, rkey=r.mr.rkey, dma_len=len(data))))
+
+
+# what each engine sent, per test: the compiled plane's must equal the oracle's (the Python engine's)
+RESULTS: dict[tuple, dict[str, list]] = {}
+
+
+def same_as_oracle(key, kind, got) -> None:
+    RESULTS.setdefault(key, {})[kind] = got
+    both = RESULTS[key]
+    if len(both) == 2:
+        assert both["compiled"] == both["python"]
+
+
+@pytest.mark.parametrize("budget", [256, 2])
+def test_ack_after_a_read_waits_for_its_responses(wire, engine, budget):
+    """MR-RC-025, MR-ACK-003: READ 100 (3 responses, PSNs 100-102), WRITE 103, READ 104, WRITE 105 arriving
+    together: the coalesced ACKs leave after the responses of the READs before them and before those of
+    the READs after them; budget 2: the responses leave over several rounds."""
+    with responder(wire, engine, budget) as r:
+        r.buf[:3000] = 0x42
+        r.send([read(r, 100, 3000), write(r, 103, b"w" * 8), read(r, 104, 8), write(r, 105, b"v" * 8, 33000)])
+        out = r.rounds()
+        assert order(out) == [("RR", 100), ("RR", 101), ("RR", 102), ("ACK", 103), ("RR", 104), ("ACK", 105)]
+        acks = [s for s in seen(out) if s[0] == "ACK"]
+        assert [(s[2], s[3]) for s in acks] == [(0x1F, 2), (0x1F, 4)]       # the MSN when each was decided
+        assert bytes(r.buf[32768:32776]) == b"w" * 8 and bytes(r.buf[33000:33008]) == b"v" * 8
+        same_as_oracle(("burst", budget), engine[0], [(k, p, s) + ((m,) if k == "ACK" else ())
+                                                      for k, p, s, m in seen(out)])
+
+
+def test_ack_of_a_write_arriving_while_read_responses_go_out(wire, engine):
+    """MR-RC-025: READ 100 of 6 responses with a budget of 2 a round; after the first round (2 responses
+    out, 4 queued) WRITE 106 arrives with AckReq: its ACK leaves after the 4 queued responses."""
+    with responder(wire, engine, 2) as r:
+        r.send([read(r, 100, 6 * MTU)])
+        first = []
+        for _ in range(200):                                    # the round that takes the READ
+            first = r.rounds(1)
+            if first:
+                break
+        assert order(first) == [("RR", 100), ("RR", 101)]
+        r.send([write(r, 106, b"x" * 16)])
+        out = first + r.rounds()
+        assert order(out) == [("RR", 100 + k) for k in range(6)] + [("ACK", 106)]
+        same_as_oracle(("backlog",), engine[0], order(out))
+
+
+def test_ack_of_a_write_before_a_read_has_the_writes_psn(wire, engine):
+    """MR-RC-025, MR-ACK-001: WRITE 100 then READ 101 (2 responses) together: the WRITE's ACK names PSN 100
+    (not the READ's last PSN) and leaves before the READ's responses."""
+    with responder(wire, engine) as r:
+        r.send([write(r, 100, b"y" * 8), read(r, 101, 2 * MTU)])
+        out = r.rounds()
+        assert order(out) == [("ACK", 100), ("RR", 101), ("RR", 102)]
+        assert seen(out)[0][3] == 1
+        same_as_oracle(("write-read",), engine[0], order(out))
+
+
+def test_duplicate_write_after_reads_is_acked_before_them(wire, engine):
+    """MR-DUP-002 (r - 1), MR-DUP-006: WRITE 100, READ 101, READ 102; a duplicate of the WRITE is re-ACKed
+    with PSN 100, the one before the first READ -- not 102 (epsn - 1), which would tell a requester whose
+    READ responses were lost that the READs are done; epsn, msn untouched.  Once WRITE 103 was executed
+    after the READs, a duplicate is re-ACKed with epsn - 1 (103).  A duplicate WRITE at a READ's PSN too."""
+    with responder(wire, engine) as r:
+        steps = []
+        r.send([write(r, 100, b"a" * 8)])
+        steps.append(r.rounds())
+        r.send([read(r, 101, 8)])
+        steps.append(r.rounds())
+        r.send([read(r, 102, 8)])
+        steps.append(r.rounds())
+        r.send([write(r, 100, b"b" * 8)])                       # duplicate
+        steps.append(r.rounds())
+        r.send([write(r, 101, b"c" * 8)])                       # duplicate at the first READ's PSN
+        steps.append(r.rounds())
+        r.send([write(r, 103, b"d" * 8, 40000)])
+        steps.append(r.rounds())
+        r.send([write(r, 100, b"e" * 8)])                       # duplicate, after a WRITE
+        steps.append(r.rounds())
+        got = [seen(s) for s in steps]
+        assert got == [[("ACK", 100, 0x1F, 1)],
+                       [("RR", 101, 0x1F, 2)],
+                       [("RR", 102, 0x1F, 3)],
+                       [("ACK", 100, 0x1F, 3)],
+                       [("ACK", 100, 0x1F, 3)],
+                       [("ACK", 103, 0x1F, 4)],
+                       [("ACK", 103, 0x1F, 4)]]
+        assert bytes(r.buf[32768:32776]) == b"a" * 8                # duplicates never placed
+        same_as_oracle(("dup",), engine[0], got)
+
+
+@pytest.mark.parametrize("case", ["seq", "rnr", "atomic"])
+def test_naks_and_atomic_acks_do_not_overtake_read_responses(wire, engine, case):
+    """MR-RC-025: READ 100 (2 responses) with a budget of 1 a round, then -- in the same burst -- a SEND at
+    110 (out of sequence: a PSN sequence error NAK at ePSN 102), a SEND at 102 with no receive WQE (an RNR
+    NAK, MR-RNR-001) or a FETCH_ADD at 102 (its ATOMIC ACKNOWLEDGE): that response leaves after the READ's
+    responses."""
+    with responder(wire, engine, 1) as r:
+        later = {"seq": (Op.SEND_ONLY, 110, b"s", {}), "rnr": (Op.SEND_ONLY, 102, b"s", {}),
+                 "atomic": (Op.FETCH_ADD, 102, b"", dict(atomiceth=AtomicETH(va=r.mr.addr + 4096, rkey=r.mr.rkey,
+                                                                              swap_add=1, compare=0)))}[case]
+        r.send([read(r, 100, 2 * MTU), later])
+        out = r.rounds()
+        last = {"seq": ("ACK", 102, 0x60), "rnr": ("ACK", 102, 0x24), "atomic": ("ATOMIC_ACK", 102, 0x1F)}[case]
+        assert [s[:3] for s in seen(out)] == [("RR", 100, 0x1F), ("RR", 101, 0x1F), last]
+        same_as_oracle(("nak", case), engine[0], [s[:3] for s in seen(out)])
