@@ -1,8 +1,27 @@
 """MetaRoCE reference endpoint: wire codec, XDP/AF_XDP data path and RC transport.
 
+    from metaroce_xdp import Context          # the endpoint: the compiled data plane (dp.Context)
+    ctx = Context.open("eth1")
+
+`Context` is `metaroce_xdp.dp.Context`: the verbs of the README over one GIL-free compiled loop per
+port, what metaroced hosts.  The Python engine, `metaroce_xdp.rc.engine.Context`, has the same
+verbs and stays as the executable oracle the tests (and the conformance agent) run.  Importing this
+package stays cheap: `Context` is loaded on first use (numpy, numba and BCC only then).
+
 Sub-packages:
   wire    -- the codec: headers, opcode table, ICRC, PSN arithmetic (spec 01/02)
   afxdp   -- AF_XDP sockets and rings mapped into numpy
+  dp      -- the compiled data plane (Context)
+  rc      -- the Python RC engine (the oracle)
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Context"]
+
+
+def __getattr__(name: str):
+    if name == "Context":
+        from .dp.context import Context
+        return Context
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

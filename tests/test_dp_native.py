@@ -271,7 +271,7 @@ def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
 
 @pytest.mark.parametrize("srv_args,want", [(["--plane", "compiled"], "native"),
                                             (["--plane", "compiled", "--profile", "compat"], "compat"),
-                                            ([], "compat")], ids=["auto", "compat", "python-plane"])
+                                            (["--plane", "python"], "compat")], ids=["auto", "compat", "python-plane"])
 def test_perf_profile_switch(srv_args, want):
     """`metaroce perf --plane compiled` with the default --profile auto (MR-NAT-001/002, MR-CM-016): write-bw
     runs native against an auto server, falls back to compat against a compat one and against the python

@@ -246,12 +246,16 @@ def test_perf(hosts, test):
         assert r["bytes"] == size and r["iterations"] == iters and r["total_bytes"] == size * iters
         assert r["seconds"] > 0 and r["gbps"] > 0 and r["msg_rate"] > 0
         assert r["mtu"] == 1024
+    assert c["plane"] == "compiled"            # the default: the compiled data plane (--plane python: the oracle)
     responder = s if test != "write-lat" else c
     if test in ("write-bw", "send-bw"):
         assert s["counters"]["bytes_received"] == size * iters        # every byte placed once
         assert c["counters"]["packets_sent"] >= iters * -(-size // 1024)
     elif test == "read-bw":
-        assert s["counters"]["bytes_sent"] >= size * iters           # READ responses (+ any resent)
+        # the compiled plane's counters are its port's (tools/perf.py DP_COUNTERS): READ responses placed at the
+        # client (+ any resent), and sent by the server
+        assert c["counters"]["bytes_received"] >= size * iters
+        assert s["counters"]["packets_sent"] >= iters * -(-size // 1024)
     else:
         for r in (c, s):
             lat = r["lat_us"]
@@ -279,13 +283,19 @@ def test_perf_table_output(hosts):
 @netns
 @needs_root
 @pytest.mark.timeout(180)
-def test_pingpong(hosts):
+@pytest.mark.parametrize("server_plane", ["compiled", "python"])
+def test_pingpong(hosts, server_plane):
+    """The client on the default plane (compiled); the server on it too, or on the Python engine (--plane
+    python): the two planes interoperate through rc_pingpong's exchange (compat RoCEv2)."""
     topo, _ = hosts
     args = ["pingpong", "-g", "1", "-s", "4096", "-n", "200", "-p", "18517"]
     (crc, cout, cerr), (src, sout, serr) = run_pair(
-        topo, [*args, "-d", "mr1"], [*args, "-d", "mr0", "10.77.0.2"], r"local address:")
+        topo, [*args, "-d", "mr1", *(["--plane", "python"] if server_plane == "python" else [])],
+        [*args, "-d", "mr0", "10.77.0.2"], r"local address:")
     assert crc == 0, cerr
     assert src == 0, serr
+    assert "engine: in-process engine (" in cerr and "compiled plane" in cerr, cerr
+    assert f"{server_plane} plane" in serr, serr
     addr = r"LID 0x0000, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}, GID ::ffff:10\.77\.0\.%d"
     for out, me, peer in ((cout, 1, 2), (sout, 2, 1)):
         lines = out.splitlines()
@@ -330,7 +340,8 @@ def test_capture_of_a_perf_run_decodes_as_rocev2(tmp_path):
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         # frames sent before tcpdump has attached would be missing from the capture
         assert "listening on" in cap.stderr.readline()
-        args = ["perf", "write-bw", "-s", "65536", "-n", "40", "-p", "18515", "--json"]
+        # the compat profile: RoCEv2 (the default --profile auto agrees native between two compiled planes)
+        args = ["perf", "write-bw", "-s", "65536", "-n", "40", "-p", "18515", "--json", "--profile", "compat"]
         srv = Proc(topo, topo[2], [*args, "-d", "mr1"])
         srv.wait_for("Waiting for client")
         cli = Proc(topo, topo[0], [*args, "-d", "mr0", "10.77.0.2"])

@@ -182,6 +182,63 @@ def test_hello_describes_rxe(vm):
         assert counters["rx_dup_req"] == counters["duplicate_request"]      # the spec's name (MR-DUP-010)
 
 
+PP_ITERS, PP_SIZE = 50, 4096
+
+
+def _vm(vm: RxeVM, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return vm._script("vmexec.sh", "-i", str(vm.vm_id), *args, timeout=timeout, check=False)
+
+
+def _our_pingpong(vm: RxeVM, *args: str) -> subprocess.Popen:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen(["ip", "netns", "exec", vm.netns, sys.executable, "-m", "tools.metaroce_cli", "pingpong",
+                             "-d", vm.iface, "-g", "1", "-n", str(PP_ITERS), "-s", str(PP_SIZE), *args],
+                            cwd=root, env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _closing_lines_ok(out: str) -> bool:
+    return (f"{2 * PP_ITERS * PP_SIZE} bytes in " in out and f"{PP_ITERS} iters in " in out)
+
+
+@pytest.mark.vm
+@pytest.mark.netns
+def test_metaroce_pingpong_with_ibv_rc_pingpong(vm):
+    """`metaroce pingpong` on its default engine (the compiled data plane, compat RoCEv2) against
+    rdma-core's own ibv_rc_pingpong on rxe, each as client and as server (MR-CM-040..046).  Before
+    the `ours` fixture: the tap is free for the tool's own endpoint."""
+    # rxe's ibv_rc_pingpong the server, ours the client
+    job = _vm(vm, "-b", "--", f"ibv_rc_pingpong -d rxe0 -g $RXE_GID_IDX -n {PP_ITERS} -s {PP_SIZE}").stdout.split()[-1]
+    deadline = time.monotonic() + 90
+    while True:          # its "local address" line sits in stdio's buffer: try until it listens
+        ours = _our_pingpong(vm, vm.vm_ip)
+        cout, cerr = ours.communicate(timeout=240)
+        if ours.returncode == 0 or "Couldn't connect to" not in cerr or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    srv = _vm(vm, "-w", job, "-t", "120", timeout=150)
+    assert ours.returncode == 0, cout + cerr
+    assert "compiled plane" in cerr, cerr
+    assert srv.returncode == 0 and _closing_lines_ok(srv.stdout), srv.stdout + srv.stderr
+    assert _closing_lines_ok(cout), cout
+    assert f"GID ::ffff:{vm.vm_ip}" in cout                          # the remote address line: rxe's GID
+    # ours the server, rxe's the client
+    ours = _our_pingpong(vm)
+    try:
+        line = ours.stdout.readline()                                 # printed once it listens
+        assert "local address:" in line, line + ours.stderr.read()
+        cli = _vm(vm, "-t", "180", "--", f"ibv_rc_pingpong -d rxe0 -g $RXE_GID_IDX -n {PP_ITERS} -s {PP_SIZE} "
+                  f"{vm.host_ip}", timeout=200)
+        sout, serr = ours.communicate(timeout=60)
+    finally:
+        if ours.poll() is None:
+            ours.kill()
+            ours.wait()
+    assert cli.returncode == 0 and _closing_lines_ok(cli.stdout), cli.stdout + cli.stderr
+    assert ours.returncode == 0 and _closing_lines_ok(sout), sout + serr
+    assert "compiled plane" in serr, serr
+
+
 @pytest.mark.vm
 @pytest.mark.netns
 def test_write_send_read_atomics_both_ways(pair):

@@ -832,11 +832,10 @@ class Bench:
             extra: tuple[str, ...] = ()
             if not perf_ok:
                 plane_na = "tools/perf.py / `metaroce perf` not available"
+            elif popts.get("plane"):
+                extra = (popts["plane"], plane)        # named always: perf's default plane is the compiled one
             elif plane != "python":
-                if popts.get("plane"):
-                    extra = (popts["plane"], plane)
-                else:
-                    plane_na = f"not available: `metaroce perf` has no --plane option yet (for the {plane} plane)"
+                plane_na = f"not available: `metaroce perf` has no --plane option yet (for the {plane} plane)"
 
             def perf(test, size, iters, pmtu=1024, more=(), cpu=False):
                 """One `metaroce perf` run, tried a second time if the first fails (a loaded

@@ -2,18 +2,21 @@
 
 Builds host A and host B as network namespaces joined through a third one
 acting as a switch, starts an endpoint on each (XDP program + AF_XDP socket +
-RC engine), and runs a short visible exchange: RDMA WRITE, RDMA READ, SEND
-with immediate, and ATOMIC FetchAdd, first on a clean link and then with the
-switch dropping, duplicating, corrupting and reordering packets.  Prints a
+the compiled data plane, `from metaroce_xdp import Context`), and runs a short
+visible exchange: RDMA WRITE, RDMA READ, SEND with immediate, and ATOMIC
+FetchAdd, first on a clean link and then with the switch dropping, duplicating,
+corrupting and reordering packets.  Prints a
 summary (bytes, operations, retransmissions, ACKs consumed in the kernel,
 integrity verdict) and removes everything it built, also on Ctrl-C.
 
-    python -m tools.demo [--size-mib N] [--no-faults] [--codec] [--daemon]
+    python -m tools.demo [--size-mib N] [--no-faults] [--codec] [--daemon] [--plane compiled|python]
 
 Engine: the demo builds its own hosts, so no running metaroced can serve their interfaces; it runs its
-own in-process engine on each.  With --daemon it starts one metaroced per host namespace instead and
-its two hosts are client processes' views of them (metaroce_xdp.daemon.client): the traffic goes
-through the daemons' compiled data planes, which have no ATOMICs (that step is skipped).
+own in-process engine on each: the compiled data plane (metaroce_xdp.dp, what applications get), or
+with --plane python the Python engine (metaroce_xdp.rc.engine, the oracle the tests compare with).
+With --daemon it starts one metaroced per host namespace instead and its two hosts are client
+processes' views of them (metaroce_xdp.daemon.client): the traffic goes through the daemons' compiled
+data planes, which have no ATOMICs (that step is skipped).
 """
 from __future__ import annotations
 
@@ -30,7 +33,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.rc.engine import Context
 from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode,
                                        wc_failure)
@@ -41,8 +43,9 @@ con = Console()
 
 
 class Host:
-    def __init__(self, topo, ns: str, ifname: str, size: int, daemon_sock: str | None = None) -> None:
-        self.topo, self.ns, self.daemon = topo, ns, daemon_sock is not None
+    def __init__(self, topo, ns: str, ifname: str, size: int, daemon_sock: str | None = None,
+                 plane: str = "compiled") -> None:
+        self.topo, self.ns, self.daemon, self.plane = topo, ns, daemon_sock is not None, plane
         access = FULL
         if self.daemon:              # a client of the metaroced serving ifname; memory it can reach
             from metaroce_xdp.daemon import client
@@ -50,6 +53,10 @@ class Host:
             self.buf = self.ctx.alloc_buf(size)
             access = FULL & ~Access.REMOTE_ATOMIC
         else:
+            if plane == "python":
+                from metaroce_xdp.rc.engine import Context
+            else:
+                from metaroce_xdp import Context
             with topo.enter(ns):
                 self.ctx = Context.open(ifname, progress_thread=True)
             self.buf = np.zeros(size, np.uint8)
@@ -185,8 +192,10 @@ def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> int:
     """Print the table and the verdicts; 0 when every operation is intact, 1 otherwise."""
     if a.daemon:
         con.print(_daemon_table(a, b))
-    else:
+    elif a.plane == "python":
         con.print(_engine_table(a, b))
+    else:
+        con.print(_plane_table(a, b))
     return _verdicts(verdicts, faults)
 
 
@@ -207,6 +216,27 @@ def _engine_table(a: Host, b: Host) -> Table:
     t.add_row("frames dropped for a bad ICRC (user / kernel)",
               f"{a.ctx.engine.stats['drop_icrc']} / {a.ctx.loader.drops()['BAD_ICRC']}",
               f"{b.ctx.engine.stats['drop_icrc']} / {b.ctx.loader.drops()['BAD_ICRC']}")
+    return t
+
+
+def _plane_table(a: Host, b: Host) -> Table:
+    """The summary from the compiled planes' port counters (each host's port carries only the demo's QP)
+    and the XDP programs' counters."""
+    pl = [h.ctx.stats() for h in (a, b)]
+    ev_a = a.ctx.loader.events()
+    t = Table(title="summary (compiled data plane)")
+    t.add_column("")
+    t.add_column("host A (requester)", justify="right")
+    t.add_column("host B (responder)", justify="right")
+    t.add_row("payload bytes placed", f"{pl[0]['rx_bytes']:,}", f"{pl[1]['rx_bytes']:,}")
+    t.add_row("packets sent", f"{pl[0]['tx']:,}", f"{pl[1]['tx']:,}")
+    t.add_row("retransmissions (go-back-N)", str(pl[0]["retransmits"]), str(pl[1]["retransmits"]))
+    t.add_row("local ACK timeouts", str(pl[0]["timeouts"]), str(pl[1]["timeouts"]))
+    t.add_row("NAKs received / sent", str(pl[0]["naks_seen"]), str(pl[1]["tx_nak"]))
+    t.add_row("duplicate requests seen", "", str(pl[1]["rx_dup"]))
+    t.add_row("ACKs + NAKs consumed by the XDP program", f"{ev_a['ACK_CONSUMED'] + ev_a['NAK_CONSUMED']:,}", "")
+    t.add_row("frames dropped for a bad ICRC (user / kernel)",
+              *(f"{p['rx_drop_icrc']} / {h.ctx.loader.drops()['BAD_ICRC']}" for p, h in zip(pl, (a, b))))
     return t
 
 
@@ -238,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codec", action="store_true", help="show the packet codec demo instead")
     ap.add_argument("--daemon", action="store_true", help="run each host through a metaroced started in its "
                     "namespace (the hosts are the daemons' clients) instead of an in-process engine")
+    ap.add_argument("--plane", choices=("compiled", "python"), default="compiled",
+                    help="in-process engine: compiled (metaroce_xdp.dp, the default endpoint) or python "
+                    "(metaroce_xdp.rc.engine, the oracle)")
     args = ap.parse_args(argv)
     if args.codec:
         from . import demo_codec
@@ -256,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.daemon:
             socks = _start_daemons(topo, daemons)
         con.print("engine: " + (f"metaroced in each host's namespace ({socks['mr0']}, {socks['mr1']})" if args.daemon
-                                else "in process (the demo's hosts are its own: no running metaroced serves them; "
-                                     "--daemon starts one per host)"))
-        a = Host(topo, topo[0], "mr0", size, socks["mr0"])
+                                else f"in process, the {args.plane} plane (the demo's hosts are its own: no running "
+                                     "metaroced serves them; --daemon starts one per host)"))
+        a = Host(topo, topo[0], "mr0", size, socks["mr0"], args.plane)
         hosts.append(a)
-        b = Host(topo, topo[2], "mr1", size, socks["mr1"])
+        b = Host(topo, topo[2], "mr1", size, socks["mr1"], args.plane)
         hosts.append(b)
         a.connect(b)
         b.connect(a)

@@ -79,7 +79,8 @@ def _perf_command(test: str):
         rx_depth: int = typer.Option(512, "-r", "--rx-depth", help="receives kept posted (send-bw server)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
-        plane: str = typer.Option("python", "--plane", help="data plane: python (rc engine) or compiled (dp)"),
+        plane: str = typer.Option("compiled", "--plane", help="in-process data plane: compiled (metaroce_xdp.dp, "
+                                  "the default endpoint) or python (the Python engine, metaroce_xdp.rc: the oracle)"),
         profile: str = typer.Option("auto", "--profile", help="native, compat or auto, negotiated with the "
                                     "peer: auto runs native when both ends offer it (--plane compiled on both) "
                                     "and compat otherwise (python plane, metaroced, a compat-only peer); native "
@@ -134,11 +135,14 @@ def pingpong_cmd(
     no_daemon: bool = typer.Option(False, "--no-daemon", help="own engine even when metaroced serves the interface"),
     sock: Optional[str] = typer.Option(None, "--socket", help="metaroced's control socket (default: "
                                        "$METAROCE_SOCKET, the configuration's, /run/metaroce/metaroced.sock)"),
+    plane: str = typer.Option("compiled", "--plane", help="in-process engine: compiled (metaroce_xdp.dp, the "
+                              "default endpoint) or python (the Python engine, metaroce_xdp.rc: the oracle); "
+                              "compat RoCEv2 either way"),
 ) -> None:
     """ibv_rc_pingpong on a MetaRoCE endpoint: same options, exchange, traffic and output (through metaroced
     when it serves the interface)."""
     opt = pingpong_mod.PingpongOptions(ifname, server, port, size, mtu, rx_depth, iters, gid_idx, timeout,
-                                       no_daemon, sock)
+                                       no_daemon, sock, plane)
     try:
         pingpong_mod.run(opt)
     except pingpong_mod.PingpongError as e:

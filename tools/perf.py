@@ -16,7 +16,9 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
                    client reports both directions (all bytes over the longer run)
   write-bw checks the data: each side compares what arrived with the writer's pattern; read-bw:
                    the client compares what its READs brought with the server's pattern.
-  --plane compiled runs the bw and latency loops inside the compiled plane (dp/drive.py).
+  --plane compiled (the default) runs the bw and latency loops inside the compiled plane (dp/drive.py,
+                   metaroce_xdp.dp: the endpoint `from metaroce_xdp import Context` gives); --plane python
+                   runs the Python engine (metaroce_xdp.rc.engine, the oracle the tests compare with).
   --profile auto (the default) negotiates the profile in the connection set-up: native when both
                    ends offer it (the compiled plane, both sides), compat otherwise -- against the
                    python plane, metaroced (ask it with --profile native), Soft-RoCE or another compat-only peer, and where the
@@ -68,6 +70,12 @@ LAT_HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec
               "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]")
 COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
             "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates")
+# the compiled plane has no per-QP traffic counters in process: the port's (this run's QPs are the port's
+# only ones), under the python plane's names -- packets_sent counts every frame (ACKs too), bytes_received
+# the payload placed (WRITE/SEND data and READ responses); no bytes_sent (the port counts frame bytes)
+DP_COUNTERS = {"packets_sent": "tx", "bytes_received": "rx_bytes", "retransmits": "retransmits",
+               "timeouts": "timeouts", "naks_received": "naks_seen", "rnr_naks_received": "rnr_seen",
+               "seq_naks_sent": "tx_nak", "rnr_naks_sent": "tx_rnr", "duplicates": "rx_dup"}
 
 
 class PerfError(Exception):
@@ -87,7 +95,8 @@ class PerfOptions:
     rx_depth: int = 512
     as_json: bool = False
     timeout: float = 30.0                # seconds without progress before giving up
-    plane: str = "python"                # "python" (metaroce_xdp.rc) or "compiled" (metaroce_xdp.dp)
+    plane: str = "compiled"              # "compiled" (metaroce_xdp.dp, the default endpoint) or "python"
+                                         # (metaroce_xdp.rc, the oracle)
     qps: int = 1                         # bw tests: QP pairs, each with tx_depth outstanding (client side)
     bidir: bool = False                  # write-bw: both sides write at once (client side; the server follows)
     no_daemon: bool = False              # never metaroced, even when it serves the interface
@@ -146,11 +155,12 @@ def lat_row(r: dict) -> str:
 PLANES = ("python", "compiled")
 
 
-def open_context(ifname: str, plane: str = "python"):
+def open_context(ifname: str, plane: str = "compiled"):
     """Context.open for the tools.  Pinning the maps (for the CLI's readers) needs a
     bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so pin
-    only where it can work rather than fail the run.  plane="compiled": the compiled data
-    plane (metaroce_xdp.dp), driven from this thread (busy polling, no progress thread)."""
+    only where it can work rather than fail the run.  plane="compiled" (the default): the compiled
+    data plane (metaroce_xdp.dp, what `from metaroce_xdp import Context` gives), driven from this
+    thread (busy polling, no progress thread); plane="python": the Python engine (metaroce_xdp.rc)."""
     import os
 
     if plane == "compiled":
@@ -295,6 +305,9 @@ class _Side:
                               (cm.TLV_PERF_PARAMS, json.dumps(perf, separators=(",", ":")).encode())])
 
     def counters(self) -> dict:
+        if self.compiled:
+            st = self.ctx.stats()
+            return {k: st[v] for k, v in DP_COUNTERS.items()}
         q = self.qp.query()
         return {k: q[k] for k in COUNTERS if k in q}
 

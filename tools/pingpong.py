@@ -18,7 +18,10 @@ one GID, its interface's IP address.  When the peer sends an all-zero GID
 
 Engine: metaroced when one serves the interface (tools/engine_choice.py: its socket answers a
 `status` request listing the interface, in this network namespace), the in-process engine otherwise
-or with --no-daemon; which one ran is said on stderr (stdout stays rc_pingpong's).
+or with --no-daemon; which one ran is said on stderr (stdout stays rc_pingpong's).  The in-process
+engine is the compiled data plane (metaroce_xdp.dp, the endpoint applications get) unless
+`--plane python` asks for the Python engine (metaroce_xdp.rc, the oracle).  Either way the QP is a
+compat one: the text exchange carries no capabilities, so the traffic is plain RoCEv2.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from metaroce_xdp import cm
 from metaroce_xdp.verbs_types import wc_failure
 
 from . import engine_choice
-from .perf import open_context
+from .perf import PLANES, open_context
 
 RECV_WRID = 1                      # PINGPONG_RECV_WRID
 SEND_WRID = 2                      # PINGPONG_SEND_WRID
@@ -64,6 +67,7 @@ class PingpongOptions:
     timeout: float = 60.0          # seconds without progress before giving up (rc_pingpong waits forever)
     no_daemon: bool = False        # never use metaroced, even when it serves the interface
     socket: str | None = None      # metaroced's control socket (default: engine_choice's search)
+    plane: str = "compiled"        # in-process engine: "compiled" (metaroce_xdp.dp) or "python" (metaroce_xdp.rc)
 
 
 def address_line(label: str, d: cm.PingpongDest) -> str:
@@ -84,20 +88,26 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
         raise PingpongError(f"-m {opt.mtu}: the path MTU must be one of {sorted(cm.MTU_ENUM)}")
     if opt.size < 0 or opt.rx_depth < 2 or opt.iters < 1:
         raise PingpongError("need -s >= 0, -r >= 2 and -n >= 1")
+    if opt.plane not in PLANES:
+        raise PingpongError(f"--plane {opt.plane}: use one of {', '.join(PLANES)}")
     try:
         from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR,
                                               VerbsError, WCStatus, WROpcode)
     except Exception as e:  # noqa: BLE001
         raise PingpongError(f"cannot load the engine: {e}") from None
     choice = engine_choice.choose(opt.ifname, opt.socket, opt.no_daemon)
-    engine_choice.say("metaroce pingpong", choice)
+    engine_choice.say("metaroce pingpong", engine_choice.Choice(choice.socket, choice.why if choice.daemon else
+                                                                  f"{choice.why}, {opt.plane} plane"))
     try:
-        ctx = engine_choice.open_daemon_context(choice, opt.ifname) if choice.daemon else open_context(opt.ifname)
+        ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if choice.daemon
+               else open_context(opt.ifname, opt.plane))
     except Exception as e:  # noqa: BLE001 - tool boundary: one clear line
         raise PingpongError(f"IB device {opt.ifname} not usable: {e} (run as root in the interface's network "
                             "namespace; list interfaces with `ip link`)") from None
     try:
-        max_pmtu = ctx.max_pmtu if choice.daemon else ctx.engine.max_pmtu
+        # what drives the in-process engine: the compiled plane's Context, the Python engine's Engine
+        eng = None if choice.daemon else ctx if opt.plane == "compiled" else ctx.engine
+        max_pmtu = ctx.max_pmtu if eng is None else eng.max_pmtu
         if opt.mtu > max_pmtu:
             raise PingpongError(f"-m {opt.mtu}: {opt.ifname} carries at most {max_pmtu}")
         # pp_init_ctx: buffer filled with 0x7b, MR with LOCAL_WRITE, CQ of rx_depth + 1,
@@ -209,13 +219,13 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
         usec = (end - start) * 1e6
         # the final ACK of our last SEND may still sit in the engine: one more round sends it
         # (metaroced keeps running: it sends it by itself)
-        for _ in range(0 if choice.daemon else 8):
-            ctx.engine.progress()
+        for _ in range(0 if eng is None else 8):
+            eng.progress()
         for line in closing_lines(opt.size, iters, usec):
             out.write(line + "\n")
         out.flush()
         return {"local": mine, "remote": rem, "usec": usec, "bytes": opt.size * iters * 2, "iters": iters,
-                "engine": "metaroced" if choice.daemon else "in-process"}
+                "engine": "metaroced" if choice.daemon else "in-process", "plane": None if choice.daemon else opt.plane}
     finally:
         ctx.close()
 

@@ -223,8 +223,11 @@ class _Build:
 
 def _preload_loops() -> None:
     try:
-        from ..dp import loop, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
-    except Exception:                 # noqa: BLE001 - Context.open imports them again and says what is wrong
+        # numba's cache loaded for the whole compiled plane (dp/, native/: loop, serve ...) while BCC compiles;
+        # Context.open's own warm_up then finds it done
+        from ..jitwarm import warm_up
+        warm_up(planes=("compiled",))
+    except Exception:                 # noqa: BLE001 - Context.open warms up again and says what is wrong
         log.debug("preloading the compiled loops failed", exc_info=True)
 
 

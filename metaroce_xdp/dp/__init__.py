@@ -1,7 +1,8 @@
 """The compiled data plane (issue 7): RC state in arrays, one GIL-free progress loop per port.
 
-`metaroce_xdp.dp.Context.open(ifname)` offers the README's verbs API over it (opt-in; the Python
-engine in metaroce_xdp.rc stays the default).  layout.py: the tables; loop.py: the compiled loop;
+`metaroce_xdp.dp.Context.open(ifname)` offers the README's verbs API over it; it is the endpoint
+applications get (`from metaroce_xdp import Context`), and the Python engine in metaroce_xdp.rc
+(`metaroce_xdp.rc.engine.Context`) stays as the executable oracle the tests compare it with.  layout.py: the tables; loop.py: the compiled loop;
 context.py: the control plane and verbs objects; prims.py: compiled primitives (raw memory,
 atomics, libc by name).  docs/design-dataplane.md says how they fit.
 """

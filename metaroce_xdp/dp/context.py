@@ -1110,9 +1110,14 @@ class Context:
         QPs spread over them (QP._bind_queue); the peer must run as many."""
         if queues < 1:
             raise InvalidArgument(f"queues {queues}: at least 1")
-        from ..kern.loader import XdpLoader, XdpMode
+        from ..jitwarm import warm_up
+        from ..kern.loader import XdpLoader, XdpMode, check_interface_free
         from ..rc.xskport import XskPort
-        from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
+        check_interface_free(ifname)   # XdpBusy before any compiling when another owner lives
+        # this plane's compiled code, loaded from numba's cache (or compiled, saying so on stderr) before any
+        # socket exists; its entry points have explicit signatures and compile nothing afterwards (loop.py)
+        warm_up(planes=("compiled",))
+        from . import loop  # noqa: F401
         loader = _loader_for(ifname)
         port = None
         more: list = []
