@@ -46,6 +46,7 @@ from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap,
 from . import proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
+from .startup import StartClock
 
 log = logging.getLogger("metaroced")
 
@@ -219,6 +220,18 @@ class _Build:
         self._t.join()
         if self._value is not None:
             self._value.close()
+
+
+def _build_loader(kl: Any, clock: StartClock) -> Any:
+    """The XDP program of one interface, compiled by BCC and loaded (a _Build thread); its times go to clock."""
+    t0, c0 = time.monotonic(), time.thread_time()
+    import bcc  # noqa: F401  (libbcc: a large library to map and link)
+    t1, c1 = time.monotonic(), time.thread_time()
+    clock.side("bcc import", t1 - t0, c1 - c0)
+    loader = kl.XdpLoader(max_qps=LOADER_MAX_QPS)
+    for k, (wall, cpu) in loader.timings.items():
+        clock.side(f"xdp {k}", wall, cpu)
+    return loader
 
 
 def _preload_loops() -> None:
@@ -564,6 +577,7 @@ class Daemon:
         self.devices: dict[str, Device] = {}
         self.sessions: dict[int, Session] = {}
         self.started: float | None = None
+        self.startup: StartClock | None = None      # start()'s phase times (startup.py)
         self.cleaned: list[str] = []
         self._lsock: socket.socket | None = None
         self._sel: selectors.BaseSelector | None = None
@@ -579,24 +593,34 @@ class Daemon:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     # ---- start --------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, clock: StartClock | None = None) -> None:
+        """clock (or `self.startup` when set before): the process's StartClock (metaroced's entry point makes one
+        at exec); the phases of this start are marked on it and kept in `self.startup` (docs/daemon.md,
+        "Start to READY")."""
         cfg = self.cfg
+        clock = self.startup = clock or self.startup or StartClock(from_exec=False)
         log.setLevel(cfg.log_level.upper())
         self._clean_socket()
         from ..kern import loader as kl
         kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
-        # start to READY is mostly BCC's clang compiling the XDP program (~3 s here): it runs in threads, one per
+        clock.mark("socket check")
+        # start to READY is mostly BCC's clang compiling the XDP program (~1-3 s): it runs in threads, one per
         # interface (outside the GIL: ctypes), while this thread imports numba and loads the compiled loops
-        loaders = {ifname: _Build(lambda: kl.XdpLoader(max_qps=LOADER_MAX_QPS)) for ifname in cfg.interfaces}
+        loaders = {ifname: _Build(lambda: _build_loader(kl, clock)) for ifname in cfg.interfaces}
         try:
+            import numba  # noqa: F401
+            clock.mark("import numba")
             ctx_cls = _make_context_class()
             from ..dp import context as dpc
             from ..dp import layout as dp_layout
             assert dp_layout.MAX_QPS == LOADER_MAX_QPS
             _preload_loops()
+            clock.mark("compiled loops (numba cache)")
             for ifname in cfg.interfaces:
                 self._clean_interface(ifname, kl)
+                clock.mark("interface check")
                 loader = loaders.pop(ifname).result()
+                clock.mark("xdp wait")
                 dpc.PREBUILT_LOADERS[ifname] = loader
                 try:
                     ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
@@ -606,10 +630,13 @@ class Daemon:
                     raise
                 if ctx.loader.stale_pins_removed:
                     self.cleaned.append(f"{ifname}: {ctx.loader.stale_pins_removed} stale pins replaced")
+                clock.mark("af_xdp + attach")
                 dev = Device(self, ifname, ctx)
                 self.devices[ifname] = dev
+                clock.mark("device tables")
                 log.info("%s: data plane up (gid %s, max path MTU %d)", ifname, ctx.gid, ctx.max_pmtu)
             self._bind()
+            clock.mark("control socket")
         except BaseException:
             for b in loaders.values():
                 b.discard()
@@ -619,6 +646,7 @@ class Daemon:
             raise
         for dev in self.devices.values():
             dev.start()
+        clock.mark("loop start")
         self.started = time.time()
 
     def _clean_socket(self) -> None:
@@ -1322,16 +1350,19 @@ def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="metaroced-core")
     ap.add_argument("--config")
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE")
+    clock = StartClock()
     a = ap.parse_args(argv)
     overrides = dict(kv.split("=", 1) for kv in a.set)
     cfg = load_config(a.config, overrides)
     logging.basicConfig(level=cfg.log_level.upper(), format="metaroced[%(process)d]: %(levelname)s %(message)s")
+    clock.mark("config")
     d = Daemon(cfg)
-    d.start()
+    d.start(clock)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(json.dumps({"ready": True, "pid": os.getpid(), "cleaned": d.cleaned}), flush=True)
+    log.info("ready in %.2f s since the process started: %s", clock.total(), clock.text())
+    print(json.dumps({"ready": True, "pid": os.getpid(), "cleaned": d.cleaned, "startup": clock.as_dict()}), flush=True)
     try:
         d.run(stop)
     finally:

@@ -42,6 +42,7 @@ import ipaddress
 import mmap
 import os
 import socket
+import time
 
 from pathlib import Path
 
@@ -172,13 +173,19 @@ class XdpLoader:
         self._own_prog_fd = -1
         self._link_fd = -1
         self.fn = None
+        #: (wall, CPU) seconds of BCC compiling the program (clang; the maps created) and of the kernel loading
+        #: it (verifier): {"compile": (w, c), "load": (w, c)}
+        self.timings: dict[str, tuple[float, float]] = {}
         try:
+            t0, c0 = time.monotonic(), time.thread_time()
             self.bpf = BPF(src_file=str(self.bpf_dir / PROG_SRC).encode(), cflags=self.cflags)
+            t1, c1 = time.monotonic(), time.thread_time()
             if frags:
                 self.prog_fd = self._own_prog_fd = self._load_frags()
             else:
                 self.fn = self.bpf.load_func(PROG_FUNC, BPF.XDP)
                 self.prog_fd = self.fn.fd
+            self.timings = {"compile": (t1 - t0, c1 - c0), "load": (time.monotonic() - t1, time.thread_time() - c1)}
         except Exception as e:
             raise LoaderError(f"could not compile/load {PROG_SRC} ({e}); run as root with BCC "
                               f"and kernel headers installed") from e

@@ -1,0 +1,89 @@
+"""Where metaroced's start-up goes: the time of each phase from the process's start to ready.
+
+    clock = StartClock()            # at the entry point: time before it counts as "python" (interpreter, imports)
+    clock.mark("config")            # the phase that just ended, on the starting thread
+    clock.side("xdp compile", 1.1)  # work another thread did meanwhile (overlapped, not on the critical path)
+    clock.total(); clock.text(); clock.as_dict()
+
+Phases are what the starting thread spent, in order, so they add up to `total()` (the time since the
+process started, from /proc/self/stat; 10 ms resolution); `cpu` has the CPU seconds of each (what a
+loaded machine does not inflate).  A phase that only waits for another thread
+(`xdp wait`) shows what of that thread's work the rest did not hide.  metaroced logs `text()` in its
+"ready in" line; `python -m metaroce_xdp.daemon.server` prints `as_dict()` in its ready message and
+`python -m metaroce_xdp.daemon.bench --ready N` reports best and median per phase over N starts.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (fork), None when /proc cannot tell."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()         # fields from 3 (state) on; starttime is 22
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartClock:
+    """Phase times of one start (see the module docstring).  from_exec: the first phase ("python")
+    runs from the process's start; otherwise the clock starts now."""
+
+    def __init__(self, from_exec: bool = True) -> None:
+        now = time.monotonic()
+        age = process_age() if from_exec else None
+        self.origin = now - (age or 0.0)
+        self.phases: list[tuple[str, float]] = []
+        self.cpu: dict[str, float] = {}          # CPU seconds of the starting thread per phase (load-independent)
+        self.sides: list[tuple[str, float]] = []
+        self.side_cpu: dict[str, float] = {}
+        self._last = self.origin
+        self._last_cpu = 0.0 if age is not None else time.thread_time()
+        self._lock = threading.Lock()
+        if age is not None:
+            self.mark("python")          # interpreter start-up and the entry point's imports
+
+    def mark(self, name: str) -> float:
+        """End the current phase of the starting thread under `name`; returns its seconds.  Marking the
+        same name again adds to it."""
+        now, cpu = time.monotonic(), time.thread_time()
+        dt = now - self._last
+        self._last = now
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu - self._last_cpu
+        self._last_cpu = cpu
+        for i, (n, s) in enumerate(self.phases):
+            if n == name:
+                self.phases[i] = (n, s + dt)
+                break
+        else:
+            self.phases.append((name, dt))
+        return dt
+
+    def side(self, name: str, seconds: float, cpu: float | None = None) -> None:
+        """Work of another thread during start-up (thread-safe): wall seconds, and CPU seconds when known."""
+        with self._lock:
+            self.sides.append((name, seconds))
+            if cpu is not None:
+                self.side_cpu[name] = cpu
+
+    def total(self) -> float:
+        return self._last - self.origin
+
+    def as_dict(self) -> dict:
+        return {"total_s": round(self.total(), 4), "phases": {n: round(s, 4) for n, s in self.phases},
+                "threads": {n: round(s, 4) for n, s in self.sides},
+                "cpu": {n: round(s, 4) for n, s in self.cpu.items()},
+                "threads_cpu": {n: round(s, 4) for n, s in self.side_cpu.items()}}
+
+    def text(self) -> str:
+        out = ", ".join(f"{n} {s:.2f}" for n, s in self.phases)
+        out += f" (cpu {sum(self.cpu.values()):.2f})"
+        if self.sides:
+            out += "; meanwhile in threads: " + ", ".join(f"{n} {s:.2f}" for n, s in self.sides)
+        return out
