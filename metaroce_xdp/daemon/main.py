@@ -33,7 +33,7 @@ from typing import Any, Callable
 from . import config as config_mod
 from .config import ConfigError, DaemonConfig, load_config
 from .notify import Notifier
-from .startup import StartClock
+from .startup import StartClock, prebuild_xdp
 
 log = logging.getLogger("metaroced")
 
@@ -308,18 +308,26 @@ class Service:
         log.info("metaroced %s starting (pid %d): interfaces %s, socket %s", _version(), os.getpid(),
                  ",".join(self.cfg.interfaces) or "(none)", self.cfg.socket_path)
         self.notifier.status("starting")
+        builds = None
         if self.daemon_factory is None:
+            # BCC's compile first, in threads (outside the GIL), so that it overlaps numpy's and numba's imports
+            builds = prebuild_xdp(self.cfg.interfaces, clock)
             from .server import Daemon
             self.daemon_factory = Daemon
         clock.mark("imports")
         try:
             self.daemon = self.daemon_factory(self.cfg)
-            self.daemon.startup = clock          # Daemon.start marks its phases on it
-            self.daemon.start()
+            if builds is not None:
+                self.daemon.start(clock, builds)  # phases marked on the clock; the loaders from the threads
+            else:
+                self.daemon.start()
             if self.cfg.metrics_listen:
                 self._start_metrics()
                 clock.mark("metrics")
         except Exception as e:
+            if self.daemon is None:
+                for b in (builds or {}).values():
+                    b.discard()
             log.error("start failed: %s: %s", type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
             self.notifier.notify(STATUS=f"start failed: {type(e).__name__}: {e}".replace("\n", " "))
             self._close_quietly()

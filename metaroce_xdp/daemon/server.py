@@ -46,7 +46,7 @@ from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap,
 from . import proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
-from .startup import StartClock
+from .startup import LOADER_MAX_QPS, Build, StartClock, prebuild_xdp
 
 log = logging.getLogger("metaroced")
 
@@ -191,47 +191,6 @@ def _dp():
     from ..dp import layout as L
     from ..dp import loop
     return dpc, L, loop
-
-
-LOADER_MAX_QPS = 1024                 # dp.layout.MAX_QPS (checked at start; known before numba is imported)
-
-
-class _Build:
-    """fn() in a thread; result() waits for it (and raises what it raised); discard() closes what it made."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn, self._value, self._error = fn, None, None
-        self._t = threading.Thread(target=self._run, name="metaroced-build", daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as e:         # noqa: BLE001 - handed to result()
-            self._error = e
-
-    def result(self) -> Any:
-        self._t.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def discard(self) -> None:
-        self._t.join()
-        if self._value is not None:
-            self._value.close()
-
-
-def _build_loader(kl: Any, clock: StartClock) -> Any:
-    """The XDP program of one interface, compiled by BCC and loaded (a _Build thread); its times go to clock."""
-    t0, c0 = time.monotonic(), time.thread_time()
-    import bcc  # noqa: F401  (libbcc: a large library to map and link)
-    t1, c1 = time.monotonic(), time.thread_time()
-    clock.side("bcc import", t1 - t0, c1 - c0)
-    loader = kl.XdpLoader(max_qps=LOADER_MAX_QPS)
-    for k, (wall, cpu) in loader.timings.items():
-        clock.side(f"xdp {k}", wall, cpu)
-    return loader
 
 
 def _preload_loops() -> None:
@@ -593,10 +552,11 @@ class Daemon:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     # ---- start --------------------------------------------------------------------------------
-    def start(self, clock: StartClock | None = None) -> None:
+    def start(self, clock: StartClock | None = None, builds: dict[str, Build] | None = None) -> None:
         """clock (or `self.startup` when set before): the process's StartClock (metaroced's entry point makes one
         at exec); the phases of this start are marked on it and kept in `self.startup` (docs/daemon.md,
-        "Start to READY")."""
+        "Start to READY").  builds: startup.prebuild_xdp()'s threads, started before the imports (the interfaces
+        without one get theirs here); unused ones are closed."""
         cfg = self.cfg
         clock = self.startup = clock or self.startup or StartClock(from_exec=False)
         log.setLevel(cfg.log_level.upper())
@@ -606,7 +566,10 @@ class Daemon:
         clock.mark("socket check")
         # start to READY is mostly BCC's clang compiling the XDP program (~1-3 s): it runs in threads, one per
         # interface (outside the GIL: ctypes), while this thread imports numba and loads the compiled loops
-        loaders = {ifname: _Build(lambda: _build_loader(kl, clock)) for ifname in cfg.interfaces}
+        loaders = dict(builds or {})
+        for ifname in cfg.interfaces:
+            if ifname not in loaders:
+                loaders[ifname] = prebuild_xdp([ifname], clock)[ifname]
         try:
             import numba  # noqa: F401
             clock.mark("import numba")
@@ -644,6 +607,8 @@ class Daemon:
                 dev.close()
             self.devices.clear()
             raise
+        for b in loaders.values():          # built for an interface the configuration does not name
+            b.discard()
         for dev in self.devices.values():
             dev.start()
         clock.mark("loop start")
@@ -1354,10 +1319,11 @@ def _main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     overrides = dict(kv.split("=", 1) for kv in a.set)
     cfg = load_config(a.config, overrides)
+    builds = prebuild_xdp(cfg.interfaces, clock)       # BCC compiles while the rest loads (Daemon.start)
     logging.basicConfig(level=cfg.log_level.upper(), format="metaroced[%(process)d]: %(levelname)s %(message)s")
     clock.mark("config")
     d = Daemon(cfg)
-    d.start(clock)
+    d.start(clock, builds)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

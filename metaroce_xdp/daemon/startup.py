@@ -11,12 +11,20 @@ loaded machine does not inflate).  A phase that only waits for another thread
 (`xdp wait`) shows what of that thread's work the rest did not hide.  metaroced logs `text()` in its
 "ready in" line; `python -m metaroce_xdp.daemon.server` prints `as_dict()` in its ready message and
 `python -m metaroce_xdp.daemon.bench --ready N` reports best and median per phase over N starts.
+
+`prebuild_xdp()` starts BCC's compile of the XDP program, one thread per interface, as the first thing
+after the configuration is read (kern/bccbuild.py imports nothing else): clang runs outside the GIL
+while the starting thread imports numpy and numba and loads the compiled loops; Daemon.start takes the
+loaders from these threads.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
+from typing import Any, Callable
+
+LOADER_MAX_QPS = 1024                 # dp.layout.MAX_QPS (checked at start; known before numba is imported)
 
 
 def process_age() -> float | None:
@@ -87,3 +95,55 @@ class StartClock:
         if self.sides:
             out += "; meanwhile in threads: " + ", ".join(f"{n} {s:.2f}" for n, s in self.sides)
         return out
+
+
+class Build:
+    """fn() in a thread; result() waits for it (and raises what it raised); discard() closes what it made."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "metaroced-build") -> None:
+        self._fn, self._value, self._error = fn, None, None
+        self._t = threading.Thread(target=self._run, name=name, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as e:         # noqa: BLE001 - handed to result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._t.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def discard(self) -> None:
+        self._t.join()
+        if self._value is not None:
+            self._value.close()
+
+
+def build_loader(clock: StartClock | None = None) -> Any:
+    """One interface's XDP program: BCC's compile first (importing only BCC), then kern.loader's XdpLoader
+    around it (the kernel's verifier loads it; the maps are mapped).  Its times go to clock's threads."""
+    t0, c0 = time.monotonic(), time.thread_time()
+    import bcc  # noqa: F401  (libbcc: a large library to map and link)
+    from ..kern import bccbuild
+    t1, c1 = time.monotonic(), time.thread_time()
+    compiled = bccbuild.compile_program(bccbuild.cflags(LOADER_MAX_QPS))
+    try:
+        from ..kern import loader as kl     # numpy, the wire package (numba): the main thread imports them meanwhile
+        loader = kl.XdpLoader(max_qps=LOADER_MAX_QPS, compiled=compiled)
+    except BaseException:
+        compiled.close()
+        raise
+    if clock is not None:
+        clock.side("bcc import", t1 - t0, c1 - c0)
+        for k, (wall, cpu) in loader.timings.items():
+            clock.side(f"xdp {k}", wall, cpu)
+    return loader
+
+
+def prebuild_xdp(interfaces: list[str], clock: StartClock | None = None) -> dict[str, Build]:
+    """BCC's compile and load of the XDP program for each interface, each in a thread (Daemon.start(builds=))."""
+    return {ifname: Build(lambda: build_loader(clock), name=f"metaroced-build-{ifname}") for ifname in interfaces}
