@@ -62,7 +62,7 @@ from numba import config as numba_config
 PLANES: dict[str, tuple[str, ...]] = {
     "python": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
                "metaroce_xdp.afxdp.rings"),
-    "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
+    "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
                  "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
                  "metaroce_xdp.native.sender", "metaroce_xdp.dp.native"),
 }
@@ -236,7 +236,7 @@ def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
 
 def _compiled_plan(e) -> list[Entry]:
     return [
-        *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
+        *[e("metaroce_xdp.dp.inproc", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.inproc").warm_plan()],
         *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
         *[e("metaroce_xdp.dp.serve", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.serve").warm_plan()],
         *[e(m, n, why, *a) for m, n, why, a in _native_plan()],

@@ -287,6 +287,7 @@ class Device:
         self.cq_by_idx: dict[int, SCQ] = {}
         self.stopping = False
         self._thread: threading.Thread | None = None
+        self._running = threading.Event()   # set by the driver thread as it enters dp_serve the first time
         self.iterations = 0                 # driver loop iterations (returns of dp_serve)
         # the doorbell byte clients set after a post (protocol version 1); the compiled loop reads the
         # clients' doorbell rings directly every round, so nothing waits for it
@@ -392,9 +393,12 @@ class Device:
             q.mirror_state()
 
     # ---- the driver thread --------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, timeout_s: float = 10.0) -> None:
+        """The driver thread; returns once its loop runs (it entered dp_serve), so that ready means serving."""
         self._thread = threading.Thread(target=self._drive, name=f"metaroced-{self.ifname}", daemon=True)
         self._thread.start()
+        if not self._running.wait(timeout_s):
+            log.warning("%s: the driver loop has not started within %.0f s", self.ifname, timeout_s)
 
     def _drive(self) -> None:
         errors = 0
@@ -418,6 +422,7 @@ class Device:
             with pl.lock:
                 if self.stopping:
                     break
+                self._running.set()
                 rc = dp_serve(A, pl.TM, pl.umem, pl.tables, QX, CX, SX, G, self.CPAR, self.CRX, SERVE_SLICE_NS,
                               1 if sleepy else 0)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
@@ -586,7 +591,7 @@ class Daemon:
                 clock.mark("xdp wait")
                 dpc.PREBUILT_LOADERS[ifname] = loader
                 try:
-                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True, inproc=False)  # dp_serve drives it
                 except BaseException:
                     dpc.PREBUILT_LOADERS.pop(ifname, None)
                     loader.close()
