@@ -422,7 +422,8 @@ class Device:
             with pl.lock:
                 if self.stopping:
                     break
-                self._running.set()
+                if not self._running.is_set():
+                    self._running.set()
                 rc = dp_serve(A, pl.TM, pl.umem, pl.tables, QX, CX, SX, G, self.CPAR, self.CRX, SERVE_SLICE_NS,
                               1 if sleepy else 0)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
@@ -566,9 +567,9 @@ class Daemon:
         clock = self.startup = clock or self.startup or StartClock(from_exec=False)
         log.setLevel(cfg.log_level.upper())
         self._clean_socket()
-        from ..kern import loader as kl
-        kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
         clock.mark("socket check")
+        from ..kern import loader as kl               # numpy, the wire package: numba
+        kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
         # start to READY is mostly BCC's clang compiling the XDP program (~1-3 s): it runs in threads, one per
         # interface (outside the GIL: ctypes), while this thread imports numba and loads the compiled loops
         loaders = dict(builds or {})
@@ -576,7 +577,7 @@ class Daemon:
             if ifname not in loaders:
                 loaders[ifname] = prebuild_xdp([ifname], clock)[ifname]
         try:
-            import numba  # noqa: F401
+            import numba  # noqa: F401  (kern.loader imported it: this phase is numba's import)
             clock.mark("import numba")
             ctx_cls = _make_context_class()
             from ..dp import context as dpc
