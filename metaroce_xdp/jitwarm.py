@@ -12,7 +12,8 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
   with their callers.  With `cache=True` the result lands in numba's on-disk cache, so a
   warm start only loads it (~0.3 s).
 * Two planes (`PLANES`): "python" (the Python engine's compiled helpers) and "compiled" (dp/ and
-  native/, whose explicit signatures compile at import: about two minutes of CPU cold).  The Python
+  native/, whose explicit signatures compile at import -- native/'s at first use, jitcache.lazy_njit --
+  about two minutes of CPU cold).  The Python
   engine (`Context.open`, `Engine`) warms only its plane before any QP exists, so its first run
   does not wait for the compiled plane; `metaroce warmup` (run by `make setup`) warms both ahead
   of time and says what it did, import-time compilation included.
@@ -53,6 +54,8 @@ from typing import Any, Callable
 
 import numpy as np
 from numba import config as numba_config
+
+from .jitcache import LazySigDispatcher
 
 # Modules whose numba functions make up the data path.
 # Grouped by the plane that runs them: the Python engine (rc/engine.py) needs only "python"; the
@@ -425,6 +428,8 @@ def seal() -> int:
     with _lock:
         ds = sealable()
         for d in ds:
+            if isinstance(d, LazySigDispatcher):
+                d.ensure()                  # its declared signatures, in memory before the seal (jitcache.lazy_njit)
             if d.signatures:
                 d.disable_compile()
             else:

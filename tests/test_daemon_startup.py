@@ -8,7 +8,8 @@
   other) when they do not;
 * a real start in a namespace: the phases are reported (the BCC thread's compile and load among them),
   ready means serving (the driver thread runs dp_serve, the socket answers `status`), nothing is
-  compiled by numba, and dp/inproc.py's entry points (the in-process plane's) are not loaded.
+  compiled by numba, dp/inproc.py's entry points (the in-process plane's) are not loaded, and of the
+  native profile's functions only the three Python calls, and only when the profile allows native QPs.
 No timing is asserted: the machine is shared.
 """
 from __future__ import annotations
@@ -110,7 +111,11 @@ snap = client.status(cfg.socket_path)                        # the socket answer
 stop.set()
 t.join(10)
 d.drain_and_stop(1.0)
-print(json.dumps({"startup": clock.as_dict(), "alive": alive, "iterations": dev.iterations,
+from metaroce_xdp.native import multipath, receiver, sender
+native = sorted(n for m in (multipath, receiver, sender) for n, f in vars(m).items()
+                if hasattr(f, "signatures") and getattr(f, "py_func", None) is not None
+                and f.py_func.__module__ == m.__name__ and f.signatures)
+print(json.dumps({"startup": clock.as_dict(), "alive": alive, "iterations": dev.iterations, "native": native,
                   "status_devices": [x["ifname"] for x in snap["devices"]], "compiled": compiled,
                   "inproc": "metaroce_xdp.dp.inproc" in sys.modules,
                   "serve": "metaroce_xdp.dp.serve" in sys.modules}), flush=True)
@@ -119,13 +124,14 @@ print(json.dumps({"startup": clock.as_dict(), "alive": alive, "iterations": dev.
 
 @pytest.mark.netns
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
-def test_a_real_start_reports_its_phases_serves_and_compiles_nothing(tmp_path):
+@pytest.mark.parametrize("profile", ["auto", "compat"])
+def test_a_real_start_reports_its_phases_serves_and_compiles_nothing(tmp_path, profile):
     from metaroce_xdp.topo import two_hosts
     topo, _ = two_hosts(prefix="mrstart")
     try:
         conf = tmp_path / "d.toml"
         conf.write_text(f'interfaces = ["mr0"]\nsocket_path = "{tmp_path}/d.sock"\n'
-                        f'bpffs_prefix = "{tmp_path}/bpf"\nprogress = "sleep"\n')
+                        f'bpffs_prefix = "{tmp_path}/bpf"\nprogress = "sleep"\nprofile = "{profile}"\n')
         p = topo.popen(topo[0], [sys.executable, "-c", START, str(conf)], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
         out, err = p.communicate(timeout=600)
@@ -143,3 +149,6 @@ def test_a_real_start_reports_its_phases_serves_and_compiles_nothing(tmp_path):
     assert r["status_devices"] == ["mr0"]
     assert r["compiled"] == []                               # numba loaded from its cache, compiled nothing
     assert r["serve"] and not r["inproc"]                    # dp_serve only: dp_round / dp_run never loaded
+    # the native profile's functions: only those Python calls at a native QP's RTR/RTS, and only when the
+    # profile allows native QPs (the rest are compiled into dp_serve: jitcache.lazy_njit)
+    assert r["native"] == (["mp_init", "rx_init", "tx_init"] if profile == "auto" else []), r["native"]

@@ -193,6 +193,15 @@ def _dp():
     return dpc, L, loop
 
 
+def load_native_entries() -> None:
+    """The native profile's functions Python calls at a native QP's RTR and RTS (dp/native.py NativeSlots:
+    rx_init, tx_init, mp_init), loaded from numba's cache now instead of at the first native RTR.  The rest of
+    native/ is compiled into dp_serve and never loaded on its own (jitcache.lazy_njit)."""
+    from ..native import multipath, receiver, sender
+    for fn in (receiver.rx_init, sender.tx_init, multipath.mp_init):
+        fn.ensure()
+
+
 def _preload_loops() -> None:
     try:
         from ..dp import loop, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
@@ -584,6 +593,8 @@ class Daemon:
             from ..dp import layout as dp_layout
             assert dp_layout.MAX_QPS == LOADER_MAX_QPS
             _preload_loops()
+            if cfg.profile != "compat":
+                load_native_entries()                 # a native QP's RTR and RTS call them (profile auto / native)
             clock.mark("compiled loops (numba cache)")
             for ifname in cfg.interfaces:
                 self._clean_interface(ifname, kl)
@@ -1285,6 +1296,8 @@ class Daemon:
         for dev in self.devices.values():
             dev.G[dev.serve.G_BUSY_IDLE_NS] = cfg.busy_idle_ms * 1_000_000
             os.eventfd_write(dev.plane.efd, 1)       # a sleeping loop sees the new progress mode
+        if "profile" in changed and cfg.profile != "compat" and self.devices:
+            load_native_entries()                    # native QPs may come now: loaded before the first RTR
         if changed:
             log.info("reloaded: %s", ", ".join(changed))
         return changed

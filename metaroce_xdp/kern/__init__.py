@@ -21,6 +21,8 @@ __all__ = list(_FROM)
 def __getattr__(name: str):
     """The names above, imported on first use: `kern.bccbuild` (metaroced's first step) must not wait for
     layout.py's imports (numpy, the wire package and numba)."""
+    if name in ("layout", "loader", "bpfsys", "bccbuild"):       # `kern.loader` without importing it first
+        return importlib.import_module(f".{name}", __name__)
     mod = _FROM.get(name)
     if mod is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
