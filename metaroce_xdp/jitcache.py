@@ -8,13 +8,22 @@ changed) and numba would load the old code -- with other column numbers, silentl
 accesses.  `install()` puts cache locators first in numba's list that, for this package's files,
 add to the stamp a digest of every module compiled code can depend on (DEPENDS), so any change to
 one of them recompiles all.  Imported by every module that compiles with `cache=True`, before its
-first decorator."""
+first decorator.
+
+`lazy_njit(sig, **opts)` is `njit(sig, **opts)` that compiles (or loads from the cache) its signature
+at first use instead of at definition: a call from Python, or the typing of a compiled caller, or
+`disable_compile()` (jitwarm.seal); from then on it behaves as an eager one (compiling disabled, other
+types converted or refused).  The native profile's functions (native/*.py, ~50) use it, so that a
+process that never runs a native QP -- metaroced with `profile = "compat"` -- does not load them, and
+one that does loads them once (`ensure()`; metaroced at start when its profile allows native QPs)."""
 from __future__ import annotations
 
 import hashlib
 import os
 
+from numba import njit
 from numba.core import caching
+from numba.core.registry import CPUDispatcher
 
 PKG = os.path.dirname(os.path.abspath(__file__))
 # what compiled code reads: every module of these directories, and these files
@@ -76,3 +85,57 @@ def install() -> None:
 
 
 install()
+
+
+class LazySigDispatcher(CPUDispatcher):
+    """A CPU dispatcher whose declared signatures are compiled at first use (see the module docstring)."""
+
+    _lazy_sigs: tuple = ()
+
+    def ensure(self) -> "LazySigDispatcher":
+        """Compile (or load) the declared signatures now, then refuse new ones.  Idempotent."""
+        if self._lazy_sigs:
+            sigs, self._lazy_sigs = self._lazy_sigs, ()
+            for sig in sigs:
+                self.compile(sig)
+            CPUDispatcher.disable_compile(self)
+        return self
+
+    def _compile_for_args(self, *args, **kws):
+        # numba calls this when no compiled signature matches a Python call and calls what it returns
+        if self._lazy_sigs:
+            self.ensure()
+            return lambda *a, **k: self(*a, **k)   # the declared signatures only: converted, or numba's TypeError
+        return super()._compile_for_args(*args, **kws)
+
+    def get_call_template(self, args, kws):
+        self.ensure()                         # a compiled caller is typed against the declared signatures
+        return super().get_call_template(args, kws)
+
+    def disable_compile(self, val: bool = True) -> None:
+        if val:
+            self.ensure()
+        super().disable_compile(val)
+
+
+def lazy_njit(*sigs, **opts):
+    """njit with explicit signatures, compiled at first use (LazySigDispatcher)."""
+    if not sigs:
+        raise TypeError("lazy_njit needs the signature(s)")
+
+    def wrap(fn):
+        disp = njit(**opts)(fn)
+        disp.__class__ = LazySigDispatcher
+        disp._lazy_sigs = tuple(sigs)
+        return disp
+    return wrap
+
+
+def ensure_all(module) -> int:
+    """ensure() every LazySigDispatcher defined in `module`; returns how many."""
+    n = 0
+    for obj in list(vars(module).values()):
+        if isinstance(obj, LazySigDispatcher) and obj.py_func.__module__ == module.__name__:
+            obj.ensure()
+            n += 1
+    return n

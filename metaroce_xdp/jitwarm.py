@@ -12,7 +12,8 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
   with their callers.  With `cache=True` the result lands in numba's on-disk cache, so a
   warm start only loads it (~0.3 s).
 * Two planes (`PLANES`): "python" (the Python engine's compiled helpers) and "compiled" (dp/ and
-  native/, whose explicit signatures compile at import: about two minutes of CPU cold).  The Python
+  native/, whose explicit signatures compile at import -- native/'s at first use, jitcache.lazy_njit --
+  about two minutes of CPU cold).  The Python
   engine (`Context.open`, `Engine`) warms only its plane before any QP exists, so its first run
   does not wait for the compiled plane; `metaroce warmup` (run by `make setup`) warms both ahead
   of time and says what it did, import-time compilation included.
@@ -54,6 +55,8 @@ from typing import Any, Callable
 import numpy as np
 from numba import config as numba_config
 
+from .jitcache import LazySigDispatcher
+
 # Modules whose numba functions make up the data path.
 # Grouped by the plane that runs them: the Python engine (rc/engine.py) needs only "python"; the
 # compiled plane (dp/, metaroced) needs "compiled", whose explicit signatures compile at import (about
@@ -62,7 +65,7 @@ from numba import config as numba_config
 PLANES: dict[str, tuple[str, ...]] = {
     "python": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
                "metaroce_xdp.afxdp.rings"),
-    "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
+    "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
                  "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
                  "metaroce_xdp.native.sender", "metaroce_xdp.dp.native"),
 }
@@ -236,7 +239,7 @@ def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
 
 def _compiled_plan(e) -> list[Entry]:
     return [
-        *[e("metaroce_xdp.dp.loop", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.loop").warm_plan()],
+        *[e("metaroce_xdp.dp.inproc", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.inproc").warm_plan()],
         *[e("metaroce_xdp.dp.drive", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.drive").warm_plan()],
         *[e("metaroce_xdp.dp.serve", n, why, *a) for n, why, a in importlib.import_module("metaroce_xdp.dp.serve").warm_plan()],
         *[e(m, n, why, *a) for m, n, why, a in _native_plan()],
@@ -425,6 +428,8 @@ def seal() -> int:
     with _lock:
         ds = sealable()
         for d in ds:
+            if isinstance(d, LazySigDispatcher):
+                d.ensure()                  # its declared signatures, in memory before the seal (jitcache.lazy_njit)
             if d.signatures:
                 d.disable_compile()
             else:

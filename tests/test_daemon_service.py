@@ -353,6 +353,10 @@ def test_ready_status_and_watchdog_pings(svc):
     svc.wait_msg(lambda m: m.startswith("STATUS=") and "1 QPs (1 RTS)" in m, 10, "a STATUS with the client's QP")
     log = svc.log_text()
     assert "ready in" in log and "\033" not in log                 # not a terminal: no colour
+    # where start-up went: the phases from the process's start, BCC's thread beside them
+    assert re.search(r"start-up phases \(s\): python [0-9.]+, config [0-9.]+, imports .*xdp wait .*control socket "
+                     r"[0-9.]+, loop start [0-9.]+, metrics [0-9.]+ \(cpu [0-9.]+\); meanwhile in threads: .*xdp compile",
+                     log), log
     assert re.search(rf"qpn {svc.client['qpn']:#x}", log)          # one line per event, with the QPN
 
 

@@ -47,3 +47,61 @@ def test_cache_reused_while_unchanged_and_recompiled_when_a_dependency_changes(t
     assert again["hits"] >= 1 and again["misses"] == 0          # unchanged: loaded
     changed = _run(tmp_path, "changed")
     assert changed["misses"] >= 1 and changed["hits"] == 0      # a dependency changed: compiled again
+
+
+LAZY = r"""
+import json
+import numpy as np
+from numba import njit
+from metaroce_xdp.jitcache import LazySigDispatcher, ensure_all, lazy_njit
+
+@lazy_njit("int64(int64, int64)")
+def add(a, b):
+    return a + b
+
+@lazy_njit("boolean(int64, int64)")
+def lt(a, b):
+    return a < b
+
+@lazy_njit("int64(int64)")
+def sq(a):
+    return a * a
+
+@njit
+def caller(x):
+    return lt(x, 5)
+
+out = {"defined": [len(f.signatures) for f in (add, lt, sq)]}        # nothing compiled at definition
+out["py_call"] = add(2, 3)                                            # a call from Python compiles its signature
+out["add"] = [str(s) for s in add.signatures] + [add._can_compile]
+try:
+    add(np.zeros(2), 2)
+    out["array"] = "accepted"
+except TypeError:
+    out["array"] = "TypeError"                                        # not compiled for another type
+out["caller"] = bool(caller(3))                                       # typing a compiled caller compiles it
+out["lt"] = [str(s) for s in lt.signatures] + [lt._can_compile]
+sq.disable_compile()                                                  # jitwarm.seal: compiled first, then sealed
+out["sq"] = [str(s) for s in sq.signatures] + [sq._can_compile, sq(4)]
+import sys
+out["ensure_all"] = ensure_all(sys.modules[__name__])
+out["lazy"] = isinstance(add, LazySigDispatcher)
+print(json.dumps(out))
+"""
+
+
+def test_lazy_njit_compiles_its_signature_at_first_use_then_behaves_as_an_eager_one(tmp_path):
+    """native/*.py's functions (lazy_njit): nothing at import; the declared signature -- and only it -- at the
+    first call from Python, the first compiled caller, or seal()."""
+    script = tmp_path / "lazy_probe.py"
+    script.write_text(LAZY)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin",
+                            "PYTHONPATH": ":".join(p for p in sys.path if p)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["defined"] == [0, 0, 0]
+    assert out["py_call"] == 5 and out["add"] == ["(int64, int64)", False] and out["array"] == "TypeError"
+    assert out["caller"] is True and out["lt"] == ["(int64, int64)", False]
+    assert out["sq"] == ["(int64,)", False, 16]
+    assert out["ensure_all"] == 3 and out["lazy"] is True

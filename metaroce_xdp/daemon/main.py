@@ -33,6 +33,7 @@ from typing import Any, Callable
 from . import config as config_mod
 from .config import ConfigError, DaemonConfig, load_config
 from .notify import Notifier
+from .startup import StartClock, prebuild_xdp
 
 log = logging.getLogger("metaroced")
 
@@ -189,12 +190,14 @@ class Service:
     `daemon_factory` is server.Daemon (tests of this layer alone may pass another)."""
 
     def __init__(self, cfg: DaemonConfig, config_path: str | None, overrides: dict[str, Any],
-                 notifier: Notifier | None = None, daemon_factory: Callable[[DaemonConfig], Any] | None = None):
+                 notifier: Notifier | None = None, daemon_factory: Callable[[DaemonConfig], Any] | None = None,
+                 clock: StartClock | None = None):
         self.cfg = cfg
         self.config_path = config_path
         self.overrides = overrides
         self.notifier = notifier or Notifier()
         self.daemon_factory = daemon_factory
+        self.clock = clock or StartClock(from_exec=False)     # start-up phases (startup.py)
         self.daemon: Any = None
         self.metrics: Any = None
         self.stop = threading.Event()
@@ -301,24 +304,37 @@ class Service:
 
     def run(self) -> int:
         self.install_signals()
-        t0 = time.monotonic()
+        clock = self.clock
         log.info("metaroced %s starting (pid %d): interfaces %s, socket %s", _version(), os.getpid(),
                  ",".join(self.cfg.interfaces) or "(none)", self.cfg.socket_path)
         self.notifier.status("starting")
+        builds = None
         if self.daemon_factory is None:
+            # BCC's compile first, in threads (outside the GIL), so that it overlaps numpy's and numba's imports
+            builds = prebuild_xdp(self.cfg.interfaces, clock)
             from .server import Daemon
             self.daemon_factory = Daemon
+        clock.mark("imports")
         try:
             self.daemon = self.daemon_factory(self.cfg)
-            self.daemon.start()
-            self._start_metrics()
+            if builds is not None:
+                self.daemon.start(clock, builds)  # phases marked on the clock; the loaders from the threads
+            else:
+                self.daemon.start()
+            if self.cfg.metrics_listen:
+                self._start_metrics()
+                clock.mark("metrics")
         except Exception as e:
+            if self.daemon is None:
+                for b in (builds or {}).values():
+                    b.discard()
             log.error("start failed: %s: %s", type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
             self.notifier.notify(STATUS=f"start failed: {type(e).__name__}: {e}".replace("\n", " "))
             self._close_quietly()
             return EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILURE
         status = self.status_line()
-        log.info("ready in %.2f s: %s", time.monotonic() - t0, status)
+        log.info("ready in %.2f s: %s", clock.total(), status)
+        log.info("start-up phases (s): %s", clock.text())
         self.notifier.ready(status)
         self._status_at = time.monotonic()
         if self.cfg.watchdog:
@@ -365,6 +381,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    clock = StartClock()                      # from the process's start: the "ready in" line counts it all
     args = build_parser().parse_args(argv)
     overrides = overrides_from(args)
     try:
@@ -377,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     setup_logging(cfg.log_level)
     notifier = Notifier(unset_environment=True)
-    return Service(cfg, args.config, overrides, notifier).run()
+    clock.mark("config")
+    return Service(cfg, args.config, overrides, notifier, clock=clock).run()
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap,
 from . import proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
+from .startup import LOADER_MAX_QPS, Build, StartClock, prebuild_xdp
 
 log = logging.getLogger("metaroced")
 
@@ -192,42 +193,19 @@ def _dp():
     return dpc, L, loop
 
 
-LOADER_MAX_QPS = 1024                 # dp.layout.MAX_QPS (checked at start; known before numba is imported)
-
-
-class _Build:
-    """fn() in a thread; result() waits for it (and raises what it raised); discard() closes what it made."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn, self._value, self._error = fn, None, None
-        self._t = threading.Thread(target=self._run, name="metaroced-build", daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as e:         # noqa: BLE001 - handed to result()
-            self._error = e
-
-    def result(self) -> Any:
-        self._t.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def discard(self) -> None:
-        self._t.join()
-        if self._value is not None:
-            self._value.close()
+def load_native_entries() -> None:
+    """The native profile's functions Python calls at a native QP's RTR and RTS (dp/native.py NativeSlots:
+    rx_init, tx_init, mp_init), loaded from numba's cache now instead of at the first native RTR.  The rest of
+    native/ is compiled into dp_serve and never loaded on its own (jitcache.lazy_njit)."""
+    from ..native import multipath, receiver, sender
+    for fn in (receiver.rx_init, sender.tx_init, multipath.mp_init):
+        fn.ensure()
 
 
 def _preload_loops() -> None:
     try:
-        # numba's cache loaded for the whole compiled plane (dp/, native/: loop, serve ...) while BCC compiles;
-        # Context.open's own warm_up then finds it done
-        from ..jitwarm import warm_up
-        warm_up(planes=("compiled",))
-    except Exception:                 # noqa: BLE001 - Context.open warms up again and says what is wrong
+        from ..dp import loop, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
+    except Exception:                 # noqa: BLE001 - Context.open imports them again and says what is wrong
         log.debug("preloading the compiled loops failed", exc_info=True)
 
 
@@ -318,6 +296,7 @@ class Device:
         self.cq_by_idx: dict[int, SCQ] = {}
         self.stopping = False
         self._thread: threading.Thread | None = None
+        self._running = threading.Event()   # set by the driver thread as it enters dp_serve the first time
         self.iterations = 0                 # driver loop iterations (returns of dp_serve)
         # the doorbell byte clients set after a post (protocol version 1); the compiled loop reads the
         # clients' doorbell rings directly every round, so nothing waits for it
@@ -423,9 +402,12 @@ class Device:
             q.mirror_state()
 
     # ---- the driver thread --------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, timeout_s: float = 10.0) -> None:
+        """The driver thread; returns once its loop runs (it entered dp_serve), so that ready means serving."""
         self._thread = threading.Thread(target=self._drive, name=f"metaroced-{self.ifname}", daemon=True)
         self._thread.start()
+        if not self._running.wait(timeout_s):
+            log.warning("%s: the driver loop has not started within %.0f s", self.ifname, timeout_s)
 
     def _drive(self) -> None:
         errors = 0
@@ -449,6 +431,8 @@ class Device:
             with pl.lock:
                 if self.stopping:
                     break
+                if not self._running.is_set():
+                    self._running.set()
                 rc = dp_serve(A, pl.TM, pl.umem, pl.tables, QX, CX, SX, G, self.CPAR, self.CRX, SERVE_SLICE_NS,
                               1 if sleepy else 0)
             if A[L.P_EV_TAIL] != A[L.P_EV_HEAD]:
@@ -567,6 +551,7 @@ class Daemon:
         self.devices: dict[str, Device] = {}
         self.sessions: dict[int, Session] = {}
         self.started: float | None = None
+        self.startup: StartClock | None = None      # start()'s phase times (startup.py)
         self.cleaned: list[str] = []
         self._lsock: socket.socket | None = None
         self._sel: selectors.BaseSelector | None = None
@@ -582,37 +567,56 @@ class Daemon:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     # ---- start --------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, clock: StartClock | None = None, builds: dict[str, Build] | None = None) -> None:
+        """clock (or `self.startup` when set before): the process's StartClock (metaroced's entry point makes one
+        at exec); the phases of this start are marked on it and kept in `self.startup` (docs/daemon.md,
+        "Start to READY").  builds: startup.prebuild_xdp()'s threads, started before the imports (the interfaces
+        without one get theirs here); unused ones are closed."""
         cfg = self.cfg
+        clock = self.startup = clock or self.startup or StartClock(from_exec=False)
         log.setLevel(cfg.log_level.upper())
         self._clean_socket()
-        from ..kern import loader as kl
+        clock.mark("socket check")
+        from ..kern import loader as kl               # numpy, the wire package: numba
         kl.PIN_ROOT = cfg.bpffs_prefix                # pins: <bpffs_prefix>/<ifname>[@netns<inode>]/
-        # start to READY is mostly BCC's clang compiling the XDP program (~3 s here): it runs in threads, one per
+        # start to READY is mostly BCC's clang compiling the XDP program (~1-3 s): it runs in threads, one per
         # interface (outside the GIL: ctypes), while this thread imports numba and loads the compiled loops
-        loaders = {ifname: _Build(lambda: kl.XdpLoader(max_qps=LOADER_MAX_QPS)) for ifname in cfg.interfaces}
+        loaders = dict(builds or {})
+        for ifname in cfg.interfaces:
+            if ifname not in loaders:
+                loaders[ifname] = prebuild_xdp([ifname], clock)[ifname]
         try:
+            import numba  # noqa: F401  (kern.loader imported it: this phase is numba's import)
+            clock.mark("import numba")
             ctx_cls = _make_context_class()
             from ..dp import context as dpc
             from ..dp import layout as dp_layout
             assert dp_layout.MAX_QPS == LOADER_MAX_QPS
             _preload_loops()
+            if cfg.profile != "compat":
+                load_native_entries()                 # a native QP's RTR and RTS call them (profile auto / native)
+            clock.mark("compiled loops (numba cache)")
             for ifname in cfg.interfaces:
                 self._clean_interface(ifname, kl)
+                clock.mark("interface check")
                 loader = loaders.pop(ifname).result()
+                clock.mark("xdp wait")
                 dpc.PREBUILT_LOADERS[ifname] = loader
                 try:
-                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True)
+                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True, inproc=False)  # dp_serve drives it
                 except BaseException:
                     dpc.PREBUILT_LOADERS.pop(ifname, None)
                     loader.close()
                     raise
                 if ctx.loader.stale_pins_removed:
                     self.cleaned.append(f"{ifname}: {ctx.loader.stale_pins_removed} stale pins replaced")
+                clock.mark("af_xdp + attach")
                 dev = Device(self, ifname, ctx)
                 self.devices[ifname] = dev
+                clock.mark("device tables")
                 log.info("%s: data plane up (gid %s, max path MTU %d)", ifname, ctx.gid, ctx.max_pmtu)
             self._bind()
+            clock.mark("control socket")
         except BaseException:
             for b in loaders.values():
                 b.discard()
@@ -620,8 +624,11 @@ class Daemon:
                 dev.close()
             self.devices.clear()
             raise
+        for b in loaders.values():          # built for an interface the configuration does not name
+            b.discard()
         for dev in self.devices.values():
             dev.start()
+        clock.mark("loop start")
         self.started = time.time()
 
     def _clean_socket(self) -> None:
@@ -1289,6 +1296,8 @@ class Daemon:
         for dev in self.devices.values():
             dev.G[dev.serve.G_BUSY_IDLE_NS] = cfg.busy_idle_ms * 1_000_000
             os.eventfd_write(dev.plane.efd, 1)       # a sleeping loop sees the new progress mode
+        if "profile" in changed and cfg.profile != "compat" and self.devices:
+            load_native_entries()                    # native QPs may come now: loaded before the first RTR
         if changed:
             log.info("reloaded: %s", ", ".join(changed))
         return changed
@@ -1325,16 +1334,20 @@ def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="metaroced-core")
     ap.add_argument("--config")
     ap.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE")
+    clock = StartClock()
     a = ap.parse_args(argv)
     overrides = dict(kv.split("=", 1) for kv in a.set)
     cfg = load_config(a.config, overrides)
+    builds = prebuild_xdp(cfg.interfaces, clock)       # BCC compiles while the rest loads (Daemon.start)
     logging.basicConfig(level=cfg.log_level.upper(), format="metaroced[%(process)d]: %(levelname)s %(message)s")
+    clock.mark("config")
     d = Daemon(cfg)
-    d.start()
+    d.start(clock, builds)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(json.dumps({"ready": True, "pid": os.getpid(), "cleaned": d.cleaned}), flush=True)
+    log.info("ready in %.2f s since the process started: %s", clock.total(), clock.text())
+    print(json.dumps({"ready": True, "pid": os.getpid(), "cleaned": d.cleaned, "startup": clock.as_dict()}), flush=True)
     try:
         d.run(stop)
     finally:

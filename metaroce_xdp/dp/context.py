@@ -9,7 +9,7 @@
 
 Python is the control plane: it validates and writes work requests into the arrays of
 layout.py, marks the QP in the ready ring and wakes the loop; QP state changes pause the
-loop for the moment of the change.  The packet work is all in loop.dp_round / dp_run.
+loop for the moment of the change.  The packet work is all in loop.round_, run by inproc.dp_round / dp_run.
 
 ATOMICs, SEND WITH INVALIDATE (remote_invalidate MRs), gather/scatter lists, FENCE, SQD and
 completion channels (solicited events too) are dp/ops.py's.  Multi-buffer ports (XDP_USE_SG, path
@@ -105,9 +105,7 @@ class Plane:
         P block, event and ready rings, active list, frame stack, loop thread: `others`) over the same
         tables; a QP belongs to one of them (Q.plane, `owner`, `move`).  See docs/design-dataplane.md."""
         from ..wire.fastpath import TABLES
-        from . import loop
         from . import native
-        self.loop = loop
         self.port, self.loader, self.maxq = port, loader, maxq
         self.tables = TABLES
         nframes = port.umem.nframes
@@ -308,6 +306,13 @@ class Plane:
                 self.on_timeout()
 
     # ---- driving the loop ---------------------------------------------------------------
+    @property
+    def loop(self) -> Any:
+        """dp/inproc.py (dp_round, dp_run), imported at first use; Context.open imports it beforehand unless
+        told that the caller drives the plane itself (metaroced: dp/serve.py's dp_serve)."""
+        from . import inproc
+        return inproc
+
     def progress(self) -> int:
         with self.lock:
             n = self.loop.dp_round(self.A, self.TM, self.umem, self.tables)
@@ -1103,21 +1108,25 @@ class Context:
     @classmethod
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
              ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True,
-             queues: int = 1) -> "Context":
+             queues: int = 1, inproc: bool = True) -> "Context":
         """An endpoint on a real interface: the XDP program attached (as rc.engine.Context.open does), an
         AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads.
         queues > 1: a socket and a loop (progress thread) on each of queues queue .. queue + queues - 1,
-        QPs spread over them (QP._bind_queue); the peer must run as many."""
+        QPs spread over them (QP._bind_queue); the peer must run as many.  inproc=False: the caller runs the
+        plane's loop itself (metaroced, dp/serve.py), so dp/inproc.py's entry points are not loaded."""
         if queues < 1:
             raise InvalidArgument(f"queues {queues}: at least 1")
         from ..jitwarm import warm_up
         from ..kern.loader import XdpLoader, XdpMode, check_interface_free
         from ..rc.xskport import XskPort
         check_interface_free(ifname)   # XdpBusy before any compiling when another owner lives
-        # this plane's compiled code, loaded from numba's cache (or compiled, saying so on stderr) before any
-        # socket exists; its entry points have explicit signatures and compile nothing afterwards (loop.py)
-        warm_up(planes=("compiled",))
-        from . import loop  # noqa: F401
+        from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
+        if inproc:
+            # the in-process plane's compiled code (dp_round, dp_run and the rest), loaded from numba's cache
+            # (or compiled, saying so on stderr) before any socket exists; its entry points have explicit
+            # signatures and compile nothing afterwards.  metaroced (inproc=False) loads only what it serves.
+            warm_up(planes=("compiled",))
+            from . import inproc as _entries  # noqa: F401
         loader = _loader_for(ifname)
         port = None
         more: list = []

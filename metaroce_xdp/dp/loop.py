@@ -1,7 +1,7 @@
 """The compiled progress loop: one function per port does a whole round of RC work.
 
-`dp_round(A, TM, umem, tables)` -- and `dp_run`, which repeats it in a GIL-free loop --
-receive a burst straight from the AF_XDP RX ring, validate it (header lengths, ICRC,
+`round_` -- run by dp/inproc.py's `dp_round(A, TM, umem, tables)` and `dp_run` (a GIL-free loop of
+rounds) for the in-process plane, and by dp/serve.py's `dp_serve` for metaroced -- does: receive a burst straight from the AF_XDP RX ring, validate it (header lengths, ICRC,
 QP, state), run the responder (in-order SEND/WRITE placement, RECV consumption, READ
 responses, coalesced ACKs, one sequence-error NAK per gap, re-ACKed duplicates, remote
 access checks against the MR table, RNR NAKs), the completer (the kernel-written ACK
@@ -16,15 +16,16 @@ frame templates, umem the AF_XDP UMEM, tables the ICRC tables.  Work finding: a 
 puts its QP in the ready ring; only QPs in the active list (outstanding work) have their
 kernel slot and timers looked at, so idle cost does not grow with the number of QPs.
 
-Every entry point has an explicit signature and cache=True (see SIGNATURES; metaroce
-warmup loads them) and compiling is disabled after definition: a call with other types
-fails at once instead of compiling on a live path.
+The entry points (dp/inproc.py, dp/serve.py, dp/drive.py) have explicit signatures and cache=True
+(their SIGNATURES; metaroce warmup loads them) and compiling is disabled after definition: a call with
+other types fails at once instead of compiling on a live path.  They live in modules of their own so
+that a process loads only those it runs (metaroced: dp_serve; loading one from numba's cache costs
+~0.1 s of CPU).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import carray, njit
-from numba import types as nbt
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from ..kern.layout import QP_STATE_DTYPE
@@ -1563,81 +1564,3 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     tx_flush(A)
     A[P_ROUNDS] += 1
     return work
-
-
-@njit(nbt.int64(nbt.int64[::1], nbt.uint8[:, ::1], nbt.uint8[::1], nbt.uint32[:, ::1]), **_jit)
-def dp_round(A, TM, umem, tables):
-    """One progress round of the port whose state is A (see the module docstring)."""
-    if A[P_MAGIC] != MAGIC:
-        return -1
-    ext = np.empty(32, np.uint8)
-    now = c_monotonic_ns()
-    A[P_NOW] = now
-    Q, SW, RW, CE, CQT, MRT = views(A, TM)
-    return round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
-
-
-@njit(nbt.int64(nbt.int64[::1], nbt.uint8[:, ::1], nbt.uint8[::1], nbt.uint32[:, ::1], nbt.int64, nbt.int64,
-                nbt.int64, nbt.int64), **_jit)
-def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
-    """Rounds until something Python must see, without the GIL: returns 1 when events are queued,
-    2 when asked to stop or pause, 3 when the byte at watch_addr (if any) equals watch_val, 4 when
-    a completion was added (watch_val = -2; -3: either, the byte nonzero or a completion -- metaroced's
-    doorbell), 0 when max_ns passed.  Idle, with sleep_ok, it sleeps
-    in poll() on the AF_XDP socket and the port's eventfd (a post writes it) after spin_idle rounds."""
-    if A[P_MAGIC] != MAGIC:
-        return -1
-    ext = np.empty(32, np.uint8)
-    Q, SW, RW, CE, CQT, MRT = views(A, TM)
-    start = c_monotonic_ns()
-    now = start
-    idle = 0
-    cqe0 = A[P_CQE_OUT]
-    while True:
-        if idle & 7 == 0:                    # the clock costs more than an idle round: read it every 8th
-            now = c_monotonic_ns()
-            A[P_NOW] = now
-        w = round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
-        if A[P_EV_TAIL] != A[P_EV_HEAD]:
-            return 1
-        if ld_acq_i64(A, P_STOP) or ld_acq_i64(A, P_PAUSE):
-            return 2
-        if watch_addr != 0 and (ld_acq_u8(watch_addr) == watch_val or (watch_val == -3 and ld_acq_u8(watch_addr))):
-            return 3
-        if (watch_val == -2 or watch_val == -3) and A[P_CQE_OUT] != cqe0:
-            return 4
-        if now - start >= max_ns:
-            return 0
-        if w:
-            idle = 0
-            continue
-        idle += 1
-        A[P_IDLE_POLLS] += 1
-        if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
-            st_rel_i64(A, P_SLEEPING, 1)
-            if nat_kern_sleep(A, Q, 1) == 0 and ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] \
-                    and not ld_acq_i64(A, P_STOP) and not ld_acq_i64(A, P_PAUSE):
-                left = (max_ns - (now - start)) // 1000000
-                c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
-            nat_kern_sleep(A, Q, 0)                      # SACKs to the kernel's rings again (dp/native.py)
-            st_rel_i64(A, P_SLEEPING, 0)
-            c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
-            A[P_WAKEUPS] += 1
-            idle = 0
-
-
-SIGNATURES = {"dp_round": dp_round, "dp_run": dp_run}
-for _f in SIGNATURES.values():
-    _f.disable_compile()        # a call with other types fails at once instead of compiling on a live path
-del _f
-
-
-def warm_plan() -> list[tuple[str, str, tuple]]:
-    """(name, why, args) for metaroce_xdp.jitwarm: the entry points with their run-time types on an
-    arena that is not a port (magic 0), so each returns at once."""
-    from ..wire.fastpath import TABLES
-    A = np.zeros(N_P, np.int64)
-    TM = np.zeros((2, 128), np.uint8)
-    umem = np.zeros(4096, np.uint8)
-    return [("dp_round", "dp.Plane.progress", (A, TM, umem, TABLES)),
-            ("dp_run", "dp.Plane.run / the progress thread", (A, TM, umem, TABLES, 0, 0, 0, 0))]

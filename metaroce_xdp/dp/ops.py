@@ -29,7 +29,7 @@ Each behaves as the Python engine (metaroce_xdp/rc), which is the oracle:
 * READ before a later write (MR-RC-025): protect_reads sends the queued READ responses that would
   read bytes a later WRITE, SEND or ATOMIC is about to write.
 
-Caching: loop.py's entry points (dp_round, dp_run) are compiled with this module's functions inside;
+Caching: the entry points (inproc.dp_round, dp_run, serve.dp_serve) are compiled with this module's functions inside;
 numba's on-disk cache would check only loop.py's stamp, so metaroce_xdp/jitcache.py keys it on a
 digest of every module compiled code depends on (this one included).
 """

@@ -42,17 +42,18 @@ import ipaddress
 import mmap
 import os
 import socket
+import time
 
 from pathlib import Path
 
 import numpy as np
 
-from . import bpfsys
+from . import bccbuild, bpfsys
 from .layout import (CONFIG_DTYPE, MR_MAX_RXQ, MR_SACK_RINGS, PSN_MASK, PSN_NONE, QP_STATE_DTYPE, QP_STATE_SIZE,
                      SACK_RING_DTYPE, CfgFlag, DropReason, Event, Profile, QpState, peer_ip_bytes)
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
-PROG_SRC = "metaroce_xdp.c"
+BPF_DIR = bccbuild.BPF_DIR
+PROG_SRC = bccbuild.PROG_SRC
 PROG_FUNC = b"xdp_metaroce"
 PIN_ROOT = "/sys/fs/bpf/metaroce"
 PINNED_MAPS = ("mr_qps", "mr_drops", "mr_events", "mr_cfg")
@@ -157,7 +158,9 @@ def _pow2(n: int) -> bool:
 class XdpLoader:
     def __init__(self, max_qps: int = 1024, max_rxq: int = MR_MAX_RXQ, verify_ack_icrc: bool = True,
                  defines: dict[str, int] | None = None, bpf_dir: Path | str = BPF_DIR, frags: bool = True,
-                 sack_rings: int = MR_SACK_RINGS):
+                 sack_rings: int = MR_SACK_RINGS, compiled: bccbuild.Compiled | None = None):
+        """compiled: the program compiled beforehand (bccbuild.compile_program, metaroced's start); used when
+        its flags are these, else closed and compiled again."""
         if not _pow2(max_qps):
             raise ValueError(f"max_qps must be a power of two, got {max_qps}")
         from bcc import BPF      # imported late: layout/bpfsys stay usable without BCC
@@ -165,20 +168,34 @@ class XdpLoader:
         self.max_qps = max_qps
         self.sack_rings = sack_rings
         self.bpf_dir = Path(bpf_dir).resolve()
-        params = {"MR_MAX_QPS": max_qps, "MR_MAX_RXQ": max_rxq, "MR_SACK_RINGS": sack_rings,
-                  "MR_VERIFY_ACK_ICRC": int(verify_ack_icrc), **(defines or {})}
-        self.cflags = [f"-I{self.bpf_dir}"] + [f"-D{k}={int(v)}" for k, v in params.items()]
+        self.cflags = bccbuild.cflags(max_qps, max_rxq, sack_rings, verify_ack_icrc, defines, self.bpf_dir)
+        if compiled is not None and (compiled.used or compiled.cflags != self.cflags):
+            compiled.close()
+            compiled = None
         self.frags = frags
         self._own_prog_fd = -1
         self._link_fd = -1
         self.fn = None
+        #: (wall, CPU) seconds of BCC compiling the program (clang; the maps created) and of the kernel loading
+        #: it (verifier): {"compile": (w, c), "load": (w, c)}
+        self.timings: dict[str, tuple[float, float]] = {}
         try:
-            self.bpf = BPF(src_file=str(self.bpf_dir / PROG_SRC).encode(), cflags=self.cflags)
+            if compiled is not None:
+                compiled.used = True
+                self.bpf = compiled.bpf
+                self.timings["compile"] = compiled.seconds
+            else:
+                c = bccbuild.compile_program(self.cflags, self.bpf_dir)
+                c.used = True
+                self.bpf = c.bpf
+                self.timings["compile"] = c.seconds
+            t1, c1 = time.monotonic(), time.thread_time()
             if frags:
                 self.prog_fd = self._own_prog_fd = self._load_frags()
             else:
                 self.fn = self.bpf.load_func(PROG_FUNC, BPF.XDP)
                 self.prog_fd = self.fn.fd
+            self.timings["load"] = (time.monotonic() - t1, time.thread_time() - c1)
         except Exception as e:
             raise LoaderError(f"could not compile/load {PROG_SRC} ({e}); run as root with BCC "
                               f"and kernel headers installed") from e

@@ -4,8 +4,8 @@
 """
 from __future__ import annotations
 
-from numba import njit
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
+from ..jitcache import lazy_njit  # noqa: E402  (explicit signatures, compiled or loaded at first use)
 
 from .layout import *  # noqa: F401,F403
 from .layout import FP, NONE
@@ -13,7 +13,7 @@ from .layout import FP, NONE
 _jit = dict(cache=True, nogil=True)
 
 
-@njit("void(int64[:, ::1], int64[::1], int64[::1])", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64[::1])", **_jit)
 def mp_init(pt, par, sports):
     """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1."""
     k = par[P_K]
@@ -30,13 +30,13 @@ def mp_init(pt, par, sports):
         e[E_LAST_PROBE] = NONE
 
 
-@njit("boolean(int64[:, ::1], int64)", **_jit)
+@lazy_njit("boolean(int64[:, ::1], int64)", **_jit)
 def _usable(pt, i):
     s = pt[i, E_STATE]
     return s == ST_ACTIVE or s == ST_PENALIZED
 
 
-@njit("int64(int64[:, ::1], int64[::1])", **_jit)
+@lazy_njit("int64(int64[:, ::1], int64[::1])", **_jit)
 def _min_active_srtt(pt, par):
     m = NONE
     for i in range(par[P_K]):
@@ -46,7 +46,7 @@ def _min_active_srtt(pt, par):
     return m
 
 
-@njit("int64(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("int64(int64[:, ::1], int64[::1], int64, int64)", **_jit)
 def mp_pick(pt, par, srtt, now):
     """MR-MP-006/010: the entropy value for the next packet; index | PICK_PROBE when it is a probe
     on a PROBING value (the caller sets AckReq).  Smooth weighted round-robin over ACTIVE and
@@ -79,7 +79,7 @@ def mp_pick(pt, par, srtt, now):
     return best
 
 
-@njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
 def _evict(pt, par, i, now):
     """MR-MP-010, MR-MP-013: evict value i unless it is the last usable one."""
     others = 0
@@ -109,7 +109,7 @@ def _evict(pt, par, i, now):
     e[E_CURRENT] = 0
 
 
-@njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
 def _reclassify(pt, par, i, now):
     """MR-MP-009."""
     e = pt[i]
@@ -121,7 +121,7 @@ def _reclassify(pt, par, i, now):
         _evict(pt, par, i, now)
 
 
-@njit("int64(int64[:, ::1], int64[::1], int64)", **_jit)
+@lazy_njit("int64(int64[:, ::1], int64[::1], int64)", **_jit)
 def mp_index(pt, par, sport):
     for i in range(par[P_K]):
         if pt[i, E_SPORT] == sport:
@@ -129,7 +129,7 @@ def mp_index(pt, par, sport):
     return -1
 
 
-@njit("void(int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
 def mp_on_sack(pt, par, sport, rtt, ce, now):
     """MR-MP-007/009/010: feedback of a SACK to the value in its echo_sport (rtt in ns or NONE)."""
     i = mp_index(pt, par, sport)
@@ -158,7 +158,7 @@ def mp_on_sack(pt, par, sport, rtt, ce, now):
     _reclassify(pt, par, i, now)
 
 
-@njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
 def mp_on_loss(pt, par, i, now):
     """MR-MP-008: a loss declared by SACK on value i halves its weight; mp_evict_losses losses
     within mp_evict_window evict it."""
@@ -181,7 +181,7 @@ def mp_on_loss(pt, par, i, now):
     _reclassify(pt, par, i, now)
 
 
-@njit("void(int64[:, ::1], int64[::1], int64)", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64)", **_jit)
 def mp_on_round(pt, par, now):
     """MR-MP-012: once per srtt, values without loss or CE in the round recover mp_recover."""
     for i in range(par[P_K]):
@@ -199,7 +199,7 @@ def mp_on_round(pt, par, now):
         e[E_DIRTY] = 0
 
 
-@njit("int64(int64[:, ::1], int64[::1], int64, int64, int64)", **_jit)
+@lazy_njit("int64(int64[:, ::1], int64[::1], int64, int64, int64)", **_jit)
 def mp_pick_retx(pt, par, srtt, now, avoid):
     """MR-SACK-025: the entropy value for a retransmission, other than `avoid` (the value the lost
     transmission used) when another usable value exists."""

@@ -7,8 +7,8 @@ RX_SACK_NOW or when `rx_sack_due` says the coalescing timer ran out.
 """
 from __future__ import annotations
 
-from numba import njit
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
+from ..jitcache import lazy_njit  # noqa: E402  (explicit signatures, compiled or loaded at first use)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from .layout import NONE, PSN_HALF, PSN_MASK, R_BM, WMASK
@@ -21,13 +21,13 @@ RSN_NOT_READY, RSN_INVALID = -1, -2
 _ROW = "int64[::1]"
 
 
-@njit("boolean(int64[::1], int64)", **_jit)
+@lazy_njit("boolean(int64[::1], int64)", **_jit)
 def _bit(r, psn):
     i = psn & WMASK
     return (r[R_BM + (i >> 6)] >> (i & 63)) & 1 == 1
 
 
-@njit("void(int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64, int64)", **_jit)
 def _setbit(r, psn, v):
     i = psn & WMASK
     m = 1 << (i & 63)
@@ -37,7 +37,7 @@ def _setbit(r, psn, v):
         r[R_BM + (i >> 6)] &= ~m
 
 
-@njit("int64(int64[::1], int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64)", **_jit)
 def _past_recorded(r, epsn):
     """PSN epsn has arrived in order: the ePSN moves past it and past every PSN recorded out of order
     right behind it (their bits cleared, nrec counted down).  Returns the new ePSN, also stored."""
@@ -50,7 +50,7 @@ def _past_recorded(r, epsn):
     return epsn
 
 
-@njit("void(int64[::1], int64[::1], int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64)", **_jit)
 def rx_init(r, par, epsn):
     """QP enters RTR: ePSN = the peer's initial PSN, nothing recorded."""
     r[:] = 0
@@ -61,7 +61,7 @@ def rx_init(r, par, epsn):
     r[R_LAST_RX_TS] = NONE
 
 
-@njit("int64(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64)", **_jit)
 def rx_on_packet(r, par, psn, ackreq, ce, has_ts, tsval, sport, now):
     """A validated native request packet with PSN `psn` arrived (check 3 of 4.4.1 and the SACK
     triggers).  Returns RX_* flags: RX_NEW record and place it (MR-SACK-010), RX_DUP a duplicate
@@ -125,13 +125,13 @@ def rx_on_packet(r, par, psn, ackreq, ce, has_ts, tsval, sport, now):
     return out
 
 
-@njit("boolean(int64[::1], int64[::1], int64)", **_jit)
+@lazy_njit("boolean(int64[::1], int64[::1], int64)", **_jit)
 def rx_sack_due(r, par, now):
     """MR-SACK-015/017: the coalescing timer T ran out with a packet received since the last SACK."""
     return r[R_SINCE_SACK] > 0 and now - r[R_FIRST_TS] >= par[P_ACK_T]
 
 
-@njit("int64(int64[::1], int64[::1])", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1])", **_jit)
 def rx_sack_deadline(r, par):
     """When rx_sack_due becomes true (NONE: nothing to acknowledge)."""
     if r[R_SINCE_SACK] == 0:
@@ -139,7 +139,7 @@ def rx_sack_deadline(r, par):
     return r[R_FIRST_TS] + par[P_ACK_T]
 
 
-@njit("int64(int64[::1], int64[::1], int64[::1], int64[::1])", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1], int64[::1], int64[::1])", **_jit)
 def rx_build_sack(r, par, hdr, words):
     """Fill an ACK-type NATIVE_SACK (4.3.1) and restart coalescing.  hdr gets
     [cum PSN, bitmap_words, tsecr, credit, ce_count, echo_sport, flags byte (CE 0x80, N 0x40)],
@@ -186,7 +186,7 @@ def rx_build_sack(r, par, hdr, words):
     return nw
 
 
-@njit("int64(int64[::1], int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
 def rx_rsn_check(r, rm, par, rsn, msn, last_psn, posted):
     """A packet of a recv-consuming message (RSN `rsn`, message `msn` ending at `last_psn`):
     its receive offset k (MR-OOO-006, the (k+1)-th oldest receive WQE not yet completed) when
@@ -212,7 +212,7 @@ def rx_rsn_check(r, rm, par, rsn, msn, last_psn, posted):
     return k
 
 
-@njit("int64(int64[::1], int64[:, ::1], int64[::1])", **_jit)
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[::1])", **_jit)
 def rx_recv_completions(r, rm, out):
     """Receive completions now due, in RSN (= receive WQE) order (MR-OOO-013): the oldest
     messages whose last PSN the cumulative PSN has reached (MR-OOO-014).  Writes their RSNs to
@@ -234,7 +234,7 @@ def rx_recv_completions(r, rm, out):
     return n
 
 
-@njit("void(int64[:, ::1], int64[::1], int64)", **_jit)
+@lazy_njit("void(int64[:, ::1], int64[::1], int64)", **_jit)
 def rx_credit_alloc(rxs, par, now):
     """MR-CC-018 reference allocation over the responder rows of one receiver: every QP active in
     the last active_window shares rx_budget packets; idle ones keep init_credit.  Run every
@@ -254,7 +254,7 @@ def rx_credit_alloc(rxs, par, now):
         rxs[q, R_CREDIT] = c if c < par[P_W] else par[P_W]
 
 
-@njit("void(int64[::1], int64, int64, int64, int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64, int64, int64, int64, int64)", **_jit)
 def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
     """A packet of a not-ready recv-consuming message (MR-OOO-012): not recorded, but its ECN mark
     counts (MR-CC-025) and it is the trigger of the RNR NAK-type SACK the data plane may send for it
@@ -270,7 +270,7 @@ def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
     r[R_C_NOTREADY] += 1
 
 
-@njit("boolean(int64[::1], int64[::1], int64)", **_jit)
+@lazy_njit("boolean(int64[::1], int64[::1], int64)", **_jit)
 def rx_recorded(r, par, psn):
     """Has PSN `psn` been received (MR-SACK-013's duplicate test): before the ePSN (within 2^23) or
     recorded in the window.  Used for READ and atomic requests, whose duplicates are answered
@@ -281,7 +281,7 @@ def rx_recorded(r, par, psn):
     return d < par[P_W] and d != 0 and _bit(r, psn)
 
 
-@njit("int64(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64, int64, int64)", **_jit)
 def rx_on_range(r, par, psn, n, ackreq, ce, has_ts, tsval, sport, now):
     """A validated, new NATIVE_READ_REQ for the n PSNs from `psn` (MR-OOO-003: every PSN of the
     READ's range is recorded as received) or an atomic (n = 1, has_ts = 0): rx_on_packet for the

@@ -16,8 +16,8 @@ plane calls, per event:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
+from ..jitcache import lazy_njit  # noqa: E402  (explicit signatures, compiled or loaded at first use)
 
 from .layout import *  # noqa: F401,F403
 from .layout import FP, NONE, PSN_HALF, PSN_MASK, PSN_NONE, WMASK
@@ -40,19 +40,19 @@ RNR_TIMER_US = np.array((655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480
                          163840, 245760, 327680, 491520), np.int64)      # Table 3-5
 
 
-@njit("int64(int64)", **_jit)
+@lazy_njit("int64(int64)", **_jit)
 def tsval_of(now):
     """NETH.tsval for local time `now` (ns): microseconds modulo 2^32 (MR-NAT-014)."""
     return (now // 1000) & 0xFFFFFFFF
 
 
-@njit("boolean(int64, int64)", **_jit)
+@lazy_njit("boolean(int64, int64)", **_jit)
 def _before(a, b):
     d = (b - a) & PSN_MASK
     return 0 < d < PSN_HALF
 
 
-@njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
 def tx_init(s, par, isn, now):
     """QP enters RTS: 04 section 4.3.5 state, then 05 section 5.2 state, in the spec's order."""
     s[:] = 0
@@ -92,7 +92,7 @@ def tx_init(s, par, isn, now):
 
 
 # ------------------------------------------------------------------ RTT, RTO, reo_wnd
-@njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
 def _rtt_sample(s, par, r, now):
     """MR-LOSS-003 (RFC 6298) and the min_rtt filter of MR-CC-007; r in ns."""
     s[S_LAST_RTT] = r
@@ -119,7 +119,7 @@ def _rtt_sample(s, par, r, now):
         s[S_MIN_RTT_TS] = now
 
 
-@njit("int64(int64[::1], int64[::1])", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1])", **_jit)
 def reo_wnd(s, par):
     """04 section 4.3.5: min(reo_wnd_mult * max(min_rtt / 4, reo_wnd_floor), srtt)."""
     base = par[P_REO_FLOOR]
@@ -131,7 +131,7 @@ def reo_wnd(s, par):
     return w
 
 
-@njit("int64(int64[::1], int64[::1])", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1])", **_jit)
 def cc_target(s, par):
     """MR-CC-007 with q_eff of MR-CC-040 (ns); NONE before the first sample."""
     if s[S_MIN_RTT] == NONE:
@@ -147,12 +147,12 @@ def cc_target(s, par):
     return t
 
 
-@njit("boolean(int64[::1], int64)", **_jit)
+@lazy_njit("boolean(int64[::1], int64)", **_jit)
 def _can_decrease(s, now):
     return s[S_SRTT] == NONE or s[S_T_LAST_DEC] == NONE or now - s[S_T_LAST_DEC] >= s[S_SRTT]
 
 
-@njit("void(int64[::1], int64[::1])", **_jit)
+@lazy_njit("void(int64[::1], int64[::1])", **_jit)
 def _clamp_cwnd(s, par):
     if s[S_CWND] < par[P_MIN_CWND]:
         s[S_CWND] = par[P_MIN_CWND]
@@ -160,7 +160,7 @@ def _clamp_cwnd(s, par):
         s[S_CWND] = par[P_W] * FP
 
 
-@njit("void(int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64, int64)", **_jit)
 def _repace(s, old, now):
     """MR-CC-043: the pacing wait still ahead (next_send_time - now) was set for window `old`; when the
     window grew (or was restored) while that wait is longer than srtt, scale it by old / cwnd."""
@@ -175,7 +175,7 @@ def _repace(s, old, now):
 
 
 # ------------------------------------------------------------------ scoreboard transitions
-@njit("void(int64[::1], int64[::1])", **_jit)
+@lazy_njit("void(int64[::1], int64[::1])", **_jit)
 def _leave_flight(s, b):
     """Book-keeping before a record changes: it stops counting as in flight or as lost."""
     f = b[B_FLAGS]
@@ -185,7 +185,7 @@ def _leave_flight(s, b):
         s[S_IN_FLIGHT] -= 1
 
 
-@njit("void(int64[::1], int64[::1], int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64)", **_jit)
 def _mark_lost(s, b, attributed):
     _leave_flight(s, b)
     b[B_FLAGS] = (b[B_FLAGS] & ~BF_RNR) | BF_LOST
@@ -193,14 +193,14 @@ def _mark_lost(s, b, attributed):
     s[S_C_LOST] += 1
 
 
-@njit("boolean(int64[::1], int64[:, ::1], int64)", **_jit)
+@lazy_njit("boolean(int64[::1], int64[:, ::1], int64)", **_jit)
 def _outstanding(s, sb, p):
     b = sb[p & WMASK]
     return b[B_FLAGS] & BF_OUT != 0 and b[B_PSN] == p
 
 
 # ------------------------------------------------------------------ transmit side
-@njit("int64(int64[::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[::1], int64, int64)", **_jit)
 def tx_can_send(s, par, now, new):
     """0 when a packet may leave now, else why not: MR-CC-001/003 (cwnd), MR-CC-002 (W, credits),
     MR-CC-004 (pacing), MR-SACK-039 (RNR wait).  new=1 for a new PSN, 0 for a retransmission."""
@@ -226,7 +226,7 @@ def tx_can_send(s, par, now, new):
     return 0
 
 
-@njit("void(int64[::1], int64[::1], int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64)", **_jit)
 def _arm_timers(s, par, now):
     """04 section 4.6.4 arm_timers()."""
     if s[S_RNR_UNTIL] != NONE:
@@ -250,7 +250,7 @@ def _arm_timers(s, par, now):
         s[S_PTO_AT] = at
 
 
-@njit("int64(int64[::1], int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
 def tx_on_transmit(s, sb, par, psn, entropy, kind, now):
     """Record a transmission of `psn` on entropy index `entropy`; kind TK_NEW (psn must be
     snd_nxt), TK_RETX (a lost PSN, MR-SACK-023), TK_TLP, TK_RTO or TK_REPLAY.  Updates the
@@ -304,7 +304,7 @@ def tx_on_transmit(s, sb, par, psn, entropy, kind, now):
     return tsval
 
 
-@njit("int64(int64[::1], int64[:, ::1])", **_jit)
+@lazy_njit("int64(int64[::1], int64[:, ::1])", **_jit)
 def tx_next_lost(s, sb):
     """The lowest PSN marked lost (MR-SACK-023), PSN_NONE if none."""
     if s[S_N_LOST] == 0:
@@ -319,7 +319,7 @@ def tx_next_lost(s, sb):
 
 
 # ------------------------------------------------------------------ congestion control
-@njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
 def _cc_on_loss(s, par, now, attributed):
     """MR-CC-022 with the congestion gate of MR-CC-041."""
     if not _can_decrease(s, now):
@@ -346,7 +346,7 @@ def _cc_on_loss(s, par, now, attributed):
     s[S_C_DEC_LOSS] += 1
 
 
-@njit("void(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64, int64, int64, int64, int64, int64)", **_jit)
 def _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, stale, now):
     """05 section 5.3.7 cc_on_sack() (credits are applied by the caller)."""
     old = s[S_CWND]
@@ -427,7 +427,7 @@ def rd_on_loss(r, par, fallback_srtt, now):
 
 
 # ------------------------------------------------------------------ loss detection
-@njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64)", **_jit)
 def _detect_losses(s, sb, pt, par, now):
     """04 section 4.3.5 detect_losses(): MR-SACK-028 (time), MR-SACK-029 (count, K = 1 only).
     Returns the number of PSNs newly marked lost and arms the reordering timer."""
@@ -474,7 +474,7 @@ def _detect_losses(s, sb, pt, par, now):
 
 
 # ------------------------------------------------------------------ SACK processing
-@njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, int64, int64[::1], int64, int64,"
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, int64, int64[::1], int64, int64,"
       " int64, int64, int64, int64)", **_jit)
 def tx_on_sack(s, sb, pt, par, cum, nw, words, tsecr, flags, ce_count, credit, sport, now):
     """An ACK-type NATIVE_SACK (syndrome bits 6-5 = 00, MR-SACK-038) from the connected peer:
@@ -601,7 +601,7 @@ def tx_on_sack(s, sb, pt, par, cum, nw, words, tsecr, flags, ce_count, credit, s
     return n
 
 
-@njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, int64, int64, int64, int64,"
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, int64, int64, int64, int64,"
       " int64, int64, int64)", **_jit)
 def tx_on_rnr_nak(s, sb, pt, par, psn, syndrome, starts_recv, tsecr, flags, ce_count, credit, now):
     """An RNR NAK-type SACK (syndrome 0x20-0x3F) for `psn`; starts_recv: psn is the first PSN of a
@@ -639,7 +639,7 @@ def tx_on_rnr_nak(s, sb, pt, par, psn, syndrome, starts_recv, tsecr, flags, ce_c
 
 
 # ------------------------------------------------------------------ timers
-@njit("int64(int64[::1])", **_jit)
+@lazy_njit("int64(int64[::1])", **_jit)
 def tx_next_deadline(s):
     """The earliest armed timer (ns), NONE if none (the caller also wakes for pacing)."""
     t = NONE
@@ -650,7 +650,7 @@ def tx_next_deadline(s):
     return t
 
 
-@njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64)", **_jit)
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64)", **_jit)
 def tx_on_timer(s, sb, pt, par, now):
     """Run the timers that are due (04 sections 4.3.5, 4.3.6, 4.6.3, 4.6.4).  Returns
     (action << 32) | psn: ACT_RTO retransmit psn now with AckReq (exempt from cwnd, MR-CC-003),
