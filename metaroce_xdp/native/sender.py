@@ -401,7 +401,7 @@ def _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, stale, now):
 
 
 # ------------------------------------------------------------------ the READ window (MR-CC-019)
-@njit("void(int64[::1], int64[::1], int64, int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64, int64, int64)", **_jit)
 def rd_on_response(r, par, rtt, ce, now):
     """MR-CC-019: a READ response received.  r is a requester row that holds only the READ window's own
     copy of the state of 05 section 5.2 (cwnd, srtt, min_rtt, alpha, t_last_decrease, the ECN epoch),
@@ -413,7 +413,7 @@ def rd_on_response(r, par, rtt, ce, now):
     _cc_on_sack(r, par, 1, rtt, ce, 0, 0, now)
 
 
-@njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
+@lazy_njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
 def rd_on_loss(r, par, fallback_srtt, now):
     """A READ response re-requested or timed out: the READ window is cut by max_mdf (MR-CC-022's cut),
     at most once per its srtt (the request's srtt, fallback_srtt, before it has a sample of its own)."""
