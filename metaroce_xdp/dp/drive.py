@@ -28,7 +28,7 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EV_HEAD, P_EV_TAIL,
                      P_MAGIC, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, MAGIC, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
 from .loop import activate, round_, views
-from .prims import c_monotonic_ns, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8
+from .prims import c_monotonic_ns, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8, unowned
 
 _jit = dict(cache=True, nogil=True)
 
@@ -83,6 +83,8 @@ def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns):
     1 when events wait for Python, 3 on a failed completion, 4 after max_ns (call again)."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
+    W, S, done_ns = unowned(W), unowned(S), unowned(done_ns)
     ext = np.empty(32, np.uint8)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     nq = W.shape[0]
@@ -143,6 +145,8 @@ def dp_drive_lat(A, TM, umem, tables, wqe, qi, cq, post_addr, poll_addr, iters, 
     arrived for stall_ns, -1 for events (a QP error), 100 + status of a failed completion."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
+    wqe, posted_ns = unowned(wqe), unowned(posted_ns)
     ext = np.empty(32, np.uint8)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     csize = CQT[cq, C_SIZE]

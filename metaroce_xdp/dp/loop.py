@@ -36,7 +36,7 @@ from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
                     ld_acq_i64, ld_acq_u8, ld_acq_u32, ld_acq_u64, ptr_u8, ptr_u64, st_rel_i64, st_rel_u8,
-                    st_rel_u32, st_rel_u64)
+                    st_rel_u32, st_rel_u64, unowned)
 
 # kernel slot offsets (struct mr_qp_state)
 _KF = {k: v[1] for k, v in QP_STATE_DTYPE.fields.items()}
@@ -1480,6 +1480,7 @@ def dp_round(A, TM, umem, tables):
     """One progress round of the port whose state is A (see the module docstring)."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
     ext = np.empty(32, np.uint8)
     now = c_monotonic_ns()
     A[P_NOW] = now
@@ -1497,6 +1498,7 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
     in poll() on the AF_XDP socket and the port's eventfd (a post writes it) after spin_idle rounds."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
     ext = np.empty(32, np.uint8)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     start = c_monotonic_ns()
