@@ -36,7 +36,7 @@ from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
                     ld_acq_i64, ld_acq_u8, ld_acq_u32, ld_acq_u64, ptr_u8, ptr_u64, st_rel_i64, st_rel_u8,
-                    st_rel_u32, st_rel_u64, unowned)
+                    st_rel_u32, st_rel_u64, unowned, c_sched_yield)
 
 # kernel slot offsets (struct mr_qp_state)
 _KF = {k: v[1] for k, v in QP_STATE_DTYPE.fields.items()}
@@ -1525,6 +1525,9 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
             continue
         idle += 1
         A[P_IDLE_POLLS] += 1
+        if A[P_YIELD_AFTER] > 0 and idle % A[P_YIELD_AFTER] == 0:
+            c_sched_yield()                              # a loaded host: the CPU to whoever can use it
+            A[P_YIELDS] += 1
         if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
             st_rel_i64(A, P_SLEEPING, 1)
             if nat_kern_sleep(A, Q, 1) == 0 and ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] \

@@ -15,7 +15,7 @@ through ctypes pointers (a pointer constant makes a function uncacheable).
 * `ld_acq_i64(arr, i)`, `st_rel_i64(arr, i, v)`: the same on an element of an int64
   array (the tables another thread posts into).
 * `c_memcpy(dst, src, n)`, `c_sendto_kick(fd)`, `c_recvfrom_kick(fd)`, `c_poll(addr,
-  n, timeout_ms)`, `c_read8(fd, addr)`, `c_monotonic_ns()`: libc by name.
+  n, timeout_ms)`, `c_read8(fd, addr)`, `c_monotonic_ns()`, `c_sched_yield()`: libc by name.
 """
 from __future__ import annotations
 
@@ -166,6 +166,15 @@ def c_poll(typingctx, addr, n, timeout_ms):
                               builder.trunc(_as_i64(builder, args[2], sig.args[2]), _I32)])
         return builder.sext(r, _I64)
     return types.int64(addr, n, timeout_ms), codegen
+
+
+@intrinsic
+def c_sched_yield(typingctx):
+    """sched_yield(): the CPU to another runnable task of this one's, if any (a few hundred ns otherwise)."""
+    def codegen(context, builder, sig, args):
+        fn = _libc(builder, "sched_yield", _I32, [])
+        return builder.sext(builder.call(fn, []), _I64)
+    return types.int64(), codegen
 
 
 @intrinsic
