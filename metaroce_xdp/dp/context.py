@@ -182,6 +182,11 @@ class Plane:
         A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
         A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
         A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
+        # idle rounds (nothing received, sent or completed) after which dp_run / dp_drive_bw give the
+        # CPU away with sched_yield() while QPs wait on the peer, every that many (0: never).  Free on an
+        # idle host (nothing else to run); on a loaded one the spinning was our share of the CPU spent
+        # waiting (docs/design-dataplane.md, "Measured": +15-70 % on a 64 KiB WRITE stream)
+        A[L.P_YIELD_AFTER] = int(os.environ.get("METAROCE_DP_YIELD", "64"))
         A[L.P_POLL_MS] = 1000
         self._bind_port(port, free, pfd)
         self.lock = threading.Lock()
@@ -446,7 +451,7 @@ class Plane:
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
                  "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
-                 "rx_sack_kern rx_sack_kern_drop").split()
+                 "rx_sack_kern rx_sack_kern_drop yields").split()
         st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
         for p in ([] if own else self.others):     # several RX queues: the sum over their loops
             for n, v in p.stats(own=True).items():

@@ -26,9 +26,10 @@ from numba import types as nbt
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EV_HEAD, P_EV_TAIL,
-                     P_MAGIC, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, MAGIC, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
+                     P_IDLE_POLLS, P_MAGIC, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, P_YIELD_AFTER, P_YIELDS, MAGIC, Q_SQ_BASE,
+                     Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
 from .loop import activate, round_, views
-from .prims import c_monotonic_ns, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8
+from .prims import c_monotonic_ns, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8, unowned
 
 _jit = dict(cache=True, nogil=True)
 
@@ -83,6 +84,8 @@ def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns):
     1 when events wait for Python, 3 on a failed completion, 4 after max_ns (call again)."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
+    W, S, done_ns = unowned(W), unowned(S), unowned(done_ns)
     ext = np.empty(32, np.uint8)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     nq = W.shape[0]
@@ -92,6 +95,7 @@ def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns):
     now = start
     csize = CQT[cq, C_SIZE]
     cbase = CQT[cq, C_BASE]
+    idle = 0
     while True:
         # post: top every QP up to `depth` outstanding
         for q in range(nq):
@@ -105,10 +109,18 @@ def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns):
                     activate(A, Q, qi)
         now = c_monotonic_ns()
         A[P_NOW] = now
-        round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
+        w = round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now)
         # reap
         head = CQT[cq, C_HEAD]
         tail = ld_acq_i64(CQT[cq], C_TAIL)
+        if w or head != tail:
+            idle = 0
+        else:
+            idle += 1                                # waiting on the peer (window, ACKs)
+            A[P_IDLE_POLLS] += 1
+            if A[P_YIELD_AFTER] > 0 and idle % A[P_YIELD_AFTER] == 0:
+                c_sched_yield()                      # a loaded host: the CPU to whoever can use it
+                A[P_YIELDS] += 1
         if head != tail:
             t = c_monotonic_ns()
             while head != tail:
@@ -143,6 +155,8 @@ def dp_drive_lat(A, TM, umem, tables, wqe, qi, cq, post_addr, poll_addr, iters, 
     arrived for stall_ns, -1 for events (a QP error), 100 + status of a failed completion."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
+    wqe, posted_ns = unowned(wqe), unowned(posted_ns)
     ext = np.empty(32, np.uint8)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     csize = CQT[cq, C_SIZE]

@@ -15,10 +15,10 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 
 from .layout import (MAGIC, N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS, P_MAGIC, P_N_ACT, P_NOW,
                      P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN,
-                     P_WAKEUPS)
+                     P_WAKEUPS, P_YIELD_AFTER, P_YIELDS)
 from .loop import round_, views
 from .native import nat_kern_sleep
-from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u8, st_rel_i64
+from .prims import c_monotonic_ns, c_poll, c_read8, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, unowned
 
 _jit = dict(cache=True, nogil=True)
 
@@ -28,6 +28,7 @@ def dp_round(A, TM, umem, tables):
     """One progress round of the port whose state is A (see the module docstring)."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
     ext = np.empty(32, np.uint8)
     now = c_monotonic_ns()
     A[P_NOW] = now
@@ -45,6 +46,7 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
     in poll() on the AF_XDP socket and the port's eventfd (a post writes it) after spin_idle rounds."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
     ext = np.empty(32, np.uint8)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)
     start = c_monotonic_ns()
@@ -71,6 +73,9 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
             continue
         idle += 1
         A[P_IDLE_POLLS] += 1
+        if A[P_YIELD_AFTER] > 0 and idle % A[P_YIELD_AFTER] == 0:
+            c_sched_yield()                              # a loaded host: the CPU to whoever can use it
+            A[P_YIELDS] += 1
         if sleep_ok and idle > A[P_SPIN_IDLE] and A[P_N_ACT] == 0 and A[P_TXN] == 0:
             st_rel_i64(A, P_SLEEPING, 1)
             if nat_kern_sleep(A, Q, 1) == 0 and ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] \

@@ -65,6 +65,7 @@ P_FIELDS = _cols("""
     sg rx_sg rx_sg_long
     queue rx_wrong_q
     sr_addr sr_size sr_n rx_sack_kern rx_sack_kern_drop
+    yield_after yields
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i

@@ -71,7 +71,7 @@ from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, p
 from .native import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
 from ..native import layout as NL
 from ..native.receiver import rx_credit_alloc
-from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u64, st_rel_i64, st_rel_u64
+from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u64, st_rel_i64, st_rel_u64, unowned
 
 _jit = dict(cache=True, nogil=True)
 
@@ -511,6 +511,8 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
     0 after max_ns, -1 when A is not a port."""
     if A[P_MAGIC] != MAGIC:
         return -1
+    A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
+    QX, CX, SX, G, CPAR, CRX = unowned(QX), unowned(CX), unowned(SX), unowned(G), unowned(CPAR), unowned(CRX)
     ext = np.empty(32, np.uint8)
     cb = np.zeros(NSLOT, np.int64)
     Q, SW, RW, CE, CQT, MRT = views(A, TM)

@@ -26,6 +26,7 @@ import zlib
 
 import numpy as np
 from llvmlite import binding as llvm_binding
+from llvmlite import ir
 from numba import config as numba_config
 from numba import njit
 from numba import types as nb_types
@@ -169,6 +170,27 @@ else:
         return np.uint32(_zcrc32(np.uint64(crc), _voidptr(buf, start), np.uint32(end - start)))
 
 
+if numba_config.DISABLE_JIT:
+    def _scratch68():
+        return np.empty(68, dtype=np.uint8)
+else:
+    @intrinsic
+    def _scratch68(typingctx):
+        """68 bytes on the caller's stack as a uint8 array with no owner: np.empty here was a
+        malloc, a free and two locked reference counts per frame, on both ends of every packet."""
+        aty = nb_types.Array(nb_types.uint8, 1, "C")
+
+        def codegen(context, builder, signature, args):
+            buf = cgutils.alloca_once(builder, ir.ArrayType(ir.IntType(8), 68))
+            ary = context.make_array(aty)(context, builder)
+            context.populate_array(ary, data=builder.bitcast(buf, ir.PointerType(ir.IntType(8))),
+                                   shape=[context.get_constant(nb_types.intp, 68)],
+                                   strides=[context.get_constant(nb_types.intp, 1)],
+                                   itemsize=context.get_constant(nb_types.intp, 1), meminfo=None)
+            return ary._getvalue()
+        return aty(), codegen
+
+
 @njit(cache=True, nogil=True)
 def icrc_numba(tables, buf, l3_off, ipv6, end):
     """ICRC of the packet in buf whose IP header starts at l3_off; the ICRC field starts at `end`.
@@ -178,7 +200,7 @@ def icrc_numba(tables, buf, l3_off, ipv6, end):
     """
     iplen = 40 if ipv6 else 20
     n = iplen + 8 + 12
-    scratch = np.empty(8 + 60, dtype=np.uint8)
+    scratch = _scratch68()                 # 8 + 60 bytes
     for k in range(8):
         scratch[k] = 0xFF
     for k in range(n):
