@@ -212,6 +212,6 @@ def test_demo_first_run_with_an_empty_numba_cache(tmp_path):
     # the compiled data path went to the fresh cache (so the repository's cache was not touched): the demo
     # runs the compiled data plane (dp/, `from metaroce_xdp import Context`), whose loop compiles at import
     index = {f.name.split("-")[0] for f in cache.rglob("*.nbi")}
-    for name in ("loop.dp_run", "loop.dp_round", "loop.rx_burst", "loop.comp_reap", "burst.segment_opcode"):
+    for name in ("inproc.dp_run", "inproc.dp_round", "loop.rx_burst", "loop.comp_reap", "burst.segment_opcode"):
         assert name in index, (name, sorted(index))
     print(f"cold demo: {took:.1f} s")
