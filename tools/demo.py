@@ -199,13 +199,19 @@ def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> int:
     return _verdicts(verdicts, faults)
 
 
-def _engine_table(a: Host, b: Host) -> Table:
-    qa, qb = a.qp.query(), b.qp.query()
-    ev_a = a.ctx.loader.events()
-    t = Table(title="summary")
+def _summary(title: str) -> Table:
+    """The summary table's frame: a row label, then host A's and host B's column."""
+    t = Table(title=title)
     t.add_column("")
     t.add_column("host A (requester)", justify="right")
     t.add_column("host B (responder)", justify="right")
+    return t
+
+
+def _engine_table(a: Host, b: Host) -> Table:
+    qa, qb = a.qp.query(), b.qp.query()
+    ev_a = a.ctx.loader.events()
+    t = _summary("summary")
     t.add_row("payload bytes sent", f"{qa['bytes_sent']:,}", f"{qb['bytes_sent']:,}")
     t.add_row("packets sent", f"{qa['packets_sent']:,}", f"{b.ctx.engine.stats['tx']:,}")
     t.add_row("retransmission rounds (go-back-N)", str(qa["retransmits"]), str(qb["retransmits"]))
@@ -224,10 +230,7 @@ def _plane_table(a: Host, b: Host) -> Table:
     and the XDP programs' counters."""
     pl = [h.ctx.stats() for h in (a, b)]
     ev_a = a.ctx.loader.events()
-    t = Table(title="summary (compiled data plane)")
-    t.add_column("")
-    t.add_column("host A (requester)", justify="right")
-    t.add_column("host B (responder)", justify="right")
+    t = _summary("summary (compiled data plane)")
     t.add_row("payload bytes placed", f"{pl[0]['rx_bytes']:,}", f"{pl[1]['rx_bytes']:,}")
     t.add_row("packets sent", f"{pl[0]['tx']:,}", f"{pl[1]['tx']:,}")
     t.add_row("retransmissions (go-back-N)", str(pl[0]["retransmits"]), str(pl[1]["retransmits"]))
