@@ -18,6 +18,7 @@ this plane, refused with `Unsupported` (a typed InvalidArgument): native profile
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import secrets
@@ -311,10 +312,11 @@ class Plane:
                 self.on_timeout()
 
     # ---- driving the loop ---------------------------------------------------------------
-    @property
+    @functools.cached_property
     def loop(self) -> Any:
-        """dp/inproc.py (dp_round, dp_run), imported at first use; Context.open imports it beforehand unless
-        told that the caller drives the plane itself (metaroced: dp/serve.py's dp_serve)."""
+        """dp/inproc.py (dp_round, dp_run), imported at first use and kept (progress() reads it every
+        round); Context.open imports it beforehand unless told that the caller drives the plane itself
+        (metaroced: dp/serve.py's dp_serve)."""
         from . import inproc
         return inproc
 

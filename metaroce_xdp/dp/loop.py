@@ -1,7 +1,8 @@
 """The compiled progress loop: one function per port does a whole round of RC work.
 
 `round_` -- run by dp/inproc.py's `dp_round(A, TM, umem, tables)` and `dp_run` (a GIL-free loop of
-rounds) for the in-process plane, and by dp/serve.py's `dp_serve` for metaroced -- does: receive a burst straight from the AF_XDP RX ring, validate it (header lengths, ICRC,
+rounds) for the in-process plane, and by dp/serve.py's `dp_serve` for metaroced -- does: receive a
+burst straight from the AF_XDP RX ring, validate it (header lengths, ICRC,
 QP, state), run the responder (in-order SEND/WRITE placement, RECV consumption, READ
 responses, coalesced ACKs, one sequence-error NAK per gap, re-ACKed duplicates, remote
 access checks against the MR table, RNR NAKs), the completer (the kernel-written ACK
@@ -899,6 +900,21 @@ def ack_psn(Q, qi):
 
 
 @njit(**_jit)
+def last_job_before(A, Q, qi, psn, inclusive):
+    """The newest queued READ RESPONSE / ATOMIC ACKNOWLEDGE job of QP qi whose PSN is before psn (at or
+    before it when inclusive): an ACK or NAK for psn is held behind it (MR-RC-025); -1 when none is."""
+    h = Q[qi, Q_RD_HEAD]
+    t = Q[qi, Q_RD_TAIL]
+    while t != h:
+        t -= 1
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        d = psn_diff(A[j + J_PSN], psn)
+        if d < 0 or (inclusive and d == 0):
+            return j
+    return -1
+
+
+@njit(**_jit)
 def ack_now(A, Q, TM, umem, tables, ext, qi):
     """The coalesced ACK owed (Q_ACK_PEND) is decided now, with the PSN (ack_psn) and MSN of now, as
     rc/responder.py flush_ack does: sent at once -- unless READ responses or ATOMIC ACKNOWLEDGEs of
@@ -909,18 +925,14 @@ def ack_now(A, Q, TM, umem, tables, ext, qi):
     if Q[qi, Q_ACK_PEND] == 0:
         return True
     psn = ack_psn(Q, qi)
-    h = Q[qi, Q_RD_HEAD]
-    t = Q[qi, Q_RD_TAIL]
-    while t != h:
-        t -= 1
-        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
-        if psn_diff(A[j + J_PSN], psn) <= 0:
-            A[j + J_ACK] = psn + 1
-            A[j + J_AMSN] = Q[qi, Q_MSN]
-            if A[j + J_NAK] and psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) >= 0:
-                A[j + J_NAK] = 0                       # requests at the NAK's PSN were executed since
-            Q[qi, Q_ACK_PEND] = 0
-            return True
+    j = last_job_before(A, Q, qi, psn, 1)
+    if j >= 0:
+        A[j + J_ACK] = psn + 1
+        A[j + J_AMSN] = Q[qi, Q_MSN]
+        if A[j + J_NAK] and psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) >= 0:
+            A[j + J_NAK] = 0                           # requests at the NAK's PSN were executed since
+        Q[qi, Q_ACK_PEND] = 0
+        return True
     if send_syndrome(A, Q, TM, umem, tables, ext, qi, AETH_ACK_SYN, psn):
         Q[qi, Q_ACK_PEND] = 0
         return True
@@ -936,16 +948,12 @@ def send_nak(A, Q, TM, umem, tables, ext, qi, syn, psn):
     the sequence error NAK of the packets after it name the same ePSN: the requester goes back to it
     either way)."""
     ack_now(A, Q, TM, umem, tables, ext, qi)
-    h = Q[qi, Q_RD_HEAD]
-    t = Q[qi, Q_RD_TAIL]
-    while t != h:
-        t -= 1
-        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
-        if psn_diff(A[j + J_PSN], psn) < 0:
-            if A[j + J_NAK] == 0 or psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) > 0:
-                A[j + J_NAK] = 1 + (((syn & 0xFF) << 24) | (psn & PSN_MASK))
-                A[j + J_NMSN] = Q[qi, Q_MSN]
-            return True
+    j = last_job_before(A, Q, qi, psn, 0)
+    if j >= 0:
+        if A[j + J_NAK] == 0 or psn_diff(psn, (A[j + J_NAK] - 1) & PSN_MASK) > 0:
+            A[j + J_NAK] = 1 + (((syn & 0xFF) << 24) | (psn & PSN_MASK))
+            A[j + J_NMSN] = Q[qi, Q_MSN]
+        return True
     return send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
 
 

@@ -319,6 +319,14 @@ def tx_next_lost(s, sb):
 
 
 # ------------------------------------------------------------------ congestion control
+@lazy_njit("void(int64[::1], int64[::1])", **_jit)
+def _mdf_cut(s, par):
+    """cwnd = max(min_cwnd, cwnd * (1 - max_mdf)): the cut of a loss (MR-CC-022), an RTO (MR-CC-023) and a
+    lost READ response (rd_on_loss)."""
+    c = s[S_CWND] * (FP - par[P_MAX_MDF]) // FP
+    s[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
+
+
 @lazy_njit("void(int64[::1], int64[::1], int64, int64)", **_jit)
 def _cc_on_loss(s, par, now, attributed):
     """MR-CC-022 with the congestion gate of MR-CC-041."""
@@ -338,10 +346,8 @@ def _cc_on_loss(s, par, now, attributed):
         if not congested:
             s[S_C_LOSS_NOCUT] += 1                         # MR-CC-041: loss without congestion
             return
-    old = s[S_CWND]
-    s[S_CWND_BEFORE_CUT] = old
-    c = old * (FP - par[P_MAX_MDF]) // FP
-    s[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
+    s[S_CWND_BEFORE_CUT] = s[S_CWND]
+    _mdf_cut(s, par)
     s[S_T_LAST_DEC] = now
     s[S_C_DEC_LOSS] += 1
 
@@ -420,8 +426,7 @@ def rd_on_loss(r, par, fallback_srtt, now):
     srtt = r[S_SRTT] if r[S_SRTT] != NONE else fallback_srtt
     if r[S_T_LAST_DEC] != NONE and srtt != NONE and now - r[S_T_LAST_DEC] < srtt:
         return
-    c = r[S_CWND] * (FP - par[P_MAX_MDF]) // FP
-    r[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
+    _mdf_cut(r, par)
     r[S_T_LAST_DEC] = now
     r[S_C_DEC_LOSS] += 1
 
@@ -692,8 +697,7 @@ def tx_on_timer(s, sb, pt, par, now):
         old = s[S_CWND]
         if s[S_CWND_BEFORE_CUT] == NONE or s[S_CWND_BEFORE_CUT] < old:
             s[S_CWND_BEFORE_CUT] = old                  # MR-CC-045: undone if the RTO proves spurious
-        c = old * (FP - par[P_MAX_MDF]) // FP
-        s[S_CWND] = c if c > par[P_MIN_CWND] else par[P_MIN_CWND]
+        _mdf_cut(s, par)
         if s[S_CONSEC_RTO] >= par[P_RTO_CWND_RESET]:
             s[S_CWND] = par[P_MIN_CWND]
         s[S_C_DEC_RTO] += 1
