@@ -185,5 +185,26 @@ class VethPlayer:
         return SGE(self.mr.addr + off, n, self.mr.lkey)
 
 
-__all__ = ["Player", "Plan", "VethPlayer", "MTU", "loop_pair", "set_burst", "run_until", "wait_wcs", "FULL", "SendWR",
+class ScriptedQP:
+    """One fresh QP of `ctx` (either engine's Context, opened in topo[0]), connected to a scripted peer: a
+    QPN that exists nowhere, at `pair.b`, played by a test's raw socket.  No local ACK timeout (0 = infinite,
+    MR-RETRY-001), so nothing is retransmitted while the script runs.  PD, 64 KiB MR and CQ of its own."""
+
+    def __init__(self, ctx, topo, pair, peer_qpn: int, *, rq_psn: int, sq_psn: int, rd_atomic: int,
+                 mtu: int = 1024, **rtr) -> None:
+        self.ctx, self.topo, self.pair = ctx, topo, pair
+        self.pd = ctx.alloc_pd()
+        self.buf = np.zeros(1 << 16, np.uint8)
+        self.mr = self.pd.reg_mr(self.buf, FULL)
+        self.cq = ctx.create_cq(64)
+        self.qp = ctx.create_qp(self.pd, self.cq, self.cq)
+        with topo.enter(topo[0]):
+            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer_qpn, rq_psn=rq_psn, path_mtu=mtu,
+                                  dgid=pair.b.ipv4, max_dest_rd_atomic=rd_atomic, **rtr))
+            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=sq_psn, timeout=0, retry_cnt=7, rnr_retry=7,
+                                  max_rd_atomic=rd_atomic))
+
+
+__all__ = ["Player", "Plan", "ScriptedQP", "VethPlayer", "MTU", "loop_pair", "set_burst", "run_until", "wait_wcs", "FULL", "SendWR",
            "RecvWR", "WROpcode", "WCStatus", "SendFlags", "Faults"]

@@ -21,17 +21,15 @@ import os
 import socket
 import time
 
-import numpy as np
 import pytest
 
-from metaroce_xdp.verbs_types import Access, QPAttr, QPState
 from metaroce_xdp.wire import RETH, Op, decode, encode
 from metaroce_xdp.wire.headers import AtomicETH
+from rc_players import ScriptedQP
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
 
-FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 PEER_QPN = 0x777            # the scripted requester's QP: exists nowhere
 MTU = 1024
 PACKET_OUTGOING = 4
@@ -75,23 +73,14 @@ def engine(request, wire):
         ctx.close()
 
 
-class Responder:
+class Responder(ScriptedQP):
     """A fresh responder QP (ePSN 100) of `engine`, connected to the scripted requester."""
 
     def __init__(self, wire, engine, budget: int = 256) -> None:
-        self.topo, self.pair, self.sock = wire
-        self.kind, self.ctx = engine
-        self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(1 << 16, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = self.ctx.create_cq(64)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-        with self.topo.enter(self.topo[0]):
-            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=PEER_QPN, rq_psn=100, path_mtu=MTU,
-                                  dgid=self.pair.b.ipv4, max_dest_rd_atomic=16, min_rnr_timer=4))
-            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=0, retry_cnt=7, rnr_retry=7,
-                                  max_rd_atomic=16))
+        topo, pair, self.sock = wire
+        self.kind, ctx = engine
+        super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=16, mtu=MTU,
+                         min_rnr_timer=4)
         self.budget = budget
         self.src = socket.inet_aton(self.pair.a.ipv4)
         self._budget0 = self._set_budget(budget)

@@ -15,12 +15,11 @@ import os
 import socket
 import time
 
-import numpy as np
 import pytest
 
 from metaroce_xdp.verbs_types import QPAttr, QPState
 from metaroce_xdp.wire import AETH, Op, encode
-from rc_players import FULL, SendWR, WCStatus, WROpcode
+from rc_players import FULL, ScriptedQP, SendWR, WCStatus, WROpcode
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -51,23 +50,12 @@ def wire():
         topo.close()
 
 
-class Requester:
+class Requester(ScriptedQP):
     """A's side: one fresh QP per test, connected to the scripted peer."""
 
     def __init__(self, wire):
-        self.topo, self.pair, self.ctx, self.sock = wire
-        self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(1 << 16, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = self.ctx.create_cq(64)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-        with self.topo.enter(self.topo[0]):
-            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=PEER_QPN, rq_psn=0, path_mtu=MTU,
-                                  dgid=self.pair.b.ipv4, max_dest_rd_atomic=4))
-            # no local ACK timeout (0 = infinite, MR-RETRY-001): no retransmission while the script runs
-            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=SQ_PSN, timeout=0, retry_cnt=7, rnr_retry=7,
-                                  max_rd_atomic=4))
+        topo, pair, ctx, self.sock = wire
+        super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=0, sq_psn=SQ_PSN, rd_atomic=4, mtu=MTU)
         self.slot = self.ctx.loader.qp(self.qp.qp_num)
 
     def close(self):
