@@ -23,7 +23,7 @@
  *            (duplicated)
  *   reorder  the frame is held back for reorder_us on the delay line and then sent, so the
  *            frames behind it overtake it (reordered)
- * The coins are drawn from fab_mix(seed, index, salt): `index` counts the frames a port has
+ * The coins are drawn from impair_mix(seed, index, salt): `index` counts the frames a port has
  * matched (its scope: every IP frame, UDP, or RoCE UDP/4791), so for a given seed the
  * pattern depends only on the order in which frames reach the port
  * (metaroce_xdp/fabric/impair.py `plan` replays it, through faults.py's).
@@ -47,6 +47,8 @@
 #include <uapi/linux/ip.h>
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/udp.h>
+
+#include "tc_impair_common.h"
 
 /* ---- constants ---------------------------------------------------------------------- */
 #ifndef FAB_MAX_PORTS
@@ -76,7 +78,7 @@
 #define FAB_DEADLINE_MASK 0xFFFFFU      /* 20 bits of µs: wraps after 1.05 s */
 #define FAB_PORT_SHIFT 20
 
-/* Salts of fab_mix, one independent coin per action: never renumber.  They equal
+/* Salts of impair_mix, one independent coin per action: never renumber.  They equal
  * fault_inject.c's FI_SALT_* (loss = drop, reorder = delay), so metaroce_xdp/faults.py's
  * plan() replays both programs; tests/test_fabric.py compares. */
 #define FAB_SALT_LOSS 1
@@ -137,24 +139,13 @@ BPF_F_TABLE("array", u32, struct fab_cfg, fab_cfg, FAB_MAX_PORTS, BPF_F_MMAPABLE
 BPF_ARRAY(fab_state, struct fab_state, FAB_MAX_PORTS);          /* queue and coin counter; program writes */
 BPF_PERCPU_ARRAY(fab_counters, struct fab_counters, FAB_MAX_PORTS); /* outcomes; program writes */
 
-/* splitmix64 finaliser over (seed, index, salt), as fault_inject.c's fi_mix: a counter-based
- * PRNG, so CPUs share nothing but the index. */
-static __always_inline __u64 fab_mix(__u64 seed, __u64 index, __u64 salt)
-{
-	__u64 z = seed + index * 0x9E3779B97F4A7C15ULL + salt * 0xD1B54A32D192ED03ULL;
-
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-	return z ^ (z >> 31);
-}
-
 static __always_inline int coin(__u64 seed, __u64 index, __u64 salt, __u32 ppm)
 {
 	if (ppm == 0)
 		return 0;
 	if (ppm >= FAB_PPM_SCALE)
 		return 1;
-	return (fab_mix(seed, index, salt) % FAB_PPM_SCALE) < ppm;
+	return (impair_mix(seed, index, salt) % FAB_PPM_SCALE) < ppm;
 }
 
 /* ---- parsing -------------------------------------------------------------------------
@@ -223,37 +214,15 @@ static __always_inline int corrupt(struct __sk_buff *skb, struct fab_pkt *p, __u
 	if (len == 0)
 		return -1;
 	if (len > FAB_BTH_SIZE)
-		off = FAB_BTH_SIZE + fab_mix(seed, index, FAB_SALT_CORRUPT_OFF) % (len - FAB_BTH_SIZE);
+		off = FAB_BTH_SIZE + impair_mix(seed, index, FAB_SALT_CORRUPT_OFF) % (len - FAB_BTH_SIZE);
 	else
-		off = fab_mix(seed, index, FAB_SALT_CORRUPT_OFF) % len;
+		off = impair_mix(seed, index, FAB_SALT_CORRUPT_OFF) % len;
 	/* Bound the offset for the verifier: frames are below 64 KiB. */
 	off = (start + off) & 0xffff;
 	if (bpf_skb_load_bytes(skb, off, &b, 1) < 0)
 		return -1;
 	b ^= 0xff;
 	return bpf_skb_store_bytes(skb, off, &b, 1, 0);
-}
-
-/* ECN CE on an ECT frame: 0 marked, 1 Not-ECT or already CE (left alone), -1 on a helper
- * failure.  The first 16-bit word of the IP header holds the ECN bits (IPv4: low byte is
- * the TOS; IPv6: the Traffic Class straddles it); the IPv4 header checksum is fixed. */
-static __always_inline int mark_ce(struct __sk_buff *skb, struct fab_pkt *p)
-{
-	__u16 oldw, neww, h, ecn;
-
-	if (bpf_skb_load_bytes(skb, p->l3_off, &oldw, 2) < 0)
-		return -1;
-	h = bpf_ntohs(oldw);
-	ecn = p->ipv6 ? 0x0030 : 0x0003;
-	if ((h & ecn) == 0 || (h & ecn) == ecn)
-		return 1;
-	neww = bpf_htons(h | ecn);
-	if (bpf_skb_store_bytes(skb, p->l3_off, &neww, 2, 0) < 0)
-		return -1;
-	if (!p->ipv6 &&
-	    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), oldw, neww, 2) < 0)
-		return -1;
-	return 0;
 }
 
 /* Microseconds, in the 20-bit ring the delay line's deadlines live in. */
@@ -336,7 +305,7 @@ int fab_egress(struct __sk_buff *skb)
 		return TC_ACT_STOLEN;
 	}
 	if (mark) {
-		int r = ip ? mark_ce(skb, &p) : 1;
+		int r = ip ? impair_mark_ce(skb, p.l3_off, p.ipv6) : 1;
 
 		if (r == 0)
 			c->marked += 1;

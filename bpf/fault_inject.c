@@ -7,7 +7,7 @@
  * independent per-action coins from a counter-based hash of (seed, packet
  * index, action), so the fault pattern is a pure function of the seed and
  * the order in which frames reach the hook.  metaroce_xdp/faults.py loads this
- * file with BCC, owns the maps and mirrors the hash (fi_mix) in Python so a
+ * file with BCC, owns the maps and mirrors the hash (impair_mix, tc_impair_common.h) in Python so a
  * test can predict exactly which packets are hit.
  *
  * Actions, in the order they are applied to one frame:
@@ -38,6 +38,8 @@
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/udp.h>
 
+#include "tc_impair_common.h"
+
 /* ---- constants ---------------------------------------------------------- */
 #ifndef FI_MARK
 #define FI_MARK 0x4d52fa17
@@ -58,7 +60,7 @@
 #define ETH_P_8021Q_ 0x8100
 #define ETH_P_8021AD_ 0x88A8
 
-/* Action salts for fi_mix: never renumber (faults.py SALT_* mirrors them). */
+/* Action salts for impair_mix: never renumber (faults.py SALT_* mirrors them). */
 #define FI_SALT_DROP 1
 #define FI_SALT_CORRUPT 2
 #define FI_SALT_CORRUPT_OFF 3
@@ -145,24 +147,13 @@ static __always_inline void count(__u32 idx)
 		*c += 1;
 }
 
-/* splitmix64 finaliser over (seed, index, salt): a counter-based PRNG, so no
- * state has to be shared between CPUs beyond the index itself. */
-static __always_inline __u64 fi_mix(__u64 seed, __u64 index, __u64 salt)
-{
-	__u64 z = seed + index * 0x9E3779B97F4A7C15ULL + salt * 0xD1B54A32D192ED03ULL;
-
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-	return z ^ (z >> 31);
-}
-
 static __always_inline int coin(struct fi_config *cfg, __u64 index, __u64 salt, __u32 ppm)
 {
 	if (ppm == 0)
 		return 0;
 	if (ppm >= FI_PPM_SCALE)
 		return 1;
-	return (fi_mix(cfg->seed, index, salt) % FI_PPM_SCALE) < ppm;
+	return (impair_mix(cfg->seed, index, salt) % FI_PPM_SCALE) < ppm;
 }
 
 /* ---- parsing ------------------------------------------------------------
@@ -279,9 +270,9 @@ static __always_inline int corrupt(struct __sk_buff *skb, struct fi_config *cfg,
 			off = plen - 1;
 	} else if (plen > FI_BTH_SIZE) {
 		/* Past the BTH so the frame still decodes; the ICRC may be hit too. */
-		off = FI_BTH_SIZE + fi_mix(cfg->seed, index, FI_SALT_CORRUPT_OFF) % (plen - FI_BTH_SIZE);
+		off = FI_BTH_SIZE + impair_mix(cfg->seed, index, FI_SALT_CORRUPT_OFF) % (plen - FI_BTH_SIZE);
 	} else {
-		off = fi_mix(cfg->seed, index, FI_SALT_CORRUPT_OFF) % plen;
+		off = impair_mix(cfg->seed, index, FI_SALT_CORRUPT_OFF) % plen;
 	}
 	if (xor == 0)
 		xor = 0xff;
@@ -303,29 +294,6 @@ static __always_inline int corrupt(struct __sk_buff *skb, struct fi_config *cfg,
 		/* BPF_F_MARK_MANGLED_0: a zero (absent) IPv4 UDP checksum stays zero. */
 		bpf_l4_csum_replace(skb, p->udp_off + offsetof(struct udphdr, check),
 				    oldw, neww, 2 | BPF_F_MARK_MANGLED_0);
-	return 0;
-}
-
-/* ECN CE on an ECT frame.  Returns 0 when marked, 1 when the frame is
- * Not-ECT or already CE (a switch marks only ECN-capable packets), -1 on a
- * helper failure.  The first 16-bit word of the IP header holds the ECN bits:
- * IPv4 TOS is its low byte, the IPv6 Traffic Class straddles it. */
-static __always_inline int mark_ce(struct __sk_buff *skb, struct fi_pkt *p)
-{
-	__u16 oldw, neww, h, ecn_bits;
-
-	if (bpf_skb_load_bytes(skb, p->l3_off, &oldw, 2) < 0)
-		return -1;
-	h = bpf_ntohs(oldw);
-	ecn_bits = p->ipv6 ? 0x0030 : 0x0003;
-	if ((h & ecn_bits) == 0 || (h & ecn_bits) == ecn_bits)
-		return 1;
-	neww = bpf_htons(h | ecn_bits);
-	if (bpf_skb_store_bytes(skb, p->l3_off, &neww, 2, 0) < 0)
-		return -1;
-	if (!p->ipv6 &&
-	    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), oldw, neww, 2) < 0)
-		return -1;
 	return 0;
 }
 
@@ -405,7 +373,7 @@ int fi_tc(struct __sk_buff *skb)
 	if (bad && corrupt(skb, cfg, &p, index) == 0)
 		count(FI_C_CORRUPTED);
 	if (ce) {
-		int r = mark_ce(skb, &p);
+		int r = impair_mark_ce(skb, p.l3_off, p.ipv6);
 
 		if (r == 0)
 			count(FI_C_CE_MARKED);

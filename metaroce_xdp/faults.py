@@ -90,9 +90,9 @@ class FaultInjectorError(RuntimeError):
     """The injector could not be set up; the message says what to check."""
 
 
-# ---- the PRNG, mirrored from fi_mix() ---------------------------------------
+# ---- the PRNG, mirrored from impair_mix() (bpf/tc_impair_common.h) ------
 def fi_mix(seed: int, index: int, salt: int) -> int:
-    """splitmix64 finaliser over (seed, index, salt); equals fi_mix() in the C."""
+    """splitmix64 finaliser over (seed, index, salt); equals impair_mix() in bpf/tc_impair_common.h."""
     z = (seed + index * 0x9E3779B97F4A7C15 + salt * 0xD1B54A32D192ED03) & _M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
@@ -276,7 +276,7 @@ class FaultInjector:
         except ImportError as e:
             raise FaultInjectorError("BCC (python3-bpfcc) is not importable; create the venv with "
                                      "--system-site-packages") from e
-        cflags = [f"-DFI_MARK={self.mark:#x}", f"-DFI_INGRESS={int(self.direction == 'ingress')}"]
+        cflags = [f"-I{BPF_SOURCE.parent}", f"-DFI_MARK={self.mark:#x}", f"-DFI_INGRESS={int(self.direction == 'ingress')}"]
         self._bpf = BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
         self._fn = self._bpf.load_func(b"fi_tc", BPF.SCHED_CLS)
 

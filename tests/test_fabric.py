@@ -147,7 +147,8 @@ def counters(f: fabric.Fabric, pattern: str) -> dict[str, dict[str, int]]:
 def test_layouts_match_the_c():
     """The Python declarations of fab_cfg, fab_state and fab_counters equal what BCC derives from the C."""
     from bcc import BPF
-    b = BPF(src_file=str(impair.BPF_SOURCE).encode(), cflags=[f"-DFAB_MAX_PORTS={impair.MAX_PORTS}"])
+    b = BPF(src_file=str(impair.BPF_SOURCE).encode(),
+            cflags=[f"-I{impair.BPF_SOURCE.parent}", f"-DFAB_MAX_PORTS={impair.MAX_PORTS}"])
     try:
         for name, dt in (("fab_cfg", impair.CFG_DTYPE), ("fab_state", impair.STATE_DTYPE)):
             leaf = b[name.encode()].Leaf
@@ -173,8 +174,11 @@ def test_coins_are_fault_injects():
         "LOSS": faults.SALT_DROP, "CORRUPT": faults.SALT_CORRUPT, "CORRUPT_OFF": faults.SALT_CORRUPT_OFF,
         "DUP": faults.SALT_DUP, "REORDER": faults.SALT_DELAY}
     fi = Path(faults.BPF_SOURCE).read_text()
-    mix = re.compile(r"0x[0-9A-F]{16}ULL")
-    assert mix.findall(src) == mix.findall(fi) != []               # the splitmix64 constants, in order
+    for c in (src, fi):                                           # one generator, in the shared header
+        assert '#include "tc_impair_common.h"' in c and "impair_mix(seed" in c.replace("cfg->seed", "seed")
+    common = (impair.BPF_SOURCE.parent / "tc_impair_common.h").read_text()
+    consts = [int(h, 16) for h in re.findall(r"(0x[0-9A-F]{16})ULL", common)]
+    assert consts and all(f"{c:#x}".lower() in Path(faults.__file__).read_text().lower() for c in consts)
 
 
 def test_units_and_plan_errors():

@@ -191,7 +191,7 @@ def load_and_attach(plan_: Plan, pin_dir: str | Path) -> int:
     if not os.path.ismount("/sys/fs/bpf"):
         raise FabricError("bpffs is not mounted at /sys/fs/bpf (`mount -t bpf bpf /sys/fs/bpf`; make setup does); "
                           "the fabric's maps are pinned there for `metaroce fabric set/show`")
-    cflags = [f"-DFAB_MAX_PORTS={MAX_PORTS}", f"-DFAB_IFINDEX_BASE={IFINDEX_BASE}",
+    cflags = [f"-I{BPF_SOURCE.parent}", f"-DFAB_MAX_PORTS={MAX_PORTS}", f"-DFAB_IFINDEX_BASE={IFINDEX_BASE}",
               f"-DFAB_DL0_IFINDEX={DL0_IFINDEX}", f"-DFAB_DL1_IFINDEX={DL1_IFINDEX}"]
     b = BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
     try:

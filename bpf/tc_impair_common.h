@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * tc_impair_common.h - what the two tc impairment programs share: the seeded
+ * counter-based PRNG (so a fault schedule is a function of seed and packet index,
+ * reproduced in user space by metaroce_xdp/faults.py) and ECN CE marking.
+ *
+ * Included by fault_inject.c (the veth tests' injector) and fabric_impair.c (the
+ * emulated fabric's switch ports); both are compiled by BCC with -I bpf/.
+ */
+#ifndef __TC_IMPAIR_COMMON_H
+#define __TC_IMPAIR_COMMON_H
+
+/* splitmix64 finaliser over (seed, index, salt): a counter-based PRNG, so no
+ * state is shared between CPUs beyond the index itself. */
+static __always_inline __u64 impair_mix(__u64 seed, __u64 index, __u64 salt)
+{
+	__u64 z = seed + index * 0x9E3779B97F4A7C15ULL + salt * 0xD1B54A32D192ED03ULL;
+
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+	return z ^ (z >> 31);
+}
+
+/* ECN CE on an ECT frame whose IP header starts at l3_off.  Returns 0 when
+ * marked, 1 when the frame is Not-ECT or already CE (a switch marks only
+ * ECN-capable packets), -1 on a helper failure.  The first 16-bit word of the
+ * IP header holds the ECN bits: the IPv4 TOS is its low byte, the IPv6 Traffic
+ * Class straddles it.  The IPv4 header checksum is fixed. */
+static __always_inline int impair_mark_ce(struct __sk_buff *skb, __u32 l3_off, int ipv6)
+{
+	__u16 oldw, neww, h, ecn;
+
+	if (bpf_skb_load_bytes(skb, l3_off, &oldw, 2) < 0)
+		return -1;
+	h = bpf_ntohs(oldw);
+	ecn = ipv6 ? 0x0030 : 0x0003;
+	if ((h & ecn) == 0 || (h & ecn) == ecn)
+		return 1;
+	neww = bpf_htons(h | ecn);
+	if (bpf_skb_store_bytes(skb, l3_off, &neww, 2, 0) < 0)
+		return -1;
+	if (!ipv6 &&
+	    bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), oldw, neww, 2) < 0)
+		return -1;
+	return 0;
+}
+
+#endif /* __TC_IMPAIR_COMMON_H */
