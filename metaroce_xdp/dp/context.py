@@ -52,6 +52,7 @@ _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "
         5: "a local MR was deregistered under a posted work request (MR-MEM-035)",
         26: "the receive buffer's MR was deregistered, or its SGE failed the local checks",
         30: "a work request's SGE failed the local checks (lkey, PD, bounds, LOCAL_WRITE)",
+        31: "invalid request: an ImmDt that differs from an earlier packet of the same message",
         100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}

@@ -79,14 +79,15 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
-               c_at_ack_bad rd_out c_sack_nak_seq""".split()
+               c_at_ack_bad rd_out c_sack_nak_seq err_syn err_psn err_why c_err_held c_imm_inv""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
-NNX = 48
+NNX = 56
 X_FL_KEY = NNX - 1           # the QP's flow label key (MR-MP-016, NativeSlots.start)
 assert len(NX_FIELDS) < X_FL_KEY
 NSBX = 4                     # send queue index, packet index k, the message's MSN and RSN
-NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM)
+NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM), first ImmDt
+WHY_IMM = 31                 # qp_error's why: an ImmDt that differs within a message (MR-OOO-011)
 
 # READ and atomics (MR-OOO-016..028).  Requester row per outstanding READ request message or atomic:
 RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts req_ts".split()
@@ -586,6 +587,54 @@ def nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, syn, psn, ev, why):
 
 
 @njit(**_jit)
+def nat_nak_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why):
+    """The error found on request PSN psn, now the ePSN: the receive WQE of a SEND that did not fit its
+    buffer (why 24) or whose buffer failed the local checks (why 26) completes with the error -- it is the
+    oldest one left, every earlier message having completed -- then the NAK-type SACK and ERR."""
+    if (why == 24 or why == 26) and Q[qi, Q_RQ_HEAD] != ld_acq_i64(Q[qi], Q_RQ_TAIL):
+        rr = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+        push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[rr, R_WR_ID], S_LOC_LEN if why == 24 else S_LOC_PROT,
+                 WC_RECV, 0, 0, 0)
+        Q[qi, Q_RQ_HEAD] += 1
+    ev = EV_QP_ACCESS_ERR if why == 22 else (EV_QP_FATAL if why == 26 else EV_QP_REQ_ERR)
+    nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, syn, psn, ev, why)
+
+
+@njit(**_jit)
+def nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why):
+    """An error (invalid request, remote access error, remote operational error) found on arrival of the
+    request at PSN psn, in the window (MR-SACK-031): NAKed at once when psn is the ePSN, else remembered
+    against psn -- which is not recorded as received, so no SACK reports it -- and NAKed by nat_error_due
+    once every PSN before it has come.  Only the lowest PSN with an error is kept: its NAK ends the QP,
+    so the NAK of a later one could never be sent."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    if psn == rx[NL.R_EPSN]:
+        nat_nak_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why)
+        return
+    nx[X_C_ERR_HELD] += 1
+    if nx[X_ERR_SYN] == 0 or ((psn - nx[X_ERR_PSN]) & PSN_MASK) >= NL.PSN_HALF:
+        nx[X_ERR_SYN] = syn
+        nx[X_ERR_PSN] = psn
+        nx[X_ERR_WHY] = why
+
+
+@njit(**_jit)
+def nat_error_due(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b):
+    """MR-SACK-031: the ePSN moved; the error remembered against a PSN is NAKed once that PSN is the ePSN
+    (or was passed: a READ's range recorded it).  True when the QP failed."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    if nx[X_ERR_SYN] == 0:
+        return False
+    d = (nx[X_ERR_PSN] - rx[NL.R_EPSN]) & PSN_MASK
+    if d != 0 and d < NL.PSN_HALF:
+        return False
+    syn = nx[X_ERR_SYN]
+    nx[X_ERR_SYN] = 0
+    nat_nak_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, nx[X_ERR_PSN], nx[X_ERR_WHY])
+    return True
+
+
+@njit(**_jit)
 def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, pad, l3, now):
     """One native packet of QP qi (ICRC checked; bo = BTH offset, end = ICRC offset): a SACK for the
     requester, or a NATIVE_SEND/SEND_IMM/WRITE/WRITE_IMM request, placed where NETH.offset and the
@@ -678,11 +727,15 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
     sport = get_be(umem, l3 + (40 if (umem[l3] >> 4) == 6 else 20), 2)
     e0 = rx[NL.R_EPSN]
     d = (psn - e0) & PSN_MASK
+    if nx[X_ERR_SYN] and psn == nx[X_ERR_PSN]:
+        nx[X_C_ERR_HELD] += 1                        # MR-SACK-031: never recorded while its error waits
+        return
     kq = np.int64(0)
     if recv and d < NL.PSN_HALF:                     # not a duplicate of a completed PSN
         rq_head = Q[qi, Q_RQ_HEAD]
-        kq = rx_rsn_check(rx, A[b + O_RM:b + O_RM + NL.WMAX * NL.NRM].reshape((NL.WMAX, NL.NRM)), par, rsn, msn,
-                          last_psn, ld_acq_i64(Q[qi], Q_RQ_TAIL) - rq_head)
+        rm = A[b + O_RM:b + O_RM + NL.WMAX * NL.NRM].reshape((NL.WMAX, NL.NRM))
+        fresh = rm[rsn & NL.WMASK, NL.M_STATE] == 0  # the first packet of its message to be taken
+        kq = rx_rsn_check(rx, rm, par, rsn, msn, last_psn, ld_acq_i64(Q[qi], Q_RQ_TAIL) - rq_head)
         if kq == RSN_INVALID:                        # MR-OOO-026
             nx[X_C_RSN_INV] += 1
             A[P_RX_DROP_STATE] += 1
@@ -695,25 +748,34 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
                 # again for each copy of it while not ready); a later first PSN gets it when retransmitted
                 nat_send_sack(A, Q, TM, umem, tables, qi, b, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
             return
+        xi = b + O_RMX + (rsn & NL.WMASK) * NRMX + 3
+        if fresh:
+            A[xi] = imm                              # the message's ImmDt, as its first packet taken says
+        elif has_imm and A[xi] != imm and d < par[NL.P_W] and not rx_recorded(rx, par, psn):
+            nx[X_C_IMM_INV] += 1                     # MR-OOO-011: check 5, invalid request (MR-SACK-031)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMM)
+            activate(A, Q, qi)
+            return
     src = A[P_UMEM_ADDR] + h
     mr = np.int64(0)
     if is_write and d < NL.PSN_HALF and d < par[NL.P_W] and plen > 0:
         mr = mr_check(MRT, rkey, Q[qi, Q_PD], va + off, plen, ACC_REMOTE_WRITE)
         if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, 22)
+            activate(A, Q, qi)
             return
     rr = np.int64(0)
-    if recv and d < NL.PSN_HALF:
+    if recv and d < NL.PSN_HALF and d < par[NL.P_W]:
         rr = Q[qi, Q_RQ_BASE] + ((Q[qi, Q_RQ_HEAD] + kq) & (Q[qi, Q_RQ_SIZE] - 1))
         if not is_write and off + plen > RW[rr, R_LENGTH]:
             # longer than the receive buffer (MR-RC-017): the RECV fails, invalid request
-            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[rr, R_WR_ID], S_LOC_LEN, WC_RECV, 0, 0, 0)
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 24)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, 24)
+            activate(A, Q, qi)
             return
         if not is_write and plen and ((RW[rr, R_LMR] and A[A[P_MR_OFF] + RW[rr, R_LMR] * NM + M_VALID] == 0)
                                       or not sg_valid(A, RW[rr, R_SG], RW[rr, R_NSGE])):
-            push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[rr, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, 0x63, psn, EV_QP_FATAL, 26)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, 0x63, psn, 26)
+            activate(A, Q, qi)
             return
     res = rx_on_packet(rx, par, psn, ackreq, ce, 1, tsval, sport, now)
     if res & RX_OOW:
@@ -744,6 +806,9 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         nat_advanced(A, Q, RW, CQT, CE, qi, b, e0, st)
         if nx[X_RS_HELD]:
             nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b)     # READs, atomics now due
+        if Q[qi, Q_STATE] == ST_ERR or nat_error_due(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b):
+            activate(A, Q, qi)
+            return                                   # the NAK-type SACK acknowledges what came before
     if res & RX_SACK_NOW:
         nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1)
     activate(A, Q, qi)
@@ -1393,22 +1458,24 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
         rx_on_packet(rx, par, psn, ackreq, ce, has_ts, tsval, sport, now)     # MR-SACK-011: counted there
         nx[X_C_OOW] += 1
         return
+    if nx[X_ERR_SYN] and psn == nx[X_ERR_PSN]:
+        nx[X_C_ERR_HELD] += 1                        # MR-SACK-031: never recorded while its error waits
+        return
     npk = np.int64(1)
     if is_read:
         npk = max(1, (dlen + pmtu - 1) // pmtu)
         if off != 0 or mlen != dlen or d + npk > par[NL.P_W]:
             # check 4 (a READ that is not a copy has offset 0), check 7 (the range ends inside the window)
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, 21)
             return
         if dlen > 0 and (mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ) < 0 or
                          (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0):
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, 22)
             return
     else:
         err = atomic_check(Q, MRT, qi, va, rkey)
         if err:
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, err, psn,
-                     EV_QP_ACCESS_ERR if err == NAK_REM_ACCESS else EV_QP_REQ_ERR, 22 if err == NAK_REM_ACCESS else 28)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, err, psn, 22 if err == NAK_REM_ACCESS else 28)
             return
     x = b + O_RS + (nx[X_RS_NEXT] % NRS) * RS_STRIDE
     if A[x + RS_STATE] == RS_HELD:
@@ -1437,7 +1504,7 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
     A[b + O_LM + (lastp & NL.WMASK)] = lastp + 1    # a message ends here (MR-SACK-003's MSN)
     nat_advanced(A, Q, RW, CQT, CE, qi, b, e0, st)
     nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b)
-    if Q[qi, Q_STATE] == ST_ERR:
+    if Q[qi, Q_STATE] == ST_ERR or nat_error_due(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b):
         return
     if not is_read:
         nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, 1)     # the result before the SACK
