@@ -20,8 +20,7 @@ import time
 import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
-from metaroce_xdp.wire import NETH, RETH, RSNETH, Op, decode, encode
-from metaroce_xdp.wire.headers import ImmDt
+from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op, decode, encode
 from rc_players import ScriptedQP
 
 pytestmark = [pytest.mark.netns,
