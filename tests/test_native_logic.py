@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from metaroce_xdp.native import layout as L
 from metaroce_xdp.native import sim
-from metaroce_xdp.native.multipath import mp_init, mp_on_loss, mp_on_round, mp_on_sack, mp_pick
+from metaroce_xdp.native.multipath import (entropy_context, entropy_values, flow_label_key, mp_init, mp_on_loss,
+                                           mp_on_round, mp_on_sack, mp_pick)
 from metaroce_xdp.native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_DUP, RX_NEW, RX_OOW, RX_SACK_NOW,
                                           rx_build_sack, rx_credit_alloc, rx_init, rx_on_not_ready, rx_on_packet,
                                           rx_recv_completions, rx_rsn_check, rx_sack_due)
@@ -156,6 +157,120 @@ def test_credit_allocation_mr_cc_018():
     rx_credit_alloc(rxs[:2].copy(), par, 2000)
     hdr, _ = sack(rxs[0], par)
     assert 1 <= hdr[3] <= 256
+
+
+def _in_order(r, par, n, now=1000):
+    """The next n PSNs arrive in order."""
+    for _ in range(n):
+        rx_on_packet(r, par, int(r[L.R_EPSN]), 0, 0, 1, 0, 0xC000, now)
+
+
+def _after(a, b):
+    """PSN a is b or after it (serial arithmetic, 24 bits)."""
+    return ((a - b) & L.PSN_MASK) < L.PSN_HALF
+
+
+def test_lowered_credit_keeps_the_right_edge_mr_cc_016():
+    """MR-CC-016: a share lowered by rx_credit_alloc (4 QPs active instead of 1) does not pull cum + credit
+    back; the responder grants less as the cumulative PSN advances: the edge stands still until cum + the
+    new share reaches it, then moves on with the new share.  A raised share shows at once.  Across the
+    24-bit PSN wrap."""
+    par = L.params(rx_budget=16, init_credit=16, credits=1, w=256)
+    isn = L.PSN_MASK - 5
+    rxs = L.new_rx(4)
+    for q in range(4):
+        rx_init(rxs[q], par, isn)
+    r = rxs[0]
+    _in_order(r, par, 1)
+    rx_credit_alloc(rxs, par, 1000)                                  # one QP active: the whole budget
+    hdr, _ = sack(r, par)
+    assert (hdr[0], hdr[3]) == (isn, 16)
+    edge = (isn + 16) & L.PSN_MASK                                  # 0x00000A, past the wrap
+    for q in range(1, 4):
+        rx_on_packet(rxs[q], par, isn, 0, 0, 1, 0, 0xC000, 1000)
+    rx_credit_alloc(rxs, par, 1000)                                  # four active: share 4
+    assert r[L.R_CREDIT] == 4
+    edges = []
+    for _ in range(20):
+        _in_order(r, par, 1)
+        hdr, _ = sack(r, par)
+        assert 1 <= hdr[3] <= 256                                    # MR-CC-015
+        edges.append((hdr[0] + hdr[3]) & L.PSN_MASK)
+    cums = [(isn + 1 + i) & L.PSN_MASK for i in range(20)]
+    # the edge stays at `edge` while cum + 4 <= edge (cum up to edge - 4), then cum + 4
+    assert edges == [max(edge, (c + 4) & L.PSN_MASK, key=lambda e: (e - edge + L.PSN_HALF) & L.PSN_MASK) for c in cums]
+    assert edges[:12] == [edge] * 12 and edges[12] == (edge + 1) & L.PSN_MASK
+    assert all(_after(b, a) for a, b in zip(edges, edges[1:]))       # never backwards, wrap included
+    for q in range(1, 4):
+        rxs[q, L.R_LAST_RX_TS] = L.NONE                              # the others go idle: share 16 again
+    rx_credit_alloc(rxs, par, 1000)
+    _in_order(r, par, 1)
+    hdr, _ = sack(r, par)
+    assert hdr[3] == 16 and _after((hdr[0] + 16) & L.PSN_MASK, edges[-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 300)), min_size=1, max_size=30),
+       isn=st.sampled_from([0, 0x100, L.PSN_MASK - 50]), w=st.sampled_from([64, 256]))
+def test_prop_right_edge_never_moves_backwards_mr_cc_015_016(steps, isn, w):
+    """MR-CC-016 over any schedule of (PSNs arriving in order, new credit share): the advertised cum + credit
+    never moves backwards, credit stays in [1, W] (MR-CC-015), and it is the share itself once cum + share
+    has reached the last edge (so a lowered share takes effect as cum advances, never later)."""
+    par = L.params(credits=1, w=w)
+    r = L.new_rx()[0]
+    rx_init(r, par, isn)
+    last = None
+    for n, share in steps:
+        _in_order(r, par, n)
+        r[L.R_CREDIT] = share
+        hdr, _ = sack(r, par)
+        cum, c = int(hdr[0]), int(hdr[3])
+        assert 1 <= c <= w
+        e = (cum + c) & L.PSN_MASK
+        want = min(share, w)
+        if last is not None:
+            assert _after(e, last)
+            assert c == max(want, (last - cum) & L.PSN_MASK) if _after(last, cum) else c == want
+        else:
+            assert c == want
+        last = e
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=st.binary(min_size=16, max_size=16), lqpn=st.integers(0, L.PSN_MASK), rqpn=st.integers(0, L.PSN_MASK),
+       v6=st.booleans(), k=st.integers(1, 255), data=st.data())
+def test_prop_entropy_values_distinct_in_range_keyed_mr_mp_002_016(secret, lqpn, rqpn, v6, k, data):
+    """MR-MP-002: entropy_values gives K distinct UDP source ports in 0xC000-0xFFFF, the same ones for the same
+    secret and ends (fixed for the QP), other ones under another secret; MR-MP-016: the flow label key comes
+    from the same secret and ends, and the K values' labels (dp/native.py flow_label) are distinct and non-zero."""
+    import metaroce_xdp.dp.loop  # noqa: F401  (imports dp.native, as the data plane does)
+    from metaroce_xdp.dp.native import flow_label
+    n = 16 if v6 else 4
+    lgid, rgid = data.draw(st.binary(min_size=n, max_size=n)), data.draw(st.binary(min_size=n, max_size=n))
+    ends = entropy_context(lqpn, rqpn, lgid, rgid)
+    vals = entropy_values(secret, ends, k)
+    assert len(vals) == k == len(set(vals)) and all(0xC000 <= v <= 0xFFFF for v in vals)
+    assert entropy_values(secret, ends, k) == vals
+    other = data.draw(st.binary(min_size=16, max_size=16).filter(lambda b: b != secret))
+    if k >= 4:                                          # equal by chance: about (k / 16384) ** k
+        assert set(entropy_values(other, ends, k)) != set(vals)
+    key = flow_label_key(secret, ends)
+    assert 0 <= key < 1 << 63 and key == flow_label_key(secret, ends) and key != flow_label_key(other, ends)
+    labels = [flow_label.py_func(key, v) for v in vals]
+    assert len(set(labels)) == k and all(0 < fl < 1 << 20 for fl in labels)
+
+
+def test_entropy_values_spread_over_the_range_mr_mp_002():
+    """MR-MP-002: the values look pseudo-random: 64 QPs' 16 values each (fresh secrets, same ends) cover the
+    16384 ports about evenly (each quarter of the range gets 256 +- 80 of the 1024) and two QPs rarely share
+    a value."""
+    import secrets
+    ends = entropy_context(0x11, 0x12, bytes(4), bytes(4))
+    sets = [entropy_values(secrets.token_bytes(16), ends, 16) for _ in range(64)]
+    allv = [v for s in sets for v in s]
+    quarters = np.bincount([(v - 0xC000) >> 12 for v in allv], minlength=4)
+    assert all(176 <= q <= 336 for q in quarters), quarters
+    assert sum(len(set(a) & set(b)) for a, b in zip(sets, sets[1:])) <= 8
 
 
 # ------------------------------------------------------------------ requester
