@@ -44,7 +44,7 @@ def _cols(prefix: str, names: str) -> list[str]:
 
 # ---- responder row ------------------------------------------------------------------
 RX_FIELDS = _cols("R_", """
-    epsn highest nrec since_sack first_ts trig_tsval trig_n trig_sport trig_ce ce_count credit last_rx_ts
+    epsn highest nrec since_sack first_ts trig_tsval trig_n trig_sport trig_ce ce_count credit edge last_rx_ts
     rsn_next c_new c_dup c_oow c_sacks c_imm c_rsn_inv c_notready
 """)
 R_BM = len(RX_FIELDS)                    # first bitmap word
