@@ -581,6 +581,57 @@ def test_path_penalty_eviction_probe_return_mr_mp_006_to_013():
     assert pt[3, L.E_STATE] == L.ST_ACTIVE                             # ...which stays (MR-MP-013)
 
 
+def test_evicted_value_replaced_by_a_fresh_one_mr_mp_011():
+    """MR-MP-011 (mp_replace = 1): a value evicted (MR-MP-009: two losses within mp_evict_window) gives way at
+    once to the next fresh value derived with the set (MR-MP-002: entropy_values beyond the first K), which is
+    not in the set, ACTIVE with weight mp_initial_weight and picked again (MR-MP-006); with no fresh value left
+    the value stays EVICTED and is probed (MR-MP-010); without mp_replace it is probed as before."""
+    sports = np.array(entropy_values(bytes(range(16)), entropy_context(1, 2, bytes(4), bytes(4)), L.KMAX), np.int64)
+    par = L.params(k=4, mp_replace=1)
+    pt = L.new_pt()
+    mp_init(pt, par, sports)
+    t = 1_000_000
+    for n, i in enumerate((2, 2, 0)):
+        mp_on_loss(pt, par, i, t)
+        mp_on_loss(pt, par, i, t + 1)
+        assert pt[i, L.E_SPORT] == sports[4 + n] and pt[i, L.E_STATE] == L.ST_ACTIVE
+        assert pt[i, L.E_WEIGHT] == par[L.P_MP_INITIAL_WEIGHT] and pt[i, L.E_SINCE] == t + 1
+        assert pt[i, L.E_C_EVICT] >= 1 and pt[i, L.E_C_REPLACE] >= 1
+        assert pt[4 + n, L.E_SPORT] == 0                                 # taken
+        t += 10 * US
+    cur = [int(v) for v in pt[:4, L.E_SPORT]]
+    assert len(set(cur)) == 4 and all(0xC000 <= v <= 0xFFFF for v in cur)
+    assert cur == [int(sports[6]), int(sports[1]), int(sports[5]), int(sports[3])]
+    assert pt[2, L.E_C_REPLACE] == 2 and pt[0, L.E_C_REPLACE] == 1
+    picks = [mp_pick(pt, par, 10 * US, t) for _ in range(40)]
+    assert 2 in picks and 0 in picks                                     # the fresh values carry packets
+    pt[4:, L.E_SPORT] = 0                                                # no fresh value left
+    mp_on_loss(pt, par, 1, t)
+    mp_on_loss(pt, par, 1, t + 1)
+    assert pt[1, L.E_STATE] == L.ST_EVICTED and pt[1, L.E_SPORT] == sports[1]
+    par0 = L.params(k=4)                                                 # mp_replace 0 (the default)
+    mp_init(pt, par0, sports)
+    mp_on_loss(pt, par0, 2, t)
+    mp_on_loss(pt, par0, 2, t + 1)
+    assert pt[2, L.E_STATE] == L.ST_EVICTED and pt[2, L.E_SPORT] == sports[2] and pt[2, L.E_C_REPLACE] == 0
+
+
+def test_loss_on_a_replaced_value_is_not_laid_on_the_new_one_mr_mp_008_011():
+    """MR-MP-008 with MR-MP-011: a PSN sent on value 2 before value 2 was replaced, then declared lost (RACK,
+    MR-SACK-028), costs the fresh value nothing: its weight stays mp_initial_weight and its loss count 0."""
+    s, sb, pt, par = tx(k=4, mp_replace=1)
+    send(s, sb, par, 1, 0, e=2)
+    send(s, sb, par, 5, 1 * US)
+    mp_on_loss(pt, par, 2, 2 * US)
+    mp_on_loss(pt, par, 2, 2 * US + 1)                                   # evicted and replaced
+    assert pt[2, L.E_C_REPLACE] == 1 and pt[2, L.E_LOSS_N] == 0
+    w, nw = words_for(0xFF, [0x101, 0x102, 0x103, 0x104])
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(1 * US), 0, 0, 0xFFFF, 0xC000, 21 * US)
+    tx_on_timer(s, sb, pt, par, int(s[L.S_REO_AT]))
+    assert tx_next_lost(s, sb) == 0x100
+    assert pt[2, L.E_WEIGHT] == par[L.P_MP_INITIAL_WEIGHT] and pt[2, L.E_LOSS_N] == 0 and pt[2, L.E_C_LOSS] == 2
+
+
 # ------------------------------------------------------------------ properties over the link model
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31), loss=st.sampled_from([0.0, 0.01, 0.05, 0.2]),

@@ -1648,7 +1648,8 @@ class NativeSlots:
         ends = entropy_context(int(self.A[q + Q_QPN]), int(self.A[q + Q_DEST_QP]), gids[:len(gids) // 2],
                                gids[len(gids) // 2:])
         secret = secrets.token_bytes(16)                                # per QP, never leaves this call
-        sp[:k] = entropy_values(secret, ends, k)                        # MR-MP-002
+        sp[:] = entropy_values(secret, ends, len(sp))                   # MR-MP-002: the K values, then the
+        # fresh ones MR-MP-011 may take (mp_init keeps them in the rows after K)
         mp_init(pt, par, sp)
         nx[X_FL_KEY] = flow_label_key(secret, ends)                     # MR-MP-016
         if tm is not None and l3 >= 0:
@@ -1697,6 +1698,8 @@ class NativeSlots:
         out.update(srtt_ns=int(s[NL.S_SRTT]), rto_ns=int(s[NL.S_RTO]), cwnd=int(s[NL.S_CWND]) / NL.FP,
                    alpha=int(s[NL.S_ALPHA]) / NL.FP,
                    snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]))
+        k = int(par[NL.P_K])                                           # the entropy values (MR-MP-010/011)
+        out.update(mp_evicted=int(pt[:k, NL.E_C_EVICT].sum()), mp_replaced=int(pt[:k, NL.E_C_REPLACE].sum()))
         rd = self._w(int(self.natq[qi]) - 1, O_TXR, NL.NTX)           # the READ window (MR-CC-019)
         out.update(rd_cwnd=int(rd[NL.S_CWND]) / NL.FP, rd_srtt_ns=int(rd[NL.S_SRTT]),
                    rd_alpha=int(rd[NL.S_ALPHA]) / NL.FP,

@@ -56,8 +56,13 @@ def flow_label_key(secret: bytes, ctx: bytes) -> int:
 
 @lazy_njit("void(int64[:, ::1], int64[::1], int64[::1])", **_jit)
 def mp_init(pt, par, sports):
-    """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1."""
+    """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1.  The
+    rest of `sports` (rows K..KMAX-1, 0 = none) are the fresh values MR-MP-011 may replace an evicted
+    value with, kept in those rows' E_SPORT and cleared when taken."""
     k = par[P_K]
+    for i in range(k, pt.shape[0]):
+        pt[i, :] = 0
+        pt[i, E_SPORT] = sports[i] if i < sports.shape[0] else 0
     for i in range(k):
         e = pt[i]
         e[:] = 0
@@ -120,6 +125,36 @@ def mp_pick(pt, par, srtt, now):
     return best
 
 
+@lazy_njit("boolean(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+def _replace(pt, par, i, now):
+    """MR-MP-011: the evicted value i gives way to the next fresh value (mp_init's spare rows, derived
+    like the set, MR-MP-002, and not in it), ACTIVE with weight mp_initial_weight and no history;
+    `since` marks when, so that losses of packets sent on the old value are not laid on the new one
+    (sender._detect_losses).  False when no fresh value is left: the value stays EVICTED and is probed."""
+    for j in range(par[P_K], pt.shape[0]):
+        v = pt[j, E_SPORT]
+        if v != 0:
+            pt[j, E_SPORT] = 0
+            e = pt[i]
+            e[E_SPORT] = v
+            e[E_STATE] = ST_ACTIVE
+            e[E_WEIGHT] = par[P_MP_INITIAL_WEIGHT]
+            e[E_CURRENT] = 0
+            e[E_SRTT] = NONE
+            e[E_CE_EWMA] = 0
+            e[E_LOSS_N] = 0
+            e[E_LOSS_START] = NONE
+            e[E_EVICTIONS] = 0
+            e[E_EVICT_UNTIL] = NONE
+            e[E_PENALIZED_SINCE] = NONE
+            e[E_LAST_PROBE] = NONE
+            e[E_DIRTY] = 0
+            e[E_SINCE] = now
+            e[E_C_REPLACE] += 1
+            return True
+    return False
+
+
 @lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
 def _evict(pt, par, i, now):
     """MR-MP-010, MR-MP-013: evict value i unless it is the last usable one."""
@@ -148,6 +183,8 @@ def _evict(pt, par, i, now):
     e[E_LOSS_START] = NONE
     e[E_PENALIZED_SINCE] = NONE
     e[E_CURRENT] = 0
+    if par[P_MP_REPLACE]:
+        _replace(pt, par, i, now)
 
 
 @lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
