@@ -95,11 +95,11 @@ def _client(topo, ns, ifname, port, qps, iters):
 
 def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b):
     """MR-CC-016: host A writes over one native QP alone (its share of the daemon's 32-packet budget: 32), and
-    once A's SACKs grant 32 host C starts three more, so A's share goes down (to 8 with all four active) while it runs.  Over every ACK-type
-    NATIVE_SACK the daemon sends A, cum + credit never moves backwards (24-bit serial order): the lower share
-    shows as A's cumulative PSN advances -- credits that no share gives (not 32, 16, 10 or 8: what is left of
-    the last edge) are seen while the edge holds.  MR-CC-015: every credit is in [1, W].  Both transfers
-    complete intact (perf verifies the servers' buffers)."""
+    once A's SACKs grant 32 host C starts three more, so A's share goes down (to 8 with all four active) while
+    it runs.  Over every ACK-type NATIVE_SACK the daemon sends A, cum + credit never moves backwards (24-bit
+    serial order): the lower share shows as A's cumulative PSN advances -- credits that no share gives (not
+    32, 16, 10 or 8: what is left of the last edge) are seen while the edge holds.  MR-CC-015: every credit is
+    in [1, W].  Both transfers complete intact (perf verifies the servers' buffers)."""
     topo, sock = daemon_b
     port = 19571
     sk = _tap(topo)

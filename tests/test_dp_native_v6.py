@@ -176,12 +176,14 @@ def test_native_entropy_values_distinct_in_range_fixed_and_keyed_per_qp(v6):
 
 def test_native_evicted_values_are_replaced_by_fresh_ones(v6):
     """MR-MP-011 (mp_replace = 1 on A): under 5 % seeded loss towards B some of A's entropy values are evicted
-    (MR-MP-009: two losses within mp_evict_window, 20 ms here so that a slow machine evicts too) and each is replaced at once by a fresh value of the QP's keyed function (MR-MP-002): A's data
-    frames then use more than K = 16 distinct UDP source ports, all in 0xC000-0xFFFF, the QP's table holds 16
-    distinct values again, and every port, a fresh one too, has its own non-zero flow label (MR-MP-016).  The
-    transfer completes intact."""
+    (MR-MP-009: two losses within mp_evict_window, 20 ms here so that a slow machine evicts too) and each is
+    replaced at once by a fresh value of the QP's keyed function (MR-MP-002): A's data frames then use more
+    than K = 16 distinct UDP source ports, all in 0xC000-0xFFFF, the QP's table holds 16 distinct values
+    again, and every port, a fresh one too, has its own non-zero flow label (MR-MP-016).  The transfer
+    completes intact."""
     topo, a, b = v6
-    pkts = _transfer(topo, a, b, "native", fault=dict(seed=11, drop_ppm=50_000), params=dict(mp_replace=1, mp_evict_window=20))
+    pkts = _transfer(topo, a, b, "native", fault=dict(seed=11, drop_ppm=50_000),
+                     params=dict(mp_replace=1, mp_evict_window=20))
     data = [p for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)]
     c = a.qp.native_counters()
     assert c["mp_evicted"] >= 1 and c["mp_replaced"] == c["mp_evicted"], c
