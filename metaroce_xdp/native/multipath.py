@@ -53,7 +53,6 @@ def flow_label_key(secret: bytes, ctx: bytes) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-
 @lazy_njit("void(int64[:, ::1], int64[::1], int64[::1])", **_jit)
 def mp_init(pt, par, sports):
     """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1.  The
