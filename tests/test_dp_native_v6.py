@@ -17,6 +17,7 @@ import pytest
 
 from dp_players import FULL, Side, collect
 from metaroce_xdp.faults import FaultInjector
+from metaroce_xdp.native import layout as NL
 from metaroce_xdp.topo import IFA_F_NODAD, switched_hosts
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire.packet import decode
@@ -47,13 +48,16 @@ def v6():
         topo.close()
 
 
-def _connect(a, b, profile):
-    a.new_qp(), b.new_qp()
+def _connect(a, b, profile, fresh=True, params=None):
+    if fresh:
+        a.new_qp(), b.new_qp()
     for s, p in ((a, b), (b, a)):
         with s.topo.enter(s.ns):
+            if not fresh:
+                s.qp.modify(QPAttr(qp_state=QPState.RESET))         # the same QPs (QPNs, GIDs) again
             s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
             s.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=p.qp.qp_num, rq_psn=0x100, path_mtu=1024,
-                               dgid=p.ctx.gid, max_dest_rd_atomic=16, profile=profile))
+                               dgid=p.ctx.gid, max_dest_rd_atomic=16, profile=profile, native_params=params))
             s.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=12, retry_cnt=7, rnr_retry=7,
                                max_rd_atomic=16))
 
@@ -83,8 +87,9 @@ class _Tap:
         self.sk.close()
 
 
-def _transfer(topo, a, b, profile, fault=None):
-    _connect(a, b, profile)
+def _transfer(topo, a, b, profile, fault=None, fresh=True, params=None):
+    if fresh is not None:
+        _connect(a, b, profile, fresh, params)
     a.buf[:] = np.random.default_rng(7).integers(0, 256, a.buf.size, dtype=np.uint8)
     b.buf[:] = 0
     tap = _Tap(topo)
@@ -136,6 +141,61 @@ def test_native_flow_label_follows_the_entropy_value(v6):
         assert len(set(labels)) == len(labels)                     # distinct values, distinct labels
     assert len(_labels_by_port(data)) >= 8                         # K = 16 values sprayed: labels vary
     assert a.qp.native_counters()["c_retx"] >= 1
+
+
+def _entropy_table(side):
+    """The K entropy values the QP's data plane holds (dp/native.py NativeSlots.start wrote them at RTS)."""
+    pl = side.ctx.plane
+    par, rx, s, nx, pt, sp = pl.nat.rows(side.qp.qi)
+    return [int(v) for v in sp[:int(par[NL.P_K])]]
+
+
+def test_native_entropy_values_distinct_in_range_fixed_and_keyed_per_qp(v6):
+    """MR-MP-002 on the wire: A's native data frames and B's SACKs use at most K = 16 distinct UDP source ports,
+    all in 0xC000-0xFFFF, each side's among its QP's 16 values; a second transfer on the same QP uses the same
+    set (fixed at RTS).  The same two QPs, reset and connected again (same QPNs, same GIDs: only the per-QP
+    secret drawn at RTS differs), spray over a new set.  MR-MP-016: each new value has its own label."""
+    topo, a, b = v6
+    runs = []
+    for fresh in (True, None, False):                  # new QPs; the same QPs again; the same QPs after RESET
+        pkts = _transfer(topo, a, b, "native", fresh=fresh)
+        data = {p.udp.sport for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)}
+        sacks = {p.udp.sport for p in pkts if p.ip.src == B6I and p.bth.opcode == 0xC6}
+        ta, tb = _entropy_table(a), _entropy_table(b)
+        assert len(ta) == len(set(ta)) == 16 and len(tb) == len(set(tb)) == 16
+        assert all(0xC000 <= v <= 0xFFFF for v in ta + tb)
+        assert 8 <= len(data) <= 16 and data <= set(ta) and sacks and sacks <= set(tb)
+        assert len({p.ip.flow_label for p in pkts if p.ip.src == A6I and p.udp.sport in data}) == len(data)
+        runs.append((a.qp.qp_num, b.qp.qp_num, ta, tb, data))
+    (qa0, qb0, ta0, tb0, d0), (qa1, qb1, ta1, tb1, d1), (qa2, qb2, ta2, tb2, d2) = runs
+    assert (ta1, tb1) == (ta0, tb0) and d1 <= set(ta0)                 # fixed for the QP's life
+    assert (qa2, qb2) == (qa1, qb1)                                    # the same QPNs (and GIDs)...
+    assert len(set(ta2) & set(ta0)) <= 2 and len(set(tb2) & set(tb0)) <= 2   # ...a new secret, new values
+    assert len(d2 - set(ta0)) >= len(d2) - 2
+
+
+def test_native_evicted_values_are_replaced_by_fresh_ones(v6):
+    """MR-MP-011 (mp_replace = 1 on A): under 5 % seeded loss towards B some of A's entropy values are evicted
+    (MR-MP-009: two losses within mp_evict_window, 20 ms here so that a slow machine evicts too) and each is
+    replaced at once by a fresh value of the QP's keyed function (MR-MP-002): A's data frames then use more
+    than K = 16 distinct UDP source ports, all in 0xC000-0xFFFF, the QP's table holds 16 distinct values
+    again, and every port, a fresh one too, has its own non-zero flow label (MR-MP-016).  The transfer
+    completes intact."""
+    topo, a, b = v6
+    pkts = _transfer(topo, a, b, "native", fault=dict(seed=11, drop_ppm=50_000),
+                     params=dict(mp_replace=1, mp_evict_window=20))
+    data = [p for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)]
+    c = a.qp.native_counters()
+    assert c["mp_evicted"] >= 1 and c["mp_replaced"] == c["mp_evicted"], c
+    ports = {p.udp.sport for p in data}
+    table = _entropy_table(a)
+    assert len(table) == len(set(table)) == 16 and all(0xC000 <= v <= 0xFFFF for v in table)
+    assert len(ports) > 16 and all(0xC000 <= v <= 0xFFFF for v in ports)
+    assert ports - set(table)                                          # evicted values, seen, now gone
+    by = _labels_by_port(data)
+    assert all(len(ls) == 1 for ls in by.values())
+    labels = [next(iter(ls)) for ls in by.values()]
+    assert 0 not in labels and len(set(labels)) == len(labels)
 
 
 def test_compat_over_ipv6_keeps_one_port_and_flow_label_zero(v6):

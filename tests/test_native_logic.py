@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from metaroce_xdp.native import layout as L
 from metaroce_xdp.native import sim
-from metaroce_xdp.native.multipath import mp_init, mp_on_loss, mp_on_round, mp_on_sack, mp_pick
+from metaroce_xdp.native.multipath import (entropy_context, entropy_values, flow_label_key, mp_init, mp_on_loss,
+                                           mp_on_round, mp_on_sack, mp_pick)
 from metaroce_xdp.native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_DUP, RX_NEW, RX_OOW, RX_SACK_NOW,
                                           rx_build_sack, rx_credit_alloc, rx_init, rx_on_not_ready, rx_on_packet,
                                           rx_recv_completions, rx_rsn_check, rx_sack_due)
@@ -156,6 +157,120 @@ def test_credit_allocation_mr_cc_018():
     rx_credit_alloc(rxs[:2].copy(), par, 2000)
     hdr, _ = sack(rxs[0], par)
     assert 1 <= hdr[3] <= 256
+
+
+def _in_order(r, par, n, now=1000):
+    """The next n PSNs arrive in order."""
+    for _ in range(n):
+        rx_on_packet(r, par, int(r[L.R_EPSN]), 0, 0, 1, 0, 0xC000, now)
+
+
+def _after(a, b):
+    """PSN a is b or after it (serial arithmetic, 24 bits)."""
+    return ((a - b) & L.PSN_MASK) < L.PSN_HALF
+
+
+def test_lowered_credit_keeps_the_right_edge_mr_cc_016():
+    """MR-CC-016: a share lowered by rx_credit_alloc (4 QPs active instead of 1) does not pull cum + credit
+    back; the responder grants less as the cumulative PSN advances: the edge stands still until cum + the
+    new share reaches it, then moves on with the new share.  A raised share shows at once.  Across the
+    24-bit PSN wrap."""
+    par = L.params(rx_budget=16, init_credit=16, credits=1, w=256)
+    isn = L.PSN_MASK - 5
+    rxs = L.new_rx(4)
+    for q in range(4):
+        rx_init(rxs[q], par, isn)
+    r = rxs[0]
+    _in_order(r, par, 1)
+    rx_credit_alloc(rxs, par, 1000)                                  # one QP active: the whole budget
+    hdr, _ = sack(r, par)
+    assert (hdr[0], hdr[3]) == (isn, 16)
+    edge = (isn + 16) & L.PSN_MASK                                  # 0x00000A, past the wrap
+    for q in range(1, 4):
+        rx_on_packet(rxs[q], par, isn, 0, 0, 1, 0, 0xC000, 1000)
+    rx_credit_alloc(rxs, par, 1000)                                  # four active: share 4
+    assert r[L.R_CREDIT] == 4
+    edges = []
+    for _ in range(20):
+        _in_order(r, par, 1)
+        hdr, _ = sack(r, par)
+        assert 1 <= hdr[3] <= 256                                    # MR-CC-015
+        edges.append((hdr[0] + hdr[3]) & L.PSN_MASK)
+    cums = [(isn + 1 + i) & L.PSN_MASK for i in range(20)]
+    # the edge stays at `edge` while cum + 4 <= edge (cum up to edge - 4), then cum + 4
+    assert edges == [max(edge, (c + 4) & L.PSN_MASK, key=lambda e: (e - edge + L.PSN_HALF) & L.PSN_MASK) for c in cums]
+    assert edges[:12] == [edge] * 12 and edges[12] == (edge + 1) & L.PSN_MASK
+    assert all(_after(b, a) for a, b in zip(edges, edges[1:]))       # never backwards, wrap included
+    for q in range(1, 4):
+        rxs[q, L.R_LAST_RX_TS] = L.NONE                              # the others go idle: share 16 again
+    rx_credit_alloc(rxs, par, 1000)
+    _in_order(r, par, 1)
+    hdr, _ = sack(r, par)
+    assert hdr[3] == 16 and _after((hdr[0] + 16) & L.PSN_MASK, edges[-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 300)), min_size=1, max_size=30),
+       isn=st.sampled_from([0, 0x100, L.PSN_MASK - 50]), w=st.sampled_from([64, 256]))
+def test_prop_right_edge_never_moves_backwards_mr_cc_015_016(steps, isn, w):
+    """MR-CC-016 over any schedule of (PSNs arriving in order, new credit share): the advertised cum + credit
+    never moves backwards, credit stays in [1, W] (MR-CC-015), and it is the share itself once cum + share
+    has reached the last edge (so a lowered share takes effect as cum advances, never later)."""
+    par = L.params(credits=1, w=w)
+    r = L.new_rx()[0]
+    rx_init(r, par, isn)
+    last = None
+    for n, share in steps:
+        _in_order(r, par, n)
+        r[L.R_CREDIT] = share
+        hdr, _ = sack(r, par)
+        cum, c = int(hdr[0]), int(hdr[3])
+        assert 1 <= c <= w
+        e = (cum + c) & L.PSN_MASK
+        want = min(share, w)
+        if last is not None:
+            assert _after(e, last)
+            assert c == max(want, (last - cum) & L.PSN_MASK) if _after(last, cum) else c == want
+        else:
+            assert c == want
+        last = e
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=st.binary(min_size=16, max_size=16), lqpn=st.integers(0, L.PSN_MASK), rqpn=st.integers(0, L.PSN_MASK),
+       v6=st.booleans(), k=st.integers(1, 255), data=st.data())
+def test_prop_entropy_values_distinct_in_range_keyed_mr_mp_002_016(secret, lqpn, rqpn, v6, k, data):
+    """MR-MP-002: entropy_values gives K distinct UDP source ports in 0xC000-0xFFFF, the same ones for the same
+    secret and ends (fixed for the QP), other ones under another secret; MR-MP-016: the flow label key comes
+    from the same secret and ends, and the K values' labels (dp/native.py flow_label) are distinct and non-zero."""
+    import metaroce_xdp.dp.loop  # noqa: F401  (imports dp.native, as the data plane does)
+    from metaroce_xdp.dp.native import flow_label
+    n = 16 if v6 else 4
+    lgid, rgid = data.draw(st.binary(min_size=n, max_size=n)), data.draw(st.binary(min_size=n, max_size=n))
+    ends = entropy_context(lqpn, rqpn, lgid, rgid)
+    vals = entropy_values(secret, ends, k)
+    assert len(vals) == k == len(set(vals)) and all(0xC000 <= v <= 0xFFFF for v in vals)
+    assert entropy_values(secret, ends, k) == vals
+    other = data.draw(st.binary(min_size=16, max_size=16).filter(lambda b: b != secret))
+    if k >= 4:                                          # equal by chance: about (k / 16384) ** k
+        assert set(entropy_values(other, ends, k)) != set(vals)
+    key = flow_label_key(secret, ends)
+    assert 0 <= key < 1 << 63 and key == flow_label_key(secret, ends) and key != flow_label_key(other, ends)
+    labels = [flow_label.py_func(key, v) for v in vals]
+    assert len(set(labels)) == k and all(0 < fl < 1 << 20 for fl in labels)
+
+
+def test_entropy_values_spread_over_the_range_mr_mp_002():
+    """MR-MP-002: the values look pseudo-random: 64 QPs' 16 values each (fresh secrets, same ends) cover the
+    16384 ports about evenly (each quarter of the range gets 256 +- 80 of the 1024) and two QPs rarely share
+    a value."""
+    import secrets
+    ends = entropy_context(0x11, 0x12, bytes(4), bytes(4))
+    sets = [entropy_values(secrets.token_bytes(16), ends, 16) for _ in range(64)]
+    allv = [v for s in sets for v in s]
+    quarters = np.bincount([(v - 0xC000) >> 12 for v in allv], minlength=4)
+    assert all(176 <= q <= 336 for q in quarters), quarters
+    assert sum(len(set(a) & set(b)) for a, b in zip(sets, sets[1:])) <= 8
 
 
 # ------------------------------------------------------------------ requester
@@ -464,6 +579,57 @@ def test_path_penalty_eviction_probe_return_mr_mp_006_to_013():
     mp_on_loss(pt, par, 3, t)
     mp_on_loss(pt, par, 3, t + 1)
     assert pt[3, L.E_STATE] == L.ST_ACTIVE                             # ...which stays (MR-MP-013)
+
+
+def test_evicted_value_replaced_by_a_fresh_one_mr_mp_011():
+    """MR-MP-011 (mp_replace = 1): a value evicted (MR-MP-009: two losses within mp_evict_window) gives way at
+    once to the next fresh value derived with the set (MR-MP-002: entropy_values beyond the first K), which is
+    not in the set, ACTIVE with weight mp_initial_weight and picked again (MR-MP-006); with no fresh value left
+    the value stays EVICTED and is probed (MR-MP-010); without mp_replace it is probed as before."""
+    sports = np.array(entropy_values(bytes(range(16)), entropy_context(1, 2, bytes(4), bytes(4)), L.KMAX), np.int64)
+    par = L.params(k=4, mp_replace=1)
+    pt = L.new_pt()
+    mp_init(pt, par, sports)
+    t = 1_000_000
+    for n, i in enumerate((2, 2, 0)):
+        mp_on_loss(pt, par, i, t)
+        mp_on_loss(pt, par, i, t + 1)
+        assert pt[i, L.E_SPORT] == sports[4 + n] and pt[i, L.E_STATE] == L.ST_ACTIVE
+        assert pt[i, L.E_WEIGHT] == par[L.P_MP_INITIAL_WEIGHT] and pt[i, L.E_SINCE] == t + 1
+        assert pt[i, L.E_C_EVICT] >= 1 and pt[i, L.E_C_REPLACE] >= 1
+        assert pt[4 + n, L.E_SPORT] == 0                                 # taken
+        t += 10 * US
+    cur = [int(v) for v in pt[:4, L.E_SPORT]]
+    assert len(set(cur)) == 4 and all(0xC000 <= v <= 0xFFFF for v in cur)
+    assert cur == [int(sports[6]), int(sports[1]), int(sports[5]), int(sports[3])]
+    assert pt[2, L.E_C_REPLACE] == 2 and pt[0, L.E_C_REPLACE] == 1
+    picks = [mp_pick(pt, par, 10 * US, t) for _ in range(40)]
+    assert 2 in picks and 0 in picks                                     # the fresh values carry packets
+    pt[4:, L.E_SPORT] = 0                                                # no fresh value left
+    mp_on_loss(pt, par, 1, t)
+    mp_on_loss(pt, par, 1, t + 1)
+    assert pt[1, L.E_STATE] == L.ST_EVICTED and pt[1, L.E_SPORT] == sports[1]
+    par0 = L.params(k=4)                                                 # mp_replace 0 (the default)
+    mp_init(pt, par0, sports)
+    mp_on_loss(pt, par0, 2, t)
+    mp_on_loss(pt, par0, 2, t + 1)
+    assert pt[2, L.E_STATE] == L.ST_EVICTED and pt[2, L.E_SPORT] == sports[2] and pt[2, L.E_C_REPLACE] == 0
+
+
+def test_loss_on_a_replaced_value_is_not_laid_on_the_new_one_mr_mp_008_011():
+    """MR-MP-008 with MR-MP-011: a PSN sent on value 2 before value 2 was replaced, then declared lost (RACK,
+    MR-SACK-028), costs the fresh value nothing: its weight stays mp_initial_weight and its loss count 0."""
+    s, sb, pt, par = tx(k=4, mp_replace=1)
+    send(s, sb, par, 1, 0, e=2)
+    send(s, sb, par, 5, 1 * US)
+    mp_on_loss(pt, par, 2, 2 * US)
+    mp_on_loss(pt, par, 2, 2 * US + 1)                                   # evicted and replaced
+    assert pt[2, L.E_C_REPLACE] == 1 and pt[2, L.E_LOSS_N] == 0
+    w, nw = words_for(0xFF, [0x101, 0x102, 0x103, 0x104])
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(1 * US), 0, 0, 0xFFFF, 0xC000, 21 * US)
+    tx_on_timer(s, sb, pt, par, int(s[L.S_REO_AT]))
+    assert tx_next_lost(s, sb) == 0x100
+    assert pt[2, L.E_WEIGHT] == par[L.P_MP_INITIAL_WEIGHT] and pt[2, L.E_LOSS_N] == 0 and pt[2, L.E_C_LOSS] == 2
 
 
 # ------------------------------------------------------------------ properties over the link model

@@ -1693,24 +1693,32 @@ class NativeSlots:
 
     def start(self, qi: int, sq_psn: int, sport: int, now: int, tm: np.ndarray | None = None,
               l3: int = -1) -> None:
-        """RTS: the requester's state (04 4.3.5, 05 5.2) and K entropy values around the QP's port.
-        tm, l3: the QP's header template and, for IPv6, its IP header's offset: the flow label key is
-        a keyed hash of the template (addresses, QPNs, ports) under a per-QP random secret (MR-MP-016),
-        and the template starts on entropy value 0 (port and label) for the SACKs sent before any
-        request."""
-        import hashlib
+        """RTS: the requester's state (04 4.3.5, 05 5.2) and the QP's K entropy values, fixed from now on
+        (MR-MP-002): distinct ports in 0xC000-0xFFFF from a keyed pseudo-random function (native/multipath.py
+        entropy_values) of the local and remote QPNs and GIDs under a per-QP random secret drawn here.
+        The flow label key (MR-MP-016) comes from the same function, ends and secret.  sport, the QP's
+        compat-style port, is not used (MR-ENC-017 is compat's rule).  tm, l3: the QP's header template
+        (its addresses are the GIDs) and, for IPv6, its IP header's offset: the template starts on entropy
+        value 0 (port and label) for the SACKs sent before any request."""
         import secrets
+        from ..native.multipath import entropy_context, entropy_values, flow_label_key
         par, rx, s, nx, pt, sp = self.rows(qi)
         tx_init(s, par, sq_psn & PSN_MASK, now)
         sl = int(self.natq[qi]) - 1
         tx_init(self._w(sl, O_TXR, NL.NTX), par, 0, now)                # the READ window (MR-CC-019)
         k = int(par[NL.P_K])
-        for i in range(k):
-            sp[i] = 0xC000 | ((sport + 0x101 * i) & 0x3FFF)           # MR-MP-002: distinct ports
+        q = int(self.A[P_Q_OFF]) + qi * NQ
+        o = int(self.A[q + Q_L3_OFF])
+        gids = b""
+        if tm is not None:
+            gids = bytes(tm[o + 8:o + 40]) if self.A[q + Q_IPV6] else bytes(tm[o + 12:o + 20])
+        ends = entropy_context(int(self.A[q + Q_QPN]), int(self.A[q + Q_DEST_QP]), gids[:len(gids) // 2],
+                               gids[len(gids) // 2:])
+        secret = secrets.token_bytes(16)                                # per QP, never leaves this call
+        sp[:] = entropy_values(secret, ends, len(sp))                   # MR-MP-002: the K values, then the
+        # fresh ones MR-MP-011 may take (mp_init keeps them in the rows after K)
         mp_init(pt, par, sp)
-        seen = bytes(tm) if tm is not None else b""
-        key = hashlib.blake2b(seen, key=secrets.token_bytes(16), digest_size=8).digest()
-        nx[X_FL_KEY] = int.from_bytes(key, "little") >> 1
+        nx[X_FL_KEY] = flow_label_key(secret, ends)                     # MR-MP-016
         if tm is not None and l3 >= 0:
             fl = flow_label.py_func(int(nx[X_FL_KEY]), int(sp[0]))
             tm[l3 + 40:l3 + 42] = (int(sp[0]) >> 8, int(sp[0]) & 0xFF)
@@ -1757,6 +1765,8 @@ class NativeSlots:
         out.update(srtt_ns=int(s[NL.S_SRTT]), rto_ns=int(s[NL.S_RTO]), cwnd=int(s[NL.S_CWND]) / NL.FP,
                    alpha=int(s[NL.S_ALPHA]) / NL.FP,
                    snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]))
+        k = int(par[NL.P_K])                                           # the entropy values (MR-MP-010/011)
+        out.update(mp_evicted=int(pt[:k, NL.E_C_EVICT].sum()), mp_replaced=int(pt[:k, NL.E_C_REPLACE].sum()))
         rd = self._w(int(self.natq[qi]) - 1, O_TXR, NL.NTX)           # the READ window (MR-CC-019)
         out.update(rd_cwnd=int(rd[NL.S_CWND]) / NL.FP, rd_srtt_ns=int(rd[NL.S_SRTT]),
                    rd_alpha=int(rd[NL.S_ALPHA]) / NL.FP,

@@ -44,7 +44,7 @@ def _cols(prefix: str, names: str) -> list[str]:
 
 # ---- responder row ------------------------------------------------------------------
 RX_FIELDS = _cols("R_", """
-    epsn highest nrec since_sack first_ts trig_tsval trig_n trig_sport trig_ce ce_count credit last_rx_ts
+    epsn highest nrec since_sack first_ts trig_tsval trig_n trig_sport trig_ce ce_count credit edge last_rx_ts
     rsn_next c_new c_dup c_oow c_sacks c_imm c_rsn_inv c_notready
 """)
 R_BM = len(RX_FIELDS)                    # first bitmap word
@@ -76,7 +76,7 @@ BF_OUT, BF_SACKED, BF_LOST, BF_RNR = 1, 2, 4, 8     # outstanding record, sacked
 # ---- entropy value (path) -----------------------------------------------------------------
 PT_FIELDS = _cols("E_", """
     sport state weight current srtt ce_ewma loss_n loss_start evictions evict_until penalized_since
-    last_probe dirty c_tx c_loss c_evict
+    last_probe dirty since c_tx c_loss c_evict c_replace
 """)
 NPT = len(PT_FIELDS)
 ST_ACTIVE, ST_PENALIZED, ST_EVICTED, ST_PROBING = 0, 1, 2, 3
@@ -94,6 +94,8 @@ PARAMS = [
     ("mp_ce_penalty", 0.5, FP), ("mp_rtt_factor", 2.0, FP), ("mp_min_weight", 1 / 16, FP),
     ("mp_initial_weight", 0.25, FP), ("mp_recover", 1 / 8, FP), ("mp_evict_losses", 2, 1),
     ("mp_evict_window", 1, _MS), ("mp_evict_time", 1, _MS), ("mp_evict_max", 64, _MS),
+    # local choice (MR-MP-011, MAY), 0/1: an evicted value is replaced by a fresh one instead of probed
+    ("mp_replace", 0, 1),
     # 05 section 5.7.1
     ("init_cwnd", 16, FP), ("min_cwnd", 0.01, FP), ("delay_floor", 1.0, FP), ("ai", 1.0, FP), ("beta", 0.8, FP), ("max_mdf", 0.5, FP),
     ("q_target", 25, _US), ("target_min", 15, _US), ("target_max", 500, _US), ("min_rtt_win", 10, _S),

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import hashlib
+
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 from ..jitcache import lazy_njit  # noqa: E402  (explicit signatures, compiled or loaded at first use)
 
@@ -12,11 +14,54 @@ from .layout import FP, NONE
 
 _jit = dict(cache=True, nogil=True)
 
+ENTROPY_LO = 0xC000       # MR-MP-002: entropy values are UDP source ports in 0xC000-0xFFFF
+
+
+def entropy_context(lqpn: int, rqpn: int, lgid: bytes, rgid: bytes) -> bytes:
+    """What names the QP's two ends for MR-MP-002 and MR-MP-016: the local and remote QPNs (24 bits each)
+    and GIDs (the IP addresses: 4 bytes for IPv4, 16 for IPv6)."""
+    return ((lqpn & 0xFFFFFF).to_bytes(3, "big") + (rqpn & 0xFFFFFF).to_bytes(3, "big")
+            + bytes(lgid) + bytes(rgid))
+
+
+def entropy_values(secret: bytes, ctx: bytes, k: int) -> list[int]:
+    """MR-MP-002: the QP's K entropy values, distinct UDP source ports in 0xC000-0xFFFF, from a pseudo-random
+    function of the QP's ends `ctx` (entropy_context) under its per-QP random secret: BLAKE2b keyed with
+    `secret` over ctx and a counter, 14 bits of each output under the 0xC000 prefix; an output equal to an
+    earlier value is skipped (K <= 255 of 16384 ports, so a few extra draws at most).  Computed once at RTS
+    (dp/native.py NativeSlots.start), so the set is fixed for the QP's life."""
+    if not 1 <= k <= 0x4000:
+        raise ValueError(f"entropy count {k} outside 1-16384")
+    out: list[int] = []
+    seen: set[int] = set()
+    i = 0
+    while len(out) < k:
+        h = hashlib.blake2b(ctx + i.to_bytes(4, "big"), key=secret, digest_size=2, person=b"MR-MP-002")
+        v = ENTROPY_LO | (int.from_bytes(h.digest(), "big") & 0x3FFF)
+        i += 1
+        if v not in seen:
+            seen.add(v)
+            out.append(v)
+    return out
+
+
+def flow_label_key(secret: bytes, ctx: bytes) -> int:
+    """MR-MP-016: the 63-bit key of dp/native.py flow_label, the same keyed function as entropy_values over the
+    same ends and secret (another personalisation), so a value's label is a pseudo-random function of the
+    value, the QPNs, the GIDs and the secret."""
+    h = hashlib.blake2b(ctx, key=secret, digest_size=8, person=b"MR-MP-016")
+    return int.from_bytes(h.digest(), "little") >> 1
+
 
 @lazy_njit("void(int64[:, ::1], int64[::1], int64[::1])", **_jit)
 def mp_init(pt, par, sports):
-    """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1."""
+    """QP enters RTS: K values from `sports` (MR-MP-002 derives them), all ACTIVE with weight 1.  The
+    rest of `sports` (rows K..KMAX-1, 0 = none) are the fresh values MR-MP-011 may replace an evicted
+    value with, kept in those rows' E_SPORT and cleared when taken."""
     k = par[P_K]
+    for i in range(k, pt.shape[0]):
+        pt[i, :] = 0
+        pt[i, E_SPORT] = sports[i] if i < sports.shape[0] else 0
     for i in range(k):
         e = pt[i]
         e[:] = 0
@@ -79,6 +124,36 @@ def mp_pick(pt, par, srtt, now):
     return best
 
 
+@lazy_njit("boolean(int64[:, ::1], int64[::1], int64, int64)", **_jit)
+def _replace(pt, par, i, now):
+    """MR-MP-011: the evicted value i gives way to the next fresh value (mp_init's spare rows, derived
+    like the set, MR-MP-002, and not in it), ACTIVE with weight mp_initial_weight and no history;
+    `since` marks when, so that losses of packets sent on the old value are not laid on the new one
+    (sender._detect_losses).  False when no fresh value is left: the value stays EVICTED and is probed."""
+    for j in range(par[P_K], pt.shape[0]):
+        v = pt[j, E_SPORT]
+        if v != 0:
+            pt[j, E_SPORT] = 0
+            e = pt[i]
+            e[E_SPORT] = v
+            e[E_STATE] = ST_ACTIVE
+            e[E_WEIGHT] = par[P_MP_INITIAL_WEIGHT]
+            e[E_CURRENT] = 0
+            e[E_SRTT] = NONE
+            e[E_CE_EWMA] = 0
+            e[E_LOSS_N] = 0
+            e[E_LOSS_START] = NONE
+            e[E_EVICTIONS] = 0
+            e[E_EVICT_UNTIL] = NONE
+            e[E_PENALIZED_SINCE] = NONE
+            e[E_LAST_PROBE] = NONE
+            e[E_DIRTY] = 0
+            e[E_SINCE] = now
+            e[E_C_REPLACE] += 1
+            return True
+    return False
+
+
 @lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)
 def _evict(pt, par, i, now):
     """MR-MP-010, MR-MP-013: evict value i unless it is the last usable one."""
@@ -107,6 +182,8 @@ def _evict(pt, par, i, now):
     e[E_LOSS_START] = NONE
     e[E_PENALIZED_SINCE] = NONE
     e[E_CURRENT] = 0
+    if par[P_MP_REPLACE]:
+        _replace(pt, par, i, now)
 
 
 @lazy_njit("void(int64[:, ::1], int64[::1], int64, int64)", **_jit)

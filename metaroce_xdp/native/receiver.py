@@ -58,6 +58,7 @@ def rx_init(r, par, epsn):
     r[R_HIGHEST] = (epsn - 1) & PSN_MASK
     r[R_FIRST_TS] = NONE
     r[R_CREDIT] = par[P_INIT_CREDIT]
+    r[R_EDGE] = NONE                                    # no right edge advertised yet (MR-CC-016)
     r[R_LAST_RX_TS] = NONE
 
 
@@ -173,7 +174,12 @@ def rx_build_sack(r, par, hdr, words):
             c = 1
         if c > par[P_W]:
             c = par[P_W]
+        if r[R_EDGE] != NONE:                           # MR-CC-016: cum + credit never moves backwards; a
+            d = (r[R_EDGE] - cum) & PSN_MASK            # lower share shows as the cumulative PSN advances
+            if c < d < PSN_HALF:                        # (the last edge lies ahead of cum + c: keep it)
+                c = d if d < par[P_W] else par[P_W]
         hdr[3] = c
+        r[R_EDGE] = (cum + c) & PSN_MASK
     else:
         hdr[3] = 0xFFFF
     hdr[4] = r[R_CE_COUNT]
@@ -238,7 +244,8 @@ def rx_recv_completions(r, rm, out):
 def rx_credit_alloc(rxs, par, now):
     """MR-CC-018 reference allocation over the responder rows of one receiver: every QP active in
     the last active_window shares rx_budget packets; idle ones keep init_credit.  Run every
-    credit_interval."""
+    credit_interval.  A share lowered here does not pull a right edge already advertised back:
+    rx_build_sack grants less only as the cumulative PSN advances (MR-CC-016)."""
     n = rxs.shape[0]
     active = 0
     for q in range(n):

@@ -465,7 +465,9 @@ def _detect_losses(s, sb, pt, par, now):
             if lost:
                 _mark_lost(s, b, 1)
                 newly += 1
-                mp_on_loss(pt, par, b[B_ENTROPY], now)   # MR-MP-008
+                e = b[B_ENTROPY]
+                if 0 <= e < par[P_K] and b[B_XMIT_TS] >= pt[e, E_SINCE]:
+                    mp_on_loss(pt, par, e, now)          # MR-MP-008 (not if the value was replaced since, MR-MP-011)
             elif rack and (nxt_t == NONE or due < nxt_t):
                 nxt_t = due
         p = (p + 1) & PSN_MASK

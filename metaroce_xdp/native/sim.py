@@ -15,12 +15,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import layout as L
-from .multipath import mp_init, mp_pick, mp_pick_retx
+from .multipath import entropy_context, entropy_values, mp_init, mp_pick, mp_pick_retx
 from .receiver import RX_NEW, RX_SACK_NOW, rx_build_sack, rx_init, rx_on_packet, rx_sack_due
 from .sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tx_can_send, tx_init,
                      tx_next_deadline, tx_next_lost, tx_on_sack, tx_on_timer, tx_on_transmit)
 
 US = 1000
+
+
+def _entropy(seed: int, q: int, k: int) -> np.ndarray:
+    """QP q's K entropy values as the data plane derives them (MR-MP-002, multipath.entropy_values), under a
+    secret that follows from the seed so that a run repeats; the ends are made up (QPNs q + 1 and q + 2)."""
+    sp = np.zeros(L.KMAX, np.int64)
+    ends = entropy_context(q + 1, q + 2, bytes((10, 0, 0, 1)), bytes((10, 0, 0, 2)))
+    sp[:k] = entropy_values((seed % (1 << 128)).to_bytes(16, "big"), ends, k)
+    return sp
 
 
 @dataclass
@@ -56,7 +65,8 @@ def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0,
     pt = L.new_pt()
     r = L.new_rx()[0]
     tx_init(s, par, isn, 0)
-    mp_init(pt, par, np.arange(0xC000, 0xC000 + L.KMAX, dtype=np.int64))
+    mp_init(pt, par, _entropy(seed, 0, k))
+    path_of = {int(pt[e, L.E_SPORT]): e for e in range(k)}
     rx_init(r, rpar, isn)
     if credit is not None:
         r[L.R_CREDIT] = credit
@@ -111,7 +121,7 @@ def run(n=2000, loss=0.0, seed=1, k=1, delays_us=(10,), path_loss=None, dup=0.0,
             return
         seq += 1
         sport = int(hdr[5])
-        e = (sport - 0xC000) % k
+        e = path_of.get(sport, 0)
         at = t + delays[e]
         if host_delay is not None:
             at = sack_at = max(at + int(host_delay(rng)), sack_at)
@@ -209,7 +219,7 @@ def incast(senders=4, n=3000, seed=1, credits=True, ecn_at=30, drop_at=120, one_
     isn = 0xFFFF00
     for q in range(ns):
         tx_init(S[q], par, isn, 0)
-        mp_init(PT[q], par, np.arange(0xC000, 0xC000 + L.KMAX, dtype=np.int64))
+        mp_init(PT[q], par, _entropy(seed, q, int(par[L.P_K])))
         rx_init(R[q], par, isn)
     last = (isn + n - 1) & L.PSN_MASK
     ev: list = []
@@ -247,7 +257,7 @@ def incast(senders=4, n=3000, seed=1, credits=True, ecn_at=30, drop_at=120, one_
                 queue.append(pl + (int(ce),))
             elif kind == 1:                                 # arrives at the responder
                 q, psn, tsval, ackreq, ce = pl
-                f = rx_on_packet(R[q], par, psn, ackreq, ce, 1, tsval, 0xC000, now)
+                f = rx_on_packet(R[q], par, psn, ackreq, ce, 1, tsval, int(PT[q][0, L.E_SPORT]), now)
                 if f & RX_NEW and window[0] <= t < window[1]:
                     got[q] += 1
                 if f & RX_SACK_NOW:

@@ -1,0 +1,151 @@
+"""metaroced's receiver credits on the wire (MR-CC-015, MR-CC-016): a real daemon in host B of switched_hosts
+(A, B and C through a bridge in M) with a credit budget of 32 packets, two `metaroce perf` servers through
+it, and two in-process compiled-plane clients writing over native QPs: A's one QP first, then C's three,
+so the daemon's allocation (dp/serve.credits, native/receiver.rx_credit_alloc) lowers A's share from 32 to
+16, 10 or 8 while A runs.  An AF_PACKET socket on the switch port towards A sees every NATIVE_SACK B sends A:
+cum + credit never moves backwards."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import daemon_procs
+import pytest
+
+from metaroce_xdp.topo import switched_hosts
+from metaroce_xdp.wire.packet import decode
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+ROOT = Path(__file__).resolve().parents[1]
+PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]
+PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
+BUDGET = 32
+
+
+@pytest.fixture(scope="module")
+def daemon_b():
+    topo, _, _ = switched_hosts(prefix="mrcr", extra_hosts=1)         # A, the switch, B (the daemon), C
+    tmp = tempfile.mkdtemp(prefix="mrdcr-")
+    bpffs = os.path.join(tmp, "bpf")
+    os.mkdir(bpffs)
+    subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True)
+    sock = os.path.join(tmp, "B.sock")
+    conf = os.path.join(tmp, "B.toml")
+    Path(conf).write_text(f'interfaces = ["mr1"]\nsocket_path = "{sock}"\nprogress = "sleep"\n'
+                          f'bpffs_prefix = "{bpffs}/metaroce"\ncredit_budget = {BUDGET}\n')
+    err = open(os.path.join(tmp, "B.log"), "a")
+    d = topo.popen(topo[2], [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", conf],
+                   stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT), preexec_fn=daemon_procs.die_with_parent)
+    try:
+        line = d.stdout.readline()
+        assert line and json.loads(line).get("ready"), Path(tmp, "B.log").read_text()[-2000:]
+        yield topo, sock
+    finally:
+        daemon_procs.reap(d)
+        err.close()
+        topo.close()
+        subprocess.run(["umount", bpffs], check=False)
+
+
+def _tap(topo):
+    """Every frame through switch port swA (both directions): host A's traffic only."""
+    with topo.enter(topo[1]):
+        sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))       # ETH_P_ALL
+        sk.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)                                 # SO_RCVBUFFORCE
+        sk.bind(("swA", 3))
+    sk.setblocking(False)
+    return sk
+
+
+def _sacks(sk) -> list:
+    """The NATIVE_SACKs from B (10.77.0.2) among the frames the tap holds, in the order they crossed the switch."""
+    out = []
+    while True:
+        try:
+            f = sk.recv(65536)
+        except BlockingIOError:
+            return out
+        # IPv4 from 10.77.0.2, UDP to 4791, BTH opcode NATIVE_SACK
+        if len(f) > 50 and f[12:14] == b"\x08\x00" and f[23] == 17 and f[26:30] == bytes((10, 77, 0, 2)) \
+                and f[36:38] == b"\x12\xb7" and f[42] == 0xC6:
+            out.append(decode(f))
+
+
+def _wait(proc, seconds: float) -> None:
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _client(topo, ns, ifname, port, qps, iters):
+    return topo.popen(ns, [*PERF, "-d", ifname, "--no-daemon", "--plane", "compiled", "--profile", "native",
+                           "--qps", str(qps), "-s", "65536", "-n", str(iters), "-t", "8", "-m", "1024", "--json",
+                           "-p", str(port), "10.77.0.2"], cwd=str(ROOT),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b):
+    """MR-CC-016: host A writes over one native QP alone (its share of the daemon's 32-packet budget: 32), and
+    once A's SACKs grant 32 host C starts three more, so A's share goes down (to 8 with all four active) while
+    it runs.  Over every ACK-type NATIVE_SACK the daemon sends A, cum + credit never moves backwards (24-bit
+    serial order): the lower share shows as A's cumulative PSN advances -- credits that no share gives (not
+    32, 16, 10 or 8: what is left of the last edge) are seen while the edge holds.  MR-CC-015: every credit is
+    in [1, W].  Both transfers complete intact (perf verifies the servers' buffers)."""
+    topo, sock = daemon_b
+    port = 19571
+    sk = _tap(topo)
+    srvs = [topo.popen(topo[2], [*PERF, "-d", "mr1", "--socket", sock, "--profile", "native", "--json",
+                                 "-p", str(port + i)], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True) for i in range(2)]
+    sacks: list = []
+    try:
+        for _ in range(600):                               # both servers listening before any client starts
+            ss = topo.popen(topo[2], ["ss", "-Hltn"], stdout=subprocess.PIPE, text=True).communicate()[0]
+            if all(f":{port + i} " in ss for i in range(2)):
+                break
+            time.sleep(0.1)
+        clis = [_client(topo, topo[0], "mr0", port, 1, 4000)]
+        while clis[0].poll() is None and not any(p.sacketh.credit == BUDGET for p in sacks):
+            sacks += _sacks(sk)                          # A runs alone: its share is the whole budget
+            _wait(clis[0], 0.02)
+        if clis[0].poll() is None:
+            clis.append(_client(topo, topo[3], "mr2", port + 1, 3, 200))
+        while any(c.poll() is None for c in clis):
+            sacks += _sacks(sk)                          # drained as they come: the socket buffer is finite
+            _wait(clis[0], 0.02)
+        outs = [c.communicate() for c in clis]
+        sacks += _sacks(sk)
+        srv_out = [s.communicate(timeout=60) for s in srvs]
+    finally:
+        sk.close()
+        for s in srvs:
+            if s.poll() is None:
+                s.kill()
+                s.wait()
+    for c, (out, err) in zip(clis, outs):
+        assert c.returncode == 0, err[-2000:]
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["profile"] == "native" and r["peer_verified"] is True, r
+    for s, (out, err) in zip(srvs, srv_out):
+        assert s.returncode == 0, err[-2000:]
+    v = [(p.bth.psn, p.sacketh.credit) for p in sacks if p.aeth.syndrome == 0x1F]   # ACK-type (A's one QP)
+    assert len({p.bth.dest_qp for p in sacks}) == 1 and len(v) >= 50 and len(clis) == 2, "C started after A ended"
+    credits = [c for _, c in v]
+    assert all(1 <= c <= 256 for c in credits)           # MR-CC-015 (W = 256)
+    edges = [(cum + c) & PSN_MASK for cum, c in v]
+    back = [(i, v[i - 1], v[i]) for i in range(1, len(v)) if ((edges[i] - edges[i - 1]) & PSN_MASK) >= PSN_HALF]
+    assert not back, back[:5]                            # MR-CC-016: never backwards
+    assert BUDGET in credits and min(credits) <= BUDGET // 2   # alone, then one of two to four
+    shares = {BUDGET // n for n in range(1, 5)} | {16}
+    held = [i for i in range(1, len(v)) if edges[i] == edges[i - 1] and v[i][0] != v[i - 1][0]
+            and credits[i] not in shares]
+    assert held, sorted(set(credits))                    # the edge held while cum advanced: less granted
