@@ -37,7 +37,10 @@ over the interval in which all four run (last start to first end).  Reported: ag
 bottleneck, Jain fairness, queue drops and marks, the senders' retransmissions and timeouts, and the
 queue over time (incast_queue.png).  METAROCE_INCAST_TRACE=FILE (experiments) also writes, per case,
 FILE.<profile>-<on|off>.json: the bottleneck queue and each native sender's requester row (cwnd, srtt,
-in flight, credits, counters) every 5 ms.
+in flight, credits, counters) every 5 ms.  Each row also reports the senders' CPU share and the share
+of their run spent waiting for a CPU (`sender_cpu`, `sender_runq_wait`): on a host shared with other
+sessions (the kernel's autogroup shares the CPU between sessions, not processes) that wait is the round
+trip.  `--incast-progress sleep` runs the senders with `metaroce perf --progress sleep`.
 
 The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
 native profile is wired into the data plane, and then the native rows say "not available" with
@@ -294,8 +297,6 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
     if profile == "native" and not cc:
         env["METAROCE_NATIVE_PARAMS"] = json.dumps(NATIVE_CC_OFF)
     trace_to = os.environ.get("METAROCE_INCAST_TRACE")      # experiments: the senders' rows over time, to FILE
-    # experiments: METAROCE_INCAST_NICE=N runs metaroced and the senders at nice N (a negative N: ahead of other work)
-    nice = ["nice", "-n", os.environ["METAROCE_INCAST_NICE"]] if os.environ.get("METAROCE_INCAST_NICE") else []
     name = f"inc{os.getpid() % 10000}"
     log(f"incast: building the fabric for {profile}, CC {'on' if cc else 'off'}")
     fab = fabric.up(name, hosts=INCAST_SENDERS + 1, paths=2)
@@ -318,7 +319,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
         dflags = ["--credit-budget", str(budget if profile == "native" and cc else 0), "--progress", "sleep"]
         # its log to a file: a pipe nobody reads would fill (a line per client, the status polls below) and stop it
         dlog = open(f"/run/metaroce/{name}.log", "w+")
-        d = subprocess.Popen(["ip", "netns", "exec", dst.ns, *nice, sys.executable, "-m", "daemon", "-i", dst.ifname,
+        d = subprocess.Popen(["ip", "netns", "exec", dst.ns, sys.executable, "-m", "daemon", "-i", dst.ifname,
                               "--socket-path", sock, "--bpffs-prefix", pins, "--log-level", "warning", *dflags],
                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=dlog, text=True)
         procs.append(d)
@@ -349,7 +350,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
         fab.set("all", reset=True)
         with contextlib.suppress(OSError):
             os.unlink(gofile)
-        clients = [subprocess.Popen(["ip", "netns", "exec", fab.plan.host(f"h{i + 1}").ns, *nice, *perf, *opts, "--no-daemon",
+        clients = [subprocess.Popen(["ip", "netns", "exec", fab.plan.host(f"h{i + 1}").ns, *perf, *opts, "--no-daemon",
                                      "--progress", progress,
                                      "--start-at", "@" + gofile, "-p", str(18600 + i), dst.ipv4], cwd=ROOT,
                                     env={**env, "METAROCE_PERF_TRACE": f"{trace_to}.h{i + 1}"} if trace_to else env,
