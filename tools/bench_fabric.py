@@ -37,7 +37,10 @@ over the interval in which all four run (last start to first end).  Reported: ag
 bottleneck, Jain fairness, queue drops and marks, the senders' retransmissions and timeouts, and the
 queue over time (incast_queue.png).  METAROCE_INCAST_TRACE=FILE (experiments) also writes, per case,
 FILE.<profile>-<on|off>.json: the bottleneck queue and each native sender's requester row (cwnd, srtt,
-in flight, credits, counters) every 5 ms.
+in flight, credits, counters) every 5 ms.  Each row also reports the senders' CPU share and the share
+of their run spent waiting for a CPU (`sender_cpu`, `sender_runq_wait`): on a host shared with other
+sessions (the kernel's autogroup shares the CPU between sessions, not processes) that wait is the round
+trip.  `--incast-progress sleep` runs the senders with `metaroce perf --progress sleep`.
 
 The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
 native profile is wired into the data plane, and then the native rows say "not available" with
@@ -267,7 +270,8 @@ def _jain(xs: list[float]) -> float | None:
     return round(sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)), 3) if xs and any(xs) else None
 
 
-def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budget: int = INCAST_BUDGET) -> dict:
+def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budget: int = INCAST_BUDGET,
+           progress: str = "spin") -> dict:
     """4 senders (h1..h4, each its own `metaroce perf` process and engine) WRITE 64 KiB messages
     into h5 at once, through one bottleneck (the port toward h5: 200 Mb/s, CE mark above 30 KB,
     drop above 200 KB).  h5's four perf servers share one engine through metaroced (one
@@ -282,7 +286,12 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
     that time, and `flows_gbps` each sender's uplink bytes over the same interval (Jain's index is taken
     over those) -- wire bytes, retransmissions included; `goodput_gbps` is perf's own figure per sender
     (its bytes over its own run), `aggregate_goodput_gbps` every sender's bytes from the common start to
-    the last end (`goodput_of_bottleneck`, `goodput_jain` over the senders' goodputs)."""
+    the last end (`goodput_of_bottleneck`, `goodput_jain` over the senders' goodputs).
+
+    `progress`: the senders' `metaroce perf --progress` -- spin (the default, perf's): busy polling,
+    sched_yield when idle; sleep: idle, each sender's loop sleeps in ppoll() until a SACK, a timer or
+    its pacing deadline.  `sender_cpu` and `sender_runq_wait` are each sender's share of its run spent
+    on a CPU and runnable but waiting for one (/proc schedstat): the host delay of README's analysis."""
     from metaroce_xdp import fabric
     env = {**os.environ, "METAROCE_DCQCN_ENABLED": "1" if cc or profile != "compat" else "0"}
     if profile == "native" and not cc:
@@ -298,6 +307,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
     gofile = f"/run/metaroce/{name}.start"
     procs: list[subprocess.Popen] = []
     out = {"profile": profile, "cc": cc, "credit_budget": budget if profile == "native" and cc else None,
+           "sender_progress": progress,
            "senders": INCAST_SENDERS, "bottleneck_bps": INCAST_RATE,
            "flows_gbps": None, "goodput_gbps": None, "aggregate_gbps": None, "of_bottleneck": None, "jain": None,
            "interval_s": None, "start_spread_s": None, "q_dropped": None, "marked": None, "retransmits": None,
@@ -341,6 +351,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
         with contextlib.suppress(OSError):
             os.unlink(gofile)
         clients = [subprocess.Popen(["ip", "netns", "exec", fab.plan.host(f"h{i + 1}").ns, *perf, *opts, "--no-daemon",
+                                     "--progress", progress,
                                      "--start-at", "@" + gofile, "-p", str(18600 + i), dst.ipv4], cwd=ROOT,
                                     env={**env, "METAROCE_PERF_TRACE": f"{trace_to}.h{i + 1}"} if trace_to else env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -399,6 +410,12 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
                    interval_s=round(dt, 3), start_spread_s=round(lo - min(r["start_epoch"] for r in res), 3),
                    q_dropped=c["q_dropped"], marked=c["marked"],
                    retransmits=sum(x.get("retransmits", 0) for x in st), timeouts=sum(x.get("timeouts", 0) for x in st),
+                   # each sender's CPU share over its run, and how its loop waited (sleeps in ppoll, sched_yields)
+                   sender_cpu=[round(r["cpu_seconds"] / r["seconds"], 3) if r.get("cpu_seconds") is not None
+                               and r.get("seconds") else None for r in res],
+                   sender_wakeups=[x.get("wakeups", 0) for x in st], sender_yields=[x.get("yields", 0) for x in st],
+                   sender_runq_wait=[round(r["runq_wait_seconds"] / r["seconds"], 3) if r.get("runq_wait_seconds")
+                                     is not None and r.get("seconds") else None for r in res],
                    queue=[q for q in out["queue"] if lo - start_at <= q[0] <= max(r["end_epoch"] for r in res) - start_at])
     except BenchError as e:
         out["not_available"] = str(e)
@@ -539,7 +556,9 @@ def render(report: dict) -> str:
                          f"flows {r['flows_gbps']} Gb/s, "
                          f"Jain {r['jain']}, queue drops {r['q_dropped']}, CE marks {r['marked']}, "
                          f"retransmissions {r.get('retransmits')}, timeouts {r.get('timeouts')}, "
-                         f"goodput per sender {r.get('goodput_gbps')} Gb/s")
+                         f"goodput per sender {r.get('goodput_gbps')} Gb/s, senders {r.get('sender_progress')} "
+                         f"(CPU share {r.get('sender_cpu')}, waiting for a CPU {r.get('sender_runq_wait')}, "
+                         f"sleeps {r.get('sender_wakeups')})")
     for t in report["targets"]:
         val = "n/a" if t["value"] is None else f"{t['value']:.3f}"
         verdict = "not measured" if t["meets"] is None else "met" if t["meets"] else "NOT met"
@@ -560,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
                     "native with CC off, compat with DCQCN on and off)")
     ap.add_argument("--incast-bytes", type=int, default=8 << 20, metavar="N", help="bytes each incast sender "
                     "writes (default 8 MiB)")
+    ap.add_argument("--incast-progress", choices=("spin", "sleep"), default="spin", help="the incast senders' "
+                    "`metaroce perf --progress` (default spin: busy polling; sleep: idle, a sender's loop sleeps "
+                    "until a SACK, a timer or its pacing deadline)")
     ap.add_argument("--incast-budget", type=int, default=INCAST_BUDGET, metavar="PKTS", help="metaroced's "
                     f"credit_budget for the native run with CC (default {INCAST_BUDGET})")
     args = ap.parse_args(argv)
@@ -588,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             fab.down()
     inc = [] if args.quick and not args.incast else \
-        [incast(args.plane, cc, args.incast_bytes, log, prof, args.incast_budget) for prof, cc in INCAST_CASES
+        [incast(args.plane, cc, args.incast_bytes, log, prof, args.incast_budget, args.incast_progress)
+         for prof, cc in INCAST_CASES
          if prof in profiles or prof == "compat"]
     report = {"schema": SCHEMA, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "host": {"kernel": os.uname().release, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},

@@ -96,12 +96,17 @@ def _perf_command(test: str):
                                        "interface"),
         sock: Optional[str] = typer.Option(None, "--socket", help="metaroced's control socket (default: "
                                            "$METAROCE_SOCKET, the configuration's, /run/metaroce/metaroced.sock)"),
+        progress: str = typer.Option("spin", "--progress", help="in-process compiled plane: spin (busy polling, "
+                                     "the lowest latency) or sleep (idle, the bw loop and the waits for the peer "
+                                     "sleep in poll() until a frame, a post or the next timer or pacing deadline: "
+                                     "several senders sharing few cores); write-lat spins either way"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
                                    timeout, plane, qps, bidir)
         opt.no_daemon, opt.socket = no_daemon, sock
         opt.profile = profile
         opt.start_at = start_at
+        opt.progress = progress
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

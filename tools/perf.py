@@ -29,6 +29,12 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
                    or @FILE: the time written into FILE once it exists), so that several clients
                    measure the same interval; the JSON has start_epoch and end_epoch.  METAROCE_NATIVE_PARAMS='{"name": value}' overrides native
                    parameters (native/layout.py) of an in-process compiled QP, for experiments.
+  --progress spin  (the default) the in-process compiled plane busy-polls (sched_yield when idle):
+                   the lowest latency.  --progress sleep: idle, the bw loop sleeps in ppoll() until
+                   the next timer or pacing deadline of its native QPs, a frame (their SACKs are
+                   steered to the socket meanwhile) or a post, and the waits for the peer sleep in
+                   poll() -- for several senders sharing few cores (tools/bench_fabric's incast).
+                   compat QPs and write-lat spin either way.
 
 The two sides set up the connection with the MetaRoCE Connection Message
 (metaroce_xdp/cm.py, spec 06-connection.md); the test's own parameters (rkey,
@@ -105,6 +111,7 @@ class PerfOptions:
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
     start_at: str | None = None          # client: connect, then start at this time.time(), or "@PATH": at the time
                                          # written into PATH once it exists (several clients at once: incast)
+    progress: str = "spin"               # in-process compiled plane: "spin" (busy polling) or "sleep" (idle: poll())
 
     @property
     def is_server(self) -> bool:
@@ -170,16 +177,23 @@ def open_context(ifname: str, plane: str = "compiled"):
     return Context.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
 
 
+PROGRESS = ("spin", "sleep")
+
+
 class _DpEngine:
     """What the benchmark loops use of an engine, for the compiled plane: progress() runs the compiled
-    loop without the GIL for a slice of time; stats are the port's counters."""
+    loop without the GIL for a slice of time (sleep: up to 20 ms, asleep in poll() when idle, so the
+    caller looks at its TCP line after every slice); stats are the port's counters."""
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, sleep: bool = False) -> None:
         self.ctx, self.plane = ctx, ctx.plane
         self.local_mac, self.max_pmtu = ctx.local_mac, ctx.max_pmtu
         self.threaded = False
+        self.sleep = sleep
 
     def progress(self) -> int:
+        if self.sleep:
+            return self.plane.run(20_000_000, sleep_ok=True)
         return self.plane.run(200_000)
 
     @property
@@ -217,7 +231,7 @@ class _Side:
             raise PerfError(f"cannot open interface {opt.ifname!r}: {e} (run as root in the interface's "
                             "network namespace; list interfaces with `ip link`)") from None
         self.eng = (engine_choice.DaemonEngine(self.ctx) if self.daemon else
-                    _DpEngine(self.ctx) if self.compiled else self.ctx.engine)
+                    _DpEngine(self.ctx, opt.progress == "sleep") if self.compiled else self.ctx.engine)
         self.pd = self.ctx.alloc_pd()
         self.cq = self.ctx.create_cq(1 << 13 if self.daemon else 1 << 16)     # the daemon's share per client
         self.cap = QPCap(max_send_wr=max(opt.tx_depth, 16), max_recv_wr=max(opt.rx_depth, 16))
@@ -398,6 +412,7 @@ def _progress_until_line(side: _Side, ch: cm.Channel, timeout: float, step: Call
     # core given back to the daemon and the senders sharing the host: tools/bench_fabric's incast)
     blocking = step is None and getattr(side.eng, "threaded", False)
     step = step or side.eng.progress
+    every = 1 if getattr(side.eng, "sleep", False) else 64      # a sleeping step lasts up to 20 ms
     n = 0
     while True:
         if blocking:
@@ -406,8 +421,10 @@ def _progress_until_line(side: _Side, ch: cm.Channel, timeout: float, step: Call
             dog.n |= 1023 if time.monotonic() - dog.since > 1.0 else 0    # the watchdog's check about every second
         else:
             step()
+            if every == 1:
+                dog.n |= 1023                   # a sleeping step lasts up to 20 ms: the watchdog checks each one
         n += 1
-        if not n & 63:
+        if not n % every:
             try:
                 line = ch.poll_json()
             except cm.PeerClosed:
@@ -488,12 +505,13 @@ def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list
     done_ns = np.zeros(iters * nq, np.int64)
     pl = side.eng.plane
     dog = _Watchdog(side, opt.timeout, f"running {opt.test}")
-    t0 = time.monotonic_ns()
+    sleep = 1 if opt.progress == "sleep" else 0
+    t0, cpu0, sch0 = time.monotonic_ns(), time.process_time(), _schedstat()
     trace = _NativeTrace(side, qps[0]) if os.environ.get("METAROCE_PERF_TRACE") else None
     while True:
         with pl.lock:
             rc = drive.dp_drive_bw(pl.A, pl.TM, pl.umem, pl.tables, W, S, done_ns, side.cq.index, depth,
-                                   50_000_000 if trace is None else trace.every_ns)
+                                   50_000_000 if trace is None else trace.every_ns, sleep)
         if trace is not None:
             trace.sample()
         if rc == 0:
@@ -512,10 +530,23 @@ def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list
     seconds = (time.monotonic_ns() - t0) / 1e9
     r = bw_stats(size, iters * nq, seconds, done_ns, depth)
     r["iterations"], r["qps"] = iters, nq
+    r["cpu_seconds"] = round(time.process_time() - cpu0, 4)      # this process's CPU over the loop (vs seconds)
+    sch = _schedstat()
+    if sch and sch0:                   # and the time it was runnable but waited for a CPU (the run queue)
+        r["runq_wait_seconds"] = round((sch[1] - sch0[1]) / 1e9, 4)
     if trace is not None:
         with open(os.environ["METAROCE_PERF_TRACE"], "w") as f:
             json.dump(trace.rows, f)
     return r
+
+
+def _schedstat() -> tuple[int, ...] | None:
+    """This thread's /proc schedstat: ns on a CPU, ns waiting on a run queue, time slices (Linux)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return tuple(int(x) for x in f.read().split()[:3])
+    except (OSError, ValueError):
+        return None
 
 
 class _NativeTrace:
@@ -697,6 +728,8 @@ def run(opt: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         raise PerfError(f"--qps applies to the bw tests, not {opt.test}")
     if opt.bidir and opt.test != "write-bw":
         raise PerfError(f"--bidirectional applies to write-bw, not {opt.test}")
+    if opt.progress not in PROGRESS:
+        raise PerfError(f"--progress {opt.progress}: use one of {', '.join(PROGRESS)}")
     side = _Side(opt)
     try:
         side.native_room = _native_room(opt, side)

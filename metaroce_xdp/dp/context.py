@@ -332,14 +332,16 @@ class Plane:
             n += p.progress()
         return n
 
-    def run(self, max_ns: int, watch_addr: int = 0, watch_val: int = 0) -> int:
-        """The GIL-free loop for up to max_ns (busy polling), until the byte at watch_addr equals
-        watch_val, or (watch_val=-2) a completion was added.  With several RX queues (no progress
-        threads), every queue's loop in turn, in slices of at most 200 us."""
+    def run(self, max_ns: int, watch_addr: int = 0, watch_val: int = 0, sleep_ok: bool = False) -> int:
+        """The GIL-free loop for up to max_ns (busy polling; sleep_ok: asleep in poll() when idle, as the
+        sleeping progress thread), until the byte at watch_addr equals watch_val, or (watch_val=-2) a
+        completion was added.  With several RX queues (no progress threads), every queue's loop in turn,
+        in slices of at most 200 us, busy."""
         if self.others:
             return self._run_group(max_ns, watch_addr, watch_val)
         with self.lock:
-            rc = self.loop.dp_run(self.A, self.TM, self.umem, self.tables, max_ns, watch_addr, watch_val, 0)
+            rc = self.loop.dp_run(self.A, self.TM, self.umem, self.tables, max_ns, watch_addr, watch_val,
+                                  1 if sleep_ok else 0)
         if self.A[L.P_EV_TAIL] != self.A[L.P_EV_HEAD]:
             self.drain_events()
         self._check_timeouts()

@@ -13,7 +13,9 @@ before and after.
   built) appended to QP qi's send queue and the QP marked ready -- a batch post for any
   compiled or Python caller (a progress thread picks it up through the ready ring).
 * `dp_drive_bw(...)`: write-bw/read-bw/send-bw on several QPs at once (one CQ), resumable:
-  returns to Python every max_ns (watchdog), for events, or when done.
+  returns to Python every max_ns (watchdog), for events, or when done.  Busy polling, or (sleep_ok)
+  idle waits in ppoll() until the next timer or pacing deadline of a native QP, a frame on the
+  socket (its SACKs are steered there while it sleeps) or a post.
 * `dp_drive_lat(...)`: perftest's write_lat loop, waits on the watched byte inside the loop.
 
 Explicit signatures, cache=True, compiling disabled after import (as dp/loop.py).
@@ -25,11 +27,14 @@ from numba import njit
 from numba import types as nbt
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
-from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EV_HEAD, P_EV_TAIL,
-                     P_IDLE_POLLS, P_MAGIC, P_NOW, P_RDY_OFF, P_RDY_TAIL, P_RX, P_YIELD_AFTER, P_YIELDS, MAGIC, Q_SQ_BASE,
-                     Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
+from ..native import layout as NL
+from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EFD, P_EV_HEAD, P_EV_TAIL,
+                     P_IDLE_POLLS, P_MAGIC, P_NOW, P_POLLFD, P_RDY_HEAD, P_RDY_OFF, P_RDY_TAIL, P_RX, P_SLEEPING,
+                     P_TXN, P_WAKEUPS, P_YIELD_AFTER, P_YIELDS, MAGIC, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
 from .loop import activate, round_, views
-from .prims import c_monotonic_ns, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8, unowned
+from .native import nat_kern_sleep, nat_slot, pace_slack, rows, slot_base
+from .prims import (c_monotonic_ns, c_ppoll_ns, c_read8, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8,
+                    unowned)
 
 _jit = dict(cache=True, nogil=True)
 
@@ -72,16 +77,45 @@ def sq_post_n(A, TM, qi, wqe, n):
     return k
 
 
+SLEEP_MAX_NS = 1_000_000          # a sleeping bw loop looks again at least this often
+SLEEP_MIN_NS = 20_000             # a deadline nearer than this is waited for spinning (a wake-up costs ~10 us)
+
+
+@njit(**_jit)
+def _idle_ns(A, W, now):
+    """How long dp_drive_bw may sleep: until the earliest timer (RTO, probe, reordering, RNR) or
+    pacing deadline of W's QPs, at most SLEEP_MAX_NS; 0 when one of them is a compat QP (its ACKs are
+    taken by the XDP program into the kernel slot: nothing would wake the loop)."""
+    t = now + SLEEP_MAX_NS
+    for q in range(W.shape[0]):
+        sl = nat_slot(A, W[q, 0])
+        if sl < 0:
+            return 0
+        par, rx, s, nx, sb, pt = rows(A, slot_base(A, sl))
+        for c in (NL.S_RNR_UNTIL, NL.S_RTO_AT, NL.S_PTO_AT, NL.S_REO_AT):
+            if s[c] != NL.NONE and s[c] < t:
+                t = s[c]
+        p = s[NL.S_NEXT_SEND] - pace_slack(s, par)      # nat_requester sends from here on (MR-CC-004)
+        if p > now and p < t:
+            t = p
+    return t - now
+
+
 @njit(nbt.int64(_A, _TM, _U, _T, nbt.int64[:, ::1], nbt.int64[::1], nbt.int64[::1], nbt.int64, nbt.int64,
-                nbt.int64), **_jit)
-def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns):
+                nbt.int64, nbt.int64), **_jit)
+def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns, sleep_ok):
     """Keep `depth` WQEs outstanding on each of the QPs of W until each has completed S[1] of them.
 
     W[q] = (qi, the NW fields of the WQE row; wr_id = q).  S (in/out): S[0] completions so far,
     S[1] iterations per QP, S[2] status of a failed completion + 1 (0: none), S[3] its wr_id,
     S[4 + q] posted on QP q, S[4 + nq + q] completed on QP q.  done_ns[i]: the clock at the
     i-th completion.  Returns 0 when every QP is done,
-    1 when events wait for Python, 3 on a failed completion, 4 after max_ns (call again)."""
+    1 when events wait for Python, 3 on a failed completion, 4 after max_ns (call again).
+    sleep_ok: after P_YIELD_AFTER idle rounds (nothing received, sent or completed) with native QPs only,
+    sleep in ppoll() on the AF_XDP socket and the eventfd until _idle_ns's deadline (timers, pacing),
+    the kernel steering the QPs' SACKs to the socket meanwhile (nat_kern_sleep) so that one wakes it:
+    on a host with fewer cores than busy loops, the peer's loop and the other senders run instead of
+    this one spinning out its time slice (tools/bench_fabric's incast)."""
     if A[P_MAGIC] != MAGIC:
         return -1
     A, TM, umem, tables = unowned(A), unowned(TM), unowned(umem), unowned(tables)   # no refcounts below
@@ -119,8 +153,19 @@ def dp_drive_bw(A, TM, umem, tables, W, S, done_ns, cq, depth, max_ns):
             idle += 1                                # waiting on the peer (window, ACKs)
             A[P_IDLE_POLLS] += 1
             if A[P_YIELD_AFTER] > 0 and idle % A[P_YIELD_AFTER] == 0:
-                c_sched_yield()                      # a loaded host: the CPU to whoever can use it
-                A[P_YIELDS] += 1
+                wait = _idle_ns(A, W, now) if sleep_ok and A[P_TXN] == 0 else 0
+                if wait >= SLEEP_MIN_NS:
+                    st_rel_i64(A, P_SLEEPING, 1)
+                    if nat_kern_sleep(A, Q, 1) == 0 and ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD]:
+                        c_ppoll_ns(A[P_POLLFD], 2, min(wait, max(0, max_ns - (now - start))))
+                    nat_kern_sleep(A, Q, 0)          # SACKs to the kernel's rings again
+                    st_rel_i64(A, P_SLEEPING, 0)
+                    c_read8(A[P_EFD], A[P_POLLFD] + 16)      # drain the eventfd (non-blocking)
+                    A[P_WAKEUPS] += 1
+                    idle = 0
+                else:
+                    c_sched_yield()                  # a loaded host: the CPU to whoever can use it
+                    A[P_YIELDS] += 1
         if head != tail:
             t = c_monotonic_ns()
             while head != tail:
@@ -229,5 +274,5 @@ def warm_plan() -> list[tuple[str, str, tuple]]:
     i8 = np.zeros(8, np.int64)
     return [("sq_post_n", "QP.post_send_n (batch post)", (A, TM, 0, w, 0)),
             ("dp_drive_bw", "metaroce perf bw tests, compiled plane", (A, TM, umem, TABLES, np.zeros((1, NW + 1), np.int64),
-                                                                       i8, i8, 0, 0, 0)),
+                                                                       i8, i8, 0, 0, 0, 0)),
             ("dp_drive_lat", "metaroce perf write-lat, compiled plane", (A, TM, umem, TABLES, w, 0, 0, 0, 0, 0, 0, i8, 0))]

@@ -15,7 +15,7 @@ through ctypes pointers (a pointer constant makes a function uncacheable).
 * `ld_acq_i64(arr, i)`, `st_rel_i64(arr, i, v)`: the same on an element of an int64
   array (the tables another thread posts into).
 * `c_memcpy(dst, src, n)`, `c_sendto_kick(fd)`, `c_recvfrom_kick(fd)`, `c_poll(addr,
-  n, timeout_ms)`, `c_read8(fd, addr)`, `c_monotonic_ns()`, `c_sched_yield()`: libc by name.
+  n, timeout_ms)`, `c_ppoll_ns(addr, n, timeout_ns)`, `c_read8(fd, addr)`, `c_monotonic_ns()`, `c_sched_yield()`: libc by name.
 """
 from __future__ import annotations
 
@@ -166,6 +166,23 @@ def c_poll(typingctx, addr, n, timeout_ms):
                               builder.trunc(_as_i64(builder, args[2], sig.args[2]), _I32)])
         return builder.sext(r, _I64)
     return types.int64(addr, n, timeout_ms), codegen
+
+
+@intrinsic
+def c_ppoll_ns(typingctx, addr, n, timeout_ns):
+    """ppoll((struct pollfd *)addr, n, {timeout_ns}, NULL): poll() with a timeout in ns (a pacing gap)."""
+    def codegen(context, builder, sig, args):
+        fn = _libc(builder, "ppoll", _I32, [_VOIDP, _I64, _VOIDP, _VOIDP])
+        p = builder.inttoptr(_as_i64(builder, args[0], sig.args[0]), _VOIDP)
+        t = _as_i64(builder, args[2], sig.args[2])
+        g = ir.Constant(_I64, 1_000_000_000)
+        ts = cgutils.alloca_once(builder, ir.ArrayType(_I64, 2))
+        builder.store(builder.sdiv(t, g), builder.gep(ts, [ir.Constant(_I32, 0), ir.Constant(_I32, 0)]))
+        builder.store(builder.srem(t, g), builder.gep(ts, [ir.Constant(_I32, 0), ir.Constant(_I32, 1)]))
+        r = builder.call(fn, [p, _as_i64(builder, args[1], sig.args[1]), builder.bitcast(ts, _VOIDP),
+                              ir.Constant(_VOIDP, None)])
+        return builder.sext(r, _I64)
+    return types.int64(addr, n, timeout_ns), codegen
 
 
 @intrinsic
