@@ -67,7 +67,7 @@ PLANES: dict[str, tuple[str, ...]] = {
                "metaroce_xdp.afxdp.rings"),
     "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
                  "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
-                 "metaroce_xdp.native.sender", "metaroce_xdp.dp.native"),
+                 "metaroce_xdp.native.sender", "metaroce_xdp.native.rdpace", "metaroce_xdp.dp.native"),
 }
 ALL_PLANES = tuple(PLANES)
 MODULES = tuple(m for ms in PLANES.values() for m in ms)

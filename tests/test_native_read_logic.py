@@ -50,3 +50,73 @@ def test_atomic_request_sack_has_no_timestamp():
     hdr, words = np.zeros(8, np.int64), np.zeros(32, np.int64)
     rx_build_sack(r, par, hdr, words)
     assert hdr[0] == 7 and hdr[2] == 0 and hdr[6] == 0x40
+
+
+def test_read_response_pacing_shares_the_link_among_pending_qps_mr_cc_021():
+    """MR-CC-021 (native/rdpace.py): a QP with READ responses pending sends at the link rate divided by
+    the port's QPs with responses pending -- 1, 2 and 4 of them give it R, R/2 and R/4 -- the count
+    follows the QPs as they gain and finish their responses (no scan), and a packet that must wait for
+    the QP's clock is counted once."""
+    from metaroce_xdp.native import rdpace as P
+    R = 200_000_000                                   # 200 Mb/s; a 1250-byte packet takes 50 us at R
+    assert [P.rpace_share(R, n) for n in (1, 2, 4)] == [R, R // 2, R // 4]
+    assert [P.rpace_gap(R, n, 1250) for n in (1, 2, 4)] == [50_000, 100_000, 200_000]
+    assert P.rpace_share(R, 0) == R and P.rpace_gap(0, 3, 1250) == 0
+    rps = [np.zeros(P.NRP, np.int64) for _ in range(4)]
+    npend = 0
+    for rp in rps:                                    # four QPs gain responses, one at a time
+        npend += P.rpace_pending(rp, 1)
+    assert npend == 4 and P.rpace_pending(rps[0], 1) == 0          # still pending: no change
+    now = 1_000_000
+    for rp in rps:
+        assert P.rpace_may_send(rp, R, now)
+        P.rpace_on_sent(rp, R, npend, 1250, 1, now)
+        assert rp[P.RP_NEXT] == now + 200_000 and rp[P.RP_SHARE] == R // 4
+    rp = rps[0]
+    assert not P.rpace_may_send(rp, R, now + 199_999) and not P.rpace_may_send(rp, R, now + 199_999)
+    assert rp[P.RP_C_WAIT] == 1                       # one packet waited, counted once
+    assert P.rpace_may_send(rp, R, now + 200_000)
+    # QPs finish: the count goes down 4 -> 3 -> 2 -> 1 and QP 0's gap with it
+    t = now + 200_000
+    for left, done in ((3, rps[3]), (2, rps[2]), (1, rps[1])):
+        npend += P.rpace_pending(done, 0)
+        assert npend == left
+        assert P.rpace_may_send(rp, R, t)
+        P.rpace_on_sent(rp, R, npend, 1250, 1, t)
+        assert rp[P.RP_NEXT] == t + 50_000 * left and rp[P.RP_SHARE] == R // left
+        t = int(rp[P.RP_NEXT])
+    assert P.rpace_pending(rps[1], 0) == 0            # already counted out
+    npend += P.rpace_pending(rp, 0)
+    assert npend == 0
+    assert rp[P.RP_SHARE_MIN] == R // 4 and rp[P.RP_C_PACED] == 4 and rp[P.RP_C_SHARED] == 3
+    assert rp[P.RP_C_WAIT] == 1 and rp[P.RP_WAIT] == 0
+
+
+def test_read_response_pacing_bursts_and_long_run_share_mr_cc_021():
+    """MR-CC-021 with MR-CC-004's burst: after an idle spell up to max_burst packets leave back to back,
+    then the clock binds; over a simulated 20 ms two backlogged QPs polled every 7 us each get half of
+    the link (within one burst) and never more; rate 0 is not paced."""
+    from metaroce_xdp.native import rdpace as P
+    R, size, burst = 200_000_000, 1250, 8
+    rp = np.zeros(P.NRP, np.int64)
+    P.rpace_pending(rp, 1)
+    now, sent = 10_000_000, 0
+    while P.rpace_may_send(rp, R, now):
+        P.rpace_on_sent(rp, R, 1, size, burst, now)
+        sent += 1
+    assert sent == burst and rp[P.RP_C_WAIT] == 1
+    a, b = np.zeros(P.NRP, np.int64), np.zeros(P.NRP, np.int64)
+    npend = P.rpace_pending(a, 1) + P.rpace_pending(b, 1)
+    nbytes = [0, 0]
+    t0 = t = 50_000_000
+    while t < t0 + 20_000_000:                        # simulated time, polled as a loop would
+        for i, rp in enumerate((a, b)):
+            while P.rpace_may_send(rp, R, t):
+                P.rpace_on_sent(rp, R, npend, size, burst, t)
+                nbytes[i] += size
+        t += 7_000
+    fair = (R // 2) * 20_000_000 // P.NS_BITS         # bytes R/2 carries in 20 ms
+    for nb in nbytes:
+        assert fair <= nb <= fair + (burst + 1) * size, (nbytes, fair)
+    z = np.zeros(P.NRP, np.int64)
+    assert all(P.rpace_may_send(z, 0, 0) for _ in range(3)) and z[P.RP_C_WAIT] == 0

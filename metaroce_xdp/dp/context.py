@@ -176,6 +176,7 @@ class Plane:
         # DCQCN (dp/ops.py): rc/dcqcn.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
         from ..rc.dcqcn import DcqcnParams, link_rate_bps
         self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
+        self.nat.set_read_rate(native.read_rate_bps(getattr(port, "ifname", None)))    # MR-CC-021
         for i, name in enumerate(L.D_FIELDS):
             self.F[0, i] = float(getattr(self.dcqcn, name))
         A[L.P_KS_ADDR] = int(loader.qps.ctypes.data) if loader is not None else 0
@@ -1355,6 +1356,11 @@ class Context:
             self.paths.watch.track(qp.qp_num, qp.dgid)
         else:
             self.paths.watch.tracked.pop(qp.qp_num, None)
+
+    def set_read_rate(self, bps: float) -> None:
+        """The link rate this port's native READ responses share (MR-CC-021), bits/s, from now on (0: not
+        paced); at open it is METAROCE_READ_RATE_MBPS or the interface's speed (dp/native.py read_rate_bps)."""
+        self.plane.nat.set_read_rate(bps)
 
     # ---- driving ------------------------------------------------------------------------
     def progress(self) -> int:

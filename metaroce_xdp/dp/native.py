@@ -49,6 +49,8 @@ from ..native.sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO
                              tx_can_send, tx_init, tx_next_deadline, tx_next_lost, tx_on_rnr_nak, tx_on_sack,
                              tx_on_timer, tx_on_transmit)
 from ..native.sender import rd_on_loss, rd_on_response, reo_wnd  # noqa: E402
+from ..native.rdpace import (NRP, RP_C_PACED, RP_C_SHARED, RP_C_WAIT, RP_PEND, RP_SHARE, RP_SHARE_MIN,  # noqa: E402
+                             rpace_may_send, rpace_on_sent, rpace_pending)
 from .layout import *  # noqa: F401,F403,E402
 from .layout import N_P, NM, PSN_MASK, PSN_NONE  # noqa: E402
 from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, S_LOC_LEN, S_LOC_PROT,  # noqa: E402
@@ -56,12 +58,14 @@ from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ER
                    WR_SEND, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, F_SOLICITED, WCF_IMM, AETH_ACK_SYN, NAK_INV_REQ,
                    NAK_REM_ACCESS, RNR_SYN, activate, advance, emit, flush_queues, get_be, mr_check,
                    nak_error_due, push_cqe, put_be, qp_error, sq_row)
+from .ops import FRAME_TO_WIRE  # noqa: E402
 from .ops import CQE_SOLICITED, F_FENCE, ce_marked, comm_est, place, sg_valid, sqd_check, src_of  # noqa: E402
 from .loop import ACC_REMOTE_READ, WR_READ  # noqa: E402
 from .ops import (ACC_REMOTE_ATOMIC, OP_ATOMIC_ACK, OP_CAS, OP_FAA, WR_CAS, WR_FAA, atomic_request,  # noqa: E402
                   rd_atomic, retire_answered)
 from .prims import ld_acq_i64, ptr_u8, ptr_u64  # noqa: E402
 from .prims import ld_acq_u32, ld_acq_u64, st_rel_u32, st_rel_u64  # noqa: E402
+from .prims import add_i64  # noqa: E402
 from ..kern.layout import MR_SACK_RING_LEN, SACK_REC_DTYPE, SACK_RING_DTYPE  # noqa: E402
 
 _jit = dict(cache=True, nogil=True)
@@ -129,11 +133,17 @@ O_RQ = O_OUT + 64            # READ requests and atomics owed a response (reques
 O_RS = O_RQ + NRQ * RQ_STRIDE    # responder resources: the last READ and atomic requests, NRS rows
 O_JB = O_RS + NRS * RS_STRIDE    # responder jobs: READ responses and ATOMIC_ACKNOWLEDGEs to send, NJB rows
 O_TXR = O_JB + NJB * JB_STRIDE  # the READ window's state (MR-CC-019): a requester row of its own
-SLOT_WORDS = (O_TXR + NL.NTX + 7) & ~7
+O_RP = O_TXR + NL.NTX        # READ response pacing (MR-CC-021): native/rdpace.py's row
+SLOT_WORDS = (O_RP + NRP + 7) & ~7
+# words of the port the loops of all its RX queues share, after the slots and the header scratch:
+# the link rate READ responses are paced at (bits/s, 0: not paced) and how many of the port's QPs have
+# responses pending (MR-CC-021), counted as they gain and lose them (nat_rd_pend)
+PW_RATE, PW_NPEND = 0, 1
+NPW = 8
 
 
 def region_words(maxq: int) -> int:
-    return ((maxq + 7) & ~7) + NSLOT * SLOT_WORDS + EXT_BYTES // 8
+    return ((maxq + 7) & ~7) + NSLOT * SLOT_WORDS + EXT_BYTES // 8 + NPW
 
 
 # ============================================================================ rows of a slot
@@ -167,6 +177,27 @@ def rd_row(A, b):
     """The READ window's copy of the congestion state of 05 section 5.2 (MR-CC-019), a requester row of
     which only the window, RTT, ECN and decrease fields are used."""
     return A[b + O_TXR:b + O_TXR + NL.NTX]
+
+
+@njit(**_jit)
+def rp_row(A, b):
+    """The QP's READ response pacing row (native/rdpace.py, MR-CC-021)."""
+    return A[b + O_RP:b + O_RP + NRP]
+
+
+@njit(**_jit)
+def pw_base(A):
+    """The port words the RX-queue loops share (PW_*)."""
+    return A[P_NAT_OFF] + ((A[P_MAXQ] + 7) & ~7) + NSLOT * SLOT_WORDS + EXT_BYTES // 8
+
+
+@njit(**_jit)
+def nat_rd_pend(A, b, nx):
+    """The port's count of QPs with responses pending follows this QP's job queue (MR-CC-021): +1 when
+    it turned non-empty, -1 when it emptied -- O(1), no scan over the QPs."""
+    d = rpace_pending(rp_row(A, b), 1 if nx[X_JB_HEAD] != nx[X_JB_TAIL] else 0)
+    if d != 0:
+        add_i64(A, pw_base(A) + PW_NPEND, d)
 
 
 @njit(**_jit)
@@ -1518,10 +1549,26 @@ def nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
     + i, NETH.MSN the READ's, offset i * pmtu, msg_len the READ's length, FIRST / LAST of the READ,
     RETX when answering a re-request (MR-NAT-015), no AETH -- and ATOMIC_ACKNOWLEDGEs (MR-NAT-006:
     BTH.PSN the atomic's, AETH 0x1F with the MSN, the original value).  A READ whose MR went away
-    meanwhile ends the QP with a remote access error (as MR-MEM-033).  Returns packets sent."""
+    meanwhile ends the QP with a remote access error (as MR-MEM-033).  READ responses are paced at the
+    port's link rate over the QPs with responses pending (MR-CC-021, native/rdpace.py): one that must
+    wait ends the call and stays at the head (the QP stays busy; the loop comes back next round).
+    Returns packets sent."""
+    par, rx, s, nx, sb, pt = rows(A, b)
+    nat_rd_pend(A, b, nx)
+    n = nat_rd_jobs(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget)
+    nat_rd_pend(A, b, nx)
+    return n
+
+
+@njit(**_jit)
+def nat_rd_jobs(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
+    """nat_rd_send's jobs, in order, paced (MR-OOO-017, MR-CC-021)."""
     par, rx, s, nx, sb, pt = rows(A, b)
     ext = nat_ext(A)
     pmtu = Q[qi, Q_PMTU]
+    rp = rp_row(A, b)
+    pw = pw_base(A)
+    rate = A[pw + PW_RATE]
     n = 0
     while n < budget and nx[X_JB_HEAD] != nx[X_JB_TAIL]:
         x = b + O_JB + (nx[X_JB_HEAD] % NJB) * JB_STRIDE
@@ -1552,9 +1599,13 @@ def nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
             put_be(ext, 4, off, 4)
             put_be(ext, 8, ln, 4)
             put_be(ext, 12, tsval_of(now), 4)
+            if not rpace_may_send(rp, rate, now):       # MR-CC-021: this QP's share of the link
+                return n
+            tb0 = A[P_TX_BYTES]
             if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_RESP, 0, 0, (A[x + JB_PSN0] + i) & PSN_MASK, ext, 16,
                         A[x + JB_VA] + off, plen):
                 return n
+            rpace_on_sent(rp, rate, A[pw + PW_NPEND], A[P_TX_BYTES] - tb0 + FRAME_TO_WIRE, par[NL.P_MAX_BURST], now)
             A[x + JB_I] = i + 1
             n += 1
             nx[X_C_RD_RESP_TX] += 1
@@ -1632,12 +1683,27 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
     if Q[qi, Q_STATE] == ST_ERR:
         flush_queues(A, Q, SW, RW, CQT, CE, qi)
         nx[X_JB_HEAD] = nx[X_JB_TAIL]
+        nat_rd_pend(A, b, nx)
     busy = rx[NL.R_SINCE_SACK] > 0 or nx[X_SACK_OWED] != 0 or nx[X_JB_HEAD] != nx[X_JB_TAIL] or \
         (Q[qi, Q_STATE] != ST_ERR and Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL))
     return sent | ((1 if busy else 0) << 32)
 
 
 # ============================================================================ control plane (Python)
+DEFAULT_READ_RATE_BPS = 10e9     # when the interface does not tell its speed (as DCQCN's R_line)
+
+
+def read_rate_bps(ifname: str | None) -> float:
+    """The link rate a port's native READ responses share (MR-CC-021), bits/s: METAROCE_READ_RATE_MBPS
+    when set (0: not paced), else the interface's speed (/sys/class/net/IF/speed; veth says 10000), else
+    DEFAULT_READ_RATE_BPS.  Context.set_read_rate changes it for one port."""
+    env = os.environ.get("METAROCE_READ_RATE_MBPS")
+    if env:
+        return float(env) * 1e6
+    from ..rc.dcqcn import link_rate_bps
+    return link_rate_bps(ifname, default=DEFAULT_READ_RATE_BPS)
+
+
 class NativeSlots:
     """The native region of a port's arena and its slots (dp.context.Plane owns one)."""
 
@@ -1648,6 +1714,7 @@ class NativeSlots:
         ext = self.base + NSLOT * SLOT_WORDS
         A[P_NAT_OFF] = off
         A[P_NAT_EXT] = int(A.ctypes.data) + ext * 8
+        self.pw = A[ext + EXT_BYTES // 8:ext + EXT_BYTES // 8 + NPW]      # PW_*: shared by the queues' loops
         self.free = list(range(NSLOT - 1, -1, -1))
         self.par_kw: dict[int, dict] = {}
         self.loader = None
@@ -1663,6 +1730,16 @@ class NativeSlots:
         A[P_SR_ADDR] = int(loader.sacks.ctypes.data)
         A[P_SR_SIZE] = loader.sacks.dtype.itemsize
         A[P_SR_N] = min(NSLOT, len(loader.sacks))
+
+    def set_read_rate(self, bps: float) -> None:
+        """The link rate the port's READ responses share (MR-CC-021), bits/s; 0: not paced."""
+        if bps < 0:
+            raise ValueError(f"READ response rate {bps}: bits/s >= 0 (0: not paced)")
+        self.pw[PW_RATE] = int(bps)
+
+    @property
+    def read_rate(self) -> int:
+        return int(self.pw[PW_RATE])
 
     def _w(self, sl: int, o: int, n: int) -> np.ndarray:
         b = self.base + sl * SLOT_WORDS + o
@@ -1737,6 +1814,10 @@ class NativeSlots:
     def detach(self, qi: int) -> None:
         sl = int(self.natq[qi]) - 1
         if sl >= 0:
+            rp = self._w(sl, O_RP, NRP)
+            if rp[RP_PEND]:                                # counted among the pending (called paused)
+                rp[RP_PEND] = 0
+                self.pw[PW_NPEND] -= 1
             self.natq[qi] = 0
             self.free.append(sl)
             if self.loader is not None and sl < int(self.A[P_SR_N]):
@@ -1772,5 +1853,10 @@ class NativeSlots:
                    rd_alpha=int(rd[NL.S_ALPHA]) / NL.FP,
                    c_rd_dec_delay=int(rd[NL.S_C_DEC_DELAY]), c_rd_dec_ecn=int(rd[NL.S_C_DEC_ECN]),
                    c_rd_dec_loss=int(rd[NL.S_C_DEC_LOSS]))
+        rp = self._w(int(self.natq[qi]) - 1, O_RP, NRP)                # READ response pacing (MR-CC-021)
+        out.update(c_rd_pace_wait=int(rp[RP_C_WAIT]), c_rd_paced=int(rp[RP_C_PACED]),
+                   c_rd_paced_shared=int(rp[RP_C_SHARED]), rd_pace_bps=int(rp[RP_SHARE]),
+                   rd_pace_min_bps=int(rp[RP_SHARE_MIN]), rd_pace_link_bps=int(self.pw[PW_RATE]),
+                   rd_pace_pending_qps=int(self.pw[PW_NPEND]))
         out.update(self.sack_counters(qi))
         return out

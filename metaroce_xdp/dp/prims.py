@@ -14,6 +14,8 @@ through ctypes pointers (a pointer constant makes a function uncacheable).
   LLVM never hoists them out of a polling loop.
 * `ld_acq_i64(arr, i)`, `st_rel_i64(arr, i, v)`: the same on an element of an int64
   array (the tables another thread posts into).
+* `add_i64(arr, i, v)`: atomic fetch-and-add on an element of an int64 array (a count the loops of
+  several RX queues keep together); returns the old value.
 * `c_memcpy(dst, src, n)`, `c_sendto_kick(fd)`, `c_recvfrom_kick(fd)`, `c_poll(addr,
   n, timeout_ms)`, `c_ppoll_ns(addr, n, timeout_ns)`, `c_read8(fd, addr)`, `c_monotonic_ns()`, `c_sched_yield()`: libc by name.
 """
@@ -114,6 +116,15 @@ def st_rel_i64(typingctx, arr, idx, val):
         builder.store_atomic(_as_i64(builder, args[2], sig.args[2]), p, "release", 8)
         return context.get_dummy_value()
     return types.none(arr, idx, val), codegen
+
+
+@intrinsic
+def add_i64(typingctx, arr, idx, val):
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        p = builder.gep(ary.data, [_as_i64(builder, args[1], sig.args[1])])
+        return builder.atomic_rmw("add", p, _as_i64(builder, args[2], sig.args[2]), "seq_cst")
+    return types.int64(arr, idx, val), codegen
 
 
 def _libc(builder, name, ret, argtys):

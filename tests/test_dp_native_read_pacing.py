@@ -1,0 +1,146 @@
+"""READ response pacing at the native responder (MR-CC-021, dp/native.py nat_rd_send, native/rdpace.py)
+between two hosts through a switch namespace, real XDP and AF_XDP: several QPs READing large buffers
+from one responder whose READ response rate is set low (200 Mb/s) complete intact, each QP's responses
+leave in PSN order (MR-OOO-017, seen by a capture on the switch port), and the responder's counters show
+that the responses waited for their QP's share of the link, shared among the QPs with responses pending.
+Behaviour is asserted through counters and packet order, never through elapsed time."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from dp_players import FULL, make_switched, opened
+from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+ETH_P_ALL = 0x0003
+RATE = 200_000_000
+NQP = 3
+SIZE = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    with opened(make_switched) as f:
+        yield f
+
+
+def _connect(side, q, peer_q, peer_side, psn):
+    # rto_min 100 ms (MR-LOSS-005 allows any above 50 us): a QP's responses come at R/N = 67 Mb/s, one
+    # every ~130 us, and a test loop descheduled for longer than the default 500 us on a loaded host
+    # would take the READ's tail for lost (MR-LOSS-013) and have the responder queue copies behind it
+    with side.topo.enter(side.ns):
+        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer_q.qp_num, rq_psn=psn, path_mtu=1024,
+                        dgid=peer_side.ctx.gid, max_dest_rd_atomic=16, profile="native",
+                        native_params={"rto_min": 100_000}))
+        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=16))
+
+
+def _responses(frames: list[bytes]) -> list[tuple[int, int, int]]:
+    """(destination QP, PSN, NETH flags) of every NATIVE_READ_RESP (opcode 0xC5) among captured frames."""
+    out = []
+    for f in frames:
+        if len(f) < 14 + 20 + 8 + 12 + 16:
+            continue
+        et = int.from_bytes(f[12:14], "big")
+        if et == 0x0800:
+            l4 = 14 + (f[14] & 0x0F) * 4
+            proto = f[14 + 9]
+        elif et == 0x86DD:
+            l4, proto = 14 + 40, f[14 + 6]
+        else:
+            continue
+        if proto != 17 or int.from_bytes(f[l4 + 2:l4 + 4], "big") != 4791:
+            continue
+        bth = l4 + 8
+        if f[bth] != 0xC5:
+            continue
+        out.append((int.from_bytes(f[bth + 5:bth + 8], "big"), int.from_bytes(f[bth + 9:bth + 12], "big"),
+                    f[bth + 12]))
+    return out
+
+
+def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
+    """MR-CC-021 (READ responses of one QP at no more than the link rate divided by the QPs with responses
+    pending, sent in PSN order), MR-OOO-017: three QPs READ 256 KB each at once from one responder paced at
+    200 Mb/s.  Every byte arrives; on the wire each QP's responses have consecutive PSNs in order, no
+    retransmission; the responder's counters show every response sent under pacing, packets that waited
+    for their QP's clock, packets sent while the link was shared by two or more QPs at R/N <= R/2, and no
+    QP left counted as pending."""
+    topo, a, b = fabric
+    b.ctx.set_read_rate(RATE)
+    assert b.ctx.plane.nat.read_rate == RATE
+    qa = [a.ctx.create_qp(a.pd, a.cq, a.cq) for _ in range(NQP)]
+    qb = [b.ctx.create_qp(b.pd, b.cq, b.cq) for _ in range(NQP)]
+    cap = None
+    try:
+        psn0 = [0x100 + 0x10000 * i for i in range(NQP)]
+        for i in range(NQP):
+            _connect(a, qa[i], qb[i], b, psn0[i])
+            _connect(b, qb[i], qa[i], a, psn0[i])
+        a.buf[:] = 0
+        b.buf[:] = np.random.default_rng(21).integers(0, 256, b.buf.size, dtype=np.uint8)
+        with topo.enter(topo[1]):
+            cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            cap.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)          # SO_RCVBUFFORCE: no capture drops
+            cap.bind(("swB", 0))
+            cap.setblocking(False)
+        frames: list[bytes] = []
+
+        def drain():
+            while True:
+                try:
+                    frames.append(cap.recv(4096))
+                except BlockingIOError:
+                    return
+
+        for i in range(NQP):
+            qa[i].post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(i * SIZE, SIZE)],
+                                    remote_addr=b.mr.addr + 1_000_000 + i * SIZE, rkey=b.mr.rkey)])
+        got = []
+        t0 = time.monotonic()
+        while len(got) < NQP:
+            a.ctx.progress()
+            b.ctx.progress()
+            got.extend(a.cq.poll(NQP - len(got)))
+            drain()
+            assert time.monotonic() - t0 < 60, ("READs did not complete", [q.native_counters() for q in qb])
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            drain()
+        assert sorted((w.wr_id, w.status) for w in got) == [(i, WCStatus.SUCCESS) for i in range(NQP)], \
+            [{k: v for k, v in q.native_counters().items() if v} for q in qa + qb]
+        assert (a.buf[:NQP * SIZE] == b.buf[1_000_000:1_000_000 + NQP * SIZE]).all()
+
+        npk = SIZE // 1024
+        seen = _responses(frames)
+        for i in range(NQP):
+            mine = [(psn, fl) for qpn, psn, fl in seen if qpn == qa[i].qp_num]
+            assert [psn for psn, _ in mine] == [psn0[i] + k for k in range(npk)], i      # MR-OOO-017
+            assert not any(fl & 0x20 for _, fl in mine)                                    # no RETX
+        order = [qpn for qpn, _, _ in seen]
+        assert sum(x != y for x, y in zip(order, order[1:])) >= NQP, "the QPs' responses interleave"
+
+        for i in range(NQP):
+            nb, na = qb[i].native_counters(), qa[i].native_counters()
+            assert nb["c_rd_resp_tx"] == npk == na["c_rd_resp_rx"] and na["c_rereq"] == 0, (na, nb)
+            assert nb["c_rd_paced"] == npk, nb                      # every response went through the pacer
+            assert nb["c_rd_pace_wait"] > 0, nb                     # ... and some waited for the QP's clock
+            assert nb["c_rd_paced_shared"] > 0, nb                  # ... while other QPs had responses pending
+            assert RATE // NQP <= nb["rd_pace_min_bps"] <= RATE // 2, nb
+            assert nb["rd_pace_link_bps"] == RATE and nb["rd_pace_pending_qps"] == 0, nb
+    finally:
+        if cap is not None:
+            cap.close()
+        for q in qa:
+            a.ctx.destroy_qp(q)
+        for q in qb:
+            b.ctx.destroy_qp(q)
+        b.ctx.set_read_rate(0)
