@@ -123,7 +123,9 @@ def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
         seen = _responses(frames)
         for i in range(NQP):
             mine = [(psn, fl) for qpn, psn, fl in seen if qpn == qa[i].qp_num]
-            assert [psn for psn, _ in mine] == [psn0[i] + k for k in range(npk)], i      # MR-OOO-017
+            assert [psn for psn, _ in mine] == [psn0[i] + k for k in range(npk)], \
+                (i, len(mine), next((k, psn - psn0[i]) for k, (psn, _) in enumerate(mine + [(-1, 0)])
+                                    if psn != psn0[i] + k))                                 # MR-OOO-017
             assert not any(fl & 0x20 for _, fl in mine)                                    # no RETX
         order = [qpn for qpn, _, _ in seen]
         assert sum(x != y for x, y in zip(order, order[1:])) >= NQP, "the QPs' responses interleave"
