@@ -78,6 +78,24 @@ def test_native_write_send_and_imm_complete_intact_across_psn_wrap(fabric):
     assert b.ctx.loader.drops().get("WRONG_PROFILE", 0) == 0
 
 
+def test_small_messages_are_acknowledged_by_coalescing_mr_nat_023_mr_sack_015(fabric):
+    """MR-NAT-023 (as revised), MR-SACK-014 (3), MR-SACK-015: a steady stream of single-packet WRITEs
+    (1,000 8-byte messages queued at once) carries AckReq only on the last packet of each burst, so the
+    responder coalesces: fewer SACKs than data packets (with AckReq on every message's last packet it
+    sent one per packet), every message completes in order with its data."""
+    topo, a, b = fabric
+    _fresh(a, b, psn=0x300)
+    n = 1000
+    a.qp.post_send([_write(a, b, i, 8 * i, 8 * i, 8) for i in range(n)])
+    got = collect(a, n, [b], timeout=30.0)
+    assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in range(n)]
+    assert (b.buf[:8 * n] == a.buf[:8 * n]).all()
+    na, nb = a.qp.native_counters(), b.qp.native_counters()
+    data = na["c_tx"]
+    assert data >= n and nb["c_sack_tx"] >= 1 and na["c_sack_inv"] == 0
+    assert nb["c_sack_tx"] < 0.75 * data, (nb["c_sack_tx"], data, na, nb)
+
+
 def test_native_refuses_what_it_does_not_carry(fabric):
     """MR-NAT-010: SEND with invalidate has no native opcode (EINVAL at post time), for post_send and for
     compiled posting alike; nothing is queued.  (READ and atomics: tests/test_dp_native_read.py.)"""

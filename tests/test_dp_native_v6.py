@@ -131,7 +131,7 @@ def test_native_flow_label_follows_the_entropy_value(v6):
     pkts = _transfer(topo, a, b, "native", fault=dict(seed=5, drop_ppm=10_000))
     data = [p for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)]
     sacks = [p for p in pkts if p.ip.src == B6I and p.bth.opcode == 0xC6]
-    assert len(data) >= 400 and sacks
+    assert len(data) >= 4 * 98 and sacks                           # every PSN (4 x 98 at 1 KiB) at least once
     assert any(p.neth.flags & 0x20 for p in data)                  # retransmissions (NETH.RETX) among them
     for group in (data, sacks):
         by = _labels_by_port(group)

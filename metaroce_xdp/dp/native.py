@@ -44,7 +44,7 @@ from ..native import layout as NL  # noqa: E402
 from ..native.multipath import mp_init, mp_pick, mp_pick_retx  # noqa: E402
 from ..native.receiver import (RSN_INVALID, RSN_NOT_READY, RX_NEW, RX_OOW, RX_SACK_NOW, rx_build_sack,  # noqa: E402
                                rx_init, rx_on_not_ready, rx_on_packet, rx_on_range, rx_recorded, rx_recv_completions,
-                               rx_rsn_check, rx_sack_due)
+                               rx_rsn_check)
 from ..native.sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tsval_of,  # noqa: E402
                              tx_can_send, tx_init, tx_next_deadline, tx_next_lost, tx_on_rnr_nak, tx_on_sack,
                              tx_on_timer, tx_on_transmit)
@@ -330,6 +330,19 @@ def pace_slack(s, par):
 
 
 @njit(**_jit)
+def more_follows(Q, s, qi, nxt, sent, budget):
+    """MR-NAT-023: the message ending with the packet about to leave is followed at once by another
+    packet of this burst -- a further work request is queued, the budget has room and the window will
+    after this packet -- so its AckReq may stay clear: the responder's coalescing (MR-SACK-015, at most
+    ack_n packets or ack_t) acknowledges both.  (Pacing may still hold the next one; ack_t bounds the
+    wait.)"""
+    if sent + 1 >= budget or nxt + 1 == ld_acq_i64(Q[qi], Q_SQ_TAIL):
+        return False
+    c = s[NL.S_CWND] if s[NL.S_CWND] > NL.FP else NL.FP
+    return (s[NL.S_IN_FLIGHT] + 1) * NL.FP < c
+
+
+@njit(**_jit)
 def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
     """Lost PSNs first (MR-SACK-023), then new packets from the send queue, as the window, credits,
     congestion window and pacing allow (tx_can_send: MR-CC-001..004).  Returns packets sent."""
@@ -395,8 +408,9 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         A[j + 2] = nx[X_CUR_MSN]
         A[j + 3] = nx[X_CUR_RSN]
         last = k == npsn - 1
-        if not nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, TK_NEW, 1 if last else 0, now):
-            break                                    # MR-NAT-023: AckReq on the last packet
+        if not nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, TK_NEW,
+                             1 if last and not more_follows(Q, s, qi, nxt, sent, budget) else 0, now):
+            break                                    # MR-NAT-023: AckReq on the last packet of a burst
         sent += 1
         SW[r, W_SENT] = k + 1
         Q[qi, Q_SND_PSN] = s[NL.S_SND_NXT]
@@ -1653,12 +1667,15 @@ def nat_advanced(A, Q, RW, CQT, CE, qi, b, e0, st):
 # ============================================================================ per QP, per round
 @njit(**_jit)
 def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
-    """A native QP's turn in the round: the coalescing timer's SACK (MR-SACK-015/017), the timers and
+    """A native QP's turn in the round: the coalesced SACK (MR-SACK-015/017), the timers and
     the requester.  Returns packets sent | (still busy << 32)."""
     b = slot_base(A, nat_slot(A, qi))
     par, rx, s, nx, sb, pt = rows(A, b)
     sent = 0
-    if nx[X_SACK_OWED] or rx_sack_due(rx, par, now):
+    # the round's receive batch is done: packets not yet acknowledged get their SACK now, before ack_n
+    # or ack_t (MR-SACK-015 "MAY send it earlier"; waiting for ack_t across a loop that yields the CPU
+    # held SACKs for milliseconds, and pacing at cwnd / srtt followed the inflated srtt)
+    if nx[X_SACK_OWED] or rx[NL.R_SINCE_SACK] > 0:
         if nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1):
             sent += 1
     st = Q[qi, Q_STATE]
