@@ -65,10 +65,11 @@ def _tap(topo):
     return sk
 
 
-def _sacks(sk) -> list:
-    """The NATIVE_SACKs from B (10.77.0.2) among the frames the tap holds, in the order they crossed the switch."""
+def _sacks(sk, limit: int = 1 << 30) -> list:
+    """The NATIVE_SACKs from B (10.77.0.2) among the frames the tap holds, in the order they crossed the switch
+    (at most `limit` of them: the rest stay in the socket for the next call)."""
     out = []
-    while True:
+    while len(out) < limit:
         try:
             f = sk.recv(65536)
         except BlockingIOError:
@@ -77,6 +78,7 @@ def _sacks(sk) -> list:
         if len(f) > 50 and f[12:14] == b"\x08\x00" and f[23] == 17 and f[26:30] == bytes((10, 77, 0, 2)) \
                 and f[36:38] == b"\x12\xb7" and f[42] == 0xC6:
             out.append(decode(f))
+    return out
 
 
 def _wait(proc, seconds: float) -> None:
@@ -97,9 +99,11 @@ def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b)
     """MR-CC-016: host A writes over one native QP alone (its share of the daemon's 32-packet budget: 32), and
     once A's SACKs grant 32 host C starts three more, so A's share goes down (to 8 with all four active) while
     it runs.  Over every ACK-type NATIVE_SACK the daemon sends A, cum + credit never moves backwards (24-bit
-    serial order): the lower share shows as A's cumulative PSN advances -- credits that no share gives (not
-    32, 16, 10 or 8: what is left of the last edge) are seen while the edge holds.  MR-CC-015: every credit is
-    in [1, W].  Both transfers complete intact (perf verifies the servers' buffers)."""
+    serial order), and A's credit goes from 32 to a lower share.  MR-CC-015: every credit is in [1, W].  Both
+    transfers complete intact (perf verifies the servers' buffers).  Whether a held edge shows as a credit no
+    share gives (what is left of the last edge) depends on how far cum moves between two SACKs: coalesced SACKs (MR-NAT-023,
+    MR-SACK-015) often pass the old edge in one step, so that is checked exactly in
+    test_native_logic::test_lowered_credit_keeps_the_right_edge_mr_cc_016, not here."""
     topo, sock = daemon_b
     port = 19571
     sk = _tap(topo)
@@ -115,7 +119,8 @@ def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b)
             time.sleep(0.1)
         clis = [_client(topo, topo[0], "mr0", port, 1, 4000)]
         while clis[0].poll() is None and not any(p.sacketh.credit == BUDGET for p in sacks):
-            sacks += _sacks(sk)                          # A runs alone: its share is the whole budget
+            sacks += _sacks(sk, 64)                      # A runs alone: its share is the whole budget (a few at a
+            #                                              time: decoding all A's SACKs at once can outlast A)
             _wait(clis[0], 0.02)
         if clis[0].poll() is None:
             clis.append(_client(topo, topo[3], "mr2", port + 1, 3, 200))
@@ -124,7 +129,7 @@ def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b)
             _wait(clis[0], 0.02)
         outs = [c.communicate() for c in clis]
         sacks += _sacks(sk)
-        srv_out = [s.communicate(timeout=60) for s in srvs]
+        srv_out = [s.communicate(timeout=60) for s in srvs[:len(clis)]]   # C's server waits forever if C never ran
     finally:
         sk.close()
         for s in srvs:
@@ -145,7 +150,3 @@ def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b)
     back = [(i, v[i - 1], v[i]) for i in range(1, len(v)) if ((edges[i] - edges[i - 1]) & PSN_MASK) >= PSN_HALF]
     assert not back, back[:5]                            # MR-CC-016: never backwards
     assert BUDGET in credits and min(credits) <= BUDGET // 2   # alone, then one of two to four
-    shares = {BUDGET // n for n in range(1, 5)} | {16}
-    held = [i for i in range(1, len(v)) if edges[i] == edges[i - 1] and v[i][0] != v[i - 1][0]
-            and credits[i] not in shares]
-    assert held, sorted(set(credits))                    # the edge held while cum advanced: less granted
