@@ -248,7 +248,7 @@ def _compiled_plan(e) -> list[Entry]:
 
 def _native_plan() -> list[tuple[str, str, str, tuple]]:
     """The native profile's functions Python calls (dp/native.py NativeSlots, at RTR and RTS) or that only
-    tests and the simulation call so far (credits, the coalescing deadline), on rows of their run-time types."""
+    tests and the simulation call so far (credits, the coalescing timer), on rows of their run-time types."""
     from .native import layout as NL
     par = NL.params()
     rxs, s, pt = NL.new_rx(2), NL.new_tx(), NL.new_pt()
@@ -259,7 +259,9 @@ def _native_plan() -> list[tuple[str, str, str, tuple]]:
             (MP, "mp_init", "dp.native.NativeSlots.start (RTR -> RTS)", (pt, par, sports)),
             (RX, "rx_credit_alloc", "credits (MR-CC-018): native/sim.py and tests, not the data plane yet",
              (rxs, par, 0)),
-            (RX, "rx_sack_deadline", "native/sim.py and tests (the data plane polls rx_sack_due)", (rxs[0], par))]
+            (RX, "rx_sack_due", "native/sim.py and tests (the data plane sends a coalesced SACK at the end of "
+             "the round that received the packets, MR-NAT-023)", (rxs[0], par, 0)),
+            (RX, "rx_sack_deadline", "native/sim.py and tests", (rxs[0], par))]
 
 
 def _index_has(fn, args) -> bool | None:
