@@ -42,10 +42,9 @@ of their run spent waiting for a CPU (`sender_cpu`, `sender_runq_wait`): on a ho
 sessions (the kernel's autogroup shares the CPU between sessions, not processes) that wait is the round
 trip.  `--incast-progress sleep` runs the senders with `metaroce perf --progress sleep`.
 
-The profiles measured are those `metaroce perf` offers: it has no `--profile` option until the
-native profile is wired into the data plane, and then the native rows say "not available" with
-that reason rather than disappearing.  The data plane is `--plane` (default compiled, where
-native is built).
+Both profiles are measured (`metaroce perf --profile compat|native`); a perf without that option
+would leave the native rows "not available" with the reason, not drop them.  The data plane is
+`--plane` (default compiled, where native is built).
 
 JSON (schema "metaroce-bench-fabric/1"; keys are only added, never renamed):
 
