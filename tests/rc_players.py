@@ -6,15 +6,18 @@ transport logic; the veth tests build players in namespaces instead.
 """
 from __future__ import annotations
 
+import socket
 import time
 
 import numpy as np
 
 from metaroce_xdp.rc.engine import Context
 from metaroce_xdp.rc.port import Faults, LoopPort
+from metaroce_xdp.wire import decode, encode
 from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPState, RecvWR, SendFlags, SendWR, WCStatus,
                                       WROpcode)
 
+PACKET_OUTGOING = 4           # sll_pkttype of a frame this host sent
 FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
@@ -204,6 +207,34 @@ class ScriptedQP:
                                   dgid=pair.b.ipv4, max_dest_rd_atomic=rd_atomic, **rtr))
             self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=sq_psn, timeout=0, retry_cnt=7, rnr_retry=7,
                                   max_rd_atomic=rd_atomic))
+        self.src = socket.inet_aton(pair.a.ipv4)     # send() and drain() use self.sock: the script's AF_PACKET
+        #                                              socket on the peer's interface, which the subclass sets
+
+    settle = 0.1                            # seconds for a scripted burst to cross the veth before the next round
+
+    def send(self, frames) -> None:
+        """Request frames (opcode, psn, payload, headers), AckReq set, onto the wire in this order from the
+        scripted peer; then `settle` seconds for them to cross the veth."""
+        a, b = self.pair.a, self.pair.b
+        for opcode, psn, payload, headers in frames:
+            self.sock.send(encode(opcode, src_mac=b.mac, dst_mac=a.mac, src_ip=b.ipv4, dst_ip=a.ipv4,
+                                  sport=0xC123, dest_qp=self.qp.qp_num, psn=psn, ack_req=1, headers=headers,
+                                  payload=payload))
+        time.sleep(self.settle)
+
+    def drain(self) -> list:
+        """The QP's RoCE frames that reached the script's side, in order (decoded): not what the script sent
+        (PACKET_OUTGOING), IPv4 UDP to 4791 from the QP's address only."""
+        out = []
+        while True:
+            try:
+                frame, addr = self.sock.recvfrom(1 << 16)
+            except BlockingIOError:
+                return out
+            if addr[2] == PACKET_OUTGOING or len(frame) < 42 or frame[12:14] != b"\x08\x00" or frame[23] != 17 \
+                    or int.from_bytes(frame[36:38], "big") != 4791 or frame[26:30] != self.src:
+                continue
+            out.append(decode(frame))
 
 
 __all__ = ["Player", "Plan", "ScriptedQP", "VethPlayer", "MTU", "loop_pair", "set_burst", "run_until", "wait_wcs", "FULL", "SendWR",

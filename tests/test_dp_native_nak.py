@@ -20,7 +20,7 @@ import time
 import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
-from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op, decode, encode
+from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
 from rc_players import ScriptedQP
 
 pytestmark = [pytest.mark.netns,
@@ -29,7 +29,6 @@ pytestmark = [pytest.mark.netns,
 PEER_QPN = 0x778            # the scripted requester's QP: exists nowhere
 MTU = 1024
 EPSN = 100                  # the responder's initial ePSN
-PACKET_OUTGOING = 4
 ETH_P_ALL = 3
 FIRST, LAST = 0x80, 0x40
 SYN_INV_REQ, SYN_REM_ACCESS = 0x61, 0x62
@@ -64,36 +63,13 @@ def wire():
 
 class Responder(ScriptedQP):
     """A fresh native responder QP (ePSN 100) connected to the scripted requester."""
+    settle = 0.05
 
     def __init__(self, wire) -> None:
         topo, pair, self.sock, ctx = wire
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=EPSN, sq_psn=0x100, rd_atomic=16, mtu=MTU,
                          profile="native")
-        self.src = socket.inet_aton(self.pair.a.ipv4)
         self.drain()
-
-    def send(self, frames) -> None:
-        """Request frames (opcode, psn, payload, headers), AckReq set (each gets a SACK at once,
-        MR-SACK-014), onto the wire in this order; then the responder's rounds until it is quiet."""
-        a, b = self.pair.a, self.pair.b
-        for opcode, psn, payload, headers in frames:
-            self.sock.send(encode(opcode, src_mac=b.mac, dst_mac=a.mac, src_ip=b.ipv4, dst_ip=a.ipv4,
-                                  sport=0xC123, dest_qp=self.qp.qp_num, psn=psn, ack_req=1, headers=headers,
-                                  payload=payload))
-        time.sleep(0.05)
-
-    def drain(self) -> list:
-        """The responder's RoCE frames that reached the script's side, in order (decoded)."""
-        out = []
-        while True:
-            try:
-                frame, addr = self.sock.recvfrom(1 << 16)
-            except BlockingIOError:
-                return out
-            if addr[2] == PACKET_OUTGOING or len(frame) < 42 or frame[12:14] != b"\x08\x00" or frame[23] != 17 \
-                    or int.from_bytes(frame[36:38], "big") != 4791 or frame[26:30] != self.src:
-                continue
-            out.append(decode(frame))
 
     def rounds(self) -> list:
         """Rounds until nothing more comes (bounded); the SACKs sent meanwhile."""

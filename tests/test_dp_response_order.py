@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from metaroce_xdp.wire import RETH, Op, decode, encode
+from metaroce_xdp.wire import RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
 from rc_players import ScriptedQP
 
@@ -32,7 +32,6 @@ pytestmark = [pytest.mark.netns,
 
 PEER_QPN = 0x777            # the scripted requester's QP: exists nowhere
 MTU = 1024
-PACKET_OUTGOING = 4
 ETH_P_ALL = 3
 
 
@@ -82,7 +81,6 @@ class Responder(ScriptedQP):
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=16, mtu=MTU,
                          min_rnr_timer=4)
         self.budget = budget
-        self.src = socket.inet_aton(self.pair.a.ipv4)
         self._budget0 = self._set_budget(budget)
         self.drain()
 
@@ -105,30 +103,6 @@ class Responder(ScriptedQP):
             self.ctx.progress()
         else:
             self.ctx.engine.progress()
-
-    def send(self, reqs) -> None:
-        """Request frames (opcode, psn, payload, headers), AckReq set, onto the wire in this order; then
-        time for them to cross the veth before the next round."""
-        a, b = self.pair.a, self.pair.b
-        for opcode, psn, payload, headers in reqs:
-            self.sock.send(encode(opcode, src_mac=b.mac, dst_mac=a.mac, src_ip=b.ipv4, dst_ip=a.ipv4,
-                                  sport=0xC123, dest_qp=self.qp.qp_num, psn=psn, ack_req=1, headers=headers,
-                                  payload=payload))
-        time.sleep(0.1)
-
-    def drain(self) -> list:
-        """The responder's RoCE frames that reached the script's side, in order (decoded)."""
-        out = []
-        while True:
-            try:
-                frame, addr = self.sock.recvfrom(1 << 16)
-            except BlockingIOError:
-                return out
-            # the responder's frames only: not what the script sent, IPv4 UDP to 4791 from the responder's address
-            if addr[2] == PACKET_OUTGOING or len(frame) < 42 or frame[12:14] != b"\x08\x00" or frame[23] != 17 \
-                    or int.from_bytes(frame[36:38], "big") != 4791 or frame[26:30] != self.src:
-                continue
-            out.append(decode(frame))
 
     def rounds(self, n: int | None = None) -> list:
         """n rounds (or rounds until nothing more comes, bounded); what was sent meanwhile."""
