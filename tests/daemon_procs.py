@@ -12,14 +12,46 @@ Three layers, because earlier runs left metaroced processes spinning on the CPUs
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 TAG_ENV = "METAROCE_TEST_SESSION"
 _PR_SET_PDEATHSIG = 1
 DAEMON_MARKS = ("metaroce_xdp.daemon.server", "daemon/metaroced", "-m\0daemon")
+
+
+@contextlib.contextmanager
+def serving(topo, ns: str, ifname: str, *, tag: str = "mrd", extra: str = ""):
+    """A metaroced in namespace `ns` on `ifname`, with a bpffs of its own and a socket in a fresh temporary
+    directory, loop in sleep mode; `extra`: more TOML lines.  Yields (socket path, that directory; B.log is
+    its log) once it says ready; stops it (reap) and unmounts on the way out."""
+    root = Path(__file__).resolve().parents[1]
+    tmp = tempfile.mkdtemp(prefix=f"{tag}-")
+    bpffs = os.path.join(tmp, "bpf")
+    os.mkdir(bpffs)
+    subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True)
+    sock = os.path.join(tmp, "B.sock")
+    conf = os.path.join(tmp, "B.toml")
+    Path(conf).write_text(f'interfaces = ["{ifname}"]\nsocket_path = "{sock}"\nprogress = "sleep"\n'
+                          f'bpffs_prefix = "{bpffs}/metaroce"\n{extra}')
+    err = open(os.path.join(tmp, "B.log"), "a")
+    d = topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", conf],
+                   stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(root), preexec_fn=die_with_parent)
+    try:
+        line = d.stdout.readline()
+        assert line and json.loads(line).get("ready"), Path(tmp, "B.log").read_text()[-2000:]
+        yield sock, tmp
+    finally:
+        reap(d)
+        err.close()
+        subprocess.run(["umount", bpffs], check=False)
 
 
 def die_with_parent() -> None:

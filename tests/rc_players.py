@@ -237,5 +237,6 @@ class ScriptedQP:
             out.append(decode(frame))
 
 
-__all__ = ["Player", "Plan", "ScriptedQP", "VethPlayer", "MTU", "loop_pair", "set_burst", "run_until", "wait_wcs", "FULL", "SendWR",
+__all__ = ["Player", "Plan", "ScriptedQP", "VethPlayer", "MTU", "loop_pair", "set_burst", "run_until", "wait_wcs",
+           "FULL", "SendWR",
            "RecvWR", "WROpcode", "WCStatus", "SendFlags", "Faults"]

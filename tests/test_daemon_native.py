@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,26 +29,12 @@ PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]
 @pytest.fixture(scope="module")
 def daemon_b():
     topo, pair = two_hosts()
-    tmp = tempfile.mkdtemp(prefix="mrdnat-")
-    bpffs = os.path.join(tmp, "bpf")
-    os.mkdir(bpffs)
-    subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True)
-    sock = os.path.join(tmp, "B.sock")
-    conf = os.path.join(tmp, "B.toml")
-    Path(conf).write_text(f'interfaces = ["{pair.b.ifname}"]\nsocket_path = "{sock}"\nprogress = "sleep"\n'
-                          f'bpffs_prefix = "{bpffs}/metaroce"\ncredit_budget = 32\n')
-    err = open(os.path.join(tmp, "B.log"), "a")
-    d = topo.popen(topo[1], [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", conf],
-                   stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT), preexec_fn=daemon_procs.die_with_parent)
     try:
-        line = d.stdout.readline()
-        assert line and json.loads(line).get("ready"), Path(tmp, "B.log").read_text()[-2000:]
-        yield topo, pair, sock, tmp
+        with daemon_procs.serving(topo, topo[1], pair.b.ifname, tag="mrdnat",
+                                  extra="credit_budget = 32\n") as (sock, tmp):
+            yield topo, pair, sock, tmp
     finally:
-        daemon_procs.reap(d)
-        err.close()
         topo.close()
-        subprocess.run(["umount", bpffs], check=False)
 
 
 def _status(sock: str) -> dict:

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,26 +32,12 @@ BUDGET = 32
 @pytest.fixture(scope="module")
 def daemon_b():
     topo, _, _ = switched_hosts(prefix="mrcr", extra_hosts=1)         # A, the switch, B (the daemon), C
-    tmp = tempfile.mkdtemp(prefix="mrdcr-")
-    bpffs = os.path.join(tmp, "bpf")
-    os.mkdir(bpffs)
-    subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True)
-    sock = os.path.join(tmp, "B.sock")
-    conf = os.path.join(tmp, "B.toml")
-    Path(conf).write_text(f'interfaces = ["mr1"]\nsocket_path = "{sock}"\nprogress = "sleep"\n'
-                          f'bpffs_prefix = "{bpffs}/metaroce"\ncredit_budget = {BUDGET}\n')
-    err = open(os.path.join(tmp, "B.log"), "a")
-    d = topo.popen(topo[2], [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", conf],
-                   stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT), preexec_fn=daemon_procs.die_with_parent)
     try:
-        line = d.stdout.readline()
-        assert line and json.loads(line).get("ready"), Path(tmp, "B.log").read_text()[-2000:]
-        yield topo, sock
+        with daemon_procs.serving(topo, topo[2], "mr1", tag="mrdcr",
+                                  extra=f"credit_budget = {BUDGET}\n") as (sock, _):
+            yield topo, sock
     finally:
-        daemon_procs.reap(d)
-        err.close()
         topo.close()
-        subprocess.run(["umount", bpffs], check=False)
 
 
 def _tap(topo):
@@ -101,8 +86,8 @@ def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b)
     it runs.  Over every ACK-type NATIVE_SACK the daemon sends A, cum + credit never moves backwards (24-bit
     serial order), and A's credit goes from 32 to a lower share.  MR-CC-015: every credit is in [1, W].  Both
     transfers complete intact (perf verifies the servers' buffers).  Whether a held edge shows as a credit no
-    share gives (what is left of the last edge) depends on how far cum moves between two SACKs: coalesced SACKs (MR-NAT-023,
-    MR-SACK-015) often pass the old edge in one step, so that is checked exactly in
+    share gives (what is left of the last edge) depends on how far cum moves between two SACKs: coalesced
+    SACKs (MR-NAT-023, MR-SACK-015) often pass the old edge in one step, so that is checked exactly in
     test_native_logic::test_lowered_credit_keeps_the_right_edge_mr_cc_016, not here."""
     topo, sock = daemon_b
     port = 19571
