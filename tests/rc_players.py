@@ -6,6 +6,7 @@ transport logic; the veth tests build players in namespaces instead.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -186,6 +187,29 @@ class VethPlayer:
 
     def sge(self, off, n):
         return SGE(self.mr.addr + off, n, self.mr.lkey)
+
+
+@contextlib.contextmanager
+def scripted_wire(prefix: str):
+    """two_hosts(prefix=...) with the scripted peer's side in namespace 1: a raw socket on mr1 that sees every
+    frame (non-blocking), and a UDP socket on 4791 that swallows what the QP under test sends, so that
+    namespace's kernel sends no ICMP back.  Yields (topo, pair, raw socket); tears all down."""
+    from metaroce_xdp.topo import two_hosts
+    topo, pair = two_hosts(prefix=prefix)
+    sock = swallow = None
+    try:
+        with topo.enter(topo[1]):
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))     # ETH_P_ALL
+            sock.bind(("mr1", 3))
+            sock.setblocking(False)
+            swallow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            swallow.bind((pair.b.ipv4, 4791))
+        yield topo, pair, sock
+    finally:
+        for s in (sock, swallow):
+            if s is not None:
+                s.close()
+        topo.close()
 
 
 class ScriptedQP:

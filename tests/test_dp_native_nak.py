@@ -14,14 +14,13 @@ NATIVE_SACK it sends back is read off the wire and decoded.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
 from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
-from rc_players import ScriptedQP
+from rc_players import ScriptedQP, scripted_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -29,7 +28,6 @@ pytestmark = [pytest.mark.netns,
 PEER_QPN = 0x778            # the scripted requester's QP: exists nowhere
 MTU = 1024
 EPSN = 100                  # the responder's initial ePSN
-ETH_P_ALL = 3
 FIRST, LAST = 0x80, 0x40
 SYN_INV_REQ, SYN_REM_ACCESS = 0x61, 0x62
 
@@ -37,28 +35,15 @@ SYN_INV_REQ, SYN_REM_ACCESS = 0x61, 0x62
 @pytest.fixture(scope="module")
 def wire():
     """Namespace 0: the responder's interface mr0 and its compiled-plane Context; namespace 1: the script's
-    raw socket on mr1 (and a UDP socket on 4791 that swallows the SACKs, so its kernel sends no ICMP)."""
+    raw socket on mr1."""
     from metaroce_xdp.dp import Context
-    from metaroce_xdp.topo import two_hosts
-    topo, pair = two_hosts(prefix="mrnak")
-    sock = swallow = ctx = None
-    try:
-        with topo.enter(topo[1]):
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            sock.bind(("mr1", ETH_P_ALL))
-            sock.setblocking(False)
-            swallow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            swallow.bind((pair.b.ipv4, 4791))
+    with scripted_wire("mrnak") as (topo, pair, sock):
         with topo.enter(topo[0]):
             ctx = Context.open("mr0")
-        yield topo, pair, sock, ctx
-    finally:
-        if ctx is not None:
+        try:
+            yield topo, pair, sock, ctx
+        finally:
             ctx.close()
-        for s in (sock, swallow):
-            if s is not None:
-                s.close()
-        topo.close()
 
 
 class Responder(ScriptedQP):

@@ -18,43 +18,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 
 import pytest
 
 from metaroce_xdp.wire import RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
-from rc_players import ScriptedQP
+from rc_players import ScriptedQP, scripted_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
 
 PEER_QPN = 0x777            # the scripted requester's QP: exists nowhere
 MTU = 1024
-ETH_P_ALL = 3
 
 
 @pytest.fixture(scope="module")
 def wire():
-    """Namespace 0: the responder's interface mr0; namespace 1: the script's raw socket on mr1 (and a
-    UDP socket on 4791 that swallows the responses, so that its kernel sends no ICMP back)."""
-    from metaroce_xdp.topo import two_hosts
-    topo, pair = two_hosts(prefix="mrord")
-    sock = swallow = None
-    try:
-        with topo.enter(topo[1]):
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            sock.bind(("mr1", ETH_P_ALL))
-            sock.setblocking(False)
-            swallow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            swallow.bind((pair.b.ipv4, 4791))
-        yield topo, pair, sock
-    finally:
-        for s in (sock, swallow):
-            if s is not None:
-                s.close()
-        topo.close()
+    """Namespace 0: the responder's interface mr0; namespace 1: the script's raw socket on mr1."""
+    with scripted_wire("mrord") as w:
+        yield w
 
 
 @pytest.fixture(scope="module", params=["python", "compiled"])
