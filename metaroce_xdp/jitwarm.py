@@ -273,7 +273,16 @@ def _index_has(fn, args) -> bool | None:
         sig = tuple(fn.typeof_pyval(a) for a in args)
         cache = fn._cache
         key = cache._index_key(sig, fn.targetctx.codegen())
-        return key in cache._cache_file._load_index()
+        index = cache._cache_file._load_index()
+        if key in index:
+            return True
+        # compiled from an explicit signature (lazy_njit's compile("ret(args)")): numba keys the overload
+        # by that signature as given, return type included, not by the argument types
+        from numba.core import sigutils
+        for k in index:
+            if k[1:] == key[1:] and isinstance(k[0], str) and tuple(sigutils.normalize_signature(k[0])[0]) == sig:
+                return True
+        return False
     except Exception:
         return None
 

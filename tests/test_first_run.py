@@ -93,6 +93,21 @@ def test_warm_up_plan_covers_every_dispatcher():
     assert jitwarm.cache_is_warm() is True
 
 
+def test_a_new_process_sees_the_warm_cache_as_warm():
+    """After warm-up, a fresh process (what `metaroce perf` or the demo is) finds every entry in numba's
+    on-disk cache -- the lazily compiled ones (lazy_njit, keyed by their declared signature) included --
+    so it prints no "compiling the data path" notice and reports the cache warm."""
+    jitwarm.warm_up()
+    code = ("from metaroce_xdp import jitwarm\n"
+            "print([e.name for e in jitwarm.plan() if not jitwarm._has_in_memory(e)"
+            " and jitwarm._index_has(e.fn, e.args) is not True])\n"
+            "r = jitwarm.warm_up()\nprint(r.was_warm)")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert cp.stdout.split() == ["[]", "True"], cp.stdout
+    assert jitwarm.COLD_MESSAGE not in cp.stderr
+
+
 def test_every_numba_module_is_warmed_up():
     """A new module with numba functions must join jitwarm.MODULES (and the plan)."""
     pkg = ROOT / "metaroce_xdp"
