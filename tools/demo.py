@@ -5,11 +5,13 @@ acting as a switch, starts an endpoint on each (XDP program + AF_XDP socket +
 the compiled data plane, `from metaroce_xdp import Context`), and runs a short
 visible exchange: RDMA WRITE, RDMA READ, SEND with immediate, and ATOMIC
 FetchAdd, first on a clean link and then with the switch dropping, duplicating,
-corrupting and reordering packets.  Prints a
-summary (bytes, operations, retransmissions, ACKs consumed in the kernel,
-integrity verdict) and removes everything it built, also on Ctrl-C.
+corrupting and reordering packets.  The QPs are connected by connection set-up
+(spec 06, dp/cmconnect), so they run the native profile when both ends offer it.
+Prints a summary (bytes, operations, retransmissions, SACKs or ACKs consumed in
+the kernel, integrity verdict) and removes everything it built, also on Ctrl-C.
 
     python -m tools.demo [--size-mib N] [--no-faults] [--codec] [--daemon] [--plane compiled|python]
+                         [--profile auto|native|compat]
 
 Engine: the demo builds its own hosts, so no running metaroced can serve their interfaces; it runs its
 own in-process engine on each: the compiled data plane (metaroce_xdp.dp, what applications get), or
@@ -39,6 +41,7 @@ from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPState, RecvWR, Send
 
 FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 INTACT, CORRUPT = "intact", "CORRUPT"
+DEMO_CM_PORT = 18519                 # the demo's connection set-up (TCP, in B's namespace)
 con = Console()
 
 
@@ -67,6 +70,7 @@ class Host:
         self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
 
     def connect(self, peer: "Host") -> None:
+        """Straight to RTS with the peer's numbers (no connection set-up): the compat profile."""
         with self.topo.enter(self.ns):
             q = self.qp
             q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=self.access))
@@ -76,6 +80,40 @@ class Host:
 
     def sge(self, off: int, n: int) -> SGE:
         return SGE(self.mr.addr + off, n, self.mr.lkey)
+
+
+def connect_negotiated(a: Host, b: Host, profile: str) -> str:
+    """Connection set-up as applications do it (spec 06, dp/cmconnect): B listens on the CM port in its
+    namespace, A connects to B's address; the profile is the one both ends agree (auto: native when both
+    offer it).  Returns the agreed profile."""
+    import threading
+
+    from metaroce_xdp import cm
+    from metaroce_xdp.dp import cmconnect
+    with b.topo.enter(b.ns):
+        lst = cm.Listener(DEMO_CM_PORT)
+    got: dict = {}
+
+    def passive() -> None:
+        try:
+            with b.topo.enter(b.ns):
+                b.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=b.access))
+                got.update(cmconnect.accept_qp(b.qp, lst, profile=profile))
+        except BaseException as e:           # noqa: BLE001 - re-raised in the caller's thread
+            got["error"] = e
+
+    t = threading.Thread(target=passive, name="demo-accept", daemon=True)
+    try:
+        t.start()
+        with a.topo.enter(a.ns):
+            a.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=a.access))
+            res = cmconnect.connect_qp(a.qp, b.ctx.local_ip, port=DEMO_CM_PORT, profile=profile)
+        t.join(30)
+    finally:
+        lst.close()
+    if "error" in got:
+        raise got["error"]
+    return res["profile"]
 
 
 def _run_phase(progress, label: str, host: Host, wrs: list, total_bytes: int) -> list:
@@ -230,9 +268,21 @@ def _plane_table(a: Host, b: Host) -> Table:
     and the XDP programs' counters."""
     pl = [h.ctx.stats() for h in (a, b)]
     ev_a = a.ctx.loader.events()
-    t = _summary("summary (compiled data plane)")
+    native = a.qp.profile == "native"
+    t = _summary(f"summary (compiled data plane, {a.qp.profile} profile)")
     t.add_row("payload bytes placed", f"{pl[0]['rx_bytes']:,}", f"{pl[1]['rx_bytes']:,}")
     t.add_row("packets sent", f"{pl[0]['tx']:,}", f"{pl[1]['tx']:,}")
+    if native:
+        nc = [h.qp.native_counters() for h in (a, b)]
+        t.add_row("retransmissions: selective (SACK) / tail probe / timeout",
+                  *(f"{n['c_retx_sack']} / {n['c_retx_tlp']} / {n['c_retx_rto']}" for n in nc))
+        t.add_row("READs re-requested / atomics replayed", f"{nc[0]['c_rereq']} / {nc[0]['c_at_replay']}", "")
+        t.add_row("SACKs received (consumed by the XDP program) / sent",
+                  f"{nc[0]['c_sack_rx']:,} ({nc[0]['c_sack_kern']:,})", f"{nc[1]['c_sack_tx']:,}")
+        t.add_row("packets placed out of order / duplicates dropped", "", f"{nc[1]['c_ooo']:,} / {nc[1]['c_dup']:,}")
+        t.add_row("frames dropped for a bad ICRC (user / kernel)",
+                  *(f"{p['rx_drop_icrc']} / {h.ctx.loader.drops()['BAD_ICRC']}" for p, h in zip(pl, (a, b))))
+        return t
     t.add_row("retransmissions (go-back-N)", str(pl[0]["retransmits"]), str(pl[1]["retransmits"]))
     t.add_row("local ACK timeouts", str(pl[0]["timeouts"]), str(pl[1]["timeouts"]))
     t.add_row("NAKs received / sent", str(pl[0]["naks_seen"]), str(pl[1]["tx_nak"]))
@@ -274,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plane", choices=("compiled", "python"), default="compiled",
                     help="in-process engine: compiled (metaroce_xdp.dp, the default endpoint) or python "
                     "(metaroce_xdp.rc.engine, the oracle)")
+    ap.add_argument("--profile", choices=("auto", "native", "compat"), default="auto",
+                    help="the profile the hosts' QPs negotiate at connection set-up (default auto: native "
+                    "when both ends offer it; the daemon and python planes run compat)")
     args = ap.parse_args(argv)
+    if args.profile == "native" and (args.daemon or args.plane == "python"):
+        ap.error("--profile native needs the in-process compiled plane (no --daemon, --plane compiled)")
     if args.codec:
         from . import demo_codec
         return demo_codec.main()
@@ -298,10 +353,17 @@ def main(argv: list[str] | None = None) -> int:
         hosts.append(a)
         b = Host(topo, topo[2], "mr1", size, socks["mr1"], args.plane)
         hosts.append(b)
-        a.connect(b)
-        b.connect(a)
+        if args.daemon or args.plane == "python":
+            a.connect(b)               # compat only: metaroced's plane here, the oracle's engine
+            b.connect(a)
+            agreed = "compat"
+        else:
+            agreed = connect_negotiated(a, b, args.profile)
         con.print(f"A {a.ctx.gid} QP {a.qp.qp_num:#x}  <->  B {b.ctx.gid} QP {b.qp.qp_num:#x}   "
                   f"(path MTU 1024, XDP + AF_XDP on both ends)")
+        con.print(f"profile: [bold]{agreed}[/bold] (" + (
+            "selective acknowledgement, out-of-order placement, multipath entropy, congestion control"
+            if agreed == "native" else "RoCEv2: go-back-N") + f"; --profile {args.profile})")
         verdicts = {"clean link": exchange(a, b, size, "clean link")}
         fstats = None
         if not args.no_faults and all(v == INTACT for v in verdicts["clean link"].values()):
