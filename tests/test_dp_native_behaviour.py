@@ -198,7 +198,7 @@ def _peer_connects(topo, a, b, port, caps, entropy_count=16, sack_window=256, tl
     """A, playing another implementation, connects to B's accept_qp (profile auto) with a REQ offering `caps`,
     `entropy_count`, `sack_window` and `tlvs`; A's QP takes the agreed profile as connect_qp would.  Returns
     (A's REQ, B's accept_qp result)."""
-    from metaroce_xdp.dp.cmconnect import QP_RD, accept_qp, agreed_profile, peer_timing
+    from metaroce_xdp.dp.cmconnect import QP_RD, accept_qp, agreed_profile
     a.new_qp(), b.new_qp()
     for s in (a, b):
         s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
@@ -220,7 +220,7 @@ def _peer_connects(topo, a, b, port, caps, entropy_count=16, sack_window=256, tl
                    sack_window=sack_window, entropy_count=entropy_count, tlvs=list(tlvs))
 
     def to_rts(rep):
-        prof, params = agreed_profile(rep.capabilities, rep.sack_window, rep.entropy_count, peer_timing(rep))
+        prof, params = agreed_profile(rep.capabilities, rep.sack_window, rep.entropy_count, cm.peer_timing(rep))
         a.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=1024,
                            dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=QP_RD, profile=prof, native_params=params))
         a.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, max_rd_atomic=QP_RD))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaroce_xdp import cm
-from metaroce_xdp.dp.cmconnect import NATIVE_OFFER, agreed_profile, offer, peer_timing
+from metaroce_xdp.dp.cmconnect import NATIVE_OFFER, agreed_profile, offer
 from metaroce_xdp.native import layout as L
 from metaroce_xdp.native.multipath import mp_init
 from metaroce_xdp.native.receiver import rx_build_sack, rx_init, rx_on_packet
@@ -125,7 +125,7 @@ def test_retransmission_waits_for_the_window_and_is_paced_mr_cc_003():
 def test_queueing_allowance_from_the_peers_t_mr_cc_040():
     """MR-CC-040: q_eff = max(q_target, 4 * T_peer): with the defaults (25 us, T 5 us) the delay target is
     min_rtt + 25 us; a peer's T of 6 us still gives 25 us, 7 us gives 28 us, 20 us gives 80 us.  T_peer
-    comes from the peer's NATIVE_TIMING TLV (dp/cmconnect.peer_timing), the default when it sent none."""
+    comes from the peer's NATIVE_TIMING TLV (cm.peer_timing), the default when it sent none."""
     def target(**kw):
         s, sb, pt, par = tx(**kw)
         s[L.S_MIN_RTT] = 100 * US
@@ -137,9 +137,9 @@ def test_queueing_allowance_from_the_peers_t_mr_cc_040():
     assert target(t_peer=20, q_target=100) == 200 * US
     timing = cm.CMMsg(cm.MsgType.REQ, tlvs=[(cm.TLV_NATIVE_TIMING, (20).to_bytes(2, "big") + (8).to_bytes(2, "big")
                                               + (500).to_bytes(4, "big"))])
-    assert peer_timing(timing) == 20 and peer_timing(cm.CMMsg(cm.MsgType.REQ)) is None
+    assert cm.peer_timing(timing) == 20 and cm.peer_timing(cm.CMMsg(cm.MsgType.REQ)) is None
     native = int(cm.Cap.NATIVE | cm.Cap.SACK | cm.Cap.OOO_PLACEMENT)
-    assert agreed_profile(native, 256, 1, peer_timing(timing))[1]["t_peer"] == 20
+    assert agreed_profile(native, 256, 1, cm.peer_timing(timing))[1]["t_peer"] == 20
     assert "t_peer" not in agreed_profile(native, 256, 1)[1]                     # the default, 5 us
 
 

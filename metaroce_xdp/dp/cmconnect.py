@@ -48,14 +48,7 @@ def agreed_profile(agreed: int, w: int, k: int, t_peer: int | None = None) -> tu
     return "native", out
 
 
-def peer_timing(msg: cm.CMMsg) -> int | None:
-    """The ack_coalesce_us of the peer's NATIVE_TIMING TLV (6.3: ack_coalesce_us u16, ack_coalesce_pkts u16,
-    rto_min_us u32), within 04 section 4.7's 1-100 us; None when it announced none (the default 5 us then,
-    MR-CC-040).  This endpoint announces none: its ack_coalesce_us is the default."""
-    v = msg.tlv(cm.TLV_NATIVE_TIMING)
-    if v is None or len(v) < 2:
-        return None
-    return min(100, max(1, int.from_bytes(v[:2], "big")))
+peer_timing = cm.peer_timing        # T_peer from the peer's NATIVE_TIMING TLV (MR-CC-040); this endpoint sends none
 
 
 def _need_init(qp) -> None:

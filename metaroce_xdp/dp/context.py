@@ -688,8 +688,8 @@ class QP:
                        "until it is drained")
         if new != QPState.RTR and g.get("profile") is not None and g["profile"] != self.profile:
             # MR-NAT-003: the profile is chosen at RTR and kept until RESET; another needs a new set-up
-            raise InvalidArgument(f"QP {self.qp_num:#x}: profile {g['profile']!r} at {cur.name} -> {QPState(new).name}; "
-                                  f"the {self.profile} profile holds until RESET (MR-NAT-003)")
+            raise InvalidArgument(f"QP {self.qp_num:#x}: profile {g['profile']!r} at {cur.name} -> "
+                                  f"{QPState(new).name}; the {self.profile} profile holds until RESET (MR-NAT-003)")
         ctx = self.ctx
         if new == QPState.RTR:
             for k in ("dest_qp_num", "rq_psn", "dgid"):
