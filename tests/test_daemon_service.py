@@ -84,7 +84,9 @@ def test_config_errors_are_typed_and_name_the_option(tmp_path):
              ({"max_clients": 0}, "max_clients"), ({"socket_mode": "999"}, "socket_mode"),
              ({"metrics_listen": "9462"}, "metrics_listen"), ({"watchdog": "maybe"}, "watchdog"),
              ({"socket_group": "no-such-group-mr"}, "socket_group"), ({"socket_path": "rel.sock"}, "socket_path"),
-             ({"log_level": "loud"}, "log_level"), ({"bogus": 1}, "bogus")]
+             ({"log_level": "loud"}, "log_level"), ({"bogus": 1}, "bogus"),
+             ({"read_rate_mbps": "eth0=fast"}, "read_rate_mbps"), ({"read_rate_mbps": -1}, "read_rate_mbps"),
+             ({"read_rate_mbps": {"eth0": "x"}}, "read_rate_mbps")]
     for overrides, name in cases:
         with pytest.raises(ConfigError) as ei:
             load_config(os.devnull, overrides)
@@ -115,14 +117,20 @@ def test_default_config_file_documents_the_defaults():
     for name in config_mod.FIELDS:
         assert re.search(rf"^#? ?{name} = ", text, re.M), name
     r = subprocess.run([sys.executable, "-m", "daemon", "--config", path, "--print-config", "-i", "a,b",
-                        "--no-watchdog", "--metrics-listen", "127.0.0.1:9999"],
+                        "--no-watchdog", "--metrics-listen", "127.0.0.1:9999", "--read-rate-mbps", "eth0=25000,*=1000"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
         f.write(r.stdout)
         f.flush()
         assert load_config(f.name) == DaemonConfig(interfaces=["a", "b"], watchdog=False,
-                                                   metrics_listen="127.0.0.1:9999")
+                                                   metrics_listen="127.0.0.1:9999",
+                                                   read_rate_mbps={"eth0": 25000.0, "*": 1000.0})
+    # read_rate_mbps (MR-CC-021): a number for every interface, else per interface with "*" for the rest
+    cfg = load_config(os.devnull, {"read_rate_mbps": "eth0=25000,1000"})
+    assert cfg.read_rate_bps("eth0") == 25e9 and cfg.read_rate_bps("eth1") == 1e9
+    assert load_config(os.devnull, {"read_rate_mbps": 200}).read_rate_bps("x") == 200e6
+    assert DaemonConfig().read_rate_bps("eth0") is None
 
 
 def _unit_caps() -> list[str]:
@@ -527,13 +535,18 @@ def test_sighup_reload_then_sigterm_drains_and_exits_0(svc):
     with socket.socket() as so:
         so.bind(("127.0.0.1", 0))
         svc.metrics_port = so.getsockname()[1]
-    svc.write_conf(max_clients=32, cm_port=18600)             # metrics_listen moves to the new port too
+    from metaroce_xdp.daemon.client import status
+    assert status(svc.sock)["devices"][0]["caps"]["read_rate_bps"] == 10_000_000_000   # veth's speed
+    svc.write_conf(max_clients=32, cm_port=18600, read_rate_mbps=300)   # metrics_listen moves to the new port too
     svc.msgs.clear()
     os.kill(svc.proc.pid, signal.SIGHUP)
     svc.wait_msg(lambda m: m.startswith("RELOADING=1\nMONOTONIC_USEC="), 10, "RELOADING=1")
     svc.wait_msg(lambda m: m.startswith("READY=1"), 10, "READY=1 after the reload")
     log = svc.log_text()
     assert "reload: max_clients 64 -> 32" in log
+    # MR-CC-021: the interface's READ response rate follows the file at once
+    assert status(svc.sock)["devices"][0]["caps"]["read_rate_bps"] == 300_000_000
+    assert "mr0: native READ responses paced at 300 Mb/s" in log
     assert re.search(r"reload: cm_port cannot change while running", log)
     assert f"metrics_listen '127.0.0.1:{old_port}' -> '127.0.0.1:{svc.metrics_port}'" in log
     from metaroce_xdp.topo import thread_in_netns

@@ -43,6 +43,15 @@ class DaemonConfig:
     log_level: str = "info"
     profile: str = "auto"                                 # native | compat | auto: the profiles its QPs may run
     credit_budget: int = 1024                             # native receiver: packets granted over all senders (MR-CC-018)
+    # native READ responses' shared rate per interface, Mb/s (MR-CC-021): {ifname or "*": Mb/s}; empty: the
+    # interface's speed (METAROCE_READ_RATE_MBPS when set); 0: not paced
+    read_rate_mbps: dict[str, float] = field(default_factory=dict)
+
+    def read_rate_bps(self, ifname: str) -> float | None:
+        """The READ response rate configured for `ifname`, bits/s (its own entry, else "*"), or None: the
+        data plane's default (METAROCE_READ_RATE_MBPS, else the interface's speed)."""
+        mbps = self.read_rate_mbps.get(ifname, self.read_rate_mbps.get("*"))
+        return None if mbps is None else float(mbps) * 1e6
 
     def validate(self) -> "DaemonConfig":
         if self.progress not in ("busy", "sleep"):
@@ -63,6 +72,10 @@ class DaemonConfig:
             raise ConfigError(f"profile must be native, compat or auto, not {self.profile!r}", "profile")
         if not 0 <= self.credit_budget <= 65535:
             raise ConfigError(f"credit_budget must be 0..65535 packets, not {self.credit_budget!r}", "credit_budget")
+        for ifname, mbps in self.read_rate_mbps.items():
+            if not isinstance(mbps, (int, float)) or isinstance(mbps, bool) or not 0 <= mbps <= 10_000_000:
+                raise ConfigError(f"read_rate_mbps[{ifname!r}] must be 0 (not paced) .. 10000000 Mb/s, not {mbps!r}",
+                                  "read_rate_mbps")
         if self.drain_timeout_s < 0:
             raise ConfigError(f"drain_timeout_s must be >= 0, not {self.drain_timeout_s!r}", "drain_timeout_s")
         if self.metrics_listen is not None:
@@ -96,6 +109,8 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"interfaces must be a list of interface names, not {value!r}", name)
         return value
+    if name == "read_rate_mbps":
+        return _read_rates(value)
     if name == "socket_mode" and isinstance(value, str):
         try:
             return int(value, 8)
@@ -126,6 +141,35 @@ def _coerce(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, not {value!r}", name)
     return value
+
+
+def _read_rates(value: Any) -> dict[str, float]:
+    """read_rate_mbps as {ifname or "*": Mb/s}: from a number (every interface), a TOML table
+    ({ eth0 = 25000, "*" = 10000 }) or a flag's text ("25000", "eth0=25000,eth1=10000", "eth0=25000,*=1000")."""
+    bad = ConfigError(f"read_rate_mbps must be Mb/s for every interface (10000), per interface "
+                      f"(eth0=25000,eth1=10000 or a table), or both (eth0=25000,*=10000), not {value!r}",
+                      "read_rate_mbps")
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, (int, float)):
+        value = {"*": value}
+    elif isinstance(value, str):
+        out: dict[str, Any] = {}
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            name, eq, num = item.rpartition("=")
+            try:
+                out[name.strip() if eq else "*"] = float(num)
+            except ValueError:
+                raise bad from None
+        value = out
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise bad
+    for v in value.values():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad
+    return {k: float(v) for k, v in value.items()}
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> DaemonConfig:
@@ -167,6 +211,8 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_value(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

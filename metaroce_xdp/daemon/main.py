@@ -138,6 +138,8 @@ _HELP = {
     "watchdog": "answer systemd's watchdog (WATCHDOG=1 every WatchdogSec/2)",
     "drain_timeout_s": "on SIGTERM, seconds outstanding work may take to finish before it is flushed",
     "log_level": "debug, info, warning or error",
+    "read_rate_mbps": "native READ responses' shared rate, Mb/s (MR-CC-021): N for every interface, IF=N[,IF=N] "
+                      "per interface, *=N for the rest; 0: not paced (unset: the interface's speed)",
 }
 
 
@@ -160,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(defaults, f.name)
         helptext = _HELP.get(f.name, f.name)
         shown = f"{default:04o}" if f.name == "socket_mode" else default
-        helptext += f" (default: {shown})" if default not in (None, []) else ""
+        helptext += f" (default: {shown})" if default not in (None, [], {}) else ""
         if f.name == "interfaces":
             p.add_argument("-i", flag_name(f.name), dest=f.name, action="append", metavar="IFNAME[,IFNAME]",
                            help=helptext)

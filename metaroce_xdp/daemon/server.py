@@ -69,7 +69,8 @@ MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
 
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
-                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile")
+                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile",
+                   "read_rate_mbps")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
 
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
@@ -480,8 +481,20 @@ class Device:
                          "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
                                      "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"],
                          "cm_caps": ["IPV6"] if ":" in port.ip else [],
-                         "profiles": self.daemon.profiles(), "credits": self.daemon.cfg.credit_budget > 0},
+                         "profiles": self.daemon.profiles(), "credits": self.daemon.cfg.credit_budget > 0,
+                         "read_rate_bps": self.ctx.plane.nat.read_rate},
                 "counters": counters, "pins": str(ld._pin_dir) if getattr(ld, "_pin_dir", None) else None}
+
+    def apply_read_rate(self, cfg: DaemonConfig) -> None:
+        """read_rate_mbps for this interface (MR-CC-021); unset: what the data plane chose at open
+        (METAROCE_READ_RATE_MBPS, else the interface's speed)."""
+        bps = cfg.read_rate_bps(self.ifname)
+        if bps is None:
+            from ..dp import native
+            bps = native.read_rate_bps(self.ifname)
+        self.ctx.set_read_rate(bps)
+        log.info("%s: native READ responses paced at %.0f Mb/s in all (MR-CC-021)%s", self.ifname, bps / 1e6,
+                 "" if bps else ": not paced")
 
     def qp_info(self, q: SQP) -> dict:
         L = self.L
@@ -613,6 +626,7 @@ class Daemon:
                 clock.mark("af_xdp + attach")
                 dev = Device(self, ifname, ctx)
                 self.devices[ifname] = dev
+                dev.apply_read_rate(cfg)
                 clock.mark("device tables")
                 log.info("%s: data plane up (gid %s, max path MTU %d)", ifname, ctx.gid, ctx.max_pmtu)
             self._bind()
@@ -1295,6 +1309,8 @@ class Daemon:
             log.setLevel(cfg.log_level.upper())
         for dev in self.devices.values():
             dev.G[dev.serve.G_BUSY_IDLE_NS] = cfg.busy_idle_ms * 1_000_000
+            if "read_rate_mbps" in changed:
+                dev.apply_read_rate(cfg)
             os.eventfd_write(dev.plane.efd, 1)       # a sleeping loop sees the new progress mode
         if "profile" in changed and cfg.profile != "compat" and self.devices:
             load_native_entries()                    # native QPs may come now: loaded before the first RTR

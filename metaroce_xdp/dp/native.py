@@ -453,7 +453,7 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
     WQEs before it completed; then WQEs wholly before snd_una complete in order (MR-SACK-026)."""
     par, rx, s, nx, sb, pt = rows(A, b)
     h = bo + 12
-    syn = np.int64(umem[h])
+    syn = np.int64(umem[h]) & 0x7F                   # MR-SACK-038: bit 7 of every syndrome is ignored
     k = h + 4
     if k + 12 > end:
         nx[X_C_SACK_BAD] += 1

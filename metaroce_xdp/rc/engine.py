@@ -29,6 +29,7 @@ from ..netinfo import NetInfoError
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPCap, QPState, ResourceError, SendFlags,
                            VerbsError, WC, WCStatus, WROpcode)
 from ..wire.opcodes import MI
+from ..wire.psn import PSN_MASK, psn_diff
 from .burst import peek_bth, rx_write_run, tx_segment
 from .requester import ACKREQ_EVERY
 from ..wire.errors import MalformedPacket
@@ -176,6 +177,14 @@ class Engine:
         self.budget = int(os.environ.get("METAROCE_BUDGET", "256"))
         self.ecn = True                # new QPs ECT(0), CE answered by CNPs; False: Not-ECT, no CNP (MR-ECN-011)
         self.window = int(os.environ.get("METAROCE_WINDOW", "1024"))
+        # packets all QPs of the port may have un-ACKed, shared among the QPs with something to send, as
+        # the compiled plane does (dp/loop.py, P_INFL_CAP): about what the peer's fill ring holds.  Without
+        # PFC more in flight is dropped there, and go-back-N on 16 QPs both ways ran out of retries.
+        # 0: no port limit (each QP its window); ports without rings (LoopPort) have none.
+        ring = getattr(port, "ring", 0)
+        self.port_inflight = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(ring * 3 // 4)))
+        self.infl_left = 1 << 40       # this round: packets the port may still put in flight
+        self.qp_share = 0              # this round: each sending QP's share of port_inflight (0: none)
         self.rx_bursts = 8             # receive bursts a round may take (while each comes back full)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -435,7 +444,9 @@ class Engine:
                     break                          # (a LoopPort hands out at most BATCH frames a burst)
             if self.fast_ack is not None:
                 work |= self.fast_ack.poll(self)
-            for qp in list(self.qps.values()):
+            qps = list(self.qps.values())
+            self._share_port(qps)
+            for qp in qps:
                 r = qp.responder
                 if qp.state in (QPState.RESET, QPState.INIT, QPState.ERR) and not r.drain_in_err:
                     continue                       # (a fatal NAK held behind READ responses: MR-RC-025)
@@ -460,6 +471,24 @@ class Engine:
             if not work and hasattr(self.port, "idle_flush"):
                 self.port.idle_flush()
             return work
+
+    def _share_port(self, qps: list) -> None:
+        """This round's port in-flight budget (infl_left) and each sending QP's share of it (qp_share)."""
+        if self.port_inflight <= 0:
+            self.infl_left, self.qp_share = 1 << 40, 0
+            return
+        left, nsend = self.port_inflight, 0
+        for qp in qps:
+            if qp.state != QPState.RTS:
+                continue
+            r = qp.requester
+            out = psn_diff(r.psn_next, (r.acked_psn + 1) & PSN_MASK)
+            if out > 0:
+                left -= out
+            if out > 0 or r.cursor < len(r.sq):
+                nsend += 1
+        self.infl_left = left
+        self.qp_share = max(16, self.port_inflight // max(1, nsend))
 
     def busy(self) -> bool:
         return any(q.requester.outstanding() or q.requester.cursor < len(q.requester.sq)

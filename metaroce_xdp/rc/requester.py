@@ -94,6 +94,10 @@ class Requester:
         sent = 0
         mtu = qp.pmtu
         una = self.oldest_unacked_psn()
+        eng = qp.ctx.engine
+        window = self.max_inflight
+        if 0 < eng.qp_share < window:
+            window = eng.qp_share                   # this round's share of the port's in-flight budget
         while sent < budget and self.cursor < len(self.sq):
             w = self.sq[self.cursor]
             if w.done:
@@ -125,16 +129,20 @@ class Requester:
                 qp.publish_snd_nxt()            # before any packet leaves: the kernel checks ACKs against it
                 w.sent = 0
             psn = (w.first_psn + w.sent) & PSN_MASK
-            if psn_diff(psn, una) >= self.max_inflight:
+            out = psn_diff(psn, una)
+            # the port's budget spent: only a QP with fewer than 16 packets out may still send (a
+            # retransmission after a timeout must never wait for other QPs' packets)
+            if out >= window or (eng.infl_left <= 0 and out >= 16):
                 break
             if (self.burst and w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND,
                                             WROpcode.SEND_WITH_IMM)):
-                room = min(budget - sent, self.max_inflight - psn_diff(psn, una), w.npsn - w.sent)
-                made = qp.ctx.engine.emit_segments(qp, w, room)
+                room = min(budget - sent, window - out, w.npsn - w.sent, max(eng.infl_left, 16 - out))
+                made = eng.emit_segments(qp, w, room)
                 if made == 0:
                     break
                 w.sent += made
                 sent += made
+                eng.infl_left -= made
                 if w.sent >= w.npsn:
                     self.cursor += 1
             elif w.opcode in (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
@@ -173,6 +181,7 @@ class Requester:
                 self.bytes_sent += plen
                 w.sent += 1
                 sent += 1
+                eng.infl_left -= 1
                 if w.sent >= n:
                     self.cursor += 1
             elif w.opcode == WROpcode.RDMA_READ:
@@ -190,6 +199,7 @@ class Requester:
                 qp.emit(Op.RDMA_READ_REQUEST, (w.first_psn + k) & PSN_MASK, 1, 0, ext, None, 0, 0)
                 w.sent = w.npsn                                    # one request covers the rest
                 sent += 1
+                eng.infl_left -= w.npsn - k                        # its responses
                 self.cursor += 1
             else:
                 if w.opcode == WROpcode.ATOMIC_CMP_AND_SWP:

@@ -91,6 +91,7 @@ class XskPort:
         self.pool = self.umem.pool
         self._cache = np.empty(0, np.uint64)
         self._ci = 0
+        self.ring = ring                                 # RX/TX/fill/completion ring size (frames)
         self.tx_addrs = np.empty(ring, np.uint64)
         self.tx_lens = np.empty(ring, np.uint32)
         self.tx_n = 0
