@@ -196,6 +196,63 @@ def test_lost_atomic_acknowledge_is_replayed_and_answered_from_the_saved_result(
     assert nb["c_at_exec"] == 3 and na["c_at_replay"] >= 2 and nb["c_rereq_rx"] >= 2, (na, nb)
 
 
+def _faa_run(a, b, n, cell):
+    """n FETCH_ADDs of i (wr_id i) on one cell of b, results at a.buf[8 * i]."""
+    b.buf[cell:cell + 8] = 0
+    return [SendWR(wr_id=i, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(8 * i, 8)],
+                   remote_addr=b.mr.addr + cell, rkey=b.mr.rkey, compare_add=i) for i in range(n)]
+
+
+def _faa_check(a, b, got, n, cell):
+    keys = ("c_at_replay", "c_rd_rto", "c_at_ack_rx", "c_at_ack_bad", "c_at_exec", "c_rereq_rx", "c_rd_dup_drop")
+    assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in range(n)], \
+        " ".join(f"{k}={x.qp.native_counters()[k]}" for x in (a, b) for k in keys)
+    assert list(a.buf[:8 * n].view(np.uint64)) == [i * (i - 1) // 2 for i in range(n)]     # in PSN order, once
+    assert b.buf[cell:cell + 8].view(np.uint64)[0] == n * (n - 1) // 2
+    na, nb = a.qp.native_counters(), b.qp.native_counters()
+    assert nb["c_at_exec"] == n and nb["c_rd_dup_drop"] == 0, (na, nb)
+    return na, nb
+
+
+def test_atomic_result_owed_is_kept_while_later_atomics_are_answered(fabric):
+    """MR-OOO-028 (max_rd_atomic counted from the oldest READ or atomic still owed its response), MR-OOO-027,
+    MR-OOO-024: 48 FETCH_ADDs at max_rd_atomic 16 with the first one's ATOMIC_ACKNOWLEDGE dropped twice.  The
+    later results arrive meanwhile; had each freed a place for a new atomic, the 16th new one would have taken
+    the responder resource that holds the first result, the replays been dropped (c_rd_dup_drop) and the QP
+    ended with RETRY_EXC_ERR (the demo's lossy round, 2026-12-04)."""
+    topo, a, b = fabric
+    _fresh(a, b)
+    cell, n = 2_000_000, 48
+    wrs = _faa_run(a, b, n, cell)
+    with FaultInjector("swA", netns=topo[1], opcode_filter=[0x12], psn_drop_once=[0x100, 0x100]) as fa:
+        a.qp.post_send(wrs)
+        got = collect(a, n, [b], timeout=30)
+        dropped = fa.stats()["psn_dropped"]
+    na, nb = _faa_check(a, b, got, n, cell)
+    assert dropped == 2
+    assert na["c_at_replay"] >= 2 and nb["c_rereq_rx"] >= 2, (na, nb)
+
+
+def test_responder_reuses_the_resource_of_the_lowest_executed_psn(fabric):
+    """MR-OOO-023 (a new READ or atomic takes a free resource, else the executed one of the lowest PSN),
+    MR-OOO-024, MR-OOO-028: the first of 40 FETCH_ADDs (max_rd_atomic 16) is lost once, so the responder records
+    it after the next 15; the second one's ATOMIC_ACKNOWLEDGE is dropped twice.  The next atomic the requester
+    may send takes the first one's resource (recorded last, answered), not the second's, whose result is
+    still owed: recycling resources in arrival order dropped its replays (RETRY_EXC_ERR)."""
+    topo, a, b = fabric
+    _fresh(a, b)
+    cell, n = 2_000_000, 40
+    wrs = _faa_run(a, b, n, cell)
+    with FaultInjector("swB", netns=topo[1], opcode_filter=[0x14], psn_drop_once=[0x100]) as fb, \
+            FaultInjector("swA", netns=topo[1], opcode_filter=[0x12], psn_drop_once=[0x101, 0x101]) as fa:
+        a.qp.post_send(wrs)
+        got = collect(a, n, [b], timeout=30)
+        dropped = fb.stats()["psn_dropped"], fa.stats()["psn_dropped"]
+    na, nb = _faa_check(a, b, got, n, cell)
+    assert dropped == (1, 2)
+    assert nb["c_ooo"] >= 15 and na["c_at_replay"] >= 2, (na, nb)
+
+
 def test_reads_writes_atomics_under_every_fault_kind(fabric):
     """MR-OOO-018 (responses placed in any order, duplicates ignored), MR-SACK-013 (request copies not
     executed again), MR-OOO-023/024 (atomics exactly once), MR-SACK-026 (completions in posting order):

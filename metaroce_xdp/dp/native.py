@@ -83,7 +83,7 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
-               c_at_ack_bad rd_out c_sack_nak_seq err_syn err_psn err_why c_err_held c_imm_inv""".split()
+               c_at_ack_bad rd_out c_sack_nak_seq err_syn err_psn err_why c_err_held c_imm_inv rq_seq""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 56
@@ -94,15 +94,15 @@ NRMX = 4                     # message length, immediate, flags (1 imm, 2 solici
 WHY_IMM = 31                 # qp_error's why: an ImmDt that differs within a message (MR-OOO-011)
 
 # READ and atomics (MR-OOO-016..028).  Requester row per outstanding READ request message or atomic:
-RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts req_ts".split()
+RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts req_ts seq".split()
 for _i, _n in enumerate(RQ_FIELDS):
     globals()["RQ_" + _n.upper()] = _i
 RQ_BM = 16                   # then WMAX / 64 words: response PSNs received (bit i = PSN psn + i)
 RQ_STRIDE = RQ_BM + NL.WMAX // 64
 NRQ = 16                     # >= max_rd_atomic (MR-OOO-028)
 K_READ, K_ATOMIC = 1, 2
-# responder resource (MR-OOO-022..024): state 1 held (not executed yet), 2 executed
-RS_FIELDS = "state kind psn n msn va rkey len op swap cmp orig amsn".split()
+# responder resource (MR-OOO-022..024): state 1 held (not executed yet), 2 executed; ord: execution number
+RS_FIELDS = "state kind psn n msn va rkey len op swap cmp orig amsn ord".split()
 for _i, _n in enumerate(RS_FIELDS):
     globals()["RS_" + _n.upper()] = _i
 RS_STRIDE = 16
@@ -967,21 +967,24 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
 @njit(**_jit)
 def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     """Issue the next READ request message of READ WQE r (MR-NAT-022: sub-ranges of rd_chunk PSNs, fewer
-    where the credits end, each its own MSN) or its atomic, once a requester row is free within
-    max_rd_atomic (MR-OOO-028) and every PSN of the range lies inside the window and the credits
-    (MR-CC-002).  1 when sent, else 0."""
+    where the credits end, each its own MSN) or its atomic, once it is within max_rd_atomic of the
+    oldest READ request or atomic still owed its response (MR-OOO-028: answers that came out of order
+    free no place, since the responder keeps only the last max_dest_rd_atomic results) and every PSN
+    of the range lies inside the window and the credits (MR-CC-002).  1 when sent, else 0."""
     par, rx, s, nx, sb, pt = rows(A, b)
     op = SW[r, W_OPCODE]
     k0 = SW[r, W_SENT]
     n = min(rd_chunk(par), SW[r, W_NPSN] - k0) if op == WR_READ else 1
-    used = 0
     t = -1
+    oldest = nx[X_RQ_SEQ]                            # issue number of the oldest row (RQ_SEQ)
     for i in range(NRQ):
-        if A[rq_base(b, i) + RQ_KIND] != 0:
-            used += 1
+        e = rq_base(b, i)
+        if A[e + RQ_KIND] != 0:
+            if A[e + RQ_SEQ] < oldest:
+                oldest = A[e + RQ_SEQ]
         elif t < 0:
             t = i
-    if t < 0 or used >= Q[qi, Q_MAX_RD]:
+    if t < 0 or nx[X_RQ_SEQ] - oldest >= Q[qi, Q_MAX_RD]:
         return 0
     nxt = s[NL.S_SND_NXT]
     if par[NL.P_CREDITS] and op == WR_READ:
@@ -1025,6 +1028,8 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     A[e + RQ_RR_TS] = NL.NONE
     A[e + RQ_ACKED_TS] = NL.NONE
     A[e + RQ_REQ_TS] = now if op == WR_READ else NL.NONE     # MR-CC-019: the READ window's RTT sample
+    A[e + RQ_SEQ] = nx[X_RQ_SEQ]
+    nx[X_RQ_SEQ] += 1
     SW[r, W_SENT] = k0 + n
     nx[X_RD_PROG] = now
     nx[X_C_RD_REQ] += 1
@@ -1402,7 +1407,25 @@ def nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b):
             nat_job(A, nx, b, K_ATOMIC, psn, 0, 1, 0, 0, 0, 0, 0, A[x + RS_ORIG], A[x + RS_AMSN], 0)
             nx[X_C_AT_EXEC] += 1
         A[x + RS_STATE] = RS_DONE
+        A[x + RS_ORD] = nx[X_RS_NEXT]                # execution number: PSN order (rs_take)
+        nx[X_RS_NEXT] += 1
         nx[X_RS_HELD] -= 1
+
+
+@njit(**_jit)
+def rs_take(A, b):
+    """The responder resource a new READ or atomic takes (MR-OOO-023): a free one, else the one executed
+    first, i.e. of the lowest PSN (not the one recorded first: requests arrive out of order), whose
+    response its requester has, as it never has more than max_rd_atomic requests sent from the oldest
+    one it still awaits (MR-OOO-028); -1 when every resource holds a request not yet executed."""
+    x = -1
+    for t in range(NRS):
+        y = b + O_RS + t * RS_STRIDE
+        if A[y + RS_STATE] == 0:
+            return y
+        if A[y + RS_STATE] == RS_DONE and (x < 0 or A[y + RS_ORD] < A[x + RS_ORD]):
+            x = y
+    return x
 
 
 @njit(**_jit)
@@ -1527,13 +1550,12 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
         if err:
             nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, err, psn, 22 if err == NAK_REM_ACCESS else 28)
             return
-    x = b + O_RS + (nx[X_RS_NEXT] % NRS) * RS_STRIDE
-    if A[x + RS_STATE] == RS_HELD:
+    x = rs_take(A, b)
+    if x < 0:
         nx[X_C_RD_DUP_DROP] += 1                     # more than max_dest_rd_atomic held: not recorded
         return
     e0 = rx[NL.R_EPSN]
     res = rx_on_range(rx, par, psn, npk, ackreq, ce, has_ts, tsval, sport, now)
-    nx[X_RS_NEXT] += 1
     A[x:x + RS_STRIDE] = 0
     A[x + RS_STATE] = RS_HELD
     A[x + RS_KIND] = K_READ if is_read else K_ATOMIC
