@@ -483,6 +483,17 @@ def read_msg(ch: Channel, timeout: float = CM_TIMEOUT) -> CMMsg:
     return CMMsg.decode(head + ch.recv_exact(total - 10, timeout))
 
 
+def peer_timing(msg: CMMsg) -> int | None:
+    """The ack_coalesce_us of the peer's NATIVE_TIMING TLV (6.3: ack_coalesce_us u16, ack_coalesce_pkts u16,
+    rto_min_us u32), within 04 section 4.7's 1-100 us; None when it announced none: the default 5 us then
+    (MR-CC-040, the native parameter t_peer).  This implementation's endpoints announce none: their
+    ack_coalesce_us is the default."""
+    v = msg.tlv(TLV_NATIVE_TIMING)
+    if v is None or len(v) < 2:
+        return None
+    return min(100, max(1, int.from_bytes(v[:2], "big")))
+
+
 def agree_caps(req_caps: int, local_caps: int) -> int:
     """MR-CM-014: the passive side's agreed capability set."""
     agreed = req_caps & local_caps & 0xFF

@@ -260,17 +260,18 @@ class _Side:
                                   qp_access_flags=Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ))
 
     def to_rtr(self, peer: cm.CMMsg, mtu: int, i: int = 0, agreed: int = 0) -> None:
-        from metaroce_xdp.dp.cmconnect import K_OFFER, W_OFFER, agreed_profile
+        from metaroce_xdp.dp.cmconnect import K_OFFER, W_OFFER, agreed_profile, peer_timing
         from metaroce_xdp.verbs_types import QPAttr, QPState, VerbsError
         # MR-CM-024: the destination MAC is the next hop's, from this host's route and neighbour
         # tables (the engine resolves it); the peer's mac field is informational only
-        prof, params = agreed_profile(agreed, min(peer.sack_window, W_OFFER), min(peer.entropy_count, K_OFFER))
+        prof, params = agreed_profile(agreed, min(peer.sack_window, W_OFFER), min(peer.entropy_count, K_OFFER),
+                                      peer_timing(peer))
         if params is not None and os.environ.get("METAROCE_NATIVE_PARAMS") and self.compiled:
             params.update(json.loads(os.environ["METAROCE_NATIVE_PARAMS"]))   # experiments (bench_fabric's CC off)
         extra = {"profile": prof, "native_params": params} if self.compiled else {}     # MR-CM-016
         if self.daemon and prof == "native":          # the daemon adds rto_min and its receiver's parameters
             prof, params = self.ctx.agreed_profile(agreed, min(peer.sack_window, W_OFFER),
-                                                   min(peer.entropy_count, K_OFFER))
+                                                   min(peer.entropy_count, K_OFFER), peer_timing(peer))
             extra = {"profile": prof, "native_params": params}
         attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qpn, rq_psn=peer.psn, path_mtu=mtu,
                       dgid=cm.gid_to_ip(peer.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=MIN_RNR_TIMER,

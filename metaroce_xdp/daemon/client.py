@@ -286,14 +286,17 @@ class Context:
         return base | int(self.native_offer["caps"]), 0 if profile == "native" else cm.FLAG_COMPAT_OK
 
     @staticmethod
-    def agreed_profile(agreed: int, w: int, k: int) -> tuple[str, dict | None]:
+    def agreed_profile(agreed: int, w: int, k: int, t_peer: int | None = None) -> tuple[str, dict | None]:
         """The QP's profile and native parameters from the agreed set (MR-CM-016, 6.4), as
-        dp/cmconnect.agreed_profile (the daemon adds rto_min and the receiver's parameters)."""
+        dp/cmconnect.agreed_profile (the daemon adds rto_min and the receiver's parameters); t_peer: the
+        ack_coalesce_us of the peer's NATIVE_TIMING TLV, None for the default (MR-CC-040)."""
         if not (agreed & cm.Cap.NATIVE and agreed & cm.Cap.SACK and agreed & cm.Cap.OOO_PLACEMENT):
             return "compat", None
-        return "native", {"w": w, "k": k if agreed & cm.Cap.MULTIPATH else 1,
-                          "cc_delay": 1 if agreed & cm.Cap.CC_DELAY else 0,
-                          "credits": 1 if agreed & cm.Cap.CREDITS else 0}
+        out = {"w": w, "k": k if agreed & cm.Cap.MULTIPATH else 1, "cc_delay": 1 if agreed & cm.Cap.CC_DELAY else 0,
+               "credits": 1 if agreed & cm.Cap.CREDITS else 0}
+        if t_peer is not None:
+            out["t_peer"] = t_peer
+        return "native", out
 
     def _cm_msg(self, qp: "QP", psn: int, mtu: int, private: dict | None, profile: str = "compat") -> cm.CMMsg:
         import json
@@ -329,7 +332,7 @@ class Context:
 
             def to_rts(rep: cm.CMMsg) -> None:
                 prof, params = self.agreed_profile(rep.capabilities & caps, min(rep.sack_window, req.sack_window),
-                                                   min(rep.entropy_count, req.entropy_count))
+                                                   min(rep.entropy_count, req.entropy_count), cm.peer_timing(rep))
                 extra = {"profile": prof, "native_params": params} if prof == "native" else {}
                 qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
                                  dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=16, min_rnr_timer=12, **extra))
@@ -696,7 +699,7 @@ class Listener:
                     raise cm.Rejected(cm.Reason.NATIVE_REQUIRED, "", by_peer=False)      # MR-CM-017
                 w = min(req.sack_window, ctx.native_offer["w"]) if got & cm.Cap.SACK else 0
                 k = min(req.entropy_count, ctx.native_offer["k"]) if got & cm.Cap.MULTIPATH else 1
-                prof, params = ctx.agreed_profile(got, w, k)
+                prof, params = ctx.agreed_profile(got, w, k, cm.peer_timing(req))
                 extra = {"profile": prof, "native_params": params} if prof == "native" else {}
                 try:
                     qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=req.qpn, rq_psn=req.psn, path_mtu=agreed,

@@ -10,7 +10,8 @@ offers them with COMPAT_OK set, so two native endpoints run native and a compat-
 engine, an agent, Linux Soft-RoCE through the MRC1 exchange) falls back to compat (MR-NAT-002,
 MR-CM-016).  The agreed capability set chooses the QP's profile at RTR and its native parameters: W
 and K are the agreed sack_window and entropy_count (6.4), CC_DELAY is not offered by this endpoint
-(MR-CC-042: its RTT samples carry host scheduling delay) and `rto_min` is raised to RTO_MIN_US.
+(MR-CC-042: its RTT samples carry host scheduling delay) and `rto_min` is raised to RTO_MIN_US; a peer's
+NATIVE_TIMING TLV sets T_peer (MR-CC-040).
 ATOMICS is offered with every profile (native atomics: dp/native.py, MR-NAT-006).
 """
 from __future__ import annotations
@@ -35,13 +36,19 @@ def offer(profile: str, local_ip: str) -> tuple[int, int]:
     return int(caps), 0 if profile == "native" else cm.FLAG_COMPAT_OK
 
 
-def agreed_profile(agreed: int, w: int, k: int) -> tuple[str, dict | None]:
-    """The QP's profile and native parameters from the agreed set (MR-CM-016, MR-NAT-004, 6.4)."""
+def agreed_profile(agreed: int, w: int, k: int, t_peer: int | None = None) -> tuple[str, dict | None]:
+    """The QP's profile and native parameters from the agreed set (MR-CM-016, MR-NAT-004, 6.4); t_peer: the
+    ack_coalesce_us the peer announced (peer_timing), None for the default (MR-CC-040)."""
     if not (agreed & cm.Cap.NATIVE and agreed & cm.Cap.SACK and agreed & cm.Cap.OOO_PLACEMENT):
         return "compat", None
-    return "native", {"w": w, "k": k if agreed & cm.Cap.MULTIPATH else 1,
-                      "cc_delay": 1 if agreed & cm.Cap.CC_DELAY else 0,
-                      "credits": 1 if agreed & cm.Cap.CREDITS else 0, "rto_min": RTO_MIN_US}
+    out = {"w": w, "k": k if agreed & cm.Cap.MULTIPATH else 1, "cc_delay": 1 if agreed & cm.Cap.CC_DELAY else 0,
+           "credits": 1 if agreed & cm.Cap.CREDITS else 0, "rto_min": RTO_MIN_US}
+    if t_peer is not None:
+        out["t_peer"] = t_peer
+    return "native", out
+
+
+peer_timing = cm.peer_timing        # T_peer from the peer's NATIVE_TIMING TLV (MR-CC-040); this endpoint sends none
 
 
 def _need_init(qp) -> None:
@@ -65,7 +72,7 @@ def connect_qp(qp, host: str, *, port: int = cm.CM_PORT, profile: str = "auto", 
     out: dict = {}
 
     def to_rts(rep: cm.CMMsg) -> None:                                     # MR-CM-027
-        prof, params = agreed_profile(rep.capabilities, rep.sack_window, rep.entropy_count)
+        prof, params = agreed_profile(rep.capabilities, rep.sack_window, rep.entropy_count, peer_timing(rep))
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
                          dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=QP_RD, min_rnr_timer=req.min_rnr_timer,
                          profile=prof, native_params=params))
@@ -93,7 +100,7 @@ def accept_qp(qp, listener: cm.Listener, *, profile: str = "auto", mtu: int = 10
             raise cm.Rejected(cm.Reason.NATIVE_REQUIRED, "", by_peer=False)  # MR-CM-017
         w = min(req.sack_window, W_OFFER) if agreed & cm.Cap.SACK else 0
         k = min(req.entropy_count, K_OFFER) if agreed & cm.Cap.MULTIPATH else 1
-        prof, params = agreed_profile(agreed, w, k)
+        prof, params = agreed_profile(agreed, w, k, peer_timing(req))
         m = min(req.mtu_bytes, mtu)
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=req.qpn, rq_psn=req.psn, path_mtu=m,
                          dgid=cm.gid_to_ip(req.gid), max_dest_rd_atomic=QP_RD, min_rnr_timer=12,

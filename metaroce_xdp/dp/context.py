@@ -686,6 +686,10 @@ class QP:
             # EBUSY (MR-QP-014): wait for IBV_EVENT_SQ_DRAINED or until nothing is outstanding
             raise Busy(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining (EBUSY); wait "
                        "until it is drained")
+        if new != QPState.RTR and g.get("profile") is not None and g["profile"] != self.profile:
+            # MR-NAT-003: the profile is chosen at RTR and kept until RESET; another needs a new set-up
+            raise InvalidArgument(f"QP {self.qp_num:#x}: profile {g['profile']!r} at {cur.name} -> "
+                                  f"{QPState(new).name}; the {self.profile} profile holds until RESET (MR-NAT-003)")
         ctx = self.ctx
         if new == QPState.RTR:
             for k in ("dest_qp_num", "rq_psn", "dgid"):

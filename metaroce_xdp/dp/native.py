@@ -489,6 +489,11 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
         if syn == 0x60 or syn == 0x64:               # MR-SACK-033: never sent on a native QP: discarded, counted
             nx[X_C_SACK_NAK_SEQ] += 1
             return
+        una = s[NL.S_SND_UNA]
+        if not ((psn == una or 0 < ((psn - una) & PSN_MASK) < NL.PSN_HALF)
+                and 0 < ((s[NL.S_SND_NXT] - psn) & PSN_MASK) < NL.PSN_HALF):
+            s[NL.S_C_SACK_INV] += 1                  # MR-SACK-034 / MR-SACK-019: BTH.PSN outside [snd_una, snd_nxt - 1]
+            return
         tx_on_sack(s, sb, pt, par, (psn - 1) & PSN_MASK, 0, words, tsecr, flags, ce_count, credit, sport, now)
         Q[qi, Q_NERR_PSN] = psn + 1
         Q[qi, Q_NERR_CODE] = syn & 0x1F
@@ -1815,7 +1820,7 @@ class NativeSlots:
         The flow label key (MR-MP-016) comes from the same function, ends and secret.  sport, the QP's
         compat-style port, is not used (MR-ENC-017 is compat's rule).  tm, l3: the QP's header template
         (its addresses are the GIDs) and, for IPv6, its IP header's offset: the template starts on entropy
-        value 0 (port and label) for the SACKs sent before any request."""
+        value 0 (its port, and over IPv6 its label) for the SACKs sent before any request."""
         import secrets
         from ..native.multipath import entropy_context, entropy_values, flow_label_key
         par, rx, s, nx, pt, sp = self.rows(qi)
@@ -1835,9 +1840,11 @@ class NativeSlots:
         # fresh ones MR-MP-011 may take (mp_init keeps them in the rows after K)
         mp_init(pt, par, sp)
         nx[X_FL_KEY] = flow_label_key(secret, ends)                     # MR-MP-016
+        if tm is not None:                       # over IPv4 too: a SACK before any request is a native packet
+            u = o + (40 if self.A[q + Q_IPV6] else 20)               # of the QP (MR-MP-001, MR-MP-003)
+            tm[u:u + 2] = (int(sp[0]) >> 8, int(sp[0]) & 0xFF)
         if tm is not None and l3 >= 0:
             fl = flow_label.py_func(int(nx[X_FL_KEY]), int(sp[0]))
-            tm[l3 + 40:l3 + 42] = (int(sp[0]) >> 8, int(sp[0]) & 0xFF)
             tm[l3 + 1] = (int(tm[l3 + 1]) & 0xF0) | (fl >> 16)
             tm[l3 + 2:l3 + 4] = ((fl >> 8) & 0xFF, fl & 0xFF)
         self._kernel_ring(qi)
