@@ -83,7 +83,8 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
-               c_at_ack_bad rd_out c_sack_nak_seq err_syn err_psn err_why c_err_held c_imm_inv rq_seq""".split()
+               c_at_ack_bad rd_out c_sack_nak_seq err_syn err_psn err_why c_err_held c_imm_inv rq_seq
+               c_rereq_queued rd_gap rd_last""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 56
@@ -1032,6 +1033,7 @@ def nat_rd_issue(A, Q, SW, TM, umem, tables, qi, b, wi, r, now):
     nx[X_RQ_SEQ] += 1
     SW[r, W_SENT] = k0 + n
     nx[X_RD_PROG] = now
+    nx[X_RD_LAST] = now
     nx[X_C_RD_REQ] += 1
     if op == WR_READ:
         nx[X_RD_OUT] += n
@@ -1122,6 +1124,10 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, ce, now)
     A[e + RQ_GOT] += 1
     A[P_RX_BYTES] += plen
     nx[X_C_RD_RESP_RX] += 1
+    g = now - nx[X_RD_LAST]                          # MR-LOSS-013: the interval since the last new response
+    if g > 0:                                        # (or request), not since an RTO
+        nx[X_RD_GAP] = g if g > nx[X_RD_GAP] else nx[X_RD_GAP] - ((nx[X_RD_GAP] - g) >> 3)
+    nx[X_RD_LAST] = now
     nx[X_RD_PROG] = now
     nx[X_RD_OUT] -= 1                                # MR-CC-019: a response delivered
     rtt = NL.NONE
@@ -1255,7 +1261,11 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
     ago (MR-OOO-020; not again before one srtt, so the re-request's responses can come), atomic replays
     reo_wnd after the atomic's PSN was delivered without its result (MR-OOO-027), and the RTO for
     responses owed to requests the responder has (MR-LOSS-013: the retry budget of MR-LOSS-007/009;
-    the oldest READ's missing ranges are re-requested, or the oldest atomic replayed).  Packets sent."""
+    the oldest READ's missing ranges are re-requested, or the oldest atomic replayed).  A response
+    received for the first time is progress (nat_on_read_resp: the timer restarts, the retry count is
+    reset); the timer runs for at least twice rd_gap, the interval between new responses (the first one:
+    since its request), rising at once and falling by 1/8 per response, so that responses paced far
+    apart (MR-CC-021) are not taken for lost.  Packets sent."""
     par, rx, s, nx, sb, pt = rows(A, b)
     rw = reo_wnd(s, par)
     guard = s[NL.S_SRTT] if s[NL.S_SRTT] != NL.NONE else s[NL.S_RTO]
@@ -1298,7 +1308,10 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
     prog = nx[X_RD_PROG]
     if s[NL.S_LAST_SACK_TS] > prog:
         prog = s[NL.S_LAST_SACK_TS]
-    if now < prog + s[NL.S_RTO]:
+    wait = s[NL.S_RTO]
+    if 2 * nx[X_RD_GAP] > wait:                      # MR-LOSS-013: responses paced (MR-CC-021) come this
+        wait = max(s[NL.S_RTO], min(2 * nx[X_RD_GAP], par[NL.P_RTO_MAX]))     # far apart: not lost yet
+    if now < prog + wait:
         return sent
     s[NL.S_RETRY_COUNT] += 1                         # MR-LOSS-013 -> MR-LOSS-007
     if s[NL.S_RETRY_COUNT] > par[NL.P_RETRY_CNT]:
@@ -1429,11 +1442,39 @@ def rs_take(A, b):
 
 
 @njit(**_jit)
+def jb_unqueued(A, nx, b, psn0, msn, k, end):
+    """The first run [k0, k1) of response indices in [k, end) of the READ at psn0 (MSN msn) that no
+    queued job still has to send (a job's [JB_I, JB_IEND) is still to go): (end, end) when none.  At
+    most NJB rows per step, each covering run skipped at once."""
+    while k < end:
+        nxt = end
+        covered = False
+        for h in range(nx[X_JB_HEAD], nx[X_JB_TAIL]):
+            x = b + O_JB + (h % NJB) * JB_STRIDE
+            if A[x + JB_KIND] != K_READ or A[x + JB_PSN0] != psn0 or A[x + JB_MSN] != msn:
+                continue
+            j0 = A[x + JB_I]
+            j1 = A[x + JB_IEND]
+            if j0 <= k < j1:
+                k = j1
+                covered = True
+                break
+            if k < j0 < nxt:
+                nxt = j0
+        if not covered:
+            return k, nxt
+    return end, end
+
+
+@njit(**_jit)
 def nat_rd_dup(A, Q, MRT, qi, b, is_read, op, psn, va, rkey, dlen, msn, off, mlen, swap, cmp):
     """A copy of a READ request (a re-request, MR-OOO-021/022) or of an atomic (a replay, MR-OOO-024):
     answered from the resource that holds it once it was executed and the copy agrees with it (a READ:
     MSN, VA and offset relative to the original, range within it, check 7 again; an atomic: the same
-    AtomicETH; the saved result, never executed again).  Anything else is dropped and counted.
+    AtomicETH; the saved result, never executed again).  A READ's response PSNs that a queued job still
+    has to send are not queued again (counted in c_rereq_queued): responses paced at the link's share
+    (MR-CC-021) may still be queued when the requester's RTO re-requests them, and a second copy behind
+    them would only delay what follows.  Anything else is dropped and counted.
     Returns 0, or the NAK syndrome when check 7 fails."""
     par, rx, s, nx, sb, pt = rows(A, b)
     pmtu = Q[qi, Q_PMTU]
@@ -1457,7 +1498,17 @@ def nat_rd_dup(A, Q, MRT, qi, b, is_read, op, psn, va, rkey, dlen, msn, off, mle
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ)
                 if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
                     return NAK_REM_ACCESS
-            if nat_job(A, nx, b, K_READ, A[x + RS_PSN], i, i + n, msn, A[x + RS_VA], ln, mr, 1, 0, 0, NRS):
+            # MR-OOO-022: response PSNs still queued (the original READ's or an earlier re-request's job) are
+            # not queued again -- their responses answer this copy too; only PSNs already sent go again
+            k = i
+            while k < i + n:
+                k0, k1 = jb_unqueued(A, nx, b, A[x + RS_PSN], msn, k, i + n)
+                nx[X_C_REREQ_QUEUED] += k0 - k
+                if k0 < k1 and not nat_job(A, nx, b, K_READ, A[x + RS_PSN], k0, k1, msn, A[x + RS_VA], ln, mr, 1, 0,
+                                           0, NRS):
+                    break
+                k = k1
+            if k >= i + n:
                 nx[X_C_REREQ_RX] += 1
                 return 0
             break
@@ -1891,7 +1942,8 @@ class NativeSlots:
         out.update({"rx_" + n: int(rx[getattr(NL, "R_" + n.upper())]) for n in NL.RX_FIELDS if n.startswith("c_")})
         out.update(srtt_ns=int(s[NL.S_SRTT]), rto_ns=int(s[NL.S_RTO]), cwnd=int(s[NL.S_CWND]) / NL.FP,
                    alpha=int(s[NL.S_ALPHA]) / NL.FP,
-                   snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]))
+                   snd_una=int(s[NL.S_SND_UNA]), snd_nxt=int(s[NL.S_SND_NXT]), epsn=int(rx[NL.R_EPSN]),
+                   rd_gap_ns=int(nx[X_RD_GAP]))
         k = int(par[NL.P_K])                                           # the entropy values (MR-MP-010/011)
         out.update(mp_evicted=int(pt[:k, NL.E_C_EVICT].sum()), mp_replaced=int(pt[:k, NL.E_C_REPLACE].sum()))
         rd = self._w(int(self.natq[qi]) - 1, O_TXR, NL.NTX)           # the READ window (MR-CC-019)
