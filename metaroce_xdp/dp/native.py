@@ -84,7 +84,7 @@ NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_r
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
                c_rd_rto c_at_replay c_rd_resp_tx c_rereq_rx c_rd_dup_drop c_rd_exec c_at_exec c_at_ack_rx
                c_at_ack_bad rd_out c_sack_nak_seq err_syn err_psn err_why c_err_held c_imm_inv rq_seq
-               c_rereq_queued rd_gap rd_last""".split()
+               c_rereq_queued rd_gap rd_last rd_rto""".split()
 for _i, _n in enumerate(NX_FIELDS):
     globals()["X_" + _n.upper()] = _i
 NNX = 56
@@ -1129,6 +1129,7 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, ce, now)
         nx[X_RD_GAP] = g if g > nx[X_RD_GAP] else nx[X_RD_GAP] - ((nx[X_RD_GAP] - g) >> 3)
     nx[X_RD_LAST] = now
     nx[X_RD_PROG] = now
+    nx[X_RD_RTO] = 0                                 # progress: the READ timer's backoff ends
     nx[X_RD_OUT] -= 1                                # MR-CC-019: a response delivered
     rtt = NL.NONE
     if A[e + RQ_REQ_TS] != NL.NONE:
@@ -1191,6 +1192,7 @@ def nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
     A[e + RQ_KIND] = 0
     nx[X_C_AT_ACK_RX] += 1
     nx[X_RD_PROG] = now
+    nx[X_RD_RTO] = 0
     s[NL.S_RETRY_COUNT] = 0
     nat_implicit_ack(A, Q, SW, CQT, CE, qi, b, psn, now)
     if Q[qi, Q_STATE] != ST_ERR:
@@ -1265,7 +1267,10 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
     received for the first time is progress (nat_on_read_resp: the timer restarts, the retry count is
     reset); the timer runs for at least twice rd_gap, the interval between new responses (the first one:
     since its request), rising at once and falling by 1/8 per response, so that responses paced far
-    apart (MR-CC-021) are not taken for lost.  Packets sent."""
+    apart (MR-CC-021) are not taken for lost, and for twice its last run after each READ RTO until a
+    new response (rd_rto: the SACK answering a re-request gives an RTT sample that recomputes the RTO,
+    which would otherwise undo MR-LOSS-007's doubling and spend the retry budget in ~8 RTOs).
+    Packets sent."""
     par, rx, s, nx, sb, pt = rows(A, b)
     rw = reo_wnd(s, par)
     guard = s[NL.S_SRTT] if s[NL.S_SRTT] != NL.NONE else s[NL.S_RTO]
@@ -1308,11 +1313,12 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
     prog = nx[X_RD_PROG]
     if s[NL.S_LAST_SACK_TS] > prog:
         prog = s[NL.S_LAST_SACK_TS]
-    wait = s[NL.S_RTO]
-    if 2 * nx[X_RD_GAP] > wait:                      # MR-LOSS-013: responses paced (MR-CC-021) come this
-        wait = max(s[NL.S_RTO], min(2 * nx[X_RD_GAP], par[NL.P_RTO_MAX]))     # far apart: not lost yet
-    if now < prog + wait:
+    wait = max(s[NL.S_RTO], nx[X_RD_RTO])            # MR-LOSS-007: doubled per RTO until progress, even
+    if 2 * nx[X_RD_GAP] > wait:                      # when the SACK of a re-request recomputed the RTO
+        wait = max(wait, min(2 * nx[X_RD_GAP], par[NL.P_RTO_MAX]))    # MR-LOSS-013: paced responses come
+    if now < prog + wait:                                              # this far apart: not lost yet
         return sent
+    nx[X_RD_RTO] = min(2 * wait, par[NL.P_RTO_MAX])
     s[NL.S_RETRY_COUNT] += 1                         # MR-LOSS-013 -> MR-LOSS-007
     if s[NL.S_RETRY_COUNT] > par[NL.P_RETRY_CNT]:
         qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)      # MR-LOSS-009
