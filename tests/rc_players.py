@@ -212,6 +212,20 @@ def scripted_wire(prefix: str):
         topo.close()
 
 
+@contextlib.contextmanager
+def scripted_dp_wire(prefix: str):
+    """scripted_wire(prefix) with the compiled plane's Context opened on mr0 in namespace 0 (the QP under
+    test's side).  Yields (topo, pair, raw socket, ctx); tears all down."""
+    from metaroce_xdp.dp import Context
+    with scripted_wire(prefix) as (topo, pair, sock):
+        with topo.enter(topo[0]):
+            ctx = Context.open("mr0")
+        try:
+            yield topo, pair, sock, ctx
+        finally:
+            ctx.close()
+
+
 class ScriptedQP:
     """One fresh QP of `ctx` (either engine's Context, opened in topo[0]), connected to a scripted peer: a
     QPN that exists nowhere, at `pair.b`, played by a test's raw socket.  No local ACK timeout (0 = infinite,

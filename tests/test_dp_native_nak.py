@@ -20,7 +20,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
 from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
-from rc_players import ScriptedQP, scripted_wire
+from rc_players import ScriptedQP, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -36,14 +36,8 @@ SYN_INV_REQ, SYN_REM_ACCESS = 0x61, 0x62
 def wire():
     """Namespace 0: the responder's interface mr0 and its compiled-plane Context; namespace 1: the script's
     raw socket on mr1."""
-    from metaroce_xdp.dp import Context
-    with scripted_wire("mrnak") as (topo, pair, sock):
-        with topo.enter(topo[0]):
-            ctx = Context.open("mr0")
-        try:
-            yield topo, pair, sock, ctx
-        finally:
-            ctx.close()
+    with scripted_dp_wire("mrnak") as w:
+        yield w
 
 
 class Responder(ScriptedQP):

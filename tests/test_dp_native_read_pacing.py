@@ -67,6 +67,25 @@ def _responses(frames: list[bytes]) -> list[tuple[int, int, int]]:
     return out
 
 
+
+def _switch_tap(topo):
+    """A capture on the switch's port swB (both directions, in order): (socket, frames, drain); drain()
+    moves what the socket holds into frames."""
+    with topo.enter(topo[1]):
+        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        cap.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)          # SO_RCVBUFFORCE: no capture drops
+        cap.bind(("swB", 0))
+        cap.setblocking(False)
+    frames: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                frames.append(cap.recv(4096))
+            except BlockingIOError:
+                return
+    return cap, frames, drain
+
 def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
     """MR-CC-021 (READ responses of one QP at no more than the link rate divided by the QPs with responses
     pending, sent in PSN order), MR-OOO-017: three QPs READ 256 KB each at once from one responder paced at
@@ -88,19 +107,7 @@ def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
             _connect(b, qb[i], qa[i], a, psn0[i])
         a.buf[:] = 0
         b.buf[:] = np.random.default_rng(21).integers(0, 256, b.buf.size, dtype=np.uint8)
-        with topo.enter(topo[1]):
-            cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            cap.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)          # SO_RCVBUFFORCE: no capture drops
-            cap.bind(("swB", 0))
-            cap.setblocking(False)
-        frames: list[bytes] = []
-
-        def drain():
-            while True:
-                try:
-                    frames.append(cap.recv(4096))
-                except BlockingIOError:
-                    return
+        cap, frames, drain = _switch_tap(topo)
 
         for i in range(NQP):
             qa[i].post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(i * SIZE, SIZE)],
@@ -181,19 +188,7 @@ def test_read_rto_while_responses_are_queued_queues_no_copy_mr_ooo_022_mr_loss_0
         _connect(b, qb, qa, a, psn)
         a.buf[:] = 0
         b.buf[:] = np.random.default_rng(22).integers(0, 256, b.buf.size, dtype=np.uint8)
-        with topo.enter(topo[1]):
-            cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            cap.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)          # SO_RCVBUFFORCE: no capture drops
-            cap.bind(("swB", 0))
-            cap.setblocking(False)
-        frames: list[bytes] = []
-
-        def drain():
-            while True:
-                try:
-                    frames.append(cap.recv(4096))
-                except BlockingIOError:
-                    return
+        cap, frames, drain = _switch_tap(topo)
 
         qa.post_send([SendWR(wr_id=7, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, SLOW_SIZE)],
                              remote_addr=b.mr.addr + 2_000_000, rkey=b.mr.rkey)])

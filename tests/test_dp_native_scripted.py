@@ -17,7 +17,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, SACKETH, Op, encode
-from rc_players import ScriptedQP, scripted_wire
+from rc_players import ScriptedQP, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -31,14 +31,8 @@ FLAG_N = 0x40
 
 @pytest.fixture(scope="module")
 def wire():
-    from metaroce_xdp.dp import Context
-    with scripted_wire("mrscr") as (topo, pair, sock):
-        with topo.enter(topo[0]):
-            ctx = Context.open("mr0")
-        try:
-            yield topo, pair, sock, ctx
-        finally:
-            ctx.close()
+    with scripted_dp_wire("mrscr") as w:
+        yield w
 
 
 class Native(ScriptedQP):

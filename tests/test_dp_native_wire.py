@@ -35,7 +35,7 @@ from dp_players import FULL, collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, RSNETH, SACKETH, MalformedPacket, Op, decode, encode
-from rc_players import ScriptedQP, scripted_wire
+from rc_players import ScriptedQP, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -409,14 +409,8 @@ SQ_PSN = 0x700                          # the QP under test's first request PSN
 @pytest.fixture(scope="module")
 def wire():
     """Namespace 0: the interface mr0 and its compiled-plane Context; namespace 1: the script's raw socket."""
-    from metaroce_xdp.dp import Context
-    with scripted_wire("mrnw") as (topo, pair, sock):
-        with topo.enter(topo[0]):
-            ctx = Context.open("mr0")
-        try:
-            yield topo, pair, sock, ctx
-        finally:
-            ctx.close()
+    with scripted_dp_wire("mrnw") as w:
+        yield w
 
 
 class Native(ScriptedQP):

@@ -4,6 +4,7 @@ I/O free: a READ request records every PSN of its range (MR-OOO-003), copies are
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from metaroce_xdp.native import layout as L
 from metaroce_xdp.native.receiver import (RX_DUP, RX_NEW, RX_SACK_NOW, rx_build_sack, rx_init, rx_on_packet,
@@ -122,6 +123,7 @@ def test_read_response_pacing_bursts_and_long_run_share_mr_cc_021():
     assert all(P.rpace_may_send(z, 0, 0) for _ in range(3)) and z[P.RP_C_WAIT] == 0
 
 
+@pytest.mark.compiles        # nat_job and jb_unqueued with the test's own argument types
 def test_reread_skips_response_psns_still_queued_mr_ooo_022():
     """MR-OOO-022 (dp/native.py jb_unqueued, nat_job): of a re-requested range, only the response PSNs
     that no queued job of the same READ (PSN and MSN) still has to send are queued again -- the PSNs a
