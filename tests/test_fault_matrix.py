@@ -4,7 +4,8 @@ corruption placed on a switch and on a router between the hosts, with PSNs that 
 
 Each case runs the checked workload of metaroce_xdp/stress.py: WRITE, READ, SEND with
 immediate and ATOMIC FetchAdd at 0 B, 1 B, path MTU - 1, path MTU, path MTU + 1, 64 KiB
-and 8 MiB.  Every WR must complete SUCCESS with intact bytes, in order, within its retry
+and 2 MiB (twice the requester's window of 1024 packets, so a message outlasts its window
+and a go-back-N restarts inside it; `make soak` runs the matrix's 8 MiB).  Every WR must complete SUCCESS with intact bytes, in order, within its retry
 budget (a hang fails after 30 s without a completion); afterwards the packets each way are
 conserved (sent + duplicated - dropped = seen by the other side's XDP program) and no
 UMEM frame is unaccounted for.  The long versions (>= 200,000 packets a case, a 10-minute
@@ -16,8 +17,12 @@ import os
 
 import pytest
 
-from metaroce_xdp.stress import (MATRIX_FAULTS as FAULTS, MATRIX_SIZES as SIZES, MATRIX_WRAP as WRAP, Fabric,
-                                  Workload, connect_near_wrap as _connect)
+from metaroce_xdp.stress import (MATRIX_FAULTS as FAULTS, MATRIX_SIZES, MATRIX_WRAP as WRAP, Fabric, Workload,
+                                  connect_near_wrap as _connect)
+
+# make soak's sizes with 2 MiB for 8 MiB: under go-back-N an 8 MiB WR resent from each reordered or lost
+# packet made a case 15-30 s, the matrix four minutes of make test
+SIZES = MATRIX_SIZES[:-1] + (2 << 20,)
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
