@@ -189,6 +189,59 @@ class VethPlayer:
         return SGE(self.mr.addr + off, n, self.mr.lkey)
 
 
+SO_RCVBUFFORCE = 33
+
+
+def is_roce_v4(f: bytes) -> bool:
+    """An Ethernet frame carrying IPv4 UDP to port 4791 (RoCEv2 / MetaRoCE)."""
+    return len(f) > 42 and f[12:14] == b"\x08\x00" and f[23] == 17 and f[36:38] == b"\x12\xb7"
+
+
+def is_roce_v6(f: bytes) -> bool:
+    """An Ethernet frame carrying IPv6 UDP to port 4791 (no extension headers)."""
+    return len(f) > 62 and f[12:14] == b"\x86\xdd" and f[20] == 17 and f[56:58] == b"\x12\xb7"
+
+
+class PortTap:
+    """A capture on one interface of one namespace (a switch port, usually): every frame both ways, in the
+    order the port saw them.  ETH_P_ALL, because a bridge port's frames reach only the taps of every
+    protocol; a 64 MiB buffer (SO_RCVBUFFORCE) so that a burst is not lost before the test reads it.
+    Non-blocking: each call takes what the socket holds now.  A context manager (closes)."""
+
+    def __init__(self, topo, ns: str, ifname: str, rcvbuf: int = 64 << 20) -> None:
+        with topo.enter(ns):
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
+            self.sock.bind((ifname, 3))
+        self.sock.setblocking(False)
+
+    def raw(self, keep=None, limit: int = 1 << 30) -> list[tuple[bytes, bool]]:
+        """(frame, sent by the port's side) for each frame held that `keep(frame)` accepts (every frame when
+        keep is None); at most `limit` of them, the rest stay for the next call."""
+        out: list[tuple[bytes, bool]] = []
+        while len(out) < limit:
+            try:
+                f, addr = self.sock.recvfrom(1 << 16)
+            except BlockingIOError:
+                break
+            if keep is None or keep(f):
+                out.append((f, addr[2] == PACKET_OUTGOING))
+        return out
+
+    def frames(self, keep=None, limit: int = 1 << 30) -> list[bytes]:
+        """raw() without the direction."""
+        return [f for f, _ in self.raw(keep, limit)]
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "PortTap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @contextlib.contextmanager
 def scripted_wire(prefix: str):
     """two_hosts(prefix=...) with the scripted peer's side in namespace 1: a raw socket on mr1 that sees every

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.wire.packet import decode
+from rc_players import PortTap, is_roce_v4
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -40,30 +40,15 @@ def daemon_b():
         topo.close()
 
 
-def _tap(topo):
-    """Every frame through switch port swA (both directions): host A's traffic only."""
-    with topo.enter(topo[1]):
-        sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))       # ETH_P_ALL
-        sk.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)                                 # SO_RCVBUFFORCE
-        sk.bind(("swA", 3))
-    sk.setblocking(False)
-    return sk
+def _is_sack_from_b(f: bytes) -> bool:
+    """IPv4 from 10.77.0.2, UDP to 4791, BTH opcode NATIVE_SACK."""
+    return is_roce_v4(f) and f[26:30] == bytes((10, 77, 0, 2)) and f[42] == 0xC6
 
 
-def _sacks(sk, limit: int = 1 << 30) -> list:
-    """The NATIVE_SACKs from B (10.77.0.2) among the frames the tap holds, in the order they crossed the switch
-    (at most `limit` of them: the rest stay in the socket for the next call)."""
-    out = []
-    while len(out) < limit:
-        try:
-            f = sk.recv(65536)
-        except BlockingIOError:
-            return out
-        # IPv4 from 10.77.0.2, UDP to 4791, BTH opcode NATIVE_SACK
-        if len(f) > 50 and f[12:14] == b"\x08\x00" and f[23] == 17 and f[26:30] == bytes((10, 77, 0, 2)) \
-                and f[36:38] == b"\x12\xb7" and f[42] == 0xC6:
-            out.append(decode(f))
-    return out
+def _sacks(tap: PortTap, limit: int = 1 << 30) -> list:
+    """The NATIVE_SACKs from B among the frames the tap holds, in the order they crossed the switch (at most
+    `limit` of them: the rest stay in the socket for the next call)."""
+    return [decode(f) for f in tap.frames(_is_sack_from_b, limit)]
 
 
 def _wait(proc, seconds: float) -> None:
@@ -91,7 +76,7 @@ def test_credits_never_move_the_right_edge_backwards_through_metaroced(daemon_b)
     test_native_logic::test_lowered_credit_keeps_the_right_edge_mr_cc_016, not here."""
     topo, sock = daemon_b
     port = 19571
-    sk = _tap(topo)
+    sk = PortTap(topo, topo[1], "swA")                  # host A's traffic only
     srvs = [topo.popen(topo[2], [*PERF, "-d", "mr1", "--socket", sock, "--profile", "native", "--json",
                                  "-p", str(port + i)], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True) for i in range(2)]

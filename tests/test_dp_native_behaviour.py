@@ -14,13 +14,13 @@ AF_XDP), with a capture on the switch port towards A that sees, in order, what A
 from __future__ import annotations
 
 import os
-import socket
 import threading
 
 import numpy as np
 import pytest
 
 from dp_players import FULL, collect, make_switched, opened
+from rc_players import PortTap
 from metaroce_xdp import cm
 from metaroce_xdp.native import layout as NL
 from metaroce_xdp.verbs_types import (InvalidArgument, QPAttr, QPState, SendFlags, SendWR, WCStatus, WROpcode)
@@ -29,8 +29,6 @@ from metaroce_xdp.wire import MalformedPacket, NotMetaRoCE, Op, decode
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
 
-PACKET_OUTGOING = 4
-SO_RCVBUFFORCE = 33         # Linux; the socket module does not name it
 PSN_MASK = 0xFFFFFF
 REQUESTS = (Op.NATIVE_SEND, Op.NATIVE_SEND_IMM, Op.NATIVE_WRITE, Op.NATIVE_WRITE_IMM, Op.NATIVE_READ_REQ)
 
@@ -41,36 +39,21 @@ def fabric():
         yield f
 
 
-class Tap:
-    """A capture on one switch port (namespace topo[1]): frames towards the switch (`out` False) and from it
-    (`out` True), in the order the port saw them, decoded; other traffic (ARP, IPv6) skipped."""
-
-    def __init__(self, topo, ifname: str) -> None:
-        with topo.enter(topo[1]):
-            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 25)
-            self.sock.bind((ifname, 3))
-        self.sock.setblocking(False)
-
-    def frames(self) -> list:
-        out = []
-        while True:
-            try:
-                frame, addr = self.sock.recvfrom(1 << 16)
-            except BlockingIOError:
-                return out
-            try:
-                out.append((addr[2] == PACKET_OUTGOING, decode(frame)))
-            except (NotMetaRoCE, MalformedPacket):
-                continue
-
-    def close(self) -> None:
-        self.sock.close()
+def _pkts(tap: PortTap) -> list:
+    """(sent by the switch port, decoded) of each MetaRoCE frame the tap holds, in the order the port saw
+    them; other traffic (ARP, IPv6) skipped."""
+    out = []
+    for f, sent in tap.raw():
+        try:
+            out.append((sent, decode(f)))
+        except (NotMetaRoCE, MalformedPacket):
+            continue
+    return out
 
 
 @pytest.fixture
 def tap_a(fabric):
-    t = Tap(fabric[0], "swA")
+    t = PortTap(fabric[0], fabric[0][1], "swA")
     yield t
     t.close()
 
@@ -107,13 +90,13 @@ def _fence_run(fabric, tap, fenced):
     capture's index of that packet's first transmission and of the first SACK acknowledging 0x107."""
     topo, a, b = fabric
     _fresh(a, b)
-    tap.frames()
+    _pkts(tap)
     a.qp.post_send([_write(a, b, 1, 0, 8 * 1024),
                     _write(a, b, 2, 100_000, 100, SendFlags.SIGNALED | (SendFlags.FENCE if fenced else 0))])
     got = collect(a, 2, [b])
     assert [(w.wr_id, w.status) for w in got] == [(1, WCStatus.SUCCESS), (2, WCStatus.SUCCESS)]
     assert (b.buf[:8 * 1024] == a.buf[:8 * 1024]).all() and (b.buf[100_000:100_100] == a.buf[100_000:100_100]).all()
-    fr = tap.frames()
+    fr = _pkts(tap)
     first = next(i for i, (out, p) in enumerate(fr) if not out and p.bth.dest_qp == b.qp.qp_num
                  and p.bth.opcode in REQUESTS and p.bth.psn == 0x108)
     acked = next(i for i, (out, p) in enumerate(fr) if out and p.bth.dest_qp == a.qp.qp_num
@@ -141,7 +124,7 @@ def test_read_requests_wait_for_the_read_window_mr_cc_020(fabric, tap_a):
     topo, a, b = fabric
     # no cut of the READ window: no delay signal (cc_delay 0), and timers far above this host's delays
     _fresh(a, b, params={"init_cwnd": 4, "cc_delay": 0, "rto_initial": 50, "rto_min": 20_000})
-    tap_a.frames()
+    _pkts(tap_a)
     n, size = 8, 4096
     a.qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(500_000 + i * size, size)],
                            remote_addr=b.mr.addr + 200_000 + i * size, rkey=b.mr.rkey) for i in range(n)])
@@ -152,7 +135,7 @@ def test_read_requests_wait_for_the_read_window_mr_cc_020(fabric, tap_a):
     rd_cwnd = c["rd_cwnd"]                           # grew from 4, never cut: the largest it ever was
     assert rd_cwnd >= 4 and c["c_rd_dec_loss"] == c["c_rd_dec_ecn"] == c["c_rd_dec_delay"] == 0, c
     asked, seen, reqs = set(), set(), []
-    for out, p in tap_a.frames():
+    for out, p in _pkts(tap_a):
         if p.bth.dest_qp not in (a.qp.qp_num, b.qp.qp_num):
             continue
         if not out and p.bth.opcode == Op.NATIVE_READ_REQ and not p.neth.flags & 0x20:      # a new request
@@ -248,7 +231,7 @@ def _b_sports(fabric, n_pkts=64):
     A; the UDP source ports of B's native frames (requests, SACKs) as they reach the switch, the data
     checked."""
     topo, a, b = fabric
-    tap = Tap(topo, "swB")
+    tap = PortTap(topo, topo[1], "swB")
     try:
         a.buf[:] = 1
         b.buf[:] = 2
@@ -257,7 +240,7 @@ def _b_sports(fabric, n_pkts=64):
         b.qp.post_send(_write(b, a, 1, 0, n_pkts * 1024))
         assert [(w.wr_id, w.status) for w in collect(b, 1, [a])] == [(1, WCStatus.SUCCESS)]
         assert (a.buf[:n_pkts * 1024] == 2).all() and (b.buf[1 << 20:(1 << 20) + 16 * 1024] == 1).all()
-        fr = [p for out, p in tap.frames() if not out and p.bth.dest_qp == a.qp.qp_num]
+        fr = [p for out, p in _pkts(tap) if not out and p.bth.dest_qp == a.qp.qp_num]
     finally:
         tap.close()
     reqs = {p.udp.sport for p in fr if p.bth.opcode in REQUESTS}

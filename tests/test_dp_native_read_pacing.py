@@ -7,19 +7,18 @@ Behaviour is asserted through counters and packet order, never through elapsed t
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
 import pytest
 
 from dp_players import FULL, make_switched, opened
+from rc_players import PortTap
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
 
-ETH_P_ALL = 0x0003
 RATE = 200_000_000
 NQP = 3
 SIZE = 256 * 1024
@@ -68,24 +67,6 @@ def _responses(frames: list[bytes]) -> list[tuple[int, int, int]]:
 
 
 
-def _switch_tap(topo):
-    """A capture on the switch's port swB (both directions, in order): (socket, frames, drain); drain()
-    moves what the socket holds into frames."""
-    with topo.enter(topo[1]):
-        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        cap.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)          # SO_RCVBUFFORCE: no capture drops
-        cap.bind(("swB", 0))
-        cap.setblocking(False)
-    frames: list[bytes] = []
-
-    def drain():
-        while True:
-            try:
-                frames.append(cap.recv(4096))
-            except BlockingIOError:
-                return
-    return cap, frames, drain
-
 def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
     """MR-CC-021 (READ responses of one QP at no more than the link rate divided by the QPs with responses
     pending, sent in PSN order), MR-OOO-017: three QPs READ 256 KB each at once from one responder paced at
@@ -107,7 +88,7 @@ def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
             _connect(b, qb[i], qa[i], a, psn0[i])
         a.buf[:] = 0
         b.buf[:] = np.random.default_rng(21).integers(0, 256, b.buf.size, dtype=np.uint8)
-        cap, frames, drain = _switch_tap(topo)
+        cap, frames = PortTap(topo, topo[1], "swB"), []       # both directions, in order
 
         for i in range(NQP):
             qa[i].post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(i * SIZE, SIZE)],
@@ -118,11 +99,11 @@ def test_read_responses_share_a_low_link_rate_in_psn_order_mr_cc_021(fabric):
             a.ctx.progress()
             b.ctx.progress()
             got.extend(a.cq.poll(NQP - len(got)))
-            drain()
+            frames += cap.frames()
             assert time.monotonic() - t0 < 60, ("READs did not complete", [q.native_counters() for q in qb])
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
-            drain()
+            frames += cap.frames()
         assert sorted((w.wr_id, w.status) for w in got) == [(i, WCStatus.SUCCESS) for i in range(NQP)], \
             [{k: v for k, v in q.native_counters().items() if v} for q in qa + qb]
         assert (a.buf[:NQP * SIZE] == b.buf[1_000_000:1_000_000 + NQP * SIZE]).all()
@@ -188,7 +169,7 @@ def test_read_rto_while_responses_are_queued_queues_no_copy_mr_ooo_022_mr_loss_0
         _connect(b, qb, qa, a, psn)
         a.buf[:] = 0
         b.buf[:] = np.random.default_rng(22).integers(0, 256, b.buf.size, dtype=np.uint8)
-        cap, frames, drain = _switch_tap(topo)
+        cap, frames = PortTap(topo, topo[1], "swB"), []       # both directions, in order
 
         qa.post_send([SendWR(wr_id=7, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, SLOW_SIZE)],
                              remote_addr=b.mr.addr + 2_000_000, rkey=b.mr.rkey)])
@@ -198,12 +179,12 @@ def test_read_rto_while_responses_are_queued_queues_no_copy_mr_ooo_022_mr_loss_0
             a.ctx.progress()
             b.ctx.progress()
             got.extend(a.cq.poll(1))
-            drain()
+            frames += cap.frames()
             assert time.monotonic() - t0 < 60, ("READ did not complete", qa.native_counters(), qb.native_counters())
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
             b.ctx.progress()
-            drain()
+            frames += cap.frames()
         na, nb = qa.native_counters(), qb.native_counters()
         assert [(w.wr_id, w.status) for w in got] == [(7, WCStatus.SUCCESS)], \
             ({k: v for k, v in na.items() if v}, {k: v for k, v in nb.items() if v})

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from collections import defaultdict
 
 import numpy as np
 import pytest
 
 from dp_players import FULL, Side, collect
+from rc_players import PortTap, is_roce_v6
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.native import layout as NL
 from metaroce_xdp.topo import IFA_F_NODAD, switched_hosts
@@ -62,43 +62,18 @@ def _connect(a, b, profile, fresh=True, params=None):
                                max_rd_atomic=16))
 
 
-class _Tap:
-    """Every IPv6 UDP/4791 frame through switch port swA (both directions), decoded."""
-
-    def __init__(self, topo) -> None:
-        with topo.enter(topo[1]):
-            # ETH_P_ALL: a bridge port's frames reach only the taps of every protocol
-            self.sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-            self.sk.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)              # SO_RCVBUFFORCE
-            self.sk.bind(("swA", 3))
-        self.sk.setblocking(False)
-
-    def frames(self) -> list:
-        out = []
-        while True:
-            try:
-                f = self.sk.recv(65536)
-            except BlockingIOError:
-                return out
-            if len(f) > 62 and f[12:14] == b"\x86\xdd" and f[20] == 17 and f[56:58] == b"\x12\xb7":        # UDP to 4791
-                out.append(decode(f))
-
-    def close(self) -> None:
-        self.sk.close()
-
-
 def _transfer(topo, a, b, profile, fault=None, fresh=True, params=None):
     if fresh is not None:
         _connect(a, b, profile, fresh, params)
     a.buf[:] = np.random.default_rng(7).integers(0, 256, a.buf.size, dtype=np.uint8)
     b.buf[:] = 0
-    tap = _Tap(topo)
+    tap = PortTap(topo, topo[1], "swA")
     try:
         with (FaultInjector("swB", netns=topo[1], **fault) if fault else _nothing()):
             a.qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i * 100_000, 100_000)],
                                    remote_addr=b.mr.addr + i * 100_000, rkey=b.mr.rkey) for i in range(4)])
             got = collect(a, 4, [b], timeout=30)
-        pkts = tap.frames()
+        pkts = [decode(f) for f in tap.frames(is_roce_v6)]
     finally:
         tap.close()
     assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in range(4)]

@@ -35,7 +35,7 @@ from dp_players import FULL, collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, RSNETH, SACKETH, MalformedPacket, Op, decode, encode
-from rc_players import ScriptedQP, scripted_dp_wire
+from rc_players import PortTap, ScriptedQP, is_roce_v4, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -53,28 +53,9 @@ BTH_AT = 14 + 20 + 8                    # Ethernet, IPv4, UDP
 
 
 # ============================================================================ captured native transfer
-class _Tap:
-    """Every IPv4 UDP/4791 frame through switch port swA, both directions, in order: (raw bytes, decoded)."""
-
-    def __init__(self, topo) -> None:
-        with topo.enter(topo[1]):
-            self.sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))     # ETH_P_ALL
-            self.sk.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)                          # SO_RCVBUFFORCE
-            self.sk.bind(("swA", 3))
-        self.sk.setblocking(False)
-
-    def frames(self) -> list:
-        out = []
-        while True:
-            try:
-                f = self.sk.recv(65536)
-            except BlockingIOError:
-                return out
-            if len(f) > BTH_AT and f[12:14] == b"\x08\x00" and f[23] == 17 and f[36:38] == b"\x12\xb7":
-                out.append((f, decode(f)))
-
-    def close(self) -> None:
-        self.sk.close()
+def _held(tap: PortTap) -> list:
+    """(raw, decoded) of every IPv4 UDP/4791 frame the tap holds, in the order the port saw them."""
+    return [(f, decode(f)) for f in tap.frames(is_roce_v4)]
 
 
 def _connect(side, peer, psn, params=None):
@@ -139,7 +120,7 @@ def capture():
         b.qp.post_recv([RecvWR(wr_id=900 + i, sg_list=[b.sge(3_500_000 + i * 8192, 8192)]) for i in range(4)])
         w1 = _wrs(a, b, BATCH1, 0, 0, 1_000_000)
         w2 = _wrs(a, b, BATCH2, 100, 2_000_000, 2_500_000)
-        tap = _Tap(topo)
+        tap = PortTap(topo, topo[1], "swA")
         try:
             with FaultInjector("swB", netns=topo[1], psn_drop_once=DROPS) as fb:
                 t0 = time.monotonic_ns() // 1000
@@ -147,14 +128,14 @@ def capture():
                 got1 = collect(a, len(w1), [b], timeout=30)
                 t1 = time.monotonic_ns() // 1000
                 time.sleep(0.05)                     # the last frames cross the bridge
-                f1 = tap.frames()
+                f1 = _held(tap)
                 time.sleep(PAUSE)
                 t2 = time.monotonic_ns() // 1000
                 a.qp.post_send(w2)
                 got2 = collect(a, len(w2), [b], timeout=30)
                 t3 = time.monotonic_ns() // 1000
                 time.sleep(0.05)
-                f2 = tap.frames()
+                f2 = _held(tap)
                 dropped = fb.stats()["psn_dropped"]
             collect(b, 4, [a], timeout=5)
         finally:
