@@ -281,11 +281,12 @@ def scripted_dp_wire(prefix: str):
 
 class ScriptedQP:
     """One fresh QP of `ctx` (either engine's Context, opened in topo[0]), connected to a scripted peer: a
-    QPN that exists nowhere, at `pair.b`, played by a test's raw socket.  No local ACK timeout (0 = infinite,
-    MR-RETRY-001), so nothing is retransmitted while the script runs.  PD, 64 KiB MR and CQ of its own."""
+    QPN that exists nowhere, at `pair.b`, played by a test's raw socket.  No local ACK timeout unless
+    `timeout` says (0 = infinite, MR-RETRY-001), so nothing is retransmitted while the script runs.  PD,
+    64 KiB MR and CQ of its own."""
 
     def __init__(self, ctx, topo, pair, peer_qpn: int, *, rq_psn: int, sq_psn: int, rd_atomic: int,
-                 mtu: int = 1024, **rtr) -> None:
+                 mtu: int = 1024, timeout: int = 0, **rtr) -> None:
         self.ctx, self.topo, self.pair = ctx, topo, pair
         self.pd = ctx.alloc_pd()
         self.buf = np.zeros(1 << 16, np.uint8)
@@ -296,7 +297,7 @@ class ScriptedQP:
             self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
             self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer_qpn, rq_psn=rq_psn, path_mtu=mtu,
                                   dgid=pair.b.ipv4, max_dest_rd_atomic=rd_atomic, **rtr))
-            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=sq_psn, timeout=0, retry_cnt=7, rnr_retry=7,
+            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=sq_psn, timeout=timeout, retry_cnt=7, rnr_retry=7,
                                   max_rd_atomic=rd_atomic))
         self.src = socket.inet_aton(pair.a.ipv4)     # send() and drain() use self.sock: the script's AF_PACKET
         #                                              socket on the peer's interface, which the subclass sets

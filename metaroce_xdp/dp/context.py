@@ -40,6 +40,8 @@ from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidStat
                            WROpcode, local_ack_timeout_ns)
 from . import layout as L
 
+_MESSAGE_IN_PROGRESS = {L.RK_NONE: "no message in progress", L.RK_SEND: "a SEND in progress",
+                        L.RK_WRITE: "a WRITE in progress"}
 _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "RNR retries exhausted",
         4: "bad response (reserved AETH)", 11: "the peer NAKed an invalid request",
         12: "the peer NAKed a remote access error", 13: "the peer NAKed a remote operational error",
@@ -870,7 +872,8 @@ class QP:
         r = self.row
         st = self.query_state()
         why = int(r[L.Q_ERR])
-        return {"qp_num": self.qp_num, "state": st, "error": _WHY.get(why) if st == QPState.ERR and why else None,
+        return {"qp_num": self.qp_num, "state": st,
+                "error": self.ctx._invalid_why(self.qi, why) if st == QPState.ERR and why else None,
                 "sq_psn": int(r[L.Q_SND_PSN]), "snd_max": int(r[L.Q_SND_MAX]), "comp_psn": int(r[L.Q_COMP_PSN]),
                 "rq_psn": int(r[L.Q_EPSN]), "msn": int(r[L.Q_MSN]), "retry_left": int(r[L.Q_RETRY_LEFT]),
                 "rnr_left": int(r[L.Q_RNR_LEFT]), "path_mtu": int(r[L.Q_PMTU]), "dest_qp_num": self.dest_qp,
@@ -1208,13 +1211,27 @@ class Context:
                     self.async_events.put(AsyncEvent(EventType.QP_FATAL, qp=qp, reason="its CQ overflowed"))
             return
         qp = self.qps.get(qi)
+        why = self._invalid_why(qi, arg)
         if qp is not None:
             qp.state = QPState.ERR
-            qp.error_reason = _WHY.get(arg, str(arg))
+            qp.error_reason = why
             if qp.installed:
                 self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
-        self.async_events.put(AsyncEvent(_EV_TYPE.get(typ, EventType.QP_FATAL), qp=qp,
-                                         reason=_WHY.get(arg, f"code {arg}")))
+        self.async_events.put(AsyncEvent(_EV_TYPE.get(typ, EventType.QP_FATAL), qp=qp, reason=why))
+
+    def _invalid_why(self, qi: int, why: int) -> str:
+        """The reason text of code `why`; for an invalid request the responder NAKed (21, 23), what the
+        packet was (dp/loop.py note_invalid): the other end is told what it sent."""
+        text = _WHY.get(why, f"code {why}")
+        if why not in (21, 23):
+            return text
+        for p in self.plane.group:
+            A = p.A
+            if int(A[L.P_INV_QP]) == qi + 1:
+                kind = _MESSAGE_IN_PROGRESS.get(int(A[L.P_INV_KIND]), "?")
+                return (f"{text} (opcode 0x{int(A[L.P_INV_OP]):02x} at PSN 0x{int(A[L.P_INV_PSN]):06x}, "
+                        f"{int(A[L.P_INV_LEN])} B of payload; expected PSN 0x{int(A[L.P_INV_EPSN]):06x}, {kind})")
+        return text
 
     def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
         deadline = None if timeout is None else time.monotonic() + timeout

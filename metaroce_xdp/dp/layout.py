@@ -66,6 +66,7 @@ P_FIELDS = _cols("""
     queue rx_wrong_q
     sr_addr sr_size sr_n rx_sack_kern rx_sack_kern_drop
     yield_after yields
+    inv_qp inv_op inv_psn inv_epsn inv_kind inv_len
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i

@@ -400,7 +400,14 @@ def complete_head(A, Q, SW, CQT, CE, qi, status):
             return
     Q[qi, Q_SQ_HEAD] += 1
     if Q[qi, Q_SQ_NEXT] - Q[qi, Q_SQ_HEAD] < 0:
+        # a go-back-N was resending this WQE when the ACK for it came (it had arrived; the ACK was
+        # late): sending goes on after it, not from the PSN the resending had reached -- a WQE started
+        # next would take PSNs the responder already executed (MR-BTH-012), and the one of them at its
+        # ePSN would be out of sequence there (tests/test_dp_requester_resume.py)
         Q[qi, Q_SQ_NEXT] = Q[qi, Q_SQ_HEAD]
+        after = (SW[r, W_FIRST_PSN] + SW[r, W_NPSN]) & PSN_MASK
+        if psn_diff(Q[qi, Q_SND_PSN], after) < 0:
+            Q[qi, Q_SND_PSN] = after
     Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]       # forward progress resets both budgets
     Q[qi, Q_RNR_LEFT] = Q[qi, Q_RNR_RETRY]
 
@@ -958,6 +965,20 @@ def send_nak(A, Q, TM, umem, tables, ext, qi, syn, psn):
 
 
 @njit(**_jit)
+def note_invalid(A, Q, qi, op, psn, plen):
+    """What the last invalid request NAK (opcode out of sequence, wrong payload length) was about:
+    the QP (+1), the packet's opcode, PSN and payload length, the expected PSN and the message in
+    progress (RK_*).  The QP's error reason names them (dp/context.py), for the implementation
+    at the other end to be told what it sent."""
+    A[P_INV_QP] = qi + 1
+    A[P_INV_OP] = op
+    A[P_INV_PSN] = psn
+    A[P_INV_EPSN] = Q[qi, Q_EPSN]
+    A[P_INV_KIND] = Q[qi, Q_R_KIND]
+    A[P_INV_LEN] = plen
+
+
+@njit(**_jit)
 def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
     """One request packet (SEND, WRITE, READ) of QP qi; b = BTH offset, end = ICRC offset."""
     e = Q[qi, Q_EPSN]
@@ -985,6 +1006,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
         if kind != RK_NONE:
+            note_invalid(A, Q, qi, op, psn, end - pad - hdr)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
             return
         dlen = get_be(umem, hdr + 12, 4)
@@ -1011,6 +1033,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     has_imm = sub == 3 or sub == 5
     want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
     if kind != want:
+        note_invalid(A, Q, qi, op, psn, end - pad - hdr)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
         return
     pay = hdr
@@ -1028,6 +1051,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         pay += 4
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
+        note_invalid(A, Q, qi, op, psn, plen)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
         return
     src = A[P_UMEM_ADDR] + pay
@@ -1098,6 +1122,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
             return
         if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
+            note_invalid(A, Q, qi, op, psn, plen)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
             return
         if plen:
