@@ -206,34 +206,16 @@ def test_native_every_fault_kind_every_operation_intact(fabric):
 
 
 def _negotiate(topo, a, b, prof_a, prof_b, port):
-    """a connects to b over the MRC1 exchange (dp/cmconnect.py); returns (a's result, b's result or exception)."""
-    import threading
-
-    from metaroce_xdp import cm
-    from metaroce_xdp.dp.cmconnect import accept_qp, connect_qp
+    """a connects to b over the MRC1 exchange (dp/cmconnect.py); returns (a's result, b's result)."""
+    from metaroce_xdp.dp.cmconnect import connect_qp, with_acceptor
     a.new_qp(), b.new_qp()
     for s in (a, b):
         s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-    with topo.enter(b.ns):
-        lis = cm.Listener(port)
-    got = {}
 
-    def passive():
-        try:
-            with topo.enter(b.ns):
-                got["b"] = accept_qp(b.qp, lis, profile=prof_b, timeout=10)
-        except Exception as e:          # noqa: BLE001 - handed to the test
-            got["b"] = e
-
-    t = threading.Thread(target=passive)
-    t.start()
-    try:
+    def active():
         with topo.enter(a.ns):
-            ra = connect_qp(a.qp, b.ctx.gid, port=port, profile=prof_a, timeout=10)
-    finally:
-        t.join(15)
-        lis.close()
-    return ra, got["b"]
+            return connect_qp(a.qp, b.ctx.gid, port=port, profile=prof_a, timeout=10)
+    return with_acceptor(active, b.qp, port, profile=prof_b, enter=lambda: topo.enter(b.ns))
 
 
 @pytest.mark.parametrize("prof_a,prof_b,want", [("auto", "auto", "native"), ("auto", "compat", "compat"),

@@ -14,7 +14,6 @@ AF_XDP), with a capture on the switch port towards A that sees, in order, what A
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -181,21 +180,10 @@ def _peer_connects(topo, a, b, port, caps, entropy_count=16, sack_window=256, tl
     """A, playing another implementation, connects to B's accept_qp (profile auto) with a REQ offering `caps`,
     `entropy_count`, `sack_window` and `tlvs`; A's QP takes the agreed profile as connect_qp would.  Returns
     (A's REQ, B's accept_qp result)."""
-    from metaroce_xdp.dp.cmconnect import QP_RD, accept_qp, agreed_profile
+    from metaroce_xdp.dp.cmconnect import QP_RD, agreed_profile, with_acceptor
     a.new_qp(), b.new_qp()
     for s in (a, b):
         s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-    with topo.enter(b.ns):
-        lis = cm.Listener(port)
-    got = {}
-
-    def passive():
-        try:
-            with topo.enter(b.ns):
-                got["b"] = accept_qp(b.qp, lis, profile="auto", timeout=10)
-        except Exception as e:          # noqa: BLE001 - handed to the test
-            got["b"] = e
-
     psn = cm.random_psn()
     req = cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), flags=cm.FLAG_COMPAT_OK, capabilities=int(caps),
                    gid=cm.ip_to_gid(a.ctx.local_ip), qpn=a.qp.qp_num, psn=psn, path_mtu=cm.MTU_ENUM[1024],
@@ -208,18 +196,12 @@ def _peer_connects(topo, a, b, port, caps, entropy_count=16, sack_window=256, tl
                            dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=QP_RD, profile=prof, native_params=params))
         a.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, max_rd_atomic=QP_RD))
 
-    t = threading.Thread(target=passive)
-    t.start()
-    try:
+    def active():
         with topo.enter(a.ns):
             with cm.connect(b.ctx.gid, port, 10) as ch:
                 cm.active_exchange(ch, req, to_rts, 10)
-    finally:
-        t.join(15)
-        lis.close()
-    if isinstance(got["b"], Exception):
-        raise got["b"]
-    return req, got["b"]
+    _, rb = with_acceptor(active, b.qp, port, enter=lambda: topo.enter(b.ns))
+    return req, rb
 
 
 def _par(side):
@@ -304,28 +286,17 @@ def test_default_negotiation_window_and_entropy_count_mr_mp_015(fabric):
     """MR-MP-015: two endpoints of this implementation (connect_qp, accept_qp) agree W = 256 and K = 16, so
     W >= 4 * K; a 1 MiB WRITE stream then never finds the SACK window full (c_blk_w 0): the window is no
     smaller than the packets in flight the path needs."""
-    from metaroce_xdp.dp.cmconnect import accept_qp, connect_qp
+    from metaroce_xdp.dp.cmconnect import connect_qp, with_acceptor
     topo, a, b = fabric
     a.new_qp(), b.new_qp()
     for s in (a, b):
         s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-    with topo.enter(b.ns):
-        lis = cm.Listener(18730)
-    got = {}
 
-    def passive():
-        with topo.enter(b.ns):
-            got["b"] = accept_qp(b.qp, lis, timeout=10)
-
-    t = threading.Thread(target=passive)
-    t.start()
-    try:
+    def active():
         with topo.enter(a.ns):
-            ra = connect_qp(a.qp, b.ctx.gid, port=18730, timeout=10)
-    finally:
-        t.join(15)
-        lis.close()
-    assert ra["profile"] == got["b"]["profile"] == "native"
+            return connect_qp(a.qp, b.ctx.gid, port=18730, timeout=10)
+    ra, rb = with_acceptor(active, b.qp, 18730, enter=lambda: topo.enter(b.ns))
+    assert ra["profile"] == rb["profile"] == "native"
     for s in (a, b):
         par = _par(s)
         assert int(par[NL.P_W]) == 256 and int(par[NL.P_K]) == 16 and par[NL.P_W] >= 4 * par[NL.P_K]

@@ -86,33 +86,16 @@ def connect_negotiated(a: Host, b: Host, profile: str) -> str:
     """Connection set-up as applications do it (spec 06, dp/cmconnect): B listens on the CM port in its
     namespace, A connects to B's address; the profile is the one both ends agree (auto: native when both
     offer it).  Returns the agreed profile."""
-    import threading
-
-    from metaroce_xdp import cm
     from metaroce_xdp.dp import cmconnect
-    with b.topo.enter(b.ns):
-        lst = cm.Listener(DEMO_CM_PORT)
-    got: dict = {}
+    for h in (a, b):
+        with h.topo.enter(h.ns):
+            h.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=h.access))
 
-    def passive() -> None:
-        try:
-            with b.topo.enter(b.ns):
-                b.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=b.access))
-                got.update(cmconnect.accept_qp(b.qp, lst, profile=profile))
-        except BaseException as e:           # noqa: BLE001 - re-raised in the caller's thread
-            got["error"] = e
-
-    t = threading.Thread(target=passive, name="demo-accept", daemon=True)
-    try:
-        t.start()
+    def active() -> dict:
         with a.topo.enter(a.ns):
-            a.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=a.access))
-            res = cmconnect.connect_qp(a.qp, b.ctx.local_ip, port=DEMO_CM_PORT, profile=profile)
-        t.join(30)
-    finally:
-        lst.close()
-    if "error" in got:
-        raise got["error"]
+            return cmconnect.connect_qp(a.qp, b.ctx.local_ip, port=DEMO_CM_PORT, profile=profile)
+    res, _ = cmconnect.with_acceptor(active, b.qp, DEMO_CM_PORT, profile=profile, timeout=30,
+                                     enter=lambda: b.topo.enter(b.ns))
     return res["profile"]
 
 

@@ -16,6 +16,10 @@ ATOMICS is offered with every profile (native atomics: dp/native.py, MR-NAT-006)
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Any, Callable, ContextManager
+
 from .. import cm
 from ..verbs_types import InvalidArgument, InvalidState, QPAttr, QPState
 
@@ -116,3 +120,37 @@ def accept_qp(qp, listener: cm.Listener, *, profile: str = "auto", mtu: int = 10
     qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=st["psn"], timeout=rep.timeout, retry_cnt=rep.retry_cnt,
                      rnr_retry=rep.rnr_retry, max_rd_atomic=min(QP_RD, req.max_dest_rd_atomic)))
     return {"profile": st["profile"], "agreed_caps": int(rep.capabilities)}
+
+
+def with_acceptor(active: Callable[[], Any], qp, port: int, *, profile: str = "auto", mtu: int = 1024,
+                  timeout: float = 10.0, enter: Callable[[], ContextManager] = contextlib.nullcontext
+                  ) -> tuple[Any, dict]:
+    """Two QPs of one process connected through the set-up exchange (the demo, tests): `qp` (in INIT)
+    listens on `port` and accept_qp()s in a thread of its own while `active()` -- connect_qp() of the
+    other QP, or a test playing another implementation -- runs in the calling thread.  `enter()` is
+    entered around the listener and the accept (a network namespace: lambda: topo.enter(ns)).
+    Returns (what active() returned, accept_qp's result).  An error of the active side propagates;
+    else one of the passive side (cm.Rejected ...) is raised here."""
+    with enter():
+        listener = cm.Listener(port)
+    got: dict = {}
+
+    def passive() -> None:
+        try:
+            with enter():
+                got["result"] = accept_qp(qp, listener, profile=profile, mtu=mtu, timeout=timeout)
+        except BaseException as e:          # noqa: BLE001 - raised in the caller's thread
+            got["error"] = e
+
+    t = threading.Thread(target=passive, name=f"cm-accept-{port}", daemon=True)
+    t.start()
+    try:
+        res = active()
+    finally:
+        t.join(timeout + 5)
+        listener.close()
+    if "error" in got:
+        raise got["error"]
+    if "result" not in got:
+        raise cm.CMError(f"the accepting side on port {port} did not finish within {timeout + 5} s")
+    return res, got["result"]
