@@ -266,6 +266,22 @@ def scripted_wire(prefix: str):
 
 
 @contextlib.contextmanager
+def engine_context(topo, kind: str, ifname: str = "mr0"):
+    """The Context of either engine -- "python" (rc/engine.py, the oracle) or "compiled" (dp/) -- opened on
+    `ifname` in namespace topo[0], without a progress thread (the test runs the rounds); closed after."""
+    if kind == "python":
+        from metaroce_xdp.rc.engine import Context
+    else:
+        from metaroce_xdp.dp import Context
+    with topo.enter(topo[0]):
+        ctx = Context.open(ifname)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+@contextlib.contextmanager
 def scripted_dp_wire(prefix: str):
     """scripted_wire(prefix) with the compiled plane's Context opened on mr0 in namespace 0 (the QP under
     test's side).  Yields (topo, pair, raw socket, ctx); tears all down."""

@@ -22,7 +22,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, Op, encode
-from rc_players import ScriptedQP, scripted_wire
+from rc_players import ScriptedQP, engine_context, scripted_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -41,17 +41,8 @@ def wire():
 
 @pytest.fixture(scope="module", params=["python", "compiled"])
 def ctx(request, wire):
-    topo, _, _ = wire
-    if request.param == "python":
-        from metaroce_xdp.rc.engine import Context
-    else:
-        from metaroce_xdp.dp import Context
-    with topo.enter(topo[0]):
-        c = Context.open("mr0")
-    try:
+    with engine_context(wire[0], request.param) as c:
         yield request.param, c
-    finally:
-        c.close()
 
 
 class Requester(ScriptedQP):

@@ -24,7 +24,7 @@ import pytest
 
 from metaroce_xdp.wire import RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
-from rc_players import ScriptedQP, scripted_wire
+from rc_players import ScriptedQP, engine_context, scripted_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -42,17 +42,8 @@ def wire():
 
 @pytest.fixture(scope="module", params=["python", "compiled"])
 def engine(request, wire):
-    topo, _, _ = wire
-    if request.param == "python":
-        from metaroce_xdp.rc.engine import Context
-    else:
-        from metaroce_xdp.dp import Context
-    with topo.enter(topo[0]):
-        ctx = Context.open("mr0")
-    try:
+    with engine_context(wire[0], request.param) as ctx:
         yield request.param, ctx
-    finally:
-        ctx.close()
 
 
 class Responder(ScriptedQP):
