@@ -105,5 +105,5 @@ PY
 step "ok: BCC compiles and loads XDP programs"
 
 # 6. numba data path compiled ahead (a compile on a live QP outlasts the peer's ACK timeout)
-step "compiling the data path into numba's cache (metaroce warmup; up to a minute when cold)"
+step "compiling the data path into numba's cache (metaroce warmup; 3-4 minutes when cold on 2 CPUs, seconds when warm)"
 "$VENV/bin/python" -m tools.metaroce_cli warmup -q || die "metaroce warmup failed: see the error above"
