@@ -77,7 +77,7 @@ MODULES = tuple(m for ms in PLANES.values() for m in ms)
 # (tests/test_first_run.py checks both ways).
 NOT_ON_THE_DATA_PATH: tuple[str, ...] = ()
 
-COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: seconds to a minute; "
+COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: a few minutes; "
                 "`metaroce warmup` does this ahead)")
 
 JIT_ENABLED = not numba_config.DISABLE_JIT

@@ -172,7 +172,7 @@ def warmup_cmd(
         typer.echo("metaroce warmup: NUMBA_DISABLE_JIT is set, nothing to compile")
         return
     echo(f"metaroce warmup: planes {', '.join(jitwarm.PLANES)} (the compiled plane compiles at import: "
-         "about two minutes of CPU when the cache is cold)")
+         "3-4 minutes of CPU when the cache is cold)")
     try:
         rep = jitwarm.warm_up(echo, cold_notice=lambda msg: echo("  cache cold: compiling"))
     except Exception as e:                             # a numba or LLVM failure: say which and stop setup
