@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak clean lint conformance conformance-rxe install
+.PHONY: setup test demo bench soak clean conformance conformance-rxe install
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
