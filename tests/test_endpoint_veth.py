@@ -402,6 +402,10 @@ def test_64mib_write_and_read_over_veth(fabric):
     (wc,) = wait_wcs(_players(a, b), a, 1, timeout=240)
     assert wc.status == WCStatus.SUCCESS and wc.byte_len == n
     assert zlib.crc32(b.buf) == zlib.crc32(a.buf)
+    # nothing was lost, so nothing waits for the local ACK timer: this WRITE once stopped for it every 32
+    # packets (1,993 timeouts, 38 s) -- the port's in-flight budget counted the whole WQE as on the wire
+    # (rc/engine.py _share_port).  A few spurious ones on a loaded host are allowed.
+    assert a.qp.query()["timeouts"] < 50, a.qp.query()
     b.buf[::8192] = 3
     a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, n)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))

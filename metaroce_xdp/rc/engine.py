@@ -482,7 +482,10 @@ class Engine:
             if qp.state != QPState.RTS:
                 continue
             r = qp.requester
-            out = psn_diff(r.psn_next, (r.acked_psn + 1) & PSN_MASK)
+            # what is on the wire, not what the started WQEs hold: counting a whole 64 MiB WRITE as in
+            # flight spent the port's budget at once, the QP went on 16 packets at a time (fewer than
+            # the 32 between AckReqs) and every step waited for a local ACK timeout
+            out = psn_diff(r.send_psn(), (r.acked_psn + 1) & PSN_MASK)
             if out > 0:
                 left -= out
             if out > 0 or r.cursor < len(r.sq):

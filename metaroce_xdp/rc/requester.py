@@ -68,6 +68,16 @@ class Requester:
             return nxt if 0 < d < w.npsn else w.first_psn
         return self.psn_next
 
+    def send_psn(self) -> int:
+        """The PSN the next packet goes out with: inside the WQE being sent (a go-back-N moves it back),
+        else psn_next.  psn_next runs a whole WQE ahead as soon as the WQE starts, so it does not say
+        what is in flight."""
+        if self.cursor < len(self.sq):
+            w = self.sq[self.cursor]
+            if w.first_psn is not None:
+                return (w.first_psn + w.sent) & PSN_MASK
+        return self.psn_next
+
     def note_acked(self, psn: int) -> None:
         if psn_diff(psn, self.acked_psn) > 0:
             self.acked_psn = psn
