@@ -2,7 +2,7 @@
 plane and its oracle, the Python engine), against a scripted responder (rc_players.scripted_wire: a raw socket
 in the other namespace, nothing there answers but the script) through the real XDP program and AF_XDP socket.
 
-The case (MR-RETRY-001, MR-BTH-012 -- a new message takes the next PSN, never one already used): three
+The case (MR-RETRY-001; MR-RC-004: a new message takes the next PSNs, never ones already used): three
 4-packet WRITEs go out unacknowledged; the local ACK timer fires and the requester goes back to the first
 PSN (the compiled plane resends one packet, its window reopening from one after a timeout); a fourth
 WRITE is posted; then the responder's ACK for all twelve PSNs arrives -- the packets had arrived, the ACK

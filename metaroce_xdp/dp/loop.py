@@ -402,7 +402,7 @@ def complete_head(A, Q, SW, CQT, CE, qi, status):
     if Q[qi, Q_SQ_NEXT] - Q[qi, Q_SQ_HEAD] < 0:
         # a go-back-N was resending this WQE when the ACK for it came (it had arrived; the ACK was
         # late): sending goes on after it, not from the PSN the resending had reached -- a WQE started
-        # next would take PSNs the responder already executed (MR-BTH-012), and the one of them at its
+        # next would take PSNs the responder already executed (MR-RC-004), and the one of them at its
         # ePSN would be out of sequence there (tests/test_dp_requester_resume.py)
         Q[qi, Q_SQ_NEXT] = Q[qi, Q_SQ_HEAD]
         after = (SW[r, W_FIRST_PSN] + SW[r, W_NPSN]) & PSN_MASK
