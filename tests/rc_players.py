@@ -206,7 +206,7 @@ class PortTap:
     """A capture on one interface of one namespace (a switch port, usually): every frame both ways, in the
     order the port saw them.  ETH_P_ALL, because a bridge port's frames reach only the taps of every
     protocol; a 64 MiB buffer (SO_RCVBUFFORCE) so that a burst is not lost before the test reads it.
-    Non-blocking: each call takes what the socket holds now.  A context manager (closes)."""
+    Non-blocking: each call takes what the socket holds now."""
 
     def __init__(self, topo, ns: str, ifname: str, rcvbuf: int = 64 << 20) -> None:
         with topo.enter(ns):
@@ -234,12 +234,6 @@ class PortTap:
 
     def close(self) -> None:
         self.sock.close()
-
-    def __enter__(self) -> "PortTap":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @contextlib.contextmanager
@@ -285,14 +279,8 @@ def engine_context(topo, kind: str, ifname: str = "mr0"):
 def scripted_dp_wire(prefix: str):
     """scripted_wire(prefix) with the compiled plane's Context opened on mr0 in namespace 0 (the QP under
     test's side).  Yields (topo, pair, raw socket, ctx); tears all down."""
-    from metaroce_xdp.dp import Context
-    with scripted_wire(prefix) as (topo, pair, sock):
-        with topo.enter(topo[0]):
-            ctx = Context.open("mr0")
-        try:
-            yield topo, pair, sock, ctx
-        finally:
-            ctx.close()
+    with scripted_wire(prefix) as (topo, pair, sock), engine_context(topo, "compiled") as ctx:
+        yield topo, pair, sock, ctx
 
 
 class ScriptedQP:
@@ -319,6 +307,12 @@ class ScriptedQP:
         #                                              socket on the peer's interface, which the subclass sets
 
     settle = 0.1                            # seconds for a scripted burst to cross the veth before the next round
+
+    def round(self) -> None:
+        """One progress round of the QP's engine: the compiled plane's Context.progress, or the Python
+        engine's (its Context has the engine)."""
+        eng = getattr(self.ctx, "engine", None)
+        (self.ctx.progress if eng is None else eng.progress)()
 
     def send(self, frames) -> None:
         """Request frames (opcode, psn, payload, headers), AckReq set, onto the wire in this order from the

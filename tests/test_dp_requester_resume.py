@@ -53,12 +53,6 @@ class Requester(ScriptedQP):
                          timeout=TIMEOUT)
         self.drain()
 
-    def round(self) -> None:
-        if self.kind == "compiled":
-            self.ctx.progress()
-        else:
-            self.ctx.engine.progress()
-
     def rounds(self, seconds: float, first_burst: bool = False) -> list:
         """Rounds for `seconds` (or, first_burst, until a round sent something); the frames the QP sent."""
         out, end = [], time.monotonic() + seconds

@@ -72,12 +72,6 @@ class Responder(ScriptedQP):
         self._set_budget(self._budget0)
         self.ctx.destroy_qp(self.qp)
 
-    def round(self) -> None:
-        if self.kind == "compiled":
-            self.ctx.progress()
-        else:
-            self.ctx.engine.progress()
-
     def rounds(self, n: int | None = None) -> list:
         """n rounds (or rounds until nothing more comes, bounded); what was sent meanwhile."""
         out = []
