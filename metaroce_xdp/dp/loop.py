@@ -139,6 +139,15 @@ def activate(A, Q, qi):
 
 
 @njit(**_jit)
+def in_mr(base, mlen, va, length):
+    """[va, va + length) inside [base, base + mlen), with no sum of untrusted numbers (STYLE 14): a VA
+    read as a negative int64 (>= 2^63) is outside every user address space (MR-MEM-024)."""
+    if va < 0 or length < 0 or length > mlen or va < base:
+        return False
+    return va - base <= mlen - length
+
+
+@njit(**_jit)
 def mr_check(MRT, key, pd, va, length, need):
     """The MR row for a remote access, or -1: key (index and tag), valid bit, PD, access, bounds."""
     idx = key >> 8
@@ -148,7 +157,7 @@ def mr_check(MRT, key, pd, va, length, need):
         return -1
     if (MRT[idx, M_ACCESS] & need) == 0:
         return -1
-    if length < 0 or va < MRT[idx, M_ADDR] or va + length > MRT[idx, M_ADDR] + MRT[idx, M_LENGTH]:
+    if not in_mr(MRT[idx, M_ADDR], MRT[idx, M_LENGTH], va, length):
         return -1
     return idx
 

@@ -810,7 +810,8 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
     src = A[P_UMEM_ADDR] + h
     mr = np.int64(0)
     if is_write and d < NL.PSN_HALF and d < par[NL.P_W] and plen > 0:
-        mr = mr_check(MRT, rkey, Q[qi, Q_PD], va + off, plen, ACC_REMOTE_WRITE)
+        # a VA >= 2^63 (negative here) is refused before the offset is added to it (STYLE 14, MR-SEC-004)
+        mr = mr_check(MRT, rkey, Q[qi, Q_PD], va + off, plen, ACC_REMOTE_WRITE) if va >= 0 else np.int64(-1)
         if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
             nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, 22)
             activate(A, Q, qi)

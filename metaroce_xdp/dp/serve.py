@@ -68,6 +68,7 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
 from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
                    round_, views, wc_of)
+from .loop import in_mr      # MR-MEM-024 bounds without overflow
 from .native import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
 from ..native import layout as NL
 from ..native.receiver import rx_credit_alloc
@@ -153,7 +154,7 @@ def local_mr(MRT, pd, addr, length, lkey, need):
         return -2
     if MRT[idx, M_VALID] == 0 or MRT[idx, M_KEY] != lkey or MRT[idx, M_PD] != pd:
         return -2
-    if addr < MRT[idx, M_ADDR] or addr + length > MRT[idx, M_ADDR] + MRT[idx, M_LENGTH]:
+    if not in_mr(MRT[idx, M_ADDR], MRT[idx, M_LENGTH], addr, length):     # no sum that could wrap (STYLE 14)
         return -2
     if need != 0 and (MRT[idx, M_ACCESS] & need) == 0:
         return -2

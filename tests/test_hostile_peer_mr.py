@@ -1,0 +1,260 @@
+"""A hostile peer against the memory regions of the compiled data plane (issue 19, findings 1-3).
+
+Crafted request frames from a scripted requester (a raw socket in the other namespace: nothing there
+answers but the script) reach a responder QP on a real interface (XDP program, AF_XDP socket).
+
+* MR-SEC-003, MR-MEM-011 (use after deregistration): work that outlives one packet -- a multi-packet
+  WRITE in progress, a posted receive WQE, a queued READ response stream -- keeps an MR reference (the
+  registration's generation and key), never the bare MR row.  The MR is deregistered and its row
+  registered again over other memory (forced: the allocator would keep the row in quarantine); the
+  rest of the message must not reach the old buffer (kept alive by the test, so the old code's write
+  lands there instead of crashing) nor the new one, and the QP gets a remote access error / the RECV a
+  local protection error.
+* MR-MEM-024, STYLE 14 (bounds without overflow): a WRITE, READ or ATOMIC whose VA is just below 2^63
+  (so VA + length wraps in int64) or at/above 2^63 (a negative int64) against a real rkey gets NAK code
+  2 and the endpoint lives.  The endpoint runs in a subprocess: the old code died of SIGSEGV.  The
+  daemon's check of a client's SGE (dp/serve.local_mr) refuses such an address too.
+* MR-MEM-010 to MR-MEM-012 (keys): 20 random bits in a key, rows drawn at random, a freed row kept in
+  quarantine, a re-registration gets another key and another row.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
+from metaroce_xdp.wire import NETH, RETH, Op
+from metaroce_xdp.wire.headers import AtomicETH
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rc_players import FULL, ScriptedQP, scripted_dp_wire, scripted_wire  # noqa: E402
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+PEER_QPN = 0x779            # the scripted requester's QPs: exist nowhere
+MTU = 1024
+EPSN = 100
+NAK_REM_ACCESS = 0x62       # AETH: NAK, code 2 (MR-NAK-007)
+
+
+@pytest.fixture(scope="module")
+def wire():
+    with scripted_dp_wire("mrhmr") as w:
+        yield w
+
+
+class Responder(ScriptedQP):
+    """A fresh compat responder QP (ePSN 100) of the compiled plane, connected to the scripted requester."""
+
+    def __init__(self, wire, budget: int | None = None, **rtr) -> None:
+        topo, pair, self.sock, ctx = wire
+        super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=EPSN, sq_psn=0x100, rd_atomic=16, mtu=MTU, **rtr)
+        from metaroce_xdp.dp import layout as L
+        self._L = L
+        self._budget0 = int(ctx.plane.A[L.P_BUDGET])
+        if budget is not None:
+            ctx.plane.A[L.P_BUDGET] = budget
+        self.drain()
+
+    def rounds(self, n: int | None = None) -> list:
+        out, quiet = [], 0
+        for _ in range(n if n is not None else 400):
+            self.round()
+            time.sleep(0.002)
+            got = self.drain()
+            out += got
+            quiet = 0 if got else quiet + 1
+            if n is None and quiet >= 25:
+                break
+        return out
+
+    def exchange(self, frames) -> list:
+        self.send(frames)
+        return self.rounds()
+
+    def close(self) -> None:
+        self.ctx.plane.A[self._L.P_BUDGET] = self._budget0
+        self.ctx.destroy_qp(self.qp)
+
+
+def naks(pkts) -> list[tuple[int, int]]:
+    """(syndrome, PSN) of each NAK."""
+    return [(p.ext["aeth"].syndrome, p.bth.psn) for p in pkts
+            if p.bth.opcode == Op.ACKNOWLEDGE and p.ext["aeth"].syndrome & 0x60 == 0x60]
+
+
+def read_responses(pkts) -> list:
+    return [p for p in pkts if Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode <= Op.RDMA_READ_RESPONSE_ONLY]
+
+
+def reg_on_row(ctx, pd, buf, row: int):
+    """Register buf on MR row `row`, as a busy allocator eventually does once the row has left quarantine
+    (the old allocator: round-robin from _mr_next; the new: a random row out of quarantine, _mr_row)."""
+    if hasattr(ctx, "_mr_free"):
+        ctx._mr_row = lambda: (ctx._mr_free.remove(row), row)[1]
+        try:
+            mr = pd.reg_mr(buf, FULL)
+        finally:
+            del ctx._mr_row
+    else:
+        ctx._mr_next = row
+        mr = pd.reg_mr(buf, FULL)
+    assert mr.index == row
+    return mr
+
+
+# ------------------------------------------------------------------------------------- finding 2
+def test_local_sge_address_wrapping_refused():
+    """STYLE 14, MR-MEM-020: the daemon's check of a client's SGE (dp/serve.local_mr) refuses an address
+    just below 2^63 whose end wraps in int64, and one at or above 2^63.  (Before: addr + length wrapped
+    negative, the check passed and the loop would copy at that address.)"""
+    from metaroce_xdp.dp import layout as L
+    from metaroce_xdp.dp import serve
+    MRT = np.zeros((L.MAX_MRS, L.NM), np.int64)
+    base, key = 0x7F00_0000_0000, (5 << 8) | 0x33
+    MRT[5, [L.M_ADDR, L.M_LENGTH, L.M_KEY, L.M_PD, L.M_ACCESS, L.M_VALID]] = (base, 4096, key, 1, 0xF, 1)
+    if hasattr(L, "M_REF"):
+        MRT[5, L.M_REF] = (1 << 32) | key
+    i64 = np.int64
+    assert serve.local_mr(MRT, i64(1), i64(base + 8), i64(32), i64(key), i64(0)) > 0      # inside: taken
+    for addr in (2**63 - 16, -16, -(2**63)):
+        assert serve.local_mr(MRT, i64(1), i64(addr), i64(32), i64(key), i64(0)) < 0, hex(addr & (2**64 - 1))
+
+
+def test_post_send_sge_address_wrapping_local_prot(wire):
+    """MR-RC-022: an SGE at an address just below 2^63 (its end past 2^63) on a real lkey is accepted and
+    fails LOC_PROT_ERR, nothing sent."""
+    r = Responder(wire)
+    try:
+        r.qp.post_send(SendWR(1, WROpcode.RDMA_WRITE, [SGE(2**63 - 16, 32, r.mr.lkey)], remote_addr=0x1000,
+                              rkey=0x1234))
+        wcs = []
+        for _ in range(200):
+            r.round()
+            wcs += r.cq.poll()
+            if wcs:
+                break
+            time.sleep(0.002)
+        assert [(w.wr_id, w.status) for w in wcs] == [(1, WCStatus.LOC_PROT_ERR)], wcs
+        assert not [p for p in r.drain() if p.bth.opcode != Op.ACKNOWLEDGE]
+    finally:
+        r.close()
+
+
+# the wrapping requests, each to its own responder QP (a remote access error moves the QP to ERR); the
+# first of each kind is the one whose VA + length wraps in int64
+WRAPS = {"write": [("WRITE VA 2^63-16", Op.RDMA_WRITE_ONLY, 2**63 - 16, 32),
+                   ("WRITE VA 2^64-16", Op.RDMA_WRITE_ONLY, 2**64 - 16, 32)],
+         "read": [("READ VA 2^63-16", Op.RDMA_READ_REQUEST, 2**63 - 16, 32),
+                  ("READ VA 2^64-16", Op.RDMA_READ_REQUEST, 2**64 - 16, 32)],
+         "atomic": [("CMP_SWAP VA 2^63-8", Op.COMPARE_SWAP, 2**63 - 8, 8),
+                    ("FETCH_ADD VA 2^63-8", Op.FETCH_ADD, 2**63 - 8, 8),
+                    ("FETCH_ADD VA 2^64-8", Op.FETCH_ADD, 2**64 - 8, 8)]}
+
+
+def _request(op, va, n, rkey):
+    if op == Op.RDMA_WRITE_ONLY:
+        return op, EPSN, b"\x5a" * n, dict(reth=RETH(va=va, rkey=rkey, dma_len=n))
+    if op == Op.RDMA_READ_REQUEST:
+        return op, EPSN, b"", dict(reth=RETH(va=va, rkey=rkey, dma_len=n))
+    return op, EPSN, b"", dict(atomiceth=AtomicETH(va=va, rkey=rkey, swap_add=1, compare=0))
+
+
+def _readline(p, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if p.poll() is not None:
+            return None
+        if select.select([p.stdout], [], [], 0.5)[0]:
+            return p.stdout.readline()
+    return None
+
+
+@pytest.mark.parametrize("kind", list(WRAPS))
+def test_wrapping_va_remote_access_error_endpoint_lives(kind):
+    """MR-MEM-024, MR-SEC-004, STYLE 14: each request of WRAPS[kind], with the endpoint's real rkey, gets NAK
+    code 2 at its PSN, and the endpoint (a subprocess running the compiled plane) is alive after all of
+    them.  (Before: VA + length wrapped in int64, the bounds check passed, and the first request killed the
+    process with SIGSEGV: a WRITE in its copy, a READ in its response's copy, an atomic in its update.)"""
+    wraps = WRAPS[kind]
+    with scripted_wire("mrhov") as (topo, pair, sock):
+        peers = [PEER_QPN + 1 + i for i in range(len(wraps))]
+        p = topo.popen(topo[0], [sys.executable, os.path.abspath(__file__), "endpoint", pair.b.ipv4,
+                                 ",".join(map(str, peers))],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = _readline(p, 900)                 # a cold JIT cache compiles the plane first
+            assert line, f"the endpoint did not start: rc {p.poll()}, {p.stderr.read()[-2000:] if p.poll() is not None else ''}"
+            info = json.loads(line)
+            results = {}
+            for (name, op, va, n), qpn in zip(wraps, info["qpns"]):
+                s = ScriptedQP.__new__(ScriptedQP)
+                s.pair, s.sock, s.settle = pair, sock, 0.05
+                s.qp = SimpleNamespace(qp_num=qpn)
+                s.src = socket.inet_aton(pair.a.ipv4)
+                s.drain()
+                s.send([_request(op, va, n, info["rkey"])])
+                got = []
+                end = time.monotonic() + 3
+                while time.monotonic() < end and p.poll() is None:
+                    got += [q for q in s.drain() if q.bth.dest_qp in peers]
+                    if naks(got):
+                        break
+                    time.sleep(0.01)
+                results[name] = (naks(got), p.poll())
+                if p.poll() is not None:
+                    break
+            try:
+                p.stdin.write("quit\n")
+                p.stdin.flush()
+            except BrokenPipeError:                  # it died
+                pass
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        assert p.returncode == 0 and "alive" in out, f"endpoint rc {p.returncode} after {results}: {err[-2000:]}"
+        for name, *_ in wraps:
+            assert results.get(name, ([], None))[0] == [(NAK_REM_ACCESS, EPSN)], (name, results.get(name))
+
+
+def _endpoint(peer_ip: str, peers: list[int]) -> None:
+    """The subprocess of test_wrapping_va_remote_access_error_endpoint_lives, in namespace 0: a compiled
+    plane on mr0, one responder QP per peer QPN, its progress run until stdin says quit."""
+    from metaroce_xdp.dp import Context
+    ctx = Context.open("mr0")
+    pd = ctx.alloc_pd()
+    buf = np.zeros(1 << 16, np.uint8)
+    mr = pd.reg_mr(buf, FULL)
+    cq = ctx.create_cq(256)
+    qpns = []
+    for pq in peers:
+        qp = ctx.create_qp(pd, cq, cq)
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=pq, rq_psn=EPSN, path_mtu=MTU, dgid=peer_ip,
+                         max_dest_rd_atomic=16))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=0, retry_cnt=7, rnr_retry=7, max_rd_atomic=16))
+        qpns.append(qp.qp_num)
+    print(json.dumps({"qpns": qpns, "rkey": mr.rkey, "addr": mr.addr}), flush=True)
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        ctx.progress()
+        if select.select([sys.stdin], [], [], 0.0005)[0]:
+            break
+    print("alive", flush=True)
+    ctx.close()
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "endpoint":
+    _endpoint(sys.argv[2], [int(x) for x in sys.argv[3].split(",")])
