@@ -51,7 +51,7 @@ def post_unchecked(side, wr_id, op, laddr, raddr, rkey, add_or_cmp=0, swap=0):
     row = np.zeros(L.NW, np.int64)
     row[[L.W_WR_ID, L.W_OPCODE, L.W_FLAGS, L.W_LADDR, L.W_LENGTH, L.W_RADDR, L.W_RKEY, L.W_IMM, L.W_SWAP]] = \
         (wr_id, int(op), int(SendFlags.SIGNALED), laddr, 8, raddr, rkey, add_or_cmp, swap)
-    row[L.W_LMR] = side.mr.index
+    row[L.W_LMR] = side.mr.ref            # the MR reference a WQE keeps (MR-SEC-003)
     pl.SW[qp.sq_base + (tail & (qp.sq_size - 1))] = row
     r[L.Q_SQ_TAIL] = tail + 1
     pl.mark_ready(qp.qi)

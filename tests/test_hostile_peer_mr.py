@@ -113,6 +113,151 @@ def reg_on_row(ctx, pd, buf, row: int):
     return mr
 
 
+# ------------------------------------------------------------------------------------- finding 1
+def test_write_continuation_after_reregistration(wire):
+    """MR-SEC-003: WRITE FIRST lands in MR1; MR1 is deregistered and its row registered again (MR2, other
+    memory); WRITE MIDDLE and LAST get NAK code 2 and place nothing, in MR1's memory or MR2's.  (Before:
+    the continuation checked only the row's valid bit, which MR2 had set, and wrote on at MR1's address.)"""
+    r = Responder(wire)
+    try:
+        buf1 = np.zeros(8192, np.uint8)              # kept alive: the old code's bytes land here
+        buf2 = np.zeros(8192, np.uint8)
+        mr1 = r.pd.reg_mr(buf1, FULL)
+        first = (Op.RDMA_WRITE_FIRST, EPSN, b"\xaa" * MTU,
+                 dict(reth=RETH(va=mr1.addr, rkey=mr1.rkey, dma_len=3 * MTU)))
+        r.exchange([first])
+        assert (buf1[:MTU] == 0xAA).all(), "WRITE FIRST was not placed"
+        row = mr1.index
+        mr1.dereg()
+        mr2 = reg_on_row(r.ctx, r.pd, buf2, row)
+        assert mr2.rkey != mr1.rkey
+        out = r.exchange([(Op.RDMA_WRITE_MIDDLE, EPSN + 1, b"\xbb" * MTU, {}),
+                          (Op.RDMA_WRITE_LAST, EPSN + 2, b"\xcc" * MTU, {})])
+        assert not buf1[MTU:].any(), f"{int(np.count_nonzero(buf1[MTU:]))} bytes written after dereg_mr"
+        assert not buf2.any(), "the continuation reached the MR now on the row"
+        assert (NAK_REM_ACCESS, EPSN + 1) in naks(out), naks(out)
+        assert r.qp.query_state() == QPState.ERR
+        mr2.dereg()
+    finally:
+        r.close()
+
+
+def test_send_into_receive_wqe_after_reregistration(wire):
+    """MR-SEC-003, MR-MEM-035: a receive WQE posted on MR1; MR1 deregistered, its row registered again
+    (MR2); a SEND places nothing and the RECV completes with a local protection error.  (Before: the
+    WQE's row was valid again, and the SEND landed in MR1's memory.)"""
+    r = Responder(wire)
+    try:
+        buf1 = np.zeros(8192, np.uint8)
+        buf2 = np.zeros(8192, np.uint8)
+        mr1 = r.pd.reg_mr(buf1, FULL)
+        r.qp.post_recv(RecvWR(7, [SGE(mr1.addr, 4096, mr1.lkey)]))
+        row = mr1.index
+        mr1.dereg()
+        mr2 = reg_on_row(r.ctx, r.pd, buf2, row)
+        out = r.exchange([(Op.SEND_ONLY, EPSN, b"\xdd" * 512, {})])
+        assert not buf1.any(), f"{int(np.count_nonzero(buf1))} bytes of the SEND placed after dereg_mr"
+        assert not buf2.any()
+        wcs = r.cq.poll()
+        assert [(w.wr_id, w.status) for w in wcs][:1] == [(7, WCStatus.LOC_PROT_ERR)], wcs
+        assert naks(out) and naks(out)[0][1] == EPSN, naks(out)
+        mr2.dereg()
+    finally:
+        r.close()
+
+
+def test_read_response_source_after_reregistration(wire):
+    """MR-SEC-003: a 16-packet READ of MR1 is answered two packets a round; MR1 is deregistered, its row
+    registered again (MR2) and MR1's old memory overwritten; no further READ RESPONSE leaves (none
+    carries the new bytes), the READ's PSN gets NAK code 2.  (Before: the stream went on reading MR1's
+    address.)"""
+    r = Responder(wire, budget=2)
+    try:
+        n = 16 * MTU
+        buf1 = np.full(n, 0x11, np.uint8)
+        buf2 = np.zeros(n, np.uint8)
+        mr1 = r.pd.reg_mr(buf1, FULL)
+        r.send([(Op.RDMA_READ_REQUEST, EPSN, b"", dict(reth=RETH(va=mr1.addr, rkey=mr1.rkey, dma_len=n)))])
+        before = read_responses(r.rounds(1))
+        assert 0 < len(before) < 16, f"{len(before)} responses in the first round: the budget did not hold"
+        row = mr1.index
+        mr1.dereg()
+        mr2 = reg_on_row(r.ctx, r.pd, buf2, row)
+        buf1[:] = 0xEE                               # what a later reader of the old memory would send
+        out = r.rounds()
+        after = read_responses(out)
+        assert not any(b"\xee" in p.payload for p in after), "a READ RESPONSE read MR1 after dereg_mr"
+        assert not after, [hex(p.bth.psn) for p in after]
+        assert (NAK_REM_ACCESS, EPSN) in naks(out), naks(out)
+        mr2.dereg()
+    finally:
+        r.close()
+
+
+def test_native_read_job_source_after_reregistration(wire):
+    """MR-SEC-003 on the native profile: a 64-packet NATIVE_READ_REQ of MR1 is answered over several rounds;
+    MR1 is deregistered, its row registered again (MR2) and MR1's old memory overwritten; no further
+    NATIVE_READ_RESP leaves and the READ's PSN gets a NAK-type SACK with code 2.  (Before: the job checked
+    only the row's valid bit and went on reading MR1's address.)"""
+    r = Responder(wire, budget=2, profile="native")
+    try:
+        n = 64 * MTU
+        buf1 = np.full(n, 0x11, np.uint8)
+        buf2 = np.zeros(n, np.uint8)
+        mr1 = r.pd.reg_mr(buf1, FULL)
+        r.send([(Op.NATIVE_READ_REQ, EPSN, b"", dict(reth=RETH(va=mr1.addr, rkey=mr1.rkey, dma_len=n),
+                                                      neth=NETH(flags=0x80 | 0x40, msn=0, offset=0, msg_len=n,
+                                                                tsval=1)))])
+        before = [p for p in r.rounds(1) if p.bth.opcode == Op.NATIVE_READ_RESP]
+        assert 0 < len(before) < 64, f"{len(before)} responses in the first round"
+        row = mr1.index
+        mr1.dereg()
+        mr2 = reg_on_row(r.ctx, r.pd, buf2, row)
+        buf1[:] = 0xEE
+        out = r.rounds()
+        after = [p for p in out if p.bth.opcode == Op.NATIVE_READ_RESP]
+        assert not any(b"\xee" in p.payload for p in after), "a NATIVE_READ_RESP read MR1 after dereg_mr"
+        assert not after, [hex(p.bth.psn) for p in after]
+        errs = [(p.aeth.syndrome, p.bth.psn) for p in out if p.bth.opcode == Op.NATIVE_SACK and p.aeth.syndrome & 0x60]
+        assert (NAK_REM_ACCESS, EPSN) in errs, errs
+        mr2.dereg()
+    finally:
+        r.close()
+
+
+# ------------------------------------------------------------------------------------- finding 3
+def test_keys_random_rows_quarantined(wire):
+    """MR-MEM-010 to MR-MEM-012, MR-SEC-002: 64 registrations get rows that are not sequential and keys
+    whose index bits above the row vary; a row freed is not handed out again within 600 registrations;
+    the registration after a deregistration gets another key and another row."""
+    ctx = wire[3]
+    pd = ctx.alloc_pd()
+    bufs = [np.zeros(64, np.uint8) for _ in range(64)]
+    mrs = [pd.reg_mr(b, FULL) for b in bufs]
+    try:
+        rows = [m.index for m in mrs]
+        steps = sum(1 for a, b in zip(rows, rows[1:]) if b == a + 1)
+        assert steps < 8, f"rows {rows[:16]}...: {steps} of 63 steps are +1 (sequential)"
+        assert len({m.rkey >> 20 for m in mrs}) > 16, "the key's index bits above the row do not vary"
+        assert len({m.rkey for m in mrs}) == 64
+        old = mrs.pop()
+        old_row, old_key = old.index, old.rkey
+        old.dereg()
+        b = np.zeros(64, np.uint8)
+        again = pd.reg_mr(b, FULL)
+        assert again.index != old_row and again.rkey != old_key
+        again.dereg()
+        seen = set()
+        for _ in range(600):
+            m = pd.reg_mr(b, FULL)
+            seen.add(m.index)
+            m.dereg()
+        assert old_row not in seen, f"row {old_row} handed out again within 600 registrations"
+    finally:
+        for m in mrs:
+            m.dereg()
+
+
 # ------------------------------------------------------------------------------------- finding 2
 def test_local_sge_address_wrapping_refused():
     """STYLE 14, MR-MEM-020: the daemon's check of a client's SGE (dp/serve.local_mr) refuses an address

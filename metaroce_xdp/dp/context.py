@@ -492,13 +492,15 @@ class PD:
 
 
 class MR:
-    """A registered region: the MR table row (address, length, key, PD, access, valid)."""
+    """A registered region: the MR table row (address, length, key, PD, access, valid, ref).  `ref`, the
+    generation and key, is what posted work requests keep (MR-SEC-003, layout.M_REF)."""
 
-    def __init__(self, ctx, pd, mem, access, index, key) -> None:
+    def __init__(self, ctx, pd, mem, access, index, key, ref=0) -> None:
         self.ctx, self.pd, self.mem, self.access, self.index = ctx, pd, mem, Access(access), index
         self.addr = int(mem.ctypes.data) if mem.size else 0
         self.length = int(mem.size)
         self.lkey = self.rkey = key
+        self.ref = ref
         self.valid = True
 
     def dereg(self) -> None:
@@ -926,13 +928,13 @@ class QP:
                 continue
             if s.length < 0 or s.length >= 1 << 31:
                 raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
-            mr = self.ctx.mrs.get(s.lkey >> 8)
+            mr = self.ctx.mrs.get(L.key_slot(s.lkey))
             if (mr is None or mr.lkey != s.lkey or not mr.valid or not MRT[mr.index, L.M_VALID]
                     or mr.pd is not self.pd or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length
                     or (need and not mr.access & need)):
                 bad = True
                 continue
-            pieces.append((s.addr, s.length, mr.index))
+            pieces.append((s.addr, s.length, mr.ref))      # the reference, checked on each use (MR-SEC-003)
         total = sum(s.length for s in sg_list if s.length > 0)
         if total >= 1 << 31:
             raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
@@ -945,7 +947,7 @@ class QP:
             return 0, 0, 0, []
         if len(pieces) == 1:
             return pieces[0][0], pieces[0][1], pieces[0][2], []
-        return pieces[0][0], total, 0, pieces    # the loop checks each MR's valid bit before each access
+        return pieces[0][0], total, 0, pieces    # the loop checks each MR reference before each access
 
     def _sg_release(self, sq_head: int | None, rq_head: int | None) -> None:
         """SG rows of WQEs the loop has finished with (index before the queue's head) go back to the
@@ -1116,7 +1118,12 @@ class Context:
         self.qps: dict[int, QP] = {}
         self._pd_next = 1
         self._cq_next = 0
-        self._mr_next = 1
+        # MR rows free for registration, least recently freed first; the MR_QUARANTINE most recently freed
+        # wait (MR-MEM-011), the rest are drawn at random (MR-MEM-012).  Row 0 and MR_BAD_SLOT never.
+        self._mr_free = list(range(1, L.MR_BAD_SLOT))
+        secrets.SystemRandom().shuffle(self._mr_free)
+        self._mr_tag: dict[int, int] = {}               # row -> the tag it last carried (MR-MEM-011)
+        self._mr_gen = 0                                # registrations so far: the generation of M_REF
         self.closed = False
         # routed paths: rc/pathwatch.PathWatch re-resolves running QPs' next hops on route/neighbour
         # events and local ACK timeouts and rewrites their TM rows (_Paths)
@@ -1256,31 +1263,60 @@ class Context:
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
             raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
         mem = as_u8(buf)
-        idx = self._mr_next
-        while idx in self.mrs:
-            idx = idx % (L.MAX_MRS - 2) + 1            # 1 .. MAX_MRS - 2: MR_BAD is never registered
-            if idx == self._mr_next:
-                raise ResourceError(f"at most {L.MAX_MRS - 2} MRs")
-        self._mr_next = idx % (L.MAX_MRS - 2) + 1
-        key = (idx << 8) | secrets.randbelow(256)
-        mr = MR(self, pd, mem, access, idx, key)
+        idx = self._mr_row()
+        key = self._mr_key(idx)
+        self._mr_gen += 1
+        mr = MR(self, pd, mem, access, idx, key, (self._mr_gen << 32) | key)
         mr.remote_invalidate = remote_invalidate
         row = self.plane.MRT[idx]
         row[L.M_VALID] = 0
         row[L.M_ADDR], row[L.M_LENGTH], row[L.M_KEY] = mr.addr, mr.length, key
         row[L.M_PD], row[L.M_ACCESS] = pd.handle, int(access) | (L.ACC_REMOTE_INV if remote_invalidate else 0)
+        row[L.M_REF] = mr.ref
         row[L.M_VALID] = 1
         self.mrs[idx] = mr
         pd.mrs.add(idx)
         return mr
 
+    MR_QUARANTINE = 1024        # rows freed after this one before it is drawn again (MR-MEM-011)
+
+    def _mr_row(self) -> int:
+        """A free MR row, at random among those out of quarantine (MR-MEM-011, MR-MEM-012)."""
+        n = len(self._mr_free)
+        if n == 0:
+            raise ResourceError(f"at most {L.MR_BAD_SLOT - 1} MRs")
+        eligible = n - min(self.MR_QUARANTINE, n - 1)
+        return self._mr_free.pop(secrets.randbelow(eligible))
+
+    def _mr_key(self, idx: int) -> int:
+        """(index << 8) | tag (MR-MEM-008): the index's low 12 bits the row, its upper 12 bits and the tag
+        random (MR-MEM-010), the tag not the row's last (MR-MEM-011, MR-SEC-002).  20 random bits in all."""
+        tag = secrets.randbelow(256)
+        last = self._mr_tag.get(idx)
+        if last is not None and tag == last:
+            tag = (tag + 1 + secrets.randbelow(255)) & 0xFF
+        self._mr_tag[idx] = tag
+        index = (secrets.randbits(12) << 12) | idx
+        key = (index << 8) | tag
+        assert L.key_slot(key) == idx
+        return key
+
     def dereg_mr(self, mr: MR) -> None:
-        """From now on no packet reaches the memory: the loop checks the valid bit on every access."""
+        """From now on no packet reaches the memory (MR-SEC-003): the valid bit is cleared, then every RX
+        queue's loop of the group is paused once, so a round that checked the MR before finishes first;
+        every later use compares the reference it kept with the row's (dp/loop.py mr_live: the valid bit,
+        and a generation a re-registration of the row changes), so nothing reaches the memory after this
+        returns, whatever registers the row next.  The row is free again, last in line (quarantine,
+        MR-MEM-011).  (M_REF stays: a check racing this one must not read 0, "no MR".)"""
+        if not mr.valid:
+            return
         self.plane.MRT[mr.index, L.M_VALID] = 0
         with self.plane.paused():                        # a placement in progress finishes first
             pass
         mr.valid = False
-        self.mrs.pop(mr.index, None)
+        if self.mrs.get(mr.index) is mr:
+            self.mrs.pop(mr.index)
+            self._mr_free.append(mr.index)
         mr.pd.mrs.discard(mr.index)
 
     def create_comp_channel(self) -> CompChannel:

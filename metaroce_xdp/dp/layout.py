@@ -13,7 +13,7 @@ Tables (sizes per port):
   RWQE receive queues, likewise
   CQE  completion queues: each CQ owns a ring of rows
   CQ   MAX_CQS rows: base, size, head (Python), tail (loop)
-  MR   MAX_MRS rows: address, length, key, PD, access, valid (checked on every access)
+  MR   MAX_MRS rows: address, length, key, PD, access, valid, ref (checked on every access)
   RDJ  READ responses (and ATOMIC ACKNOWLEDGEs) still to send: MAX_RD jobs per QP, each with the
        coalesced ACK held behind it, if any (MR-RC-025)
   EV   events for Python (errors, state changes): a ring
@@ -32,8 +32,10 @@ import numpy as np
 
 MAX_QPS = 1024            # = the XDP program's MR_MAX_QPS (kern/loader.XdpLoader(max_qps))
 MAX_CQS = 256
-MAX_MRS = 4096
-MR_BAD = MAX_MRS - 1      # an MR row never valid: a WQE whose SGE failed its local checks names it (MR-RC-022)
+MAX_MRS = 4096            # a power of two: the key's low index bits select the row (key_slot)
+MR_SLOT_MASK = MAX_MRS - 1
+MR_BAD_SLOT = MAX_MRS - 1  # an MR row never registered
+MR_BAD = MR_BAD_SLOT << 8  # the MR reference of a WQE whose SGE failed its local checks (MR-RC-022): never live
 MAX_RD = 16               # outstanding READs a responder queues per QP (max_dest_rd_atomic)
 N_EV = 1024
 N_RDY = 4096              # power of two, > MAX_QPS: a QP is in it at most once (Q_READY)
@@ -124,7 +126,12 @@ for _i, _n in enumerate(C_FIELDS):
     globals()["C_" + _n.upper()] = _i
 NC = len(C_FIELDS)
 
-M_FIELDS = _cols("addr length key pd access valid")
+# ref: this registration's MR reference, (generation << 32) | key, the generation a per-context count of
+# registrations that only grows (0: no MR).  Work that outlives a packet (a WRITE in progress, a queued
+# READ response, a posted WQE or SGE) keeps the reference, never the bare row, and dp/loop.py mr_live
+# compares it with the row's on every use: a deregistered or re-registered row no longer matches
+# (MR-SEC-003, MR-MEM-011)
+M_FIELDS = _cols("addr length key pd access valid ref")
 for _i, _n in enumerate(M_FIELDS):
     globals()["M_" + _n.upper()] = _i
 NM = len(M_FIELDS)
@@ -147,12 +154,22 @@ EV_COMM_EST = 7                         # the first request accepted in RTR (MR-
 
 # ---- gather/scatter lists of more than one SGE (dp/ops.py) -----------------------------------
 # a WQE with nsge > 1 names nsge rows of the SG table (addr, length, mr) from row sg; one SGE stays
-# in the WQE itself (laddr, length, lmr) as before
+# in the WQE itself (laddr, length, lmr) as before; mr and lmr are MR references (M_REF), not rows
 G_FIELDS = _cols("addr length mr")
 for _i, _n in enumerate(G_FIELDS):
     globals()["G_" + _n.upper()] = _i
 NG = len(G_FIELDS)
 SG_ROWS = 1 << 16
+assert MAX_MRS & MR_SLOT_MASK == 0 and MAX_MRS <= 1 << 24
+
+
+def key_slot(key: int) -> int:
+    """The MR table row an lkey/rkey or MR reference names: the low 12 bits of its 24-bit index (MR-MEM-008;
+    the index's upper bits are random, context.reg_mr).  The one decoder: dp/loop.py key_row is its
+    compiled twin."""
+    return (int(key) >> 8) & MR_SLOT_MASK
+
+
 # ---- saved ATOMIC results per QP: (psn, original value) x MAX_RD, a ring (MR-DUP-005) ----------
 NAT = 2
 # ---- floating-point state per QP (DCQCN reaction point, dp/ops.py), NF words a QP ---------------

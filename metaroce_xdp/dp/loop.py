@@ -139,6 +139,12 @@ def activate(A, Q, qi):
 
 
 @njit(**_jit)
+def key_row(key):
+    """The MR table row a key or MR reference names (layout.key_slot, compiled)."""
+    return (key >> 8) & MR_SLOT_MASK
+
+
+@njit(**_jit)
 def in_mr(base, mlen, va, length):
     """[va, va + length) inside [base, base + mlen), with no sum of untrusted numbers (STYLE 14): a VA
     read as a negative int64 (>= 2^63) is outside every user address space (MR-MEM-024)."""
@@ -149,8 +155,9 @@ def in_mr(base, mlen, va, length):
 
 @njit(**_jit)
 def mr_check(MRT, key, pd, va, length, need):
-    """The MR row for a remote access, or -1: key (index and tag), valid bit, PD, access, bounds."""
-    idx = key >> 8
+    """The MR reference (M_REF) for a remote access, or -1: key (index and tag), valid bit, PD, access,
+    bounds.  Whoever keeps it past this packet checks it with mr_live on every later use (MR-SEC-003)."""
+    idx = key_row(key)
     if idx <= 0 or idx >= MRT.shape[0]:
         return -1
     if MRT[idx, M_VALID] == 0 or MRT[idx, M_KEY] != key or MRT[idx, M_PD] != pd:
@@ -159,7 +166,26 @@ def mr_check(MRT, key, pd, va, length, need):
         return -1
     if not in_mr(MRT[idx, M_ADDR], MRT[idx, M_LENGTH], va, length):
         return -1
-    return idx
+    ref = MRT[idx, M_REF]
+    return ref if ref > 0 else -1
+
+
+@njit(**_jit)
+def mr_live(MRT, ref):
+    """MR-SEC-003, MR-MEM-011: the registration `ref` names is still the row's and still valid.  A
+    deregistration clears the valid bit and a re-registration of the row gets a new generation, so a
+    reference taken before either never reaches the row's memory again.  The valid bit is read first,
+    with acquire: a re-registration stores the new reference before it sets the bit, so a set bit is never
+    seen beside the old reference."""
+    i = key_row(ref)
+    return ld_acq_i64(MRT[i], M_VALID) != 0 and MRT[i, M_REF] == ref
+
+
+@njit(**_jit)
+def mr_live_a(A, ref):
+    """mr_live for code that has the port block only (the MR table at A[P_MR_OFF])."""
+    o = A[P_MR_OFF] + key_row(ref) * NM
+    return ld_acq_i64(A, o + M_VALID) != 0 and A[o + M_REF] == ref
 
 
 # ============================================================================ frames and the TX ring
@@ -669,7 +695,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
         op = SW[r, W_OPCODE]
         length = SW[r, W_LENGTH]
         lmr = SW[r, W_LMR]
-        if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+        if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             # its local MR was deregistered (MR-MEM-035): nothing of it is read or written; it fails
             # LOC_PROT_ERR once it is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
@@ -1075,9 +1101,9 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         if first:
             Q[qi, Q_R_TOTAL] = 0
             Q[qi, Q_R_KIND] = RK_SEND
-        if (RW[r, R_LMR] and A[A[P_MR_OFF] + RW[r, R_LMR] * NM + M_VALID] == 0) or \
-                not sg_valid(A, RW[r, R_SG], RW[r, R_NSGE]):
-            # the receive buffer's MR was deregistered: the RECV fails, nothing is placed
+        if (RW[r, R_LMR] and not mr_live_a(A, RW[r, R_LMR])) or not sg_valid(A, RW[r, R_SG], RW[r, R_NSGE]):
+            # the receive buffer's MR was deregistered (or re-registered: MR-SEC-003): the RECV fails,
+            # nothing is placed
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
@@ -1127,7 +1153,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_R_MR] = mr
             Q[qi, Q_R_TOTAL] = dlen
             Q[qi, Q_R_KIND] = RK_WRITE
-        elif Q[qi, Q_R_MR] and MRT[Q[qi, Q_R_MR], M_VALID] == 0:     # deregistered meanwhile (MR-MEM-033)
+        elif Q[qi, Q_R_MR] and not mr_live(MRT, Q[qi, Q_R_MR]):
+            # its MR deregistered meanwhile, or its row registered again (MR-MEM-033, MR-SEC-003)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
             return
         if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
@@ -1171,7 +1198,7 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
                 n += 1
         while A[j + J_SENT] < npk and n < budget:
             k = A[j + J_SENT]
-            if A[j + J_MR] and MRT[A[j + J_MR], M_VALID] == 0:         # MR-MEM-033: NAK the READ's PSN
+            if A[j + J_MR] and not mr_live(MRT, A[j + J_MR]):      # MR-MEM-033, MR-SEC-003: NAK the READ's PSN
                 Q[qi, Q_RD_HEAD] = Q[qi, Q_RD_TAIL]
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS,
                                 A[j + J_PSN], EV_QP_ACCESS_ERR, 22)
@@ -1257,7 +1284,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         A[P_RX_DROP_LEN] += 1
         return
     lmr = SW[r, W_LMR]
-    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+    if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035: never placed
         return
     if plen:

@@ -61,6 +61,7 @@ from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ER
 from .ops import FRAME_TO_WIRE  # noqa: E402
 from .ops import CQE_SOLICITED, F_FENCE, ce_marked, comm_est, place, sg_valid, sqd_check, src_of  # noqa: E402
 from .loop import ACC_REMOTE_READ, WR_READ  # noqa: E402
+from .loop import mr_live, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
 from .ops import (ACC_REMOTE_ATOMIC, OP_ATOMIC_ACK, OP_CAS, OP_FAA, WR_CAS, WR_FAA, atomic_request,  # noqa: E402
                   rd_atomic, retire_answered)
 from .prims import ld_acq_i64, ptr_u8, ptr_u64  # noqa: E402
@@ -369,7 +370,7 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         r = sq_row(Q, qi, nxt)
         op = SW[r, W_OPCODE]
         lmr = SW[r, W_LMR]
-        if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+        if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             if nxt == Q[qi, Q_SQ_HEAD]:              # MR-MEM-035, as the compat requester
                 SW[r, W_STARTED] = 1
                 Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5
@@ -824,7 +825,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, 24)
             activate(A, Q, qi)
             return
-        if not is_write and plen and ((RW[rr, R_LMR] and A[A[P_MR_OFF] + RW[rr, R_LMR] * NM + M_VALID] == 0)
+        if not is_write and plen and ((RW[rr, R_LMR] and not mr_live_a(A, RW[rr, R_LMR]))
                                       or not sg_valid(A, RW[rr, R_SG], RW[rr, R_NSGE])):
             nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, 0x63, psn, 26)
             activate(A, Q, qi)
@@ -1116,7 +1117,7 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, ce, now)
         return
     r = sq_row(Q, qi, A[e + RQ_WI])
     lmr = SW[r, W_LMR]
-    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+    if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)     # MR-MEM-035: never placed
         return
     if plen:
@@ -1182,7 +1183,7 @@ def nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
         return
     r = sq_row(Q, qi, A[e + RQ_WI])
     lmr = SW[r, W_LMR]
-    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+    if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
         return
     orig = get_be(umem, bo + 16, 8)
@@ -1682,7 +1683,7 @@ def nat_rd_jobs(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
         ln = A[x + JB_LEN]
         npk = max(1, (ln + pmtu - 1) // pmtu)
         while A[x + JB_I] < A[x + JB_IEND] and n < budget:
-            if A[x + JB_MR] and MRT[A[x + JB_MR], M_VALID] == 0:
+            if A[x + JB_MR] and not mr_live(MRT, A[x + JB_MR]):     # deregistered or re-registered: MR-SEC-003
                 nx[X_JB_HEAD] = nx[X_JB_TAIL]
                 nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, A[x + JB_PSN0],
                          EV_QP_ACCESS_ERR, 22)

@@ -53,6 +53,7 @@ from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_R
                    psn_diff, publish_comp, push_event, put_be, qp_error, responder_error, rewind, send_syndrome,
                    sq_row)
 from .loop import ack_deadline, ack_now, send_nak  # noqa: E402  (the local ACK timer, with its jitter; ACK, NAK)
+from .loop import key_row, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
 from ..kern.layout import QP_STATE_DTYPE
@@ -85,14 +86,14 @@ def sg_rows(A):
 
 @njit(**_jit)
 def sg_valid(A, sg, nsge):
-    """Every MR of a gather/scatter list still valid (MR-MEM-035)."""
+    """Every MR of a gather/scatter list still valid and still the same registration (MR-MEM-035,
+    MR-SEC-003: G_MR holds MR references)."""
     if nsge <= 1:
         return True
     G = sg_rows(A)
-    mo = A[P_MR_OFF]
     for i in range(nsge):
         m = G[sg + i, G_MR]
-        if m and A[mo + m * NM + M_VALID] == 0:
+        if m and not mr_live_a(A, m):
             return False
     return True
 
@@ -349,8 +350,8 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
         qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
         return
     lmr = SW[r, W_LMR]
-    if (lmr and A[A[P_MR_OFF] + lmr * NM + M_VALID] == 0) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
-        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035: never placed
+    if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035, MR-SEC-003: never placed
         return
     orig = get_be(umem, b + 16, 8)
     for k in range(8):                               # host (little-endian) order
@@ -387,7 +388,7 @@ def retire_answered(A, Q, SW, CQT, CE, qi):
 def inv_ok(MRT, key, pd):
     """MR-MEM-041: the MR an IETH key may invalidate -- valid, of the QP's PD, registered remotely
     invalidatable (MR-MEM-042) -- or -1."""
-    idx = key >> 8
+    idx = key_row(key)
     if idx <= 0 or idx >= MRT.shape[0]:
         return -1
     if MRT[idx, M_VALID] == 0 or MRT[idx, M_KEY] != key or MRT[idx, M_PD] != pd:

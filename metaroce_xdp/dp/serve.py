@@ -59,7 +59,7 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 
 from ..daemon import shm as S
 from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM, E_OPCODE, E_QP_NUM, E_STATUS,
-                     E_WR_ID, EV_QP_FATAL, M_ACCESS, M_ADDR, M_KEY, M_LENGTH, M_PD, M_VALID, MAGIC, MR_BAD, NW,
+                     E_WR_ID, EV_QP_FATAL, M_ACCESS, M_ADDR, M_KEY, M_LENGTH, M_PD, M_REF, M_VALID, MAGIC, NW,
                      N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS, P_MAGIC, P_MAXQ, P_N_ACT, P_NOW,
                      P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN,
                      P_WAKEUPS, Q_PD, Q_QPN, Q_ERR, Q_RECV_CQ, Q_SEND_CQ, Q_RQ_BASE, Q_RQ_HEAD, Q_RQ_SIZE, Q_RQ_TAIL, Q_SQ_BASE,
@@ -68,7 +68,7 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
 from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
                    round_, views, wc_of)
-from .loop import in_mr      # MR-MEM-024 bounds without overflow
+from .loop import in_mr, key_row      # MR-MEM-024 bounds without overflow, the one key decoder
 from .native import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
 from ..native import layout as NL
 from ..native.receiver import rx_credit_alloc
@@ -143,22 +143,24 @@ def _set(base, i, v):
 
 @njit(**_jit)
 def local_mr(MRT, pd, addr, length, lkey, need):
-    """The MR row of a local SGE of a QP of PD pd: 0 for no SGE, -1 length out of range, -2 not inside a
-    valid MR of pd with the access `need` (key index and tag, valid bit, PD, bounds)."""
+    """The MR reference (M_REF) of a local SGE of a QP of PD pd: 0 for no SGE, -1 length out of range, -2
+    not inside a valid MR of pd with the access `need` (key index and tag, valid bit, PD, bounds).  The loop
+    checks the reference again on every use (MR-SEC-003); the client's address and length are compared
+    without a sum that could wrap (STYLE 14: an address >= 2^63 is refused)."""
     if length == 0:
         return 0
     if length < 0 or length >= 1 << 31:
         return -1
-    idx = (lkey & 0xFFFFFFFF) >> 8
-    if idx <= 0 or idx >= MR_BAD or idx >= MRT.shape[0]:
+    idx = key_row(lkey)
+    if idx <= 0 or idx >= MRT.shape[0]:
         return -2
     if MRT[idx, M_VALID] == 0 or MRT[idx, M_KEY] != lkey or MRT[idx, M_PD] != pd:
         return -2
-    if not in_mr(MRT[idx, M_ADDR], MRT[idx, M_LENGTH], addr, length):     # no sum that could wrap (STYLE 14)
+    if not in_mr(MRT[idx, M_ADDR], MRT[idx, M_LENGTH], addr, length):
         return -2
     if need != 0 and (MRT[idx, M_ACCESS] & need) == 0:
         return -2
-    return idx
+    return MRT[idx, M_REF]
 
 
 @njit(**_jit)
