@@ -88,9 +88,9 @@ class Responder(ScriptedQP):
 
 
 def naks(pkts) -> list[tuple[int, int]]:
-    """(syndrome, PSN) of each NAK."""
-    return [(p.ext["aeth"].syndrome, p.bth.psn) for p in pkts
-            if p.bth.opcode == Op.ACKNOWLEDGE and p.ext["aeth"].syndrome & 0x60 == 0x60]
+    """(syndrome, PSN) of each NAK: an ACKNOWLEDGE or a NAK-type NATIVE_SACK."""
+    return [(p.aeth.syndrome, p.bth.psn) for p in pkts
+            if p.bth.opcode in (Op.ACKNOWLEDGE, Op.NATIVE_SACK) and p.aeth.syndrome & 0x60 == 0x60]
 
 
 def read_responses(pkts) -> list:
@@ -304,10 +304,19 @@ WRAPS = {"write": [("WRITE VA 2^63-16", Op.RDMA_WRITE_ONLY, 2**63 - 16, 32),
                   ("READ VA 2^64-16", Op.RDMA_READ_REQUEST, 2**64 - 16, 32)],
          "atomic": [("CMP_SWAP VA 2^63-8", Op.COMPARE_SWAP, 2**63 - 8, 8),
                     ("FETCH_ADD VA 2^63-8", Op.FETCH_ADD, 2**63 - 8, 8),
-                    ("FETCH_ADD VA 2^64-8", Op.FETCH_ADD, 2**64 - 8, 8)]}
+                    ("FETCH_ADD VA 2^64-8", Op.FETCH_ADD, 2**64 - 8, 8)],
+         # the native profile (MR-SEC-004: every NATIVE_WRITE packet is checked)
+         "native-write": [("NATIVE_WRITE VA 2^63-16", Op.NATIVE_WRITE, 2**63 - 16, 32),
+                          ("NATIVE_WRITE VA 2^64-16", Op.NATIVE_WRITE, 2**64 - 16, 32)],
+         "native-read": [("NATIVE_READ_REQ VA 2^63-16", Op.NATIVE_READ_REQ, 2**63 - 16, 32),
+                         ("NATIVE_READ_REQ VA 2^64-16", Op.NATIVE_READ_REQ, 2**64 - 16, 32)]}
 
 
 def _request(op, va, n, rkey):
+    if op in (Op.NATIVE_WRITE, Op.NATIVE_READ_REQ):
+        neth = NETH(flags=0x80 | 0x40, msn=0, offset=0, msg_len=n, tsval=1)
+        return op, EPSN, b"\x5a" * n if op == Op.NATIVE_WRITE else b"", dict(reth=RETH(va=va, rkey=rkey, dma_len=n),
+                                                                             neth=neth)
     if op == Op.RDMA_WRITE_ONLY:
         return op, EPSN, b"\x5a" * n, dict(reth=RETH(va=va, rkey=rkey, dma_len=n))
     if op == Op.RDMA_READ_REQUEST:
@@ -334,8 +343,9 @@ def test_wrapping_va_remote_access_error_endpoint_lives(kind):
     wraps = WRAPS[kind]
     with scripted_wire("mrhov") as (topo, pair, sock):
         peers = [PEER_QPN + 1 + i for i in range(len(wraps))]
+        profile = "native" if kind.startswith("native") else "compat"
         p = topo.popen(topo[0], [sys.executable, os.path.abspath(__file__), "endpoint", pair.b.ipv4,
-                                 ",".join(map(str, peers))],
+                                 ",".join(map(str, peers)), profile],
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             line = _readline(p, 900)                 # a cold JIT cache compiles the plane first
@@ -374,7 +384,7 @@ def test_wrapping_va_remote_access_error_endpoint_lives(kind):
             assert results.get(name, ([], None))[0] == [(NAK_REM_ACCESS, EPSN)], (name, results.get(name))
 
 
-def _endpoint(peer_ip: str, peers: list[int]) -> None:
+def _endpoint(peer_ip: str, peers: list[int], profile: str) -> None:
     """The subprocess of test_wrapping_va_remote_access_error_endpoint_lives, in namespace 0: a compiled
     plane on mr0, one responder QP per peer QPN, its progress run until stdin says quit."""
     from metaroce_xdp.dp import Context
@@ -388,7 +398,7 @@ def _endpoint(peer_ip: str, peers: list[int]) -> None:
         qp = ctx.create_qp(pd, cq, cq)
         qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=pq, rq_psn=EPSN, path_mtu=MTU, dgid=peer_ip,
-                         max_dest_rd_atomic=16))
+                         max_dest_rd_atomic=16, profile=profile))
         qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=0, retry_cnt=7, rnr_retry=7, max_rd_atomic=16))
         qpns.append(qp.qp_num)
     print(json.dumps({"qpns": qpns, "rkey": mr.rkey, "addr": mr.addr}), flush=True)
@@ -402,4 +412,4 @@ def _endpoint(peer_ip: str, peers: list[int]) -> None:
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "endpoint":
-    _endpoint(sys.argv[2], [int(x) for x in sys.argv[3].split(",")])
+    _endpoint(sys.argv[2], [int(x) for x in sys.argv[3].split(",")], sys.argv[4])
