@@ -296,6 +296,54 @@ def test_post_send_sge_address_wrapping_local_prot(wire):
         r.close()
 
 
+@pytest.fixture(scope="module")
+def daemon_a():
+    """metaroced on host A of tests/test_daemon.py's Env (B not started: nothing answers)."""
+    from test_daemon import Env
+    e = Env()
+    try:
+        e.start_daemon("A")
+        e.ready("A")
+        yield e
+    finally:
+        e.close()
+
+
+def test_daemon_refuses_a_client_sge_whose_end_wraps(daemon_a):
+    """STYLE 14, MR-MEM-020: a client that bypasses its library writes a WRITE whose SGE, on its own real
+    lkey, starts at 2^63 - 16: the daemon's loop (dp/serve.local_mr) fails it LOC_PROT_ERR on that QP and
+    lives.  (Before: addr + length wrapped, the entry was taken and the loop read the payload at that
+    address: metaroced died of SIGSEGV, for every tenant.)"""
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.daemon import shm
+    from metaroce_xdp.verbs_types import Access, QPCap
+    env = daemon_a
+    c = C.connect(env.sock("A"), env.pair.a.ifname)
+    try:
+        pd = c.alloc_pd()
+        mr = pd.reg_mr(c.alloc_buf(1 << 16), Access.LOCAL_WRITE)
+        cq = c.create_cq(16)
+        qp = c.create_qp(pd, cq, cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        qp.modify(QPAttr(qp_state=QPState.INIT))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
+        entry = (21, int(WROpcode.RDMA_WRITE), 2, 2**63 - 16, 32, mr.lkey, 0x1000, 0x1234, 0)
+        ring = qp._sq                                # what a client bypassing the library writes
+        ring[int(qp.W[shm.QH_SQ_TAIL]) & (len(ring) - 1), :len(entry)] = entry
+        qp.W[shm.QH_SQ_TAIL] += 1
+        c._doorbell(qp.qp_num)
+        try:
+            w = cq.wait(1, 10)[0]
+        except (TimeoutError, OSError) as e:
+            pytest.fail(f"no completion ({e}); metaroced's exit status: {env.daemons['A'].p.poll()}")
+        assert (w.wr_id, w.status.name) == (21, "LOC_PROT_ERR"), w
+        assert env.daemons["A"].p.poll() is None, "metaroced died"
+        assert env.status("A")["daemon"]["clients"] >= 1
+    finally:
+        c.close()
+    assert env.daemons["A"].p.poll() is None, "metaroced died"
+
+
 # the wrapping requests, each to its own responder QP (a remote access error moves the QP to ERR); the
 # first of each kind is the one whose VA + length wraps in int64
 WRAPS = {"write": [("WRITE VA 2^63-16", Op.RDMA_WRITE_ONLY, 2**63 - 16, 32),
