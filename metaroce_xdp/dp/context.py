@@ -1265,7 +1265,9 @@ class Context:
         mem = as_u8(buf)
         idx = self._mr_row()
         key = self._mr_key(idx)
-        self._mr_gen += 1
+        # the generation counts registrations, 1 .. 2^31 - 1 (the reference stays a positive int64); the
+        # count comes round after 2^31 - 1 registrations, when the row's key must also repeat to matter
+        self._mr_gen = self._mr_gen % 0x7FFF_FFFF + 1
         mr = MR(self, pd, mem, access, idx, key, (self._mr_gen << 32) | key)
         mr.remote_invalidate = remote_invalidate
         row = self.plane.MRT[idx]

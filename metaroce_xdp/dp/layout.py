@@ -127,7 +127,7 @@ for _i, _n in enumerate(C_FIELDS):
 NC = len(C_FIELDS)
 
 # ref: this registration's MR reference, (generation << 32) | key, the generation a per-context count of
-# registrations that only grows (0: no MR).  Work that outlives a packet (a WRITE in progress, a queued
+# registrations (1 .. 2^31 - 1, then round again; 0: no MR).  Work that outlives a packet (a WRITE in progress, a queued
 # READ response, a posted WQE or SGE) keeps the reference, never the bare row, and dp/loop.py mr_live
 # compares it with the row's on every use: a deregistered or re-registered row no longer matches
 # (MR-SEC-003, MR-MEM-011)
