@@ -40,7 +40,7 @@ from .. import cm
 from ..verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
                            SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
 from . import proto, shm
-from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PermissionDenied,
+from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PathInUse, PermissionDenied,
                     UnknownHandle, Unsupported)
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
@@ -738,4 +738,4 @@ class Listener:
 
 __all__ = ["connect", "status", "PROFILES", "Context", "PD", "MR", "CQ", "QP", "Connection", "Listener", "AsyncEvent",
            "DaemonError", "DaemonUnavailable", "PermissionDenied", "MalformedRequest", "UnknownHandle",
-           "LimitExceeded", "Unsupported", "DEFAULT_SOCKET"]
+           "LimitExceeded", "PathInUse", "Unsupported", "DEFAULT_SOCKET"]

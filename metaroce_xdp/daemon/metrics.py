@@ -6,6 +6,8 @@ custom-collector API, on a registry of its own, so nothing global is touched):
   metaroce_daemon_info{version}                          1
   metaroce_daemon_start_time_seconds                     when the daemon started (Unix time)
   metaroce_clients, metaroce_qps{dev,state}              gauges
+  metaroce_refused_total{error}                          control requests refused, by typed error
+  metaroce_clients_dropped_total{reason}                 clients the daemon disconnected, by reason
   metaroce_qp_info{dev,qpn,state,type,remote_qpn,remote_addr,owner_pid,owner_comm}   1 per QP
   metaroce_qp_{tx,rx}_bytes_total{dev,qpn}               counters
   metaroce_qp_retransmits_total, _naks_rx_total, _naks_tx_total, _rnr_total{dev,qpn}
@@ -87,6 +89,14 @@ class DaemonCollector:
         for (dev, state), n in sorted(by.items()):
             g.add_metric([dev, state], n)
         yield g
+        for key, name, label, help_ in (("refused", "refused", "error", "control requests refused, by typed error"),
+                                        ("clients_dropped", "clients_dropped", "reason",
+                                         "clients the daemon disconnected, by reason")):
+            c = CounterMetricFamily(f"metaroce_{name}", help_, labels=[label])
+            for k, v in sorted((d.get(key) or {}).items()):
+                if _num(v) is not None:
+                    c.add_metric([str(k)], _num(v))
+            yield c
 
     def _qps(self, qps: list[dict]):
         labels = ["dev", "qpn"]

@@ -24,11 +24,14 @@ metaroce_xdp/dp (the data plane), metaroce_xdp/kern/loader.py (XDP program, pins
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import errno
 import grp
 import json
 import logging
 import os
+import resource
 import selectors
 import socket
 import stat
@@ -67,6 +70,13 @@ MAX_WQES_PER_CLIENT = 8192      # send + receive queue entries over all its QPs 
 MAX_CQES_PER_CLIENT = 16384     # CQ entries over all its CQs (the plane has 131072)
 MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
+# file descriptors: every QP and CQ holds its ring's memfd, every client its socket and session header.  The daemon
+# raises RLIMIT_NOFILE to its hard limit at start; what is left after its own descriptors (FD_SLACK kept for
+# sockets being answered, memfds in flight, the metrics server) is shared out so that max_clients clients each
+# get the same budget: one client cannot run the daemon out of descriptors (EMFILE) for the others
+FD_SLACK = 128
+FDS_PER_SESSION = 2             # the client's socket and its session header's memfd
+MAX_REFUSED_PENDING = 32        # refused connections waiting to read why; more are closed without an answer
 
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
                    "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile",
@@ -84,6 +94,26 @@ def _copy(view) -> list:
         except RuntimeError:            # changed size during iteration: try again
             continue
     return []
+
+
+def raise_fd_limit() -> int:
+    """RLIMIT_NOFILE's soft limit raised to its hard limit (the unit's LimitNOFILE; 1024 soft is the default, which
+    256 QPs of four clients would exhaust); returns the limit in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, hard, e)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
 
 
 # ================================================================================ per-client objects
@@ -148,6 +178,7 @@ class Session:
         self.qps: dict[int, SQP] = {}
         self.mr_bytes = 0
         self._next = 1
+        self.fds = FDS_PER_SESSION               # descriptors the daemon holds for this client
         self.send_lock = threading.Lock()
         self.hdr_fd = shm.create(shm.H_WORDS * 8, "metaroce-session")
         self.hdr_mm = shm.map_fd(self.hdr_fd, shm.round_page(shm.H_WORDS * 8))
@@ -578,6 +609,32 @@ class Daemon:
         self._events: list[tuple[Session, dict]] = []
         self._events_lock = threading.Lock()
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # what clients were refused and why: every error reply by its typed error, every client dropped by
+        # reason (snapshot()["daemon"], metaroce dev show, /metrics)
+        self.refusals: collections.Counter[str] = collections.Counter()
+        self.drops: collections.Counter[str] = collections.Counter()
+        self.fd_limit = raise_fd_limit()
+        self.fd_budget = 0                          # per client; set once the daemon's own descriptors are open
+        self._fd_base = 0
+        self._spare_fd = -1                         # closed to accept (and close) a connection at EMFILE
+
+    # ---- file descriptors ----------------------------------------------------------------------
+    def _set_fd_budget(self) -> None:
+        """Each client's share of the descriptors left after the daemon's own (FD_SLACK kept back): at most
+        what max_qps_per_client QPs and MAX_CQS_PER_CLIENT CQs need."""
+        want = FDS_PER_SESSION + self.cfg.max_qps_per_client + MAX_CQS_PER_CLIENT
+        share = (self.fd_limit - self._fd_base - FD_SLACK) // self.cfg.max_clients
+        self.fd_budget = max(FDS_PER_SESSION, min(want, share))
+        if share < want:
+            log.warning("RLIMIT_NOFILE %d leaves %d descriptors to each of max_clients (%d) clients: fewer than "
+                        "the %d that max_qps_per_client QPs and %d CQs take; raise LimitNOFILE (the unit) or lower "
+                        "max_clients", self.fd_limit, self.fd_budget, self.cfg.max_clients, want, MAX_CQS_PER_CLIENT)
+
+    def _need_fds(self, s: Session, n: int, what: str) -> None:
+        if s.fds + n > self.fd_budget:
+            raise LimitExceeded(f"{what} would take this client past its {self.fd_budget} file descriptors in the "
+                                f"daemon (each QP and CQ holds one; the daemon's RLIMIT_NOFILE {self.fd_limit} "
+                                f"shared by max_clients {self.cfg.max_clients}): destroy QPs or CQs first")
 
     # ---- start --------------------------------------------------------------------------------
     def start(self, clock: StartClock | None = None, builds: dict[str, Build] | None = None) -> None:
@@ -643,6 +700,9 @@ class Daemon:
         for dev in self.devices.values():
             dev.start()
         clock.mark("loop start")
+        self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd_base = open_fds()
+        self._set_fd_budget()
         self.started = time.time()
 
     def _clean_socket(self) -> None:
@@ -767,14 +827,17 @@ class Daemon:
         last_tick = 0.0
         while not stop.is_set() and not self._stopped:
             for key, _ in self._sel.select(timeout=0.1):
-                if key.data is None:
-                    self._accept()
-                elif key.data == "events":
-                    self._send_events()
-                elif isinstance(key.data, tuple):
-                    self._answer_refused(key.fileobj)
-                else:
-                    self._serve(key.data)
+                try:
+                    if key.data is None:
+                        self._accept()
+                    elif key.data == "events":
+                        self._send_events()
+                    elif isinstance(key.data, tuple):
+                        self._answer_refused(key.fileobj)
+                    else:
+                        self._serve(key.data)
+                except Exception:                   # noqa: BLE001 - what one client sent costs that client only
+                    self._fail(key)
             now = time.monotonic()
             for sock in [k for k, (_, t) in self._refused.items() if t < now]:
                 self._drop_refused(sock)
@@ -788,11 +851,55 @@ class Daemon:
                 except Exception:                   # noqa: BLE001 - the caller's hook must not stop serving
                     log.exception("tick failed")
 
+    def _fail(self, key: selectors.SelectorKey) -> None:
+        """Serving one socket raised what the handlers do not catch: drop that client, keep the daemon."""
+        if isinstance(key.data, Session):
+            log.exception("client pid %d: dropped after an unexpected error", key.data.pid)
+            self.drops["unexpected_error"] += 1
+            key.data.gone = True
+            self._reclaim(key.data)
+        elif isinstance(key.data, tuple):
+            log.exception("a refused connection: unexpected error")
+            self._drop_refused(key.fileobj)
+        else:
+            log.exception("serving the control socket")
+
     def _accept(self) -> None:
         try:
             sock, _ = self._lsock.accept()
-        except (BlockingIOError, OSError):
+        except BlockingIOError:
             return
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._shed_connection()
+            return
+        try:
+            self._admit(sock)
+        except OSError as e:                    # EMFILE making its session header: this connection only
+            log.warning("cannot take a client: %s", e)
+            self.drops["no_descriptors"] += 1
+            sock.close()
+
+    def _shed_connection(self) -> None:
+        """Out of descriptors: the pending connection would make the listening socket readable forever.  Close
+        the spare descriptor, accept it, close it (the client reads EOF: DaemonUnavailable), take the spare back."""
+        self.drops["no_descriptors"] += 1
+        log.warning("out of file descriptors (RLIMIT_NOFILE %d): closing a new connection unanswered",
+                    self.fd_limit)
+        if self._spare_fd >= 0:
+            os.close(self._spare_fd)
+            self._spare_fd = -1
+        try:
+            sock, _ = self._lsock.accept()
+            sock.close()
+        except OSError:
+            pass
+        try:
+            self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._spare_fd = -1
+
+    def _admit(self, sock: socket.socket) -> None:
         pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         sock.settimeout(SEND_TIMEOUT_S)
         why = None
@@ -806,7 +913,12 @@ class Daemon:
         if why is not None:
             # answered on its first request (closing with that request unread would reset the connection,
             # and the client would never read why); dropped after 2 s
+            self.refusals[why["error"]] += 1
             log.warning("refused pid %d uid %d: %s", pid, uid, why["message"])
+            if len(self._refused) >= MAX_REFUSED_PENDING:
+                self.drops["refused_unanswered"] += 1   # a flood of refused connections holds no descriptors
+                sock.close()
+                return
             sock.setblocking(False)
             self._refused[sock] = (why, time.monotonic() + 2.0)
             self._sel.register(sock, selectors.EVENT_READ, ("refused", why))
@@ -824,10 +936,12 @@ class Daemon:
             for fd in fds:
                 os.close(fd)
             if msg is not None:
-                proto.send(sock, {**why, "id": msg.get("id") if isinstance(msg, dict) else None})
-        except OSError:
-            pass
-        self._drop_refused(sock)
+                rid = msg.get("id") if isinstance(msg, dict) else None
+                proto.send(sock, {**why, "id": rid if isinstance(rid, (int, str)) or rid is None else None})
+        except (OSError, ValueError, TypeError, RecursionError):
+            pass                            # whatever it sent, it is closed now
+        finally:
+            self._drop_refused(sock)
 
     def _drop_refused(self, sock: socket.socket) -> None:
         self._refused.pop(sock, None)
@@ -863,7 +977,9 @@ class Daemon:
         if msg is None:
             self._reclaim(s)
             return
-        rid = msg.get("id") if isinstance(msg, dict) else None
+        rid = msg.get("id")
+        if not (rid is None or isinstance(rid, (int, str))):
+            rid = None                       # echoed: an id is a number or a string, nothing to nest
         try:
             if problem:
                 raise MalformedRequest(problem)
@@ -875,14 +991,20 @@ class Daemon:
             reply = {"ok": True, "id": rid, **reply}
         except VerbsError as e:
             reply, out_fds = proto.error_reply(e, rid), []
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, RecursionError) as e:
             reply, out_fds = proto.error_reply(MalformedRequest(f"bad request: {type(e).__name__}: {e}"), rid), []
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC):
+                log.exception("client pid %d: op %r failed", s.pid, msg.get("op"))
+            reply, out_fds = proto.error_reply(ResourceError(f"the daemon is short of resources: {e}"), rid), []
         except Exception as e:                       # noqa: BLE001 - one bad request never stops the daemon
             log.exception("client pid %d: op %r failed", s.pid, msg.get("op"))
             reply, out_fds = proto.error_reply(proto.InternalError(f"{type(e).__name__}: {e}"), rid), []
         finally:
             for fd in fds:
                 os.close(fd)
+        if not reply["ok"]:
+            self.refusals[reply["error"]] += 1
         s.push(reply, out_fds, proto.MAX_REPLY if msg.get("op") == "status" else proto.MAX_MSG)
 
     # ---- ops ------------------------------------------------------------------------------------
@@ -912,7 +1034,9 @@ class Daemon:
                 "interfaces": list(self.devices), "session": s.id, "cm_port": self.cfg.cm_port}, [s.hdr_fd]
 
     def _op_status(self, s: Session, msg: dict, fds: list[int]):
-        return self.snapshot(), []                  # the reply's keys: daemon, devices, qps, clients
+        # the reply's keys: daemon, devices, qps, clients; a QP's peer, PSNs and owner are what another tenant
+        # would need to inject into its stream: root sees every client's, any other user its own uid's
+        return self.snapshot(None if s.uid == 0 else s.uid), []
 
     def _op_open_device(self, s: Session, msg: dict, fds: list[int]):
         ifname = msg.get("ifname")
@@ -1008,6 +1132,7 @@ class Daemon:
         depth = self._int(msg, "depth", 1024, 1, 1 << 16)
         if len(s.cqs) >= MAX_CQS_PER_CLIENT:
             raise LimitExceeded(f"at most {MAX_CQS_PER_CLIENT} CQs per client")
+        self._need_fds(s, 1, "a CQ")
         used = sum(c.size for c in s.cqs.values())
         if used + depth > MAX_CQES_PER_CLIENT:
             raise LimitExceeded(f"a CQ of {depth} entries would exceed {MAX_CQES_PER_CLIENT} CQ entries per client "
@@ -1024,6 +1149,7 @@ class Daemon:
             c = SCQ(h, s, cq, fd, mm)
             c.W[shm.CH_SIZE] = cq.size
             s.cqs[h] = c
+            s.fds += 1
             dev.cq_by_idx[cq.index] = c
             dev.attach_cq(c)
         return {"cq": h, "size": cq.size}, [fd]
@@ -1038,7 +1164,8 @@ class Daemon:
 
     def _forget_cq(self, dev: Device, s: Session, c: SCQ) -> None:
         dev.detach_cq(c)
-        s.cqs.pop(c.h, None)
+        if s.cqs.pop(c.h, None) is not None:
+            s.fds -= 1
         dev.cq_by_idx.pop(c.dpcq.index, None)
         c.W = None
         os.close(c.fd)
@@ -1053,6 +1180,7 @@ class Daemon:
                     max_recv_wr=self._int(msg, "max_recv_wr", 256, 1, 1 << 14))
         if len(s.qps) >= self.cfg.max_qps_per_client:
             raise LimitExceeded(f"max_qps_per_client ({self.cfg.max_qps_per_client}) QPs already")
+        self._need_fds(s, 1, "a QP")
         used = sum(q.sq_size + q.rq_size for q in s.qps.values())
         if used + cap.max_send_wr + cap.max_recv_wr > MAX_WQES_PER_CLIENT:
             raise LimitExceeded(f"queues of {cap.max_send_wr} + {cap.max_recv_wr} entries would exceed "
@@ -1075,6 +1203,7 @@ class Daemon:
             W[shm.QH_SQ_SIZE], W[shm.QH_RQ_SIZE], W[shm.QH_QPN] = qp.sq_size, qp.rq_size, qp.qp_num
             q.mirror_state()
             s.qps[h] = q
+            s.fds += 1
             dev.qp_by_qi[qp.qi] = q
             dev.attach_qp(q)
         log.info("qpn %#x created for pid %d", qp.qp_num, s.pid)
@@ -1100,6 +1229,8 @@ class Daemon:
             a["native_params"] = self._native_params(a.get("profile"), a.get("native_params"))
         if "qp_state" in a:
             a["qp_state"] = QPState(a["qp_state"])
+        if a.get("qp_state") == QPState.RTR:
+            self._check_path_free(dev, q, a.get("dgid"), a.get("dest_qp_num"))
         if "cur_qp_state" in a:
             a["cur_qp_state"] = QPState(a["cur_qp_state"])
         if "qp_access_flags" in a:
@@ -1109,6 +1240,34 @@ class Daemon:
         st = q.dpqp.query_state()
         log.info("qpn %#x (pid %d): -> %s", q.dpqp.qp_num, s.pid, st.name)
         return {"state": int(st)}, []
+
+    LIVE_STATES = (QPState.RTR, QPState.RTS, QPState.SQD, QPState.SQE)
+
+    def _check_path_free(self, dev: Device, q: SQP, dgid: Any, dest_qp: Any) -> None:
+        """No two live QPs of an interface aimed at the same remote QP: BTH carries no source QPN and the peer
+        checks only the source address, so a second QP with another tenant's (dgid, dest_qp_num) -- both shown
+        by status, or guessed -- would inject into that tenant's stream (its own packets then dropped as
+        duplicates).  PathInUse, counted in refused."""
+        if not isinstance(dgid, str) or not isinstance(dest_qp, int):
+            return                              # the data plane refuses an RTR without them
+        try:
+            want = (cm.gid_to_ip(cm.ip_to_gid(dgid)), dest_qp & 0xFFFFFF)
+        except ValueError:
+            return                              # not an address: the data plane says so
+        with dev.reg_lock:
+            for o in _copy(dev.qp_by_qi.values()):
+                if o is q or o.destroyed or o.dpqp.dgid is None:
+                    continue
+                try:
+                    theirs = (cm.gid_to_ip(cm.ip_to_gid(o.dpqp.dgid)), o.dpqp.dest_qp & 0xFFFFFF)
+                except ValueError:
+                    continue
+                if theirs == want and o.dpqp.query_state() in self.LIVE_STATES:
+                    log.warning("pid %d: RTR towards QP %#x at %s refused: QP %#x (pid %d) is connected to it",
+                                q.sess.pid, want[1], want[0], o.dpqp.qp_num, o.sess.pid)
+                    raise proto.PathInUse(f"another live QP on {dev.ifname} is connected to QP {want[1]:#x} at "
+                                          f"{want[0]}: one remote QP takes one local QP (the packets carry no source "
+                                          f"QPN); connect through connection set-up to a QP of your own")
 
     # the parameters a client may choose for its native QP (those of the connection: the agreed W, K and
     # capabilities, its timers); the receiver's credit allocation is the daemon's, over all its QPs
@@ -1178,7 +1337,8 @@ class Daemon:
         q.destroyed = True
         dev.detach_qp(q)                  # the loop no longer reads its rings
         dev.ctx.destroy_qp(q.dpqp)
-        s.qps.pop(q.h, None)
+        if s.qps.pop(q.h, None) is not None:
+            s.fds -= 1
         dev.qp_by_qi.pop(q.dpqp.qi, None)
         q.W = None
         os.close(q.fd)
@@ -1282,6 +1442,9 @@ class Daemon:
         if self._sel is not None:
             self._sel.close()
         os.close(self._efd)
+        if self._spare_fd >= 0:
+            os.close(self._spare_fd)
+            self._spare_fd = -1
         if self._sock_bound:
             try:
                 os.unlink(self.cfg.socket_path)
@@ -1307,6 +1470,8 @@ class Daemon:
                 raise
         if "log_level" in changed:
             log.setLevel(cfg.log_level.upper())
+        if ("max_clients" in changed or "max_qps_per_client" in changed) and self.started is not None:
+            self._set_fd_budget()                    # for QPs and CQs made from now on
         for dev in self.devices.values():
             dev.G[dev.serve.G_BUSY_IDLE_NS] = cfg.busy_idle_ms * 1_000_000
             if "read_rate_mbps" in changed:
@@ -1319,7 +1484,8 @@ class Daemon:
         return changed
 
     # ---- snapshot ---------------------------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def snapshot(self, uid: int | None = None) -> dict:
+        """Everything, or (uid given) only the QPs and clients of that user's processes."""
         devices, qps = [], []
         for dev in _copy(self.devices.values()):
             try:
@@ -1327,15 +1493,20 @@ class Daemon:
             except Exception as e:            # noqa: BLE001 - a stopping device: say so, keep the rest
                 devices.append({"ifname": dev.ifname, "error": str(e)})
             for q in _copy(dev.qp_by_qi.values()):
+                if uid is not None and q.sess.uid != uid:
+                    continue
                 try:
                     qps.append(dev.qp_info(q))
                 except Exception:             # noqa: BLE001 - destroyed meanwhile
                     pass
         clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
-                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes}
-                   for s in _copy(self.sessions.values())]
+                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes, "fds": s.fds}
+                   for s in _copy(self.sessions.values()) if uid is None or s.uid == uid]
         return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
-                           "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned)},
+                           "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned),
+                           "refused": dict(self.refusals), "clients_dropped": dict(self.drops),
+                           "fd_limit": self.fd_limit, "fd_budget_per_client": self.fd_budget,
+                           "fds_open": open_fds()},
                 "devices": devices, "qps": qps, "clients": clients}
 
 

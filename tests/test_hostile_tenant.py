@@ -1,0 +1,200 @@
+"""Hostile tenants of metaroced (issue 19): a second client process attacks, the daemon and the other clients
+go on.  Real daemons on the two ends of a veth pair (as tests/test_daemon.py), real client processes, some of
+them as an unprivileged user (nobody, let in by socket_group = "nogroup").
+
+Each case is one finding of issue 19 and failed on the code before its fix (d96aa28):
+  3   a deeply nested or oversized control message, from a client or a refused connection; a client that
+      makes QPs and CQs until the daemon runs out of file descriptors while another client keeps working
+  4   status shows a non-root client only its own user's QPs; a second QP aimed at a remote QP another live
+      QP of the interface is connected to is refused (PathInUse)
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import test_daemon
+from test_daemon import ROOT, _ask, _raw, _wait_for
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+STRANGER = ["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups"]     # neither root nor in the group
+NOFILE_SOFT, NOFILE_HARD = 256, 1024      # the daemon starts with the soft limit a plain shell gives it
+
+
+class Env(test_daemon.Env):
+    def config(self, h: str) -> str:
+        path = super().config(h)
+        text = open(path).read().replace("max_qps_per_client = 4", "max_qps_per_client = 256")
+        with open(path, "w") as f:
+            f.write(text + 'socket_group = "nogroup"\n')
+        return path
+
+    def start_daemon(self, h: str):
+        orig = self.topo.popen
+
+        def popen(ns, argv, **kw):          # RLIMIT_NOFILE soft < hard, as a daemon started from a shell has
+            return orig(ns, ["prlimit", f"--nofile={NOFILE_SOFT}:{NOFILE_HARD}", "--"] + argv, **kw)
+        self.topo.popen = popen
+        try:
+            return super().start_daemon(h)
+        finally:
+            self.topo.popen = orig
+
+    def daemon_alive(self, h: str) -> bool:
+        return self.daemons[h].p.poll() is None
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = Env()
+    try:
+        e.start_daemon("A"), e.start_daemon("B")
+        e.ready("A"), e.ready("B")
+        yield e
+    finally:
+        e.close()
+
+
+def _run_as(who: list[str], env: Env, ns_host: str, code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """A client process as another user, in host ns_host's namespace, running `code` (sock, ifname given)."""
+    ns, ep = env.hosts[ns_host]
+    pre = f"import sys; sys.path.insert(0, {str(ROOT)!r}); sock, ifname = {env.sock(ns_host)!r}, {ep.ifname!r}\n"
+    p = env.topo.popen(ns, who + [sys.executable, "-c", pre + code], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, cwd="/")
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _transfer_works(env: Env) -> None:
+    """A fresh pair of clients connects and a verified WRITE goes from A to B."""
+    a, b, sa, sb = env.connected()
+    a.ok(cmd="post", ops=[{"op": "write", "len": 4096}])
+    assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+    assert a.ok(cmd="digest", off=0, len=4096)["sha"] == b.ok(cmd="digest", off=0, len=4096)["sha"]
+    a.close(), b.close()
+
+
+# ================================================================================ finding 3
+def test_nested_and_oversized_messages_cost_their_sender_only(env):
+    """Before: json.loads raised RecursionError out of _serve, and the daemon exited."""
+    path = env.sock("A")
+    for data in (b"[" * 60_000, b'{"op": "hello", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                 b'{"op": "hello", "id": ' + b"{\"a\":" * 900 + b"1" + b"}" * 900 + b"}",
+                 b"{" + b" " * 70_000 + b"}"):
+        s = _raw(path)
+        r = _ask(s, data)
+        assert not r["ok"] and r["error"] == "MalformedRequest", (data[:30], r)
+        assert _ask(s, b'{"op": "hello", "id": 7}')["ok"]          # the connection itself goes on
+        s.close()
+    # a refused connection (a uid neither root nor in socket_group) sending the same
+    out = _run_as(STRANGER, env, "A", (
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect(sock); s.settimeout(10)\n"
+        "s.send(b'[' * 60000)\n"
+        "print(s.recv(65536).decode())\n"))
+    assert "PermissionDenied" in out.stdout, out
+    assert env.daemon_alive("A")
+    st = env.status("A")["daemon"]
+    assert st["refused"].get("MalformedRequest", 0) >= 4 and st["refused"].get("PermissionDenied", 0) >= 1, st
+    _transfer_works(env)
+
+
+def test_one_client_cannot_run_the_daemon_out_of_file_descriptors(env):
+    """Before: the daemon kept its soft RLIMIT_NOFILE (256 here) and gave no client a share, so one client's QPs
+    took every descriptor; the next client's session header failed with EMFILE out of run() and the daemon
+    exited (with a higher limit, a client that makes ~1,000 QPs and reconnects does the same)."""
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import QPCap
+    path = env.sock("A")
+    hogs = []
+
+    def hog() -> None:
+        ctx = C.connect(path, env.pair.a.ifname)
+        hogs.append(ctx)
+        pd = ctx.alloc_pd()
+        cq = ctx.create_cq(16)
+        with pytest.raises(C.LimitExceeded, match="file descriptors"):
+            for _ in range(300):
+                ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=1, max_recv_wr=1))
+    try:
+        for _ in range(3):                                        # three connections of the same attacker
+            hog()
+        hogs.pop(0).close()                                       # and it reconnects: the old ones come back
+        hog()
+        # meanwhile another client connects, makes its objects and transfers
+        assert env.daemon_alive("A")
+        _transfer_works(env)
+        st = env.status("A")["daemon"]
+        assert st["fd_limit"] == NOFILE_HARD                     # raised to the hard limit at start
+        for ctx in hogs:                                          # QPs + its CQ + socket and session header
+            assert len(ctx.qps) + 1 + 2 == st["fd_budget_per_client"]
+        assert st["refused"].get("LimitExceeded", 0) >= 4
+    finally:
+        for c in hogs:
+            c.close()
+
+
+# ================================================================================ finding 4
+def test_status_shows_a_user_only_its_own_qps(env):
+    """Before: status needed no open device and returned every tenant's QPN, peer, PSNs and owner."""
+    a, b, sa, sb = env.connected()
+    try:
+        out = _run_as(NOBODY, env, "A", (
+            "import json, os\n"
+            "from metaroce_xdp.daemon import client\n"
+            "from metaroce_xdp.verbs_types import QPCap\n"
+            "ctx = client.connect(sock, ifname)\n"
+            "pd = ctx.alloc_pd(); cq = ctx.create_cq(16); qp = ctx.create_qp(pd, cq, cq, QPCap(4, 4))\n"
+            "st = client.status(sock)\n"
+            "print(json.dumps({'mine': qp.qp_num, 'qps': [q['qpn'] for q in st['qps']],\n"
+            "                  'uids': sorted({c['uid'] for c in st['clients']})}))\n"))
+        assert out.returncode == 0, out
+        r = json.loads(out.stdout.splitlines()[-1])
+        assert r["qps"] == [r["mine"]] and r["uids"] == [65534], r       # not sa["qpn"], root's QP
+        # the CLI as that user: its own (none left: the process exited), never root's
+        cli = subprocess.run(NOBODY + [sys.executable, "-m", "tools.metaroce_cli", "qp", "list", "-j", "--socket",
+                                       env.sock("A")], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+        assert cli.returncode == 0, cli
+        assert json.loads(cli.stdout)["qps"] == []
+        # root sees every QP
+        assert sa["qpn"] in [q["qpn"] for q in env.status("A")["qps"]]
+    finally:
+        a.close(), b.close()
+
+
+def test_a_second_qp_aimed_at_a_connected_remote_qp_is_refused(env):
+    """Before: any client could take another's (dgid, dest_qp) and inject into its stream."""
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import InvalidArgument, QPAttr, QPCap, QPState
+    a, b, sa, sb = env.connected()
+    ctx = C.connect(env.sock("A"), env.pair.a.ifname)
+    try:
+        pd = ctx.alloc_pd()
+        cq = ctx.create_cq(16)
+        qp = ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=4, max_recv_wr=4))
+        qp.modify(QPAttr(qp_state=QPState.INIT))
+        before = env.status("A")["daemon"].get("refused", {}).get("PathInUse", 0)
+        for dgid in (env.pair.b.ipv4, "::ffff:" + env.pair.b.ipv4):         # either spelling of the address
+            with pytest.raises(InvalidArgument, match="one remote QP takes one local QP") as e:
+                qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=sb["qpn"], rq_psn=0, path_mtu=1024, dgid=dgid))
+            assert type(e.value).__name__ == "PathInUse"
+        assert env.status("A")["daemon"]["refused"]["PathInUse"] == before + 2
+        assert qp.state == QPState.INIT
+        # another remote QP is fine
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=(sb["qpn"] + 1) & 0xFFFFFF, rq_psn=0, path_mtu=1024,
+                         dgid=env.pair.b.ipv4))
+        # the victim's connection still carries its data
+        a.ok(cmd="post", ops=[{"op": "write", "len": 4096}])
+        assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+    finally:
+        ctx.close()
+        a.close(), b.close()
