@@ -7,6 +7,7 @@ Each case is one finding of issue 19 and failed on the code before its fix (d96a
       makes QPs and CQs until the daemon runs out of file descriptors while another client keeps working
   4   status shows a non-root client only its own user's QPs; a second QP aimed at a remote QP another live
       QP of the interface is connected to is refused (PathInUse)
+  8   a TCP client whose REQ claims another host's GID gets REJ ADDRESS_MISMATCH (MR-SEC-019)
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.netns,
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 STRANGER = ["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups"]     # neither root nor in the group
+VICTIM = "10.77.0.3"
 NOFILE_SOFT, NOFILE_HARD = 256, 1024      # the daemon starts with the soft limit a plain shell gives it
 
 
@@ -198,3 +200,43 @@ def test_a_second_qp_aimed_at_a_connected_remote_qp_is_refused(env):
     finally:
         ctx.close()
         a.close(), b.close()
+
+
+# ================================================================================ finding 8
+def test_a_req_claiming_another_address_is_rejected_mr_sec_019(env):
+    """Before: Listener.accept moved the QP to RTR towards whatever GID the REQ claimed and answered REP, so any
+    TCP client could aim a listening QP at a third host (here 10.77.0.3, a second address on host A, which
+    answers ARP: the QP would have sent to it)."""
+    ns_a, ep_a = env.hosts["A"]
+    env.topo.run(ns_a, ["ip", "addr", "replace", f"{VICTIM}/24", "dev", ep_a.ifname])
+    b = env.player("B")
+    b.ok(cmd="setup", size=1 << 16, seed=3)
+    env.port += 1
+    b.ok(cmd="listen", port=env.port)
+    b.send(cmd="accept", timeout=20)
+    # from host A's namespace (TCP source 10.77.0.1), a REQ claiming the victim's address
+    out = _run_as([], env, "A", (
+        "from metaroce_xdp import cm\n"
+        f"ch = cm.connect({env.pair.b.ipv4!r}, {env.port})\n"
+        f"req = cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=cm.ip_to_gid({VICTIM!r}), qpn=0x1234,\n"
+        "               psn=1, path_mtu=cm.MTU_ENUM[1024], max_dest_rd_atomic=16)\n"
+        "ch.send(req.encode())\n"
+        "m = cm.read_msg(ch, 10)\n"
+        "print(m.msg_type.name, m.reason.name)\n"))
+    assert out.stdout.split() == ["REJ", "ADDRESS_MISMATCH"], out
+    r = b.line()
+    assert not r["ok"] and "MR-SEC-019" in r["message"], r
+    assert b.ok(cmd="state")["state"] != "RTR"
+    b.close()
+    _transfer_works(env)                    # the honest set-up (GID = TCP source) still connects
+
+
+def test_address_check_allows_the_same_host_and_mapped_forms():
+    from metaroce_xdp import cm
+    assert cm.address_problem(cm.ip_to_gid("10.1.2.3"), "10.1.2.3") == ""
+    assert cm.address_problem(cm.ip_to_gid("10.1.2.3"), "::ffff:10.1.2.3") == ""
+    assert cm.address_problem(cm.ip_to_gid("127.0.0.1"), "127.0.0.1") == ""
+    assert "MR-SEC-019" in cm.address_problem(cm.ip_to_gid("192.0.2.7"), "198.51.100.1")
+    # a client on this host connecting over loopback with one of this host's addresses
+    assert cm.address_problem(cm.ip_to_gid("127.0.0.2"), "127.0.0.1") == ""
+    assert "MR-SEC-019" in cm.address_problem(cm.ip_to_gid("192.0.2.7"), "127.0.0.1")

@@ -681,8 +681,11 @@ class Listener:
         self._lst = cm.Listener(port)
 
     def accept(self, qp: QP, private: dict | None = None, timeout: float | None = None,
-               mtu: int | None = None, profile: str = "compat") -> Connection:
-        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT); `profile` as in connect_qp."""
+               mtu: int | None = None, profile: str = "compat", check_address: bool = True) -> Connection:
+        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT); `profile` as in connect_qp.
+        check_address (MR-SEC-019): a REQ whose GID is not the TCP connection's source address gets REJ
+        ADDRESS_MISMATCH (cm.Rejected here); False only where set-up runs on another network than the RoCE
+        traffic (the peer's TCP source is then not its GID)."""
         ctx = self.ctx
         ch = self._lst.accept(timeout)
         try:
@@ -693,6 +696,9 @@ class Listener:
             caps, flags = ctx.offer(profile)
 
             def make_rep(req: cm.CMMsg) -> cm.CMMsg:
+                why = cm.address_problem(req.gid, ch.peer) if check_address else ""
+                if why:                                                                  # MR-SEC-019
+                    raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, why, by_peer=False)
                 agreed = min(mine, req.mtu_bytes or 256)
                 got = cm.agree_caps(req.capabilities, caps | int(cm.Cap.IPV6))
                 if not got & cm.Cap.NATIVE and not flags & cm.FLAG_COMPAT_OK and profile == "native":
