@@ -8,6 +8,8 @@ Each case is one finding of issue 19 and failed on the code before its fix (d96a
   4   status shows a non-root client only its own user's QPs; a second QP aimed at a remote QP another live
       QP of the interface is connected to is refused (PathInUse)
   8   a TCP client whose REQ claims another host's GID gets REJ ADDRESS_MISMATCH (MR-SEC-019)
+  9   a hugetlb memfd is refused at reg_mr (a punched hole faults under the daemon's mapping once the huge page
+      pool is empty: SIGBUS); a hole punched in a plain memfd MR refaults as zeros and harms nobody else
 """
 from __future__ import annotations
 
@@ -240,3 +242,40 @@ def test_address_check_allows_the_same_host_and_mapped_forms():
     # a client on this host connecting over loopback with one of this host's addresses
     assert cm.address_problem(cm.ip_to_gid("127.0.0.2"), "127.0.0.1") == ""
     assert "MR-SEC-019" in cm.address_problem(cm.ip_to_gid("192.0.2.7"), "127.0.0.1")
+
+
+# ================================================================================ finding 9
+@pytest.fixture
+def huge_pages():
+    """Two 2 MiB huge pages in the pool for the test (restored after); skip when the kernel has none to give."""
+    path = "/proc/sys/vm/nr_hugepages"
+    old = open(path).read().strip()
+    try:
+        with open(path, "w") as f:
+            f.write("2")
+        if int(open(path).read()) < 1:
+            pytest.skip("no huge pages could be reserved")
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(old)
+
+
+def test_hugetlb_memfds_are_refused_and_punched_holes_harm_nobody_else(env, huge_pages):
+    """Before: reg_mr took a hugetlb memfd; the client punched a hole in it, another process took the pool, and the
+    next WRITE into the MR was SIGBUS in the daemon (the mechanism measured: docs/daemon.md, "Which memory can be
+    registered")."""
+    a, b, sa, sb = env.connected()
+    try:
+        r = b(cmd="hugetlb_mr")
+        assert not r["ok"] and r["error"] == "InvalidArgument" and "hugetlb" in r["message"], r
+        # a hole in a plain memfd MR: the daemon's next access refaults a zero page (shmem), nothing faults
+        b.ok(cmd="punch", off=0, len=1 << 16)
+        assert b.ok(cmd="digest", off=0, len=4096)["sha"] == __import__("hashlib").sha256(bytes(4096)).hexdigest()
+        a.ok(cmd="post", ops=[{"op": "write", "len": 1 << 16}])
+        assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+        assert a.ok(cmd="digest", off=0, len=1 << 16)["sha"] == b.ok(cmd="digest", off=0, len=1 << 16)["sha"]
+        assert env.daemon_alive("A") and env.daemon_alive("B")
+    finally:
+        a.close(), b.close()
+    _transfer_works(env)

@@ -26,6 +26,7 @@ registered.  This module needs numpy and the standard library only (no numba, no
 """
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import struct
@@ -201,12 +202,22 @@ class Context:
 
     # ---- memory -----------------------------------------------------------------------------------
     def alloc_buf(self, nbytes: int, hugepages: bool = False) -> np.ndarray:
-        """nbytes of zeroed shared memory (a sealed memfd) that reg_mr can register without copying."""
+        """nbytes of zeroed shared memory (a sealed memfd) that reg_mr can register without copying.
+        hugepages=True asks for transparent huge pages (2 MiB-aligned size, MADV_HUGEPAGE; the kernel gives them
+        when /sys/kernel/mm/transparent_hugepage/shmem_enabled allows): the daemon refuses hugetlb memfds
+        (MFD_HUGETLB), whose punched holes would fault under its mapping."""
         if not 0 < nbytes <= 1 << 40:
             raise InvalidArgument(f"buffer size {nbytes} out of range")
-        fd = shm.create(nbytes, "metaroce-buf", hugepages)
+        if hugepages:
+            nbytes = (nbytes + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+        fd = shm.create(nbytes, "metaroce-buf")
         size = os.fstat(fd).st_size
         mm = shm.map_fd(fd, size)
+        if hugepages and hasattr(mm, "madvise"):
+            try:
+                mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass                        # no THP for shared memory here: small pages
         a = np.frombuffer(mm, np.uint8, count=nbytes)
         start = int(a.ctypes.data)
         self._bufs.append((start, start + size, fd, mm))

@@ -109,6 +109,37 @@ def raise_fd_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+HUGETLBFS_MAGIC = 0x958458F6     # linux/magic.h
+
+
+def fs_magic(fd: int) -> int:
+    """f_type of fstatfs(fd): which file system the descriptor's file lives on."""
+    import ctypes
+    buf = ctypes.create_string_buffer(256)          # struct statfs is 120 bytes on 64-bit Linux
+    if ctypes.CDLL(None, use_errno=True).fstatfs(fd, buf) != 0:
+        raise OSError(ctypes.get_errno(), "fstatfs")
+    return struct.unpack_from("l", buf.raw)[0] & 0xFFFFFFFF
+
+
+def placeable_size(fd: int) -> int:
+    """The size of a client's memfd the data plane may place bytes into for as long as it is registered;
+    ValueError with what to do otherwise.  Sealed against shrinking (shm.sealed_size): a truncated file would
+    fault under the daemon's mapping.  Not on hugetlbfs: no seal stops fallocate(PUNCH_HOLE) short of forbidding
+    writes; a hole in shmem (a plain memfd) refaults as a zero page, but a hole in a hugetlb file needs a free huge
+    page at the next access and, with the pool empty, the daemon's access is SIGBUS -- every tenant's daemon
+    killed by one client (measured: punch, take the pool, touch the mapping: SIGBUS)."""
+    size = shm.sealed_size(fd)
+    try:
+        magic = fs_magic(fd)
+    except OSError as e:
+        raise ValueError(f"cannot tell which file system the memfd is on ({e})") from None
+    if magic == HUGETLBFS_MAGIC:
+        raise ValueError("a hugetlb memfd (MFD_HUGETLB) cannot be registered: a hole punched in it would make the "
+                         "daemon's next access fault (SIGBUS) once the huge page pool is empty; use "
+                         "Context.alloc_buf(hugepages=True), which asks for transparent huge pages of shared memory")
+    return size
+
+
 def open_fds() -> int:
     try:
         return len(os.listdir("/proc/self/fd"))
@@ -1087,7 +1118,7 @@ class Daemon:
         if len(fds) != 1:
             raise MalformedRequest("reg_mr carries exactly one file descriptor (the memfd) as SCM_RIGHTS")
         try:
-            size = shm.sealed_size(fds[0])
+            size = placeable_size(fds[0])
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
         if offset + length > size:
