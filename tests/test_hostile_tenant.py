@@ -139,8 +139,8 @@ def test_one_client_cannot_run_the_daemon_out_of_file_descriptors(env):
         _transfer_works(env)
         st = env.status("A")["daemon"]
         assert st["fd_limit"] == NOFILE_HARD                     # raised to the hard limit at start
-        for ctx in hogs:                                          # QPs + its CQ + socket and session header
-            assert len(ctx.qps) + 1 + 2 == st["fd_budget_per_client"]
+        for ctx in hogs:                      # QPs + its CQ + socket, session header and wake-up eventfd
+            assert len(ctx.qps) + 1 + 3 == st["fd_budget_per_client"]
         assert st["refused"].get("LimitExceeded", 0) >= 4
     finally:
         for c in hogs:
@@ -278,4 +278,51 @@ def test_hugetlb_memfds_are_refused_and_punched_holes_harm_nobody_else(env, huge
         assert env.daemon_alive("A") and env.daemon_alive("B")
     finally:
         a.close(), b.close()
+    _transfer_works(env)
+
+
+# ================================================================================ finding 10 (the daemon's parts)
+def _same_file(fd1: int, fd2: int) -> bool:
+    """kcmp(KCMP_FILE): whether two descriptors of this process are the same open file."""
+    import ctypes
+    pid = os.getpid()
+    return ctypes.CDLL(None, use_errno=True).syscall(312, pid, pid, 0, fd1, fd2) == 0
+
+
+def test_each_client_has_its_own_wake_up_eventfd_and_bounded_pds_and_native_qps(env):
+    """Before: open_device handed every client the plane's eventfd (one could drain the others' wake-ups or
+    write it in a loop), a client could allocate PDs without limit and take all 16 native slots."""
+    from metaroce_xdp import cm
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import QPAttr, QPCap, QPState
+    path = env.sock("A")
+    c1, c2 = C.connect(path, env.pair.a.ifname), C.connect(path, env.pair.a.ifname)
+    try:
+        assert not _same_file(c1._efd, c2._efd)
+        pds = [c1.alloc_pd() for _ in range(64)]
+        with pytest.raises(C.LimitExceeded, match="PDs per client"):
+            c1.alloc_pd()
+        for pd in pds[1:]:
+            pd.dealloc()
+        cq = c1.create_cq(64)
+        agreed = c1.agreed_profile(int(cm.Cap.NATIVE | cm.Cap.SACK | cm.Cap.OOO_PLACEMENT), 256, 1)
+        limit = 4                                      # max_native_qps_per_client's default
+        for i in range(limit + 1):
+            qp = c1.create_qp(pds[0], cq, cq, QPCap(max_send_wr=4, max_recv_wr=4))
+            qp.modify(QPAttr(qp_state=QPState.INIT))
+            rtr = QPAttr(qp_state=QPState.RTR, dest_qp_num=0x900 + i, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4,
+                         max_dest_rd_atomic=16, profile="native", native_params=agreed[1])
+            if i < limit:
+                qp.modify(rtr)
+            else:
+                with pytest.raises(C.LimitExceeded, match="max_native_qps_per_client"):
+                    qp.modify(rtr)
+        # the other client still gets native QPs
+        pd2, cq2 = c2.alloc_pd(), c2.create_cq(16)
+        qp2 = c2.create_qp(pd2, cq2, cq2, QPCap(max_send_wr=4, max_recv_wr=4))
+        qp2.modify(QPAttr(qp_state=QPState.INIT))
+        qp2.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x9FF, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4,
+                          max_dest_rd_atomic=16, profile="native", native_params=agreed[1]))
+    finally:
+        c1.close(), c2.close()
     _transfer_works(env)

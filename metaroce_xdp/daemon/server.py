@@ -61,6 +61,8 @@ MAX_SESSIONS = 1024           # rows of the loop's session table (clients with a
 WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring (dp/serve.py)
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
+WHY_ASKED = 100               # Q_ERR code: the client itself moved the QP to ERR (dp/context.py): no event owed
+EVENT_CHECK_S = 0.5           # how often QPs in ERR without their QP_FATAL sent are looked for (Daemon._owed_events)
 CREDIT_ACTIVE_WINDOW_US = 50_000  # MR-CC-018's active_window here: a sender counts as active for 50 ms after its
                                 # last packet (its process may be descheduled for ms on shared cores, MR-CC-042)
 
@@ -70,15 +72,18 @@ MAX_WQES_PER_CLIENT = 8192      # send + receive queue entries over all its QPs 
 MAX_CQES_PER_CLIENT = 16384     # CQ entries over all its CQs (the plane has 131072)
 MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
+MAX_PDS_PER_CLIENT = 64         # a PD costs the daemon a dict entry and the plane a number: bounded all the same
+MAX_PENDING_EVENTS = 1024       # events queued for one client before the serving thread sends them; more are
+                                # counted and reported as one EVENTS_LOST event
 # file descriptors: every QP and CQ holds its ring's memfd, every client its socket and session header.  The daemon
 # raises RLIMIT_NOFILE to its hard limit at start; what is left after its own descriptors (FD_SLACK kept for
 # sockets being answered, memfds in flight, the metrics server) is shared out so that max_clients clients each
 # get the same budget: one client cannot run the daemon out of descriptors (EMFILE) for the others
 FD_SLACK = 128
-FDS_PER_SESSION = 2             # the client's socket and its session header's memfd
+FDS_PER_SESSION = 3             # the client's socket, its session header's memfd and its wake-up eventfd
 MAX_REFUSED_PENDING = 32        # refused connections waiting to read why; more are closed without an answer
 
-RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
+RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
                    "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile",
                    "read_rate_mbps")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
@@ -159,6 +164,8 @@ class SQP:
         self.rate_bps = 0.0
         self._rate_t, self._rate_b = time.monotonic(), 0
         self.destroyed = False
+        self.err_told = False                   # QP_FATAL sent to the client (or owed none)
+        self.err_seen = False                   # in ERR at the last check without it (Daemon._owed_events)
 
     # the loop's own counts (dp/serve.py QX row; the shm copies are for the client)
     def _x(self, col: int) -> int:
@@ -217,6 +224,14 @@ class Session:
         self.H[shm.H_MAGIC] = shm.MAGIC
         self.H[shm.H_SESSION] = sid
         self.slot = -1                           # its row in Device.SX (dp/serve.py), from open_device
+        # the eventfd this client writes when the loop sleeps (its own: the plane's, shared by every client, could
+        # be drained by one to steal the others' wake-ups or written in a loop to keep the loop awake); the
+        # serving thread forwards it to the plane only while the loop sleeps (Daemon._wake)
+        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.wakes = self.wakes_forwarded = 0
+        self.events_pending = 0                  # queued in Daemon._events, not yet sent
+        self.events_lost = 0                     # not queued: more than MAX_PENDING_EVENTS were pending
+        self.events_lost_told = 0
         self.gone = False                        # set by any thread; the serving thread reclaims
 
     def handle(self) -> int:
@@ -450,6 +465,7 @@ class Device:
             log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", dpqp.qp_num, q.sess.pid,
                         text)
         log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
+        q.err_told = True
         self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num,
                                         "reason": dpqp.error_reason})
 
@@ -644,6 +660,8 @@ class Daemon:
         # reason (snapshot()["daemon"], metaroce dev show, /metrics)
         self.refusals: collections.Counter[str] = collections.Counter()
         self.drops: collections.Counter[str] = collections.Counter()
+        self.events_recovered = 0                   # QP_FATALs sent for QPs whose plane event was lost
+        self.events_lost = 0                        # events not queued for a client (MAX_PENDING_EVENTS)
         self.fd_limit = raise_fd_limit()
         self.fd_budget = 0                          # per client; set once the daemon's own descriptors are open
         self._fd_base = 0
@@ -833,8 +851,14 @@ class Daemon:
             os.chown(self.cfg.socket_path, -1, gid)
 
     def post_event(self, s: Session, ev: dict) -> None:
-        """From any thread: send ev to the client s soon (the serving thread sends it)."""
+        """From any thread: send ev to the client s soon (the serving thread sends it).  A client whose events
+        pile up (it does not read its socket, its QPs fail by the thousand) loses the excess, counted and told."""
         with self._events_lock:
+            if s.events_pending >= MAX_PENDING_EVENTS:
+                s.events_lost += 1
+                self.events_lost += 1
+                return
+            s.events_pending += 1
             self._events.append((s, ev))
         try:
             os.eventfd_write(self._efd, 1)
@@ -848,14 +872,22 @@ class Daemon:
             pass
         with self._events_lock:
             evs, self._events = self._events, []
+            for s, _ in evs:
+                s.events_pending -= 1
         for s, ev in evs:
             s.push(ev)
+        for s in {s for s, _ in evs}:
+            if s.events_lost > s.events_lost_told:
+                s.push({"event": "EVENTS_LOST", "count": s.events_lost - s.events_lost_told,
+                        "reason": f"{s.events_lost - s.events_lost_told} events were not queued: more than "
+                                  f"{MAX_PENDING_EVENTS} were waiting to be sent; query the QPs' state"})
+                s.events_lost_told = s.events_lost
 
     # ---- serving --------------------------------------------------------------------------------
     def run(self, stop: threading.Event, tick: Callable[[], None] | None = None) -> None:
         if self._sel is None:
             raise DaemonError("start() first")
-        last_tick = 0.0
+        last_tick = last_check = 0.0
         while not stop.is_set() and not self._stopped:
             for key, _ in self._sel.select(timeout=0.1):
                 try:
@@ -863,6 +895,8 @@ class Daemon:
                         self._accept()
                     elif key.data == "events":
                         self._send_events()
+                    elif isinstance(key.data, tuple) and key.data[0] == "wake":
+                        self._wake(key.data[1])
                     elif isinstance(key.data, tuple):
                         self._answer_refused(key.fileobj)
                     else:
@@ -875,12 +909,56 @@ class Daemon:
             for s in [s for s in self.sessions.values() if s.gone]:
                 self._reclaim(s)
             now = time.monotonic()
+            if now - last_check >= EVENT_CHECK_S:
+                last_check = now
+                self._owed_events()
             if tick is not None and now - last_tick >= 0.1:
                 last_tick = now
                 try:
                     tick()
                 except Exception:                   # noqa: BLE001 - the caller's hook must not stop serving
                     log.exception("tick failed")
+
+    def _owed_events(self) -> None:
+        """QPs the data plane moved to ERR whose event never reached us (its event ring holds 1024 and drops the
+        rest when full): their QP_FATAL now, counted in events_recovered."""
+        for dev in _copy(self.devices.values()):
+            L = dev.L
+            for q in _copy(dev.qp_by_qi.values()):
+                if q.err_told or q.destroyed:
+                    continue
+                r = q.dpqp.row
+                if int(r[L.Q_STATE]) != QPState.ERR:
+                    continue
+                if not q.err_seen:              # its event may still be on its way (drained within a slice)
+                    q.err_seen = True
+                    continue
+                why = int(r[L.Q_ERR])
+                q.err_told = True
+                if why in (0, WHY_ASKED, WHY_CLIENT_GONE, WHY_DRAIN):
+                    continue
+                q.mirror_state()
+                self.events_recovered += 1
+                reason = q.dpqp.error_reason or dev.dpc._WHY.get(why, f"error {why}")
+                log.info("qpn %#x (pid %d): QP error without its event (the plane's event ring was full): %s",
+                         q.dpqp.qp_num, q.sess.pid, reason)
+                self.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num, "reason": reason})
+
+    def _wake(self, s: Session) -> None:
+        """A client wrote its wake-up eventfd after a post: wake its device's loop if that sleeps.  A client
+        writing it in a loop costs this thread a read per write and the loop no extra round while it runs."""
+        try:
+            os.eventfd_read(s.wake_fd)
+        except OSError:
+            return
+        s.wakes += 1
+        dev = s.dev
+        if dev is not None and dev.plane.A[dev.L.P_SLEEPING]:
+            s.wakes_forwarded += 1
+            try:
+                os.eventfd_write(dev.plane.efd, 1)
+            except OSError:
+                pass
 
     def _fail(self, key: selectors.SelectorKey) -> None:
         """Serving one socket raised what the handlers do not catch: drop that client, keep the daemon."""
@@ -889,6 +967,8 @@ class Daemon:
             self.drops["unexpected_error"] += 1
             key.data.gone = True
             self._reclaim(key.data)
+        elif isinstance(key.data, tuple) and key.data[0] == "wake":
+            log.exception("client pid %d: wake-up", key.data[1].pid)
         elif isinstance(key.data, tuple):
             log.exception("a refused connection: unexpected error")
             self._drop_refused(key.fileobj)
@@ -958,6 +1038,7 @@ class Daemon:
         s = Session(self._sid, sock, pid, uid, gid)
         self.sessions[s.id] = s
         self._sel.register(sock, selectors.EVENT_READ, s)
+        self._sel.register(s.wake_fd, selectors.EVENT_READ, ("wake", s))
         log.info("client pid %d uid %d (%s) connected", pid, uid, s.comm)
 
     def _answer_refused(self, sock: socket.socket) -> None:
@@ -1088,7 +1169,7 @@ class Daemon:
         ctx = dev.ctx
         return ({"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu,
                  "profiles": self.profiles(), "native_offer": self.native_offer()},
-                [dev.plane.efd, dev.bell_fd])
+                [s.wake_fd, dev.bell_fd])
 
     def native_offer(self) -> dict:
         """What a client offers in its REQ/REP for a native QP on this daemon (dp/cmconnect.py's offer, with
@@ -1099,6 +1180,8 @@ class Daemon:
 
     def _op_alloc_pd(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)
+        if len(s.pds) >= MAX_PDS_PER_CLIENT:
+            raise LimitExceeded(f"at most {MAX_PDS_PER_CLIENT} PDs per client")
         h = s.handle()
         s.pds[h] = dev.ctx.alloc_pd()
         return {"pd": h}, []
@@ -1262,6 +1345,12 @@ class Daemon:
             a["qp_state"] = QPState(a["qp_state"])
         if a.get("qp_state") == QPState.RTR:
             self._check_path_free(dev, q, a.get("dgid"), a.get("dest_qp_num"))
+            if a.get("profile") == "native":
+                native = sum(1 for o in s.qps.values() if o is not q and o.dpqp.profile == "native")
+                if native >= self.cfg.max_native_qps_per_client:
+                    raise LimitExceeded(f"max_native_qps_per_client ({self.cfg.max_native_qps_per_client}) native QPs "
+                                        f"already (the interface has {self.native_slots()} native slots for every "
+                                        f"client): connect with profile compat, or destroy a native QP")
         if "cur_qp_state" in a:
             a["cur_qp_state"] = QPState(a["cur_qp_state"])
         if "qp_access_flags" in a:
@@ -1305,6 +1394,11 @@ class Daemon:
     CLIENT_NATIVE_PARAMS = ("w", "k", "credits", "cc_delay", "rto_min", "ack_n", "ack_t", "dup_thresh", "pto_min",
                             "init_cwnd", "min_cwnd", "delay_floor", "ai", "beta", "max_mdf", "q_target", "g_ecn",
                             "pacing_gain", "max_burst", "t_peer")
+
+    @staticmethod
+    def native_slots() -> int:
+        from ..dp.native import NSLOT
+        return NSLOT
 
     def profiles(self) -> list[str]:
         """The profiles this daemon's QPs may run (the `profile` option)."""
@@ -1412,6 +1506,11 @@ class Daemon:
                 s.mrs.clear()
                 s.pds.clear()
                 dev.detach_session(s)
+        try:
+            self._sel.unregister(s.wake_fd)
+        except (KeyError, ValueError):
+            pass
+        os.close(s.wake_fd)
         os.close(s.hdr_fd)
         s.H = None
         shm.close_map(s.hdr_mm)
@@ -1531,11 +1630,13 @@ class Daemon:
                 except Exception:             # noqa: BLE001 - destroyed meanwhile
                     pass
         clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
-                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes, "fds": s.fds}
+                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes, "fds": s.fds, "wakes": s.wakes,
+                    "wakes_forwarded": s.wakes_forwarded, "events_lost": s.events_lost}
                    for s in _copy(self.sessions.values()) if uid is None or s.uid == uid]
         return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
                            "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned),
                            "refused": dict(self.refusals), "clients_dropped": dict(self.drops),
+                           "events_recovered": self.events_recovered, "events_lost": self.events_lost,
                            "fd_limit": self.fd_limit, "fd_budget_per_client": self.fd_budget,
                            "fds_open": open_fds()},
                 "devices": devices, "qps": qps, "clients": clients}
