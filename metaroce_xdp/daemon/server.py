@@ -46,7 +46,7 @@ import numpy as np
 
 from .. import __version__, cm
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
-from . import proto, shm
+from . import caps, proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
 from .startup import LOADER_MAX_QPS, Build, StartClock, prebuild_xdp
@@ -746,6 +746,14 @@ class Daemon:
             raise
         for b in loaders.values():          # built for an interface the configuration does not name
             b.discard()
+        # attached: what only attaching needed goes before the driver threads start (they inherit the rest)
+        try:
+            gone = caps.drop()
+            if gone:
+                log.info("capabilities dropped after attach: %s (kept: %s)", ", ".join(gone),
+                         ", ".join(caps.effective()) or "none")
+        except OSError as e:
+            log.warning("could not drop capabilities after attach: %s", e)
         for dev in self.devices.values():
             dev.start()
         clock.mark("loop start")
@@ -1638,7 +1646,7 @@ class Daemon:
                            "refused": dict(self.refusals), "clients_dropped": dict(self.drops),
                            "events_recovered": self.events_recovered, "events_lost": self.events_lost,
                            "fd_limit": self.fd_limit, "fd_budget_per_client": self.fd_budget,
-                           "fds_open": open_fds()},
+                           "fds_open": open_fds(), "capabilities": caps.effective()},
                 "devices": devices, "qps": qps, "clients": clients}
 
 
