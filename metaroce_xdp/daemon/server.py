@@ -75,7 +75,8 @@ MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
 MAX_PDS_PER_CLIENT = 64         # a PD costs the daemon a dict entry and the plane a number: bounded all the same
 MAX_PENDING_EVENTS = 1024       # events queued for one client before the serving thread sends them; more are
                                 # counted and reported as one EVENTS_LOST event
-# file descriptors: every QP and CQ holds its ring's memfd, every client its socket and session header.  The daemon
+# file descriptors: every QP and CQ holds its ring's memfd, every client its socket, session header and wake-up
+# eventfd.  The daemon
 # raises RLIMIT_NOFILE to its hard limit at start; what is left after its own descriptors (FD_SLACK kept for
 # sockets being answered, memfds in flight, the metrics server) is shared out so that max_clients clients each
 # get the same budget: one client cannot run the daemon out of descriptors (EMFILE) for the others
@@ -83,7 +84,8 @@ FD_SLACK = 128
 FDS_PER_SESSION = 3             # the client's socket, its session header's memfd and its wake-up eventfd
 MAX_REFUSED_PENDING = 32        # refused connections waiting to read why; more are closed without an answer
 
-RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
+RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_client", "max_mr_bytes_per_client",
+                   "log_level", "drain_timeout_s",
                    "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile",
                    "read_rate_mbps")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
