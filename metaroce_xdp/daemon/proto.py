@@ -139,7 +139,9 @@ def recv(sock: socket.socket, limit: int = MAX_MSG) -> tuple[dict | None, list[i
         return {}, fds, f"message longer than {size} bytes (truncated)"
     if flags & socket.MSG_CTRUNC:
         return {}, fds, f"more than {MAX_FDS} file descriptors"
-    depth = nesting(data)
+    # requests (at most MAX_MSG) are checked before parsing; a reply of the daemon to its client may be MiBs
+    # (status), and json.loads' RecursionError below still bounds it
+    depth = nesting(data) if len(data) <= MAX_MSG else 0
     if depth > MAX_DEPTH:
         return {}, fds, f"arrays and objects nested {depth} deep (at most {MAX_DEPTH})"
     try:
