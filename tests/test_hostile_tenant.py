@@ -10,6 +10,7 @@ Each case is one finding of issue 19 and failed on the code before its fix (d96a
   8   a TCP client whose REQ claims another host's GID gets REJ ADDRESS_MISMATCH (MR-SEC-019)
   9   a hugetlb memfd is refused at reg_mr (a punched hole faults under the daemon's mapping once the huge page
       pool is empty: SIGBUS); a hole punched in a plain memfd MR refaults as zeros and harms nobody else
+  N1  an RTR towards an address that never answers ARP held the serving thread for 2 s (failed on 71acc19)
 """
 from __future__ import annotations
 
@@ -331,3 +332,59 @@ def test_each_client_has_its_own_wake_up_eventfd_and_bounded_pds_and_native_qps(
     finally:
         c1.close(), c2.close()
     _transfer_works(env)
+
+
+# ================================================================================ N1: a path that never resolves
+SILENT = "10.77.0.222"      # in host A's connected subnet; nothing answers ARP for it
+
+
+def test_a_path_that_never_resolves_stalls_only_its_client(env):
+    """Before: modify_qp to RTR resolved the peer's MAC on the daemon's one serving thread, waiting up to 2 s for
+    an address that never answers ARP, and every other client's request (and new connection) waited behind it,
+    as often as one tenant liked.  Now the wait costs that client only: another client's requests, an RTR
+    towards a reachable peer among them, are answered while the first is still waiting, which then gets its
+    typed error."""
+    import threading
+
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import QPAttr, QPCap, QPState, VerbsError
+    ns_a, _ = env.hosts["A"]
+    path, ifname = env.sock("A"), env.pair.a.ifname
+    slow, quick = C.connect(path, ifname), C.connect(path, ifname)
+    try:
+        qps = []
+        for ctx in (slow, quick):
+            pd, cq = ctx.alloc_pd(), ctx.create_cq(16)
+            qp = ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=4, max_recv_wr=4))
+            qp.modify(QPAttr(qp_state=QPState.INIT))
+            qps.append(qp)
+        got: list = []
+
+        def to_silent() -> None:
+            try:
+                qps[0].modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x1234, rq_psn=0, path_mtu=1024,
+                                     dgid=SILENT))
+                got.append("RTR")
+            except Exception as e:          # noqa: BLE001 - checked below
+                got.append(e)
+        t = threading.Thread(target=to_silent)
+        t.start()
+        # the daemon is resolving: the kernel holds an entry for SILENT (INCOMPLETE, then FAILED)
+        _wait_for(lambda: SILENT in env.topo.run(ns_a, ["ip", "neigh", "show", "to", SILENT]).stdout, 5,
+                  "the daemon probing the silent address")
+        assert t.is_alive()
+        # meanwhile the other client: a PD, a query, a status, a new connection, an RTR to a reachable peer
+        quick.alloc_pd()
+        assert qps[1].query_state() == QPState.INIT
+        C.status(path)
+        C.connect(path, ifname).close()
+        qps[1].modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x1235, rq_psn=0, path_mtu=1024,
+                             dgid=env.pair.b.ipv4))
+        assert t.is_alive(), got            # all of it answered while the first client still waits
+        t.join(30)
+        assert len(got) == 1 and isinstance(got[0], VerbsError), got
+        assert "could not resolve the MAC" in str(got[0])
+        assert qps[0].query_state() == QPState.INIT
+        slow.alloc_pd()                     # and that client goes on
+    finally:
+        slow.close(), quick.close()

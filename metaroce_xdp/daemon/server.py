@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import errno
 import grp
+import ipaddress
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import __version__, cm
+from ..netinfo import NetInfoError
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
 from . import caps, proto, shm
 from .config import ConfigError, DaemonConfig
@@ -62,6 +64,7 @@ WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work req
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
 WHY_ASKED = 100               # Q_ERR code: the client itself moved the QP to ERR (dp/context.py): no event owed
+PATH_WAIT_S = 2.0             # how long an RTR waits for its next hop's MAC (ARP/ND), on a thread of its own
 EVENT_CHECK_S = 0.5           # how often QPs in ERR without their QP_FATAL sent are looked for (Daemon._owed_events)
 CREDIT_ACTIVE_WINDOW_US = 50_000  # MR-CC-018's active_window here: a sender counts as active for 50 ms after its
                                 # last packet (its process may be descheduled for ms on shared cores, MR-CC-042)
@@ -202,6 +205,17 @@ class SMR:
         self.h, self.dpmr, self.mm, self.length, self.pd_h = h, dpmr, mm, length, pd_h
 
 
+class _Wait(Exception):
+    """Raised by an op whose reply waits for something slow (a peer's MAC, resolved by ARP/ND): `work()` runs
+    on a thread of its own while the serving thread serves the other clients; then the op runs again on the
+    serving thread (or its error, if work raised, is the reply).  Until then the client's socket is not read:
+    one request of a client waits at a time, and its replies stay in order."""
+
+    def __init__(self, what: str, work: Callable[[], None]) -> None:
+        super().__init__(what)
+        self.what, self.work = what, work
+
+
 class Session:
     """One client connection: its credentials, its objects (handles are per client), its header ring."""
 
@@ -235,6 +249,7 @@ class Session:
         self.events_lost = 0                     # not queued: more than MAX_PENDING_EVENTS were pending
         self.events_lost_told = 0
         self.gone = False                        # set by any thread; the serving thread reclaims
+        self.waiting: str | None = None          # what its request waits for (_Wait), its socket unread meanwhile
 
     def handle(self) -> int:
         h = self._next
@@ -662,6 +677,9 @@ class Daemon:
         # reason (snapshot()["daemon"], metaroce dev show, /metrics)
         self.refusals: collections.Counter[str] = collections.Counter()
         self.drops: collections.Counter[str] = collections.Counter()
+        # requests waiting off the serving thread (_Wait): (session, request, result) when done
+        self._waited: list[tuple[Session, dict, BaseException | None]] = []
+        self.requests_waited = 0
         self.events_recovered = 0                   # QP_FATALs sent for QPs whose plane event was lost
         self.events_lost = 0                        # events not queued for a client (MAX_PENDING_EVENTS)
         self.fd_limit = raise_fd_limit()
@@ -913,6 +931,8 @@ class Daemon:
                         self._serve(key.data)
                 except Exception:                   # noqa: BLE001 - what one client sent costs that client only
                     self._fail(key)
+            if self._waited:
+                self._finish_waits()
             now = time.monotonic()
             for sock in [k for k, (_, t) in self._refused.items() if t < now]:
                 self._drop_refused(sock)
@@ -1099,6 +1119,9 @@ class Daemon:
         if msg is None:
             self._reclaim(s)
             return
+        self._answer(s, msg, fds, problem)
+
+    def _answer(self, s: Session, msg: dict, fds: list[int], problem: str | None) -> None:
         rid = msg.get("id")
         if not (rid is None or isinstance(rid, (int, str))):
             rid = None                       # echoed: an id is a number or a string, nothing to nest
@@ -1111,6 +1134,9 @@ class Daemon:
                 raise MalformedRequest(f"unknown op {op!r}")
             reply, out_fds = fn(s, msg, fds)
             reply = {"ok": True, "id": rid, **reply}
+        except _Wait as w:
+            self._wait(s, msg, w)
+            return
         except VerbsError as e:
             reply, out_fds = proto.error_reply(e, rid), []
         except (KeyError, TypeError, ValueError, RecursionError) as e:
@@ -1128,6 +1154,50 @@ class Daemon:
         if not reply["ok"]:
             self.refusals[reply["error"]] += 1
         s.push(reply, out_fds, proto.MAX_REPLY if msg.get("op") == "status" else proto.MAX_MSG)
+
+    def _wait(self, s: Session, msg: dict, w: _Wait) -> None:
+        """Run w.work on a thread of its own; the request is answered (run again) by _finish_waits."""
+        self._sel.unregister(s.sock)
+        s.waiting = w.what
+        self.requests_waited += 1
+
+        def work() -> None:
+            err: BaseException | None = None
+            try:
+                w.work()
+            except BaseException as e:              # noqa: BLE001 - the client's reply
+                err = e
+            with self._events_lock:
+                if self._stopped:
+                    return                          # the client was told DEVICE_FATAL; the eventfd is closed
+                self._waited.append((s, msg, err))
+                try:
+                    os.eventfd_write(self._efd, 1)
+                except OSError:
+                    pass
+        threading.Thread(target=work, name=f"metaroce-wait-{s.pid}", daemon=True).start()
+
+    def _finish_waits(self) -> None:
+        with self._events_lock:
+            done, self._waited = self._waited, []
+        for s, msg, err in done:
+            s.waiting = None
+            if s.gone or self.sessions.get(s.id) is not s:
+                continue
+            try:
+                self._sel.register(s.sock, selectors.EVENT_READ, s)
+                if err is None:
+                    self._answer(s, msg, [], None)
+                else:
+                    e = err if isinstance(err, VerbsError) else proto.InternalError(f"{type(err).__name__}: {err}")
+                    reply = proto.error_reply(e, msg.get("id"))
+                    self.refusals[reply["error"]] += 1
+                    s.push(reply)
+            except Exception:                       # noqa: BLE001 - what one client sent costs that client only
+                log.exception("client pid %d: dropped after an unexpected error", s.pid)
+                self.drops["unexpected_error"] += 1
+                s.gone = True
+                self._reclaim(s)
 
     # ---- ops ------------------------------------------------------------------------------------
     @staticmethod
@@ -1339,6 +1409,7 @@ class Daemon:
         a = msg.get("attr")
         if not isinstance(a, dict):
             raise MalformedRequest("modify_qp needs attr: an object of QPAttr fields")
+        a = dict(a)                             # msg unchanged: a request that waited (_Wait) runs again
         bad = set(a) - _ATTR_FIELDS
         if bad:
             raise MalformedRequest(f"unknown QP attributes {sorted(bad)} (known: {sorted(_ATTR_FIELDS)})")
@@ -1365,6 +1436,8 @@ class Daemon:
             a["cur_qp_state"] = QPState(a["cur_qp_state"])
         if "qp_access_flags" in a:
             a["qp_access_flags"] = Access(a["qp_access_flags"])
+        if a.get("qp_state") == QPState.RTR and a.get("dmac") is None:
+            self._path_known(dev, a.get("dgid"))
         q.dpqp.modify(QPAttr(**a))
         q.mirror_state()
         st = q.dpqp.query_state()
@@ -1372,6 +1445,32 @@ class Daemon:
         return {"state": int(st)}, []
 
     LIVE_STATES = (QPState.RTR, QPState.RTS, QPState.SQD, QPState.SQE)
+
+    @staticmethod
+    def _path_known(dev: Device, dgid: Any) -> None:
+        """An RTR resolves its peer's next hop (the data plane's template_for, waiting up to 2 s for ARP/ND):
+        only once the kernel knows that MAC does it run here, on the serving thread; until then the request
+        waits on a thread of its own (_Wait), so an address that never answers costs its client only."""
+        paths = getattr(getattr(dev.ctx, "port", None), "paths", None)
+        if paths is None or not isinstance(dgid, str):
+            return
+        try:
+            ipaddress.ip_address(dgid)
+        except ValueError:
+            return                              # not an address: the data plane says so
+        if paths.lookup(dgid) is not None:      # never waits for ARP/ND; sends one probe when the MAC is unknown
+            return
+
+        def wait() -> None:
+            deadline = time.monotonic() + PATH_WAIT_S
+            while paths.lookup(dgid) is None:
+                if time.monotonic() >= deadline:
+                    via, _ = paths.route(dgid)
+                    what = f"the gateway {via} (next hop to {dgid})" if via else dgid
+                    raise NetInfoError(f"could not resolve the MAC of {what} on {dev.ifname} within {PATH_WAIT_S}s: "
+                                       f"is it up? (see `ip neigh show dev {dev.ifname}`)")
+                time.sleep(0.02)
+        raise _Wait(f"the MAC of {dgid}", wait)
 
     def _check_path_free(self, dev: Device, q: SQP, dgid: Any, dest_qp: Any) -> None:
         """No two live QPs of an interface aimed at the same remote QP: BTH carries no source QPN and the peer
@@ -1641,12 +1740,13 @@ class Daemon:
                     pass
         clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
                     "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes, "fds": s.fds, "wakes": s.wakes,
-                    "wakes_forwarded": s.wakes_forwarded, "events_lost": s.events_lost}
+                    "wakes_forwarded": s.wakes_forwarded, "events_lost": s.events_lost,
+                    "waiting": s.waiting}
                    for s in _copy(self.sessions.values()) if uid is None or s.uid == uid]
         return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
                            "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned),
                            "refused": dict(self.refusals), "clients_dropped": dict(self.drops),
-                           "events_recovered": self.events_recovered, "events_lost": self.events_lost,
+                           "requests_waited": self.requests_waited, "events_recovered": self.events_recovered, "events_lost": self.events_lost,
                            "fd_limit": self.fd_limit, "fd_budget_per_client": self.fd_budget,
                            "fds_open": open_fds(), "capabilities": caps.effective()},
                 "devices": devices, "qps": qps, "clients": clients}
