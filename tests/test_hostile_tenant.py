@@ -33,6 +33,7 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 STRANGER = ["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups"]     # neither root nor in the group
 VICTIM = "10.77.0.3"
 NOFILE_SOFT, NOFILE_HARD = 256, 1024      # the daemon starts with the soft limit a plain shell gives it
+MAX_PENDING_EVENTS = 8                    # of 1024: reached with a few QPs
 
 
 class Env(test_daemon.Env):
@@ -47,7 +48,8 @@ class Env(test_daemon.Env):
         orig = self.topo.popen
 
         def popen(ns, argv, **kw):          # RLIMIT_NOFILE soft < hard, as a daemon started from a shell has
-            return orig(ns, ["prlimit", f"--nofile={NOFILE_SOFT}:{NOFILE_HARD}", "--"] + argv, **kw)
+            return orig(ns, ["prlimit", f"--nofile={NOFILE_SOFT}:{NOFILE_HARD}", "--",
+                             "env", f"METAROCE_MAX_PENDING_EVENTS={MAX_PENDING_EVENTS}"] + argv, **kw)
         self.topo.popen = popen
         try:
             return super().start_daemon(h)
@@ -388,3 +390,65 @@ def test_a_path_that_never_resolves_stalls_only_its_client(env):
         slow.alloc_pd()                     # and that client goes on
     finally:
         slow.close(), quick.close()
+
+
+# ================================================================================ finding 10: events
+def _stall_serving_thread(path: str, n: int) -> list[socket.socket]:
+    """n clients that send requests and never read the replies: once a client's socket is full the serving
+    thread waits SEND_TIMEOUT_S (0.5 s) on it, then drops it (what any client can do: the daemon's events
+    queue up meanwhile)."""
+    import threading
+    socks = []
+    for _ in range(n):
+        s = _raw(path)
+        assert _ask(s, b'{"op": "hello", "id": 1}')["ok"]
+        socks.append(s)
+
+    def flood(s: socket.socket) -> None:
+        try:
+            for i in range(2000):
+                s.send(b'{"op": "nosuch", "id": %d}' % i)
+        except OSError:
+            pass                            # dropped by the daemon: done
+    for s in socks:
+        threading.Thread(target=flood, args=(s,), daemon=True).start()
+    return socks
+
+
+def test_events_beyond_the_per_client_limit_are_counted_and_told(env):
+    """The daemon queues at most MAX_PENDING_EVENTS events per client (1024; 8 for this module's daemons);
+    the excess is counted (events_lost) and the client told once (EVENTS_LOST).  Here for real: three clients
+    that never read their replies hold the serving thread (0.5 s each) while 24 QPs of a fourth go to ERR
+    (a bad SQ tail in its shared ring, as a client bypassing the library writes), 24 QP_FATALs for 8 places."""
+    from metaroce_xdp.daemon import client as C, shm
+    from metaroce_xdp.verbs_types import QPCap, QPState
+    path = env.sock("A")
+    ctx = C.connect(path, env.pair.a.ifname)
+    slow = []
+    try:
+        pd, cq = ctx.alloc_pd(), ctx.create_cq(16)
+        qps = [ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=1, max_recv_wr=1)) for _ in range(24)]
+        lost0 = env.status("A")["daemon"]["events_lost"]
+        slow = _stall_serving_thread(path, 3)
+        time.sleep(0.1)                     # the floods fill their sockets within ms; the stall lasts 1.5 s
+        for qp in qps:
+            qp.W[shm.QH_SQ_TAIL] = -1       # n < 0: BAD_SQ_TAIL, the QP to ERR, one QP_FATAL each
+        _wait_for(lambda: all(qp.state == QPState.ERR for qp in qps), 10, "the QPs to ERR")
+        evs = []
+        while not any(e.type == "EVENTS_LOST" for e in evs):
+            ev = ctx.get_async_event(10)
+            assert ev is not None, evs
+            evs.append(ev)
+        fatal = [e for e in evs if e.type == "QP_FATAL"]
+        assert len(fatal) == MAX_PENDING_EVENTS, evs
+        lost = next(e for e in evs if e.type == "EVENTS_LOST")
+        assert f"{24 - MAX_PENDING_EVENTS} events were not queued" in lost.reason, lost
+        st = env.status("A")
+        assert st["daemon"]["events_lost"] == lost0 + 24 - MAX_PENDING_EVENTS
+        me = next(c for c in st["clients"] if c["pid"] == os.getpid() and c["qps"] == 24)
+        assert me["events_lost"] == 24 - MAX_PENDING_EVENTS
+        ctx.alloc_pd()                      # the client goes on
+    finally:
+        for s in slow:
+            s.close()
+        ctx.close()

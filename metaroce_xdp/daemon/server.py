@@ -76,8 +76,9 @@ MAX_CQES_PER_CLIENT = 16384     # CQ entries over all its CQs (the plane has 131
 MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
 MAX_PDS_PER_CLIENT = 64         # a PD costs the daemon a dict entry and the plane a number: bounded all the same
-MAX_PENDING_EVENTS = 1024       # events queued for one client before the serving thread sends them; more are
-                                # counted and reported as one EVENTS_LOST event
+# events queued for one client before the serving thread sends them; more are counted and reported as one
+# EVENTS_LOST event (METAROCE_MAX_PENDING_EVENTS: for tests, which reach it with a few QPs)
+MAX_PENDING_EVENTS = int(os.environ.get("METAROCE_MAX_PENDING_EVENTS", "1024"))
 # file descriptors: every QP and CQ holds its ring's memfd, every client its socket, session header and wake-up
 # eventfd.  The daemon
 # raises RLIMIT_NOFILE to its hard limit at start; what is left after its own descriptors (FD_SLACK kept for
