@@ -477,15 +477,21 @@ class Device:
         if typ not in (self.L.EV_QP_FATAL, self.L.EV_QP_REQ_ERR, self.L.EV_QP_ACCESS_ERR):
             return                          # COMM_EST, SQ_DRAINED, CQ_NOTIFY: not errors
         q.mirror_state()
-        if why == WHY_BAD_WR:
-            text = self.bad_wr_text(dpqp.qi)
-            dpqp.error_reason = "the client wrote an invalid work request into its ring: " + text
-            log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", dpqp.qp_num, q.sess.pid,
-                        text)
+        self.note_bad_wr(q, why)
         log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
         q.err_told = True
         self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num,
                                         "reason": dpqp.error_reason})
+
+    def note_bad_wr(self, q: SQP, why: int) -> None:
+        """The QP went to ERR on an invalid entry in its shared ring: its error_reason says which (the event's
+        or, when the plane's event ring dropped it, Daemon._owed_events's QP_FATAL carries it)."""
+        if why != WHY_BAD_WR:
+            return
+        text = self.bad_wr_text(q.dpqp.qi)
+        q.dpqp.error_reason = "the client wrote an invalid work request into its ring: " + text
+        log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", q.dpqp.qp_num, q.sess.pid,
+                    text)
 
     def _cq_event(self, dpcq: Any) -> None:
         c = self.cq_by_idx.get(dpcq.index) if dpcq is not None else None
@@ -969,6 +975,7 @@ class Daemon:
                 if why in (0, WHY_ASKED, WHY_CLIENT_GONE, WHY_DRAIN):
                     continue
                 q.mirror_state()
+                dev.note_bad_wr(q, why)
                 self.events_recovered += 1
                 reason = q.dpqp.error_reason or dev.dpc._WHY.get(why, f"error {why}")
                 log.info("qpn %#x (pid %d): QP error without its event (the plane's event ring was full): %s",
