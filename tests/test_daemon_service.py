@@ -140,6 +140,30 @@ def _unit_caps() -> list[str]:
     raise AssertionError("no CapabilityBoundingSet in the unit")
 
 
+def test_metrics_show_per_qp_series_only_when_configured():
+    """/metrics answers whoever reaches it.  Before: every tenant's QPs with peer address, remote QPN, PSNs and
+    owner, and every client's pid and command, always.  Now per-device aggregates by default; the per-QP and
+    per-client series with metrics_per_qp = true."""
+    from metaroce_xdp.daemon import metrics
+    snap = {"daemon": {"version": "x", "clients": 1, "refused": {"PathInUse": 2}},
+            "devices": [{"ifname": "mr0", "counters": {"plane": {"rx": 5}, "xdp_drops": {"BAD_ICRC": 1}}}],
+            "qps": [{"dev": "mr0", "qpn": 0x11, "state": "RTS", "type": "RC", "remote_qpn": 0x4242,
+                     "remote_addr": "10.9.9.9", "sq_psn": 123456, "rq_psn": 654321, "bytes_tx": 7,
+                     "owner": {"pid": 4321, "uid": 1000, "comm": "tenant-a"}}],
+            "clients": [{"pid": 4321, "uid": 1000, "comm": "tenant-a", "qps": 1, "mrs": 0, "mr_bytes": 0}]}
+    text = metrics.render(lambda: snap)
+    for secret in ("10.9.9.9", "16962", "123456", "654321", "4321", "tenant-a", "metaroce_qp_", "metaroce_client_"):
+        assert secret not in text, secret
+    assert 'metaroce_qps{dev="mr0",state="RTS"} 1.0' in text
+    assert 'metaroce_device_counter{dev="mr0",name="plane.rx"} 5.0' in text
+    assert 'metaroce_xdp_drops_total{dev="mr0",reason="bad_icrc"} 1.0' in text
+    full = metrics.render(lambda: snap, per_qp=True)
+    assert 'remote_addr="10.9.9.9"' in full and 'metaroce_qp_sq_psn{dev="mr0",qpn="17"} 123456.0' in full
+    assert 'metaroce_client_qps{comm="tenant-a",pid="4321",uid="1000"} 1.0' in full
+    assert DaemonConfig().metrics_per_qp is False
+    assert load_config(os.devnull, {"metrics_per_qp": True}).metrics_per_qp is True
+
+
 def test_unit_file_verifies(tmp_path):
     """`systemd-analyze verify` accepts the unit (ExecStart pointed at this tree's daemon/metaroced, as
     `make install` points it at the installed one); Type=notify, a watchdog, no CAP_SYS_ADMIN."""
@@ -277,7 +301,7 @@ class Service:
 
     def write_conf(self, **kw) -> None:
         body = {"interfaces": [self.ifname], "socket_path": self.sock, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
-                "drain_timeout_s": 1.0, **kw}
+                "metrics_per_qp": True, "drain_timeout_s": 1.0, **kw}
         with open(self.conf, "w") as f:
             f.write("[metaroced]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items()))
 

@@ -39,6 +39,7 @@ class DaemonConfig:
     max_mr_bytes_per_client: int = 1 << 30
     cm_port: int = 18515                                  # TCP port of connection set-up (spec 06)
     metrics_listen: str | None = None                     # "127.0.0.1:9462" serves Prometheus; None: off
+    metrics_per_qp: bool = False                          # /metrics with per-QP and per-client series (peers, PSNs)
     watchdog: bool = True                                 # send WATCHDOG=1 when systemd asks for it
     drain_timeout_s: float = 5.0                          # SIGTERM: how long outstanding work may finish
     log_level: str = "info"

@@ -90,8 +90,8 @@ MAX_REFUSED_PENDING = 32        # refused connections waiting to read why; more 
 
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_client", "max_mr_bytes_per_client",
                    "log_level", "drain_timeout_s",
-                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile",
-                   "read_rate_mbps")
+                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen",
+                   "metrics_per_qp", "profile", "read_rate_mbps")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
 
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
