@@ -11,6 +11,8 @@ Each case is one finding of issue 19 and failed on the code before its fix (d96a
   9   a hugetlb memfd is refused at reg_mr (a punched hole faults under the daemon's mapping once the huge page
       pool is empty: SIGBUS); a hole punched in a plain memfd MR refaults as zeros and harms nobody else
   N1  an RTR towards an address that never answers ARP held the serving thread for 2 s (failed on 71acc19)
+  N2  a client that sends requests and reads no reply held the serving thread 0.5 s, then was dropped
+      (failed on 3bbf04e); 10: with it, events beyond the per-client limit are counted and told (EVENTS_LOST)
 """
 from __future__ import annotations
 
@@ -392,63 +394,95 @@ def test_a_path_that_never_resolves_stalls_only_its_client(env):
         slow.close(), quick.close()
 
 
+# ================================================================================ N2: a client that does not read
+def _fill_outbox(path: str, sock: socket.socket, who) -> int:
+    """Send requests on sock and read no reply until the daemon holds replies for it (its socket full: the
+    client `who(status client)` has an outbox); returns how many requests were sent."""
+    from metaroce_xdp.daemon import client as C
+    sent, timeout = 0, sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                while True:
+                    sock.send(b'{"op": "nosuch", "id": %d}' % sent)
+                    sent += 1
+            except BlockingIOError:
+                pass
+            if any(c.get("outbox", 0) > 0 for c in C.status(path)["clients"] if who(c)):
+                return sent
+            assert sent < 100_000, "the daemon never held a reply back"
+            time.sleep(0.01)
+    finally:
+        sock.settimeout(timeout)
+
+
+def test_a_client_that_does_not_read_its_socket_costs_itself_only(env):
+    """Before: the serving thread sent with a 0.5 s timeout; a client whose socket was full (it sends requests
+    and reads no reply) held every other client's requests and connections for 0.5 s, then was dropped, and
+    could reconnect and do it again.  Now what its socket does not take waits in its outbox, its requests are
+    not read meanwhile, the others are served, and it gets every reply, in order, once it reads."""
+    from metaroce_xdp.daemon import client as C, proto
+    path = env.sock("A")
+    s = _raw(path)
+    assert _ask(s, b'{"op": "hello", "id": 1}')["ok"]
+    sent = _fill_outbox(path, s, lambda c: c["pid"] == os.getpid() and c["dev"] is None)
+    other = C.connect(path, env.pair.a.ifname)          # meanwhile another client connects and works
+    other.alloc_pd(), other.create_cq(16)
+    other.close()
+    mine = [c for c in C.status(path)["clients"] if c["pid"] == os.getpid() and c["dev"] is None]
+    assert any(c["outbox"] > 0 for c in mine), mine     # still connected, still owed its replies
+    s.settimeout(10)
+    for i in range(sent):                                # then it reads: every reply, in order
+        msg, fds, problem = proto.recv(s, proto.MAX_REPLY)
+        assert problem is None and msg["id"] == i and msg["error"] == "MalformedRequest", (i, msg)
+    assert _ask(s, b'{"op": "hello", "id": 7}')["ok"]
+    s.close()
+
+
 # ================================================================================ finding 10: events
-def _stall_serving_thread(path: str, n: int) -> list[socket.socket]:
-    """n clients that send requests and never read the replies: once a client's socket is full the serving
-    thread waits SEND_TIMEOUT_S (0.5 s) on it, then drops it (what any client can do: the daemon's events
-    queue up meanwhile)."""
-    import threading
-    socks = []
-    for _ in range(n):
-        s = _raw(path)
-        assert _ask(s, b'{"op": "hello", "id": 1}')["ok"]
-        socks.append(s)
-
-    def flood(s: socket.socket) -> None:
-        try:
-            for i in range(2000):
-                s.send(b'{"op": "nosuch", "id": %d}' % i)
-        except OSError:
-            pass                            # dropped by the daemon: done
-    for s in socks:
-        threading.Thread(target=flood, args=(s,), daemon=True).start()
-    return socks
-
-
 def test_events_beyond_the_per_client_limit_are_counted_and_told(env):
-    """The daemon queues at most MAX_PENDING_EVENTS events per client (1024; 8 for this module's daemons);
-    the excess is counted (events_lost) and the client told once (EVENTS_LOST).  Here for real: three clients
-    that never read their replies hold the serving thread (0.5 s each) while 24 QPs of a fourth go to ERR
-    (a bad SQ tail in its shared ring, as a client bypassing the library writes), 24 QP_FATALs for 8 places."""
-    from metaroce_xdp.daemon import client as C, shm
+    """The daemon keeps at most MAX_PENDING_EVENTS messages for a client that does not read (1024; 8 for this
+    module's daemons); events beyond are counted (events_lost) and the client told once it reads (EVENTS_LOST).
+    Here for real: a client fills its socket (requests, no reply read), then 24 of its QPs go to ERR (a bad
+    SQ tail in each shared ring, as a client bypassing the library writes): 24 QP_FATALs for the 7 places
+    beside the reply its outbox holds."""
+    from metaroce_xdp.daemon import client as C, proto, shm
     from metaroce_xdp.verbs_types import QPCap, QPState
     path = env.sock("A")
     ctx = C.connect(path, env.pair.a.ifname)
-    slow = []
     try:
         pd, cq = ctx.alloc_pd(), ctx.create_cq(16)
         qps = [ctx.create_qp(pd, cq, cq, QPCap(max_send_wr=1, max_recv_wr=1)) for _ in range(24)]
         lost0 = env.status("A")["daemon"]["events_lost"]
-        slow = _stall_serving_thread(path, 3)
-        time.sleep(0.1)                     # the floods fill their sockets within ms; the stall lasts 1.5 s
+        mine = lambda c: c["pid"] == os.getpid() and c["qps"] == 24        # noqa: E731
+        sent = _fill_outbox(path, ctx.sock, mine)
         for qp in qps:
             qp.W[shm.QH_SQ_TAIL] = -1       # n < 0: BAD_SQ_TAIL, the QP to ERR, one QP_FATAL each
         _wait_for(lambda: all(qp.state == QPState.ERR for qp in qps), 10, "the QPs to ERR")
-        evs = []
-        while not any(e.type == "EVENTS_LOST" for e in evs):
-            ev = ctx.get_async_event(10)
-            assert ev is not None, evs
-            evs.append(ev)
-        fatal = [e for e in evs if e.type == "QP_FATAL"]
-        assert len(fatal) == MAX_PENDING_EVENTS, evs
-        lost = next(e for e in evs if e.type == "EVENTS_LOST")
-        assert f"{24 - MAX_PENDING_EVENTS} events were not queued" in lost.reason, lost
+        _wait_for(lambda: next(c for c in C.status(path)["clients"] if mine(c))["events_lost"] > 0, 10,
+                  "events lost")
+        ctx.sock.settimeout(10)
+        replies, fatal, told = 0, 0, None
+        while told is None:                 # now it reads
+            msg, _, problem = proto.recv(ctx.sock, proto.MAX_REPLY)
+            assert problem is None and msg is not None
+            if msg.get("event") == "QP_FATAL":
+                fatal += 1
+            elif msg.get("event") == "EVENTS_LOST":
+                told = msg["count"]
+            else:
+                assert msg["id"] == replies and msg["error"] == "MalformedRequest", msg
+                replies += 1
+        assert fatal + told == 24 and told >= 24 - (MAX_PENDING_EVENTS - 1), (fatal, told)
+        while replies < sent:               # the replies held back come first; the rest follow
+            msg, _, _ = proto.recv(ctx.sock, proto.MAX_REPLY)
+            assert "event" not in msg and msg["id"] == replies, msg
+            replies += 1
+        ctx.sock.settimeout(None)
         st = env.status("A")
-        assert st["daemon"]["events_lost"] == lost0 + 24 - MAX_PENDING_EVENTS
-        me = next(c for c in st["clients"] if c["pid"] == os.getpid() and c["qps"] == 24)
-        assert me["events_lost"] == 24 - MAX_PENDING_EVENTS
+        assert st["daemon"]["events_lost"] == lost0 + told
+        assert next(c for c in st["clients"] if mine(c))["events_lost"] == told
         ctx.alloc_pd()                      # the client goes on
     finally:
-        for s in slow:
-            s.close()
         ctx.close()

@@ -84,9 +84,18 @@ def raise_error(reply: dict) -> None:
 
 
 def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = (), limit: int = MAX_MSG) -> None:
+    send_bytes(sock, encode(obj, limit), fds)
+
+
+def encode(obj: dict, limit: int = MAX_MSG) -> bytes:
     data = json.dumps(obj, separators=(",", ":")).encode()
     if len(data) > limit:
         raise MalformedRequest(f"message of {len(data)} bytes exceeds {limit}")
+    return data
+
+
+def send_bytes(sock: socket.socket, data: bytes, fds: list[int] | tuple = (), flags: int = 0) -> None:
+    """One message (MSG_DONTWAIT in flags: BlockingIOError when the peer's queue is full)."""
     if len(data) > 100_000:
         # one SEQPACKET message must fit the send buffer: grow it (SO_SNDBUFFORCE needs CAP_NET_ADMIN)
         for opt in (SO_SNDBUFFORCE, socket.SO_SNDBUF):
@@ -96,7 +105,7 @@ def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = (), limit: int
             except OSError:
                 continue
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-    sock.sendmsg([data], anc)
+    sock.sendmsg([data], anc, flags)
 
 
 def nesting(data: bytes) -> int:

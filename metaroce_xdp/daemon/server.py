@@ -55,7 +55,6 @@ from .startup import LOADER_MAX_QPS, Build, StartClock, prebuild_xdp
 
 log = logging.getLogger("metaroced")
 
-SEND_TIMEOUT_S = 0.5          # a client that does not read its socket for this long is dropped
 SCAN_EVERY_S = 0.01           # fallback scan of every QP ring (a doorbell lost to a full ring)
 SERVE_SLICE_NS = 50_000_000   # dp_serve returns to Python at least this often (progress mode, stop)
 SLEEP_SLICE_NS = 20_000_000   # poll() timeout while the loop sleeps (bounds a wake-up lost to a race)
@@ -251,6 +250,8 @@ class Session:
         self.events_lost_told = 0
         self.gone = False                        # set by any thread; the serving thread reclaims
         self.waiting: str | None = None          # what its request waits for (_Wait), its socket unread meanwhile
+        self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()   # not yet taken by its socket
+        self.watch: Callable[[], None] | None = None      # Daemon._watch: what the serving thread waits for on it
 
     def handle(self) -> int:
         h = self._next
@@ -260,24 +261,60 @@ class Session:
     def owner(self) -> dict:
         return {"pid": self.pid, "uid": self.uid, "comm": self.comm}
 
-    def push(self, obj: dict, fds: list[int] | tuple = (), limit: int = proto.MAX_MSG) -> bool:
-        """Send a reply or an event; a client that does not read for SEND_TIMEOUT_S is marked gone."""
+    def push(self, obj: dict, fds: list[int] | tuple = (), limit: int = proto.MAX_MSG, event: bool = False) -> bool:
+        """Send a reply or an event without waiting: what the client's full socket does not take waits in its
+        outbox (the serving thread sends it when the socket is writable, and reads no request of that client
+        meanwhile), so a client that does not read costs itself only.  An event finding MAX_PENDING_EVENTS
+        messages in the outbox is not queued (False: the caller counts it lost); a reply always is."""
         if self.gone:
             return False
+        try:
+            data = proto.encode(obj, limit)
+        except proto.MalformedRequest as e:             # our reply too large: say so instead
+            data = proto.encode(proto.error_reply(e, obj.get("id")))
+            fds = ()
         with self.send_lock:
-            try:
-                proto.send(self.sock, obj, fds, limit)
+            if self.outbox:
+                if event and len(self.outbox) >= MAX_PENDING_EVENTS:
+                    return False
+                self.outbox.append((data, [os.dup(fd) for fd in fds]))   # sent later: the fds may close meanwhile
                 return True
-            except (OSError, proto.MalformedRequest) as e:
-                if isinstance(e, proto.MalformedRequest):       # our reply too large: say so instead
-                    try:
-                        proto.send(self.sock, proto.error_reply(e, obj.get("id")))
-                        return True
-                    except OSError:
-                        pass
+            try:
+                proto.send_bytes(self.sock, data, fds)
+                return True
+            except BlockingIOError:
+                self.outbox.append((data, [os.dup(fd) for fd in fds]))
+            except OSError as e:
                 log.warning("client pid %d: cannot send (%s); dropping it", self.pid, e)
                 self.gone = True
                 return False
+        if self.watch is not None:
+            self.watch()                                # write-ready, not read-ready, until the outbox is empty
+        return True
+
+    def flush(self) -> None:
+        """The socket is writable: send what the outbox holds, in order, until it is empty or full again."""
+        with self.send_lock:
+            while self.outbox and not self.gone:
+                data, fds = self.outbox[0]
+                try:
+                    proto.send_bytes(self.sock, data, fds)
+                except BlockingIOError:
+                    return
+                except OSError as e:
+                    log.warning("client pid %d: cannot send (%s); dropping it", self.pid, e)
+                    self.gone = True
+                    return
+                self.outbox.popleft()
+                for fd in fds:
+                    os.close(fd)
+
+    def drop_outbox(self) -> None:
+        with self.send_lock:
+            for _, fds in self.outbox:
+                for fd in fds:
+                    os.close(fd)
+            self.outbox.clear()
 
 
 # ================================================================================ one interface
@@ -910,13 +947,12 @@ class Daemon:
             for s, _ in evs:
                 s.events_pending -= 1
         for s, ev in evs:
-            s.push(ev)
+            if not s.push(ev, event=True) and not s.gone:
+                with self._events_lock:
+                    s.events_lost += 1
+                    self.events_lost += 1
         for s in {s for s, _ in evs}:
-            if s.events_lost > s.events_lost_told:
-                s.push({"event": "EVENTS_LOST", "count": s.events_lost - s.events_lost_told,
-                        "reason": f"{s.events_lost - s.events_lost_told} events were not queued: more than "
-                                  f"{MAX_PENDING_EVENTS} were waiting to be sent; query the QPs' state"})
-                s.events_lost_told = s.events_lost
+            self._tell_lost(s)
 
     # ---- serving --------------------------------------------------------------------------------
     def run(self, stop: threading.Event, tick: Callable[[], None] | None = None) -> None:
@@ -924,7 +960,7 @@ class Daemon:
             raise DaemonError("start() first")
         last_tick = last_check = 0.0
         while not stop.is_set() and not self._stopped:
-            for key, _ in self._sel.select(timeout=0.1):
+            for key, mask in self._sel.select(timeout=0.1):
                 try:
                     if key.data is None:
                         self._accept()
@@ -934,6 +970,8 @@ class Daemon:
                         self._wake(key.data[1])
                     elif isinstance(key.data, tuple):
                         self._answer_refused(key.fileobj)
+                    elif mask & selectors.EVENT_WRITE:
+                        self._flush(key.data)
                     else:
                         self._serve(key.data)
                 except Exception:                   # noqa: BLE001 - what one client sent costs that client only
@@ -1050,7 +1088,6 @@ class Daemon:
 
     def _admit(self, sock: socket.socket) -> None:
         pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        sock.settimeout(SEND_TIMEOUT_S)
         why = None
         if not self._allowed(pid, uid, gid):
             why = proto.error_reply(PermissionDenied(
@@ -1073,7 +1110,9 @@ class Daemon:
             self._sel.register(sock, selectors.EVENT_READ, ("refused", why))
             return
         self._sid += 1
+        sock.setblocking(False)                 # replies and events never wait for a client (Session.push)
         s = Session(self._sid, sock, pid, uid, gid)
+        s.watch = lambda: self._watch(s)
         self.sessions[s.id] = s
         self._sel.register(sock, selectors.EVENT_READ, s)
         self._sel.register(s.wake_fd, selectors.EVENT_READ, ("wake", s))
@@ -1163,10 +1202,46 @@ class Daemon:
             self.refusals[reply["error"]] += 1
         s.push(reply, out_fds, proto.MAX_REPLY if msg.get("op") == "status" else proto.MAX_MSG)
 
+    def _watch(self, s: Session) -> None:
+        """Register what s's socket is waited for: writable while its outbox holds messages, readable (its next
+        request) when it holds none and no request of it waits (_Wait), else nothing."""
+        if s.gone or self.sessions.get(s.id) is not s or self._sel is None:
+            return
+        ev = selectors.EVENT_WRITE if s.outbox else selectors.EVENT_READ if s.waiting is None else 0
+        try:
+            key = self._sel.get_key(s.sock)
+        except (KeyError, ValueError):
+            key = None
+        if ev == 0:
+            if key is not None:
+                self._sel.unregister(s.sock)
+        elif key is None:
+            self._sel.register(s.sock, ev, s)
+        elif key.events != ev:
+            self._sel.modify(s.sock, ev, s)
+
+    def _flush(self, s: Session) -> None:
+        s.flush()
+        if s.gone:
+            self._reclaim(s)
+            return
+        if not s.outbox:
+            self._tell_lost(s)
+        self._watch(s)
+
+    def _tell_lost(self, s: Session) -> None:
+        """One EVENTS_LOST for the events lost since the last one, once the client reads again."""
+        if s.events_lost > s.events_lost_told and not s.outbox:
+            n = s.events_lost - s.events_lost_told
+            s.events_lost_told = s.events_lost
+            s.push({"event": "EVENTS_LOST", "count": n,
+                    "reason": f"{n} events were not queued: more than {MAX_PENDING_EVENTS} were waiting to be "
+                              f"sent; query the QPs' state"})
+
     def _wait(self, s: Session, msg: dict, w: _Wait) -> None:
         """Run w.work on a thread of its own; the request is answered (run again) by _finish_waits."""
-        self._sel.unregister(s.sock)
         s.waiting = w.what
+        self._watch(s)
         self.requests_waited += 1
 
         def work() -> None:
@@ -1193,7 +1268,7 @@ class Daemon:
             if s.gone or self.sessions.get(s.id) is not s:
                 continue
             try:
-                self._sel.register(s.sock, selectors.EVENT_READ, s)
+                self._watch(s)
                 if err is None:
                     self._answer(s, msg, [], None)
                 else:
@@ -1602,6 +1677,7 @@ class Daemon:
         except (KeyError, ValueError):
             pass
         s.sock.close()
+        s.drop_outbox()
         dev = s.dev
         nq, nm = len(s.qps), len(s.mrs)
         if dev is not None:
@@ -1676,6 +1752,7 @@ class Daemon:
         log.info("draining: %d send WRs still outstanding after %.1fs, %d QPs flushed", left, timeout_s, flushed)
         self._send_events()
         for s in list(self.sessions.values()):
+            s.flush()                            # what a slow reader still has queued, as far as it takes it
             s.push({"event": "DEVICE_FATAL", "reason": "the daemon is stopping"})
         for s in list(self.sessions.values()):
             self._reclaim(s)
@@ -1749,12 +1826,13 @@ class Daemon:
         clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
                     "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes, "fds": s.fds, "wakes": s.wakes,
                     "wakes_forwarded": s.wakes_forwarded, "events_lost": s.events_lost,
-                    "waiting": s.waiting}
+                    "waiting": s.waiting, "outbox": len(s.outbox)}
                    for s in _copy(self.sessions.values()) if uid is None or s.uid == uid]
         return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
                            "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned),
                            "refused": dict(self.refusals), "clients_dropped": dict(self.drops),
-                           "requests_waited": self.requests_waited, "events_recovered": self.events_recovered, "events_lost": self.events_lost,
+                           "requests_waited": self.requests_waited, "events_recovered": self.events_recovered,
+                           "events_lost": self.events_lost,
                            "fd_limit": self.fd_limit, "fd_budget_per_client": self.fd_budget,
                            "fds_open": open_fds(), "capabilities": caps.effective()},
                 "devices": devices, "qps": qps, "clients": clients}
