@@ -54,6 +54,7 @@ PREFIX       ?= /usr/local
 BINDIR       ?= $(PREFIX)/bin
 SYSCONFDIR   ?= /etc
 UNITDIR      ?= /etc/systemd/system
+SYSUSERSDIR  ?= /usr/lib/sysusers.d
 INSTALL_VENV ?= /opt/metaroce
 CACHEDIR     ?= /var/cache/metaroce
 DESTDIR      ?=
@@ -63,11 +64,13 @@ install:
 	sed 's|/usr/local/bin/metaroced|$(BINDIR)/metaroced|; s|/etc/metaroce/metaroced.toml|$(SYSCONFDIR)/metaroce/metaroced.toml|; s|/var/cache/metaroce/numba|$(CACHEDIR)/numba|' \
 		systemd/metaroced.service > "$(DESTDIR)$(UNITDIR)/metaroced.service"
 	chmod 644 "$(DESTDIR)$(UNITDIR)/metaroced.service"
+	install -D -m 644 systemd/metaroce.sysusers "$(DESTDIR)$(SYSUSERSDIR)/metaroce.conf"
 	@if [ -e "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml" ]; then \
 		echo "keeping the existing $(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml (the defaults: etc/metaroced.toml)"; \
 	else install -m 644 etc/metaroced.toml "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml"; fi
 	@if [ -n "$(DESTDIR)" ]; then echo "DESTDIR set: unit and configuration staged; the package venv is not built"; exit 0; fi; \
 	set -e; \
+	systemd-sysusers "$(SYSUSERSDIR)/metaroce.conf"; \
 	install -d "$(INSTALL_VENV)/src" "$(BINDIR)" "$(CACHEDIR)/numba"; \
 	tar -cf - --exclude=__pycache__ --exclude='*.pyc' metaroce_xdp tools daemon bpf pyproject.toml README.md \
 		| tar -xf - -C "$(INSTALL_VENV)/src"; \
@@ -76,6 +79,7 @@ install:
 	ln -sfn "$(INSTALL_VENV)/bin/metaroced" "$(BINDIR)/metaroced"; \
 	ln -sfn "$(INSTALL_VENV)/bin/metaroce" "$(BINDIR)/metaroce"; \
 	NUMBA_CACHE_DIR="$(CACHEDIR)/numba" "$(INSTALL_VENV)/bin/metaroce" warmup -q; \
+	chown -R metaroce:metaroce "$(CACHEDIR)"; \
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
 	echo "installed: $(BINDIR)/metaroced, $(UNITDIR)/metaroced.service, $(SYSCONFDIR)/metaroce/metaroced.toml;" \
 		"set interfaces there, then: systemctl enable --now metaroced"

@@ -75,6 +75,37 @@ def gid_to_ip(gid: bytes) -> str:
     return str(a.ipv4_mapped) if a.ipv4_mapped else str(a)
 
 
+def _is_local(a: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """An address of this host (in this network namespace): the kernel lets a socket bind to it."""
+    if a.is_loopback:
+        return True
+    with socket.socket(socket.AF_INET if a.version == 4 else socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((str(a), 0))
+            return True
+        except OSError:
+            return False
+
+
+def address_problem(gid: bytes, tcp_source: str) -> str:
+    """MR-SEC-019: '' when a REQ's GID is the address its TCP connection comes from (IPv4 and IPv4-mapped IPv6
+    forms compare equal), or when both are addresses of this host (a client on the same host connects from
+    loopback or from another of its addresses); else why the REQ must get REJ ADDRESS_MISMATCH.  Without it any
+    TCP client could aim a listening QP at a third host (READ responses and WRITEs reflected at a victim)."""
+    try:
+        src = ipaddress.ip_address(tcp_source.split("%")[0])
+    except ValueError:
+        return f"the TCP source {tcp_source!r} is not an IP address"
+    if isinstance(src, ipaddress.IPv6Address) and src.ipv4_mapped:
+        src = src.ipv4_mapped
+    claimed = ipaddress.ip_address(gid_to_ip(gid))
+    if claimed == src:
+        return ""
+    if _is_local(src) and _is_local(claimed):
+        return ""
+    return f"the REQ's GID {gid_text(gid)} is not the address {src} its TCP connection comes from (MR-SEC-019)"
+
+
 def gid_text(gid: bytes) -> str:
     """The GID as inet_ntop(AF_INET6) prints it (what ibv_rc_pingpong shows)."""
     return socket.inet_ntop(socket.AF_INET6, bytes(gid))

@@ -18,6 +18,7 @@ numba, no BCC): everything it does goes through the daemon.  Commands:
   many_write size rounds   every QP WRITEs `size` bytes from offset i*size to the peer's n*size + i*size, all
                            posted before any is polled; `rounds` times; completions by status
   event timeout            the next asynchronous event
+  punch off len            punch a hole in the buffer's memfd; hugetlb_mr: register a hugetlb memfd
 """
 from __future__ import annotations
 
@@ -211,6 +212,25 @@ class Player:
 
     def digest(self, off: int, len: int) -> dict:  # noqa: A002
         return {"sha": hashlib.sha256(self.buf[off:off + len].tobytes()).hexdigest()}
+
+    def punch(self, off: int, len: int) -> dict:  # noqa: A002
+        """fallocate(PUNCH_HOLE) a range of the buffer's memfd, as a hostile client may (test_hostile_tenant)."""
+        import ctypes
+        fd = next(fd for start, end, fd, _ in self.ctx._bufs if start <= self.buf.ctypes.data < end)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.fallocate(fd, 3, ctypes.c_long(off), ctypes.c_long(len)) != 0:   # KEEP_SIZE | PUNCH_HOLE
+            raise OSError(ctypes.get_errno(), "fallocate")
+        return {}
+
+    def hugetlb_mr(self) -> dict:
+        """Register a 2 MiB hugetlb memfd (MFD_HUGETLB, sealed) through the control socket directly."""
+        from metaroce_xdp.daemon import shm
+        fd = shm.create(2 << 20, "hostile-huge", hugepages=True)
+        try:
+            r, _ = self.ctx._call("reg_mr", [fd], pd=self.pd.handle, access=int(Access.LOCAL_WRITE), length=2 << 20)
+        finally:
+            os.close(fd)
+        return {"mr": r["mr"]}
 
     def state(self) -> dict:
         q = self.qp.query()

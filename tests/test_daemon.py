@@ -430,9 +430,10 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
         mr1 = pd1.reg_mr(c1.alloc_buf(1 << 16), Access.LOCAL_WRITE)
         cq1 = c1.create_cq(16)
         qps = [c1.create_qp(pd1, cq1, cq1, QPCap(max_send_wr=16, max_recv_wr=16)) for _ in range(4)]
-        for q in qps[1:]:
+        for i, q in enumerate(qps[1:]):         # each to a remote QP of its own (PathInUse otherwise)
             q.modify(QPAttr(qp_state=QPState.INIT))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4))
+            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777 + i, rq_psn=0, path_mtu=1024,
+                            dgid=env.pair.b.ipv4))
             q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
         qps[0].modify(QPAttr(qp_state=QPState.INIT))
 

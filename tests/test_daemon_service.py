@@ -140,6 +140,30 @@ def _unit_caps() -> list[str]:
     raise AssertionError("no CapabilityBoundingSet in the unit")
 
 
+def test_metrics_show_per_qp_series_only_when_configured():
+    """/metrics answers whoever reaches it.  Before: every tenant's QPs with peer address, remote QPN, PSNs and
+    owner, and every client's pid and command, always.  Now per-device aggregates by default; the per-QP and
+    per-client series with metrics_per_qp = true."""
+    from metaroce_xdp.daemon import metrics
+    snap = {"daemon": {"version": "x", "clients": 1, "refused": {"PathInUse": 2}},
+            "devices": [{"ifname": "mr0", "counters": {"plane": {"rx": 5}, "xdp_drops": {"BAD_ICRC": 1}}}],
+            "qps": [{"dev": "mr0", "qpn": 0x11, "state": "RTS", "type": "RC", "remote_qpn": 0x4242,
+                     "remote_addr": "10.9.9.9", "sq_psn": 123456, "rq_psn": 654321, "bytes_tx": 7,
+                     "owner": {"pid": 4321, "uid": 1000, "comm": "tenant-a"}}],
+            "clients": [{"pid": 4321, "uid": 1000, "comm": "tenant-a", "qps": 1, "mrs": 0, "mr_bytes": 0}]}
+    text = metrics.render(lambda: snap)
+    for secret in ("10.9.9.9", "16962", "123456", "654321", "4321", "tenant-a", "metaroce_qp_", "metaroce_client_"):
+        assert secret not in text, secret
+    assert 'metaroce_qps{dev="mr0",state="RTS"} 1.0' in text
+    assert 'metaroce_device_counter{dev="mr0",name="plane.rx"} 5.0' in text
+    assert 'metaroce_xdp_drops_total{dev="mr0",reason="bad_icrc"} 1.0' in text
+    full = metrics.render(lambda: snap, per_qp=True)
+    assert 'remote_addr="10.9.9.9"' in full and 'metaroce_qp_sq_psn{dev="mr0",qpn="17"} 123456.0' in full
+    assert 'metaroce_client_qps{comm="tenant-a",pid="4321",uid="1000"} 1.0' in full
+    assert DaemonConfig().metrics_per_qp is False
+    assert load_config(os.devnull, {"metrics_per_qp": True}).metrics_per_qp is True
+
+
 def test_unit_file_verifies(tmp_path):
     """`systemd-analyze verify` accepts the unit (ExecStart pointed at this tree's daemon/metaroced, as
     `make install` points it at the installed one); Type=notify, a watchdog, no CAP_SYS_ADMIN."""
@@ -277,7 +301,7 @@ class Service:
 
     def write_conf(self, **kw) -> None:
         body = {"interfaces": [self.ifname], "socket_path": self.sock, "metrics_listen": f"127.0.0.1:{self.metrics_port}",
-                "drain_timeout_s": 1.0, **kw}
+                "metrics_per_qp": True, "drain_timeout_s": 1.0, **kw}
         with open(self.conf, "w") as f:
             f.write("[metaroced]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items()))
 
@@ -559,3 +583,106 @@ def test_sighup_reload_then_sigterm_drains_and_exits_0(svc):
     assert svc.proc.wait(30) == 0, svc.log_text()
     assert not os.path.exists(svc.sock)
     assert "SIGTERM: draining" in svc.log_text()
+
+
+# ------------------------------------------------------------------------------- as the unit's user
+def _unit_values(key: str) -> list[str]:
+    return [w for line in open(UNIT) if line.startswith(key + "=") for w in line.split("=", 1)[1].split()]
+
+
+def _numba_cache_for(dst: str) -> None:
+    """This tree's numba cache (__pycache__ beside the sources, root's) copied into the NUMBA_CACHE_DIR layout
+    (<dir>_<sha1 of its path>), as `make install` warms /var/cache/metaroce/numba for the daemon's user."""
+    import hashlib
+    for d, _, files in os.walk(os.path.join(ROOT, "metaroce_xdp")):
+        if os.path.basename(d) != "__pycache__":
+            continue
+        src = os.path.dirname(os.path.abspath(d))
+        sub = os.path.join(dst, f"{os.path.basename(src)}_{hashlib.sha1(src.encode()).hexdigest()}")
+        os.makedirs(sub, exist_ok=True)
+        for f in files:
+            if f.endswith((".nbi", ".nbc")):
+                shutil.copy2(os.path.join(d, f), sub)
+
+
+def test_daemon_runs_as_the_metaroce_user_with_the_units_capabilities_and_drops_them_after_attach(tmp_path):
+    """The unit's User= and AmbientCapabilities= (issue 19, finding 11), as setpriv gives them: the daemon starts
+    as metaroce (made from systemd/metaroce.sysusers as `make install` does), serves a WRITE between an
+    unprivileged client and a peer, keeps only CAP_BPF and CAP_CHOWN once attached, and stops cleanly."""
+    import pwd
+
+    import test_daemon
+    from metaroce_xdp.topo import two_hosts
+    if os.geteuid() != 0:
+        pytest.skip("needs root (namespaces, XDP, setpriv)")
+    try:
+        pwd.getpwnam("metaroce")
+    except KeyError:
+        subprocess.run(["systemd-sysusers", os.path.join(ROOT, "systemd", "metaroce.sysusers")], capture_output=True)
+    try:
+        user = pwd.getpwnam("metaroce")
+    except KeyError:
+        pytest.skip("no user metaroce and systemd-sysusers could not make it")
+    assert _unit_values("User") == ["metaroce"] and _unit_values("AmbientCapabilities") == _unit_caps()
+    caps = ",".join("+" + c[4:].lower() for c in _unit_values("AmbientCapabilities"))
+    tmp = tempfile.mkdtemp(prefix="metaroced-user-")
+    os.chmod(tmp, 0o755)
+    _numba_cache_for(os.path.join(tmp, "numba"))
+    bpffs = os.path.join(tmp, "bpf")
+    os.mkdir(bpffs)
+    subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True)
+    os.makedirs(os.path.join(bpffs, "metaroce"))
+    for d, _, files in os.walk(tmp):
+        for p in [d] + [os.path.join(d, f) for f in files]:
+            os.chown(p, user.pw_uid, user.pw_gid)
+    sock = os.path.join(tmp, "A.sock")
+    conf = os.path.join(tmp, "A.toml")
+    with open(conf, "w") as f:
+        f.write(f'interfaces = ["mr0"]\nsocket_path = "{sock}"\nprogress = "sleep"\nbpffs_prefix = "{bpffs}/metaroce"\n'
+                'socket_group = "nogroup"\nsocket_mode = "0660"\ndrain_timeout_s = 1.0\n')
+    topo, pair = two_hosts()
+    procs = []
+    try:
+        env = {**os.environ, "NUMBA_CACHE_DIR": os.path.join(tmp, "numba")}
+        d = subprocess.Popen(["nsenter", f"--net=/run/netns/{topo[0]}", "setpriv", "--reuid=metaroce",
+                              "--regid=metaroce", "--init-groups", f"--inh-caps={caps}", f"--ambient-caps={caps}",
+                              f"--bounding-set=-all,{caps}", sys.executable, "-m", "metaroce_xdp.daemon.server",
+                              "--config", conf], stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "A.log"), "w"),
+                             text=True, cwd=ROOT, env=env, start_new_session=True,
+                             preexec_fn=daemon_procs.die_with_parent)
+        procs.append(d)
+        line = d.stdout.readline()
+        assert line and json.loads(line)["ready"], open(os.path.join(tmp, "A.log")).read()[-3000:]
+        st = open(f"/proc/{d.pid}/status").read()
+        assert re.search(rf"^Uid:\s+{user.pw_uid}\s", st, re.M)
+        from metaroce_xdp.daemon.client import status
+        snap = status(sock)
+        assert snap["daemon"]["capabilities"] == ["chown", "bpf"], snap["daemon"]
+        assert "xdp_drops" in snap["devices"][0]["counters"]            # bpf() on its maps still works
+        with daemon_procs.serving(topo, topo[1], "mr1", tag="mrd-peer") as (peer_sock, _):
+            a = test_daemon.Proc(topo.popen(topo[0], ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                      sys.executable, test_daemon.PLAYER, sock, "mr0"],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT), "a")
+            b = test_daemon.Proc(topo.popen(topo[1], [sys.executable, test_daemon.PLAYER, peer_sock, "mr1"],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT), "b")
+            procs += [a.p, b.p]
+            assert a.line(60)["ready"] and b.line(60)["ready"]
+            a.ok(cmd="setup", size=1 << 16, seed=1), b.ok(cmd="setup", size=1 << 16, seed=2)
+            b.ok(cmd="listen", port=19600)
+            b.send(cmd="accept")
+            a.ok(cmd="connect", host=pair.b.ipv4, port=19600)
+            assert b.line()["ok"]
+            a.ok(cmd="post", ops=[{"op": "write", "len": 1 << 16}])
+            assert a.ok(cmd="wait", n=1)["wcs"][0]["status"] == "SUCCESS"
+            assert a.ok(cmd="digest", off=0, len=1 << 16)["sha"] == b.ok(cmd="digest", off=0, len=1 << 16)["sha"]
+            a.close(), b.close()
+        d.send_signal(signal.SIGTERM)
+        assert d.wait(30) == 0
+        out = subprocess.run(["ip", "-n", topo[0], "link", "show", "mr0"], capture_output=True, text=True).stdout
+        assert "xdp" not in out                                          # detached without CAP_NET_ADMIN
+    finally:
+        for p in procs:
+            daemon_procs.reap(p)
+        topo.close()
+        subprocess.run(["umount", bpffs], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)

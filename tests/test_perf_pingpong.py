@@ -311,6 +311,31 @@ def test_pingpong(hosts, server_plane):
 @netns
 @needs_root
 @pytest.mark.timeout(120)
+def test_perf_server_rejects_a_req_claiming_another_address_mr_sec_019(hosts):
+    """Before: the perf server moved its QP to RTR towards whatever GID the REQ claimed and answered REP, so any
+    TCP client could aim it at a third host (here 10.77.0.3, a second address of host A, which answers ARP).
+    Now REJ ADDRESS_MISMATCH, as client.Listener.accept and dp/cmconnect.accept_qp answer."""
+    topo, pair = hosts
+    topo.run(topo[0], ["ip", "addr", "add", "10.77.0.3/24", "dev", pair.a.ifname])
+    srv = Proc(topo, topo[1], ["perf", "write-bw", "-d", "mr1", "-p", "18518", "--json"])
+    srv.wait_for("Waiting for client")
+    code = ("import sys; from metaroce_xdp import cm\n"
+            "ch = cm.connect('10.77.0.2', 18518)\n"
+            "req = cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), gid=cm.ip_to_gid('10.77.0.3'), qpn=0x1234,\n"
+            "               psn=1, path_mtu=cm.MTU_ENUM[1024], max_dest_rd_atomic=16,\n"
+            "               tlvs=[(cm.TLV_PERF_PARAMS, b'{\"test\":\"write-bw\",\"size\":4096,\"iters\":10}')])\n"
+            "ch.send(req.encode())\n"
+            "m = cm.read_msg(ch, 10)\n"
+            "print(m.msg_type.name, m.reason.name if m.msg_type == cm.MsgType.REJ else '')\n")
+    out = topo.run(topo[0], [sys.executable, "-c", code], check=False)
+    assert out.stdout.split() == ["REJ", "ADDRESS_MISMATCH"], (out.stdout, out.stderr)
+    rc, _, err = srv.finish(30)
+    assert rc != 0 and "MR-SEC-019" in err and "Traceback" not in err, err
+
+
+@netns
+@needs_root
+@pytest.mark.timeout(120)
 def test_errors_are_one_clear_line(hosts):
     topo, _ = hosts
     rc, out, err = Proc(topo, topo[0], ["perf", "write-bw", "-d", "mr0", "-p", "18599", "10.77.0.2"]).finish()

@@ -100,6 +100,9 @@ def _perf_command(test: str):
                                      "the lowest latency) or sleep (idle, the bw loop and the waits for the peer "
                                      "sleep in poll() until a frame, a post or the next timer or pacing deadline: "
                                      "several senders sharing few cores); write-lat spins either way"),
+        no_address_check: bool = typer.Option(False, "--no-address-check", help="server: accept a REQ whose GID "
+                                              "is not the address its TCP connection comes from (MR-SEC-019); "
+                                              "only where set-up runs on another network than the traffic"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
                                    timeout, plane, qps, bidir)
@@ -107,6 +110,7 @@ def _perf_command(test: str):
         opt.profile = profile
         opt.start_at = start_at
         opt.progress = progress
+        opt.check_address = not no_address_check
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

@@ -112,6 +112,8 @@ class PerfOptions:
     start_at: str | None = None          # client: connect, then start at this time.time(), or "@PATH": at the time
                                          # written into PATH once it exists (several clients at once: incast)
     progress: str = "spin"               # in-process compiled plane: "spin" (busy polling) or "sleep" (idle: poll())
+    check_address: bool = True           # server: a REQ whose GID is not its TCP source gets REJ ADDRESS_MISMATCH
+                                         # (MR-SEC-019); off only where set-up runs on another network
 
     @property
     def is_server(self) -> bool:
@@ -860,6 +862,9 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
         params = {}
 
         def make_rep(req: cm.CMMsg) -> cm.CMMsg:
+            why = cm.address_problem(req.gid, ch.peer) if opt.check_address else ""
+            if why:                                                                      # MR-SEC-019
+                raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, why, by_peer=False)
             p = req.perf
             if p.get("test") != opt.test:
                 raise cm.Rejected(cm.Reason.CONSUMER_REJECT, f"this server runs {opt.test}, the client asked for "

@@ -26,6 +26,7 @@ registered.  This module needs numpy and the standard library only (no numba, no
 """
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import struct
@@ -40,7 +41,7 @@ from .. import cm
 from ..verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
                            SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
 from . import proto, shm
-from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PermissionDenied,
+from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PathInUse, PermissionDenied,
                     UnknownHandle, Unsupported)
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
@@ -201,12 +202,22 @@ class Context:
 
     # ---- memory -----------------------------------------------------------------------------------
     def alloc_buf(self, nbytes: int, hugepages: bool = False) -> np.ndarray:
-        """nbytes of zeroed shared memory (a sealed memfd) that reg_mr can register without copying."""
+        """nbytes of zeroed shared memory (a sealed memfd) that reg_mr can register without copying.
+        hugepages=True asks for transparent huge pages (2 MiB-aligned size, MADV_HUGEPAGE; the kernel gives them
+        when /sys/kernel/mm/transparent_hugepage/shmem_enabled allows): the daemon refuses hugetlb memfds
+        (MFD_HUGETLB), whose punched holes would fault under its mapping."""
         if not 0 < nbytes <= 1 << 40:
             raise InvalidArgument(f"buffer size {nbytes} out of range")
-        fd = shm.create(nbytes, "metaroce-buf", hugepages)
+        if hugepages:
+            nbytes = (nbytes + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+        fd = shm.create(nbytes, "metaroce-buf")
         size = os.fstat(fd).st_size
         mm = shm.map_fd(fd, size)
+        if hugepages and hasattr(mm, "madvise"):
+            try:
+                mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass                        # no THP for shared memory here: small pages
         a = np.frombuffer(mm, np.uint8, count=nbytes)
         start = int(a.ctypes.data)
         self._bufs.append((start, start + size, fd, mm))
@@ -681,8 +692,11 @@ class Listener:
         self._lst = cm.Listener(port)
 
     def accept(self, qp: QP, private: dict | None = None, timeout: float | None = None,
-               mtu: int | None = None, profile: str = "compat") -> Connection:
-        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT); `profile` as in connect_qp."""
+               mtu: int | None = None, profile: str = "compat", check_address: bool = True) -> Connection:
+        """Passive side of 6.5.2 for one connection onto qp (RESET or INIT); `profile` as in connect_qp.
+        check_address (MR-SEC-019): a REQ whose GID is not the TCP connection's source address gets REJ
+        ADDRESS_MISMATCH (cm.Rejected here); False only where set-up runs on another network than the RoCE
+        traffic (the peer's TCP source is then not its GID)."""
         ctx = self.ctx
         ch = self._lst.accept(timeout)
         try:
@@ -693,6 +707,9 @@ class Listener:
             caps, flags = ctx.offer(profile)
 
             def make_rep(req: cm.CMMsg) -> cm.CMMsg:
+                why = cm.address_problem(req.gid, ch.peer) if check_address else ""
+                if why:                                                                  # MR-SEC-019
+                    raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, why, by_peer=False)
                 agreed = min(mine, req.mtu_bytes or 256)
                 got = cm.agree_caps(req.capabilities, caps | int(cm.Cap.IPV6))
                 if not got & cm.Cap.NATIVE and not flags & cm.FLAG_COMPAT_OK and profile == "native":
@@ -738,4 +755,4 @@ class Listener:
 
 __all__ = ["connect", "status", "PROFILES", "Context", "PD", "MR", "CQ", "QP", "Connection", "Listener", "AsyncEvent",
            "DaemonError", "DaemonUnavailable", "PermissionDenied", "MalformedRequest", "UnknownHandle",
-           "LimitExceeded", "Unsupported", "DEFAULT_SOCKET"]
+           "LimitExceeded", "PathInUse", "Unsupported", "DEFAULT_SOCKET"]

@@ -35,9 +35,11 @@ class DaemonConfig:
     busy_idle_ms: int = 1000                              # busy: sleep as `sleep` does after this long idle (0: never)
     max_clients: int = 64
     max_qps_per_client: int = 256
+    max_native_qps_per_client: int = 4                    # of an interface's 16 native slots (dp/native.py NSLOT)
     max_mr_bytes_per_client: int = 1 << 30
     cm_port: int = 18515                                  # TCP port of connection set-up (spec 06)
     metrics_listen: str | None = None                     # "127.0.0.1:9462" serves Prometheus; None: off
+    metrics_per_qp: bool = False                          # /metrics with per-QP and per-client series (peers, PSNs)
     watchdog: bool = True                                 # send WATCHDOG=1 when systemd asks for it
     drain_timeout_s: float = 5.0                          # SIGTERM: how long outstanding work may finish
     log_level: str = "info"
@@ -62,6 +64,9 @@ class DaemonConfig:
         for name in ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)!r}", name)
+        if not 0 <= self.max_native_qps_per_client <= 16:
+            raise ConfigError(f"max_native_qps_per_client must be 0 (no native QPs) .. 16 (an interface's native "
+                              f"slots), not {self.max_native_qps_per_client!r}", "max_native_qps_per_client")
         if not 0 < self.cm_port < 65536:
             raise ConfigError(f"cm_port must be 1..65535, not {self.cm_port!r}", "cm_port")
         if not 0 <= self.socket_mode <= 0o777:

@@ -41,7 +41,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_CONFIG = 0, 1, 2
 
 # Options the service layer (this module and metrics.py) applies itself on SIGHUP; the rest go to
 # Daemon.reload, which raises ConfigError for those that cannot change while it runs.
-SERVICE_OPTIONS = ("log_level", "metrics_listen", "watchdog", "drain_timeout_s")
+SERVICE_OPTIONS = ("log_level", "metrics_listen", "metrics_per_qp", "watchdog", "drain_timeout_s")
 
 STATUS_EVERY_S = 2.0
 
@@ -135,6 +135,8 @@ _HELP = {
     "max_mr_bytes_per_client": "most bytes one client may register",
     "cm_port": "TCP port of connection set-up (spec 06)",
     "metrics_listen": "HOST:PORT of the Prometheus endpoint ('' or unset: off)",
+    "metrics_per_qp": "the Prometheus endpoint also shows each QP (peer address, remote QPN, PSNs, owner) and "
+                      "each client: to whoever reaches it, every tenant's (off: per-device aggregates only)",
     "watchdog": "answer systemd's watchdog (WATCHDOG=1 every WatchdogSec/2)",
     "drain_timeout_s": "on SIGTERM, seconds outstanding work may take to finish before it is flushed",
     "log_level": "debug, info, warning or error",
@@ -284,7 +286,7 @@ class Service:
             log.info("reload: %s %r -> %r", n, getattr(old, n), getattr(candidate, n))
         if "log_level" in applied:
             set_log_level(candidate.log_level)
-        if "metrics_listen" in applied:
+        if "metrics_listen" in applied or "metrics_per_qp" in applied:
             self._restart_metrics()
         self.notifier.ready(self.status_line())
         return applied
@@ -292,8 +294,9 @@ class Service:
     def _start_metrics(self) -> None:
         if self.cfg.metrics_listen:
             from . import metrics
-            self.metrics = metrics.serve(self.cfg.metrics_listen, self.daemon.snapshot)
-            log.info("metrics: Prometheus endpoint on http://%s/metrics", self.metrics.address)
+            self.metrics = metrics.serve(self.cfg.metrics_listen, self.daemon.snapshot, self.cfg.metrics_per_qp)
+            log.info("metrics: Prometheus endpoint on http://%s/metrics%s", self.metrics.address,
+                     " (per-QP series: every tenant's peers and PSNs)" if self.cfg.metrics_per_qp else "")
 
     def _restart_metrics(self) -> None:
         if self.metrics is not None:

@@ -1,18 +1,23 @@
 """metaroced's Prometheus endpoint (off by default; `metrics_listen = "127.0.0.1:9462"` turns it on).
 
 Each scrape of /metrics takes one Daemon.snapshot() and turns it into metric families (prometheus-client's
-custom-collector API, on a registry of its own, so nothing global is touched):
+custom-collector API, on a registry of its own, so nothing global is touched).  Whoever reaches the endpoint
+reads it: by default it shows per-device aggregates only; the series marked (per_qp) -- each QP's peer,
+remote QPN, PSNs and owner, each client's pid and command, what `status` shows only to root -- come with
+`metrics_per_qp = true`:
 
   metaroce_daemon_info{version}                          1
   metaroce_daemon_start_time_seconds                     when the daemon started (Unix time)
   metaroce_clients, metaroce_qps{dev,state}              gauges
-  metaroce_qp_info{dev,qpn,state,type,remote_qpn,remote_addr,owner_pid,owner_comm}   1 per QP
-  metaroce_qp_{tx,rx}_bytes_total{dev,qpn}               counters
-  metaroce_qp_retransmits_total, _naks_rx_total, _naks_tx_total, _rnr_total{dev,qpn}
-  metaroce_qp_outstanding_{send,recv}{dev,qpn}           gauges (work requests posted, not completed)
-  metaroce_qp_rate_bps{dev,qpn}                          gauge (congestion control's current rate)
-  metaroce_qp_{sq,rq}_psn{dev,qpn}                       gauges
-  metaroce_client_{qps,mrs,mr_bytes}{pid,uid,comm}       gauges
+  metaroce_refused_total{error}                          control requests refused, by typed error
+  metaroce_clients_dropped_total{reason}                 clients the daemon disconnected, by reason
+  metaroce_qp_info{dev,qpn,state,type,remote_qpn,remote_addr,owner_pid,owner_comm}   1 per QP   (per_qp)
+  metaroce_qp_{tx,rx}_bytes_total{dev,qpn}               counters   (per_qp)
+  metaroce_qp_retransmits_total, _naks_rx_total, _naks_tx_total, _rnr_total{dev,qpn}   (per_qp)
+  metaroce_qp_outstanding_{send,recv}{dev,qpn}           gauges (work requests posted, not completed)   (per_qp)
+  metaroce_qp_rate_bps{dev,qpn}                          gauge (congestion control's current rate)   (per_qp)
+  metaroce_qp_{sq,rq}_psn{dev,qpn}                       gauges   (per_qp)
+  metaroce_client_{qps,mrs,mr_bytes}{pid,uid,comm}       gauges   (per_qp)
   metaroce_xdp_drops_total{dev,reason}                   the XDP program's drops by named reason
   metaroce_xdp_events_total{dev,event}                   the XDP program's events (ACKs consumed, ...)
   metaroce_device_counter{dev,name}                      any other numeric device counter the daemon reports
@@ -54,9 +59,10 @@ def _num(v: Any) -> float | None:
 class DaemonCollector:
     """A prometheus-client collector over `snapshot` (Daemon.snapshot or anything returning its dict)."""
 
-    def __init__(self, snapshot: Callable[[], dict], process: psutil.Process | None = None):
+    def __init__(self, snapshot: Callable[[], dict], process: psutil.Process | None = None, per_qp: bool = False):
         self.snapshot = snapshot
         self.process = process or psutil.Process()
+        self.per_qp = per_qp
 
     def describe(self):                       # no metrics at registration: register() must not call snapshot()
         return []
@@ -64,8 +70,9 @@ class DaemonCollector:
     def collect(self) -> Iterator:
         snap = self.snapshot()
         yield from self._daemon(snap)
-        yield from self._qps(snap.get("qps", []))
-        yield from self._clients(snap.get("clients", []))
+        if self.per_qp:
+            yield from self._qps(snap.get("qps", []))
+            yield from self._clients(snap.get("clients", []))
         yield from self._devices(snap.get("devices", []))
         yield from self._process()
 
@@ -87,6 +94,14 @@ class DaemonCollector:
         for (dev, state), n in sorted(by.items()):
             g.add_metric([dev, state], n)
         yield g
+        for key, name, label, help_ in (("refused", "refused", "error", "control requests refused, by typed error"),
+                                        ("clients_dropped", "clients_dropped", "reason",
+                                         "clients the daemon disconnected, by reason")):
+            c = CounterMetricFamily(f"metaroce_{name}", help_, labels=[label])
+            for k, v in sorted((d.get(key) or {}).items()):
+                if _num(v) is not None:
+                    c.add_metric([str(k)], _num(v))
+            yield c
 
     def _qps(self, qps: list[dict]):
         labels = ["dev", "qpn"]
@@ -174,15 +189,15 @@ class DaemonCollector:
             yield GaugeMetricFamily("metaroced_process_open_fds", "open file descriptors", value=fds)
 
 
-def registry_for(snapshot: Callable[[], dict]) -> CollectorRegistry:
+def registry_for(snapshot: Callable[[], dict], per_qp: bool = False) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DaemonCollector(snapshot))
+    reg.register(DaemonCollector(snapshot, per_qp=per_qp))
     return reg
 
 
-def render(snapshot: Callable[[], dict]) -> str:
+def render(snapshot: Callable[[], dict], per_qp: bool = False) -> str:
     """The text exposition of one scrape (what GET /metrics answers)."""
-    return generate_latest(registry_for(snapshot)).decode()
+    return generate_latest(registry_for(snapshot, per_qp)).decode()
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -193,9 +208,9 @@ def parse_listen(listen: str) -> tuple[str, int]:
 class MetricsServer:
     """The HTTP endpoint (prometheus-client's server, in a daemon thread); `address` is HOST:PORT as bound."""
 
-    def __init__(self, listen: str, snapshot: Callable[[], dict]):
+    def __init__(self, listen: str, snapshot: Callable[[], dict], per_qp: bool = False):
         host, port = parse_listen(listen)
-        self.registry = registry_for(snapshot)
+        self.registry = registry_for(snapshot, per_qp)
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         bound = self._server.server_address
         self.address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
@@ -208,5 +223,5 @@ class MetricsServer:
             self._server.server_close()
 
 
-def serve(listen: str, snapshot: Callable[[], dict]) -> MetricsServer:
-    return MetricsServer(listen, snapshot)
+def serve(listen: str, snapshot: Callable[[], dict], per_qp: bool = False) -> MetricsServer:
+    return MetricsServer(listen, snapshot, per_qp)

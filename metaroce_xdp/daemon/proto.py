@@ -14,11 +14,14 @@ import array
 import json
 import socket
 
+import numpy as np
+
 from ..verbs_types import Busy, InvalidArgument, InvalidState, QueueFull, ResourceError, VerbsError
 
 MAX_MSG = 65536               # a request; replies (status with many QPs) may be larger: MAX_REPLY
 MAX_REPLY = 1 << 26
 MAX_FDS = 4
+MAX_DEPTH = 16                # nesting of arrays and objects in a message; the protocol's deepest is 5 (status)
 SO_SNDBUFFORCE = 32           # socket.h; Python does not name it
 VERSION = 1
 
@@ -48,6 +51,12 @@ class LimitExceeded(ResourceError):
     max_clients) would be exceeded."""
 
 
+class PathInUse(InvalidArgument):
+    """Another live QP on this interface already talks to this remote QP (the same dgid and dest_qp_num): packets
+    carry no source QPN, so the peer could not tell the two apart and one QP could write into the other's stream.
+    Connect to a QP of your own (connection set-up, spec 06) or destroy the other QP first."""
+
+
 class Unsupported(InvalidArgument):
     """The daemon's data plane does not implement this (the message names it)."""
 
@@ -58,7 +67,7 @@ class InternalError(DaemonError):
 
 ERRORS: dict[str, type[VerbsError]] = {c.__name__: c for c in (
     VerbsError, InvalidArgument, InvalidState, Busy, QueueFull, ResourceError, DaemonError, PermissionDenied,
-    DaemonUnavailable, MalformedRequest, UnknownHandle, LimitExceeded, Unsupported, InternalError)}
+    DaemonUnavailable, MalformedRequest, UnknownHandle, LimitExceeded, PathInUse, Unsupported, InternalError)}
 
 
 def error_reply(e: BaseException, rid=None) -> dict:
@@ -75,9 +84,18 @@ def raise_error(reply: dict) -> None:
 
 
 def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = (), limit: int = MAX_MSG) -> None:
+    send_bytes(sock, encode(obj, limit), fds)
+
+
+def encode(obj: dict, limit: int = MAX_MSG) -> bytes:
     data = json.dumps(obj, separators=(",", ":")).encode()
     if len(data) > limit:
         raise MalformedRequest(f"message of {len(data)} bytes exceeds {limit}")
+    return data
+
+
+def send_bytes(sock: socket.socket, data: bytes, fds: list[int] | tuple = (), flags: int = 0) -> None:
+    """One message (MSG_DONTWAIT in flags: BlockingIOError when the peer's queue is full)."""
     if len(data) > 100_000:
         # one SEQPACKET message must fit the send buffer: grow it (SO_SNDBUFFORCE needs CAP_NET_ADMIN)
         for opt in (SO_SNDBUFFORCE, socket.SO_SNDBUF):
@@ -87,7 +105,27 @@ def send(sock: socket.socket, obj: dict, fds: list[int] | tuple = (), limit: int
             except OSError:
                 continue
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-    sock.sendmsg([data], anc)
+    sock.sendmsg([data], anc, flags)
+
+
+def nesting(data: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest, counted outside its strings, in linear time and
+    without recursion (json.loads recurses: a message of 60,000 '[' raises RecursionError: the
+    message must cost its sender only).  Text that is not JSON may give any number; json.loads refuses it."""
+    b = np.frombuffer(data, np.uint8)
+    if int(np.count_nonzero((b == 0x5B) | (b == 0x7B))) <= MAX_DEPTH:
+        return 0                                   # too few openers to nest that deep: the common case
+    n = len(b)
+    idx = np.arange(n)
+    # a quote is escaped when an odd run of backslashes precedes it
+    last_plain = np.maximum.accumulate(np.where(b != 0x5C, idx, -1))
+    run = np.empty(n, np.int64)
+    run[0] = 0
+    run[1:] = idx[:-1] - last_plain[:-1]
+    quote = (b == 0x22) & (run % 2 == 0)
+    inside = (np.cumsum(quote) - quote) % 2 == 1   # after an opening quote, before its closing one
+    step = np.where(inside, 0, ((b == 0x5B) | (b == 0x7B)).astype(np.int64) - ((b == 0x5D) | (b == 0x7D)))
+    return int(np.cumsum(step).max())
 
 
 def recv(sock: socket.socket, limit: int = MAX_MSG) -> tuple[dict | None, list[int], str | None]:
@@ -110,10 +148,17 @@ def recv(sock: socket.socket, limit: int = MAX_MSG) -> tuple[dict | None, list[i
         return {}, fds, f"message longer than {size} bytes (truncated)"
     if flags & socket.MSG_CTRUNC:
         return {}, fds, f"more than {MAX_FDS} file descriptors"
+    # requests (at most MAX_MSG) are checked before parsing; a reply of the daemon to its client may be MiBs
+    # (status), and json.loads' RecursionError below still bounds it
+    depth = nesting(data) if len(data) <= MAX_MSG else 0
+    if depth > MAX_DEPTH:
+        return {}, fds, f"arrays and objects nested {depth} deep (at most {MAX_DEPTH})"
     try:
         obj = json.loads(data.decode())
     except (UnicodeDecodeError, ValueError) as e:
         return {}, fds, f"not a JSON message: {e}"
+    except RecursionError:                         # nesting() missed it: still this message's problem only
+        return {}, fds, f"arrays and objects nested deeper than {MAX_DEPTH}"
     if not isinstance(obj, dict):
         return {}, fds, "a message must be a JSON object"
     return obj, fds, None

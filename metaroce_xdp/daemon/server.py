@@ -24,11 +24,15 @@ metaroce_xdp/dp (the data plane), metaroce_xdp/kern/loader.py (XDP program, pins
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import errno
 import grp
+import ipaddress
 import json
 import logging
 import os
+import resource
 import selectors
 import socket
 import stat
@@ -42,15 +46,15 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import __version__, cm
+from ..netinfo import NetInfoError
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
-from . import proto, shm
+from . import caps, proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
 from .startup import LOADER_MAX_QPS, Build, StartClock, prebuild_xdp
 
 log = logging.getLogger("metaroced")
 
-SEND_TIMEOUT_S = 0.5          # a client that does not read its socket for this long is dropped
 SCAN_EVERY_S = 0.01           # fallback scan of every QP ring (a doorbell lost to a full ring)
 SERVE_SLICE_NS = 50_000_000   # dp_serve returns to Python at least this often (progress mode, stop)
 SLEEP_SLICE_NS = 20_000_000   # poll() timeout while the loop sleeps (bounds a wake-up lost to a race)
@@ -58,6 +62,9 @@ MAX_SESSIONS = 1024           # rows of the loop's session table (clients with a
 WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring (dp/serve.py)
 WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
 WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
+WHY_ASKED = 100               # Q_ERR code: the client itself moved the QP to ERR (dp/context.py): no event owed
+PATH_WAIT_S = 2.0             # how long an RTR waits for its next hop's MAC (ARP/ND), on a thread of its own
+EVENT_CHECK_S = 0.5           # how often QPs in ERR without their QP_FATAL sent are looked for (Daemon._owed_events)
 CREDIT_ACTIVE_WINDOW_US = 50_000  # MR-CC-018's active_window here: a sender counts as active for 50 ms after its
                                 # last packet (its process may be descheduled for ms on shared cores, MR-CC-042)
 
@@ -67,10 +74,23 @@ MAX_WQES_PER_CLIENT = 8192      # send + receive queue entries over all its QPs 
 MAX_CQES_PER_CLIENT = 16384     # CQ entries over all its CQs (the plane has 131072)
 MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
+MAX_PDS_PER_CLIENT = 64         # a PD costs the daemon a dict entry and the plane a number: bounded all the same
+# events queued for one client before the serving thread sends them; more are counted and reported as one
+# EVENTS_LOST event (METAROCE_MAX_PENDING_EVENTS: for tests, which reach it with a few QPs)
+MAX_PENDING_EVENTS = int(os.environ.get("METAROCE_MAX_PENDING_EVENTS", "1024"))
+# file descriptors: every QP and CQ holds its ring's memfd, every client its socket, session header and wake-up
+# eventfd.  The daemon
+# raises RLIMIT_NOFILE to its hard limit at start; what is left after its own descriptors (FD_SLACK kept for
+# sockets being answered, memfds in flight, the metrics server) is shared out so that max_clients clients each
+# get the same budget: one client cannot run the daemon out of descriptors (EMFILE) for the others
+FD_SLACK = 128
+FDS_PER_SESSION = 3             # the client's socket, its session header's memfd and its wake-up eventfd
+MAX_REFUSED_PENDING = 32        # refused connections waiting to read why; more are closed without an answer
 
-RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_mr_bytes_per_client", "log_level", "drain_timeout_s",
-                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen", "profile",
-                   "read_rate_mbps")
+RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_client", "max_mr_bytes_per_client",
+                   "log_level", "drain_timeout_s",
+                   "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen",
+                   "metrics_per_qp", "profile", "read_rate_mbps")
 FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
 
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
@@ -86,6 +106,57 @@ def _copy(view) -> list:
     return []
 
 
+def raise_fd_limit() -> int:
+    """RLIMIT_NOFILE's soft limit raised to its hard limit (the unit's LimitNOFILE; 1024 soft is the default, which
+    256 QPs of four clients would exhaust); returns the limit in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, hard, e)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+HUGETLBFS_MAGIC = 0x958458F6     # linux/magic.h
+
+
+def fs_magic(fd: int) -> int:
+    """f_type of fstatfs(fd): which file system the descriptor's file lives on."""
+    import ctypes
+    buf = ctypes.create_string_buffer(256)          # struct statfs is 120 bytes on 64-bit Linux
+    if ctypes.CDLL(None, use_errno=True).fstatfs(fd, buf) != 0:
+        raise OSError(ctypes.get_errno(), "fstatfs")
+    return struct.unpack_from("l", buf.raw)[0] & 0xFFFFFFFF
+
+
+def placeable_size(fd: int) -> int:
+    """The size of a client's memfd the data plane may place bytes into for as long as it is registered;
+    ValueError with what to do otherwise.  Sealed against shrinking (shm.sealed_size): a truncated file would
+    fault under the daemon's mapping.  Not on hugetlbfs: no seal stops fallocate(PUNCH_HOLE) short of forbidding
+    writes; a hole in shmem (a plain memfd) refaults as a zero page, but a hole in a hugetlb file needs a free huge
+    page at the next access and, with the pool empty, the daemon's access is SIGBUS -- every tenant's daemon
+    killed by one client (measured: punch, take the pool, touch the mapping: SIGBUS)."""
+    size = shm.sealed_size(fd)
+    try:
+        magic = fs_magic(fd)
+    except OSError as e:
+        raise ValueError(f"cannot tell which file system the memfd is on ({e})") from None
+    if magic == HUGETLBFS_MAGIC:
+        raise ValueError("a hugetlb memfd (MFD_HUGETLB) cannot be registered: a hole punched in it would make the "
+                         "daemon's next access fault (SIGBUS) once the huge page pool is empty; use "
+                         "Context.alloc_buf(hugepages=True), which asks for transparent huge pages of shared memory")
+    return size
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
 # ================================================================================ per-client objects
 class SQP:
     """A client's QP: the data plane's QP and the shared rings the client posts into."""
@@ -98,6 +169,8 @@ class SQP:
         self.rate_bps = 0.0
         self._rate_t, self._rate_b = time.monotonic(), 0
         self.destroyed = False
+        self.err_told = False                   # QP_FATAL sent to the client (or owed none)
+        self.err_seen = False                   # in ERR at the last check without it (Daemon._owed_events)
 
     # the loop's own counts (dp/serve.py QX row; the shm copies are for the client)
     def _x(self, col: int) -> int:
@@ -132,6 +205,17 @@ class SMR:
         self.h, self.dpmr, self.mm, self.length, self.pd_h = h, dpmr, mm, length, pd_h
 
 
+class _Wait(Exception):
+    """Raised by an op whose reply waits for something slow (a peer's MAC, resolved by ARP/ND): `work()` runs
+    on a thread of its own while the serving thread serves the other clients; then the op runs again on the
+    serving thread (or its error, if work raised, is the reply).  Until then the client's socket is not read:
+    one request of a client waits at a time, and its replies stay in order."""
+
+    def __init__(self, what: str, work: Callable[[], None]) -> None:
+        super().__init__(what)
+        self.what, self.work = what, work
+
+
 class Session:
     """One client connection: its credentials, its objects (handles are per client), its header ring."""
 
@@ -148,6 +232,7 @@ class Session:
         self.qps: dict[int, SQP] = {}
         self.mr_bytes = 0
         self._next = 1
+        self.fds = FDS_PER_SESSION               # descriptors the daemon holds for this client
         self.send_lock = threading.Lock()
         self.hdr_fd = shm.create(shm.H_WORDS * 8, "metaroce-session")
         self.hdr_mm = shm.map_fd(self.hdr_fd, shm.round_page(shm.H_WORDS * 8))
@@ -155,7 +240,18 @@ class Session:
         self.H[shm.H_MAGIC] = shm.MAGIC
         self.H[shm.H_SESSION] = sid
         self.slot = -1                           # its row in Device.SX (dp/serve.py), from open_device
+        # the eventfd this client writes when the loop sleeps (its own: the plane's, shared by every client, could
+        # be drained by one to steal the others' wake-ups or written in a loop to keep the loop awake); the
+        # serving thread forwards it to the plane only while the loop sleeps (Daemon._wake)
+        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.wakes = self.wakes_forwarded = 0
+        self.events_pending = 0                  # queued in Daemon._events, not yet sent
+        self.events_lost = 0                     # not queued: more than MAX_PENDING_EVENTS were pending
+        self.events_lost_told = 0
         self.gone = False                        # set by any thread; the serving thread reclaims
+        self.waiting: str | None = None          # what its request waits for (_Wait), its socket unread meanwhile
+        self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()   # not yet taken by its socket
+        self.watch: Callable[[], None] | None = None      # Daemon._watch: what the serving thread waits for on it
 
     def handle(self) -> int:
         h = self._next
@@ -165,24 +261,60 @@ class Session:
     def owner(self) -> dict:
         return {"pid": self.pid, "uid": self.uid, "comm": self.comm}
 
-    def push(self, obj: dict, fds: list[int] | tuple = (), limit: int = proto.MAX_MSG) -> bool:
-        """Send a reply or an event; a client that does not read for SEND_TIMEOUT_S is marked gone."""
+    def push(self, obj: dict, fds: list[int] | tuple = (), limit: int = proto.MAX_MSG, event: bool = False) -> bool:
+        """Send a reply or an event without waiting: what the client's full socket does not take waits in its
+        outbox (the serving thread sends it when the socket is writable, and reads no request of that client
+        meanwhile), so a client that does not read costs itself only.  An event finding MAX_PENDING_EVENTS
+        messages in the outbox is not queued (False: the caller counts it lost); a reply always is."""
         if self.gone:
             return False
+        try:
+            data = proto.encode(obj, limit)
+        except proto.MalformedRequest as e:             # our reply too large: say so instead
+            data = proto.encode(proto.error_reply(e, obj.get("id")))
+            fds = ()
         with self.send_lock:
-            try:
-                proto.send(self.sock, obj, fds, limit)
+            if self.outbox:
+                if event and len(self.outbox) >= MAX_PENDING_EVENTS:
+                    return False
+                self.outbox.append((data, [os.dup(fd) for fd in fds]))   # sent later: the fds may close meanwhile
                 return True
-            except (OSError, proto.MalformedRequest) as e:
-                if isinstance(e, proto.MalformedRequest):       # our reply too large: say so instead
-                    try:
-                        proto.send(self.sock, proto.error_reply(e, obj.get("id")))
-                        return True
-                    except OSError:
-                        pass
+            try:
+                proto.send_bytes(self.sock, data, fds)
+                return True
+            except BlockingIOError:
+                self.outbox.append((data, [os.dup(fd) for fd in fds]))
+            except OSError as e:
                 log.warning("client pid %d: cannot send (%s); dropping it", self.pid, e)
                 self.gone = True
                 return False
+        if self.watch is not None:
+            self.watch()                                # write-ready, not read-ready, until the outbox is empty
+        return True
+
+    def flush(self) -> None:
+        """The socket is writable: send what the outbox holds, in order, until it is empty or full again."""
+        with self.send_lock:
+            while self.outbox and not self.gone:
+                data, fds = self.outbox[0]
+                try:
+                    proto.send_bytes(self.sock, data, fds)
+                except BlockingIOError:
+                    return
+                except OSError as e:
+                    log.warning("client pid %d: cannot send (%s); dropping it", self.pid, e)
+                    self.gone = True
+                    return
+                self.outbox.popleft()
+                for fd in fds:
+                    os.close(fd)
+
+    def drop_outbox(self) -> None:
+        with self.send_lock:
+            for _, fds in self.outbox:
+                for fd in fds:
+                    os.close(fd)
+            self.outbox.clear()
 
 
 # ================================================================================ one interface
@@ -382,14 +514,21 @@ class Device:
         if typ not in (self.L.EV_QP_FATAL, self.L.EV_QP_REQ_ERR, self.L.EV_QP_ACCESS_ERR):
             return                          # COMM_EST, SQ_DRAINED, CQ_NOTIFY: not errors
         q.mirror_state()
-        if why == WHY_BAD_WR:
-            text = self.bad_wr_text(dpqp.qi)
-            dpqp.error_reason = "the client wrote an invalid work request into its ring: " + text
-            log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", dpqp.qp_num, q.sess.pid,
-                        text)
+        self.note_bad_wr(q, why)
         log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
+        q.err_told = True
         self.daemon.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": dpqp.qp_num,
                                         "reason": dpqp.error_reason})
+
+    def note_bad_wr(self, q: SQP, why: int) -> None:
+        """The QP went to ERR on an invalid entry in its shared ring: its error_reason says which (the event's
+        or, when the plane's event ring dropped it, Daemon._owed_events's QP_FATAL carries it)."""
+        if why != WHY_BAD_WR:
+            return
+        text = self.bad_wr_text(q.dpqp.qi)
+        q.dpqp.error_reason = "the client wrote an invalid work request into its ring: " + text
+        log.warning("qpn %#x (pid %d): invalid work request in the shared ring: %s", q.dpqp.qp_num, q.sess.pid,
+                    text)
 
     def _cq_event(self, dpcq: Any) -> None:
         c = self.cq_by_idx.get(dpcq.index) if dpcq is not None else None
@@ -578,6 +717,37 @@ class Daemon:
         self._events: list[tuple[Session, dict]] = []
         self._events_lock = threading.Lock()
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # what clients were refused and why: every error reply by its typed error, every client dropped by
+        # reason (snapshot()["daemon"], metaroce dev show, /metrics)
+        self.refusals: collections.Counter[str] = collections.Counter()
+        self.drops: collections.Counter[str] = collections.Counter()
+        # requests waiting off the serving thread (_Wait): (session, request, result) when done
+        self._waited: list[tuple[Session, dict, BaseException | None]] = []
+        self.requests_waited = 0
+        self.events_recovered = 0                   # QP_FATALs sent for QPs whose plane event was lost
+        self.events_lost = 0                        # events not queued for a client (MAX_PENDING_EVENTS)
+        self.fd_limit = raise_fd_limit()
+        self.fd_budget = 0                          # per client; set once the daemon's own descriptors are open
+        self._fd_base = 0
+        self._spare_fd = -1                         # closed to accept (and close) a connection at EMFILE
+
+    # ---- file descriptors ----------------------------------------------------------------------
+    def _set_fd_budget(self) -> None:
+        """Each client's share of the descriptors left after the daemon's own (FD_SLACK kept back): at most
+        what max_qps_per_client QPs and MAX_CQS_PER_CLIENT CQs need."""
+        want = FDS_PER_SESSION + self.cfg.max_qps_per_client + MAX_CQS_PER_CLIENT
+        share = (self.fd_limit - self._fd_base - FD_SLACK) // self.cfg.max_clients
+        self.fd_budget = max(FDS_PER_SESSION, min(want, share))
+        if share < want:
+            log.warning("RLIMIT_NOFILE %d leaves %d descriptors to each of max_clients (%d) clients: fewer than "
+                        "the %d that max_qps_per_client QPs and %d CQs take; raise LimitNOFILE (the unit) or lower "
+                        "max_clients", self.fd_limit, self.fd_budget, self.cfg.max_clients, want, MAX_CQS_PER_CLIENT)
+
+    def _need_fds(self, s: Session, n: int, what: str) -> None:
+        if s.fds + n > self.fd_budget:
+            raise LimitExceeded(f"{what} would take this client past its {self.fd_budget} file descriptors in the "
+                                f"daemon (each QP and CQ holds one; the daemon's RLIMIT_NOFILE {self.fd_limit} "
+                                f"shared by max_clients {self.cfg.max_clients}): destroy QPs or CQs first")
 
     # ---- start --------------------------------------------------------------------------------
     def start(self, clock: StartClock | None = None, builds: dict[str, Build] | None = None) -> None:
@@ -640,9 +810,20 @@ class Daemon:
             raise
         for b in loaders.values():          # built for an interface the configuration does not name
             b.discard()
+        # attached: what only attaching needed goes before the driver threads start (they inherit the rest)
+        try:
+            gone = caps.drop()
+            if gone:
+                log.info("capabilities dropped after attach: %s (kept: %s)", ", ".join(gone),
+                         ", ".join(caps.effective()) or "none")
+        except OSError as e:
+            log.warning("could not drop capabilities after attach: %s", e)
         for dev in self.devices.values():
             dev.start()
         clock.mark("loop start")
+        self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd_base = open_fds()
+        self._set_fd_budget()
         self.started = time.time()
 
     def _clean_socket(self) -> None:
@@ -742,8 +923,14 @@ class Daemon:
             os.chown(self.cfg.socket_path, -1, gid)
 
     def post_event(self, s: Session, ev: dict) -> None:
-        """From any thread: send ev to the client s soon (the serving thread sends it)."""
+        """From any thread: send ev to the client s soon (the serving thread sends it).  A client whose events
+        pile up (it does not read its socket, its QPs fail by the thousand) loses the excess, counted and told."""
         with self._events_lock:
+            if s.events_pending >= MAX_PENDING_EVENTS:
+                s.events_lost += 1
+                self.events_lost += 1
+                return
+            s.events_pending += 1
             self._events.append((s, ev))
         try:
             os.eventfd_write(self._efd, 1)
@@ -757,30 +944,49 @@ class Daemon:
             pass
         with self._events_lock:
             evs, self._events = self._events, []
+            for s, _ in evs:
+                s.events_pending -= 1
         for s, ev in evs:
-            s.push(ev)
+            if not s.push(ev, event=True) and not s.gone:
+                with self._events_lock:
+                    s.events_lost += 1
+                    self.events_lost += 1
+        for s in {s for s, _ in evs}:
+            self._tell_lost(s)
 
     # ---- serving --------------------------------------------------------------------------------
     def run(self, stop: threading.Event, tick: Callable[[], None] | None = None) -> None:
         if self._sel is None:
             raise DaemonError("start() first")
-        last_tick = 0.0
+        last_tick = last_check = 0.0
         while not stop.is_set() and not self._stopped:
-            for key, _ in self._sel.select(timeout=0.1):
-                if key.data is None:
-                    self._accept()
-                elif key.data == "events":
-                    self._send_events()
-                elif isinstance(key.data, tuple):
-                    self._answer_refused(key.fileobj)
-                else:
-                    self._serve(key.data)
+            for key, mask in self._sel.select(timeout=0.1):
+                try:
+                    if key.data is None:
+                        self._accept()
+                    elif key.data == "events":
+                        self._send_events()
+                    elif isinstance(key.data, tuple) and key.data[0] == "wake":
+                        self._wake(key.data[1])
+                    elif isinstance(key.data, tuple):
+                        self._answer_refused(key.fileobj)
+                    elif mask & selectors.EVENT_WRITE:
+                        self._flush(key.data)
+                    else:
+                        self._serve(key.data)
+                except Exception:                   # noqa: BLE001 - what one client sent costs that client only
+                    self._fail(key)
+            if self._waited:
+                self._finish_waits()
             now = time.monotonic()
             for sock in [k for k, (_, t) in self._refused.items() if t < now]:
                 self._drop_refused(sock)
             for s in [s for s in self.sessions.values() if s.gone]:
                 self._reclaim(s)
             now = time.monotonic()
+            if now - last_check >= EVENT_CHECK_S:
+                last_check = now
+                self._owed_events()
             if tick is not None and now - last_tick >= 0.1:
                 last_tick = now
                 try:
@@ -788,13 +994,100 @@ class Daemon:
                 except Exception:                   # noqa: BLE001 - the caller's hook must not stop serving
                     log.exception("tick failed")
 
+    def _owed_events(self) -> None:
+        """QPs the data plane moved to ERR whose event never reached us (its event ring holds 1024 and drops the
+        rest when full): their QP_FATAL now, counted in events_recovered."""
+        for dev in _copy(self.devices.values()):
+            L = dev.L
+            for q in _copy(dev.qp_by_qi.values()):
+                if q.err_told or q.destroyed:
+                    continue
+                r = q.dpqp.row
+                if int(r[L.Q_STATE]) != QPState.ERR:
+                    continue
+                if not q.err_seen:              # its event may still be on its way (drained within a slice)
+                    q.err_seen = True
+                    continue
+                why = int(r[L.Q_ERR])
+                q.err_told = True
+                if why in (0, WHY_ASKED, WHY_CLIENT_GONE, WHY_DRAIN):
+                    continue
+                q.mirror_state()
+                dev.note_bad_wr(q, why)
+                self.events_recovered += 1
+                reason = q.dpqp.error_reason or dev.dpc._WHY.get(why, f"error {why}")
+                log.info("qpn %#x (pid %d): QP error without its event (the plane's event ring was full): %s",
+                         q.dpqp.qp_num, q.sess.pid, reason)
+                self.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num, "reason": reason})
+
+    def _wake(self, s: Session) -> None:
+        """A client wrote its wake-up eventfd after a post: wake its device's loop if that sleeps.  A client
+        writing it in a loop costs this thread a read per write and the loop no extra round while it runs."""
+        try:
+            os.eventfd_read(s.wake_fd)
+        except OSError:
+            return
+        s.wakes += 1
+        dev = s.dev
+        if dev is not None and dev.plane.A[dev.L.P_SLEEPING]:
+            s.wakes_forwarded += 1
+            try:
+                os.eventfd_write(dev.plane.efd, 1)
+            except OSError:
+                pass
+
+    def _fail(self, key: selectors.SelectorKey) -> None:
+        """Serving one socket raised what the handlers do not catch: drop that client, keep the daemon."""
+        if isinstance(key.data, Session):
+            log.exception("client pid %d: dropped after an unexpected error", key.data.pid)
+            self.drops["unexpected_error"] += 1
+            key.data.gone = True
+            self._reclaim(key.data)
+        elif isinstance(key.data, tuple) and key.data[0] == "wake":
+            log.exception("client pid %d: wake-up", key.data[1].pid)
+        elif isinstance(key.data, tuple):
+            log.exception("a refused connection: unexpected error")
+            self._drop_refused(key.fileobj)
+        else:
+            log.exception("serving the control socket")
+
     def _accept(self) -> None:
         try:
             sock, _ = self._lsock.accept()
-        except (BlockingIOError, OSError):
+        except BlockingIOError:
             return
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._shed_connection()
+            return
+        try:
+            self._admit(sock)
+        except OSError as e:                    # EMFILE making its session header: this connection only
+            log.warning("cannot take a client: %s", e)
+            self.drops["no_descriptors"] += 1
+            sock.close()
+
+    def _shed_connection(self) -> None:
+        """Out of descriptors: the pending connection would make the listening socket readable forever.  Close
+        the spare descriptor, accept it, close it (the client reads EOF: DaemonUnavailable), take the spare back."""
+        self.drops["no_descriptors"] += 1
+        log.warning("out of file descriptors (RLIMIT_NOFILE %d): closing a new connection unanswered",
+                    self.fd_limit)
+        if self._spare_fd >= 0:
+            os.close(self._spare_fd)
+            self._spare_fd = -1
+        try:
+            sock, _ = self._lsock.accept()
+            sock.close()
+        except OSError:
+            pass
+        try:
+            self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._spare_fd = -1
+
+    def _admit(self, sock: socket.socket) -> None:
         pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        sock.settimeout(SEND_TIMEOUT_S)
         why = None
         if not self._allowed(pid, uid, gid):
             why = proto.error_reply(PermissionDenied(
@@ -806,15 +1099,23 @@ class Daemon:
         if why is not None:
             # answered on its first request (closing with that request unread would reset the connection,
             # and the client would never read why); dropped after 2 s
+            self.refusals[why["error"]] += 1
             log.warning("refused pid %d uid %d: %s", pid, uid, why["message"])
+            if len(self._refused) >= MAX_REFUSED_PENDING:
+                self.drops["refused_unanswered"] += 1   # a flood of refused connections holds no descriptors
+                sock.close()
+                return
             sock.setblocking(False)
             self._refused[sock] = (why, time.monotonic() + 2.0)
             self._sel.register(sock, selectors.EVENT_READ, ("refused", why))
             return
         self._sid += 1
+        sock.setblocking(False)                 # replies and events never wait for a client (Session.push)
         s = Session(self._sid, sock, pid, uid, gid)
+        s.watch = lambda: self._watch(s)
         self.sessions[s.id] = s
         self._sel.register(sock, selectors.EVENT_READ, s)
+        self._sel.register(s.wake_fd, selectors.EVENT_READ, ("wake", s))
         log.info("client pid %d uid %d (%s) connected", pid, uid, s.comm)
 
     def _answer_refused(self, sock: socket.socket) -> None:
@@ -824,10 +1125,12 @@ class Daemon:
             for fd in fds:
                 os.close(fd)
             if msg is not None:
-                proto.send(sock, {**why, "id": msg.get("id") if isinstance(msg, dict) else None})
-        except OSError:
-            pass
-        self._drop_refused(sock)
+                rid = msg.get("id") if isinstance(msg, dict) else None
+                proto.send(sock, {**why, "id": rid if isinstance(rid, (int, str)) or rid is None else None})
+        except (OSError, ValueError, TypeError, RecursionError):
+            pass                            # whatever it sent, it is closed now
+        finally:
+            self._drop_refused(sock)
 
     def _drop_refused(self, sock: socket.socket) -> None:
         self._refused.pop(sock, None)
@@ -863,7 +1166,12 @@ class Daemon:
         if msg is None:
             self._reclaim(s)
             return
-        rid = msg.get("id") if isinstance(msg, dict) else None
+        self._answer(s, msg, fds, problem)
+
+    def _answer(self, s: Session, msg: dict, fds: list[int], problem: str | None) -> None:
+        rid = msg.get("id")
+        if not (rid is None or isinstance(rid, (int, str))):
+            rid = None                       # echoed: an id is a number or a string, nothing to nest
         try:
             if problem:
                 raise MalformedRequest(problem)
@@ -873,17 +1181,106 @@ class Daemon:
                 raise MalformedRequest(f"unknown op {op!r}")
             reply, out_fds = fn(s, msg, fds)
             reply = {"ok": True, "id": rid, **reply}
+        except _Wait as w:
+            self._wait(s, msg, w)
+            return
         except VerbsError as e:
             reply, out_fds = proto.error_reply(e, rid), []
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, RecursionError) as e:
             reply, out_fds = proto.error_reply(MalformedRequest(f"bad request: {type(e).__name__}: {e}"), rid), []
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC):
+                log.exception("client pid %d: op %r failed", s.pid, msg.get("op"))
+            reply, out_fds = proto.error_reply(ResourceError(f"the daemon is short of resources: {e}"), rid), []
         except Exception as e:                       # noqa: BLE001 - one bad request never stops the daemon
             log.exception("client pid %d: op %r failed", s.pid, msg.get("op"))
             reply, out_fds = proto.error_reply(proto.InternalError(f"{type(e).__name__}: {e}"), rid), []
         finally:
             for fd in fds:
                 os.close(fd)
+        if not reply["ok"]:
+            self.refusals[reply["error"]] += 1
         s.push(reply, out_fds, proto.MAX_REPLY if msg.get("op") == "status" else proto.MAX_MSG)
+
+    def _watch(self, s: Session) -> None:
+        """Register what s's socket is waited for: writable while its outbox holds messages, readable (its next
+        request) when it holds none and no request of it waits (_Wait), else nothing."""
+        if s.gone or self.sessions.get(s.id) is not s or self._sel is None:
+            return
+        ev = selectors.EVENT_WRITE if s.outbox else selectors.EVENT_READ if s.waiting is None else 0
+        try:
+            key = self._sel.get_key(s.sock)
+        except (KeyError, ValueError):
+            key = None
+        if ev == 0:
+            if key is not None:
+                self._sel.unregister(s.sock)
+        elif key is None:
+            self._sel.register(s.sock, ev, s)
+        elif key.events != ev:
+            self._sel.modify(s.sock, ev, s)
+
+    def _flush(self, s: Session) -> None:
+        s.flush()
+        if s.gone:
+            self._reclaim(s)
+            return
+        if not s.outbox:
+            self._tell_lost(s)
+        self._watch(s)
+
+    def _tell_lost(self, s: Session) -> None:
+        """One EVENTS_LOST for the events lost since the last one, once the client reads again."""
+        if s.events_lost > s.events_lost_told and not s.outbox:
+            n = s.events_lost - s.events_lost_told
+            s.events_lost_told = s.events_lost
+            s.push({"event": "EVENTS_LOST", "count": n,
+                    "reason": f"{n} events were not queued: more than {MAX_PENDING_EVENTS} were waiting to be "
+                              f"sent; query the QPs' state"})
+
+    def _wait(self, s: Session, msg: dict, w: _Wait) -> None:
+        """Run w.work on a thread of its own; the request is answered (run again) by _finish_waits."""
+        s.waiting = w.what
+        self._watch(s)
+        self.requests_waited += 1
+
+        def work() -> None:
+            err: BaseException | None = None
+            try:
+                w.work()
+            except BaseException as e:              # noqa: BLE001 - the client's reply
+                err = e
+            with self._events_lock:
+                if self._stopped:
+                    return                          # the client was told DEVICE_FATAL; the eventfd is closed
+                self._waited.append((s, msg, err))
+                try:
+                    os.eventfd_write(self._efd, 1)
+                except OSError:
+                    pass
+        threading.Thread(target=work, name=f"metaroce-wait-{s.pid}", daemon=True).start()
+
+    def _finish_waits(self) -> None:
+        with self._events_lock:
+            done, self._waited = self._waited, []
+        for s, msg, err in done:
+            s.waiting = None
+            if s.gone or self.sessions.get(s.id) is not s:
+                continue
+            try:
+                self._watch(s)
+                if err is None:
+                    self._answer(s, msg, [], None)
+                else:
+                    e = err if isinstance(err, VerbsError) else proto.InternalError(f"{type(err).__name__}: {err}")
+                    reply = proto.error_reply(e, msg.get("id"))
+                    self.refusals[reply["error"]] += 1
+                    s.push(reply)
+            except Exception:                       # noqa: BLE001 - what one client sent costs that client only
+                log.exception("client pid %d: dropped after an unexpected error", s.pid)
+                self.drops["unexpected_error"] += 1
+                s.gone = True
+                self._reclaim(s)
 
     # ---- ops ------------------------------------------------------------------------------------
     @staticmethod
@@ -912,7 +1309,9 @@ class Daemon:
                 "interfaces": list(self.devices), "session": s.id, "cm_port": self.cfg.cm_port}, [s.hdr_fd]
 
     def _op_status(self, s: Session, msg: dict, fds: list[int]):
-        return self.snapshot(), []                  # the reply's keys: daemon, devices, qps, clients
+        # the reply's keys: daemon, devices, qps, clients; a QP's peer, PSNs and owner are what another tenant
+        # would need to inject into its stream: root sees every client's, any other user its own uid's
+        return self.snapshot(None if s.uid == 0 else s.uid), []
 
     def _op_open_device(self, s: Session, msg: dict, fds: list[int]):
         ifname = msg.get("ifname")
@@ -933,7 +1332,7 @@ class Daemon:
         ctx = dev.ctx
         return ({"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu,
                  "profiles": self.profiles(), "native_offer": self.native_offer()},
-                [dev.plane.efd, dev.bell_fd])
+                [s.wake_fd, dev.bell_fd])
 
     def native_offer(self) -> dict:
         """What a client offers in its REQ/REP for a native QP on this daemon (dp/cmconnect.py's offer, with
@@ -944,6 +1343,8 @@ class Daemon:
 
     def _op_alloc_pd(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)
+        if len(s.pds) >= MAX_PDS_PER_CLIENT:
+            raise LimitExceeded(f"at most {MAX_PDS_PER_CLIENT} PDs per client")
         h = s.handle()
         s.pds[h] = dev.ctx.alloc_pd()
         return {"pd": h}, []
@@ -963,7 +1364,7 @@ class Daemon:
         if len(fds) != 1:
             raise MalformedRequest("reg_mr carries exactly one file descriptor (the memfd) as SCM_RIGHTS")
         try:
-            size = shm.sealed_size(fds[0])
+            size = placeable_size(fds[0])
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
         if offset + length > size:
@@ -1008,6 +1409,7 @@ class Daemon:
         depth = self._int(msg, "depth", 1024, 1, 1 << 16)
         if len(s.cqs) >= MAX_CQS_PER_CLIENT:
             raise LimitExceeded(f"at most {MAX_CQS_PER_CLIENT} CQs per client")
+        self._need_fds(s, 1, "a CQ")
         used = sum(c.size for c in s.cqs.values())
         if used + depth > MAX_CQES_PER_CLIENT:
             raise LimitExceeded(f"a CQ of {depth} entries would exceed {MAX_CQES_PER_CLIENT} CQ entries per client "
@@ -1024,6 +1426,7 @@ class Daemon:
             c = SCQ(h, s, cq, fd, mm)
             c.W[shm.CH_SIZE] = cq.size
             s.cqs[h] = c
+            s.fds += 1
             dev.cq_by_idx[cq.index] = c
             dev.attach_cq(c)
         return {"cq": h, "size": cq.size}, [fd]
@@ -1038,7 +1441,8 @@ class Daemon:
 
     def _forget_cq(self, dev: Device, s: Session, c: SCQ) -> None:
         dev.detach_cq(c)
-        s.cqs.pop(c.h, None)
+        if s.cqs.pop(c.h, None) is not None:
+            s.fds -= 1
         dev.cq_by_idx.pop(c.dpcq.index, None)
         c.W = None
         os.close(c.fd)
@@ -1053,6 +1457,7 @@ class Daemon:
                     max_recv_wr=self._int(msg, "max_recv_wr", 256, 1, 1 << 14))
         if len(s.qps) >= self.cfg.max_qps_per_client:
             raise LimitExceeded(f"max_qps_per_client ({self.cfg.max_qps_per_client}) QPs already")
+        self._need_fds(s, 1, "a QP")
         used = sum(q.sq_size + q.rq_size for q in s.qps.values())
         if used + cap.max_send_wr + cap.max_recv_wr > MAX_WQES_PER_CLIENT:
             raise LimitExceeded(f"queues of {cap.max_send_wr} + {cap.max_recv_wr} entries would exceed "
@@ -1075,6 +1480,7 @@ class Daemon:
             W[shm.QH_SQ_SIZE], W[shm.QH_RQ_SIZE], W[shm.QH_QPN] = qp.sq_size, qp.rq_size, qp.qp_num
             q.mirror_state()
             s.qps[h] = q
+            s.fds += 1
             dev.qp_by_qi[qp.qi] = q
             dev.attach_qp(q)
         log.info("qpn %#x created for pid %d", qp.qp_num, s.pid)
@@ -1086,6 +1492,7 @@ class Daemon:
         a = msg.get("attr")
         if not isinstance(a, dict):
             raise MalformedRequest("modify_qp needs attr: an object of QPAttr fields")
+        a = dict(a)                             # msg unchanged: a request that waited (_Wait) runs again
         bad = set(a) - _ATTR_FIELDS
         if bad:
             raise MalformedRequest(f"unknown QP attributes {sorted(bad)} (known: {sorted(_ATTR_FIELDS)})")
@@ -1100,21 +1507,90 @@ class Daemon:
             a["native_params"] = self._native_params(a.get("profile"), a.get("native_params"))
         if "qp_state" in a:
             a["qp_state"] = QPState(a["qp_state"])
+        if a.get("qp_state") == QPState.RTR:
+            self._check_path_free(dev, q, a.get("dgid"), a.get("dest_qp_num"))
+            if a.get("profile") == "native":
+                native = sum(1 for o in s.qps.values() if o is not q and o.dpqp.profile == "native")
+                if native >= self.cfg.max_native_qps_per_client:
+                    raise LimitExceeded(f"max_native_qps_per_client ({self.cfg.max_native_qps_per_client}) native QPs "
+                                        f"already (the interface has {self.native_slots()} native slots for every "
+                                        f"client): connect with profile compat, or destroy a native QP")
         if "cur_qp_state" in a:
             a["cur_qp_state"] = QPState(a["cur_qp_state"])
         if "qp_access_flags" in a:
             a["qp_access_flags"] = Access(a["qp_access_flags"])
+        if a.get("qp_state") == QPState.RTR and a.get("dmac") is None:
+            self._path_known(dev, a.get("dgid"))
         q.dpqp.modify(QPAttr(**a))
         q.mirror_state()
         st = q.dpqp.query_state()
         log.info("qpn %#x (pid %d): -> %s", q.dpqp.qp_num, s.pid, st.name)
         return {"state": int(st)}, []
 
+    LIVE_STATES = (QPState.RTR, QPState.RTS, QPState.SQD, QPState.SQE)
+
+    @staticmethod
+    def _path_known(dev: Device, dgid: Any) -> None:
+        """An RTR resolves its peer's next hop (the data plane's template_for, waiting up to 2 s for ARP/ND):
+        only once the kernel knows that MAC does it run here, on the serving thread; until then the request
+        waits on a thread of its own (_Wait), so an address that never answers costs its client only."""
+        paths = getattr(getattr(dev.ctx, "port", None), "paths", None)
+        if paths is None or not isinstance(dgid, str):
+            return
+        try:
+            ipaddress.ip_address(dgid)
+        except ValueError:
+            return                              # not an address: the data plane says so
+        if paths.lookup(dgid) is not None:      # never waits for ARP/ND; sends one probe when the MAC is unknown
+            return
+
+        def wait() -> None:
+            deadline = time.monotonic() + PATH_WAIT_S
+            while paths.lookup(dgid) is None:
+                if time.monotonic() >= deadline:
+                    via, _ = paths.route(dgid)
+                    what = f"the gateway {via} (next hop to {dgid})" if via else dgid
+                    raise NetInfoError(f"could not resolve the MAC of {what} on {dev.ifname} within {PATH_WAIT_S}s: "
+                                       f"is it up? (see `ip neigh show dev {dev.ifname}`)")
+                time.sleep(0.02)
+        raise _Wait(f"the MAC of {dgid}", wait)
+
+    def _check_path_free(self, dev: Device, q: SQP, dgid: Any, dest_qp: Any) -> None:
+        """No two live QPs of an interface aimed at the same remote QP: BTH carries no source QPN and the peer
+        checks only the source address, so a second QP with another tenant's (dgid, dest_qp_num) -- both shown
+        by status, or guessed -- would inject into that tenant's stream (its own packets then dropped as
+        duplicates).  PathInUse, counted in refused."""
+        if not isinstance(dgid, str) or not isinstance(dest_qp, int):
+            return                              # the data plane refuses an RTR without them
+        try:
+            want = (cm.gid_to_ip(cm.ip_to_gid(dgid)), dest_qp & 0xFFFFFF)
+        except ValueError:
+            return                              # not an address: the data plane says so
+        with dev.reg_lock:
+            for o in _copy(dev.qp_by_qi.values()):
+                if o is q or o.destroyed or o.dpqp.dgid is None:
+                    continue
+                try:
+                    theirs = (cm.gid_to_ip(cm.ip_to_gid(o.dpqp.dgid)), o.dpqp.dest_qp & 0xFFFFFF)
+                except ValueError:
+                    continue
+                if theirs == want and o.dpqp.query_state() in self.LIVE_STATES:
+                    log.warning("pid %d: RTR towards QP %#x at %s refused: QP %#x (pid %d) is connected to it",
+                                q.sess.pid, want[1], want[0], o.dpqp.qp_num, o.sess.pid)
+                    raise proto.PathInUse(f"another live QP on {dev.ifname} is connected to QP {want[1]:#x} at "
+                                          f"{want[0]}: one remote QP takes one local QP (the packets carry no source "
+                                          f"QPN); connect through connection set-up to a QP of your own")
+
     # the parameters a client may choose for its native QP (those of the connection: the agreed W, K and
     # capabilities, its timers); the receiver's credit allocation is the daemon's, over all its QPs
     CLIENT_NATIVE_PARAMS = ("w", "k", "credits", "cc_delay", "rto_min", "ack_n", "ack_t", "dup_thresh", "pto_min",
                             "init_cwnd", "min_cwnd", "delay_floor", "ai", "beta", "max_mdf", "q_target", "g_ecn",
                             "pacing_gain", "max_burst", "t_peer")
+
+    @staticmethod
+    def native_slots() -> int:
+        from ..dp.native import NSLOT
+        return NSLOT
 
     def profiles(self) -> list[str]:
         """The profiles this daemon's QPs may run (the `profile` option)."""
@@ -1178,7 +1654,8 @@ class Daemon:
         q.destroyed = True
         dev.detach_qp(q)                  # the loop no longer reads its rings
         dev.ctx.destroy_qp(q.dpqp)
-        s.qps.pop(q.h, None)
+        if s.qps.pop(q.h, None) is not None:
+            s.fds -= 1
         dev.qp_by_qi.pop(q.dpqp.qi, None)
         q.W = None
         os.close(q.fd)
@@ -1200,6 +1677,7 @@ class Daemon:
         except (KeyError, ValueError):
             pass
         s.sock.close()
+        s.drop_outbox()
         dev = s.dev
         nq, nm = len(s.qps), len(s.mrs)
         if dev is not None:
@@ -1221,6 +1699,11 @@ class Daemon:
                 s.mrs.clear()
                 s.pds.clear()
                 dev.detach_session(s)
+        try:
+            self._sel.unregister(s.wake_fd)
+        except (KeyError, ValueError):
+            pass
+        os.close(s.wake_fd)
         os.close(s.hdr_fd)
         s.H = None
         shm.close_map(s.hdr_mm)
@@ -1269,6 +1752,7 @@ class Daemon:
         log.info("draining: %d send WRs still outstanding after %.1fs, %d QPs flushed", left, timeout_s, flushed)
         self._send_events()
         for s in list(self.sessions.values()):
+            s.flush()                            # what a slow reader still has queued, as far as it takes it
             s.push({"event": "DEVICE_FATAL", "reason": "the daemon is stopping"})
         for s in list(self.sessions.values()):
             self._reclaim(s)
@@ -1282,6 +1766,9 @@ class Daemon:
         if self._sel is not None:
             self._sel.close()
         os.close(self._efd)
+        if self._spare_fd >= 0:
+            os.close(self._spare_fd)
+            self._spare_fd = -1
         if self._sock_bound:
             try:
                 os.unlink(self.cfg.socket_path)
@@ -1307,6 +1794,8 @@ class Daemon:
                 raise
         if "log_level" in changed:
             log.setLevel(cfg.log_level.upper())
+        if ("max_clients" in changed or "max_qps_per_client" in changed) and self.started is not None:
+            self._set_fd_budget()                    # for QPs and CQs made from now on
         for dev in self.devices.values():
             dev.G[dev.serve.G_BUSY_IDLE_NS] = cfg.busy_idle_ms * 1_000_000
             if "read_rate_mbps" in changed:
@@ -1319,7 +1808,8 @@ class Daemon:
         return changed
 
     # ---- snapshot ---------------------------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def snapshot(self, uid: int | None = None) -> dict:
+        """Everything, or (uid given) only the QPs and clients of that user's processes."""
         devices, qps = [], []
         for dev in _copy(self.devices.values()):
             try:
@@ -1327,15 +1817,24 @@ class Daemon:
             except Exception as e:            # noqa: BLE001 - a stopping device: say so, keep the rest
                 devices.append({"ifname": dev.ifname, "error": str(e)})
             for q in _copy(dev.qp_by_qi.values()):
+                if uid is not None and q.sess.uid != uid:
+                    continue
                 try:
                     qps.append(dev.qp_info(q))
                 except Exception:             # noqa: BLE001 - destroyed meanwhile
                     pass
         clients = [{**s.owner(), "dev": s.dev.ifname if s.dev else None, "qps": len(s.qps), "cqs": len(s.cqs),
-                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes}
-                   for s in _copy(self.sessions.values())]
+                    "pds": len(s.pds), "mrs": len(s.mrs), "mr_bytes": s.mr_bytes, "fds": s.fds, "wakes": s.wakes,
+                    "wakes_forwarded": s.wakes_forwarded, "events_lost": s.events_lost,
+                    "waiting": s.waiting, "outbox": len(s.outbox)}
+                   for s in _copy(self.sessions.values()) if uid is None or s.uid == uid]
         return {"daemon": {"pid": os.getpid(), "started": self.started, "clients": len(clients),
-                           "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned)},
+                           "version": __version__, "socket": self.cfg.socket_path, "cleaned": list(self.cleaned),
+                           "refused": dict(self.refusals), "clients_dropped": dict(self.drops),
+                           "requests_waited": self.requests_waited, "events_recovered": self.events_recovered,
+                           "events_lost": self.events_lost,
+                           "fd_limit": self.fd_limit, "fd_budget_per_client": self.fd_budget,
+                           "fds_open": open_fds(), "capabilities": caps.effective()},
                 "devices": devices, "qps": qps, "clients": clients}
 
 

@@ -90,7 +90,7 @@ def connect_qp(qp, host: str, *, port: int = cm.CM_PORT, profile: str = "auto", 
 
 
 def accept_qp(qp, listener: cm.Listener, *, profile: str = "auto", mtu: int = 1024,
-              timeout: float = cm.CM_TIMEOUT) -> dict:
+              timeout: float = cm.CM_TIMEOUT, check_address: bool = True) -> dict:
     """Passive side of 6.5.2 on the next connection of `listener`: RTR with the agreed profile before the
     REP (MR-CM-026), RTS after the RTU.  Returns {"profile", "agreed_caps"}."""
     _need_init(qp)
@@ -99,6 +99,9 @@ def accept_qp(qp, listener: cm.Listener, *, profile: str = "auto", mtu: int = 10
     st: dict = {}
 
     def make_rep(req: cm.CMMsg) -> cm.CMMsg:
+        why = cm.address_problem(req.gid, ch.peer) if check_address else ""
+        if why:                                                            # MR-SEC-019 (client.Listener.accept)
+            raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, why, by_peer=False)
         agreed = cm.agree_caps(req.capabilities, caps)                     # MR-CM-014
         if not agreed & cm.Cap.NATIVE and not flags & cm.FLAG_COMPAT_OK:
             raise cm.Rejected(cm.Reason.NATIVE_REQUIRED, "", by_peer=False)  # MR-CM-017
