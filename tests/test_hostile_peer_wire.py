@@ -1,0 +1,122 @@
+"""A hostile peer on the wire (issue 19): forged or abusive packets from the far end of a QP, or from a
+host that only guesses its QPN, against the compiled data plane.  Each finding is a case; each case
+failed on the code before its fix (the commit that fixed it says what it did before).
+
+* NATIVE_SACK (MR-SACK-019, MR-SACK-037, MR-LOSS-001, MR-SACK-007, MR-CC-011): a SACK outside
+  [snd_una - W, snd_nxt) changes nothing and is counted; an RTT sample only from a SACK that newly
+  delivers PSNs, with a tsecr no earlier than their transmission and not in the future; ce_count is
+  a running count, so a duplicated SACK adds no mark and a lost one loses none.  The requester logic
+  (native/sender.py tx_on_sack) is the one both SACK paths use: nat_rx for the socket's and
+  nat_kern_sacks for those the XDP program consumed (dp/native.py).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+from metaroce_xdp.native import layout as NL
+from metaroce_xdp.native.multipath import mp_init
+from metaroce_xdp.native.receiver import rx_build_sack, rx_init, rx_on_packet
+from metaroce_xdp.native.sender import SACK_INVALID, TK_NEW, tsval_of, tx_init, tx_on_sack, tx_on_transmit
+
+US = 1000
+
+
+# ============================================================================ NATIVE_SACK (requester logic)
+def tx(isn=0x100, k=4, **kw):
+    par = NL.params(k=k, **kw)
+    s, sb, pt = NL.new_tx()[0], NL.new_sb(), NL.new_pt()
+    tx_init(s, par, isn, 0)
+    mp_init(pt, par, np.arange(0xC000, 0xC000 + NL.KMAX, dtype=np.int64))
+    return s, sb, pt, par
+
+
+def send(s, sb, par, n, now):
+    for _ in range(n):
+        tx_on_transmit(s, sb, par, int(s[NL.S_SND_NXT]), 0, TK_NEW, now)
+
+
+NO_WORDS = np.zeros(1, np.int64)
+
+
+def test_forged_sack_outside_the_window_changes_nothing():
+    """MR-SACK-019, MR-SEC-032: 10 PSNs out (0x100-0x109), srtt from a real SACK; then SACKs whose BTH.PSN
+    lies outside [snd_una - 1 - W, snd_nxt - 1] -- far behind (a blind guess in the half of the PSN
+    space before snd_nxt, which used to pass as 'stale' and feed the RTT: a tsecr 18 minutes back), and
+    at snd_nxt -- change no requester state (RTT, cwnd, pacing, snd_una, scoreboard, paths) and are
+    counted.  One at snd_una - 1 - W is still taken (stale: feedback only)."""
+    s, sb, pt, par = tx()
+    send(s, sb, par, 10, 0)
+    assert tx_on_sack(s, sb, pt, par, 0x101, 0, NO_WORDS, tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US) == 2
+    srtt = int(s[NL.S_SRTT])
+    assert srtt == 20 * US
+    before = s.copy(), sb.copy(), pt.copy()
+    w = int(par[NL.P_W])
+    now = 30 * US
+    forged = [(0x101 - w - 1) & NL.PSN_MASK, 0x800000 + 0x100, 0x10A, 0x200]
+    for cum in forged:
+        tsecr = (tsval_of(now) - (1 << 30)) & 0xFFFFFFFF          # ~18 minutes ago
+        assert tx_on_sack(s, sb, pt, par, cum, 0, NO_WORDS, tsecr, 0x80, 7, 0xFFFF, 0xC000, now) == SACK_INVALID
+    assert s[NL.S_C_SACK_INV] == before[0][NL.S_C_SACK_INV] + len(forged)
+    s2 = s.copy()
+    s2[NL.S_C_SACK_INV] = before[0][NL.S_C_SACK_INV]
+    assert (s2 == before[0]).all() and (sb == before[1]).all() and (pt == before[2]).all()
+    assert s[NL.S_SRTT] == srtt and s[NL.S_SND_UNA] == 0x102
+    # the oldest BTH.PSN still in the window: stale, feedback only, and it gives no RTT sample
+    tsecr = (tsval_of(now) - (1 << 30)) & 0xFFFFFFFF
+    assert tx_on_sack(s, sb, pt, par, (0x101 - w) & NL.PSN_MASK, 0, NO_WORDS, tsecr, 0, 0, 0xFFFF, 0xC000,
+                      now) == -2
+    assert s[NL.S_SRTT] == srtt and s[NL.S_SND_UNA] == 0x102
+
+
+def test_rtt_sample_only_from_newly_delivered_psns_and_a_plausible_tsecr():
+    """MR-LOSS-001 (RFC 7323 section 4.3): PSNs 0x100-0x103 sent at 10 us.  A SACK that newly
+    acknowledges 0x100 but echoes a tsecr from before it was sent (5 us) gives no RTT sample, nor does
+    one for 0x101 whose tsecr is in the future; both are counted (c_rtt_bad) and still acknowledge.  A
+    duplicate SACK (nothing newly delivered) gives none either, whatever its tsecr.  A SACK for 0x102
+    echoing its own transmission gives the sample."""
+    s, sb, pt, par = tx()
+    send(s, sb, par, 4, 10 * US)
+    assert tx_on_sack(s, sb, pt, par, 0x100, 0, NO_WORDS, tsval_of(5 * US), 0, 0, 0xFFFF, 0xC000, 50 * US) == 1
+    assert s[NL.S_SRTT] == NL.NONE and s[NL.S_LAST_RTT] == NL.NONE and s[NL.S_SND_UNA] == 0x101
+    assert tx_on_sack(s, sb, pt, par, 0x101, 0, NO_WORDS, tsval_of(900 * US), 0, 0, 0xFFFF, 0xC000, 60 * US) == 1
+    assert s[NL.S_SRTT] == NL.NONE and s[NL.S_SND_UNA] == 0x102 and s[NL.S_C_RTT_BAD] == 2
+    assert tx_on_sack(s, sb, pt, par, 0x101, 0, NO_WORDS, tsval_of(10 * US), 0, 0, 0xFFFF, 0xC000, 70 * US) == 0
+    assert s[NL.S_SRTT] == NL.NONE
+    assert tx_on_sack(s, sb, pt, par, 0x102, 0, NO_WORDS, tsval_of(10 * US), 0, 0, 0xFFFF, 0xC000, 80 * US) == 1
+    assert s[NL.S_SRTT] == 70 * US
+
+
+def test_ce_count_is_cumulative_duplicates_add_nothing_losses_lose_nothing():
+    """MR-SACK-007, MR-CC-011: the responder reports its running CE count; the requester takes what is new.
+    A duplicated SACK does not double the marks; after a lost SACK the next one still carries its marks;
+    a reordered older SACK adds nothing."""
+    r = NL.new_rx()[0]
+    par = NL.params(k=4)
+    rx_init(r, par, 0x100)
+    s, sb, pt, _ = tx()
+    send(s, sb, par, 6, 0)
+    hdr = np.zeros(8, np.int64)
+    words = np.zeros(32, np.int64)
+
+    def deliver(psn, ce):
+        rx_on_packet(r, par, psn, 0, ce, 0, 0, 0xC000, 0)         # no NETH (flags.N): no RTT, no epoch end
+        nw = rx_build_sack(r, par, hdr, words)
+        return int(hdr[0]), nw, int(hdr[4]), int(hdr[6])
+
+    def apply(sk, now):
+        cum, nw, ce_count, flags = sk
+        return tx_on_sack(s, sb, pt, par, cum, nw, words[:max(nw, 1)].copy(), 0, flags, ce_count, 0xFFFF,
+                          0xC000, now)
+
+    a = deliver(0x100, 1)
+    apply(a, 10 * US)
+    apply(a, 11 * US)                                                 # duplicated on the way
+    assert s[NL.S_EPOCH_CE] == 1
+    deliver(0x101, 1)                                                 # this SACK is lost
+    b = deliver(0x102, 1)
+    apply(b, 12 * US)
+    assert s[NL.S_EPOCH_CE] == 3
+    apply(a, 13 * US)                                                 # the first one again, late
+    assert s[NL.S_EPOCH_CE] == 3
