@@ -8,9 +8,15 @@ failed on the code before its fix (the commit that fixed it says what it did bef
   a running count, so a duplicated SACK adds no mark and a lost one loses none.  The requester logic
   (native/sender.py tx_on_sack) is the one both SACK paths use: nat_rx for the socket's and
   nat_kern_sacks for those the XDP program consumed (dp/native.py).
+* READ responses before an overlapping request (MR-RC-025): at most a round's budget of them leave
+  for it; the request waits (dropped, counted, retransmitted), and the READs answer with the data
+  from before the WRITE.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +27,12 @@ from metaroce_xdp.native.receiver import rx_build_sack, rx_init, rx_on_packet
 from metaroce_xdp.native.sender import SACK_INVALID, TK_NEW, tsval_of, tx_init, tx_on_sack, tx_on_transmit
 
 US = 1000
+
+
+def netns(f):
+    """A case on the wire: namespaces, XDP and AF_XDP."""
+    f = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")(f)
+    return pytest.mark.netns(f)
 
 
 # ============================================================================ NATIVE_SACK (requester logic)
@@ -120,3 +132,107 @@ def test_ce_count_is_cumulative_duplicates_add_nothing_losses_lose_nothing():
     assert s[NL.S_EPOCH_CE] == 3
     apply(a, 13 * US)                                                 # the first one again, late
     assert s[NL.S_EPOCH_CE] == 3
+
+
+# ============================================================================ compat responder on the wire
+PEER_QPN = 0x778
+MTU = 1024
+
+
+@pytest.fixture(scope="module")
+def wire():
+    from rc_players import scripted_dp_wire
+    with scripted_dp_wire("mrhst") as w:
+        yield w
+
+
+@contextlib.contextmanager
+def scripted(wire, budget=None, rd_atomic=16):
+    from rc_players import ScriptedQP
+    from metaroce_xdp.dp import layout as L
+    topo, pair, sock, ctx = wire
+    q = ScriptedQP(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=rd_atomic, mtu=MTU)
+    q.sock = sock
+    A = ctx.plane.A
+    b0 = int(A[L.P_BUDGET])
+    if budget is not None:
+        A[L.P_BUDGET] = budget
+    q.drain()
+    try:
+        yield q
+    finally:
+        A[L.P_BUDGET] = b0
+        ctx.destroy_qp(q.qp)
+
+
+def port_counter(A, name):
+    """A port counter of the compiled plane (dp/layout.py P_*); 0 where the plane has none, so that on a
+    plane without it a case fails on what the peer saw, not on the name."""
+    from metaroce_xdp.dp import layout as L
+    i = getattr(L, "P_" + name.upper(), None)
+    return 0 if i is None else int(A[i])
+
+
+def rounds(q, n=None, per_round=None):
+    """n rounds (or until quiet); what the QP sent; per_round collects the packets each round put out
+    (the port's TX counter)."""
+    from metaroce_xdp.dp import layout as L
+    A = q.ctx.plane.A
+    out, quiet = [], 0
+    for _ in range(n if n is not None else 2000):
+        tx0 = int(A[L.P_TX])
+        q.round()
+        if per_round is not None:
+            per_round.append(int(A[L.P_TX]) - tx0)
+        time.sleep(0.002)
+        got = q.drain()
+        out += got
+        quiet = 0 if got else quiet + 1
+        if n is None and quiet >= 25:
+            break
+    return out
+
+
+def read_req(q, psn, n, off=0):
+    from metaroce_xdp.wire import RETH, Op
+    return (Op.RDMA_READ_REQUEST, psn, b"", dict(reth=RETH(va=q.mr.addr + off, rkey=q.mr.rkey, dma_len=n)))
+
+
+def write_req(q, psn, data, off=0):
+    from metaroce_xdp.wire import RETH, Op
+    return (Op.RDMA_WRITE_ONLY, psn, data, dict(reth=RETH(va=q.mr.addr + off, rkey=q.mr.rkey, dma_len=len(data))))
+
+
+def responses(pkts):
+    from metaroce_xdp.wire import Op
+    return [p for p in pkts if Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode <= Op.RDMA_READ_RESPONSE_ONLY]
+
+
+@netns
+def test_overlapping_write_behind_large_reads_does_not_stall_the_port(wire):
+    """MR-RC-025 (issue 19 finding 7): the peer queues MAX_RD READs of 16 KiB each (256 responses) over the
+    MR, then a one-packet WRITE into it.  The responses the WRITE must wait for leave at most a round's budget at a
+    time (budget 16: no round sends more than the READ responses of the QP's own turn and of the WRITE's
+    protection, 32, plus ACKs) -- they used to leave all at once, in the round that took the WRITE.  The
+    WRITE is dropped meanwhile (counted, rx_rd_defer) and taken when the peer sends it again; every READ
+    response carries the data from before the WRITE."""
+    from metaroce_xdp.dp import layout as L
+    with scripted(wire, budget=16) as q:
+        q.buf[:] = 0x11
+        A = q.ctx.plane.A
+        d0 = port_counter(A, "rx_rd_defer")
+        n = L.MAX_RD
+        q.send([read_req(q, 100 + 16 * i, 16 * MTU, (i % 4) * 16 * MTU) for i in range(n)])
+        per_round: list[int] = []
+        out = rounds(q, 1, per_round)
+        q.send([write_req(q, 100 + 16 * n, b"\x22" * MTU, 60000 - MTU)])
+        out += rounds(q, 3, per_round)
+        assert max(per_round) <= 2 * 16 + 4, per_round
+        assert port_counter(A, "rx_rd_defer") > d0
+        out += rounds(q)                                              # the READs finish, paced
+        q.send([write_req(q, 100 + 16 * n, b"\x22" * MTU, 60000 - MTU)])   # the requester's retry
+        out += rounds(q)
+        rr = responses(out)
+        assert len(rr) == 16 * n and {p.bth.psn for p in rr} == set(range(100, 100 + 16 * n))
+        assert all(set(p.payload) == {0x11} for p in rr)
+        assert bytes(q.buf[60000 - MTU:60000]) == b"\x22" * MTU

@@ -459,7 +459,7 @@ class Plane:
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
                  "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
-                 "rx_sack_kern rx_sack_kern_drop yields").split()
+                 "rx_sack_kern rx_sack_kern_drop yields ev_drop rx_dup_rd_drop rx_rd_defer rx_cnp_coalesced").split()
         st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
         for p in ([] if own else self.others):     # several RX queues: the sum over their loops
             for n, v in p.stats(own=True).items():

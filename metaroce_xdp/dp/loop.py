@@ -1494,6 +1494,7 @@ def views(A, TM):
 def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     """One round; returns the number of packets handled and sent."""
     budget = A[P_BUDGET]
+    A[P_RDPROT_LEFT] = budget                            # READ responses protect_reads may send this round
     work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
     work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
     # posts: the ready ring

@@ -624,12 +624,27 @@ def protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, addr, n):
     """MR-RC-025, MR-RC-014: a request is executed only after every earlier one, READ responses included.
     The responses are built as they leave, so before a later request writes [addr, addr + n) -- WRITE,
     SEND placement, ATOMIC -- the queued READ responses that would read any of it leave now (the Python
-    engine copies such a READ aside; it also sends a large one at once).  False when they could not all
-    leave (no free TX frame): the caller drops the request, which is retransmitted (go-back-N)."""
+    engine copies such a READ aside).  Only as many as the round has left (P_RDPROT_LEFT, the port's
+    budget, shared by the QPs of the round), paid to the QP's pacer: a peer that queues
+    max_dest_rd_atomic large READs and then an overlapping request would otherwise hold the port's one
+    loop -- every tenant's QPs, no RX -- for the seconds those responses take, past DCQCN's rate.
+    False when they could not all leave: the caller drops the request, counted here (P_RX_RD_DEFER), and
+    the requester retransmits it (the PSN sequence error NAK of its next packet, or its timer, go-back-N)
+    while the rest of the responses leave at their paced rate in the rounds after.  Not an RNR NAK:
+    that is for a request that needs a receive WQE (MR-RNR-001), and a WRITE never does; a request
+    dropped for want of responder resources is the loss go-back-N exists for (MR-NAK-003)."""
     if Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL] or n <= 0 or not reads_overlap(A, Q, qi, addr, n):
         return True
-    read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, 1 << 40)
-    return not reads_overlap(A, Q, qi, addr, n)
+    left = A[P_RDPROT_LEFT]
+    if left > 0:
+        tb0 = A[P_TX_BYTES]
+        k = read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, left)
+        A[P_RDPROT_LEFT] = left - k
+        rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
+    if reads_overlap(A, Q, qi, addr, n):
+        A[P_RX_RD_DEFER] += 1
+        return False
+    return True
 
 
 @njit(**_jit)
