@@ -11,6 +11,8 @@ failed on the code before its fix (the commit that fixed it says what it did bef
 * READ responses before an overlapping request (MR-RC-025): at most a round's budget of them leave
   for it; the request waits (dropped, counted, retransmitted), and the READs answer with the data
   from before the WRITE.
+* Duplicate READ (MR-DUP-003, MR-DUP-007): re-executed only while it is one of the READs the
+  responder keeps; an older one is discarded and counted.
 """
 from __future__ import annotations
 
@@ -236,3 +238,29 @@ def test_overlapping_write_behind_large_reads_does_not_stall_the_port(wire):
         assert len(rr) == 16 * n and {p.bth.psn for p in rr} == set(range(100, 100 + 16 * n))
         assert all(set(p.payload) == {0x11} for p in rr)
         assert bytes(q.buf[60000 - MTU:60000]) == b"\x22" * MTU
+
+
+@netns
+def test_duplicate_read_is_answered_only_while_kept(wire):
+    """MR-DUP-003, MR-DUP-007 (issue 19 finding 10): MAX_RD + 4 one-packet READs, all answered; a duplicate of
+    the first (no longer among the MAX_RD the responder keeps) is discarded and counted (rx_dup_rd_drop)
+    -- it used to be executed again, like any duplicate READ at any past PSN; a duplicate of the last
+    is answered again; one asking for more than the saved READ is discarded."""
+    from metaroce_xdp.dp import layout as L
+    with scripted(wire) as q:
+        A = q.ctx.plane.A
+        n = L.MAX_RD + 4
+        q.buf[:n * 64] = np.repeat(np.arange(n, dtype=np.uint8), 64)
+        for k in range(0, n, 4):                                      # no more than MAX_RD outstanding
+            q.send([read_req(q, 100 + i, 64, 64 * i) for i in range(k, k + 4)])
+            assert len(responses(rounds(q))) == 4
+        k0 = port_counter(A, "rx_dup_rd_drop")
+        q.send([read_req(q, 100, 64, 0)])
+        assert responses(rounds(q)) == []
+        assert port_counter(A, "rx_dup_rd_drop") == k0 + 1
+        q.send([read_req(q, 100 + n - 1, 64, 64 * (n - 1))])
+        got = responses(rounds(q))
+        assert [(p.bth.psn, bytes(p.payload)) for p in got] == [(100 + n - 1, bytes([n - 1]) * 64)]
+        q.send([read_req(q, 100 + n - 1, 128, 64 * (n - 1))])       # beyond what that READ asked for
+        assert responses(rounds(q)) == []
+        assert port_counter(A, "rx_dup_rd_drop") == k0 + 2
