@@ -13,6 +13,8 @@ failed on the code before its fix (the commit that fixed it says what it did bef
   from before the WRITE.
 * Duplicate READ (MR-DUP-003, MR-DUP-007): re-executed only while it is one of the READs the
   responder keeps; an older one is discarded and counted.
+* CNP (MR-CC-035): a burst of forged CNPs in one cnp_interval cuts the rate once; QPNs carry 14 random
+  bits (MR-SEC-032).
 """
 from __future__ import annotations
 
@@ -264,3 +266,66 @@ def test_duplicate_read_is_answered_only_while_kept(wire):
         q.send([read_req(q, 100 + n - 1, 128, 64 * (n - 1))])       # beyond what that READ asked for
         assert responses(rounds(q)) == []
         assert port_counter(A, "rx_dup_rd_drop") == k0 + 2
+
+
+# ============================================================================ CNP and QPN
+@netns
+def test_forged_cnp_burst_cuts_the_rate_once(wire):
+    """MR-CC-035 (issue 19 finding 5): 20 CNPs for the QP from the peer's address in one cnp_interval (a
+    forger needs only the QPN): the XDP program verifies and counts all 20, the reaction point cuts the
+    rate once (it used to cut once per CNP, up to 64 a round: with alpha 1, down to R_min)."""
+    from metaroce_xdp.verbs_types import SendWR, WROpcode
+    from metaroce_xdp.wire import Op, encode
+    topo, pair, sock, ctx = wire
+    with scripted(wire) as q:
+        # an RDMA WRITE the scripted peer never acknowledges keeps the QP on the loop's active list
+        q.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[_sge(q, 0, 64)], remote_addr=0x1000,
+                               rkey=1)])
+        rounds(q, 3)
+        # alpha 1, as after a congestion episode, kept from decaying while the case runs: each cut halves
+        from metaroce_xdp.dp import layout as L
+        f = ctx.plane.F[q.qp.qi]
+        f[L.F_ALPHA] = 1.0
+        f[L.F_ALPHA_DUE] = time.monotonic_ns() + 10**12
+        c0 = q.qp.query()
+        a, b = pair.a, pair.b
+        cnp = encode(Op.CNP, src_mac=b.mac, dst_mac=a.mac, src_ip=b.ipv4, dst_ip=a.ipv4, sport=0xC123,
+                     dest_qp=q.qp.qp_num, psn=0, becn=1)
+        for _ in range(20):
+            sock.send(cnp)
+        time.sleep(0.1)
+        rounds(q, 3)
+        c = q.qp.query()
+        assert c0["rate_bps"] == c0["rate_min_bps"]                   # at line rate, never cut
+        assert c["rx_cnp"] - c0["rx_cnp"] == 20
+        assert c["rate_min_bps"] == pytest.approx(c0["rate_bps"] / 2, rel=0.01)      # one halving, not 20
+        assert c["rate_cuts"] - c0["rate_cuts"] == 1
+        assert q.ctx.stats()["rx_cnp_coalesced"] >= 19
+
+
+def _sge(q, off, n):
+    from metaroce_xdp.verbs_types import SGE
+    return SGE(addr=q.mr.addr + off, length=n, lkey=q.mr.lkey)
+
+
+@netns
+def test_qpns_carry_fourteen_random_bits(wire):
+    """MR-SEC-032 (issue 19 finding 5): 300 QPs made and destroyed on one row: the QPN keeps the row in its
+    low bits (qpn % maxq, the XDP program's slot) and draws the 14 bits above it at random -- they
+    were 8 (1 + randbelow(255)), so a forger needed at most 255 guesses per row; never 0, 1, 0xFFFFFF."""
+    topo, pair, sock, ctx = wire
+    pd = ctx.alloc_pd()
+    cq = ctx.create_cq(4)
+    maxq = ctx.plane.maxq
+    qpns = []
+    for _ in range(300):
+        qp = ctx.create_qp(pd, cq, cq)
+        qpns.append(qp.qp_num)
+        ctx.destroy_qp(qp)
+    assert all(0 < p < 0xFFFFFF and p not in (0, 1) and p % maxq == qpns[0] % maxq for p in qpns)
+    high = [p // maxq for p in qpns]
+    assert len(set(high)) >= 290 and max(high) >= 1 << 13
+    from metaroce_xdp.dp.context import qpn_for
+    draws = [qpn_for(1024, 1023) for _ in range(20000)]
+    assert max(draws) <= 0xFFFFFE and min(draws) >= 1024 + 1023
+    assert np.log2(len(set(d >> 10 for d in draws))) >= 13

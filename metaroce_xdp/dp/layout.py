@@ -158,7 +158,7 @@ SG_ROWS = 1 << 16
 NAT = 2
 # ---- floating-point state per QP (DCQCN reaction point, dp/ops.py), NF words a QP ---------------
 F_FIELDS = _cols("rc rt alpha tokens t_tokens alpha_due rate_due t_cnt b_cnt bytes_since cnp_in_period rx_cnp "
-                 "rate_cuts rate_min np_last np_tx np_ce")
+                 "rate_cuts rate_min np_last np_tx np_ce rp_last_cut cnp_coalesced")
 for _i, _n in enumerate(F_FIELDS):
     globals()["F_" + _n.upper()] = _i
 NF = 24

@@ -510,11 +510,21 @@ def rp_cnps(A, Q, qi, now):
     s[F_RX_CNP] += count
     if P[D_ENABLED] == 0:
         return
+    # MR-CC-035: one reaction per cnp_interval.  A notification point sends at most one CNP per interval
+    # (MR-CNP-003); more in one interval are duplicates or forged -- a CNP carries no PSN, so its only
+    # check is the QPN -- and must not cut the rate once each (they did, up to 64 a round).
+    last = np.int64(s[F_RP_LAST_CUT])
+    if last != 0 and now - (last - 1) < np.int64(P[D_CNP_INTERVAL_NS]):
+        s[F_CNP_COALESCED] += count
+        A[P_RX_CNP_COALESCED] += count
+        return
+    s[F_CNP_COALESCED] += count - 1
+    A[P_RX_CNP_COALESCED] += count - 1
+    s[F_RP_LAST_CUT] = now + 1                        # + 1: 0 is "never"
     rp_advance(F, qi, now)
-    for _ in range(min(count, 64)):
-        s[F_RT] = s[F_RC]
-        s[F_RC] = max(P[D_R_MIN_BPS], s[F_RC] * (1 - s[F_ALPHA] / 2))
-        s[F_ALPHA] = (1 - P[D_G]) * s[F_ALPHA] + P[D_G]
+    s[F_RT] = s[F_RC]
+    s[F_RC] = max(P[D_R_MIN_BPS], s[F_RC] * (1 - s[F_ALPHA] / 2))
+    s[F_ALPHA] = (1 - P[D_G]) * s[F_ALPHA] + P[D_G]
     s[F_RATE_CUTS] += 1
     s[F_RATE_MIN] = min(s[F_RATE_MIN], s[F_RC])
     s[F_CNP_IN_PERIOD] = 1
