@@ -15,6 +15,7 @@ failed on the code before its fix (the commit that fixed it says what it did bef
   responder keeps; an older one is discarded and counted.
 * CNP (MR-CC-035): a burst of forged CNPs in one cnp_interval cuts the rate once; QPNs carry 14 random
   bits (MR-SEC-032).
+* The event ring (dp/loop.py push_event): an event that finds it full is counted.
 """
 from __future__ import annotations
 
@@ -329,3 +330,16 @@ def test_qpns_carry_fourteen_random_bits(wire):
     draws = [qpn_for(1024, 1023) for _ in range(20000)]
     assert max(draws) <= 0xFFFFFE and min(draws) >= 1024 + 1023
     assert np.log2(len(set(d >> 10 for d in draws))) >= 13
+
+
+# ============================================================================ event ring
+def test_full_event_ring_counts_what_it_drops():
+    """dp/loop.py push_event (issue 19 finding 10): an event that finds the ring full (nobody drains it) is
+    counted in the port's ev_drop, which stats() shows -- it used to vanish."""
+    from metaroce_xdp.dp import layout as L
+    from metaroce_xdp.dp.loop import push_event
+    A = np.zeros(L.N_P + 1024 * L.NEVF + 8, np.int64)
+    A[L.P_EV_OFF] = L.N_P
+    for i in range(1024 + 5):
+        push_event(A, 1, 2, i, 0)
+    assert A[L.P_EV_TAIL] - A[L.P_EV_HEAD] == 1024 and A[L.P_EV_DROP] == 5
