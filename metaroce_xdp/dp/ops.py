@@ -513,18 +513,24 @@ def rp_cnps(A, Q, qi, now):
     # MR-CC-035: one reaction per cnp_interval.  A notification point sends at most one CNP per interval
     # (MR-CNP-003); more in one interval are duplicates or forged -- a CNP carries no PSN, so its only
     # check is the QPN -- and must not cut the rate once each (they did, up to 64 a round).
-    last = np.int64(s[F_RP_LAST_CUT])
-    if last != 0 and now - (last - 1) < np.int64(P[D_CNP_INTERVAL_NS]):
-        s[F_CNP_COALESCED] += count
-        A[P_RX_CNP_COALESCED] += count
-        return
-    s[F_CNP_COALESCED] += count - 1
-    A[P_RX_CNP_COALESCED] += count - 1
-    s[F_RP_LAST_CUT] = now + 1                        # + 1: 0 is "never"
+    # (cnp_interval 0: each CNP reacts, up to 64 a look, as rc/dcqcn.py ReactionPoint.on_cnp)
+    cuts = min(count, 64)
+    iv = np.int64(P[D_CNP_INTERVAL_NS])
+    if iv > 0:
+        last = np.int64(s[F_RP_LAST_CUT])
+        if last != 0 and now - (last - 1) < iv:
+            s[F_CNP_COALESCED] += count
+            A[P_RX_CNP_COALESCED] += count
+            return
+        s[F_CNP_COALESCED] += count - 1
+        A[P_RX_CNP_COALESCED] += count - 1
+        s[F_RP_LAST_CUT] = now + 1                    # + 1: 0 is "never"
+        cuts = 1
     rp_advance(F, qi, now)
-    s[F_RT] = s[F_RC]
-    s[F_RC] = max(P[D_R_MIN_BPS], s[F_RC] * (1 - s[F_ALPHA] / 2))
-    s[F_ALPHA] = (1 - P[D_G]) * s[F_ALPHA] + P[D_G]
+    for _ in range(cuts):
+        s[F_RT] = s[F_RC]
+        s[F_RC] = max(P[D_R_MIN_BPS], s[F_RC] * (1 - s[F_ALPHA] / 2))
+        s[F_ALPHA] = (1 - P[D_G]) * s[F_ALPHA] + P[D_G]
     s[F_RATE_CUTS] += 1
     s[F_RATE_MIN] = min(s[F_RATE_MIN], s[F_RC])
     s[F_CNP_IN_PERIOD] = 1
