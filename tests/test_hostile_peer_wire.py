@@ -269,6 +269,38 @@ def test_duplicate_read_is_answered_only_while_kept(wire):
         assert port_counter(A, "rx_dup_rd_drop") == k0 + 2
 
 
+@netns
+def test_forged_native_sack_on_the_wire_changes_nothing(wire):
+    """MR-SACK-019, MR-LOSS-001 through the plane's receive path (the XDP program's SACK ring, nat_kern_sacks,
+    or the AF_XDP socket, nat_rx: both end in tx_on_sack): a native requester with one WRITE acknowledged
+    (srtt from its SACK) and one outstanding gets a SACK from the peer's address whose BTH.PSN lies W + 5
+    before snd_una and whose tsecr is 2^30 us old.  It is refused and counted (c_sack_inv): srtt, snd_una
+    and the outstanding WRITE stay as they were (d96aa28 took it as stale and set srtt to about 18 minutes);
+    the real SACK then completes the WRITE."""
+    from test_dp_native_wire import SQ_PSN, Native, _post_write
+    q = Native(wire)
+    try:
+        p = _post_write(q, 1)
+        q.sack(SQ_PSN, 0x1F, 1, tsecr=p.neth.tsval)
+        q.rounds()
+        assert [w.wr_id for w in q.cq.poll(4)] == [1]
+        p2 = _post_write(q, 2)
+        c0 = q.qp.native_counters()
+        assert c0["snd_una"] == SQ_PSN + 1 and c0["srtt_ns"] > 0
+        w = 256
+        q.sack((SQ_PSN + 1 - w - 5) & 0xFFFFFF, 0x1F, 1, tsecr=(p2.neth.tsval - (1 << 30)) & 0xFFFFFFFF, flags=0x80)
+        q.rounds()
+        c = q.qp.native_counters()
+        assert c["c_sack_rx"] == c0["c_sack_rx"] + 1                  # it arrived and was judged
+        assert (c["srtt_ns"], c["snd_una"], c["cwnd"]) == (c0["srtt_ns"], c0["snd_una"], c0["cwnd"])
+        assert c["c_sack_inv"] == c0["c_sack_inv"] + 1 and q.cq.poll(4) == []
+        q.sack(SQ_PSN + 1, 0x1F, 2, tsecr=p2.neth.tsval)
+        q.rounds()
+        assert [w.wr_id for w in q.cq.poll(4)] == [2]
+    finally:
+        q.close()
+
+
 # ============================================================================ CNP and QPN
 @netns
 def test_forged_cnp_burst_cuts_the_rate_once(wire):
