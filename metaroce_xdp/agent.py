@@ -363,7 +363,8 @@ class Agent:
             out["dcqcn_params"] = {"g_ppm": round(p.g * 1e6), "alpha_init_ppm": round(p.alpha_init * 1e6),
                                    "k_ns": p.k_ns, "t_ns": p.t_ns, "b_bytes": p.b_bytes, "f": p.f,
                                    "r_ai_bps": int(p.r_ai_bps), "r_hai_bps": int(p.r_hai_bps),
-                                   "r_min_bps": int(p.r_min_bps), "r_line_bps": int(p.r_line_bps)}
+                                   "r_min_bps": int(p.r_min_bps), "r_line_bps": int(p.r_line_bps),
+                                   "cnp_interval_ns": p.cnp_interval_ns}
         return out
 
     def cmd_reset(self, args: dict) -> None:

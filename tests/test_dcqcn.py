@@ -45,7 +45,7 @@ def test_rate_falls_on_cnp():
     assert rp.rc == rp.rt == LINE and rp.alpha == 1.0
     rp.on_cnp(1 * US)
     assert rp.rt == LINE and rp.rc == pytest.approx(LINE / 2) and rp.alpha == pytest.approx(1.0)
-    rp.on_cnp(2 * US)
+    rp.on_cnp(51 * US)                              # the next cnp_interval (the rate timer is not due)
     assert rp.rt == pytest.approx(LINE / 2) and rp.rc == pytest.approx(LINE / 4)
     assert rp.rx_cnp == 2 and rp.rate_cuts == 2 and rp.rate_min == pytest.approx(LINE / 4)
 
@@ -54,8 +54,25 @@ def test_rate_never_below_r_min():
     """MR-CNP-008, MR-CC-038."""
     rp = ReactionPoint(P, now=0)
     for i in range(200):
-        rp.on_cnp(i)
+        rp.on_cnp(i * P.cnp_interval_ns)
     assert rp.rc == P.r_min_bps
+
+
+def test_one_cut_per_cnp_interval():
+    """MR-CC-035: 20 CNPs within one cnp_interval (copies or forgeries: a notification point sends no more,
+    MR-CNP-003) cut the rate once, the rest counted; the next interval's CNP cuts again.  With
+    cnp_interval 0 each CNP cuts."""
+    rp = ReactionPoint(P, now=0)
+    for i in range(20):
+        rp.on_cnp(1 * US + i)
+    rp.on_cnp(2 * US, count=5)
+    assert rp.rx_cnp == 25 and rp.rate_cuts == 1 and rp.cnp_coalesced == 24
+    assert rp.rc == pytest.approx(LINE / 2)
+    rp.on_cnp(1 * US + P.cnp_interval_ns)
+    assert rp.rate_cuts == 2 and rp.rc == pytest.approx(LINE / 4)
+    rp0 = ReactionPoint(DcqcnParams(cnp_interval_ns=0), now=0)
+    rp0.on_cnp(1 * US, count=3)
+    assert rp0.rc == pytest.approx(LINE / 8)
 
 
 def test_rate_recovers_without_cnps():
@@ -79,7 +96,7 @@ def test_rate_recovers_without_cnps():
 
 def test_additive_and_hyper_increase():
     """MR-CC-037: after F steps Rt grows by R_AI per step; when both counters exceed F, by R_HAI."""
-    p = DcqcnParams(r_line_bps=100e9, b_bytes=1000)
+    p = DcqcnParams(r_line_bps=100e9, b_bytes=1000, cnp_interval_ns=0)     # 8 cuts at once
     rp = ReactionPoint(p, now=0)
     for _ in range(8):
         rp.on_cnp(0)
@@ -95,7 +112,7 @@ def test_additive_and_hyper_increase():
 def test_pacing_follows_the_rate():
     """MR-CC-034: below R_line the QP's wire bytes follow Rc (token bucket of burst_bytes)."""
     # timers far away, so Rc stays where the CNPs put it during the measurement
-    p = DcqcnParams(t_ns=10**12, k_ns=10**12, b_bytes=1 << 40)
+    p = DcqcnParams(t_ns=10**12, k_ns=10**12, b_bytes=1 << 40, cnp_interval_ns=0)
     rp = ReactionPoint(p, now=0)
     assert rp.allowance(0, 256, 1100) == 256        # line rate: not paced
     for _ in range(7):

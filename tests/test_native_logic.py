@@ -404,12 +404,13 @@ def test_cc_delay_ecn_loss_mr_cc_008_009_012_013_022_041():
     send(s, sb, par, 1, 0)
     send(s, sb, par, 7, 1 * US)
     w, nw = words_for(0xFF, [0x101, 0x102, 0x103])
-    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(0), 0, 0, 0xFFFF, 0xC000, 20 * US)
+    # tsecr echoes one of the sacked PSNs (sent at 1 us): 0x100, sent at 0, never arrived (MR-LOSS-001)
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(1 * US), 0, 0, 0xFFFF, 0xC000, 20 * US)
     assert tx_next_lost(s, sb) == 0x100 and s[L.S_C_LOSS_NOCUT] == 1 and s[L.S_C_DEC_LOSS] == 0
     s, sb, pt, par = tx(k=1)
     send(s, sb, par, 1, 0)
     send(s, sb, par, 7, 1 * US)
-    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(0), 0x80, 1, 0xFFFF, 0xC000, 20 * US)
+    tx_on_sack(s, sb, pt, par, 0xFF, nw, w, tsval_of(1 * US), 0x80, 1, 0xFFFF, 0xC000, 20 * US)
     assert s[L.S_C_DEC_ECN] + s[L.S_C_DEC_LOSS] >= 1
 
 
@@ -510,8 +511,10 @@ def test_host_delay_does_not_collapse_the_window_mr_cc_046():
     assert r.done_us is not None and r.delivered == 300
     assert r.sender[L.S_CWND] >= L.FP
     old = sim.run(n=300, seed=3, max_us=1_500_000, host_delay=held, delay_floor=0.01)
-    assert old.done_us is None and old.delivered < 150
-    assert old.sender[L.S_CWND] == L.params()[L.P_MIN_CWND]
+    # (MR-LOSS-001 takes no sample from a held SACK that delivers nothing new, stale ones included: fewer
+    # samples of milliseconds, so 155 of 300 arrive, not < 150, and cwnd ends at 0.02, not min_cwnd 0.01)
+    assert old.done_us is None and old.delivered < 200
+    assert old.sender[L.S_CWND] < 2 * L.params()[L.P_MIN_CWND]
 
 
 def test_read_window_has_its_own_rtt_ecn_and_delay_state_mr_cc_019():

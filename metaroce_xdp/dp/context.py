@@ -459,7 +459,7 @@ class Plane:
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
                  "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
-                 "rx_sack_kern rx_sack_kern_drop yields").split()
+                 "rx_sack_kern rx_sack_kern_drop yields ev_drop rx_dup_rd_drop rx_rd_defer rx_cnp_coalesced").split()
         st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
         for p in ([] if own else self.others):     # several RX queues: the sum over their loops
             for n, v in p.stats(own=True).items():
@@ -1101,6 +1101,15 @@ class QP:
 
 
 # ============================================================================ the context
+
+def qpn_for(maxq: int, qi: int) -> int:
+    """A fresh QPN for row qi: 24 bits (BTH.DestQP) whose residue modulo maxq is the row (the XDP
+    program's mr_qps slot, qpn % MR_MAX_QPS), the bits above it random -- 14 of them with 1024 rows.  A
+    CNP carries nothing else a forger must guess (MR-SEC-032, MR-CC-035), and a SACK or request only a
+    PSN in the window besides.  Never 0 or 1 (the multiplier is at least 1) nor 0xFFFFFF."""
+    hi = (0xFFFFFE - qi) // maxq               # the largest multiplier that stays below 0xFFFFFF
+    return maxq * (1 + secrets.randbelow(hi)) + qi
+
 class Context:
     """ibv_context over the compiled data plane: one port (interface queue), one loop."""
 
@@ -1362,7 +1371,7 @@ class Context:
             qi = next((i for i in range(1, self.plane.maxq) if i not in self.qps), None)
             if qi is None:
                 raise ResourceError(f"at most {self.plane.maxq - 1} QPs per context")
-            qpn = self.plane.maxq * (1 + secrets.randbelow(255)) + qi
+            qpn = qpn_for(self.plane.maxq, qi)
             if self.plane.others:
                 self.plane.move(qi, 0)          # QPs start on the first queue's loop; RTR binds them (QP._bind_queue)
             qp = QP(self, pd, send_cq, recv_cq, cap, qi, qpn, sq_sig_all)

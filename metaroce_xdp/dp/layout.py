@@ -69,10 +69,11 @@ P_FIELDS = _cols("""
     sr_addr sr_size sr_n rx_sack_kern rx_sack_kern_drop
     yield_after yields
     inv_qp inv_op inv_psn inv_epsn inv_kind inv_len
+    ev_drop rx_dup_rd_drop rx_rd_defer rdprot_left rx_cnp_coalesced
 """)
 for _i, _n in enumerate(P_FIELDS):
     globals()["P_" + _n.upper()] = _i
-N_P = 160
+N_P = 192
 assert len(P_FIELDS) <= N_P - 32        # the rest: TX scratch lives at txq_off
 MAGIC = 0x4D52_4450_0001                # "MRDP" v1
 
@@ -174,7 +175,7 @@ def key_slot(key: int) -> int:
 NAT = 2
 # ---- floating-point state per QP (DCQCN reaction point, dp/ops.py), NF words a QP ---------------
 F_FIELDS = _cols("rc rt alpha tokens t_tokens alpha_due rate_due t_cnt b_cnt bytes_since cnp_in_period rx_cnp "
-                 "rate_cuts rate_min np_last np_tx np_ce")
+                 "rate_cuts rate_min np_last np_tx np_ce rp_last_cut cnp_coalesced")
 for _i, _n in enumerate(F_FIELDS):
     globals()["F_" + _n.upper()] = _i
 NF = 24

@@ -121,6 +121,7 @@ def push_event(A, typ, qi, arg, arg2):
     n = (A[P_EV_TAIL] - A[P_EV_HEAD])
     cap = 1024
     if n >= cap:
+        A[P_EV_DROP] += 1                            # nobody drains the ring: counted, not silent
         return
     i = off + (A[P_EV_TAIL] % cap) * NEVF
     A[i] = typ
@@ -931,6 +932,41 @@ def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
 
 
 @njit(**_jit)
+def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
+    """MR-DUP-003, MR-DUP-007: a duplicate READ REQUEST is executed again only when it asks for part of
+    one of the READs the responder still keeps -- the last max_dest_rd_atomic READ/ATOMIC jobs, which
+    stay in the job ring's slots after they were sent -- from the PSN of that part on: the saved READ's
+    PSN range holds psn, the R_Key names the same MR, and [va, va + dlen) lies within what the
+    saved READ has left from psn on.  Anything else is discarded, as rxe does: 60 bytes in must not
+    buy a re-execution of any READ ever answered (up to GiBs out)."""
+    pmtu = Q[qi, Q_PMTU]
+    t = Q[qi, Q_RD_TAIL]
+    lo = max(0, t - MAX_RD)
+    mr = -1
+    while t > lo:
+        t -= 1
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        slen = A[j + J_LENGTH]
+        if slen < 0:                                 # an ATOMIC's job
+            continue
+        k = psn_diff(psn, A[j + J_PSN])
+        if k < 0 or k >= A[j + J_NPK]:
+            continue
+        if slen > 0 and dlen > 0:
+            if mr == -1:
+                mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ)
+            if mr != A[j + J_MR]:
+                continue
+        skip = k * pmtu                              # no overflow: k < J_NPK <= 2^31 / pmtu + 1
+        if skip > slen:
+            continue
+        base = A[j + J_ADDR] + skip
+        if dlen == 0 or (va >= base and va - base <= (slen - skip) - dlen):
+            return True
+    return False
+
+
+@njit(**_jit)
 def ack_psn(Q, qi):
     """The PSN of the coalesced ACK (MR-ACK-001): epsn - 1; but while the last requests executed were
     RDMA READs -- only duplicates can have asked for an ACK then -- r - 1, r the PSN of the first of
@@ -1025,8 +1061,12 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         A[P_RX_DUP] += 1
         if op == OP_READ_REQ:
             ack_now(A, Q, TM, umem, tables, ext, qi)       # the ACK owed before this READ's responses
-            if push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4),
-                             get_be(umem, hdr + 12, 4)) < 0:
+            va = get_be(umem, hdr, 8)
+            dlen = get_be(umem, hdr + 12, 4)
+            if not dup_read_saved(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen):
+                A[P_RX_DUP_RD_DROP] += 1                 # MR-DUP-003: not one of resources[]: discarded
+                return
+            if push_read_job(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen) < 0:
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                 EV_QP_ACCESS_ERR, 22)
         else:
@@ -1530,6 +1570,7 @@ def views(A, TM):
 def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     """One round; returns the number of packets handled and sent."""
     budget = A[P_BUDGET]
+    A[P_RDPROT_LEFT] = budget                            # READ responses protect_reads may send this round
     work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
     work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
     # posts: the ready ring

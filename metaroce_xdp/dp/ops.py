@@ -511,8 +511,24 @@ def rp_cnps(A, Q, qi, now):
     s[F_RX_CNP] += count
     if P[D_ENABLED] == 0:
         return
+    # MR-CC-035: one reaction per cnp_interval.  A notification point sends at most one CNP per interval
+    # (MR-CNP-003); more in one interval are duplicates or forged -- a CNP carries no PSN, so its only
+    # check is the QPN -- and must not cut the rate once each (they did, up to 64 a round).
+    # (cnp_interval 0: each CNP reacts, up to 64 a look, as rc/dcqcn.py ReactionPoint.on_cnp)
+    cuts = min(count, 64)
+    iv = np.int64(P[D_CNP_INTERVAL_NS])
+    if iv > 0:
+        last = np.int64(s[F_RP_LAST_CUT])
+        if last != 0 and now - (last - 1) < iv:
+            s[F_CNP_COALESCED] += count
+            A[P_RX_CNP_COALESCED] += count
+            return
+        s[F_CNP_COALESCED] += count - 1
+        A[P_RX_CNP_COALESCED] += count - 1
+        s[F_RP_LAST_CUT] = now + 1                    # + 1: 0 is "never"
+        cuts = 1
     rp_advance(F, qi, now)
-    for _ in range(min(count, 64)):
+    for _ in range(cuts):
         s[F_RT] = s[F_RC]
         s[F_RC] = max(P[D_R_MIN_BPS], s[F_RC] * (1 - s[F_ALPHA] / 2))
         s[F_ALPHA] = (1 - P[D_G]) * s[F_ALPHA] + P[D_G]
@@ -625,12 +641,27 @@ def protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, addr, n):
     """MR-RC-025, MR-RC-014: a request is executed only after every earlier one, READ responses included.
     The responses are built as they leave, so before a later request writes [addr, addr + n) -- WRITE,
     SEND placement, ATOMIC -- the queued READ responses that would read any of it leave now (the Python
-    engine copies such a READ aside; it also sends a large one at once).  False when they could not all
-    leave (no free TX frame): the caller drops the request, which is retransmitted (go-back-N)."""
+    engine copies such a READ aside).  Only as many as the round has left (P_RDPROT_LEFT, the port's
+    budget, shared by the QPs of the round), paid to the QP's pacer: a peer that queues
+    max_dest_rd_atomic large READs and then an overlapping request would otherwise hold the port's one
+    loop -- every tenant's QPs, no RX -- for the seconds those responses take, past DCQCN's rate.
+    False when they could not all leave: the caller drops the request, counted here (P_RX_RD_DEFER), and
+    the requester retransmits it (the PSN sequence error NAK of its next packet, or its timer, go-back-N)
+    while the rest of the responses leave at their paced rate in the rounds after.  Not an RNR NAK:
+    that is for a request that needs a receive WQE (MR-RNR-001), and a WRITE never does; a request
+    dropped for want of responder resources is the loss go-back-N exists for (MR-NAK-003)."""
     if Q[qi, Q_RD_HEAD] == Q[qi, Q_RD_TAIL] or n <= 0 or not reads_overlap(A, Q, qi, addr, n):
         return True
-    read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, 1 << 40)
-    return not reads_overlap(A, Q, qi, addr, n)
+    left = A[P_RDPROT_LEFT]
+    if left > 0:
+        tb0 = A[P_TX_BYTES]
+        k = read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, left)
+        A[P_RDPROT_LEFT] = left - k
+        rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
+    if reads_overlap(A, Q, qi, addr, n):
+        A[P_RX_RD_DEFER] += 1
+        return False
+    return True
 
 
 @njit(**_jit)

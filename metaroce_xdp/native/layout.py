@@ -45,7 +45,7 @@ def _cols(prefix: str, names: str) -> list[str]:
 # ---- responder row ------------------------------------------------------------------
 RX_FIELDS = _cols("R_", """
     epsn highest nrec since_sack first_ts trig_tsval trig_n trig_sport trig_ce ce_count credit edge last_rx_ts
-    rsn_next c_new c_dup c_oow c_sacks c_imm c_rsn_inv c_notready
+    rsn_next c_new c_dup c_oow c_sacks c_imm c_rsn_inv c_notready ce_total
 """)
 R_BM = len(RX_FIELDS)                    # first bitmap word
 NRX = R_BM + WMAX // 64
@@ -65,6 +65,7 @@ TX_FIELDS = _cols("S_", """
     c_sack c_sack_inv c_sack_stale c_retx_sack c_retx_rto c_retx_tlp c_retx_rnr c_spurious
     c_dec_delay c_dec_ecn c_dec_loss c_dec_rto c_loss_nocut c_blk_cwnd c_blk_w c_blk_credit c_blk_pace
     c_rnr c_rnr_wait c_rnr_inv c_tx c_lost
+    ce_seen c_rtt_bad
 """)
 NTX = len(TX_FIELDS)
 

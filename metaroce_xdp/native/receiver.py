@@ -76,6 +76,7 @@ def rx_on_packet(r, par, psn, ackreq, ce, has_ts, tsval, sport, now):
             imm = True
         if r[R_CE_COUNT] < 0xFFFF:
             r[R_CE_COUNT] += 1
+        r[R_CE_TOTAL] = (r[R_CE_TOTAL] + 1) & 0xFFFF     # MR-SACK-007: what every SACK reports
     epsn = r[R_EPSN]
     d = (psn - epsn) & PSN_MASK
     if d < w:
@@ -182,12 +183,12 @@ def rx_build_sack(r, par, hdr, words):
         r[R_EDGE] = (cum + c) & PSN_MASK
     else:
         hdr[3] = 0xFFFF
-    hdr[4] = r[R_CE_COUNT]
+    hdr[4] = r[R_CE_TOTAL]                              # MR-SACK-007: the running count, modulo 2^16
     hdr[5] = r[R_TRIG_SPORT]
     hdr[6] = (0x80 if r[R_TRIG_CE] else 0) | (0x40 if r[R_TRIG_N] else 0)
     r[R_SINCE_SACK] = 0
     r[R_FIRST_TS] = NONE
-    r[R_CE_COUNT] = 0                                   # MR-SACK-007: restarts after each SACK
+    r[R_CE_COUNT] = 0                                   # marks since this SACK (MR-SACK-016)
     r[R_C_SACKS] += 1
     return nw
 
@@ -267,8 +268,10 @@ def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
     counts (MR-CC-025) and it is the trigger of the RNR NAK-type SACK the data plane may send for it
     (MR-SACK-035: rx_build_sack fills tsecr, credit, ce_count, echo_sport and flags, MR-SACK-032;
     the data plane sets the syndrome, BTH.PSN = the ePSN and bitmap_words 0)."""
-    if ce and r[R_CE_COUNT] < 0xFFFF:
-        r[R_CE_COUNT] += 1
+    if ce:
+        if r[R_CE_COUNT] < 0xFFFF:
+            r[R_CE_COUNT] += 1
+        r[R_CE_TOTAL] = (r[R_CE_TOTAL] + 1) & 0xFFFF
     r[R_TRIG_TSVAL] = tsval if has_ts else 0
     r[R_TRIG_N] = 0 if has_ts else 1
     r[R_TRIG_SPORT] = sport

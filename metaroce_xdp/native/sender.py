@@ -493,11 +493,16 @@ def tx_on_sack(s, sb, pt, par, cum, nw, words, tsecr, flags, ce_count, credit, s
     Returns the number of PSNs newly delivered, SACK_STALE, or SACK_INVALID (nothing changed)."""
     una = s[S_SND_UNA]
     nxt = s[S_SND_NXT]
-    # MR-SACK-019 / MR-SACK-005: validate before touching any state
+    # MR-SACK-019 / MR-SACK-005: validate before touching any state.  BTH.PSN + 1 must lie in
+    # [snd_una - W, snd_nxt]: a SACK names at most the last PSN sent, and one sent before snd_una - W
+    # is older than any the peer can still send (it acknowledged at most W PSNs ahead of snd_una);
+    # the rest of the PSN space, about half of it before, is a forgery or another connection's
+    # (MR-SEC-032): one blind guess must not reach the RTT, path or congestion state.
     if nw < 0 or nw > 32 or nw > words.shape[0]:
         s[S_C_SACK_INV] += 1
         return SACK_INVALID
-    if not _before(cum, nxt):
+    lo = (una - par[P_W]) & PSN_MASK
+    if ((cum + 1 - lo) & PSN_MASK) > ((nxt - lo) & PSN_MASK):
         s[S_C_SACK_INV] += 1
         return SACK_INVALID
     for j in range(nw - 1, -1, -1):
@@ -514,62 +519,81 @@ def tx_on_sack(s, sb, pt, par, cum, nw, words, tsecr, flags, ce_count, credit, s
     s[S_C_SACK] += 1
     flags_n = (flags >> 6) & 1
     flags_ce = (flags >> 7) & 1
-    rtt = NONE
-    if not flags_n:                                   # MR-LOSS-001
-        su = (tsval_of(now) - tsecr) & 0xFFFFFFFF
-        if su < RTT_SAMPLE_MAX:
-            rtt = su * 1000
-            _rtt_sample(s, par, rtt, now)
-    mp_on_sack(pt, par, sport, rtt, flags_ce, now)    # MR-MP-007
-    if s[S_SRTT] != NONE and (s[S_MP_ROUND_END] == NONE or now >= s[S_MP_ROUND_END]):
-        if s[S_MP_ROUND_END] != NONE:
-            mp_on_round(pt, par, now)                 # MR-MP-012
-        s[S_MP_ROUND_END] = now + s[S_SRTT]
-    s[S_LAST_SACK_TS] = now
-    if _before(cum, (una - 1) & PSN_MASK):            # MR-SACK-037
-        s[S_C_SACK_STALE] += 1
-        _cc_on_sack(s, par, 0, rtt, ce_count, flags_ce, 1, now)
-        return SACK_STALE
+    # MR-SACK-007 / MR-CC-011: ce_count is the responder's running count of CE marks modulo 2^16; what
+    # is new is its advance over the last count taken (AccECN-style), so a lost SACK loses no mark and
+    # a duplicated or reordered one adds none
+    ce_new = (ce_count - s[S_CE_SEEN]) & 0xFFFF
+    if 0 < ce_new < 0x8000:
+        s[S_CE_SEEN] = ce_count & 0xFFFF
+    else:
+        ce_new = 0
+    stale = _before(cum, (una - 1) & PSN_MASK)        # MR-SACK-037
     n = 0
     spurious = False
     rack_ts = s[S_RACK_XMIT_TS]
     rack_rtt = s[S_RACK_RTT]
-    end = (cum + 1) & PSN_MASK
-    p = una
-    while p != end and _before(p, end):               # cumulative part, MR-SACK-020
-        b = sb[p & WMASK]
-        if b[B_FLAGS] & BF_OUT and b[B_PSN] == p:
-            if not (b[B_FLAGS] & BF_SACKED):
-                n += 1
-                if b[B_TX_COUNT] > 1 and not flags_n and 0 < ((b[B_LAST_TSVAL] - tsecr) & 0xFFFFFFFF) < (1 << 31):
-                    spurious = True
-                if b[B_TX_COUNT] == 1 or (not flags_n and tsecr == b[B_LAST_TSVAL]):
-                    if rack_ts == NONE or b[B_XMIT_TS] > rack_ts:
-                        rack_ts = b[B_XMIT_TS]
-                        rack_rtt = now - b[B_XMIT_TS]
-            _leave_flight(s, b)
-            b[B_FLAGS] = 0
-        p = (p + 1) & PSN_MASK
-    if _before(una, end):
-        s[S_SND_UNA] = end
-    for j in range(nw):                                # MR-SACK-004
-        wv = words[j] & 0xFFFFFFFF
-        if wv == 0:
-            continue
-        for k in range(32):
-            if (wv >> (31 - k)) & 1:
-                q = (cum + 2 + 32 * j + k) & PSN_MASK
-                b = sb[q & WMASK]
-                if b[B_FLAGS] & BF_OUT and b[B_PSN] == q and not (b[B_FLAGS] & BF_SACKED):
+    # the earliest tsval among the PSNs this SACK newly delivers (MR-LOSS-001): the packet whose tsval
+    # it echoes was sent no earlier, unless it echoes an older transmission (then no sample, as Karn)
+    ts_lo = NONE
+    if not stale:
+        end = (cum + 1) & PSN_MASK
+        p = una
+        while p != end and _before(p, end):           # cumulative part, MR-SACK-020
+            b = sb[p & WMASK]
+            if b[B_FLAGS] & BF_OUT and b[B_PSN] == p:
+                if not (b[B_FLAGS] & BF_SACKED):
                     n += 1
+                    if ts_lo == NONE or 0 < ((ts_lo - b[B_LAST_TSVAL]) & 0xFFFFFFFF) < (1 << 31):
+                        ts_lo = b[B_LAST_TSVAL]
                     if b[B_TX_COUNT] > 1 and not flags_n and 0 < ((b[B_LAST_TSVAL] - tsecr) & 0xFFFFFFFF) < (1 << 31):
                         spurious = True
                     if b[B_TX_COUNT] == 1 or (not flags_n and tsecr == b[B_LAST_TSVAL]):
                         if rack_ts == NONE or b[B_XMIT_TS] > rack_ts:
                             rack_ts = b[B_XMIT_TS]
                             rack_rtt = now - b[B_XMIT_TS]
-                    _leave_flight(s, b)
-                    b[B_FLAGS] = (b[B_FLAGS] & ~(BF_LOST | BF_RNR)) | BF_SACKED
+                _leave_flight(s, b)
+                b[B_FLAGS] = 0
+            p = (p + 1) & PSN_MASK
+        if _before(una, end):
+            s[S_SND_UNA] = end
+        for j in range(nw):                            # MR-SACK-004
+            wv = words[j] & 0xFFFFFFFF
+            if wv == 0:
+                continue
+            for k in range(32):
+                if (wv >> (31 - k)) & 1:
+                    q = (cum + 2 + 32 * j + k) & PSN_MASK
+                    b = sb[q & WMASK]
+                    if b[B_FLAGS] & BF_OUT and b[B_PSN] == q and not (b[B_FLAGS] & BF_SACKED):
+                        n += 1
+                        if ts_lo == NONE or 0 < ((ts_lo - b[B_LAST_TSVAL]) & 0xFFFFFFFF) < (1 << 31):
+                            ts_lo = b[B_LAST_TSVAL]
+                        if b[B_TX_COUNT] > 1 and not flags_n and 0 < ((b[B_LAST_TSVAL] - tsecr) & 0xFFFFFFFF) < (1 << 31):
+                            spurious = True
+                        if b[B_TX_COUNT] == 1 or (not flags_n and tsecr == b[B_LAST_TSVAL]):
+                            if rack_ts == NONE or b[B_XMIT_TS] > rack_ts:
+                                rack_ts = b[B_XMIT_TS]
+                                rack_rtt = now - b[B_XMIT_TS]
+                        _leave_flight(s, b)
+                        b[B_FLAGS] = (b[B_FLAGS] & ~(BF_LOST | BF_RNR)) | BF_SACKED
+    rtt = NONE
+    if not flags_n and n > 0:                         # MR-LOSS-001 (RFC 7323 section 4.3)
+        su = (tsval_of(now) - tsecr) & 0xFFFFFFFF     # not in the future: less than 2^31 us back
+        if su < RTT_SAMPLE_MAX and ((tsecr - ts_lo) & 0xFFFFFFFF) < RTT_SAMPLE_MAX:
+            rtt = su * 1000                           # and not before the newly delivered PSNs were sent
+            _rtt_sample(s, par, rtt, now)
+        else:
+            s[S_C_RTT_BAD] += 1
+    mp_on_sack(pt, par, sport, rtt, flags_ce, now)    # MR-MP-007
+    if s[S_SRTT] != NONE and (s[S_MP_ROUND_END] == NONE or now >= s[S_MP_ROUND_END]):
+        if s[S_MP_ROUND_END] != NONE:
+            mp_on_round(pt, par, now)                 # MR-MP-012
+        s[S_MP_ROUND_END] = now + s[S_SRTT]
+    s[S_LAST_SACK_TS] = now
+    if stale:
+        s[S_C_SACK_STALE] += 1
+        _cc_on_sack(s, par, 0, rtt, ce_new, flags_ce, 1, now)
+        return SACK_STALE
     s[S_RACK_XMIT_TS] = rack_ts
     s[S_RACK_RTT] = rack_rtt
     if spurious:                                       # MR-SACK-030, MR-CC-024
@@ -584,7 +608,7 @@ def tx_on_sack(s, sb, pt, par, cum, nw, words, tsecr, flags, ce_count, credit, s
                 _repace(s, old, now)                     # MR-CC-043
             s[S_CWND_BEFORE_CUT] = NONE
     newly_lost = _detect_losses(s, sb, pt, par, now)
-    _cc_on_sack(s, par, n, rtt, ce_count, flags_ce, 0, now)
+    _cc_on_sack(s, par, n, rtt, ce_new, flags_ce, 0, now)
     if par[P_CREDITS]:                                 # MR-CC-014
         if s[S_BEST_CUM] == PSN_NONE or not _before(cum, s[S_BEST_CUM]):
             c = credit

@@ -136,16 +136,28 @@ class ReactionPoint:
         self.rx_cnp = 0
         self.rate_cuts = 0
         self.rate_min = self.rc
+        self.cnp_coalesced = 0                    # CNPs within cnp_interval of the last cut (MR-CC-035)
+        self.last_cut: int | None = None
 
     # -- events --------------------------------------------------------------
     def on_cnp(self, now: int, count: int = 1) -> None:
-        """`count` valid CNPs arrived (MR-CC-035).  Counted even when the RP is disabled."""
+        """`count` valid CNPs arrived (MR-CC-035).  Counted even when the RP is disabled.  One reaction per
+        cnp_interval: a notification point sends no more (MR-CNP-003), so the rest are copies or forgeries
+        (a CNP carries no PSN) and only counted; cnp_interval 0 reacts to each, up to 64 a look."""
         self.rx_cnp += count
         if not self.p.enabled:
             return
-        self.advance(now)
         p = self.p
-        for _ in range(min(count, 64)):          # a burst of CNPs read from the kernel at once
+        cuts = min(count, 64)
+        if p.cnp_interval_ns > 0:
+            if self.last_cut is not None and now - self.last_cut < p.cnp_interval_ns:
+                self.cnp_coalesced += count
+                return
+            self.cnp_coalesced += count - 1
+            self.last_cut = now
+            cuts = 1
+        self.advance(now)
+        for _ in range(cuts):
             self.rt = self.rc
             self.rc = max(p.r_min_bps, self.rc * (1 - self.alpha / 2))
             self.alpha = (1 - p.g) * self.alpha + p.g

@@ -309,8 +309,9 @@ def cnp_slows_the_requester(t):
     (1) an idle QP (Rc = Rt = R_line, alpha decayed below g / 8) gets one CNP: Rt stays R_line (= Rc at the
     cut), alpha = (1 - g) alpha + g less the decays the interval allows, and Rc = R_line (1 - alpha / 2) raised
     by fast recovery, R_line - (R_line alpha / 2) / 2^k for a k the interval allows;
-    (2) three bursts of 64 CNPs: alpha within the bounds of 192 updates and the decays the interval allows,
-    and R_min <= Rc <= Rt <= R_line;
+    (2) three bursts of 64 CNPs: alpha within the bounds of the updates MR-CC-035 allows (at most one per
+    cnp_interval, caps.dcqcn_params.cnp_interval_ns) and the decays the interval allows, and
+    R_min <= Rc <= Rt <= R_line;
     (3) the QP sends a 512 KiB WRITE while the LT sends it bursts of 8 CNPs every ~0.5 ms and reads the state
     as often as it can: the wire bytes of the stream over every interval do not exceed the integral of the
     most Rc the readings and the pseudocode allow (R_up), widened by the MR-CONF-011 tolerance, plus 64 KiB
@@ -358,12 +359,17 @@ def cnp_slows_the_requester(t):
         n += 64
         s2 = _rp_after(c, s1.rx_cnp + n)
     nk2 = int((s2.ta - s1.tb) / kk) + 2
-    b_lo, b_hi = _alpha_bounds(s1.alpha, n, nk2, g_lo, g_hi)
+    # MR-CC-035: one reaction per cnp_interval at most (an IUT that names no interval: one per CNP), so
+    # between none (every burst within an interval of the last cut) and one per interval the span allows
+    iv = float(p.get("cnp_interval_ns", 0)) / 1e9
+    n_up = n if iv <= 0 else min(n, int((s2.ta - s1.tb) / iv) + 2)
+    b_lo = _alpha_bounds(s1.alpha, 0 if iv > 0 else n, nk2, g_lo, g_hi)[0]
+    b_hi = _alpha_bounds(s1.alpha, n_up, nk2, g_lo, g_hi)[1]
     ok2 = b_lo <= s2.alpha <= b_hi and rmin <= s2.rc <= s2.rt <= line
-    det2 = (f"{n} CNPs: {s2}, {1e3 * (s2.ta - s1.tb):.2f} ms after {s1} (0..{nk2} alpha periods): alpha expected "
-            f"{b_lo * 1e6:.0f}..{b_hi * 1e6:.0f} ppm, R_min {rmin:.0f} <= Rc <= Rt <= R_line")
+    det2 = (f"{n} CNPs: {s2}, {1e3 * (s2.ta - s1.tb):.2f} ms after {s1} (0..{nk2} alpha periods, at most {n_up} "
+            f"reactions): alpha expected {b_lo * 1e6:.0f}..{b_hi * 1e6:.0f} ppm, R_min {rmin:.0f} <= Rc <= Rt <= R_line")
     for r in ("MR-CNP-006", "MR-CC-035"):
-        t.check(r, ok2, det2, frames=[m2 + 1], expected=f"{n} cuts and alpha updates",
+        t.check(r, ok2, det2, frames=[m2 + 1], expected=f"at most {n_up} cuts and alpha updates",
                 observed=[str(s1), str(s2)])
     # (3) the stream, paced while CNPs keep coming
     npk = -(-size // c.mtu)
