@@ -126,7 +126,7 @@ def gen_case(seed: int, case: int) -> list[dict]:
                                             0, "good.addr", 1 << 47, r.getrandbits(63)]),
                          "length": r.choice([0, 1, 8, 4096, 65536, 1 << 31, (1 << 31) - 1, -1, (1 << 63) - 1,
                                              r.randrange(1 << 20)]),
-                         "lkey": r.choice(["mr", "good", 0, -1, r.getrandbits(32)]),
+                         "lkey": r.choice(["mr"] * 4 + ["good", 0, -1, r.getrandbits(32)]),
                          "raddr": r.choice(["good.addr", (1 << 63) - 4096, (1 << 63) - 1, -1, 0, r.getrandbits(64)]),
                          "rkey": r.choice(["good", 0, r.getrandbits(32)])})
         return [{"ring": rows, "dest": r.choice(["good", "random"])}]
@@ -468,6 +468,12 @@ def describe(steps: list[dict]) -> str:
     for st in steps:
         if "ring" in st:
             kinds.add(f"ring dest={st['dest']}")
+            for row in st["ring"]:
+                for k in ("laddr", "raddr"):
+                    v = row[k]
+                    if isinstance(v, int) and ((1 << 63) - (1 << 32) <= v % (1 << 64) < (1 << 63)
+                                               or v % (1 << 64) >= (1 << 64) - (1 << 32)):
+                        kinds.add(f"ring {k} near-2^63")
         elif "raw" in st:
             kinds.add("raw")
         elif "msg" in st:

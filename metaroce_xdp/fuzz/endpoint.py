@@ -1,0 +1,172 @@
+"""The packet fuzzer's target: the compiled plane (dp.Context, its progress thread) in a child process, so that
+a crash is a dead child and not a dead fuzzer.  `python -m metaroce_xdp.fuzz.endpoint IFNAME PEER_IP` in the
+target's namespace; one JSON command per stdin line, one JSON answer per stdout line.
+
+Memory: every MR sits inside an anonymous mapping with a PROT_NONE page on each side (a write past the end
+of a mapping faults: a crash, not silent corruption), and the bytes of those pages that are not the MR hold
+a canary pattern.  The MRs:
+
+  victim   PD 1, every access: the fuzzed QP's target (its bytes may change; the slack around it may not)
+  local    PD 1, LOCAL_WRITE only: no remote packet may change it
+  foreign  PD 2, every access: another tenant's; no packet of the fuzzed QP may change it
+  legit    PD 3, every access: the legitimate QP's; only the legitimate peer's WRITEs change it
+
+QPs: `victim` (PD 1) and `legit` (PD 3), both connected to scripted peers at PEER_IP (QPNs that exist only
+in the fuzzer).  The victim QP also has work of its own outstanding (READs and WRITEs the peer never
+answers except with fuzzed responses), so fuzzed ACKs and READ responses meet a completer with state.
+
+Commands: {"cmd": "fix"} (the victim QP back to RTS if a packet moved it to ERR); {"cmd": "check", "legit": [[offset, hex], ...]} -> canaries, counters (the
+plane's, XDP's drops by reason and events), completions seen; {"cmd": "quit"}.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import mmap
+import sys
+import time
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+CANARY = {"victim": 0xA5, "local": 0x3C, "foreign": 0x5A, "legit": 0xC3}
+SLACK = 100                                  # canary bytes before each MR (and the rest of its last page after)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+class Guarded:
+    """`n` bytes at offset SLACK of a mapping whose first and last pages are PROT_NONE; canary elsewhere."""
+
+    def __init__(self, n: int, canary: int) -> None:
+        self.data_pages = (SLACK + n + PAGE - 1) // PAGE
+        self.mm = mmap.mmap(-1, (self.data_pages + 2) * PAGE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.all = np.frombuffer(self.mm, np.uint8)
+        base = int(self.all.ctypes.data)
+        self.all[PAGE:-PAGE] = canary
+        for off in (0, (self.data_pages + 1) * PAGE):
+            if _libc.mprotect(ctypes.c_void_p(base + off), PAGE, 0) != 0:
+                raise OSError(ctypes.get_errno(), "mprotect")
+        self.canary = canary
+        self.lo, self.hi = PAGE + SLACK, PAGE + SLACK + n
+        self.mr_view = self.all[self.lo:self.hi]
+
+    def slack_ok(self) -> list[int]:
+        """Offsets (relative to the MR's start) of changed canary bytes outside the MR."""
+        inner = self.all[PAGE:-PAGE]
+        lo, hi = self.lo - PAGE, self.hi - PAGE
+        bad = [i - lo for i in np.flatnonzero(inner[:lo] != self.canary)[:8]]
+        bad += [hi - lo + i for i in np.flatnonzero(inner[hi:] != self.canary)[:8]]
+        return [int(x) for x in bad]
+
+
+def main() -> int:
+    faulthandler.enable()
+    from ..dp import Context
+    from ..verbs_types import SGE, Access, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR, WROpcode
+    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+    ifname, peer_ip = sys.argv[1], sys.argv[2]
+    ctx = Context.open(ifname, progress_thread=True, busy_poll=False)
+    pd1, pd2, pd3 = ctx.alloc_pd(), ctx.alloc_pd(), ctx.alloc_pd()
+    g = {"victim": Guarded(1 << 16, CANARY["victim"]), "local": Guarded(8192, CANARY["local"]),
+         "foreign": Guarded(8192, CANARY["foreign"]), "legit": Guarded(1 << 16, CANARY["legit"])}
+    g["victim"].mr_view[:] = 0
+    g["legit"].mr_view[:] = 0
+    mrs = {"victim": pd1.reg_mr(g["victim"].mr_view, full), "local": pd1.reg_mr(g["local"].mr_view, Access.LOCAL_WRITE),
+           "foreign": pd2.reg_mr(g["foreign"].mr_view, full), "legit": pd3.reg_mr(g["legit"].mr_view, full)}
+    cq = ctx.create_cq(4096)
+    qps = {"victim": ctx.create_qp(pd1, cq, cq, QPCap(max_send_wr=64, max_recv_wr=256)),
+           "legit": ctx.create_qp(pd3, cq, cq, QPCap(max_send_wr=16, max_recv_wr=16))}
+    peer = {"victim": 0x5F0001, "legit": 0x5F0002}
+    psn = {"victim": 1000, "legit": 5000}
+
+    def connect(k: str) -> None:
+        qp = qps[k]
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=full))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer[k], rq_psn=psn[k], path_mtu=1024, dgid=peer_ip,
+                         max_dest_rd_atomic=4, min_rnr_timer=1))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn[k] + 100000, timeout=0, retry_cnt=7, rnr_retry=7,
+                         max_rd_atomic=4))
+
+    for k in qps:
+        connect(k)
+    vm = mrs["victim"]
+    posted = 0
+    resets = 0
+
+    def replenish() -> None:
+        nonlocal posted
+        while posted < 128:
+            try:
+                qps["victim"].post_recv(RecvWR(wr_id=posted, sg_list=[SGE(vm.addr + 32768 + (posted % 8) * 4096,
+                                                                              4096, vm.lkey)]))
+            except Exception:                               # noqa: BLE001 - QP in ERR: nothing to replenish
+                return
+            posted += 1
+
+    replenish()
+    # the victim's own requests: its completer meets the fuzzed responses
+    wrs = [SendWR(wr_id=1 << 20 | i, opcode=WROpcode.RDMA_READ if i % 2 else WROpcode.RDMA_WRITE,
+                  send_flags=SendFlags.SIGNALED, sg_list=[SGE(vm.addr + 16384 + 2048 * i, 2048, vm.lkey)],
+                  remote_addr=0x10000 + 4096 * i, rkey=0x1234) for i in range(6)]
+    qps["victim"].post_send(wrs)
+
+    def reset_victim() -> None:
+        """A fuzzed packet moved the victim QP to ERR (as it may): back to RTS, its work posted again."""
+        nonlocal posted, resets
+        resets += 1
+        for wc in cq.poll(4096):
+            pass
+        qps["victim"].modify(QPAttr(qp_state=QPState.RESET))
+        psn["victim"] = (psn["victim"] + 7919) & 0xFFFFFF
+        connect("victim")
+        posted = 0
+        replenish()
+        qps["victim"].post_send(wrs)
+    wc_status: dict[str, int] = {}
+    loader = ctx.loader
+
+    def answer(obj) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    answer({"ready": True, "qpn": {k: q.qp_num for k, q in qps.items()}, "peer": peer, "psn": psn,
+            "mr": {k: {"addr": m.addr, "len": m.length, "rkey": m.rkey, "lkey": m.lkey} for k, m in mrs.items()}})
+    for line in sys.stdin:
+        c = json.loads(line)
+        if c["cmd"] == "quit":
+            break
+        if c["cmd"] == "fix":                       # between cases: the victim back to RTS if a packet ended it
+            if qps["victim"].query_state() != QPState.RTS:
+                reset_victim()
+            answer({"resets": resets, "victim_psn": psn["victim"]})
+            continue
+        if c["cmd"] == "check":
+            time.sleep(0.05)
+            for wc in cq.poll(4096):
+                name = getattr(wc.status, "name", str(wc.status))
+                wc_status[name] = wc_status.get(name, 0) + 1
+                if wc.qp_num == qps["victim"].qp_num and wc.wr_id < (1 << 20):
+                    posted -= 1
+            replenish()
+            if qps["victim"].query_state() != QPState.RTS and c.get("reset", True):
+                reset_victim()
+            bad = {k: x.slack_ok() for k, x in g.items()}
+            changed = {k: int(np.count_nonzero(g[k].mr_view != CANARY[k])) for k in ("local", "foreign")}
+            want = np.zeros(1 << 16, np.uint8)
+            for off, hx in c.get("legit", []):
+                b = bytes.fromhex(hx)
+                want[off:off + len(b)] = np.frombuffer(b, np.uint8)
+            legit_diff = np.flatnonzero(g["legit"].mr_view != want)
+            answer({"slack": {k: v for k, v in bad.items() if v}, "changed": {k: v for k, v in changed.items() if v},
+                    "legit_diff": [int(x) for x in legit_diff[:8]], "stats": ctx.stats(), "xdp_drops": loader.drops(),
+                    "xdp_events": loader.events(), "wc": wc_status,
+                    "state": {k: q.query_state().name for k, q in qps.items()},
+                    "resets": resets, "victim_psn": psn["victim"]})
+    ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
