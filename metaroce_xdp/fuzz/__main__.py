@@ -6,6 +6,7 @@
   --out DIR       where crashes are saved, one JSON file each (default fuzz-crashes/)
   --strict        every crash fails the run, known-open findings too (METAROCE_FUZZ_STRICT=1)
   --json FILE     the summary (inputs tried, crashes, hangs, drops by reason) as JSON
+  --target T      pkt: inproc (the compiled plane in a child process), daemon (through metaroced), both
   --boundscheck D pkt: the compiled plane with NUMBA_BOUNDSCHECK=1, its numba cache in D (cold: minutes)
 
 Exit status: 0 when every finding was a known-open one (known.py), 1 when any was NEW (or any at all, strict).
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=store.DEFAULT_DIR)
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--target", choices=["inproc", "daemon", "both"], default="both",
+                    help="pkt: the compiled plane in process, through metaroced, or both (the time split)")
     ap.add_argument("--boundscheck", metavar="CACHE_DIR", default=None,
                     help="pkt: run the endpoint with NUMBA_BOUNDSCHECK=1 and numba's cache in CACHE_DIR")
     a = ap.parse_args(argv)
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             f, st = run_ctl(seed, a.cases, deadline)
         else:
             from . import pkt
-            f, st = pkt.run_all(seed, a.cases, deadline, boundscheck=a.boundscheck)
+            f, st = pkt.run_all(seed, a.cases, deadline, a.target, boundscheck=a.boundscheck)
         found += f
         summary[p] = st
     return report(found, summary, a.out, a.json)
@@ -87,6 +90,7 @@ def report(found: list, summary: dict, out: str, json_path: str | None) -> int:
     print(f"fuzz: {len(found)} findings, {len(new)} NEW; summary: "
           + json.dumps({k: v for k, v in summary.items() if k != "findings"}), flush=True)
     if json_path:
+        os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
         with open(json_path, "w") as fh:
             json.dump(summary, fh, indent=1)
     return 1 if new else 0

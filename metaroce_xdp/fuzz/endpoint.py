@@ -1,6 +1,10 @@
-"""The packet fuzzer's target: the compiled plane (dp.Context, its progress thread) in a child process, so that
-a crash is a dead child and not a dead fuzzer.  `python -m metaroce_xdp.fuzz.endpoint IFNAME PEER_IP` in the
-target's namespace; one JSON command per stdin line, one JSON answer per stdout line.
+"""The packet fuzzer's target: the compiled plane in a child process, so that a crash is a dead
+child and not a dead fuzzer:
+
+    python -m metaroce_xdp.fuzz.endpoint inproc IFNAME PEER_IP    # dp.Context and its progress thread
+    python -m metaroce_xdp.fuzz.endpoint daemon SOCKET PEER_IP    # a client of metaroced (a crash: the daemon's)
+
+in the target's namespace; one JSON command per stdin line, one JSON answer per stdout line.
 
 Memory: every MR sits inside an anonymous mapping with a PROT_NONE page on each side (a write past the end
 of a mapping faults: a crash, not silent corruption), and the bytes of those pages that are not the MR hold
@@ -8,7 +12,8 @@ a canary pattern.  The MRs:
 
   victim   PD 1, every access: the fuzzed QP's target (its bytes may change; the slack around it may not)
   local    PD 1, LOCAL_WRITE only: no remote packet may change it
-  foreign  PD 2, every access: another tenant's; no packet of the fuzzed QP may change it
+  foreign  PD 2 (through the daemon: of a second client), every access: another tenant's; no packet of the
+           fuzzed QP may change it
   legit    PD 3, every access: the legitimate QP's; only the legitimate peer's WRITEs change it
 
 QPs: `victim` (PD 1) and `legit` (PD 3), both connected to scripted peers at PEER_IP (QPNs that exist only
@@ -37,16 +42,21 @@ _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 class Guarded:
-    """`n` bytes at offset SLACK of a mapping whose first and last pages are PROT_NONE; canary elsewhere."""
+    """`n` bytes at offset SLACK of a mapping whose first and last pages are PROT_NONE; canary elsewhere.
+    With `alloc` (a daemon client's alloc_buf: a memfd the daemon maps too) no guard pages -- the daemon maps
+    the file itself -- but the same canaries in the pages around the MR, which the daemon's mapping covers."""
 
-    def __init__(self, n: int, canary: int) -> None:
+    def __init__(self, n: int, canary: int, alloc=None) -> None:
         self.data_pages = (SLACK + n + PAGE - 1) // PAGE
-        self.mm = mmap.mmap(-1, (self.data_pages + 2) * PAGE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.all = np.frombuffer(self.mm, np.uint8)
+        if alloc is None:
+            self.mm = mmap.mmap(-1, (self.data_pages + 2) * PAGE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self.all = np.frombuffer(self.mm, np.uint8)
+        else:
+            self.all = alloc((self.data_pages + 2) * PAGE)
         base = int(self.all.ctypes.data)
         self.all[PAGE:-PAGE] = canary
         for off in (0, (self.data_pages + 1) * PAGE):
-            if _libc.mprotect(ctypes.c_void_p(base + off), PAGE, 0) != 0:
+            if alloc is None and _libc.mprotect(ctypes.c_void_p(base + off), PAGE, 0) != 0:
                 raise OSError(ctypes.get_errno(), "mprotect")
         self.canary = canary
         self.lo, self.hi = PAGE + SLACK, PAGE + SLACK + n
@@ -66,11 +76,26 @@ def main() -> int:
     from ..dp import Context
     from ..verbs_types import SGE, Access, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR, WROpcode
     full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-    ifname, peer_ip = sys.argv[1], sys.argv[2]
-    ctx = Context.open(ifname, progress_thread=True, busy_poll=False)
-    pd1, pd2, pd3 = ctx.alloc_pd(), ctx.alloc_pd(), ctx.alloc_pd()
-    g = {"victim": Guarded(1 << 16, CANARY["victim"]), "local": Guarded(8192, CANARY["local"]),
-         "foreign": Guarded(8192, CANARY["foreign"]), "legit": Guarded(1 << 16, CANARY["legit"])}
+    mode, where, peer_ip = sys.argv[1], sys.argv[2], sys.argv[3]
+    if mode == "inproc":
+        ctx = Context.open(where, progress_thread=True, busy_poll=False)
+        ctx2, alloc, alloc2 = ctx, None, None
+        loader = ctx.loader
+
+        def counters() -> dict:
+            return {"stats": ctx.stats(), "xdp_drops": loader.drops(), "xdp_events": loader.events()}
+    else:                                       # a client of metaroced at socket `where`; "foreign": another client
+        from ..daemon import client
+        ctx = client.connect(where).open_device()
+        ctx2 = client.connect(where).open_device()
+        alloc, alloc2 = ctx.alloc_buf, ctx2.alloc_buf
+
+        def counters() -> dict:
+            c = ctx.status()["devices"][0]["counters"]
+            return {"stats": c["plane"], "xdp_drops": c.get("xdp_drops", {}), "xdp_events": c.get("xdp_events", {})}
+    pd1, pd2, pd3 = ctx.alloc_pd(), ctx2.alloc_pd(), ctx.alloc_pd()
+    g = {"victim": Guarded(1 << 16, CANARY["victim"], alloc), "local": Guarded(8192, CANARY["local"], alloc),
+         "foreign": Guarded(8192, CANARY["foreign"], alloc2), "legit": Guarded(1 << 16, CANARY["legit"], alloc)}
     g["victim"].mr_view[:] = 0
     g["legit"].mr_view[:] = 0
     mrs = {"victim": pd1.reg_mr(g["victim"].mr_view, full), "local": pd1.reg_mr(g["local"].mr_view, Access.LOCAL_WRITE),
@@ -125,7 +150,6 @@ def main() -> int:
         replenish()
         qps["victim"].post_send(wrs)
     wc_status: dict[str, int] = {}
-    loader = ctx.loader
 
     def answer(obj) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
@@ -160,11 +184,12 @@ def main() -> int:
                 want[off:off + len(b)] = np.frombuffer(b, np.uint8)
             legit_diff = np.flatnonzero(g["legit"].mr_view != want)
             answer({"slack": {k: v for k, v in bad.items() if v}, "changed": {k: v for k, v in changed.items() if v},
-                    "legit_diff": [int(x) for x in legit_diff[:8]], "stats": ctx.stats(), "xdp_drops": loader.drops(),
-                    "xdp_events": loader.events(), "wc": wc_status,
+                    "legit_diff": [int(x) for x in legit_diff[:8]], **counters(), "wc": wc_status,
                     "state": {k: q.query_state().name for k, q in qps.items()},
                     "resets": resets, "victim_psn": psn["victim"]})
     ctx.close()
+    if ctx2 is not ctx:
+        ctx2.close()
     return 0
 
 

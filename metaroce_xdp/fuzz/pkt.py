@@ -259,7 +259,7 @@ class InprocTarget:
     def start(self) -> None:
         err = open(self.errpath, "w")
         env = dict(os.environ, **(self.env or {}))
-        self.p = self.topo.popen(self.topo[0], [sys.executable, "-m", "metaroce_xdp.fuzz.endpoint", self.pair.a.ifname,
+        self.p = self.topo.popen(self.topo[0], [sys.executable, "-m", "metaroce_xdp.fuzz.endpoint", *self.endpoint_args(),
                                                 self.pair.b.ipv4], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=err, text=True, cwd=str(ROOT), env=env, preexec_fn=die_with_parent)
         err.close()
@@ -272,6 +272,9 @@ class InprocTarget:
         self.legit_img: dict[int, str] = {}
         self.nlegit = 0
         self.resets = 0
+
+    def endpoint_args(self) -> list[str]:
+        return ["inproc", self.pair.a.ifname]
 
     def alive(self, wait: float = 0.0) -> tuple[bool, str]:
         t_end = time.monotonic() + wait
@@ -388,6 +391,77 @@ class InprocTarget:
             os.unlink(self.errpath)
         except OSError:
             pass
+
+
+class DaemonTarget(InprocTarget):
+    """The same endpoint as a client of a metaroced in namespace 0: the packets meet the daemon's plane (dp/serve.py
+    around the same loop), "foreign" is a second client's MR, a crash is the daemon's."""
+
+    name = "daemon"
+
+    def __init__(self, prefix: str = "fzd", env: dict | None = None) -> None:
+        self.daemon = None
+        self.dtmp = None
+        super().__init__(prefix, env)
+
+    def endpoint_args(self) -> list[str]:
+        return ["daemon", os.path.join(self.dtmp, "A.sock")]
+
+    def start(self) -> None:
+        import tempfile
+        from pathlib import Path
+        if self.dtmp is None:
+            self.dtmp = tempfile.mkdtemp(prefix="fzd-")
+            os.mkdir(os.path.join(self.dtmp, "bpf"))
+            subprocess.run(["mount", "-t", "bpf", "bpf", os.path.join(self.dtmp, "bpf")], check=True)
+        sock = os.path.join(self.dtmp, "A.sock")
+        conf = os.path.join(self.dtmp, "A.toml")
+        Path(conf).write_text(f'interfaces = ["{self.pair.a.ifname}"]\nsocket_path = "{sock}"\nprogress = "sleep"\n'
+                              f'bpffs_prefix = "{self.dtmp}/bpf/metaroce"\ndrain_timeout_s = 0.5\n')
+        self.dlog = os.path.join(self.dtmp, "A.log")
+        err = open(self.dlog, "a")
+        env = dict(os.environ, **(self.env or {}))
+        self.daemon = self.topo.popen(self.topo[0], [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config",
+                                                     conf], stdout=subprocess.PIPE, stderr=err, text=True,
+                                      cwd=str(ROOT), env=env, preexec_fn=die_with_parent)
+        err.close()
+        line = self.daemon.stdout.readline()
+        if not line or not json.loads(line).get("ready"):
+            raise RuntimeError(f"metaroced did not start: {open(self.dlog).read()[-3000:]}")
+        super().start()
+
+    def alive(self, wait: float = 0.0) -> tuple[bool, str]:
+        t_end = time.monotonic() + wait
+        while self.daemon.poll() is None and time.monotonic() < t_end:
+            time.sleep(0.05)
+        if self.daemon.poll() is None:
+            ok, why = super().alive()
+            return ok, why and why.replace("endpoint died", "the daemon's client (endpoint) died")
+        return False, f"metaroced died: {signame(self.daemon.returncode)}\n{open(self.dlog).read()[-4000:]}"
+
+    def stderr(self) -> str:
+        try:
+            return open(self.dlog).read()[-3000:] + "\n" + super().stderr()[-1000:]
+        except OSError:
+            return super().stderr()
+
+    def stop(self) -> None:
+        super().stop()
+        if self.daemon is not None:
+            if self.daemon.poll() is None:
+                self.daemon.terminate()
+                try:
+                    self.daemon.wait(15)
+                except subprocess.TimeoutExpired:
+                    self.daemon.kill()
+                    self.daemon.wait(10)
+            self.daemon = None
+
+    def close(self) -> None:
+        super().close()
+        if self.dtmp:
+            subprocess.run(["umount", os.path.join(self.dtmp, "bpf")], check=False)
+            subprocess.run(["rm", "-rf", self.dtmp], check=False)
 
 
 # ---- running --------------------------------------------------------------------------------------------------------
@@ -535,19 +609,29 @@ def boundscheck_env(cache_dir: str) -> dict:
 def run_all(seed: int, cases, deadline: float, target: str = "inproc",
             boundscheck: str | None = None) -> tuple[list[Finding], dict]:
     t0 = time.monotonic()
-    t = InprocTarget(env=boundscheck_env(boundscheck) if boundscheck else None)
-    try:
-        f, st = run(t, seed, cases if cases is not None else range(10 ** 9),
-                    deadline=None if cases is not None else deadline)
-    finally:
-        t.close()
-    st["seconds"] = round(time.monotonic() - t0, 1)
-    st["boundscheck"] = bool(boundscheck)
-    return f, st
+    found: list[Finding] = []
+    out: dict = {}
+    kinds = {"inproc": [InprocTarget], "daemon": [DaemonTarget], "both": [InprocTarget, DaemonTarget]}[target]
+    t_end = deadline
+    for i, cls in enumerate(kinds):
+        t1 = time.monotonic()
+        share = t1 + (t_end - t1) / (len(kinds) - i)              # the time left, split between the targets
+        t = cls(env=boundscheck_env(boundscheck) if boundscheck else None)
+        try:
+            f, st = run(t, seed, cases if cases is not None else range(10 ** 9),
+                        deadline=None if cases is not None else share)
+        finally:
+            t.close()
+        st["seconds"] = round(time.monotonic() - t1, 1)
+        st["boundscheck"] = bool(boundscheck)
+        found += f
+        out[cls.name] = st
+    out["seconds"] = round(time.monotonic() - t0, 1)
+    return found, out
 
 
 def replay(rec: dict) -> int:
-    t = InprocTarget(prefix="fzq")
+    t = (DaemonTarget if rec["input"].get("target") == "daemon" else InprocTarget)(prefix="fzq")
     try:
         specs = rec["input"].get("specs")
         if specs is None:
