@@ -208,7 +208,7 @@ def make_fds(kind: str | None) -> list[int]:
 class Conn:
     def __init__(self, path: str) -> None:
         self.s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        self.s.settimeout(2.0)
+        self.s.settimeout(STALL_S + 3.0)
         self.s.connect(path)
         self.h: dict[str, int] = {}
         self.fds: list[int] = []
@@ -253,9 +253,13 @@ def _json(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=True).encode("utf-8", "surrogatepass")
 
 
+STALL_S = 2.0                  # a reply later than this: the daemon's one control thread was blocked for everyone
+
+
 def run_steps(d, steps: list[dict]) -> str | None:
     """Run one case against daemon A of `d` (harness.Daemons); what the hostile client saw go wrong on its side
-    that matters (None: nothing)."""
+    that matters -- a request whose answer took longer than STALL_S (None: nothing)."""
+    slow = None
     good = d.good_handles() if d.good else {}
     conns: dict[int, Conn] = {}
     try:
@@ -286,11 +290,15 @@ def run_steps(d, steps: list[dict]) -> str | None:
                 for fd in fds:
                     os.close(fd)
             if not st.get("noreply"):
+                t0 = time.monotonic()
                 conn.reply()
+                dt = time.monotonic() - t0
+                if dt > STALL_S and slow is None and d.alive("A")[0]:
+                    slow = f"a reply took {dt:.1f} s (the control thread was blocked): {json.dumps(st)[:300]}"
     finally:
         for conn in conns.values():
             conn.close()
-    return None
+    return slow
 
 
 def run_ring(d, st: dict, good: dict) -> None:
@@ -420,10 +428,16 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
             steps = gen_case(seed, c)
             stats["cases"] += 1
             stats["steps"] += len(steps)
+            slow = None
             try:
-                run_steps(d, steps)
+                slow = run_steps(d, steps)
             except Exception as e:                   # noqa: BLE001 - a fuzzer bug, not the daemon's; say so
                 log(f"ctl: case {c}: the fuzzer itself failed: {type(e).__name__}: {e}")
+            if slow and d.alive("A")[0]:
+                f = Finding("ctl", seed, c, "hang", slow, describe(steps), {"steps": steps})
+                found.append(f)
+                stats["hangs"] += 1
+                log(f.line())
             time.sleep(0.05)
             ok, why = d.alive("A")
             if ok:
