@@ -56,7 +56,7 @@ def hostile_value(r: random.Random, depth: int = 0):
     if k < 3:
         return hostile_int(r)
     if k == 3:
-        return r.choice(["", "x" * r.randrange(1, 3000), "10.77.0.2", "::1", "ff:ff:ff:ff:ff:ff", "$pd", "$qp",
+        return r.choice(["", "x" * r.randrange(1, 3000), "10.77.0.2", "10.77.0.99", "::1", "ff:ff:ff:ff:ff:ff", "$pd", "$qp",
                          "$good.qp", "native", "compat", "\u0000", "\udfff"[:0] + "é"])
     if k == 4:
         return r.choice([True, False, None])
@@ -253,7 +253,7 @@ def _json(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=True).encode("utf-8", "surrogatepass")
 
 
-STALL_S = 2.0                  # a reply later than this: the daemon's one control thread was blocked for everyone
+STALL_S = 1.5                  # a reply later than this: the daemon's one control thread was blocked for everyone
 
 
 def run_steps(d, steps: list[dict]) -> str | None:
