@@ -408,7 +408,7 @@ def after_batch(d, seed: int, case: int, fd_base: int, what: list) -> list[Findi
 
 
 def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float | None = None,
-        log=print) -> tuple[list[Finding], dict]:
+        log=lambda line: print(line, flush=True)) -> tuple[list[Finding], dict]:
     """Cases of `seed` against d's daemon A; a crash restarts both daemons and the run goes on.  Returns the
     findings (crashes, hangs, leaks, the status leak) and counts."""
     found: list[Finding] = []

@@ -497,7 +497,7 @@ def violations(c: dict) -> list[str]:
 
 
 def run(t: InprocTarget, seed: int, cases, batch: int = 4, deadline: float | None = None, minimize: bool = True,
-        log=print) -> tuple[list[Finding], dict]:
+        log=lambda line: print(line, flush=True)) -> tuple[list[Finding], dict]:
     found: list[Finding] = []
     stats = {"target": t.name, "cases": 0, "frames": 0, "crashes": 0, "hangs": 0, "violations": 0,
              "xdp_drops": {}, "plane_drops": {}, "xdp_events": {}, "minimized": 0}
