@@ -57,7 +57,11 @@ def test_describe_tags_the_shape_of_finding_2():
 
 
 def test_known_open_and_strict(monkeypatch):
+    """The signatures as written for today's findings (the list itself is emptied once the fixes are merged)."""
     monkeypatch.delenv("METAROCE_FUZZ_STRICT", raising=False)
+    monkeypatch.setattr(known, "KNOWN_OPEN", (
+        ("F2", r"SIGSEGV.*(near-2\^63|wrap)|(near-2\^63|wrap).*SIGSEGV", ""),
+        ("F3", r"RecursionError|maximum recursion depth", "")))
     assert known.classify("endpoint died: SIGSEGV\nRDMA_READ_REQUEST reth va=0x7fffffffffff0000 near-2^63 wrap") == "F2"
     assert known.classify("metaroced A died: exit 1 RecursionError: maximum recursion depth exceeded") == "F3"
     assert known.classify("endpoint died: SIGSEGV\nRDMA_WRITE_ONLY reth va=0x7f0000001000 len=8") is None
