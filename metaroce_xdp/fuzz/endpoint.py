@@ -16,8 +16,8 @@ a canary pattern.  The MRs:
            fuzzed QP may change it
   legit    PD 3, every access: the legitimate QP's; only the legitimate peer's WRITEs change it
 
-QPs: `victim` (PD 1) and `legit` (PD 3), both connected to scripted peers at PEER_IP (QPNs that exist only
-in the fuzzer).  The victim QP also has work of its own outstanding (READs and WRITEs the peer never
+QPs: `victim` (PD 1, compat), `native` (PD 1, the native profile: SACKs, NETH, credits) and `legit` (PD 3),
+each connected to a scripted peer at PEER_IP (QPNs that exist only in the fuzzer).  The victim QP also has work of its own outstanding (READs and WRITEs the peer never
 answers except with fuzzed responses), so fuzzed ACKs and READ responses meet a completer with state.
 
 Commands: {"cmd": "fix"} (the victim QP back to RTS if a packet moved it to ERR); {"cmd": "check", "legit": [[offset, hex], ...]} -> canaries, counters (the
@@ -102,20 +102,31 @@ def main() -> int:
            "foreign": pd2.reg_mr(g["foreign"].mr_view, full), "legit": pd3.reg_mr(g["legit"].mr_view, full)}
     cq = ctx.create_cq(4096)
     qps = {"victim": ctx.create_qp(pd1, cq, cq, QPCap(max_send_wr=64, max_recv_wr=256)),
-           "legit": ctx.create_qp(pd3, cq, cq, QPCap(max_send_wr=16, max_recv_wr=16))}
-    peer = {"victim": 0x5F0001, "legit": 0x5F0002}
-    psn = {"victim": 1000, "legit": 5000}
+           "legit": ctx.create_qp(pd3, cq, cq, QPCap(max_send_wr=16, max_recv_wr=16)),
+           "native": ctx.create_qp(pd1, cq, cq, QPCap(max_send_wr=64, max_recv_wr=64))}
+    peer = {"victim": 0x5F0001, "legit": 0x5F0002, "native": 0x5F0003}
+    psn = {"victim": 1000, "legit": 5000, "native": 9000}
+    # the native QP's timers far above the fuzzer's pace (as tests/test_dp_native_scripted.py); through the daemon
+    # a client may not choose rto_initial (server.CLIENT_NATIVE_PARAMS)
+    nat = {"profile": "native",
+           "native_params": {"rto_initial": 200, "rto_min": 100_000} if mode == "inproc" else {"rto_min": 100_000}}
 
     def connect(k: str) -> None:
         qp = qps[k]
         qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=full))
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer[k], rq_psn=psn[k], path_mtu=1024, dgid=peer_ip,
-                         max_dest_rd_atomic=4, min_rnr_timer=1))
+                         max_dest_rd_atomic=4, min_rnr_timer=1, **(nat if k == "native" else {})))
         qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn[k] + 100000, timeout=0, retry_cnt=7, rnr_retry=7,
                          max_rd_atomic=4))
 
-    for k in qps:
-        connect(k)
+    for k in list(qps):
+        try:
+            connect(k)
+        except Exception as e:                              # noqa: BLE001 - no native profile here: fuzz without
+            if k != "native":
+                raise
+            print(f"endpoint: no native QP ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+            del qps[k]
     vm = mrs["victim"]
     posted = 0
     resets = 0
@@ -136,6 +147,19 @@ def main() -> int:
                   send_flags=SendFlags.SIGNALED, sg_list=[SGE(vm.addr + 16384 + 2048 * i, 2048, vm.lkey)],
                   remote_addr=0x10000 + 4096 * i, rkey=0x1234) for i in range(6)]
     qps["victim"].post_send(wrs)
+    nwrs = [SendWR(wr_id=2 << 20 | i, opcode=WROpcode.RDMA_WRITE, send_flags=SendFlags.SIGNALED,
+                   sg_list=[SGE(vm.addr + 8192 + 1024 * i, 1024, vm.lkey)], remote_addr=0x20000 + 4096 * i,
+                   rkey=0x4321) for i in range(4)]
+    if "native" in qps:
+        qps["native"].post_send(nwrs)
+
+    def reset_native() -> None:
+        nonlocal resets
+        resets += 1
+        qps["native"].modify(QPAttr(qp_state=QPState.RESET))
+        psn["native"] = (psn["native"] + 7919) & 0xFFFFFF
+        connect("native")
+        qps["native"].post_send(nwrs)
 
     def reset_victim() -> None:
         """A fuzzed packet moved the victim QP to ERR (as it may): back to RTS, its work posted again."""
@@ -164,7 +188,9 @@ def main() -> int:
         if c["cmd"] == "fix":                       # between cases: the victim back to RTS if a packet ended it
             if qps["victim"].query_state() != QPState.RTS:
                 reset_victim()
-            answer({"resets": resets, "victim_psn": psn["victim"]})
+            if "native" in qps and qps["native"].query_state() != QPState.RTS:
+                reset_native()
+            answer({"resets": resets, "victim_psn": psn["victim"], "native_psn": psn["native"]})
             continue
         if c["cmd"] == "check":
             time.sleep(0.05)
@@ -176,6 +202,8 @@ def main() -> int:
             replenish()
             if qps["victim"].query_state() != QPState.RTS and c.get("reset", True):
                 reset_victim()
+            if "native" in qps and qps["native"].query_state() != QPState.RTS:
+                reset_native()
             bad = {k: x.slack_ok() for k, x in g.items()}
             changed = {k: int(np.count_nonzero(g[k].mr_view != CANARY[k])) for k in ("local", "foreign")}
             want = np.zeros(1 << 16, np.uint8)
@@ -186,7 +214,7 @@ def main() -> int:
             answer({"slack": {k: v for k, v in bad.items() if v}, "changed": {k: v for k, v in changed.items() if v},
                     "legit_diff": [int(x) for x in legit_diff[:8]], **counters(), "wc": wc_status,
                     "state": {k: q.query_state().name for k, q in qps.items()},
-                    "resets": resets, "victim_psn": psn["victim"]})
+                    "resets": resets, "victim_psn": psn["victim"], "native_psn": psn["native"]})
     ctx.close()
     if ctx2 is not ctx:
         ctx2.close()

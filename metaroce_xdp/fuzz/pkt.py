@@ -139,8 +139,23 @@ def gen_packet(r: random.Random) -> dict:
 
 def gen_case(seed: int, case: int) -> list[dict]:
     r = random.Random(f"pkt:{seed}:{case}")
+    rn = random.Random(f"pkt-native:{seed}:{case}")        # its own stream: the cases of `r` stay as they were
     n = r.choice([1, 1, 2, 3, 4, 8])
-    return [gen_packet(r) for _ in range(n)]
+    return [to_native(gen_packet(r), rn) for _ in range(n)]
+
+
+def to_native(spec: dict, rn: random.Random) -> dict:
+    """Most native opcodes go to the endpoint's native QP (its SACK, NETH and credit logic), with PSNs around
+    its own; the rest stay on the compat victim (WRONG_PROFILE)."""
+    if spec["op"] < Op.NATIVE_SEND or rn.random() < 0.2:
+        return spec
+    kind = "nspsn" if spec["op"] in (Op.NATIVE_SACK, Op.NATIVE_READ_RESP) else "nepsn"
+    spec["dest"] = "native"
+    spec["psn"] = rn.choice([[kind, 0], [kind, 0], [kind, 1], [kind, -1], [kind, rn.choice([2, 7, 31, 32, 33, 64])],
+                             [kind, -rn.randrange(1, 200)], [kind, 1 << 23], ["abs", rn.getrandbits(24)]])
+    if "sack" in spec:
+        spec["sack"] = [rn.getrandbits(32) for _ in range(rn.choice([0, 1, 2, 4, 8, 32]))]
+    return spec
 
 
 # ---- building ---------------------------------------------------------------------------------------------------
@@ -151,6 +166,8 @@ class Wire:
         self.info, self.pair = info, pair
         self.epsn = info["psn"]["victim"]                   # the victim's expected PSN, as its ACKs tell
         self.spsn = info["psn"]["victim"] + 100000          # the victim's own requests' first PSN
+        self.nepsn = info["psn"].get("native", 0)           # the same for the native QP
+        self.nspsn = self.nepsn + 100000
 
     def val(self, v, what: str) -> int:
         mr = self.info["mr"]
@@ -179,8 +196,11 @@ def build(spec: dict, w: Wire) -> bytes:
             f["bitmap_words"] = len(spec.get("sack", []))
         headers[name] = cls[name](**f)
     kind, d = spec["psn"]
-    psn = (d if kind == "abs" else (w.epsn if kind == "epsn" else w.spsn) + d) & 0xFFFFFF
-    dest = {"victim": w.info["qpn"]["victim"], "random": 0xABCDEF, "none": 0}[spec["dest"]]
+    psn = (d if kind == "abs" else {"epsn": w.epsn, "spsn": w.spsn, "nepsn": w.nepsn, "nspsn": w.nspsn}[kind] + d) \
+        & 0xFFFFFF
+    qpn = w.info["qpn"]
+    dest = {"victim": qpn["victim"], "native": qpn.get("native", qpn["victim"]), "random": 0xABCDEF,
+            "none": 0}[spec["dest"]]
     payload = bytes([spec["fill"]]) * spec["payload"]
     frame = bytearray(encode(op, src_mac=b.mac, dst_mac=a.mac, src_ip=b.ipv4, dst_ip=a.ipv4, sport=0xC0DE,
                              dest_qp=dest, psn=psn, ack_req=spec["ack_req"], headers=headers, payload=payload,
@@ -380,6 +400,8 @@ class InprocTarget:
             self.resets = c["resets"]
             self.wire.epsn = c["victim_psn"]
             self.wire.spsn = c["victim_psn"] + 100000
+            self.wire.nepsn = c.get("native_psn", 0)
+            self.wire.nspsn = self.wire.nepsn + 100000
         return c
 
     def close(self) -> None:
