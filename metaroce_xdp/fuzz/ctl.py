@@ -416,7 +416,7 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
     leak = status_leak(d)
     if leak:
         found.append(Finding("ctl", seed, -1, "leak", leak, "", {"op": "status", "uid": 65534}))
-    cases = list(cases)
+    cases = cases if isinstance(cases, range) else list(cases)     # a range stays lazy (--duration: 10^9)
     i = 0
     while i < len(cases):
         if deadline is not None and time.monotonic() > deadline:

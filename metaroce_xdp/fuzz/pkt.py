@@ -523,7 +523,7 @@ def run(t: InprocTarget, seed: int, cases, batch: int = 4, deadline: float | Non
     found: list[Finding] = []
     stats = {"target": t.name, "cases": 0, "frames": 0, "crashes": 0, "hangs": 0, "violations": 0,
              "xdp_drops": {}, "plane_drops": {}, "xdp_events": {}, "minimized": 0}
-    cases = list(cases)
+    cases = cases if isinstance(cases, range) else list(cases)     # a range stays lazy (--duration: 10^9)
     c0 = t.check()
     i = 0
     while i < len(cases):
