@@ -5,6 +5,8 @@
   --cases A:B     exactly these case numbers instead of a duration (the short form, a replay of a range)
   --out DIR       where crashes are saved, one JSON file each (default fuzz-crashes/)
   --strict        every crash fails the run, known-open findings too (METAROCE_FUZZ_STRICT=1)
+  --avoid-known   generate around the known-open findings (JSON nesting <= 800, no VA near 2^63), to look
+                  past them on a branch where they are still open (METAROCE_FUZZ_AVOID_KNOWN=1)
   --json FILE     the summary (inputs tried, crashes, hangs, drops by reason) as JSON
   --target T      pkt: inproc (the compiled plane in a child process), daemon (through metaroced), both
   --boundscheck D pkt: the compiled plane with NUMBA_BOUNDSCHECK=1, its numba cache in D (cold: minutes)
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=store.DEFAULT_DIR)
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--avoid-known", action="store_true",
+                    help="generate around the known-open findings (nesting <= 800, no VA near 2^63): look past them")
     ap.add_argument("--target", choices=["inproc", "daemon", "both"], default="both",
                     help="pkt: the compiled plane in process, through metaroced, or both (the time split)")
     ap.add_argument("--boundscheck", metavar="CACHE_DIR", default=None,
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.strict:
         os.environ["METAROCE_FUZZ_STRICT"] = "1"
+    if a.avoid_known:
+        os.environ["METAROCE_FUZZ_AVOID_KNOWN"] = "1"
     if a.what == "replay":
         return replay(a.file)
     seed = a.seed if a.seed is not None else int(time.time()) % 1_000_000

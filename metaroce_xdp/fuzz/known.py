@@ -29,6 +29,21 @@ KNOWN_OPEN: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def avoid() -> bool:
+    """Generate around the known-open findings (METAROCE_FUZZ_AVOID_KNOWN=1, --avoid-known): JSON nesting at most
+    800 deep (F3), no address within 2^32 below 2^63 or 2^64 (F2), so that a long run on a branch where they are
+    still open spends its time looking past them.  The rest of each case is as without it."""
+    return os.environ.get("METAROCE_FUZZ_AVOID_KNOWN", "") not in ("", "0")
+
+
+def near_2_63(v) -> bool:
+    """An address of finding 2's shape: within 2^32 below 2^63, or below 2^64 (negative as int64)."""
+    if not isinstance(v, int):
+        return False
+    v %= 1 << 64
+    return (1 << 63) - (1 << 32) <= v < (1 << 63) or v >= (1 << 64) - (1 << 32)
+
+
 def strict() -> bool:
     """Every crash is a failure: after the merge (METAROCE_FUZZ_STRICT=1)."""
     return os.environ.get("METAROCE_FUZZ_STRICT", "") not in ("", "0")
