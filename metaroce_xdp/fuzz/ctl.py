@@ -394,7 +394,10 @@ def status_leak(d) -> str | None:
     return None
 
 
-def after_batch(d, seed: int, case: int, fd_base: int, what: list) -> list[Finding]:
+RSS_GROWTH = 64 << 20          # the daemon's memory may grow this much in one batch (its hostile clients all gone)
+
+
+def after_batch(d, seed: int, case: int, fd_base: int, what: list, rss_base: int = -1) -> list[Finding]:
     out: list[Finding] = []
     ok, why = d.alive("A")
     if not ok:
@@ -412,6 +415,10 @@ def after_batch(d, seed: int, case: int, fd_base: int, what: list) -> list[Findi
     if fd_base > 0 and n > fd_base + 8:
         out.append(Finding("ctl", seed, case, "leak", f"metaroced holds {n} fds after the batch, {fd_base} before "
                            "(hostile connections all closed)", "", {"batch": what}))
+    m = d.rss("A")
+    if rss_base > 0 and m - rss_base > RSS_GROWTH:
+        out.append(Finding("ctl", seed, case, "leak", f"metaroced's RSS grew from {rss_base >> 20} to {m >> 20} MiB "
+                           "in one batch (hostile connections all closed)", "", {"batch": what}))
     return out
 
 
@@ -431,7 +438,7 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
             break
         chunk = cases[i:i + batch]
         i += batch
-        fd_base = d.fds("A")
+        fd_base, rss_base = d.fds("A"), d.rss("A")
         for c in chunk:
             steps = gen_case(seed, c)
             stats["cases"] += 1
@@ -473,7 +480,7 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
                 d.restart()
                 stats["restarts"] += 1
                 fd_base = -1
-        for f in after_batch(d, seed, chunk[-1], fd_base, chunk):
+        for f in after_batch(d, seed, chunk[-1], fd_base, chunk, rss_base if fd_base > 0 else -1):
             found.append(f)
             stats["hangs" if f.kind == "hang" else "leaks"] = stats.get("hangs" if f.kind == "hang" else "leaks", 0) + 1
             log(f.line())

@@ -105,6 +105,17 @@ class Daemons:
         except OSError:
             return -1
 
+    def rss(self, h: str = "A") -> int:
+        """The daemon's resident memory in bytes (-1: gone)."""
+        try:
+            with open(f"/proc/{self.pid(h)}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return -1
+
     def stop(self, h: str) -> None:
         p = self.procs.pop(h, None)
         if p is None:
