@@ -448,7 +448,7 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
                 slow = run_steps(d, steps)
             except Exception as e:                   # noqa: BLE001 - a fuzzer bug, not the daemon's; say so
                 log(f"ctl: case {c}: the fuzzer itself failed: {type(e).__name__}: {e}")
-            if slow and d.alive("A")[0]:
+            if slow and d.alive("A", wait=8.0)[0]:       # not a daemon on its way out (it drains first)
                 f = Finding("ctl", seed, c, "hang", slow, describe(steps), {"steps": steps})
                 found.append(f)
                 stats["hangs"] += 1
