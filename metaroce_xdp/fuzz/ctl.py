@@ -288,16 +288,18 @@ def run_steps(d, steps: list[dict]) -> str | None:
             conn = conns[c]
             data = bytes.fromhex(st["raw"]) if "raw" in st else _json(conn.sub(st["msg"], good))
             fds = make_fds(st.get("fds"))
+            sent = False
             try:
                 conn.send(data, fds)
-            except OSError as e:
+                sent = True
+            except OSError as e:                    # too large for one datagram, or the daemon dropped us
                 if e.errno not in (errno.EMSGSIZE, errno.EPIPE, errno.ECONNRESET, errno.ENOBUFS, errno.EAGAIN,
                                    errno.ETOOMANYREFS):
                     raise
             finally:
                 for fd in fds:
                     os.close(fd)
-            if not st.get("noreply"):
+            if sent and not st.get("noreply"):
                 t0 = time.monotonic()
                 conn.reply()
                 dt = time.monotonic() - t0
