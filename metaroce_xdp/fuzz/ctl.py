@@ -515,9 +515,10 @@ def describe(steps: list[dict]) -> str:
 
 
 def _last_exc(text: str) -> str:
-    """The exception line of the last traceback in a log tail."""
-    lines = [ln for ln in text.splitlines() if ln and not ln.startswith((" ", "Traceback"))]
-    for ln in reversed(lines):
-        if "Error" in ln or "Exception" in ln:
-            return ln.strip()[:300]
-    return ""
+    """The exception line of the last traceback in a log tail: its last unindented line."""
+    lines = text.splitlines()
+    start = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback")), default=None)
+    if start is None:
+        return ""
+    tail = [ln for ln in lines[start + 1:] if ln and not ln.startswith(" ") and not ln.startswith("During handling")]
+    return tail[-1].strip()[:300] if tail else ""
