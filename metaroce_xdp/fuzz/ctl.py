@@ -166,6 +166,21 @@ def gen_case(seed: int, case: int) -> list[dict]:
         steps.append(st)
     if kind == "abandon":
         steps += [{"conn": c, "close": True} for c in range(nconn) if r.random() < 0.5]
+    rq = random.Random(f"ctl-qp:{seed}:{case}")          # a stream of its own: the rest of the case as it was
+    if kind == "ops" and rq.random() < 0.3:
+        # a QP through INIT to RTR with hostile path attributes (a neighbour that never answers: N1)
+        c = rq.randrange(nconn)
+        steps += [{"conn": c, "msg": {"op": "create_qp", "pd": "$pd", "send_cq": "$cq", "recv_cq": "$cq",
+                                      "max_send_wr": 4, "max_recv_wr": 4}},
+                  {"conn": c, "msg": {"op": "modify_qp", "qp": "$qp", "attr": {"qp_state": 1, "qp_access_flags": 15}}},
+                  {"conn": c, "msg": {"op": "modify_qp", "qp": "$qp", "attr": {
+                      "qp_state": 2, "dest_qp_num": rq.choice([0, 1, "$good.qpn", rq.getrandbits(24)]),
+                      "rq_psn": rq.getrandbits(24), "path_mtu": rq.choice([256, 1024, 4096, 0, 3, 1 << 20]),
+                      "dgid": rq.choice(["10.77.0.2", "10.77.0.99", "10.77.0.255", "10.77.0.0", "fd77::2", "fe80::1",
+                                         "::ffff:10.77.0.2", "10.77.0.2%mr0", "1.2.3.4"]),
+                      "max_dest_rd_atomic": rq.choice([0, 1, 16, 255]), "min_rnr_timer": rq.randrange(32)}}}]
+        if known.avoid() and steps[-1]["msg"]["attr"]["dgid"] == "10.77.0.99":
+            steps[-1]["msg"]["attr"]["dgid"] = "10.77.0.2"
     return steps
 
 
@@ -450,7 +465,7 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
                 slow = run_steps(d, steps)
             except Exception as e:                   # noqa: BLE001 - a fuzzer bug, not the daemon's; say so
                 log(f"ctl: case {c}: the fuzzer itself failed: {type(e).__name__}: {e}")
-            if slow and d.alive("A", wait=8.0)[0]:       # not a daemon on its way out (it drains first)
+            if slow and d.alive("A", wait=3.0)[0]:       # not a daemon on its way out (it drains first)
                 f = Finding("ctl", seed, c, "hang", slow, describe(steps), {"steps": steps})
                 found.append(f)
                 stats["hangs"] += 1

@@ -35,7 +35,8 @@ KNOWN_OPEN: tuple[tuple[str, str, str], ...] = (
 
 def avoid() -> bool:
     """Generate around the known-open findings (METAROCE_FUZZ_AVOID_KNOWN=1, --avoid-known): JSON nesting at most
-    800 deep (F3), no address within 2^32 below 2^63 or 2^64 (F2), so that a long run on a branch where they are
+    800 deep (F3), no address within 2^32 below 2^63 or 2^64 (F2), no QP aimed at the neighbour that never
+    answers (N1), so that a long run on a branch where they are
     still open spends its time looking past them.  The rest of each case is as without it."""
     return os.environ.get("METAROCE_FUZZ_AVOID_KNOWN", "") not in ("", "0")
 
