@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
 
 SEED = int(os.environ.get("METAROCE_FUZZ_SEED", "1"))
-CTL_CASES = range(0, 8)          # seed 1: raw (nested: finding 3 today), ops, fds, ring, flood
+CTL_CASES = [*range(0, 8), 57]   # seed 1: raw (nested: finding 3 today), ops, fds, ring, flood; 57: a QP aimed at a
+#                                  silent neighbour (N1 today)
 PKT_CASES = range(0, 120)        # seed 1: ~400 frames against the compiled plane in a child process
 DAEMON_PKT_CASES = range(140, 164)   # seed 1: the same generator through metaroced (case 151: finding 2 today)
 

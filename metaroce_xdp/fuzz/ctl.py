@@ -175,10 +175,10 @@ def gen_case(seed: int, case: int) -> list[dict]:
                   {"conn": c, "msg": {"op": "modify_qp", "qp": "$qp", "attr": {"qp_state": 1, "qp_access_flags": 15}}},
                   {"conn": c, "msg": {"op": "modify_qp", "qp": "$qp", "attr": {
                       "qp_state": 2, "dest_qp_num": rq.choice([0, 1, "$good.qpn", rq.getrandbits(24)]),
-                      "rq_psn": rq.getrandbits(24), "path_mtu": rq.choice([256, 1024, 4096, 0, 3, 1 << 20]),
+                      "rq_psn": rq.getrandbits(24), "path_mtu": rq.choice([1024, 1024, 1024, 256, 4096, 0, 3]),
                       "dgid": rq.choice(["10.77.0.2", "10.77.0.99", "10.77.0.255", "10.77.0.0", "fd77::2", "fe80::1",
                                          "::ffff:10.77.0.2", "10.77.0.2%mr0", "1.2.3.4"]),
-                      "max_dest_rd_atomic": rq.choice([0, 1, 16, 255]), "min_rnr_timer": rq.randrange(32)}}}]
+                      "max_dest_rd_atomic": rq.choice([1, 1, 4, 0, 16, 255]), "min_rnr_timer": rq.randrange(32)}}}]
         if known.avoid() and steps[-1]["msg"]["attr"]["dgid"] == "10.77.0.99":
             steps[-1]["msg"]["attr"]["dgid"] = "10.77.0.2"
     return steps
