@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak clean conformance conformance-rxe install
+.PHONY: setup test demo bench soak fuzz clean conformance conformance-rxe install
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -27,6 +27,25 @@ bench: setup
 SOAK_ARGS ?=
 soak: setup
 	$(PY) -m tools.soak $(SOAK_ARGS)
+
+# The fuzzers' long form (docs/fuzzing.md): the control protocol against a live metaroced, then packets
+# against the compiled plane, FUZZ_DURATION seconds in all (default 1800), then FUZZ_BC_CASES packet cases
+# with numba's bounds checking (its own cache in FUZZ_BC_CACHE; cold, it compiles the plane again: minutes).
+# Crashes land in FUZZ_OUT/, one replayable JSON file each (python -m metaroce_xdp.fuzz replay FILE); the
+# summary in FUZZ_OUT/summary.json.  FUZZ_SEED repeats a run; FUZZ_ARGS=--strict fails on known-open findings
+# too.  The short form runs in `make test` (tests/test_fuzz_live.py).
+FUZZ_DURATION ?= 1800
+FUZZ_SEED     ?= $(shell date +%s)
+FUZZ_OUT      ?= fuzz-crashes
+FUZZ_BC_CACHE ?= $(HOME)/.cache/metaroce/numba-boundscheck
+FUZZ_BC_CASES ?= 0:400
+FUZZ_ARGS     ?=
+fuzz: setup
+	$(PY) -m metaroce_xdp.fuzz all --duration $(FUZZ_DURATION) --seed $(FUZZ_SEED) --out $(FUZZ_OUT) \
+		--json $(FUZZ_OUT)/summary.json $(FUZZ_ARGS); a=$$?; \
+	$(PY) -m metaroce_xdp.fuzz pkt --cases $(FUZZ_BC_CASES) --seed $(FUZZ_SEED) --out $(FUZZ_OUT) \
+		--boundscheck $(FUZZ_BC_CACHE) --json $(FUZZ_OUT)/summary-boundscheck.json $(FUZZ_ARGS); \
+	exit $$(( a | $$? ))
 
 # The conformance suite (spec 09) against the reference implementation in namespaces it builds;
 # reports in conformance-report/ (JSON Lines, JUnit XML, Markdown, HTML, pcaps).  docs/conformance.md
