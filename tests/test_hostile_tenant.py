@@ -11,7 +11,9 @@ Each case is one finding of issue 19 and failed on the code before its fix (d96a
   9   a hugetlb memfd is refused at reg_mr (a punched hole faults under the daemon's mapping once the huge page
       pool is empty: SIGBUS); a hole punched in a plain memfd MR refaults as zeros and harms nobody else
   N1  an RTR towards an address that never answers ARP held the serving thread for 2 s (failed on 71acc19)
-  N2  a client that sends requests and reads no reply held the serving thread 0.5 s, then was dropped
+  N2  (found by the control fuzzer) a request whose id nearly fills MAX_MSG: the error reply echoing it was
+      too large too, and its MalformedRequest escaped; the daemon exited (failed on 2ef1220)
+  N3  a client that sends requests and reads no reply held the serving thread 0.5 s, then was dropped
       (failed on 3bbf04e); 10: with it, events beyond the per-client limit are counted and told (EVENTS_LOST)
 """
 from __future__ import annotations
@@ -114,6 +116,20 @@ def test_nested_and_oversized_messages_cost_their_sender_only(env):
     assert env.daemon_alive("A")
     st = env.status("A")["daemon"]
     assert st["refused"].get("MalformedRequest", 0) >= 4 and st["refused"].get("PermissionDenied", 0) >= 1, st
+    _transfer_works(env)
+
+
+def test_a_request_id_too_large_to_echo_costs_nothing(env):
+    """N2, found by the control fuzzer (metaroce_xdp/fuzz/ctl.py): the reply echoes the request's id, so a 65,500
+    byte id made the reply too large, and the error reply that echoed the same id raised outside any handler.
+    Before: the client's connection was dropped (2ef1220) or the daemon exited (d96aa28)."""
+    path = env.sock("A")
+    s = _raw(path)
+    r = _ask(s, json.dumps({"op": "nope", "id": "x" * 65500}).encode())
+    assert not r["ok"] and r["error"] == "MalformedRequest" and r["id"] is None, {k: str(v)[:80] for k, v in r.items()}
+    assert _ask(s, b'{"op": "hello", "id": 7}')["ok"]          # the connection itself goes on
+    s.close()
+    assert env.daemon_alive("A")
     _transfer_works(env)
 
 

@@ -271,7 +271,10 @@ class Session:
         try:
             data = proto.encode(obj, limit)
         except proto.MalformedRequest as e:             # our reply too large: say so instead
-            data = proto.encode(proto.error_reply(e, obj.get("id")))
+            try:
+                data = proto.encode(proto.error_reply(e, obj.get("id")))
+            except proto.MalformedRequest:              # the id itself nearly fills MAX_MSG (fuzzer N2): not echoed
+                data = proto.encode(proto.error_reply(e, None))
             fds = ()
         with self.send_lock:
             if self.outbox:
