@@ -315,15 +315,38 @@ def run_steps(d, steps: list[dict]) -> str | None:
                 for fd in fds:
                     os.close(fd)
             if sent and not st.get("noreply"):
-                t0 = time.monotonic()
-                conn.reply()
-                dt = time.monotonic() - t0
-                if dt > STALL_S and slow is None and d.alive("A")[0]:
-                    slow = f"a reply took {dt:.1f} s (the control thread was blocked): {json.dumps(st)[:300]}"
+                # A request may wait for its own answer (an RTR whose peer's MAC is unknown waits on a thread of
+                # its own, up to 2 s: N1's fix); a stall is the control thread not answering anyone else meanwhile.
+                conn.s.settimeout(STALL_S)
+                got = conn.reply()
+                conn.s.settimeout(STALL_S + 3.0)
+                if got is None and slow is None and d.alive("A")[0]:
+                    dt = probe(d)
+                    if dt is None or dt > STALL_S:
+                        slow = (f"another client's hello was answered after "
+                                f"{'no reply' if dt is None else f'{dt:.1f} s'} while this request waited "
+                                f"(the control thread was blocked): {json.dumps(st)[:300]}")
+                    conn.reply()                        # the rest of its own wait
     finally:
         for conn in conns.values():
             conn.close()
     return slow
+
+
+def probe(d) -> float | None:
+    """Seconds a fresh client waits for the answer to a hello (None: no answer within STALL_S + 3 s)."""
+    try:
+        c = Conn(d.sock("A"))
+    except OSError:
+        return None
+    try:
+        t0 = time.monotonic()
+        c.send(_json({"op": "hello", "id": 1}), [])
+        return time.monotonic() - t0 if c.reply() is not None else None
+    except OSError:
+        return None
+    finally:
+        c.close()
 
 
 def run_ring(d, st: dict, good: dict) -> None:
