@@ -307,6 +307,15 @@ def run_steps(d, steps: list[dict]) -> str | None:
             try:
                 conn.send(data, fds)
                 sent = True
+            except TimeoutError:
+                # the daemon reads no request of a client whose replies wait in its outbox (a client that does not
+                # read costs itself only): this connection is back-pressured; others must still be served
+                dt = probe(d) if slow is None and d.alive("A")[0] else 0.0
+                if dt is None or dt > STALL_S:
+                    slow = (f"a client's sends blocked and another client's hello was answered after "
+                            f"{'no reply' if dt is None else f'{dt:.1f} s'}: {json.dumps(st)[:300]}")
+                conns.pop(c).close()
+                continue
             except OSError as e:                    # too large for one datagram, or the daemon dropped us
                 if e.errno not in (errno.EMSGSIZE, errno.EPIPE, errno.ECONNRESET, errno.ENOBUFS, errno.EAGAIN,
                                    errno.ETOOMANYREFS):
