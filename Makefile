@@ -30,14 +30,14 @@ soak: setup
 
 # The fuzzers' long form (docs/fuzzing.md): the control protocol against a live metaroced, then packets
 # against the compiled plane, FUZZ_DURATION seconds in all (default 1800), then FUZZ_BC_CASES packet cases
-# with numba's bounds checking (its own cache in FUZZ_BC_CACHE; cold, it compiles the plane again: minutes).
+# with numba's bounds checking (its own cache in FUZZ_BC_CACHE, which setup warms beside the plain one).
 # Crashes land in FUZZ_OUT/, one replayable JSON file each (python -m metaroce_xdp.fuzz replay FILE); the
 # summary in FUZZ_OUT/summary.json.  FUZZ_SEED repeats a run; FUZZ_ARGS=--strict fails on known-open findings
 # too.  The short form runs in `make test` (tests/test_fuzz_live.py).
 FUZZ_DURATION ?= 1800
 FUZZ_SEED     ?= $(shell date +%s)
 FUZZ_OUT      ?= fuzz-crashes
-FUZZ_BC_CACHE ?= $(HOME)/.cache/metaroce/numba-boundscheck
+FUZZ_BC_CACHE ?= .cache/numba-boundscheck
 FUZZ_BC_CASES ?= 0:400
 FUZZ_ARGS     ?=
 fuzz: setup

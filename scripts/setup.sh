@@ -12,7 +12,8 @@
 #      matplotlib for `make bench`'s plots)
 #   5. a smoke check: BCC compiles and loads an XDP program
 #   6. `metaroce warmup`: the data path's numba functions compiled into numba's on-disk
-#      cache, so the first endpoint does not compile while its QPs are live
+#      cache, so the first endpoint does not compile while its QPs are live; beside it the same
+#      with NUMBA_BOUNDSCHECK=1 into .cache/numba-boundscheck (the bounds-checked fuzz pass)
 set -euo pipefail
 
 VENV="${VENV:-.venv}"
@@ -106,4 +107,14 @@ step "ok: BCC compiles and loads XDP programs"
 
 # 6. numba data path compiled ahead (a compile on a live QP outlasts the peer's ACK timeout)
 step "compiling the data path into numba's cache (metaroce warmup; 3-4 minutes when cold on 2 CPUs, seconds when warm)"
-"$VENV/bin/python" -m tools.metaroce_cli warmup -q || die "metaroce warmup failed: see the error above"
+# ... and, on the other CPU meanwhile (numba compiles on one), the same code with numba's bounds checking into a
+# cache of its own (.cache/numba-boundscheck: the flag is not in numba's cache key), for the bounds-checked
+# packet fuzz of `make test` and `make fuzz` (docs/fuzzing.md, "Bounds checking")
+BC_CACHE="$(pwd)/.cache/numba-boundscheck"
+mkdir -p "$BC_CACHE"
+NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR="$BC_CACHE" "$VENV/bin/python" -m tools.metaroce_cli warmup -q \
+    > "$BC_CACHE/warmup.log" 2>&1 &
+BC_PID=$!
+"$VENV/bin/python" -m tools.metaroce_cli warmup -q || { kill "$BC_PID" 2>/dev/null; die "metaroce warmup failed: see the error above"; }
+wait "$BC_PID" || die "the bounds-checked warmup failed: see $BC_CACHE/warmup.log"
+tail -n 1 "$BC_CACHE/warmup.log" | sed 's/^/  bounds-checked: /'

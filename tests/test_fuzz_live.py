@@ -56,3 +56,25 @@ def test_packets_short(tmp_path, target, cases):
     assert stats["cases"] == len(cases)
     assert sum(stats["xdp_drops"].values()) > 0 and stats["xdp_events"].get("STEERED", 0) > 0
     _judge(found, tmp_path, f"pkt ({target})")
+
+
+BC_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "numba-boundscheck")
+BC_CASES = range(0, 60)          # seed 1: ~200 frames
+
+
+def test_packets_short_with_bounds_checking(tmp_path):
+    """Issue 19: the compiled plane runs once in make test with numba's bounds checking on
+    (NUMBA_BOUNDSCHECK=1), so an array index out of range raises IndexError in the endpoint's thread (a hang
+    finding with the traceback) instead of reading or writing past a table.  Its cache is the one make setup
+    warms beside the plain one (scripts/setup.sh; cold, the endpoint compiles for minutes first).  Raw-pointer
+    placement is not covered by bounds checking: the guard pages and canaries are."""
+    from metaroce_xdp.fuzz import pkt
+    t = pkt.InprocTarget(prefix="fzb", env=pkt.boundscheck_env(BC_CACHE))
+    try:
+        found, stats = pkt.run(t, SEED, BC_CASES, minimize=False)
+        print(stats)
+        assert t.legit_write() is None, "after the run the legitimate QP must still take a WRITE"
+    finally:
+        t.close()
+    assert stats["cases"] == len(BC_CASES)
+    _judge(found, tmp_path, "pkt (inproc, NUMBA_BOUNDSCHECK=1)")
