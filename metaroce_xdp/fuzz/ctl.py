@@ -34,6 +34,7 @@ import time
 
 from ..daemon import proto, shm
 from . import known
+from .harness import batches
 from .store import Finding
 
 OPS = ("hello", "status", "open_device", "alloc_pd", "dealloc_pd", "reg_mr", "dereg_mr", "create_cq", "destroy_cq",
@@ -480,13 +481,15 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
     leak = status_leak(d)
     if leak:
         found.append(Finding("ctl", seed, -1, "leak", leak, "", {"op": "status", "uid": 65534}))
-    cases = cases if isinstance(cases, range) else list(cases)     # a range stays lazy (--duration: 10^9)
-    i = 0
-    while i < len(cases):
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        chunk = cases[i:i + batch]
-        i += batch
+
+    def restarted(f: Finding, kind: str) -> None:          # a finding that cost the daemon: start it again
+        found.append(f)
+        stats[kind] += 1
+        log(f.line())
+        d.restart()
+        stats["restarts"] += 1
+
+    for chunk in batches(cases, batch, deadline):
         fd_base, rss_base = d.fds("A"), d.rss("A")
         for c in chunk:
             steps = gen_case(seed, c)
@@ -511,23 +514,13 @@ def run(d, seed: int, cases: range | list[int], batch: int = 8, deadline: float 
                 if err or dt > 2.0:
                     ok, why = d.alive("A", wait=8.0)          # stopping (an uncaught exception drains first)?
                 if (err or dt > 2.0) and ok:
-                    f = Finding("ctl", seed, c, "hang", err or f"well-behaved WRITE took {dt:.1f} s after the case",
-                                describe(steps), {"steps": steps})
-                    found.append(f)
-                    stats["hangs"] += 1
-                    log(f.line())
-                    d.restart()
-                    stats["restarts"] += 1
+                    restarted(Finding("ctl", seed, c, "hang", err or f"well-behaved WRITE took {dt:.1f} s after the "
+                                      "case", describe(steps), {"steps": steps}), "hangs")
                     fd_base = -1
                     continue
             if not ok:
-                f = Finding("ctl", seed, c, "crash", why.splitlines()[0] + " " + _last_exc(why), describe(steps) + "\n" + why,
-                            {"steps": steps})
-                found.append(f)
-                stats["crashes"] += 1
-                log(f.line())
-                d.restart()
-                stats["restarts"] += 1
+                restarted(Finding("ctl", seed, c, "crash", why.splitlines()[0] + " " + _last_exc(why),
+                                  describe(steps) + "\n" + why, {"steps": steps}), "crashes")
                 fd_base = -1
         for f in after_batch(d, seed, chunk[-1], fd_base, chunk, rss_base if fd_base > 0 else -1):
             found.append(f)

@@ -27,6 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
+def batches(cases, batch: int, deadline: float | None):
+    """`cases` in chunks of `batch` until the monotonic `deadline` (None: all).  A range stays lazy (--duration
+    hands in 10^9 case numbers)."""
+    cases = cases if isinstance(cases, range) else list(cases)
+    for i in range(0, len(cases), batch):
+        if deadline is not None and time.monotonic() > deadline:
+            return
+        yield cases[i:i + batch]
+
+
 def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)       # PR_SET_PDEATHSIG
 

@@ -31,7 +31,7 @@ from ..wire.icrc import icrc_bytes, icrc_ref
 from ..wire.opcodes import Op, OpMask
 from ..wire.packet import inet_checksum
 from . import known
-from .harness import ROOT, die_with_parent, signame
+from .harness import ROOT, batches, die_with_parent, signame
 from .store import Finding
 
 PACKET_OUTGOING = 4
@@ -531,14 +531,8 @@ def run(t: InprocTarget, seed: int, cases, batch: int = 4, deadline: float | Non
     found: list[Finding] = []
     stats = {"target": t.name, "cases": 0, "frames": 0, "crashes": 0, "hangs": 0, "violations": 0,
              "xdp_drops": {}, "plane_drops": {}, "xdp_events": {}, "minimized": 0}
-    cases = cases if isinstance(cases, range) else list(cases)     # a range stays lazy (--duration: 10^9)
     c0 = t.check()
-    i = 0
-    while i < len(cases):
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        chunk = cases[i:i + batch]
-        i += batch
+    for chunk in batches(cases, batch, deadline):
         sent = 0
         crashed = False
         for c in chunk:
