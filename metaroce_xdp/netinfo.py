@@ -342,18 +342,22 @@ class PathResolver:
             return None
         return NextHop(_norm(dst), via, self.ifname, self.index, src, mac)
 
-    def _resolve(self, dst: str, timeout: float) -> NextHop:
+    def _until_resolved(self, lookup, route, dst: str, timeout: float) -> NextHop:
+        """Poll `lookup` (each call probes) until the next hop's MAC is known or `timeout` passes."""
         deadline = time.monotonic() + timeout
         while True:
-            hop = self._lookup(dst)
+            hop = lookup(dst)
             if hop is not None:
                 return hop
             if time.monotonic() >= deadline:
-                via, _ = self._route(dst)
+                via, _ = route(dst)
                 what = f"the gateway {via} (next hop to {dst})" if via else dst
                 raise NetInfoError(f"could not resolve the MAC of {what} on {self.ifname} within {timeout}s: "
                                    f"is it up? (see `ip neigh show dev {self.ifname}`)")
             time.sleep(0.02)
+
+    def _resolve(self, dst: str, timeout: float) -> NextHop:
+        return self._until_resolved(self._lookup, self._route, dst, timeout)
 
     # -- the API (any thread) ------------------------------------------------------------
     def route(self, dst: str) -> tuple[str | None, str | None]:
@@ -375,6 +379,11 @@ class PathResolver:
     def resolve(self, dst: str, timeout: float = 2.0) -> NextHop:
         """The path to dst, waiting up to `timeout` seconds for the kernel to resolve the next hop."""
         return self._call(self._resolve, dst, timeout, timeout=timeout + 30)
+
+    def wait(self, dst: str, timeout: float = 2.0) -> NextHop:
+        """resolve() polled from the caller's thread, one lookup() at a time: the resolver's thread is never held
+        for the wait (metaroced's RTR worker, issue 19 N1)."""
+        return self._until_resolved(self.lookup, self.route, dst, timeout)
 
 
 def resolve_next_hop(dst: str, ifname: str, timeout: float = 2.0) -> NextHop:

@@ -46,7 +46,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import __version__, cm
-from ..netinfo import NetInfoError
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
 from . import caps, proto, shm
 from .config import ConfigError, DaemonConfig
@@ -1547,16 +1546,7 @@ class Daemon:
         if paths.lookup(dgid) is not None:      # never waits for ARP/ND; sends one probe when the MAC is unknown
             return
 
-        def wait() -> None:
-            deadline = time.monotonic() + PATH_WAIT_S
-            while paths.lookup(dgid) is None:
-                if time.monotonic() >= deadline:
-                    via, _ = paths.route(dgid)
-                    what = f"the gateway {via} (next hop to {dgid})" if via else dgid
-                    raise NetInfoError(f"could not resolve the MAC of {what} on {dev.ifname} within {PATH_WAIT_S}s: "
-                                       f"is it up? (see `ip neigh show dev {dev.ifname}`)")
-                time.sleep(0.02)
-        raise _Wait(f"the MAC of {dgid}", wait)
+        raise _Wait(f"the MAC of {dgid}", lambda: paths.wait(dgid, PATH_WAIT_S))
 
     def _check_path_free(self, dev: Device, q: SQP, dgid: Any, dest_qp: Any) -> None:
         """No two live QPs of an interface aimed at the same remote QP: BTH carries no source QPN and the peer
