@@ -93,3 +93,23 @@ def _jit_unsealed_for_compiled_unit_tests(request):
     from metaroce_xdp import jitwarm
     with jitwarm.unsealed():
         yield
+
+
+# Loop pairs on the compiled plane (tests/dp_players.py): one switched topology per test module, a fresh pair of
+# connected QPs per call, torn down after each test.
+@pytest.fixture(scope="module")
+def _dp_loop_pairs():
+    from dp_players import LoopPairs
+    pairs = LoopPairs()
+    try:
+        yield pairs
+    finally:
+        pairs.close()
+
+
+@pytest.fixture
+def dp_loop(_dp_loop_pairs):
+    try:
+        yield _dp_loop_pairs
+    finally:
+        _dp_loop_pairs.end_test()

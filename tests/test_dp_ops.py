@@ -14,7 +14,7 @@ import pytest
 
 from dp_players import FULL, collect, connected, drive, make_pair, opened
 from metaroce_xdp.dp import layout as L
-from metaroce_xdp.rc.events import EventType
+from metaroce_xdp.verbs_types import EventType
 from metaroce_xdp.verbs_types import (SGE, Access, Busy, InvalidArgument, QPAttr, QPState, RecvWR, SendFlags,
                                       SendWR, WCFlags, WCOpcode, WCStatus, WROpcode)
 

@@ -13,7 +13,7 @@ import pytest
 
 from dp_players import FULL, collect, make_pair, opened
 from metaroce_xdp.dp import layout as L
-from metaroce_xdp.rc.events import EventType
+from metaroce_xdp.verbs_types import EventType
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 
 pytestmark = [pytest.mark.netns,

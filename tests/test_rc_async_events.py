@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from metaroce_xdp.rc.engine import Context
-from metaroce_xdp.rc.events import (IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EVENT_QP_ACCESS_ERR,
+from metaroce_xdp.verbs_types import (IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EVENT_QP_ACCESS_ERR,
                                     IBV_EVENT_QP_FATAL, IBV_EVENT_SQ_DRAINED, AsyncEvent, AsyncEventQueue,
                                     EventType)
 from metaroce_xdp.rc.port import LoopPort

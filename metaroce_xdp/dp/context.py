@@ -32,7 +32,7 @@ import numpy as np
 from collections import deque
 
 from ..compchannel import CompChannelBase
-from ..rc.events import AsyncEvent, AsyncEventQueue, EventType
+from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType
 from ..rc.memory import as_u8
 from ..rc.pathwatch import PathWatch
 from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,

@@ -34,7 +34,7 @@ from .burst import peek_bth, rx_write_run, tx_segment
 from .requester import ACKREQ_EVERY
 from ..wire.errors import MalformedPacket
 from ..wire.fastpath import TABLES, build_frame, frame_icrc_ok, make_template
-from .events import AsyncEvent, AsyncEventQueue, EventType
+from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType
 from .memory import MR, PD, KeyTable, as_u8
 from .pathwatch import PathWatch
 from .qp import ACK_STATES, QP, REQ_STATES

@@ -14,7 +14,7 @@ from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidStat
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCOpcode, WCStatus, WROpcode)
 from ..wire.opcodes import MI
 from .completer import Completer
-from .events import EventType
+from ..verbs_types import EventType
 from .dcqcn import Dcqcn
 from .requester import Requester
 from .responder import Responder

@@ -22,7 +22,7 @@ from ..wire.opcodes import MI, Op
 from ..wire.psn import PSN_MASK, psn_diff
 from ..wire.fastpath import TABLES
 from .burst import rx_skip_run, rx_write_run
-from .events import EventType
+from ..verbs_types import EventType
 from .wqe import scatter
 
 if TYPE_CHECKING:
