@@ -18,7 +18,7 @@ import pytest
 
 from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.wire.packet import decode
-from rc_players import PortTap, is_roce_v4
+from wire_players import PortTap, is_roce_v4
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dp_players import FULL, collect, make_switched, opened
-from rc_players import PortTap
+from wire_players import PortTap
 from metaroce_xdp import cm
 from metaroce_xdp.native import layout as NL
 from metaroce_xdp.verbs_types import (InvalidArgument, QPAttr, QPState, SendFlags, SendWR, WCStatus, WROpcode)

@@ -20,7 +20,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
 from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
-from rc_players import ScriptedQP, scripted_dp_wire
+from wire_players import ScriptedQP, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]

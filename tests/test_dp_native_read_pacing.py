@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dp_players import FULL, make_switched, opened
-from rc_players import PortTap
+from wire_players import PortTap
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
 
 pytestmark = [pytest.mark.netns,

@@ -1,5 +1,5 @@
 """A native QP of the compiled data plane (real XDP program and AF_XDP socket on veth) against a scripted peer
-(rc_players.scripted_wire: a raw socket in the other namespace, nothing there answers but the script):
+(wire_players.scripted_wire: a raw socket in the other namespace, nothing there answers but the script):
 
 * MR-SACK-034: NAK-type SACKs with the invalid request, remote access and remote operational error syndromes
   sent to a native requester: the work requests before the NAK'd PSN complete, the one holding it fails
@@ -17,7 +17,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, SACKETH, Op, encode
-from rc_players import ScriptedQP, scripted_dp_wire
+from wire_players import ScriptedQP, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]

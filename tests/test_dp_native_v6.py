@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dp_players import FULL, Side, collect
-from rc_players import PortTap, is_roce_v6
+from wire_players import PortTap, is_roce_v6
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.native import layout as NL
 from metaroce_xdp.topo import IFA_F_NODAD, switched_hosts

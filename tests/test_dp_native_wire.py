@@ -13,7 +13,7 @@ Two kinds of traffic:
   and retransmissions identical to their originals (MR-SACK-024).  Frames are decoded with the project's
   codec; the SACKs' BTH, ICRC and byte layout are checked against scapy.contrib.roce as well, and reserved
   bits are read from the raw bytes at the offsets the spec's tables give.
-* A scripted peer (a raw socket in the other namespace, tests/rc_players.py): crafted frames the codec
+* A scripted peer (a raw socket in the other namespace, tests/wire_players.py): crafted frames the codec
   cannot build -- native requests and SACKs shorter than their opcode needs, built with scapy -- reach a
   native QP and are discarded and counted (MR-NAT-009); SACK syndromes with bits 4-0 other than 0x1F and
   with bit 7 set (MR-SACK-038) and reserved bits set (MR-NAT-011, MR-SACK-009) are read as the spec says.
@@ -35,7 +35,7 @@ from dp_players import FULL, collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, RSNETH, SACKETH, MalformedPacket, Op, decode, encode
-from rc_players import PortTap, ScriptedQP, is_roce_v4, scripted_dp_wire
+from wire_players import PortTap, ScriptedQP, is_roce_v4, scripted_dp_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
