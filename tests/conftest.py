@@ -113,3 +113,107 @@ def dp_loop(_dp_loop_pairs):
         yield _dp_loop_pairs
     finally:
         _dp_loop_pairs.end_test()
+
+
+# ---- no numba compilation during a transfer (issue 20) ------------------------------------------------------
+#
+# A compilation on a live data path stalls it for seconds, past the peer's ACK timeout.  A listener on numba's
+# "numba:compile" event (fired for a real compilation only: a load from numba's on-disk cache fires nothing)
+# is registered for the whole session.  A compilation fails the test during whose setup, call or teardown it
+# started -- the report names the function and its argument types -- when, at that moment,
+#   * a compiled-plane Context (metaroce_xdp.dp.Context, the compat and the native profile) is open in this
+#     process: its warm-up ran inside Context.open, so nothing may compile while it can carry traffic; or
+#   * the process is sealed (jitwarm.seal: an engine has started);
+# unless the test carries the `compiles` mark (it calls compiled functions with argument types of its own).
+# metaroced's own process is checked by its tests (tests/test_daemon_startup.py, tests/test_jit_guard.py).
+
+import gc as _gc  # noqa: E402
+import sys as _sys  # noqa: E402
+import threading as _threading  # noqa: E402
+
+from numba.core import event as _nb_event  # noqa: E402
+
+
+def _open_planes() -> int:
+    """Compiled-plane Contexts open in this process (found by type, only when a compilation happens)."""
+    mod = _sys.modules.get("metaroce_xdp.dp.context")
+    if mod is None:
+        return 0                         # the compiled plane was never imported: no Context can be open
+    ctx = mod.Context
+    # type(), not isinstance(): the heap holds weak proxies, whose isinstance() may raise
+    return sum(1 for o in _gc.get_objects() if issubclass(type(o), ctx) and not o.closed)
+
+
+class _CompileGuard(_nb_event.Listener):
+    def __init__(self) -> None:
+        self.item = None                 # the test running (setup, call, teardown), or None between tests
+        self.allowed = False             # it carries the `compiles` mark
+        self.found: list[tuple[str, str]] = []      # (phase, what) for the running test
+        self.phase = ""
+        self.lock = _threading.Lock()
+
+    def on_start(self, ev) -> None:
+        if self.item is None or self.allowed:
+            return
+        from metaroce_xdp import jitwarm
+        sealed = jitwarm.is_sealed()
+        planes = _open_planes()
+        if not planes and not sealed:
+            return
+        d = ev.data.get("dispatcher")
+        fn = getattr(d, "py_func", None)
+        name = f"{fn.__module__}.{fn.__qualname__}" if fn is not None else repr(d)
+        why = f"{planes} compiled-plane Context(s) open" if planes else "the process is sealed (jitwarm.seal)"
+        with self.lock:
+            self.found.append((self.phase, f"{name}{tuple(ev.data.get('args', ()))} compiled in "
+                                           f"{_threading.current_thread().name} while {why}"))
+
+    def on_end(self, ev) -> None:
+        pass
+
+
+_compile_guard = _CompileGuard()
+_nb_event.register("numba:compile", _compile_guard)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _compile_guard.item = item
+    _compile_guard.allowed = item.get_closest_marker("compiles") is not None
+    _compile_guard.found = []
+    try:
+        return (yield)
+    finally:
+        _compile_guard.item = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _compile_guard.phase = "setup"
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _compile_guard.phase = "call"
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    _compile_guard.phase = "teardown"
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    with _compile_guard.lock:
+        mine = [what for phase, what in _compile_guard.found if phase == call.when]
+    if mine and not rep.failed:
+        rep.outcome = "failed"
+        rep.longrepr = ("numba compiled during a transfer (a compiled-plane Context open or the process sealed); "
+                        "a warm-up must cover it, or the test carries the `compiles` mark:\n  " + "\n  ".join(mine))
+    elif mine:
+        rep.sections.append(("numba compiled during a transfer", "\n".join(mine)))
+    return rep
