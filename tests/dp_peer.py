@@ -1,0 +1,52 @@
+"""A compiled-plane endpoint in a process of its own, as an application runs it (tests/test_peer_loss.py: the
+peer that vanishes).
+
+    python tests/dp_peer.py IFNAME SIZE
+
+opens `metaroce_xdp.dp.Context` on IFNAME with its progress thread, a PD, an MR of SIZE bytes (local write,
+remote write and read), a CQ and an RC QP, and prints one JSON line {"qpn", "va", "rkey", "pid"}.  Then it reads
+one JSON line {"dest_qpn", "dgid", "rq_psn", "sq_psn", "timeout"}, takes the QP to RTS towards it, prints
+{"state": "RTS"}, and serves (the progress thread answers) until its stdin closes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from metaroce_xdp.dp import Context  # noqa: E402
+from metaroce_xdp.verbs_types import Access, QPAttr, QPState  # noqa: E402
+
+ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+
+
+def main() -> int:
+    ifname, size = sys.argv[1], int(sys.argv[2])
+    ctx = Context.open(ifname, progress_thread=True)
+    try:
+        pd = ctx.alloc_pd()
+        buf = np.zeros(size, np.uint8)
+        mr = pd.reg_mr(buf, ACCESS)
+        cq = ctx.create_cq(4096)
+        qp = ctx.create_qp(pd, cq, cq)
+        print(json.dumps({"qpn": qp.qp_num, "va": mr.addr, "rkey": mr.rkey, "pid": os.getpid()}), flush=True)
+        peer = json.loads(sys.stdin.readline())
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=ACCESS))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer["dest_qpn"], rq_psn=peer["rq_psn"], path_mtu=1024,
+                         dgid=peer["dgid"], max_dest_rd_atomic=4, min_rnr_timer=1))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=peer["sq_psn"], timeout=peer["timeout"], retry_cnt=7,
+                         rnr_retry=7, max_rd_atomic=4))
+        print(json.dumps({"state": qp.query_state().name}), flush=True)
+        for _ in sys.stdin:
+            pass
+    finally:
+        ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
