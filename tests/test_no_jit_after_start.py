@@ -1,31 +1,40 @@
-"""No JIT after start (issue 7): once an engine has started, numba compiles nothing in the process.
+"""No JIT after start (issue 7): once a compiled-plane Context is open, numba compiles nothing in the process.
 
-`Engine.__init__` warms up (jitwarm.warm_up: every function of its plane with its run-time types) and
-then seals (jitwarm.seal: every registered dispatcher of the planes warmed -- and of any module of
-MODULES imported -- stops compiling; a plane warmed later is sealed as it is warmed).
-So a type the warm-up missed is a TypeError at the call, which fails a test, instead of a
-compilation of seconds on a live QP, which stalls a transfer past the peer's ACK timeout.
+`Context.open` warms the compiled plane up (jitwarm.warm_up(planes=("compiled",)): its modules load from
+numba's cache, or compile and say so, before any socket exists).  Every function Python calls on the data
+path -- the plane's entry points (dp_round, dp_run, dp_serve, the drivers) and the native profile's
+functions called at RTR and RTS -- has explicit signatures, so numba refuses to compile it for any other
+type: a type the warm-up missed is a TypeError at the call, which fails a test, instead of a compilation
+of seconds on a live QP, which stalls a transfer past the peer's ACK timeout.
 
-* after an engine exists, every registered dispatcher is sealed, and calling a data-path function
-  with a new argument type raises at once and adds no signature;
-* a full mixed transfer over veth (XDP program + AF_XDP sockets, burst and per-packet paths, one
-  endpoint with its progress thread) triggers no numba compilation anywhere in the process
-  (numba's "numba:compile" event, any dispatcher) and adds no signature or cache load to any
-  registered dispatcher;
-* unsealed() lifts the seal for a block and restores it.
+* after a Context has opened, every entry point of the compiled plane refuses new signatures, and calling
+  one with a new argument type raises at once, compiles nothing and adds no signature;
+* jitwarm.seal() extends that to every dispatcher of the data-path modules (the helpers only compiled into
+  their callers too), and unsealed() lifts it for a block and restores it (in a process of its own: the seal
+  is process-wide);
+* a full mixed transfer over veth (XDP program + AF_XDP sockets, one endpoint busy polled by this thread and
+  one on its progress thread), in the compat and the native profile, triggers no numba compilation anywhere
+  in the process (numba's "numba:compile" event, any dispatcher) and adds no signature or cache load to any
+  registered dispatcher.  (tests/conftest.py fails any test during which numba compiles with a
+  compiled-plane Context open.)
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from numba.core import event as nb_event
 
+from dp_players import wait_wcs
 from metaroce_xdp import jitwarm
-from rc_players import Plan, VethPlayer, loop_pair, set_burst, wait_wcs
+from wire_players import FULL, Plan, VethPlayer
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not jitwarm.JIT_ENABLED, reason="NUMBA_DISABLE_JIT: no compiler to stop")
 
 
@@ -44,46 +53,27 @@ class CompileWatch(nb_event.Listener):
 
 
 def _signatures():
-    """(signatures, cache hits, cache misses) of every registered dispatcher."""
+    """(signatures, cache hits, cache misses) of every registered dispatcher of the compiled plane."""
     return {(m, n): (len(d.signatures), sum(d.stats.cache_hits.values()), sum(d.stats.cache_misses.values()))
-            for m, n, d in jitwarm.dispatchers()}
+            for m, n, d in jitwarm.dispatchers(jitwarm.PLANES["compiled"])}
 
 
-def test_an_engine_seals_every_registered_dispatcher():
-    """The Python engine warms and seals its plane; the compiled plane, warmed later in the same
-    process (a dp Context opening), is sealed as it is warmed."""
-    a, b = loop_pair()
-    assert jitwarm.is_sealed()
-    ds = jitwarm.sealable()
-    py = jitwarm.PLANES["python"]
-    assert {id(d) for _, _, d in jitwarm.dispatchers(py)} <= {id(d) for d in ds}
-    assert {id(e.fn) for e in jitwarm.plan(("python",))} <= {id(d) for d in ds}
-    assert all(d._can_compile is False for d in ds), [d.py_func.__name__ for d in ds if d._can_compile]
-    assert jitwarm.seal() == len(ds)               # idempotent
-    jitwarm.warm_up(planes=("compiled",))
-    ds = jitwarm.sealable()
-    assert {id(d) for _, _, d in jitwarm.dispatchers()} <= {id(d) for d in ds}
-    assert {id(e.fn) for e in jitwarm.plan()} <= {id(d) for d in ds}
-    assert all(d._can_compile is False for d in ds), [d.py_func.__name__ for d in ds if d._can_compile]
-
-
-def test_a_new_type_raises_instead_of_compiling():
-    """A data-path function called with types it was not warmed up for: TypeError at the call, nothing
-    compiled, no signature added -- for entry points and for functions compiled into their callers."""
-    from metaroce_xdp.afxdp import rings
-    from metaroce_xdp.rc import burst
-    from metaroce_xdp.wire import fastpath, icrc
-    from metaroce_xdp.wire.fastpath import TABLES
-
-    loop_pair()                                    # an engine has started
+def test_the_compiled_planes_entry_points_refuse_new_types():
+    """What Context.open warms: every function Python calls on the data path refuses to compile; a call with
+    a type it was not warmed up for raises TypeError at the call, nothing compiled, no signature added."""
+    jitwarm.warm_up(planes=("compiled",))          # what Context.open does before any socket exists
+    entries = jitwarm.plan(("compiled",))
+    assert {(e.module, e.name) for e in entries} >= {("metaroce_xdp.dp.inproc", "dp_round"),
+                                                     ("metaroce_xdp.dp.inproc", "dp_run"),
+                                                     ("metaroce_xdp.dp.serve", "dp_serve")}
+    assert all(e.fn._can_compile is False and e.fn.signatures for e in entries), \
+        [e.name for e in entries if e.fn._can_compile or not e.fn.signatures]
     before = _signatures()
     watch = CompileWatch()
-    calls = [
-        (fastpath.frame_icrc_ok, (TABLES, np.zeros(128, np.float64), 0, 128)),     # float frame
-        (burst.peek_bth, (np.zeros(128, np.uint16), 0, 128)),                      # uint16 UMEM
-        (icrc.crc32_update, (TABLES, 0, np.zeros(8, np.int32), 0, 8)),             # compiled into callers only
-        (rings.frame_alloc, (np.zeros(4, np.float32), np.zeros(1, np.int64), np.empty(4, np.uint64), 4)),
-    ]
+    calls = []
+    for e in entries:                              # each warm-up call, its first array argument of another dtype
+        k = next(i for i, x in enumerate(e.args) if isinstance(x, np.ndarray))
+        calls.append((e.fn, (*e.args[:k], np.zeros(e.args[k].shape, np.float32), *e.args[k + 1:])))
     with nb_event.install_listener("numba:compile", watch):
         for fn, args in calls:
             with pytest.raises(TypeError, match="No matching definition"):
@@ -92,22 +82,55 @@ def test_a_new_type_raises_instead_of_compiling():
     assert _signatures() == before
 
 
-def test_unsealed_lifts_the_seal_for_a_block_only():
-    from metaroce_xdp.rc import burst
+SEAL = r"""
+import numpy as np
+from numba.core import event
+from metaroce_xdp import jitwarm
+from metaroce_xdp.dp import loop
 
-    loop_pair()
-    assert jitwarm.is_sealed()
-    with jitwarm.unsealed():
-        assert not jitwarm.is_sealed()
-        assert burst.peek_bth._can_compile
-    assert jitwarm.is_sealed() and not burst.peek_bth._can_compile
+compiled = []
+class Watch(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Watch())
+jitwarm.warm_up(planes=("compiled",))
+assert not jitwarm.is_sealed()
+n = jitwarm.seal()
+ds = jitwarm.sealable()
+assert n == len(ds) and jitwarm.is_sealed()
+assert {id(d) for _, _, d in jitwarm.dispatchers(jitwarm.PLANES["compiled"])} <= {id(d) for d in ds}
+assert all(d._can_compile is False for d in ds), [d.py_func.__name__ for d in ds if d._can_compile]
+assert jitwarm.seal() == n                                   # idempotent
+# a helper compiled only into its callers (dp/loop.py frame_free) refuses too, sealed
+A = np.zeros(8, np.float32)
+try:
+    loop.frame_free(A, 0)
+except TypeError as e:
+    assert "No matching definition" in str(e) or "compil" in str(e), e
+else:
+    raise AssertionError("a sealed helper compiled")
+with jitwarm.unsealed():
+    assert not jitwarm.is_sealed() and loop.frame_free._can_compile
+assert jitwarm.is_sealed() and not loop.frame_free._can_compile
+assert compiled == [], compiled
+print("sealed", n)
+"""
+
+
+def test_seal_covers_every_dispatcher_and_unsealed_lifts_it_for_a_block():
+    r = subprocess.run([sys.executable, "-c", SEAL], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert r.stdout.startswith("sealed "), r.stdout
 
 
 @pytest.fixture(scope="module")
 def veth_players():
     if os.geteuid() != 0:
         pytest.fail("needs root for namespaces, XDP and AF_XDP")
-    from metaroce_xdp.rc.engine import Context
+    from metaroce_xdp.dp import Context
     from metaroce_xdp.topo import two_hosts
     topo, _ = two_hosts(prefix="mrjit")
     ps = []
@@ -125,23 +148,31 @@ def veth_players():
         topo.close()
 
 
+def _connect(p, peer, profile):
+    from metaroce_xdp.verbs_types import QPAttr, QPState
+    with p.topo.enter(p.ns):
+        p.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+        p.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0xFFFF80, path_mtu=1024,
+                           dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=1, profile=profile))
+        p.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0xFFFF80, timeout=14, retry_cnt=7, rnr_retry=7,
+                           max_rd_atomic=4))
+
+
 @pytest.mark.netns
 def test_no_compilation_during_a_mixed_transfer_over_veth(veth_players):
-    """Every operation and size class, on the burst path and then the per-packet path, A busy polling
-    and B on its progress thread: no compile event anywhere, no new signature or cache load on any
-    registered dispatcher, no failed progress round."""
+    """Every operation and size class, compat then native, A busy polled by this thread and B on its
+    progress thread: no compile event anywhere, no new signature or cache load on any registered
+    dispatcher, nothing lost on the event ring."""
     a, b = veth_players
-    assert jitwarm.is_sealed()
     before = _signatures()
     watch = CompileWatch()
     with nb_event.install_listener("numba:compile", watch):
-        for k, burst in enumerate((True, False)):
+        for k, profile in enumerate(("compat", "native")):
             for p in (a, b):
-                set_burst(p.ctx, burst)
-                with p.ctx.engine.lock:
-                    p.new_qp()
-            a.connect(b)
-            b.connect(a)
+                p.new_qp()
+            _connect(a, b, profile)
+            _connect(b, a, profile)
+            assert a.qp.query()["profile"] == profile
             plan = Plan(a, b, seed=20 + k)
             a.qp.post_send(plan.wrs)
             wcs = wait_wcs([a], a, len(plan.wrs), timeout=60)
@@ -149,4 +180,4 @@ def test_no_compilation_during_a_mixed_transfer_over_veth(veth_players):
             plan.check(wcs, rwcs)
     assert watch.compiled == []
     assert _signatures() == before
-    assert a.ctx.engine.stats["progress_errors"] == 0 and b.ctx.engine.stats["progress_errors"] == 0
+    assert a.ctx.stats()["ev_drop"] == 0 and b.ctx.stats()["ev_drop"] == 0
