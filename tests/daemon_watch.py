@@ -3,9 +3,10 @@
     python tests/daemon_watch.py LOG -m metaroce_xdp.daemon.server --config FILE
 
 runs metaroced (the same module and arguments `python -m` would) with a listener on numba's
-"numba:compile" event: every compilation that starts while a device's driver thread (metaroced-IFNAME,
-the thread that runs dp_serve) is alive -- the daemon is serving -- is appended to LOG as one line.  What
-compiles before that is the daemon's start (a cold numba cache compiles there, and says so).
+"numba:compile" event: every compilation that starts while a device's driver thread is alive
+(metaroced-IFNAME, the thread that runs dp_serve; not the metaroced-build-IFNAME threads that build the XDP
+program at start) -- the daemon is serving -- is appended to LOG as one line.  What compiles before that
+is the daemon's start (where a cold numba cache compiles).
 
 `serving()` starts one in a namespace the way tests/daemon_procs.py's `serving` does (own bpffs, socket in a
 fresh directory, sleep mode, dies with the test) and, once it is stopped, fails if it compiled while serving.
@@ -64,7 +65,8 @@ def _watch(log: str) -> None:
 
     class Watch(event.Listener):
         def on_start(self, ev):
-            if any(t.name.startswith("metaroced-") for t in threading.enumerate()):
+            if any(t.name.startswith("metaroced-") and not t.name.startswith("metaroced-build")
+                   for t in threading.enumerate()):
                 d = ev.data.get("dispatcher")
                 fn = getattr(d, "py_func", None)
                 name = f"{fn.__module__}.{fn.__qualname__}" if fn is not None else repr(d)
