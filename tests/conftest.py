@@ -130,18 +130,33 @@ def dp_loop(_dp_loop_pairs):
 import gc as _gc  # noqa: E402
 import sys as _sys  # noqa: E402
 import threading as _threading  # noqa: E402
+import weakref  # noqa: E402
 
 from numba.core import event as _nb_event  # noqa: E402
 
 
+_planes: "weakref.WeakSet" = weakref.WeakSet()       # every compiled-plane Context made since tracking began
+_tracking = False
+
+
 def _open_planes() -> int:
-    """Compiled-plane Contexts open in this process (found by type, only when a compilation happens)."""
+    """Compiled-plane Contexts open in this process.  The first time it is asked with the compiled plane
+    imported, it finds the Contexts made so far on the heap and wraps Context.__init__ to note later ones."""
+    global _tracking
     mod = _sys.modules.get("metaroce_xdp.dp.context")
     if mod is None:
         return 0                         # the compiled plane was never imported: no Context can be open
-    ctx = mod.Context
-    # type(), not isinstance(): the heap holds weak proxies, whose isinstance() may raise
-    return sum(1 for o in _gc.get_objects() if issubclass(type(o), ctx) and not o.closed)
+    if not _tracking:
+        ctx, init = mod.Context, mod.Context.__init__
+
+        def noted_init(self, *args, **kw):
+            init(self, *args, **kw)
+            _planes.add(self)
+        ctx.__init__ = noted_init
+        # type(), not isinstance(): the heap holds weak proxies, whose isinstance() may raise
+        _planes.update(o for o in _gc.get_objects() if issubclass(type(o), ctx))
+        _tracking = True
+    return sum(1 for c in list(_planes) if not c.closed)
 
 
 class _CompileGuard(_nb_event.Listener):
