@@ -790,6 +790,9 @@ class Daemon:
         try:
             import numba  # noqa: F401  (kern.loader imported it: this phase is numba's import)
             clock.mark("import numba")
+            from ..jitwarm import COLD_MESSAGE, _cold_modules
+            if {"metaroce_xdp.dp.loop", "metaroce_xdp.dp.serve"} & set(_cold_modules(("compiled",))):
+                log.warning("%s", COLD_MESSAGE)        # numba's cache lacks the loops it loads: minutes, not seconds
             ctx_cls = _make_context_class()
             from ..dp import context as dpc
             from ..dp import layout as dp_layout
