@@ -1,11 +1,13 @@
 """First run (issue 6): no JIT compilation on a live data path, and failures reported as failures.
 
 * `metaroce_xdp.jitwarm.warm_up()` (run by `Context.open`, `metaroce warmup`, `make setup`) must leave
-  nothing to compile: after it, a real transfer over veth -- every operation, with and without
-  the compiled bursts -- adds no specialisation to any numba dispatcher of the data path.
+  nothing to compile: after it, a real transfer over veth on the compiled plane -- every operation, in
+  the compat and the native profile -- adds no specialisation to any numba dispatcher of the data path.
 * The demo (the compiled data plane, what `make demo` runs) passes on its first run with an empty numba
   cache (`NUMBA_CACHE_DIR` a fresh folder, so the repository's own cache is neither used nor written),
   and says it is compiling.
+* metaroced, started with an empty numba cache, says so, comes up and carries traffic; once serving it
+  compiles nothing.
 * A work request that fails (here: the peer never answers, RETRY_EXC_ERR) is reported by its
   completion status and the QP's reason by the demo and the perf tools, never as CORRUPT.
 """
@@ -20,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dp_players import FULL, Faults, wait_wcs
 from metaroce_xdp import jitwarm
-from metaroce_xdp.verbs_types import WC, WCOpcode, WCStatus, wc_failure
-from rc_players import FULL, Faults, RecvWR, SendWR, WROpcode, loop_pair, wait_wcs
+from metaroce_xdp.verbs_types import WC, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode, wc_failure
 
 ROOT = Path(__file__).resolve().parent.parent
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
@@ -39,9 +41,9 @@ def test_wc_failure_names_operation_status_and_reason():
         "READ failed: WR_FLUSH_ERR, flushed: the QP was in error (retries exhausted (local ACK timeout))")
 
 
-def _silent_peer():
-    """A WRITE to a peer that never answers: every frame A sends is lost (MR-RETRY-011)."""
-    a, b = loop_pair(faults_ab=Faults(drop=1.0), timeout=1, retry_cnt=2)
+def _silent_peer(dp_loop):
+    """A WRITE to a peer that never answers: every frame A sends is lost on the switch (MR-RETRY-011)."""
+    a, b = dp_loop(faults_ab=Faults(drop=1.0), timeout=1, retry_cnt=2)
     a.buf[:4096] = 7
     a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 4096)],
                            remote_addr=b.mr.addr, rkey=b.mr.rkey),
@@ -51,9 +53,11 @@ def _silent_peer():
     return a, b, wcs
 
 
-def test_retry_exhausted_write_is_a_failure_not_corruption():
+@pytest.mark.netns
+@root_only
+def test_retry_exhausted_write_is_a_failure_not_corruption(dp_loop):
     from tools import demo
-    a, b, wcs = _silent_peer()
+    a, b, wcs = _silent_peer(dp_loop)
     assert [w.status for w in wcs] == [WCStatus.RETRY_EXC_ERR, WCStatus.WR_FLUSH_ERR]
     assert a.qp.query()["error"] == "retries exhausted (local ACK timeout)"
     # the demo's verdict: the failed WR by status and reason (its data check would say "differ")
@@ -66,9 +70,11 @@ def test_retry_exhausted_write_is_a_failure_not_corruption():
     assert demo.outcome(ok, {a: ok}, lambda: True) == demo.INTACT
 
 
-def test_perf_tools_report_the_failed_completion():
+@pytest.mark.netns
+@root_only
+def test_perf_tools_report_the_failed_completion(dp_loop):
     from tools import perf
-    a, b, wcs = _silent_peer()
+    a, b, wcs = _silent_peer(dp_loop)
     with pytest.raises(perf.PerfError) as e:
         perf._check_wc(wcs[0], a)                 # a side: anything with .qp
     assert str(e.value).startswith("WRITE failed: RETRY_EXC_ERR, retries exhausted (local ACK timeout)")
@@ -130,12 +136,13 @@ def _snapshot():
 
 @pytest.mark.netns
 @root_only
-def test_no_compilation_during_a_transfer_on_veth():
-    """After Context.open (which warms up), every operation over XDP + AF_XDP -- compiled bursts
-    and the per-packet path -- runs on specialisations that already exist."""
-    from metaroce_xdp.rc.engine import Context
+@pytest.mark.parametrize("profile", ["compat", "native"])
+def test_no_compilation_during_a_transfer_on_veth(profile):
+    """After Context.open (which warms up), every operation over XDP + AF_XDP on the compiled plane, in
+    either profile, with the progress threads users run, runs on specialisations that already exist."""
+    from metaroce_xdp.dp import Context
     from metaroce_xdp.topo import switched_hosts
-    from metaroce_xdp.verbs_types import QPAttr, QPState, SGE
+    from metaroce_xdp.verbs_types import QPAttr, QPCap, QPState, SGE
 
     if not jitwarm.JIT_ENABLED:
         pytest.skip("NUMBA_DISABLE_JIT")
@@ -152,50 +159,51 @@ def test_no_compilation_during_a_transfer_on_veth():
         pds = [c.alloc_pd() for c in ctxs]
         mrs = [pd.reg_mr(buf, FULL) for pd, buf in zip(pds, bufs)]
         cqs = [c.create_cq(4096) for c in ctxs]
-        for burst in (True, False):
-            for c in ctxs:
-                with c.engine.lock:
-                    c.engine.burst_tx = c.engine.burst_rx = burst
-            qps = [c.create_qp(pd, cq, cq) for c, pd, cq in zip(ctxs, pds, cqs)]
-            for i, (ns, q) in enumerate(zip((topo[0], topo[2]), qps)):
-                peer = qps[1 - i]
-                with topo.enter(ns):
-                    q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-                    q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0xFFFF00, path_mtu=1024,
-                                    dgid=ctxs[1 - i].gid, max_dest_rd_atomic=4, min_rnr_timer=1))
-                    q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0xFFFF00, timeout=14, retry_cnt=7, rnr_retry=7,
-                                    max_rd_atomic=4))
-            a, b = qps
-            ma, mb = mrs
+        qps = [c.create_qp(pd, cq, cq, QPCap(max_send_wr=64, max_recv_wr=64))
+               for c, pd, cq in zip(ctxs, pds, cqs)]
+        for i, (ns, q) in enumerate(zip((topo[0], topo[2]), qps)):
+            peer = qps[1 - i]
+            with topo.enter(ns):
+                q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+                q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0xFFFF00, path_mtu=1024,
+                                dgid=ctxs[1 - i].gid, max_dest_rd_atomic=4, min_rnr_timer=1, profile=profile))
+                q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0xFFFF00, timeout=14, retry_cnt=7, rnr_retry=7,
+                                max_rd_atomic=4))
+        a, b = qps
+        assert a.query()["profile"] == profile and b.query()["profile"] == profile
+        ma, mb = mrs
 
-            def sge(off, n, m=ma):
-                return SGE(m.addr + off, n, m.lkey)
+        def sge(off, n, m=ma):
+            return SGE(m.addr + off, n, m.lkey)
 
-            b.post_recv([RecvWR(wr_id=500 + k, sg_list=[SGE(mb.addr + (3 << 20) + k * 8192, 8192, mb.lkey)])
-                         for k in range(4)])
-            wrs = [SendWR(wr_id=k, opcode=WROpcode.RDMA_WRITE, sg_list=[sge(k * 70000, n)],
-                          remote_addr=mb.addr + k * 70000, rkey=mb.rkey)
-                   for k, n in enumerate([0, 1, 1023, 1025, 65536])]
-            wrs += [SendWR(wr_id=10, opcode=WROpcode.RDMA_WRITE, sg_list=[sge(0, 1 << 20)],
-                           remote_addr=mb.addr + (1 << 20), rkey=mb.rkey),
-                    SendWR(wr_id=11, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[sge(0, 3000)],
-                           remote_addr=mb.addr, rkey=mb.rkey, imm_data=0x1234),
-                    SendWR(wr_id=12, opcode=WROpcode.RDMA_READ, sg_list=[sge(2 << 20, 1 << 20)],
-                           remote_addr=mb.addr + (2 << 20), rkey=mb.rkey),
-                    SendWR(wr_id=13, opcode=WROpcode.SEND, sg_list=[sge(0, 100), sge(5000, 2000)]),
-                    SendWR(wr_id=14, opcode=WROpcode.SEND_WITH_IMM, sg_list=[sge(0, 1)], imm_data=5),
-                    SendWR(wr_id=15, opcode=WROpcode.SEND, sg_list=[]),
-                    SendWR(wr_id=16, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[sge(4 << 19, 8)],
-                           remote_addr=mb.addr + (3 << 20) - 8, rkey=mb.rkey, compare_add=3),
-                    SendWR(wr_id=17, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[sge(4 << 19, 8)],
-                           remote_addr=mb.addr + (3 << 20) - 16, rkey=mb.rkey, compare_add=0, swap=9)]
-            a.post_send(wrs)
-            got = cqs[0].wait(len(wrs), timeout=60)
-            assert all(w.status == WCStatus.SUCCESS for w in got), [wc_failure(w, a.query()["error"]) for w in got
-                                                                    if w.status != WCStatus.SUCCESS]
-            rgot = cqs[1].wait(4, timeout=30)          # 3 SENDs and the WRITE with immediate
-            assert all(w.status == WCStatus.SUCCESS for w in rgot)
-            assert np.array_equal(bufs[1][1 << 20:2 << 20], bufs[0][:1 << 20])
+        b.post_recv([RecvWR(wr_id=500 + k, sg_list=[SGE(mb.addr + (3 << 20) + k * 8192, 8192, mb.lkey)])
+                     for k in range(4)])
+        wrs = [SendWR(wr_id=k, opcode=WROpcode.RDMA_WRITE, sg_list=[sge(k * 70000, n)],
+                      remote_addr=mb.addr + k * 70000, rkey=mb.rkey)
+               for k, n in enumerate([0, 1, 1023, 1025, 65536])]
+        wrs += [SendWR(wr_id=10, opcode=WROpcode.RDMA_WRITE, sg_list=[sge(0, 1 << 20)],
+                       remote_addr=mb.addr + (1 << 20), rkey=mb.rkey),
+                SendWR(wr_id=11, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[sge(0, 3000)],
+                       remote_addr=mb.addr, rkey=mb.rkey, imm_data=0x1234),
+                SendWR(wr_id=12, opcode=WROpcode.RDMA_READ, sg_list=[sge(2 << 20, 1 << 20)],
+                       remote_addr=mb.addr + (2 << 20), rkey=mb.rkey),
+                SendWR(wr_id=13, opcode=WROpcode.SEND, sg_list=[sge(0, 100), sge(5000, 2000)]),
+                SendWR(wr_id=14, opcode=WROpcode.SEND_WITH_IMM, sg_list=[sge(0, 1)], imm_data=5),
+                SendWR(wr_id=15, opcode=WROpcode.SEND, sg_list=[]),
+                SendWR(wr_id=16, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[sge(4 << 19, 8)],
+                       remote_addr=mb.addr + (3 << 20) - 8, rkey=mb.rkey, compare_add=3),
+                SendWR(wr_id=17, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[sge(4 << 19, 8)],
+                       remote_addr=mb.addr + (3 << 20) - 16, rkey=mb.rkey, compare_add=0, swap=9)]
+        want_read = bufs[1][2 << 20:3 << 20].copy()
+        a.post_send(wrs)
+        got = cqs[0].wait(len(wrs), timeout=60)
+        assert all(w.status == WCStatus.SUCCESS for w in got), [wc_failure(w, a.query()["error"]) for w in got
+                                                                if w.status != WCStatus.SUCCESS]
+        rgot = cqs[1].wait(4, timeout=30)          # 3 SENDs and the WRITE with immediate
+        assert all(w.status == WCStatus.SUCCESS for w in rgot)
+        assert np.array_equal(bufs[1][1 << 20:2 << 20], bufs[0][:1 << 20])
+        # the READ's bytes (its first 8 are where both atomics then return the original value)
+        assert np.array_equal(bufs[0][(2 << 20) + 8:3 << 20], want_read[8:])
         after = _snapshot()
         grown = {k: (before[k], after[k]) for k in before if after[k][:2] != before[k][:2]}
         assert not grown, f"compiled during the transfer (signatures, cache misses, hits): {grown}"
@@ -227,6 +235,78 @@ def test_demo_first_run_with_an_empty_numba_cache(tmp_path):
     # the compiled data path went to the fresh cache (so the repository's cache was not touched): the demo
     # runs the compiled data plane (dp/, `from metaroce_xdp import Context`), whose loop compiles at import
     index = {f.name.split("-")[0] for f in cache.rglob("*.nbi")}
-    for name in ("inproc.dp_run", "inproc.dp_round", "loop.rx_burst", "loop.comp_reap", "burst.segment_opcode"):
+    for name in ("inproc.dp_run", "inproc.dp_round", "loop.rx_burst", "loop.comp_reap"):
         assert name in index, (name, sorted(index))
     print(f"cold demo: {took:.1f} s")
+
+
+# ------------------------------------------------------------------ metaroced, first run, empty cache
+
+@pytest.mark.netns
+@root_only
+@pytest.mark.timeout(900)
+def test_metaroced_first_run_with_an_empty_numba_cache(tmp_path):
+    """metaroced started with an empty numba cache (NUMBA_CACHE_DIR a fresh folder) says it is compiling its
+    data path, compiles it, comes up and carries traffic: its client (this process, the client library) WRITEs to, READs from and
+    SENDs to a compiled-plane Context in this process (on the repository's warm cache); once it serves it
+    compiles nothing (tests/daemon_watch.py).  tests/test_daemon_startup.py starts it on a warm cache."""
+    import daemon_watch
+    from metaroce_xdp.daemon import client
+    from metaroce_xdp.dp import Context
+    from metaroce_xdp.topo import two_hosts
+    from metaroce_xdp.verbs_types import SGE, QPAttr, QPCap, QPState
+
+    cache = tmp_path / "numba-cache"
+    cache.mkdir()
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    topo, _ = two_hosts(prefix="mrcold")
+    b_ctx = None
+    try:
+        t0 = time.monotonic()
+        with daemon_watch.serving(topo, topo[0], "mr0", tag="mrcold", env=env, ready_timeout=720) as (sock, tmp, d):
+            took = time.monotonic() - t0
+            log = Path(tmp, "B.log").read_text()
+            assert "compiling the data path" in log, "a cold start must say why it is slow: " + log[-2000:]
+            index = {f.name.split("-")[0] for f in cache.rglob("*.nbi")}
+            for name in ("serve.dp_serve", "loop.rx_burst", "loop.comp_reap"):
+                assert name in index, (name, sorted(index))
+            a = client.connect(sock, "mr0")
+            with topo.enter(topo[1]):
+                b_ctx = Context.open("mr1", progress_thread=True)
+            size = 4 << 20
+            abuf = a.alloc_buf(size)
+            abuf[:] = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+            bbuf = np.random.default_rng(2).integers(0, 256, size, dtype=np.uint8)
+            apd, bpd = a.alloc_pd(), b_ctx.alloc_pd()
+            amr, bmr = apd.reg_mr(abuf, FULL), bpd.reg_mr(bbuf, FULL)
+            acq, bcq = a.create_cq(64), b_ctx.create_cq(64)
+            aqp = a.create_qp(apd, acq, acq, QPCap(max_send_wr=16, max_recv_wr=16))
+            bqp = b_ctx.create_qp(bpd, bcq, bcq, QPCap(max_send_wr=16, max_recv_wr=16))
+            for ns, q, peer, ip in ((topo[0], aqp, bqp, "10.77.0.2"), (topo[1], bqp, aqp, "10.77.0.1")):
+                with topo.enter(ns):
+                    q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+                    q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0x100, path_mtu=1024,
+                                    dgid=ip, max_dest_rd_atomic=4, min_rnr_timer=1))
+                    q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=14, retry_cnt=7, rnr_retry=7,
+                                    max_rd_atomic=4))
+            bqp.post_recv(RecvWR(wr_id=9, sg_list=[SGE(bmr.addr + (3 << 20), 8192, bmr.lkey)]))
+            want_read = bbuf[1 << 20:2 << 20].copy()
+            aqp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[amr.sge(0, 1 << 20)],
+                                  remote_addr=bmr.addr, rkey=bmr.rkey),
+                           SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[amr.sge(1 << 20, 1 << 20)],
+                                  remote_addr=bmr.addr + (1 << 20), rkey=bmr.rkey),
+                           SendWR(wr_id=3, opcode=WROpcode.SEND, sg_list=[amr.sge(2 << 20, 5000)])])
+            got = acq.wait(3, timeout=60)
+            assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in (1, 2, 3)], got
+            rgot = bcq.wait(1, timeout=30)
+            assert rgot[0].status == WCStatus.SUCCESS and rgot[0].byte_len == 5000, rgot
+            assert np.array_equal(bbuf[:1 << 20], abuf[:1 << 20])
+            assert np.array_equal(abuf[1 << 20:2 << 20], want_read)
+            assert np.array_equal(bbuf[3 << 20:(3 << 20) + 5000], abuf[2 << 20:(2 << 20) + 5000])
+            a.close()
+        print(f"cold metaroced: ready in {took:.1f} s")
+    finally:
+        if b_ctx is not None:
+            b_ctx.close()
+        topo.close()
