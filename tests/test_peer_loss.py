@@ -157,7 +157,8 @@ def _peer_process(topo, ns):
 
 @pytest.fixture
 def hosts(request):
-    """(topology, A, B's handle, C, kill B) for the IUT of the test's parameter."""
+    """(topology, A, B as (QPN, MR address, rkey, connect(A's QPN)), C, the process that is B's endpoint) on the
+    IUT of the test's parameter: in process, B is tests/dp_peer.py; through metaroced, B's daemon."""
     import daemon_watch
     iut = request.node.callspec.params["iut"]
     topo, _, _ = switched_hosts(extra_hosts=1)
