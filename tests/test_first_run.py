@@ -250,9 +250,10 @@ def test_demo_first_run_with_an_empty_numba_cache(tmp_path):
 @pytest.mark.timeout(900)
 def test_metaroced_first_run_with_an_empty_numba_cache(tmp_path):
     """metaroced started with an empty numba cache (NUMBA_CACHE_DIR a fresh folder) says it is compiling its
-    data path, compiles it, comes up and carries traffic: its client (this process, the client library) WRITEs to, READs from and
-    SENDs to a compiled-plane Context in this process (on the repository's warm cache); once it serves it
-    compiles nothing (tests/daemon_watch.py).  tests/test_daemon_startup.py starts it on a warm cache."""
+    data path, compiles it, comes up and carries traffic: its client (this process, the client library)
+    WRITEs to, READs from and SENDs to a compiled-plane Context in this process (on the repository's warm
+    cache); once it serves it compiles nothing (tests/daemon_watch.py).  tests/test_daemon_startup.py starts
+    it on a warm cache."""
     import daemon_watch
     from metaroce_xdp.daemon import client
     from metaroce_xdp.dp import Context
