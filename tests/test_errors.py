@@ -65,15 +65,7 @@ def test_read_and_atomic_violations(dp_loop):
     assert wc.status == WCStatus.REM_ACCESS_ERR and np.array_equal(b.buf, before)
 
 
-QP_ACCESS_BUG = pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled responder answers a WRITE or READ its QP's access flags do not allow with NAK code 2 "
-    "(remote access error), not code 1 (invalid request): dp/loop.py checks Q_ACCESS together with the MR "
-    "(push_read_job, the WRITE branch of the request path)"))
-
-
-@pytest.mark.parametrize("op", [pytest.param(WROpcode.RDMA_WRITE, marks=QP_ACCESS_BUG),
-                                pytest.param(WROpcode.RDMA_READ, marks=QP_ACCESS_BUG),
-                                WROpcode.ATOMIC_FETCH_AND_ADD])
+@pytest.mark.parametrize("op", [WROpcode.RDMA_WRITE, WROpcode.RDMA_READ, WROpcode.ATOMIC_FETCH_AND_ADD])
 def test_qp_without_remote_access_flag(dp_loop, op):
     """MR-RC-017, MR-NAK-006 (b): an operation the QP's access flags do not allow is an
     invalid request (the MR's own flags give a remote access error, MR-MEM-021)."""

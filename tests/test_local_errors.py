@@ -186,8 +186,6 @@ def test_read_with_max_rd_atomic_0_is_a_local_qp_operation_error(dp_loop, op):
     assert a.qp.query()["sq_psn"] == 101 and not a.buf[:8].any() and (b.buf[:8] == 3).all()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane's reg_mr (dp/context.py Context.reg_mr) registers 0 bytes; MR-MEM-004 wants EINVAL"))
 def test_zero_length_registration_is_refused(dp_loop):
     """MR-MEM-004: registering an MR of 0 bytes fails with EINVAL (InvalidArgument); 1 byte is fine.
     (Conformance TC-MEM-004-a.)"""

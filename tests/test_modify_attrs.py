@@ -8,9 +8,6 @@ from metaroce_xdp.verbs_types import InvalidArgument, QPAttr, QPState
 pytestmark = [pytest.mark.netns]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane's QP.modify (dp/context.py) ignores cur_qp_state, alt_path and path_mig_state: "
-    "a modify naming another current state, an alternate path or path_mig_state REARM/ARMED succeeds"))
 def test_cur_state_alt_path_and_path_mig_state(dp_loop):
     a, _ = dp_loop()
     qp = a.qp
