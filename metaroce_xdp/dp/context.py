@@ -55,6 +55,7 @@ _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "
         26: "the receive buffer's MR was deregistered, or its SGE failed the local checks",
         30: "a work request's SGE failed the local checks (lkey, PD, bounds, LOCAL_WRITE)",
         31: "invalid request: an ImmDt that differs from an earlier packet of the same message",
+        32: "invalid request: a READ or WRITE the QP's access flags do not allow, or a DMA Length above 2^31",
         100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
@@ -684,6 +685,14 @@ class QP:
                    QPState.SQE: {QPState.RTS, QPState.RESET, QPState.ERR},
                    QPState.ERR: {QPState.RESET, QPState.ERR}}
         cur = self.query_state()
+        if "cur_qp_state" in g and g["cur_qp_state"] != cur:
+            raise InvalidArgument(f"QP {self.qp_num:#x}: cur_qp_state {QPState(g['cur_qp_state']).name} is not its "
+                                  f"state {cur.name} (MR-QP-006)")
+        if "alt_path" in g:
+            raise InvalidArgument(f"QP {self.qp_num:#x}: no alternate path (IBV_QP_ALT_PATH, MR-QP-008)")
+        if g.get("path_mig_state", "MIGRATED") != "MIGRATED":
+            raise InvalidArgument(f"QP {self.qp_num:#x}: path_mig_state {g['path_mig_state']!r}: only MIGRATED "
+                                  "(MR-QP-008)")
         if new not in allowed[cur]:
             raise InvalidState(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} is not a valid transition")
         if cur == new == QPState.SQD and int(self.row[L.Q_SQD_DRAIN]):
@@ -1272,6 +1281,8 @@ class Context:
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
             raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
         mem = as_u8(buf)
+        if mem.size == 0:
+            raise InvalidArgument("an MR of 0 bytes (MR-MEM-004)")
         idx = self._mr_row()
         key = self._mr_key(idx)
         # the generation counts registrations, 1 .. 2^31 - 1 (the reference stays a positive int64); the

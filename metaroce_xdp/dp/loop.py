@@ -1085,6 +1085,10 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
             return
         dlen = get_be(umem, hdr + 12, 4)
+        if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+            # a READ the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
+            return
         # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
         # it leaves before the READ's responses (MR-RC-025, MR-ACK-001)
         ack_now(A, Q, TM, umem, tables, ext, qi)
@@ -1179,10 +1183,14 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                      imm, flags)
     else:
         if first:
+            if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
+                # a WRITE the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
+                return
             mr = 0
             if dlen > 0:
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_WRITE)
-                if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
+                if mr < 0:
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                     EV_QP_ACCESS_ERR, 22)
                     return

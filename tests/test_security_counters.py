@@ -1,0 +1,58 @@
+"""Counters of 10-security.md kept by the responder, on the compiled plane: every request after ePSN is
+counted as out of sequence, not only the one that drew the sequence-error NAK (MR-SEC-031), and remote
+access errors are counted per source address as well as per QP (MR-SEC-006).  The conformance cases
+TC-SEC-031-a and TC-SEC-006-a check the same through the agent on the wire.  A scripted peer
+(tests/scripted_players.py) sends the requests to a compiled-plane QP."""
+from __future__ import annotations
+
+import pytest
+
+from metaroce_xdp.wire import RETH, Op
+from scripted_players import Peer, nak_of
+from wire_players import scripted_dp_wire
+
+pytestmark = [pytest.mark.netns]
+
+MTU = 1024
+
+
+@pytest.fixture(scope="module")
+def wire():
+    with scripted_dp_wire("mrsec") as w:
+        yield w
+
+
+def _frames(q, psns, rkey=None):
+    return [(Op.RDMA_WRITE_ONLY, p, b"x" * 8,
+             {"reth": RETH(va=q.mr.addr, rkey=q.mr.rkey if rkey is None else rkey, dma_len=8)}) for p in psns]
+
+
+def test_every_request_after_epsn_is_counted(wire):
+    """MR-SEC-031, MR-NAK-003: four requests after ePSN 100 in one burst: one sequence-error NAK, all four
+    counted as out of sequence (the loop's rx_oos), nothing written."""
+    q = Peer(wire, rq_psn=100, mtu=MTU)
+    try:
+        s0 = q.ctx.stats()
+        out = q.inject_burst(_frames(q, [105, 106, 107, 108]))
+        s1 = q.ctx.stats()
+        assert nak_of(out) == [(100, 0x60)]
+        assert s1["rx_oos"] - s0["rx_oos"] == 4 and s1["tx_nak"] - s0["tx_nak"] == 1
+        assert not q.buf[:8].any() and q.qp.query()["rq_psn"] == 100
+    finally:
+        q.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 20: the compiled plane counts remote access errors neither per QP (QP.query() has no "
+    "rx_rkey_violation) nor per source address (MR-SEC-006); the NAK is sent, nothing is counted"))
+def test_remote_access_errors_counted_per_source_address(wire):
+    """MR-SEC-006: a WRITE with a bad R_Key counts once in the QP's rx_rkey_violation and once for the
+    requester's source address."""
+    q = Peer(wire, rq_psn=100, mtu=MTU)
+    try:
+        out = q.inject_burst(_frames(q, [100], rkey=q.mr.rkey ^ 0x5B))
+        assert nak_of(out) == [(100, 0x62)]
+        assert q.qp.query()["rx_rkey_violation"] == 1
+        assert q.ctx.rae_by_src[q.pair.b.ipv4] == 1
+    finally:
+        q.close()
