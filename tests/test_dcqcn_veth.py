@@ -1,6 +1,6 @@
 """DCQCN end to end on veth: A and B in namespaces joined through a switch namespace whose
 port towards B marks CE on ECN-capable frames (bpf/fault_inject.c, ecn_ce_ppm), as a
-congested switch does.  B's engine (notification point) answers marks with CNPs; A's XDP
+congested switch does.  B's compiled plane (notification point) answers marks with CNPs; A's XDP
 program verifies each CNP's ICRC, counts it into the QP's slot and consumes it; A's reaction
 point reads the count and cuts its rate; the data arrives intact.
 """
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.rc.engine import Context
+from metaroce_xdp.dp import Context
 from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState
-from rc_players import FULL, SendWR, WCStatus, WROpcode, wait_wcs
+from dp_players import FULL, wait_wcs
+from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]

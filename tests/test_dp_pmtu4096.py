@@ -71,6 +71,8 @@ def _check(a, b, wrs, got, rcv, checks, nrecv):
 def test_write_send_read_at_path_mtu_4096(fabric):
     topo, a, b = fabric
     assert a.ctx.max_pmtu == 4096 and a.ctx.plane.A[L.P_SG] == 1 and b.ctx.plane.A[L.P_SG] == 1
+    for s in (a, b):                                   # XDP_USE_SG sockets, a frags-aware program
+        assert s.ctx.port.sg and s.ctx.port.xsk.bind_flags & 0x10 and s.ctx.loader.frags
     _fresh(a, b)
     acks0 = a.ctx.loader.events()["ACK_CONSUMED"]
     wrs, recvs, checks = _plan(a, b, SIZES)
@@ -85,6 +87,8 @@ def test_write_send_read_at_path_mtu_4096(fabric):
     assert sa["rx_sg_long"] == 0 and sb["rx_sg_long"] == 0
     assert sb["rx_drop_len"] == 0 and sb["rx_drop_icrc"] == 0 and sa["rx_drop_icrc"] == 0
     assert a.ctx.loader.events()["ACK_CONSUMED"] > acks0       # the ACK path in the kernel, as at 1024
+    drops = b.ctx.loader.drops()
+    assert drops["BAD_IP_HEADER"] == 0 and drops["TRUNCATED_EXT"] == 0, drops
     # every UMEM slot comes back: nothing outstanding, the free stacks are whole again after a few rounds
     for _ in range(5):
         a.ctx.progress(), b.ctx.progress()

@@ -1,11 +1,12 @@
-"""MR deregistration while a WRITE, a READ or a duplicate READ is in flight (MR-MEM-033, MR-MEM-034).
+"""MR deregistration while a WRITE, a READ or a duplicate READ is in flight (MR-MEM-033, MR-MEM-034), on
+two compiled-plane endpoints (dp_loop: A mr0 -- switch -- B mr1, real XDP and AF_XDP).
 
 After `ibv_dereg_mr` returns, no packet reads or writes the MR's memory: the next packet of a
 multi-packet WRITE, the rest of a READ response stream and a duplicate READ replayed after the
 deregistration all end in NAK code 2 (remote access error) and the responder's QP in ERR; the
-requester completes the WR with IBV_WC_REM_ACCESS_ERR.  dereg_mr takes the engine lock, so it cannot
-return while a packet is being placed or read (MR-MEM-034) -- over veth the responder runs its
-progress thread while the test deregisters from its own thread.
+requester completes the WR with IBV_WC_REM_ACCESS_ERR.  dereg_mr pauses the responder's loop, so it
+cannot return while a packet is being placed or read (MR-MEM-034) -- the last cases run B's loop on
+its progress thread while the test deregisters from its own thread.
 
 Each case checks memory byte for byte:
 * WRITE: the responder's buffer after the transfer ended equals its snapshot taken when dereg_mr
@@ -14,30 +15,38 @@ Each case checks memory byte for byte:
 * READ: the responder's source is overwritten right after the deregistration; the requester's
   buffer holds a prefix of whole chunks of the *old* data (no more than was sent before the
   deregistration) and its original bytes after -- never a byte read after the deregistration;
-* duplicate READ: every response of the first execution is lost, the MR is deregistered, the
-  requester's retry is a duplicate READ: NAK code 2 with the duplicate's PSN, no response, the
-  requester's buffer untouched.
+* duplicate READ: every response of the first execution is lost (the switch drops READ RESPONSEs
+  towards A), the MR is deregistered, the requester's retry is a duplicate READ: NAK code 2 with the
+  duplicate's PSN, no response, the requester's buffer untouched.
 
-In process (LoopPort pairs, both the burst and the per-packet path, frames B sent recorded and
-decoded; also with a new MR registered over the same memory right after the deregistration: its
-new key does not revive the old one) and over veth through the real XDP program and AF_XDP sockets (a switch namespace whose
-fault injector loses the READ responses for the duplicate case).
+Rounds driven by the test, B taking a few packets a round (its loop's budget), the frames B sent captured
+on the switch and decoded; also with a new MR registered over the same memory right after the
+deregistration: its new key does not revive the old one.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
 import numpy as np
 import pytest
 
-from metaroce_xdp.verbs_types import QPState
+from dp_players import FULL, run_until, wait_wcs
+from metaroce_xdp.dp import layout as L
+from metaroce_xdp.faults import FaultInjector
+from metaroce_xdp.verbs_types import QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import Op, decode
-from rc_players import FULL, Faults, SendWR, VethPlayer, WCStatus, WROpcode, loop_pair, run_until, wait_wcs
+from wire_players import PortTap, is_roce_v4
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
 
 MTU = 1024
+PSN = 100                                # dp_loop's first PSN
 NAK_REM_ACCESS = 0x62                    # AETH: NAK, code 2 (MR-NAK-007)
-MODES = {"burst": True, "per-packet": False}
+RSP_OPS = (Op.RDMA_READ_RESPONSE_FIRST, Op.RDMA_READ_RESPONSE_MIDDLE, Op.RDMA_READ_RESPONSE_LAST,
+           Op.RDMA_READ_RESPONSE_ONLY)
 
 
 def chunks_prefix(got: np.ndarray, new: np.ndarray, old: np.ndarray, mtu: int = MTU) -> int:
@@ -51,23 +60,24 @@ def chunks_prefix(got: np.ndarray, new: np.ndarray, old: np.ndarray, mtu: int = 
     return k
 
 
-def _record_tx(port):
-    """Frames `port` sends from now on (LoopPort: every frame passes tx_commit)."""
-    frames = []
-    orig = port.tx_commit
+@contextlib.contextmanager
+def budget(side, n: int):
+    """`side`'s loop handles at most n packets a round (received, and READ responses sent)."""
+    A = side.ctx.plane.A
+    old = int(A[L.P_BUDGET])
+    A[L.P_BUDGET] = n
+    try:
+        yield
+    finally:
+        A[L.P_BUDGET] = old
 
-    def tx_commit(off, length):
-        frames.append(bytes(port._scratch[off:off + length]))
-        orig(off, length)
 
-    port.tx_commit = tx_commit
-    return frames
-
-
-def _acks(frames):
-    pkts = [decode(f) for f in frames]
+def _from_b(tap, a):
+    """B's frames to A's QP the tap saw since the last call: (ACK PSN, syndrome) list, READ RESPONSEs."""
+    pkts = [decode(f) for f, towards_a in tap.raw(is_roce_v4) if towards_a]
+    pkts = [p for p in pkts if p.bth.dest_qp == a.qp.qp_num]
     return ([(p.bth.psn, p.ext["aeth"].syndrome) for p in pkts if p.bth.opcode == Op.ACKNOWLEDGE],
-            [p for p in pkts if Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode <= Op.RDMA_READ_RESPONSE_ONLY])
+            [p for p in pkts if p.bth.opcode in RSP_OPS])
 
 
 def _fill(a, b, seed):
@@ -77,234 +87,173 @@ def _fill(a, b, seed):
     return a.buf.copy(), b.buf.copy()
 
 
-# ------------------------------------------------------------------------------------------ in process
+@pytest.fixture
+def tap(dp_loop):
+    """A capture on the switch's port towards A: what B sends."""
+    topo = dp_loop._open()[0]
+    t = PortTap(topo, topo[1], "swA")
+    yield t
+    t.close()
 
-AFTER = ["dereg", "dereg-then-reg"]       # and a new MR over the same memory at once (MR-MEM-011: a new key)
 
-
-@pytest.mark.parametrize("after", AFTER)
-@pytest.mark.parametrize("mode", MODES)
-def test_write_in_flight(mode, after):
-    a, b = loop_pair(size=1 << 20, mtu=MTU, burst=MODES[mode])
-    n = 64 * MTU
-    a0, b0 = _fill(a, b, 1)
-    b.ctx.engine.budget, b.ctx.engine.rx_bursts = 16, 1    # B takes 16 frames a round
-    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
-                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
-    a.ctx.engine.progress()                            # the whole window leaves A
-    b.ctx.engine.progress()                            # B places the first 16 packets
-    r = b.qp.responder
-    assert r.bytes_received == 16 * MTU and r.in_progress
-    epsn = r.epsn
-    sent = _record_tx(b.ctx.port)
+def _dereg(b, after):
     old_rkey = b.mr.rkey
     b.ctx.dereg_mr(b.mr)
     if after == "dereg-then-reg":
-        assert b.pd.reg_mr(b.buf, FULL).rkey != old_rkey
+        assert b.pd.reg_mr(b.buf, FULL).rkey != old_rkey       # MR-MEM-011: a new key
+
+
+AFTER = ["dereg", "dereg-then-reg"]       # and a new MR over the same memory at once
+
+
+@pytest.mark.parametrize("after", AFTER)
+def test_write_in_flight(dp_loop, tap, after):
+    a, b = dp_loop(size=1 << 20, mtu=MTU)
+    n = 64 * MTU
+    a0, b0 = _fill(a, b, 1)
+    rx0 = b.ctx.stats()["rx"]
+    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
+                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
+    a.ctx.progress()                                   # the whole message leaves A
+    with budget(b, 16):
+        run_until([b], lambda: b.ctx.stats()["rx"] > rx0)      # B places the first packets, 16 at most
+    placed = chunks_prefix(b.buf[:n], a0[:n], b0[:n])
+    assert 0 < placed <= 16 * MTU
+    epsn = b.qp.query()["rq_psn"]
+    assert epsn == PSN + placed // MTU
+    _from_b(tap, a)
+    _dereg(b, after)
     snap = b.buf.copy()
     (wc,) = wait_wcs([a, b], a, 1)
     assert wc.status == WCStatus.REM_ACCESS_ERR
     assert np.array_equal(b.buf, snap)                 # nothing written after dereg_mr returned
-    assert chunks_prefix(b.buf[:n], a0[:n], b0[:n]) == 16 * MTU and np.array_equal(b.buf[n:], b0[n:])
-    assert r.bytes_received == 16 * MTU
-    naks, _ = _acks(sent)
+    assert chunks_prefix(b.buf[:n], a0[:n], b0[:n]) == placed and np.array_equal(b.buf[n:], b0[n:])
+    naks, _ = _from_b(tap, a)
     assert naks[-1:] == [(epsn, NAK_REM_ACCESS)]       # at the first packet after the deregistration
-    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
-    if MODES[mode]:
-        assert b.ctx.engine.stats["rx_burst"] > 0      # the compiled placer ran before, and stood aside after
+    assert b.qp.query_state() == QPState.ERR and a.qp.query_state() == QPState.ERR
 
 
 @pytest.mark.parametrize("after", AFTER)
-@pytest.mark.parametrize("mode", MODES)
-def test_read_in_flight(mode, after):
-    a, b = loop_pair(size=1 << 20, mtu=MTU, burst=MODES[mode])
+def test_read_in_flight(dp_loop, tap, after):
+    a, b = dp_loop(size=1 << 20, mtu=MTU)
     n = 64 * MTU
     a0, b0 = _fill(a, b, 2)
-    b.ctx.engine.budget = 8                            # eight responses a round
+    tx0 = b.ctx.stats()["tx"]
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(4096, n)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
-    a.ctx.engine.progress()                            # the READ REQUEST leaves (PSN 100)
-    b.ctx.engine.progress()                            # the first responses leave
-    r = b.qp.responder
-    before = r.bytes_sent
-    assert 0 < before < n
-    sent = _record_tx(b.ctx.port)
-    old_rkey = b.mr.rkey
-    b.ctx.dereg_mr(b.mr)
-    if after == "dereg-then-reg":
-        assert b.pd.reg_mr(b.buf, FULL).rkey != old_rkey
+    a.ctx.progress()                                   # the READ REQUEST leaves (PSN 100)
+    with budget(b, 8):
+        run_until([b], lambda: b.ctx.stats()["tx"] > tx0)      # the first responses leave, 8 at most
+    before = b.ctx.stats()["tx"] - tx0
+    assert 0 < before < 64
+    time.sleep(0.05)                                   # they reach the switch before the tap is read
+    _, rsps = _from_b(tap, a)
+    assert len(rsps) == before
+    _dereg(b, after)
     b.buf[:n] = 0xA5                                   # what a later response would now carry
     (wc,) = wait_wcs([a, b], a, 1)
     assert wc.status == WCStatus.REM_ACCESS_ERR
-    assert r.bytes_sent == before
-    naks, rsps = _acks(sent)
-    assert rsps == [] and naks == [(100, NAK_REM_ACCESS)]     # the READ REQUEST's PSN (MR-MEM-033)
+    assert b.ctx.stats()["tx"] - tx0 == before + 1     # the NAK, no more responses
+    naks, rsps = _from_b(tap, a)
+    assert rsps == [] and naks == [(PSN, NAK_REM_ACCESS)]     # the READ REQUEST's PSN (MR-MEM-033)
     k = chunks_prefix(a.buf[4096:4096 + n], b0[:n], a0[4096:4096 + n])
-    assert k <= before
+    assert k <= before * MTU
     assert np.array_equal(a.buf[:4096], a0[:4096]) and np.array_equal(a.buf[4096 + n:], a0[4096 + n:])
-    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
+    assert b.qp.query_state() == QPState.ERR and a.qp.query_state() == QPState.ERR
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_duplicate_read_in_flight(mode):
-    """Every response of the first execution is lost; the MR goes; the retried READ is a duplicate."""
-    lose = Faults(drop=1.0)
-    a, b = loop_pair(None, lose, size=1 << 20, mtu=MTU, burst=MODES[mode], timeout=8)
+def test_duplicate_read_in_flight(dp_loop, tap):
+    """The switch loses every READ RESPONSE towards A; once B has answered, its MR goes and the switch
+    stops losing: A's retried READ is a duplicate at B, answered by NAK code 2 with its PSN, no response."""
+    a, b = dp_loop(size=1 << 20, mtu=MTU, timeout=8)
     n = 8 * MTU + 100
     a0, b0 = _fill(a, b, 3)
-    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, n)],
-                          remote_addr=b.mr.addr + 512, rkey=b.mr.rkey))
-    r = b.qp.responder
-    run_until([a, b], lambda: r.bytes_sent == n)       # answered once, every response lost
-    dups = r.dup_requests
-    b.ctx.dereg_mr(b.mr)
-    lose.drop = 0.0                                    # from now on B's frames arrive
-    sent = _record_tx(b.ctx.port)
-    (wc,) = wait_wcs([a, b], a, 1)
-    assert wc.status == WCStatus.REM_ACCESS_ERR
-    assert r.dup_requests > dups and r.bytes_sent == n  # the duplicate read nothing
-    naks, rsps = _acks(sent)
-    assert rsps == [] and naks == [(100, NAK_REM_ACCESS)]     # the duplicate's PSN
-    assert np.array_equal(a.buf, a0) and np.array_equal(b.buf, b0)
-    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
-
-
-# ------------------------------------------------------------------------------------------ over veth
-
-@pytest.fixture(scope="module")
-def fabric():
-    if os.geteuid() != 0:
-        pytest.fail("needs root for namespaces, XDP and AF_XDP")
-    from metaroce_xdp.rc.engine import Context
-    from metaroce_xdp.topo import switched_hosts
-    topo, _, _ = switched_hosts(prefix="mrdereg")
-    ps = []
-    try:
-        with topo.enter(topo[0]):
-            ps.append(VethPlayer(topo, topo[0], Context.open("mr0"), size=8 << 20))
-        with topo.enter(topo[2]):
-            # B on its progress thread: dereg_mr from the test's thread races real packet handling (MR-MEM-034)
-            ps.append(VethPlayer(topo, topo[2], Context.open("mr1", progress_thread=True), size=8 << 20))
-        yield topo, ps[0], ps[1]
-    finally:
-        for p in ps:
-            p.ctx.close()
-        topo.close()
-
-
-def _fresh(fabric, timeout=14):
-    topo, a, b = fabric
-    for p in (a, b):
-        with p.ctx.engine.lock:
-            if p.mr is not None and not p.mr.valid:
-                p.mr = p.pd.reg_mr(p.buf, FULL)        # the last case deregistered it
-            p.cq.q.clear()
-            p.new_qp()
-    a.connect(b, timeout=timeout)
-    b.connect(a, timeout=timeout)
-    return a, b
-
-
-def _drive_until(a, cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        a.ctx.engine.progress()
-        assert time.monotonic() < deadline, (a.qp.query(), )
-
-
-@pytest.mark.netns
-def test_write_in_flight_over_veth(fabric):
-    a, b = _fresh(fabric)
-    n = 6 << 20
-    a0, b0 = _fill(a, b, 4)
-    r = b.qp.responder
-    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
-                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
-    state = {}
-
-    def dereg_mid_stream():
-        if 0 < r.bytes_received < n // 2:
-            with b.ctx.engine.lock:                    # B's thread is between packets here
-                if 0 < r.bytes_received < n:
-                    state["placed"] = r.bytes_received
-                    b.ctx.dereg_mr(b.mr)
-                    state["snap"] = b.buf.copy()
-                    return True
-        return r.bytes_received >= n // 2               # too late: reported below
-
-    _drive_until(a, dereg_mid_stream)
-    assert "placed" in state, "the WRITE was past half way before the test could deregister"
-    print("placed before dereg_mr:", state["placed"])
-    (wc,) = wait_wcs([a], a, 1, timeout=30)
-    assert wc.status == WCStatus.REM_ACCESS_ERR
-    time.sleep(0.05)                                   # anything still on the wire reaches B's thread
-    assert np.array_equal(b.buf, state["snap"])        # not one byte after dereg_mr returned
-    assert chunks_prefix(b.buf[:n], a0[:n], b0[:n]) == state["placed"] == r.bytes_received
-    assert np.array_equal(b.buf[n:], b0[n:])
-    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
-
-
-@pytest.mark.netns
-def test_read_in_flight_over_veth(fabric):
-    a, b = _fresh(fabric)
-    n = 6 << 20
-    a0, b0 = _fill(a, b, 5)
-    r = b.qp.responder
-    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(1 << 20, n)],
-                          remote_addr=b.mr.addr, rkey=b.mr.rkey))
-    state = {}
-
-    def dereg_mid_stream():
-        if 0 < r.bytes_sent < n // 2:
-            with b.ctx.engine.lock:
-                if 0 < r.bytes_sent < n:
-                    state["sent"] = r.bytes_sent
-                    b.ctx.dereg_mr(b.mr)
-                    b.buf[:n] = 0xA5                   # what a response read now would carry
-                    return True
-        return r.bytes_sent >= n // 2
-
-    budget, b.ctx.engine.budget = b.ctx.engine.budget, 64     # a slower stream: the test's thread sees it start
-    try:
-        _drive_until(a, dereg_mid_stream)
-    finally:
-        b.ctx.engine.budget = budget
-    assert "sent" in state, "the READ was past half way before the test could deregister"
-    print("sent before dereg_mr:", state["sent"])
-    (wc,) = wait_wcs([a], a, 1, timeout=30)
-    assert wc.status == WCStatus.REM_ACCESS_ERR
-    assert r.bytes_sent == state["sent"]
-    k = chunks_prefix(a.buf[1 << 20:(1 << 20) + n], b0[:n], a0[1 << 20:(1 << 20) + n])
-    assert k <= state["sent"]
-    assert np.array_equal(a.buf[:1 << 20], a0[:1 << 20]) and np.array_equal(a.buf[(1 << 20) + n:], a0[(1 << 20) + n:])
-    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
-
-
-@pytest.mark.netns
-def test_duplicate_read_in_flight_over_veth(fabric):
-    """The switch loses every READ RESPONSE towards A (tc fault injector on its port swA); once B has
-    answered, its MR goes and the switch stops losing: A's retried READ is a duplicate at B."""
-    from metaroce_xdp.faults import FaultInjector
-    topo = fabric[0]
-    a, b = _fresh(fabric, timeout=12)                  # 16.8 ms local ACK timeout
-    n = 8 * MTU + 100
-    a0, b0 = _fill(a, b, 6)
-    r = b.qp.responder
-    rsp_ops = [Op.RDMA_READ_RESPONSE_FIRST, Op.RDMA_READ_RESPONSE_MIDDLE, Op.RDMA_READ_RESPONSE_LAST,
-               Op.RDMA_READ_RESPONSE_ONLY]
-    with FaultInjector("swA", netns=topo[1], drop_ppm=1_000_000, opcode_filter=[int(o) for o in rsp_ops]) as fi:
+    topo = a.topo
+    st0 = b.ctx.stats()
+    with FaultInjector("swA", netns=topo[1], drop_ppm=1_000_000, opcode_filter=[int(o) for o in RSP_OPS]) as fi:
         a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, n)],
                               remote_addr=b.mr.addr + 512, rkey=b.mr.rkey))
-        _drive_until(a, lambda: r.bytes_sent >= n)
-        with b.ctx.engine.lock:
-            sent, dups = r.bytes_sent, r.dup_requests
-            b.ctx.dereg_mr(b.mr)
-            fi.update(drop_ppm=0)
-        (wc,) = wait_wcs([a], a, 1, timeout=30)
-        dropped = fi.stats()
-    print("fault injector:", dropped["dropped"], "dropped; duplicates at B:", r.dup_requests - dups)
+        run_until([a, b], lambda: b.ctx.stats()["tx"] - st0["tx"] >= 9)     # answered once: nine responses
+        b.ctx.dereg_mr(b.mr)
+        sent, dups = b.ctx.stats()["tx"], b.ctx.stats()["rx_dup"]
+        fi.update(drop_ppm=0)
+        time.sleep(0.05)
+        _from_b(tap, a)
+        (wc,) = wait_wcs([a, b], a, 1, timeout=30)
+        dropped = fi.stats()["dropped"]
     assert wc.status == WCStatus.REM_ACCESS_ERR
-    assert dropped["dropped"] >= 9, dropped           # at least the first execution's nine responses
-    assert r.dup_requests > dups and r.bytes_sent == sent     # the duplicate read nothing
-    assert np.array_equal(a.buf, a0)                    # no response reached A
-    assert b.qp.state == QPState.ERR and a.qp.state == QPState.ERR
+    assert dropped >= 9                                # the first execution's nine responses
+    assert b.ctx.stats()["rx_dup"] > dups and b.ctx.stats()["tx"] == sent + 1     # the duplicate read nothing
+    naks, rsps = _from_b(tap, a)
+    assert rsps == [] and naks == [(PSN, NAK_REM_ACCESS)]     # the duplicate's PSN
+    assert np.array_equal(a.buf, a0) and np.array_equal(b.buf, b0)
+    assert b.qp.query_state() == QPState.ERR and a.qp.query_state() == QPState.ERR
+
+
+# ---- B's loop on its progress thread, dereg_mr from the test's thread (MR-MEM-034) ------------------
+
+@contextlib.contextmanager
+def threaded(side):
+    side.ctx.plane.start(busy=True)
+    try:
+        yield
+    finally:
+        side.ctx.plane.stop()
+
+
+def test_write_in_flight_racing_the_progress_thread(dp_loop):
+    a, b = dp_loop(size=8 << 20, mtu=MTU, timeout=14)
+    n = 6 << 20
+    a0, b0 = _fill(a, b, 4)
+    state = {}
+    with threaded(b):
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
+                              remote_addr=b.mr.addr, rkey=b.mr.rkey))
+
+        def dereg_mid_stream():
+            if int(b.qp.query()["rq_psn"]) - PSN > 0:       # B placed some of it: deregister now
+                b.ctx.dereg_mr(b.mr)
+                state["snap"] = b.buf.copy()
+                return True
+            return False
+
+        run_until([a], dereg_mid_stream, timeout=30)
+        (wc,) = wait_wcs([a], a, 1, timeout=30)
+        time.sleep(0.05)                               # anything still on the wire reaches B's thread
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+    assert np.array_equal(b.buf, state["snap"])        # not one byte after dereg_mr returned
+    placed = chunks_prefix(b.buf[:n], a0[:n], b0[:n])
+    print("placed before dereg_mr:", placed)
+    assert 0 < placed < n, "the WRITE was not in flight when the test deregistered"
+    assert np.array_equal(b.buf[n:], b0[n:])
+    assert b.qp.query_state() == QPState.ERR and a.qp.query_state() == QPState.ERR
+
+
+def test_read_in_flight_racing_the_progress_thread(dp_loop):
+    a, b = dp_loop(size=8 << 20, mtu=MTU, timeout=14)
+    n = 6 << 20
+    a0, b0 = _fill(a, b, 5)
+    state = {}
+    tx0 = b.ctx.stats()["tx"]
+    with budget(b, 64), threaded(b):                   # a slower stream: the test's thread sees it start
+        a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(1 << 20, n)],
+                              remote_addr=b.mr.addr, rkey=b.mr.rkey))
+
+        def dereg_mid_stream():
+            if b.ctx.stats()["tx"] > tx0:
+                b.ctx.dereg_mr(b.mr)
+                state["sent"] = b.ctx.stats()["tx"] - tx0
+                b.buf[:n] = 0xA5                       # what a response read now would carry
+                return True
+            return False
+
+        run_until([a], dereg_mid_stream, timeout=30)
+        (wc,) = wait_wcs([a], a, 1, timeout=30)
+        after = b.ctx.stats()["tx"] - tx0
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+    assert after == state["sent"] + 1                  # the NAK, no response after dereg_mr returned
+    k = chunks_prefix(a.buf[1 << 20:(1 << 20) + n], b0[:n], a0[1 << 20:(1 << 20) + n])
+    print("sent before dereg_mr:", state["sent"], "placed at A:", k)
+    assert k <= state["sent"] * MTU and state["sent"] < n // MTU
+    assert np.array_equal(a.buf[:1 << 20], a0[:1 << 20]) and np.array_equal(a.buf[(1 << 20) + n:], a0[(1 << 20) + n:])
+    assert b.qp.query_state() == QPState.ERR and a.qp.query_state() == QPState.ERR

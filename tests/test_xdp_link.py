@@ -26,10 +26,11 @@ import pytest
 
 from metaroce_xdp.kern import XdpBusy, XdpLoader, XdpMode
 from metaroce_xdp.kern.loader import PIN_ROOT, PINNED_MAPS, attached_xdp_prog_id, pinned_map_id
-from metaroce_xdp.rc.engine import Context
+from metaroce_xdp.dp import Context
 from metaroce_xdp.topo import two_hosts
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState
-from rc_players import FULL, SendWR, WCStatus, WROpcode, wait_wcs
+from dp_players import FULL, wait_wcs
+from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 
@@ -40,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OWNER = r"""
 import json, sys, zlib
 import numpy as np
-from metaroce_xdp.rc.engine import Context
+from metaroce_xdp.dp import Context
 from metaroce_xdp.verbs_types import Access, QPAttr, QPState
 FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 ctx = Context.open("mr0", progress_thread=True)

@@ -1,5 +1,5 @@
 """The kernel ACK fast path and the completer agree on which responses count, on a real
-interface: endpoint A (XDP program, AF_XDP socket, FastAck) against a scripted peer B, a
+interface: the compiled plane's endpoint A (XDP program, AF_XDP socket) against a scripted peer B, a
 raw socket in the other namespace that forges each response (B's kernel has no endpoint:
 A's requests there go nowhere, so nothing answers but the script).
 
@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from metaroce_xdp.verbs_types import QPAttr, QPState
+from metaroce_xdp.verbs_types import QPState
 from metaroce_xdp.wire import AETH, Op, encode
-from rc_players import FULL, ScriptedQP, SendWR, WCStatus, WROpcode
+from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
+from wire_players import ScriptedQP
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -31,7 +32,7 @@ MTU = 1024
 
 @pytest.fixture(scope="module")
 def wire():
-    from metaroce_xdp.rc.engine import Context
+    from metaroce_xdp.dp import Context
     from metaroce_xdp.topo import two_hosts
     topo, pair = two_hosts(prefix="mrwin")
     ctx = sock = None
@@ -57,6 +58,10 @@ class Requester(ScriptedQP):
         topo, pair, ctx, self.sock = wire
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=0, sq_psn=SQ_PSN, rd_atomic=4, mtu=MTU)
         self.slot = self.ctx.loader.qp(self.qp.qp_num)
+        self.st0 = self.ctx.stats()              # the module's Context: counters are diffed from here
+
+    def stat(self, name: str) -> int:
+        return self.ctx.stats()[name] - self.st0[name]
 
     def close(self):
         self.ctx.destroy_qp(self.qp)
@@ -64,13 +69,13 @@ class Requester(ScriptedQP):
     def spin(self, cond, timeout: float = 5.0):
         deadline = time.monotonic() + timeout
         while not cond():
-            self.ctx.engine.progress()
+            self.ctx.progress()
             assert time.monotonic() < deadline, self.qp.query()
 
     def settle(self, rounds: int = 50):
         """Give the frame just sent time to cross the veth, and the engine rounds to take it."""
         for _ in range(rounds):
-            self.ctx.engine.progress()
+            self.ctx.progress()
             time.sleep(0.001)
 
     def respond(self, opcode: Op, psn: int, syndrome: int | None = 0x1F, payload: bytes = b""):
@@ -83,7 +88,7 @@ class Requester(ScriptedQP):
         got = []
 
         def have():
-            got.extend(self.cq.q.popleft() for _ in range(len(self.cq.q)))
+            got.extend(self.cq.poll(n - len(got)))
             return len(got) >= n
         self.spin(have)
         return got
@@ -102,7 +107,7 @@ def _sge(r: Requester, off: int, n: int):
 
 
 def _sent(r: Requester, packets: int, psns: int):
-    r.spin(lambda: r.qp.requester.packets_sent >= packets and int(r.slot["snd_nxt"]) == SQ_PSN + psns)
+    r.spin(lambda: r.stat("tx") >= packets and int(r.slot["snd_nxt"]) == SQ_PSN + psns)
 
 
 def test_bad_aeth_reaches_the_completer(req):
@@ -114,7 +119,8 @@ def test_bad_aeth_reaches_the_completer(req):
     req.respond(Op.ACKNOWLEDGE, SQ_PSN, syndrome=0x40)
     (wc,) = req.wcs(1)
     assert (wc.wr_id, wc.status) == (1, WCStatus.BAD_RESP_ERR)
-    assert req.qp.state == QPState.ERR and req.qp.query()["rx_bad_rsp"] == 1
+    q = req.qp.query()
+    assert q["state"] == QPState.ERR and q["error"] == "bad response (reserved AETH)"
     ev, dr = req.ctx.loader.events(), req.ctx.loader.drops()
     assert ev["ACK_BAD_AETH_TO_USER"] - ev0["ACK_BAD_AETH_TO_USER"] == 1
     assert dr["BAD_FIELD"] == dr0["BAD_FIELD"]
@@ -150,8 +156,8 @@ def test_naks_before_comp_psn_are_stale_in_the_kernel(req):
     (wc,) = req.wcs(1)
     assert (wc.wr_id, wc.status) == (2, WCStatus.SUCCESS)
     assert bytes(req.buf[:2 * MTU]) == first + last
-    q = req.qp.query()
-    assert req.qp.requester.retransmits == 0 and q["rx_stale_rsp"] == 0 and q["rx_bad_rsp"] == 0
+    assert req.qp.query()["state"] == QPState.RTS
+    assert req.stat("retransmits") == 0 and req.stat("rx_rsp_stale") == 0
 
 
 def test_nak_of_a_partly_answered_read_still_fails_it(req):

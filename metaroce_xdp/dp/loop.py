@@ -956,7 +956,12 @@ def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
             if mr == -1:
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ)
             if mr != A[j + J_MR]:
-                continue
+                # the saved READ's own R_Key matches even when its MR has gone since: the re-execution's
+                # key check then fails and is NAKed with code 2 (MR-DUP-003, MR-MEM-021, MR-MEM-033)
+                ref = A[j + J_MR]
+                i = key_row(ref)
+                if not (mr < 0 and MRT[i, M_REF] == ref and MRT[i, M_KEY] == rkey):
+                    continue
         skip = k * pmtu                              # no overflow: k < J_NPK <= 2^31 / pmtu + 1
         if skip > slen:
             continue

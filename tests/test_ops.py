@@ -1,18 +1,34 @@
-"""Every operation and size class between two endpoints (in-process ports).
+"""Every operation and size class between two compiled-plane endpoints (dp_loop: two namespaces through a
+switch namespace, real XDP and AF_XDP; veths at MTU 9000 so that path MTU 4096 fits).
 
 MR-RC segmentation (MR-RC-002, MR-RC-003), completion order (MR-RC-020),
 MR-ATOM semantics (MR-ATOM-001): the right bytes arrive (checksums over whole buffers) and completions come in WR order
-with the right status, opcode and length.
+with the right status, opcode and length.  FETCH_ADD / COMPARE_SWAP results and scatter/gather lists are
+tests/test_dp_ops.py's test_fetch_add_and_compare_swap and test_scatter_gather_lists.
 """
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
 import pytest
 
-from metaroce_xdp.verbs_types import WCFlags, WCOpcode
-from rc_players import (RecvWR, SendFlags, SendWR, WCStatus, WROpcode, loop_pair, wait_wcs)
+from dp_players import LoopPairs, wait_wcs
+from metaroce_xdp.verbs_types import RecvWR, SendFlags, SendWR, WCFlags, WCOpcode, WCStatus, WROpcode
+
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+
+
+@pytest.fixture(scope="module")
+def _dp_loop_pairs():
+    """dp_loop's topology for this module: links at MTU 9000 (path MTU 4096 needs more than 1500)."""
+    pairs = LoopPairs(mtu=9000)
+    try:
+        yield pairs
+    finally:
+        pairs.close()
 
 SIZES = [0, 1, 3, 255, 256, 1023, 1024, 1025, 4096, 65536, 300_001]
 
@@ -23,9 +39,9 @@ def _fill(p, seed):
 
 @pytest.mark.parametrize("mtu", [256, 1024, 4096])
 @pytest.mark.parametrize("size", SIZES)
-def test_write_sizes(mtu, size):
+def test_write_sizes(dp_loop, mtu, size):
     """MR-RC-002, MR-RC-011, MR-RC-018, MR-MEM-028: every size lands at [va, va + len), nothing outside."""
-    a, b = loop_pair(mtu=mtu)
+    a, b = dp_loop(mtu=mtu)
     _fill(a, size)
     a.qp.post_send(SendWR(wr_id=7, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(10, size)],
                           remote_addr=b.mr.addr + 20, rkey=b.mr.rkey))
@@ -37,9 +53,9 @@ def test_write_sizes(mtu, size):
 
 @pytest.mark.parametrize("mtu", [256, 4096])
 @pytest.mark.parametrize("size", SIZES)
-def test_read_sizes(mtu, size):
+def test_read_sizes(dp_loop, mtu, size):
     """MR-RC-004, MR-RC-021, MR-QP-034: READ responses place every byte; byte_len is the bytes read."""
-    a, b = loop_pair(mtu=mtu)
+    a, b = dp_loop(mtu=mtu)
     _fill(b, size + 1)
     a.qp.post_send(SendWR(wr_id=8, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, size)],
                           remote_addr=b.mr.addr + 5, rkey=b.mr.rkey))
@@ -50,9 +66,9 @@ def test_read_sizes(mtu, size):
 
 @pytest.mark.parametrize("size", [0, 1, 1024, 5000, 100_000])
 @pytest.mark.parametrize("imm", [False, True])
-def test_send_recv(size, imm):
+def test_send_recv(dp_loop, size, imm):
     """MR-RC-019, MR-XH-014, MR-MEM-031: SEND (zero length too) completes the receive WQE with byte_len, imm."""
-    a, b = loop_pair()
+    a, b = dp_loop()
     _fill(a, 3)
     b.qp.post_recv(RecvWR(wr_id=99, sg_list=[b.sge(0, 200_000)]))
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND_WITH_IMM if imm else WROpcode.SEND,
@@ -66,9 +82,9 @@ def test_send_recv(size, imm):
     assert bytes(b.buf[:size]) == bytes(a.buf[:size])
 
 
-def test_write_with_imm_consumes_a_receive():
+def test_write_with_imm_consumes_a_receive(dp_loop):
     """MR-OPC-008, MR-RC-019: WRITE WITH IMMEDIATE consumes a receive WQE (one without SGEs is fine)."""
-    a, b = loop_pair()
+    a, b = dp_loop()
     _fill(a, 4)
     b.qp.post_recv(RecvWR(wr_id=5, sg_list=[]))
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[a.sge(0, 3000)],
@@ -78,41 +94,9 @@ def test_write_with_imm_consumes_a_receive():
     assert bytes(b.buf[:3000]) == bytes(a.buf[:3000])
 
 
-def test_scatter_gather():
-    """MR-RC-018: a SEND is placed across the receive WQE's SGEs in order."""
-    a, b = loop_pair()
-    _fill(a, 5)
-    sges = [a.sge(0, 100), a.sge(5000, 2000), a.sge(9000, 1)]
-    b.qp.post_recv(RecvWR(wr_id=1, sg_list=[b.sge(100, 50), b.sge(300, 3000)]))
-    a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.SEND, sg_list=sges))
-    wait_wcs([a, b], b, 1)
-    sent = np.concatenate([a.buf[0:100], a.buf[5000:7000], a.buf[9000:9001]])
-    got = np.concatenate([b.buf[100:150], b.buf[300:300 + 2101 - 50]])
-    assert bytes(got) == bytes(sent)
-
-
-def test_atomics():
-    """MR-ATOM-001, MR-ATOM-006, MR-ATOM-008: FETCH_ADD / COMPARE_SWAP results and original values."""
-    a, b = loop_pair()
-    cell = b.buf[64:72].view(np.uint64)
-    cell[0] = 41
-    a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(0, 8)],
-                          remote_addr=b.mr.addr + 64, rkey=b.mr.rkey, compare_add=1))
-    a.qp.post_send(SendWR(wr_id=2, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[a.sge(8, 8)],
-                          remote_addr=b.mr.addr + 64, rkey=b.mr.rkey, compare_add=42, swap=7))
-    a.qp.post_send(SendWR(wr_id=3, opcode=WROpcode.ATOMIC_CMP_AND_SWP, sg_list=[a.sge(16, 8)],
-                          remote_addr=b.mr.addr + 64, rkey=b.mr.rkey, compare_add=42, swap=9))
-    wcs = wait_wcs([a, b], a, 3)
-    assert [w.wr_id for w in wcs] == [1, 2, 3] and all(w.status == WCStatus.SUCCESS for w in wcs)
-    assert [w.opcode for w in wcs] == [WCOpcode.FETCH_ADD, WCOpcode.COMP_SWAP, WCOpcode.COMP_SWAP]
-    orig = a.buf[:24].view(np.uint64)
-    assert list(orig) == [41, 42, 7]          # FetchAdd saw 41; CAS(42->7) hit; CAS(42->9) missed
-    assert cell[0] == 7
-
-
-def test_mixed_stream_completes_in_order():
+def test_mixed_stream_completes_in_order(dp_loop):
     """MR-RC-006, MR-RC-009, MR-RC-020, MR-ACK-006: a mixed stream completes in posting order."""
-    a, b = loop_pair(mtu=512)
+    a, b = dp_loop(mtu=512)
     _fill(a, 6)
     _fill(b, 7)
     b.buf[900_000:900_008] = 0
@@ -141,10 +125,10 @@ def test_mixed_stream_completes_in_order():
         assert bytes(a.buf[300_000 + i * 3000:300_000 + i * 3000 + 2500]) == bytes(b.buf[800_000 + i:800_000 + i + 2500])
 
 
-def test_64mib_write():
+def test_64mib_write(dp_loop):
     """The issue's upper size class: a 64 MiB message, one WR, at 4 KiB path MTU (MR-RC-002)."""
     n = 64 << 20
-    a, b = loop_pair(mtu=4096, size=n)
+    a, b = dp_loop(mtu=4096, size=n)
     a.buf[::4096] = np.arange(n // 4096, dtype=np.uint64).astype(np.uint8)
     a.buf[-1] = 0xAB
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, n)],
