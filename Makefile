@@ -16,7 +16,7 @@ demo: setup
 
 # The table on stdout; docs/bench/: bench.json (schema in tools/bench.py), RESULTS.md, the plots;
 # then goodput against loss on the emulated fabric: fabric.json, goodput_loss.png (tools/bench_fabric.py).
-# BENCH_ARGS passes options (python -m tools.bench --help), e.g. "--plane compiled" (default both).
+# BENCH_ARGS passes options (python -m tools.bench --help), e.g. "--placement same".
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m tools.bench --json docs/bench/bench.json $(BENCH_ARGS)

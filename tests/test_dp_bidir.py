@@ -39,20 +39,3 @@ def test_bidirectional_many_qps_recover_from_rx_ring_overflow():
         assert sum(d.get("timeouts", 0) for d in both) > 0
     finally:
         topo.close()
-
-
-def test_python_plane_bidirectional_many_qps_share_the_port_budget():
-    """The python plane (the oracle, `--plane python`) shares a port in-flight budget among its QPs as the
-    compiled plane does (rc/engine.py port_inflight, 3/4 of the peer's ring): 16 QP pairs of 64 KiB WRITEs
-    both ways used to put 16 x 1024 packets in flight, overflow the peer's ring and end in RETRY_EXC_ERR
-    within the first WRs (make bench's python 16-QP row; this test with METAROCE_PORT_INFLIGHT=0 still
-    does).  With the budget they finish verified."""
-    topo, _ = two_hosts()
-    try:
-        r, s = perf_run(topo, "write-bw", 18598, ["--plane", "python"],
-                        ["--plane", "python", "-s", "65536", "-n", "300", "--qps", "16", "--bidirectional"],
-                        timeout=240)
-        assert r["verified"] is True and r["peer_verified"] is True and s["verified"] is True
-        assert r["total_bytes"] == 2 * 16 * 300 * 65536
-    finally:
-        topo.close()

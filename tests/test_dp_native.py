@@ -270,12 +270,12 @@ def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
 
 
 @pytest.mark.parametrize("srv_args,want", [(["--plane", "compiled"], "native"),
-                                            (["--plane", "compiled", "--profile", "compat"], "compat"),
-                                            (["--plane", "python"], "compat")], ids=["auto", "compat", "python-plane"])
+                                            (["--plane", "compiled", "--profile", "compat"], "compat")],
+                         ids=["auto", "compat"])
 def test_perf_profile_switch(srv_args, want):
     """`metaroce perf --plane compiled` with the default --profile auto (MR-NAT-001/002, MR-CM-016): write-bw
-    runs native against an auto server, falls back to compat against a compat one and against the python
-    plane (compat-only, its auto means compat), the data arriving intact each time; both sides report which."""
+    runs native against an auto server and falls back to compat against a compat-only one, the data arriving
+    intact each time; both sides report which."""
     from metaroce_xdp.topo import two_hosts
     from perf_players import perf_run
     topo, _ = two_hosts()

@@ -368,8 +368,8 @@ def test_dcqcn_cnps_cut_the_senders_rate():
         assert qb["tx_cnp"] <= qb["rx_ce_marked"] and b.ctx.stats()["tx_cnp"] == qb["tx_cnp"]
         assert a.ctx.loader.events()["CNP_CONSUMED"] - cnp0 >= 1        # ICRC verified by A's kernel
         assert qa["rx_cnp"] >= 1 and qa["rate_cuts"] >= 1
-        # alpha has decayed since the QP was made (g = 1/256 every K = 55 us), so each cut is small, as
-        # in the Python engine; every CNP adds g back
+        # alpha has decayed since the QP was made (g = 1/256 every K = 55 us), so each cut is small;
+        # every CNP adds g back
         assert qa["rate_min_bps"] < r_line and qa["alpha"] > 0
     finally:
         a.close()
@@ -378,7 +378,7 @@ def test_dcqcn_cnps_cut_the_senders_rate():
 
 
 def test_a_bad_sge_is_reported_by_a_completion_not_at_post(pair):
-    """MR-RC-022, MR-MEM-020 (as the Python engine): a send WR whose SGE fails its lkey / bounds check is
+    """MR-RC-022, MR-MEM-020: a send WR whose SGE fails its lkey / bounds check is
     accepted; the WRs before it complete, it fails LOC_PROT_ERR when it is the oldest with nothing of it
     sent, the rest are flushed.  A receive WR with a bad SGE fails LOC_PROT_ERR when a SEND comes for it,
     and the sender gets NAK code 3 (REM_OP_ERR)."""
@@ -432,27 +432,28 @@ def test_read_then_overlapping_write_without_fence(pair):
     assert (b.buf[3_000_016:3_065_536] == new[16:]).all()
 
 
-def test_interoperates_with_the_python_engine():
-    """The wire bytes: the compiled plane's ATOMIC, ATOMIC ACKNOWLEDGE, SEND WITH INVALIDATE and gathered
-    packets are parsed and accepted by the Python engine's strict parser at the other end, and the other
-    way round (compat RoCEv2 both ways, through the real XDP program on each side)."""
-    from dp_players import Side
-    from metaroce_xdp.dp import Context as DpContext
-    from metaroce_xdp.rc.engine import Context as PyContext
-    from metaroce_xdp.topo import two_hosts
-    topo, _ = two_hosts()
-    a = b = None
+def test_wire_bytes_of_atomics_invalidate_and_gathers_parse_strictly():
+    """The wire bytes: the ATOMIC, ATOMIC ACKNOWLEDGE, SEND WITH INVALIDATE, gathered and scattered packets
+    the compiled plane sends, both ways between two of its endpoints (compat RoCEv2, through the real XDP
+    program on each side), are captured on the switch port before B and each one is decoded by the strict
+    parser (metaroce_xdp.wire.decode: lengths, pad, extension headers, ICRC): the headers carry what the
+    work requests asked for (MR-XH-*), and the operations complete with the memory they must leave."""
+    from dp_players import make_switched
+    from metaroce_xdp.wire import Op, decode
+    from wire_players import PortTap, is_roce_v4
+    topo, a, b = make_switched()
+    tap = None
     try:
-        a = Side(topo, topo[0], "mr0", ctx_cls=DpContext)
-        b = Side(topo, topo[1], "mr1", ctx_cls=PyContext)
         a.new_qp(), b.new_qp()
-        a.connect(b), b.connect(a)
+        a.connect(b), b.connect(a)                                  # path MTU 1024
         for s, seed in ((a, 5), (b, 6)):
             s.buf[:] = np.random.default_rng(seed).integers(0, 256, s.buf.size, dtype=np.uint8)
             s.buf[8192:8208] = 0
         inv_a = a.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
         inv_b = b.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
-        for src, dst, inv in ((a, b, inv_b), (b, a, inv_a)):        # compiled -> Python, then Python -> compiled
+        tap = PortTap(topo, topo[1], "swB")
+        for src, dst, inv in ((a, b, inv_b), (b, a, inv_a)):        # A -> B, then B -> A
+            tap.frames()                                            # what went before
             dst.qp.post_recv(RecvWR(wr_id=50, sg_list=[dst.sge(100_000, 1500), dst.sge(200_000, 5000)]))
             wrs = [SendWR(wr_id=1, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[src.sge(0, 8)],
                           remote_addr=dst.mr.addr + 8192, rkey=dst.mr.rkey, compare_add=3),
@@ -462,6 +463,8 @@ def test_interoperates_with_the_python_engine():
                           invalidate_rkey=inv.rkey, send_flags=SendFlags.SIGNALED | SendFlags.SOLICITED),
                    SendWR(wr_id=4, opcode=WROpcode.RDMA_READ, sg_list=[src.sge(500_000, 3000), src.sge(600_000, 100)],
                           remote_addr=dst.mr.addr + 700_000, rkey=dst.mr.rkey, send_flags=SendFlags.SIGNALED | SendFlags.FENCE)]
+            msg = np.concatenate([src.buf[300_000:301_000], src.buf[400_000:402_500]])
+            rd = dst.buf[700_000:703_100].copy()
             src.qp.post_send(wrs)
             wcs = collect(src, 4, [dst])
             assert [(w.wr_id, w.status, w.byte_len) for w in wcs] == [
@@ -472,21 +475,47 @@ def test_interoperates_with_the_python_engine():
             assert r.wc_flags & WCFlags.WITH_INV
             assert u64(src.buf, 0) == 0 and bytes(src.buf[8:12]) + bytes(src.buf[16:20]) == struct.pack("<Q", 3)
             assert u64(dst.buf, 8192) == 0xAABBCCDD11223344
-            msg = np.concatenate([src.buf[300_000:301_000], src.buf[400_000:402_500]])
             assert (np.concatenate([dst.buf[100_000:101_500], dst.buf[200_000:202_000]]) == msg).all()
-            rd = dst.buf[700_000:703_100]
             assert (src.buf[500_000:503_000] == rd[:3000]).all() and (src.buf[600_000:600_100] == rd[3000:]).all()
+
+            time.sleep(0.05)                                        # the last frames reach the tap
+            pkts = [decode(f) for f in tap.frames(is_roce_v4)]      # raises on any malformed frame
+            assert pkts and all(p.icrc_ok for p in pkts)
+            req = [p for p in pkts if p.bth.dest_qp == dst.qp.qp_num]
+            rsp = [p for p in pkts if p.bth.dest_qp == src.qp.qp_num]
+            seen = []                                               # each PSN once (no loss here)
+            for p in req:
+                if p.bth.psn not in [q.bth.psn for q in seen]:
+                    seen.append(p)
+            assert [Op(p.bth.opcode) for p in seen] == [
+                Op.FETCH_ADD, Op.COMPARE_SWAP, Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_MIDDLE,
+                Op.SEND_LAST_WITH_INVALIDATE, Op.RDMA_READ_REQUEST]
+            fa, cs, *send, rr = seen
+            assert (fa.atomiceth.va, fa.atomiceth.rkey, fa.atomiceth.swap_add) == (dst.mr.addr + 8192, dst.mr.rkey, 3)
+            assert (cs.atomiceth.va, cs.atomiceth.rkey, cs.atomiceth.compare, cs.atomiceth.swap_add) == \
+                (dst.mr.addr + 8192, dst.mr.rkey, 3, 0xAABBCCDD11223344)
+            assert [len(p.payload) for p in send] == [1024, 1024, 1024, 428]
+            assert b"".join(p.payload for p in send) == msg.tobytes()           # the gathered message
+            assert send[-1].ieth.rkey == inv.rkey and send[-1].bth.se == 1       # IETH and SOLICITED on the last
+            assert (rr.reth.va, rr.reth.rkey, rr.reth.dma_len) == (dst.mr.addr + 700_000, dst.mr.rkey, 3100)
+            acks = [p for p in rsp if p.bth.opcode == Op.ATOMIC_ACKNOWLEDGE]
+            assert sorted({(p.bth.psn, p.atomicacketh.orig) for p in acks}) == [(fa.bth.psn, 0), (cs.bth.psn, 3)]
+            rresp = {p.bth.psn: p for p in rsp if Op.RDMA_READ_RESPONSE_FIRST <= p.bth.opcode
+                     <= Op.RDMA_READ_RESPONSE_ONLY}
+            assert sorted(rresp) == [(rr.bth.psn + k) & 0xFFFFFF for k in range(4)]
+            assert b"".join(rresp[(rr.bth.psn + k) & 0xFFFFFF].payload for k in range(4)) == rd.tobytes()
         inv_a.dereg()
         inv_b.dereg()
     finally:
+        if tap is not None:
+            tap.close()
         for s in (a, b):
-            if s is not None:
-                s.close()
+            s.close()
         topo.close()
 
 
 def test_comm_est_when_rtr_accepts_the_first_request(pair):
-    """MR-QP-021 (as the Python engine): a QP still in RTR that accepts a request raises COMM_EST once."""
+    """MR-QP-021: a QP still in RTR that accepts a request raises COMM_EST once."""
     a, b = pair
     qb = b.ctx.create_qp(b.pd, b.cq, b.cq)
     qa = a.ctx.create_qp(a.pd, a.cq, a.cq)

@@ -1,17 +1,16 @@
-"""Where a compat requester goes on after an ACK overtakes its go-back-N, on both engines (the compiled data
-plane and its oracle, the Python engine), against a scripted responder (rc_players.scripted_wire: a raw socket
-in the other namespace, nothing there answers but the script) through the real XDP program and AF_XDP socket.
+"""Where a compat requester of the compiled data plane goes on after an ACK overtakes its go-back-N, against a
+scripted responder (wire_players.scripted_wire: a raw socket in the other namespace, nothing there answers but
+the script) through the real XDP program and AF_XDP socket.
 
 The case (MR-RETRY-001; MR-RC-004: a new message takes the next PSNs, never ones already used): three
 4-packet WRITEs go out unacknowledged; the local ACK timer fires and the requester goes back to the first
 PSN (the compiled plane resends one packet, its window reopening from one after a timeout); a fourth
 WRITE is posted; then the responder's ACK for all twelve PSNs arrives -- the packets had arrived, the ACK
-was late.  The three WRITEs complete, and the fourth must start at PSN first + 12.  The compiled plane
-used to start it where the resending had got to (first + 1): its PSNs were ones the responder had
-executed, taken as duplicates, until one fell at the responder's ePSN in the middle of the new message:
-"opcode out of sequence" and both QPs in ERR.  Seen as a rare REM_INV_REQ_ERR in 16-QP bidirectional
-streams under CPU load (tests/test_dp_bidir.py), where RX-ring overflow makes timeouts with late ACKs
-common.
+was late.  The three WRITEs complete, and the fourth must start at PSN first + 12.  Started where the
+resending had got to (first + 1), its PSNs would be ones the responder had executed, taken as duplicates,
+until one fell at the responder's ePSN in the middle of the new message: "opcode out of sequence" and both
+QPs in ERR -- a rare REM_INV_REQ_ERR in 16-QP bidirectional streams under CPU load (tests/test_dp_bidir.py),
+where RX-ring overflow makes timeouts with late ACKs common.
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, Op, encode
-from rc_players import ScriptedQP, engine_context, scripted_wire
+from wire_players import ScriptedQP, engine_context, scripted_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -39,17 +38,16 @@ def wire():
         yield w
 
 
-@pytest.fixture(scope="module", params=["python", "compiled"])
-def ctx(request, wire):
-    with engine_context(wire[0], request.param) as c:
-        yield request.param, c
+@pytest.fixture(scope="module")
+def ctx(wire):
+    with engine_context(wire[0], "compiled") as c:
+        yield c
 
 
 class Requester(ScriptedQP):
     def __init__(self, wire, ctx) -> None:
         topo, pair, self.sock = wire
-        self.kind, c = ctx
-        super().__init__(c, topo, pair, PEER_QPN, rq_psn=100, sq_psn=SQ_PSN, rd_atomic=16, mtu=MTU,
+        super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=SQ_PSN, rd_atomic=16, mtu=MTU,
                          timeout=TIMEOUT)
         self.drain()
 
@@ -87,8 +85,7 @@ def test_a_late_ack_during_go_back_n_leaves_the_next_message_its_own_psns(wire, 
         # no ACK: the local ACK timer fires, the requester goes back to SQ_PSN
         again = r.rounds(0.2, first_burst=True)
         assert again and again[0].bth.psn == SQ_PSN and again[0].bth.opcode == Op.RDMA_WRITE_FIRST, again[:3]
-        if r.kind == "compiled":
-            assert len(again) == 1, [p.bth.psn for p in again]     # the window reopens from one packet
+        assert len(again) == 1, [p.bth.psn for p in again]         # the window reopens from one packet
         r.write(3, 3 * 4096, 2048)
         r.rounds(0.005)
         r.drain()
@@ -118,9 +115,8 @@ def test_an_out_of_sequence_opcode_is_named_in_the_error_reason(wire, ctx):
         out = r.rounds(0.05)
         assert [(p.bth.opcode, p.ext["aeth"].syndrome) for p in out] == [(Op.ACKNOWLEDGE, 0x61)], out
         q = r.qp.query()
-        assert q["state"] in (QPState.ERR, "ERR"), q                   # (the Python engine says it in text)
-        if r.kind == "compiled":
-            assert q["error"] == ("invalid request: opcode out of sequence (opcode 0x07 at PSN 0x000064, 1024 B of "
-                                  "payload; expected PSN 0x000064, no message in progress)"), q["error"]
+        assert q["state"] == QPState.ERR, q
+        assert q["error"] == ("invalid request: opcode out of sequence (opcode 0x07 at PSN 0x000064, 1024 B of "
+                              "payload; expected PSN 0x000064, no message in progress)"), q["error"]
     finally:
         r.ctx.destroy_qp(r.qp)

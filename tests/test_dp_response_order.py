@@ -1,8 +1,7 @@
-"""The compat responder's responses on the wire, the compiled data plane against its oracle, the Python
-engine: crafted request frames from a scripted requester (a raw socket in the other namespace: nothing
-there answers but the script) reach a responder QP on a real interface (XDP program, AF_XDP socket),
-and what the responder sends back is read off the wire in the order it left.  Both engines must send
-the same responses -- opcode, PSN, AETH syndrome and the ACKs' MSN -- in the same order.
+"""The compat responder's responses on the wire, on the compiled data plane: crafted request frames from a
+scripted requester (a raw socket in the other namespace: nothing there answers but the script) reach a
+responder QP on a real interface (XDP program, AF_XDP socket), and what the responder sends back is read
+off the wire in the order it left: opcode, PSN, AETH syndrome and the ACKs' MSN, each as the rules say.
 
 * MR-RC-025 (with MR-ACK-001, MR-ACK-003): responses of a QP leave in PSN order.  The coalesced ACK of
   a WRITE after a READ leaves after that READ's responses -- also when the responses are queued over
@@ -24,7 +23,7 @@ import pytest
 
 from metaroce_xdp.wire import RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
-from rc_players import ScriptedQP, engine_context, scripted_wire
+from wire_players import ScriptedQP, engine_context, scripted_wire
 
 pytestmark = [pytest.mark.netns,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
@@ -40,10 +39,11 @@ def wire():
         yield w
 
 
-@pytest.fixture(scope="module", params=["python", "compiled"])
-def engine(request, wire):
-    with engine_context(wire[0], request.param) as ctx:
-        yield request.param, ctx
+@pytest.fixture(scope="module")
+def engine(wire):
+    """The compiled plane's Context on mr0 (no progress thread: the test runs the rounds)."""
+    with engine_context(wire[0], "compiled") as ctx:
+        yield ctx
 
 
 class Responder(ScriptedQP):
@@ -51,21 +51,17 @@ class Responder(ScriptedQP):
 
     def __init__(self, wire, engine, budget: int = 256) -> None:
         topo, pair, self.sock = wire
-        self.kind, ctx = engine
-        super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=16, mtu=MTU,
+        super().__init__(engine, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=16, mtu=MTU,
                          min_rnr_timer=4)
         self.budget = budget
         self._budget0 = self._set_budget(budget)
         self.drain()
 
     def _set_budget(self, n: int) -> int:
-        if self.kind == "compiled":
-            from metaroce_xdp.dp import layout as L
-            old = int(self.ctx.plane.A[L.P_BUDGET])
-            self.ctx.plane.A[L.P_BUDGET] = n
-        else:
-            old = self.ctx.engine.budget
-            self.ctx.engine.budget = n
+        """The plane's per-round packet budget set to n; the old one returned."""
+        from metaroce_xdp.dp import layout as L
+        old = int(self.ctx.plane.A[L.P_BUDGET])
+        self.ctx.plane.A[L.P_BUDGET] = n
         return old
 
     def close(self) -> None:
@@ -121,17 +117,6 @@ def write(r, psn, data, off=32768):
     return (Op.RDMA_WRITE_ONLY, psn, data, dict(reth=RETH(va=r.mr.addr + off, rkey=r.mr.rkey, dma_len=len(data))))
 
 
-# what each engine sent, per test: the compiled plane's must equal the oracle's (the Python engine's)
-RESULTS: dict[tuple, dict[str, list]] = {}
-
-
-def same_as_oracle(key, kind, got) -> None:
-    RESULTS.setdefault(key, {})[kind] = got
-    both = RESULTS[key]
-    if len(both) == 2:
-        assert both["compiled"] == both["python"]
-
-
 @pytest.mark.parametrize("budget", [256, 2])
 def test_ack_after_a_read_waits_for_its_responses(wire, engine, budget):
     """MR-RC-025, MR-ACK-003: READ 100 (3 responses, PSNs 100-102), WRITE 103, READ 104, WRITE 105 arriving
@@ -144,9 +129,10 @@ def test_ack_after_a_read_waits_for_its_responses(wire, engine, budget):
         assert order(out) == [("RR", 100), ("RR", 101), ("RR", 102), ("ACK", 103), ("RR", 104), ("ACK", 105)]
         acks = [s for s in seen(out) if s[0] == "ACK"]
         assert [(s[2], s[3]) for s in acks] == [(0x1F, 2), (0x1F, 4)]       # the MSN when each was decided
+        # an AETH (ACK syndrome) on READ RESPONSE FIRST, LAST and ONLY, none on MIDDLE
+        assert [s[:3] for s in seen(out)] == [("RR", 100, 0x1F), ("RR", 101, None), ("RR", 102, 0x1F),
+                                              ("ACK", 103, 0x1F), ("RR", 104, 0x1F), ("ACK", 105, 0x1F)]
         assert bytes(r.buf[32768:32776]) == b"w" * 8 and bytes(r.buf[33000:33008]) == b"v" * 8
-        same_as_oracle(("burst", budget), engine[0], [(k, p, s) + ((m,) if k == "ACK" else ())
-                                                      for k, p, s, m in seen(out)])
 
 
 def test_ack_of_a_write_arriving_while_read_responses_go_out(wire, engine):
@@ -163,7 +149,6 @@ def test_ack_of_a_write_arriving_while_read_responses_go_out(wire, engine):
         r.send([write(r, 106, b"x" * 16)])
         out = first + r.rounds()
         assert order(out) == [("RR", 100 + k) for k in range(6)] + [("ACK", 106)]
-        same_as_oracle(("backlog",), engine[0], order(out))
 
 
 def test_ack_of_a_write_before_a_read_has_the_writes_psn(wire, engine):
@@ -174,7 +159,6 @@ def test_ack_of_a_write_before_a_read_has_the_writes_psn(wire, engine):
         out = r.rounds()
         assert order(out) == [("ACK", 100), ("RR", 101), ("RR", 102)]
         assert seen(out)[0][3] == 1
-        same_as_oracle(("write-read",), engine[0], order(out))
 
 
 def test_duplicate_write_after_reads_is_acked_before_them(wire, engine):
@@ -207,7 +191,6 @@ def test_duplicate_write_after_reads_is_acked_before_them(wire, engine):
                        [("ACK", 103, 0x1F, 4)],
                        [("ACK", 103, 0x1F, 4)]]
         assert bytes(r.buf[32768:32776]) == b"a" * 8                # duplicates never placed
-        same_as_oracle(("dup",), engine[0], got)
 
 
 @pytest.mark.parametrize("case", ["seq", "rnr", "atomic"])
@@ -224,4 +207,3 @@ def test_naks_and_atomic_acks_do_not_overtake_read_responses(wire, engine, case)
         out = r.rounds()
         last = {"seq": ("ACK", 102, 0x60), "rnr": ("ACK", 102, 0x24), "atomic": ("ATOMIC_ACK", 102, 0x1F)}[case]
         assert [s[:3] for s in seen(out)] == [("RR", 100, 0x1F), ("RR", 101, 0x1F), last]
-        same_as_oracle(("nak", case), engine[0], [s[:3] for s in seen(out)])

@@ -6,8 +6,8 @@ uses and starts them from zero (`reset`).  Traffic is plain UDP from sockets in 
 namespaces, tagged with sequence numbers so the receiver can say which frames were lost,
 duplicated, held back or damaged -- and the program's coins are replayed in Python
 (`metaroce_xdp.fabric.plan`), so the tests know in advance exactly which frames a seed hits.
-The last test runs the compat endpoint (XDP + AF_XDP + the Python engine) across the fabric
-with 1 % loss.  The CLI builds and removes a fabric of its own, also after a killed `up`.
+The last test runs the compat endpoint (XDP + AF_XDP + the compiled data plane) across the
+fabric with 1 % loss.  The CLI builds and removes a fabric of its own, also after a killed `up`.
 """
 from __future__ import annotations
 
@@ -416,12 +416,12 @@ def test_duplicate_reorder_corrupt_counted(fab):
 
 # ------------------------------------------------------------------------ the endpoint across the fabric
 def test_compat_writes_verified_across_fabric_with_loss(fab):
-    """The compat endpoint (XDP program + AF_XDP + Python engine) in h1 and h2 completes WRITEs
-    across the fabric with 1 % seeded loss on each last hop: go-back-N recovers and every byte
-    arrives."""
-    from metaroce_xdp.rc.engine import Context
-    from metaroce_xdp.verbs_types import SGE, QPAttr, QPState
-    from rc_players import FULL, SendWR, WCStatus, WROpcode, wait_wcs
+    """The compat endpoint (XDP program + AF_XDP + the compiled data plane, no progress thread) in h1
+    and h2 completes WRITEs across the fabric with 1 % seeded loss on each last hop: go-back-N recovers
+    and every byte arrives."""
+    from dp_players import FULL, wait_wcs
+    from metaroce_xdp.dp import Context
+    from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, SendWR, WCStatus, WROpcode
 
     fab.set("all", clear=True, reset=True)
     fab.set("l*:h*", loss_ppm=10_000, seed=5)
@@ -461,7 +461,7 @@ def test_compat_writes_verified_across_fabric_with_loss(fab):
         for o, n in regions:
             assert zlib.crc32(b.buf[o:o + n]) == zlib.crc32(a.buf[o:o + n]), (o, n)
         assert not b.buf[off:].any()                                    # nothing written beyond
-        assert a.qp.query()["retransmits"] > 0
+        assert a.ctx.stats()["retransmits"] > 0                          # A's context has this QP alone
     finally:
         for p in (a, b):
             if p is not None:

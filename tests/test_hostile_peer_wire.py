@@ -146,14 +146,14 @@ MTU = 1024
 
 @pytest.fixture(scope="module")
 def wire():
-    from rc_players import scripted_dp_wire
+    from wire_players import scripted_dp_wire
     with scripted_dp_wire("mrhst") as w:
         yield w
 
 
 @contextlib.contextmanager
 def scripted(wire, budget=None, rd_atomic=16):
-    from rc_players import ScriptedQP
+    from wire_players import ScriptedQP
     from metaroce_xdp.dp import layout as L
     topo, pair, sock, ctx = wire
     q = ScriptedQP(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=rd_atomic, mtu=MTU)

@@ -1,10 +1,8 @@
 """README.md's "Using the endpoint", run as written: the ```python block itself, taken from the README,
 executed in two namespaces joined by a veth -- each side runs it with its own interface, the other's
 address as dgid and the other's QPN, PSN, buffer address and rkey as peer_* -- so the example an
-application copies is the one tested.  `from metaroce_xdp import Context` must give the compiled data
-plane (metaroce_xdp.dp.Context); the same block with the import pointed at the Python engine
-(metaroce_xdp.rc.engine.Context, the oracle) must work unchanged: the verbs API is one.  Then the
-completion events the README describes after the block (req_notify(solicited_only=True) + get_event,
+application copies is the one tested, unchanged.  `from metaroce_xdp import Context` must give the
+compiled data plane (metaroce_xdp.dp.Context), what applications get.  Then the completion events the README describes after the block (req_notify(solicited_only=True) + get_event,
 a completion channel serving a CQ) on the same contexts."""
 from __future__ import annotations
 
@@ -36,18 +34,16 @@ def _once(code: str, old: str, new: str) -> str:
     return code.replace(old, new)
 
 
-def readme_parts(engine: str, threaded: bool) -> tuple[str, str, str]:
+def readme_parts(threaded: bool) -> tuple[str, str, str]:
     """The block in three parts -- set-up (to create_qp), connection (the modify calls), traffic (from
-    post_send) -- with the interface, the peer address and, for the variants, the import or
-    progress_thread substituted (each where the README has it exactly once)."""
+    post_send) -- with the interface, the peer address and, for the threaded variant, progress_thread
+    substituted (each where the README has it exactly once)."""
     code = readme_block()
     assert IMPORT in code
     code = _once(code, '"eth1"', "IFNAME")
     code = _once(code, '"10.0.0.2"', "PEER_IP")
     if threaded:
         code = _once(code, "Context.open(IFNAME)", "Context.open(IFNAME, progress_thread=True)")
-    if engine == "python":
-        code = _once(code, IMPORT, "from metaroce_xdp.rc.engine import Context")
     lines = code.splitlines(keepends=True)
     i = next(k for k, ln in enumerate(lines) if ln.startswith("qp.modify("))
     j = next(k for k, ln in enumerate(lines) if ln.startswith("qp.post_send("))
@@ -76,7 +72,7 @@ class Host:
 
 
 def _poll_until(hosts_wanted: list[tuple[Host, int]], timeout: float = 30.0) -> dict:
-    """Each host's cq.poll() (which drives its engine when there is no progress thread) until each
+    """Each host's cq.poll() (which drives its plane when there is no progress thread) until each
     has its count of completions."""
     got: dict = {id(h): [] for h, _ in hosts_wanted}
     deadline = time.monotonic() + timeout
@@ -112,11 +108,10 @@ class _Pump:
 
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["busy-polling", "progress-thread"])
-@pytest.mark.parametrize("engine", ["compiled", "python"])
-def test_readme_example_between_two_namespaces(engine, threaded):
+def test_readme_example_between_two_namespaces(threaded):
     from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPState, RecvWR, SendFlags, SendWR, WCOpcode,
                                           WCStatus, WROpcode)
-    setup, connect, traffic = readme_parts(engine, threaded)
+    setup, connect, traffic = readme_parts(threaded)
     topo, _ = two_hosts()
     a = Host(topo, topo[0], "mr0", "10.77.0.1")
     b = Host(topo, topo[1], "mr1", "10.77.0.2")
@@ -125,9 +120,8 @@ def test_readme_example_between_two_namespaces(engine, threaded):
             h.run(setup)
         import metaroce_xdp
         from metaroce_xdp.dp import Context as DpContext
-        from metaroce_xdp.rc.engine import Context as PyContext
         assert metaroce_xdp.Context is DpContext
-        assert type(a.ctx) is (DpContext if engine == "compiled" else PyContext)
+        assert type(a.ctx) is DpContext
         pattern = {}
         for h, peer, seed, psn in ((a, b, 1, 0x1234), (b, a, 2, 0xFFFFF0)):
             pattern[id(h)] = np.random.default_rng(seed).integers(0, 256, h.buf.size, dtype=np.uint8)

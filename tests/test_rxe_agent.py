@@ -71,8 +71,9 @@ def vm():
 
 @pytest.fixture(scope="module")
 def ours(vm):
-    """Our endpoint on the tap in the VM's netns, served by the reference agent there."""
-    from metaroce_xdp.rc.engine import Context
+    """Our endpoint -- the compiled data plane, what applications get -- on the tap in the VM's netns, served
+    by the reference agent there."""
+    from metaroce_xdp.dp import Context
     with in_netns(vm.netns):
         ctx = Context.open(vm.iface, progress_thread=True, pin=False)
         srv = AgentServer(ctx, "127.0.0.1", 0).start()

@@ -5,7 +5,6 @@ stated in.
     python -m tools.bench                            # full run: table on stdout, plots and RESULTS.md
                                                      # (the table in Markdown) in docs/bench/
     python -m tools.bench --json FILE                # ... and the report as JSON (schema below)
-    python -m tools.bench --plane both               # MetaRoCE's python and compiled data planes
     python -m tools.bench --quick --json FILE --no-plots   # short smoke run (tests/test_bench_smoke.py)
 
 What one run measures, in this order, on namespaces A and B joined by one veth pair:
@@ -26,8 +25,8 @@ What one run measures, in this order, on namespaces A and B joined by one veth p
      median.  Frame sizes: 64 B (the small-message bar) and MetaRoCE's full data packet at
      path MTU 1024 (1082 B, veth MTU 1500) and 4096 (4154 B, veth MTU 4200: two UMEM chunks a
      frame, so XDP_USE_SG and the redirect program loaded frags-aware, BPF_F_XDP_HAS_FRAGS).
-  3. MetaRoCE through `metaroce perf` (tools/perf.py, called through the CLI; for the compiled
-     plane with `--plane compiled`): 8-byte WRITE latency median and p99, 8-byte WRITE message
+  3. MetaRoCE through `metaroce perf` (tools/perf.py, called through the CLI, on the compiled
+     data plane: `--plane compiled`): 8-byte WRITE latency median and p99, 8-byte WRITE message
      rate on 1 and 16 QPs, 64 KiB WRITE bandwidth on one QP at path MTU 1024 and 4096, 4 and 16
      QPs in both directions at once (aggregate), the size series for the plots, and bytes per
      CPU-second.  A measurement perf cannot take yet (no option for several QPs, no path MTU
@@ -101,7 +100,7 @@ PERF_PORT = 18515               # `metaroce perf` connection set-up (TCP), its d
 MTU_FOR_PMTU = {1024: 1500, 4096: 4200}
 # perf failures worth a second attempt: a side starved past its peer's timers on a loaded host
 TRANSIENT = re.compile(r"RETRY_EXC_ERR|RNR_RETRY_EXC|no traffic|timed? ?out|timeout|not listening", re.I)
-PLANES = ("python", "compiled")
+PLANES = ("compiled",)          # the MetaRoCE data plane(s) measured: the compiled one, what applications get
 
 
 def frame_bytes(pmtu: int) -> int:
@@ -833,9 +832,9 @@ class Bench:
             if not perf_ok:
                 plane_na = "tools/perf.py / `metaroce perf` not available"
             elif popts.get("plane"):
-                extra = (popts["plane"], plane)        # named always: perf's default plane is the compiled one
-            elif plane != "python":
-                plane_na = f"not available: `metaroce perf` has no --plane option yet (for the {plane} plane)"
+                extra = (popts["plane"], plane)        # named always
+            else:
+                plane_na = f"not available: `metaroce perf` has no --plane option (for the {plane} plane)"
 
             def perf(test, size, iters, pmtu=1024, more=(), cpu=False):
                 """One `metaroce perf` run, tried a second time if the first fails (a loaded
@@ -1134,10 +1133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, no table)")
     ap.add_argument("--quick", action="store_true", help="short durations, a two-configuration raw sweep, no size "
                     "series (smoke test)")
-    ap.add_argument("--plane", choices=("python", "compiled", "both"), default="both",
-                    help="MetaRoCE data plane(s) to measure (default both: the performance targets are the "
-                         "compiled plane's, the python plane is shown beside it); --plane is passed to perf "
-                         "only when not python")
+    ap.add_argument("--plane", choices=("compiled",), default="compiled",
+                    help="MetaRoCE data plane to measure: compiled (metaroce_xdp.dp, the endpoint applications "
+                         "get; the only one), passed to perf as --plane")
     ap.add_argument("--placement", choices=("split", "same", "unpinned"), default="split",
                     help="CPUs of host A's and B's processes, MetaRoCE and qperf alike (default split: A on the "
                          "first CPU, B on the second)")
@@ -1153,7 +1151,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     d = QUICK if args.quick else FULL
-    planes = PLANES if args.plane == "both" else (args.plane,)
+    planes = (args.plane,)
     err = Console(stderr=True)
     log = (lambda m: err.print(f"[dim]{escape(m)}[/]")) if sys.stderr.isatty() or args.json != "-" \
         else (lambda m: None)

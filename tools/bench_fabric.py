@@ -44,7 +44,7 @@ trip.  `--incast-progress sleep` runs the senders with `metaroce perf --progress
 
 Both profiles are measured (`metaroce perf --profile compat|native`); a perf without that option
 would leave the native rows "not available" with the reason, not drop them.  The data plane is
-`--plane` (default compiled, where native is built).
+the compiled one (`--plane compiled`).
 
 JSON (schema "metaroce-bench-fabric/1"; keys are only added, never renamed):
 
@@ -126,8 +126,7 @@ def perf_once(fab, size: int, total: int, plane: str, profile: str | None, timeo
     depth = max(1, min(128, IN_FLIGHT // size))
     base = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-d", h2.ifname, "-s", str(size),
             "-n", str(iters), "-t", str(depth), "-m", str(PMTU), "--json", "--no-daemon", "--timeout", "20"]
-    if plane != "python":
-        base += ["--plane", plane]
+    base += ["--plane", plane]
     if profile is not None:
         base += ["--profile", profile]
     srv = subprocess.Popen(["ip", "netns", "exec", h2.ns, *base], cwd=ROOT, stdout=subprocess.PIPE,
@@ -330,8 +329,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
             time.sleep(0.1)
         iters = max(4, total // 65536)
         opts = ["-s", "65536", "-n", str(iters), "-t", "16", "-m", str(PMTU), "--json", "--timeout", "30"]
-        if plane != "python":
-            opts += ["--plane", plane]
+        opts += ["--plane", plane]
         if profile != "compat":
             opts += ["--profile", profile]
         perf = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-d", dst.ifname]
@@ -569,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_fabric", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="64 KiB only, 0 and 1 %% loss, fewer bytes")
-    ap.add_argument("--plane", choices=("python", "compiled"), default="compiled", help="data plane (default compiled)")
+    ap.add_argument("--plane", choices=("compiled",), default="compiled", help="data plane: compiled (the only one)")
     ap.add_argument("--json", metavar="FILE", help=f"write the report here (default {OUT_DIR.relative_to(ROOT)}/"
                     "fabric.json for a full run)")
     ap.add_argument("--plots", metavar="DIR", help=f"PNG directory (default {OUT_DIR.relative_to(ROOT)})")

@@ -10,15 +10,13 @@ corrupting and reordering packets.  The QPs are connected by connection set-up
 Prints a summary (bytes, operations, retransmissions, SACKs or ACKs consumed in
 the kernel, integrity verdict) and removes everything it built, also on Ctrl-C.
 
-    python -m tools.demo [--size-mib N] [--no-faults] [--codec] [--daemon] [--plane compiled|python]
-                         [--profile auto|native|compat]
+    python -m tools.demo [--size-mib N] [--no-faults] [--codec] [--daemon] [--profile auto|native|compat]
 
-Engine: the demo builds its own hosts, so no running metaroced can serve their interfaces; it runs its
-own in-process engine on each: the compiled data plane (metaroce_xdp.dp, what applications get), or
-with --plane python the Python engine (metaroce_xdp.rc.engine, the oracle the tests compare with).
-With --daemon it starts one metaroced per host namespace instead and its two hosts are client
-processes' views of them (metaroce_xdp.daemon.client): the traffic goes through the daemons' compiled
-data planes, which have no ATOMICs (that step is skipped).
+Engine: the demo builds its own hosts, so no running metaroced can serve their interfaces; it runs the
+compiled data plane (metaroce_xdp.dp, what applications get) in process on each.  With --daemon it
+starts one metaroced per host namespace instead and its two hosts are client processes' views of them
+(metaroce_xdp.daemon.client): the traffic goes through the daemons' compiled data planes, which have no
+ATOMICs (that step is skipped).
 """
 from __future__ import annotations
 
@@ -46,9 +44,8 @@ con = Console()
 
 
 class Host:
-    def __init__(self, topo, ns: str, ifname: str, size: int, daemon_sock: str | None = None,
-                 plane: str = "compiled") -> None:
-        self.topo, self.ns, self.daemon, self.plane = topo, ns, daemon_sock is not None, plane
+    def __init__(self, topo, ns: str, ifname: str, size: int, daemon_sock: str | None = None) -> None:
+        self.topo, self.ns, self.daemon = topo, ns, daemon_sock is not None
         access = FULL
         if self.daemon:              # a client of the metaroced serving ifname; memory it can reach
             from metaroce_xdp.daemon import client
@@ -56,10 +53,7 @@ class Host:
             self.buf = self.ctx.alloc_buf(size)
             access = FULL & ~Access.REMOTE_ATOMIC
         else:
-            if plane == "python":
-                from metaroce_xdp.rc.engine import Context
-            else:
-                from metaroce_xdp import Context
+            from metaroce_xdp import Context
             with topo.enter(ns):
                 self.ctx = Context.open(ifname, progress_thread=True)
             self.buf = np.zeros(size, np.uint8)
@@ -213,8 +207,6 @@ def summary(a: Host, b: Host, verdicts: dict, faults: dict | None) -> int:
     """Print the table and the verdicts; 0 when every operation is intact, 1 otherwise."""
     if a.daemon:
         con.print(_daemon_table(a, b))
-    elif a.plane == "python":
-        con.print(_engine_table(a, b))
     else:
         con.print(_plane_table(a, b))
     return _verdicts(verdicts, faults)
@@ -226,23 +218,6 @@ def _summary(title: str) -> Table:
     t.add_column("")
     t.add_column("host A (requester)", justify="right")
     t.add_column("host B (responder)", justify="right")
-    return t
-
-
-def _engine_table(a: Host, b: Host) -> Table:
-    qa, qb = a.qp.query(), b.qp.query()
-    ev_a = a.ctx.loader.events()
-    t = _summary("summary")
-    t.add_row("payload bytes sent", f"{qa['bytes_sent']:,}", f"{qb['bytes_sent']:,}")
-    t.add_row("packets sent", f"{qa['packets_sent']:,}", f"{b.ctx.engine.stats['tx']:,}")
-    t.add_row("retransmission rounds (go-back-N)", str(qa["retransmits"]), str(qb["retransmits"]))
-    t.add_row("local ACK timeouts", str(qa["timeouts"]), str(qb["timeouts"]))
-    t.add_row("NAKs received / sent", str(qa["naks_received"]), str(qb["seq_naks_sent"]))
-    t.add_row("duplicate requests seen", "", str(qb["duplicates"]))
-    t.add_row("ACKs + NAKs consumed by the XDP program", f"{ev_a['ACK_CONSUMED'] + ev_a['NAK_CONSUMED']:,}", "")
-    t.add_row("frames dropped for a bad ICRC (user / kernel)",
-              f"{a.ctx.engine.stats['drop_icrc']} / {a.ctx.loader.drops()['BAD_ICRC']}",
-              f"{b.ctx.engine.stats['drop_icrc']} / {b.ctx.loader.drops()['BAD_ICRC']}")
     return t
 
 
@@ -304,15 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codec", action="store_true", help="show the packet codec demo instead")
     ap.add_argument("--daemon", action="store_true", help="run each host through a metaroced started in its "
                     "namespace (the hosts are the daemons' clients) instead of an in-process engine")
-    ap.add_argument("--plane", choices=("compiled", "python"), default="compiled",
-                    help="in-process engine: compiled (metaroce_xdp.dp, the default endpoint) or python "
-                    "(metaroce_xdp.rc.engine, the oracle)")
     ap.add_argument("--profile", choices=("auto", "native", "compat"), default="auto",
                     help="the profile the hosts' QPs negotiate at connection set-up (default auto: native "
-                    "when both ends offer it; the daemon and python planes run compat)")
+                    "when both ends offer it; through the daemons: compat)")
     args = ap.parse_args(argv)
-    if args.profile == "native" and (args.daemon or args.plane == "python"):
-        ap.error("--profile native needs the in-process compiled plane (no --daemon, --plane compiled)")
+    if args.profile == "native" and args.daemon:
+        ap.error("--profile native needs the in-process compiled plane (no --daemon)")
     if args.codec:
         from . import demo_codec
         return demo_codec.main()
@@ -330,14 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.daemon:
             socks = _start_daemons(topo, daemons)
         con.print("engine: " + (f"metaroced in each host's namespace ({socks['mr0']}, {socks['mr1']})" if args.daemon
-                                else f"in process, the {args.plane} plane (the demo's hosts are its own: no running "
+                                else "in process, the compiled plane (the demo's hosts are its own: no running "
                                      "metaroced serves them; --daemon starts one per host)"))
-        a = Host(topo, topo[0], "mr0", size, socks["mr0"], args.plane)
+        a = Host(topo, topo[0], "mr0", size, socks["mr0"])
         hosts.append(a)
-        b = Host(topo, topo[2], "mr1", size, socks["mr1"], args.plane)
+        b = Host(topo, topo[2], "mr1", size, socks["mr1"])
         hosts.append(b)
-        if args.daemon or args.plane == "python":
-            a.connect(b)               # compat only: metaroced's plane here, the oracle's engine
+        if args.daemon:
+            a.connect(b)               # compat only: metaroced's plane here
             b.connect(a)
             agreed = "compat"
         else:

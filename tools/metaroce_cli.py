@@ -80,11 +80,11 @@ def _perf_command(test: str):
         as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
         plane: str = typer.Option("compiled", "--plane", help="in-process data plane: compiled (metaroce_xdp.dp, "
-                                  "the default endpoint) or python (the Python engine, metaroce_xdp.rc: the oracle)"),
+                                  "the endpoint applications get; the only choice)"),
         profile: str = typer.Option("auto", "--profile", help="native, compat or auto, negotiated with the "
-                                    "peer: auto runs native when both ends offer it (--plane compiled on both) "
-                                    "and compat otherwise (python plane, metaroced, a compat-only peer); native "
-                                    "needs --plane compiled or metaroced and a native peer"),
+                                    "peer: auto runs native when both ends offer it in process and compat "
+                                    "otherwise (metaroced, a compat-only peer such as Soft-RoCE); native needs "
+                                    "a native peer"),
         start_at: Optional[str] = typer.Option(None, "--start-at", metavar="EPOCH_SECONDS|@FILE", help="client: "
                                                "connect, then start the test at this wall-clock time, or at the "
                                                "time written into FILE once it exists (several clients at once)"),
@@ -144,9 +144,8 @@ def pingpong_cmd(
     no_daemon: bool = typer.Option(False, "--no-daemon", help="own engine even when metaroced serves the interface"),
     sock: Optional[str] = typer.Option(None, "--socket", help="metaroced's control socket (default: "
                                        "$METAROCE_SOCKET, the configuration's, /run/metaroce/metaroced.sock)"),
-    plane: str = typer.Option("compiled", "--plane", help="in-process engine: compiled (metaroce_xdp.dp, the "
-                              "default endpoint) or python (the Python engine, metaroce_xdp.rc: the oracle); "
-                              "compat RoCEv2 either way"),
+    plane: str = typer.Option("compiled", "--plane", help="in-process data plane: compiled (metaroce_xdp.dp, the "
+                              "endpoint applications get; the only choice); compat RoCEv2"),
 ) -> None:
     """ibv_rc_pingpong on a MetaRoCE endpoint: same options, exchange, traffic and output (through metaroced
     when it serves the interface)."""

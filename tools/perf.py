@@ -16,13 +16,13 @@ Tests (as in perftest's ib_write_bw, ib_write_lat, ib_read_bw, ib_send_bw):
                    client reports both directions (all bytes over the longer run)
   write-bw checks the data: each side compares what arrived with the writer's pattern; read-bw:
                    the client compares what its READs brought with the server's pattern.
-  --plane compiled (the default) runs the bw and latency loops inside the compiled plane (dp/drive.py,
-                   metaroce_xdp.dp: the endpoint `from metaroce_xdp import Context` gives); --plane python
-                   runs the Python engine (metaroce_xdp.rc.engine, the oracle the tests compare with).
+  --plane compiled (the default and only choice) runs the bw and latency loops in process inside the
+                   compiled plane (dp/drive.py, metaroce_xdp.dp: the endpoint `from metaroce_xdp import
+                   Context` gives) when no metaroced serves the interface, or with --no-daemon.
   --profile auto (the default) negotiates the profile in the connection set-up: native when both
-                   ends offer it (the compiled plane, both sides), compat otherwise -- against the
-                   python plane, metaroced (ask it with --profile native), Soft-RoCE or another compat-only peer, and where the
-                   plane cannot run the test natively (read-bw until native READ, more QPs than
+                   ends offer it (the compiled plane, both sides), compat otherwise -- against
+                   metaroced (ask it with --profile native), Soft-RoCE or another compat-only peer, and where
+                   the plane cannot run the test natively (read-bw until native READ, more QPs than
                    native slots).  native refuses a compat-only peer; compat never offers native.
                    The header and the JSON (`profile`) say which profile was agreed.
   --start-at T     (client) connect, then start the test at wall-clock time T (epoch seconds,
@@ -77,7 +77,7 @@ LAT_HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec
 COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
             "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates")
 # the compiled plane has no per-QP traffic counters in process: the port's (this run's QPs are the port's
-# only ones), under the python plane's names -- packets_sent counts every frame (ACKs too), bytes_received
+# only ones), under these names -- packets_sent counts every frame (ACKs too), bytes_received
 # the payload placed (WRITE/SEND data and READ responses); no bytes_sent (the port counts frame bytes)
 DP_COUNTERS = {"packets_sent": "tx", "bytes_received": "rx_bytes", "retransmits": "retransmits",
                "timeouts": "timeouts", "naks_received": "naks_seen", "rnr_naks_received": "rnr_seen",
@@ -101,13 +101,12 @@ class PerfOptions:
     rx_depth: int = 512
     as_json: bool = False
     timeout: float = 30.0                # seconds without progress before giving up
-    plane: str = "compiled"              # "compiled" (metaroce_xdp.dp, the default endpoint) or "python"
-                                         # (metaroce_xdp.rc, the oracle)
+    plane: str = "compiled"              # the in-process data plane: "compiled" (metaroce_xdp.dp), the only one
     qps: int = 1                         # bw tests: QP pairs, each with tx_depth outstanding (client side)
     bidir: bool = False                  # write-bw: both sides write at once (client side; the server follows)
     no_daemon: bool = False              # never metaroced, even when it serves the interface
     profile: str = "auto"                # native|compat|auto, negotiated (dp/cmconnect.py); auto: native when
-                                         # both ends offer it, compat with a compat-only peer or plane
+                                         # both ends offer it, compat with a compat-only peer
     socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
     start_at: str | None = None          # client: connect, then start at this time.time(), or "@PATH": at the time
                                          # written into PATH once it exists (several clients at once: incast)
@@ -161,21 +160,17 @@ def lat_row(r: dict) -> str:
 # --------------------------------------------------------------------------- the run
 
 
-PLANES = ("python", "compiled")
+PLANES = ("compiled",)
 
 
-def open_context(ifname: str, plane: str = "compiled"):
-    """Context.open for the tools.  Pinning the maps (for the CLI's readers) needs a
-    bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so pin
-    only where it can work rather than fail the run.  plane="compiled" (the default): the compiled
-    data plane (metaroce_xdp.dp, what `from metaroce_xdp import Context` gives), driven from this
-    thread (busy polling, no progress thread); plane="python": the Python engine (metaroce_xdp.rc)."""
+def open_context(ifname: str):
+    """Context.open for the tools: the compiled data plane (metaroce_xdp.dp, what `from metaroce_xdp import
+    Context` gives), driven from this thread (busy polling, no progress thread).  Pinning the maps (for
+    the CLI's readers) needs a bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so
+    pin only where it can work rather than fail the run."""
     import os
 
-    if plane == "compiled":
-        from metaroce_xdp.dp import Context as DpContext
-        return DpContext.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
-    from metaroce_xdp.rc.engine import Context
+    from metaroce_xdp.dp import Context
     return Context.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
 
 
@@ -214,26 +209,23 @@ class _Side:
         choice = engine_choice.choose(opt.ifname, opt.socket, opt.no_daemon)
         engine_choice.say("metaroce perf", choice)
         self.daemon = choice.daemon
-        self.compiled = opt.plane == "compiled" and not self.daemon
+        self.compiled = not self.daemon                # the compiled plane in this process
         from metaroce_xdp.dp.cmconnect import PROFILES
         if opt.profile not in PROFILES:
             raise PerfError(f"--profile {opt.profile}: use one of {', '.join(PROFILES)}")
-        if opt.profile == "native" and not (self.compiled or self.daemon):
-            raise PerfError("--profile native needs --plane compiled or metaroced (the native profile runs in the "
-                            "compiled plane only; --profile auto runs native there and compat on the python plane)")
-        # auto where the native profile does not run (the python plane), or through metaroced (_native_room):
-        # this side offers compat, as a Soft-RoCE peer does; the peer's auto agrees compat (MR-NAT-002)
-        self.profile = opt.profile if (self.compiled or self.daemon) else "compat"
+        # auto where the native profile does not run (_native_room): this side offers compat, as a Soft-RoCE
+        # peer does; the peer's auto agrees compat (MR-NAT-002)
+        self.profile = opt.profile
         self.native_room = 1 << 30           # QPs this run may still run native (run() narrows it, _native_room)
         self.is_client = not opt.is_server
         try:
             self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
-                        else open_context(opt.ifname, opt.plane))
+                        else open_context(opt.ifname))
         except Exception as e:  # noqa: BLE001 - tool boundary: every cause becomes one clear line
             raise PerfError(f"cannot open interface {opt.ifname!r}: {e} (run as root in the interface's "
                             "network namespace; list interfaces with `ip link`)") from None
         self.eng = (engine_choice.DaemonEngine(self.ctx) if self.daemon else
-                    _DpEngine(self.ctx, opt.progress == "sleep") if self.compiled else self.ctx.engine)
+                    _DpEngine(self.ctx, opt.progress == "sleep"))
         self.pd = self.ctx.alloc_pd()
         self.cq = self.ctx.create_cq(1 << 13 if self.daemon else 1 << 16)     # the daemon's share per client
         self.cap = QPCap(max_send_wr=max(opt.tx_depth, 16), max_recv_wr=max(opt.rx_depth, 16))
@@ -684,7 +676,7 @@ def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: in
     w(RESULT_LINE + "\n")
     w(" " * 20 + TITLES[opt.test] + "\n")
     w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE RC\n")
-    w(f" Data plane      : {'metaroced (its compiled plane)' if side.daemon else opt.plane}\n")
+    w(f" Data plane      : {'metaroced (its compiled plane)' if side.daemon else 'compiled (in process)'}\n")
     w(f" Profile         : {getattr(side.qp, 'profile', 'compat')} (agreed; --profile {opt.profile})\n")
     w(f" Number of qps   : {len(side.qps):<12d}Connection type : RC"
       + ("    Bidirectional" if getattr(opt, "_bidir_on", False) else "") + "\n")
@@ -816,7 +808,7 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
             r = _bw_client(side, opt, size, iters, peer, nq)
         r.update(start_epoch=t_start, end_epoch=time.time())
         r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
-                 plane=opt.plane, qps=nq, bidirectional=bidir, profile=getattr(side.qp, "profile", "compat"))
+                 plane="compiled", qps=nq, bidirectional=bidir, profile=getattr(side.qp, "profile", "compat"))
         try:
             ch.send_json({"type": "result", **r})
             reply = _progress_until_line(side, ch, opt.timeout, what="waiting for the server's summary")

@@ -19,9 +19,8 @@ one GID, its interface's IP address.  When the peer sends an all-zero GID
 Engine: metaroced when one serves the interface (tools/engine_choice.py: its socket answers a
 `status` request listing the interface, in this network namespace), the in-process engine otherwise
 or with --no-daemon; which one ran is said on stderr (stdout stays rc_pingpong's).  The in-process
-engine is the compiled data plane (metaroce_xdp.dp, the endpoint applications get) unless
-`--plane python` asks for the Python engine (metaroce_xdp.rc, the oracle).  Either way the QP is a
-compat one: the text exchange carries no capabilities, so the traffic is plain RoCEv2.
+engine is the compiled data plane (metaroce_xdp.dp, the endpoint applications get).  Either way the QP
+is a compat one: the text exchange carries no capabilities, so the traffic is plain RoCEv2.
 """
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ class PingpongOptions:
     timeout: float = 60.0          # seconds without progress before giving up (rc_pingpong waits forever)
     no_daemon: bool = False        # never use metaroced, even when it serves the interface
     socket: str | None = None      # metaroced's control socket (default: engine_choice's search)
-    plane: str = "compiled"        # in-process engine: "compiled" (metaroce_xdp.dp) or "python" (metaroce_xdp.rc)
+    plane: str = "compiled"        # the in-process data plane: "compiled" (metaroce_xdp.dp), the only one
 
 
 def address_line(label: str, d: cm.PingpongDest) -> str:
@@ -97,16 +96,16 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
         raise PingpongError(f"cannot load the engine: {e}") from None
     choice = engine_choice.choose(opt.ifname, opt.socket, opt.no_daemon)
     engine_choice.say("metaroce pingpong", engine_choice.Choice(choice.socket, choice.why if choice.daemon else
-                                                                  f"{choice.why}, {opt.plane} plane"))
+                                                                  f"{choice.why}, the compiled plane"))
     try:
         ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if choice.daemon
-               else open_context(opt.ifname, opt.plane))
+               else open_context(opt.ifname))
     except Exception as e:  # noqa: BLE001 - tool boundary: one clear line
         raise PingpongError(f"IB device {opt.ifname} not usable: {e} (run as root in the interface's network "
                             "namespace; list interfaces with `ip link`)") from None
     try:
-        # what drives the in-process engine: the compiled plane's Context, the Python engine's Engine
-        eng = None if choice.daemon else ctx if opt.plane == "compiled" else ctx.engine
+        # what drives the in-process engine: the compiled plane's Context (metaroced runs by itself)
+        eng = None if choice.daemon else ctx
         max_pmtu = ctx.max_pmtu if eng is None else eng.max_pmtu
         if opt.mtu > max_pmtu:
             raise PingpongError(f"-m {opt.mtu}: {opt.ifname} carries at most {max_pmtu}")
@@ -225,7 +224,7 @@ def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
             out.write(line + "\n")
         out.flush()
         return {"local": mine, "remote": rem, "usec": usec, "bytes": opt.size * iters * 2, "iters": iters,
-                "engine": "metaroced" if choice.daemon else "in-process", "plane": None if choice.daemon else opt.plane}
+                "engine": "metaroced" if choice.daemon else "in-process", "plane": None if choice.daemon else "compiled"}
     finally:
         ctx.close()
 
