@@ -49,7 +49,7 @@ class CaseRun:
 @dataclass
 class RunResult:
     run_id: str
-    iut: dict                          # {name, version, claim}
+    iut: dict                          # {name, version, claim, under_test}: under_test the agent's hello.iut
     claim: Claim
     hello: dict
     caps: dict
@@ -109,7 +109,7 @@ class Runner:
         started = now_rfc3339()
         res = RunResult(run_id=f"{started}-{self.hello.get('impl', 'iut')}",
                         iut={"name": self.hello.get("impl", ""), "version": self.hello.get("version", ""),
-                             "claim": self.claim.text()},
+                             "claim": self.claim.text(), "under_test": self.hello.get("iut", "")},
                         claim=self.claim, hello=self.hello, caps=self.caps, peer=self.peer,
                         spec_version=self.cat.version, started=started)
         (self.dir / "captures").mkdir(parents=True, exist_ok=True)
