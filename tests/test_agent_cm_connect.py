@@ -11,7 +11,7 @@ import pytest
 
 from metaroce_xdp import cm
 from metaroce_xdp.agent import AgentError
-from test_agent import FULL, Side, iuts  # noqa: F401 - pytest fixtures
+from test_agent import FULL, Side, _plane, iuts  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,8 +73,8 @@ def test_cm_connect_completes_the_exchange(iuts):  # noqa: F811
         conn, _ = srv.accept()
         with cm.Channel(conn, "agent") as ch:
             def make_rep(req):
-                return cm.CMMsg(cm.MsgType.REP, qpn=b.qpn, psn=0x4242, gid=cm.ip_to_gid(ctx_b.engine.local_ip),
-                                mac=cm.mac_bytes(ctx_b.engine.local_mac), path_mtu=req.path_mtu)
+                return cm.CMMsg(cm.MsgType.REP, qpn=b.qpn, psn=0x4242, gid=cm.ip_to_gid(ctx_b.local_ip),
+                                mac=cm.mac_bytes(ctx_b.local_mac), path_mtu=req.path_mtu)
             req, rep = cm.passive_exchange(ch, 0, make_rep)
         th.join(10)
     assert "error" not in out, out
@@ -94,7 +94,7 @@ def _free_port() -> int:
 
 def _req(b, ctx_b, gid_ip=None):
     return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), qpn=b.qpn, psn=0x1234,
-                    gid=cm.ip_to_gid(gid_ip or "127.0.0.1"), mac=cm.mac_bytes(ctx_b.engine.local_mac))
+                    gid=cm.ip_to_gid(gid_ip or ctx_b.local_ip), mac=cm.mac_bytes(ctx_b.local_mac))
 
 
 def test_cm_listen_bounds_set_ups_per_source(iuts):  # noqa: F811

@@ -11,7 +11,7 @@ import pytest
 
 from metaroce_xdp import cm
 from metaroce_xdp.agent import AgentError
-from test_agent import Side, iuts  # noqa: F401 - pytest fixtures
+from test_agent import Side, _plane, iuts  # noqa: F401 - pytest fixtures
 from test_agent_cm_connect import _free_port, _init, _listen, _req
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,8 +66,8 @@ def test_active_without_atomics_refuses_atomic_wrs(iuts):  # noqa: F811
         conn, _ = srv.accept()
         with cm.Channel(conn, "agent") as ch:
             cm.passive_exchange(ch, 0, lambda r: cm.CMMsg(
-                cm.MsgType.REP, qpn=b.qpn, psn=7, gid=cm.ip_to_gid(ctx_b.engine.local_ip),
-                mac=cm.mac_bytes(ctx_b.engine.local_mac), path_mtu=r.path_mtu))
+                cm.MsgType.REP, qpn=b.qpn, psn=7, gid=cm.ip_to_gid(ctx_b.local_ip),
+                mac=cm.mac_bytes(ctx_b.local_mac), path_mtu=r.path_mtu))
         th.join(10)
     assert out["agreed_caps"] == 0
     with pytest.raises(AgentError) as e:
