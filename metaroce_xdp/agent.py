@@ -935,13 +935,13 @@ class _PassiveCM:
                 if self.check and cm.gid_to_ip(req.gid) != _canon_ip(src):             # MR-SEC-019
                     raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, f"GID {cm.gid_text(req.gid)} is not {src}",
                                       by_peer=False)
+                if req.p_key != 0xFFFF:                # MR-CM-023; checked before the QP is taken (MR-SEC-018)
+                    raise cm.Rejected(cm.Reason.INVALID_PARAM, f"p_key {req.p_key:#06x} is not the QP's 0xffff",
+                                      by_peer=False)
                 with self.lock:
                     if self.busy or self.done.is_set() or self.closed:
                         raise cm.Rejected(cm.Reason.NO_RESOURCES, "the listening QP is taken", by_peer=False)
                     self.busy = took = True
-                if req.p_key != 0xFFFF:                                               # MR-CM-023
-                    raise cm.Rejected(cm.Reason.INVALID_PARAM, f"p_key {req.p_key:#06x} is not the QP's 0xffff",
-                                      by_peer=False)
                 eng = agent.engine
                 mtu = min(req.mtu_bytes, max(m for m in PATH_MTUS if m <= eng.max_pmtu))
                 # MR-CM-022: the QP gets this side's own values (those the REP announces), never the REQ's
