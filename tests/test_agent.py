@@ -35,7 +35,8 @@ class Side:
 
     def __init__(self, server: AgentServer, ctx: CompiledIUT) -> None:
         self.server, self.ctx = server, ctx
-        self.c = AgentClient(*server.address, timeout=10)
+        with server_ns(server):
+            self.c = AgentClient(*server.address, timeout=10)
         self.hello = self.c.call("hello", proto=1)
         self.pd = self.mr = self.cq = self.qp = self.qpn = None
 
@@ -81,10 +82,24 @@ class Side:
 A_IP, B_IP = "10.77.0.1", "10.77.0.2"            # topo.two_hosts
 
 
+def server_ns(server):
+    """The namespace an agent serves in (planes(in_ns=True)), entered; none for one in the test's own."""
+    import contextlib
+    enter = getattr(server, "enter", None)
+    return enter() if enter is not None else contextlib.nullcontext()
+
+
 @pytest.fixture(scope="module")
 def _plane():
     """Two compiled planes (dp.Context with its progress thread, XDP + AF_XDP) in two namespaces joined by a
     veth, each served by an agent on loopback; shared by the module (every session resets what it made)."""
+    yield from planes(in_ns=False)
+
+
+def planes(in_ns: bool):
+    """in_ns: each agent serves in its plane's namespace (its TCP connection set-up too, from the RoCE
+    addresses); the server's .enter() enters it."""
+    import functools
     topo, _ = two_hosts()
     iut_a = iut_b = None
     try:
@@ -92,8 +107,15 @@ def _plane():
             iut_a = CompiledIUT.open("mr0")
         with topo.enter(topo[1]):
             iut_b = CompiledIUT.open("mr1")
-        srv_a = AgentServer(iut_a, "127.0.0.1", 0).start()
-        srv_b = AgentServer(iut_b, "127.0.0.1", 0).start()
+        srvs = []
+        for ns, iut in ((topo[0], iut_a), (topo[1], iut_b)):
+            if in_ns:
+                with topo.enter(ns):
+                    srvs.append(AgentServer(iut, "127.0.0.1", 0).start())
+                srvs[-1].enter = functools.partial(topo.enter, ns)
+            else:
+                srvs.append(AgentServer(iut, "127.0.0.1", 0).start())
+        srv_a, srv_b = srvs
         try:
             yield srv_a, iut_a, srv_b, iut_b
         finally:
@@ -110,7 +132,9 @@ def _plane():
 def iuts(_plane):
     """(server_a, iut_a, server_b, iut_b); no session of an earlier test is left (each reset on close)."""
     srv_a, iut_a, srv_b, iut_b = _plane
-    _wait_for(lambda: srv_a.sessions() == 0 and srv_b.sessions() == 0)
+    import gc
+    gc.collect()                        # an earlier test's Sides close their sessions when collected
+    _wait_for(lambda: srv_a.sessions() == 0 and srv_b.sessions() == 0, 20.0)
     yield _plane
 
 
