@@ -1,7 +1,8 @@
 """The test agent of spec 9.4 (MR-CONF-013 to MR-CONF-023), driven only through AgentClient.
 
-Two agents in one process, each on its own Context joined by LoopPort.pair()
-with progress threads, served on 127.0.0.1 on ephemeral ports: the upper
+Two agents in one process, each on its own compiled plane (dp.Context with its
+progress thread, XDP + AF_XDP) in a namespace of a veth pair (topo.two_hosts),
+served on 127.0.0.1 on ephemeral ports: the upper
 tester connects QPs with modify_qp, runs each operation and checks the
 target's memory with mem_read; then the error paths, the framing rules and
 session clean-up.
