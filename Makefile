@@ -47,12 +47,15 @@ fuzz: setup
 		--boundscheck $(FUZZ_BC_CACHE) --json $(FUZZ_OUT)/summary-boundscheck.json $(FUZZ_ARGS); \
 	exit $$(( a | $$? ))
 
-# The conformance suite (spec 09) against the reference implementation in namespaces it builds;
-# reports in conformance-report/ (JSON Lines, JUnit XML, Markdown, HTML, pcaps).  docs/conformance.md
-# says how to run it against another implementation.
+# The conformance suite (spec 09) against what ships, in namespaces it builds: the compiled plane in the
+# agent's process (--iut compiled) and metaroced through its client library (--iut daemon); reports in
+# conformance-report/<iut>/ (JSON Lines, JUnit XML, Markdown, HTML, pcaps), each naming its IUT.
+# docs/conformance.md says how to run it against another implementation.
 CONFORMANCE_ARGS ?=
 conformance: setup
-	$(PY) -m metaroce_xdp.conformance --self-test --report conformance-report $(CONFORMANCE_ARGS)
+	$(PY) -m metaroce_xdp.conformance --self-test --iut compiled --report conformance-report/compiled $(CONFORMANCE_ARGS); \
+	a=$$?; $(PY) -m metaroce_xdp.conformance --self-test --iut daemon --report conformance-report/daemon \
+		$(CONFORMANCE_ARGS); exit $$(( a | $$? ))
 
 # The same suite against Linux Soft-RoCE (rdma_rxe) in the QEMU VM of ../shared/rxe-vm, through the
 # rdma-core agent (metaroce_xdp/conformance/pyverbs_agent.py): tools/rxe_conformance.py builds and boots

@@ -2,15 +2,18 @@
 
 The upper tester drives the IUT through this agent: JSON lines over TCP, one
 session per connection, each command a thin translation onto the verbs API of
-rc/engine.py (Context, CQ), rc/qp.py (QP) and rc/memory.py (PD, MR).  The agent
-adds no protocol behaviour of its own (MR-CONF-019); it only validates,
-translates values (MR-CONF-018) and names errors (MR-CONF-023).
+what ships (agent_iut.py): the compiled data plane in this process (`--iut compiled`,
+metaroce_xdp.dp.Context) or metaroced through its client library (`--iut daemon`,
+metaroce_xdp.daemon.client).  hello names which (member `iut`).  The agent adds no
+protocol behaviour of its own (MR-CONF-019); it only validates, translates values
+(MR-CONF-018) and names errors (MR-CONF-023).
 
-    Agent(ctx)                one session: handle_line(bytes) -> bytes, reset()
-    AgentServer(ctx, host)    threaded TCP server, one Agent per connection
+    Agent(iut)                one session: handle_line(bytes) -> bytes, reset()
+    AgentServer(iut, host)    threaded TCP server, one Agent per connection
     AgentClient(host, port)   the tester's side: call(cmd, **args) -> result
 
     python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --port 18516
+    python -m metaroce_xdp.agent --iut daemon --socket /run/metaroce/metaroced.sock --listen 10.55.0.2
 
 MR-SEC-027: the agent is off unless started explicitly, binds only the
 address it is given (default loopback) and logs every session.
@@ -34,10 +37,9 @@ from typing import Any, Callable
 import numpy as np
 
 from . import __version__
-from .rc.memory import MAX_MRS
+from .dp.layout import MAX_MRS
 from .verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                           QueueFull, RecvWR, ResourceError, SendFlags, SendWR, SGE, WROpcode)
-from .wire.errors import DecodeReason
 
 log = logging.getLogger("metaroce.agent")
 
@@ -59,29 +61,6 @@ _ERRNO_CODES = {errno.EINVAL: "EINVAL", errno.ENOMEM: "ENOMEM", errno.EAGAIN: "E
                 errno.ENOENT: "ENOENT", errno.EACCES: "EACCES", errno.ETIMEDOUT: "ETIMEDOUT",
                 errno.EOPNOTSUPP: "ENOTSUP", errno.ENOTSUP: "ENOTSUP"}
 
-# Counters the engine may report (engine.py, xskport.py); get_counters reports each, 0 until it moves.
-ENGINE_COUNTERS = (("tx", "rx", "tx_no_frame", "tx_ring_full", "drop_icrc", "drop_unknown_qp", "drop_qp_state",
-                    "progress_errors")
-                   + tuple("drop_" + r.name.lower() for r in DecodeReason if r != DecodeReason.OK))
-# The receive drop counters the spec names (01-encapsulation.md MR-ENC-032, MR-BTH, MR-OPC), each the sum of
-# the XDP program's drops (kern/layout.py DropReason) and the engine's (drop_*) for the same reasons.
-SPEC_DROPS = {
-    "rx_drop_ip_options": ("IP_OPTIONS",), "rx_drop_ip_frag": ("IP_FRAGMENT",), "rx_drop_ip_csum": ("BAD_IP_CSUM",),
-    "rx_drop_len": ("TRUNCATED_IP", "BAD_IP_HEADER", "TRUNCATED_UDP", "BAD_UDP_LENGTH", "TRUNCATED_BTH",
-                    "TRUNCATED_EXT", "BAD_PAD"),
-    "rx_drop_tver": ("BAD_TVER",), "rx_drop_opcode": ("UNKNOWN_OPCODE", "WRONG_PROFILE"),
-    "rx_drop_qpn": ("UNKNOWN_QP",), "rx_drop_wrong_peer": ("WRONG_PEER",), "rx_drop_icrc": ("BAD_ICRC",),
-    "rx_drop_pkey": ("BAD_PKEY",), "rx_drop_qp_state": ("QP_STATE",),
-}
-# Per-QP counters the spec names (MR-DUP-010, MR-ACK-015, MR-MEM-019), from QP.query()'s members.
-QP_SPEC_COUNTERS = {"rx_dup_req": "duplicates", "rx_ghost_rsp": "rx_ghost_rsp", "rx_stale_rsp": "rx_stale_rsp",
-                    "rx_bad_rsp": "rx_bad_rsp", "rx_rkey_violation": "rx_rkey_violation",
-                    "rx_drop_out_of_seq": "rx_drop_out_of_seq",          # MR-SEC-031: every request after epsn
-                    "rx_cnp_discarded": "rx_cnp_discarded"}              # MR-CC-039: CNPs for the QP, dropped
-# The counters of QP.query(); its other members are attributes, reported by query_qp.
-QP_COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
-               "rnr_naks_received", "seq_naks_sent", "rnr_naks_sent", "duplicates", "sq_depth", "rq_depth",
-               "tx_cnp", "rx_cnp", "rx_ce_marked")          # the last three per QP: MR-CNP-010, MR-ECN-012
 
 
 class AgentError(Exception):
@@ -96,15 +75,17 @@ class AgentError(Exception):
 # ---- what hello and caps report ------------------------------------------------------
 @dataclass
 class ImplInfo:
-    """The IUT's claim as the agent reports it (MR-CONF-001); the defaults describe rc/ today."""
+    """The IUT's claim as the agent reports it (MR-CONF-001): the implementation (impl), which form of it
+    runs (iut: the compiled plane in process or metaroced), its profiles and capabilities."""
     impl: str = "metaroce-ref"
     version: str = __version__
     profiles: list = field(default_factory=lambda: ["compat"])
-    caps: int = 0x80                                  # ATOMICS (06-connection.md 6.3); no native yet
+    iut: str = ""                                     # what runs: CompiledIUT/DaemonIUT.describe()
+    caps: int = 0x80                                  # ATOMICS (06-connection.md 6.3)
     limits: dict = field(default_factory=lambda: {
         "max_qp": 1023, "max_cq": 1024, "max_mr": MAX_MRS - 1, "max_sge": 16, "max_inline": 0,
         "max_rd_atomic": 16})
-    # The progress thread sleeps up to 1 ms when idle (Engine._run), so timers fire within 1 ms.
+    # The loop's timers are checked every round; an idle loop sleeps at most 1 ms (poll_ms).
     timer_granularity_us: int = 1000
     defaults: dict = field(default_factory=lambda: {
         "sack_window": 0, "entropy_count": 1, "ack_coalesce_us": 0, "ack_coalesce_pkts": 1,
@@ -223,6 +204,7 @@ class _QPEntry:
     pd: int
     send_cq: int
     recv_cq: int
+    attrs: dict = field(default_factory=dict)     # the attributes modify_qp set, as ibv_query_qp returns them
 
 
 class Agent:
@@ -234,8 +216,9 @@ class Agent:
     that acts.
     """
 
-    def __init__(self, ctx: Any, impl_info: ImplInfo | dict | None = None) -> None:
-        self.ctx = ctx
+    def __init__(self, iut: Any, impl_info: ImplInfo | dict | None = None) -> None:
+        self.iut = iut                      # agent_iut.CompiledIUT or DaemonIUT
+        self.v = iut.session()              # this session's verbs on it
         self.info = ImplInfo.of(impl_info)
         self.greeted = False
         self.closing = False                # set by bye: the server closes after the reply
@@ -252,7 +235,8 @@ class Agent:
 
     @property
     def engine(self):
-        return self.ctx.engine
+        """The implementation's device-wide facts (local_ip, local_mac, max_pmtu) and its lock."""
+        return self.iut
 
     # -- framing -------------------------------------------------------------------
     def handle_line(self, line: bytes) -> bytes:
@@ -297,12 +281,18 @@ class Agent:
             return {"id": rid if ok_id else None, "ok": False,
                     "error": {"code": e.code, "message": e.message}}
 
+    @property
+    def _unsupported(self) -> tuple:
+        return tuple(getattr(self.iut, "unsupported", ()))
+
     def _call(self, cmd: str, fn, args: dict):
         """Run one command and translate the engine's typed errors (MR-CONF-023)."""
         try:
             return fn(args)
         except AgentError:
             raise
+        except self._unsupported as e:              # the IUT says it does not offer this
+            raise AgentError("ENOTSUP", str(e)) from None
         except InvalidArgument as e:
             raise AgentError("EINVAL", str(e)) from None
         except Busy as e:                           # EBUSY, not ESTATE (MR-QP-014, MR-CONF-023)
@@ -345,21 +335,23 @@ class Agent:
             raise AgentError("EPROTO", f"this agent speaks proto {PROTO}, not {proto}")
         eng, info = self.engine, self.info
         self.greeted = True
-        return {"proto": PROTO, "impl": info.impl, "version": info.version, "profiles": list(info.profiles),
+        return {"proto": PROTO, "impl": info.impl, "version": info.version, "iut": info.iut or self.iut.describe(),
+                "profiles": list(info.profiles),
                 "caps": info.caps, "gid": gid_of(eng.local_ip), "ip": eng.local_ip, "mac": eng.local_mac,
                 "mtus": [m for m in PATH_MTUS if m <= eng.max_pmtu], "limits": dict(info.limits),
                 "timer_granularity_us": info.timer_granularity_us}
 
     def cmd_caps(self, args: dict) -> dict:
         out = {"caps": self.info.caps, "defaults": dict(self.info.defaults), "dcqcn": self.info.dcqcn,
-               "counters": list(ENGINE_COUNTERS) + list(SPEC_DROPS) + list(QP_COUNTERS) + list(QP_SPEC_COUNTERS),
-               "params": sorted(PARAMS),
+               "counters": list(self.iut.counter_names),
+               "params": sorted(self.iut.params),
                # 9.4.2: the commands this agent implements and the counters get_counters qp reports
                "commands": sorted(n[4:] for n in dir(self) if n.startswith("cmd_")),
-               "qp_counters": list(QP_COUNTERS) + list(QP_SPEC_COUNTERS)}
-        p = getattr(self.engine, "dcqcn", None)
+               "qp_counters": list(self.iut.qp_counter_names)}
+        if self.iut.kind == "daemon":               # the daemon's client has no completion events
+            out["commands"] = [c for c in out["commands"] if c not in ("req_notify_cq", "get_cq_event")]
+        p = self.iut.dcqcn
         if self.info.dcqcn and p is not None:       # the reaction point's parameters (5.6), for MR-CC-036..038
-            out["qp_counters"] += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
             out["dcqcn_params"] = {"g_ppm": round(p.g * 1e6), "alpha_init_ppm": round(p.alpha_init * 1e6),
                                    "k_ns": p.k_ns, "t_ns": p.t_ns, "b_bytes": p.b_bytes, "f": p.f,
                                    "r_ai_bps": int(p.r_ai_bps), "r_hai_bps": int(p.r_hai_bps),
@@ -382,9 +374,9 @@ class Agent:
         for lst in list(self._listeners.values()):        # connection set-ups in progress go first
             lst.close()
         self._listeners.clear()
-        ctx = self.ctx
-        for table, destroy in ((self.qps, lambda e: ctx.destroy_qp(e.qp)), (self.mrs, ctx.dereg_mr),
-                               (self.cqs, None), (self.pds, ctx.dealloc_pd)):
+        v = self.v
+        for table, destroy in ((self.qps, lambda e: v.destroy_qp(e.qp)), (self.mrs, v.dereg_mr),
+                               (self.cqs, v.destroy_cq), (self.pds, v.dealloc_pd)):
             for h, obj in list(table.items()):
                 try:
                     if destroy is not None:
@@ -394,26 +386,30 @@ class Agent:
             table.clear()
         for name, old in self._saved_params.items():
             try:
-                PARAMS[name][1](self, old)
+                self.iut.params[name][1](old)
             except Exception:
                 log.exception("agent reset: cannot restore parameter %s", name)
         self._saved_params.clear()
         self._next = dict.fromkeys(self._next, 1)
         self._agreed.clear()          # handles start again at 1: no QP inherits another's set-up
         for _ in range(4096):                       # the events of this session's resources go with them
-            if self.ctx.get_async_event(0.0) is None:
+            if self.v.next_event(0.0) is None:
                 break
+        try:
+            self.v.close()                          # metaroced: the client connection goes, and all it held
+        except Exception:
+            log.exception("agent reset: cannot close the session")
 
     # -- PD, MR, CQ --------------------------------------------------------------------
     def cmd_create_pd(self, args: dict) -> dict:
-        pd = self.ctx.alloc_pd()
+        pd = self.v.alloc_pd()
         h = self._new_handle("pd")
         self.pds[h] = pd
         return {"pd": h}
 
     def cmd_dealloc_pd(self, args: dict) -> None:
         h, pd = self._lookup(self.pds, "pd", args)
-        self.ctx.dealloc_pd(pd)
+        self.v.dealloc_pd(pd)
         del self.pds[h]
 
     def cmd_reg_mr(self, args: dict) -> dict:
@@ -428,15 +424,14 @@ class Agent:
         inval = _get(args, "remote_invalidate", False)
         if not isinstance(inval, bool):
             raise AgentError("EINVAL", "remote_invalidate must be true or false")
-        buf = np.full(n, fill, np.uint8) if fill else np.zeros(n, np.uint8)
-        mr = self.ctx.reg_mr(pd, buf, access, remote_invalidate=inval)     # MR-MEM-042
+        mr = self.v.reg_mr(pd, n, fill, access, inval)     # MR-MEM-042
         h = self._new_handle("mr")
         self.mrs[h] = mr
         return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": _hex64(mr.addr), "len": mr.length}
 
     def cmd_dereg_mr(self, args: dict) -> None:
         h, mr = self._lookup(self.mrs, "mr", args)
-        self.ctx.dereg_mr(mr)
+        self.v.dereg_mr(mr)
         del self.mrs[h]
 
     def cmd_rereg_mr(self, args: dict) -> None:
@@ -451,19 +446,19 @@ class Agent:
         cqe = _int(args, "cqe", 1, MAX_CQE)
         if len(self.cqs) >= self.info.limits["max_cq"]:
             raise AgentError("ENOMEM", f"at most {self.info.limits['max_cq']} CQs")
-        cq = self.ctx.create_cq(cqe)
+        cq = self.v.create_cq(cqe)
         h = self._new_handle("cq")
         self.cqs[h] = cq
         return {"cq": h, "cqe": cq.depth}
 
     def cmd_destroy_cq(self, args: dict) -> None:
         h, cq = self._lookup(self.cqs, "cq", args)
-        with self.engine.lock:
-            users = [q.qp_num for q in self.engine.qps.values() if cq in (q.send_cq, q.recv_cq)]
+        users = [e.qp.qp_num for e in self.qps.values() if h in (e.send_cq, e.recv_cq)]
         if users:
             raise AgentError("EBUSY", f"CQ {h} is used by QPN {', '.join(f'{n:#x}' for n in users)}: "
                                       "destroy the QPs first")
-        del self.cqs[h]        # the engine keeps no CQ table: forgetting it is destroying it
+        self.v.destroy_cq(cq)
+        del self.cqs[h]
 
     # -- QP ----------------------------------------------------------------------------
     def cmd_create_qp(self, args: dict) -> dict:
@@ -485,9 +480,10 @@ class Agent:
             raise AgentError("EINVAL", "sq_sig_all must be true or false")
         if len(self.qps) >= lim["max_qp"]:
             raise AgentError("ENOMEM", f"at most {lim['max_qp']} QPs")
-        qp = self.ctx.create_qp(pd, scq, rcq, qcap, sq_sig_all=sig_all)
+        qp = self.v.create_qp(pd, scq, rcq, qcap, sig_all)
         h = self._new_handle("qp")
-        self.qps[h] = _QPEntry(qp, pd_h, scq_h, rcq_h)
+        self.qps[h] = _QPEntry(qp, pd_h, scq_h, rcq_h, {"max_send_wr": qcap.max_send_wr,
+                                                          "max_recv_wr": qcap.max_recv_wr})
         return {"qp": h, "qpn": qp.qp_num}
 
     def cmd_destroy_qp(self, args: dict) -> None:
@@ -495,7 +491,7 @@ class Agent:
         lst = self._listeners.pop(h, None)
         if lst is not None:
             lst.close()
-        self.ctx.destroy_qp(e.qp)
+        self.v.destroy_qp(e.qp)
         del self.qps[h]
         self._agreed.pop(h, None)
 
@@ -546,46 +542,38 @@ class Agent:
             raise AgentError("ENOTSUP", "profile native: this IUT implements compat only")
         return a
 
+    _TRACKED = ("timeout", "retry_cnt", "rnr_retry", "min_rnr_timer", "max_rd_atomic", "max_dest_rd_atomic")
+
     def cmd_modify_qp(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
         state = QPState[_enum(args, "state", QPState.__members__)]
-        attr = self._qp_attr(state, _obj(args, "attrs", {}))
-        qp = e.qp
-        with self.engine.lock:
-            if (state == QPState.RTR and qp.state == QPState.INIT and attr.dmac is None and qp.dmac is None
-                    and attr.dgid is not None and getattr(self.engine, "pathwatch", None) is None):
-                # Resolve the peer's MAC before the QP changes, so that a failure leaves it untouched.
-                # (On a real interface QP.modify resolves the route's next hop itself and keeps it
-                # current; pinning it here as attrs.dmac would stop that.)
-                resolve = self.engine.resolve_mac
-                dmac = resolve(attr.dgid) if resolve is not None else None
-                if dmac is None:
-                    raise AgentError("EINVAL", f"no MAC address for {attr.dgid}: give attrs.dmac")
-                attr.dmac = dmac
-            # QP.modify sets attributes one by one before it can still fail; keep the
-            # command all-or-nothing (MR-CONF-016) by restoring the QP's fields on failure.
-            saved = dict(qp.__dict__)
+        given = _obj(args, "attrs", {})
+        attr = self._qp_attr(state, given)
+        from .netinfo import NetInfoError
+        with self.iut.lock:
             try:
-                qp.modify(attr)
-            except BaseException:
-                qp.__dict__.update(saved)
-                raise
+                self.v.modify(e.qp, attr)        # the IUT validates it all before it changes anything
+            except NetInfoError as ex:           # the next hop of dgid did not resolve (RTR)
+                raise AgentError("EINVAL", f"no MAC address for {attr.dgid}: {ex}") from None
+            if state == QPState.RESET:
+                e.attrs = {k: e.attrs[k] for k in ("max_send_wr", "max_recv_wr")}
+            if attr.qp_access_flags is not None:
+                e.attrs["access"] = attr.qp_access_flags
+            for k in self._TRACKED:
+                if k in given:
+                    e.attrs[k] = getattr(attr, k)
 
     def cmd_query_qp(self, args: dict) -> dict:
         _, e = self._lookup(self.qps, "qp", args)
-        qp = e.qp
-        with self.engine.lock:
-            q = qp.query()
-            attrs = {"qpn": q["qpn"], "dest_qpn": q["dest_qpn"],
-                     "dgid": gid_of(q["dgid"]) if q["dgid"] else None, "dmac": qp.dmac,
-                     "path_mtu": q["path_mtu"], "sq_psn": q["sq_psn"], "rq_psn": q["rq_psn"],
-                     "access": _access_names(qp.access), "timeout": qp.attr_timeout,
-                     "retry_cnt": qp.attr_retry_cnt, "rnr_retry": qp.attr_rnr_retry,
-                     "min_rnr_timer": qp.attr_min_rnr_timer, "max_rd_atomic": qp.attr_max_rd_atomic,
-                     "max_dest_rd_atomic": qp.attr_max_dest_rd_atomic,
-                     "max_send_wr": qp.cap.max_send_wr, "max_recv_wr": qp.cap.max_recv_wr,
-                     "error": q["error"]}
-        return {"state": q["state"], "attrs": attrs, "profile": "compat",
+        with self.iut.lock:
+            q = self.v.query(e.qp)
+        a = e.attrs
+        attrs = {"qpn": q["qpn"], "dest_qpn": q["dest_qpn"],
+                 "dgid": gid_of(q["dgid"]) if q["dgid"] else None, "dmac": q["dmac"],
+                 "path_mtu": q["path_mtu"], "sq_psn": q["sq_psn"], "rq_psn": q["rq_psn"],
+                 "access": _access_names(Access(a.get("access", 0))), **{k: a.get(k) for k in self._TRACKED},
+                 "max_send_wr": a["max_send_wr"], "max_recv_wr": a["max_recv_wr"], "error": q["error"]}
+        return {"state": QPState(q["state"]).name, "attrs": attrs, "profile": q.get("profile") or "compat",
                 "agreed_caps": self._agreed.get(args["qp"], 0)}
 
     # -- work requests ---------------------------------------------------------------
@@ -638,41 +626,28 @@ class Agent:
 
     def cmd_post_send(self, args: dict) -> None:
         h, e = self._lookup(self.qps, "qp", args)
-        wrs = [self._send_wr(w, e.qp.pd) for w in self._wrs(args)]
+        wrs = [self._send_wr(w, None) for w in self._wrs(args)]
         agreed = self._agreed.get(h)
         if agreed is not None and not agreed & 0x80 and any(
                 w.opcode in (WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_CMP_AND_SWP) for w in wrs):
             raise AgentError("EINVAL", "atomic work request on a QP whose set-up did not agree ATOMICS "
                              "(MR-CM-019)")
-        self._post(e.qp.post_send, lambda: e.qp.requester.sq, wrs)
+        self.v.post_send(e.qp, wrs)             # whole or not at all (MR-CONF-016)
 
     def cmd_post_recv(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        wrs = [RecvWR(wr_id=_u64(w, "wr_id"), sg_list=self._sg_list(w, e.qp.pd)) for w in self._wrs(args)]
-        self._post(e.qp.post_recv, lambda: e.qp.responder.rq, wrs)
-
-    def _post(self, post, queue_of: Callable[[], list], wrs: list) -> None:
-        """Post a list all-or-nothing: QP.post_send/post_recv keep the WRs before a bad one
-        (ibv_post_send's bad_wr semantics), MR-CONF-016 wants none.  Under the engine
-        lock nothing is transmitted before the queue is trimmed back."""
-        with self.engine.lock:
-            queue = queue_of()
-            before = len(queue)
-            try:
-                post(wrs)
-            except BaseException:
-                del queue[before:]
-                raise
+        wrs = [RecvWR(wr_id=_u64(w, "wr_id"), sg_list=self._sg_list(w, None)) for w in self._wrs(args)]
+        self.v.post_recv(e.qp, wrs)
 
     def cmd_poll_cq(self, args: dict) -> dict:
         _, cq = self._lookup(self.cqs, "cq", args)
         n = _int(args, "max", 1, MAX_POLL, 16)
         timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
         deadline = time.monotonic() + timeout_ms / 1000
-        wcs = cq.poll(n)
+        wcs = self.v.poll(cq, n)
         while not wcs and time.monotonic() < deadline:       # MR-CONF-020: at most timeout_ms
             time.sleep(min(0.0002, max(0.0, deadline - time.monotonic())))
-            wcs = cq.poll(n)
+            wcs = self.v.poll(cq, n)
         return {"completions": [self._wc(w) for w in wcs]}
 
     def cmd_req_notify_cq(self, args: dict) -> None:
@@ -681,13 +656,13 @@ class Agent:
         solicited = _get(args, "solicited_only", False)
         if not isinstance(solicited, bool):
             raise AgentError("EINVAL", "solicited_only must be true or false")
-        cq.req_notify(solicited_only=solicited)
+        self.v.req_notify(cq, solicited)
 
     def cmd_get_cq_event(self, args: dict) -> dict:
         """ibv_get_cq_event on the CQ's own channel: whether its completion event came within timeout_ms."""
         _, cq = self._lookup(self.cqs, "cq", args)
         timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
-        return {"event": bool(cq.get_event(timeout_ms / 1000))}
+        return {"event": bool(self.v.get_event(cq, timeout_ms / 1000))}
 
     def cmd_get_async_events(self, args: dict) -> dict:
         """ibv_get_async_event, repeated: the events about this session's QPs and CQs raised so far (waiting up
@@ -698,13 +673,14 @@ class Agent:
         out: list[dict] = []
         deadline = time.monotonic() + timeout_ms / 1000
         while len(out) < 256:
-            ev = self.ctx.get_async_event(max(0.0, deadline - time.monotonic()) if not out else 0.0)
+            ev = self.v.next_event(max(0.0, deadline - time.monotonic()) if not out else 0.0)
             if ev is None:
                 break
-            qh, ch = qps.get(id(ev.qp)), cqs.get(id(ev.cq))
+            typ, qp, qp_num, cq = ev
+            qh, ch = qps.get(id(qp)), cqs.get(id(cq))
             if qh is None and ch is None:
                 continue
-            out.append({"type": f"IBV_EVENT_{ev.event_type.name}", "qp": qh, "qp_num": ev.qp_num, "cq": ch})
+            out.append({"type": f"IBV_EVENT_{typ}", "qp": qh, "qp_num": qp_num, "cq": ch})
         return {"events": out}
 
     @staticmethod
@@ -726,8 +702,8 @@ class Agent:
         n = _int(args, "len", 0, MAX_MEM_IO)
         if off + n > mr.length:
             raise AgentError("EINVAL", f"offset {off} + len {n} is past the MR's {mr.length} bytes")
-        with self.engine.lock:                   # a snapshot between two packets, never half a placement
-            data = mr.mem[off:off + n].tobytes()
+        with self.v.snapshot():                  # between two rounds of the loop where the IUT allows it
+            data = self.v.mem(mr)[off:off + n].tobytes()
         return {"hex": data.hex()}
 
     def cmd_mem_write(self, args: dict) -> None:
@@ -736,61 +712,34 @@ class Agent:
         data = _bytes(args, "hex")
         if off + len(data) > mr.length:
             raise AgentError("EINVAL", f"offset {off} + {len(data)} bytes is past the MR's {mr.length} bytes")
-        with self.engine.lock:
-            mr.mem[off:off + len(data)] = np.frombuffer(data, np.uint8)
+        with self.v.snapshot():
+            self.v.mem(mr)[off:off + len(data)] = np.frombuffer(data, np.uint8)
 
     # -- counters and knobs ------------------------------------------------------------
     def cmd_get_counters(self, args: dict) -> dict:
         if args.get("src") is not None:               # MR-SEC-006: the counts of one source IP address
             src = args["src"]
             try:
-                src = str(ipaddress.ip_address(src))
+                ipaddress.ip_address(src)
             except (TypeError, ValueError):
                 raise AgentError("EINVAL", f"src {src!r} is not an IP address") from None
-            with self.engine.lock:
-                n = sum(int(v) for k, v in self.engine.rae_by_src.items() if _canon_ip(k) == src)
-            return {"counters": {"rx_rkey_violation": n}}
+            raise AgentError("ENOTSUP", f"{self.iut.kind}: no counters by source address")
         if "qp" in args and args["qp"] is not None:
             _, e = self._lookup(self.qps, "qp", args)
-            with self.engine.lock:
-                rp = getattr(getattr(e.qp, "dcqcn", None), "rp", None)
-                if rp is not None and rp.p.enabled:
-                    rp.advance(time.monotonic_ns())            # the timers up to now (MR-CC-036, MR-CC-037)
-                q = e.qp.query()
-            out = {k: int(q[k]) for k in QP_COUNTERS}
-            if rp is not None and rp.p.enabled:               # the reaction point's state (5.6)
-                out.update({"dcqcn_rate_bps": int(rp.rc), "dcqcn_target_bps": int(rp.rt),
-                            "dcqcn_alpha_ppm": round(rp.alpha * 1e6)})
-            out.update({k: int(q.get(v, 0) or 0) for k, v in QP_SPEC_COUNTERS.items()})
-            # the stale ACKNOWLEDGEs the XDP program dropped are discards of the QP's too (MR-SEC-031)
-            out["rx_stale_rsp"] += int(q.get("rx_stale_ack_kernel", 0) or 0)
-            return {"counters": out}
-        with self.engine.lock:
-            stats = dict(self.engine.stats)
-        counters = dict.fromkeys(ENGINE_COUNTERS, 0)
-        counters.update({k: int(v) for k, v in stats.items()})
-        loader = getattr(self.ctx, "loader", None)
-        xdp = {}
-        if loader is not None:
-            try:
-                xdp = {k: int(v) for k, v in loader.drops().items()}
-            except Exception:                      # noqa: BLE001 - counters are evidence, never a failure
-                log.exception("agent: cannot read the XDP drop counters")
-        counters.update({"xdp_drop_" + k.lower(): v for k, v in xdp.items()})
-        engine_name = {"BAD_ICRC": "drop_icrc"}           # the engine's names are drop_<reason> otherwise
-        for name, reasons in SPEC_DROPS.items():         # MR-ENC-032's counters by the spec's names
-            counters[name] = sum(xdp.get(r, 0) + int(stats.get(engine_name.get(r, "drop_" + r.lower()), 0))
-                                 for r in reasons)
-        return {"counters": counters}
+            return {"counters": self.v.qp_counters(e.qp)}
+        if self.iut.kind == "daemon":
+            return {"counters": self.iut.counters(self.v)}
+        return {"counters": self.iut.counters()}
 
     def cmd_set_param(self, args: dict) -> None:
         name = _get(args, "name")
-        if name not in PARAMS:
-            raise AgentError("ENOTSUP", f"parameter {name!r}: this agent sets {sorted(PARAMS)}")
-        get, put, lo, hi = PARAMS[name]
+        params = self.iut.params
+        if name not in params:
+            raise AgentError("ENOTSUP", f"parameter {name!r}: this IUT sets {sorted(params) or 'none'}")
+        get, put, lo, hi = params[name]
         value = _int(args, "value", lo, hi)
-        self._saved_params.setdefault(name, get(self))
-        put(self, value)
+        self._saved_params.setdefault(name, get())
+        put(value)
 
     # -- connection set-up (section 6).  cm_connect: the active side of 6.5.1 in the MRC1 format
     # (metaroce_xdp/cm.py, as `metaroce perf` uses it).  The passive side (cm_listen, cm_wait) and
@@ -806,8 +755,9 @@ class Agent:
         check = _get(args, "check_address", False)
         if not isinstance(check, bool):
             raise AgentError("EINVAL", "check_address must be true or false")
-        if e.qp.state != QPState.INIT:
-            raise AgentError("ESTATE", f"cm_listen needs the QP in INIT, it is {e.qp.state.name}")
+        st = self.v.state(e.qp)
+        if st != QPState.INIT:
+            raise AgentError("ESTATE", f"cm_listen needs the QP in INIT, it is {st.name}")
         if h in self._listeners:
             raise AgentError("EBUSY", f"QP {h} is already listening")
         try:
@@ -854,17 +804,15 @@ class Agent:
         return {"profile": "compat", "agreed_caps": 0, "peer": {"qpn": theirs.qpn, "psn": theirs.psn,
                 "gid": theirs.gid.hex()}, "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
 
-    def _loop_dmac(self, mac: bytes) -> dict:
+    @staticmethod
+    def _loop_dmac(mac: bytes) -> dict:
         """MR-CM-024: the mac field of a REQ/REP is informational; modify_qp finds the next hop from the
-        GID.  Only an engine without a forwarding table (an in-process loop port: resolve_mac None) takes
-        the field, as there is nothing else to go by."""
-        if getattr(self.engine, "resolve_mac", None) is None and any(mac):
-            return {"dmac": ":".join("%02x" % b for b in mac)}
+        GID (both IUTs run on a real interface with a forwarding table)."""
         return {}
 
     def _qp_to_error(self, h: int) -> None:
         try:
-            if self.qps[h].qp.state != QPState.ERR:
+            if self.v.state(self.qps[h].qp) != QPState.ERR:
                 self.cmd_modify_qp({"qp": h, "state": "ERR", "attrs": {}})
         except (AgentError, KeyError):
             pass
@@ -881,8 +829,9 @@ class Agent:
         caps = _int(args, "caps", 0, 0xFF, 0) & self.info.caps
         flags = _int(args, "flags", 0, 0xFFFF, cm.FLAG_COMPAT_OK)
         qp = e.qp
-        if qp.state != QPState.INIT:                                   # MR-CM-025
-            raise AgentError("ESTATE", f"cm_connect needs the QP in INIT, it is {qp.state.name}")
+        st = self.v.state(qp)
+        if st != QPState.INIT:                                         # MR-CM-025
+            raise AgentError("ESTATE", f"cm_connect needs the QP in INIT, it is {st.name}")
         eng = self.engine
         if fmt == "pingpong":
             return self._pp_connect(h, host, port, timeout)
@@ -966,7 +915,7 @@ class _PassiveCM:
             src = ch.peer
             with self.lock:
                 if self.total >= self.SETUP_TOTAL or self.per_source.get(src, 0) >= self.SETUP_PER_SOURCE:
-                    self.agent.engine.stats["cm_drop_setup_limit"] += 1
+                    self.agent.iut.agent_counts["cm_drop_setup_limit"] += 1
                     ch.close()                                             # MR-SEC-017: at once, no QP
                     continue
                 self.total += 1
@@ -986,13 +935,13 @@ class _PassiveCM:
                 if self.check and cm.gid_to_ip(req.gid) != _canon_ip(src):             # MR-SEC-019
                     raise cm.Rejected(cm.Reason.ADDRESS_MISMATCH, f"GID {cm.gid_text(req.gid)} is not {src}",
                                       by_peer=False)
+                if req.p_key != 0xFFFF:                # MR-CM-023; checked before the QP is taken (MR-SEC-018)
+                    raise cm.Rejected(cm.Reason.INVALID_PARAM, f"p_key {req.p_key:#06x} is not the QP's 0xffff",
+                                      by_peer=False)
                 with self.lock:
                     if self.busy or self.done.is_set() or self.closed:
                         raise cm.Rejected(cm.Reason.NO_RESOURCES, "the listening QP is taken", by_peer=False)
                     self.busy = took = True
-                if req.p_key != 0xFFFF:                                               # MR-CM-023
-                    raise cm.Rejected(cm.Reason.INVALID_PARAM, f"p_key {req.p_key:#06x} is not the QP's 0xffff",
-                                      by_peer=False)
                 eng = agent.engine
                 mtu = min(req.mtu_bytes, max(m for m in PATH_MTUS if m <= eng.max_pmtu))
                 # MR-CM-022: the QP gets this side's own values (those the REP announces), never the REQ's
@@ -1022,7 +971,7 @@ class _PassiveCM:
             if took and not self.done.is_set():
                 try:                                   # give the QP back for the next REQ
                     e = agent.qps[h]
-                    access = _access_names(e.qp.access)
+                    access = _access_names(Access(e.attrs.get("access", 0)))
                     agent.cmd_modify_qp({"qp": h, "state": "RESET", "attrs": {}})
                     agent.cmd_modify_qp({"qp": h, "state": "INIT", "attrs": {"access": access, "pkey": 0xFFFF}})
                 except Exception:                      # noqa: BLE001 - the QP may be gone (reset, destroy_qp)
@@ -1077,29 +1026,13 @@ def _canon_ip(a: str) -> str:
         return a
 
 
-def _set_budget(agent: Agent, v: int) -> None:
-    agent.engine.budget = v
-
-
-def _set_ecn(agent: Agent, v: int) -> None:
-    agent.engine.ecn = bool(v)
-
-
-# set_param knobs: name -> (get, set, min, max).  Engine-wide, shared by every session;
-# the session that changed one restores it on reset.
-PARAMS: dict[str, tuple] = {
-    "budget": (lambda a: a.engine.budget, _set_budget, 1, 65536),     # packets per progress round
-    "ecn": (lambda a: int(a.engine.ecn), _set_ecn, 0, 1),              # 9.4.2: ECN on new QPs (MR-ECN-011)
-}
-
-
 # ---- TCP server ----------------------------------------------------------------------
 class _Handler(socketserver.StreamRequestHandler):
     server: "_TCPServer"
 
     def handle(self) -> None:
         owner: AgentServer = self.server.owner
-        agent = Agent(owner.ctx, owner.impl_info)
+        agent = Agent(owner.iut, owner.impl_info)
         peer = "%s:%s" % self.client_address[:2]
         log.info("agent session from %s opened", peer)          # MR-SEC-027: log every session
         owner._sessions_add(self.connection)
@@ -1143,12 +1076,14 @@ class _TCPServer6(_TCPServer):
 class AgentServer:
     """The agent's TCP listener (MR-CONF-013): one session per connection, each on its thread.
 
-        srv = AgentServer(ctx, "127.0.0.1", 0).start(); host, port = srv.address; ...; srv.close()
+        srv = AgentServer(iut, "127.0.0.1", 0).start(); host, port = srv.address; ...; srv.close()
+
+    iut: agent_iut.CompiledIUT or DaemonIUT (the server does not close it).
     """
 
-    def __init__(self, ctx: Any, host: str, port: int = DEFAULT_PORT,
+    def __init__(self, iut: Any, host: str, port: int = DEFAULT_PORT,
                  impl_info: ImplInfo | dict | None = None) -> None:
-        self.ctx = ctx
+        self.iut = iut
         self.impl_info = ImplInfo.of(impl_info)
         self.closing = False
         self._lock = threading.Lock()
@@ -1272,45 +1207,53 @@ def main(argv: list[str] | None = None) -> int:
         epilog="example: python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --port 18516")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s)")
     p.add_argument("--listen", default="127.0.0.1", help="address to bind (default %(default)s)")
-    p.add_argument("--dev", required=True, help="RoCE interface the endpoint runs on (XDP + AF_XDP)")
+    p.add_argument("--iut", choices=("compiled", "daemon"), default="compiled",
+                   help="what the agent drives: the compiled data plane in this process (default), or metaroced "
+                        "through its client library")
+    p.add_argument("--dev", help="RoCE interface: the one the plane opens (compiled; required), or the daemon's "
+                                 "device to use (daemon; default: its only one)")
+    p.add_argument("--socket", help="metaroced's socket (--iut daemon; default METAROCE_SOCKET or "
+                                    "/run/metaroce/metaroced.sock)")
     p.add_argument("--xdp-mode", choices=("drv", "skb"), help="XDP attach mode (Context.open's default if unset)")
     p.add_argument("--queue", type=int, help="NIC queue of the AF_XDP socket (Context.open's default if unset)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from .rc.engine import Context                 # lazily: --help works without numba warm-up
-    opener = getattr(Context, "open", None)
-    if opener is None:
-        print("metaroce agent: this build has no Context.open(ifname) (the XDP/AF_XDP port is not "
-              "available yet); nothing to serve", file=sys.stderr)
-        return 2
-    opts = {k: v for k, v in (("xdp_mode", a.xdp_mode), ("queue", a.queue)) if v is not None}
+    from . import agent_iut
     try:
-        ctx = opener(a.dev, progress_thread=True, **opts)
+        if a.iut == "compiled":
+            if not a.dev:
+                p.error("--iut compiled needs --dev")
+            opts = {k: v for k, v in (("xdp_mode", a.xdp_mode), ("queue", a.queue)) if v is not None}
+            iut = agent_iut.CompiledIUT.open(a.dev, **opts)
+        else:
+            from .daemon.client import default_socket
+            iut = agent_iut.DaemonIUT(a.socket or default_socket(), a.dev)
     except Exception as e:
-        print(f"metaroce agent: cannot open {a.dev}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"metaroce agent: cannot open the {a.iut} IUT on {a.dev}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    # the claim follows the engine: its DCQCN reaction point runs unless METAROCE_DCQCN_ENABLED=0 (rc/dcqcn.py)
-    dcqcn = getattr(getattr(ctx.engine, "dcqcn", None), "enabled", False)
+    # the claim follows the plane: its DCQCN reaction point runs unless METAROCE_DCQCN_ENABLED=0; through the
+    # daemon it runs too, but only the in-process plane shows its state (agent_iut.py)
+    info = ImplInfo(iut=iut.describe(), dcqcn=iut.dcqcn is not None)
     try:
-        srv = AgentServer(ctx, a.listen, a.port, impl_info=ImplInfo(dcqcn=bool(dcqcn)))
+        srv = AgentServer(iut, a.listen, a.port, impl_info=info)
     except OSError as e:
-        ctx.close()
+        iut.close()
         print(f"metaroce agent: cannot listen on {a.listen}:{a.port}: {e}", file=sys.stderr)
         return 1
-    log.info("agent on %s:%d for %s (%s)", *srv.address, a.dev, ctx.engine.local_ip)
+    log.info("agent on %s:%d for %s (%s)", *srv.address, iut.describe(), iut.local_ip)
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         srv.close()
-        ctx.close()
+        iut.close()
     return 0
 
 
-__all__ = ["Agent", "AgentClient", "AgentError", "AgentServer", "ImplInfo", "PARAMS", "PROTO", "DEFAULT_PORT",
+__all__ = ["Agent", "AgentClient", "AgentError", "AgentServer", "ImplInfo", "PROTO", "DEFAULT_PORT",
            "gid_of", "ip_of_gid"]
 
 if __name__ == "__main__":

@@ -11,13 +11,22 @@ import pytest
 
 from metaroce_xdp import cm
 from metaroce_xdp.agent import AgentError
-from test_agent import FULL, Side, iuts  # noqa: F401 - pytest fixtures
+from test_agent import A_IP, FULL, Side, iuts, planes, server_ns  # noqa: F401 - pytest fixtures
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.netns]
 
 
-def _listen():
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+@pytest.fixture(scope="module")
+def _plane():
+    """test_agent's two planes, each agent serving in its plane's namespace: connection set-up runs over
+    TCP between the RoCE addresses, so a REQ's GID is its TCP source address (MR-SEC-019)."""
+    yield from planes(in_ns=True)
+
+
+def _listen(side):
+    """A TCP listener on loopback in the namespace of side's agent (where its cm_connect runs)."""
+    with server_ns(side.server):
+        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     srv.settimeout(10)
@@ -36,6 +45,12 @@ def _connect_in_thread(side, port, out):
     return th
 
 
+def _from(side, make):
+    """make() in the namespace of side's agent: a connection to A's RoCE address from side's."""
+    with server_ns(side.server):
+        return make()
+
+
 def _init(side):
     side.c.call("modify_qp", qp=side.qp, state="INIT", attrs={"access": FULL, "pkey": 0xFFFF})
 
@@ -45,7 +60,7 @@ def test_cm_connect_rejected_leaves_the_qp_in_err(iuts):  # noqa: F811
     a = Side(srv_a, ctx_a).setup()
     _init(a)
     psns = []
-    with _listen() as srv:
+    with _listen(a) as srv:
         for _ in range(3):
             out: dict = {}
             th = _connect_in_thread(a, srv.getsockname()[1], out)
@@ -68,13 +83,13 @@ def test_cm_connect_completes_the_exchange(iuts):  # noqa: F811
     a, b = Side(srv_a, ctx_a).setup(), Side(srv_b, ctx_b).setup()
     _init(a)
     out: dict = {}
-    with _listen() as srv:
+    with _listen(a) as srv:
         th = _connect_in_thread(a, srv.getsockname()[1], out)
         conn, _ = srv.accept()
         with cm.Channel(conn, "agent") as ch:
             def make_rep(req):
-                return cm.CMMsg(cm.MsgType.REP, qpn=b.qpn, psn=0x4242, gid=cm.ip_to_gid(ctx_b.engine.local_ip),
-                                mac=cm.mac_bytes(ctx_b.engine.local_mac), path_mtu=req.path_mtu)
+                return cm.CMMsg(cm.MsgType.REP, qpn=b.qpn, psn=0x4242, gid=cm.ip_to_gid(ctx_b.local_ip),
+                                mac=cm.mac_bytes(ctx_b.local_mac), path_mtu=req.path_mtu)
             req, rep = cm.passive_exchange(ch, 0, make_rep)
         th.join(10)
     assert "error" not in out, out
@@ -94,18 +109,18 @@ def _free_port() -> int:
 
 def _req(b, ctx_b, gid_ip=None):
     return cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), qpn=b.qpn, psn=0x1234,
-                    gid=cm.ip_to_gid(gid_ip or "127.0.0.1"), mac=cm.mac_bytes(ctx_b.engine.local_mac))
+                    gid=cm.ip_to_gid(gid_ip or ctx_b.local_ip), mac=cm.mac_bytes(ctx_b.local_mac))
 
 
 def test_cm_listen_bounds_set_ups_per_source(iuts):  # noqa: F811
-    srv_a, ctx_a, _, _ = iuts
-    a = Side(srv_a, ctx_a).setup()
+    srv_a, ctx_a, srv_b, ctx_b = iuts
+    a, b = Side(srv_a, ctx_a).setup(), Side(srv_b, ctx_b)
     _init(a)
     port = _free_port()
     a.c.call("cm_listen", qp=a.qp, port=port, format="mrc1")
-    held = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(8)]
+    held = [_from(b, lambda: socket.create_connection((A_IP, port), timeout=2)) for _ in range(8)]
     try:
-        ninth = socket.create_connection(("127.0.0.1", port), timeout=2)
+        ninth = _from(b, lambda: socket.create_connection((A_IP, port), timeout=2))
         assert ninth.recv(16) == b""                     # closed at once, nothing read
         ninth.close()
         for s in held:
@@ -125,12 +140,12 @@ def test_cm_listen_checks_before_the_qp_and_releases_abandoned_exchanges(iuts): 
     _init(a)
     port = _free_port()
     a.c.call("cm_listen", qp=a.qp, port=port, format="mrc1", check_address=True)
-    with cm.connect("127.0.0.1", port) as ch:                     # GID of another address: REJ
+    with _from(b, lambda: cm.connect(A_IP, port)) as ch:                     # GID of another address: REJ
         with pytest.raises(cm.Rejected) as e:
             cm.active_exchange(ch, _req(b, ctx_b, "10.9.9.9"), lambda rep: None)
         assert e.value.reason == cm.Reason.ADDRESS_MISMATCH and e.value.by_peer
     assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"
-    with cm.connect("127.0.0.1", port) as ch:                     # REP, then the TCP connection closes
+    with _from(b, lambda: cm.connect(A_IP, port)) as ch:                     # REP, then the TCP connection closes
         ch.send(_req(b, ctx_b).encode())
         rep = cm.read_msg(ch)
         assert rep.msg_type == cm.MsgType.REP and rep.qpn == a.qpn
@@ -138,7 +153,7 @@ def test_cm_listen_checks_before_the_qp_and_releases_abandoned_exchanges(iuts): 
     while a.c.call("query_qp", qp=a.qp)["state"] != "INIT" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"        # released (MR-SEC-018)
-    with cm.connect("127.0.0.1", port) as ch:
+    with _from(b, lambda: cm.connect(A_IP, port)) as ch:
         rep = cm.active_exchange(ch, _req(b, ctx_b), lambda rep: None)
     r = a.c.call("cm_wait", qp=a.qp, timeout_ms=5000)
     assert r["peer"]["qpn"] == b.qpn and r["peer"]["psn"] == 0x1234

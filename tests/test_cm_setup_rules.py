@@ -11,10 +11,10 @@ import pytest
 
 from metaroce_xdp import cm
 from metaroce_xdp.agent import AgentError
-from test_agent import Side, iuts  # noqa: F401 - pytest fixtures
-from test_agent_cm_connect import _free_port, _init, _listen, _req
+from test_agent import A_IP, Side, iuts  # noqa: F401 - pytest fixtures
+from test_agent_cm_connect import _free_port, _from, _init, _listen, _plane, _req  # noqa: F401
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.netns]
 
 
 def test_passive_exchange_rejects_an_ipv6_gid_without_ipv6():
@@ -37,14 +37,14 @@ def test_passive_checks_p_key_and_keeps_its_own_timers(iuts):  # noqa: F811
     a.c.call("cm_listen", qp=a.qp, port=port, format="mrc1")
     bad = _req(b, ctx_b)
     bad.p_key = 0x7FFF
-    with cm.connect("127.0.0.1", port) as ch:
+    with _from(b, lambda: cm.connect(A_IP, port)) as ch:
         with pytest.raises(cm.Rejected) as e:
             cm.active_exchange(ch, bad, lambda rep: None)
         assert e.value.reason == cm.Reason.INVALID_PARAM and e.value.by_peer
     assert a.c.call("query_qp", qp=a.qp)["state"] == "INIT"
     req = _req(b, ctx_b)
     req.timeout, req.retry_cnt, req.rnr_retry, req.min_rnr_timer, req.max_dest_rd_atomic = 20, 2, 1, 3, 2
-    with cm.connect("127.0.0.1", port) as ch:
+    with _from(b, lambda: cm.connect(A_IP, port)) as ch:
         rep = cm.active_exchange(ch, req, lambda rep: None)
     a.c.call("cm_wait", qp=a.qp, timeout_ms=5000)
     at = a.c.call("query_qp", qp=a.qp)["attrs"]
@@ -58,7 +58,7 @@ def test_active_without_atomics_refuses_atomic_wrs(iuts):  # noqa: F811
     a, b = Side(srv_a, ctx_a).setup(), Side(srv_b, ctx_b).setup()
     _init(a)
     out: dict = {}
-    with _listen() as srv:
+    with _listen(a) as srv:
         th = threading.Thread(target=lambda: out.update(a.c.call(
             "cm_connect", qp=a.qp, host="127.0.0.1", port=srv.getsockname()[1], format="mrc1", caps=0,
             flags=cm.FLAG_COMPAT_OK, timeout_ms=5000)))
@@ -66,8 +66,8 @@ def test_active_without_atomics_refuses_atomic_wrs(iuts):  # noqa: F811
         conn, _ = srv.accept()
         with cm.Channel(conn, "agent") as ch:
             cm.passive_exchange(ch, 0, lambda r: cm.CMMsg(
-                cm.MsgType.REP, qpn=b.qpn, psn=7, gid=cm.ip_to_gid(ctx_b.engine.local_ip),
-                mac=cm.mac_bytes(ctx_b.engine.local_mac), path_mtu=r.path_mtu))
+                cm.MsgType.REP, qpn=b.qpn, psn=7, gid=cm.ip_to_gid(ctx_b.local_ip),
+                mac=cm.mac_bytes(ctx_b.local_mac), path_mtu=r.path_mtu))
         th.join(10)
     assert out["agreed_caps"] == 0
     with pytest.raises(AgentError) as e:

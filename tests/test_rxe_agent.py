@@ -71,17 +71,16 @@ def vm():
 
 @pytest.fixture(scope="module")
 def ours(vm):
-    """Our endpoint -- the compiled data plane, what applications get -- on the tap in the VM's netns, served
-    by the reference agent there."""
-    from metaroce_xdp.dp import Context
+    """Our endpoint -- the compiled data plane, what applications get -- on the tap in the VM's netns, served by the reference agent there."""
+    from metaroce_xdp.agent_iut import CompiledIUT
     with in_netns(vm.netns):
-        ctx = Context.open(vm.iface, progress_thread=True, pin=False)
-        srv = AgentServer(ctx, "127.0.0.1", 0).start()
+        iut = CompiledIUT.open(vm.iface, pin=False)
+        srv = AgentServer(iut, "127.0.0.1", 0).start()
     try:
         yield srv
     finally:
         srv.close()
-        ctx.close()
+        iut.close()
 
 
 def _client(vm: RxeVM, host: str, port: int) -> AgentClient:

@@ -14,6 +14,7 @@ def _parse(argv):
                     "plays its peer on the link (AF_PACKET); writes JSON Lines, JUnit XML, Markdown and HTML.",
         epilog="examples:\n"
                "  metaroce-conformance --self-test --report out/\n"
+               "  metaroce-conformance --self-test --iut daemon --report out-daemon/\n"
                "  metaroce-conformance --agent 192.0.2.10:18516 --iface eth1 --peer-ip 10.0.0.2 --report out/\n"
                "  metaroce-conformance --list --case 'TC-PSN-*'",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,6 +28,8 @@ def _parse(argv):
     p.add_argument("--spec", metavar="DIR", help="spec directory (default: docs/spec of this source tree)")
     p.add_argument("--self-test", action="store_true",
                    help="build namespaces, start the reference agent and run against it")
+    p.add_argument("--iut", choices=("compiled", "daemon"), default="compiled",
+                   help="--self-test: the agent drives the compiled plane in its process (default) or metaroced")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--no-timing", action="store_true",
                    help="leave out the cases that decide on measured times (make test does)")
@@ -44,7 +47,8 @@ def run(client, iface: str, peer_ip: str, report_dir: Path, cases, spec_dir=None
     cat = Catalogue(spec_dir)
     with LowerTester(iface) as lt:
         r = Runner(client, lt, peer_ip, report_dir, catalogue=cat, peer=peer, reconnect=reconnect, log=log)
-        log(f"IUT {r.hello.get('impl')} {r.hello.get('version')} at {r.hello.get('ip')} ({r.hello.get('mac')}), "
+        log(f"IUT {r.hello.get('impl')} {r.hello.get('version')}: {r.hello.get('iut') or '-'}, "
+            f"at {r.hello.get('ip')} ({r.hello.get('mac')}), "
             f"claim {r.claim.text()}; {len(cases)} cases")
         res = r.run(cases)
     paths = write_all(res, cat, report_dir)
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.self_test:
         from .selftest import LT_IP, SelfTest
         report_dir.mkdir(parents=True, exist_ok=True)
-        with open(report_dir / "agent-stderr.log", "wb") as alog, SelfTest(agent_log=alog) as st:
+        with open(report_dir / "agent-stderr.log", "wb") as alog, SelfTest(agent_log=alog, iut=a.iut) as st:
             with st.enter_tester():
                 client = AgentClient(*st.agent_addr, timeout=15)
 

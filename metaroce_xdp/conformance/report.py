@@ -116,6 +116,10 @@ def write_jsonl(res: RunResult, cat: Catalogue, path: Path) -> None:
 def write_junit(res: RunResult, path: Path) -> None:
     """One <testcase> per case; FAIL -> <failure>, ERROR -> <error>, all rules not applicable -> <skipped>."""
     suite = ET.Element("testsuite", name="metaroce-conformance", timestamp=res.started)
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("iut.name", res.iut.get("name", "")), ("iut.version", res.iut.get("version", "")),
+                 ("iut.under_test", res.iut.get("under_test", "")), ("iut.claim", res.iut.get("claim", ""))):
+        ET.SubElement(props, "property", name=k, value=str(v))
     n = Counter()
     for run in res.runs:
         tc = ET.SubElement(suite, "testcase", classname=f"conformance.{run.case.module}", name=run.case.id,
@@ -158,6 +162,7 @@ def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
     s = summary(res, cat)
     rows = matrix(res, cat)
     L = [f"# MetaRoCE conformance report: {res.iut['name']} {res.iut['version']}", "",
+         f"* implementation under test: {res.iut.get('under_test') or 'not named by the agent'}",
          f"* run: `{res.run_id}`, spec {res.spec_version}, peer {res.peer}",
          f"* claim: **{s['claim']}** (profiles {', '.join(res.claim.profiles)}; capabilities "
          f"{', '.join(sorted(res.claim.caps)) or 'none'})",
@@ -220,7 +225,8 @@ def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
     H = [f"<!doctype html><html><head><meta charset='utf-8'><title>MetaRoCE conformance: {e(res.iut['name'])}"
          f"</title><style>{_CSS}</style></head><body>",
          f"<h1>MetaRoCE conformance report: {e(res.iut['name'])} {e(res.iut['version'])}</h1>",
-         f"<p>run <code>{e(res.run_id)}</code>, spec {e(res.spec_version)}, peer {e(res.peer)}<br>",
+         f"<p>implementation under test: <b>{e(res.iut.get('under_test') or 'not named by the agent')}</b><br>",
+         f"run <code>{e(res.run_id)}</code>, spec {e(res.spec_version)}, peer {e(res.peer)}<br>",
          f"claim <b>{e(s['claim'])}</b><br>conformance (MR-CONF-025): <b class='{e(s['conformance'])}'>"
          f"{e(s['conformance'])}</b>: applicable observable MUST rules {s['must_rules']}, passed {s['must_passed']}, "
          f"failed {len(s['must_fail'])}, error {len(s['must_error'])}, uncovered {s['must_uncovered']}<br>",

@@ -49,7 +49,7 @@ class CaseRun:
 @dataclass
 class RunResult:
     run_id: str
-    iut: dict                          # {name, version, claim}
+    iut: dict                          # {name, version, claim, under_test}: under_test the agent's hello.iut
     claim: Claim
     hello: dict
     caps: dict
@@ -109,7 +109,7 @@ class Runner:
         started = now_rfc3339()
         res = RunResult(run_id=f"{started}-{self.hello.get('impl', 'iut')}",
                         iut={"name": self.hello.get("impl", ""), "version": self.hello.get("version", ""),
-                             "claim": self.claim.text()},
+                             "claim": self.claim.text(), "under_test": self.hello.get("iut", "")},
                         claim=self.claim, hello=self.hello, caps=self.caps, peer=self.peer,
                         spec_version=self.cat.version, started=started)
         (self.dir / "captures").mkdir(parents=True, exist_ok=True)
@@ -182,10 +182,13 @@ class Runner:
                     t.agent = agent
                     self.client.call("hello", proto=1)
                 th.join(2.0)
-            elif isinstance(box.get("exc"), NotApplicable):
+            elif isinstance(box.get("exc"), NotApplicable) or _not_offered(box.get("exc")):
+                # ENOTSUP is the agent's "not supported by the IUT" (9.4.3): a feature the IUT does not offer
+                # makes the rules it was needed for NOT-APPLICABLE (MR-CONF-006), never ERROR
+                why = box["exc"] if isinstance(box["exc"], NotApplicable) else f"the IUT does not offer it: {box['exc']}"
                 for r in c.rules:
                     if not any(o.rule == r for o in t.observations):
-                        t.not_applicable(r, f"skipped: {box['exc']}")
+                        t.not_applicable(r, f"skipped: {why}")
             elif "exc" in box:
                 e = box["exc"]
                 kind = "precondition failed" if isinstance(e, CaseError) else type(e).__name__
@@ -225,6 +228,12 @@ class Runner:
     def _verdict(self, c: Case, rule: str, verdict: str, detail: str, ms: float) -> Verdict:
         level = self.cat[rule].level if rule in self.cat else "must"
         return Verdict(c.id, rule, verdict, detail, level, c.profile, now_rfc3339(), duration_ms=round(ms, 1))
+
+
+def _not_offered(exc) -> bool:
+    """An agent error ENOTSUP out of a case: the IUT does not offer what the case asked for."""
+    from ..agent import AgentError
+    return isinstance(exc, AgentError) and exc.code == "ENOTSUP"
 
 
 __all__ = ["CaseRun", "RunResult", "Runner", "VERDICTS", "Verdict"]
