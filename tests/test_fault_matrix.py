@@ -18,10 +18,8 @@ Which cases run where: the compiled plane runs the whole matrix (six faults x sw
 router, and IPv6 through a router at 1 % loss); metaroced runs one case of each fault kind --
 loss 1 % and duplication 2 % on the switch, reordering 2 % and corruption 1 % on the router --
 so the daemon's startup and cases add about half of the compiled plane's time, not as much
-again.  The compiled plane's 1 % loss cases are expected to fail now and then (REPLAY_PILEUP below:
-duplicate READ requests each queue a whole replay, MR-DUP-008's abandonment is missing).  The
-long versions (>= 200,000 packets a case on both planes, a 10-minute soak) are `make soak`
-(tools/soak.py).
+again.  The long versions (>= 200,000 packets a case on both planes, a 10-minute soak) are
+`make soak` (tools/soak.py).
 """
 from __future__ import annotations
 
@@ -37,15 +35,7 @@ from metaroce_xdp.verbs_types import QPState
 # packet makes a case many seconds, the matrix minutes of make test
 SIZES = MATRIX_SIZES[:-1] + (2 << 20,)
 DAEMON_CASES = (("switch", "loss-1%"), ("switch", "dup-2%"), ("router", "reorder-2%"), ("router", "corrupt-1%"))
-# The compiled plane's responder queues a READ replay for every duplicate READ request (dp/loop.py
-# responder -> push_read_job) without dropping the replays it supersedes; at 1 % loss a go-back-N that
-# rewinds over a 2 MiB READ now and then piles up replays of it (B sends 100,000 responses that A drops
-# as stale), the ACK of the last WR waits behind them past A's local ACK timeout, and retries run out.
-# Whether it happens depends on timing (one of the two loss-1% cases in each of two runs): not strict.
-REPLAY_PILEUP = pytest.mark.xfail(strict=False, reason="issue 20: duplicate READ requests each queue a full replay "
-                                  "(superseded replays not dropped); ACKs wait behind them until retries run out")
-CASES = ([pytest.param("compiled", path, fault, id=f"compiled-{path}-{fault}",
-                       marks=[REPLAY_PILEUP] if fault == "loss-1%" else [])
+CASES = ([pytest.param("compiled", path, fault, id=f"compiled-{path}-{fault}")
           for path in ("switch", "router") for fault in FAULTS]
          + [pytest.param("daemon", path, fault, id=f"daemon-{path}-{fault}")
             for path in ("switch", "router") for p, fault in DAEMON_CASES if p == path])
