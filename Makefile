@@ -22,8 +22,9 @@ bench: setup
 	$(PY) -m tools.bench --json docs/bench/bench.json $(BENCH_ARGS)
 	$(PY) -m tools.bench_fabric --json docs/bench/fabric.json
 
-# The long checks (about 20 minutes): the fault matrix at 200,000 packets a case and a
-# 10-minute soak at 1 % loss; SOAK_ARGS passes options (python -m tools.soak --help).
+# The long checks (about 40 minutes): the fault matrix at 200,000 packets a case and a
+# 10-minute soak at 1 % loss, on the compiled plane in process and on metaroced (--plane);
+# SOAK_ARGS passes options (python -m tools.soak --help).
 SOAK_ARGS ?=
 soak: setup
 	$(PY) -m tools.soak $(SOAK_ARGS)

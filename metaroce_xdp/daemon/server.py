@@ -415,6 +415,24 @@ def _make_context_class():
     return DaemonContext
 
 
+def umem_frames(ctx: Any) -> dict:
+    """Where the UMEM frames of a data-plane context's socket are, read with its loop paused: free on the
+    loop's stack, with the kernel to receive into (fill ring to RX ring: the loop's fill producer less its
+    RX consumer), with the kernel to send (TX ring to completion ring), in the loop's TX batch.  They add
+    up to `total` unless a frame leaked (on a multi-buffer socket, `sg`, in slots of adjacent frames, a
+    chained TX frame counting once per descriptor while in flight)."""
+    L = _dp()[1]
+    pl, x = ctx.plane, ctx.port.xsk
+    with pl.paused():
+        A = pl.A
+        sg = bool(A[L.P_SG])
+        u = ctx.port.umem
+        return {"total": u.nframes * u.frame_size // u.slot if sg else u.nframes, "free": int(A[L.P_FREE_TOP]),
+                "kernel_rx": (int(x.fill.producer[0]) - int(x.rx.consumer[0])) & 0xFFFFFFFF,
+                "kernel_tx": (int(x.tx.producer[0]) - int(x.comp.consumer[0])) & 0xFFFFFFFF,
+                "tx_pending": int(A[L.P_TXN]), "sg": sg}
+
+
 class Device:
     """One owned interface: its data-plane context, the clients' objects on it, the driver thread."""
 
@@ -630,6 +648,8 @@ class Device:
         try:
             counters["xdp_drops"] = ld.drops()
             counters["xdp_events"] = ld.events()
+            counters["xsk"] = port.xsk.statistics()
+            counters["umem"] = umem_frames(self.ctx)
         except Exception:                           # noqa: BLE001 - the maps may be gone while stopping
             pass
         return {"ifname": self.ifname, "mtu": mtu, "mac": port.mac, "gids": [cm.gid_text(cm.ip_to_gid(port.ip))],

@@ -932,6 +932,23 @@ def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
 
 
 @njit(**_jit)
+def abandon_replays(A, Q, qi, psn):
+    """MR-DUP-008: a duplicate READ REQUEST at psn restarts its READ there; the responses still queued for
+    that READ (its first execution or an earlier replay: a queued READ job whose PSNs hold psn) are not
+    sent -- the requester asked again from psn and drops them as stale.  Replaying every duplicate in
+    full instead let a go-back-N over a large READ queue up to max_dest_rd_atomic replays of it, and the
+    ACKs behind them waited past the requester's local ACK timeout until its retries ran out.  The
+    jobs' ACK/NAK attachments still leave in order."""
+    i = Q[qi, Q_RD_HEAD]
+    while i != Q[qi, Q_RD_TAIL]:
+        j = A[P_RDJ_OFF] + (qi * MAX_RD + (i % MAX_RD)) * NJ
+        k = psn_diff(psn, A[j + J_PSN])
+        if A[j + J_LENGTH] >= 0 and k >= 0 and k < A[j + J_NPK] and A[j + J_SENT] < A[j + J_NPK]:
+            A[j + J_SENT] = A[j + J_NPK]
+        i += 1
+
+
+@njit(**_jit)
 def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
     """MR-DUP-003, MR-DUP-007: a duplicate READ REQUEST is executed again only when it asks for part of
     one of the READs the responder still keeps -- the last max_dest_rd_atomic READ/ATOMIC jobs, which
@@ -1071,6 +1088,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             if not dup_read_saved(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen):
                 A[P_RX_DUP_RD_DROP] += 1                 # MR-DUP-003: not one of resources[]: discarded
                 return
+            abandon_replays(A, Q, qi, psn)
             if push_read_job(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen) < 0:
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                 EV_QP_ACCESS_ERR, 22)
