@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.netns]
 
 
 def test_frames_of_a_qp_with_ecn_on_are_ect0(dp_loop):
-    """Every RoCE frame of the WRITE (A's requests) and of B's ACKs carries ECT(0), the DSCP the QP's (0)."""
+    """Every RoCE frame of the WRITE (A's requests) and of B's ACKs carries ECT(0) and the default DSCP 26 (MR-ECN-004): TOS 0x6A."""
     a, b = dp_loop()
     tap = PortTap(a.topo, a.topo[1], "swA")
     try:
@@ -25,4 +25,4 @@ def test_frames_of_a_qp_with_ecn_on_are_ect0(dp_loop):
         tap.close()
     assert len(frames) >= 6                               # five requests, at least one ACK
     assert {f[15] & 3 for f in frames} == {2}             # IPv4 TOS: ECN bits ECT(0)
-    assert {f[15] >> 2 for f in frames} == {0}
+    assert {f[15] >> 2 for f in frames} == {26}

@@ -28,7 +28,6 @@ import numpy as np
 import psutil
 import pytest
 
-from metaroce_xdp.daemon.server import umem_frames
 from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, SendWR, WCStatus, WROpcode,
                                       local_ack_timeout_ns)
@@ -90,7 +89,7 @@ class Local:
 
     def frames(self) -> dict:
         with self.ctx.plane.paused():
-            return umem_frames(self.ctx.plane)
+            return self.ctx.plane.frames()
 
     def rss(self) -> int:
         return psutil.Process().memory_info().rss

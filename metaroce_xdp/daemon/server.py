@@ -149,20 +149,6 @@ def placeable_size(fd: int) -> int:
     return size
 
 
-def umem_frames(plane: Any) -> dict:
-    """Where the UMEM frames of a compiled plane's socket are (one frame per RX buffer: not multi-buffer): on
-    the loop's free stack, given to the kernel for RX (fill ring, kernel, RX ring) or TX (TX ring, kernel,
-    completion ring), or queued for the TX ring.  `leaked`, what none of those holds, is 0 when the loop is
-    between rounds (Plane.paused)."""
-    from ..dp import layout as L
-    A, x = plane.A, plane.port.xsk
-    d = {"total": int(plane.port.umem.nframes), "free": int(A[L.P_FREE_TOP]),
-         "kernel_rx": (int(x.fill.producer[0]) - int(x.rx.consumer[0])) & 0xFFFFFFFF,
-         "kernel_tx": (int(x.tx.producer[0]) - int(x.comp.consumer[0])) & 0xFFFFFFFF, "queued": int(A[L.P_TXN])}
-    d["leaked"] = d["total"] - d["free"] - d["kernel_rx"] - d["kernel_tx"] - d["queued"]
-    return d
-
-
 def open_fds() -> int:
     try:
         return len(os.listdir("/proc/self/fd"))
@@ -416,21 +402,9 @@ def _make_context_class():
 
 
 def umem_frames(ctx: Any) -> dict:
-    """Where the UMEM frames of a data-plane context's socket are, read with its loop paused: free on the
-    loop's stack, with the kernel to receive into (fill ring to RX ring: the loop's fill producer less its
-    RX consumer), with the kernel to send (TX ring to completion ring), in the loop's TX batch.  They add
-    up to `total` unless a frame leaked (on a multi-buffer socket, `sg`, in slots of adjacent frames, a
-    chained TX frame counting once per descriptor while in flight)."""
-    L = _dp()[1]
-    pl, x = ctx.plane, ctx.port.xsk
-    with pl.paused():
-        A = pl.A
-        sg = bool(A[L.P_SG])
-        u = ctx.port.umem
-        return {"total": u.nframes * u.frame_size // u.slot if sg else u.nframes, "free": int(A[L.P_FREE_TOP]),
-                "kernel_rx": (int(x.fill.producer[0]) - int(x.rx.consumer[0])) & 0xFFFFFFFF,
-                "kernel_tx": (int(x.tx.producer[0]) - int(x.comp.consumer[0])) & 0xFFFFFFFF,
-                "tx_pending": int(A[L.P_TXN]), "sg": sg}
+    """Where the UMEM frames of a data-plane context's socket are (dp Plane.frames), read with its loop paused."""
+    with ctx.plane.paused():
+        return ctx.plane.frames()
 
 
 class Device:
@@ -642,9 +616,6 @@ class Device:
                     "wrs_taken": int(G[sv.G_TAKEN]), "cqes_delivered": int(G[sv.G_DELIVERED]),
                     "bad_wrs": int(G[sv.G_BAD]), "ring_scans": int(G[sv.G_SCANS]),
                     "credit_runs": int(G[sv.G_CREDIT_RUNS])}
-        if not self.plane.A[self.L.P_SG]:
-            with self.plane.paused():
-                counters["umem"] = umem_frames(self.plane)
         try:
             counters["xdp_drops"] = ld.drops()
             counters["xdp_events"] = ld.events()

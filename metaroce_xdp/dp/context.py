@@ -66,11 +66,11 @@ _ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
                WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
+DEFAULT_DSCP = 26          # a QP's DSCP unless its address vector says otherwise: every packet but CNPs (MR-ECN-004)
 
 
 class Unsupported(InvalidArgument):
-    """The compiled data plane does not implement this (yet); the message names it.  Use the Python
-    engine (metaroce_xdp.rc.engine.Context) for it meanwhile."""
+    """The compiled data plane does not implement this; the message names it."""
 
 
 def _i64(v: int) -> int:
@@ -429,6 +429,21 @@ class Plane:
         """Control operations run with the loop between rounds (of every queue's loop, on the first plane)."""
         return Plane._Paused(self)
 
+    def frames(self) -> dict:
+        """Where this plane's UMEM frames are -- call it with the loop paused: free on the loop's stack, with the
+        kernel to receive into (fill ring to RX ring: the loop's fill producer less its RX consumer), with the
+        kernel to send (TX ring to completion ring), in the loop's TX batch (tx_pending).  `leaked`, what none
+        of those holds, must be 0 (on a multi-buffer socket, `sg`, frames are counted in slots, a chained TX
+        frame once per descriptor while in flight)."""
+        A, u, x = self.A, self.port.umem, self.port.xsk
+        sg = bool(A[L.P_SG])
+        d = {"total": u.nframes * u.frame_size // u.slot if sg else int(u.nframes), "free": int(A[L.P_FREE_TOP]),
+             "kernel_rx": (int(x.fill.producer[0]) - int(x.rx.consumer[0])) & 0xFFFFFFFF,
+             "kernel_tx": (int(x.tx.producer[0]) - int(x.comp.consumer[0])) & 0xFFFFFFFF,
+             "tx_pending": int(A[L.P_TXN]), "sg": sg}
+        d["leaked"] = d["total"] - d["free"] - d["kernel_rx"] - d["kernel_tx"] - d["tx_pending"]
+        return d
+
     def mark_ready(self, qi: int) -> None:
         """A post: the QP goes in the ready ring (the loop puts it on its active list) -- of the plane
         that owns the QP."""
@@ -716,7 +731,7 @@ class QP:
             profile = g.get("profile", "compat")
             if profile not in ("compat", "native"):
                 raise InvalidArgument(f"profile {profile!r}: the agreed profile is 'compat' or 'native' (MR-NAT-001)")
-            tmpl = ctx.template_for(self, g["dgid"], g.get("dmac"), g.get("sport"), g.get("dscp", 0),
+            tmpl = ctx.template_for(self, g["dgid"], g.get("dmac"), g.get("sport"), g.get("dscp", DEFAULT_DSCP),
                                     g["dest_qp_num"])
         pl = ctx.plane
         with pl.paused():
