@@ -365,6 +365,7 @@ def test_qpns_carry_fourteen_random_bits(wire):
 
 
 # ============================================================================ event ring
+@pytest.mark.compiles
 def test_full_event_ring_counts_what_it_drops():
     """dp/loop.py push_event (issue 19 finding 10): an event that finds the ring full (nobody drains it) is
     counted in the port's ev_drop, which stats() shows -- it used to vanish."""

@@ -73,8 +73,6 @@ def _first_responses(q):
     return []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: a duplicate READ whose saved R_Key was deregistered is discarded silently by the compiled responder (no NAK code 2, no response at all); MR-MEM-033 and MR-DUP-003 want NAK code 2 with the duplicate's PSN and the QP in ERR"))
 def test_duplicate_read_after_dereg_returns_no_memory(peer):
     """MR-MEM-033, MR-DUP-003, MR-MEM-021: a duplicate READ replayed after ibv_dereg_mr is checked again:
     no READ RESPONSE, no byte of the old MR; NAK code 2 with the duplicate's PSN and the QP in ERR."""
@@ -92,8 +90,6 @@ def test_duplicate_read_after_dereg_returns_no_memory(peer):
             assert out == []                          # in ERR: silent (MR-QP-025)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: a duplicate READ whose saved R_Key was deregistered is discarded silently by the compiled responder (no NAK code 2, no response at all); MR-MEM-033 and MR-DUP-003 want NAK code 2 with the duplicate's PSN and the QP in ERR"))
 def test_duplicate_read_after_dereg_with_a_new_mr_at_the_same_place(peer):
     """MR-MEM-033, MR-DUP-003: the saved READ's R_Key is gone; a new MR over the same memory has another
     key, and the duplicate (carrying the old key) still gets no data."""
