@@ -161,17 +161,49 @@ DAEMON_DIVERGENCES = {
 KNOWN = {"compiled": PLANE_DIVERGENCES, "daemon": {**PLANE_DIVERGENCES, **DAEMON_DIVERGENCES}}
 
 
+def _self_test_argv(iut: str, report) -> list[str]:
+    argv = ["--self-test", "--no-timing", "--iut", iut, "--report", str(report)]
+    for pat in filter(None, os.environ.get("METAROCE_CONFORMANCE_CASES", "").split(",")):
+        argv += ["--case", pat]
+    return argv
+
+
 @pytest.mark.netns
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
-@pytest.mark.parametrize("iut", ["compiled", "daemon"])
-def test_self_test_passes_and_reports(tmp_path, capsys, iut):
+def test_self_test_passes_and_reports(tmp_path, capsys):
+    """Both IUTs at once (each run waits on its agent much of the time): metaroced's run in a child process
+    (`python -m metaroce_xdp.conformance.cli --iut daemon`), the compiled plane's in this one; each report
+    is checked by _check_self_test."""
+    import subprocess
+    import sys
     from metaroce_xdp.conformance.cli import main
-    argv = ["--self-test", "--no-timing", "--iut", iut, "--report", str(tmp_path)]
-    for pat in filter(None, os.environ.get("METAROCE_CONFORMANCE_CASES", "").split(",")):
-        argv += ["--case", pat]
-    rc = main(argv)
-    out = capsys.readouterr().out
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dlog = open(tmp_path / "daemon-run.log", "w+")
+    child = subprocess.Popen([sys.executable, "-m", "metaroce_xdp.conformance.cli",
+                              *_self_test_argv("daemon", tmp_path / "daemon")],
+                             cwd=root, stdout=dlog, stderr=subprocess.STDOUT)
+    try:
+        rc = main(_self_test_argv("compiled", tmp_path / "compiled"))
+        out = capsys.readouterr().out
+        child.wait(timeout=840)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    dlog.seek(0)
+    dout = dlog.read()
+    dlog.close()
+    failures = []
+    for iut, code, text in (("compiled", rc, out), ("daemon", child.returncode, dout)):
+        try:
+            _check_self_test(tmp_path / iut, iut, code, text)
+        except AssertionError as e:
+            failures.append(f"--iut {iut}: {e}")
+    assert not failures, "\n\n".join(failures)
+
+
+def _check_self_test(tmp_path, iut: str, rc: int, out: str) -> None:
     lines = [json.loads(x) for x in (tmp_path / "report.jsonl").read_text().splitlines()]
     verdicts, summary = lines[:-1], lines[-1]["summary"]
     known = KNOWN[iut]
