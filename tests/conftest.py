@@ -29,6 +29,18 @@ def _reason(report) -> str:
     return str(lr)
 
 
+# One root check for the suite: a test marked `netns` (it builds namespaces, veths, XDP and AF_XDP) or `root`
+# (it loads BPF or opens raw sockets, without namespaces) is skipped when not run as root -- and a skip is a
+# failure unless METAROCE_ALLOW_SKIPS=1 (above): `make test` runs as root.
+def pytest_collection_modifyitems(config, items):
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root: network namespaces, BPF, XDP and AF_XDP")
+    for item in items:
+        if item.get_closest_marker("netns") is not None or item.get_closest_marker("root") is not None:
+            item.add_marker(skip)
+
+
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = _reason(report)

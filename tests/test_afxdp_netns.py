@@ -23,8 +23,6 @@ from metaroce_xdp.topo import Topology, TopologyError, two_hosts
 
 pytestmark = pytest.mark.netns
 
-if os.geteuid() != 0:
-    pytest.skip("needs root: network namespaces, XDP and AF_XDP", allow_module_level=True)
 bcc = pytest.importorskip("bcc")
 
 ROOT = Path(__file__).resolve().parents[1]

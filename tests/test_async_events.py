@@ -3,7 +3,6 @@ MR-QP-021, MR-QP-030, MR-QP-036), between two compiled-plane endpoints (dp_loop)
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -13,8 +12,7 @@ from metaroce_xdp.verbs_types import (IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_
                                       IBV_EVENT_QP_FATAL, IBV_EVENT_SQ_DRAINED, AsyncEvent, AsyncEventQueue, Busy,
                                       EventType, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode)
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 def events(ctx) -> list:

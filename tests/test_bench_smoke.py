@@ -21,8 +21,6 @@ import pytest
 
 pytestmark = pytest.mark.netns
 
-if os.geteuid() != 0:
-    pytest.skip("needs root: network namespaces, XDP and AF_XDP", allow_module_level=True)
 pytest.importorskip("bcc")
 if shutil.which("gcc") is None and shutil.which("cc") is None:
     pytest.skip("needs a C compiler for tools/afxdp_rawloop.c", allow_module_level=True)

@@ -170,7 +170,6 @@ def _self_test_argv(iut: str, report) -> list[str]:
 
 @pytest.mark.netns
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 def test_self_test_passes_and_reports(tmp_path, capsys):
     """Both IUTs at once (each run waits on its agent much of the time): metaroced's run in a child process
     (`python -m metaroce_xdp.conformance.cli --iut daemon`), the compiled plane's in this one; each report
@@ -296,7 +295,7 @@ class _FakeAgent:
         pass
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for an AF_PACKET socket")
+@pytest.mark.root
 def test_runner_verdicts_without_a_network(tmp_path):
     """9.5 and MR-CONF-024 as the runner applies them: per-rule verdicts, a failure keeps the other
     rule's PASS, exceptions and undecided rules are ERROR, not-claimed and not-offered are
@@ -350,7 +349,6 @@ def test_runner_verdicts_without_a_network(tmp_path):
 
 @pytest.mark.netns
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 def test_agent_reset_forgets_connection_agreements(tmp_path, capsys):
     """Handles start again at 1 after the agent's reset (MR-CONF-021): a QP connected by hand after a case
     that set one up through the CM (here the ibv_rc_pingpong format, which agrees no ATOMICS) must not

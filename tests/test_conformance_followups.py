@@ -11,14 +11,12 @@ conformance cases that accept either behaviour and say in their verdict which on
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 
 @pytest.mark.netns
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 def test_recommended_duplicate_ack_and_prompt_implied_nak(tmp_path, capsys):
     from metaroce_xdp.conformance.cli import main
     rc = main(["--self-test", "--no-timing", "--report", str(tmp_path), "--case", "TC-DUP-009-a",
@@ -33,7 +31,6 @@ def test_recommended_duplicate_ack_and_prompt_implied_nak(tmp_path, capsys):
 
 @pytest.mark.netns
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 @pytest.mark.xfail(strict=True, reason="issue 20: the compiled plane retries the READ on its local ACK timer "
                    "(~80 ms after the implying ACK), not once the AF_XDP ring is drained (MR-RETRY-015)")
 def test_prompt_implied_nak(tmp_path, capsys):

@@ -9,7 +9,6 @@ channel of its own and a solicited event on a channel.)
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -20,8 +19,7 @@ from metaroce_xdp.verbs_types import (InvalidState, QPAttr, QPState, RecvWR, Sen
                                       WROpcode)
 from metaroce_xdp.wire import Op, encode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 MTU = 1024
 

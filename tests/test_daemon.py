@@ -29,8 +29,7 @@ from metaroce_xdp.daemon.bench import Proc as BenchProc
 from metaroce_xdp.topo import two_hosts
 from tools.qpstat import read_qps
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYER = str(ROOT / "tests" / "daemon_players.py")

@@ -7,7 +7,6 @@ native and its credit allocation running."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,8 +18,7 @@ import pytest
 from metaroce_xdp import cm
 from metaroce_xdp.topo import two_hosts
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]

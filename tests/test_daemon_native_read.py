@@ -23,8 +23,7 @@ from metaroce_xdp.daemon.bench import Proc
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.topo import switched_hosts
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYER = str(ROOT / "tests" / "daemon_native_players.py")

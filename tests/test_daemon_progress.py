@@ -56,7 +56,6 @@ def _until(cond, what: str, timeout: float = 15.0) -> None:
 
 
 @pytest.mark.netns
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 def test_busy_daemon_sleeps_when_idle_wakes_on_a_post_and_spins_with_busy_idle_ms_0(tmp_path):
     topo, pair = two_hosts()
     bpffs = tmp_path / "bpf"

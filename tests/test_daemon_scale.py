@@ -20,8 +20,7 @@ import pytest
 from metaroce_xdp.daemon import bench
 from metaroce_xdp.topo import two_hosts
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 def test_1000_qps_on_one_daemon_all_carrying_traffic_at_once():

@@ -15,7 +15,6 @@ No timing is asserted: the machine is shared.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +61,7 @@ def test_bccbuild_is_light_and_agrees_with_layout():
                                          "-DMR_VERIFY_ACK_ICRC=1"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for BCC")
+@pytest.mark.root
 def test_loader_takes_a_matching_compiled_program_and_recompiles_otherwise():
     from metaroce_xdp.kern import bccbuild
     from metaroce_xdp.kern.loader import XdpLoader
@@ -123,7 +122,6 @@ print(json.dumps({"startup": clock.as_dict(), "alive": alive, "iterations": dev.
 
 
 @pytest.mark.netns
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
 @pytest.mark.parametrize("profile", ["auto", "compat"])
 def test_a_real_start_reports_its_phases_serves_and_compiles_nothing(tmp_path, profile):
     from metaroce_xdp.topo import two_hosts

@@ -11,7 +11,6 @@ CE marking that keeps the ICRC valid is checked end to end in tests/test_dcqcn_v
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -28,8 +27,7 @@ try:                                    # the congestion parameters module (issu
 except ImportError:                     # until it lands: where the compiled plane takes them today
     from metaroce_xdp.rc.dcqcn import DcqcnParams
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 P = DcqcnParams()                 # the defaults of 05-congestion.md Table 5.7.2
 LINE = P.r_line_bps

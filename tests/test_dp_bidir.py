@@ -11,15 +11,13 @@ tests/test_dp_requester_resume.py).  Not a timed test: it checks the outcome (ve
 that the overflow really happened."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from metaroce_xdp.topo import two_hosts
 from perf_players import perf_run
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 NO_PORT_CAP = ("env", "METAROCE_PORT_INFLIGHT=0")
 

@@ -9,7 +9,6 @@ FENCE.  tests/test_dp_loss.py covers WRITE/SEND/READ under loss, corruption and 
 file the rest of the verbs under loss, against an independent model of their effect."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -20,8 +19,7 @@ from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import (Access, RecvWR, SendFlags, SendWR, WCFlags, WCOpcode, WCStatus,
                                       WROpcode)
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.RDMA_READ)
 SIZES = (0, 1, 8, 1023, 1024, 1025, 4096, 20_000, 65_536)

@@ -3,7 +3,6 @@ one sequence-error NAK per gap and go-back-N, seeded loss/duplication/corruption
 operation completing intact and in order, retry exhaustion -> RETRY_EXC_ERR and flushed work."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ from dp_players import collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import QPState, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

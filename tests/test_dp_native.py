@@ -5,7 +5,6 @@ seeded fault injector of tests/test_dp_loss.py, and fewer retransmitted packets 
 go-back-N on the same seed."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -15,8 +14,7 @@ from dp_players import FULL, collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

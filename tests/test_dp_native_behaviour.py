@@ -13,7 +13,6 @@ AF_XDP), with a capture on the switch port towards A that sees, in order, what A
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -25,8 +24,7 @@ from metaroce_xdp.native import layout as NL
 from metaroce_xdp.verbs_types import (InvalidArgument, QPAttr, QPState, SendFlags, SendWR, WCStatus, WROpcode)
 from metaroce_xdp.wire import MalformedPacket, NotMetaRoCE, Op, decode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 PSN_MASK = 0xFFFFFF
 REQUESTS = (Op.NATIVE_SEND, Op.NATIVE_SEND_IMM, Op.NATIVE_WRITE, Op.NATIVE_WRITE_IMM, Op.NATIVE_READ_REQ)

@@ -13,7 +13,6 @@ NATIVE_SACK it sends back is read off the wire and decoded.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -22,8 +21,7 @@ from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
 from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
 from wire_players import ScriptedQP, scripted_dp_wire
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 PEER_QPN = 0x778            # the scripted requester's QP: exists nowhere
 MTU = 1024

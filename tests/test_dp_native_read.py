@@ -6,7 +6,6 @@ order and answered with ATOMIC_ACKNOWLEDGE (MR-NAT-006, MR-OOO-023..028), under 
 of the switch namespace."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -15,8 +14,7 @@ from dp_players import FULL, collect, make_switched, opened
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCOpcode, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ that the responses waited for their QP's share of the link, shared among the QPs
 Behaviour is asserted through counters and packet order, never through elapsed time."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -16,8 +15,7 @@ from dp_players import FULL, make_switched, opened
 from wire_players import PortTap
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 RATE = 200_000_000
 NQP = 3

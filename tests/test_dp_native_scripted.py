@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -19,8 +18,7 @@ from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, SACKETH, Op, encode
 from wire_players import ScriptedQP, scripted_dp_wire
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 PEER_QPN = 0x779            # the scripted peer's QP: exists nowhere
 MTU = 1024

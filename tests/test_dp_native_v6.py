@@ -8,7 +8,6 @@ same hosts keeps the one port and the flow label 0 it always had (compat bytes u
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections import defaultdict
 
 import numpy as np
@@ -22,8 +21,7 @@ from metaroce_xdp.topo import IFA_F_NODAD, switched_hosts
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire.packet import decode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 A6, B6 = "fd79::1", "fd79::2"
 A6I, B6I = int(ipaddress.ip_address(A6)), int(ipaddress.ip_address(B6))

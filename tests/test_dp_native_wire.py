@@ -20,7 +20,6 @@ Two kinds of traffic:
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -37,8 +36,7 @@ from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCSta
 from metaroce_xdp.wire import AETH, NETH, RETH, RSNETH, SACKETH, MalformedPacket, Op, decode, encode
 from wire_players import PortTap, ScriptedQP, is_roce_v4, scripted_dp_wire
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 MASK = 0xFFFFFF
 PMTU = 1024

@@ -5,7 +5,6 @@ result), SEND WITH INVALIDATE, gather/scatter lists, FENCE behind a READ, comple
 only, threaded wake-ups), SQD draining."""
 from __future__ import annotations
 
-import os
 import struct
 import time
 
@@ -18,8 +17,7 @@ from metaroce_xdp.verbs_types import EventType
 from metaroce_xdp.verbs_types import (SGE, Access, Busy, InvalidArgument, QPAttr, QPState, RecvWR, SendFlags,
                                       SendWR, WCFlags, WCOpcode, WCStatus, WROpcode)
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

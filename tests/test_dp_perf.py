@@ -2,15 +2,13 @@
 processes in two namespaces over a veth (short runs: this checks that the tool works and reports, not speed)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from metaroce_xdp.topo import two_hosts
 from perf_players import PERF, perf_run
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.mark.parametrize("test,args", [("write-lat", ["-s", "8", "-n", "200"]),

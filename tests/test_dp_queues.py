@@ -13,7 +13,6 @@ queue at MTU 1500, and without threads (the application's polls run each queue's
 1500), whose SACKs the XDP program hands each queue's loop through the mr_sacks rings."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -22,8 +21,7 @@ from dp_players import FULL, Side, collect
 from metaroce_xdp.topo import two_hosts
 from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 NPAIRS = 4
 REGION = 1 << 20            # per pair: WRITE 256 KiB, SEND 64 KiB, READ 128 KiB

@@ -16,7 +16,6 @@ off the wire in the order it left: opcode, PSN, AETH syndrome and the ACKs' MSN,
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import pytest
@@ -25,8 +24,7 @@ from metaroce_xdp.wire import RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
 from wire_players import ScriptedQP, engine_context, scripted_wire
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 PEER_QPN = 0x777            # the scripted requester's QP: exists nowhere
 MTU = 1024

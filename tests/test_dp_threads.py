@@ -4,7 +4,6 @@ post or a packet; a full CQ puts the QP in ERR with CQ_ERR raised, nothing grows
 never touched again (the valid bit is checked on every access)."""
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 
@@ -16,8 +15,7 @@ from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import EventType
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

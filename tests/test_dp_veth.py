@@ -3,7 +3,6 @@ program (ACKs consumed in the kernel into the mr_qps slots the compiled loop rea
 sockets, every operation the plane implements, in order, with the WC fields checked."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -14,8 +13,7 @@ from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPState, RecvWR, SendWR, WCFlags, WCOpcode,
                                       WCStatus, WROpcode)
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

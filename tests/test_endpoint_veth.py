@@ -33,8 +33,7 @@ from metaroce_xdp.verbs_types import Access, QPState, WCOpcode
 from dp_players import FULL, wait_wcs
 from metaroce_xdp.verbs_types import RecvWR, SendWR, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 class NsPlayer:

@@ -36,8 +36,7 @@ from metaroce_xdp.topo import thread_in_netns
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "tools.metaroce_cli", "fabric"]
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and BPF")]
+pytestmark = pytest.mark.netns
 
 PAYLOAD = 200
 

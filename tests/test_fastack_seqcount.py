@@ -6,7 +6,6 @@ the next ACK (the duplicate answering the local-ACK-timeout retry) is applied an
 once (MR-ACK-002 on the XDP path)."""
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -14,8 +13,7 @@ import pytest
 from metaroce_xdp.stress import Fabric
 from metaroce_xdp.verbs_types import QPState, SendWR, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 def test_odd_seqcount_defers_the_ack_and_never_fails_progress():

@@ -23,7 +23,6 @@ again.  The long versions (>= 200,000 packets a case on both planes, a 10-minute
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -40,8 +39,7 @@ CASES = ([pytest.param("compiled", path, fault, id=f"compiled-{path}-{fault}")
          + [pytest.param("daemon", path, fault, id=f"daemon-{path}-{fault}")
             for path in ("switch", "router") for p, fault in DAEMON_CASES if p == path])
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

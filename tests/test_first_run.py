@@ -27,7 +27,7 @@ from metaroce_xdp import jitwarm
 from metaroce_xdp.verbs_types import WC, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode, wc_failure
 
 ROOT = Path(__file__).resolve().parent.parent
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
+root_only = pytest.mark.root
 
 
 # ------------------------------------------------------------------ failure reporting (in process)

@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 SEED = int(os.environ.get("METAROCE_FUZZ_SEED", "1"))
 CTL_CASES = [*range(0, 8), 57]   # seed 1: raw (nested: finding 3 today), ops, fds, ring, flood; 57: a QP aimed at a

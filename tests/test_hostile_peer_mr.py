@@ -39,8 +39,7 @@ from metaroce_xdp.wire.headers import AtomicETH
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wire_players import FULL, ScriptedQP, scripted_dp_wire, scripted_wire  # noqa: E402
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 PEER_QPN = 0x779            # the scripted requester's QPs: exist nowhere
 MTU = 1024

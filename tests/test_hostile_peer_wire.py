@@ -20,7 +20,6 @@ failed on the code before its fix (the commit that fixed it says what it did bef
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import numpy as np
@@ -36,7 +35,6 @@ US = 1000
 
 def netns(f):
     """A case on the wire: namespaces, XDP and AF_XDP."""
-    f = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")(f)
     return pytest.mark.netns(f)
 
 

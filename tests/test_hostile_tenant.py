@@ -30,8 +30,7 @@ import pytest
 import test_daemon
 from test_daemon import ROOT, _ask, _raw, _wait_for
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 STRANGER = ["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups"]     # neither root nor in the group

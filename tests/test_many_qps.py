@@ -16,7 +16,6 @@ does not assert on (speed is for benchmarks).  tests/test_daemon_scale.py is the
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 
@@ -26,8 +25,7 @@ import pytest
 from metaroce_xdp.dp.layout import MAX_QPS
 from metaroce_xdp.verbs_types import SGE, Access, QPAttr, QPCap, QPState, SendWR, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 NQP = 1000
 MTU = 1024

@@ -26,7 +26,6 @@ deregistration: its new key does not revive the old one.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import numpy as np
@@ -39,8 +38,7 @@ from metaroce_xdp.verbs_types import QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import Op, decode
 from wire_players import PortTap, is_roce_v4
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 MTU = 1024
 PSN = 100                                # dp_loop's first PSN

@@ -8,7 +8,6 @@ tests/test_dp_ops.py's test_fetch_add_and_compare_swap and test_scatter_gather_l
 """
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
@@ -17,8 +16,7 @@ import pytest
 from dp_players import LoopPairs, wait_wcs
 from metaroce_xdp.verbs_types import RecvWR, SendFlags, SendWR, WCFlags, WCOpcode, WCStatus, WROpcode
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,7 @@ from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, SendWR, WCStatus, WROpcode,
                                       local_ack_timeout_ns)
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 TIMEOUT = 12                 # T = 16.8 ms
 RETRY_CNT = 7

@@ -161,7 +161,7 @@ def test_bandwidth_statistics():
 # =========================================================================== the tools in namespaces
 
 netns = pytest.mark.netns
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces and XDP")
+needs_root = pytest.mark.netns
 
 
 class Proc:

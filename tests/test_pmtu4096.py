@@ -32,7 +32,7 @@ from metaroce_xdp.verbs_types import SGE, InvalidArgument, QPAttr, QPState, Send
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = [1, 4095, 4096, 4097, 64 << 10, 1 << 20]
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
+needs_root = pytest.mark.netns
 
 
 # ---------------------------------------------------------------- ring functions on plain arrays

@@ -33,8 +33,7 @@ from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCSta
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "tools.metaroce_cli"]
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 
 class Host:

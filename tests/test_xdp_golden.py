@@ -34,8 +34,7 @@ import pytest
 from metaroce_xdp.wire import AETH, RETH, SACKETH, AtomicAckETH, AtomicETH, NETH, Op, Vlan, encode
 from metaroce_xdp.wire.packet import inet_checksum
 
-if os.geteuid() != 0:
-    pytest.skip("needs root to load XDP programs", allow_module_level=True)
+pytestmark = pytest.mark.root
 pytest.importorskip("bcc")
 
 from metaroce_xdp.kern import DropReason, Event, Profile, QpFlag, QpState, XdpLoader  # noqa: E402

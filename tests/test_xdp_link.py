@@ -32,7 +32,7 @@ from metaroce_xdp.verbs_types import SGE, QPAttr, QPState
 from dp_players import FULL, wait_wcs
 from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")
+pytestmark = pytest.mark.netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

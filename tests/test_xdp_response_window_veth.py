@@ -11,7 +11,6 @@ still fails it with the remote access error).
 """
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -22,8 +21,7 @@ from metaroce_xdp.wire import AETH, Op, encode
 from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 from wire_players import ScriptedQP
 
-pytestmark = [pytest.mark.netns,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root for namespaces, XDP and AF_XDP")]
+pytestmark = pytest.mark.netns
 
 PEER_QPN = 0x777          # the scripted peer's QP: exists nowhere
 SQ_PSN = 0x100

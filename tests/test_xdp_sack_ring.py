@@ -5,7 +5,6 @@ a QP without a ring, ACK_TO_USER and a state that refuses SACKs leave the ring a
 test_xdp_golden.py, "steered" is DROP/NO_XSK here: test_run has no AF_XDP socket.)"""
 from __future__ import annotations
 
-import os
 import struct
 import time
 
@@ -13,8 +12,7 @@ import pytest
 
 from metaroce_xdp.wire import AETH, SACKETH, Op, encode
 
-if os.geteuid() != 0:
-    pytest.skip("needs root to load XDP programs", allow_module_level=True)
+pytestmark = pytest.mark.root
 pytest.importorskip("bcc")
 
 from metaroce_xdp.kern import Profile, QpFlag, QpState, XdpLoader  # noqa: E402
