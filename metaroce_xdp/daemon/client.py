@@ -49,8 +49,8 @@ PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconn
 _ATOMICS = {WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD}
 _SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
              WROpcode.RDMA_READ} | _ATOMICS
-# the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each;
-# a post used to spend ~10 of them), rings read and written through memoryviews and struct (no numpy scalars)
+# the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each),
+# rings read and written through memoryviews and struct (no numpy scalars)
 # the access connect_qp and accept grant a QP they move out of RESET
 _CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 _SEND_OP_INTS = frozenset(int(o) for o in _SEND_OPS)
