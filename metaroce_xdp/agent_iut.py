@@ -83,7 +83,6 @@ class CompiledIUT(_BaseIUT):
         if self.dcqcn is not None:
             self.qp_counter_names += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
         self.params = {"budget": (self._get_budget, self._set_budget, 1, 65536)}    # packets per round
-        self.cq_pool: dict[int, list] = {}      # CQs destroyed by the agent, by depth (CompiledSession.destroy_cq)
         from .dp.context import Unsupported
         self.unsupported = (Unsupported,)
 
@@ -149,27 +148,10 @@ class CompiledSession:
         self.ctx.dereg_mr(mr)
 
     def create_cq(self, n: int):
-        with self.iut.lock:
-            pool = self.iut.cq_pool.get(n)
-            if pool:
-                return pool.pop()
         return self.ctx.create_cq(n)
 
     def destroy_cq(self, cq) -> None:
-        """dp.Context has no destroy_cq (its CQ rows are never given back): a CQ no QP uses any more is
-        emptied and kept for the next create_cq of the same depth, so that a long run does not exhaust
-        the plane's MAX_CQS rows."""
-        from .dp import layout as L
-        with self.ctx.plane.paused():
-            for row, _ in cq.rows:
-                row[L.C_HEAD] = row[L.C_TAIL]
-                row[L.C_ARMED] = 0
-                row[L.C_OVERFLOW] = 0
-        if cq.private_channel:                  # an event it raised goes with it
-            while cq.channel.get_cq_event(0.0) is not None:
-                pass
-        with self.iut.lock:
-            self.iut.cq_pool.setdefault(cq.depth, []).append(cq)
+        self.ctx.destroy_cq(cq)
 
     def create_qp(self, pd, scq, rcq, cap, sq_sig_all: bool):
         return self.ctx.create_qp(pd, scq, rcq, cap, sq_sig_all=sq_sig_all)
@@ -391,7 +373,7 @@ class DaemonSession:
         ev = self._c.get_async_event(timeout)
         if ev is None:
             return None
-        return ev.type, ev.qp, ev.qp.qp_num if ev.qp is not None else None, ev.cq
+        return ev.event_type.name, ev.qp, ev.qp_num, ev.cq
 
     @staticmethod
     def qp_counters(qp) -> dict:

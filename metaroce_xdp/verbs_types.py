@@ -114,6 +114,11 @@ class ResourceError(VerbsError):
     """A resource is exhausted or still in use (destroying a PD with MRs ...)."""
 
 
+class Unsupported(InvalidArgument):
+    """The endpoint does not implement this (the message names it): the compiled plane in process and
+    metaroced raise the same class."""
+
+
 # ---- work requests and completions ------------------------------------------------
 @dataclass(frozen=True)
 class SGE:
@@ -268,6 +273,9 @@ class EventType(enum.IntEnum):
     CLIENT_REREGISTER = 17
     GID_CHANGE = 18
     WQ_FATAL = 19
+    # MetaRoCE's own, outside libibverbs' numbers: the queue of events was full and `count` of them were
+    # dropped (metaroced tells a client that stopped reading; AsyncEvent.count says how many)
+    EVENTS_LOST = 256
 
 
 # libibverbs spellings, for code written against ibv_event_type
@@ -287,6 +295,7 @@ class AsyncEvent:
     qp: Any = None
     cq: Any = None
     reason: str = ""
+    count: int = 0                # EVENTS_LOST: how many were dropped
 
     @property
     def qp_num(self) -> int | None:

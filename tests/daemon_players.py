@@ -238,7 +238,7 @@ class Player:
 
     def event(self, timeout: float = 10) -> dict:
         ev = self.ctx.get_async_event(timeout)
-        return {"event": ev.type if ev else None, "reason": ev.reason if ev else None}
+        return {"event": ev.event_type.name if ev else None, "reason": ev.reason if ev else None}
 
     def chan_send(self, obj: dict) -> dict:
         self.conn.channel.send_json(obj)

@@ -199,13 +199,15 @@ class Player:
     def release(self) -> None:
         ctx = self.ctx
         if not ctx.closed:
-            ctx.destroy_qp(self.qp)
+            if ctx.qps.get(self.qp.qi) is self.qp:       # (a test may have destroyed it)
+                ctx.destroy_qp(self.qp)
             if getattr(self.mr, "valid", True):
                 ctx.dereg_mr(self.mr)
-            try:
-                ctx.dealloc_pd(self.pd)
-            except Exception:                          # noqa: BLE001 -- the PD may hold what a test left
-                pass
+            for release in (lambda: ctx.destroy_cq(self.cq), lambda: ctx.dealloc_pd(self.pd)):
+                try:
+                    release()
+                except Exception:                      # noqa: BLE001 -- what a test left may still use them
+                    pass
 
 
 class LoopPairs:

@@ -27,6 +27,7 @@ import pytest
 
 from metaroce_xdp.daemon.bench import Proc as BenchProc
 from metaroce_xdp.topo import two_hosts
+from metaroce_xdp.verbs_types import EventType
 from tools.qpstat import read_qps
 
 pytestmark = pytest.mark.netns
@@ -377,7 +378,7 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
         assert (w.wr_id, w.status.name) == (77, "LOC_PROT_ERR")
         _wait_for(lambda: qp.state == QPState.ERR, 5, "QP to ERR")
         ev = ctx.get_async_event(5)
-        assert ev.type == "QP_FATAL" and ev.qp is qp and "invalid work request" in ev.reason
+        assert ev.event_type == EventType.QP_FATAL and ev.qp is qp and "invalid work request" in ev.reason
         # a nonsense tail on another QP moves only that QP to ERR
         q2 = qps[1]
         q2.modify(QPAttr(qp_state=QPState.INIT))
@@ -456,7 +457,7 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
             assert (w.wr_id, w.status.name, w.opcode.name, w.qp_num) == (entry[0], status, opcode, qp.qp_num), w
             _wait_for(lambda: qp.state == QPState.ERR, 5, "the QP to ERR")
             ev = c1.get_async_event(5)
-            assert ev.type == "QP_FATAL" and ev.qp is qp and "invalid work request" in ev.reason and why in ev.reason, ev
+            assert ev.event_type == EventType.QP_FATAL and ev.qp is qp and "invalid work request" in ev.reason and why in ev.reason, ev
             assert all(q.state != QPState.ERR for q in qps[i + 1:])          # only that QP
         assert qp2.state == QPState.INIT and not cq2.poll() and (buf2 == 7).all()
         dev = next(d for d in c1.status()["devices"] if d["ifname"] == env.pair.a.ifname)

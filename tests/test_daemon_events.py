@@ -60,7 +60,7 @@ def nofile():
 
 def test_a_qp_error_whose_event_the_full_ring_dropped_gets_its_qp_fatal(env, nofile):
     from metaroce_xdp.daemon import client as C, shm
-    from metaroce_xdp.verbs_types import QPAttr, QPCap, QPState
+    from metaroce_xdp.verbs_types import EventType, QPAttr, QPCap, QPState
     ctx = C.connect(env.sock("A"), env.pair.a.ifname)
     try:
         pd = ctx.alloc_pd()
@@ -80,10 +80,10 @@ def test_a_qp_error_whose_event_the_full_ring_dropped_gets_its_qp_fatal(env, nof
         while len(told) < NQ and not lost:
             ev = ctx.get_async_event(10)
             assert ev is not None, f"{NQ - len(told)} QPs in ERR without their QP_FATAL"
-            if ev.type == "QP_FATAL":
+            if ev.event_type == EventType.QP_FATAL:
                 assert "invalid work request" in ev.reason, ev
                 told.add(ev.qp.qp_num)
-            elif ev.type == "EVENTS_LOST":
+            elif ev.event_type == EventType.EVENTS_LOST:
                 lost = 1                    # the client's own queue (1024) overflowed: no promise per QP
         st = env.status("A")["daemon"]
         assert st["events_recovered"] > before, st          # some QP_FATALs came from the 0.5 s check

@@ -22,6 +22,7 @@ from metaroce_xdp import cm
 from metaroce_xdp.daemon.bench import Proc
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.topo import switched_hosts
+from metaroce_xdp.verbs_types import EventType
 
 pytestmark = pytest.mark.netns
 
@@ -255,5 +256,5 @@ def test_bad_atomic_ring_entry_fails_in_the_daemons_loop(env):
         w = cq.wait(1, 10)[0]
         assert (w.wr_id, w.status, w.opcode.name) == (21, WCStatus.LOC_QP_OP_ERR, "FETCH_ADD"), w
         ev = c.get_async_event(5)
-        assert ev.type == "QP_FATAL" and "atomic with an SGE of 8 bytes" in ev.reason and "0x1004" in ev.reason, ev
+        assert ev.event_type == EventType.QP_FATAL and "atomic with an SGE of 8 bytes" in ev.reason and "0x1004" in ev.reason, ev
 

@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from metaroce_xdp.topo import switched_hosts
+from metaroce_xdp.verbs import QUERY_KEYS
 from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, SendWR, WCStatus, WROpcode,
                                       local_ack_timeout_ns)
 
@@ -261,6 +262,7 @@ def test_vanished_peer_fails_its_qp_in_time_and_spares_the_others(hosts, iut, ho
     assert all(w.status == WCStatus.WR_FLUSH_ERR for w in failed[1:]), failed[:4]
     q = qp_ab.query()
     assert q["state"] == QPState.ERR and "retries exhausted" in q["error"], q
+    assert QUERY_KEYS <= set(q), QUERY_KEYS - set(q)          # one schema, in process and through metaroced
     # in time: retry_cnt + 1 expiries, each at most 2 T after the timer started (MR-RETRY-003),
     # counted from B's disappearance (slack: two busy cores, progress threads, Python)
     limit = (RETRY_CNT + 1) * 2 * local_ack_timeout_ns(TIMEOUT) / 1e9

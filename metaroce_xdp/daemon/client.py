@@ -32,14 +32,13 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import cm
-from ..verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
-                           SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
+from ..verbs_types import (SGE, Access, AsyncEvent, EventType, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
+                           QueueFull, RecvWR, SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
 from . import proto, shm
 from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PathInUse, PermissionDenied,
                     UnknownHandle, Unsupported)
@@ -84,15 +83,6 @@ def status(socket_path: str | None = None) -> dict:
     """The daemon's snapshot() (docs/daemon.md): one request, no device needed."""
     with Context(socket_path or default_socket()) as ctx:
         return ctx.status()
-
-
-@dataclass
-class AsyncEvent:
-    """What the daemon reports unasked: QP_FATAL (qp handle, reason), CQ_ERR, DEVICE_FATAL (stopping)."""
-    type: str
-    qp: "QP | None" = None
-    cq: "CQ | None" = None
-    reason: str = ""
 
 
 class Context:
@@ -250,8 +240,13 @@ class Context:
         self.mrs.pop(mr.lkey, None)
         mr.valid = False
 
+    def dealloc_pd(self, pd: "PD") -> None:
+        pd.dealloc()
+
     # ---- queues -----------------------------------------------------------------------------------
-    def create_cq(self, depth: int = 1024, cq_context: Any = None) -> "CQ":
+    def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: Any = None) -> "CQ":
+        if channel is not None:
+            raise Unsupported("completion channels: metaroced's clients wait on the CQ (CQ.wait)")
         r, fds = self._call("create_cq", depth=depth)
         cq = CQ(self, r["cq"], r["size"], fds[0], cq_context)
         self.cqs[cq.handle] = cq
@@ -265,6 +260,12 @@ class Context:
         qp = QP(self, pd, r["qp"], r["qp_num"], r["sq_size"], r["rq_size"], fds[0], send_cq, recv_cq)
         self.qps[qp.handle] = qp
         return qp
+
+    def destroy_qp(self, qp: "QP") -> None:
+        qp.destroy()
+
+    def destroy_cq(self, cq: "CQ") -> None:
+        cq.destroy()
 
     def _doorbell(self, qpn: int) -> None:
         """After a post: the QP's number into this client's doorbell ring, which the daemon's compiled loop
@@ -368,7 +369,8 @@ class Context:
 
     # ---- events, stats, close ----------------------------------------------------------------------
     def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
-        """The next QP_FATAL / CQ_ERR / DEVICE_FATAL the daemon reported, waiting up to timeout."""
+        """The next event the daemon reported (QP_FATAL, CQ_ERR, EVENTS_LOST, DEVICE_FATAL), waiting up to
+        timeout: a verbs_types.AsyncEvent, as the compiled plane in process returns."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while not self._events:
@@ -385,7 +387,7 @@ class Context:
                 finally:
                     self.sock.settimeout(None)
                 if msg is None:
-                    return AsyncEvent("DEVICE_FATAL", reason="metaroced closed the connection")
+                    return AsyncEvent(EventType.DEVICE_FATAL, reason="metaroced closed the connection")
                 for fd in fds:
                     os.close(fd)
                 if "event" in msg:
@@ -393,7 +395,7 @@ class Context:
             m = self._events.pop(0)
         qp = next((q for q in self.qps.values() if q.handle == m.get("qp")), None)
         cq = self.cqs.get(m.get("cq")) if "cq" in m else None
-        return AsyncEvent(m["event"], qp, cq, m.get("reason", ""))
+        return AsyncEvent(EventType[str(m["event"])], qp, cq, m.get("reason", ""), int(m.get("count", 0)))
 
     def stats(self) -> dict:
         return self._call("stats")[0]["stats"]
@@ -565,6 +567,7 @@ class QP:
         d = self.ctx._call("query_qp", qp=self.handle)[0]["qp_info"]
         d["state"] = QPState(d["state"])
         d["qp_num"] = d["qpn"]
+        d["dest_qp_num"] = d.get("remote_qpn") or 0       # the compiled plane's name (verbs.QUERY_KEYS)
         return d
 
     def destroy(self) -> None:

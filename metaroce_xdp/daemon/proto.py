@@ -16,7 +16,7 @@ import socket
 
 import numpy as np
 
-from ..verbs_types import Busy, InvalidArgument, InvalidState, QueueFull, ResourceError, VerbsError
+from ..verbs_types import Busy, InvalidArgument, InvalidState, QueueFull, ResourceError, Unsupported, VerbsError
 
 MAX_MSG = 65536               # a request; replies (status with many QPs) may be larger: MAX_REPLY
 MAX_REPLY = 1 << 26
@@ -55,10 +55,6 @@ class PathInUse(InvalidArgument):
     """Another live QP on this interface already talks to this remote QP (the same dgid and dest_qp_num): packets
     carry no source QPN, so the peer could not tell the two apart and one QP could write into the other's stream.
     Connect to a QP of your own (connection set-up, spec 06) or destroy the other QP first."""
-
-
-class Unsupported(InvalidArgument):
-    """The daemon's data plane does not implement this (the message names it)."""
 
 
 class InternalError(DaemonError):

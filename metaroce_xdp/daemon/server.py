@@ -348,11 +348,11 @@ def _make_context_class():
     dpc, L, _ = _dp()
 
     class DaemonContext(dpc.Context):
-        """dp.Context with CQ destruction (indices and rows reused: clients come and go) and an event hook."""
+        """dp.Context with the daemon's limits on CQs (no completion channels: clients wait on their eventfd)
+        and an event hook."""
 
         def __init__(self, *a, **kw) -> None:
             super().__init__(*a, **kw)
-            self._cq_free: list[int] = []
             self.on_qp_event: Callable[[Any, int, int], None] | None = None
             self.on_cq_event: Callable[[Any], None] | None = None
 
@@ -361,34 +361,7 @@ def _make_context_class():
                 raise InvalidArgument(f"CQ depth {depth}: use 1 .. 65536")
             if channel is not None:
                 raise dpc.Unsupported("completion channels are not implemented by the compiled data plane")
-            size = dpc._pow2(depth)
-            if self._cq_free:
-                idx = self._cq_free.pop()
-            elif self._cq_next < L.MAX_CQS:
-                idx = self._cq_next
-                self._cq_next += 1
-            else:
-                raise ResourceError(f"at most {L.MAX_CQS} CQs on this interface")
-            try:
-                base = self.plane.ce_pool.alloc(size)
-            except MemoryError:
-                self._cq_free.append(idx)
-                raise ResourceError(f"no room for a CQ of {size} entries on this interface") from None
-            row = self.plane.CQT[idx]
-            row[:] = 0
-            row[L.C_BASE], row[L.C_SIZE] = base, size
-            cq = dpc.CQ(self, idx, depth, size, base, cq_context)
-            self.cqs[idx] = cq
-            return cq
-
-        def destroy_cq(self, cq) -> None:
-            if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
-                raise ResourceError("the CQ is still used by a QP: destroy the QP first")
-            with self.plane.paused():
-                self.plane.CQT[cq.index] = 0
-            self.plane.ce_pool.release(cq.base, cq.size)
-            self.cqs.pop(cq.index, None)
-            self._cq_free.append(cq.index)
+            return super().create_cq(depth, cq_context)
 
         def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
             super()._event(typ, qi, arg, arg2)

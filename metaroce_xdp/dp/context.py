@@ -32,12 +32,12 @@ import numpy as np
 from collections import deque
 
 from ..compchannel import CompChannelBase
-from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType
+from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType, Unsupported
 from ..rc.memory import as_u8
 from ..rc.pathwatch import PathWatch
-from ..verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull,
-                           RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode, WCStatus,
-                           WROpcode, local_ack_timeout_ns)
+from ..verbs_types import (PATH_MTUS, SGE, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
+                           QueueFull, RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode,
+                           WCStatus, WROpcode, local_ack_timeout_ns)
 from . import layout as L
 
 _MESSAGE_IN_PROGRESS = {L.RK_NONE: "no message in progress", L.RK_SEND: "a SEND in progress",
@@ -67,10 +67,6 @@ _NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND,
                WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
 DEFAULT_DSCP = 26          # a QP's DSCP unless its address vector says otherwise: every packet but CNPs (MR-ECN-004)
-
-
-class Unsupported(InvalidArgument):
-    """The compiled data plane does not implement this; the message names it."""
 
 
 def _i64(v: int) -> int:
@@ -499,9 +495,13 @@ class PD:
         self.ctx, self.handle = ctx, handle
         self.mrs: set[int] = set()
         self.qps: set[int] = set()
+        self.valid = True                 # until dealloc_pd
 
     def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE, **kw) -> "MR":
         return self.ctx.reg_mr(self, buf, access, **kw)
+
+    def dealloc(self) -> None:
+        self.ctx.dealloc_pd(self)
 
     def __repr__(self) -> str:
         return f"PD({self.handle})"
@@ -518,6 +518,10 @@ class MR:
         self.lkey = self.rkey = key
         self.ref = ref
         self.valid = True
+
+    def sge(self, offset: int, length: int) -> SGE:
+        """An SGE of `length` bytes at `offset` into the region (checked when posted)."""
+        return SGE(self.addr + offset, length, self.lkey)
 
     def dereg(self) -> None:
         self.ctx.dereg_mr(self)
@@ -578,6 +582,9 @@ class CQ:
         if not self.private_channel:
             raise InvalidState("this CQ reports to a completion channel: use channel.get_cq_event()")
         return self.channel.get_cq_event(timeout) is self
+
+    def destroy(self) -> None:
+        self.ctx.destroy_cq(self)
 
     def poll(self, num_entries: int = 16) -> list[WC]:
         """ibv_poll_cq: up to num_entries completions (drives a progress round when busy polling)."""
@@ -891,6 +898,9 @@ class QP:
         self.state = QPState.RESET
         self.error_reason = None
 
+    def destroy(self) -> None:
+        self.ctx.destroy_qp(self)
+
     def query_state(self) -> QPState:
         return QPState(int(self.row[L.Q_STATE]))
 
@@ -907,6 +917,7 @@ class QP:
                 "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "dmac": self.dmac,
                 "next_hop": self.next_hop.hop if self.next_hop else None, "path_resolves": self.path_resolves,
                 "path_changes": self.path_changes, "path_error": self.path_error, "queue": int(r[L.Q_PLANE]),
+                "retransmits": int(r[L.Q_N_RETX]),
                 "profile": self.profile, **self.dcqcn_counters()}
 
     def native_counters(self) -> dict:
@@ -1151,6 +1162,7 @@ class Context:
         self.qps: dict[int, QP] = {}
         self._pd_next = 1
         self._cq_next = 0
+        self._cq_free: list[int] = []                   # first rows of destroyed CQs, reused by create_cq
         # MR rows free for registration, least recently freed first; the MR_QUARANTINE most recently freed
         # wait (MR-MEM-011), the rest are drawn at random (MR-MEM-012).  Row 0 and MR_BAD_SLOT never.
         self._mr_free = list(range(1, L.MR_BAD_SLOT))
@@ -1292,6 +1304,7 @@ class Context:
         return pd
 
     def reg_mr(self, pd: PD, buf: Any, access: Access = Access.LOCAL_WRITE, *, remote_invalidate: bool = False) -> MR:
+        self._own_pd(pd)
         access = Access(access)
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
             raise InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE too (as in ibv_reg_mr)")
@@ -1366,10 +1379,13 @@ class Context:
         if channel is not None and channel.ctx is not self:
             raise InvalidArgument("the completion channel belongs to another context")
         size = _pow2(depth)
-        idx = self._cq_next
         nq = len(self.plane.group)                     # a ring per RX queue's loop: each has one producer
-        if idx + nq > L.MAX_CQS:
-            raise ResourceError(f"at most {L.MAX_CQS // nq} CQs")
+        if self._cq_free:
+            idx = self._cq_free[-1]
+        elif self._cq_next + nq <= L.MAX_CQS:
+            idx = self._cq_next
+        else:
+            raise ResourceError(f"at most {L.MAX_CQS // nq} CQs at once on this interface")
         bases = []
         try:
             for _ in range(nq):
@@ -1377,8 +1393,11 @@ class Context:
         except MemoryError:
             for b in bases:
                 self.plane.ce_pool.release(b, size)
-            raise
-        self._cq_next += nq
+            raise ResourceError(f"no room for a CQ of {size} entries on this interface") from None
+        if self._cq_free:
+            self._cq_free.pop()
+        else:
+            self._cq_next += nq
         for i, base in enumerate(bases):
             row = self.plane.CQT[idx + i]
             row[:] = 0
@@ -1390,9 +1409,12 @@ class Context:
 
     def create_qp(self, pd: PD, send_cq: CQ, recv_cq: CQ, cap: QPCap | None = None, sq_sig_all: bool = False) -> QP:
         cap = cap or QPCap()
+        self._own_pd(pd)
         for q in (send_cq, recv_cq):
             if q.ctx is not self:
                 raise InvalidArgument("the CQ belongs to another context")
+            if self.cqs.get(q.index) is not q:
+                raise InvalidState("the CQ was destroyed")
         with self.plane.paused():
             qi = next((i for i in range(1, self.plane.maxq) if i not in self.qps), None)
             if qi is None:
@@ -1406,6 +1428,10 @@ class Context:
         return qp
 
     def destroy_qp(self, qp: QP) -> None:
+        if qp.ctx is not self:
+            raise InvalidArgument("the QP belongs to another context")
+        if self.qps.get(qp.qi) is not qp:
+            raise InvalidState("the QP was destroyed already")
         with self.plane.paused():
             qp.row[L.Q_STATE] = QPState.RESET
             qp._reset()
@@ -1416,9 +1442,35 @@ class Context:
             self.qps.pop(qp.qi, None)
             qp.pd.qps.discard(qp.qi)
 
+    def destroy_cq(self, cq: CQ) -> None:
+        """ibv_destroy_cq: refused (ResourceError, EBUSY) while a QP uses the CQ; its rows and rings are
+        reused by later CQs."""
+        if cq.ctx is not self:
+            raise InvalidArgument("the CQ belongs to another context")
+        if self.cqs.get(cq.index) is not cq:
+            raise InvalidState("the CQ was destroyed already")
+        if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
+            raise ResourceError("the CQ is still used by a QP: destroy the QP first")
+        with self.plane.paused():
+            for row, _ in cq.rows:
+                row[:] = 0
+        for _, base in cq.rows:
+            self.plane.ce_pool.release(base, cq.size)
+        del self.cqs[cq.index]
+        self._cq_free.append(cq.index)
+
+    def _own_pd(self, pd: PD) -> None:
+        if getattr(pd, "ctx", None) is not self:
+            raise InvalidArgument("the PD belongs to another context")
+        if not pd.valid:
+            raise InvalidState(f"PD {pd.handle} was deallocated")
+
     def dealloc_pd(self, pd: PD) -> None:
+        """ibv_dealloc_pd: refused (ResourceError, EBUSY) while MRs or QPs use it."""
+        self._own_pd(pd)
         if pd.mrs or pd.qps:
             raise ResourceError(f"PD {pd.handle} still has {len(pd.mrs)} MRs and {len(pd.qps)} QPs")
+        pd.valid = False
 
     def template_for(self, qp: QP, dgid: str, dmac: str | None, sport: int | None, dscp: int, dest_qp: int):
         from ..wire.fastpath import make_template
