@@ -45,6 +45,10 @@ class DaemonConfig:
     log_level: str = "info"
     profile: str = "auto"                                 # native | compat | auto: the profiles its QPs may run
     credit_budget: int = 1024                             # native receiver: packets granted over all senders (MR-CC-018)
+    # idle rounds the loop spins before it sleeps (progress = sleep): fewer than in process (tunables.py's
+    # 2000, ~1-2 ms) -- a client on the same core would wait behind the spinning
+    spin_idle: int = 200
+    max_pending_events: int = 1024                        # events queued for one client before EVENTS_LOST
     # native READ responses' shared rate per interface, Mb/s (MR-CC-021): {ifname or "*": Mb/s}; empty: the
     # interface's speed (METAROCE_READ_RATE_MBPS when set); 0: not paced
     read_rate_mbps: dict[str, float] = field(default_factory=dict)
@@ -75,6 +79,11 @@ class DaemonConfig:
             raise ConfigError(f"log_level must be debug|info|warning|error, not {self.log_level!r}", "log_level")
         if self.profile not in ("native", "compat", "auto"):
             raise ConfigError(f"profile must be native, compat or auto, not {self.profile!r}", "profile")
+        if not 0 <= self.spin_idle <= 1_000_000:
+            raise ConfigError(f"spin_idle must be 0..1000000 rounds, not {self.spin_idle!r}", "spin_idle")
+        if not 1 <= self.max_pending_events <= 1 << 20:
+            raise ConfigError(f"max_pending_events must be 1..1048576, not {self.max_pending_events!r}",
+                              "max_pending_events")
         if not 0 <= self.credit_budget <= 65535:
             raise ConfigError(f"credit_budget must be 0..65535 packets, not {self.credit_budget!r}", "credit_budget")
         for ifname, mbps in self.read_rate_mbps.items():

@@ -47,6 +47,8 @@ import numpy as np
 
 from .. import __version__, cm
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
+from ..tunables import Tunables
+from ..tunables import load as load_tunables
 from . import caps, proto, shm
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
@@ -74,9 +76,6 @@ MAX_CQES_PER_CLIENT = 16384     # CQ entries over all its CQs (the plane has 131
 MAX_CQS_PER_CLIENT = 32         # of the plane's 256
 MAX_MRS_PER_CLIENT = 512        # of the plane's 4095
 MAX_PDS_PER_CLIENT = 64         # a PD costs the daemon a dict entry and the plane a number: bounded all the same
-# events queued for one client before the serving thread sends them; more are counted and reported as one
-# EVENTS_LOST event (METAROCE_MAX_PENDING_EVENTS: for tests, which reach it with a few QPs)
-MAX_PENDING_EVENTS = int(os.environ.get("METAROCE_MAX_PENDING_EVENTS", "1024"))
 # file descriptors: every QP and CQ holds its ring's memfd, every client its socket, session header and wake-up
 # eventfd.  The daemon
 # raises RLIMIT_NOFILE to its hard limit at start; what is left after its own descriptors (FD_SLACK kept for
@@ -218,7 +217,9 @@ class _Wait(Exception):
 class Session:
     """One client connection: its credentials, its objects (handles are per client), its header ring."""
 
-    def __init__(self, sid: int, sock: socket.socket, pid: int, uid: int, gid: int) -> None:
+    def __init__(self, sid: int, sock: socket.socket, pid: int, uid: int, gid: int,
+                 max_pending_events: int = 1024) -> None:
+        self.max_pending_events = max_pending_events
         self.id, self.sock, self.pid, self.uid, self.gid = sid, sock, pid, uid, gid
         try:
             self.comm = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -245,7 +246,7 @@ class Session:
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.wakes = self.wakes_forwarded = 0
         self.events_pending = 0                  # queued in Daemon._events, not yet sent
-        self.events_lost = 0                     # not queued: more than MAX_PENDING_EVENTS were pending
+        self.events_lost = 0                     # not queued: more than max_pending_events were pending
         self.events_lost_told = 0
         self.gone = False                        # set by any thread; the serving thread reclaims
         self.waiting: str | None = None          # what its request waits for (_Wait), its socket unread meanwhile
@@ -263,7 +264,7 @@ class Session:
     def push(self, obj: dict, fds: list[int] | tuple = (), limit: int = proto.MAX_MSG, event: bool = False) -> bool:
         """Send a reply or an event without waiting: what the client's full socket does not take waits in its
         outbox (the serving thread sends it when the socket is writable, and reads no request of that client
-        meanwhile), so a client that does not read costs itself only.  An event finding MAX_PENDING_EVENTS
+        meanwhile), so a client that does not read costs itself only.  An event finding max_pending_events
         messages in the outbox is not queued (False: the caller counts it lost); a reply always is."""
         if self.gone:
             return False
@@ -277,7 +278,7 @@ class Session:
             fds = ()
         with self.send_lock:
             if self.outbox:
-                if event and len(self.outbox) >= MAX_PENDING_EVENTS:
+                if event and len(self.outbox) >= self.max_pending_events:
                     return False
                 self.outbox.append((data, [os.dup(fd) for fd in fds]))   # sent later: the fds may close meanwhile
                 return True
@@ -390,9 +391,10 @@ class Device:
         self.serve = serve
         assert serve.WHY_BAD_WR == WHY_BAD_WR
         self.plane = ctx.plane
-        # METAROCE_DP_TRACE=PATH: the loop records when it takes ring entries, receives and sends packets and
-        # delivers completions (dp/serve.py trace); written to PATH.<ifname>.npy at close (daemon/bench.py --trace)
-        self.trace_path = os.environ.get("METAROCE_DP_TRACE")
+        # tunable trace (METAROCE_DP_TRACE=PATH): the loop records when it takes ring entries, receives and sends
+        # packets and delivers completions (dp/serve.py trace); written to PATH.<ifname>.npy at close
+        # (daemon/bench.py --trace)
+        self.trace_path = ctx.plane.tunables.trace
         # what the compiled loop knows of the clients' objects (dp/serve.py): rows written with the loop paused
         self.QX, self.CX, self.SX, self.G = serve.tables(self.plane.maxq, self.L.MAX_CQS, MAX_SESSIONS,
                                                          int(SCAN_EVERY_S * 1e9), daemon.cfg.busy_idle_ms * 1_000_000,
@@ -401,9 +403,6 @@ class Device:
         self.CPAR, self.CRX = serve.credit_tables(self.G, **daemon.receiver_params())
         self.plane.threaded = True          # posts never drive rounds from the calling thread
         self.plane.A[self.L.P_POLL_MS] = SLEEP_SLICE_NS // 1_000_000
-        # progress = sleep: idle rounds before the loop sleeps (the plane's own default, 2000, is ~1-2 ms of
-        # spinning that a client on the same core would wait behind)
-        self.plane.A[self.L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "200"))
         self.reg_lock = threading.RLock()
         self.sessions: set[Session] = set()
         self.qp_by_qi: dict[int, SQP] = {}
@@ -683,6 +682,11 @@ class Daemon:
 
     def __init__(self, cfg: DaemonConfig) -> None:
         self.cfg = cfg.validate()
+        # the data plane's tunables (metaroce_xdp/tunables.py): the config's, then the environment's overrides
+        self.tunables = load_tunables(Tunables(spin_idle=cfg.spin_idle, max_pending_events=cfg.max_pending_events))
+        # events queued for one client before the serving thread sends them; more are counted and reported as
+        # one EVENTS_LOST event
+        self.max_pending_events = self.tunables.max_pending_events
         self.devices: dict[str, Device] = {}
         self.sessions: dict[int, Session] = {}
         self.started: float | None = None
@@ -708,7 +712,7 @@ class Daemon:
         self._waited: list[tuple[Session, dict, BaseException | None]] = []
         self.requests_waited = 0
         self.events_recovered = 0                   # QP_FATALs sent for QPs whose plane event was lost
-        self.events_lost = 0                        # events not queued for a client (MAX_PENDING_EVENTS)
+        self.events_lost = 0                        # events not queued for a client (max_pending_events)
         self.fd_limit = raise_fd_limit()
         self.fd_budget = 0                          # per client; set once the daemon's own descriptors are open
         self._fd_base = 0
@@ -772,7 +776,8 @@ class Daemon:
                 clock.mark("xdp wait")
                 dpc.PREBUILT_LOADERS[ifname] = loader
                 try:
-                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True, inproc=False)  # dp_serve drives it
+                    ctx = ctx_cls.open(ifname, progress_thread=False, pin=True, inproc=False,   # dp_serve drives it
+                                       tunables=self.tunables)
                 except BaseException:
                     dpc.PREBUILT_LOADERS.pop(ifname, None)
                     loader.close()
@@ -912,7 +917,7 @@ class Daemon:
         """From any thread: send ev to the client s soon (the serving thread sends it).  A client whose events
         pile up (it does not read its socket, its QPs fail by the thousand) loses the excess, counted and told."""
         with self._events_lock:
-            if s.events_pending >= MAX_PENDING_EVENTS:
+            if s.events_pending >= self.max_pending_events:
                 s.events_lost += 1
                 self.events_lost += 1
                 return
@@ -1097,7 +1102,7 @@ class Daemon:
             return
         self._sid += 1
         sock.setblocking(False)                 # replies and events never wait for a client (Session.push)
-        s = Session(self._sid, sock, pid, uid, gid)
+        s = Session(self._sid, sock, pid, uid, gid, self.max_pending_events)
         s.watch = lambda: self._watch(s)
         self.sessions[s.id] = s
         self._sel.register(sock, selectors.EVENT_READ, s)
@@ -1221,7 +1226,7 @@ class Daemon:
             n = s.events_lost - s.events_lost_told
             s.events_lost_told = s.events_lost
             s.push({"event": "EVENTS_LOST", "count": n,
-                    "reason": f"{n} events were not queued: more than {MAX_PENDING_EVENTS} were waiting to be "
+                    "reason": f"{n} events were not queued: more than {self.max_pending_events} were waiting to be "
                               f"sent; query the QPs' state"})
 
     def _wait(self, s: Session, msg: dict, w: _Wait) -> None:

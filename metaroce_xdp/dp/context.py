@@ -32,6 +32,8 @@ import numpy as np
 from collections import deque
 
 from ..compchannel import CompChannelBase
+from ..tunables import Tunables
+from ..tunables import load as load_tunables
 from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType, Unsupported
 from ..rc.memory import as_u8
 from ..rc.pathwatch import PathWatch
@@ -101,10 +103,13 @@ class Plane:
     RQ_ROWS = 1 << 15
     CQE_ROWS = 1 << 17
 
-    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS, more_ports: tuple = ()) -> None:
+    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS, more_ports: tuple = (),
+                 tunables: Tunables | None = None) -> None:
         """more_ports: the sockets of further RX queues of the interface.  Each gets a plane of its own (a
         P block, event and ready rings, active list, frame stack, loop thread: `others`) over the same
-        tables; a QP belongs to one of them (Q.plane, `owner`, `move`).  See docs/design-dataplane.md."""
+        tables; a QP belongs to one of them (Q.plane, `owner`, `move`).  See docs/design-dataplane.md.
+        tunables: window, budget, spinning ... (metaroce_xdp/tunables.py; default: tunables.load())."""
+        self.tunables = tun = tunables if tunables is not None else load_tunables()
         from ..wire.fastpath import TABLES
         from . import native
         self.port, self.loader, self.maxq = port, loader, maxq
@@ -175,20 +180,20 @@ class Plane:
         # DCQCN (dp/ops.py): rc/dcqcn.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
         from ..rc.dcqcn import DcqcnParams, link_rate_bps
         self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
-        self.nat.set_read_rate(native.read_rate_bps(getattr(port, "ifname", None)))    # MR-CC-021
+        self.nat.set_read_rate(native.read_rate_bps(getattr(port, "ifname", None), tun.read_rate_mbps))  # MR-CC-021
         for i, name in enumerate(L.D_FIELDS):
             self.F[0, i] = float(getattr(self.dcqcn, name))
         A[L.P_KS_ADDR] = int(loader.qps.ctypes.data) if loader is not None else 0
         A[L.P_KS_SIZE] = loader.qps.dtype.itemsize if loader is not None else 256
-        self.nat.bind_kernel(loader)                 # the XDP program's NATIVE_SACK rings (MR-SACK-043)
-        A[L.P_WINDOW] = int(os.environ.get("METAROCE_WINDOW", "1024"))
-        A[L.P_BUDGET] = int(os.environ.get("METAROCE_BUDGET", "256"))
-        A[L.P_SPIN_IDLE] = int(os.environ.get("METAROCE_DP_SPIN", "2000"))
+        self.nat.bind_kernel(loader if tun.xdp_sacks else None)   # the XDP program's NATIVE_SACK rings (MR-SACK-043)
+        A[L.P_WINDOW] = tun.window
+        A[L.P_BUDGET] = tun.budget
+        A[L.P_SPIN_IDLE] = tun.spin_idle
         # idle rounds (nothing received, sent or completed) after which dp_run / dp_drive_bw give the
         # CPU away with sched_yield() while QPs wait on the peer, every that many (0: never).  Free on an
         # idle host (nothing else to run); on a loaded one the spinning was our share of the CPU spent
         # waiting (docs/design-dataplane.md, "Measured": +15-70 % on a 64 KiB WRITE stream)
-        A[L.P_YIELD_AFTER] = int(os.environ.get("METAROCE_DP_YIELD", "64"))
+        A[L.P_YIELD_AFTER] = tun.yield_after
         A[L.P_POLL_MS] = 1000
         self._bind_port(port, free, pfd)
         self.lock = threading.Lock()
@@ -249,7 +254,8 @@ class Plane:
         A[L.P_POLLFD] = ad(A) + pfd * 8
         # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
         # (multi-buffer: a packet larger than one RX buffer counts twice, loop.infl_weight)
-        A[L.P_INFL_CAP] = int(os.environ.get("METAROCE_PORT_INFLIGHT", str(x.rx.size * 3 // 4)))
+        cap = self.tunables.port_inflight
+        A[L.P_INFL_CAP] = cap if cap is not None else x.rx.size * 3 // 4
         A[L.P_MAGIC] = L.MAGIC
 
     def _queue_plane(self, index: int, port: Any, base: int, txq: int, pfd: int) -> "Plane":
@@ -1148,10 +1154,11 @@ def qpn_for(maxq: int, qi: int) -> int:
 class Context:
     """ibv_context over the compiled data plane: one port (interface queue), one loop."""
 
-    def __init__(self, port: Any, loader: Any, ifname: str, more_ports: tuple = ()) -> None:
+    def __init__(self, port: Any, loader: Any, ifname: str, more_ports: tuple = (),
+                 tunables: Tunables | None = None) -> None:
         self.port, self.loader, self.ifname = port, loader, ifname
         self.ports = [port, *more_ports]              # one per RX queue (Context.open(queues=n))
-        self.plane = Plane(port, loader, more_ports=tuple(more_ports))
+        self.plane = Plane(port, loader, more_ports=tuple(more_ports), tunables=tunables)
         for p in self.plane.group:
             p.on_event = self._event
         self.max_pmtu = port.max_pmtu
@@ -1178,12 +1185,13 @@ class Context:
     @classmethod
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
              ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True,
-             queues: int = 1, inproc: bool = True) -> "Context":
+             queues: int = 1, inproc: bool = True, tunables: Tunables | None = None) -> "Context":
         """An endpoint on a real interface: the XDP program attached (as rc.engine.Context.open does), an
         AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads.
         queues > 1: a socket and a loop (progress thread) on each of queues queue .. queue + queues - 1,
         QPs spread over them (QP._bind_queue); the peer must run as many.  inproc=False: the caller runs the
-        plane's loop itself (metaroced, dp/serve.py), so dp/inproc.py's entry points are not loaded."""
+        plane's loop itself (metaroced, dp/serve.py), so dp/inproc.py's entry points are not loaded.
+        tunables: metaroce_xdp/tunables.py (default: its defaults with the environment's overrides)."""
         if queues < 1:
             raise InvalidArgument(f"queues {queues}: at least 1")
         from ..jitwarm import warm_up
@@ -1210,7 +1218,7 @@ class Context:
                 more.append(XskPort(ifname, queue=q, frame_size=frame_size, ipv6=ipv6, multibuffer=None))
                 loader.set_xsk(q, more[-1].fileno())
             loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
-            ctx = cls(port, loader, ifname, more_ports=tuple(more))
+            ctx = cls(port, loader, ifname, more_ports=tuple(more), tunables=tunables)
         except BaseException:
             for p in more:
                 p.close()

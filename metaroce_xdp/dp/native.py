@@ -30,7 +30,6 @@ The profile is chosen at RTR (QPAttr.profile; dp/cmconnect.py negotiates it).
 """
 from __future__ import annotations
 
-import os
 import sys
 
 if __name__.rpartition(".")[0] + ".loop" not in sys.modules:      # loop.py imports this module half way
@@ -1796,13 +1795,12 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
 DEFAULT_READ_RATE_BPS = 10e9     # when the interface does not tell its speed (as DCQCN's R_line)
 
 
-def read_rate_bps(ifname: str | None) -> float:
-    """The link rate a port's native READ responses share (MR-CC-021), bits/s: METAROCE_READ_RATE_MBPS
-    when set (0: not paced), else the interface's speed (/sys/class/net/IF/speed; veth says 10000), else
-    DEFAULT_READ_RATE_BPS.  Context.set_read_rate changes it for one port."""
-    env = os.environ.get("METAROCE_READ_RATE_MBPS")
-    if env:
-        return float(env) * 1e6
+def read_rate_bps(ifname: str | None, mbps: float | None = None) -> float:
+    """The link rate a port's native READ responses share (MR-CC-021), bits/s: `mbps` when given (the
+    tunable read_rate_mbps; 0: not paced), else the interface's speed (/sys/class/net/IF/speed; veth says
+    10000), else DEFAULT_READ_RATE_BPS.  Context.set_read_rate changes it for one port."""
+    if mbps is not None:
+        return float(mbps) * 1e6
     from ..rc.dcqcn import link_rate_bps
     return link_rate_bps(ifname, default=DEFAULT_READ_RATE_BPS)
 
@@ -1826,8 +1824,8 @@ class NativeSlots:
         """The XDP program's NATIVE_SACK rings (kern/loader.XdpLoader.sacks, MR-SACK-043): native slot i's QP
         gets ring i at RTS (start), and every loop of the port drains the rings of its QPs."""
         A = self.A
-        if loader is None or getattr(loader, "sacks", None) is None or os.environ.get("METAROCE_XDP_SACKS") == "0":
-            A[P_SR_ADDR] = A[P_SR_N] = 0             # METAROCE_XDP_SACKS=0: SACKs through the socket, as before
+        if loader is None or getattr(loader, "sacks", None) is None:
+            A[P_SR_ADDR] = A[P_SR_N] = 0             # (tunable xdp_sacks off: SACKs through the socket)
             return
         self.loader = loader
         A[P_SR_ADDR] = int(loader.sacks.ctypes.data)
