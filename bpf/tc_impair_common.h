@@ -32,8 +32,9 @@ static __always_inline __u64 impair_mix(__u64 seed, __u64 index, __u64 salt)
  * readable between skb->data and skb->data_end.  On egress the headers of a
  * frame built by AF_PACKET or of a GSO skb, and a forwarded frame's, need not
  * all be in the linear area.  Pulls only when they are not: pulling also
- * unclones a cloned skb, which would copy every TCP segment.  Packet pointers
- * taken before the call are invalid after it. */
+ * makes a cloned skb's head private, a copy for every TCP segment (TCP keeps
+ * a clone of each).  Packet pointers taken before the call are invalid after
+ * it. */
 static __always_inline void impair_pull_headers(struct __sk_buff *skb)
 {
 	__u32 want = skb->len;
