@@ -24,7 +24,8 @@
  *   reorder  the frame is held back for reorder_us on the delay line and then sent, so the
  *            frames behind it overtake it (reordered)
  * The coins are drawn from impair_mix(seed, index, salt): `index` counts the frames a port has
- * matched (its scope: every IP frame, UDP, or RoCE UDP/4791), so for a given seed the
+ * matched (its scope: every IP frame, UDP, or RoCE UDP/4791; behind up to two VLAN tags,
+ * 802.1Q or 802.1ad, as in fault_inject.c), so for a given seed the
  * pattern depends only on the order in which frames reach the port
  * (metaroce_xdp/fabric/impair.py `plan` replays it, through faults.py's).
  *
@@ -64,7 +65,6 @@
 #define FAB_DL1_IFINDEX 991
 #endif
 
-#define FAB_ROCE_PORT 4791
 #define FAB_PPM_SCALE 1000000
 #define FAB_BTH_SIZE 12
 #define FAB_NSEC 1000000000ULL
@@ -149,8 +149,9 @@ static __always_inline int coin(__u64 seed, __u64 index, __u64 salt, __u32 ppm)
 }
 
 /* ---- parsing -------------------------------------------------------------------------
- * bpf_skb_load_bytes rather than direct access: a forwarded frame's headers need not all
- * be in the linear area, and copies keep the verifier's bounds checks trivial. */
+ * The header walk is parsing_helpers.h's, the XDP program's, over direct packet access
+ * (impair_pull_headers makes the headers linear first).  Only offsets leave parse(): the
+ * actions write through bpf_skb_store_bytes, after which packet pointers are invalid. */
 struct fab_pkt {
 	__u32 l3_off;
 	__u32 ipv6;
@@ -163,38 +164,49 @@ struct fab_pkt {
 /* 0 for an IPv4/IPv6 frame (fields filled), -1 for anything else. */
 static __always_inline int parse(struct __sk_buff *skb, struct fab_pkt *p)
 {
-	__u16 proto;
-	__u8 l4proto;
-	__u16 dport;
+	void *data, *data_end;
+	struct hdr_cursor nh;
+	struct ethhdr *eth;
+	struct udphdr *udph;
+	int proto, l4proto, dport;
 
-	if (bpf_skb_load_bytes(skb, 12, &proto, sizeof(proto)) < 0)
-		return -1;
-	p->l3_off = ETH_HLEN;
-	if (proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr ip;
+	impair_pull_headers(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	nh.pos = data;
+	proto = impair_parse_eth(&nh, data_end, &eth);
+	p->l3_off = nh.pos - data;
+	if (proto == mr_htons(MR_ETH_P_IP)) {
+		struct iphdr *iph = NULL;
+		__u32 hlen, tot;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5)
+		/* A later fragment, or options cut off by the frame's end, is
+		 * still IP: it only has no L4 header to look at. */
+		l4proto = parse_iphdr_any(&nh, data_end, &iph);
+		if (!iph || l4proto == -MR_DROP_BAD_IP_HEADER)
 			return -1;
-		p->l4_off = ETH_HLEN + ip.ihl * 4;
-		p->l4_len = bpf_ntohs(ip.tot_len) > ip.ihl * 4 ? bpf_ntohs(ip.tot_len) - ip.ihl * 4 : 0;
-		/* Only a first fragment carries the L4 header. */
-		l4proto = (ip.frag_off & bpf_htons(0x1fff)) ? 0 : ip.protocol;
-	} else if (proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
+		hlen = iph->ihl * 4;
+		tot = mr_ntohs(iph->tot_len);
+		p->l4_off = p->l3_off + hlen;
+		p->l4_len = tot > hlen ? tot - hlen : 0;
+	} else if (proto == mr_htons(MR_ETH_P_IPV6)) {
+		struct ipv6hdr *ip6h;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0 || ip6.version != 6)
+		l4proto = parse_ip6hdr(&nh, data_end, &ip6h);  /* extension headers are not followed */
+		if (l4proto < 0)
 			return -1;
 		p->ipv6 = 1;
-		p->l4_off = ETH_HLEN + sizeof(ip6);
-		p->l4_len = bpf_ntohs(ip6.payload_len);
-		l4proto = ip6.nexthdr;          /* extension headers are not followed */
+		p->l4_off = p->l3_off + sizeof(*ip6h);
+		p->l4_len = mr_ntohs(ip6h->payload_len);
 	} else {
 		return -1;
 	}
-	if (l4proto == IPPROTO_UDP && p->l4_len >= sizeof(struct udphdr) &&
-	    bpf_skb_load_bytes(skb, p->l4_off + offsetof(struct udphdr, dest), &dport, 2) == 0) {
-		p->udp = 1;
-		p->roce = dport == bpf_htons(FAB_ROCE_PORT);
+	if (l4proto == MR_IPPROTO_UDP && p->l4_len >= sizeof(struct udphdr)) {
+		dport = parse_udphdr(&nh, data_end, &udph);
+		if (dport >= 0) {
+			p->udp = 1;
+			p->roce = dport == ROCE_UDP_PORT;
+		}
 	}
 	return 0;
 }

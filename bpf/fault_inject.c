@@ -50,15 +50,9 @@
 #ifndef FI_INGRESS
 #define FI_INGRESS 0
 #endif
-#ifndef FI_ROCE_PORT
-#define FI_ROCE_PORT 4791
-#endif
 
 #define FI_PPM_SCALE 1000000
 #define FI_BTH_SIZE 12
-#define FI_MAX_VLAN_TAGS 2
-#define ETH_P_8021Q_ 0x8100
-#define ETH_P_8021AD_ 0x88A8
 
 /* Action salts for impair_mix: never renumber (faults.py SALT_* mirrors them). */
 #define FI_SALT_DROP 1
@@ -157,9 +151,10 @@ static __always_inline int coin(struct fi_config *cfg, __u64 index, __u64 salt, 
 }
 
 /* ---- parsing ------------------------------------------------------------
- * bpf_skb_load_bytes rather than direct packet access: on egress the headers
- * of a frame built by AF_PACKET or a GSO skb need not be in the linear area,
- * and the copy makes the bounds checks the verifier wants trivial. */
+ * The header walk is parsing_helpers.h's, the XDP program's, over direct
+ * packet access (impair_pull_headers makes the headers linear first).  Only
+ * offsets leave parse_roce: the actions write through bpf_skb_store_bytes,
+ * after which packet pointers are invalid. */
 struct fi_pkt {
 	__u32 l3_off;           /* IP header, from the start of the frame */
 	__u32 ipv6;
@@ -173,66 +168,48 @@ struct fi_pkt {
 /* Returns 0 and fills *p for a UDP/4791 frame, -1 for anything else. */
 static __always_inline int parse_roce(struct __sk_buff *skb, struct fi_pkt *p)
 {
-	__u32 off = ETH_HLEN;
-	__u16 proto;
-	struct udphdr udp;
-	__u8 bth[8];
+	void *data, *data_end;
+	struct hdr_cursor nh;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	struct ipv6hdr *ip6h;
+	struct udphdr *udph;
+	struct mr_bth *bth;
+	int proto;
 
-	if (bpf_skb_load_bytes(skb, 12, &proto, sizeof(proto)) < 0)
+	impair_pull_headers(skb);
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	nh.pos = data;
+	proto = impair_parse_eth(&nh, data_end, &eth);
+	p->l3_off = nh.pos - data;
+	p->ipv6 = proto == mr_htons(MR_ETH_P_IPV6);
+	/* Options are skipped; only a first fragment carries the UDP header;
+	 * IPv6 extension headers are not followed (MR-ENC forbids them). */
+	if (proto == mr_htons(MR_ETH_P_IP))
+		proto = parse_iphdr_any(&nh, data_end, &iph);
+	else if (proto == mr_htons(MR_ETH_P_IPV6))
+		proto = parse_ip6hdr(&nh, data_end, &ip6h);
+	else
 		return -1;
-	proto = bpf_ntohs(proto);
-#pragma unroll
-	for (int i = 0; i < FI_MAX_VLAN_TAGS; i++) {
-		if (proto != ETH_P_8021Q_ && proto != ETH_P_8021AD_)
-			break;
-		if (bpf_skb_load_bytes(skb, off + 2, &proto, sizeof(proto)) < 0)
-			return -1;
-		proto = bpf_ntohs(proto);
-		off += 4;
-	}
-	p->l3_off = off;
-	p->ipv6 = proto == ETH_P_IPV6;
-	if (proto == ETH_P_IP) {
-		struct iphdr ip;
-
-		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0)
-			return -1;
-		if (ip.version != 4 || ip.ihl < 5 || ip.protocol != IPPROTO_UDP)
-			return -1;
-		/* Only a first fragment carries the UDP header. */
-		if (ip.frag_off & bpf_htons(0x1fff))
-			return -1;
-		off += ip.ihl * 4;
-	} else if (proto == ETH_P_IPV6) {
-		struct ipv6hdr ip6;
-
-		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)) < 0)
-			return -1;
-		/* Extension headers are not followed: MR-ENC forbids them. */
-		if (ip6.nexthdr != IPPROTO_UDP)
-			return -1;
-		off += sizeof(ip6);
-	} else {
+	if (proto != MR_IPPROTO_UDP)
 		return -1;
-	}
-	if (bpf_skb_load_bytes(skb, off, &udp, sizeof(udp)) < 0)
+	if (parse_udphdr(&nh, data_end, &udph) != ROCE_UDP_PORT)
 		return -1;
-	if (udp.dest != bpf_htons(FI_ROCE_PORT))
-		return -1;
-	p->udp_off = off;
-	p->udp_len = bpf_ntohs(udp.len);
-	p->bth_off = off + sizeof(udp);
-	/* BTH: opcode at byte 0, PSN in the low 24 bits of bytes 8..11. */
-	if (p->udp_len < sizeof(udp) + FI_BTH_SIZE ||
-	    bpf_skb_load_bytes(skb, p->bth_off, bth, 1) < 0 ||
-	    bpf_skb_load_bytes(skb, p->bth_off + 8, &p->psn, 4) < 0) {
+	p->udp_off = (void *)udph - data;
+	p->udp_len = mr_ntohs(udph->len);
+	p->bth_off = nh.pos - data;
+	/* Any TVer: a BTH the receiver refuses is still a frame to act on. */
+	proto = parse_bth(&nh, data_end, &bth);
+	if (p->udp_len < sizeof(*udph) + FI_BTH_SIZE ||
+	    (proto < 0 && proto != -MR_DROP_BAD_TVER)) {
 		p->opcode = 0;
 		p->psn = 0;
 		p->udp_len = 0;
 		return 0;
 	}
-	p->opcode = bth[0];
-	p->psn = bpf_ntohl(p->psn) & 0xffffff;
+	p->opcode = bth->opcode;
+	p->psn = mr_bth_psn(bth);
 	return 0;
 }
 

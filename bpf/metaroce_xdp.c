@@ -521,7 +521,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 
 /* Source address is the connected peer (MR-SEC-009, MR-SEC-021).  peer_ip is 4-byte aligned
  * (offset 16), so compare it as four words.  Each takes the L3 pointer and
- * re-checks its own bound: see `l3` in xdp_metaroce(). */
+ * re-checks its own bound: see `l3` in struct mr_rx. */
 static __always_inline int mr_peer_ok_v4(struct mr_qp_state *qp, void *l3, void *data_end)
 {
 	struct iphdr *iph = l3;
@@ -543,332 +543,430 @@ static __always_inline int mr_peer_ok_v6(struct mr_qp_state *qp, void *l3, void 
 	       p[2] == ip6h->saddr.in6_u.u6_addr32[2] && p[3] == ip6h->saddr.in6_u.u6_addr32[3];
 }
 
-int xdp_metaroce(struct xdp_md *ctx)
+/*
+ * What the steps of xdp_metaroce() learn about a packet, in the order they
+ * learn it.
+ *
+ * Verifier: after mr_rx_l3() the IP header is reached only through `l3`, a
+ * packet pointer on every path, and helpers that use it re-check their own
+ * bound.  Keeping iph/ip6h and choosing one by a flag failed: clang folds
+ * the flag back into the ethertype test, the verifier cannot correlate that
+ * with which pointer is NULL, and walks a path that dereferences the NULL
+ * one.
+ */
+struct mr_rx {
+	void *data;
+	void *data_end;
+	struct mr_config *cfg;          /* NULL: no local addresses to match */
+	__u32 cfg_flags;
+	struct ethhdr *eth;
+	void *l3;                       /* IPv4 or IPv6 header, as v6 says */
+	int v6;
+	__u32 l3off;                    /* l3's offset in the frame */
+	__u32 l4len;                    /* IP payload length: UDP's must equal it */
+	struct udphdr *udph;
+	__u32 ulen;                     /* UDP length */
+	struct mr_bth *bth;
+	int opcode;
+	__u32 mask;                     /* MR_OPM_* of the opcode */
+	__u32 qpn;
+};
+
+/* A step's verdict besides a drop reason (> 0, enum mr_drop_reason). */
+#define MR_RX_NEXT 0                    /* go on to the next step */
+#define MR_RX_PASS (-1)                 /* not MetaRoCE for us: to the stack */
+
+/* The destination is this endpoint's address, when the daemon set one. */
+static __always_inline int mr_ip4_for_us(struct mr_rx *rx, struct iphdr *iph)
 {
-	void *data_end = (void *)(long)ctx->data_end;
-	void *data = (void *)(long)ctx->data;
-	struct hdr_cursor nh = { .pos = data };
-	struct ethhdr *eth = 0;
+	return !(rx->cfg && (rx->cfg_flags & MR_CFG_HAVE_IP4) &&
+		 iph->daddr != *(__u32 *)rx->cfg->local_ip4);
+}
+
+static __always_inline int mr_ip6_for_us(struct mr_rx *rx)
+{
+	struct ipv6hdr *ip6h = rx->l3;
+	__u32 *l6;
+
+	if (!rx->cfg || !(rx->cfg_flags & MR_CFG_HAVE_IP6))
+		return 1;
+	l6 = (__u32 *)rx->cfg->local_ip6;
+	if (ip6h + 1 > (struct ipv6hdr *)rx->data_end)  /* verifier: re-prove the bound */
+		return 0;
+	return ip6h->daddr.in6_u.u6_addr32[0] == l6[0] &&
+	       ip6h->daddr.in6_u.u6_addr32[1] == l6[1] &&
+	       ip6h->daddr.in6_u.u6_addr32[2] == l6[2] &&
+	       ip6h->daddr.in6_u.u6_addr32[3] == l6[3];
+}
+
+static __always_inline int mr_mac_for_us(struct mr_rx *rx)
+{
+	struct ethhdr *eth = rx->eth;
+	struct mr_config *cfg = rx->cfg;
+
+	return !(cfg && (rx->cfg_flags & MR_CFG_HAVE_MAC) &&
+		 (eth->h_dest[0] != cfg->local_mac[0] || eth->h_dest[1] != cfg->local_mac[1] ||
+		  eth->h_dest[2] != cfg->local_mac[2] || eth->h_dest[3] != cfg->local_mac[3] ||
+		  eth->h_dest[4] != cfg->local_mac[4] || eth->h_dest[5] != cfg->local_mac[5]));
+}
+
+/* IPv4 to UDP 4791 for us.  Until that is known the frame may be anyone's
+ * and passes; after it, refusals are drops. */
+static __always_inline int mr_rx_ip4(struct xdp_md *ctx, struct mr_rx *rx,
+				     struct hdr_cursor *nh)
+{
 	struct iphdr *iph = 0;
+	struct udphdr *udph;
+	int ret;
+
+	ret = parse_iphdr(nh, rx->data_end, &iph);
+	rx->l3 = iph;
+	if (ret == -MR_DROP_IP_OPTIONS || ret == -MR_DROP_IP_FRAGMENT) {
+		/* Options or fragments are legal IP (IGMP carries Router
+		 * Alert): only refuse them when they wrap UDP/4791 for us.
+		 * A non-first fragment has no UDP header to look at.
+		 * (MR-ENC-009, MR-ENC-010) */
+		if (iph->protocol != MR_IPPROTO_UDP ||
+		    (iph->frag_off & mr_htons(0x1FFF)))
+			return MR_RX_PASS;
+		/* ihl is 4 bits: the verifier sees a bounded offset. */
+		udph = (struct udphdr *)((void *)iph + (iph->ihl & 0xF) * 4);
+		if (udph + 1 > (struct udphdr *)rx->data_end ||
+		    udph->dest != mr_htons(ROCE_UDP_PORT))
+			return MR_RX_PASS;
+		if (!mr_ip4_for_us(rx, iph))
+			return MR_RX_PASS;
+		return -ret;
+	}
+	if (ret != MR_IPPROTO_UDP)
+		return MR_RX_PASS;
+	if (parse_udphdr(nh, rx->data_end, &rx->udph) != ROCE_UDP_PORT)
+		return MR_RX_PASS;
+	if (!mr_ip4_for_us(rx, iph))
+		return MR_RX_PASS;
+	rx->l4len = mr_ntohs(iph->tot_len);
+	/* MR-ENC-032 step 4, after options (2) and fragments (3). */
+	if (!mr_ip4_csum_ok(rx->l3, rx->data_end))
+		return MR_DROP_BAD_IP_CSUM;
+	/* The whole frame, every fragment: the payload may lie past data_end
+	 * (the frame's length is only asked for then). */
+	rx->l3off = (__u32)((void *)iph - rx->data);
+	if (rx->l4len < sizeof(*iph) ||
+	    ((void *)iph + rx->l4len > rx->data_end &&
+	     rx->l3off + rx->l4len > (__u32)bpf_xdp_get_buff_len(ctx)))
+		return MR_DROP_BAD_IP_HEADER;
+	rx->l4len -= sizeof(*iph);
+	return MR_RX_NEXT;
+}
+
+/* IPv6 to UDP 4791 for us, as mr_rx_ip4(). */
+static __always_inline int mr_rx_ip6(struct xdp_md *ctx, struct mr_rx *rx,
+				     struct hdr_cursor *nh)
+{
 	struct ipv6hdr *ip6h = 0;
-	struct udphdr *udph = 0;
-	struct mr_bth *bth = 0;
-	struct mr_qp_state *qp;
-	struct mr_config *cfg;
-	__u32 action = XDP_PASS, reason = MR_DROP_NONE, event = MR_EV_PASSED;
-	__u32 zero = 0, mask = 0, qpn, slot, accept, ulen, l4len, cfg_flags = 0, l3off = 0;
-	int ret, vlan, hlen, rest;
-	/* Verifier: after parsing, the IP header is reached only through `l3`,
-	 * a packet pointer on every path, and helpers that use it re-check
-	 * their own bound.  Keeping iph/ip6h and choosing one by a flag failed:
-	 * clang folds the flag back into the ethertype test, the verifier
-	 * cannot correlate that with which pointer is NULL, and walks a path
-	 * that dereferences the NULL one. */
-	void *l3 = data;
-	int v6 = 0;
+	int ret;
 
-	cfg = mr_cfg.lookup(&zero);
-	if (cfg)
-		cfg_flags = cfg->flags;
+	rx->v6 = 1;
+	ret = parse_ip6hdr(nh, rx->data_end, &ip6h);
+	rx->l3 = ip6h;
+	if (ret >= 0 && ret != MR_IPPROTO_UDP) {
+		/* MR-ENC-015, MR-ENC-032 step 2: extension headers in front
+		 * of UDP/4791 for us are dropped as IP_OPTIONS. */
+		if (!mr_ip6_ext_to_roce(nh->pos, ret, rx->data_end) || !mr_ip6_for_us(rx))
+			return MR_RX_PASS;
+		return MR_DROP_IP_OPTIONS;
+	}
+	if (ret != MR_IPPROTO_UDP)
+		return MR_RX_PASS;
+	if (parse_udphdr(nh, rx->data_end, &rx->udph) != ROCE_UDP_PORT)
+		return MR_RX_PASS;
+	if (!mr_ip6_for_us(rx))
+		return MR_RX_PASS;
+	rx->l4len = mr_ntohs(ip6h->payload_len);
+	rx->l3off = (__u32)((void *)ip6h - rx->data);
+	if ((void *)(ip6h + 1) + rx->l4len > rx->data_end &&
+	    rx->l3off + sizeof(*ip6h) + rx->l4len > (__u32)bpf_xdp_get_buff_len(ctx))
+		return MR_DROP_BAD_IP_HEADER;
+	return MR_RX_NEXT;
+}
 
-	ret = parse_ethhdr(&nh, data_end, &eth, &vlan);
+/* Ethernet [802.1Q] / IPv4 | IPv6 / UDP 4791 for this endpoint's address
+ * (MR-ENC-032 steps 1 to 4).  ARP, ICMP, SSH ... pass. */
+static __always_inline int mr_rx_l3(struct xdp_md *ctx, struct mr_rx *rx,
+				    struct hdr_cursor *nh)
+{
+	int ret, vlan;
+
+	ret = parse_ethhdr(nh, rx->data_end, &rx->eth, &vlan);
+	if (ret == mr_htons(MR_ETH_P_IP))
+		return mr_rx_ip4(ctx, rx, nh);
+	if (ret == mr_htons(MR_ETH_P_IPV6))
+		return mr_rx_ip6(ctx, rx, nh);
+	return MR_RX_PASS;                    /* truncated, ARP, LLDP, ...: not ours */
+}
+
+/* MR-ENC-007, MR-ENC-014, MR-ENC-018 lengths: IP says where the packet ends,
+ * not data_end (short frames carry Ethernet padding).  Then the BTH. */
+static __always_inline int mr_rx_bth(struct mr_rx *rx, struct hdr_cursor *nh)
+{
+	int ret;
+
+	rx->ulen = mr_ntohs(rx->udph->len);
+	if (rx->ulen != rx->l4len)
+		return MR_DROP_BAD_UDP_LENGTH;
+	if (rx->ulen < sizeof(struct udphdr) + MR_BTH_LEN + MR_ICRC_SIZE)
+		return MR_DROP_TRUNCATED_BTH;
+	ret = parse_bth(nh, rx->data_end, &rx->bth);
 	if (ret < 0)
-		goto out;                             /* not ours to judge: PASS */
+		return -ret;
+	rx->opcode = ret;
+	return MR_RX_NEXT;
+}
 
-	if (ret == mr_htons(MR_ETH_P_IP)) {
-		ret = parse_iphdr(&nh, data_end, &iph);
-		l3 = iph;
-		if (ret == -MR_DROP_IP_OPTIONS || ret == -MR_DROP_IP_FRAGMENT) {
-			/* Options or fragments are legal IP (IGMP carries Router
-			 * Alert): only refuse them when they wrap UDP/4791 for us.
-			 * A non-first fragment has no UDP header to look at.
-			 * (MR-ENC-009, MR-ENC-010) */
-			if (iph->protocol != MR_IPPROTO_UDP ||
-			    (iph->frag_off & mr_htons(0x1FFF)))
-				goto out;
-			/* ihl is 4 bits: the verifier sees a bounded offset. */
-			udph = (struct udphdr *)((void *)iph + (iph->ihl & 0xF) * 4);
-			if (udph + 1 > (struct udphdr *)data_end ||
-			    udph->dest != mr_htons(ROCE_UDP_PORT))
-				goto out;
-			if (cfg && (cfg_flags & MR_CFG_HAVE_IP4) &&
-			    iph->daddr != *(__u32 *)cfg->local_ip4)
-				goto out;
-			action = XDP_DROP;
-			reason = -ret;
-			goto out;
-		}
-		if (ret != MR_IPPROTO_UDP)
-			goto out;
-		if (parse_udphdr(&nh, data_end, &udph) != ROCE_UDP_PORT)
-			goto out;
-		if (cfg && (cfg_flags & MR_CFG_HAVE_IP4) && iph->daddr != *(__u32 *)cfg->local_ip4)
-			goto out;
-		l4len = mr_ntohs(iph->tot_len);
-		/* From here on this is MetaRoCE for us: refusals are drops. */
-		action = XDP_DROP;
-		/* MR-ENC-032 step 4, after options (2) and fragments (3). */
-		if (!mr_ip4_csum_ok(l3, data_end)) {
-			reason = MR_DROP_BAD_IP_CSUM;
-			goto out;
-		}
-		/* The whole frame, every fragment: the payload may lie past
-		 * data_end (the frame's length is only asked for then). */
-		l3off = (__u32)((void *)iph - data);
-		if (l4len < sizeof(*iph) ||
-		    ((void *)iph + l4len > data_end && l3off + l4len > (__u32)bpf_xdp_get_buff_len(ctx))) {
-			reason = MR_DROP_BAD_IP_HEADER;
-			goto out;
-		}
-		l4len -= sizeof(*iph);
-	} else if (ret == mr_htons(MR_ETH_P_IPV6)) {
-		v6 = 1;
-		ret = parse_ip6hdr(&nh, data_end, &ip6h);
-		l3 = ip6h;
-		if (ret >= 0 && ret != MR_IPPROTO_UDP) {
-			/* MR-ENC-015, MR-ENC-032 step 2: extension headers in
-			 * front of UDP/4791 for us are dropped as IP_OPTIONS. */
-			if (!mr_ip6_ext_to_roce(nh.pos, ret, data_end))
-				goto out;
-			if (cfg && (cfg_flags & MR_CFG_HAVE_IP6)) {
-				__u32 *l6 = (__u32 *)cfg->local_ip6;
-				struct ipv6hdr *h6 = l3;
-
-				if (h6 + 1 > (struct ipv6hdr *)data_end ||
-				    h6->daddr.in6_u.u6_addr32[0] != l6[0] ||
-				    h6->daddr.in6_u.u6_addr32[1] != l6[1] ||
-				    h6->daddr.in6_u.u6_addr32[2] != l6[2] ||
-				    h6->daddr.in6_u.u6_addr32[3] != l6[3])
-					goto out;
-			}
-			action = XDP_DROP;
-			reason = MR_DROP_IP_OPTIONS;
-			goto out;
-		}
-		if (ret != MR_IPPROTO_UDP)
-			goto out;
-		if (parse_udphdr(&nh, data_end, &udph) != ROCE_UDP_PORT)
-			goto out;
-		if (cfg && (cfg_flags & MR_CFG_HAVE_IP6)) {
-			__u32 *l6 = (__u32 *)cfg->local_ip6;
-
-			if (ip6h->daddr.in6_u.u6_addr32[0] != l6[0] ||
-			    ip6h->daddr.in6_u.u6_addr32[1] != l6[1] ||
-			    ip6h->daddr.in6_u.u6_addr32[2] != l6[2] ||
-			    ip6h->daddr.in6_u.u6_addr32[3] != l6[3])
-				goto out;
-		}
-		l4len = mr_ntohs(ip6h->payload_len);
-		action = XDP_DROP;
-		l3off = (__u32)((void *)ip6h - data);
-		if ((void *)(ip6h + 1) + l4len > data_end &&
-		    l3off + sizeof(*ip6h) + l4len > (__u32)bpf_xdp_get_buff_len(ctx)) {
-			reason = MR_DROP_BAD_IP_HEADER;
-			goto out;
-		}
-	} else {
-		goto out;                             /* ARP, LLDP, ...: PASS */
-	}
-
-	if (cfg && (cfg_flags & MR_CFG_HAVE_MAC) &&
-	    (eth->h_dest[0] != cfg->local_mac[0] || eth->h_dest[1] != cfg->local_mac[1] ||
-	     eth->h_dest[2] != cfg->local_mac[2] || eth->h_dest[3] != cfg->local_mac[3] ||
-	     eth->h_dest[4] != cfg->local_mac[4] || eth->h_dest[5] != cfg->local_mac[5])) {
-		action = XDP_PASS;                    /* someone else's frame */
-		goto out;
-	}
-
-	/* ---- MR-ENC-007, MR-ENC-014, MR-ENC-018 lengths: IP says where the
-	 * packet ends, not data_end (short frames carry Ethernet padding). */
-	ulen = mr_ntohs(udph->len);
-	if (ulen != l4len) {
-		reason = MR_DROP_BAD_UDP_LENGTH;
-		goto out;
-	}
-	if (ulen < sizeof(*udph) + MR_BTH_LEN + MR_ICRC_SIZE) {
-		reason = MR_DROP_TRUNCATED_BTH;
-		goto out;
-	}
-	ret = parse_bth(&nh, data_end, &bth);
-	if (ret < 0) {
-		reason = -ret;
-		goto out;
-	}
-
+/* The ICRC of the packets that move QP state in the kernel (MR-ICRC-014,
+ * MR-ENC-032, MR-SACK-043); data packets have theirs checked in user space,
+ * see the file comment.
+ *
+ * Checked right after the BTH, before any header field (DestQP, PSN) is
+ * trusted, so a corrupt ACK counts as BAD_ICRC whatever QP it names.  It
+ * also keeps the verifier cheap: few states reach this point, and the CRC
+ * loop is walked once per state.  Only the exact ACK and CNP sizes and the
+ * possible SACK sizes are checked: any other length is refused by
+ * mr_rx_headers(). */
+static __always_inline int mr_rx_icrc(struct xdp_md *ctx, struct mr_rx *rx)
+{
 #if MR_VERIFY_ACK_ICRC
-	/* A corrupt ACKNOWLEDGE must not move QP state (MR-ICRC-014).  Checked
-	 * here, before any header field (DestQP, PSN) is trusted, so a
-	 * corrupt ACK counts as BAD_ICRC whatever QP it names.  It also keeps
-	 * the verifier cheap: few states reach this point, and the CRC loop is
-	 * walked once per state.  Any other length is refused below as
-	 * BAD_PAD, so only the exact ACK size is checked. */
-	if (ret == MR_OP_ACKNOWLEDGE &&
-	    ulen == sizeof(*udph) + MR_BTH_LEN + MR_AETH_LEN + MR_ICRC_SIZE &&
-	    !(v6 ? mr_ack_icrc_ok_v6(ctx, (const __u8 *)l3, data_end, l3off)
-		 : mr_ack_icrc_ok_v4(ctx, (const __u8 *)l3, data_end, l3off))) {
-		reason = MR_DROP_BAD_ICRC;
-		goto out;
-	}
-	/* The same for a CNP, before cnp_count can move (MR-ENC-032). */
-	if (ret == MR_OP_CNP &&
-	    ulen == sizeof(*udph) + MR_BTH_LEN + MR_CNP_LEN + MR_ICRC_SIZE &&
-	    !(v6 ? mr_cnp_icrc_ok_v6(ctx, (const __u8 *)l3, data_end, l3off)
-		 : mr_cnp_icrc_ok_v4(ctx, (const __u8 *)l3, data_end, l3off))) {
-		reason = MR_DROP_BAD_ICRC;
-		goto out;
-	}
-	/* And for a NATIVE_SACK of a possible length, before it can be put in
-	 * its QP's ring (MR-SACK-043); any other length is refused below. */
-	if (ret == MR_OP_NATIVE_SACK && ulen >= MR_SACK_ULEN_MIN && ulen <= MR_SACK_ULEN_MAX &&
-	    !mr_sack_icrc_ok(ctx, l3off, ulen, v6)) {
-		reason = MR_DROP_BAD_ICRC;
-		goto out;
-	}
+	const __u8 *l3 = rx->l3;
+	__u32 ulen = rx->ulen;
+
+	/* A corrupt ACKNOWLEDGE must not move QP state. */
+	if (rx->opcode == MR_OP_ACKNOWLEDGE &&
+	    ulen == sizeof(struct udphdr) + MR_BTH_LEN + MR_AETH_LEN + MR_ICRC_SIZE &&
+	    !(rx->v6 ? mr_ack_icrc_ok_v6(ctx, l3, rx->data_end, rx->l3off)
+		     : mr_ack_icrc_ok_v4(ctx, l3, rx->data_end, rx->l3off)))
+		return MR_DROP_BAD_ICRC;
+	/* The same for a CNP, before cnp_count can move. */
+	if (rx->opcode == MR_OP_CNP &&
+	    ulen == sizeof(struct udphdr) + MR_BTH_LEN + MR_CNP_LEN + MR_ICRC_SIZE &&
+	    !(rx->v6 ? mr_cnp_icrc_ok_v6(ctx, l3, rx->data_end, rx->l3off)
+		     : mr_cnp_icrc_ok_v4(ctx, l3, rx->data_end, rx->l3off)))
+		return MR_DROP_BAD_ICRC;
+	/* And for a NATIVE_SACK, before it can be put in its QP's ring. */
+	if (rx->opcode == MR_OP_NATIVE_SACK && ulen >= MR_SACK_ULEN_MIN &&
+	    ulen <= MR_SACK_ULEN_MAX && !mr_sack_icrc_ok(ctx, rx->l3off, ulen, rx->v6))
+		return MR_DROP_BAD_ICRC;
 #endif
+	return MR_RX_NEXT;
+}
 
-	/* ---- MR-OPC-001, MR-OPC-003, MR-ENC-027: the table decides which
-	 * headers follow, and whether a payload may. */
-	hlen = mr_opcode_info(ret, &mask);
-	if (hlen < 0) {
-		reason = MR_DROP_UNKNOWN_OPCODE;
-		goto out;
-	}
-	rest = (int)ulen - (int)sizeof(*udph) - hlen - MR_ICRC_SIZE;
-	if (rest < 0) {
-		reason = MR_DROP_TRUNCATED_EXT;
-		goto out;
-	}
-	if (mask & MR_OPM_SACKETH) {
+/* MR-OPC-001, MR-OPC-003, MR-ENC-027: the opcode table decides which headers
+ * follow the BTH, and whether a payload may; UDP's length must hold them,
+ * the pad and the ICRC exactly. */
+static __always_inline int mr_rx_headers(struct mr_rx *rx)
+{
+	int hlen, rest;
+
+	hlen = mr_opcode_info(rx->opcode, &rx->mask);
+	if (hlen < 0)
+		return MR_DROP_UNKNOWN_OPCODE;
+	rest = (int)rx->ulen - (int)sizeof(struct udphdr) - hlen - MR_ICRC_SIZE;
+	if (rest < 0)
+		return MR_DROP_TRUNCATED_EXT;
+	if (rx->mask & MR_OPM_SACKETH) {
 		/* SACKETH follows BTH + AETH in a NATIVE_SACK. */
-		struct mr_sacketh *sk = (void *)bth + MR_BTH_LEN + MR_AETH_LEN;
+		struct mr_sacketh *sk = (void *)rx->bth + MR_BTH_LEN + MR_AETH_LEN;
 
-		if (sk + 1 > (struct mr_sacketh *)data_end) {
-			reason = MR_DROP_TRUNCATED_EXT;
-			goto out;
-		}
-		if (sk->bitmap_words > MR_SACK_MAX_WORDS) {
-			reason = MR_DROP_BAD_FIELD;
-			goto out;
-		}
+		if (sk + 1 > (struct mr_sacketh *)rx->data_end)
+			return MR_DROP_TRUNCATED_EXT;
+		if (sk->bitmap_words > MR_SACK_MAX_WORDS)
+			return MR_DROP_BAD_FIELD;
 		rest -= 4 * sk->bitmap_words;
-		if (rest < 0) {
-			reason = MR_DROP_TRUNCATED_EXT;
-			goto out;
-		}
+		if (rest < 0)
+			return MR_DROP_TRUNCATED_EXT;
 	}
-	if (!(mask & MR_OPM_PAYLOAD)) {
-		if (rest != 0 || mr_bth_pad(bth)) {
-			reason = MR_DROP_BAD_PAD;
-			goto out;
-		}
-	} else if ((rest & 3) || (int)mr_bth_pad(bth) > rest) {
-		reason = MR_DROP_BAD_PAD;
-		goto out;
+	if (!(rx->mask & MR_OPM_PAYLOAD)) {
+		if (rest != 0 || mr_bth_pad(rx->bth))
+			return MR_DROP_BAD_PAD;
+	} else if ((rest & 3) || (int)mr_bth_pad(rx->bth) > rest) {
+		return MR_DROP_BAD_PAD;
 	}
+	return MR_RX_NEXT;
+}
 
-	/* ---- validation pipeline (rxe_recv.c: check_type_state, check_keys
-	 * -> here: QP exists MR-BTH-016, peer MR-SEC-009, profile MR-OPC-004,
-	 * state MR-QP-020). */
-	qpn = mr_bth_qpn(bth);
-	slot = qpn % MR_MAX_QPS;
+/* The QP the BTH names (MR-BTH-016): its slot holds that very QPN.  NULL if
+ * none does. */
+static __always_inline struct mr_qp_state *mr_rx_qp(struct mr_rx *rx)
+{
+	struct mr_qp_state *qp;
+	__u32 slot;
+
+	rx->qpn = mr_bth_qpn(rx->bth);
+	slot = rx->qpn % MR_MAX_QPS;
 	qp = mr_qps.lookup(&slot);
-	if (!qp || qp->qpn == 0 || qp->qpn != qpn) {
-		reason = MR_DROP_UNKNOWN_QP;
-		goto out;
-	}
-	if (v6 ? !mr_peer_ok_v6(qp, l3, data_end) : !mr_peer_ok_v4(qp, l3, data_end)) {
-		reason = MR_DROP_WRONG_PEER;
-		goto drop_qp;
-	}
-	/* Steps 13-15 of MR-ENC-032 in the spec's order: P_Key, state, profile.
-	 * (For ACKs and CNPs the ICRC, step 12, is already verified; data
-	 * packets have theirs checked in user space, see the file comment.) */
-	if (!mr_pkey_ok(mr_ntohs(bth->pkey), qp->pkey)) {
-		reason = MR_DROP_BAD_PKEY;
-		goto drop_qp;
-	}
-	accept = (mask & MR_OPM_REQ) ? MR_QPS_ACCEPT_REQ :
-		 (mask & MR_OPM_CNP) ? MR_QPS_ACCEPT_CNP : MR_QPS_ACCEPT_ACK;
+	if (!qp || qp->qpn == 0 || qp->qpn != rx->qpn)
+		return 0;
+	return qp;
+}
+
+/* Does the QP take this packet?  Like rxe_recv.c's check_type_state and
+ * check_keys: the source is the connected peer (MR-SEC-009), then steps 13
+ * to 15 of MR-ENC-032 in the spec's order: P_Key, state (MR-QP-020),
+ * profile (MR-OPC-004).  For ACKs and CNPs the ICRC, step 12, is already
+ * verified. */
+static __always_inline int mr_rx_check_qp(struct mr_rx *rx, struct mr_qp_state *qp)
+{
+	__u32 accept;
+
+	if (rx->v6 ? !mr_peer_ok_v6(qp, rx->l3, rx->data_end)
+		   : !mr_peer_ok_v4(qp, rx->l3, rx->data_end))
+		return MR_DROP_WRONG_PEER;
+	if (!mr_pkey_ok(mr_ntohs(rx->bth->pkey), qp->pkey))
+		return MR_DROP_BAD_PKEY;
+	accept = (rx->mask & MR_OPM_REQ) ? MR_QPS_ACCEPT_REQ :
+		 (rx->mask & MR_OPM_CNP) ? MR_QPS_ACCEPT_CNP : MR_QPS_ACCEPT_ACK;
 	/* Bound the shift: state is a u8 the daemon writes. */
-	if (qp->state > MR_QPS_ERR || !(MR_QPS_BIT(qp->state) & accept)) {
-		reason = MR_DROP_QP_STATE;
-		goto drop_qp;
-	}
+	if (qp->state > MR_QPS_ERR || !(MR_QPS_BIT(qp->state) & accept))
+		return MR_DROP_QP_STATE;
 	/* Step 15: native opcodes only on native QPs (MR-OPC-004); a native QP
 	 * takes only 0xC0-0xC6 and the atomics 0x12-0x14 (MR-NAT-007), so a CNP
 	 * there is dropped, never counted (MR-CC-026). */
-	if ((mask & MR_OPM_NATIVE) ? qp->profile != MR_PROFILE_NATIVE
-				    : (qp->profile == MR_PROFILE_NATIVE &&
-				       (ret < MR_OP_ATOMIC_ACKNOWLEDGE || ret > MR_OP_FETCH_ADD))) {
-		reason = MR_DROP_WRONG_PROFILE;
-		goto drop_qp;
-	}
+	if ((rx->mask & MR_OPM_NATIVE) ? qp->profile != MR_PROFILE_NATIVE
+				       : (qp->profile == MR_PROFILE_NATIVE &&
+					  (rx->opcode < MR_OP_ATOMIC_ACKNOWLEDGE ||
+					   rx->opcode > MR_OP_FETCH_ADD)))
+		return MR_DROP_WRONG_PROFILE;
+	return MR_RX_NEXT;
+}
 
-	/* ---- NATIVE_SACKs are consumed here when the QP has a ring: copied
-	 * into it for the data plane's loop (MR-SACK-043), like ACKs into the
-	 * slot.  A full ring steers the SACK to the socket instead. */
-	if (ret == MR_OP_NATIVE_SACK && qp->sack_ring && !(qp->flags & MR_QPF_ACK_TO_USER)) {
-		int ev = mr_sack_push(ctx, qp, qpn, (__u32)((void *)bth - data), ulen);
+/* What the kernel consumes instead of steering, unless the QP asks for
+ * everything in user space (MR_QPF_ACK_TO_USER): a NATIVE_SACK into its QP's
+ * ring, a CNP into cnp_count, a compat ACKNOWLEDGE into the QP state.
+ * Returns the event to count (MR_EV_*_CONSUMED), MR_EV_STEERED for a packet
+ * that goes on to the socket, or a negative drop reason. */
+static __always_inline int mr_rx_consume(struct xdp_md *ctx, struct mr_rx *rx,
+					 struct mr_qp_state *qp)
+{
+	int ev;
 
-		if (ev == MR_EV_SACK_CONSUMED) {
-			event = ev;                   /* XDP_DROP, but consumed */
-			goto out;
-		}
+	if (qp->flags & MR_QPF_ACK_TO_USER)
+		return MR_EV_STEERED;
+
+	/* NATIVE_SACKs are copied into the QP's ring, when it has one, for
+	 * the data plane's loop (MR-SACK-043), like ACKs into the slot.  A
+	 * full ring steers the SACK to the socket instead. */
+	if (rx->opcode == MR_OP_NATIVE_SACK && qp->sack_ring) {
+		ev = mr_sack_push(ctx, qp, rx->qpn, (__u32)((void *)rx->bth - rx->data), rx->ulen);
+		if (ev == MR_EV_SACK_CONSUMED)
+			return ev;
 		mr_count_event(MR_EV_SACK_RING_FULL);
 	}
 
-	/* ---- CNPs are consumed here: counted into the slot, where the
-	 * requester's DCQCN reaction point reads them (MR-CNP-005, MR-CNP-010,
-	 * metaroce_xdp/rc/dcqcn.py).  Like ACKs, they go to user space instead
-	 * when the QP asks for that. */
-	if ((mask & MR_OPM_CNP) && !(qp->flags & MR_QPF_ACK_TO_USER)) {
+	/* CNPs are counted into the slot, where the requester's DCQCN
+	 * reaction point reads them (MR-CNP-005, MR-CNP-010,
+	 * metaroce_xdp/rc/dcqcn.py). */
+	if (rx->mask & MR_OPM_CNP) {
 		__sync_fetch_and_add(&qp->cnp_count, 1);
 		mr_count_event(MR_EV_CNP);
-		event = MR_EV_CNP_CONSUMED;           /* XDP_DROP, but consumed */
-		goto out;
+		return MR_EV_CNP_CONSUMED;
 	}
 
-	/* ---- the ACK fast path: compat ACKNOWLEDGE is consumed here. */
-	if (ret == MR_OP_ACKNOWLEDGE && !(qp->flags & MR_QPF_ACK_TO_USER)) {
-		int ev;
-
-		/* ICRC already verified right after the BTH (see there). */
-		ev = mr_ack_fastpath(qp, bth, data_end);
-		if (ev < 0) {
-			reason = -ev;
-			goto out;
-		}
-		if (ev != MR_EV_STEERED) {
-			event = ev;                   /* XDP_DROP, but consumed */
-			goto out;
-		}
-		/* A bad AETH: on to the completer below (MR-XH-008, MR-NAK-012). */
+	/* The ACK fast path; the ICRC is already verified (mr_rx_icrc). */
+	if (rx->opcode == MR_OP_ACKNOWLEDGE) {
+		ev = mr_ack_fastpath(qp, rx->bth, rx->data_end);
+		if (ev != MR_EV_STEERED)
+			return ev;
+		/* A bad AETH: on to the completer (MR-XH-008, MR-NAK-012). */
 		mr_count_event(MR_EV_ACK_BAD_AETH_TO_USER);
 	}
+	return MR_EV_STEERED;
+}
 
-	/* ---- steer to the AF_XDP socket of this queue.  With flags 0 a
-	 * missing socket makes redirect_map return XDP_ABORTED; turn that into
-	 * a counted drop instead of a trace-only abort. */
+/*
+ * The receive path, in steps like rxe_rcv(): parse to UDP/4791 for us,
+ * check the lengths and the BTH, the ICRC of what the kernel consumes, the
+ * opcode's headers, find the QP and check that it takes the packet, consume
+ * it or steer it to the AF_XDP socket.  Every packet ends in exactly one
+ * event (metaroce_drop_reasons.h), a drop also in its reason's counter.
+ */
+int xdp_metaroce(struct xdp_md *ctx)
+{
+	struct mr_rx rx = {
+		.data = (void *)(long)ctx->data,
+		.data_end = (void *)(long)ctx->data_end,
+	};
+	struct hdr_cursor nh = { .pos = rx.data };
+	struct mr_qp_state *qp;
+	__u32 zero = 0, action, event;
+	int ret;
+
+	rx.cfg = mr_cfg.lookup(&zero);
+	if (rx.cfg)
+		rx.cfg_flags = rx.cfg->flags;
+
+	ret = mr_rx_l3(ctx, &rx, &nh);
+	if (ret == MR_RX_PASS)
+		goto pass;
+	if (ret)
+		goto drop;
+	/* Someone else's frame: passed, but only after the IP checks above,
+	 * which drop what is refused whatever its destination MAC. */
+	if (!mr_mac_for_us(&rx))
+		goto pass;
+	ret = mr_rx_bth(&rx, &nh);
+	if (ret)
+		goto drop;
+	ret = mr_rx_icrc(ctx, &rx);
+	if (ret)
+		goto drop;
+	ret = mr_rx_headers(&rx);
+	if (ret)
+		goto drop;
+
+	qp = mr_rx_qp(&rx);
+	if (!qp) {
+		ret = MR_DROP_UNKNOWN_QP;
+		goto drop;
+	}
+	ret = mr_rx_check_qp(&rx, qp);
+	if (ret) {
+		/* A CNP refused by an existing QP is counted per QP as
+		 * discarded (MR-CC-039), beside the port's count by reason. */
+		if (rx.mask & MR_OPM_CNP)
+			__sync_fetch_and_add(&qp->cnp_discarded, 1);
+		goto drop;
+	}
+
+	ret = mr_rx_consume(ctx, &rx, qp);
+	if (ret < 0) {
+		ret = -ret;
+		goto drop;
+	}
+	if (ret != MR_EV_STEERED) {
+		action = XDP_DROP;                    /* consumed, not a drop */
+		event = ret;
+		goto out;
+	}
+
+	/* Steer to the AF_XDP socket of this queue.  With flags 0 a missing
+	 * socket makes redirect_map return XDP_ABORTED; turn that into a
+	 * counted drop instead of a trace-only abort. */
 	action = mr_xsks.redirect_map(ctx->rx_queue_index, 0);
 	if (action != XDP_REDIRECT) {
-		action = XDP_DROP;
-		reason = MR_DROP_NO_XSK;
-		goto out;
+		ret = MR_DROP_NO_XSK;
+		goto drop;
 	}
 	event = MR_EV_STEERED;
 	goto out;
 
-drop_qp:
-	/* A packet naming an existing QP, dropped by the peer, P_Key, state or
-	 * profile check: a CNP among them is counted per QP as discarded
-	 * (MR-CC-039), beside the port's count by reason. */
-	if (mask & MR_OPM_CNP)
-		__sync_fetch_and_add(&qp->cnp_discarded, 1);
+pass:
+	action = XDP_PASS;
+	event = MR_EV_PASSED;
+	goto out;
+drop:
+	action = XDP_DROP;
+	event = MR_EV_DROPPED;
+	mr_count_drop(ret);
 out:
-	if (action == XDP_DROP && reason != MR_DROP_NONE) {
-		mr_count_drop(reason);
-		event = MR_EV_DROPPED;
-	}
 	mr_count_event(event);
 	return action;
 }

@@ -2,13 +2,16 @@
 /*
  * tc_impair_common.h - what the two tc impairment programs share: the seeded
  * counter-based PRNG (so a fault schedule is a function of seed and packet index,
- * reproduced in user space by metaroce_xdp/faults.py) and ECN CE marking.
+ * reproduced in user space by metaroce_xdp/faults.py), the header walk (the XDP
+ * program's parsing_helpers.h, over direct packet access) and ECN CE marking.
  *
  * Included by fault_inject.c (the veth tests' injector) and fabric_impair.c (the
  * emulated fabric's switch ports); both are compiled by BCC with -I bpf/.
  */
 #ifndef __TC_IMPAIR_COMMON_H
 #define __TC_IMPAIR_COMMON_H
+
+#include "parsing_helpers.h"
 
 /* splitmix64 finaliser over (seed, index, salt): a counter-based PRNG, so no
  * state is shared between CPUs beyond the index itself. */
@@ -19,6 +22,38 @@ static __always_inline __u64 impair_mix(__u64 seed, __u64 index, __u64 salt)
 	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
 	z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
 	return z ^ (z >> 31);
+}
+
+/* The deepest header stack the tc programs read, from the start of the frame:
+ * Ethernet, two VLAN tags, IPv4 with 40 bytes of options, UDP, BTH. */
+#define IMPAIR_HDR_MAX (14 + MR_VLAN_MAX_DEPTH * 4 + 60 + 8 + MR_BTH_LEN)
+
+/* Make the first IMPAIR_HDR_MAX bytes of the frame (all of it, if shorter)
+ * readable between skb->data and skb->data_end.  On egress the headers of a
+ * frame built by AF_PACKET or of a GSO skb, and a forwarded frame's, need not
+ * all be in the linear area.  Pulls only when they are not: pulling also
+ * makes a cloned skb's head private, a copy for every TCP segment (TCP keeps
+ * a clone of each).  Packet pointers taken before the call are invalid after
+ * it. */
+static __always_inline void impair_pull_headers(struct __sk_buff *skb)
+{
+	__u32 want = skb->len;
+
+	if (want > IMPAIR_HDR_MAX)
+		want = IMPAIR_HDR_MAX;
+	if ((void *)(long)skb->data + want > (void *)(long)skb->data_end)
+		bpf_skb_pull_data(skb, want);
+}
+
+/* The L2 walk of both tc programs: Ethernet and up to two tags, 802.1Q or
+ * 802.1ad.  Wider than MetaRoCE's rule (parse_ethhdr): a tap acts on what
+ * the wire carries, including frames the endpoint refuses. */
+static __always_inline int impair_parse_eth(struct hdr_cursor *nh, void *data_end,
+					    struct ethhdr **eth)
+{
+	int tags;
+
+	return parse_ethhdr_tags(nh, data_end, eth, MR_VLAN_MAX_DEPTH, 1, &tags);
 }
 
 /* ECN CE on an ECT frame whose IP header starts at l3_off.  Returns 0 when

@@ -368,6 +368,39 @@ def test_ipv6_and_vlan_are_parsed(pair):
     assert got == [] and st["roce"] == 30 and st["dropped"] == 30
 
 
+def _qinq(frame: bytes) -> bytes:
+    """An 802.1ad tag (vid 5) in front of the frame's 802.1Q tag."""
+    return frame[:12] + b"\x88\xa8\x00\x05" + frame[12:]
+
+
+def _ip4_variant(frame: bytes, options: bytes = b"", frag: int = 0) -> bytes:
+    """The untagged IPv4 frame with `options` after its fixed header and flags/offset `frag`
+    (header checksum recomputed)."""
+    ip = bytearray(frame[14:34])
+    ip[0] = 0x40 | (5 + len(options) // 4)
+    ip[2:4] = struct.pack("!H", struct.unpack("!H", ip[2:4])[0] + len(options))
+    ip[6:8] = struct.pack("!H", frag)
+    ip[10:12] = b"\0\0"
+    ip[10:12] = struct.pack("!H", inet_checksum(bytes(ip) + options))
+    return frame[:14] + bytes(ip) + options + frame[34:]
+
+
+@needs_root
+@pytest.mark.netns
+def test_qinq_options_and_first_fragments_are_parsed(pair):
+    """The injector walks what the wire carries, more than the endpoint accepts (tc_impair_common.h
+    impair_parse_eth, parsing_helpers.h parse_iphdr_any): two tags (802.1ad outside 802.1Q), IPv4
+    options, a first fragment (MF set).  A later fragment has no UDP header and is not RoCE."""
+    qinq = [_qinq(pair.frame(i, vlan=Vlan(vid=7))) for i in range(5)]
+    opts = [_ip4_variant(pair.frame(10 + i), options=b"\x01\x01\x01\x00") for i in range(5)]
+    first = [_ip4_variant(pair.frame(20 + i), frag=0x2000) for i in range(5)]
+    later = [_ip4_variant(pair.frame(30 + i), frag=0x2001) for i in range(5)]
+    with pair.injector(drop_ppm=1_000_000) as fi:
+        pair.send(qinq + opts + first + later)
+        st = fi.stats()
+    assert st["roce"] == 15 and st["dropped"] == 15
+
+
 @needs_root
 @pytest.mark.netns
 def _ping(pair, count: int = 3) -> int:
