@@ -42,7 +42,7 @@ N_RDY = 4096              # power of two, > MAX_QPS: a QP is in it at most once 
 TX_BATCH = 64
 PSN_MASK = 0xFFFFFF
 PSN_NONE = 0xFFFFFFFF
-ACKREQ_EVERY = 32         # rc/requester.py ACKREQ_EVERY (MR-ACK-013)
+ACKREQ_EVERY = 32         # AckReq on every 32nd packet of a message and on its last (MR-ACK-013)
 
 
 def _cols(names: str) -> list[str]:
@@ -179,7 +179,7 @@ F_FIELDS = _cols("rc rt alpha tokens t_tokens alpha_due rate_due t_cnt b_cnt byt
 for _i, _n in enumerate(F_FIELDS):
     globals()["F_" + _n.upper()] = _i
 NF = 24
-# F row 0 holds the port's DCQCN parameters (rc/dcqcn.py DcqcnParams, same names); QP rows start at 1
+# F row 0 holds the port's DCQCN parameters (congestion.py DcqcnParams, same names); QP rows start at 1
 D_FIELDS = _cols("enabled cnp_interval_ns cnp_dscp g alpha_init k_ns t_ns b_bytes f r_ai_bps r_hai_bps r_min_bps "
                  "r_line_bps burst_bytes")
 for _i, _n in enumerate(D_FIELDS):

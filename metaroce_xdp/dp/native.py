@@ -1803,7 +1803,7 @@ def read_rate_bps(ifname: str | None) -> float:
     env = os.environ.get("METAROCE_READ_RATE_MBPS")
     if env:
         return float(env) * 1e6
-    from ..rc.dcqcn import link_rate_bps
+    from ..congestion import link_rate_bps
     return link_rate_bps(ifname, default=DEFAULT_READ_RATE_BPS)
 
 
