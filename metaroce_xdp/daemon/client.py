@@ -197,7 +197,7 @@ class Context:
 
     @classmethod
     def open(cls, ifname: str, socket_path: str | None = None) -> "Context":
-        """As metaroce_xdp.rc.engine.Context.open, through the daemon that owns ifname."""
+        """As metaroce_xdp.dp.Context.open, through the daemon that owns ifname."""
         return connect(socket_path, ifname)
 
     # ---- memory -----------------------------------------------------------------------------------
