@@ -8,7 +8,7 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
 * `warm_up()` calls each function that Python code calls at run time once, with arguments
   built the way the run-time callers build them (`afxdp/xsk.py`'s socket wrappers, dp/'s and
   native/'s entry points), on scratch buffers.  Functions only called from compiled code
-  (`build_frame`, `icrc_numba`, the ring primitives ...) compile with their callers.
+  (`build_frame`, `icrc_numba`, `psn_diff`, the ring primitives ...) compile with their callers.
   With `cache=True` the result lands in numba's on-disk cache, so a warm start only loads it.
 * Two groups (`PLANES`): "compiled" (dp/ and native/, whose explicit signatures compile at import --
   native/'s at first use, jitcache.lazy_njit -- about two minutes of CPU cold), which `Context.open`
@@ -34,7 +34,7 @@ tests/test_first_run.py checks that after `warm_up()` a real transfer over veth 
 specialisation to any dispatcher of `MODULES`: a missed type here would be a compile on
 the live path.
 
-Neighbours: dp/, native/, wire/icrc.py, wire/fastpath.py, afxdp/rings.py (the compiled
+Neighbours: dp/, native/, wire/icrc.py, wire/fastpath.py, wire/psn.py, afxdp/rings.py (the compiled
 functions); dp/context.py (Context.open calls warm_up); tools/metaroce_cli.py (`metaroce warmup`).
 """
 from __future__ import annotations
@@ -61,7 +61,8 @@ from .jitcache import LazySigDispatcher
 # afxdp/rings.py: compiled into the plane's loops, and the ring bursts afxdp/xsk.py calls from Python).
 # `metaroce warmup` (make setup) warms both.
 PLANES: dict[str, tuple[str, ...]] = {
-    "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.afxdp.rings"),
+    "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.wire.psn",
+                "metaroce_xdp.afxdp.rings"),
     "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
                  "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
                  "metaroce_xdp.native.sender", "metaroce_xdp.native.rdpace", "metaroce_xdp.dp.native"),
@@ -184,7 +185,7 @@ def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
     return [
         # afxdp/rings.py: the four rings and the frame pool, called from Python by xsk.XskSocket and FramePool
         # (socket set-up: the fill ring's prefill; tests and tools drive sockets with them).  wire/'s functions
-        # (build_frame, frame_icrc_ok, peek_bth, segment_opcode, the ICRC) are compiled into the
+        # (build_frame, frame_icrc_ok, peek_bth, segment_opcode, psn_diff, the ICRC) are compiled into the
         # plane's loops: no Python caller, no entry.
         e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),
         e(R, "rx_burst", "XskSocket.rx_burst", rp, rc, rdescs, rx_a, rx_l, 64),

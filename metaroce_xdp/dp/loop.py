@@ -31,6 +31,7 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 
 from ..kern.layout import QP_STATE_DTYPE
 from ..wire.fastpath import build_frame, frame_icrc_ok, peek_bth, segment_opcode
+from ..wire.psn import psn_diff  # noqa: F401  (a - b in [-2^23, 2^23): the one midpoint rule; ops.py takes it from here)
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
@@ -77,15 +78,6 @@ _jit = dict(cache=True, nogil=True)
 
 
 # ============================================================================ small helpers
-@njit(**_jit)
-def psn_diff(a, b):
-    """a - b in 24-bit serial arithmetic (negative: a is before b)."""
-    d = (a - b) & PSN_MASK
-    if d >= 0x800000:
-        d -= 0x1000000
-    return d
-
-
 # local ACK timeouts that may start go-back-N in one round (the rest wait for the next rounds, a few
 # microseconds each while QPs are active): 1,000 QPs that lost packets in the same burst would
 # otherwise all retransmit in the same round, overflow the peer's fill ring again and lose the
