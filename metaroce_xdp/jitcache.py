@@ -28,7 +28,7 @@ from numba.core.registry import CPUDispatcher
 PKG = os.path.dirname(os.path.abspath(__file__))
 # what compiled code reads: every module of these directories, and these files
 DEPENDS_DIRS = ("dp", "native", "wire", "afxdp")
-DEPENDS_FILES = ("congestion.py", "kern/layout.py", "jitcache.py", "daemon/shm.py")
+DEPENDS_FILES = ("congestion.py", "kern/layout.py", "jitcache.py", "shm.py")
 
 _digest: bytes | None = None
 

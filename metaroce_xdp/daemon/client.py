@@ -40,7 +40,8 @@ import numpy as np
 from .. import cm
 from ..verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, QueueFull, RecvWR,
                            SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
-from . import proto, shm
+from .. import shm
+from . import proto
 from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PathInUse, PermissionDenied,
                     UnknownHandle, Unsupported)
 
