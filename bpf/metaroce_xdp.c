@@ -21,7 +21,7 @@
  *              a bad AETH (MR-XH-008), which the completer must fail.
  *   CNP path   a compat CNP is consumed the same way: ICRC verified, counted
  *              into the QP's cnp_count, XDP_DROP; the requester's DCQCN
- *              reaction point (metaroce_xdp/rc/dcqcn.py) reads the count.
+ *              reaction point (metaroce_xdp/dp/ops.py) reads the count.
  *   steer      everything else valid goes to the AF_XDP socket of this RX
  *              queue (mr_xsks); no socket = drop NO_XSK.
  *
@@ -33,7 +33,7 @@
  * as truncated); lengths are checked against bpf_xdp_get_buff_len(), the
  * whole frame; the ACK/CNP ICRC input is read with bpf_xdp_load_bytes(),
  * which crosses fragments.  The AF_XDP socket takes the frame in several
- * descriptors (XDP_USE_SG, metaroce_xdp/rc/xskport.py).
+ * descriptors (XDP_USE_SG, metaroce_xdp/afxdp/port.py).
  *
  * ICRC: NOT checked here for data packets: a CRC over up to 4 KiB of payload
  * is a loop the verifier would have to walk byte by byte (instruction and
@@ -863,7 +863,7 @@ static __always_inline int mr_rx_consume(struct xdp_md *ctx, struct mr_rx *rx,
 
 	/* CNPs are counted into the slot, where the requester's DCQCN
 	 * reaction point reads them (MR-CNP-005, MR-CNP-010,
-	 * metaroce_xdp/rc/dcqcn.py). */
+	 * metaroce_xdp/dp/ops.py). */
 	if (rx->mask & MR_OPM_CNP) {
 		__sync_fetch_and_add(&qp->cnp_count, 1);
 		mr_count_event(MR_EV_CNP);

@@ -4,15 +4,15 @@
     ctx = Context.open("eth1")
 
 `Context` is `metaroce_xdp.dp.Context`: the verbs of the README over one GIL-free compiled loop per
-port, what metaroced hosts.  The Python engine, `metaroce_xdp.rc.engine.Context`, has the same
-verbs and stays as the executable oracle the tests (and the conformance agent) run.  Importing this
+port, what metaroced hosts -- the one implementation of the transport (scapy, the conformance
+suite and Linux Soft-RoCE are the independent checks the tests run it against).  Importing this
 package stays cheap: `Context` is loaded on first use (numpy, numba and BCC only then).
 
 Sub-packages:
   wire    -- the codec: headers, opcode table, ICRC, PSN arithmetic (spec 01/02)
   afxdp   -- AF_XDP sockets and rings mapped into numpy
   dp      -- the compiled data plane (Context)
-  rc      -- the Python RC engine (the oracle)
+  daemon  -- metaroced and its client library
 """
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ This module only frames, validates and exchanges; moving the QP through
 INIT/RTR/RTS stays with the caller, which passes a callback where the spec
 places the transition (MR-CM-026: the passive side is in RTR/RTS before it
 answers).  Neighbours: tools/perf.py and tools/pingpong.py (the callers),
-metaroce_xdp/rc/engine.py (the QP they connect).
+metaroce_xdp/dp/context.py (the QP they connect).
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""ibv_comp_channel, shared by both planes: armed CQs report completion events here, and
-`get_cq_event` (ibv_get_cq_event) hands out the CQ of the oldest one.
+"""ibv_comp_channel: armed CQs report completion events here, and `get_cq_event`
+(ibv_get_cq_event) hands out the CQ of the oldest one.
 
-The planes differ only in how a waiter makes progress: `rc.engine.CompChannel` drives the Python
-engine (its lock guards the queue), `dp.context.CompChannel` the compiled loop (a lock of its own,
-and `Plane.run` while no progress thread runs).  Each subclass says so in `_lock`, `_threaded`,
-`_progress` and `_idle`."""
+A subclass says how a waiter makes progress, in `_lock`, `_threaded`, `_progress` and `_idle`:
+`dp.context.CompChannel` runs the compiled loop (a lock of its own, and `Plane.run` while no
+progress thread runs)."""
 from __future__ import annotations
 
 import threading

@@ -2,8 +2,8 @@
 
 numba validates a cached function against the stamp of the one file that defines it.  Ours compile
 code from other modules into theirs: `dp/loop.py`'s entry points inline `dp/ops.py`, `dp/prims.py`
-and `wire/fastpath.py`, and the column numbers of `dp/layout.py` and `kern/layout.py` are constants
-frozen into the machine code.  Edit only one of those (or upgrade a package in which only they
+and `wire/fastpath.py`, and the column numbers of `dp/layout.py` and `kern/layout.py` (and
+`congestion.py`'s WIRE_OVERHEAD) are constants frozen into the machine code.  Edit only one of those (or upgrade a package in which only they
 changed) and numba would load the old code -- with other column numbers, silently wrong memory
 accesses.  `install()` puts cache locators first in numba's list that, for this package's files,
 add to the stamp a digest of every module compiled code can depend on (DEPENDS), so any change to
@@ -28,7 +28,7 @@ from numba.core.registry import CPUDispatcher
 PKG = os.path.dirname(os.path.abspath(__file__))
 # what compiled code reads: every module of these directories, and these files
 DEPENDS_DIRS = ("dp", "native", "wire", "afxdp")
-DEPENDS_FILES = ("rc/burst.py", "kern/layout.py", "jitcache.py", "daemon/shm.py")
+DEPENDS_FILES = ("congestion.py", "kern/layout.py", "jitcache.py", "shm.py")
 
 _digest: bytes | None = None
 

@@ -6,24 +6,23 @@ data path takes about a minute to compile; if that happens while QPs are live, t
 local ACK timer fires and its retries run out (issue 6, "first run").  So:
 
 * `warm_up()` calls each function that Python code calls at run time once, with arguments
-  built the way the run-time callers build them (`rc/engine.py`, `rc/responder.py`,
-  `rc/requester.py`, `rc/xskport.py`, `afxdp/xsk.py`), on scratch buffers.  Functions only
-  called from compiled code (`icrc_numba`, `_csum_add`, the ring primitives ...) compile
-  with their callers.  With `cache=True` the result lands in numba's on-disk cache, so a
-  warm start only loads it (~0.3 s).
-* Two planes (`PLANES`): "python" (the Python engine's compiled helpers) and "compiled" (dp/ and
-  native/, whose explicit signatures compile at import -- native/'s at first use, jitcache.lazy_njit --
-  about two minutes of CPU cold).  The Python
-  engine (`Context.open`, `Engine`) warms only its plane before any QP exists, so its first run
-  does not wait for the compiled plane; `metaroce warmup` (run by `make setup`) warms both ahead
-  of time and says what it did, import-time compilation included.
+  built the way the run-time callers build them (`afxdp/xsk.py`'s socket wrappers, dp/'s and
+  native/'s entry points), on scratch buffers.  Functions only called from compiled code
+  (`build_frame`, `icrc_numba`, `psn_diff`, the ring primitives ...) compile with their callers.
+  With `cache=True` the result lands in numba's on-disk cache, so a warm start only loads it.
+* Two groups (`PLANES`): "compiled" (dp/ and native/, whose explicit signatures compile at import --
+  native/'s at first use, jitcache.lazy_njit -- about two minutes of CPU cold), which `Context.open`
+  warms before any socket exists; and "helpers" (wire/'s and afxdp/rings.py's functions: compiled
+  into the plane's loops, and the ring bursts afxdp/xsk.py calls from Python).  `metaroce warmup`
+  (run by `make setup`) warms both ahead of time and says what it did, import-time compilation
+  included.
 * `cache_is_warm()` tells, before compiling, whether the cache holds every entry, so a cold
   start can say why it is slow.
 * `seal()` ends compilation for the process: every dispatcher of `MODULES` and every `plan()`
   entry refuses new signatures from then on (numba's `Dispatcher.disable_compile`; also those only
-  compiled into their callers).  `Engine` calls it right after its warm-up, so once an engine has
-  started a call with a type the warm-up missed raises numba's TypeError ("No matching definition")
-  at once -- a failed test, not a transfer stalled for a minute behind the compiler.  Loading from
+  compiled into their callers).  In a process that calls it after its warm-up, a call with a type
+  the warm-up missed raises numba's TypeError ("No matching definition") at once -- a failed
+  test, not a transfer stalled for a minute behind the compiler.  Loading from
   the on-disk cache counts as compiling: everything must be in memory before the seal.
   `unsealed()` lifts it for a block (a test that calls a compiled function with its own types).
 
@@ -35,8 +34,8 @@ tests/test_first_run.py checks that after `warm_up()` a real transfer over veth 
 specialisation to any dispatcher of `MODULES`: a missed type here would be a compile on
 the live path.
 
-Neighbours: wire/icrc.py, wire/fastpath.py, rc/burst.py, afxdp/rings.py (the compiled
-functions); rc/engine.py (calls warm_up); tools/metaroce_cli.py (`metaroce warmup`).
+Neighbours: dp/, native/, wire/icrc.py, wire/fastpath.py, wire/psn.py, afxdp/rings.py (the compiled
+functions); dp/context.py (Context.open calls warm_up); tools/metaroce_cli.py (`metaroce warmup`).
 """
 from __future__ import annotations
 
@@ -57,14 +56,13 @@ from numba import config as numba_config
 
 from .jitcache import LazySigDispatcher
 
-# Modules whose numba functions make up the data path.
-# Grouped by the plane that runs them: the Python engine (rc/engine.py) needs only "python"; the
-# compiled plane (dp/, metaroced) needs "compiled", whose explicit signatures compile at import (about
-# two minutes of CPU cold).  An engine warms only its own plane, so a first run of the Python engine (the
-# demo) does not wait for the compiled plane; `metaroce warmup` (make setup) warms both.
+# Modules whose numba functions make up the data path, in two groups: "compiled" (dp/, native/: explicit
+# signatures compiled at import, about two minutes of CPU cold; Context.open warms it) and "helpers" (wire/ and
+# afxdp/rings.py: compiled into the plane's loops, and the ring bursts afxdp/xsk.py calls from Python).
+# `metaroce warmup` (make setup) warms both.
 PLANES: dict[str, tuple[str, ...]] = {
-    "python": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst",
-               "metaroce_xdp.afxdp.rings"),
+    "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.wire.psn",
+                "metaroce_xdp.afxdp.rings"),
     "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
                  "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
                  "metaroce_xdp.native.sender", "metaroce_xdp.native.rdpace", "metaroce_xdp.dp.native"),
@@ -167,67 +165,37 @@ def plan(planes: tuple[str, ...] = ALL_PLANES) -> list[Entry]:
 
 def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
     from .afxdp import rings
-    from .rc import burst
-    from .wire import fastpath
-    from .wire.fastpath import TABLES, make_template
 
     frame_size, nframes = 4096, 16
-    frames = _anon_u8(frame_size * nframes)                       # XskPort.frames / LoopPort umem
+    frames = _anon_u8(frame_size * nframes)                       # Umem.frames
     pool = rings.FramePool(nframes, frame_size)
-    t = make_template(src_mac="02:00:00:00:00:01", dst_mac="02:00:00:00:00:02", src_ip="10.0.0.1",
-                      dst_ip="10.0.0.2", sport=0xC000, dest_qp=0x11, dscp=0, ecn=2)
-    mem = np.zeros(1 << 14, np.uint8)                             # an MR's memory (memory.as_u8)
-    empty = np.zeros(1, np.uint8)                                 # engine._EMPTY
-    ext_ro = np.frombuffer(struct.pack("!QII", 0x1000, 0x1234, 64), np.uint8)   # engine.emit: bytes -> readonly
-    reth = np.frombuffer(struct.pack("!QII", 0x1000, 0x1234, 64), np.uint8)     # engine.emit_segments
-    imm = np.frombuffer(struct.pack("!I", 7), np.uint8)
-    addrs = np.empty(4, np.uint64)[:4]                            # XskPort.tx_slots: pool.alloc(n) = out[:k]
+    addrs = np.empty(4, np.uint64)[:4]                            # frames of the pool
     addrs[:] = np.arange(4, dtype=np.uint64) * np.uint64(frame_size)
-    lens = np.zeros(4096, np.uint32)                              # Engine._lens
-    rx_a, rx_l = np.zeros(2048, np.uint64), np.zeros(2048, np.uint32)   # XskPort._rx_a / _rx_l
-    st = np.zeros(6, np.int64)                                    # Responder._st
+    rx_a, rx_l = np.zeros(2048, np.uint64), np.zeros(2048, np.uint32)   # XskSocket.rx_burst's arrays
     fp, fc, _, faddrs = _ring(64, False)
     rp, rc, _, rdescs = _ring(64, True)
     tp, tc, tflags, tdescs = _ring(64, True)
     cp, cc, _, caddrs = _ring(64, False)
-    tmpl = (t.buf, t.length, t.l3_off, t.ipv6)
-    base = int(addrs[0])
 
     def e(module, name, why, *args):
         mod = importlib.import_module(module)
         return Entry(module, name, why, getattr(mod, name), args)
 
-    W, B, R = "metaroce_xdp.wire.fastpath", "metaroce_xdp.rc.burst", "metaroce_xdp.afxdp.rings"
+    R = "metaroce_xdp.afxdp.rings"
     return [
-        # wire/fastpath.py: one frame per call (ACKs, READ responses, atomics, the non-burst requester)
-        e(W, "build_frame", "Engine.emit, extension headers from bytes", TABLES, frames, base, *tmpl,
-          4, 0, 1, 5, ext_ro, len(ext_ro), mem, 0, 64),
-        e(W, "build_frame", "Engine.emit, no extension header", TABLES, frames, base, *tmpl,
-          4, 0x80, 0, 5, empty, 0, empty, 0, 0),
-        e(W, "frame_icrc_ok", "Engine._rx_frame", TABLES, frames[base:base + 128], 0, 128),
-        e(W, "frame_icrc_ok", "Engine._rx_frame, a frame from bytes (LoopPort.rx_burst: readonly)", TABLES,
-          np.frombuffer(bytes(frames[base:base + 128]), np.uint8), 0, 128),
-        # rc/burst.py: many packets per call
-        e(B, "tx_segment", "Engine.emit_segments", TABLES, frames, addrs, lens, len(addrs), *tmpl,
-          True, False, reth, imm, mem, 4096, 1024, 0, 4, 0x100, 32, False),
-        e(B, "peek_bth", "Engine._rx_raw", frames, base, 128),
-        e(B, "rx_write_run", "Responder.fast_write", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 1024,
-          mem, st),
-        e(B, "rx_skip_run", "Responder.skip_run", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 0xFFFF, 100,
-          True, st),
-        e(B, "rx_rsp_skip_run", "Completer.skip_run", TABLES, frames, rx_a[:1], rx_l[:1], 0, 1, 0x11, 0xFFFF,
-          100, 8, 100, True, st),
-        e(B, "segment_opcode", "Requester.progress (frame by frame)", True, False, 0, 4),
-        # afxdp/rings.py: the four rings and the frame pool (xsk.XskSocket, XskPort, FramePool)
+        # afxdp/rings.py: the four rings and the frame pool, called from Python by xsk.XskSocket and FramePool
+        # (socket set-up: the fill ring's prefill; tests and tools drive sockets with them).  wire/'s functions
+        # (build_frame, frame_icrc_ok, peek_bth, segment_opcode, psn_diff, the ICRC) are compiled into the
+        # plane's loops: no Python caller, no entry.
         e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),
-        e(R, "rx_burst", "XskPort.rx_burst_raw / XskSocket.rx_burst", rp, rc, rdescs, rx_a, rx_l, 64),
+        e(R, "rx_burst", "XskSocket.rx_burst", rp, rc, rdescs, rx_a, rx_l, 64),
         e(R, "tx_burst", "XskSocket.tx_burst", tp, tc, tdescs, np.zeros(4, np.uint64), np.zeros(4, np.uint32), 4),
         e(R, "comp_reap", "XskSocket.reap", cp, cc, caddrs, pool.stack, pool.top, pool.frame_mask, 64),
         e(R, "frame_alloc", "FramePool.alloc", pool.stack, pool.top, np.empty(4, np.uint64), 4),
         e(R, "frame_free", "FramePool.free", pool.stack, pool.top, addrs, len(addrs), pool.frame_mask),
-        e(R, "needs_wakeup", "rings API (engine-side jitted loops)", tflags),
-        # multi-buffer sockets (XDP_USE_SG, path MTU 4096): XskPort.sg / XskSocket(sg=True)
-        e(R, "rx_burst_sg", "XskPort.rx_burst_raw / XskSocket.rx_burst with sg", rp, rc, rdescs, frames, rx_a, rx_l,
+        e(R, "needs_wakeup", "the rings API (compiled callers)", tflags),
+        # multi-buffer sockets (XDP_USE_SG, path MTU 4096): XskSocket(sg=True)
+        e(R, "rx_burst_sg", "XskSocket.rx_burst with sg", rp, rc, rdescs, frames, rx_a, rx_l,
           pool.stack, pool.top, pool.frame_mask, np.zeros(2, np.int64), 64),
         e(R, "tx_burst_sg", "XskSocket.tx_burst with sg", tp, tc, tdescs, np.zeros(4, np.uint64),
           np.zeros(4, np.uint32), 4, 4096),
@@ -319,7 +287,7 @@ def warm_up(report: Callable[[str], None] | None = None, *, cold_notice: Callabl
     `report(line)` gets one line per entry; `cold_notice(msg)` is called once before
     compiling when the cache is cold (default: a line on stderr).  The compiled plane's
     modules compile at import: that time is counted too (`WarmupReport.import_seconds`).
-    In a sealed process (an engine has started) what this warms is sealed as well."""
+    In a sealed process (seal() was called) what this warms is sealed as well."""
     unknown = set(planes) - set(PLANES)
     if unknown:
         raise ValueError(f"unknown plane(s) {sorted(unknown)}: use {', '.join(PLANES)}")

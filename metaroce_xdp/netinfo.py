@@ -6,8 +6,11 @@ preferred source) and the MAC of that next hop from the neighbour table
 destination MAC of a frame is the next hop's, never the peer's own unless the
 peer is on-link.
 
-Neighbours: rc/xskport.py (one PathResolver per port), rc/pathwatch.py (re-resolves
-running QPs on netlink events and on local ACK timeouts)."""
+PathWatch keeps running QPs on the kernel's current path: it re-resolves them on
+netlink route/neighbour events and on local ACK timeouts.
+
+Neighbours: afxdp/port.py (one PathResolver per port), dp/context.py (_Paths: the
+compiled plane's side of PathWatch)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,15 +22,18 @@ import queue
 import select
 import socket
 import struct
+import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .verbs_types import VerbsError
+from .verbs_types import QPState, VerbsError
 
 NUD_VALID = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80   # REACHABLE STALE DELAY PROBE NOARP PERMANENT
 RTN_UNICAST, RTN_LOCAL = 1, 2
@@ -399,3 +405,105 @@ def resolve_mac(ip: str, ifname: str, timeout: float = 2.0) -> str:
     """The MAC to send frames for `ip` to: its route's next hop (the gateway, or ip itself when
     on-link), asking the kernel to resolve it if needed."""
     return resolve_next_hop(ip, ifname, timeout).mac
+
+
+# ---- keeping running QPs on the current path ------------------------------------------------------------
+
+LIVE = (QPState.RTR, QPState.RTS, QPState.SQD)
+path_log = logging.getLogger("metaroce.path")
+
+
+class PathWatch:
+    """Re-resolves running QPs' next hops.  A QP's frame template carries the next hop's MAC (the
+    gateway's when the peer is routed), and that next hop changes under running QPs: a router fails
+    over and its MAC moves, or a route is switched to another gateway.  A QP's path is re-resolved
+
+      * when the kernel reports a route or neighbour event on the interface (the resolver thread
+        follows rtnetlink), which also covers a responder-only QP whose ACKs would otherwise go to a
+        stale MAC with no timer of its own;
+      * when its local ACK timeout fires (the plane calls `recheck`), in case an event was missed.
+
+    Resolution runs on the resolver's thread and never waits for ARP/ND (it sends one probe; the
+    neighbour event that follows brings the answer back).  Results go through a queue that `apply()`
+    drains on the plane's side, so the resolver thread never takes the plane's locks.
+
+    `plane` is the compiled plane's side (dp/context.py _Paths): `qps` (qpn -> QP with state, dgid,
+    dmac, next_hop, template, path_resolves, path_changes, path_error), `stats` (path_resolves,
+    path_changes, path_errors), `build_template(qp, mac, src)` and `kick()` (results are queued)."""
+
+    def __init__(self, plane: Any, resolver: PathResolver) -> None:
+        self.plane = plane
+        self.resolver = resolver
+        self.tracked: dict[int, str] = {}          # qpn -> dgid of QPs on a resolved (not given) path
+        self.updates: deque = deque()              # (qpn, dgid, NextHop | None | NetInfoError)
+        resolver.watch(self._on_event)
+        # The resolver thread needs the GIL a few times per lookup; with the default 5 ms switch
+        # interval a busy-polling application delays a path change by tens of ms, longer than a
+        # short local ACK timeout.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+
+    # -- plane side ---------------------------------------------------------------------------------
+    def track(self, qpn: int, dgid: str) -> None:
+        self.tracked[qpn] = dgid
+
+    def recheck(self, qpn: int, dgid: str) -> None:
+        """Re-resolve one QP's path soon; never waits."""
+        self.resolver.submit(self._check, {qpn: dgid})
+
+    def apply(self) -> None:
+        """Apply resolution results: a QP whose next hop changed gets a new template.  What left
+        since the change went to the old next hop; the plane's local ACK timer resends it."""
+        pl = self.plane
+        while self.updates:
+            qpn, dgid, hop = self.updates.popleft()
+            qp = pl.qps.get(qpn)
+            if qp is None or self.tracked.get(qpn) != dgid:
+                if qp is None:
+                    self.tracked.pop(qpn, None)
+                continue
+            if qp.state not in LIVE or qp.dgid != dgid:
+                continue
+            pl.stats["path_resolves"] += 1
+            qp.path_resolves += 1
+            if hop is None:
+                continue                             # the kernel is resolving it: an event follows
+            if isinstance(hop, Exception):
+                pl.stats["path_errors"] += 1
+                qp.path_error = str(hop)
+                path_log.warning("QP %#x: path to %s: %s", qpn, dgid, hop)
+                continue
+            qp.path_error = None
+            if qp.next_hop is not None and hop.mac == qp.dmac and hop.src == qp.next_hop.src:
+                qp.next_hop = hop
+                continue
+            try:
+                template = pl.build_template(qp, hop.mac, hop.src)
+            except NetInfoError as e:
+                pl.stats["path_errors"] += 1
+                qp.path_error = str(e)
+                path_log.warning("QP %#x: %s", qpn, e)
+                continue
+            old = qp.next_hop
+            qp.template, qp.dmac, qp.next_hop = template, hop.mac, hop
+            pl.stats["path_changes"] += 1
+            qp.path_changes += 1
+            path_log.info("QP %#x: next hop to %s now %s (%s), was %s (%s)", qpn, dgid, hop.hop, hop.mac,
+                          old.hop if old else "?", old.mac if old else "?")
+
+    # -- resolver thread ----------------------------------------------------------------------------
+    def _on_event(self) -> None:
+        self._check(dict(self.tracked))             # a C-level copy: safe against the plane's writes
+
+    def _check(self, todo: dict[int, str]) -> None:
+        by_dst: dict[str, list[int]] = {}
+        for qpn, dgid in todo.items():
+            by_dst.setdefault(dgid, []).append(qpn)
+        for dgid, qpns in by_dst.items():
+            try:
+                hop: NextHop | None | NetInfoError = self.resolver.lookup(dgid)
+            except NetInfoError as e:
+                hop = e
+            for qpn in qpns:
+                self.updates.append((qpn, dgid, hop))
+        if by_dst:
+            self.plane.kick()

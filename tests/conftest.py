@@ -89,7 +89,7 @@ def _no_daemon_left(session) -> None:
         session.exitstatus = 1
 
 
-# Once an Engine has started, numba may compile nothing more in the process (jitwarm.seal).  Unit tests
+# Once a process is sealed, numba may compile nothing more in it (jitwarm.seal).  Unit tests
 # of the compiled functions themselves call them with types of their own: they carry the `compiles`
 # mark and run inside jitwarm.unsealed().
 def pytest_configure(config):
@@ -135,7 +135,7 @@ def dp_loop(_dp_loop_pairs):
 # started -- the report names the function and its argument types -- when, at that moment,
 #   * a compiled-plane Context (metaroce_xdp.dp.Context, the compat and the native profile) is open in this
 #     process: its warm-up ran inside Context.open, so nothing may compile while it can carry traffic; or
-#   * the process is sealed (jitwarm.seal: an engine has started);
+#   * the process is sealed (jitwarm.seal);
 # unless the test carries the `compiles` mark (it calls compiled functions with argument types of its own).
 # metaroced's own process is checked by its tests (tests/test_daemon_startup.py, tests/test_jit_guard.py).
 

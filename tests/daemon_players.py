@@ -224,7 +224,7 @@ class Player:
 
     def hugetlb_mr(self) -> dict:
         """Register a 2 MiB hugetlb memfd (MFD_HUGETLB, sealed) through the control socket directly."""
-        from metaroce_xdp.daemon import shm
+        from metaroce_xdp import shm
         fd = shm.create(2 << 20, "hostile-huge", hugepages=True)
         try:
             r, _ = self.ctx._call("reg_mr", [fd], pd=self.pd.handle, access=int(Access.LOCAL_WRITE), length=2 << 20)

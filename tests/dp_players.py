@@ -47,16 +47,12 @@ class Side:
 
 
 def step(side):
-    """One progress round of either engine (the compiled plane or the Python engine)."""
-    ctx = side.ctx
-    if hasattr(ctx, "plane"):
-        ctx.progress()
-    else:
-        ctx.engine.progress()
+    """One progress round of the side's compiled plane."""
+    side.ctx.progress()
 
 
 def stats(side):
-    return side.ctx.stats() if hasattr(side.ctx, "plane") else dict(side.ctx.engine.stats)
+    return side.ctx.stats()
 
 
 def drive(sides, until, timeout=10.0):
@@ -140,7 +136,7 @@ def connected(fabric, drain: bool = False):
     return a, b
 
 
-# ---- loop pairs on the compiled plane: what rc_players.loop_pair gave the Python engine ------------------------
+# ---- loop pairs on the compiled plane ---------------------------------------------------------------------------
 #
 # Two compiled-plane Contexts (no progress thread: the test drives the rounds) on a switched topology
 # (A mr0 -- switch -- B mr1), shared by every pair a test module asks for; each pair() is a fresh PD, MR, CQ and

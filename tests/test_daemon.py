@@ -302,7 +302,7 @@ def _ask(s, data: bytes, fds=()) -> dict:
 
 def test_bad_requests_get_typed_errors_and_harm_nothing(env):
     from metaroce_xdp.daemon import client as C
-    from metaroce_xdp.daemon import shm
+    from metaroce_xdp import shm
     from metaroce_xdp.verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                                           SendWR, WROpcode)
     path = env.sock("A")
@@ -414,7 +414,7 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
     its exact lkey and address, is refused (LOC_PROT_ERR), as are an unknown opcode and flags
     (LOC_QP_OP_ERR); each only moves its own QP to ERR, and the other client's memory is untouched."""
     from metaroce_xdp.daemon import client as C
-    from metaroce_xdp.daemon import shm
+    from metaroce_xdp import shm
     from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, WROpcode
     path = env.sock("A")
     c1, c2 = C.connect(path, env.pair.a.ifname), C.connect(path, env.pair.a.ifname)

@@ -59,7 +59,8 @@ def nofile():
 
 
 def test_a_qp_error_whose_event_the_full_ring_dropped_gets_its_qp_fatal(env, nofile):
-    from metaroce_xdp.daemon import client as C, shm
+    from metaroce_xdp import shm
+    from metaroce_xdp.daemon import client as C
     from metaroce_xdp.verbs_types import EventType, QPAttr, QPCap, QPState
     ctx = C.connect(env.sock("A"), env.pair.a.ifname)
     try:

@@ -229,7 +229,7 @@ def test_bad_atomic_ring_entry_fails_in_the_daemons_loop(env):
     its own QP, which goes to ERR with the reason; the client library refuses both before the ring, and an
     atomic on a QP whose connection did not agree ATOMICS (MR-CM-019)."""
     from metaroce_xdp.daemon import client as C
-    from metaroce_xdp.daemon import shm
+    from metaroce_xdp import shm
     from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPAttr, QPCap, QPState, SendWR, WCStatus,
                                           WROpcode)
     with C.connect(env.sock("A"), "mr0") as c:

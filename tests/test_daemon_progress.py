@@ -19,7 +19,8 @@ import daemon_procs
 import numpy as np
 import pytest
 
-from metaroce_xdp.daemon import client, shm
+from metaroce_xdp import shm
+from metaroce_xdp.daemon import client
 from metaroce_xdp.daemon.config import ConfigError, DaemonConfig, load_config
 from metaroce_xdp.dp import serve
 from metaroce_xdp.topo import two_hosts

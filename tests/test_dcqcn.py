@@ -5,8 +5,8 @@ endpoints (dp_loop): a switch port marks CE on A's requests (Faults(ce=...)), B'
 counts the marks and answers with CNPs (at most one per cnp_interval), A's XDP program verifies and
 counts them, A's reaction point cuts its rate; the CNP on the wire is the codec's CNP.
 
-The XDP program's header checks that the Python engine's parser mirrored (IPv4 header checksum,
-IPv6 extension headers, P_Key matching, a CNP for a QP not in RTS) are tests/test_xdp_golden.py's;
+The XDP program's header checks (IPv4 header checksum, IPv6 extension headers, P_Key matching, a CNP
+for a QP not in RTS) are tests/test_xdp_golden.py's;
 CE marking that keeps the ICRC valid is checked end to end in tests/test_dcqcn_veth.py.
 """
 from __future__ import annotations
@@ -22,10 +22,7 @@ from metaroce_xdp.verbs_types import QPState, SendFlags, SendWR, WCStatus, WROpc
 from metaroce_xdp.wire import Op, decode, encode
 from wire_players import PortTap, is_roce_v4
 
-try:                                    # the congestion parameters module (issue 20)
-    from metaroce_xdp.congestion import DcqcnParams
-except ImportError:                     # until it lands: where the compiled plane takes them today
-    from metaroce_xdp.rc.dcqcn import DcqcnParams
+from metaroce_xdp.congestion import DcqcnParams
 
 pytestmark = pytest.mark.netns
 

@@ -1,4 +1,4 @@
-"""Path re-resolution on the compiled data plane (dp/context.py _Paths, driving rc/pathwatch.PathWatch).
+"""Path re-resolution on the compiled data plane (dp/context.py _Paths, driving netinfo.PathWatch).
 
 Hosts A and B in two subnets behind one IP router (metaroce_xdp.topo.routed_hosts), both endpoints
 on the compiled plane with its progress thread running.  In the middle of a 16 MiB WRITE the

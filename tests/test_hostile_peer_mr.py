@@ -316,7 +316,7 @@ def test_daemon_refuses_a_client_sge_whose_end_wraps(daemon_a):
     lives.  (Before: addr + length wrapped, the entry was taken and the loop read the payload at that
     address: metaroced died of SIGSEGV, for every tenant.)"""
     from metaroce_xdp.daemon import client as C
-    from metaroce_xdp.daemon import shm
+    from metaroce_xdp import shm
     from metaroce_xdp.verbs_types import Access, QPCap
     env = daemon_a
     c = C.connect(env.sock("A"), env.pair.a.ifname)

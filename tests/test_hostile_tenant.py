@@ -462,7 +462,8 @@ def test_events_beyond_the_per_client_limit_are_counted_and_told(env):
     Here for real: a client fills its socket (requests, no reply read), then 24 of its QPs go to ERR (a bad
     SQ tail in each shared ring, as a client bypassing the library writes): 24 QP_FATALs for the 7 places
     beside the reply its outbox holds."""
-    from metaroce_xdp.daemon import client as C, proto, shm
+    from metaroce_xdp import shm
+    from metaroce_xdp.daemon import client as C, proto
     from metaroce_xdp.verbs_types import QPCap, QPState
     path = env.sock("A")
     ctx = C.connect(path, env.pair.a.ifname)

@@ -165,6 +165,7 @@ def test_fuzz_mutated_frames(case, flips, cut):
     pkt.to_dict()
 
 
+@pytest.mark.compiles                   # psn_diff is compiled (wire/psn.py): called here with Python ints
 def test_psn_arithmetic():
     """MR-BTH-020: PSN order modulo 2^24."""
     assert psn_add(0xFFFFFF, 1) == 0

@@ -15,7 +15,7 @@ Indices are free-running u32 counters; the slot is `index & (size - 1)`.  `size`
 always taken from the array length, so it cannot disagree with the mapping.
 
 Multi-buffer (XDP_USE_SG) variants, used only when a socket is bound with XDP_USE_SG
-(path MTU 4096: a frame spans two 4 KiB chunks; `rc/xskport.py`):
+(path MTU 4096: a frame spans two 4 KiB chunks; `port.py`):
   rx_burst_sg    reassembles a packet that came in several descriptors (XDP_PKT_CONTD)
                  into its first buffer's slot, so callers still see one contiguous frame;
   tx_burst_sg    splits a frame longer than a chunk into chained descriptors;

@@ -119,7 +119,7 @@ M_EN_SQD_ASYNC = 1 << 2
 # IBTA 10.3.1 / ib_modify_qp_is_ok: the transitions a consumer may request (RESET and ERR from anywhere).
 TRANSITIONS = {"RESET": {"INIT"}, "INIT": {"INIT", "RTR"}, "RTR": {"RTS"}, "RTS": {"RTS", "SQD"},
                "SQD": {"SQD", "RTS"}, "SQE": {"RTS"}, "ERR": set()}
-# What the reference endpoint uses when modify_qp leaves an attribute out (rc/qp.py); ibv_modify_qp
+# What the reference endpoint uses when modify_qp leaves an attribute out (dp/context.py QP); ibv_modify_qp
 # needs them for INIT -> RTR and RTR -> RTS.
 DEFAULTS = {"timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "min_rnr_timer": 12, "max_rd_atomic": 1,
             "max_dest_rd_atomic": 1}

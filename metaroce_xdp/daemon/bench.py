@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import shm
+from .. import shm
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "tools.metaroce_cli", "perf"]

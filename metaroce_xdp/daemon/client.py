@@ -39,7 +39,8 @@ import numpy as np
 from .. import cm
 from ..verbs_types import (SGE, Access, AsyncEvent, EventType, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
-from . import proto, shm
+from .. import shm
+from . import proto
 from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequest, PathInUse, PermissionDenied,
                     UnknownHandle, Unsupported)
 
@@ -187,7 +188,7 @@ class Context:
 
     @classmethod
     def open(cls, ifname: str, socket_path: str | None = None) -> "Context":
-        """As metaroce_xdp.rc.engine.Context.open, through the daemon that owns ifname."""
+        """As metaroce_xdp.dp.Context.open, through the daemon that owns ifname."""
         return connect(socket_path, ifname)
 
     # ---- memory -----------------------------------------------------------------------------------

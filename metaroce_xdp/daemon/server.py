@@ -49,7 +49,8 @@ from .. import __version__, cm
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
 from ..tunables import Tunables
 from ..tunables import load as load_tunables
-from . import caps, proto, shm
+from .. import shm
+from . import caps, proto
 from .config import ConfigError, DaemonConfig
 from .proto import DaemonError, LimitExceeded, MalformedRequest, PermissionDenied, UnknownHandle
 from .startup import LOADER_MAX_QPS, Build, StartClock, prebuild_xdp

@@ -1,10 +1,11 @@
 """The compiled data plane (issue 7): RC state in arrays, one GIL-free progress loop per port.
 
 `metaroce_xdp.dp.Context.open(ifname)` offers the README's verbs API over it; it is the endpoint
-applications get (`from metaroce_xdp import Context`), and the Python engine in metaroce_xdp.rc
-(`metaroce_xdp.rc.engine.Context`) stays as the executable oracle the tests compare it with.  layout.py: the tables; loop.py: the compiled loop;
-context.py: the control plane and verbs objects; prims.py: compiled primitives (raw memory,
-atomics, libc by name).  docs/design-dataplane.md says how they fit.
+applications get (`from metaroce_xdp import Context`) and what metaroced hosts -- the one implementation
+of the transport (scapy, the conformance suite and Linux Soft-RoCE are the independent checks).
+layout.py: the tables; loop.py: the compiled loop; ops.py: ATOMICs, SEND WITH INVALIDATE, gather lists,
+events, SQD, DCQCN; native.py: the native profile; context.py: the control plane and verbs objects;
+prims.py: compiled primitives (raw memory, atomics, libc by name).  docs/design-dataplane.md says how they fit.
 """
 from .context import CQ, MR, PD, QP, Context, Plane, Unsupported
 

@@ -35,8 +35,7 @@ from ..compchannel import CompChannelBase
 from ..tunables import Tunables
 from ..tunables import load as load_tunables
 from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType, Unsupported
-from ..rc.memory import as_u8
-from ..rc.pathwatch import PathWatch
+from ..netinfo import NetInfoError, PathWatch
 from ..verbs_types import (PATH_MTUS, SGE, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode,
                            WCStatus, WROpcode, local_ack_timeout_ns)
@@ -93,6 +92,22 @@ def _loader_for(ifname: str) -> Any:
     from ..kern.loader import XdpLoader
     ld = PREBUILT_LOADERS.pop(ifname, None)
     return ld if ld is not None else XdpLoader(max_qps=L.MAX_QPS)
+
+
+def as_u8(buf: Any) -> np.ndarray:
+    """A writable flat uint8 view over the caller's memory (numpy array, bytearray, memoryview)."""
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            raise InvalidArgument("MR memory must be C-contiguous")
+        if not buf.flags.writeable:
+            raise InvalidArgument("MR memory must be writable")
+        return buf.reshape(-1).view(np.uint8)
+    if isinstance(buf, (bytearray, memoryview)):
+        mv = memoryview(buf)
+        if mv.readonly:
+            raise InvalidArgument("MR memory must be writable (bytes is read-only: use bytearray)")
+        return np.frombuffer(mv, dtype=np.uint8)
+    raise InvalidArgument(f"MR memory must be a numpy array, bytearray or memoryview, not {type(buf).__name__}")
 
 
 # ============================================================================ the port
@@ -177,8 +192,8 @@ class Plane:
         self.rq_pool = L.RowPool(0, (ce - rq) // L.NR)
         self.ce_pool = L.RowPool(0, (cqt - ce) // L.NE)
         self.TM = np.zeros((maxq, 2 * L.TM_CNP), np.uint8)      # frame template | CNP template
-        # DCQCN (dp/ops.py): rc/dcqcn.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
-        from ..rc.dcqcn import DcqcnParams, link_rate_bps
+        # DCQCN (dp/ops.py): congestion.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
+        from ..congestion import DcqcnParams, link_rate_bps
         self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
         self.nat.set_read_rate(native.read_rate_bps(getattr(port, "ifname", None), tun.read_rate_mbps))  # MR-CC-021
         for i, name in enumerate(L.D_FIELDS):
@@ -537,7 +552,7 @@ class MR:
 
 
 class CompChannel(CompChannelBase):
-    """ibv_comp_channel, as rc.engine.CompChannel: armed CQs report their completion events here.  A
+    """ibv_comp_channel: armed CQs report their completion events here.  A
     lock of its own guards the queue; a waiter without a progress thread runs the compiled loop until
     an event (a completion event is one) or 2 ms."""
 
@@ -577,7 +592,7 @@ class CQ:
     def req_notify(self, solicited_only: bool = False) -> None:
         """ibv_req_notify_cq: one completion event for the next completion added -- with solicited_only,
         for the next solicited (SE, MR-BTH-004) or unsuccessful one.  Arming for any completion outranks
-        solicited_only until the event comes (as rxe and the Python engine)."""
+        solicited_only until the event comes (as rxe)."""
         for row, _ in self.rows:
             if int(row[L.C_ARMED]) != _NOTIFY_NEXT:
                 row[L.C_ARMED] = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
@@ -671,7 +686,7 @@ class QP:
         self._sport = 0
         self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
         self._sg_rq: deque = deque()
-        # routed paths (rc/pathwatch.py, through Context.paths): what PathWatch reads and writes
+        # routed paths (netinfo.PathWatch, through Context.paths): what PathWatch reads and writes
         self.dmac: str | None = None
         self.next_hop = None                 # netinfo.NextHop when the path was resolved, not given
         self.path_resolves = self.path_changes = 0
@@ -679,7 +694,7 @@ class QP:
         self._hop = None                     # the hop template_for resolved for the pending modify
 
     def _dcqcn_init(self) -> None:
-        """The QP's DCQCN state (F row), as rc/dcqcn.Dcqcn starts it: line rate, alpha_init, a full
+        """The QP's DCQCN state (F row) at its start: line rate, alpha_init, a full
         token bucket, timers from a fresh clock (the loop's clock, CLOCK_MONOTONIC)."""
         pl = self.ctx.plane
         p, f, now = pl.dcqcn, pl.F[self.qi], time.monotonic_ns()
@@ -693,7 +708,7 @@ class QP:
         f[L.F_NP_LAST] = -1
 
     def dcqcn_counters(self) -> dict:
-        """As rc.dcqcn.Dcqcn.counters (MR-CNP-010)."""
+        """The QP's DCQCN rate, alpha and CNP/CE counters (MR-CNP-010)."""
         f = self.ctx.plane.F[self.qi]
         return {"rate_bps": float(f[L.F_RC]), "rate_target_bps": float(f[L.F_RT]),
                 "rate_min_bps": float(f[L.F_RATE_MIN]), "alpha": float(f[L.F_ALPHA]),
@@ -836,7 +851,7 @@ class QP:
         return int(self.row[L.Q_PLANE])
 
     def _cnp_template(self, buf, l3: int, v6: bool):
-        """The QP's template for CNPs (rc/engine.send_cnp): DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
+        """The QP's template for CNPs: DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
         (MR-BTH-012); the path, UDP source port and P_Key are the QP's."""
         tb = np.array(buf, np.uint8)
         tos = (self.ctx.plane.dcqcn.cnp_dscp << 2) & 0xFC
@@ -931,7 +946,7 @@ class QP:
         received, out-of-order placements, srtt/rto/cwnd ({} for a compat QP)."""
         return self.ctx.plane.nat.counters(self.qi)
 
-    # ---- routed paths (rc/pathwatch.PathWatch.apply sets these) ------------------------
+    # ---- routed paths (netinfo.PathWatch.apply sets these) ------------------------
     @property
     def template(self) -> np.ndarray:
         """The QP's TM row: frame template | CNP template."""
@@ -943,16 +958,6 @@ class QP:
         pl = self.ctx.plane
         with pl.paused():
             pl.TM[self.qi, :] = row
-
-    class _LoopResends:
-        """PathWatch resends what went to the old next hop at once in the Python engine; here the
-        loop's own local ACK timer does (outstanding() is False so apply() leaves it alone)."""
-
-        @staticmethod
-        def outstanding() -> bool:
-            return False
-
-    requester = _LoopResends()
 
     # ---- work requests ------------------------------------------------------------------
     def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int, list]:
@@ -1177,7 +1182,7 @@ class Context:
         self._mr_tag: dict[int, int] = {}               # row -> the tag it last carried (MR-MEM-011)
         self._mr_gen = 0                                # registrations so far: the generation of M_REF
         self.closed = False
-        # routed paths: rc/pathwatch.PathWatch re-resolves running QPs' next hops on route/neighbour
+        # routed paths: netinfo.PathWatch re-resolves running QPs' next hops on route/neighbour
         # events and local ACK timeouts and rewrites their TM rows (_Paths)
         res = getattr(port, "paths", None)
         self.paths = _Paths(self, res) if res is not None else None
@@ -1186,7 +1191,7 @@ class Context:
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
              ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True,
              queues: int = 1, inproc: bool = True, tunables: Tunables | None = None) -> "Context":
-        """An endpoint on a real interface: the XDP program attached (as rc.engine.Context.open does), an
+        """An endpoint on a real interface: the XDP program attached, an
         AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads.
         queues > 1: a socket and a loop (progress thread) on each of queues queue .. queue + queues - 1,
         QPs spread over them (QP._bind_queue); the peer must run as many.  inproc=False: the caller runs the
@@ -1196,7 +1201,7 @@ class Context:
             raise InvalidArgument(f"queues {queues}: at least 1")
         from ..jitwarm import warm_up
         from ..kern.loader import XdpLoader, XdpMode, check_interface_free
-        from ..rc.xskport import XskPort
+        from ..afxdp.port import XskPort
         check_interface_free(ifname)   # XdpBusy before any compiling when another owner lives
         from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
         if inproc:
@@ -1238,7 +1243,6 @@ class Context:
     def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
         if typ == L.EV_QP_FATAL and arg == 30:
             # a WQE whose local checks failed moved the QP to ERR: its completion says so, no async event
-            # (as the Python engine's fail_unsent)
             qp = self.qps.get(qi)
             if qp is not None:
                 qp.state = QPState.ERR
@@ -1544,7 +1548,7 @@ class Context:
 
 
 class _Paths:
-    """rc/pathwatch.PathWatch drives the compiled plane's QPs through this: the engine side of it
+    """netinfo.PathWatch drives the compiled plane's QPs through this: the plane side of it
     (qps by number, stats, build_template, kick).  The resolver thread queues results and calls kick();
     kick applies them at once (the compiled loop has no Python round to do it in): a QP whose next hop
     moved gets its TM row's destination MAC rewritten while the loop is paused (QP.template)."""
@@ -1568,8 +1572,7 @@ class _Paths:
     def build_template(self, qp: QP, dmac: str, src: str | None = None) -> np.ndarray:
         """The QP's TM row with the frame and CNP templates sent to `dmac`.  The source MAC is the
         port's and the source address the endpoint's GID: a route using another source is refused, as
-        the Python engine refuses it (NetInfoError)."""
-        from ..netinfo import NetInfoError
+        (NetInfoError)."""
         if src is not None and ipaddress.ip_address(src) != ipaddress.ip_address(self.ctx.local_ip):
             raise NetInfoError(f"the route to {qp.dgid} uses source {src}, but this endpoint's address (its GID) "
                                f"is {self.ctx.local_ip}: make the route use it (ip route change <prefix> via "
@@ -1588,7 +1591,7 @@ class _Paths:
 
     def on_timeout(self) -> None:
         """The loop's local ACK timer fired on some QP: re-resolve running QPs' paths, in case a
-        route or neighbour event was missed (the Python engine does it per QP)."""
+        route or neighbour event was missed."""
         for qp in list(self.ctx.qps.values()):
             dgid = self.watch.tracked.get(qp.qp_num)
             if dgid is not None and qp.state in (QPState.RTS, QPState.SQD):

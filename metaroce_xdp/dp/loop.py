@@ -30,8 +30,8 @@ from numba import carray, njit
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from ..kern.layout import QP_STATE_DTYPE
-from ..rc.burst import peek_bth, segment_opcode
-from ..wire.fastpath import build_frame, frame_icrc_ok
+from ..wire.fastpath import build_frame, frame_icrc_ok, peek_bth, segment_opcode
+from ..wire.psn import psn_diff  # noqa: F401  (a - b in [-2^23, 2^23): the one midpoint rule; ops.py takes it from here)
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
@@ -78,15 +78,6 @@ _jit = dict(cache=True, nogil=True)
 
 
 # ============================================================================ small helpers
-@njit(**_jit)
-def psn_diff(a, b):
-    """a - b in 24-bit serial arithmetic (negative: a is before b)."""
-    d = (a - b) & PSN_MASK
-    if d >= 0x800000:
-        d -= 0x1000000
-    return d
-
-
 # local ACK timeouts that may start go-back-N in one round (the rest wait for the next rounds, a few
 # microseconds each while QPs are active): 1,000 QPs that lost packets in the same burst would
 # otherwise all retransmit in the same round, overflow the peer's fill ring again and lose the
@@ -897,7 +888,7 @@ def get_be(umem, off, nbytes):
 def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, why):
     """A NAK that ends the connection (invalid request, remote access), then ERR -- held behind the READ
     responses already queued, which go first (MR-RC-025); meanwhile no new request is taken.  The
-    coalesced ACK owed so far goes before it (rc/responder.py _nak)."""
+    coalesced ACK owed so far goes before it."""
     ack_now(A, Q, TM, umem, tables, ext, qi)
     if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
         if Q[qi, Q_FNAK_SYN] == 0:
@@ -992,7 +983,7 @@ def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
 def ack_psn(Q, qi):
     """The PSN of the coalesced ACK (MR-ACK-001): epsn - 1; but while the last requests executed were
     RDMA READs -- only duplicates can have asked for an ACK then -- r - 1, r the PSN of the first of
-    them (MR-DUP-002, rc/responder.py flush_ack, as rxe does): a requester whose READ responses were
+    them (MR-DUP-002, as rxe does): a requester whose READ responses were
     lost must not take the re-ACK for them."""
     rr = Q[qi, Q_READ_RUN]
     e = rr - 1 if rr else Q[qi, Q_EPSN]
@@ -1016,8 +1007,8 @@ def last_job_before(A, Q, qi, psn, inclusive):
 
 @njit(**_jit)
 def ack_now(A, Q, TM, umem, tables, ext, qi):
-    """The coalesced ACK owed (Q_ACK_PEND) is decided now, with the PSN (ack_psn) and MSN of now, as
-    rc/responder.py flush_ack does: sent at once -- unless READ responses or ATOMIC ACKNOWLEDGEs of
+    """The coalesced ACK owed (Q_ACK_PEND) is decided now, with the PSN (ack_psn) and MSN of now: sent at
+    once -- unless READ responses or ATOMIC ACKNOWLEDGEs of
     PSNs up to it are still queued: then it is attached to the last of those jobs and leaves right
     after its responses (read_responses), so that responses leave in PSN order (MR-RC-025); an ACK
     attached there before is replaced (coalesced, MR-ACK-003: no READ between them).  With no job
@@ -1041,8 +1032,8 @@ def ack_now(A, Q, TM, umem, tables, ext, qi):
 
 @njit(**_jit)
 def send_nak(A, Q, TM, umem, tables, ext, qi, syn, psn):
-    """A PSN sequence error NAK or an RNR NAK with PSN psn (ePSN), after the coalesced ACK owed (as
-    rc/responder.py does): sent at once, or -- when READ responses or ATOMIC ACKNOWLEDGEs of earlier PSNs
+    """A PSN sequence error NAK or an RNR NAK with PSN psn (ePSN), after the coalesced ACK owed: sent at
+    once, or -- when READ responses or ATOMIC ACKNOWLEDGEs of earlier PSNs
     are still queued -- attached to the last of those jobs and sent after its responses and its ACK
     (MR-RC-025).  A NAK attached there before stays unless this one names a later PSN (an RNR NAK and
     the sequence error NAK of the packets after it name the same ePSN: the requester goes back to it

@@ -1893,7 +1893,7 @@ def read_rate_bps(ifname: str | None, mbps: float | None = None) -> float:
     10000), else DEFAULT_READ_RATE_BPS.  Context.set_read_rate changes it for one port."""
     if mbps is not None:
         return float(mbps) * 1e6
-    from ..rc.dcqcn import link_rate_bps
+    from ..congestion import link_rate_bps
     return link_rate_bps(ifname, default=DEFAULT_READ_RATE_BPS)
 
 

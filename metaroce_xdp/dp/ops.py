@@ -1,10 +1,7 @@
 """The compiled data plane's operations beyond SEND/WRITE/READ: ATOMICs, SEND WITH INVALIDATE,
 gather/scatter lists, completion events, SQD draining and DCQCN (called from loop.py).
 
-Each behaves as the Python engine (metaroce_xdp/rc), which is the oracle:
-
-* ATOMICs (rc/requester.py, rc/responder.py `_atomic`, rc/completer.py `on_response`): the requester
-  sends the AtomicETH (VA, R_Key, swap or add data, compare data; MR-XH-011); the responder checks,
+* ATOMICs: the requester sends the AtomicETH (VA, R_Key, swap or add data, compare data; MR-XH-011); the responder checks,
   in the order of Table 3-4 (MR-NAK-014), the opcode sequence, the QP's REMOTE_ATOMIC, the R_Key
   and bounds of [VA, VA + 8) (NAK code 2) and then the 8-byte alignment (NAK invalid request,
   MR-ATOM-002, MR-ATOM-005) before it touches memory; it executes in host byte order (MR-ATOM-001,
@@ -21,7 +18,7 @@ Each behaves as the Python engine (metaroce_xdp/rc), which is the oracle:
   MR-BTH-004) disarms and hands EV_CQ_NOTIFY to Python at the completion.
 * SQD (MR-QP-013): no new WQE starts; once nothing started is outstanding, EV_SQ_DRAINED when
   en_sqd_async_notify asked for it.
-* DCQCN (rc/dcqcn.py, same parameters and rules): notification point -- a CE-marked request or
+* DCQCN (parameters in congestion.py): notification point -- a CE-marked request or
   READ RESPONSE that was accepted is counted and answered by at most one CNP per cnp_interval;
   reaction point -- the kernel's per-QP cnp_count cuts the rate, alpha decays every K, the rate
   timer T and byte counter B raise it again, and a token bucket paces the QP's packets.  The state
@@ -56,6 +53,7 @@ from .loop import ack_deadline, ack_now, send_nak  # noqa: E402  (the local ACK 
 from .loop import key_row, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
+from ..congestion import WIRE_OVERHEAD  # wire bytes of a packet besides its payload
 from ..kern.layout import QP_STATE_DTYPE
 from ..wire.fastpath import build_frame
 
@@ -210,8 +208,7 @@ def queue_atomic_ack(A, Q, qi, psn, orig):
 
 @njit(**_jit)
 def flush_ack(A, Q, TM, umem, tables, ext, qi):
-    """The coalesced ACK owed so far leaves before a response to a later request (rc/responder.py
-    flush_ack) -- behind the READ responses of earlier PSNs still queued (loop.ack_now, MR-RC-025)."""
+    """The coalesced ACK owed so far leaves before a response to a later request -- behind the READ responses of earlier PSNs still queued (loop.ack_now, MR-RC-025)."""
     ack_now(A, Q, TM, umem, tables, ext, qi)
 
 
@@ -431,9 +428,8 @@ def sqd_check(A, Q, SW, qi):
         push_event(A, EV_SQ_DRAINED, qi, 0, 0)
 
 
-# ============================================================================ DCQCN (rc/dcqcn.py)
-WIRE_OVERHEAD = 82          # rc/dcqcn.py: wire bytes of a packet besides its payload
-FRAME_TO_WIRE = 24          # ... of which a built frame (Ethernet to ICRC, no FCS) lacks: FCS 4 + preamble/IFG 20
+# ============================================================================ DCQCN (congestion.py)
+FRAME_TO_WIRE = 24          # of WIRE_OVERHEAD, what a built frame (Ethernet to ICRC, no FCS) lacks: FCS 4 + preamble/IFG 20
 _MAX_STEPS = 4096
 
 
@@ -514,7 +510,7 @@ def rp_cnps(A, Q, qi, now):
     # MR-CC-035: one reaction per cnp_interval.  A notification point sends at most one CNP per interval
     # (MR-CNP-003); more in one interval are duplicates or forged -- a CNP carries no PSN, so its only
     # check is the QPN -- and must not cut the rate once each (they did, up to 64 a round).
-    # (cnp_interval 0: each CNP reacts, up to 64 a look, as rc/dcqcn.py ReactionPoint.on_cnp)
+    # (cnp_interval 0: each CNP reacts, up to 64 a look)
     cuts = min(count, 64)
     iv = np.int64(P[D_CNP_INTERVAL_NS])
     if iv > 0:

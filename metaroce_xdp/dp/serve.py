@@ -1,7 +1,7 @@
 """metaroced's progress loop: client rings in, completions out, rounds in between -- all compiled.
 
 The daemon (metaroce_xdp/daemon/server.py) hosts one data plane per interface; each client posts
-into shared-memory rings it writes and the daemon reads (daemon/shm.py).  `dp_serve` is the
+into shared-memory rings it writes and the daemon reads (shm.py).  `dp_serve` is the
 daemon's driver thread: a GIL-free loop that, every round,
 
 * reads each client's doorbell ring (QPNs it posted to) and, every `G_SCAN_NS`, every client QP
@@ -57,7 +57,7 @@ from numba import types as nbt
 from numba.extending import intrinsic
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
-from ..daemon import shm as S
+from .. import shm as S
 from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM, E_OPCODE, E_QP_NUM, E_STATUS,
                      E_WR_ID, EV_QP_FATAL, M_ACCESS, M_ADDR, M_KEY, M_LENGTH, M_PD, M_REF, M_VALID, MAGIC, NW,
                      N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS, P_MAGIC, P_MAXQ, P_N_ACT, P_NOW,
@@ -121,7 +121,7 @@ OP_READ, OP_LAST = 4, 6         # send opcodes served: WRITE, WRITE_IMM, SEND, S
 OP_RECV = 128                   # QX_BAD_OP of a refused receive WR (its SGE is written, as a READ's or an atomic's)
 ACC_LOCAL_WRITE = 1
 
-# shared-memory layout (daemon/shm.py; jitcache re-keys this module's cache when it changes)
+# shared-memory layout (shm.py; jitcache re-keys this module's cache when it changes)
 QH_WORDS, SQE_WORDS, RQE_WORDS = S.QH_WORDS, S.SQE_WORDS, S.RQE_WORDS
 QH_SQ_TAIL, QH_SQ_HEAD, QH_RQ_TAIL, QH_RQ_HEAD = S.QH_SQ_TAIL, S.QH_SQ_HEAD, S.QH_RQ_TAIL, S.QH_RQ_HEAD
 QH_STATE, QH_ERR = S.QH_STATE, S.QH_ERR

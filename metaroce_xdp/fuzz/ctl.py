@@ -32,7 +32,8 @@ import socket
 import struct
 import time
 
-from ..daemon import proto, shm
+from .. import shm
+from ..daemon import proto
 from . import known
 from .harness import batches
 from .store import Finding

@@ -120,7 +120,7 @@ QP_STATE_FIELDS = [
     ("nak_code", "u1", "kernel"),
     ("rnr_timer", "u1", "kernel"),
     ("k_pad0", "u1", "kernel"),
-    ("ghost_acks", "<u4", "kernel"),      # MR-ACK-015 (a): rx_ghost_rsp, folded in by rc/fastack.py
+    ("ghost_acks", "<u4", "kernel"),      # MR-ACK-015 (a): ghost ACKs the XDP program dropped
     ("rtt_ns", "<u8", "kernel"),
     ("srtt_ns", "<u8", "kernel"),
     ("rttvar_ns", "<u8", "kernel"),

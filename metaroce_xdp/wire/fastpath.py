@@ -1,4 +1,6 @@
-"""Compiled frame builder and ICRC check for the data path.
+"""Compiled frame builder and ICRC check for the data path, and the two per-packet helpers the
+compiled loop shares: `segment_opcode` (which opcode packet k of a message carries) and `peek_bth`
+(opcode, destination QP and header offsets of a received frame).
 
 The data path never builds headers field by field: a QP owns a *template*
 (Ethernet [+VLAN] / IP / UDP / BTH with every per-connection field already
@@ -186,6 +188,47 @@ def frame_icrc_ok(tables, buf, off, length):
     got = (np.uint32(buf[end - 4]) | (np.uint32(buf[end - 3]) << 8)
            | (np.uint32(buf[end - 2]) << 16) | (np.uint32(buf[end - 1]) << 24))
     return crc == got
+
+
+# The SEND and WRITE opcode families (IBTA: FIRST, MIDDLE, LAST, LAST_IMM, ONLY, ONLY_IMM from a base)
+OP_SEND_FIRST, OP_WRITE_FIRST = 0, 6
+
+
+@njit(cache=True, nogil=True)
+def segment_opcode(is_write, has_imm, k, npkts):
+    """Opcode of packet k of an npkts-packet SEND or WRITE (MR-RC-003).  IBTA lays both
+    families out alike -- FIRST, MIDDLE, LAST, LAST_IMM, ONLY, ONLY_IMM from a base of
+    0 (SEND) or 6 (WRITE) -- so one rule serves both."""
+    base = OP_WRITE_FIRST if is_write else OP_SEND_FIRST
+    if npkts == 1:
+        return base + (5 if has_imm else 4)
+    if k == 0:
+        return base
+    if k == npkts - 1:
+        return base + (3 if has_imm else 2)
+    return base + 1
+
+
+@njit(cache=True, nogil=True)
+def peek_bth(umem, addr, length):
+    """(opcode, dest_qp, bth offset, ip offset) of a frame; opcode -1 when it is not IP/UDP."""
+    off = addr + 14
+    et = (np.int64(umem[addr + 12]) << 8) | umem[addr + 13]
+    if et == 0x8100:
+        et = (np.int64(umem[addr + 16]) << 8) | umem[addr + 17]
+        off += 4
+    l3 = off
+    if et == 0x0800:
+        off += 20
+    elif et == 0x86DD:
+        off += 40
+    else:
+        return -1, -1, -1, -1
+    off += 8
+    if off + 12 > addr + length:
+        return -1, -1, -1, -1
+    qpn = (np.int64(umem[off + 5]) << 16) | (np.int64(umem[off + 6]) << 8) | umem[off + 7]
+    return np.int64(umem[off]), qpn, off - addr, l3 - addr
 
 
 TABLES = CRC_TABLES

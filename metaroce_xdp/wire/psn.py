@@ -1,9 +1,20 @@
 """PSN arithmetic modulo 2^24 (MR-BTH-020: PSN is a 24-bit serial number).
 
-`a` is before `b` when (b - a) mod 2^24 lies in (0, 2^23): the same
-half-window rule as IBTA and as RFC 1982 serial numbers.
+Order (MR-BTH-020): `a` is before `b` when (b - a) mod 2^24 lies in [1, 2^23) -- `psn_lt`.
+A requester never has 2^23 PSNs outstanding (MR-BTH-021), so two PSNs of one live window are never
+2^23 apart; a peer's packet can be.
+
+`psn_diff` is the signed distance the compiled plane classifies with (dp/loop.py, dp/ops.py import
+this function: one midpoint rule).  It lies in [-2^23, 2^23): the midpoint counts as *behind*, so a
+request 2^23 away from the expected PSN is in the duplicate region [ePSN - 2^23, ePSN) and the
+out-of-sequence region is (ePSN, ePSN + 2^23) -- the same split as Linux rxe's psn_compare (the
+24-bit difference shifted into the sign bit of an s32).  It is compiled (numba) so that compiled
+callers inline it; from Python it is an ordinary function.
 """
 from __future__ import annotations
+
+from numba import njit
+from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 PSN_BITS = 24
 PSN_MOD = 1 << PSN_BITS
@@ -15,14 +26,17 @@ def psn_add(psn: int, n: int) -> int:
     return (psn + n) & PSN_MASK
 
 
-def psn_diff(a: int, b: int) -> int:
-    """Signed distance a - b in (-2^23, 2^23]."""
+@njit(cache=True, nogil=True)
+def psn_diff(a, b):
+    """Signed distance a - b in [-2^23, 2^23) (negative: a is before b, or exactly 2^23 away)."""
     d = (a - b) & PSN_MASK
-    return d - PSN_MOD if d > PSN_HALF else d
+    if d >= PSN_HALF:
+        d -= PSN_MOD
+    return d
 
 
 def psn_lt(a: int, b: int) -> bool:
-    """a is strictly before b."""
+    """a is strictly before b (MR-BTH-020)."""
     d = (b - a) & PSN_MASK
     return 0 < d < PSN_HALF
 

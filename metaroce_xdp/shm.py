@@ -17,6 +17,9 @@ The daemon never trusts a word a client can write: indexes are masked, counts bo
 entry is validated before it reaches the data plane (metaroce_xdp/dp/serve.py, the daemon's compiled loop).
 Every memfd is sealed against shrinking (F_SEAL_SHRINK), so no side can make the other's accesses
 fault by truncating it.  Only numpy and the standard library: clients import this without numba.
+It sits beside dp/ and daemon/, not in either: the daemon (daemon/server.py), its clients
+(daemon/client.py) and the compiled loop that serves them (dp/serve.py, whose machine code freezes
+these word numbers: jitcache.DEPENDS_FILES) all read it, and dp/ imports nothing from daemon/.
 """
 from __future__ import annotations
 

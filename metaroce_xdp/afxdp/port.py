@@ -1,0 +1,92 @@
+"""One AF_XDP port of the compiled plane: the interface's addresses, a UMEM, an AF_XDP socket bound
+to one RX queue, and a path resolver.  dp/context.py's Plane takes it over: the rings by address,
+the frame pool's free frames into its own stack (Plane._bind_port); from then on only the compiled
+loop moves frames.
+
+Multi-buffer (path MTU 4096).  A UMEM chunk is at most 4 KiB on this kernel, and a frame with 4096
+bytes of payload is ~4.2 KB.  When the interface's MTU carries a path MTU that one chunk cannot hold
+(MTU >= 4178 for 4096, e.g. a veth at MTU 9000), the port binds its socket with XDP_USE_SG (`sg`)
+and its UMEM pool hands out 8 KiB slots (two adjacent chunks): the loop builds each frame
+contiguously in a slot and chains or joins descriptors at the chunk boundary.  On smaller MTUs
+(1500) the port has no XDP_USE_SG and 4 KiB frames.  `multibuffer=None` decides from the MTU (what
+dp.Context.open asks for); the default False keeps the single-buffer layout.  `max_pmtu` is what the
+interface and the UMEM layout carry; QP.modify refuses larger path MTUs.
+
+Attributes the plane reads: ifname, info, mac, ip, sg, frame_limit, max_pmtu, paths (a
+netinfo.PathResolver), umem, xsk, frames, pool, ring; fileno(), close().
+
+Neighbours: afxdp/xsk.py (socket, UMEM, rings), kern/ (the XDP program and its shared maps),
+netinfo.py (addresses, MTU, next hops), dp/context.py (Context.open makes one per RX queue).
+"""
+from __future__ import annotations
+
+from ..netinfo import PathResolver, iface_info
+from ..verbs_types import PATH_MTUS
+from .xsk import Umem, XskSocket
+
+# Largest header stack a data packet carries: Ethernet + VLAN + IPv6 + UDP + BTH + RETH + ImmDt + ICRC
+MAX_OVERHEAD_L2 = 14 + 4 + 40 + 8 + 12 + 16 + 4 + 4
+MAX_OVERHEAD_L3 = MAX_OVERHEAD_L2 - 18
+
+
+def max_path_mtu(if_mtu: int, chunk: int, slot: int | None = None) -> int:
+    """Largest path MTU whose frames fit the interface's MTU and one UMEM frame of `slot`
+    bytes (a chunk; with multi-buffer, a slot of adjacent chunks)."""
+    best = 0
+    limit = chunk if slot is None else slot
+    for m in PATH_MTUS:
+        if m + MAX_OVERHEAD_L3 <= if_mtu and m + MAX_OVERHEAD_L2 <= limit:
+            best = m
+    if not best:
+        raise ValueError(f"interface MTU {if_mtu} is too small for the smallest path MTU (256)")
+    return best
+
+
+class XskPort:
+    def __init__(self, ifname: str, queue: int = 0, frame_size: int = 4096, nframes: int = 8192,
+                 ring: int = 2048, ipv6: bool = False, multibuffer: bool | None = False) -> None:
+        """multibuffer: None = XDP_USE_SG exactly when the interface's MTU carries a larger path
+        MTU than one chunk holds; True forces it on; False (the default) keeps the single-buffer
+        layout (4 KiB frames, one descriptor each), max_pmtu then at most 2048."""
+        info = iface_info(ifname)
+        self.ifname = ifname
+        self.info = info
+        self.mac = info.mac
+        addrs = info.ipv6 if ipv6 else info.ipv4
+        if not addrs:
+            raise ValueError(f"{ifname} has no {'IPv6' if ipv6 else 'IPv4'} address")
+        self.ip = addrs[0]
+        if multibuffer is None:
+            multibuffer = max_path_mtu(info.mtu, frame_size, 2 * frame_size) > max_path_mtu(info.mtu, frame_size)
+        self.sg = bool(multibuffer)
+        slot_frames = 2 if self.sg else 1
+        self.frame_limit = frame_size * slot_frames        # bytes a frame may take from its slot address
+        self.max_pmtu = max_path_mtu(info.mtu, frame_size, self.frame_limit)
+        self.paths = PathResolver(ifname)       # next hops, looked up in this (the caller's) namespace
+        try:
+            self.umem = Umem(nframes, frame_size, slot_frames=slot_frames)
+            nslots = nframes // slot_frames
+            self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
+                                 comp_size=ring, prefill=min(ring, nslots // 2), sg=self.sg)
+        except BaseException:
+            self.paths.close()
+            raise
+        self.frames = self.umem.frames
+        self.pool = self.umem.pool
+        self.ring = ring                                 # RX/TX/fill/completion ring size (frames)
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.xsk.fileno()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.paths.close()
+        self.frames = None
+        self.xsk.close()
+        self.umem.close()
+
+
+__all__ = ["MAX_OVERHEAD_L2", "MAX_OVERHEAD_L3", "XskPort", "max_path_mtu"]
