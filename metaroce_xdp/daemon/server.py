@@ -47,6 +47,8 @@ import numpy as np
 
 from .. import __version__, cm
 from ..verbs_types import (Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, ResourceError, VerbsError)
+from ..dp.reasons import Why
+from ..dp.reasons import text as reasons_text
 from ..tunables import Tunables
 from ..tunables import load as load_tunables
 from .. import shm
@@ -61,10 +63,10 @@ SCAN_EVERY_S = 0.01           # fallback scan of every QP ring (a doorbell lost 
 SERVE_SLICE_NS = 50_000_000   # dp_serve returns to Python at least this often (progress mode, stop)
 SLEEP_SLICE_NS = 20_000_000   # poll() timeout while the loop sleeps (bounds a wake-up lost to a race)
 MAX_SESSIONS = 1024           # rows of the loop's session table (clients with a device open)
-WHY_BAD_WR = 200              # Q_ERR code: the client wrote an invalid work request into its ring (dp/serve.py)
-WHY_CLIENT_GONE = 201         # Q_ERR code: the owning client exited
-WHY_DRAIN = 202               # Q_ERR code: the daemon is stopping
-WHY_ASKED = 100               # Q_ERR code: the client itself moved the QP to ERR (dp/context.py): no event owed
+# Q_ERR codes of the daemon's own (dp/reasons.py): an invalid work request in the client's ring (dp/serve.py), the
+# owning client exited, the daemon is stopping; the client itself moved the QP to ERR (no event owed)
+WHY_BAD_WR, WHY_CLIENT_GONE, WHY_DRAIN, WHY_ASKED = (Why.BAD_WORK_REQUEST, Why.CLIENT_GONE, Why.DAEMON_STOPPING,
+                                                     Why.MODIFIED_TO_ERR)
 PATH_WAIT_S = 2.0             # how long an RTR waits for its next hop's MAC (ARP/ND), on a thread of its own
 EVENT_CHECK_S = 0.5           # how often QPs in ERR without their QP_FATAL sent are looked for (Daemon._owed_events)
 CREDIT_ACTIVE_WINDOW_US = 50_000  # MR-CC-018's active_window here: a sender counts as active for 50 ms after its
@@ -1007,7 +1009,7 @@ class Daemon:
                 q.mirror_state()
                 dev.note_bad_wr(q, why)
                 self.events_recovered += 1
-                reason = q.dpqp.error_reason or dev.dpc._WHY.get(why, f"error {why}")
+                reason = q.dpqp.error_reason or reasons_text(why)
                 log.info("qpn %#x (pid %d): QP error without its event (the plane's event ring was full): %s",
                          q.dpqp.qp_num, q.sess.pid, reason)
                 self.post_event(q.sess, {"event": "QP_FATAL", "qp": q.h, "qp_num": q.dpqp.qp_num, "reason": reason})

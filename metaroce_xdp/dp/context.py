@@ -40,24 +40,11 @@ from ..verbs_types import (PATH_MTUS, SGE, Access, Busy, InvalidArgument, Invali
                            QueueFull, RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode,
                            WCStatus, WROpcode, local_ack_timeout_ns)
 from . import layout as L
+from . import reasons
+from .reasons import Why
 
 _MESSAGE_IN_PROGRESS = {L.RK_NONE: "no message in progress", L.RK_SEND: "a SEND in progress",
                         L.RK_WRITE: "a WRITE in progress"}
-_WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "RNR retries exhausted",
-        4: "bad response (reserved AETH)", 11: "the peer NAKed an invalid request",
-        12: "the peer NAKed a remote access error", 13: "the peer NAKed a remote operational error",
-        21: "invalid request: opcode out of sequence", 22: "remote access violation (key, PD, access or bounds)",
-        23: "invalid request: wrong payload length", 24: "a SEND longer than the receive buffer",
-        25: "a request this plane does not implement (ATOMIC or SEND WITH INVALIDATE)",
-        27: "invalid request: an ATOMIC the QP's access flags do not allow",
-        28: "invalid request: ATOMIC address not 8-byte aligned",
-        29: "invalid request: SEND WITH INVALIDATE of a key that cannot be invalidated",
-        5: "a local MR was deregistered under a posted work request (MR-MEM-035)",
-        26: "the receive buffer's MR was deregistered, or its SGE failed the local checks",
-        30: "a work request's SGE failed the local checks (lkey, PD, bounds, LOCAL_WRITE)",
-        31: "invalid request: an ImmDt that differs from an earlier packet of the same message",
-        32: "invalid request: a READ or WRITE the QP's access flags do not allow, or a DMA Length above 2^31",
-        100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
 _SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
@@ -770,7 +757,7 @@ class QP:
                 self._reset()
                 return
             if new == QPState.ERR:
-                self._to_err(100)
+                self._to_err(Why.MODIFIED_TO_ERR)
                 return
             if new == QPState.RTR:
                 self.dgid, self.dest_qp, self.pmtu = g["dgid"], g["dest_qp_num"], mtu
@@ -897,7 +884,7 @@ class QP:
             r[L.Q_ERR] = why
             r[L.Q_STATE] = QPState.ERR
             self._kernel_state(QPState.ERR)
-            self.error_reason = _WHY.get(why, str(why))
+            self.error_reason = reasons.text(why)
         self.state = QPState.ERR
         self.ctx.plane.mark_ready(self.qi)          # the loop flushes the queues
 
@@ -1241,12 +1228,12 @@ class Context:
 
     # ---- events -------------------------------------------------------------------------
     def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
-        if typ == L.EV_QP_FATAL and arg == 30:
+        if typ == L.EV_QP_FATAL and arg == Why.SGE_LOCAL_CHECK:
             # a WQE whose local checks failed moved the QP to ERR: its completion says so, no async event
             qp = self.qps.get(qi)
             if qp is not None:
                 qp.state = QPState.ERR
-                qp.error_reason = _WHY[30]
+                qp.error_reason = reasons.text(Why.SGE_LOCAL_CHECK)
                 if qp.installed:
                     self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
             return
@@ -1271,7 +1258,7 @@ class Context:
             for qp in list(self.qps.values()):             # every QP using it moves to ERR (MR-QP-036)
                 if (qp.send_cq is cq or qp.recv_cq is cq) and qp.query_state() != QPState.ERR:
                     with self.plane.paused():
-                        qp._to_err(1)
+                        qp._to_err(Why.CQ_OVERFLOW)
                     self.async_events.put(AsyncEvent(EventType.QP_FATAL, qp=qp, reason="its CQ overflowed"))
             return
         qp = self.qps.get(qi)
@@ -1284,10 +1271,11 @@ class Context:
         self.async_events.put(AsyncEvent(_EV_TYPE.get(typ, EventType.QP_FATAL), qp=qp, reason=why))
 
     def _invalid_why(self, qi: int, why: int) -> str:
-        """The reason text of code `why`; for an invalid request the responder NAKed (21, 23), what the
+        """The reason text of code `why`; for an invalid request the responder NAKed (opcode sequence, payload
+        length), what the
         packet was (dp/loop.py note_invalid): the other end is told what it sent."""
-        text = _WHY.get(why, f"code {why}")
-        if why not in (21, 23):
+        text = reasons.text(why)
+        if why not in (Why.OPCODE_SEQUENCE, Why.PAYLOAD_LENGTH):
             return text
         for p in self.plane.group:
             A = p.A

@@ -36,6 +36,10 @@ from .layout import *  # noqa: F401,F403  (column numbers are compile-time const
 from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
+from .reasons import (WHY_ACCESS_OR_DMA_LENGTH, WHY_BAD_RESPONSE, WHY_CQ_OVERFLOW, WHY_INVALIDATE_REFUSED,
+                      WHY_LOCAL_MR_DEREGISTERED, WHY_OPCODE_SEQUENCE, WHY_PAYLOAD_LENGTH, WHY_PEER_NAK,
+                      WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED,
+                      WHY_SEND_TOO_LONG, WHY_SGE_LOCAL_CHECK)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
                     ld_acq_i64, ld_acq_u8, ld_acq_u32, ld_acq_u64, ptr_u8, ptr_u64, st_rel_i64, st_rel_u8,
                     st_rel_u32, st_rel_u64)
@@ -423,7 +427,7 @@ def complete_head(A, Q, SW, CQT, CE, qi, status):
     if status != S_OK or (SW[r, W_FLAGS] & F_SIGNALED) or Q[qi, Q_SIG_ALL]:
         if not push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, SW[r, W_WR_ID], status, wc_of(SW[r, W_OPCODE]),
                         SW[r, W_LENGTH] if status == S_OK else 0, 0, 0):
-            qp_error(A, Q, SW, CQT, CE, qi, -1, EV_QP_FATAL, 1)
+            qp_error(A, Q, SW, CQT, CE, qi, -1, EV_QP_FATAL, WHY_CQ_OVERFLOW)
             return
     Q[qi, Q_SQ_HEAD] += 1
     if Q[qi, Q_SQ_NEXT] - Q[qi, Q_SQ_HEAD] < 0:
@@ -605,7 +609,7 @@ def kernel_acks(A, Q, SW, CQT, CE, qi, now):
         A[P_RNR_SEEN] += 1
         advance(A, Q, SW, CQT, CE, qi, rnr_psn, now)
         if Q[qi, Q_RNR_LEFT] == 0:
-            qp_error(A, Q, SW, CQT, CE, qi, S_RNR_EXC, EV_QP_FATAL, 3)
+            qp_error(A, Q, SW, CQT, CE, qi, S_RNR_EXC, EV_QP_FATAL, WHY_RNR_RETRY_EXHAUSTED)
         else:
             if Q[qi, Q_RNR_RETRY] != 7:               # 7: retry for ever
                 Q[qi, Q_RNR_LEFT] -= 1
@@ -644,7 +648,7 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
     code = Q[qi, Q_NERR_CODE]
     Q[qi, Q_NERR_PSN] = 0
     st = S_REM_INV_REQ if code == 1 else (S_REM_ACCESS if code == 2 else S_REM_OP)
-    qp_error(A, Q, SW, CQT, CE, qi, st, EV_QP_FATAL, 10 + code)
+    qp_error(A, Q, SW, CQT, CE, qi, st, EV_QP_FATAL, WHY_PEER_NAK + code)
 
 
 @njit(**_jit)
@@ -692,7 +696,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             # LOC_PROT_ERR once it is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5     # round_ fails it (qp_error), the why code
+                Q[qi, Q_LOCERR] = WHY_SGE_LOCAL_CHECK if lmr == MR_BAD else WHY_LOCAL_MR_DEREGISTERED   # round_ fails it (qp_error)
             break
         if SW[r, W_STARTED] == 0:
             if rd_atomic(op) and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
@@ -862,7 +866,7 @@ def timers(A, Q, SW, CQT, CE, qi, now, to_left, cut):
     A[P_LAST_TO_HEAD], A[P_LAST_TO_NEXT], A[P_LAST_TO_TAIL] = Q[qi, Q_SQ_HEAD], Q[qi, Q_SQ_NEXT], \
         ld_acq_i64(Q[qi], Q_SQ_TAIL)
     if Q[qi, Q_RETRY_LEFT] <= 0:
-        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, WHY_RETRY_EXHAUSTED)
         return 0
     Q[qi, Q_RETRY_LEFT] -= 1
     # go back N with a window of one packet (AckReq), doubled per advancing ACK (advance): a timeout
@@ -1082,7 +1086,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             abandon_replays(A, Q, qi, psn)
             if push_read_job(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen) < 0:
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
-                                EV_QP_ACCESS_ERR, 22)
+                                EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
         else:
             Q[qi, Q_ACK_PEND] = 1
         return
@@ -1096,19 +1100,19 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     if op == OP_READ_REQ:
         if kind != RK_NONE:
             note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
             return
         dlen = get_be(umem, hdr + 12, 4)
         if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
             # a READ the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
             return
         # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
         # it leaves before the READ's responses (MR-RC-025, MR-ACK-001)
         ack_now(A, Q, TM, umem, tables, ext, qi)
         k = push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4), dlen)
         if k < 0:
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         if k == 0:
             return
@@ -1127,7 +1131,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
     if kind != want:
         note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
     pay = hdr
     va = np.int64(0)
@@ -1145,7 +1149,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
         note_invalid(A, Q, qi, op, psn, plen)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
         return
     src = A[P_UMEM_ADDR] + pay
     if has_imm or (not is_write and first):
@@ -1165,7 +1169,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn, EV_QP_FATAL, 26)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn, EV_QP_FATAL, WHY_RECV_MR_INVALID)
             return
         if Q[qi, Q_R_TOTAL] + plen > RW[r, R_LENGTH]:
             # the message is longer than the receive buffer: the RECV fails, the requester gets
@@ -1173,14 +1177,14 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_LEN, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 24)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_SEND_TOO_LONG)
             return
         if inv and inv_ok(MRT, imm, Q[qi, Q_PD]) < 0:
             # the IETH names no valid, remotely invalidatable MR of the QP's PD (MR-MEM-041, MR-NAK-006 (h))
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_REM_INV_REQ, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 29)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_INVALIDATE_REFUSED)
             return
         if plen:
             place(A, RW[r, R_LADDR], RW[r, R_SG], RW[r, R_NSGE], Q[qi, Q_R_TOTAL], src, plen)
@@ -1199,14 +1203,14 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         if first:
             if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
                 # a WRITE the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
-                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
                 return
             mr = 0
             if dlen > 0:
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_WRITE)
                 if mr < 0:
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
-                                    EV_QP_ACCESS_ERR, 22)
+                                    EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                     return
                 if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, dlen):
                     return                           # earlier READ responses first (MR-RC-025): retransmitted
@@ -1217,11 +1221,11 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_R_KIND] = RK_WRITE
         elif Q[qi, Q_R_MR] and not mr_live(MRT, Q[qi, Q_R_MR]):
             # its MR deregistered meanwhile, or its row registered again (MR-MEM-033, MR-SEC-003)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
             note_invalid(A, Q, qi, op, psn, plen)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
             return
         if plen:
             c_memcpy(Q[qi, Q_R_ADDR], src, plen)
@@ -1263,7 +1267,7 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
             if A[j + J_MR] and not mr_live(MRT, A[j + J_MR]):      # MR-MEM-033, MR-SEC-003: NAK the READ's PSN
                 Q[qi, Q_RD_HEAD] = Q[qi, Q_RD_TAIL]
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS,
-                                A[j + J_PSN], EV_QP_ACCESS_ERR, 22)
+                                A[j + J_PSN], EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                 return n
             if npk == 1:
                 op = OP_RSP_ONLY
@@ -1347,7 +1351,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         return
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
-        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035: never placed
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)   # MR-MEM-035: never placed
         return
     if plen:
         place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], k * pmtu, A[P_UMEM_ADDR] + pay, plen)
@@ -1419,7 +1423,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     elif op == OP_ACK:
         # only ACKNOWLEDGEs the kernel could not judge come here: a bad AETH (MR-XH-008, MR-NAK-012)
         if st == ST_RTS or st == ST_SQD:
-            qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
+            qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
     elif op == OP_CAS or op == OP_FAA:
         if (st != ST_RTR and st != ST_RTS and st != ST_SQD) or Q[qi, Q_FNAK_SYN]:
             A[P_RX_DROP_STATE] += 1

@@ -52,6 +52,9 @@ from ..native.rdpace import (NRP, RP_C_PACED, RP_C_SHARED, RP_C_WAIT, RP_PEND, R
                              rpace_may_send, rpace_on_sent, rpace_pending)
 from .layout import *  # noqa: F401,F403,E402
 from .layout import N_P, NM, PSN_MASK, PSN_NONE  # noqa: E402
+from .reasons import (WHY_IMMDT_DIFFERS, WHY_LOCAL_MR_DEREGISTERED, WHY_OPCODE_SEQUENCE, WHY_RECV_MR_INVALID,
+                      WHY_REMOTE_ACCESS, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED, WHY_SEND_TOO_LONG,
+                      WHY_SGE_LOCAL_CHECK)
 from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, S_LOC_LEN, S_LOC_PROT,  # noqa: E402
                    S_OK, S_RETRY_EXC, S_RNR_EXC, ST_RTR, ST_RTS, ST_SQD, ST_SQE, ST_ERR, WC_RECV, WC_RECV_IMM,
                    WR_SEND, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, F_SOLICITED, WCF_IMM, AETH_ACK_SYN, NAK_INV_REQ,
@@ -144,7 +147,6 @@ X_FL_KEY = NNX - 1           # the QP's flow label key (MR-MP-016, NativeSlots.s
 assert len(NX_FIELDS) < X_FL_KEY
 NSBX = 4                     # send queue index, packet index k, the message's MSN and RSN
 NRMX = 4                     # message length, immediate, flags (1 imm, 2 solicited, 4 WRITE_IMM), first ImmDt
-WHY_IMM = 31                 # qp_error's why: an ImmDt that differs within a message (MR-OOO-011)
 
 # READ and atomics (MR-OOO-016..028).  Requester row per outstanding READ request message or atomic:
 RQ_FIELDS = "kind psn n msn wi k0 blen got lo hi gap_ts rr_ts acked_ts req_ts seq".split()
@@ -464,7 +466,7 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             if nxt == Q[qi, Q_SQ_HEAD]:              # MR-MEM-035, as the compat requester
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5
+                Q[qi, Q_LOCERR] = WHY_SGE_LOCAL_CHECK if lmr == MR_BAD else WHY_LOCAL_MR_DEREGISTERED
             break
         if SW[r, W_STARTED] == 0:
             if Q[qi, Q_STATE] == ST_SQD:
@@ -525,7 +527,7 @@ def nat_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
     act = a >> 32
     p = a & 0xFFFFFFFF
     if act == ACT_FAIL:
-        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, WHY_RETRY_EXHAUSTED)
         return 0
     if act == ACT_RTO:
         nx[X_C_RTO] += 1
@@ -576,7 +578,7 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
             r = sq_row(Q, qi, A[j])
             starts = 1 if SW[r, W_OPCODE] != WR_WRITE else 0
         if tx_on_rnr_nak(s, sb, pt, par, psn, syn, starts, tsecr, flags, ce_count, credit, now) == -2:
-            qp_error(A, Q, SW, CQT, CE, qi, S_RNR_EXC, EV_QP_FATAL, 3)
+            qp_error(A, Q, SW, CQT, CE, qi, S_RNR_EXC, EV_QP_FATAL, WHY_RNR_RETRY_EXHAUSTED)
             return
     elif typ == 3:
         if syn == 0x60 or syn == 0x64:               # MR-SACK-033: never sent on a native QP: discarded, counted
@@ -734,12 +736,12 @@ def nat_nak_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why)
     """The error found on request PSN psn, now the ePSN: the receive WQE of a SEND that did not fit its
     buffer (why 24) or whose buffer failed the local checks (why 26) completes with the error -- it is the
     oldest one left, every earlier message having completed -- then the NAK-type SACK and ERR."""
-    if (why == 24 or why == 26) and Q[qi, Q_RQ_HEAD] != ld_acq_i64(Q[qi], Q_RQ_TAIL):
+    if (why == WHY_SEND_TOO_LONG or why == WHY_RECV_MR_INVALID) and Q[qi, Q_RQ_HEAD] != ld_acq_i64(Q[qi], Q_RQ_TAIL):
         rr = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
-        push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[rr, R_WR_ID], S_LOC_LEN if why == 24 else S_LOC_PROT,
+        push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[rr, R_WR_ID], S_LOC_LEN if why == WHY_SEND_TOO_LONG else S_LOC_PROT,
                  WC_RECV, 0, 0, 0)
         Q[qi, Q_RQ_HEAD] += 1
-    ev = EV_QP_ACCESS_ERR if why == 22 else (EV_QP_FATAL if why == 26 else EV_QP_REQ_ERR)
+    ev = EV_QP_ACCESS_ERR if why == WHY_REMOTE_ACCESS else (EV_QP_FATAL if why == WHY_RECV_MR_INVALID else EV_QP_REQ_ERR)
     nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, syn, psn, ev, why)
 
 
@@ -896,7 +898,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             A[xi] = imm                              # the message's ImmDt, as its first packet taken says
         elif has_imm and A[xi] != imm and d < par[NL.P_W] and not rx_recorded(rx, par, psn):
             nx[X_C_IMM_INV] += 1                     # MR-OOO-011: check 5, invalid request (MR-SACK-031)
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMM)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMMDT_DIFFERS)
             activate(A, Q, qi)
             return
     src = A[P_UMEM_ADDR] + h
@@ -905,7 +907,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         # a VA >= 2^63 (negative here) is refused before the offset is added to it (STYLE 14, MR-SEC-004)
         mr = mr_check(MRT, rkey, Q[qi, Q_PD], va + off, plen, ACC_REMOTE_WRITE) if va >= 0 else np.int64(-1)
         if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, 22)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS)
             activate(A, Q, qi)
             return
     rr = np.int64(0)
@@ -913,12 +915,12 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         rr = Q[qi, Q_RQ_BASE] + ((Q[qi, Q_RQ_HEAD] + kq) & (Q[qi, Q_RQ_SIZE] - 1))
         if not is_write and off + plen > RW[rr, R_LENGTH]:
             # longer than the receive buffer (MR-RC-017): the RECV fails, invalid request
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, 24)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_SEND_TOO_LONG)
             activate(A, Q, qi)
             return
         if not is_write and plen and ((RW[rr, R_LMR] and not mr_live_a(A, RW[rr, R_LMR]))
                                       or not sg_valid(A, RW[rr, R_SG], RW[rr, R_NSGE])):
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, 0x63, psn, 26)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, 0x63, psn, WHY_RECV_MR_INVALID)
             activate(A, Q, qi)
             return
     res = rx_on_packet(rx, par, psn, ackreq, ce, 1, tsval, sport, now)
@@ -1209,7 +1211,7 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, ce, now)
     r = sq_row(Q, qi, A[e + RQ_WI])
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
-        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)     # MR-MEM-035: never placed
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)     # MR-MEM-035: never placed
         return
     if plen:
         place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], A[e + RQ_K0] * pmtu + off, A[P_UMEM_ADDR] + pay, plen)
@@ -1275,7 +1277,7 @@ def nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
     r = sq_row(Q, qi, A[e + RQ_WI])
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
-        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)
         return
     orig = get_be(umem, bo + 16, 8)
     ext = nat_ext(A)
@@ -1414,7 +1416,7 @@ def nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
     nx[X_RD_RTO] = min(2 * wait, par[NL.P_RTO_MAX])
     s[NL.S_RETRY_COUNT] += 1                         # MR-LOSS-013 -> MR-LOSS-007
     if s[NL.S_RETRY_COUNT] > par[NL.P_RETRY_CNT]:
-        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, 2)      # MR-LOSS-009
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, WHY_RETRY_EXHAUSTED)      # MR-LOSS-009
         return sent
     rto = 2 * s[NL.S_RTO]
     s[NL.S_RTO] = rto if rto < par[NL.P_RTO_MAX] else par[NL.P_RTO_MAX]
@@ -1495,7 +1497,7 @@ def nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b):
             if A[x + RS_LEN] > 0:
                 mr = mr_check(MRT, A[x + RS_RKEY], Q[qi, Q_PD], A[x + RS_VA], A[x + RS_LEN], ACC_REMOTE_READ)
                 if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
-                    nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+                    nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                     return
             nat_job(A, nx, b, K_READ, psn, 0, A[x + RS_N], A[x + RS_MSN], A[x + RS_VA], A[x + RS_LEN], mr, 0, 0, 0,
                     0)
@@ -1671,7 +1673,7 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
         A[P_RX_DUP] += 1
         syn = nat_rd_dup(A, Q, MRT, qi, b, is_read, op, psn, va, rkey, dlen, msn, off, mlen, swap, cmp)
         if syn:
-            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, syn, psn, EV_QP_ACCESS_ERR, 22)
+            nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, syn, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         nat_rd_send(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, 1)
         nat_send_sack(A, Q, TM, umem, tables, qi, b, AETH_ACK_SYN, -1)
@@ -1689,11 +1691,11 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
         npk = max(1, (dlen + pmtu - 1) // pmtu)
         if off != 0 or mlen != dlen or d + npk > par[NL.P_W]:
             # check 4 (a READ that is not a copy has offset 0), check 7 (the range ends inside the window)
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, 21)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_OPCODE_SEQUENCE)
             return
         if dlen > 0 and (mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ) < 0 or
                          (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0):
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, 22)
+            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS)
             return
     else:
         err = atomic_check(Q, MRT, qi, va, rkey)
@@ -1777,7 +1779,7 @@ def nat_rd_jobs(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
             if A[x + JB_MR] and not mr_live(MRT, A[x + JB_MR]):     # deregistered or re-registered: MR-SEC-003
                 nx[X_JB_HEAD] = nx[X_JB_TAIL]
                 nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, A[x + JB_PSN0],
-                         EV_QP_ACCESS_ERR, 22)
+                         EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                 return n
             i = A[x + JB_I]
             off = i * pmtu

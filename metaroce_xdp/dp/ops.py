@@ -44,6 +44,8 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 from .layout import *  # noqa: F401,F403
 from .layout import (ACC_REMOTE_INV, G_ADDR, G_LENGTH, G_MR, MAX_RD, NAT, NEVF, NF, NG, NJ, NM, PSN_MASK, RK_NONE,
                      SG_ROWS, TM_CNP)
+from .reasons import (WHY_ATOMIC_NOT_ALLOWED, WHY_ATOMIC_UNALIGNED, WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED,
+                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS)
 from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ACK, S_BAD_RESP,
                    S_LOC_PROT, S_OK, ST_ERR, ST_RTR, ST_SQD, advance, complete_head, emit, frame_alloc, get_be, ks_addr,
                    mr_check, read_responses, tx_push,
@@ -242,10 +244,10 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
                 return
         return                                       # too old to be remembered: dropped (MR-DUP-005)
     if Q[qi, Q_R_KIND] != RK_NONE:                   # inside a SEND or WRITE (MR-RC-016)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
     if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:   # the QP does not allow ATOMICs at all (MR-RC-017)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 27)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
         return
     if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
         return                                       # beyond max_dest_rd_atomic: dropped, retried
@@ -255,10 +257,10 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
     cmp = get_be(umem, hdr + 20, 8)
     # R_Key, PD, access and bounds of [VA, VA + 8) first, then the alignment (Table 3-4, MR-ATOM-005)
     if mr_check(MRT, rkey, Q[qi, Q_PD], va, 8, ACC_REMOTE_ATOMIC) < 0:
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
         return
     if va & 7:                                       # MR-ATOM-002: NAK, memory untouched
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 28)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_UNALIGNED)
         return
     if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, 8):
         return                                       # earlier READ responses first (MR-RC-025, MR-ATOM-009)
@@ -336,7 +338,7 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
         rsp_gap(A, Q, SW, qi)
         return
     if SW[r, W_OPCODE] != WR_CAS and SW[r, W_OPCODE] != WR_FAA:
-        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)     # MR-NAK-012
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)     # MR-NAK-012
         return
     if psn != comp:
         advance(A, Q, SW, CQT, CE, qi, psn, now)     # the response acknowledges what is before it
@@ -344,11 +346,11 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
             A[P_RX_RSP_STALE] += 1
             return
     if (umem[b + 12] & 0xE0) != 0:                   # an AETH that is not an ACK (MR-NAK-012)
-        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
         return
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
-        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, 5)   # MR-MEM-035, MR-SEC-003: never placed
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)   # MR-MEM-035, MR-SEC-003: never placed
         return
     orig = get_be(umem, b + 16, 8)
     for k in range(8):                               # host (little-endian) order

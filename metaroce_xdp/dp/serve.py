@@ -66,6 +66,7 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
                      Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL, Q_STATE, R_LADDR, R_LENGTH, R_LMR, R_WR_ID, NR, W_FLAGS,
                      W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
+from .reasons import WHY_BAD_WORK_REQUEST
 from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
                    round_, views, wc_of)
 from .loop import in_mr, key_row      # MR-MEM-024 bounds without overflow, the one key decoder
@@ -113,7 +114,7 @@ T_TAKE, T_RX, T_RXP, T_TX, T_CQE = 1, 2, 3, 4, 5   # ring entries taken (time: b
                                     # placed, packets received, frame bytes sent (after the round's kick); CQEs delivered
 
 MAX_PUMP_PER_QP = 1024      # entries taken from one client ring per visit
-WHY_BAD_WR = 200            # Q_ERR code: the client wrote an invalid work request into its ring
+WHY_BAD_WR = WHY_BAD_WORK_REQUEST   # Q_ERR code: the client wrote an invalid work request into its ring
 
 # bad entry codes (QX_BAD); Python turns them into the QP_FATAL message (server.Device.bad_wr_text)
 BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE, BAD_ATOMIC = 1, 2, 3, 4, 5, 6, 7, 8
