@@ -1311,7 +1311,7 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
 
 
 @njit(**_jit)
-def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
+def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
     """A READ RESPONSE: placed when it is the PSN the completer waits for; stale ones are counted
     and dropped; a gap (a lost response) sends the READ again for the rest (go back N)."""
     comp = Q[qi, Q_COMP_PSN]
@@ -1319,8 +1319,12 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
         A[P_RX_RSP_STALE] += 1
         return
     r = rsp_wqe(Q, SW, qi, psn)
-    if r < 0 or SW[r, W_OPCODE] != WR_READ:
+    if r < 0:
         rsp_gap(A, Q, SW, qi)                        # a lost response: the READ goes again for the rest
+        return
+    if SW[r, W_OPCODE] != WR_READ:
+        # MR-NAK-012: "an RDMA READ RESPONSE when the WQE at comp_psn is not an RDMA READ" is a bad response
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
         return
     k = psn_diff(psn, SW[r, W_FIRST_PSN])
     if psn != comp:
@@ -1336,23 +1340,26 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
             A[P_RX_RSP_STALE] += 1
             return
     npsn = SW[r, W_NPSN]
-    # the last PSN of the READ comes as LAST or ONLY, the others as FIRST or MIDDLE; a request for the
-    # rest of a READ (after a lost response) is answered from FIRST (or ONLY) at the PSN it asked for
-    if k == npsn - 1:
-        ok_op = op == OP_RSP_LAST or op == OP_RSP_ONLY
+    # MR-NAK-012: READ RESPONSE opcodes out of sequence are a bad response.  The last PSN of the READ
+    # comes as LAST or ONLY, the others as FIRST or MIDDLE; a FIRST or ONLY only where a stream starts:
+    # the READ's first PSN or the PSN the requester last asked the rest from (W_STATUS, MR-RETRY-008),
+    # where a MIDDLE or LAST continuing the old stream is accepted too (MR-DUP-003); a MIDDLE or LAST
+    # at a PSN after the first follows the response just placed (responses are placed at comp_psn only)
+    last_k = k == npsn - 1
+    if op == OP_RSP_FIRST or op == OP_RSP_ONLY:
+        ok_op = (k == 0 or k == SW[r, W_STATUS]) and (op == OP_RSP_ONLY) == last_k
     else:
-        ok_op = op == OP_RSP_FIRST or op == OP_RSP_MIDDLE
-    if not ok_op or (k == 0 and op != OP_RSP_FIRST and op != OP_RSP_ONLY):
-        A[P_RX_DROP_OP] += 1
-        return
+        ok_op = k != 0 and (op == OP_RSP_LAST) == last_k
+    # MR-NAK-012: a READ RESPONSE FIRST, LAST or ONLY "whose AETH is not of type ACK" (bit 7, NAK, RNR
+    # NAK, type 10) and "READ RESPONSE payloads that do not match the requested length" are bad too
     pay = b + 12 + (0 if op == OP_RSP_MIDDLE else 4)
     plen = end - pad - pay
     pmtu = Q[qi, Q_PMTU]
     expect = min(pmtu, SW[r, W_LENGTH] - k * pmtu)
     if expect < 0:
         expect = 0
-    if plen != expect:
-        A[P_RX_DROP_LEN] += 1
+    if not ok_op or (op != OP_RSP_MIDDLE and (umem[b + 12] & 0xE0) != 0) or plen != expect:
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, 4)
         return
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
@@ -1421,7 +1428,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
         if st != ST_RTS and st != ST_SQD and st != ST_SQE:
             A[P_RX_DROP_STATE] += 1
             return
-        completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now)
+        completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now)
         activate(A, Q, qi)
         if ce_marked(umem, l3):
             np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
