@@ -56,6 +56,9 @@ _WHY = {1: "its CQ overflowed", 2: "retries exhausted (local ACK timeout)", 3: "
         30: "a work request's SGE failed the local checks (lkey, PD, bounds, LOCAL_WRITE)",
         31: "invalid request: an ImmDt that differs from an earlier packet of the same message",
         32: "invalid request: a READ or WRITE the QP's access flags do not allow, or a DMA Length above 2^31",
+        33: "a work request's SGEs add up to more than 2^31 bytes (MR-RC-008)",
+        34: "a READ or ATOMIC on a QP whose max_rd_atomic is 0 (MR-RC-009)",
+        35: "invalid request: a READ or ATOMIC beyond the responder resources (max_dest_rd_atomic, MR-DUP-007)",
         100: "moved to ERR by modify", 101: "destroyed"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
@@ -780,8 +783,8 @@ class QP:
                     r[L.Q_RETRY_CNT] = r[L.Q_RETRY_LEFT] = min(7, g.get("retry_cnt", 7))
                 if "rnr_retry" in g or cur == QPState.RTR:
                     r[L.Q_RNR_RETRY] = r[L.Q_RNR_LEFT] = min(7, g.get("rnr_retry", 7))
-                if "max_rd_atomic" in g:
-                    r[L.Q_MAX_RD] = max(1, min(L.MAX_RD, g["max_rd_atomic"]))
+                if "max_rd_atomic" in g:          # 0: a READ or ATOMIC fails LOC_QP_OP_ERR (MR-RC-009)
+                    r[L.Q_MAX_RD] = max(0, min(L.MAX_RD, g["max_rd_atomic"]))
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
                     if self.profile == "native":
@@ -950,7 +953,7 @@ class QP:
         for s in sg_list:
             if s.length == 0:
                 continue
-            if s.length < 0 or s.length >= 1 << 31:
+            if s.length < 0 or s.length >= 1 << 32:              # an ibv_sge's length is a uint32_t
                 raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
             mr = self.ctx.mrs.get(L.key_slot(s.lkey))
             if (mr is None or mr.lkey != s.lkey or not mr.valid or not MRT[mr.index, L.M_VALID]
@@ -960,8 +963,12 @@ class QP:
                 continue
             pieces.append((s.addr, s.length, mr.ref))      # the reference, checked on each use (MR-SEC-003)
         total = sum(s.length for s in sg_list if s.length > 0)
-        if total >= 1 << 31:
+        if what == "RECV" and total >= 1 << 31:
             raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
+        if total > 1 << 31 and not bad:
+            # MR-RC-008: a message of more than 2^31 bytes "MUST complete with IBV_WC_LOC_LEN_ERR without
+            # sending any packet": accepted, and failed by the loop when it is the oldest (dp/loop.py loc_why)
+            return 0, total, L.MR_LEN, []
         if bad:
             # an lkey, PD, bound or LOCAL_WRITE check failed (MR-MEM-020): accepted, and reported by a
             # completion, not here (MR-RC-022): a send WQE fails LOC_PROT_ERR when it is the oldest, nothing

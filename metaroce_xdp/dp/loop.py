@@ -33,7 +33,7 @@ from ..kern.layout import QP_STATE_DTYPE
 from ..rc.burst import peek_bth, segment_opcode
 from ..wire.fastpath import build_frame, frame_icrc_ok
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
-from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
+from .layout import (ACKREQ_EVERY, MR_BAD, MR_LEN, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
@@ -60,7 +60,8 @@ ST_RESET, ST_INIT, ST_RTR, ST_RTS, ST_SQD, ST_SQE, ST_ERR = 0, 1, 2, 3, 4, 5, 6
 WR_WRITE, WR_WRITE_IMM, WR_SEND, WR_SEND_IMM, WR_READ = 0, 1, 2, 3, 4
 WC_SEND, WC_WRITE, WC_READ, WC_RECV, WC_RECV_IMM = 0, 1, 2, 128, 129
 S_OK, S_LOC_LEN, S_LOC_QP_OP, S_LOC_PROT, S_FLUSH, S_BAD_RESP = 0, 1, 2, 4, 5, 7
-S_REM_INV_REQ, S_REM_ACCESS, S_REM_OP, S_RETRY_EXC, S_RNR_EXC = 9, 10, 11, 12, 13
+S_LOC_ACCESS, S_REM_INV_REQ, S_REM_ACCESS, S_REM_OP, S_RETRY_EXC, S_RNR_EXC = 8, 9, 10, 11, 12, 13
+WHY_LOC_LEN, WHY_RD_ATOMIC_0 = 33, 34   # why codes (dp/context.py _WHY) of local errors: MR-RC-008, MR-RC-009
 F_SIGNALED, F_SOLICITED = 2, 4
 WCF_IMM = 2
 ACC_REMOTE_WRITE, ACC_REMOTE_READ = 2, 4
@@ -546,6 +547,30 @@ def advance(A, Q, SW, CQT, CE, qi, target, now):
 
 
 @njit(**_jit)
+def loc_why(lmr):
+    """The why code of a WQE that fails its local checks before its first packet (MR-RC-022): its SGE
+    failed the lkey, PD, bounds or access check (30), its SGEs add up to more than 2^31 bytes (MR-RC-008),
+    or a local MR was deregistered under it (MR-MEM-035: 5)."""
+    if lmr == MR_BAD:
+        return 30
+    if lmr == MR_LEN:
+        return WHY_LOC_LEN
+    return 5
+
+
+@njit(**_jit)
+def loc_status(why):
+    """The completion status of a local error found before the first packet (Table 7-6): IBV_WC_LOC_LEN_ERR
+    for a message over 2^31 bytes (MR-RC-008), IBV_WC_LOC_QP_OP_ERR for a READ or ATOMIC with max_rd_atomic
+    0 (MR-RC-009), IBV_WC_LOC_PROT_ERR otherwise (MR-MEM-020, MR-MEM-035)."""
+    if why == WHY_LOC_LEN:
+        return S_LOC_LEN
+    if why == WHY_RD_ATOMIC_0:
+        return S_LOC_QP_OP
+    return S_LOC_PROT
+
+
+@njit(**_jit)
 def rewind(A, Q, SW, qi, psn):
     """Go back N: transmit again from PSN `psn` (the WQE holding it resumes at that packet)."""
     i = Q[qi, Q_SQ_HEAD]
@@ -701,9 +726,16 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             # LOC_PROT_ERR once it is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5     # round_ fails it (qp_error), the why code
+                Q[qi, Q_LOCERR] = loc_why(lmr)          # round_ fails it (qp_error), the why code
             break
         if SW[r, W_STARTED] == 0:
+            if rd_atomic(op) and Q[qi, Q_MAX_RD] == 0:
+                # MR-RC-009, Table 7-6: with max_rd_atomic 0 a READ or ATOMIC can never be outstanding: it
+                # completes IBV_WC_LOC_QP_OP_ERR, nothing of it sent, once it is the oldest
+                if nxt == Q[qi, Q_SQ_HEAD]:
+                    SW[r, W_STARTED] = 1
+                    Q[qi, Q_LOCERR] = WHY_RD_ATOMIC_0
+                break
             if rd_atomic(op) and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
                 break
             if Q[qi, Q_STATE] == ST_SQD:
@@ -1441,7 +1473,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
             A[P_RX_DROP_STATE] += 1
             return
         e0 = Q[qi, Q_EPSN]
-        responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
         comm_est(A, Q, qi, st, e0)
         activate(A, Q, qi)
         if ce_marked(umem, l3):
@@ -1692,7 +1724,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                     if Q[qi, Q_LOCERR]:
                         why = Q[qi, Q_LOCERR]
                         Q[qi, Q_LOCERR] = 0
-                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
+                        qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
                 if Q[qi, Q_SQD_DRAIN]:
                     sqd_check(A, Q, SW, qi)
                 if Q[qi, Q_STATE] == ST_ERR:

@@ -62,6 +62,7 @@ from .ops import FRAME_TO_WIRE  # noqa: E402
 from .ops import CQE_SOLICITED, F_FENCE, ce_marked, comm_est, place, sg_valid, sqd_check, src_of  # noqa: E402
 from .loop import ACC_REMOTE_READ, WR_READ  # noqa: E402
 from .loop import mr_live, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
+from .loop import WHY_RD_ATOMIC_0, loc_status, loc_why  # noqa: E402  (local errors before the first packet: MR-RC-008, MR-RC-022)
 from .ops import (ACC_REMOTE_ATOMIC, OP_ATOMIC_ACK, OP_CAS, OP_FAA, WR_CAS, WR_FAA, atomic_request,  # noqa: E402
                   rd_atomic, retire_answered)
 from .prims import ld_acq_i64, ptr_u8, ptr_u64  # noqa: E402
@@ -373,7 +374,12 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             if nxt == Q[qi, Q_SQ_HEAD]:              # MR-MEM-035, as the compat requester
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = 30 if lmr == MR_BAD else 5
+                Q[qi, Q_LOCERR] = loc_why(lmr)
+            break
+        if SW[r, W_STARTED] == 0 and rd_atomic(op) and Q[qi, Q_MAX_RD] == 0:
+            if nxt == Q[qi, Q_SQ_HEAD]:              # MR-RC-009, as the compat requester
+                SW[r, W_STARTED] = 1
+                Q[qi, Q_LOCERR] = WHY_RD_ATOMIC_0
             break
         if SW[r, W_STARTED] == 0:
             if Q[qi, Q_STATE] == ST_SQD:
@@ -1780,7 +1786,7 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
             if Q[qi, Q_LOCERR]:
                 why = Q[qi, Q_LOCERR]
                 Q[qi, Q_LOCERR] = 0
-                qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
+                qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
         if Q[qi, Q_SQD_DRAIN]:
             sqd_check(A, Q, SW, qi)
     if Q[qi, Q_STATE] == ST_ERR:
