@@ -940,6 +940,25 @@ def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, 
 
 
 @njit(**_jit)
+def rd_full(Q, qi):
+    """MR-DUP-007 (Table 3-4 row 4): a new READ or ATOMIC exceeds the responder resources when
+    max_dest_rd_atomic is 0 or every entry holds a READ/ATOMIC whose responses have not all been sent
+    yet (a queued job: its requester cannot have completed it)."""
+    return Q[qi, Q_MAX_DEST] == 0 or Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= Q[qi, Q_MAX_DEST]
+
+
+@njit(**_jit)
+def fail_recv(A, Q, RW, CQT, CE, qi, status, opcode):
+    """Table 7-6 (MR-QP-032): the receive WQE in use -- the one a SEND in progress fills, or the one the
+    request being NAKed took -- completes with `status` (IBV_WC_REM_INV_REQ_ERR for an invalid request,
+    IBV_WC_LOC_ACCESS_ERR for a WRITE WITH IMMEDIATE failing the R_Key check), not flushed."""
+    r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+    push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], status, opcode, 0, 0, 0)
+    Q[qi, Q_RQ_HEAD] += 1
+    Q[qi, Q_R_KIND] = RK_NONE
+
+
+@njit(**_jit)
 def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
     """Queue the READ RESPONSEs for a READ request (new or duplicate); False: access violation."""
     mr = 0
@@ -990,7 +1009,7 @@ def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
     buy a re-execution of any READ ever answered (up to GiBs out)."""
     pmtu = Q[qi, Q_PMTU]
     t = Q[qi, Q_RD_TAIL]
-    lo = max(0, t - MAX_RD)
+    lo = max(0, t - Q[qi, Q_MAX_DEST])               # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
     mr = -1
     while t > lo:
         t -= 1
@@ -1133,15 +1152,27 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_NAK_PEND] = 1
             send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
+    # the checks of Table 3-4 in its order (MR-NAK-014): opcode sequence (2), QP access flags (3), receive
+    # WQE or responder resources (4), lengths (5), R_Key (6), receive WQE scatter list (8), IETH (9)
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
         if kind != RK_NONE:
+            if kind == RK_SEND:                      # the receive WQE of the SEND in progress (Table 7-6)
+                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
             note_invalid(A, Q, qi, op, psn, end - pad - hdr)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
             return
         dlen = get_be(umem, hdr + 12, 4)
-        if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
-            # a READ the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
+        if (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+            # a READ the QP does not allow (MR-RC-017): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
+            return
+        if rd_full(Q, qi):
+            # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f)): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 35)
+            return
+        if dlen > (1 << 31):
+            # a DMA Length above 2^31 (MR-XH-004): code 1
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
             return
         # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
@@ -1167,9 +1198,23 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     has_imm = sub == 3 or sub == 5
     want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
     if kind != want:
+        if kind == RK_SEND:                          # the receive WQE of the SEND in progress (Table 7-6)
+            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
         note_invalid(A, Q, qi, op, psn, end - pad - hdr)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
         return
+    if is_write and first and (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
+        # a WRITE the QP does not allow (MR-RC-017): code 1, before the receive WQE check (row 3 before 4)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
+        return
+    # row 4: a packet that needs a receive WQE finds one, or gets an RNR NAK (MR-RNR-001) -- before its
+    # lengths are looked at; from here on that WQE is in use (a SEND in progress has one too)
+    if has_imm or (not is_write and first):
+        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
+            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
+            return
+    in_use = has_imm or not is_write
+    wc_op = WC_RECV_IMM if is_write else WC_RECV
     pay = hdr
     va = np.int64(0)
     rkey = np.int64(0)
@@ -1185,14 +1230,12 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         pay += 4
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
+        if in_use:
+            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
         note_invalid(A, Q, qi, op, psn, plen)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
         return
     src = A[P_UMEM_ADDR] + pay
-    if has_imm or (not is_write and first):
-        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
-            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
-            return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
         if first and not protect_reads_recv(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, r):
@@ -1238,14 +1281,18 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                      imm, flags)
     else:
         if first:
-            if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-                # a WRITE the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
+            if dlen > (1 << 31):
+                # a DMA Length above 2^31 (MR-XH-004): code 1
+                if in_use:
+                    fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 32)
                 return
             mr = 0
             if dlen > 0:
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_WRITE)
                 if mr < 0:
+                    if in_use:                       # Table 7-6: IBV_WC_LOC_ACCESS_ERR, its WQE taken
+                        fail_recv(A, Q, RW, CQT, CE, qi, S_LOC_ACCESS, wc_op)
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                     EV_QP_ACCESS_ERR, 22)
                     return
@@ -1258,9 +1305,13 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_R_KIND] = RK_WRITE
         elif Q[qi, Q_R_MR] and not mr_live(MRT, Q[qi, Q_R_MR]):
             # its MR deregistered meanwhile, or its row registered again (MR-MEM-033, MR-SEC-003)
+            if in_use:
+                fail_recv(A, Q, RW, CQT, CE, qi, S_LOC_ACCESS, wc_op)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, 22)
             return
         if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
+            if in_use:
+                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
             note_invalid(A, Q, qi, op, psn, plen)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 23)
             return

@@ -54,6 +54,7 @@ from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_R
                    sq_row)
 from .loop import ack_deadline, ack_now, send_nak  # noqa: E402  (the local ACK timer, with its jitter; ACK, NAK)
 from .loop import key_row, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
+from .loop import S_REM_INV_REQ, WC_RECV, fail_recv, rd_full  # noqa: E402  (Table 3-4 row 4, Table 7-6)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
 from ..kern.layout import QP_STATE_DTYPE
@@ -216,7 +217,7 @@ def flush_ack(A, Q, TM, umem, tables, ext, qi):
 
 
 @njit(**_jit)
-def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
+def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
     """A COMPARE_SWAP or FETCH_ADD request of QP qi (b = BTH offset, end = ICRC offset)."""
     hdr = b + 12
     if end - pad - (hdr + 28) != 0:
@@ -233,7 +234,7 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
     if d < 0:                                        # duplicate: the saved result, never executed again
         A[P_RX_DUP] += 1
         t = Q[qi, Q_AT_TAIL]
-        lo = max(0, t - MAX_RD)
+        lo = max(0, t - Q[qi, Q_MAX_DEST])           # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
         while t > lo:
             t -= 1
             a = at_row(A, qi, t)
@@ -245,13 +246,17 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
                 return
         return                                       # too old to be remembered: dropped (MR-DUP-005)
     if Q[qi, Q_R_KIND] != RK_NONE:                   # inside a SEND or WRITE (MR-RC-016)
+        if Q[qi, Q_R_KIND] == RK_SEND:               # the receive WQE of the SEND in progress (Table 7-6)
+            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 21)
         return
     if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:   # the QP does not allow ATOMICs at all (MR-RC-017)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 27)
         return
-    if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
-        return                                       # beyond max_dest_rd_atomic: dropped, retried
+    if rd_full(Q, qi):
+        # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f), Table 3-4 row 4)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, 35)
+        return
     va = get_be(umem, hdr, 8)
     rkey = get_be(umem, hdr + 8, 4)
     swap_add = get_be(umem, hdr + 12, 8)
