@@ -92,7 +92,7 @@ Q_FIELDS = _cols("""
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
     to_win
     plane n_retx n_naks_tx
-    read_run max_dest
+    read_run max_dest impl_nak n_to
 """)
 for _i, _n in enumerate(Q_FIELDS):
     globals()["Q_" + _n.upper()] = _i
@@ -101,6 +101,8 @@ NQ = len(Q_FIELDS)
 # Q_READ_RUN: 1 + the PSN of the first of the READ REQUESTs executed last, 0 when the last request executed
 # was not a READ: the coalesced ACK is then sent at that PSN - 1 (MR-DUP-002 r - 1, dp/loop.py ack_psn)
 
+# Q_IMPL_NAK: 1 + comp_psn when a kernel-consumed ACK implied a NAK for the READ/ATOMIC at comp_psn; the retry
+# waits until the loop has drained the RX ring once more (dp/loop.py implied_nak, MR-RETRY-015), 0: none
 # Q_MAX_DEST: the QP's max_dest_rd_atomic, 0 to MAX_RD: the READ/ATOMIC entries of resources[] (MR-DUP-007)
 
 # responder message in progress (Q_R_KIND)

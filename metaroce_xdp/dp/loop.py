@@ -630,6 +630,11 @@ def kernel_acks(A, Q, SW, CQT, CE, qi, now):
         Q[qi, Q_K_ACK] = ack
         A[P_ACKS_SEEN] += 1
         advance(A, Q, SW, CQT, CE, qi, (ack + 1) & PSN_MASK, now)
+        if (Q[qi, Q_STATE] != ST_ERR and psn_diff((ack + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) > 0
+                and psn_diff((ack + 1) & PSN_MASK, Q[qi, Q_SND_MAX]) <= 0):
+            # held back by a READ/ATOMIC still unanswered: an implied NAK once the responses that came
+            # before this ACK -- possibly still in the RX ring -- have been judged (implied_nak, MR-RETRY-015)
+            Q[qi, Q_IMPL_NAK] = Q[qi, Q_COMP_PSN] + 1
     if nak_seq != Q[qi, Q_K_NAK_SEQ]:
         Q[qi, Q_K_NAK_SEQ] = nak_seq
         A[P_NAKS_SEEN] += 1
@@ -646,6 +651,31 @@ def kernel_acks(A, Q, SW, CQT, CE, qi, now):
             Q[qi, Q_RNR_UNTIL] = now + RNR_TIMER_US[rnr_timer & 31] * 1000
             Q[qi, Q_RNR_PSN] = rnr_psn
     return True
+
+
+@njit(**_jit)
+def implied_nak(A, Q, SW, qi, now):
+    """MR-RETRY-012, MR-RETRY-015: an ACK the XDP program consumed acknowledged PSNs after the READ or ATOMIC at
+    comp_psn, which is still unanswered.  Its responses may have been in the RX ring behind the ACK; called
+    once the loop has drained the ring after that ACK was seen, with comp_psn unmoved, its response was lost
+    (implied NAK): the requests go again from comp_psn now, not when the local ACK timer expires -- once per
+    comp_psn, the retry counted as one (MR-RETRY-011)."""
+    comp = Q[qi, Q_COMP_PSN]
+    if Q[qi, Q_IMPL_NAK] != comp + 1:
+        Q[qi, Q_IMPL_NAK] = 0                        # responses came and moved comp_psn: nothing implied
+        return
+    Q[qi, Q_IMPL_NAK] = 0
+    if Q[qi, Q_SQ_HEAD] == Q[qi, Q_SQ_NEXT] or Q[qi, Q_RR_RETRY] == comp + 1 or Q[qi, Q_RETRY_LEFT] <= 0:
+        return                                       # already asked again from here; or the timer decides
+    r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+    if not rd_atomic(SW[r, W_OPCODE]) or SW[r, W_DONE] != 0 or SW[r, W_FIRST_PSN] != comp:
+        return
+    if psn_diff(Q[qi, Q_K_ACK], (comp + SW[r, W_NPSN] - 1) & PSN_MASK) <= 0:
+        return                                       # the ACK is not after the READ's last PSN: nothing implied
+    Q[qi, Q_RR_RETRY] = comp + 1
+    Q[qi, Q_RETRY_LEFT] -= 1
+    rewind(A, Q, SW, qi, comp)
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
 
 
 @njit(**_jit)
@@ -897,6 +927,7 @@ def timers(A, Q, SW, CQT, CE, qi, now, to_left, cut):
     if (to_left <= 0 or Q[qi, Q_DEADLINE] > cut) and Q[qi, Q_RETRY_LEFT] > 0:
         return 0                                      # this round's go-back-N starts are spent, or older ones first
     A[P_TIMEOUTS] += 1
+    Q[qi, Q_N_TO] += 1                                # per QP too (the conformance agent's qp counters)
     # what the QP looked like at its last timeout (Plane.stats(); for diagnosis)
     A[P_LAST_TO_COMP], A[P_LAST_TO_MAX] = Q[qi, Q_COMP_PSN], Q[qi, Q_SND_MAX]
     A[P_LAST_TO_KACK], A[P_LAST_TO_KSEQ] = Q[qi, Q_K_ACK], Q[qi, Q_K_SEQ]
@@ -1693,7 +1724,9 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     budget = A[P_BUDGET]
     A[P_RDPROT_LEFT] = budget                            # READ responses protect_reads may send this round
     work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
-    work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
+    nrx = rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
+    work += nrx
+    drained = nrx < budget                               # the RX ring was emptied: implied NAKs can be judged
     # posts: the ready ring
     rdy = A[P_RDY_OFF]
     tail = ld_acq_i64(A, P_RDY_TAIL)
@@ -1758,6 +1791,8 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, Q[qi, Q_FNAK_PSN],
                                 Q[qi, Q_FNAK_EV], Q[qi, Q_FNAK_WHY])
             if st == ST_RTS or st == ST_SQD or st == ST_SQE:
+                if Q[qi, Q_IMPL_NAK] and drained:        # seen in an earlier round, the ring drained since
+                    implied_nak(A, Q, SW, qi, now)
                 if kernel_acks(A, Q, SW, CQT, CE, qi, now):
                     work += 1
                 if Q[qi, Q_NERR_PSN]:
