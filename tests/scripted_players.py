@@ -40,7 +40,8 @@ class Peer(ScriptedQP):
         ctx = self.ctx
         if ctx.closed:
             return
-        ctx.destroy_qp(self.qp)
+        if ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
+            ctx.destroy_qp(self.qp)
         for mr in list(getattr(self, "extra_mrs", ())) + [self.mr]:
             if mr.valid:
                 mr.dereg()

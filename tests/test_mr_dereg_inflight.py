@@ -232,7 +232,8 @@ def test_read_in_flight_racing_the_progress_thread(dp_loop):
     n = 6 << 20
     a0, b0 = _fill(a, b, 5)
     state = {}
-    tx0 = b.ctx.stats()["tx"]
+    st0 = b.ctx.stats()
+    tx0, nak0 = st0["tx"], st0["tx_nak"]
     with budget(b, 64), threaded(b):                   # a slower stream: the test's thread sees it start
         a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(1 << 20, n)],
                               remote_addr=b.mr.addr, rkey=b.mr.rkey))
@@ -240,16 +241,19 @@ def test_read_in_flight_racing_the_progress_thread(dp_loop):
         def dereg_mid_stream():
             if b.ctx.stats()["tx"] > tx0:
                 b.ctx.dereg_mr(b.mr)
-                state["sent"] = b.ctx.stats()["tx"] - tx0
+                st = b.ctx.stats()                     # B's thread runs on: its NAK may already be counted
+                state["sent"], state["nak"] = st["tx"] - tx0, st["tx_nak"]
                 b.buf[:n] = 0xA5                       # what a response read now would carry
                 return True
             return False
 
         run_until([a], dereg_mid_stream, timeout=30)
         (wc,) = wait_wcs([a], a, 1, timeout=30)
-        after = b.ctx.stats()["tx"] - tx0
+        st = b.ctx.stats()
+        after = st["tx"] - tx0
     assert wc.status == WCStatus.REM_ACCESS_ERR
-    assert after == state["sent"] + 1                  # the NAK, no response after dereg_mr returned
+    assert st["tx_nak"] - nak0 == 1                    # one NAK (code 2) ...
+    assert after - state["sent"] == st["tx_nak"] - state["nak"]   # ... and no response after dereg_mr returned
     k = chunks_prefix(a.buf[1 << 20:(1 << 20) + n], b0[:n], a0[1 << 20:(1 << 20) + n])
     print("sent before dereg_mr:", state["sent"], "placed at A:", k)
     assert k <= state["sent"] * MTU and state["sent"] < n // MTU

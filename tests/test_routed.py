@@ -52,7 +52,8 @@ class Host:
 
     def new_qp(self):
         if self.qp is not None:
-            self.ctx.destroy_qp(self.qp)
+            if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
+                self.ctx.destroy_qp(self.qp)
         while self.cq.poll(1 << 14):                 # what the previous test's QP left
             pass
         self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
