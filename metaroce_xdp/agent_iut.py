@@ -78,8 +78,8 @@ class CompiledIUT(_BaseIUT):
         p = ctx.plane.dcqcn
         self.dcqcn = p if getattr(p, "enabled", False) else None
         self.counter_names = list(PLANE_COUNTERS) + list(SPEC_DROPS) + list(AGENT_COUNTERS)
-        self.qp_counter_names = ["retransmits", "timeouts", "naks_received", "rnr_naks_received", "sq_depth",
-                                 "rq_depth", "tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded"]
+        self.qp_counter_names = ["retransmits", "naks_received", "rnr_naks_received", "sq_depth", "rq_depth",
+                                 "tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded"]
         if self.dcqcn is not None:
             self.qp_counter_names += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
         self.params = {"budget": (self._get_budget, self._set_budget, 1, 65536)}    # packets per round
@@ -205,8 +205,7 @@ class CompiledSession:
         from .dp import layout as L
         pl = self.ctx.plane
         r, f = qp.row, pl.F[qp.qi]
-        out = {"retransmits": int(r[L.Q_N_RETX]), "timeouts": int(r[L.Q_N_TO]),
-               "sq_depth": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
+        out = {"retransmits": int(r[L.Q_N_RETX]), "sq_depth": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                "rq_depth": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "tx_cnp": int(f[L.F_NP_TX]),
                "rx_cnp": int(f[L.F_RX_CNP]), "rx_ce_marked": int(f[L.F_NP_CE]),
                "naks_received": 0, "rnr_naks_received": 0, "rx_cnp_discarded": 0}

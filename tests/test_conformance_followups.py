@@ -31,6 +31,8 @@ def test_recommended_duplicate_ack_and_prompt_implied_nak(tmp_path, capsys):
 
 @pytest.mark.netns
 @pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=True, reason="issue 20: the compiled plane retries the READ on its local ACK timer "
+                   "(~80 ms after the implying ACK), not once the AF_XDP ring is drained (MR-RETRY-015)")
 def test_prompt_implied_nak(tmp_path, capsys):
     from metaroce_xdp.conformance.cli import main
     main(["--self-test", "--no-timing", "--report", str(tmp_path), "--case", "TC-RETRY-012-a"])

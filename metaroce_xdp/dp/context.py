@@ -54,28 +54,6 @@ _ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
                WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
-# MR-QP-005 (Table 7-2): the attributes each transition takes, required or optional.  IBV_QP_AV is dgid, dmac,
-# sport and dscp here.  Like the reference endpoint (rc/qp.py OPTIONAL), RTS -> RTS and SQD -> RTS also take the
-# requester's timeout and retry counts.  cur_qp_state, alt_path, path_mig_state and profile have checks of their
-# own (MR-QP-006, MR-QP-008, MR-NAT-003); qp_state is the transition itself.
-_AV_ATTRS = {"dgid", "dmac", "sport", "dscp"}
-_TAKES = {
-    (QPState.RESET, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
-    (QPState.INIT, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
-    (QPState.INIT, QPState.RTR): _AV_ATTRS | {"path_mtu", "dest_qp_num", "rq_psn", "max_dest_rd_atomic",
-                                              "min_rnr_timer", "pkey_index", "qp_access_flags", "native_params"},
-    (QPState.RTR, QPState.RTS): {"sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "qp_access_flags",
-                                 "min_rnr_timer"},
-    (QPState.RTS, QPState.RTS): {"qp_access_flags", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry"},
-    (QPState.RTS, QPState.SQD): {"en_sqd_async_notify"},
-    (QPState.SQD, QPState.SQD): _AV_ATTRS | {"timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "max_dest_rd_atomic",
-                                             "qp_access_flags", "pkey_index", "min_rnr_timer"},
-    (QPState.SQD, QPState.RTS): {"qp_access_flags", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry"},
-    (QPState.SQE, QPState.RTS): {"qp_access_flags"},
-}
-_OWN_CHECKS = {"qp_state", "cur_qp_state", "alt_path", "path_mig_state", "profile"}
-_RANGES = {"timeout": (0, 31), "min_rnr_timer": (0, 31), "retry_cnt": (0, 7), "rnr_retry": (0, 7),
-           "max_rd_atomic": (0, 16), "max_dest_rd_atomic": (0, 16)}     # Table 7-3
 DEFAULT_DSCP = 26          # a QP's DSCP unless its address vector says otherwise: every packet but CNPs (MR-ECN-004)
 
 
@@ -682,7 +660,7 @@ class QP:
         r[L.Q_SIG_ALL] = int(sq_sig_all)
         r[L.Q_SQ_BASE], r[L.Q_SQ_SIZE] = self.sq_base, self.sq_size
         r[L.Q_RQ_BASE], r[L.Q_RQ_SIZE] = self.rq_base, self.rq_size
-        r[L.Q_MAX_RD] = r[L.Q_MAX_DEST] = L.MAX_RD
+        r[L.Q_MAX_RD] = L.MAX_RD
         r[L.Q_PMTU] = 1024
         self._dcqcn_init()
         self.state = QPState.RESET
@@ -747,16 +725,6 @@ class QP:
                                   "(MR-QP-008)")
         if new not in allowed[cur]:
             raise InvalidState(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} is not a valid transition")
-        if new not in (QPState.RESET, QPState.ERR):
-            # MR-QP-005: "the mask contains an attribute that is neither required nor optional for the
-            # transition" (Table 7-2), or one out of the range of Table 7-3: EINVAL, the QP unchanged
-            extra = sorted(set(g) - _TAKES.get((cur, QPState(new)), set()) - _OWN_CHECKS)
-            if extra:
-                raise InvalidArgument(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} does not take "
-                                      f"{extra} (MR-QP-005)")
-            for k, (lo, hi) in _RANGES.items():
-                if k in g and not lo <= g[k] <= hi:
-                    raise InvalidArgument(f"QP {self.qp_num:#x}: {k} {g[k]} must be {lo}..{hi} (MR-QP-005)")
         if cur == new == QPState.SQD and int(self.row[L.Q_SQD_DRAIN]):
             # EBUSY (MR-QP-014): wait for IBV_EVENT_SQ_DRAINED or until nothing is outstanding
             raise Busy(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining (EBUSY); wait "
@@ -806,8 +774,6 @@ class QP:
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
                 r[L.Q_READ_RUN] = 0                     # no READ executed yet (MR-DUP-002)
                 r[L.Q_MIN_RNR] = g.get("min_rnr_timer", 1) & 0x1F
-                if "max_dest_rd_atomic" in g:          # resources[] (MR-DUP-007); 0: READ/ATOMIC NAKed code 1
-                    r[L.Q_MAX_DEST] = max(0, min(L.MAX_RD, g["max_dest_rd_atomic"]))
                 pl.nat.detach(self.qi)
                 self.profile = profile
                 self._sport = g.get("sport") if g.get("sport") is not None else 0xC000 | (self.qp_num & 0x3FFF)
@@ -829,8 +795,8 @@ class QP:
                     r[L.Q_RETRY_CNT] = r[L.Q_RETRY_LEFT] = min(7, g.get("retry_cnt", 7))
                 if "rnr_retry" in g or cur == QPState.RTR:
                     r[L.Q_RNR_RETRY] = r[L.Q_RNR_LEFT] = min(7, g.get("rnr_retry", 7))
-                if "max_rd_atomic" in g:          # 0: a READ or ATOMIC fails LOC_QP_OP_ERR (MR-RC-009)
-                    r[L.Q_MAX_RD] = max(0, min(L.MAX_RD, g["max_rd_atomic"]))
+                if "max_rd_atomic" in g:
+                    r[L.Q_MAX_RD] = max(1, min(L.MAX_RD, g["max_rd_atomic"]))
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
                     if self.profile == "native":
@@ -929,7 +895,7 @@ class QP:
         r[:] = 0
         for k, v in keep.items():
             r[k] = v
-        r[L.Q_MAX_RD] = r[L.Q_MAX_DEST] = L.MAX_RD
+        r[L.Q_MAX_RD] = L.MAX_RD
         r[L.Q_PMTU] = 1024
         self._sg_release(None, None)
         self.ctx.plane.nat.detach(self.qi)
@@ -993,7 +959,7 @@ class QP:
         for s in sg_list:
             if s.length == 0:
                 continue
-            if s.length < 0 or s.length >= 1 << 32:              # an ibv_sge's length is a uint32_t
+            if s.length < 0 or s.length >= 1 << 31:
                 raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
             mr = self.ctx.mrs.get(L.key_slot(s.lkey))
             if (mr is None or mr.lkey != s.lkey or not mr.valid or not MRT[mr.index, L.M_VALID]
@@ -1003,12 +969,8 @@ class QP:
                 continue
             pieces.append((s.addr, s.length, mr.ref))      # the reference, checked on each use (MR-SEC-003)
         total = sum(s.length for s in sg_list if s.length > 0)
-        if what == "RECV" and total >= 1 << 31:
+        if total >= 1 << 31:
             raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
-        if total > 1 << 31 and not bad:
-            # MR-RC-008: a message of more than 2^31 bytes "MUST complete with IBV_WC_LOC_LEN_ERR without
-            # sending any packet": accepted, and failed by the loop when it is the oldest (dp/loop.py loc_why)
-            return 0, total, L.MR_LEN, []
         if bad:
             # an lkey, PD, bound or LOCAL_WRITE check failed (MR-MEM-020): accepted, and reported by a
             # completion, not here (MR-RC-022): a send WQE fails LOC_PROT_ERR when it is the oldest, nothing

@@ -33,13 +33,13 @@ from ..kern.layout import QP_STATE_DTYPE
 from ..wire.fastpath import build_frame, frame_icrc_ok, peek_bth, segment_opcode
 from ..wire.psn import psn_diff  # noqa: F401  (a - b in [-2^23, 2^23): the one midpoint rule; ops.py takes it from here)
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
-from .layout import (ACKREQ_EVERY, MR_BAD, MR_LEN, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
+from .layout import (ACKREQ_EVERY, MR_BAD, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, C_BASE, E_BYTE_LEN, E_FLAGS, E_IMM,
                      E_OPCODE, E_QP_NUM, E_STATUS, E_WR_ID, MAX_RD, NC, NE, NEVF, NJ, NM, NQ, NR, NW, PSN_MASK,
                      PSN_NONE, RK_NONE, RK_SEND, RK_WRITE, TX_BATCH)
 from .reasons import (WHY_ACCESS_OR_DMA_LENGTH, WHY_BAD_RESPONSE, WHY_CQ_OVERFLOW, WHY_INVALIDATE_REFUSED,
-                      WHY_LOCAL_MR_DEREGISTERED, WHY_LOC_LEN, WHY_OPCODE_SEQUENCE, WHY_PAYLOAD_LENGTH, WHY_PEER_NAK,
-                      WHY_RD_ATOMIC_0, WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_RESPONDER_RESOURCES,
-                      WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED, WHY_SEND_TOO_LONG, WHY_SGE_LOCAL_CHECK)
+                      WHY_LOCAL_MR_DEREGISTERED, WHY_OPCODE_SEQUENCE, WHY_PAYLOAD_LENGTH, WHY_PEER_NAK,
+                      WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED,
+                      WHY_SEND_TOO_LONG, WHY_SGE_LOCAL_CHECK)
 from .prims import (addr_of, c_memcpy, c_monotonic_ns, c_poll, c_read8, c_recvfrom_kick, c_sendto_kick,
                     ld_acq_i64, ld_acq_u8, ld_acq_u32, ld_acq_u64, ptr_u8, ptr_u64, st_rel_i64, st_rel_u8,
                     st_rel_u32, st_rel_u64)
@@ -64,7 +64,7 @@ ST_RESET, ST_INIT, ST_RTR, ST_RTS, ST_SQD, ST_SQE, ST_ERR = 0, 1, 2, 3, 4, 5, 6
 WR_WRITE, WR_WRITE_IMM, WR_SEND, WR_SEND_IMM, WR_READ = 0, 1, 2, 3, 4
 WC_SEND, WC_WRITE, WC_READ, WC_RECV, WC_RECV_IMM = 0, 1, 2, 128, 129
 S_OK, S_LOC_LEN, S_LOC_QP_OP, S_LOC_PROT, S_FLUSH, S_BAD_RESP = 0, 1, 2, 4, 5, 7
-S_LOC_ACCESS, S_REM_INV_REQ, S_REM_ACCESS, S_REM_OP, S_RETRY_EXC, S_RNR_EXC = 8, 9, 10, 11, 12, 13
+S_REM_INV_REQ, S_REM_ACCESS, S_REM_OP, S_RETRY_EXC, S_RNR_EXC = 9, 10, 11, 12, 13
 F_SIGNALED, F_SOLICITED = 2, 4
 WCF_IMM = 2
 ACC_REMOTE_WRITE, ACC_REMOTE_READ = 2, 4
@@ -541,30 +541,6 @@ def advance(A, Q, SW, CQT, CE, qi, target, now):
 
 
 @njit(**_jit)
-def loc_why(lmr):
-    """The why code of a WQE that fails its local checks before its first packet (MR-RC-022): its SGE
-    failed the lkey, PD, bounds or access check, its SGEs add up to more than 2^31 bytes (MR-RC-008), or a
-    local MR was deregistered under it (MR-MEM-035)."""
-    if lmr == MR_BAD:
-        return WHY_SGE_LOCAL_CHECK
-    if lmr == MR_LEN:
-        return WHY_LOC_LEN
-    return WHY_LOCAL_MR_DEREGISTERED
-
-
-@njit(**_jit)
-def loc_status(why):
-    """The completion status of a local error found before the first packet (Table 7-6): IBV_WC_LOC_LEN_ERR
-    for a message over 2^31 bytes (MR-RC-008), IBV_WC_LOC_QP_OP_ERR for a READ or ATOMIC with max_rd_atomic
-    0 (MR-RC-009), IBV_WC_LOC_PROT_ERR otherwise (MR-MEM-020, MR-MEM-035)."""
-    if why == WHY_LOC_LEN:
-        return S_LOC_LEN
-    if why == WHY_RD_ATOMIC_0:
-        return S_LOC_QP_OP
-    return S_LOC_PROT
-
-
-@njit(**_jit)
 def rewind(A, Q, SW, qi, psn):
     """Go back N: transmit again from PSN `psn` (the WQE holding it resumes at that packet)."""
     i = Q[qi, Q_SQ_HEAD]
@@ -624,11 +600,6 @@ def kernel_acks(A, Q, SW, CQT, CE, qi, now):
         Q[qi, Q_K_ACK] = ack
         A[P_ACKS_SEEN] += 1
         advance(A, Q, SW, CQT, CE, qi, (ack + 1) & PSN_MASK, now)
-        if (Q[qi, Q_STATE] != ST_ERR and psn_diff((ack + 1) & PSN_MASK, Q[qi, Q_COMP_PSN]) > 0
-                and psn_diff((ack + 1) & PSN_MASK, Q[qi, Q_SND_MAX]) <= 0):
-            # held back by a READ/ATOMIC still unanswered: an implied NAK once the responses that came
-            # before this ACK -- possibly still in the RX ring -- have been judged (implied_nak, MR-RETRY-015)
-            Q[qi, Q_IMPL_NAK] = Q[qi, Q_COMP_PSN] + 1
     if nak_seq != Q[qi, Q_K_NAK_SEQ]:
         Q[qi, Q_K_NAK_SEQ] = nak_seq
         A[P_NAKS_SEEN] += 1
@@ -645,31 +616,6 @@ def kernel_acks(A, Q, SW, CQT, CE, qi, now):
             Q[qi, Q_RNR_UNTIL] = now + RNR_TIMER_US[rnr_timer & 31] * 1000
             Q[qi, Q_RNR_PSN] = rnr_psn
     return True
-
-
-@njit(**_jit)
-def implied_nak(A, Q, SW, qi, now):
-    """MR-RETRY-012, MR-RETRY-015: an ACK the XDP program consumed acknowledged PSNs after the READ or ATOMIC at
-    comp_psn, which is still unanswered.  Its responses may have been in the RX ring behind the ACK; called
-    once the loop has drained the ring after that ACK was seen, with comp_psn unmoved, its response was lost
-    (implied NAK): the requests go again from comp_psn now, not when the local ACK timer expires -- once per
-    comp_psn, the retry counted as one (MR-RETRY-011)."""
-    comp = Q[qi, Q_COMP_PSN]
-    if Q[qi, Q_IMPL_NAK] != comp + 1:
-        Q[qi, Q_IMPL_NAK] = 0                        # responses came and moved comp_psn: nothing implied
-        return
-    Q[qi, Q_IMPL_NAK] = 0
-    if Q[qi, Q_SQ_HEAD] == Q[qi, Q_SQ_NEXT] or Q[qi, Q_RR_RETRY] == comp + 1 or Q[qi, Q_RETRY_LEFT] <= 0:
-        return                                       # already asked again from here; or the timer decides
-    r = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
-    if not rd_atomic(SW[r, W_OPCODE]) or SW[r, W_DONE] != 0 or SW[r, W_FIRST_PSN] != comp:
-        return
-    if psn_diff(Q[qi, Q_K_ACK], (comp + SW[r, W_NPSN] - 1) & PSN_MASK) <= 0:
-        return                                       # the ACK is not after the READ's last PSN: nothing implied
-    Q[qi, Q_RR_RETRY] = comp + 1
-    Q[qi, Q_RETRY_LEFT] -= 1
-    rewind(A, Q, SW, qi, comp)
-    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
 
 
 @njit(**_jit)
@@ -750,16 +696,9 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
             # LOC_PROT_ERR once it is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = loc_why(lmr)          # round_ fails it (qp_error), the why code
+                Q[qi, Q_LOCERR] = WHY_SGE_LOCAL_CHECK if lmr == MR_BAD else WHY_LOCAL_MR_DEREGISTERED   # round_ fails it (qp_error)
             break
         if SW[r, W_STARTED] == 0:
-            if rd_atomic(op) and Q[qi, Q_MAX_RD] == 0:
-                # MR-RC-009, Table 7-6: with max_rd_atomic 0 a READ or ATOMIC can never be outstanding: it
-                # completes IBV_WC_LOC_QP_OP_ERR, nothing of it sent, once it is the oldest
-                if nxt == Q[qi, Q_SQ_HEAD]:
-                    SW[r, W_STARTED] = 1
-                    Q[qi, Q_LOCERR] = WHY_RD_ATOMIC_0
-                break
             if rd_atomic(op) and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
                 break
             if Q[qi, Q_STATE] == ST_SQD:
@@ -921,7 +860,6 @@ def timers(A, Q, SW, CQT, CE, qi, now, to_left, cut):
     if (to_left <= 0 or Q[qi, Q_DEADLINE] > cut) and Q[qi, Q_RETRY_LEFT] > 0:
         return 0                                      # this round's go-back-N starts are spent, or older ones first
     A[P_TIMEOUTS] += 1
-    Q[qi, Q_N_TO] += 1                                # per QP too (the conformance agent's qp counters)
     # what the QP looked like at its last timeout (Plane.stats(); for diagnosis)
     A[P_LAST_TO_COMP], A[P_LAST_TO_MAX] = Q[qi, Q_COMP_PSN], Q[qi, Q_SND_MAX]
     A[P_LAST_TO_KACK], A[P_LAST_TO_KSEQ] = Q[qi, Q_K_ACK], Q[qi, Q_K_SEQ]
@@ -962,25 +900,6 @@ def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, 
         return
     send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
     qp_error(A, Q, SW, CQT, CE, qi, -1, ev, why)
-
-
-@njit(**_jit)
-def rd_full(Q, qi):
-    """MR-DUP-007 (Table 3-4 row 4): a new READ or ATOMIC exceeds the responder resources when
-    max_dest_rd_atomic is 0 or every entry holds a READ/ATOMIC whose responses have not all been sent
-    yet (a queued job: its requester cannot have completed it)."""
-    return Q[qi, Q_MAX_DEST] == 0 or Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= Q[qi, Q_MAX_DEST]
-
-
-@njit(**_jit)
-def fail_recv(A, Q, RW, CQT, CE, qi, status, opcode):
-    """Table 7-6 (MR-QP-032): the receive WQE in use -- the one a SEND in progress fills, or the one the
-    request being NAKed took -- completes with `status` (IBV_WC_REM_INV_REQ_ERR for an invalid request,
-    IBV_WC_LOC_ACCESS_ERR for a WRITE WITH IMMEDIATE failing the R_Key check), not flushed."""
-    r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
-    push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], status, opcode, 0, 0, 0)
-    Q[qi, Q_RQ_HEAD] += 1
-    Q[qi, Q_R_KIND] = RK_NONE
 
 
 @njit(**_jit)
@@ -1034,7 +953,7 @@ def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
     buy a re-execution of any READ ever answered (up to GiBs out)."""
     pmtu = Q[qi, Q_PMTU]
     t = Q[qi, Q_RD_TAIL]
-    lo = max(0, t - Q[qi, Q_MAX_DEST])               # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
+    lo = max(0, t - MAX_RD)
     mr = -1
     while t > lo:
         t -= 1
@@ -1177,40 +1096,23 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_NAK_PEND] = 1
             send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
-    # the checks of Table 3-4 in its order (MR-NAK-014): opcode sequence (2), QP access flags (3), receive
-    # WQE or responder resources (4), lengths (5), R_Key (6), receive WQE scatter list (8), IETH (9)
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
         if kind != RK_NONE:
-            if kind == RK_SEND:                      # the receive WQE of the SEND in progress (Table 7-6)
-                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
             note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
             return
         dlen = get_be(umem, hdr + 12, 4)
-        if (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
-            # a READ the QP does not allow (MR-RC-017): code 1
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
-            return
-        if rd_full(Q, qi):
-            # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f)): code 1
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_RESPONDER_RESOURCES)
-            return
-        if dlen > (1 << 31):
-            # a DMA Length above 2^31 (MR-XH-004): code 1
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
+        if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+            # a READ the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
             return
         # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
         # it leaves before the READ's responses (MR-RC-025, MR-ACK-001)
         ack_now(A, Q, TM, umem, tables, ext, qi)
         k = push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4), dlen)
         if k < 0:
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
-                            EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         if k == 0:
             return
@@ -1228,25 +1130,9 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     has_imm = sub == 3 or sub == 5
     want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
     if kind != want:
-        if kind == RK_SEND:                          # the receive WQE of the SEND in progress (Table 7-6)
-            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
         note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
-    if is_write and first and (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-        # a WRITE the QP does not allow (MR-RC-017): code 1, before the receive WQE check (row 3 before 4)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
-        return
-    # row 4: a packet that needs a receive WQE finds one, or gets an RNR NAK (MR-RNR-001) -- before its
-    # lengths are looked at; from here on that WQE is in use (a SEND in progress has one too)
-    if has_imm or (not is_write and first):
-        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
-            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
-            return
-    in_use = has_imm or not is_write
-    wc_op = WC_RECV_IMM if is_write else WC_RECV
     pay = hdr
     va = np.int64(0)
     rkey = np.int64(0)
@@ -1262,13 +1148,14 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         pay += 4
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
-        if in_use:
-            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
         note_invalid(A, Q, qi, op, psn, plen)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
         return
     src = A[P_UMEM_ADDR] + pay
+    if has_imm or (not is_write and first):
+        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
+            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
+            return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
         if first and not protect_reads_recv(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, r):
@@ -1282,8 +1169,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn,
-                            EV_QP_FATAL, WHY_RECV_MR_INVALID)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn, EV_QP_FATAL, WHY_RECV_MR_INVALID)
             return
         if Q[qi, Q_R_TOTAL] + plen > RW[r, R_LENGTH]:
             # the message is longer than the receive buffer: the RECV fails, the requester gets
@@ -1291,16 +1177,14 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_LEN, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_SEND_TOO_LONG)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_SEND_TOO_LONG)
             return
         if inv and inv_ok(MRT, imm, Q[qi, Q_PD]) < 0:
             # the IETH names no valid, remotely invalidatable MR of the QP's PD (MR-MEM-041, MR-NAK-006 (h))
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_REM_INV_REQ, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_INVALIDATE_REFUSED)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_INVALIDATE_REFUSED)
             return
         if plen:
             place(A, RW[r, R_LADDR], RW[r, R_SG], RW[r, R_NSGE], Q[qi, Q_R_TOTAL], src, plen)
@@ -1317,19 +1201,14 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                      imm, flags)
     else:
         if first:
-            if dlen > (1 << 31):
-                # a DMA Length above 2^31 (MR-XH-004): code 1
-                if in_use:
-                    fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
-                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                                EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
+            if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
+                # a WRITE the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
                 return
             mr = 0
             if dlen > 0:
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_WRITE)
                 if mr < 0:
-                    if in_use:                       # Table 7-6: IBV_WC_LOC_ACCESS_ERR, its WQE taken
-                        fail_recv(A, Q, RW, CQT, CE, qi, S_LOC_ACCESS, wc_op)
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                     EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                     return
@@ -1342,17 +1221,11 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_R_KIND] = RK_WRITE
         elif Q[qi, Q_R_MR] and not mr_live(MRT, Q[qi, Q_R_MR]):
             # its MR deregistered meanwhile, or its row registered again (MR-MEM-033, MR-SEC-003)
-            if in_use:
-                fail_recv(A, Q, RW, CQT, CE, qi, S_LOC_ACCESS, wc_op)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
-                            EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
-            if in_use:
-                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
             note_invalid(A, Q, qi, op, psn, plen)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
             return
         if plen:
             c_memcpy(Q[qi, Q_R_ADDR], src, plen)
@@ -1433,7 +1306,7 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
 
 
 @njit(**_jit)
-def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
+def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
     """A READ RESPONSE: placed when it is the PSN the completer waits for; stale ones are counted
     and dropped; a gap (a lost response) sends the READ again for the rest (go back N)."""
     comp = Q[qi, Q_COMP_PSN]
@@ -1441,12 +1314,8 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
         A[P_RX_RSP_STALE] += 1
         return
     r = rsp_wqe(Q, SW, qi, psn)
-    if r < 0:
+    if r < 0 or SW[r, W_OPCODE] != WR_READ:
         rsp_gap(A, Q, SW, qi)                        # a lost response: the READ goes again for the rest
-        return
-    if SW[r, W_OPCODE] != WR_READ:
-        # MR-NAK-012: "an RDMA READ RESPONSE when the WQE at comp_psn is not an RDMA READ" is a bad response
-        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
         return
     k = psn_diff(psn, SW[r, W_FIRST_PSN])
     if psn != comp:
@@ -1462,26 +1331,23 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
             A[P_RX_RSP_STALE] += 1
             return
     npsn = SW[r, W_NPSN]
-    # MR-NAK-012: READ RESPONSE opcodes out of sequence are a bad response.  The last PSN of the READ
-    # comes as LAST or ONLY, the others as FIRST or MIDDLE; a FIRST or ONLY only where a stream starts:
-    # the READ's first PSN or the PSN the requester last asked the rest from (W_STATUS, MR-RETRY-008),
-    # where a MIDDLE or LAST continuing the old stream is accepted too (MR-DUP-003); a MIDDLE or LAST
-    # at a PSN after the first follows the response just placed (responses are placed at comp_psn only)
-    last_k = k == npsn - 1
-    if op == OP_RSP_FIRST or op == OP_RSP_ONLY:
-        ok_op = (k == 0 or k == SW[r, W_STATUS]) and (op == OP_RSP_ONLY) == last_k
+    # the last PSN of the READ comes as LAST or ONLY, the others as FIRST or MIDDLE; a request for the
+    # rest of a READ (after a lost response) is answered from FIRST (or ONLY) at the PSN it asked for
+    if k == npsn - 1:
+        ok_op = op == OP_RSP_LAST or op == OP_RSP_ONLY
     else:
-        ok_op = k != 0 and (op == OP_RSP_LAST) == last_k
-    # MR-NAK-012: a READ RESPONSE FIRST, LAST or ONLY "whose AETH is not of type ACK" (bit 7, NAK, RNR
-    # NAK, type 10) and "READ RESPONSE payloads that do not match the requested length" are bad too
+        ok_op = op == OP_RSP_FIRST or op == OP_RSP_MIDDLE
+    if not ok_op or (k == 0 and op != OP_RSP_FIRST and op != OP_RSP_ONLY):
+        A[P_RX_DROP_OP] += 1
+        return
     pay = b + 12 + (0 if op == OP_RSP_MIDDLE else 4)
     plen = end - pad - pay
     pmtu = Q[qi, Q_PMTU]
     expect = min(pmtu, SW[r, W_LENGTH] - k * pmtu)
     if expect < 0:
         expect = 0
-    if not ok_op or (op != OP_RSP_MIDDLE and (umem[b + 12] & 0xE0) != 0) or plen != expect:
-        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
+    if plen != expect:
+        A[P_RX_DROP_LEN] += 1
         return
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
@@ -1550,7 +1416,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
         if st != ST_RTS and st != ST_SQD and st != ST_SQE:
             A[P_RX_DROP_STATE] += 1
             return
-        completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now)
+        completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now)
         activate(A, Q, qi)
         if ce_marked(umem, l3):
             np_on_ce(A, Q, TM, umem, tables, ext, qi, now)
@@ -1563,7 +1429,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
             A[P_RX_DROP_STATE] += 1
             return
         e0 = Q[qi, Q_EPSN]
-        responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
         comm_est(A, Q, qi, st, e0)
         activate(A, Q, qi)
         if ce_marked(umem, l3):
@@ -1732,9 +1598,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     budget = A[P_BUDGET]
     A[P_RDPROT_LEFT] = budget                            # READ responses protect_reads may send this round
     work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
-    nrx = rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
-    work += nrx
-    drained = nrx < budget                               # the RX ring was emptied: implied NAKs can be judged
+    work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
     # posts: the ready ring
     rdy = A[P_RDY_OFF]
     tail = ld_acq_i64(A, P_RDY_TAIL)
@@ -1799,8 +1663,6 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, Q[qi, Q_FNAK_PSN],
                                 Q[qi, Q_FNAK_EV], Q[qi, Q_FNAK_WHY])
             if st == ST_RTS or st == ST_SQD or st == ST_SQE:
-                if Q[qi, Q_IMPL_NAK] and drained:        # seen in an earlier round, the ring drained since
-                    implied_nak(A, Q, SW, qi, now)
                 if kernel_acks(A, Q, SW, CQT, CE, qi, now):
                     work += 1
                 if Q[qi, Q_NERR_PSN]:
@@ -1818,7 +1680,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                     if Q[qi, Q_LOCERR]:
                         why = Q[qi, Q_LOCERR]
                         Q[qi, Q_LOCERR] = 0
-                        qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
+                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
                 if Q[qi, Q_SQD_DRAIN]:
                     sqd_check(A, Q, SW, qi)
                 if Q[qi, Q_STATE] == ST_ERR:

@@ -52,9 +52,9 @@ from ..native.rdpace import (NRP, RP_C_PACED, RP_C_SHARED, RP_C_WAIT, RP_PEND, R
                              rpace_may_send, rpace_on_sent, rpace_pending)
 from .layout import *  # noqa: F401,F403,E402
 from .layout import N_P, NM, PSN_MASK, PSN_NONE  # noqa: E402
-from .reasons import (WHY_IMMDT_DIFFERS, WHY_LOCAL_MR_DEREGISTERED, WHY_OPCODE_SEQUENCE, WHY_RD_ATOMIC_0,
-                      WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED,
-                      WHY_SEND_TOO_LONG, WHY_SGE_LOCAL_CHECK)
+from .reasons import (WHY_IMMDT_DIFFERS, WHY_LOCAL_MR_DEREGISTERED, WHY_OPCODE_SEQUENCE, WHY_RECV_MR_INVALID,
+                      WHY_REMOTE_ACCESS, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED, WHY_SEND_TOO_LONG,
+                      WHY_SGE_LOCAL_CHECK)
 from .loop import (ACC_REMOTE_WRITE, EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, S_LOC_LEN, S_LOC_PROT,  # noqa: E402
                    S_OK, S_RETRY_EXC, S_RNR_EXC, ST_RTR, ST_RTS, ST_SQD, ST_SQE, ST_ERR, WC_RECV, WC_RECV_IMM,
                    WR_SEND, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, F_SOLICITED, WCF_IMM, AETH_ACK_SYN, NAK_INV_REQ,
@@ -64,7 +64,6 @@ from .ops import FRAME_TO_WIRE  # noqa: E402
 from .ops import CQE_SOLICITED, F_FENCE, ce_marked, comm_est, place, sg_valid, sqd_check, src_of  # noqa: E402
 from .loop import ACC_REMOTE_READ, WR_READ  # noqa: E402
 from .loop import mr_live, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
-from .loop import loc_status, loc_why  # noqa: E402  (local errors before the first packet: MR-RC-008, MR-RC-022)
 from .ops import (ACC_REMOTE_ATOMIC, OP_ATOMIC_ACK, OP_CAS, OP_FAA, WR_CAS, WR_FAA, atomic_request,  # noqa: E402
                   rd_atomic, retire_answered)
 from .prims import ld_acq_i64, ptr_u8, ptr_u64  # noqa: E402
@@ -467,12 +466,7 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             if nxt == Q[qi, Q_SQ_HEAD]:              # MR-MEM-035, as the compat requester
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = loc_why(lmr)
-            break
-        if SW[r, W_STARTED] == 0 and rd_atomic(op) and Q[qi, Q_MAX_RD] == 0:
-            if nxt == Q[qi, Q_SQ_HEAD]:              # MR-RC-009, as the compat requester
-                SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = WHY_RD_ATOMIC_0
+                Q[qi, Q_LOCERR] = WHY_SGE_LOCAL_CHECK if lmr == MR_BAD else WHY_LOCAL_MR_DEREGISTERED
             break
         if SW[r, W_STARTED] == 0:
             if Q[qi, Q_STATE] == ST_SQD:
@@ -1503,8 +1497,7 @@ def nat_rd_execute(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b):
             if A[x + RS_LEN] > 0:
                 mr = mr_check(MRT, A[x + RS_RKEY], Q[qi, Q_PD], A[x + RS_VA], A[x + RS_LEN], ACC_REMOTE_READ)
                 if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
-                    nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn,
-                             EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+                    nat_fail(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                     return
             nat_job(A, nx, b, K_READ, psn, 0, A[x + RS_N], A[x + RS_MSN], A[x + RS_VA], A[x + RS_LEN], mr, 0, 0, 0,
                     0)
@@ -1880,7 +1873,7 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
             if Q[qi, Q_LOCERR]:
                 why = Q[qi, Q_LOCERR]
                 Q[qi, Q_LOCERR] = 0
-                qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
+                qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
         if Q[qi, Q_SQD_DRAIN]:
             sqd_check(A, Q, SW, qi)
     if Q[qi, Q_STATE] == ST_ERR:

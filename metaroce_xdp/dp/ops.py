@@ -45,7 +45,7 @@ from .layout import *  # noqa: F401,F403
 from .layout import (ACC_REMOTE_INV, G_ADDR, G_LENGTH, G_MR, MAX_RD, NAT, NEVF, NF, NG, NJ, NM, PSN_MASK, RK_NONE,
                      SG_ROWS, TM_CNP)
 from .reasons import (WHY_ATOMIC_NOT_ALLOWED, WHY_ATOMIC_UNALIGNED, WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED,
-                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS, WHY_RESPONDER_RESOURCES)
+                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS)
 from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ACK, S_BAD_RESP,
                    S_LOC_PROT, S_OK, ST_ERR, ST_RTR, ST_SQD, advance, complete_head, emit, frame_alloc, get_be, ks_addr,
                    mr_check, read_responses, tx_push,
@@ -53,7 +53,6 @@ from .loop import (ACC_REMOTE_READ, AETH_ACK_SYN, KS_SND_NXT, NAK_INV_REQ, NAK_R
                    sq_row)
 from .loop import ack_deadline, ack_now, send_nak  # noqa: E402  (the local ACK timer, with its jitter; ACK, NAK)
 from .loop import key_row, mr_live_a  # noqa: E402  (MR references, checked on use: MR-SEC-003)
-from .loop import S_REM_INV_REQ, WC_RECV, fail_recv, rd_full  # noqa: E402  (Table 3-4 row 4, Table 7-6)
 from .prims import addr_of, c_memcpy, ld_acq_i64, ld_acq_u64, ptr_u8, ptr_u64, st_rel_u32
 
 from ..congestion import WIRE_OVERHEAD  # wire bytes of a packet besides its payload
@@ -216,7 +215,7 @@ def flush_ack(A, Q, TM, umem, tables, ext, qi):
 
 
 @njit(**_jit)
-def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
+def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
     """A COMPARE_SWAP or FETCH_ADD request of QP qi (b = BTH offset, end = ICRC offset)."""
     hdr = b + 12
     if end - pad - (hdr + 28) != 0:
@@ -233,7 +232,7 @@ def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, 
     if d < 0:                                        # duplicate: the saved result, never executed again
         A[P_RX_DUP] += 1
         t = Q[qi, Q_AT_TAIL]
-        lo = max(0, t - Q[qi, Q_MAX_DEST])           # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
+        lo = max(0, t - MAX_RD)
         while t > lo:
             t -= 1
             a = at_row(A, qi, t)
@@ -245,32 +244,23 @@ def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, 
                 return
         return                                       # too old to be remembered: dropped (MR-DUP-005)
     if Q[qi, Q_R_KIND] != RK_NONE:                   # inside a SEND or WRITE (MR-RC-016)
-        if Q[qi, Q_R_KIND] == RK_SEND:               # the receive WQE of the SEND in progress (Table 7-6)
-            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
     if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:   # the QP does not allow ATOMICs at all (MR-RC-017)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
         return
-    if rd_full(Q, qi):
-        # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f), Table 3-4 row 4)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_RESPONDER_RESOURCES)
-        return
+    if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
+        return                                       # beyond max_dest_rd_atomic: dropped, retried
     va = get_be(umem, hdr, 8)
     rkey = get_be(umem, hdr + 8, 4)
     swap_add = get_be(umem, hdr + 12, 8)
     cmp = get_be(umem, hdr + 20, 8)
     # R_Key, PD, access and bounds of [VA, VA + 8) first, then the alignment (Table 3-4, MR-ATOM-005)
     if mr_check(MRT, rkey, Q[qi, Q_PD], va, 8, ACC_REMOTE_ATOMIC) < 0:
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
-                        EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
         return
     if va & 7:                                       # MR-ATOM-002: NAK, memory untouched
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_ATOMIC_UNALIGNED)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_UNALIGNED)
         return
     if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, 8):
         return                                       # earlier READ responses first (MR-RC-025, MR-ATOM-009)
@@ -307,17 +297,10 @@ def atomic_ack_job(A, Q, TM, umem, tables, ext, qi, j):
 @njit(**_jit)
 def rsp_wqe(Q, SW, qi, psn):
     """The send-queue row whose PSN range holds a response's `psn`, searched from the queue head and
-    never past a READ/ATOMIC still unanswered; -1 when there is none (a response was lost: a gap).
-    The search goes on past sq_next over WQEs already started: after a go-back-N they wait to be sent
-    again, but their first transmission was answered all the same (psn is before snd_max) -- an ATOMIC
-    ACKNOWLEDGE that arrives just after the one before it, when the timeout resent only the first ATOMIC,
-    is not a gap (conformance TC-ATOM-008-a)."""
+    never past a READ/ATOMIC still unanswered; -1 when there is none (a response was lost: a gap)."""
     i = Q[qi, Q_SQ_HEAD]
-    tail = ld_acq_i64(Q[qi], Q_SQ_TAIL)
-    while i != tail:
+    while i != Q[qi, Q_SQ_NEXT]:
         r = sq_row(Q, qi, i)
-        if i - Q[qi, Q_SQ_NEXT] >= 0 and SW[r, W_STARTED] == 0:
-            break
         d = psn_diff(psn, SW[r, W_FIRST_PSN])
         if d >= 0 and d < SW[r, W_NPSN]:
             return r
@@ -386,13 +369,9 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
 
 @njit(**_jit)
 def retire_answered(A, Q, SW, CQT, CE, qi):
-    """Complete, in order, the answered READ/ATOMIC WQEs at the head and the others wholly before comp_psn --
-    also those a go-back-N left waiting at or after sq_next to be sent again (rsp_wqe; complete_head
-    moves sq_next past them)."""
-    while Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL):
+    """Complete, in order, the answered READ/ATOMIC WQEs at the head and the others wholly before comp_psn."""
+    while Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
         rr = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
-        if Q[qi, Q_SQ_HEAD] - Q[qi, Q_SQ_NEXT] >= 0 and SW[rr, W_STARTED] == 0:
-            break
         if rd_atomic(SW[rr, W_OPCODE]):
             if SW[rr, W_DONE] == 0:
                 break
