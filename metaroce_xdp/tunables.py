@@ -43,10 +43,8 @@ class Tunables:
     trace: str | None = None
     max_pending_events: int = 1024
 
-    def replace(self, **kw) -> "Tunables":
-        return dataclasses.replace(self, **kw)
 
-
+INT64_MAX = (1 << 63) - 1
 # field -> (environment variable, parser, lowest value accepted)
 ENV = {
     "window": ("METAROCE_WINDOW", int, 1),
@@ -75,6 +73,8 @@ def _parse(name: str, var: str, parse, low, text: str):
         raise InvalidArgument(f"{var}={text!r}: not a number ({name})") from None
     if v != v or v < low:                               # NaN or below the range
         raise InvalidArgument(f"{var}={text!r}: {name} must be at least {low}")
+    if v > INT64_MAX:                                   # the plane keeps them in int64 words
+        raise InvalidArgument(f"{var}={text!r}: {name} must be at most {INT64_MAX}")
     return v
 
 

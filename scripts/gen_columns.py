@@ -64,7 +64,12 @@ def regenerate(rel: str) -> tuple[str, str]:
 
 
 def stale() -> list[str]:
-    return [rel for rel in FILES if (lambda o, n: o != n)(*regenerate(rel))]
+    out = []
+    for rel in FILES:
+        old, new = regenerate(rel)
+        if old != new:
+            out.append(rel)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

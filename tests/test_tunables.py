@@ -25,7 +25,8 @@ def test_defaults_and_overrides():
 
 @pytest.mark.parametrize("var,text", [("METAROCE_WINDOW", "0"), ("METAROCE_BUDGET", "many"),
                                       ("METAROCE_XDP_SACKS", "yes"), ("METAROCE_READ_RATE_MBPS", "nan"),
-                                      ("METAROCE_DP_YIELD", "-1")])
+                                      ("METAROCE_DP_YIELD", "-1"), ("METAROCE_BUDGET", str(1 << 63)),
+                                      ("METAROCE_READ_RATE_MBPS", "inf")])
 def test_a_bad_value_names_the_variable(var, text):
     with pytest.raises(InvalidArgument, match=var):
         tunables.load(env={var: text})
