@@ -128,7 +128,7 @@ struct mr_qp_state {
 /*
  * The NATIVE_SACK fast path (MR-SACK-043): a ring per native QP in mr_sacks,
  * an mmap-able array.  The kernel is the producer, the data plane's loop
- * (metaroce_xdp/dp/native.py nat_kern_sacks) the single consumer.
+ * (metaroce_xdp/native/plane_tx.py nat_kern_sacks) the single consumer.
  *
  * Protocol (a bounded multi-producer, single-consumer queue, one sequence
  * word per record).  A producer reads prod and cons; prod - cons ==

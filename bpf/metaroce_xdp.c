@@ -21,7 +21,7 @@
  *              a bad AETH (MR-XH-008), which the completer must fail.
  *   CNP path   a compat CNP is consumed the same way: ICRC verified, counted
  *              into the QP's cnp_count, XDP_DROP; the requester's DCQCN
- *              reaction point (metaroce_xdp/dp/ops.py) reads the count.
+ *              reaction point (metaroce_xdp/dp/cc.py) reads the count.
  *   steer      everything else valid goes to the AF_XDP socket of this RX
  *              queue (mr_xsks); no socket = drop NO_XSK.
  *
@@ -232,7 +232,7 @@ static __always_inline int mr_sack_icrc_ok(struct xdp_md *ctx, __u32 l3off, __u3
  * every check of MR-ENC-032 passed, is copied as received (BTH to the last
  * bitmap word) into its QP's ring in mr_sacks (struct mr_sack_ring: the
  * protocol), where the data plane's loop hands it to the same requester logic
- * as a SACK from the AF_XDP socket (metaroce_xdp/dp/native.py nat_kern_sacks
+ * as a SACK from the AF_XDP socket (metaroce_xdp/native/plane_tx.py nat_kern_sacks
  * -> nat_on_sack -> tx_on_sack).  Nothing of the SACK is judged here: its
  * PSN, bitmap and feedback are validated there (MR-SACK-019, MR-SACK-037),
  * against the requester state of the moment.  Returns MR_EV_SACK_CONSUMED, or
@@ -863,7 +863,7 @@ static __always_inline int mr_rx_consume(struct xdp_md *ctx, struct mr_rx *rx,
 
 	/* CNPs are counted into the slot, where the requester's DCQCN
 	 * reaction point reads them (MR-CNP-005, MR-CNP-010,
-	 * metaroce_xdp/dp/ops.py). */
+	 * metaroce_xdp/dp/cc.py). */
 	if (rx->mask & MR_OPM_CNP) {
 		__sync_fetch_and_add(&qp->cnp_count, 1);
 		mr_count_event(MR_EV_CNP);

@@ -214,7 +214,7 @@ class CompiledSession:
             out["naks_received"], out["rnr_naks_received"] = int(slot["naks"]), int(slot["rnr_naks"])
             out["rx_cnp_discarded"] = int(slot["cnp_discarded"])
             # the CNPs the XDP program verified for the QP; the loop's reaction point takes them when it next
-            # runs the QP (dp/ops.py rp_cnps), so its own count (F_RX_CNP) lags on an idle QP
+            # runs the QP (dp/cc.py rp_cnps), so its own count (F_RX_CNP) lags on an idle QP
             out["rx_cnp"] = max(out["rx_cnp"], int(slot["cnp_count"]))
         if self.iut.dcqcn is not None:                        # the reaction point's state (5.6)
             out.update({"dcqcn_rate_bps": int(f[L.F_RC]), "dcqcn_target_bps": int(f[L.F_RT]),

@@ -3,13 +3,13 @@
 Spec: 01-encapsulation.md MR-ECN-007/009/012, 03-compat-rc.md MR-CNP-001 to MR-CNP-010,
 05-congestion.md sections 5.5 to 5.7 (MR-CC-027 to MR-CC-039).
 
-The algorithm runs in the compiled plane (dp/ops.py, "DCQCN"): the notification point answers an
+The algorithm runs in the compiled plane (dp/cc.py): the notification point answers an
 accepted CE-marked request or READ RESPONSE with at most one CNP per `cnp_interval` per QP; the
 reaction point cuts the rate on each CNP (`Rt = Rc; Rc = max(R_min, Rc (1 - alpha/2)); alpha =
 (1-g) alpha + g`), decays alpha every K without one, and raises the rate again on the timer T and
 the byte counter B (fast recovery, additive and hyper increase) within `R_min <= Rc <= R_line`; a
 token bucket filled at Rc paces the QP's packets.  dp/context.py's Plane writes these parameters
-into row 0 of its float table (dp/layout.py D_FIELDS: the same names); dp/ops.py reads
+into row 0 of its float table (dp/layout.py D_FIELDS: the same names); dp/cc.py reads
 WIRE_OVERHEAD from here (jitcache.DEPENDS_FILES lists this file: the constant is frozen into
 compiled code).
 

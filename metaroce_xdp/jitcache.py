@@ -1,9 +1,10 @@
 """Numba's on-disk cache, keyed on what the compiled code really depends on.
 
 numba validates a cached function against the stamp of the one file that defines it.  Ours compile
-code from other modules into theirs: `dp/loop.py`'s entry points inline `dp/ops.py`, `dp/prims.py`
-and `wire/fastpath.py`, and the column numbers of `dp/layout.py` and `kern/layout.py` (and
-`congestion.py`'s WIRE_OVERHEAD) are constants frozen into the machine code.  Edit only one of those (or upgrade a package in which only they
+code from other modules into theirs: the entry points (`dp/inproc.py`, `dp/serve.py`, `dp/drive.py`) inline
+dp/'s role modules, `native/plane*.py`, `dp/prims.py` and `wire/fastpath.py`, and the column numbers of
+`dp/layout.py` and `kern/layout.py` (and `congestion.py`'s WIRE_OVERHEAD) are constants frozen into the
+machine code.  Edit only one of those (or upgrade a package in which only they
 changed) and numba would load the old code -- with other column numbers, silently wrong memory
 accesses.  `install()` puts cache locators first in numba's list that, for this package's files,
 add to the stamp a digest of every module compiled code can depend on (DEPENDS), so any change to

@@ -63,15 +63,18 @@ from .jitcache import LazySigDispatcher
 PLANES: dict[str, tuple[str, ...]] = {
     "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.wire.psn",
                 "metaroce_xdp.afxdp.rings"),
-    "compiled": ("metaroce_xdp.dp.loop", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.ops", "metaroce_xdp.dp.drive",
-                 "metaroce_xdp.dp.serve", "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver",
-                 "metaroce_xdp.native.sender", "metaroce_xdp.native.rdpace", "metaroce_xdp.dp.native"),
+    "compiled": ("metaroce_xdp.dp.ring", "metaroce_xdp.dp.core", "metaroce_xdp.dp.cc", "metaroce_xdp.dp.requester",
+                 "metaroce_xdp.dp.completer", "metaroce_xdp.dp.responder", "metaroce_xdp.dp.atomics",
+                 "metaroce_xdp.dp.round", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.drive", "metaroce_xdp.dp.serve",
+                 "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver", "metaroce_xdp.native.sender",
+                 "metaroce_xdp.native.rdpace", "metaroce_xdp.native.plane_slot",
+                 "metaroce_xdp.native.plane_read", "metaroce_xdp.native.plane_tx", "metaroce_xdp.native.plane"),
 }
 ALL_PLANES = tuple(PLANES)
 MODULES = tuple(m for ms in PLANES.values() for m in ms)
 
 # Compiled modules not on any data path (nothing in MODULES imports them), excused from warm-up.  The native
-# profile's logic (native/*.py) was here until dp/native.py wired it into the data plane
+# profile's logic (native/*.py) was here until native/plane*.py wired it into the data plane
 # (tests/test_first_run.py checks both ways).
 NOT_ON_THE_DATA_PATH: tuple[str, ...] = ()
 
@@ -215,16 +218,16 @@ def _compiled_plan(e) -> list[Entry]:
 
 
 def _native_plan() -> list[tuple[str, str, str, tuple]]:
-    """The native profile's functions Python calls (dp/native.py NativeSlots, at RTR and RTS) or that only
+    """The native profile's functions Python calls (native/plane.py NativeSlots, at RTR and RTS) or that only
     tests and the simulation call so far (credits, the coalescing timer), on rows of their run-time types."""
     from .native import layout as NL
     par = NL.params()
     rxs, s, pt = NL.new_rx(2), NL.new_tx(), NL.new_pt()
     sports = np.arange(NL.KMAX, dtype=np.int64) | 0xC000
     RX, TX, MP = "metaroce_xdp.native.receiver", "metaroce_xdp.native.sender", "metaroce_xdp.native.multipath"
-    return [(RX, "rx_init", "dp.native.NativeSlots.attach (INIT -> RTR)", (rxs[0], par, 0)),
-            (TX, "tx_init", "dp.native.NativeSlots.start (RTR -> RTS)", (s[0], par, 0, 0)),
-            (MP, "mp_init", "dp.native.NativeSlots.start (RTR -> RTS)", (pt, par, sports)),
+    return [(RX, "rx_init", "native.plane.NativeSlots.attach (INIT -> RTR)", (rxs[0], par, 0)),
+            (TX, "tx_init", "native.plane.NativeSlots.start (RTR -> RTS)", (s[0], par, 0, 0)),
+            (MP, "mp_init", "native.plane.NativeSlots.start (RTR -> RTS)", (pt, par, sports)),
             (RX, "rx_credit_alloc", "credits (MR-CC-018): native/sim.py and tests, not the data plane yet",
              (rxs, par, 0)),
             (RX, "rx_sack_due", "native/sim.py and tests (the data plane sends a coalesced SACK at the end of "

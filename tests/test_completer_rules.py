@@ -98,14 +98,14 @@ def test_ghost_and_stale_responses_are_counted(posted):
 
 
 RSP_KIND_BUG = pytest.mark.xfail(strict=True, reason=(
-    "issue 20: a READ RESPONSE for a WQE that is not a READ is taken by the compiled completer (dp/loop.py "
+    "issue 20: a READ RESPONSE for a WQE that is not a READ is taken by the compiled completer (dp/completer.py "
     "completer_rsp) for a lost response: the WQE is sent again (rsp_gap), no IBV_WC_BAD_RESP_ERR (MR-NAK-012)"))
 RSP_AETH_BUG = pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled completer (dp/loop.py completer_rsp) never looks at a READ RESPONSE ONLY's AETH: one "
+    "issue 20: the compiled completer (dp/completer.py completer_rsp) never looks at a READ RESPONSE ONLY's AETH: one "
     "carrying a NAK, an RNR NAK or bit 7 completes the READ with success, not IBV_WC_BAD_RESP_ERR (MR-NAK-012)"))
 RSP_SEQ_BUG = pytest.mark.xfail(strict=True, reason=(
     "issue 20: a READ RESPONSE out of the FIRST/MIDDLE/LAST sequence is dropped and counted (rx_drop_op) by the "
-    "compiled completer (dp/loop.py completer_rsp: ok_op), not a bad response (MR-NAK-012): the READ waits for "
+    "compiled completer (dp/completer.py completer_rsp: ok_op), not a bad response (MR-NAK-012): the READ waits for "
     "its local ACK timeout instead of completing with IBV_WC_BAD_RESP_ERR"))
 
 

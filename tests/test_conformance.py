@@ -114,7 +114,7 @@ def test_catalogue_levels_tables_and_applicability():
 # ERROR outside this table.  A case that passes again should leave the table.
 PLANE_DIVERGENCES = {
     "TC-ACK-006-a": "a READ RESPONSE ONLY from the peer completes the READ with RETRY_EXC_ERR (MR-ACK-006, MR-RC-020)",
-    "TC-CC-037-a": "CNPs reach the reaction point only when the loop next runs the QP (dp/ops.py rp_cnps on active QPs)",
+    "TC-CC-037-a": "CNPs reach the reaction point only when the loop next runs the QP (dp/cc.py rp_cnps on active QPs)",
     "TC-CC-038-a": "as TC-CC-037-a: an idle QP's reaction point does not see the CNPs",
     "TC-CNP-010-a": "no CNP sent for CE-marked requests; rx_ce_marked stays 0 (MR-CNP-010, MR-ECN-012)",
     "TC-CNP-005-a": "the port's rx_cnp counts a CNP only when the loop next runs the QP",

@@ -2,7 +2,7 @@
 hosts A and B of metaroce_xdp.topo.switched_hosts, real client processes (tests/daemon_native_players.py
 and `metaroce perf`, the client library only) in each, the switch namespace between them where the
 fault injector drops packets.  A READ or atomic entry of a client's ring becomes the data plane's send
-WQE (dp/serve.pump_qp) and the compiled loop does the rest (dp/native.py): request messages of at most
+WQE (dp/serve.pump_qp) and the compiled loop does the rest (native/plane.py): request messages of at most
 W/2 PSNs (MR-NAT-021/022), responses placed by offset into the client's registered memory in any order
 (MR-OOO-017/018), lost responses re-requested (MR-OOO-020..022), atomics executed once and answered
 with ATOMIC_ACKNOWLEDGE (MR-NAT-006, MR-OOO-023..025), completions in work-request order (MR-SACK-026)."""

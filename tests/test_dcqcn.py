@@ -1,5 +1,5 @@
-"""DCQCN on compat QPs of the compiled plane (dp/ops.py): the parameters the plane runs with; the
-reaction point's rules through dp/ops.py's own compiled functions (rp_cnps, rp_advance, rp_allowance,
+"""DCQCN on compat QPs of the compiled plane (dp/cc.py): the parameters the plane runs with; the
+reaction point's rules through dp/cc.py's own compiled functions (rp_cnps, rp_advance, rp_allowance,
 rp_on_sent) on a QP row of their own; and the whole chain end to end between two compiled-plane
 endpoints (dp_loop): a switch port marks CE on A's requests (Faults(ce=...)), B's notification point
 counts the marks and answers with CNPs (at most one per cnp_interval), A's XDP program verifies and
@@ -57,22 +57,22 @@ def test_env_overrides(monkeypatch):
         DcqcnParams.from_env(r_min_bps=0)
 
 
-# ---------------------------------------------------------------- the reaction point (dp/ops.py)
+# ---------------------------------------------------------------- the reaction point (dp/cc.py)
 class RP:
-    """One QP row (qi 1) of dp/ops.py's reaction point, with the port table, parameter row and kernel
+    """One QP row (qi 1) of dp/cc.py's reaction point, with the port table, parameter row and kernel
     QP slot (cnp_count) it reads, driven through the compiled functions the loop calls."""
 
     QI, KS_SIZE, F_OFF = 1, 256, 1024
 
     def __init__(self, p: DcqcnParams, now: int = 0) -> None:
-        from metaroce_xdp.dp import ops
-        self.ops = ops
+        from metaroce_xdp.dp import cc
+        self.cc = cc
         self.A = np.zeros(self.F_OFF + 2 * L.NF, np.int64)
         self.ks = np.zeros(2 * self.KS_SIZE, np.uint8)
         self.A[L.P_F_OFF], self.A[L.P_MAXQ] = self.F_OFF, 2
         self.A[L.P_KS_ADDR], self.A[L.P_KS_SIZE] = self.ks.ctypes.data, self.KS_SIZE
         self.Q = np.zeros((2, L.NQ), np.int64)
-        self.F = ops.f_rows(self.A)
+        self.F = cc.f_rows(self.A)
         for i, name in enumerate(L.D_FIELDS):
             self.F[0, i] = float(getattr(p, name))
         s = self.F[self.QI]                     # as QP._dcqcn_init
@@ -91,18 +91,18 @@ class RP:
     def on_cnp(self, now: int, count: int = 1) -> None:
         """`count` CNPs verified by the XDP program (its per-QP cnp_count), then the loop's look at them."""
         self.cnps += count
-        off = self.QI * self.KS_SIZE + self.ops.KS_CNP_COUNT
+        off = self.QI * self.KS_SIZE + self.cc.KS_CNP_COUNT
         self.ks[off:off + 8] = np.frombuffer(np.uint64(self.cnps).tobytes(), np.uint8)
-        self.ops.rp_cnps(self.A, self.Q, self.QI, np.int64(now))
+        self.cc.rp_cnps(self.A, self.Q, self.QI, np.int64(now))
 
     def advance(self, now: int) -> None:
-        self.ops.rp_advance(self.F, self.QI, np.int64(now))
+        self.cc.rp_advance(self.F, self.QI, np.int64(now))
 
     def on_sent(self, nbytes: int) -> None:
-        self.ops.rp_on_sent(self.A, self.QI, np.int64(nbytes))
+        self.cc.rp_on_sent(self.A, self.QI, np.int64(nbytes))
 
     def allowance(self, now: int, budget: int, packet_bytes: int) -> int:
-        return int(self.ops.rp_allowance(self.A, self.QI, np.int64(now), np.int64(budget), np.int64(packet_bytes)))
+        return int(self.cc.rp_allowance(self.A, self.QI, np.int64(now), np.int64(budget), np.int64(packet_bytes)))
 
 
 @pytest.mark.compiles

@@ -1,4 +1,4 @@
-"""The native profile in the compiled data plane (dp/native.py) between two hosts over veth, through the
+"""The native profile in the compiled data plane (native/plane.py) between two hosts over veth, through the
 real XDP program and AF_XDP: native requests (NETH, RSNETH) and NATIVE_SACK instead of ACKNOWLEDGE,
 out-of-order placement with completions in work-request order, selective retransmission under the
 seeded fault injector of tests/test_dp_loss.py, and fewer retransmitted packets than compat

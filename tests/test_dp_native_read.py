@@ -1,4 +1,4 @@
-"""Native READ and atomics in the compiled data plane (dp/native.py) between two hosts over veth, through
+"""Native READ and atomics in the compiled data plane (native/plane.py) between two hosts over veth, through
 the real XDP program and AF_XDP: NATIVE_READ_REQ / NATIVE_READ_RESP placed at their offset in any order,
 lost responses re-requested (MR-OOO-020/021), READs split into request messages of at most W PSNs
 (MR-NAT-022), completions in work-request order among WRITEs (MR-SACK-026), atomics executed once in PSN

@@ -1,4 +1,4 @@
-"""READ response pacing at the native responder (MR-CC-021, dp/native.py nat_rd_send, native/rdpace.py)
+"""READ response pacing at the native responder (MR-CC-021, native/plane_read.py nat_rd_send, native/rdpace.py)
 between two hosts through a switch namespace, real XDP and AF_XDP: several QPs READing large buffers
 from one responder whose READ response rate is set low (200 Mb/s) complete intact, each QP's responses
 leave in PSN order (MR-OOO-017, seen by a capture on the switch port), and the responder's counters show

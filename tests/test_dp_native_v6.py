@@ -117,7 +117,7 @@ def test_native_flow_label_follows_the_entropy_value(v6):
 
 
 def _entropy_table(side):
-    """The K entropy values the QP's data plane holds (dp/native.py NativeSlots.start wrote them at RTS)."""
+    """The K entropy values the QP's data plane holds (native/plane.py NativeSlots.start wrote them at RTS)."""
     pl = side.ctx.plane
     par, rx, s, nx, pt, sp = pl.nat.rows(side.qp.qi)
     return [int(v) for v in sp[:int(par[NL.P_K])]]

@@ -1,4 +1,4 @@
-"""The compiled data plane's operations beyond SEND/WRITE/READ (metaroce_xdp/dp/ops.py), end to end: two
+"""The compiled data plane's operations beyond SEND/WRITE/READ (dp/atomics.py, dp/core.py, dp/responder.py, dp/requester.py), end to end: two
 namespaces on a veth, the real XDP program (ACKs and CNPs consumed in the kernel), AF_XDP sockets.
 ATOMICs (results, alignment and access NAKs with memory untouched, a duplicate answered from the saved
 result), SEND WITH INVALIDATE, gather/scatter lists, FENCE behind a READ, completion channels (solicited

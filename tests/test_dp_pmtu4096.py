@@ -2,8 +2,8 @@
 
 Two compiled-plane endpoints whose veths run at MTU 9000 (through a switch namespace, where the lossy
 test injects faults): a frame with 4096 bytes of payload (~4.2 KB) is more than a 4 KiB UMEM chunk, so
-the loop sends it as two chained TX descriptors (loop.tx_descs_sg) and joins the two RX descriptors it
-arrives in (loop.rx_burst_sg) -- with no Python per packet.  Checked: WRITE, SEND and READ of 1 B to
+the loop sends it as two chained TX descriptors (ring.tx_descs_sg) and joins the two RX descriptors it
+arrives in (round.rx_burst_sg) -- with no Python per packet.  Checked: WRITE, SEND and READ of 1 B to
 1 MiB move the right bytes at path MTU 4096, the frames really were multi-buffer on both sides (READ
 responses too), the ACKs were consumed by the XDP program; and under seeded loss, duplication and
 corruption every operation completes intact and in order."""

@@ -212,7 +212,7 @@ def test_local_ack_timers_armed_together_expire_spread_and_paced(fabric):
     still for longer than 1.25 T) at most TO_PER_ROUND of them go back N per round, none losing a retry by
     waiting; then every WRITE completes.  (A mass expiry retransmitting on all QPs in one round overflowed
     the peer's fill ring again and again until RETRY_EXC_ERR: the 1,000-QP test above under CPU load.)"""
-    from metaroce_xdp.dp.loop import TO_PER_ROUND
+    from metaroce_xdp.dp.round import TO_PER_ROUND
     topo, a, b = fabric
     n = 3 * TO_PER_ROUND + 8
     qa, qb = _small_pairs(topo, a, b, n)
@@ -248,7 +248,7 @@ def test_expired_local_ack_timers_go_back_n_oldest_first(fabric):
     the last 30 QP pairs failed RETRY_EXC_ERR, B's timer for the WRITE overdue by more than a second).
     Here every QP has an expired timer, the oldest at the start of the list: each round starts
     go-back-N on exactly the TO_PER_ROUND oldest, in deadline order; then every WRITE completes."""
-    from metaroce_xdp.dp.loop import TO_PER_ROUND
+    from metaroce_xdp.dp.round import TO_PER_ROUND
     topo, a, b = fabric
     n = 2 * TO_PER_ROUND + 8
     qa, qb = _small_pairs(topo, a, b, n)

@@ -1,5 +1,5 @@
 """The kernel ACK fast path's seqcount (struct mr_qp_state.ack_seq), read by the compiled plane's
-loop (dp/loop.py kernel_acks): while the count is odd -- a writer mid-update on another CPU -- the
+loop (dp/completer.py kernel_acks): while the count is odd -- a writer mid-update on another CPU -- the
 XDP program drops ACKs for the QP (counted ACK_BUSY; ACKs are cumulative, a later one repairs it)
 and the loop reads nothing from the slot; neither side fails the QP.  Once the count is even again
 the next ACK (the duplicate answering the local-ACK-timeout retry) is applied and the WR completes

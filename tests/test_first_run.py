@@ -252,7 +252,7 @@ def _check_cold_demo(p, cache, out, err, t0, timeout):
     # the compiled data path went to the fresh cache (so the repository's cache was not touched): the demo
     # runs the compiled data plane (dp/, `from metaroce_xdp import Context`), whose loop compiles at import
     index = {f.name.split("-")[0] for f in cache.rglob("*.nbi")}
-    for name in ("inproc.dp_run", "inproc.dp_round", "loop.rx_burst", "loop.comp_reap"):
+    for name in ("inproc.dp_run", "inproc.dp_round", "round.rx_burst", "ring.comp_reap"):
         assert name in index, (name, sorted(index))
     print(f"cold demo: {took:.1f} s")
 
@@ -289,7 +289,7 @@ def test_demo_and_metaroced_first_run_with_empty_numba_caches(tmp_path):
             log = Path(tmp, "B.log").read_text()
             assert "compiling the data path" in log, "a cold start must say why it is slow: " + log[-2000:]
             index = {f.name.split("-")[0] for f in cache.rglob("*.nbi")}
-            for name in ("serve.dp_serve", "loop.rx_burst", "loop.comp_reap"):
+            for name in ("serve.dp_serve", "round.rx_burst", "ring.comp_reap"):
                 assert name in index, (name, sorted(index))
             a = client.connect(sock, "mr0")
             with topo.enter(topo[1]):

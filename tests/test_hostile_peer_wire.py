@@ -7,7 +7,7 @@ failed on the code before its fix (the commit that fixed it says what it did bef
   delivers PSNs, with a tsecr no earlier than their transmission and not in the future; ce_count is
   a running count, so a duplicated SACK adds no mark and a lost one loses none.  The requester logic
   (native/sender.py tx_on_sack) is the one both SACK paths use: nat_rx for the socket's and
-  nat_kern_sacks for those the XDP program consumed (dp/native.py).
+  nat_kern_sacks for those the XDP program consumed (native/plane.py).
 * READ responses before an overlapping request (MR-RC-025): at most a round's budget of them leave
   for it; the request waits (dropped, counted, retransmitted), and the READs answer with the data
   from before the WRITE.
@@ -15,7 +15,7 @@ failed on the code before its fix (the commit that fixed it says what it did bef
   responder keeps; an older one is discarded and counted.
 * CNP (MR-CC-035): a burst of forged CNPs in one cnp_interval cuts the rate once; QPNs carry 14 random
   bits (MR-SEC-032).
-* The event ring (dp/loop.py push_event): an event that finds it full is counted.
+* The event ring (dp/core.py push_event): an event that finds it full is counted.
 """
 from __future__ import annotations
 
@@ -365,11 +365,11 @@ def test_qpns_carry_fourteen_random_bits(wire):
 # ============================================================================ event ring
 @pytest.mark.compiles
 def test_full_event_ring_counts_what_it_drops():
-    """dp/loop.py push_event (issue 19 finding 10): an event that finds the ring full (nobody drains it) is
+    """dp/core.py push_event (issue 19 finding 10): an event that finds the ring full (nobody drains it) is
     counted in the port's ev_drop, which stats() shows -- it used to vanish."""
     from metaroce_xdp import jitwarm
     from metaroce_xdp.dp import layout as L
-    from metaroce_xdp.dp.loop import push_event
+    from metaroce_xdp.dp.core import push_event
     A = np.zeros(L.N_P + 1024 * L.NEVF + 8, np.int64)
     A[L.P_EV_OFF] = L.N_P
     with jitwarm.unsealed():                    # a plane started earlier in the process sealed the compiler

@@ -37,7 +37,8 @@ def test_locators_come_first_and_only_for_our_files():
     assert caching.CacheImpl._locator_classes[:3] == list(jitcache._LOCATORS)
     assert jitcache._LOCATORS[0].from_function(len, pytest.__file__) is None
     deps = {p.rsplit("metaroce_xdp/", 1)[1] for p in jitcache.depends()}
-    assert {"dp/loop.py", "dp/ops.py", "dp/layout.py", "dp/prims.py", "wire/fastpath.py", "kern/layout.py"} <= deps
+    assert {"dp/round.py", "dp/core.py", "native/plane.py",
+            "dp/layout.py", "dp/prims.py", "wire/fastpath.py", "kern/layout.py"} <= deps
 
 
 def test_cache_reused_while_unchanged_and_recompiled_when_a_dependency_changes(tmp_path):

@@ -242,9 +242,8 @@ def test_prop_right_edge_never_moves_backwards_mr_cc_015_016(steps, isn, w):
 def test_prop_entropy_values_distinct_in_range_keyed_mr_mp_002_016(secret, lqpn, rqpn, v6, k, data):
     """MR-MP-002: entropy_values gives K distinct UDP source ports in 0xC000-0xFFFF, the same ones for the same
     secret and ends (fixed for the QP), other ones under another secret; MR-MP-016: the flow label key comes
-    from the same secret and ends, and the K values' labels (dp/native.py flow_label) are distinct and non-zero."""
-    import metaroce_xdp.dp.loop  # noqa: F401  (imports dp.native, as the data plane does)
-    from metaroce_xdp.dp.native import flow_label
+    from the same secret and ends, and the K values' labels (native/plane_slot.py flow_label) are distinct and non-zero."""
+    from metaroce_xdp.native.plane_slot import flow_label
     n = 16 if v6 else 4
     lgid, rgid = data.draw(st.binary(min_size=n, max_size=n)), data.draw(st.binary(min_size=n, max_size=n))
     ends = entropy_context(lqpn, rqpn, lgid, rgid)

@@ -125,24 +125,24 @@ def test_read_response_pacing_bursts_and_long_run_share_mr_cc_021():
 
 @pytest.mark.compiles        # nat_job and jb_unqueued with the test's own argument types
 def test_reread_skips_response_psns_still_queued_mr_ooo_022():
-    """MR-OOO-022 (dp/native.py jb_unqueued, nat_job): of a re-requested range, only the response PSNs
+    """MR-OOO-022 (native/plane_read.py jb_unqueued, nat_job): of a re-requested range, only the response PSNs
     that no queued job of the same READ (PSN and MSN) still has to send are queued again -- the PSNs a
     job has sent (below JB_I) are, those still to go ([JB_I, JB_IEND)) are not; another READ's job
     covers nothing; the job ring's indices may run past its size."""
-    from metaroce_xdp.dp import loop  # noqa: F401  (loads dp.native as its part)
-    from metaroce_xdp.dp import native as N
+    from metaroce_xdp.native import plane_read as R
+    from metaroce_xdp.native import plane_slot as N
     A = np.zeros(N.O_JB + N.NJB * N.JB_STRIDE, np.int64)
     nx = np.zeros(N.NNX, np.int64)
     nx[N.X_JB_HEAD] = nx[N.X_JB_TAIL] = N.NJB - 1                  # the next rows wrap around the ring
-    assert N.nat_job(A, nx, 0, N.K_READ, 500, 0, 8, 9, 0, 8192, 0, 0, 0, 0, 0)      # another READ
-    assert N.nat_job(A, nx, 0, N.K_READ, 100, 0, 24, 3, 0, 24576, 0, 0, 0, 0, 0)    # this one, 24 PSNs
+    assert R.nat_job(A, nx, 0, N.K_READ, 500, 0, 8, 9, 0, 8192, 0, 0, 0, 0, 0)      # another READ
+    assert R.nat_job(A, nx, 0, N.K_READ, 100, 0, 24, 3, 0, 24576, 0, 0, 0, 0, 0)    # this one, 24 PSNs
     x = N.O_JB + (N.NJB % N.NJB) * N.JB_STRIDE                     # the second job's row (index NJB)
     A[x + N.JB_I] = 8                                              # ... has sent 0-7
-    assert N.jb_unqueued(A, nx, 0, 100, 3, 8, 24) == (24, 24)      # all still queued
-    assert N.jb_unqueued(A, nx, 0, 100, 3, 3, 24) == (3, 8)        # 3-7 sent: those go again
-    assert N.jb_unqueued(A, nx, 0, 100, 4, 3, 24) == (3, 24)       # another MSN: nothing queued
-    assert N.nat_job(A, nx, 0, N.K_READ, 100, 3, 8, 3, 0, 24576, 0, 1, 0, 0, 0)     # the re-request's job
-    assert N.jb_unqueued(A, nx, 0, 100, 3, 0, 24) == (0, 3)
-    assert N.jb_unqueued(A, nx, 0, 100, 3, 3, 24) == (24, 24)
+    assert R.jb_unqueued(A, nx, 0, 100, 3, 8, 24) == (24, 24)      # all still queued
+    assert R.jb_unqueued(A, nx, 0, 100, 3, 3, 24) == (3, 8)        # 3-7 sent: those go again
+    assert R.jb_unqueued(A, nx, 0, 100, 4, 3, 24) == (3, 24)       # another MSN: nothing queued
+    assert R.nat_job(A, nx, 0, N.K_READ, 100, 3, 8, 3, 0, 24576, 0, 1, 0, 0, 0)     # the re-request's job
+    assert R.jb_unqueued(A, nx, 0, 100, 3, 0, 24) == (0, 3)
+    assert R.jb_unqueued(A, nx, 0, 100, 3, 3, 24) == (24, 24)
     A[x + N.JB_I] = 20
-    assert N.jb_unqueued(A, nx, 0, 100, 3, 3, 24) == (8, 20)       # the queued copy covers 3-7
+    assert R.jb_unqueued(A, nx, 0, 100, 3, 3, 24) == (8, 20)       # the queued copy covers 3-7

@@ -86,7 +86,7 @@ SEAL = r"""
 import numpy as np
 from numba.core import event
 from metaroce_xdp import jitwarm
-from metaroce_xdp.dp import loop
+from metaroce_xdp.dp import ring, round  # noqa: F401  (the whole plane: round imports every role)
 
 compiled = []
 class Watch(event.Listener):
@@ -103,17 +103,17 @@ assert n == len(ds) and jitwarm.is_sealed()
 assert {id(d) for _, _, d in jitwarm.dispatchers(jitwarm.PLANES["compiled"])} <= {id(d) for d in ds}
 assert all(d._can_compile is False for d in ds), [d.py_func.__name__ for d in ds if d._can_compile]
 assert jitwarm.seal() == n                                   # idempotent
-# a helper compiled only into its callers (dp/loop.py frame_free) refuses too, sealed
+# a helper compiled only into its callers (dp/ring.py frame_free) refuses too, sealed
 A = np.zeros(8, np.float32)
 try:
-    loop.frame_free(A, 0)
+    ring.frame_free(A, 0)
 except TypeError as e:
     assert "No matching definition" in str(e) or "compil" in str(e), e
 else:
     raise AssertionError("a sealed helper compiled")
 with jitwarm.unsealed():
-    assert not jitwarm.is_sealed() and loop.frame_free._can_compile
-assert jitwarm.is_sealed() and not loop.frame_free._can_compile
+    assert not jitwarm.is_sealed() and ring.frame_free._can_compile
+assert jitwarm.is_sealed() and not ring.frame_free._can_compile
 assert compiled == [], compiled
 print("sealed", n)
 """

@@ -3,7 +3,7 @@
 psn_diff(a, b) lies in [-2^23, 2^23): a PSN exactly 2^23 away counts as behind (rxe's psn_compare;
 a request there is in the responder's duplicate region [ePSN - 2^23, ePSN)).  MR-BTH-020's strict
 order (psn_lt) leaves that midpoint unordered.  The compiled plane classifies with this very
-function: dp/loop.py and dp/ops.py import it, and no other module of the package defines one.
+function: dp/'s role modules import it, and no other module of the package defines one.
 """
 from __future__ import annotations
 
@@ -59,6 +59,6 @@ def test_no_other_psn_diff_in_the_package():
 
 def test_the_compiled_plane_uses_the_same_function_object():
     """Importing dp/ loads its compiled loop (numba's cache; compiled when cold)."""
-    from metaroce_xdp.dp import loop, ops
-    assert loop.psn_diff is P.psn_diff
-    assert ops.psn_diff is P.psn_diff
+    from metaroce_xdp.dp import completer, core, requester, responder, round  # noqa: F401
+    for mod in (completer, core, requester, responder):
+        assert mod.psn_diff is P.psn_diff, mod.__name__

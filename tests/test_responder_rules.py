@@ -235,7 +235,7 @@ def test_dma_length_of_exactly_2_31_is_not_a_length_error(peer):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    'issue 20: the compiled responder ignores max_dest_rd_atomic (dp/context.py QP.modify does not keep it; dp/loop.py push_read_job allows MAX_RD): a READ or ATOMIC beyond it is executed, or silently dropped beyond MAX_RD, never NAKed invalid request (MR-DUP-007, MR-NAK-006 (f))'))
+    'issue 20: the compiled responder ignores max_dest_rd_atomic (dp/context.py QP.modify does not keep it; dp/responder.py push_read_job allows MAX_RD): a READ or ATOMIC beyond it is executed, or silently dropped beyond MAX_RD, never NAKed invalid request (MR-DUP-007, MR-NAK-006 (f))'))
 @pytest.mark.parametrize("op", [Op.RDMA_READ_REQUEST, Op.FETCH_ADD])
 def test_read_or_atomic_with_max_dest_rd_atomic_0_is_invalid_request(peer, op):
     """MR-DUP-007, MR-NAK-006 (f), MR-SEC-012: with max_dest_rd_atomic 0 a READ or an ATOMIC is an invalid
@@ -248,7 +248,7 @@ def test_read_or_atomic_with_max_dest_rd_atomic_0_is_invalid_request(peer, op):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    'issue 20: the compiled responder ignores max_dest_rd_atomic (dp/context.py QP.modify does not keep it; dp/loop.py push_read_job allows MAX_RD): a READ or ATOMIC beyond it is executed, or silently dropped beyond MAX_RD, never NAKed invalid request (MR-DUP-007, MR-NAK-006 (f))'))
+    'issue 20: the compiled responder ignores max_dest_rd_atomic (dp/context.py QP.modify does not keep it; dp/responder.py push_read_job allows MAX_RD): a READ or ATOMIC beyond it is executed, or silently dropped beyond MAX_RD, never NAKed invalid request (MR-DUP-007, MR-NAK-006 (f))'))
 def test_read_beyond_responder_resources(peer):
     """MR-DUP-007, MR-NAK-006 (f), MR-RC-025: with max_dest_rd_atomic 1, a second READ while the first one's
     responses are still queued is an invalid request; its NAK leaves after the first READ's responses."""
@@ -349,7 +349,7 @@ def test_fatal_nak_after_a_read_leaves_after_its_responses(peer):
 
 @pytest.mark.parametrize("budget", [256, pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=(
     "issue 20: with the READ's responses queued over several rounds, the compiled responder drops the FETCH_ADD "
-    "that lands in the READ's range (dp/loop.py protect_reads: left for the requester to send again) and the "
+    "that lands in the READ's range (dp/responder.py protect_reads: left for the requester to send again) and the "
     "SEND after it: no ATOMIC ACKNOWLEDGE, no ACK until a retransmission (MR-RC-025, MR-ATOM-009)")))])
 def test_later_requests_do_not_change_an_earlier_reads_data(peer, budget):
     """MR-RC-025, MR-RC-014, MR-ATOM-009: a WRITE, a FETCH_ADD and a SEND that land inside the range of an

@@ -349,7 +349,7 @@ def _dp_stats(side: _Side) -> dict:
 def _native_room(opt: PerfOptions, side: _Side) -> int:
     """How many QPs --profile auto may offer native in this run: 0 (offer compat, as a compat-only peer
     would) where the plane cannot carry the test natively -- read-bw while native READ is not built
-    (dp/context.py _NATIVE_OPS), or more QPs than the port has native slots (dp/native.py NSLOT)."""
+    (dp/context.py _NATIVE_OPS), or more QPs than the port has native slots (native/plane_slot.py NSLOT)."""
     if not side.compiled:
         return 0
     from metaroce_xdp.dp import context as dpctx

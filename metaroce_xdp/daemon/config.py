@@ -35,7 +35,7 @@ class DaemonConfig:
     busy_idle_ms: int = 1000                              # busy: sleep as `sleep` does after this long idle (0: never)
     max_clients: int = 64
     max_qps_per_client: int = 256
-    max_native_qps_per_client: int = 4                    # of an interface's 16 native slots (dp/native.py NSLOT)
+    max_native_qps_per_client: int = 4                    # of an interface's 16 native slots (native/plane_slot.py NSLOT)
     max_mr_bytes_per_client: int = 1 << 30
     cm_port: int = 18515                                  # TCP port of connection set-up (spec 06)
     metrics_listen: str | None = None                     # "127.0.0.1:9462" serves Prometheus; None: off

@@ -328,12 +328,11 @@ def _dp():
     """The data plane modules (numba): imported by the daemon only, never by clients."""
     from ..dp import context as dpc
     from ..dp import layout as L
-    from ..dp import loop
-    return dpc, L, loop
+    return dpc, L
 
 
 def load_native_entries() -> None:
-    """The native profile's functions Python calls at a native QP's RTR and RTS (dp/native.py NativeSlots:
+    """The native profile's functions Python calls at a native QP's RTR and RTS (native/plane.py NativeSlots:
     rx_init, tx_init, mp_init), loaded from numba's cache now instead of at the first native RTR.  The rest of
     native/ is compiled into dp_serve and never loaded on its own (jitcache.lazy_njit)."""
     from ..native import multipath, receiver, sender
@@ -343,7 +342,7 @@ def load_native_entries() -> None:
 
 def _preload_loops() -> None:
     try:
-        from ..dp import loop, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
+        from ..dp import round, serve  # noqa: F401  (numba's cache loaded; Context.open then finds them imported)
     except Exception:                 # noqa: BLE001 - Context.open imports them again and says what is wrong
         log.debug("preloading the compiled loops failed", exc_info=True)
 
@@ -389,7 +388,7 @@ class Device:
 
     def __init__(self, daemon: "Daemon", ifname: str, ctx: Any) -> None:
         self.daemon, self.ifname, self.ctx = daemon, ifname, ctx
-        self.dpc, self.L, self.loop = _dp()
+        self.dpc, self.L = _dp()
         from ..dp import serve
         self.serve = serve
         assert serve.WHY_BAD_WR == WHY_BAD_WR
@@ -614,8 +613,8 @@ class Device:
         (METAROCE_READ_RATE_MBPS, else the interface's speed)."""
         bps = cfg.read_rate_bps(self.ifname)
         if bps is None:
-            from ..dp import native
-            bps = native.read_rate_bps(self.ifname)
+            from ..native import plane
+            bps = plane.read_rate_bps(self.ifname)
         self.ctx.set_read_rate(bps)
         log.info("%s: native READ responses paced at %.0f Mb/s in all (MR-CC-021)%s", self.ifname, bps / 1e6,
                  "" if bps else ": not paced")
@@ -762,7 +761,7 @@ class Daemon:
             import numba  # noqa: F401  (kern.loader imported it: this phase is numba's import)
             clock.mark("import numba")
             from ..jitwarm import COLD_MESSAGE, _cold_modules
-            if {"metaroce_xdp.dp.loop", "metaroce_xdp.dp.serve"} & set(_cold_modules(("compiled",))):
+            if {"metaroce_xdp.dp.round", "metaroce_xdp.dp.serve"} & set(_cold_modules(("compiled",))):
                 log.warning("%s", COLD_MESSAGE)        # numba's cache lacks the loops it loads: minutes, not seconds
             ctx_cls = _make_context_class()
             from ..dp import context as dpc
@@ -1574,7 +1573,7 @@ class Daemon:
 
     @staticmethod
     def native_slots() -> int:
-        from ..dp.native import NSLOT
+        from ..native.plane_slot import NSLOT
         return NSLOT
 
     def profiles(self) -> list[str]:

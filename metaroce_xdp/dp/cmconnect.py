@@ -12,7 +12,7 @@ MR-CM-016).  The agreed capability set chooses the QP's profile at RTR and its n
 and K are the agreed sack_window and entropy_count (6.4), CC_DELAY is not offered by this endpoint
 (MR-CC-042: its RTT samples carry host scheduling delay) and `rto_min` is raised to RTO_MIN_US; a peer's
 NATIVE_TIMING TLV sets T_peer (MR-CC-040).
-ATOMICS is offered with every profile (native atomics: dp/native.py, MR-NAT-006).
+ATOMICS is offered with every profile (native atomics: native/plane.py, MR-NAT-006).
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@
 
 Python is the control plane: it validates and writes work requests into the arrays of
 layout.py, marks the QP in the ready ring and wakes the loop; QP state changes pause the
-loop for the moment of the change.  The packet work is all in loop.round_, run by inproc.dp_round / dp_run.
+loop for the moment of the change.  The packet work is all in round.round_, run by inproc.dp_round / dp_run.
 
 ATOMICs, SEND WITH INVALIDATE (remote_invalidate MRs), gather/scatter lists, FENCE, SQD and
-completion channels (solicited events too) are dp/ops.py's.  Multi-buffer ports (XDP_USE_SG, path
+completion channels (solicited events too) are dp/core.py's.  Multi-buffer ports (XDP_USE_SG, path
 MTU 4096 on an interface MTU >= 4178) are the loop's (rx_burst_sg, tx_descs_sg).  Not implemented by
 this plane, refused with `Unsupported` (a typed InvalidArgument): native profile.
 """
@@ -53,7 +53,7 @@ _SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SE
 _ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
 _NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
                WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
-_NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/ops.py cq_notify)
+_NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/core.py cq_notify)
 DEFAULT_DSCP = 26          # a QP's DSCP unless its address vector says otherwise: every packet but CNPs (MR-ECN-004)
 
 
@@ -113,7 +113,7 @@ class Plane:
         tunables: window, budget, spinning ... (metaroce_xdp/tunables.py; default: tunables.load())."""
         self.tunables = tun = tunables if tunables is not None else load_tunables()
         from ..wire.fastpath import TABLES
-        from . import native
+        from ..native import plane as native, plane_slot as nslot
         self.port, self.loader, self.maxq = port, loader, maxq
         self.tables = TABLES
         nframes = port.umem.nframes
@@ -121,9 +121,9 @@ class Plane:
                  + self.CQE_ROWS * L.NE + L.MAX_CQS * L.NC + L.MAX_MRS * L.NM + maxq * L.MAX_RD * L.NJ
                  + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8
                  + L.SG_ROWS * L.NG + maxq * L.MAX_RD * L.NAT + maxq * L.NF + 1024 + 4 * 8
-                 + native.region_words(maxq) + 8)
+                 + nslot.region_words(maxq) + 8)
         words += sum(L.N_P + 2 * L.TX_BATCH + 8 + L.N_EV * L.NEVF + L.N_RDY + maxq + p.umem.nframes + 1024 + 8 * 8
-                     + native.EXT_BYTES // 8 for p in more_ports)
+                     + nslot.EXT_BYTES // 8 for p in more_ports)
         ar = self.arena = L.Arena(words)
         A = self.A = ar.a
         p0 = ar.alloc(L.N_P)
@@ -143,13 +143,13 @@ class Plane:
         rdy = ar.alloc(L.N_RDY)
         act = ar.alloc(maxq)
         free = ar.alloc(nframes)
-        # dp/ops.py: SGE lists, saved ATOMIC results, DCQCN state (float64 words), the gather scratch
+        # dp/core.py, dp/atomics.py, dp/cc.py: SGE lists, saved ATOMIC results, DCQCN state (float64 words), the gather scratch
         sg = ar.alloc(L.SG_ROWS * L.NG)
         at = ar.alloc(maxq * L.MAX_RD * L.NAT)
         fo = ar.alloc(maxq * L.NF)
         sgx = ar.alloc(1024)
-        # the native profile's rows (dp/native.py): a slot per native QP
-        self.nat = native.NativeSlots(A, ar.alloc(native.region_words(maxq)), maxq)
+        # the native profile's rows (native/plane.py): a slot per native QP
+        self.nat = native.NativeSlots(A, ar.alloc(nslot.region_words(maxq)), maxq)
         for name, off in (("sg_off", sg), ("at_off", at), ("f_off", fo)):
             A[getattr(L, "P_" + name.upper())] = off
         A[L.P_SGX_ADDR] = int(A.ctypes.data) + sgx * 8
@@ -179,7 +179,7 @@ class Plane:
         self.rq_pool = L.RowPool(0, (ce - rq) // L.NR)
         self.ce_pool = L.RowPool(0, (cqt - ce) // L.NE)
         self.TM = np.zeros((maxq, 2 * L.TM_CNP), np.uint8)      # frame template | CNP template
-        # DCQCN (dp/ops.py): congestion.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
+        # DCQCN (dp/cc.py): congestion.py's parameters -- R_line the interface's speed, METAROCE_DCQCN_* -- in F row 0
         from ..congestion import DcqcnParams, link_rate_bps
         self.dcqcn = DcqcnParams.from_env(r_line_bps=link_rate_bps(getattr(port, "ifname", None)))
         self.nat.set_read_rate(native.read_rate_bps(getattr(port, "ifname", None), tun.read_rate_mbps))  # MR-CC-021
@@ -255,7 +255,7 @@ class Plane:
         A[pfd + 1] = (self.efd & 0xFFFFFFFF) | (1 << 32)
         A[L.P_POLLFD] = ad(A) + pfd * 8
         # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
-        # (multi-buffer: a packet larger than one RX buffer counts twice, loop.infl_weight)
+        # (multi-buffer: a packet larger than one RX buffer counts twice, requester.infl_weight)
         cap = self.tunables.port_inflight
         A[L.P_INFL_CAP] = cap if cap is not None else x.rx.size * 3 // 4
         A[L.P_MAGIC] = L.MAGIC
@@ -280,12 +280,12 @@ class Plane:
         for name, off in (("ev_off", ev), ("rdy_off", rdy), ("act_off", act), ("free_off", free), ("txq_off", txq)):
             A[getattr(L, "P_" + name.upper())] = off - base
         A[L.P_SGX_ADDR] = int(ar.a.ctypes.data) + sgx * 8
-        from . import native
-        if A[native.P_NAT_OFF]:
+        from ..native import plane_slot as nslot
+        if A[nslot.P_NAT_OFF]:
             # the native region (slots shared: a QP has one plane), its header scratch this loop's own
-            A[native.P_NAT_OFF] -= base
-            ext = ar.alloc(native.EXT_BYTES // 8)
-            A[native.P_NAT_EXT] = int(ar.a.ctypes.data) + ext * 8
+            A[nslot.P_NAT_OFF] -= base
+            ext = ar.alloc(nslot.EXT_BYTES // 8)
+            A[nslot.P_NAT_EXT] = int(ar.a.ctypes.data) + ext * 8
         A[L.P_QUEUE] = index
         pl.EV = ar.a[ev:ev + L.N_EV * L.NEVF].reshape(-1, L.NEVF)
         pl.port = port
@@ -669,7 +669,7 @@ class QP:
         self.pmtu = 1024
         self.error_reason: str | None = None
         self.installed = False
-        self.profile = "compat"              # "native" from RTR when QPAttr.profile asks for it (dp/native.py)
+        self.profile = "compat"              # "native" from RTR when QPAttr.profile asks for it (native/plane.py)
         self._sport = 0
         self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
         self._sg_rq: deque = deque()
@@ -1098,7 +1098,7 @@ class QP:
 
     # ---- compiled posting (dp/drive.py) ----------------------------------------------------
     def _native_check(self, wr: SendWR) -> None:
-        """What a native QP cannot carry is refused before it is queued (dp/native.py)."""
+        """What a native QP cannot carry is refused before it is queued (native/plane.py)."""
         if self.profile != "native":
             return
         if wr.opcode == WROpcode.SEND_WITH_INV:
@@ -1190,7 +1190,7 @@ class Context:
         from ..kern.loader import XdpLoader, XdpMode, check_interface_free
         from ..afxdp.port import XskPort
         check_interface_free(ifname)   # XdpBusy before any compiling when another owner lives
-        from . import loop  # noqa: F401  (compiled or loaded from the cache before any socket exists)
+        from . import round as _round  # noqa: F401  (compiled or loaded from the cache before any socket exists)
         if inproc:
             # the in-process plane's compiled code (dp_round, dp_run and the rest), loaded from numba's cache
             # (or compiled, saying so on stderr) before any socket exists; its entry points have explicit
@@ -1273,7 +1273,7 @@ class Context:
     def _invalid_why(self, qi: int, why: int) -> str:
         """The reason text of code `why`; for an invalid request the responder NAKed (opcode sequence, payload
         length), what the
-        packet was (dp/loop.py note_invalid): the other end is told what it sent."""
+        packet was (dp/responder.py note_invalid): the other end is told what it sent."""
         text = reasons.text(why)
         if why not in (Why.OPCODE_SEQUENCE, Why.PAYLOAD_LENGTH):
             return text
@@ -1354,7 +1354,7 @@ class Context:
     def dereg_mr(self, mr: MR) -> None:
         """From now on no packet reaches the memory (MR-SEC-003): the valid bit is cleared, then every RX
         queue's loop of the group is paused once, so a round that checked the MR before finishes first;
-        every later use compares the reference it kept with the row's (dp/loop.py mr_live: the valid bit,
+        every later use compares the reference it kept with the row's (dp/core.py mr_live: the valid bit,
         and a generation a re-registration of the row changes), so nothing reaches the memory after this
         returns, whatever registers the row next.  The row is free again, last in line (quarantine,
         MR-MEM-011).  (M_REF stays: a check racing this one must not read 0, "no MR".)"""
@@ -1505,7 +1505,7 @@ class Context:
 
     def set_read_rate(self, bps: float) -> None:
         """The link rate this port's native READ responses share (MR-CC-021), bits/s, from now on (0: not
-        paced); at open it is METAROCE_READ_RATE_MBPS or the interface's speed (dp/native.py read_rate_bps)."""
+        paced); at open it is METAROCE_READ_RATE_MBPS or the interface's speed (native/plane.py read_rate_bps)."""
         self.plane.nat.set_read_rate(bps)
 
     # ---- driving ------------------------------------------------------------------------

@@ -5,7 +5,7 @@ validating it, creating a WC object): at 8-byte messages that, not the data plan
 message rate, and on the 64 KiB stream it costs a tenth of the sender's CPU.  These entry
 points do what perftest's C loops do -- keep DEPTH work requests outstanding on each QP,
 reap completions, timestamp them; or ping-pong one WRITE for latency -- inside one compiled,
-GIL-free call that runs the port's progress rounds (loop.round_) in between, on the same
+GIL-free call that runs the port's progress rounds (round.round_) in between, on the same
 tables Python's verbs use (the SQ rings, the CQ ring), so QP.post_send and CQ.poll stay valid
 before and after.
 
@@ -18,7 +18,7 @@ before and after.
   socket (its SACKs are steered there while it sleeps) or a post.
 * `dp_drive_lat(...)`: perftest's write_lat loop, waits on the watched byte inside the loop.
 
-Explicit signatures, cache=True, compiling disabled after import (as dp/loop.py).
+Explicit signatures, cache=True, compiling disabled after import (as dp/inproc.py).
 """
 from __future__ import annotations
 
@@ -31,8 +31,10 @@ from ..native import layout as NL
 from .layout import (N_P, C_BASE, C_HEAD, C_SIZE, C_TAIL, E_STATUS, E_WR_ID, N_RDY, NW, P_EFD, P_EV_HEAD, P_EV_TAIL,
                      P_IDLE_POLLS, P_MAGIC, P_NOW, P_POLLFD, P_RDY_HEAD, P_RDY_OFF, P_RDY_TAIL, P_RX, P_SLEEPING,
                      P_TXN, P_WAKEUPS, P_YIELD_AFTER, P_YIELDS, MAGIC, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL)
-from .loop import activate, round_, views
-from .native import nat_kern_sleep, nat_slot, pace_slack, rows, slot_base
+from .core import activate
+from .round import round_, views
+from ..native.plane_slot import nat_slot, rows, slot_base
+from ..native.plane_tx import nat_kern_sleep, pace_slack
 from .prims import (c_monotonic_ns, c_ppoll_ns, c_read8, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, st_rel_u8,
                     unowned)
 

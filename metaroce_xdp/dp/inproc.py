@@ -1,8 +1,8 @@
 """The in-process compiled plane's entry points: `dp_round` (one round of the port) and `dp_run` (rounds in
-a GIL-free loop until Python must see something), both around loop.py's `round_` -- see loop.py's docstring
+a GIL-free loop until Python must see something), both around round.py's `round_` -- see round.py's docstring
 for what a round does.  dp.Plane calls them (progress(), run(), its progress thread).
 
-They were loop.py's; they live here so that metaroced, which drives its planes only through dp/serve.py's
+They live in a module of their own so that metaroced, which drives its planes only through dp/serve.py's
 dp_serve, does not load them from numba's cache at start (two of the largest entries: ~0.25 s of CPU).
 Importing this module loads them (explicit signatures, cache=True); compiling is disabled after definition.
 """
@@ -16,8 +16,8 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 from .layout import (MAGIC, N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS, P_MAGIC, P_N_ACT, P_NOW,
                      P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN,
                      P_WAKEUPS, P_YIELD_AFTER, P_YIELDS)
-from .loop import round_, views
-from .native import nat_kern_sleep
+from .round import round_, views
+from ..native.plane_tx import nat_kern_sleep
 from .prims import c_monotonic_ns, c_poll, c_read8, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, unowned
 
 _jit = dict(cache=True, nogil=True)
@@ -82,7 +82,7 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
                     and not ld_acq_i64(A, P_STOP) and not ld_acq_i64(A, P_PAUSE):
                 left = (max_ns - (now - start)) // 1000000
                 c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
-            nat_kern_sleep(A, Q, 0)                      # SACKs to the kernel's rings again (dp/native.py)
+            nat_kern_sleep(A, Q, 0)                      # SACKs to the kernel's rings again (native/plane.py)
             st_rel_i64(A, P_SLEEPING, 0)
             c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
             A[P_WAKEUPS] += 1

@@ -14,14 +14,14 @@ daemon's driver thread: a GIL-free loop that, every round,
   A bad entry completes with LOC_PROT_ERR (SGE) or LOC_QP_OP_ERR (the rest) on that QP's CQ, the
   QP goes to ERR (event EV_QP_FATAL, why WHY_BAD_WR, details in its QX row for Python's message)
   and its rings are not read again;
-* runs `loop.round_` (the data plane's round);
+* runs `round.round_` (the data plane's round);
 * copies new completions of client CQs from the data plane's CQ rings into the clients' CQ rings
   (as much as the client ring has room for: a client that never polls overflows its own CQ);
 * every `G_CREDIT_NS` (the receiver's credit_interval), shares the receive budget among the port's
   native QPs with CREDITS agreed (`credits`: native/receiver.rx_credit_alloc, MR-CC-018) -- every
   client's QPs together, since they share the interface's downlink.
 
-Native QPs (dp/native.py, chosen at RTR) run in `loop.round_` like compat ones, READ and atomics
+Native QPs (native/plane.py, chosen at RTR) run in `round.round_` like compat ones, READ and atomics
 included: a READ or atomic entry becomes a send-queue row as the in-process post_send writes it (the
 local SGE where the responses or the original value are placed, in the client's registered memory;
 compare_add in W_IMM, swap in W_SWAP), and from there the round does the rest -- request messages of
@@ -45,7 +45,7 @@ Tables the daemon owns (numpy arrays beside the arena, never seen by clients):
   G       scalars: scan period and deadline, completions seen, a CQ left with entries, counters.
 Rows are filled and cleared by Python with the loop paused (Plane.paused()).
 
-Explicit signature, cache=True, compiling disabled after import (as dp/loop.py).
+Explicit signature, cache=True, compiling disabled after import (as dp/inproc.py).
 """
 from __future__ import annotations
 
@@ -67,10 +67,11 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
                      W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
 from .reasons import WHY_BAD_WORK_REQUEST
-from .loop import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
-                   round_, views, wc_of)
-from .loop import in_mr, key_row      # MR-MEM-024 bounds without overflow, the one key decoder
-from .native import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
+from .core import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
+                   wc_of)
+from .core import in_mr, key_row      # MR-MEM-024 bounds without overflow, the one key decoder
+from .round import round_, views
+from ..native.plane_slot import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
 from ..native import layout as NL
 from ..native.receiver import rx_credit_alloc
 from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u64, st_rel_i64, st_rel_u64, unowned
@@ -290,7 +291,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             SW[r, W_LMR] = lmr
             SW[r, W_RADDR] = raddr
             SW[r, W_RKEY] = _w(e, S.S_RKEY) & 0xFFFFFFFF
-            if op > OP_READ:                            # as dp/context.py's _send_row (dp/ops.atomic_request)
+            if op > OP_READ:                            # as dp/context.py's _send_row (dp/requester.atomic_request)
                 SW[r, W_IMM] = _w(e, S.S_COMPARE_ADD)
                 SW[r, W_SWAP] = _w(e, S.S_SWAP)
             else:

@@ -29,7 +29,7 @@ def entropy_values(secret: bytes, ctx: bytes, k: int) -> list[int]:
     function of the QP's ends `ctx` (entropy_context) under its per-QP random secret: BLAKE2b keyed with
     `secret` over ctx and a counter, 14 bits of each output under the 0xC000 prefix; an output equal to an
     earlier value is skipped (K <= 255 of 16384 ports, so a few extra draws at most).  Computed once at RTS
-    (dp/native.py NativeSlots.start), so the set is fixed for the QP's life."""
+    (native/plane.py NativeSlots.start), so the set is fixed for the QP's life."""
     if not 1 <= k <= 0x4000:
         raise ValueError(f"entropy count {k} outside 1-16384")
     out: list[int] = []
@@ -46,7 +46,7 @@ def entropy_values(secret: bytes, ctx: bytes, k: int) -> list[int]:
 
 
 def flow_label_key(secret: bytes, ctx: bytes) -> int:
-    """MR-MP-016: the 63-bit key of dp/native.py flow_label, the same keyed function as entropy_values over the
+    """MR-MP-016: the 63-bit key of native/plane_slot.py flow_label, the same keyed function as entropy_values over the
     same ends and secret (another personalisation), so a value's label is a pseudo-random function of the
     value, the QPNs, the GIDs and the secret."""
     h = hashlib.blake2b(ctx, key=secret, digest_size=8, person=b"MR-MP-016")

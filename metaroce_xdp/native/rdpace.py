@@ -5,13 +5,13 @@ with responses pending (READ responses or ATOMIC_ACKNOWLEDGEs queued), kept incr
 changes it by rpace_pending()'s result when its queue turns non-empty or empty, so nothing scans the
 QPs.  Each QP with responses pending may send at R / N: a pacing clock `next` (ns) that every
 response packet of b bytes on the wire advances by b * 8 / (R / N), after which the next packet
-waits until `next` <= now.  As the requester's pacing (MR-CC-004, dp/native.py pace_slack), up to
+waits until `next` <= now.  As the requester's pacing (MR-CC-004, native/plane_tx.py pace_slack), up to
 max_burst packets may leave back to back: the clock is never behind now by more than
 (max_burst - 1) packet gaps.  The order of the responses is not the pacer's business: the responder
 sends its jobs in PSN order (MR-OOO-017) and only delays the next one.
 
 Row `rp` (RP_FIELDS) per QP; the data plane keeps R and N in words its RX-queue loops share
-(dp/native.py, PW_*), N updated with an atomic add of rpace_pending()'s result.
+(native/plane.py, PW_*), N updated with an atomic add of rpace_pending()'s result.
 
   rpace_pending(rp, pending)        the QP's queue is (not) empty now: -1, 0 or +1 for N
   rpace_share(rate, npend)          R / N, the QP's response rate now (bits/s)

@@ -4,8 +4,8 @@ Order (MR-BTH-020): `a` is before `b` when (b - a) mod 2^24 lies in [1, 2^23) --
 A requester never has 2^23 PSNs outstanding (MR-BTH-021), so two PSNs of one live window are never
 2^23 apart; a peer's packet can be.
 
-`psn_diff` is the signed distance the compiled plane classifies with (dp/loop.py, dp/ops.py import
-this function: one midpoint rule).  It lies in [-2^23, 2^23): the midpoint counts as *behind*, so a
+`psn_diff` is the signed distance the compiled plane classifies with (dp/'s role modules and native/plane.py
+import this function: one midpoint rule).  It lies in [-2^23, 2^23): the midpoint counts as *behind*, so a
 request 2^23 away from the expected PSN is in the duplicate region [ePSN - 2^23, ePSN) and the
 out-of-sequence region is (ePSN, ePSN + 2^23) -- the same split as Linux rxe's psn_compare (the
 24-bit difference shifted into the sign bit of an s32).  It is compiled (numba) so that compiled

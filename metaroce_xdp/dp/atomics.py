@@ -1,0 +1,171 @@
+"""ATOMICs, both ends (the request itself is built by requester.atomic_request).
+
+* The responder (`responder_atomic`) checks, in the order of Table 3-4 (MR-NAK-014), the opcode sequence,
+  the QP's REMOTE_ATOMIC, the R_Key and bounds of [VA, VA + 8) (NAK code 2) and then the 8-byte alignment
+  (NAK invalid request, MR-ATOM-002, MR-ATOM-005) before it touches memory; it executes in host byte order
+  (MR-ATOM-001, MR-ATOM-003), remembers (PSN, original value) in a ring of MAX_RD per QP and answers with
+  an ATOMIC ACKNOWLEDGE queued behind the READ responses before it (MR-RC-025, MR-ATOM-006); a duplicate
+  is answered from the saved value, never executed again (MR-DUP-005).
+* The completer (`completer_atomic`) places the original value (host order) and completes the WQE in order.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
+
+from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
+from ..wire.psn import psn_diff
+from .layout import MAX_RD, NAT, NJ, PSN_MASK, RK_NONE
+from .reasons import (WHY_ATOMIC_NOT_ALLOWED, WHY_ATOMIC_UNALIGNED, WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED,
+                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS)
+from .prims import addr_of, ptr_u64
+from .core import (ACC_REMOTE_ATOMIC, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_CAS, ST_ERR, S_BAD_RESP, S_LOC_PROT,
+                   WR_CAS, WR_FAA, ack_deadline, get_be, mr_check, mr_live_a, place, publish_comp, qp_error, sg_valid)
+from .completer import advance, retire_answered, rsp_gap, rsp_wqe
+from .responder import ack_now, protect_reads, responder_error, send_nak
+
+_jit = dict(cache=True, nogil=True)
+
+
+@njit(**_jit)
+def at_row(A, qi, t):
+    return A[P_AT_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NAT
+
+
+@njit(**_jit)
+def queue_atomic_ack(A, Q, qi, psn, orig):
+    """The ATOMIC ACKNOWLEDGE as a job of the READ response queue: it leaves after the READ
+    responses of earlier PSNs (MR-RC-025).  J_LENGTH -1 marks it; J_ADDR holds the original value."""
+    j = A[P_RDJ_OFF] + (qi * MAX_RD + (Q[qi, Q_RD_TAIL] % MAX_RD)) * NJ
+    A[j + J_PSN] = psn
+    A[j + J_ADDR] = orig
+    A[j + J_LENGTH] = -1
+    A[j + J_MR] = 0
+    A[j + J_NPK] = 1
+    A[j + J_SENT] = 0
+    A[j + J_ACK] = 0
+    A[j + J_NAK] = 0
+    Q[qi, Q_RD_TAIL] += 1
+
+
+@njit(**_jit)
+def flush_ack(A, Q, TM, umem, tables, ext, qi):
+    """The coalesced ACK owed so far leaves before a response to a later request -- behind the READ
+    responses of earlier PSNs still queued (responder.ack_now, MR-RC-025)."""
+    ack_now(A, Q, TM, umem, tables, ext, qi)
+
+
+@njit(**_jit)
+def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
+    """A COMPARE_SWAP or FETCH_ADD request of QP qi (b = BTH offset, end = ICRC offset)."""
+    hdr = b + 12
+    if end - pad - (hdr + 28) != 0:
+        A[P_RX_DROP_LEN] += 1                       # not an AtomicETH and nothing else: malformed
+        return
+    e = Q[qi, Q_EPSN]
+    d = psn_diff(psn, e)
+    if d > 0:                                        # out of sequence: one NAK per gap (MR-NAK-003)
+        A[P_RX_OOS] += 1
+        if Q[qi, Q_NAK_PEND] == 0:
+            Q[qi, Q_NAK_PEND] = 1
+            send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
+        return
+    if d < 0:                                        # duplicate: the saved result, never executed again
+        A[P_RX_DUP] += 1
+        t = Q[qi, Q_AT_TAIL]
+        lo = max(0, t - MAX_RD)
+        while t > lo:
+            t -= 1
+            a = at_row(A, qi, t)
+            if A[a] == psn:
+                if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] < MAX_RD:
+                    flush_ack(A, Q, TM, umem, tables, ext, qi)
+                    queue_atomic_ack(A, Q, qi, psn, A[a + 1])
+                    A[P_RX_DUP_ATOMIC] += 1
+                return
+        return                                       # too old to be remembered: dropped (MR-DUP-005)
+    if Q[qi, Q_R_KIND] != RK_NONE:                   # inside a SEND or WRITE (MR-RC-016)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        return
+    if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:   # the QP does not allow ATOMICs at all (MR-RC-017)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
+        return
+    if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
+        return                                       # beyond max_dest_rd_atomic: dropped, retried
+    va = get_be(umem, hdr, 8)
+    rkey = get_be(umem, hdr + 8, 4)
+    swap_add = get_be(umem, hdr + 12, 8)
+    cmp = get_be(umem, hdr + 20, 8)
+    # R_Key, PD, access and bounds of [VA, VA + 8) first, then the alignment (Table 3-4, MR-ATOM-005)
+    if mr_check(MRT, rkey, Q[qi, Q_PD], va, 8, ACC_REMOTE_ATOMIC) < 0:
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+        return
+    if va & 7:                                       # MR-ATOM-002: NAK, memory untouched
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_UNALIGNED)
+        return
+    if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, 8):
+        return                                       # earlier READ responses first (MR-RC-025, MR-ATOM-009)
+    cell = carray(ptr_u64(va), (1,))                 # host byte order (MR-ATOM-001, MR-ATOM-003)
+    orig = cell[0]
+    if op == OP_CAS:
+        if orig == np.uint64(cmp):
+            cell[0] = np.uint64(swap_add)
+    else:
+        cell[0] = orig + np.uint64(swap_add)
+    o = np.int64(orig)
+    flush_ack(A, Q, TM, umem, tables, ext, qi)
+    Q[qi, Q_MSN] = (Q[qi, Q_MSN] + 1) & PSN_MASK
+    a = at_row(A, qi, Q[qi, Q_AT_TAIL])
+    A[a] = psn
+    A[a + 1] = o
+    Q[qi, Q_AT_TAIL] += 1
+    queue_atomic_ack(A, Q, qi, psn, o)
+    Q[qi, Q_NAK_PEND] = 0
+    Q[qi, Q_EPSN] = (psn + 1) & PSN_MASK
+    Q[qi, Q_READ_RUN] = 0                            # not a READ: a later re-ACK is at epsn - 1 (MR-DUP-002)
+
+
+@njit(**_jit)
+def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
+    """An ATOMIC ACKNOWLEDGE: the original value is placed (host order, MR-ATOM-008) and the WQE
+    completes, in order; stale ones are counted and dropped; a gap sends again from comp_psn."""
+    if end - pad - (b + 24) != 0:
+        A[P_RX_DROP_LEN] += 1
+        return
+    comp = Q[qi, Q_COMP_PSN]
+    if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
+        A[P_RX_RSP_STALE] += 1
+        return
+    r = rsp_wqe(Q, SW, qi, psn)
+    if r < 0:
+        rsp_gap(A, Q, SW, qi)
+        return
+    if SW[r, W_OPCODE] != WR_CAS and SW[r, W_OPCODE] != WR_FAA:
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)     # MR-NAK-012
+        return
+    if psn != comp:
+        advance(A, Q, SW, CQT, CE, qi, psn, now)     # the response acknowledges what is before it
+        if Q[qi, Q_STATE] == ST_ERR or Q[qi, Q_COMP_PSN] != psn:
+            A[P_RX_RSP_STALE] += 1
+            return
+    if (umem[b + 12] & 0xE0) != 0:                   # an AETH that is not an ACK (MR-NAK-012)
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
+        return
+    lmr = SW[r, W_LMR]
+    if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
+        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)   # MR-MEM-035, MR-SEC-003: never placed
+        return
+    orig = get_be(umem, b + 16, 8)
+    for k in range(8):                               # host (little-endian) order
+        ext[k] = (orig >> (8 * k)) & 0xFF
+    place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], 0, addr_of(ext), 8)
+    Q[qi, Q_COMP_PSN] = (psn + 1) & PSN_MASK
+    Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
+    SW[r, W_DONE] = 1
+    Q[qi, Q_RD_OUT] -= 1
+    retire_answered(A, Q, SW, CQT, CE, qi)
+    if A[P_KS_ADDR] != 0 and Q[qi, Q_STATE] != ST_ERR:
+        advance(A, Q, SW, CQT, CE, qi, (Q[qi, Q_K_ACK] + 1) & PSN_MASK, now)
+    publish_comp(A, Q, qi)
