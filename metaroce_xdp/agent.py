@@ -38,6 +38,7 @@ import numpy as np
 
 from . import __version__
 from .dp.layout import MAX_MRS
+from .verbs import MAX_INLINE
 from .verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                           QueueFull, RecvWR, ResourceError, SendFlags, SendWR, SGE, WROpcode)
 
@@ -83,7 +84,7 @@ class ImplInfo:
     iut: str = ""                                     # what runs: CompiledIUT/DaemonIUT.describe()
     caps: int = 0x80                                  # ATOMICS (06-connection.md 6.3)
     limits: dict = field(default_factory=lambda: {
-        "max_qp": 1023, "max_cq": 1024, "max_mr": MAX_MRS - 1, "max_sge": 16, "max_inline": 0,
+        "max_qp": 1023, "max_cq": 1024, "max_mr": MAX_MRS - 1, "max_sge": 16, "max_inline": MAX_INLINE,
         "max_rd_atomic": 16})
     # The loop's timers are checked every round; an idle loop sleeps at most 1 ms (poll_ms).
     timer_granularity_us: int = 1000
@@ -486,6 +487,12 @@ class Agent:
                                                           "max_recv_wr": qcap.max_recv_wr})
         return {"qp": h, "qpn": qp.qp_num}
 
+    def _set_agreed(self, h: int, caps: int) -> None:
+        """What set-up agreed for QP handle h (6.3): without ATOMICS its QP refuses atomics at post (MR-CM-019)."""
+        from .cm import Cap
+        self._agreed[h] = caps
+        self.qps[h].qp.atomics = bool(caps & Cap.ATOMICS)
+
     def cmd_destroy_qp(self, args: dict) -> None:
         h, e = self._lookup(self.qps, "qp", args)
         lst = self._listeners.pop(h, None)
@@ -605,10 +612,6 @@ class Agent:
         op = WROpcode[_enum(wr, "opcode", WROpcode.__members__)]
         flags = _flags(wr, "flags", SendFlags, ["SIGNALED"])     # absent: signaled; [] for unsignaled
         s = SendWR(wr_id=_u64(wr, "wr_id"), opcode=op, sg_list=self._sg_list(wr, pd), send_flags=flags)
-        if flags & SendFlags.INLINE:
-            n = sum(g.length for g in s.sg_list)
-            if n > self.info.limits["max_inline"]:
-                raise AgentError("EINVAL", f"INLINE of {n} bytes > max_inline {self.info.limits['max_inline']}")
         if op in (WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM):
             s.imm_data = _int(wr, "imm", 0, 0xFFFFFFFF)
         if op == WROpcode.SEND_WITH_INV:                 # the peer's key to invalidate (IETH, MR-MEM-040)
@@ -625,14 +628,9 @@ class Agent:
         return s
 
     def cmd_post_send(self, args: dict) -> None:
-        h, e = self._lookup(self.qps, "qp", args)
+        _, e = self._lookup(self.qps, "qp", args)
         wrs = [self._send_wr(w, None) for w in self._wrs(args)]
-        agreed = self._agreed.get(h)
-        if agreed is not None and not agreed & 0x80 and any(
-                w.opcode in (WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_CMP_AND_SWP) for w in wrs):
-            raise AgentError("EINVAL", "atomic work request on a QP whose set-up did not agree ATOMICS "
-                             "(MR-CM-019)")
-        self.v.post_send(e.qp, wrs)             # whole or not at all (MR-CONF-016)
+        self.v.post_send(e.qp, wrs)             # checked there (verbs.check_send_wr), whole or not at all (MR-CONF-016)
 
     def cmd_post_recv(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
@@ -800,7 +798,7 @@ class Agent:
             self._qp_to_error(h)
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL",
                              f"cm_connect pingpong: {ex}") from None
-        self._agreed[h] = 0
+        self._set_agreed(h, 0)
         return {"profile": "compat", "agreed_caps": 0, "peer": {"qpn": theirs.qpn, "psn": theirs.psn,
                 "gid": theirs.gid.hex()}, "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
 
@@ -864,7 +862,7 @@ class Agent:
             raise AgentError("EACCES" if ex.by_peer else "EINVAL", f"cm_connect: {ex}") from None
         except cm.CMError as ex:
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL", f"cm_connect: {ex}") from None
-        self._agreed[h] = rep.capabilities
+        self._set_agreed(h, rep.capabilities)
         return {"profile": "compat", "agreed_caps": rep.capabilities,
                 "peer": {"qpn": rep.qpn, "psn": rep.psn, "gid": rep.gid.hex()},
                 "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window,
@@ -961,7 +959,7 @@ class _PassiveCM:
             agent.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {                  # MR-CM-021, MR-CM-022
                 "sq_psn": rep.psn, "timeout": rep.timeout, "retry_cnt": rep.retry_cnt, "rnr_retry": rep.rnr_retry,
                 "max_rd_atomic": min(rep.max_rd_atomic, req.max_dest_rd_atomic)}})
-            agent._agreed[h] = rep.capabilities
+            agent._set_agreed(h, rep.capabilities)
             self.result = {"profile": "compat", "agreed_caps": rep.capabilities,
                            "peer": {"qpn": req.qpn, "psn": req.psn, "gid": req.gid.hex()},
                            "params": {"path_mtu": rep.mtu_bytes, "sack_window": 0, "entropy_count": 1}}
@@ -1003,7 +1001,7 @@ def _pp_server(self, ch) -> bool:
             self.result = {"profile": "compat", "agreed_caps": 0,
                            "peer": {"qpn": theirs.qpn, "psn": theirs.psn, "gid": theirs.gid.hex()},
                            "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
-            agent._agreed[h] = 0
+            agent._set_agreed(h, 0)
             self.done.set()                                   # usable before the "done" (MR-CM-045)
             ch.send(cm.pp_encode(cm.PingpongDest(0, qp.qp_num, self.psn, cm.ip_to_gid(agent.engine.local_ip))))
             try:
