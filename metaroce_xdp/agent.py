@@ -12,6 +12,9 @@ protocol behaviour of its own (MR-CONF-019); it only validates, translates value
     AgentServer(iut, host)    threaded TCP server, one Agent per connection
     AgentClient(host, port)   the tester's side: call(cmd, **args) -> result
 
+The protocol itself -- framing, error codes, value names, limits, the server and the client -- is
+conformance/agentproto.py's, which the rdma-core agent (conformance/pyverbs_agent.py) shares.
+
     python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --port 18516
     python -m metaroce_xdp.agent --iut daemon --socket /run/metaroce/metaroced.sock --listen 10.55.0.2
 
@@ -21,56 +24,29 @@ address it is given (default loopback) and logs every session.
 from __future__ import annotations
 
 import argparse
-import errno
 import ipaddress
-import json
 import logging
-import re
-import socket
-import socketserver
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from . import __version__
+from .conformance.agentproto import (ACCESS, CAP_ATOMICS, DEFAULT_PORT, ERRNO_CODES, HEX, MAC, MAX_CQE, MAX_MEM_IO,
+                                     MAX_MR_LEN, MAX_POLL, MAX_TIMEOUT_MS, MAX_WR, PROFILES, PROTO, QP_STATES,
+                                     SEND_FLAGS, WR_OPCODES, AgentClient, AgentError, Session, check_hello,
+                                     flag_names, get, get_bytes, get_enum, get_flags, get_int, get_list, get_obj,
+                                     get_u64, get_wrs, gid_of, hex64, ip_of_gid)
+from .conformance.agentproto import AgentServer as _AgentServer
 from .dp.layout import MAX_MRS
+from .verbs import MAX_INLINE
 from .verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                           QueueFull, RecvWR, ResourceError, SendFlags, SendWR, SGE, WROpcode)
 
 log = logging.getLogger("metaroce.agent")
-
-PROTO = 1
-DEFAULT_PORT = 18516
-MAX_LINE = 1 << 20                 # MR-CONF-014: including the line feed
-MAX_MEM_IO = 65536                 # mem_read limit of the command table
-MAX_MR_LEN = 1 << 30               # a larger reg_mr is refused with ENOMEM rather than exhausting the host
-MAX_CQE = 1 << 20
-MAX_WR = 1 << 16
-MAX_POLL = 4096
-MAX_TIMEOUT_MS = 600_000
-_U64 = (1 << 64) - 1
-
-# MR-CONF-023: the codes of section 9.4.3 and no others.
-CODES = ("EPROTO", "ENOCMD", "EINVAL", "ENOENT", "EBUSY", "ENOMEM", "ESTATE", "EAGAIN", "ENOTSUP", "EACCES",
-         "ETIMEDOUT", "EINTERNAL")
-_ERRNO_CODES = {errno.EINVAL: "EINVAL", errno.ENOMEM: "ENOMEM", errno.EAGAIN: "EAGAIN", errno.EBUSY: "EBUSY",
-                errno.ENOENT: "ENOENT", errno.EACCES: "EACCES", errno.ETIMEDOUT: "ETIMEDOUT",
-                errno.EOPNOTSUPP: "ENOTSUP", errno.ENOTSUP: "ENOTSUP"}
-
-
-
-class AgentError(Exception):
-    """An error response: `code` from section 9.4.3, `message` for the reader."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
 
 # ---- what hello and caps report ------------------------------------------------------
 @dataclass
@@ -81,9 +57,9 @@ class ImplInfo:
     version: str = __version__
     profiles: list = field(default_factory=lambda: ["compat"])
     iut: str = ""                                     # what runs: CompiledIUT/DaemonIUT.describe()
-    caps: int = 0x80                                  # ATOMICS (06-connection.md 6.3)
+    caps: int = CAP_ATOMICS                           # 06-connection.md 6.3
     limits: dict = field(default_factory=lambda: {
-        "max_qp": 1023, "max_cq": 1024, "max_mr": MAX_MRS - 1, "max_sge": 16, "max_inline": 0,
+        "max_qp": 1023, "max_cq": 1024, "max_mr": MAX_MRS - 1, "max_sge": 16, "max_inline": MAX_INLINE,
         "max_rd_atomic": 16})
     # The loop's timers are checked every round; an idle loop sleeps at most 1 ms (poll_ms).
     timer_granularity_us: int = 1000
@@ -99,104 +75,6 @@ class ImplInfo:
         return cls(**(info or {}))
 
 
-def gid_of(ip: str) -> str:
-    """An IP address as a GID of 32 hex digits (IPv4 mapped as ::ffff:a.b.c.d)."""
-    a = ipaddress.ip_address(ip)
-    if a.version == 4:
-        a = ipaddress.IPv6Address("::ffff:" + ip)
-    return a.packed.hex()
-
-
-def ip_of_gid(gid: str) -> str:
-    """The inverse of gid_of: the IP text the engine's QPAttr.dgid takes."""
-    a = ipaddress.IPv6Address(bytes.fromhex(gid))
-    return str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a)
-
-
-# ---- argument decoding (MR-CONF-018) ----------------------------------------------------
-_MISSING = object()
-_HEX = re.compile(r"[0-9a-fA-F]*")
-_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
-
-
-def _get(args: dict, name: str, default: Any = _MISSING) -> Any:
-    v = args.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise AgentError("EPROTO", f"missing member args.{name}")
-        return default
-    return v
-
-
-def _int(args: dict, name: str, lo: int, hi: int, default: Any = _MISSING) -> int:
-    v = _get(args, name, default)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise AgentError("EINVAL", f"{name} must be an integer, not {v!r}")
-    if not lo <= v <= hi:
-        raise AgentError("EINVAL", f"{name} {v} is outside {lo}..{hi}")
-    return v
-
-
-def _u64(args: dict, name: str, default: Any = _MISSING) -> int:
-    """A 64-bit quantity: "0x" and hex digits (a plain JSON integer is accepted too)."""
-    v = _get(args, name, default)
-    if isinstance(v, int) and not isinstance(v, bool):
-        n = v
-    elif isinstance(v, str) and v[:2] in ("0x", "0X") and len(v) > 2 and _HEX.fullmatch(v[2:]):
-        n = int(v, 16)
-    else:
-        raise AgentError("EINVAL", f"{name} must be a string 0x<hex>, not {v!r}")
-    if not 0 <= n <= _U64:
-        raise AgentError("EINVAL", f"{name} {v} does not fit in 64 bits")
-    return n
-
-
-def _hex64(n: int) -> str:
-    return f"{n:#x}"
-
-
-def _bytes(args: dict, name: str) -> bytes:
-    v = _get(args, name)
-    if not isinstance(v, str) or len(v) % 2 or not _HEX.fullmatch(v):
-        raise AgentError("EINVAL", f"{name} must be a string of hex byte pairs")
-    return bytes.fromhex(v)
-
-
-def _enum(args: dict, name: str, choices, default: Any = _MISSING) -> str:
-    v = _get(args, name, default)
-    if v not in choices:
-        raise AgentError("EINVAL", f"{name} {v!r}: use one of {sorted(choices)}")
-    return v
-
-
-def _obj(args: dict, name: str, default: Any = _MISSING) -> dict:
-    v = _get(args, name, default)
-    if not isinstance(v, dict):
-        raise AgentError("EINVAL", f"{name} must be an object")
-    return v
-
-
-def _list(args: dict, name: str, default: Any = _MISSING) -> list:
-    v = _get(args, name, default)
-    if not isinstance(v, list):
-        raise AgentError("EINVAL", f"{name} must be a list")
-    return v
-
-
-def _flags(args: dict, name: str, enum_type, default: Any = _MISSING):
-    names = _list(args, name, default)
-    out = enum_type(0)
-    for n in names:
-        if not isinstance(n, str) or n not in enum_type.__members__:
-            raise AgentError("EINVAL", f"{name}: unknown flag {n!r}; use {list(enum_type.__members__)}")
-        out |= enum_type[n]
-    return out
-
-
-def _access_names(a: Access) -> list[str]:
-    return [f.name for f in Access if f in a]
-
-
 # ---- one session ---------------------------------------------------------------------
 @dataclass
 class _QPEntry:
@@ -207,7 +85,7 @@ class _QPEntry:
     attrs: dict = field(default_factory=dict)     # the attributes modify_qp set, as ibv_query_qp returns them
 
 
-class Agent:
+class Agent(Session):
     """One test-agent session on a Context: its handles, its commands, its reset.
 
     handle(request) -> response never raises: every failure becomes an error
@@ -217,75 +95,28 @@ class Agent:
     """
 
     def __init__(self, iut: Any, impl_info: ImplInfo | dict | None = None) -> None:
+        super().__init__()
         self.iut = iut                      # agent_iut.CompiledIUT or DaemonIUT
         self.v = iut.session()              # this session's verbs on it
         self.info = ImplInfo.of(impl_info)
-        self.greeted = False
-        self.closing = False                # set by bye: the server closes after the reply
         self.pds: dict[int, Any] = {}
         self.mrs: dict[int, Any] = {}
         self.cqs: dict[int, Any] = {}
         self.qps: dict[int, _QPEntry] = {}
-        self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
         self._saved_params: dict[str, Any] = {}
         self._listeners: dict[int, "_PassiveCM"] = {}     # qp handle -> its cm_listen
         self._agreed: dict[int, int] = {}                 # qp handle -> capabilities agreed by set-up (6.3)
-        self._commands: dict[str, Callable[[dict], dict | None]] = {
-            name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
     @property
     def engine(self):
         """The implementation's device-wide facts (local_ip, local_mac, max_pmtu) and its lock."""
         return self.iut
 
-    # -- framing -------------------------------------------------------------------
-    def handle_line(self, line: bytes) -> bytes:
-        """One request line -> one response line (with its line feed)."""
-        req_id = None
-        try:
-            try:
-                req = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise AgentError("EPROTO", f"not a JSON line: {e}") from None
-            if not isinstance(req, dict):
-                raise AgentError("EPROTO", "a request is a JSON object")
-            rid = req.get("id")
-            if isinstance(rid, int) and not isinstance(rid, bool):
-                req_id = rid
-            resp = self.handle(req)
-        except AgentError as e:
-            resp = {"id": req_id, "ok": False, "error": {"code": e.code, "message": e.message}}
-        return (json.dumps(resp, separators=(",", ":")) + "\n").encode()
-
-    def handle(self, req: dict) -> dict:
-        rid = req.get("id")
-        try:
-            if isinstance(rid, bool) or not isinstance(rid, int):
-                raise AgentError("EPROTO", "member id must be an integer")
-            cmd, args = req.get("cmd"), req.get("args")
-            if not isinstance(cmd, str):
-                raise AgentError("EPROTO", "member cmd must be a string")
-            if not isinstance(args, dict):
-                raise AgentError("EPROTO", "member args must be an object")
-            if not self.greeted and cmd != "hello":
-                raise AgentError("EPROTO", f"{cmd} before hello: the first request of a session is hello")
-            fn = self._commands.get(cmd)
-            if fn is None:
-                raise AgentError("ENOCMD", f"unknown command {cmd!r}")
-            result = self._call(cmd, fn, args)
-            return {"id": rid, "ok": True, "result": result or {}}
-        except AgentError as e:
-            if e.code not in CODES:                 # a bug of ours, not the tester's
-                e = AgentError("EINTERNAL", f"{e.code}: {e.message}")
-            ok_id = isinstance(rid, int) and not isinstance(rid, bool)
-            return {"id": rid if ok_id else None, "ok": False,
-                    "error": {"code": e.code, "message": e.message}}
-
     @property
     def _unsupported(self) -> tuple:
         return tuple(getattr(self.iut, "unsupported", ()))
 
-    def _call(self, cmd: str, fn, args: dict):
+    def call(self, cmd: str, fn, args: dict):
         """Run one command and translate the engine's typed errors (MR-CONF-023)."""
         try:
             return fn(args)
@@ -308,31 +139,15 @@ class Agent:
         except MemoryError as e:
             raise AgentError("ENOMEM", f"out of memory: {e}") from None
         except OSError as e:
-            code = _ERRNO_CODES.get(e.errno, "EINTERNAL")
+            code = ERRNO_CODES.get(e.errno, "EINTERNAL")
             raise AgentError(code, f"{type(e).__name__}: {e}") from None
         except Exception as e:                      # never a crash: the session goes on
             log.exception("agent: %s failed", cmd)
             raise AgentError("EINTERNAL", f"{type(e).__name__}: {e}") from None
 
-    # -- handles -----------------------------------------------------------------------
-    def _new_handle(self, kind: str) -> int:
-        h = self._next[kind]
-        self._next[kind] = h + 1
-        return h
-
-    def _lookup(self, table: dict, kind: str, args: dict, name: str | None = None):
-        name = name or kind
-        h = _int(args, name, -(1 << 63), 1 << 63)
-        obj = table.get(h)
-        if obj is None:
-            raise AgentError("ENOENT", f"no {kind} handle {h} in this session")
-        return h, obj
-
     # -- session ---------------------------------------------------------------------
     def cmd_hello(self, args: dict) -> dict:
-        proto = _int(args, "proto", 0, 1 << 31)
-        if proto != PROTO:
-            raise AgentError("EPROTO", f"this agent speaks proto {PROTO}, not {proto}")
+        check_hello(args)
         eng, info = self.engine, self.info
         self.greeted = True
         return {"proto": PROTO, "impl": info.impl, "version": info.version, "iut": info.iut or self.iut.describe(),
@@ -346,7 +161,7 @@ class Agent:
                "counters": list(self.iut.counter_names),
                "params": sorted(self.iut.params),
                # 9.4.2: the commands this agent implements and the counters get_counters qp reports
-               "commands": sorted(n[4:] for n in dir(self) if n.startswith("cmd_")),
+               "commands": sorted(self.commands),
                "qp_counters": list(self.iut.qp_counter_names)}
         if self.iut.kind == "daemon":               # the daemon's client has no completion events
             out["commands"] = [c for c in out["commands"] if c not in ("req_notify_cq", "get_cq_event")]
@@ -361,9 +176,6 @@ class Agent:
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
-
-    def cmd_bye(self, args: dict) -> None:
-        self.closing = True
 
     def reset(self) -> None:
         """MR-CONF-021: destroy every QP, MR, CQ and PD of the session; restore set_param knobs.
@@ -390,7 +202,7 @@ class Agent:
             except Exception:
                 log.exception("agent reset: cannot restore parameter %s", name)
         self._saved_params.clear()
-        self._next = dict.fromkeys(self._next, 1)
+        self._restart_handles()
         self._agreed.clear()          # handles start again at 1: no QP inherits another's set-up
         for _ in range(4096):                       # the events of this session's resources go with them
             if self.v.next_event(0.0) is None:
@@ -414,20 +226,20 @@ class Agent:
 
     def cmd_reg_mr(self, args: dict) -> dict:
         _, pd = self._lookup(self.pds, "pd", args)
-        n = _int(args, "len", 0, 1 << 62)
+        n = get_int(args, "len", 0, 1 << 62)
         if n > MAX_MR_LEN:
             raise AgentError("ENOMEM", f"len {n} exceeds the agent's MR limit of {MAX_MR_LEN} bytes")
-        access = _flags(args, "access", Access)
-        fill = _int(args, "fill", 0, 255, 0)
+        access = Access(get_flags(args, "access", ACCESS))
+        fill = get_int(args, "fill", 0, 255, 0)
         if len(self.mrs) >= self.info.limits["max_mr"]:
             raise AgentError("ENOMEM", f"at most {self.info.limits['max_mr']} MRs")
-        inval = _get(args, "remote_invalidate", False)
+        inval = get(args, "remote_invalidate", False)
         if not isinstance(inval, bool):
             raise AgentError("EINVAL", "remote_invalidate must be true or false")
         mr = self.v.reg_mr(pd, n, fill, access, inval)     # MR-MEM-042
         h = self._new_handle("mr")
         self.mrs[h] = mr
-        return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": _hex64(mr.addr), "len": mr.length}
+        return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": hex64(mr.addr), "len": mr.length}
 
     def cmd_dereg_mr(self, args: dict) -> None:
         h, mr = self._lookup(self.mrs, "mr", args)
@@ -443,7 +255,7 @@ class Agent:
         raise AgentError("ENOTSUP", "MetaRoCE v1 has no memory windows (MR-MEM-036)")
 
     def cmd_create_cq(self, args: dict) -> dict:
-        cqe = _int(args, "cqe", 1, MAX_CQE)
+        cqe = get_int(args, "cqe", 1, MAX_CQE)
         if len(self.cqs) >= self.info.limits["max_cq"]:
             raise AgentError("ENOMEM", f"at most {self.info.limits['max_cq']} CQs")
         cq = self.v.create_cq(cqe)
@@ -465,17 +277,17 @@ class Agent:
         pd_h, pd = self._lookup(self.pds, "pd", args)
         scq_h, scq = self._lookup(self.cqs, "cq", args, "send_cq")
         rcq_h, rcq = self._lookup(self.cqs, "cq", args, "recv_cq")
-        qtype = _get(args, "type", "RC")
+        qtype = get(args, "type", "RC")
         if qtype != "RC":
             raise AgentError("ENOTSUP", f"QP type {qtype!r}: only RC")
-        cap = _obj(args, "cap", {})
+        cap = get_obj(args, "cap", {})
         lim = self.info.limits
-        qcap = QPCap(max_send_wr=_int(cap, "max_send_wr", 1, MAX_WR, 1024),
-                     max_recv_wr=_int(cap, "max_recv_wr", 1, MAX_WR, 1024),
-                     max_send_sge=_int(cap, "max_send_sge", 0, lim["max_sge"], lim["max_sge"]),
-                     max_recv_sge=_int(cap, "max_recv_sge", 0, lim["max_sge"], lim["max_sge"]))
-        _int(cap, "max_inline_data", 0, lim["max_inline"], 0)
-        sig_all = _get(args, "sq_sig_all", False)
+        qcap = QPCap(max_send_wr=get_int(cap, "max_send_wr", 1, MAX_WR, 1024),
+                     max_recv_wr=get_int(cap, "max_recv_wr", 1, MAX_WR, 1024),
+                     max_send_sge=get_int(cap, "max_send_sge", 0, lim["max_sge"], lim["max_sge"]),
+                     max_recv_sge=get_int(cap, "max_recv_sge", 0, lim["max_sge"], lim["max_sge"]))
+        get_int(cap, "max_inline_data", 0, lim["max_inline"], 0)
+        sig_all = get(args, "sq_sig_all", False)
         if not isinstance(sig_all, bool):
             raise AgentError("EINVAL", "sq_sig_all must be true or false")
         if len(self.qps) >= lim["max_qp"]:
@@ -485,6 +297,11 @@ class Agent:
         self.qps[h] = _QPEntry(qp, pd_h, scq_h, rcq_h, {"max_send_wr": qcap.max_send_wr,
                                                           "max_recv_wr": qcap.max_recv_wr})
         return {"qp": h, "qpn": qp.qp_num}
+
+    def _set_agreed(self, h: int, caps: int) -> None:
+        """What set-up agreed for QP handle h (6.3): without ATOMICS its QP refuses atomics at post (MR-CM-019)."""
+        self._agreed[h] = caps
+        self.qps[h].qp.atomics = bool(caps & CAP_ATOMICS)
 
     def cmd_destroy_qp(self, args: dict) -> None:
         h, e = self._lookup(self.qps, "qp", args)
@@ -499,45 +316,45 @@ class Agent:
         """modify_qp attrs (section 9.4.2) -> QPAttr, every value checked as QP._apply would."""
         a = QPAttr(qp_state=state)
         if "access" in attrs:
-            a.qp_access_flags = _flags(attrs, "access", Access)
+            a.qp_access_flags = Access(get_flags(attrs, "access", ACCESS))
         if "pkey" in attrs:
-            pkey = _int(attrs, "pkey", 0, 0xFFFF)
+            pkey = get_int(attrs, "pkey", 0, 0xFFFF)
             if pkey != 0xFFFF:
                 raise AgentError("ENOTSUP", f"pkey {pkey:#x}: only the default partition 0xffff")
         if state == QPState.INIT:
             a.pkey_index = 0
         if "dest_qpn" in attrs:
-            a.dest_qp_num = _int(attrs, "dest_qpn", 1, 0xFFFFFF)
+            a.dest_qp_num = get_int(attrs, "dest_qpn", 1, 0xFFFFFF)
         if "rq_psn" in attrs:
-            a.rq_psn = _int(attrs, "rq_psn", 0, 0xFFFFFF)
+            a.rq_psn = get_int(attrs, "rq_psn", 0, 0xFFFFFF)
         if "sq_psn" in attrs:
-            a.sq_psn = _int(attrs, "sq_psn", 0, 0xFFFFFF)
+            a.sq_psn = get_int(attrs, "sq_psn", 0, 0xFFFFFF)
         if "path_mtu" in attrs:
             mtus = [m for m in PATH_MTUS if m <= self.engine.max_pmtu]
-            a.path_mtu = _int(attrs, "path_mtu", 0, 1 << 31)
+            a.path_mtu = get_int(attrs, "path_mtu", 0, 1 << 31)
             if a.path_mtu not in mtus:
                 raise AgentError("EINVAL", f"path_mtu {a.path_mtu}: use one of {mtus}")
         if "dgid" in attrs:
             g = attrs["dgid"]
-            if not isinstance(g, str) or len(g) != 32 or not _HEX.fullmatch(g):
+            if not isinstance(g, str) or len(g) != 32 or not HEX.fullmatch(g):
                 raise AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
             a.dgid = ip_of_gid(g)
         if "dmac" in attrs:
             m = attrs["dmac"]
-            if not isinstance(m, str) or not _MAC.fullmatch(m):
+            if not isinstance(m, str) or not MAC.fullmatch(m):
                 raise AgentError("EINVAL", f"dmac {m!r} is not aa:bb:cc:dd:ee:ff")
             a.dmac = m.lower()
         for name, hi in (("max_dest_rd_atomic", 16), ("max_rd_atomic", 16), ("min_rnr_timer", 31),
                          ("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7)):
             if name in attrs:
-                setattr(a, name, _int(attrs, name, 0, hi))
+                setattr(a, name, get_int(attrs, name, 0, hi))
         if "cur_state" in attrs:                     # IBV_QP_CUR_STATE (MR-QP-006)
-            a.cur_qp_state = QPState[_enum(attrs, "cur_state", QPState.__members__)]
+            a.cur_qp_state = QPState[get_enum(attrs, "cur_state", QP_STATES)]
         if "alt_path" in attrs:                      # IBV_QP_ALT_PATH: the QP refuses it (MR-QP-008)
-            a.alt_path = _obj(attrs, "alt_path")
+            a.alt_path = get_obj(attrs, "alt_path")
         if "path_mig_state" in attrs:                # IBV_QP_PATH_MIG_STATE (MR-QP-008)
-            a.path_mig_state = _enum(attrs, "path_mig_state", ("MIGRATED", "REARM", "ARMED"))
-        profile = _enum(attrs, "profile", ("compat", "native"), "compat")
+            a.path_mig_state = get_enum(attrs, "path_mig_state", ("MIGRATED", "REARM", "ARMED"))
+        profile = get_enum(attrs, "profile", PROFILES, "compat")
         if profile != "compat" and "native" not in self.info.profiles:
             raise AgentError("ENOTSUP", "profile native: this IUT implements compat only")
         return a
@@ -546,8 +363,8 @@ class Agent:
 
     def cmd_modify_qp(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        state = QPState[_enum(args, "state", QPState.__members__)]
-        given = _obj(args, "attrs", {})
+        state = QPState[get_enum(args, "state", QP_STATES)]
+        given = get_obj(args, "attrs", {})
         attr = self._qp_attr(state, given)
         from .netinfo import NetInfoError
         with self.iut.lock:
@@ -571,7 +388,7 @@ class Agent:
         attrs = {"qpn": q["qpn"], "dest_qpn": q["dest_qpn"],
                  "dgid": gid_of(q["dgid"]) if q["dgid"] else None, "dmac": q["dmac"],
                  "path_mtu": q["path_mtu"], "sq_psn": q["sq_psn"], "rq_psn": q["rq_psn"],
-                 "access": _access_names(Access(a.get("access", 0))), **{k: a.get(k) for k in self._TRACKED},
+                 "access": flag_names(a.get("access", 0), ACCESS), **{k: a.get(k) for k in self._TRACKED},
                  "max_send_wr": a["max_send_wr"], "max_recv_wr": a["max_recv_wr"], "error": q["error"]}
         return {"state": QPState(q["state"]).name, "attrs": attrs, "profile": q.get("profile") or "compat",
                 "agreed_caps": self._agreed.get(args["qp"], 0)}
@@ -579,70 +396,50 @@ class Agent:
     # -- work requests ---------------------------------------------------------------
     def _sg_list(self, wr: dict, pd: Any) -> list[SGE]:
         out = []
-        for i, s in enumerate(_list(wr, "sg_list", [])):
+        for i, s in enumerate(get_list(wr, "sg_list", [])):
             if not isinstance(s, dict):
                 raise AgentError("EINVAL", f"sg_list[{i}] must be an object {{mr, offset, len}}")
             _, mr = self._lookup(self.mrs, "mr", s)
-            off = _int(s, "offset", 0, 1 << 62, 0)
-            n = _int(s, "len", 0, 1 << 62)
+            off = get_int(s, "offset", 0, 1 << 62, 0)
+            n = get_int(s, "len", 0, 1 << 62)
             if off + n > mr.length:
                 raise AgentError("EINVAL", f"sg_list[{i}]: offset {off} + len {n} is past the MR's {mr.length} bytes")
             out.append(SGE(mr.addr + off, n, mr.lkey))
         return out
 
-    def _wrs(self, args: dict) -> list[dict]:
-        if "wrs" in args:
-            wrs = _list(args, "wrs")
-        else:
-            wrs = [_obj(args, "wr")]
-        if not wrs:
-            raise AgentError("EINVAL", "wrs is empty")
-        if not all(isinstance(w, dict) for w in wrs):
-            raise AgentError("EINVAL", "every work request is an object")
-        return wrs
-
     def _send_wr(self, wr: dict, pd: Any) -> SendWR:
-        op = WROpcode[_enum(wr, "opcode", WROpcode.__members__)]
-        flags = _flags(wr, "flags", SendFlags, ["SIGNALED"])     # absent: signaled; [] for unsignaled
-        s = SendWR(wr_id=_u64(wr, "wr_id"), opcode=op, sg_list=self._sg_list(wr, pd), send_flags=flags)
-        if flags & SendFlags.INLINE:
-            n = sum(g.length for g in s.sg_list)
-            if n > self.info.limits["max_inline"]:
-                raise AgentError("EINVAL", f"INLINE of {n} bytes > max_inline {self.info.limits['max_inline']}")
+        op = WROpcode[get_enum(wr, "opcode", WR_OPCODES)]
+        flags = SendFlags(get_flags(wr, "flags", SEND_FLAGS, ["SIGNALED"]))    # absent: signaled; [] unsignaled
+        s = SendWR(wr_id=get_u64(wr, "wr_id"), opcode=op, sg_list=self._sg_list(wr, pd), send_flags=flags)
         if op in (WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM):
-            s.imm_data = _int(wr, "imm", 0, 0xFFFFFFFF)
+            s.imm_data = get_int(wr, "imm", 0, 0xFFFFFFFF)
         if op == WROpcode.SEND_WITH_INV:                 # the peer's key to invalidate (IETH, MR-MEM-040)
-            s.invalidate_rkey = _int(wr, "invalidate_rkey", 0, 0xFFFFFFFF)
+            s.invalidate_rkey = get_int(wr, "invalidate_rkey", 0, 0xFFFFFFFF)
         if op not in (WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.SEND_WITH_INV):
-            remote = _obj(wr, "remote")
-            s.remote_addr = _u64(remote, "va")
-            s.rkey = _int(remote, "rkey", 0, 0xFFFFFFFF)
+            remote = get_obj(wr, "remote")
+            s.remote_addr = get_u64(remote, "va")
+            s.rkey = get_int(remote, "rkey", 0, 0xFFFFFFFF)
         if op == WROpcode.ATOMIC_FETCH_AND_ADD:
-            s.compare_add = _u64(wr, "swap_add")
+            s.compare_add = get_u64(wr, "swap_add")
         elif op == WROpcode.ATOMIC_CMP_AND_SWP:
-            s.compare_add = _u64(wr, "compare")
-            s.swap = _u64(wr, "swap_add")
+            s.compare_add = get_u64(wr, "compare")
+            s.swap = get_u64(wr, "swap_add")
         return s
 
     def cmd_post_send(self, args: dict) -> None:
-        h, e = self._lookup(self.qps, "qp", args)
-        wrs = [self._send_wr(w, None) for w in self._wrs(args)]
-        agreed = self._agreed.get(h)
-        if agreed is not None and not agreed & 0x80 and any(
-                w.opcode in (WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_CMP_AND_SWP) for w in wrs):
-            raise AgentError("EINVAL", "atomic work request on a QP whose set-up did not agree ATOMICS "
-                             "(MR-CM-019)")
-        self.v.post_send(e.qp, wrs)             # whole or not at all (MR-CONF-016)
+        _, e = self._lookup(self.qps, "qp", args)
+        wrs = [self._send_wr(w, None) for w in get_wrs(args)]
+        self.v.post_send(e.qp, wrs)             # checked there (verbs.check_send_wr), whole or not at all (MR-CONF-016)
 
     def cmd_post_recv(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        wrs = [RecvWR(wr_id=_u64(w, "wr_id"), sg_list=self._sg_list(w, None)) for w in self._wrs(args)]
+        wrs = [RecvWR(wr_id=get_u64(w, "wr_id"), sg_list=self._sg_list(w, None)) for w in get_wrs(args)]
         self.v.post_recv(e.qp, wrs)
 
     def cmd_poll_cq(self, args: dict) -> dict:
         _, cq = self._lookup(self.cqs, "cq", args)
-        n = _int(args, "max", 1, MAX_POLL, 16)
-        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        n = get_int(args, "max", 1, MAX_POLL, 16)
+        timeout_ms = get_int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
         deadline = time.monotonic() + timeout_ms / 1000
         wcs = self.v.poll(cq, n)
         while not wcs and time.monotonic() < deadline:       # MR-CONF-020: at most timeout_ms
@@ -653,7 +450,7 @@ class Agent:
     def cmd_req_notify_cq(self, args: dict) -> None:
         """ibv_req_notify_cq (MR-BTH-004): arm the CQ for its next completion, or only its next solicited one."""
         _, cq = self._lookup(self.cqs, "cq", args)
-        solicited = _get(args, "solicited_only", False)
+        solicited = get(args, "solicited_only", False)
         if not isinstance(solicited, bool):
             raise AgentError("EINVAL", "solicited_only must be true or false")
         self.v.req_notify(cq, solicited)
@@ -661,13 +458,13 @@ class Agent:
     def cmd_get_cq_event(self, args: dict) -> dict:
         """ibv_get_cq_event on the CQ's own channel: whether its completion event came within timeout_ms."""
         _, cq = self._lookup(self.cqs, "cq", args)
-        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        timeout_ms = get_int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
         return {"event": bool(self.v.get_event(cq, timeout_ms / 1000))}
 
     def cmd_get_async_events(self, args: dict) -> dict:
         """ibv_get_async_event, repeated: the events about this session's QPs and CQs raised so far (waiting up
         to timeout_ms for the first); events about other sessions' resources are not reported."""
-        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        timeout_ms = get_int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
         qps = {id(e.qp): h for h, e in self.qps.items()}
         cqs = {id(cq): h for h, cq in self.cqs.items()}
         out: list[dict] = []
@@ -685,7 +482,7 @@ class Agent:
 
     @staticmethod
     def _wc(wc) -> dict:
-        d = {"wr_id": _hex64(wc.wr_id), "status": "IBV_WC_" + wc.status.name,
+        d = {"wr_id": hex64(wc.wr_id), "status": "IBV_WC_" + wc.status.name,
              "opcode": "IBV_WC_" + wc.opcode.name, "byte_len": wc.byte_len, "qp_num": wc.qp_num}
         if wc.imm_data is not None:
             d["imm"] = wc.imm_data
@@ -698,8 +495,8 @@ class Agent:
     # -- memory (MR-CONF-022) ----------------------------------------------------------
     def cmd_mem_read(self, args: dict) -> dict:
         _, mr = self._lookup(self.mrs, "mr", args)
-        off = _int(args, "offset", 0, 1 << 62)
-        n = _int(args, "len", 0, MAX_MEM_IO)
+        off = get_int(args, "offset", 0, 1 << 62)
+        n = get_int(args, "len", 0, MAX_MEM_IO)
         if off + n > mr.length:
             raise AgentError("EINVAL", f"offset {off} + len {n} is past the MR's {mr.length} bytes")
         with self.v.snapshot():                  # between two rounds of the loop where the IUT allows it
@@ -708,8 +505,8 @@ class Agent:
 
     def cmd_mem_write(self, args: dict) -> None:
         _, mr = self._lookup(self.mrs, "mr", args)
-        off = _int(args, "offset", 0, 1 << 62)
-        data = _bytes(args, "hex")
+        off = get_int(args, "offset", 0, 1 << 62)
+        data = get_bytes(args, "hex")
         if off + len(data) > mr.length:
             raise AgentError("EINVAL", f"offset {off} + {len(data)} bytes is past the MR's {mr.length} bytes")
         with self.v.snapshot():
@@ -732,13 +529,13 @@ class Agent:
         return {"counters": self.iut.counters()}
 
     def cmd_set_param(self, args: dict) -> None:
-        name = _get(args, "name")
+        name = get(args, "name")
         params = self.iut.params
         if name not in params:
             raise AgentError("ENOTSUP", f"parameter {name!r}: this IUT sets {sorted(params) or 'none'}")
-        get, put, lo, hi = params[name]
-        value = _int(args, "value", lo, hi)
-        self._saved_params.setdefault(name, get())
+        read, put, lo, hi = params[name]
+        value = get_int(args, "value", lo, hi)
+        self._saved_params.setdefault(name, read())
         put(value)
 
     # -- connection set-up (section 6).  cm_connect: the active side of 6.5.1 in the MRC1 format
@@ -750,9 +547,9 @@ class Agent:
         makes a REQ whose GID is not the TCP source address a REJ ADDRESS_MISMATCH (MR-SEC-019)."""
         from . import cm
         h, e = self._lookup(self.qps, "qp", args)
-        fmt = _enum(args, "format", ("mrc1", "pingpong"), "mrc1")
-        port = _int(args, "port", 1, 65535, cm.CM_PORT)
-        check = _get(args, "check_address", False)
+        fmt = get_enum(args, "format", ("mrc1", "pingpong"), "mrc1")
+        port = get_int(args, "port", 1, 65535, cm.CM_PORT)
+        check = get(args, "check_address", False)
         if not isinstance(check, bool):
             raise AgentError("EINVAL", "check_address must be true or false")
         st = self.v.state(e.qp)
@@ -761,7 +558,7 @@ class Agent:
         if h in self._listeners:
             raise AgentError("EBUSY", f"QP {h} is already listening")
         try:
-            self._listeners[h] = _PassiveCM(self, h, port, check, _int(args, "caps", 0, 0xFF, 0) & self.info.caps,
+            self._listeners[h] = _PassiveCM(self, h, port, check, get_int(args, "caps", 0, 0xFF, 0) & self.info.caps,
                                             fmt)
         except cm.CMError as ex:
             raise AgentError("EBUSY" if "in use" in str(ex) else "EINTERNAL", str(ex)) from None
@@ -771,7 +568,7 @@ class Agent:
         lst = self._listeners.get(h)
         if lst is None:
             raise AgentError("ESTATE", f"QP {h} is not listening (cm_listen first)")
-        timeout = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0) / 1000
+        timeout = get_int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0) / 1000
         if not lst.done.wait(timeout):
             raise AgentError("ETIMEDOUT", f"no connection set up within {timeout:g} s")
         return lst.result
@@ -800,7 +597,7 @@ class Agent:
             self._qp_to_error(h)
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL",
                              f"cm_connect pingpong: {ex}") from None
-        self._agreed[h] = 0
+        self._set_agreed(h, 0)
         return {"profile": "compat", "agreed_caps": 0, "peer": {"qpn": theirs.qpn, "psn": theirs.psn,
                 "gid": theirs.gid.hex()}, "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
 
@@ -820,14 +617,14 @@ class Agent:
     def cmd_cm_connect(self, args: dict) -> dict:
         from . import cm
         h, e = self._lookup(self.qps, "qp", args)
-        fmt = _enum(args, "format", ("mrc1", "pingpong"), "mrc1")
-        host = _get(args, "host")
+        fmt = get_enum(args, "format", ("mrc1", "pingpong"), "mrc1")
+        host = get(args, "host")
         if not isinstance(host, str) or not host:
             raise AgentError("EINVAL", "host must be a host name or address")
-        port = _int(args, "port", 1, 65535, cm.CM_PORT)
-        timeout = _int(args, "timeout_ms", 1, MAX_TIMEOUT_MS, int(cm.CM_TIMEOUT * 1000)) / 1000
-        caps = _int(args, "caps", 0, 0xFF, 0) & self.info.caps
-        flags = _int(args, "flags", 0, 0xFFFF, cm.FLAG_COMPAT_OK)
+        port = get_int(args, "port", 1, 65535, cm.CM_PORT)
+        timeout = get_int(args, "timeout_ms", 1, MAX_TIMEOUT_MS, int(cm.CM_TIMEOUT * 1000)) / 1000
+        caps = get_int(args, "caps", 0, 0xFF, 0) & self.info.caps
+        flags = get_int(args, "flags", 0, 0xFFFF, cm.FLAG_COMPAT_OK)
         qp = e.qp
         st = self.v.state(qp)
         if st != QPState.INIT:                                         # MR-CM-025
@@ -864,7 +661,7 @@ class Agent:
             raise AgentError("EACCES" if ex.by_peer else "EINVAL", f"cm_connect: {ex}") from None
         except cm.CMError as ex:
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL", f"cm_connect: {ex}") from None
-        self._agreed[h] = rep.capabilities
+        self._set_agreed(h, rep.capabilities)
         return {"profile": "compat", "agreed_caps": rep.capabilities,
                 "peer": {"qpn": rep.qpn, "psn": rep.psn, "gid": rep.gid.hex()},
                 "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window,
@@ -961,7 +758,7 @@ class _PassiveCM:
             agent.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {                  # MR-CM-021, MR-CM-022
                 "sq_psn": rep.psn, "timeout": rep.timeout, "retry_cnt": rep.retry_cnt, "rnr_retry": rep.rnr_retry,
                 "max_rd_atomic": min(rep.max_rd_atomic, req.max_dest_rd_atomic)}})
-            agent._agreed[h] = rep.capabilities
+            agent._set_agreed(h, rep.capabilities)
             self.result = {"profile": "compat", "agreed_caps": rep.capabilities,
                            "peer": {"qpn": req.qpn, "psn": req.psn, "gid": req.gid.hex()},
                            "params": {"path_mtu": rep.mtu_bytes, "sack_window": 0, "entropy_count": 1}}
@@ -971,7 +768,7 @@ class _PassiveCM:
             if took and not self.done.is_set():
                 try:                                   # give the QP back for the next REQ
                     e = agent.qps[h]
-                    access = _access_names(Access(e.attrs.get("access", 0)))
+                    access = flag_names(e.attrs.get("access", 0), ACCESS)
                     agent.cmd_modify_qp({"qp": h, "state": "RESET", "attrs": {}})
                     agent.cmd_modify_qp({"qp": h, "state": "INIT", "attrs": {"access": access, "pkey": 0xFFFF}})
                 except Exception:                      # noqa: BLE001 - the QP may be gone (reset, destroy_qp)
@@ -1003,7 +800,7 @@ def _pp_server(self, ch) -> bool:
             self.result = {"profile": "compat", "agreed_caps": 0,
                            "peer": {"qpn": theirs.qpn, "psn": theirs.psn, "gid": theirs.gid.hex()},
                            "params": {"path_mtu": 1024, "sack_window": 0, "entropy_count": 1}}
-            agent._agreed[h] = 0
+            agent._set_agreed(h, 0)
             self.done.set()                                   # usable before the "done" (MR-CM-045)
             ch.send(cm.pp_encode(cm.PingpongDest(0, qp.qp_num, self.psn, cm.ip_to_gid(agent.engine.local_ip))))
             try:
@@ -1027,175 +824,24 @@ def _canon_ip(a: str) -> str:
 
 
 # ---- TCP server ----------------------------------------------------------------------
-class _Handler(socketserver.StreamRequestHandler):
-    server: "_TCPServer"
-
-    def handle(self) -> None:
-        owner: AgentServer = self.server.owner
-        agent = Agent(owner.iut, owner.impl_info)
-        peer = "%s:%s" % self.client_address[:2]
-        log.info("agent session from %s opened", peer)          # MR-SEC-027: log every session
-        owner._sessions_add(self.connection)
-        try:
-            while not owner.closing:
-                line = self.rfile.readline(MAX_LINE)
-                if not line:
-                    break
-                if not line.endswith(b"\n"):
-                    if len(line) >= MAX_LINE:             # MR-CONF-014
-                        self._send(b'{"id":null,"ok":false,"error":{"code":"EPROTO",'
-                                   b'"message":"line longer than 1 MiB: closing the session"}}\n')
-                    break                                  # over-long, or cut by EOF
-                if not line.strip():
-                    continue
-                self._send(agent.handle_line(line))
-                if agent.closing:
-                    break
-        except (ConnectionError, OSError) as e:
-            log.info("agent session from %s: %s", peer, e)
-        finally:
-            agent.reset()                                  # a vanished tester leaves nothing behind
-            owner._sessions_discard(self.connection)
-            log.info("agent session from %s closed", peer)
-
-    def _send(self, data: bytes) -> None:
-        self.wfile.write(data)
-        self.wfile.flush()
-
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    owner: "AgentServer"
-
-
-class _TCPServer6(_TCPServer):
-    address_family = socket.AF_INET6
-
-
-class AgentServer:
-    """The agent's TCP listener (MR-CONF-013): one session per connection, each on its thread.
+class AgentServer(_AgentServer):
+    """The agent's TCP listener (MR-CONF-013): one session (Agent) per connection, each on its thread.
 
         srv = AgentServer(iut, "127.0.0.1", 0).start(); host, port = srv.address; ...; srv.close()
 
     iut: agent_iut.CompiledIUT or DaemonIUT (the server does not close it).
     """
 
+    log = log
+
     def __init__(self, iut: Any, host: str, port: int = DEFAULT_PORT,
                  impl_info: ImplInfo | dict | None = None) -> None:
         self.iut = iut
         self.impl_info = ImplInfo.of(impl_info)
-        self.closing = False
-        self._lock = threading.Lock()
-        self._conns: set[socket.socket] = set()
-        self._thread: threading.Thread | None = None
-        self._serving = False
-        server_cls = _TCPServer6 if ":" in host else _TCPServer
-        self._srv = server_cls((host, port), _Handler)
-        self._srv.owner = self
+        super().__init__(host, port)
 
-    @property
-    def address(self) -> tuple[str, int]:
-        return self._srv.server_address[:2]
-
-    def start(self) -> "AgentServer":
-        self._serving = True
-        self._thread = threading.Thread(target=self._srv.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="metaroce-agent", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self._serving = True
-        self._srv.serve_forever(poll_interval=0.1)
-
-    def _sessions_add(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._conns.add(conn)
-
-    def _sessions_discard(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-
-    def sessions(self) -> int:
-        with self._lock:
-            return len(self._conns)
-
-    def close(self) -> None:
-        """Stop listening and end every session (each resets its resources on the way out)."""
-        if self.closing:
-            return
-        self.closing = True
-        if self._serving:                  # shutdown() blocks forever on a server never served
-            self._srv.shutdown()
-        self._srv.server_close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        deadline = time.monotonic() + 2.0      # let the sessions finish their reset
-        while self.sessions() and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def __enter__(self) -> "AgentServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-# ---- client ----------------------------------------------------------------------------
-class AgentClient:
-    """The upper tester's end: `call(cmd, **args) -> result`, AgentError on an error response."""
-
-    def __init__(self, host: str, port: int = DEFAULT_PORT, timeout: float = 10.0) -> None:
-        self.timeout = timeout
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.rfile = self.sock.makefile("rb")
-        self._id = 0
-
-    def request(self, cmd: str, args: dict | None = None) -> dict:
-        """Send one request, return the whole response object."""
-        self._id += 1
-        line = json.dumps({"id": self._id, "cmd": cmd, "args": args or {}}, separators=(",", ":"))
-        wait = self.timeout + (args or {}).get("timeout_ms", 0) / 1000
-        resp = self.send_raw(line.encode() + b"\n", timeout=wait)
-        if resp.get("id") != self._id:
-            raise AgentError("EPROTO", f"response id {resp.get('id')!r} to request {self._id}")
-        return resp
-
-    def call(self, cmd: str, **args) -> dict:
-        resp = self.request(cmd, args)
-        if not resp.get("ok"):
-            err = resp.get("error") or {}
-            raise AgentError(err.get("code", "EINTERNAL"), err.get("message", ""))
-        return resp.get("result", {})
-
-    def send_raw(self, data: bytes, timeout: float | None = None) -> dict:
-        """Send bytes as they are and read one response line (tests of the framing)."""
-        self.sock.settimeout(timeout or self.timeout)
-        self.sock.sendall(data)
-        line = self.rfile.readline(MAX_LINE + 1)
-        if not line:
-            raise ConnectionError("the agent closed the session")
-        return json.loads(line)
-
-    def close(self) -> None:
-        try:
-            self.rfile.close()
-        finally:
-            self.sock.close()
-
-    def __enter__(self) -> "AgentClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def new_session(self) -> Agent:
+        return Agent(self.iut, self.impl_info)
 
 
 # ---- command line ---------------------------------------------------------------------

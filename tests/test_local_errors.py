@@ -50,7 +50,7 @@ def test_unsignaled_local_error_still_completes(dp_loop):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane refuses at post (InvalidArgument, dp/context.py QP._sge) an SGE or a message of "
+    "issue 20: the compiled plane refuses at post (InvalidArgument, verbs.check_sg_list) an SGE or a message of "
     "2^31 bytes or more; MR-RC-008 wants a message over 2^31 to complete with IBV_WC_LOC_LEN_ERR without a "
     "packet, and one of exactly 2^31 bytes to be valid"))
 def test_message_over_2_31_bytes_completes_with_loc_len_err(dp_loop):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -30,7 +31,7 @@ import time
 import pytest
 
 from metaroce_xdp.agent import AgentClient, AgentError, AgentServer
-from tools.rxe_conformance import RxeVM, free_vm_id, in_netns
+from tools.rxe_conformance import AGENT_FILES, RxeVM, free_vm_id, in_netns
 
 pytestmark = [pytest.mark.timeout(600)]
 AGENT = os.path.join(os.path.dirname(__file__), "..", "metaroce_xdp", "conformance", "pyverbs_agent.py")
@@ -44,21 +45,28 @@ WAIT_MS = 20000          # TCG: a round trip through the VM can take tens of ms 
 TIMEOUT = 16             # local ACK timeout 4.096 us * 2^16 = 268 ms: nothing is lost on the tap
 
 
-def test_agent_is_self_contained():
+def test_agent_is_self_contained(tmp_path):
     """The agent runs where our package is not installed (the VM's 9p share, a NIC host): it imports
-    only the standard library and pyverbs, and without pyverbs it says what to install."""
+    only the standard library, pyverbs and the protocol module beside it (agentproto.py, stdlib only:
+    tests/test_agentproto.py), which is what tools/rxe_conformance.py ships (AGENT_FILES); from a directory
+    holding just those files it starts, and without pyverbs it says what to install."""
     tree = ast.parse(open(AGENT).read())
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
-    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "relative import"
-    assert mods - {"pyverbs"} <= set(sys.stdlib_module_names), mods - set(sys.stdlib_module_names)
+    rel = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level for a in n.names}
+    assert rel <= {"agentproto"}, rel
+    assert mods - {"pyverbs", "agentproto"} <= set(sys.stdlib_module_names), mods - set(sys.stdlib_module_names)
+    assert sorted(f.name for f in AGENT_FILES) == ["agentproto.py", "pyverbs_agent.py"]
+    for f in AGENT_FILES:
+        shutil.copy(f, tmp_path)
+    agent = str(tmp_path / "pyverbs_agent.py")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    help_ = subprocess.run(["/usr/bin/python3", "-I", AGENT, "--help"], capture_output=True, text=True, env=env,
-                           timeout=30)
-    assert help_.returncode == 0 and "--gid-index" in help_.stdout
-    run = subprocess.run(["/usr/bin/python3", "-I", AGENT, "--listen", "127.0.0.1", "--port", "0"],
-                         capture_output=True, text=True, env=env, timeout=30)
-    assert run.returncode == 2 and "python3-pyverbs" in run.stderr    # no pyverbs on this host
+    help_ = subprocess.run(["/usr/bin/python3", "-I", agent, "--help"], capture_output=True, text=True, env=env,
+                           timeout=30, cwd="/")
+    assert help_.returncode == 0 and "--gid-index" in help_.stdout, help_.stderr
+    run = subprocess.run(["/usr/bin/python3", "-I", agent, "--listen", "127.0.0.1", "--port", "0"],
+                         capture_output=True, text=True, env=env, timeout=30, cwd="/")
+    assert run.returncode == 2 and "python3-pyverbs" in run.stderr, run.stderr    # no pyverbs on this host
 
 
 @pytest.fixture(scope="module")

@@ -348,13 +348,13 @@ def _dp_stats(side: _Side) -> dict:
 
 def _native_room(opt: PerfOptions, side: _Side) -> int:
     """How many QPs --profile auto may offer native in this run: 0 (offer compat, as a compat-only peer
-    would) where the plane cannot carry the test natively -- read-bw while native READ is not built
-    (dp/context.py _NATIVE_OPS), or more QPs than the port has native slots (native/plane_slot.py NSLOT)."""
+    would) where the plane cannot carry the test natively -- read-bw if native READ were refused
+    (verbs.NATIVE_REFUSED), or more QPs than the port has native slots (native/plane_slot.py NSLOT)."""
     if not side.compiled:
         return 0
-    from metaroce_xdp.dp import context as dpctx
+    from metaroce_xdp.verbs import NATIVE_REFUSED
     from metaroce_xdp.verbs_types import WROpcode
-    if opt.test == "read-bw" and WROpcode.RDMA_READ not in dpctx._NATIVE_OPS:
+    if opt.test == "read-bw" and WROpcode.RDMA_READ in NATIVE_REFUSED:
         return 0
     free = len(side.ctx.plane.nat.free)
     return 0 if not opt.is_server and opt.qps > free else free

@@ -5,7 +5,8 @@
 
 Steps: build the VM image (rxe-vm/build.sh, idempotent), boot it in keep mode
 (up.sh -k: netns rxeh<ID> with tap rxetap<ID> 10.77.<ID>.1/24 <-> VM eth0
-10.77.<ID>.2), put metaroce_xdp/conformance/pyverbs_agent.py on the VM's 9p
+10.77.<ID>.2), put metaroce_xdp/conformance/pyverbs_agent.py and the protocol
+module it imports (agentproto.py: AGENT_FILES) on the VM's 9p
 share, start it in the VM listening on the VM's address (port 18516), wait
 until it says AGENT-READY, then run the given command in netns rxeh<ID>
 (`ip netns exec`).  The VM, the netns and the tap are always removed at the
@@ -43,13 +44,15 @@ import sys
 import time
 from pathlib import Path
 
+from metaroce_xdp.conformance.agentproto import DEFAULT_PORT, PROTO, AgentClient
 from metaroce_xdp.topo import thread_in_netns
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENT_SRC = ROOT / "metaroce_xdp" / "conformance" / "pyverbs_agent.py"
+# What the VM runs: the rdma-core agent and the protocol module beside it (it imports nothing else of ours)
+AGENT_FILES = tuple(ROOT / "metaroce_xdp" / "conformance" / f for f in ("pyverbs_agent.py", "agentproto.py"))
 VM_DIR = Path(os.environ.get("RXEVM_SCRIPTS", ROOT.parent / "shared" / "rxe-vm"))
 RUN_BASE = Path(os.environ.get("RXEVM_DIR", "/tmp/rxevm"))
-AGENT_PORT = 18516
+AGENT_PORT = DEFAULT_PORT
 
 
 class RxeVMError(RuntimeError):
@@ -165,8 +168,9 @@ class RxeVM:
                   f"({cp.stdout.strip().splitlines()[-1] if cp.stdout.strip() else ''})")
 
     def start_agent(self) -> None:
-        """Copy the agent onto the share, start it in the VM and wait for AGENT-READY."""
-        shutil.copyfile(AGENT_SRC, self.share / "pyverbs_agent.py")
+        """Copy the agent (AGENT_FILES) onto the share, start it in the VM and wait for AGENT-READY."""
+        for src in AGENT_FILES:
+            shutil.copyfile(src, self.share / src.name)
         cmd = (f"exec python3 /mnt/host/pyverbs_agent.py --dev $RXE_DEV --gid-index $RXE_GID_IDX "
                f"--listen $RXE_IP --port {self.agent_port}")
         cp = self._script("vmexec.sh", "-i", str(self.vm_id), "-b", "--", cmd, timeout=30)
@@ -244,11 +248,10 @@ class RxeVM:
 
 def smoke(vm: RxeVM) -> None:
     """One agent session from the VM's netns: the commands every tester session starts with."""
-    from metaroce_xdp.agent import AgentClient
     with in_netns(vm.netns):
         c = AgentClient(vm.vm_ip, vm.agent_port, timeout=20)
     with c:
-        h = c.call("hello", proto=1)
+        h = c.call("hello", proto=PROTO)
         print(f"hello: impl {h['impl']} ({h['version']}), gid {h['gid']} ip {h['ip']} mac {h['mac']}, "
               f"caps {h['caps']:#x}, mtus {h['mtus']}, G {h['timer_granularity_us']} us, limits {h['limits']}")
         caps = c.call("caps")

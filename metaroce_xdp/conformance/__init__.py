@@ -1,7 +1,7 @@
 """The MetaRoCE conformance suite (spec 09): a wire-level tester that checks an IUT rule by rule.
 
 The tester plays the IUT's peer.  It drives the IUT through the test agent of
-spec 9.4 (the upper tester: metaroce_xdp.agent.AgentClient, JSON lines over
+spec 9.4 (the upper tester: agentproto.AgentClient, JSON lines over
 TCP) and sends and captures raw frames on the link (the lower tester,
 lt.LowerTester, AF_PACKET).  Packets are built and read with scapy and the
 ICRC is computed here (packets.py) -- never with metaroce_xdp.wire, the
@@ -15,7 +15,8 @@ Modules: packets (layers, opcode table, ICRC), lt (send, capture, pcap),
 spec (the rule catalogue: level, observability, applicability), registry
 (@case), context (T and Conn, what a case gets), runner (verdicts, 9.5),
 report (JSON Lines 9.6.1, JUnit XML, Markdown and HTML with the rule matrix),
-selftest (namespaces + reference agent), cli, cases/ (the catalogue).
+selftest (namespaces + reference agent), cli, cases/ (the catalogue), agentproto (the
+agent protocol of 9.4, shared with both agents), pyverbs_agent (the agent for rdma-core devices).
 
 How to add a case
 -----------------

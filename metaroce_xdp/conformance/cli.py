@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from .agentproto import AgentClient
+
 
 def _parse(argv):
     p = argparse.ArgumentParser(
@@ -69,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print("metaroce-conformance: no case matches", file=sys.stderr)
         return 2
-    from ..agent import AgentClient
     from .report import console
     report_dir = Path(a.report)
     t0 = time.monotonic()

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .agentproto import AgentError
 from . import packets as P
 from .lt import Frame, LowerTester
 
@@ -36,7 +37,6 @@ class LoggedAgent:
         self.lines: list[str] = []
 
     def call(self, cmd: str, **args) -> dict:
-        from ..agent import AgentError
         self.lines.append(json.dumps({"cmd": cmd, "args": args}, separators=(",", ":")))
         try:
             res = self.client.call(cmd, **args)
@@ -149,7 +149,6 @@ class Conn:
     def counters(self) -> dict:
         """get_counters qp; NotApplicable when the IUT's agent offers no per-QP counters (caps.qp_counters
         empty, or ENOTSUP from an agent that does not say)."""
-        from ..agent import AgentError
         self.t.need_qp_counters()
         try:
             return self.t.agent.call("get_counters", qp=self.qp)["counters"]
@@ -273,7 +272,6 @@ class T:
 
     def cleanup(self) -> list[str]:
         """Destroy what the case created (QPs first, then MRs, CQs, PDs); returns what failed."""
-        from ..agent import AgentError
         errors = []
         todo = [("destroy_qp", {"qp": c.qp}) for c in self._conns]
         kinds = ("dereg_mr", "destroy_cq", "dealloc_pd")

@@ -8,9 +8,10 @@ same protocol, commands, value encodings (MR-CONF-018) and error codes
 (MR-CONF-023) as metaroce_xdp/agent.py, the reference implementation's agent,
 so one tester checks Linux Soft-RoCE (`rdma_rxe`) and RDMA NICs alike.
 
-The file is self-contained (Python standard library and pyverbs only) because
-it runs where our package is not installed, e.g. inside the Soft-RoCE VM of
-tools/rxe_conformance.py:
+It needs the Python standard library, pyverbs and agentproto.py (the
+protocol, shared with agent.py and the tester) only, because it runs where our
+package is not installed: the two files side by side, e.g. inside the Soft-RoCE
+VM of tools/rxe_conformance.py (AGENT_FILES):
 
     python3 pyverbs_agent.py --dev rxe0 --gid-index 1 --listen 10.77.0.2 --port 18516
 
@@ -60,55 +61,31 @@ from __future__ import annotations
 import argparse
 import errno
 import ipaddress
-import json
 import logging
 import os
 import platform
 import re
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
 import time
 
+if __package__:                     # metaroce_xdp.conformance.pyverbs_agent
+    from . import agentproto as P
+else:                               # run as a file: agentproto.py is beside it (also under python -I)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import agentproto as P
+
 log = logging.getLogger("metaroce.pyverbs_agent")
 _T0 = time.monotonic()
 
-PROTO = 1
-DEFAULT_PORT = 18516
 VERSION = "0.1.0"
-MAX_LINE = 1 << 20                 # MR-CONF-014: including the line feed
-MAX_MEM_IO = 65536                 # mem_read limit of the command table
-MAX_MR_LEN = 1 << 30               # also keeps offsets inside pyverbs' C int
-MAX_CQE = 1 << 20
-MAX_WR = 1 << 16
-MAX_POLL = 4096
-MAX_TIMEOUT_MS = 600_000
-_U64 = (1 << 64) - 1
 
-CODES = ("EPROTO", "ENOCMD", "EINVAL", "ENOENT", "EBUSY", "ENOMEM", "ESTATE", "EAGAIN", "ENOTSUP", "EACCES",
-         "ETIMEDOUT", "EINTERNAL")
-_ERRNO_CODES = {errno.EINVAL: "EINVAL", errno.ENOMEM: "ENOMEM", errno.EAGAIN: "EAGAIN", errno.EBUSY: "EBUSY",
-                errno.ENOENT: "ENOENT", errno.EACCES: "EACCES", errno.ETIMEDOUT: "ETIMEDOUT",
-                errno.EOPNOTSUPP: "ENOTSUP", errno.ENOTSUP: "ENOTSUP"}
-
-# ---- libibverbs values (verbs.h; stable ABI, the same numbers as metaroce_xdp/verbs_types.py) ----
-ACCESS = {"LOCAL_WRITE": 1, "REMOTE_WRITE": 2, "REMOTE_READ": 4, "REMOTE_ATOMIC": 8}
-SEND_FLAGS = {"FENCE": 1, "SIGNALED": 2, "SOLICITED": 4, "INLINE": 8}
-QP_STATES = {"RESET": 0, "INIT": 1, "RTR": 2, "RTS": 3, "SQD": 4, "SQE": 5, "ERR": 6}
-QP_STATE_NAMES = {v: k for k, v in QP_STATES.items()}
-WR_OPCODES = {"RDMA_WRITE": 0, "RDMA_WRITE_WITH_IMM": 1, "SEND": 2, "SEND_WITH_IMM": 3, "RDMA_READ": 4,
-              "ATOMIC_CMP_AND_SWP": 5, "ATOMIC_FETCH_AND_ADD": 6, "SEND_WITH_INV": 9}
+# ---- libibverbs values the device calls take (verbs.h; a stable ABI).  The names the protocol carries and
+# their numbers are agentproto's (P.ACCESS, P.SEND_FLAGS, P.QP_STATES, P.WR_OPCODES, P.WC_STATUS, P.WC_OPCODES).
 MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 MTU_BYTES = {v: k for k, v in MTU_ENUM.items()}
-WC_STATUS = ("SUCCESS", "LOC_LEN_ERR", "LOC_QP_OP_ERR", "LOC_EEC_OP_ERR", "LOC_PROT_ERR", "WR_FLUSH_ERR",
-             "MW_BIND_ERR", "BAD_RESP_ERR", "LOC_ACCESS_ERR", "REM_INV_REQ_ERR", "REM_ACCESS_ERR", "REM_OP_ERR",
-             "RETRY_EXC_ERR", "RNR_RETRY_EXC_ERR", "LOC_RDD_VIOL_ERR", "REM_INV_RD_REQ_ERR", "REM_ABORT_ERR",
-             "INV_EECN_ERR", "INV_EEC_STATE_ERR", "FATAL_ERR", "RESP_TIMEOUT_ERR", "GENERAL_ERR",
-             "TM_ERR", "TM_RNDV_INCOMPLETE")
-WC_OPCODES = {0: "SEND", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "COMP_SWAP", 4: "FETCH_ADD", 5: "BIND_MW",
-              6: "LOCAL_INV", 7: "TSO", 128: "RECV", 129: "RECV_RDMA_WITH_IMM"}
 WC_WITH_IMM, WC_WITH_INV = 2, 8
 GID_TYPE_ROCE_V2 = 2                # enum ibv_gid_type
 # ibv_qp_attr_mask bits
@@ -130,17 +107,6 @@ PARAMS = {"hop_limit": (HOP_LIMIT, 1, 255), "dscp": (0, 0, 63)}
 # duplicate_request counts every duplicate request its responders see (rxe_resp.c check_psn), which is
 # what MR-DUP-010's rx_dup_req counts.  Port-wide: rdma-core has no per-QP counters to offer.
 SPEC_COUNTERS = {"rx_dup_req": "duplicate_request"}
-# 06-connection.md 6.3 capability bits this agent can claim for a device.
-CAP_IPV6, CAP_ATOMICS = 0x40, 0x80
-
-
-class AgentError(Exception):
-    """An error response: `code` from section 9.4.3, `message` for the reader."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 def gid_hex(gid_text: str) -> str:
@@ -154,93 +120,6 @@ def gid_hex(gid_text: str) -> str:
 def gid_text(gid32: str) -> str:
     """32 hex digits -> pyverbs' 8-word GID text."""
     return ":".join(gid32[i:i + 4] for i in range(0, 32, 4))
-
-
-def ip_of_gid(gid32: str) -> str:
-    a = ipaddress.IPv6Address(bytes.fromhex(gid32))
-    return str(a.ipv4_mapped) if a.ipv4_mapped is not None else str(a)
-
-
-# ---- argument decoding (MR-CONF-018); the same checks as metaroce_xdp/agent.py ------------
-_MISSING = object()
-_HEX = re.compile(r"[0-9a-fA-F]*")
-_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
-
-
-def _get(args: dict, name: str, default=_MISSING):
-    v = args.get(name, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise AgentError("EPROTO", f"missing member args.{name}")
-        return default
-    return v
-
-
-def _int(args: dict, name: str, lo: int, hi: int, default=_MISSING) -> int:
-    v = _get(args, name, default)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise AgentError("EINVAL", f"{name} must be an integer, not {v!r}")
-    if not lo <= v <= hi:
-        raise AgentError("EINVAL", f"{name} {v} is outside {lo}..{hi}")
-    return v
-
-
-def _u64(args: dict, name: str, default=_MISSING) -> int:
-    v = _get(args, name, default)
-    if isinstance(v, int) and not isinstance(v, bool):
-        n = v
-    elif isinstance(v, str) and v[:2] in ("0x", "0X") and len(v) > 2 and _HEX.fullmatch(v[2:]):
-        n = int(v, 16)
-    else:
-        raise AgentError("EINVAL", f"{name} must be a string 0x<hex>, not {v!r}")
-    if not 0 <= n <= _U64:
-        raise AgentError("EINVAL", f"{name} {v} does not fit in 64 bits")
-    return n
-
-
-def _hex64(n: int) -> str:
-    return f"{n:#x}"
-
-
-def _bytes(args: dict, name: str) -> bytes:
-    v = _get(args, name)
-    if not isinstance(v, str) or len(v) % 2 or not _HEX.fullmatch(v):
-        raise AgentError("EINVAL", f"{name} must be a string of hex byte pairs")
-    return bytes.fromhex(v)
-
-
-def _enum(args: dict, name: str, choices, default=_MISSING) -> str:
-    v = _get(args, name, default)
-    if not isinstance(v, str) or v not in choices:
-        raise AgentError("EINVAL", f"{name} {v!r}: use one of {sorted(choices)}")
-    return v
-
-
-def _obj(args: dict, name: str, default=_MISSING) -> dict:
-    v = _get(args, name, default)
-    if not isinstance(v, dict):
-        raise AgentError("EINVAL", f"{name} must be an object")
-    return v
-
-
-def _list(args: dict, name: str, default=_MISSING) -> list:
-    v = _get(args, name, default)
-    if not isinstance(v, list):
-        raise AgentError("EINVAL", f"{name} must be a list")
-    return v
-
-
-def _flags(args: dict, name: str, table: dict, default=_MISSING) -> int:
-    out = 0
-    for n in _list(args, name, default):
-        if not isinstance(n, str) or n not in table:
-            raise AgentError("EINVAL", f"{name}: unknown flag {n!r}; use {list(table)}")
-        out |= table[n]
-    return out
-
-
-def _flag_names(bits: int, table: dict) -> list:
-    return [k for k, v in table.items() if bits & v]
 
 
 # ---- the device ----------------------------------------------------------------------------
@@ -266,7 +145,7 @@ class Device:
         self.gid_index = self._pick_gid(gid_index)
         entry = self.ctx.query_gid_ex(port, self.gid_index)
         self.gid = gid_hex(entry.gid_str())
-        self.ip = ip_of_gid(self.gid)
+        self.ip = P.ip_of_gid(self.gid)
         self.netdev = socket.if_indextoname(entry.ndev_ifindex) if entry.ndev_ifindex else None
         self.mac = self._read(f"/sys/class/net/{self.netdev}/address") if self.netdev else None
         self.active_mtu = MTU_BYTES.get(self.port_attr.active_mtu, 1024)
@@ -376,10 +255,10 @@ class Device:
 
     @property
     def caps(self) -> int:
-        c = CAP_ATOMICS if self.attr.atomic_caps else 0
+        c = P.CAP_ATOMICS if self.attr.atomic_caps else 0
         a = ipaddress.ip_address(self.ip)
         if a.version == 6 and not a.is_link_local:        # the agent's QPs use the one GID it opened
-            c |= CAP_IPV6
+            c |= P.CAP_IPV6
         return c
 
     def limits(self) -> dict:
@@ -414,19 +293,19 @@ class Device:
     # the peer's MAC: the kernel's neighbour table is how a verbs device learns it
     def set_neighbour(self, ip: str, mac: str) -> None:
         if not self.netdev:
-            raise AgentError("ENOTSUP", "the GID has no network device: dmac cannot be applied")
+            raise P.AgentError("ENOTSUP", "the GID has no network device: dmac cannot be applied")
         self._ip(["neigh", "replace", ip, "lladdr", mac, "dev", self.netdev, "nud", "permanent"])
 
     def del_neighbour(self, ip: str) -> None:
         try:
             self._ip(["neigh", "del", ip, "dev", self.netdev])
-        except AgentError as e:
+        except P.AgentError as e:
             log.warning("cannot remove neighbour %s: %s", ip, e.message)
 
     # the TTL / Hop Limit: Linux RoCE takes it from the route to the destination
     def set_route(self, ip: str, hop: int) -> None:
         if not self.netdev:
-            raise AgentError("ENOTSUP", "the GID has no network device: hop_limit cannot be applied")
+            raise P.AgentError("ENOTSUP", "the GID has no network device: hop_limit cannot be applied")
         plen = 32 if ipaddress.ip_address(ip).version == 4 else 128
         self._ip(["route", "replace", f"{ip}/{plen}", "dev", self.netdev, "hoplimit", str(hop)])
 
@@ -434,7 +313,7 @@ class Device:
         plen = 32 if ipaddress.ip_address(ip).version == 4 else 128
         try:
             self._ip(["route", "del", f"{ip}/{plen}", "dev", self.netdev])
-        except AgentError as e:
+        except P.AgentError as e:
             log.warning("cannot remove route %s: %s", ip, e.message)
 
     def neighbour(self, ip: str) -> str | None:
@@ -448,9 +327,9 @@ class Device:
         try:
             cp = subprocess.run(["ip"] + argv, capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise AgentError("EINTERNAL", f"ip {' '.join(argv)}: {e}") from None
+            raise P.AgentError("EINTERNAL", f"ip {' '.join(argv)}: {e}") from None
         if cp.returncode != 0:
-            raise AgentError("EINTERNAL", f"ip {' '.join(argv)}: {cp.stderr.strip()}")
+            raise P.AgentError("EINTERNAL", f"ip {' '.join(argv)}: {cp.stderr.strip()}")
         return cp.stdout
 
 
@@ -465,7 +344,7 @@ class _MREntry:
         self.mr, self.pd, self.length = mr, pd, length
 
 
-class Agent:
+class Agent(P.Session):
     """One test-agent session on a Device: its handles, its commands, its reset.
 
     handle(request) -> response never raises.  Every command decodes and checks
@@ -473,9 +352,8 @@ class Agent:
     command leaves the IUT as it was (MR-CONF-016)."""
 
     def __init__(self, dev: Device) -> None:
+        super().__init__()
         self.dev = dev
-        self.greeted = False
-        self.closing = False
         self.pds: dict = {}
         self.mrs: dict = {}
         self.cqs: dict = {}
@@ -483,90 +361,32 @@ class Agent:
         self.kernel_edits: set = set()            # ("neigh" | "route", ip) made for this session's QPs
         self.params = {k: v[0] for k, v in PARAMS.items()}
         self.params_set: set = set()
-        self._next = {"pd": 1, "mr": 1, "cq": 1, "qp": 1}
-        self._commands = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
-    # -- framing -----------------------------------------------------------------------
-    def handle_line(self, line: bytes) -> bytes:
-        req_id = None
-        try:
-            try:
-                req = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise AgentError("EPROTO", f"not a JSON line: {e}") from None
-            if not isinstance(req, dict):
-                raise AgentError("EPROTO", "a request is a JSON object")
-            rid = req.get("id")
-            if isinstance(rid, int) and not isinstance(rid, bool):
-                req_id = rid
-            resp = self.handle(req)
-        except AgentError as e:
-            resp = {"id": req_id, "ok": False, "error": {"code": e.code, "message": e.message}}
-        return (json.dumps(resp, separators=(",", ":")) + "\n").encode()
-
-    def handle(self, req: dict) -> dict:
-        rid = req.get("id")
-        try:
-            if isinstance(rid, bool) or not isinstance(rid, int):
-                raise AgentError("EPROTO", "member id must be an integer")
-            cmd, args = req.get("cmd"), req.get("args")
-            if not isinstance(cmd, str):
-                raise AgentError("EPROTO", "member cmd must be a string")
-            if not isinstance(args, dict):
-                raise AgentError("EPROTO", "member args must be an object")
-            if not self.greeted and cmd != "hello":
-                raise AgentError("EPROTO", f"{cmd} before hello: the first request of a session is hello")
-            fn = self._commands.get(cmd)
-            if fn is None:
-                raise AgentError("ENOCMD", f"unknown command {cmd!r}")
-            return {"id": rid, "ok": True, "result": self._call(cmd, fn, args) or {}}
-        except AgentError as e:
-            if e.code not in CODES:
-                e = AgentError("EINTERNAL", f"{e.code}: {e.message}")
-            ok_id = isinstance(rid, int) and not isinstance(rid, bool)
-            return {"id": rid if ok_id else None, "ok": False, "error": {"code": e.code, "message": e.message}}
-
-    def _call(self, cmd: str, fn, args: dict):
+    def call(self, cmd: str, fn, args: dict):
         """Run one command; name pyverbs' failures by their errno (MR-CONF-023)."""
         from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsUserError
         try:
             return fn(args)
-        except AgentError:
+        except P.AgentError:
             raise
         except PyverbsRDMAError as e:
-            raise AgentError(_ERRNO_CODES.get(e.error_code, "EINTERNAL"), str(e)) from None
+            raise P.AgentError(P.ERRNO_CODES.get(e.error_code, "EINTERNAL"), str(e)) from None
         except PyverbsUserError as e:
-            raise AgentError("EINVAL", str(e)) from None
+            raise P.AgentError("EINVAL", str(e)) from None
         except MemoryError as e:
-            raise AgentError("ENOMEM", f"out of memory: {e}") from None
+            raise P.AgentError("ENOMEM", f"out of memory: {e}") from None
         except OSError as e:
-            raise AgentError(_ERRNO_CODES.get(e.errno, "EINTERNAL"), f"{type(e).__name__}: {e}") from None
+            raise P.AgentError(P.ERRNO_CODES.get(e.errno, "EINTERNAL"), f"{type(e).__name__}: {e}") from None
         except Exception as e:                     # never a crash: the session goes on
             log.exception("agent: %s failed", cmd)
-            raise AgentError("EINTERNAL", f"{type(e).__name__}: {e}") from None
-
-    # -- handles -----------------------------------------------------------------------
-    def _new_handle(self, kind: str) -> int:
-        h = self._next[kind]
-        self._next[kind] = h + 1
-        return h
-
-    def _lookup(self, table: dict, kind: str, args: dict, name: str | None = None):
-        name = name or kind
-        h = _int(args, name, -(1 << 63), 1 << 63)
-        obj = table.get(h)
-        if obj is None:
-            raise AgentError("ENOENT", f"no {kind} handle {h} in this session")
-        return h, obj
+            raise P.AgentError("EINTERNAL", f"{type(e).__name__}: {e}") from None
 
     # -- session -------------------------------------------------------------------------
     def cmd_hello(self, args: dict) -> dict:
-        proto = _int(args, "proto", 0, 1 << 31)
-        if proto != PROTO:
-            raise AgentError("EPROTO", f"this agent speaks proto {PROTO}, not {proto}")
+        P.check_hello(args)
         d = self.dev
         self.greeted = True
-        return {"proto": PROTO, "impl": f"rdma-core:{d.name}", "version": d.version(), "profiles": ["compat"],
+        return {"proto": P.PROTO, "impl": f"rdma-core:{d.name}", "version": d.version(), "profiles": ["compat"],
                 "caps": d.caps, "gid": d.gid, "ip": d.ip, "mac": d.mac, "mtus": d.mtus, "limits": d.limits(),
                 "timer_granularity_us": d.timer_granularity_us, "gid_index": d.gid_index, "netdev": d.netdev}
 
@@ -579,14 +399,11 @@ class Agent:
                              "rto_min_us": rto_min},
                 "dcqcn": False, "counters": sorted(self.dev.counters()), "params": sorted(PARAMS),
                 # 9.4.2: no cm_* (ENOTSUP: connect with modify_qp), no per-QP counters (rdma-core counts per port)
-                "commands": sorted(n[4:] for n in dir(self) if n.startswith("cmd_") and not n.startswith("cmd_cm_")),
+                "commands": sorted(c for c in self.commands if not c.startswith("cm_")),
                 "qp_counters": []}
 
     def cmd_reset(self, args: dict) -> None:
         self.reset()
-
-    def cmd_bye(self, args: dict) -> None:
-        self.closing = True
 
     def reset(self) -> None:
         """MR-CONF-021: destroy every QP, MR, CQ and PD of the session; undo its neighbour and route
@@ -607,7 +424,7 @@ class Agent:
         self.kernel_edits.clear()
         self.params = {k: v[0] for k, v in PARAMS.items()}
         self.params_set.clear()
-        self._next = dict.fromkeys(self._next, 1)
+        self._restart_handles()
 
     # -- PD, MR, CQ ----------------------------------------------------------------------
     def cmd_create_pd(self, args: dict) -> dict:
@@ -622,25 +439,25 @@ class Agent:
         users = [f"mr {m}" for m, e in self.mrs.items() if e.pd == h] + \
                 [f"qp {q}" for q, e in self.qps.items() if e.pd == h]
         if users:                # pyverbs' PD.close() would close them; ibv_dealloc_pd says EBUSY
-            raise AgentError("EBUSY", f"PD {h} is used by {', '.join(users)}: release them first")
+            raise P.AgentError("EBUSY", f"PD {h} is used by {', '.join(users)}: release them first")
         pd.close()
         del self.pds[h]
 
     def cmd_reg_mr(self, args: dict) -> dict:
         from pyverbs.mr import MR
         pd_h, pd = self._lookup(self.pds, "pd", args)
-        n = _int(args, "len", 0, 1 << 62)
-        if n > MAX_MR_LEN:
-            raise AgentError("ENOMEM", f"len {n} exceeds the agent's MR limit of {MAX_MR_LEN} bytes")
-        access = _flags(args, "access", ACCESS)
-        fill = _int(args, "fill", 0, 255, 0)
-        inval = _get(args, "remote_invalidate", False)
+        n = P.get_int(args, "len", 0, 1 << 62)
+        if n > P.MAX_MR_LEN:
+            raise P.AgentError("ENOMEM", f"len {n} exceeds the agent's MR limit of {P.MAX_MR_LEN} bytes")
+        access = P.get_flags(args, "access", P.ACCESS)
+        fill = P.get_int(args, "fill", 0, 255, 0)
+        inval = P.get(args, "remote_invalidate", False)
         if not isinstance(inval, bool):
-            raise AgentError("EINVAL", "remote_invalidate must be true or false")
+            raise P.AgentError("EINVAL", "remote_invalidate must be true or false")
         if inval:
             # ibv_reg_mr gives a memory region no remote invalidation: in rdma-core only
             # memory windows and fast-registered MRs (kernel consumers) are invalidatable.
-            raise AgentError("ENOTSUP", "remote_invalidate: a user MR of an rdma-core device cannot be "
+            raise P.AgentError("ENOTSUP", "remote_invalidate: a user MR of an rdma-core device cannot be "
                                         "invalidated remotely (only memory windows can)")
         from pyverbs.pyverbs_error import PyverbsRDMAError, PyverbsError
         try:
@@ -648,7 +465,7 @@ class Agent:
         except PyverbsRDMAError:
             raise
         except PyverbsError as exc:             # pyverbs could not allocate the buffer itself
-            raise AgentError("ENOMEM", str(exc)) from None
+            raise P.AgentError("ENOMEM", str(exc)) from None
         try:
             if fill:
                 chunk = bytes([fill]) * min(n, 1 << 20)
@@ -660,7 +477,7 @@ class Agent:
             raise
         h = self._new_handle("mr")
         self.mrs[h] = _MREntry(mr, pd_h, n)
-        return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": _hex64(mr.buf), "len": n}
+        return {"mr": h, "lkey": mr.lkey, "rkey": mr.rkey, "va": P.hex64(mr.buf), "len": n}
 
     def cmd_dereg_mr(self, args: dict) -> None:
         h, e = self._lookup(self.mrs, "mr", args)
@@ -669,7 +486,7 @@ class Agent:
 
     def cmd_create_cq(self, args: dict) -> dict:
         from pyverbs.cq import CQ
-        cqe = _int(args, "cqe", 1, MAX_CQE)
+        cqe = P.get_int(args, "cqe", 1, P.MAX_CQE)
         cq = CQ(self.dev.ctx, cqe)
         h = self._new_handle("cq")
         self.cqs[h] = cq
@@ -679,7 +496,7 @@ class Agent:
         h, cq = self._lookup(self.cqs, "cq", args)
         users = [f"qp {q}" for q, e in self.qps.items() if h in (e.send_cq, e.recv_cq)]
         if users:                # pyverbs' CQ.close() would destroy the QPs; ibv_destroy_cq says EBUSY
-            raise AgentError("EBUSY", f"CQ {h} is used by {', '.join(users)}: destroy the QPs first")
+            raise P.AgentError("EBUSY", f"CQ {h} is used by {', '.join(users)}: destroy the QPs first")
         cq.close()
         del self.cqs[h]
 
@@ -689,19 +506,19 @@ class Agent:
         pd_h, pd = self._lookup(self.pds, "pd", args)
         scq_h, scq = self._lookup(self.cqs, "cq", args, "send_cq")
         rcq_h, rcq = self._lookup(self.cqs, "cq", args, "recv_cq")
-        qtype = _get(args, "type", "RC")
+        qtype = P.get(args, "type", "RC")
         if qtype != "RC":
-            raise AgentError("ENOTSUP", f"QP type {qtype!r}: only RC")
-        cap = _obj(args, "cap", {})
+            raise P.AgentError("ENOTSUP", f"QP type {qtype!r}: only RC")
+        cap = P.get_obj(args, "cap", {})
         lim = self.dev.limits()
-        qcap = QPCap(max_send_wr=_int(cap, "max_send_wr", 1, MAX_WR, 1024),
-                     max_recv_wr=_int(cap, "max_recv_wr", 1, MAX_WR, 1024),
-                     max_send_sge=_int(cap, "max_send_sge", 0, lim["max_sge"], min(16, lim["max_sge"])),
-                     max_recv_sge=_int(cap, "max_recv_sge", 0, lim["max_sge"], min(16, lim["max_sge"])),
-                     max_inline_data=_int(cap, "max_inline_data", 0, lim["max_inline"], 0))
-        sig_all = _get(args, "sq_sig_all", False)
+        qcap = QPCap(max_send_wr=P.get_int(cap, "max_send_wr", 1, P.MAX_WR, 1024),
+                     max_recv_wr=P.get_int(cap, "max_recv_wr", 1, P.MAX_WR, 1024),
+                     max_send_sge=P.get_int(cap, "max_send_sge", 0, lim["max_sge"], min(16, lim["max_sge"])),
+                     max_recv_sge=P.get_int(cap, "max_recv_sge", 0, lim["max_sge"], min(16, lim["max_sge"])),
+                     max_inline_data=P.get_int(cap, "max_inline_data", 0, lim["max_inline"], 0))
+        sig_all = P.get(args, "sq_sig_all", False)
         if not isinstance(sig_all, bool):
-            raise AgentError("EINVAL", "sq_sig_all must be true or false")
+            raise P.AgentError("EINVAL", "sq_sig_all must be true or false")
         init = QPInitAttr(qp_type=2, scq=scq, rcq=rcq, cap=qcap, sq_sig_all=int(sig_all))   # IBV_QPT_RC
         qp = QP(pd, init)
         got = init.cap                                       # what the device granted
@@ -720,97 +537,97 @@ class Agent:
     def _state(self, qp) -> str:
         """The QP's state as the device has it (it moves to SQE/ERR on its own)."""
         attr, _ = qp.query(M_STATE)
-        return QP_STATE_NAMES.get(attr.qp_state, str(attr.qp_state))
+        return P.QP_STATE_NAMES.get(attr.qp_state, str(attr.qp_state))
 
     def _pkey_index(self, pkey: int) -> int:
         for i, p in enumerate(self.dev.pkeys):
             if p & 0x7FFF == pkey & 0x7FFF and (p & 0x8000 or not pkey & 0x8000):
                 return i
-        raise AgentError("ENOTSUP", f"pkey {pkey:#06x} is not in the port's P_Key table "
+        raise P.AgentError("ENOTSUP", f"pkey {pkey:#06x} is not in the port's P_Key table "
                                     f"{[hex(p) for p in self.dev.pkeys]}")
 
     def _qp_attr(self, cur: str, state: str, attrs: dict):
         """modify_qp attrs (section 9.4.2) -> (pyverbs QPAttr, ibv_qp_attr_mask, kernel path edits)."""
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.qp import QPAttr
-        a = QPAttr(qp_state=QP_STATES[state], port_num=self.dev.port)
+        a = QPAttr(qp_state=P.QP_STATES[state], port_num=self.dev.port)
         mask = M_STATE
         edits = []                                   # (kind, ip, value) for the kernel's path to dgid
         fresh = {"INIT": cur == "RESET", "RTR": cur == "INIT", "RTS": cur == "RTR"}.get(state, False)
 
         if "access" in attrs or (state == "INIT" and fresh):
-            a.qp_access_flags = _flags(attrs, "access", ACCESS, [])
+            a.qp_access_flags = P.get_flags(attrs, "access", P.ACCESS, [])
             mask |= M_ACCESS
         if "pkey" in attrs or (state == "INIT" and fresh):
-            a.pkey_index = self._pkey_index(_int(attrs, "pkey", 0, 0xFFFF, 0xFFFF))
+            a.pkey_index = self._pkey_index(P.get_int(attrs, "pkey", 0, 0xFFFF, 0xFFFF))
             mask |= M_PKEY
         if state == "INIT" and fresh:
             a.port_num = self.dev.port
             mask |= M_PORT
         if "dest_qpn" in attrs:
-            a.dest_qp_num = _int(attrs, "dest_qpn", 1, 0xFFFFFF)
+            a.dest_qp_num = P.get_int(attrs, "dest_qpn", 1, 0xFFFFFF)
             mask |= M_DEST_QPN
         if "rq_psn" in attrs:
-            a.rq_psn = _int(attrs, "rq_psn", 0, 0xFFFFFF)
+            a.rq_psn = P.get_int(attrs, "rq_psn", 0, 0xFFFFFF)
             mask |= M_RQ_PSN
         if "sq_psn" in attrs:
-            a.sq_psn = _int(attrs, "sq_psn", 0, 0xFFFFFF)
+            a.sq_psn = P.get_int(attrs, "sq_psn", 0, 0xFFFFFF)
             mask |= M_SQ_PSN
         if "path_mtu" in attrs:
-            mtu = _int(attrs, "path_mtu", 0, 1 << 31)
+            mtu = P.get_int(attrs, "path_mtu", 0, 1 << 31)
             if mtu not in self.dev.mtus:
-                raise AgentError("EINVAL", f"path_mtu {mtu}: use one of {self.dev.mtus}")
+                raise P.AgentError("EINVAL", f"path_mtu {mtu}: use one of {self.dev.mtus}")
             a.path_mtu = MTU_ENUM[mtu]
             mask |= M_MTU
         if "dgid" in attrs:
             g = attrs["dgid"]
-            if not isinstance(g, str) or len(g) != 32 or not _HEX.fullmatch(g):
-                raise AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
+            if not isinstance(g, str) or len(g) != 32 or not P.HEX.fullmatch(g):
+                raise P.AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
             g = g.lower()
-            hop = _int(attrs, "hop_limit", 1, 255, self.params["hop_limit"])
-            tclass = _int(attrs, "traffic_class", 0, 255, self.params["dscp"] << 2)
+            hop = P.get_int(attrs, "hop_limit", 1, 255, self.params["hop_limit"])
+            tclass = P.get_int(attrs, "traffic_class", 0, 255, self.params["dscp"] << 2)
             gr = GlobalRoute(dgid=GID(gid_text(g)), sgid_index=self.dev.gid_index, hop_limit=hop,
                              traffic_class=tclass)
             a.ah_attr = AHAttr(is_global=1, port_num=self.dev.port, gr=gr)
             mask |= M_AV
             if "dmac" in attrs:
                 m = attrs["dmac"]
-                if not isinstance(m, str) or not _MAC.fullmatch(m):
-                    raise AgentError("EINVAL", f"dmac {m!r} is not aa:bb:cc:dd:ee:ff")
-                edits.append(("neigh", ip_of_gid(g), m.lower()))
+                if not isinstance(m, str) or not P.MAC.fullmatch(m):
+                    raise P.AgentError("EINVAL", f"dmac {m!r} is not aa:bb:cc:dd:ee:ff")
+                edits.append(("neigh", P.ip_of_gid(g), m.lower()))
             if "hop_limit" in attrs or "hop_limit" in self.params_set:
-                edits.append(("route", ip_of_gid(g), hop))
+                edits.append(("route", P.ip_of_gid(g), hop))
         elif "dmac" in attrs:
-            raise AgentError("EINVAL", "dmac without dgid: a verbs device takes the peer's MAC from its GID")
+            raise P.AgentError("EINVAL", "dmac without dgid: a verbs device takes the peer's MAC from its GID")
         for name, bit, hi in (("max_dest_rd_atomic", M_MAX_DEST_RD, 16), ("min_rnr_timer", M_MIN_RNR, 31)):
             if name in attrs or (fresh and state == "RTR"):      # given, or needed by INIT -> RTR
-                setattr(a, name, _int(attrs, name, 0, hi, DEFAULTS[name]))
+                setattr(a, name, P.get_int(attrs, name, 0, hi, DEFAULTS[name]))
                 mask |= bit
         for name, bit, hi in (("timeout", M_TIMEOUT, 31), ("retry_cnt", M_RETRY, 7), ("rnr_retry", M_RNR_RETRY, 7),
                               ("max_rd_atomic", M_MAX_RD, 16)):
             if name in attrs or (fresh and state == "RTS"):      # given, or needed by RTR -> RTS
-                setattr(a, name, _int(attrs, name, 0, hi, DEFAULTS[name]))
+                setattr(a, name, P.get_int(attrs, name, 0, hi, DEFAULTS[name]))
                 mask |= bit
         if "en_sqd_async_notify" in attrs:
             v = attrs["en_sqd_async_notify"]
             if not isinstance(v, bool):
-                raise AgentError("EINVAL", "en_sqd_async_notify must be true or false")
+                raise P.AgentError("EINVAL", "en_sqd_async_notify must be true or false")
             a.en_sqd_async_notify = int(v)
             mask |= M_EN_SQD_ASYNC
-        profile = _enum(attrs, "profile", ("compat", "native"), "compat")
+        profile = P.get_enum(attrs, "profile", P.PROFILES, "compat")
         if profile != "compat":
-            raise AgentError("ENOTSUP", "profile native: an rdma-core device implements RoCEv2 (compat) only")
+            raise P.AgentError("ENOTSUP", "profile native: an rdma-core device implements RoCEv2 (compat) only")
         if attrs.get("native"):
-            raise AgentError("ENOTSUP", "native parameters: an rdma-core device implements compat only")
+            raise P.AgentError("ENOTSUP", "native parameters: an rdma-core device implements compat only")
         return a, mask, edits
 
     def cmd_modify_qp(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        state = _enum(args, "state", QP_STATES)
-        attrs = _obj(args, "attrs", {})
+        state = P.get_enum(args, "state", P.QP_STATES)
+        attrs = P.get_obj(args, "attrs", {})
         cur = self._state(e.qp)
         if state not in ("RESET", "ERR") and state not in TRANSITIONS[cur]:
-            raise AgentError("ESTATE", f"{cur} -> {state} not allowed")
+            raise P.AgentError("ESTATE", f"{cur} -> {state} not allowed")
         attr, mask, edits = self._qp_attr(cur, state, attrs)
         added = []
         try:
@@ -840,44 +657,36 @@ class Agent:
             dgid = gid_hex(ah.dgid)
         attrs = {"qpn": e.qp.qp_num, "dest_qpn": a.dest_qp_num, "dgid": dgid,
                  "dmac": self._dmac(dgid), "path_mtu": MTU_BYTES.get(a.path_mtu, 0), "sq_psn": a.sq_psn,
-                 "rq_psn": a.rq_psn, "access": _flag_names(a.qp_access_flags, ACCESS), "timeout": a.timeout,
+                 "rq_psn": a.rq_psn, "access": P.flag_names(a.qp_access_flags, P.ACCESS), "timeout": a.timeout,
                  "retry_cnt": a.retry_cnt, "rnr_retry": a.rnr_retry, "min_rnr_timer": a.min_rnr_timer,
                  "max_rd_atomic": a.max_rd_atomic, "max_dest_rd_atomic": a.max_dest_rd_atomic,
                  "max_send_wr": e.cap["max_send_wr"], "max_recv_wr": e.cap["max_recv_wr"],
                  "max_inline_data": e.cap["max_inline_data"], "pkey_index": a.pkey_index}
-        return {"state": QP_STATE_NAMES.get(a.qp_state, str(a.qp_state)), "attrs": attrs, "profile": "compat",
+        return {"state": P.QP_STATE_NAMES.get(a.qp_state, str(a.qp_state)), "attrs": attrs, "profile": "compat",
                 "agreed_caps": 0}
 
     def _dmac(self, dgid: str | None) -> str | None:
         if dgid is None or not self.dev.netdev:
             return None
         try:
-            return self.dev.neighbour(ip_of_gid(dgid))
-        except AgentError:
+            return self.dev.neighbour(P.ip_of_gid(dgid))
+        except P.AgentError:
             return None
 
     # -- work requests -------------------------------------------------------------------
     def _sges(self, wr: dict) -> list:
         """[(addr, length, lkey)] of a WR's sg_list, each inside its MR."""
         out = []
-        for i, s in enumerate(_list(wr, "sg_list", [])):
+        for i, s in enumerate(P.get_list(wr, "sg_list", [])):
             if not isinstance(s, dict):
-                raise AgentError("EINVAL", f"sg_list[{i}] must be an object {{mr, offset, len}}")
+                raise P.AgentError("EINVAL", f"sg_list[{i}] must be an object {{mr, offset, len}}")
             _, m = self._lookup(self.mrs, "mr", s)
-            off = _int(s, "offset", 0, 1 << 62, 0)
-            n = _int(s, "len", 0, 1 << 62)
+            off = P.get_int(s, "offset", 0, 1 << 62, 0)
+            n = P.get_int(s, "len", 0, 1 << 62)
             if off + n > m.length:
-                raise AgentError("EINVAL", f"sg_list[{i}]: offset {off} + len {n} is past the MR's {m.length} bytes")
+                raise P.AgentError("EINVAL", f"sg_list[{i}]: offset {off} + len {n} is past the MR's {m.length} bytes")
             out.append((m.mr.buf + off, n, m.mr.lkey))
         return out
-
-    def _wrs(self, args: dict) -> list:
-        wrs = _list(args, "wrs") if "wrs" in args else [_obj(args, "wr")]
-        if not wrs:
-            raise AgentError("EINVAL", "wrs is empty")
-        if not all(isinstance(w, dict) for w in wrs):
-            raise AgentError("EINVAL", "every work request is an object")
-        return wrs
 
     @staticmethod
     def _sge_objs(sges: list):
@@ -888,30 +697,30 @@ class Agent:
 
     def _send_wr(self, wr: dict, e: _QPEntry):
         from pyverbs.wr import SendWR
-        opname = _enum(wr, "opcode", WR_OPCODES)
-        op = WR_OPCODES[opname]
-        flags = _flags(wr, "flags", SEND_FLAGS, ["SIGNALED"])       # absent: signaled; [] for unsignaled
-        wr_id = _u64(wr, "wr_id")
+        opname = P.get_enum(wr, "opcode", P.WR_OPCODES)
+        op = P.WR_OPCODES[opname]
+        flags = P.get_flags(wr, "flags", P.SEND_FLAGS, ["SIGNALED"])       # absent: signaled; [] for unsignaled
+        wr_id = P.get_u64(wr, "wr_id")
         sges = self._sges(wr)
-        if flags & SEND_FLAGS["INLINE"]:
+        if flags & P.SEND_FLAGS["INLINE"]:
             n = sum(s[1] for s in sges)
             if n > e.cap["max_inline_data"]:
-                raise AgentError("EINVAL", f"INLINE of {n} bytes > the QP's max_inline_data "
+                raise P.AgentError("EINVAL", f"INLINE of {n} bytes > the QP's max_inline_data "
                                            f"{e.cap['max_inline_data']}")
         word = 0
         if opname in ("SEND_WITH_IMM", "RDMA_WRITE_WITH_IMM"):
-            word = socket.htonl(_int(wr, "imm", 0, 0xFFFFFFFF))        # ibv_send_wr.imm_data is __be32
+            word = socket.htonl(P.get_int(wr, "imm", 0, 0xFFFFFFFF))        # ibv_send_wr.imm_data is __be32
         elif opname == "SEND_WITH_INV":
-            word = _int(wr, "invalidate_rkey", 0, 0xFFFFFFFF)           # the union's host-order member
+            word = P.get_int(wr, "invalidate_rkey", 0, 0xFFFFFFFF)           # the union's host-order member
         remote = None
         if opname.startswith(("RDMA_", "ATOMIC_")):
-            r = _obj(wr, "remote")
-            remote = (_u64(r, "va"), _int(r, "rkey", 0, 0xFFFFFFFF))
+            r = P.get_obj(wr, "remote")
+            remote = (P.get_u64(r, "va"), P.get_int(r, "rkey", 0, 0xFFFFFFFF))
         compare = swap = 0
         if opname == "ATOMIC_FETCH_AND_ADD":
-            compare = _u64(wr, "swap_add")
+            compare = P.get_u64(wr, "swap_add")
         elif opname == "ATOMIC_CMP_AND_SWP":
-            compare, swap = _u64(wr, "compare"), _u64(wr, "swap_add")
+            compare, swap = P.get_u64(wr, "compare"), P.get_u64(wr, "swap_add")
         sg, num = self._sge_objs(sges)
         try:
             s = SendWR(wr_id=wr_id, opcode=op, num_sge=len(sg), sg=sg, send_flags=flags, imm_data=word)
@@ -926,7 +735,7 @@ class Agent:
 
     def _recv_wr(self, wr: dict):
         from pyverbs.wr import RecvWR
-        wr_id = _u64(wr, "wr_id")
+        wr_id = P.get_u64(wr, "wr_id")
         sg, num = self._sge_objs(self._sges(wr))
         try:
             r = RecvWR(wr_id=wr_id, num_sge=len(sg), sg=sg)
@@ -947,20 +756,20 @@ class Agent:
             what = "post_send" if send else "post_recv"
             state = self._state(e.qp)
             if state in (("RESET", "INIT", "RTR") if send else ("RESET",)):
-                raise AgentError("ESTATE", f"{what} in state {state}: {exc}") from None
+                raise P.AgentError("ESTATE", f"{what} in state {state}: {exc}") from None
             note = (f" (of the {len(wrs)} chained work requests the device keeps those before the one it "
                     "refused: the verbs bad_wr rule)") if len(wrs) > 1 else ""
             # ibv_post_send(3): ENOMEM is "queue full" for a post -- the protocol's EAGAIN
-            code = "EAGAIN" if exc.error_code == errno.ENOMEM else _ERRNO_CODES.get(exc.error_code, "EINTERNAL")
-            raise AgentError(code, f"{what}: {exc}{note}") from None
+            code = "EAGAIN" if exc.error_code == errno.ENOMEM else P.ERRNO_CODES.get(exc.error_code, "EINTERNAL")
+            raise P.AgentError(code, f"{what}: {exc}{note}") from None
 
     def cmd_post_send(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        self._build_and_post(e, self._wrs(args), self._send_wr, True)
+        self._build_and_post(e, P.get_wrs(args), self._send_wr, True)
 
     def cmd_post_recv(self, args: dict) -> None:
         _, e = self._lookup(self.qps, "qp", args)
-        self._build_and_post(e, self._wrs(args), lambda w, _: self._recv_wr(w), False)
+        self._build_and_post(e, P.get_wrs(args), lambda w, _: self._recv_wr(w), False)
 
     def _build_and_post(self, e: _QPEntry, specs: list, build, send: bool) -> None:
         """Every WR built (and so checked) before the post; their C memory freed afterwards
@@ -975,8 +784,8 @@ class Agent:
 
     def cmd_poll_cq(self, args: dict) -> dict:
         _, cq = self._lookup(self.cqs, "cq", args)
-        n = _int(args, "max", 1, MAX_POLL, 16)
-        timeout_ms = _int(args, "timeout_ms", 0, MAX_TIMEOUT_MS, 0)
+        n = P.get_int(args, "max", 1, P.MAX_POLL, 16)
+        timeout_ms = P.get_int(args, "timeout_ms", 0, P.MAX_TIMEOUT_MS, 0)
         deadline = time.monotonic() + timeout_ms / 1000
         _, wcs = cq.poll(n)
         while not wcs and time.monotonic() < deadline:          # MR-CONF-020: at most timeout_ms
@@ -987,9 +796,9 @@ class Agent:
     @staticmethod
     def _wc(wc) -> dict:
         st = wc.status
-        d = {"wr_id": _hex64(wc.wr_id),
-             "status": "IBV_WC_" + (WC_STATUS[st] if 0 <= st < len(WC_STATUS) else str(st)),
-             "opcode": "IBV_WC_" + WC_OPCODES.get(wc.opcode, str(wc.opcode)),
+        d = {"wr_id": P.hex64(wc.wr_id),
+             "status": "IBV_WC_" + (P.WC_STATUS[st] if 0 <= st < len(P.WC_STATUS) else str(st)),
+             "opcode": "IBV_WC_" + P.WC_OPCODES.get(wc.opcode, str(wc.opcode)),
              "byte_len": wc.byte_len, "qp_num": wc.qp_num}
         if wc.wc_flags & WC_WITH_IMM:
             d["imm"] = socket.ntohl(wc.imm_data)
@@ -1002,18 +811,18 @@ class Agent:
     # -- memory (MR-CONF-022) ------------------------------------------------------------
     def cmd_mem_read(self, args: dict) -> dict:
         _, m = self._lookup(self.mrs, "mr", args)
-        off = _int(args, "offset", 0, 1 << 62)
-        n = _int(args, "len", 0, MAX_MEM_IO)
+        off = P.get_int(args, "offset", 0, 1 << 62)
+        n = P.get_int(args, "len", 0, P.MAX_MEM_IO)
         if off + n > m.length:
-            raise AgentError("EINVAL", f"offset {off} + len {n} is past the MR's {m.length} bytes")
+            raise P.AgentError("EINVAL", f"offset {off} + len {n} is past the MR's {m.length} bytes")
         return {"hex": m.mr.read(n, off).hex() if n else ""}
 
     def cmd_mem_write(self, args: dict) -> None:
         _, m = self._lookup(self.mrs, "mr", args)
-        off = _int(args, "offset", 0, 1 << 62)
-        data = _bytes(args, "hex")
+        off = P.get_int(args, "offset", 0, 1 << 62)
+        data = P.get_bytes(args, "hex")
         if off + len(data) > m.length:
-            raise AgentError("EINVAL", f"offset {off} + {len(data)} bytes is past the MR's {m.length} bytes")
+            raise P.AgentError("EINVAL", f"offset {off} + {len(data)} bytes is past the MR's {m.length} bytes")
         if data:
             m.mr.write(data, len(data), off)
 
@@ -1021,21 +830,21 @@ class Agent:
     def cmd_get_counters(self, args: dict) -> dict:
         if args.get("qp") is not None:
             self._lookup(self.qps, "qp", args)
-            raise AgentError("ENOTSUP", "per-QP counters: rdma-core reports the port's counters only "
+            raise P.AgentError("ENOTSUP", "per-QP counters: rdma-core reports the port's counters only "
                                         "(get_counters without qp)")
         return {"counters": self.dev.counters()}
 
     def cmd_set_param(self, args: dict) -> None:
-        name = _get(args, "name")
+        name = P.get(args, "name")
         if name not in PARAMS:
-            raise AgentError("ENOTSUP", f"parameter {name!r}: this agent sets {sorted(PARAMS)} (what the address "
+            raise P.AgentError("ENOTSUP", f"parameter {name!r}: this agent sets {sorted(PARAMS)} (what the address "
                                         "vector of a verbs QP carries)")
         _, lo, hi = PARAMS[name]
-        self.params[name] = _int(args, "value", lo, hi)
+        self.params[name] = P.get_int(args, "value", lo, hi)
         self.params_set.add(name)
 
     def _cm(self, args: dict):
-        raise AgentError("ENOTSUP", "connection set-up (cm_*) is not offered by the rdma-core agent; "
+        raise P.AgentError("ENOTSUP", "connection set-up (cm_*) is not offered by the rdma-core agent; "
                                     "connect QPs with modify_qp")
 
     cmd_cm_listen = cmd_cm_connect = cmd_cm_wait = _cm
@@ -1047,87 +856,18 @@ def _close_all(objs) -> None:
 
 
 # ---- TCP server ----------------------------------------------------------------------------
-class _Handler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        owner = self.server.owner
-        agent = Agent(owner.dev)
-        peer = "%s:%s" % self.client_address[:2]
-        log.info("agent session from %s opened", peer)          # MR-SEC-027: log every session
-        owner.sessions_add(self.connection)
-        try:
-            while not owner.closing:
-                line = self.rfile.readline(MAX_LINE)
-                if not line:
-                    break
-                if not line.endswith(b"\n"):
-                    if len(line) >= MAX_LINE:                    # MR-CONF-014
-                        self._send(b'{"id":null,"ok":false,"error":{"code":"EPROTO",'
-                                   b'"message":"line longer than 1 MiB: closing the session"}}\n')
-                    break
-                if not line.strip():
-                    continue
-                self._send(agent.handle_line(line))
-                if agent.closing:
-                    break
-        except (ConnectionError, OSError) as e:
-            log.info("agent session from %s: %s", peer, e)
-        finally:
-            agent.reset()                                  # a vanished tester leaves nothing behind
-            owner.sessions_discard(self.connection)
-            log.info("agent session from %s closed", peer)
+class AgentServer(P.AgentServer):
+    """The listener (MR-CONF-013): one session (Agent) per connection, each on its thread (libibverbs is
+    thread-safe; sessions share only the device context)."""
 
-    def _send(self, data: bytes) -> None:
-        self.wfile.write(data)
-        self.wfile.flush()
+    log = log
 
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _TCPServer6(_TCPServer):
-    address_family = socket.AF_INET6
-
-
-class AgentServer:
-    """The listener (MR-CONF-013): one session per connection, each on its thread (libibverbs
-    is thread-safe; sessions share only the device context)."""
-
-    def __init__(self, dev: Device, host: str, port: int = DEFAULT_PORT) -> None:
+    def __init__(self, dev: Device, host: str, port: int = P.DEFAULT_PORT) -> None:
         self.dev = dev
-        self.closing = False
-        self._lock = threading.Lock()
-        self._conns: set = set()
-        cls = _TCPServer6 if ":" in host else _TCPServer
-        self._srv = cls((host, port), _Handler)
-        self._srv.owner = self
+        super().__init__(host, port)
 
-    @property
-    def address(self):
-        return self._srv.server_address[:2]
-
-    def sessions_add(self, conn) -> None:
-        with self._lock:
-            self._conns.add(conn)
-
-    def sessions_discard(self, conn) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-
-    def serve_forever(self) -> None:
-        self._srv.serve_forever(poll_interval=0.1)
-
-    def close(self) -> None:
-        self.closing = True
-        self._srv.server_close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def new_session(self) -> Agent:
+        return Agent(self.dev)
 
 
 def main(argv: list | None = None) -> int:
@@ -1140,7 +880,7 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--ib-port", type=int, default=1, help="device port (default %(default)s)")
     p.add_argument("--gid-index", type=int, help="RoCEv2 GID index (default: the first IPv4-mapped RoCEv2 GID)")
     p.add_argument("--listen", default="127.0.0.1", help="address to bind (default %(default)s)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s)")
+    p.add_argument("--port", type=int, default=P.DEFAULT_PORT, help="TCP port (default %(default)s)")
     p.add_argument("--timer-granularity-us", type=int,
                    help="claimed timer granularity G (default: 1/HZ for rxe, else 1000)")
     p.add_argument("-v", "--verbose", action="store_true")

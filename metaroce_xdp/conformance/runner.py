@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .agentproto import PROTO, AgentError
 from .context import CaseError, LoggedAgent, NotApplicable, Observation, T
 from .lt import LowerTester
 from .registry import Case
@@ -101,7 +102,7 @@ class Runner:
         self.peer = peer
         self.reconnect = reconnect        # () -> a new client, after a case overran its time bound
         self.log = log
-        self.hello = client.call("hello", proto=1)
+        self.hello = client.call("hello", proto=PROTO)
         self.caps = client.call("caps")
         self.claim = Claim.from_agent(self.hello, self.caps)
 
@@ -180,7 +181,7 @@ class Runner:
                     self.client = self.reconnect()
                     agent = LoggedAgent(self.client)
                     t.agent = agent
-                    self.client.call("hello", proto=1)
+                    self.client.call("hello", proto=PROTO)
                 th.join(2.0)
             elif isinstance(box.get("exc"), NotApplicable) or _not_offered(box.get("exc")):
                 # ENOTSUP is the agent's "not supported by the IUT" (9.4.3): a feature the IUT does not offer
@@ -232,7 +233,6 @@ class Runner:
 
 def _not_offered(exc) -> bool:
     """An agent error ENOTSUP out of a case: the IUT does not offer what the case asked for."""
-    from ..agent import AgentError
     return isinstance(exc, AgentError) and exc.code == "ENOTSUP"
 
 

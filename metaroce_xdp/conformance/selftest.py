@@ -25,10 +25,11 @@ import tempfile
 import time
 
 from ..topo import Topology
+from .agentproto import DEFAULT_PORT
 
 IUT_IP, LT_IP = "10.56.0.1", "10.56.0.2"
 CTL_IUT, CTL_LT = "10.57.0.1", "10.57.0.2"
-AGENT_PORT = 18516
+AGENT_PORT = DEFAULT_PORT
 IUTS = ("compiled", "daemon")
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import cm
+from ..verbs import ATOMIC_OPCODES, PostRules, check_post_state, check_send_wr, check_sg_list
 from ..verbs_types import (SGE, Access, AsyncEvent, EventType, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
 from .. import shm
@@ -46,18 +47,18 @@ from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequ
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
 PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
-_ATOMICS = {WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD}
-_SEND_OPS = {WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
-             WROpcode.RDMA_READ} | _ATOMICS
+# What post_send takes through metaroced (verbs.check_send_wr): its ring entry has one SGE and no room for an
+# invalidate key; its loop honours SIGNALED and SOLICITED only, and takes sends in RTS and ERR (dp/serve.pump_qp,
+# which checks every entry again)
+DAEMON_POST = PostRules("the daemon's data plane", states=frozenset({int(QPState.RTS), int(QPState.ERR)}),
+                        opcodes=frozenset(int(o) for o in WROpcode if o != WROpcode.SEND_WITH_INV),
+                        flags=int(SendFlags.SIGNALED | SendFlags.SOLICITED), max_sge=1)
 # the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each),
 # rings read and written through memoryviews and struct (no numpy scalars)
 # the access connect_qp and accept grant a QP they move out of RESET
 _CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-_SEND_OP_INTS = frozenset(int(o) for o in _SEND_OPS)
 _READ = int(WROpcode.RDMA_READ)
-_ATOMIC_INTS = frozenset(int(o) for o in _ATOMICS)
-_SEND_FLAGS_OK = int(SendFlags.SIGNALED | SendFlags.SOLICITED)
-_RTS, _ERR, _RESET = int(QPState.RTS), int(QPState.ERR), int(QPState.RESET)
+_RESET = int(QPState.RESET)
 _LOCAL_WRITE = int(Access.LOCAL_WRITE)
 _WITH_IMM = int(WCFlags.WITH_IMM)
 _WC_STATUS = {int(v): v for v in WCStatus}
@@ -258,7 +259,7 @@ class Context:
         cap = cap or QPCap(max_send_wr=256, max_recv_wr=256)
         r, fds = self._call("create_qp", pd=pd.handle, send_cq=send_cq.handle, recv_cq=recv_cq.handle,
                             max_send_wr=cap.max_send_wr, max_recv_wr=cap.max_recv_wr, sq_sig_all=bool(sq_sig_all))
-        qp = QP(self, pd, r["qp"], r["qp_num"], r["sq_size"], r["rq_size"], fds[0], send_cq, recv_cq)
+        qp = QP(self, pd, r["qp"], r["qp_num"], r["sq_size"], r["rq_size"], fds[0], send_cq, recv_cq, cap)
         self.qps[qp.handle] = qp
         return qp
 
@@ -536,9 +537,10 @@ class CQ:
 
 class QP:
     def __init__(self, ctx: Context, pd: PD, handle: int, qp_num: int, sq_size: int, rq_size: int, fd: int,
-                 send_cq: CQ, recv_cq: CQ) -> None:
+                 send_cq: CQ, recv_cq: CQ, cap: QPCap | None = None) -> None:
         self.ctx, self.pd, self.handle, self.qp_num = ctx, pd, handle, qp_num
         self.sq_size, self.rq_size = sq_size, rq_size
+        self.cap = cap or QPCap()            # max_send_sge, max_recv_sge: checked at post (verbs.check_sg_list)
         self.send_cq, self.recv_cq = send_cq, recv_cq
         self._fd = fd
         self._mm = shm.map_fd(fd, shm.round_page(shm.qp_words(sq_size, rq_size) * 8))
@@ -563,6 +565,8 @@ class QP:
         a = {k: (str(v) if k in ("dgid", "dmac") else v.value if hasattr(v, "value") else v)
              for k, v in attr.given().items()}
         self.ctx._call("modify_qp", qp=self.handle, attr=a)
+        if attr.qp_state == QPState.RESET:              # what a connection agreed holds until RESET
+            self.profile, self.atomics = "compat", None
 
     def query(self) -> dict:
         d = self.ctx._call("query_qp", qp=self.handle)[0]["qp_info"]
@@ -584,17 +588,16 @@ class QP:
         os.close(self._fd)
         shm.close_map(self._mm)
 
-    def _check_sge(self, sg_list, need: int, what: str | int) -> tuple[int, int, int]:
-        """(addr, length, lkey) of the one SGE (need: Access bits as an int; what: the WR's name or opcode)."""
-        if len(sg_list) > 1:
-            raise Unsupported(f"{_what(what)} with {len(sg_list)} SGEs: the daemon's data plane takes one SGE per "
-                              "work request")
-        if not sg_list:
+    def _local_sge(self, sg_list, need: int, what: str | int) -> tuple[int, int, int]:
+        """(addr, length, lkey) of the one SGE of a list verbs.check_sg_list passed, inside a registered MR of
+        this QP's PD with the access `need` (Access bits as an int; what: the WR's name or opcode).  A
+        zero-length SGE names no memory: its lkey is not checked (MR-MEM-032, as the daemon's loop)."""
+        if not sg_list or sg_list[0].length == 0:
             return 0, 0, 0
         s = sg_list[0]
         addr, length, lkey = s.addr, s.length, s.lkey
         mr = self.ctx.mrs.get(lkey)
-        if (mr is None or not mr.valid or mr.pd is not self.pd or not 0 <= length < 1 << 31
+        if (mr is None or not mr.valid or mr.pd is not self.pd
                 or addr < mr.addr or addr + length > mr.addr + mr.length or (need and not mr._access & need)):
             raise InvalidArgument(f"{_what(what)}: SGE (addr {addr:#x}, length {length}, lkey {lkey:#x}) is not "
                                   "inside a registered MR of this QP's PD"
@@ -605,24 +608,14 @@ class QP:
         """ibv_post_send into shared memory (no system call); a list is posted whole or not at all."""
         wrs = (wrs,) if isinstance(wrs, SendWR) else list(wrs)
         v = self._v
-        st = v[shm.QH_STATE]
-        if st != _RTS and st != _ERR:
-            raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
+        check_post_state(v[shm.QH_STATE], DAEMON_POST)
         rows = []
+        max_sge, profile, atomics = self.cap.max_send_sge, self.profile, self.atomics
         for wr in wrs:
+            check_send_wr(wr, DAEMON_POST, max_sge, profile, atomics)
             op, flags = int(wr.opcode), int(wr.send_flags)
-            if op not in _SEND_OP_INTS:
-                raise Unsupported(f"{_what(op)} is not implemented by the daemon's data plane")
-            if flags & ~_SEND_FLAGS_OK:
-                raise Unsupported(f"send_flags {SendFlags(flags)!r}: only SIGNALED and SOLICITED")
-            atomic = op in _ATOMIC_INTS
-            if atomic and self.atomics is False:
-                raise InvalidArgument("atomic work request on a QP whose connection did not agree ATOMICS (MR-CM-019)")
-            addr, length, lkey = self._check_sge(wr.sg_list, _LOCAL_WRITE if atomic or op == _READ else 0, op)
-            if atomic and (length != 8 or wr.remote_addr % 8):
-                raise InvalidArgument(f"{_what(op)} needs one 8-byte SGE for the original value and "
-                                      f"a remote address that is a multiple of 8 (MR-XH-011), not {length} bytes "
-                                      f"at {wr.remote_addr:#x}")
+            atomic = op in ATOMIC_OPCODES
+            addr, length, lkey = self._local_sge(wr.sg_list, _LOCAL_WRITE if atomic or op == _READ else 0, op)
             rows.append((_i64(wr.wr_id), op, flags, addr, length, lkey,
                          _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF,
                          _i64(wr.compare_add) if atomic else 0, _i64(wr.swap) if atomic else 0))
@@ -643,7 +636,9 @@ class QP:
         v = self._v
         if v[shm.QH_STATE] == _RESET:
             raise InvalidState("post_recv on a QP in RESET: move it to INIT first")
-        rows = [(_i64(wr.wr_id), *self._check_sge(wr.sg_list, _LOCAL_WRITE, "RECV")) for wr in wrs]
+        for wr in wrs:
+            check_sg_list(wr.sg_list, "RECV", self.cap.max_recv_sge, DAEMON_POST)
+        rows = [(_i64(wr.wr_id), *self._local_sge(wr.sg_list, _LOCAL_WRITE, "RECV")) for wr in wrs]
         mm, pack, base = self._mm, _RQE.pack_into, 8 * (shm.QH_WORDS + self.sq_size * shm.SQE_WORDS)
         with self._lock:
             tail = v[shm.QH_RQ_TAIL]

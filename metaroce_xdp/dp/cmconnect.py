@@ -80,6 +80,7 @@ def connect_qp(qp, host: str, *, port: int = cm.CM_PORT, profile: str = "auto", 
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=rep.qpn, rq_psn=rep.psn, path_mtu=rep.mtu_bytes,
                          dgid=cm.gid_to_ip(rep.gid), max_dest_rd_atomic=QP_RD, min_rnr_timer=req.min_rnr_timer,
                          profile=prof, native_params=params))
+        qp.atomics = bool(rep.capabilities & caps & cm.Cap.ATOMICS)                 # MR-CM-019
         qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=req.timeout, retry_cnt=req.retry_cnt,
                          rnr_retry=req.rnr_retry, max_rd_atomic=min(QP_RD, rep.max_dest_rd_atomic)))
         out.update(profile=prof, agreed_caps=int(rep.capabilities))
@@ -112,6 +113,7 @@ def accept_qp(qp, listener: cm.Listener, *, profile: str = "auto", mtu: int = 10
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=req.qpn, rq_psn=req.psn, path_mtu=m,
                          dgid=cm.gid_to_ip(req.gid), max_dest_rd_atomic=QP_RD, min_rnr_timer=12,
                          profile=prof, native_params=params))
+        qp.atomics = bool(agreed & cm.Cap.ATOMICS)                                 # MR-CM-019
         st.update(psn=cm.random_psn(), profile=prof)
         return cm.CMMsg(cm.MsgType.REP, flags=flags, qpn=qp.qp_num, psn=st["psn"], gid=cm.ip_to_gid(ctx.local_ip),
                         mac=cm.mac_bytes(ctx.local_mac), path_mtu=cm.MTU_ENUM[m], max_rd_atomic=QP_RD,

@@ -36,6 +36,7 @@ from ..tunables import Tunables
 from ..tunables import load as load_tunables
 from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType, Unsupported
 from ..netinfo import NetInfoError, PathWatch
+from ..verbs import ATOMIC_OPCODES, PostRules, check_post_state, check_send_wr, check_sg_list
 from ..verbs_types import (PATH_MTUS, SGE, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode,
                            WCStatus, WROpcode, local_ack_timeout_ns)
@@ -47,12 +48,9 @@ _MESSAGE_IN_PROGRESS = {L.RK_NONE: "no message in progress", L.RK_SEND: "a SEND 
                         L.RK_WRITE: "a WRITE in progress"}
 _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
             L.EV_QP_REQ_ERR: EventType.QP_REQ_ERR, L.EV_QP_ACCESS_ERR: EventType.QP_ACCESS_ERR}
-_SUPPORTED_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
-                  WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD,
-                  WROpcode.SEND_WITH_INV)
-_ATOMICS = (WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
-_NATIVE_OPS = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND, WROpcode.SEND_WITH_IMM,
-               WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD)
+# What post_send takes on this plane (verbs.check_send_wr): every send opcode and flag, any number of SGEs up to
+# the QP's max_send_sge (an SG table row each), posts in RTS, SQD and ERR.
+COMPILED_POST = PostRules("the compiled plane")
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/core.py cq_notify)
 DEFAULT_DSCP = 26          # a QP's DSCP unless its address vector says otherwise: every packet but CNPs (MR-ECN-004)
 
@@ -670,6 +668,7 @@ class QP:
         self.error_reason: str | None = None
         self.installed = False
         self.profile = "compat"              # "native" from RTR when QPAttr.profile asks for it (native/plane.py)
+        self.atomics: bool | None = None     # whether the connection agreed ATOMICS (None: set up by hand)
         self._sport = 0
         self._sg_sq: deque = deque()         # (WQE index, first SG row, rows) of posted SGE lists
         self._sg_rq: deque = deque()
@@ -900,6 +899,7 @@ class QP:
         self._sg_release(None, None)
         self.ctx.plane.nat.detach(self.qi)
         self.profile = "compat"
+        self.atomics = None
         if self.installed:
             self.ctx.loader.clear_qp(self.qp_num)
             self.installed = False
@@ -947,20 +947,16 @@ class QP:
             pl.TM[self.qi, :] = row
 
     # ---- work requests ------------------------------------------------------------------
-    def _sge(self, sg_list, need: Access, what: str) -> tuple[int, int, int, list]:
-        """(addr, total length, MR index, pieces): one SGE is (addr, length, mr) itself; a list of more
-        goes to the SG table (pieces [(addr, length, mr)], the WQE names its rows).  A zero-length SGE
-        is skipped, its lkey unchecked (MR-MEM-032)."""
-        if len(sg_list) > self.cap.max_send_sge:
-            raise InvalidArgument(f"{what}: {len(sg_list)} SGEs > max {self.cap.max_send_sge}")
+    def _sge(self, sg_list, need: Access) -> tuple[int, int, int, list]:
+        """(addr, total length, MR index, pieces) of an SGE list verbs.check_sg_list passed: one SGE is
+        (addr, length, mr) itself; a list of more goes to the SG table (pieces [(addr, length, mr)], the WQE
+        names its rows).  A zero-length SGE is skipped, its lkey unchecked (MR-MEM-032)."""
         pieces = []
         MRT = self.ctx.plane.MRT
         bad = False
         for s in sg_list:
             if s.length == 0:
                 continue
-            if s.length < 0 or s.length >= 1 << 31:
-                raise InvalidArgument(f"{what}: SGE length {s.length} out of range")
             mr = self.ctx.mrs.get(L.key_slot(s.lkey))
             if (mr is None or mr.lkey != s.lkey or not mr.valid or not MRT[mr.index, L.M_VALID]
                     or mr.pd is not self.pd or s.addr < mr.addr or s.addr + s.length > mr.addr + mr.length
@@ -968,9 +964,7 @@ class QP:
                 bad = True
                 continue
             pieces.append((s.addr, s.length, mr.ref))      # the reference, checked on each use (MR-SEC-003)
-        total = sum(s.length for s in sg_list if s.length > 0)
-        if total >= 1 << 31:
-            raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
+        total = sum(s.length for s in sg_list)
         if bad:
             # an lkey, PD, bound or LOCAL_WRITE check failed (MR-MEM-020): accepted, and reported by a
             # completion, not here (MR-RC-022): a send WQE fails LOC_PROT_ERR when it is the oldest, nothing
@@ -1007,20 +1001,15 @@ class QP:
         return start
 
     def _send_row(self, wr: SendWR) -> list:
-        """The send-queue row of wr (its first L.NW words) + its SGE pieces, validated."""
-        op = wr.opcode
-        if op not in _SUPPORTED_OPS:
-            raise InvalidArgument(f"unknown send opcode {op!r}")
-        op = WROpcode(op)
-        need = Access.LOCAL_WRITE if op == WROpcode.RDMA_READ or op in _ATOMICS else Access(0)
-        addr, length, lmr, pieces = self._sge(wr.sg_list, need, op.name)
+        """The send-queue row of wr (its first L.NW words) + its SGE pieces, validated (verbs.check_send_wr)."""
+        check_send_wr(wr, COMPILED_POST, self.cap.max_send_sge, self.profile, self.atomics)
+        op = WROpcode(wr.opcode)
+        atomic = op in ATOMIC_OPCODES
+        addr, length, lmr, pieces = self._sge(wr.sg_list, Access.LOCAL_WRITE if atomic or op == WROpcode.RDMA_READ
+                                              else Access(0))
         imm = wr.imm_data & 0xFFFFFFFF
         swap = 0
-        if op in _ATOMICS:
-            if length != 8:
-                raise InvalidArgument("ATOMIC needs one 8-byte SGE for the original value")
-            if wr.remote_addr % 8:          # MR-XH-011: the AtomicETH VA is a multiple of 8
-                raise InvalidArgument(f"ATOMIC remote address {wr.remote_addr:#x} is not a multiple of 8")
+        if atomic:
             imm, swap = _i64(wr.compare_add), _i64(wr.swap)
         elif op == WROpcode.SEND_WITH_INV:
             imm = wr.invalidate_rkey & 0xFFFFFFFF            # the IETH
@@ -1030,11 +1019,7 @@ class QP:
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send; a list is posted whole or not at all."""
         wrs = [wrs] if isinstance(wrs, SendWR) else list(wrs)
-        st = int(self.row[L.Q_STATE])
-        if st != QPState.RTS and st != QPState.ERR and st != QPState.SQD:
-            raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
-        for wr in wrs:
-            self._native_check(wr)
+        check_post_state(int(self.row[L.Q_STATE]), COMPILED_POST)
         rows = [self._send_row(wr) for wr in wrs]
         pl = self.ctx.plane
         with pl.post_lock:
@@ -1065,7 +1050,9 @@ class QP:
         wrs = [wrs] if isinstance(wrs, RecvWR) else list(wrs)
         if self.query_state() == QPState.RESET:
             raise InvalidState("post_recv on a QP in RESET: move it to INIT first")
-        rows = [(wr.wr_id & 0xFFFFFFFFFFFFFFFF, *self._sge(wr.sg_list, Access.LOCAL_WRITE, "RECV")) for wr in wrs]
+        for wr in wrs:
+            check_sg_list(wr.sg_list, "RECV", self.cap.max_recv_sge, COMPILED_POST)
+        rows = [(wr.wr_id & 0xFFFFFFFFFFFFFFFF, *self._sge(wr.sg_list, Access.LOCAL_WRITE)) for wr in wrs]
         pl = self.ctx.plane
         with pl.post_lock:
             r = self.row
@@ -1097,21 +1084,10 @@ class QP:
         return f"QP({self.qp_num:#x}, {self.query_state().name})"
 
     # ---- compiled posting (dp/drive.py) ----------------------------------------------------
-    def _native_check(self, wr: SendWR) -> None:
-        """What a native QP cannot carry is refused before it is queued (native/plane.py)."""
-        if self.profile != "native":
-            return
-        if wr.opcode == WROpcode.SEND_WITH_INV:
-            raise InvalidArgument("SEND with invalidate has no native opcode (MR-NAT-010)")
-        if wr.opcode not in _NATIVE_OPS:
-            raise Unsupported(f"{WROpcode(wr.opcode).name} has no native opcode (MR-NAT-005): use the compat "
-                              "profile for it")
-
     def send_wqe(self, wr: SendWR) -> np.ndarray:
         """The send-queue row post_send would write for wr, validated as post_send validates it (any
         opcode, at most one SGE): for posting many
         copies at once from compiled code (post_send_n, dp.drive)."""
-        self._native_check(wr)
         row = self._send_row(wr)
         if row[-1]:
             raise Unsupported("compiled posting (post_send_n) takes WRs with at most one SGE: an SGE list "

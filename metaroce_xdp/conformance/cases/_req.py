@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..context import CaseError, Conn, T
 from ..lt import Frame
@@ -172,7 +173,6 @@ def check_err_silent(t: T, c: Conn, rules, what: str, quiet: float = 0.1) -> boo
 
 def agent_error(fn) -> str | None:
     """Run an agent call; the error code it failed with, None on success."""
-    from ...agent import AgentError
     try:
         fn()
     except AgentError as e:

@@ -6,6 +6,7 @@ agent only (MR-CONF-010).
 """
 from __future__ import annotations
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..context import CaseError, Conn, NotApplicable, T
 from ..lt import Frame
@@ -141,7 +142,6 @@ def reg_mr(t: T, pd: int, length: int = 4096, access=("LOCAL_WRITE", "REMOTE_WRI
                                                       "REMOTE_ATOMIC"),
            fill: int = FILL, remote_invalidate: bool = False) -> tuple[int, dict]:
     """reg_mr through the agent (deregistered after the case), optionally remotely invalidatable."""
-    from ...agent import AgentError
     args = {"pd": pd, "len": length, "access": list(access), "fill": fill}
     if remote_invalidate:
         args["remote_invalidate"] = True
@@ -174,7 +174,6 @@ __all__ = ["ACKNOWLEDGE", "ATOMIC_ACKNOWLEDGE", "FILL", "READ_RESPONSES", "atomi
 
 def check_rkey_counter(t: T, c: Conn, what: str, want: int = 1) -> None:
     """MR-MEM-019: the QP's rx_rkey_violation counter (get_counters) counts the failed key check."""
-    from ...agent import AgentError
     try:
         v = c.counters().get("rx_rkey_violation")
     except AgentError as e:

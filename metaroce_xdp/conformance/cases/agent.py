@@ -7,11 +7,9 @@ import re
 import socket
 import time
 
+from ..agentproto import CODES, MAX_LINE, PROTO, AgentError
 from ..registry import case
 from ._common import describe
-
-CODES = {"EPROTO", "ENOCMD", "EINVAL", "ENOENT", "EBUSY", "ENOMEM", "ESTATE", "EAGAIN", "ENOTSUP", "EACCES",
-         "ETIMEDOUT", "EINTERNAL"}
 
 
 class _Raw:
@@ -26,7 +24,7 @@ class _Raw:
         self.sock.sendall(data)
 
     def line(self) -> dict | None:
-        raw = self.f.readline(1 << 21)
+        raw = self.f.readline(2 * MAX_LINE)
         if not raw:
             return None
         return {"_raw": raw, **json.loads(raw)}
@@ -59,7 +57,7 @@ def framing_order_and_hello_first(t):
         t.check("MR-CONF-017", _shape(first, 7) and first["error"]["code"] == "EPROTO" if first and not first.get("ok")
                 else False, f"caps before hello -> {first and first['_raw'][:200]!r}", expected='{"id":7,"ok":false,'
                 '"error":{"code":"EPROTO",...}}')
-        reqs = [{"id": 100, "cmd": "hello", "args": {"proto": 1}},
+        reqs = [{"id": 100, "cmd": "hello", "args": {"proto": PROTO}},
                 {"id": 101, "cmd": "caps", "args": {"no_such_member": 5}},
                 {"id": 102, "cmd": "create_pd", "args": {}},
                 {"id": 103, "cmd": "no_such_command", "args": {}},
@@ -69,7 +67,7 @@ def framing_order_and_hello_first(t):
         ids = [g.get("id") if g else None for g in got]
         t.check("MR-CONF-015", ids == [100, 101, 102, 103, 104], f"response ids {ids}",
                 expected="ids 100..104 in order")
-        t.check("MR-CONF-014", all(g is not None and len(g["_raw"]) <= (1 << 20) for g in got),
+        t.check("MR-CONF-014", all(g is not None and len(g["_raw"]) <= MAX_LINE for g in got),
                 "each response one JSON line" if all(got) else "a response missing", expected="one line each")
         t.check("MR-CONF-016", all(_shape(g, q["id"]) for g, q in zip(got, reqs)),
                 "every response has one of the two shapes", expected="{id, ok, result} or {id, ok:false, error}")
@@ -87,7 +85,6 @@ def framing_order_and_hello_first(t):
 def failed_commands_change_nothing(t):
     """Failing commands return a code of 9.4.3 and change nothing: RESET -> RTS is ESTATE and the QP stays
     in RESET; a mem_read past the MR is EINVAL; a post_send list with one bad WR posts none."""
-    from ...agent import AgentError
     c = t.connect(state="RESET")
     codes = []
     try:
@@ -156,7 +153,6 @@ def agent_adds_no_packets(t):
 @case("TC-CONF-021-a", rules=["MR-CONF-021"], category="AGT", timeout=10)
 def reset_destroys_everything(t):
     """After reset every handle of the session is unknown (ENOENT) and new resources can be created."""
-    from ...agent import AgentError
     c = t.connect()
     t.agent.call("reset")
     codes = []

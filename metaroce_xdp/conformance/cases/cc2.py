@@ -13,6 +13,7 @@ import ipaddress
 import math
 import time
 
+from ..agentproto import AgentError
 from ..context import CaseError, NotApplicable
 from ..registry import case
 from ._req import cnp
@@ -250,7 +251,6 @@ def cnps_counted_per_qp_sent_acted_on_and_discarded(t):
     (a valid CNP from the peer: rx_cnp) and discarded (a CNP from an address that is not the peer, and one with
     a P_Key outside the QP's partition: rx_cnp_discarded), each moving by exactly what was sent; the native
     counters of the rule do not apply to a compat QP."""
-    from ...agent import AgentError
     t.need_qp_counters("tx_cnp", "rx_cnp", "rx_cnp_discarded")
     c = t.connect()
     try:

@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..context import CaseError, NotApplicable
 from ..registry import case
@@ -130,7 +131,6 @@ class Passive:
     """An IUT QP in INIT listening with cm_listen; the LT connects and plays the active side."""
 
     def __init__(self, t, caps: int = ATOMICS, port: int | None = None, **kw) -> None:
-        from ...agent import AgentError
         self.t = t
         self.c = t.connect(state="INIT")
         t.need_commands("cm_listen", "cm_wait")
@@ -185,7 +185,6 @@ class Passive:
         return rep, psn, s
 
     def wait(self, timeout_ms: int = 3000) -> dict:
-        from ...agent import AgentError
         try:
             return self.t.agent.call("cm_wait", qp=self.c.qp, timeout_ms=timeout_ms)
         except AgentError as e:
@@ -469,7 +468,6 @@ def passive_unexpected_messages(t):
             raise CaseError(f"valid REQ answered with {show(rep)}")
         c = pv.c
         pv.bind(rep, psn, 1024)
-        from ...agent import AgentError
         mark = t.lt.last_num()
         try:
             post(c, write_wr(c, 16, wr_id=0x29))
@@ -525,7 +523,6 @@ def passive_abandons_after_cm_timeout(t):
 def default_port_18515(t):
     """cm_listen without a port listens on TCP 18515 (a REQ there is answered); cm_connect without a port
     connects to the LT's 18515."""
-    from ...agent import AgentError
     t.need_commands("cm_listen", "cm_connect")
     c = t.connect(state="INIT")
     try:
@@ -565,7 +562,6 @@ def default_port_18515(t):
 
 # ---- the IUT active (cm_connect) -------------------------------------------------------------------------
 def _connect_call(t, c, port, out, timeout_ms=3000, caps=ATOMICS):
-    from ...agent import AgentError
     args = dict(qp=c.qp, host=t.lt_ip, format="mrc1", caps=caps, flags=COMPAT_OK, timeout_ms=timeout_ms)
     if port:
         args["port"] = port
@@ -792,7 +788,6 @@ def active_timeout_and_rej(t):
         raise CaseError(f"the exchange without ATOMICS did not complete: {show(rtu)}, {out}")
     c = ac.c
     c.lt_qpn, c.psn, c.iut_psn = ac.lt_qpn, ac.lt_psn, ac.req["psn"]
-    from ...agent import AgentError
     mark = t.lt.last_num()
     try:
         post(c, wr("ATOMIC_FETCH_AND_ADD", 8, wr_id=0x19, c=c, swap_add="0x1"))
@@ -847,7 +842,6 @@ def pingpong_both_roles(t):
     "0000:qpn:psn:gid" + NUL naming the IUT's QP and GID, the QP already in RTS with rc_pingpong's attributes
     before the "done"; traffic uses the LT's QPN/PSN.  Client (cm_connect format pingpong): the IUT writes its
     52 bytes first, reads the LT's and writes "done" + NUL; its QP then runs with the same attributes."""
-    from ...agent import AgentError
     t.need_commands("cm_listen", "cm_connect")
     c = t.connect(state="INIT")
     port = 20000 + secrets.randbelow(40000)
@@ -930,7 +924,6 @@ def pingpong_both_roles(t):
 
 
 def _pp_connect(t, c, port, out):
-    from ...agent import AgentError
     try:
         out["result"] = t.agent.call("cm_connect", qp=c.qp, host=t.lt_ip, port=port, format="pingpong", caps=0,
                                      flags=COMPAT_OK, timeout_ms=3000)

@@ -6,6 +6,7 @@ import fcntl
 import socket
 import struct
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..registry import case
 from ..context import NotApplicable, _gid
@@ -131,7 +132,6 @@ def path_mtu_fits_link(t):
     """The IUT accepts no path MTU whose full-size packet would exceed the link MTU: modify_qp to RTR with a
     larger one fails, and a full-size WRITE FIRST (BTH + RETH + path MTU) at the largest MTU it offers fits
     the link."""
-    from ...agent import AgentError
     link = link_mtu(t.lt.ifname)
     ip_hdr = 40 if ":" in t.iut_ip else 20
     stack = ip_hdr + 8 + 12 + 16 + 4            # IP, UDP, BTH, RETH, ICRC: the largest request stack

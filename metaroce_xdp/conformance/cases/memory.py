@@ -8,6 +8,7 @@ with FILL before the case and read back through the agent afterwards (MR-MEM-027
 """
 from __future__ import annotations
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..registry import case
 from ._common import describe
@@ -638,7 +639,6 @@ def invalidate_twice(t):
 # ---- registration through the agent (MR-MEM-002, MR-MEM-004, MR-MEM-006, MR-MEM-009, MR-MEM-015) ----------
 def _agent_error(t, cmd: str, **args) -> str | None:
     """The 9.4.3 error code of an agent command, or None when it succeeded (then it is undone)."""
-    from ...agent import AgentError
     try:
         r = t.agent.call(cmd, **args)
     except AgentError as e:

@@ -10,6 +10,7 @@ so a byte the IUT was not allowed to touch still holds it.
 """
 from __future__ import annotations
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..registry import case
 from ._common import ACK_WAIT, describe
@@ -21,7 +22,6 @@ from ._resp import (ACKNOWLEDGE, FILL, READ_RESPONSES, check_err, check_nak, che
 
 def _agent_error(t, cmd: str, **args):
     """(error code or None, result) of an agent command; an MR it registered is deregistered after the case."""
-    from ...agent import AgentError
     try:
         r = t.agent.call(cmd, **args)
     except AgentError as e:

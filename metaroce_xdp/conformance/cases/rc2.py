@@ -8,6 +8,7 @@ import secrets
 import struct
 import time
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..context import Conn, _gid
 from ..registry import case
@@ -108,7 +109,6 @@ def work_request_opcodes(t):
 def message_over_2_31_bytes(t):
     """A WRITE whose three SGEs of 2^30 bytes (one MR, 3 x 2^30 > 2^31) completes with IBV_WC_LOC_LEN_ERR and
     sends no packet."""
-    from ...agent import AgentError
     from ..context import NotApplicable
     c = connect_req(t, timeout=14, max_send_sge=3)
     try:
@@ -258,7 +258,6 @@ def states_reported(t):
     the states of Table 7-1 it was moved to, and never as UNKNOWN."""
     c = t.connect(state="RESET")
     seen = [c.query()["state"]]
-    from ...agent import AgentError
     steps = [("INIT", {"access": ["LOCAL_WRITE", "REMOTE_WRITE"], "pkey": 0xFFFF}),
              ("RTR", {"dest_qpn": c.lt_qpn, "rq_psn": c.psn, "path_mtu": c.mtu, "dgid": _gid(t.lt_ip),
                       "dmac": t.lt_mac, "max_dest_rd_atomic": 4, "min_rnr_timer": 1}),
@@ -344,7 +343,6 @@ def _events(t, timeout_ms: int = 0) -> list[dict]:
 def comm_est_once(t):
     """A QP in RTR that accepts its first request (a WRITE, ACKed) raises IBV_EVENT_COMM_EST once for it; a
     second request raises no second one."""
-    from ...agent import AgentError
     from ..context import NotApplicable
     t.need_commands("get_async_events")
     c = t.connect(state="RTR")
@@ -373,7 +371,6 @@ def solicited_event_from_the_completing_packet(t):
     """The IUT's CQ armed for solicited completions only: a SEND ONLY without SE, and a SEND FIRST with SE whose
     completing SEND LAST has no SE, complete their receives without an event; a SEND ONLY with SE completes
     its receive with the event."""
-    from ...agent import AgentError
     from ..context import NotApplicable
     c = t.connect()
     for i in range(3):
@@ -517,7 +514,6 @@ def rate_floor_and_recovery(t):
     R_min would need."""
     from ._req import need
     c = t.connect(mtu=1024, timeout=20, mr_len=512 << 10)
-    from ...agent import AgentError
     try:
         q0 = c.counters()
     except AgentError as e:                 # an agent without per-QP counters: the wire decides

@@ -14,6 +14,7 @@ import ipaddress
 import secrets
 import time
 
+from ..agentproto import AgentError
 from .. import packets as P
 from ..context import CaseError, NotApplicable
 from ..registry import case
@@ -40,7 +41,6 @@ def _other_ip(t) -> str:
 
 
 def _qp_counter(c, name: str) -> int | None:
-    from ...agent import AgentError
     try:
         v = c.counters().get(name)
     except AgentError:
@@ -135,7 +135,6 @@ def bad_key_outside_the_psn_check_ignored(t):
 def remote_access_errors_counted(t):
     """Two QPs each get a WRITE with a wrong R_Key: each QP's rx_rkey_violation counts 1, and the count of the
     LT's source address (get_counters with src) grows by 2."""
-    from ...agent import AgentError
     try:
         s0 = t.agent.call("get_counters", src=t.lt_ip)["counters"].get("rx_rkey_violation")
     except AgentError:
@@ -417,7 +416,6 @@ def starting_psns_random(t):
             out: dict = {}
 
             def run(c=c, out=out):
-                from ...agent import AgentError
                 try:
                     out["result"] = t.agent.call("cm_connect", qp=c.qp, host=t.lt_ip, port=port, format="mrc1",
                                                  caps=0, flags=cm.FLAG_COMPAT_OK, timeout_ms=5000)
@@ -482,7 +480,6 @@ def starting_psns_random(t):
 # ---- the passive side of the connection set-up (MR-SEC-017, MR-SEC-018, MR-SEC-019) -----------------
 def _cm_listen(t, c, **kw) -> int:
     """cm_listen on the IUT QP `c` (in INIT) at a free port; NotApplicable when the IUT offers none."""
-    from ...agent import AgentError
     t.need_commands("cm_listen", "cm_wait")
     for _ in range(5):
         port = 20000 + secrets.randbelow(40000)
@@ -595,7 +592,6 @@ def qp_only_after_checks_and_released(t):
             answer = f"REP qpn {rep.qpn:#x}, RTU sent"
         except cm.CMError as e:
             rep, answer = None, str(e)
-    from ...agent import AgentError
     try:
         r = t.agent.call("cm_wait", qp=c.qp, timeout_ms=3000)
     except AgentError as e:
