@@ -1,6 +1,6 @@
 """numba's disk cache is keyed on every module compiled code depends on (metaroce_xdp/jitcache.py):
 a cached function is reused while nothing changed and compiled again when any dependency changed --
-numba alone checks only the defining file, so an edit of dp/ops.py or dp/layout.py alone would have
+numba alone checks only the defining file, so an edit of dp/core.py or dp/layout.py alone would have
 run stale machine code with old column numbers."""
 import json
 import subprocess
