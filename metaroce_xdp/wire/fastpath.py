@@ -20,8 +20,8 @@ from numba import types as nb_types
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .hdr import (BTH_SIZE, ETH_SIZE, ICRC_LEN, IP4_SIZE, IP6_SIZE, O_IP6_SRC, UDP_SIZE, VLAN_SIZE, bth_opcode,
-                  bth_qpn, icrc_field, ip4_total_len, ip6_payload_len, l3_of, put_bth_packet, put_icrc_field,
-                  put_ip4_csum, put_ip4_total_len, put_ip6_payload_len, put_udp_csum, put_udp_len)
+                  bth_qpn, icrc_field, ip4_total_len, ip6_payload_len, ip_version, l3_of, put_bth_packet,
+                  put_icrc_field, put_ip4_csum, put_ip4_total_len, put_ip6_payload_len, put_udp_csum, put_udp_len)
 from .headers import AETH, ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP
 from .icrc import CRC_TABLES, _voidptr, icrc_numba
 from .packet import decode, encode
@@ -161,6 +161,13 @@ def frame_icrc_ok(tables, buf, off, length):
     if end > off + length or end < l3 + hdr + ICRC_LEN:
         return False
     return icrc_numba(tables, buf, l3, ipv6, end - ICRC_LEN) == icrc_field(buf, end - ICRC_LEN)
+
+
+@njit(cache=True, nogil=True)
+def icrc_ok_at(tables, buf, l3, icrc):
+    """True when the ICRC at buf[icrc] is right for the packet whose IP header is at buf[l3]: the
+    check after hdr.parse_frame, which found both offsets (frame_icrc_ok walks the headers again)."""
+    return icrc_numba(tables, buf, l3, ip_version(buf, l3) == 6, icrc) == icrc_field(buf, icrc)
 
 
 # The SEND and WRITE opcode families (IBTA: FIRST, MIDDLE, LAST, LAST_IMM, ONLY, ONLY_IMM from a base)
