@@ -27,7 +27,7 @@ import sys
 import time
 
 from ..wire import OPCODES, RETH, AETH, AtomicETH, AtomicAckETH, IETH, ImmDt, NETH, SACKETH, RSNETH, encode, decode
-from ..wire.hdr import BTH_SIZE, ETH_SIZE, ICRC_LEN, IP4_SIZE, O_IP4_CSUM, O_IP4_TOTLEN, O_UDP_LEN, UDP_SIZE
+from ..wire.hdr import BTH_SIZE, ETH_SIZE, ICRC_SIZE, IP4_SIZE, O_IP4_CSUM, O_IP4_TOTLEN, O_UDP_LEN, UDP_SIZE
 from ..wire.icrc import icrc_bytes, icrc_ref
 from ..wire.opcodes import Op, OpMask
 from ..wire.packet import inet_checksum
@@ -231,7 +231,7 @@ def build(spec: dict, w: Wire) -> bytes:
         frame[U + O_UDP_LEN:U + O_UDP_LEN + 2] = (n3 - IP4_SIZE).to_bytes(2, "big")
         frame[E + O_IP4_CSUM:E + O_IP4_CSUM + 2] = b"\0\0"
         frame[E + O_IP4_CSUM:E + O_IP4_CSUM + 2] = inet_checksum(bytes(frame[E:U])).to_bytes(2, "big")
-    if spec["icrc"] == "fix" and len(frame) >= B + BTH_SIZE + ICRC_LEN:
+    if spec["icrc"] == "fix" and len(frame) >= B + BTH_SIZE + ICRC_SIZE:
         frame[-4:] = icrc_bytes(icrc_ref(bytes(frame[E:-4]), False))
     elif spec["icrc"] == "bad" and len(frame) > E + 4:
         frame[-1] ^= 0x5A

@@ -19,7 +19,7 @@ from numba import njit
 from numba import types as nb_types
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
-from .hdr import (BTH_SIZE, ETH_SIZE, ICRC_LEN, IP4_SIZE, IP6_SIZE, O_IP6_SRC, UDP_SIZE, VLAN_SIZE, bth_opcode,
+from .hdr import (BTH_SIZE, ETH_SIZE, ICRC_SIZE, IP4_SIZE, IP6_SIZE, O_IP6_SRC, UDP_SIZE, VLAN_SIZE, bth_opcode,
                   bth_qpn, icrc_field, ip4_total_len, ip6_payload_len, ip_version, l3_of, put_bth_packet,
                   put_icrc_field, put_ip4_csum, put_ip4_total_len, put_ip6_payload_len, put_udp_csum, put_udp_len)
 from .headers import AETH, ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP
@@ -115,7 +115,7 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
     p += pad
     l3 = off + l3_off
     udp_off = l3 + (IP6_SIZE if ipv6 else IP4_SIZE)
-    udp_len = (p + ICRC_LEN) - udp_off
+    udp_len = (p + ICRC_SIZE) - udp_off
     put_bth_packet(out, udp_off + UDP_SIZE, opcode, 1 if bth1_flags & BTH_SE else 0, 1 if bth1_flags & BTH_M else 0,
                    pad, 1 if ack_req else 0, psn)
     # UDP length, checksum 0 for now (ICRC masks it anyway, MR-ICRC-006); IPv4 keeps 0 (MR-ENC-023)
@@ -128,7 +128,7 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
         put_ip4_csum(out, l3, 0)
         put_ip4_csum(out, l3, _csum_fold(_csum_add(np.int64(0), out, l3, l3 + IP4_SIZE)))
     put_icrc_field(out, p, icrc_numba(tables, out, l3, ipv6, p))
-    p += ICRC_LEN
+    p += ICRC_SIZE
     if ipv6:
         # UDP checksum over the IPv6 pseudo-header (addresses, length, next header) and the whole
         # datagram, ICRC included (MR-ENC-024, MR-ENC-025).
@@ -158,9 +158,9 @@ def frame_icrc_ok(tables, buf, off, length):
         hdr = IP6_SIZE + UDP_SIZE + BTH_SIZE
     else:
         return False
-    if end > off + length or end < l3 + hdr + ICRC_LEN:
+    if end > off + length or end < l3 + hdr + ICRC_SIZE:
         return False
-    return icrc_numba(tables, buf, l3, ipv6, end - ICRC_LEN) == icrc_field(buf, end - ICRC_LEN)
+    return icrc_numba(tables, buf, l3, ipv6, end - ICRC_SIZE) == icrc_field(buf, end - ICRC_SIZE)
 
 
 @njit(cache=True, nogil=True)

@@ -22,7 +22,7 @@ from numba import njit
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .errors import DecodeReason
-from .headers import (AETH, BTH, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, EXT_CLASSES, EXT_ORDER, ICRC_SIZE, IETH,
+from .headers import (AETH, BTH, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, EXT_ORDER, ICRC_SIZE, IETH,
                       IPPROTO_UDP, NETH, RETH, ROCE_UDP_PORT, RSNETH, SACK_MAX_WORDS, SACKETH, UDP, AtomicAckETH,
                       AtomicETH, Ethernet, ImmDt, IPv4, IPv6, Vlan)
 from .opcodes import OPCODES, OpMask
@@ -56,7 +56,6 @@ def _field(cls, name: str) -> tuple[int, int, int, int, int]:
 # ---- sizes and the field positions Python-side code needs too ---------------------------------------
 ETH_SIZE, VLAN_SIZE, IP4_SIZE, IP6_SIZE = Ethernet.SIZE, Vlan.SIZE, IPv4.SIZE, IPv6.SIZE
 UDP_SIZE, BTH_SIZE = UDP.SIZE, BTH.SIZE
-ICRC_LEN = ICRC_SIZE
 O_IP4_TOS = _field(IPv4, "dscp")[0]             # the byte of DSCP and ECN (ICRC-masked)
 O_IP4_TOTLEN = _field(IPv4, "total_length")[0]
 O_IP4_TTL = _field(IPv4, "ttl")[0]
@@ -89,7 +88,7 @@ R_BAD_FIELD = int(DecodeReason.BAD_FIELD)
 # ---- the opcode table as an array (rxe_opcode.c: length and offset[] per opcode) --------------------
 OT_MASK = 0          # OpMask bits; 0: no opcode of the table
 OT_EXT = 1           # bytes of extension headers after the BTH (fixed part; a SACK bitmap follows); -1: unknown
-OT_PAY = 2           # payload offset from the BTH start: BTH + OT_EXT (+ the SACK bitmap); -1: unknown
+OT_PAY = 2           # payload offset from the BTH start, BTH + OT_EXT (parse_frame adds a SACK bitmap); -1: unknown
 # offset of each extension header from the end of the BTH, -1 when the opcode has none (EXT_ORDER)
 (OT_RETH, OT_ATOMICETH, OT_AETH, OT_ATOMICACKETH, OT_NETH, OT_RSNETH, OT_SACKETH, OT_IMMDT, OT_IETH,
  OT_CNP) = range(3, 13)
@@ -407,9 +406,9 @@ _RSN_RESV, _RSN = _field(RSNETH, "resv"), _field(RSNETH, "rsn")
 _SK_TSECR, _SK_CREDIT, _SK_CE, _SK_SPORT, _SK_WORDS, _SK_FLAGS = (
     _field(SACKETH, n) for n in ("tsecr", "credit", "ce_count", "echo_sport", "bitmap_words", "flags"))
 RETH_SIZE, AETH_SIZE, ATOMICETH_SIZE, ATOMICACKETH_SIZE = RETH.SIZE, AETH.SIZE, AtomicETH.SIZE, AtomicAckETH.SIZE
-IMMDT_SIZE, IETH_SIZE, NETH_SIZE, RSNETH_SIZE, SACKETH_SIZE = ImmDt.SIZE, IETH.SIZE, NETH.SIZE, RSNETH.SIZE, SACKETH.SIZE
+IMMDT_SIZE, IETH_SIZE, NETH_SIZE = ImmDt.SIZE, IETH.SIZE, NETH.SIZE
+RSNETH_SIZE, SACKETH_SIZE = RSNETH.SIZE, SACKETH.SIZE
 SACK_WORD = 4                                     # bytes of one SACK bitmap word
-assert EXT_CLASSES["sacketh"] is SACKETH
 
 
 @njit(**_jit)
@@ -666,7 +665,7 @@ def icrc_field(buf, off):
 @njit(**_jit)
 def put_icrc_field(buf, off, crc):
     """Write the ICRC at buf[off], least significant byte first (MR-ICRC-010)."""
-    for i in range(ICRC_LEN):
+    for i in range(ICRC_SIZE):
         buf[off + i] = (crc >> (8 * i)) & 0xFF
 
 
@@ -728,14 +727,14 @@ def parse_frame(buf, a, ln):
     if udp_len(buf, u) != pkt_end - u:
         return _refuse(R_BAD_UDP_LENGTH)
     b = u + UDP_SIZE
-    if pkt_end < b + BTH_SIZE + ICRC_LEN:
+    if pkt_end < b + BTH_SIZE + ICRC_SIZE:
         return _refuse(R_TRUNCATED_BTH)
     if bth_tver(buf, b) != 0:                       # MR-BTH-007; Resv6 and Resv7 are ignored (MR-BTH-013)
         return _refuse(R_BAD_TVER)
     op = bth_opcode(buf, b)
     if OPT[op, OT_EXT] < 0:
         return _refuse(R_UNKNOWN_OPCODE)
-    icrc = pkt_end - ICRC_LEN
+    icrc = pkt_end - ICRC_SIZE
     pay = b + OPT[op, OT_PAY]
     if pay > icrc:
         return _refuse(R_TRUNCATED_EXT)
