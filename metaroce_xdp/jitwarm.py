@@ -188,8 +188,8 @@ def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
     return [
         # afxdp/rings.py: the four rings and the frame pool, called from Python by xsk.XskSocket and FramePool
         # (socket set-up: the fill ring's prefill; tests and tools drive sockets with them).  wire/'s functions
-        # (build_frame, frame_icrc_ok, peek_bth, segment_opcode, psn_diff, the ICRC) are compiled into the
-        # plane's loops: no Python caller, no entry.
+        # (build_frame, frame_icrc_ok, peek_bth, segment_opcode, psn_diff, the ICRC, hdr's accessors and
+        # parse_frame) are compiled into the plane's loops: no Python caller, no entry.
         e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),
         e(R, "rx_burst", "XskSocket.rx_burst", rp, rc, rdescs, rx_a, rx_l, 64),
         e(R, "tx_burst", "XskSocket.tx_burst", tp, tc, tdescs, np.zeros(4, np.uint64), np.zeros(4, np.uint32), 4),

@@ -27,6 +27,7 @@ import sys
 import time
 
 from ..wire import OPCODES, RETH, AETH, AtomicETH, AtomicAckETH, IETH, ImmDt, NETH, SACKETH, RSNETH, encode, decode
+from ..wire.hdr import BTH_SIZE, ETH_SIZE, ICRC_SIZE, IP4_SIZE, O_IP4_CSUM, O_IP4_TOTLEN, O_UDP_LEN, UDP_SIZE
 from ..wire.icrc import icrc_bytes, icrc_ref
 from ..wire.opcodes import Op, OpMask
 from ..wire.packet import inet_checksum
@@ -35,7 +36,9 @@ from .harness import ROOT, batches, die_with_parent, signame
 from .store import Finding
 
 PACKET_OUTGOING = 4
-E = 14                                                   # Ethernet header; IPv4 at 14, UDP at 34, BTH at 42
+E = ETH_SIZE                                             # the frames are untagged IPv4: IPv4 at E,
+U = E + IP4_SIZE                                         # UDP at U,
+B = U + UDP_SIZE                                         # BTH at B (its first byte is the OpCode)
 MAX_FRAME = 1514                                         # the veth's MTU 1500 + Ethernet
 MAX_MINIMIZE = 3                                         # crashes of several packets cut down to one, per run
 MRS = ("victim", "local", "foreign", "legit")
@@ -130,7 +133,7 @@ def gen_packet(r: random.Random) -> dict:
     if dmg < 0.15:
         spec["flip"] = [[r.randrange(E, 120), r.getrandbits(8)] for _ in range(r.randrange(1, 4))]
     elif dmg < 0.22:
-        spec["truncate"] = r.randrange(E + 20, 90)
+        spec["truncate"] = r.randrange(U, 90)
     elif dmg < 0.27:
         spec["extend"] = r.choice([1, 3, 4, 60, 900])
     spec["icrc"] = r.choices(["fix", "keep", "bad"], [8, 1, 1])[0]
@@ -214,7 +217,7 @@ def build(spec: dict, w: Wire) -> bytes:
                              dest_qp=dest, psn=psn, ack_req=spec["ack_req"], headers=headers, payload=payload,
                              sack_bitmap=spec.get("sack", ()), **spec["bth"]))
     if "opcode_byte" in spec:
-        frame[E + 28] = spec["opcode_byte"]
+        frame[B] = spec["opcode_byte"]
     for off, val in spec.get("flip", []):
         if off < len(frame):
             frame[off] ^= val
@@ -222,13 +225,13 @@ def build(spec: dict, w: Wire) -> bytes:
         frame = frame[:spec["truncate"]]
     if "extend" in spec:
         frame += bytes([spec["fill"]]) * spec["extend"]
-    if spec["fix_len"] and len(frame) >= E + 28:
+    if spec["fix_len"] and len(frame) >= B:
         n3 = len(frame) - E
-        frame[E + 2:E + 4] = n3.to_bytes(2, "big")
-        frame[E + 24:E + 26] = (n3 - 20).to_bytes(2, "big")
-        frame[E + 10:E + 12] = b"\0\0"
-        frame[E + 10:E + 12] = inet_checksum(bytes(frame[E:E + 20])).to_bytes(2, "big")
-    if spec["icrc"] == "fix" and len(frame) >= E + 20 + 8 + 12 + 4:
+        frame[E + O_IP4_TOTLEN:E + O_IP4_TOTLEN + 2] = n3.to_bytes(2, "big")
+        frame[U + O_UDP_LEN:U + O_UDP_LEN + 2] = (n3 - IP4_SIZE).to_bytes(2, "big")
+        frame[E + O_IP4_CSUM:E + O_IP4_CSUM + 2] = b"\0\0"
+        frame[E + O_IP4_CSUM:E + O_IP4_CSUM + 2] = inet_checksum(bytes(frame[E:U])).to_bytes(2, "big")
+    if spec["icrc"] == "fix" and len(frame) >= B + BTH_SIZE + ICRC_SIZE:
         frame[-4:] = icrc_bytes(icrc_ref(bytes(frame[E:-4]), False))
     elif spec["icrc"] == "bad" and len(frame) > E + 4:
         frame[-1] ^= 0x5A

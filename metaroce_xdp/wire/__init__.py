@@ -6,7 +6,8 @@
     pkt = decode(frame)      # RocePacket; pkt.icrc_ok is True
 
 Neighbours: `icrc` (reference and compiled ICRC), `fastpath` (compiled frame
-builder for the data path), `psn` (24-bit serial arithmetic).
+builder for the data path), `hdr` (compiled field accessors, the opcode table as
+an array and the data path's frame parser), `psn` (24-bit serial arithmetic).
 """
 from .errors import CodecError, DecodeReason, EncodeError, MalformedPacket, NotMetaRoCE
 from .headers import (AETH, BTH, CNPPad, ETH_P_IP, ETH_P_IPV6, IETH, NETH, RETH, ROCE_UDP_PORT,

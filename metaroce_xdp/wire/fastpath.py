@@ -1,6 +1,7 @@
 """Compiled frame builder and ICRC check for the data path, and the two per-packet helpers the
 compiled loop shares: `segment_opcode` (which opcode packet k of a message carries) and `peek_bth`
-(opcode, destination QP and header offsets of a received frame).
+(opcode, destination QP and header offsets of a received frame).  Header fields are read and
+written through `hdr` (the accessors and the frame parser); no byte offset is written here.
 
 The data path never builds headers field by field: a QP owns a *template*
 (Ethernet [+VLAN] / IP / UDP / BTH with every per-connection field already
@@ -18,9 +19,12 @@ from numba import njit
 from numba import types as nb_types
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
-from .headers import AETH, ETH_P_8021Q, ETH_P_IPV6
+from .hdr import (BTH_SIZE, ETH_SIZE, ICRC_SIZE, IP4_SIZE, IP6_SIZE, O_IP6_SRC, UDP_SIZE, VLAN_SIZE, bth_opcode,
+                  bth_qpn, icrc_field, ip4_total_len, ip6_payload_len, ip_version, l3_of, put_bth_packet,
+                  put_icrc_field, put_ip4_csum, put_ip4_total_len, put_ip6_payload_len, put_udp_csum, put_udp_len)
+from .headers import AETH, ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP
 from .icrc import CRC_TABLES, _voidptr, icrc_numba
-from .packet import encode
+from .packet import decode, encode
 
 # BTH byte-1 bits
 BTH_SE = 0x80
@@ -51,12 +55,10 @@ def make_template(**kw) -> Template:
     """
     kw.setdefault("psn", 0)
     frame = encode(0x11, headers={"aeth": AETH()}, **kw)
-    l2 = 14
-    if int.from_bytes(frame[12:14], "big") == ETH_P_8021Q:
-        l2 = 18
-    ipv6 = int.from_bytes(frame[l2 - 2:l2], "big") == ETH_P_IPV6
-    hdr = l2 + (40 if ipv6 else 20) + 8 + 12
-    return Template(np.frombuffer(frame[:hdr], dtype=np.uint8).copy(), l2, ipv6)
+    pkt = decode(frame, verify_icrc=False)      # plain Python: a QP is connected in a sealed process
+    l2 = ETH_SIZE + (VLAN_SIZE if pkt.vlan is not None else 0)
+    hdr = l2 + (IP6_SIZE if pkt.ipv6 else IP4_SIZE) + UDP_SIZE + BTH_SIZE
+    return Template(np.frombuffer(frame[:hdr], dtype=np.uint8).copy(), l2, pkt.ipv6)
 
 
 if numba_config.DISABLE_JIT:
@@ -112,51 +114,29 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
         out[p + i] = 0
     p += pad
     l3 = off + l3_off
-    iplen = 40 if ipv6 else 20
-    udp_off = l3 + iplen
-    udp_len = (p + 4) - udp_off
-    # BTH
-    b = udp_off + 8
-    out[b] = opcode
-    out[b + 1] = (bth1_flags & 0xC0) | (pad << 4) | (out[b + 1] & 0x0F)
-    out[b + 8] = 0x80 if ack_req else 0
-    out[b + 9] = (psn >> 16) & 0xFF
-    out[b + 10] = (psn >> 8) & 0xFF
-    out[b + 11] = psn & 0xFF
+    udp_off = l3 + (IP6_SIZE if ipv6 else IP4_SIZE)
+    udp_len = (p + ICRC_SIZE) - udp_off
+    put_bth_packet(out, udp_off + UDP_SIZE, opcode, 1 if bth1_flags & BTH_SE else 0, 1 if bth1_flags & BTH_M else 0,
+                   pad, 1 if ack_req else 0, psn)
     # UDP length, checksum 0 for now (ICRC masks it anyway, MR-ICRC-006); IPv4 keeps 0 (MR-ENC-023)
-    out[udp_off + 4] = (udp_len >> 8) & 0xFF
-    out[udp_off + 5] = udp_len & 0xFF
-    out[udp_off + 6] = 0
-    out[udp_off + 7] = 0
+    put_udp_len(out, udp_off, udp_len)
+    put_udp_csum(out, udp_off, 0)
     if ipv6:
-        out[l3 + 4] = (udp_len >> 8) & 0xFF
-        out[l3 + 5] = udp_len & 0xFF
+        put_ip6_payload_len(out, l3, udp_len)
     else:
-        tot = udp_len + 20
-        out[l3 + 2] = (tot >> 8) & 0xFF
-        out[l3 + 3] = tot & 0xFF
-        out[l3 + 10] = 0
-        out[l3 + 11] = 0
-        c = _csum_fold(_csum_add(np.int64(0), out, l3, l3 + 20))
-        out[l3 + 10] = (c >> 8) & 0xFF
-        out[l3 + 11] = c & 0xFF
-    crc = icrc_numba(tables, out, l3, ipv6, p)
-    out[p] = crc & 0xFF
-    out[p + 1] = (crc >> 8) & 0xFF
-    out[p + 2] = (crc >> 16) & 0xFF
-    out[p + 3] = (crc >> 24) & 0xFF
-    p += 4
+        put_ip4_total_len(out, l3, udp_len + IP4_SIZE)
+        put_ip4_csum(out, l3, 0)
+        put_ip4_csum(out, l3, _csum_fold(_csum_add(np.int64(0), out, l3, l3 + IP4_SIZE)))
+    put_icrc_field(out, p, icrc_numba(tables, out, l3, ipv6, p))
+    p += ICRC_SIZE
     if ipv6:
-        # UDP checksum over the IPv6 pseudo-header and the whole datagram, ICRC included
-        # (MR-ENC-024, MR-ENC-025).
-        s = _csum_add(np.int64(0), out, l3 + 8, l3 + 40)
-        s += np.int64(udp_len) + np.int64(17)
+        # UDP checksum over the IPv6 pseudo-header (addresses, length, next header) and the whole
+        # datagram, ICRC included (MR-ENC-024, MR-ENC-025).
+        s = _csum_add(np.int64(0), out, l3 + O_IP6_SRC, l3 + IP6_SIZE)
+        s += np.int64(udp_len) + np.int64(IPPROTO_UDP)
         s = _csum_add(s, out, udp_off, p)
         c = _csum_fold(s)
-        if c == 0:
-            c = 0xFFFF
-        out[udp_off + 6] = (c >> 8) & 0xFF
-        out[udp_off + 7] = c & 0xFF
+        put_udp_csum(out, udp_off, c if c != 0 else 0xFFFF)
     return p - off
 
 
@@ -165,29 +145,29 @@ def frame_icrc_ok(tables, buf, off, length):
     """True when the frame at buf[off:off+length] is IPv4/IPv6 UDP with a valid ICRC.
 
     Used by the receive path; header validity beyond what the ICRC needs is
-    checked by the XDP program and the transport.
+    checked by the XDP program and the transport (hdr.parse_frame).
     """
-    l3 = off + 14
-    et = (np.uint32(buf[off + 12]) << 8) | buf[off + 13]
-    if et == 0x8100:
-        l3 += 4
-        et = (np.uint32(buf[off + 16]) << 8) | buf[off + 17]
-    if et == 0x0800:
+    et, l3 = l3_of(buf, off, length)
+    if et == ETH_P_IP:
         ipv6 = False
-        end = l3 + ((np.int64(buf[l3 + 2]) << 8) | buf[l3 + 3])
-        hdr = 20 + 8 + 12
-    elif et == 0x86DD:
+        end = l3 + ip4_total_len(buf, l3)
+        hdr = IP4_SIZE + UDP_SIZE + BTH_SIZE
+    elif et == ETH_P_IPV6:
         ipv6 = True
-        end = l3 + 40 + ((np.int64(buf[l3 + 4]) << 8) | buf[l3 + 5])
-        hdr = 40 + 8 + 12
+        end = l3 + IP6_SIZE + ip6_payload_len(buf, l3)
+        hdr = IP6_SIZE + UDP_SIZE + BTH_SIZE
     else:
         return False
-    if end > off + length or end < l3 + hdr + 4:
+    if end > off + length or end < l3 + hdr + ICRC_SIZE:
         return False
-    crc = icrc_numba(tables, buf, l3, ipv6, end - 4)
-    got = (np.uint32(buf[end - 4]) | (np.uint32(buf[end - 3]) << 8)
-           | (np.uint32(buf[end - 2]) << 16) | (np.uint32(buf[end - 1]) << 24))
-    return crc == got
+    return icrc_numba(tables, buf, l3, ipv6, end - ICRC_SIZE) == icrc_field(buf, end - ICRC_SIZE)
+
+
+@njit(cache=True, nogil=True)
+def icrc_ok_at(tables, buf, l3, icrc):
+    """True when the ICRC at buf[icrc] is right for the packet whose IP header is at buf[l3]: the
+    check after hdr.parse_frame, which found both offsets (frame_icrc_ok walks the headers again)."""
+    return icrc_numba(tables, buf, l3, ip_version(buf, l3) == 6, icrc) == icrc_field(buf, icrc)
 
 
 # The SEND and WRITE opcode families (IBTA: FIRST, MIDDLE, LAST, LAST_IMM, ONLY, ONLY_IMM from a base)
@@ -211,24 +191,18 @@ def segment_opcode(is_write, has_imm, k, npkts):
 
 @njit(cache=True, nogil=True)
 def peek_bth(umem, addr, length):
-    """(opcode, dest_qp, bth offset, ip offset) of a frame; opcode -1 when it is not IP/UDP."""
-    off = addr + 14
-    et = (np.int64(umem[addr + 12]) << 8) | umem[addr + 13]
-    if et == 0x8100:
-        et = (np.int64(umem[addr + 16]) << 8) | umem[addr + 17]
-        off += 4
-    l3 = off
-    if et == 0x0800:
-        off += 20
-    elif et == 0x86DD:
-        off += 40
+    """(opcode, dest_qp, bth offset, ip offset) of a frame; opcode -1 when it is not IP or the BTH does not
+    fit.  Only steers: hdr.parse_frame makes the checks of MR-ENC-032 and is what the receive path adopts."""
+    et, l3 = l3_of(umem, addr, length)
+    if et == ETH_P_IP:
+        b = l3 + IP4_SIZE + UDP_SIZE
+    elif et == ETH_P_IPV6:
+        b = l3 + IP6_SIZE + UDP_SIZE
     else:
         return -1, -1, -1, -1
-    off += 8
-    if off + 12 > addr + length:
+    if b + BTH_SIZE > addr + length:
         return -1, -1, -1, -1
-    qpn = (np.int64(umem[off + 5]) << 16) | (np.int64(umem[off + 6]) << 8) | umem[off + 7]
-    return np.int64(umem[off]), qpn, off - addr, l3 - addr
+    return bth_opcode(umem, b), bth_qpn(umem, b), b - addr, l3 - addr
 
 
 TABLES = CRC_TABLES

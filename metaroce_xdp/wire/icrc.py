@@ -35,12 +35,10 @@ from numba.extending import intrinsic
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .errors import DecodeReason, MalformedPacket
+from .hdr import (BTH_SIZE, IP4_SIZE, IP6_SIZE, O_BTH_FECN, O_IP4_CSUM, O_IP4_TOS, O_IP4_TTL, O_IP6_HOPS, O_UDP_CSUM,
+                  UDP_SIZE)
 
 LRH_STANDIN = b"\xff" * 8
-IPV4_HDR = 20
-IPV6_HDR = 40
-UDP_HDR = 8
-BTH_LEN = 12
 
 
 def masked_pseudo_header(l3: bytes | memoryview, ipv6: bool) -> bytes:
@@ -48,8 +46,8 @@ def masked_pseudo_header(l3: bytes | memoryview, ipv6: bool) -> bytes:
 
     `l3` starts at the IP header and holds at least IP + UDP + BTH.
     """
-    iplen = IPV6_HDR if ipv6 else IPV4_HDR
-    need = iplen + UDP_HDR + BTH_LEN
+    iplen = IP6_SIZE if ipv6 else IP4_SIZE
+    need = iplen + UDP_SIZE + BTH_SIZE
     if len(l3) < need:
         raise MalformedPacket(DecodeReason.TRUNCATED_BTH, "too short for IP/UDP/BTH", len(l3))
     h = bytearray(l3[:need])
@@ -59,25 +57,25 @@ def masked_pseudo_header(l3: bytes | memoryview, ipv6: bool) -> bytes:
         h[1] = 0xFF
         h[2] = 0xFF
         h[3] = 0xFF
-        h[7] = 0xFF                       # hop limit
+        h[O_IP6_HOPS] = 0xFF              # hop limit
     else:
-        h[1] = 0xFF                       # TOS (DSCP + ECN)
-        h[8] = 0xFF                       # TTL
-        h[10] = 0xFF                      # header checksum
-        h[11] = 0xFF
+        h[O_IP4_TOS] = 0xFF               # TOS (DSCP + ECN)
+        h[O_IP4_TTL] = 0xFF
+        h[O_IP4_CSUM] = 0xFF              # header checksum
+        h[O_IP4_CSUM + 1] = 0xFF
     u = iplen
-    h[u + 6] = 0xFF                       # UDP checksum
-    h[u + 7] = 0xFF
-    h[u + UDP_HDR + 4] = 0xFF             # BTH FECN/BECN/Resv6
+    h[u + O_UDP_CSUM] = 0xFF              # UDP checksum
+    h[u + O_UDP_CSUM + 1] = 0xFF
+    h[u + UDP_SIZE + O_BTH_FECN] = 0xFF    # BTH FECN/BECN/Resv6
     return LRH_STANDIN + bytes(h)
 
 
 def icrc_ref(l3: bytes | memoryview, ipv6: bool) -> int:
     """ICRC of a packet given from its IP header up to, not including, the ICRC."""
-    iplen = IPV6_HDR if ipv6 else IPV4_HDR
+    iplen = IP6_SIZE if ipv6 else IP4_SIZE
     head = masked_pseudo_header(l3, ipv6)
     crc = zlib.crc32(head)
-    return zlib.crc32(bytes(l3[iplen + UDP_HDR + BTH_LEN:]), crc) & 0xFFFFFFFF
+    return zlib.crc32(bytes(l3[iplen + UDP_SIZE + BTH_SIZE:]), crc) & 0xFFFFFFFF
 
 
 def icrc_bytes(value: int) -> bytes:
@@ -198,26 +196,26 @@ def icrc_numba(tables, buf, l3_off, ipv6, end):
     The masked headers are copied into a 68-byte scratch array; the rest is
     read in place.
     """
-    iplen = 40 if ipv6 else 20
-    n = iplen + 8 + 12
+    iplen = IP6_SIZE if ipv6 else IP4_SIZE
+    n = iplen + UDP_SIZE + BTH_SIZE
     scratch = _scratch68()                 # 8 + 60 bytes
     for k in range(8):
         scratch[k] = 0xFF
     for k in range(n):
         scratch[8 + k] = buf[l3_off + k]
     if ipv6:
-        scratch[8] |= 0x0F
+        scratch[8] |= 0x0F                 # traffic class and flow label; the version nibble stays
         scratch[9] = 0xFF
         scratch[10] = 0xFF
         scratch[11] = 0xFF
-        scratch[15] = 0xFF
+        scratch[8 + O_IP6_HOPS] = 0xFF
     else:
-        scratch[9] = 0xFF
-        scratch[16] = 0xFF
-        scratch[18] = 0xFF
-        scratch[19] = 0xFF
-    scratch[8 + iplen + 6] = 0xFF
-    scratch[8 + iplen + 7] = 0xFF
-    scratch[8 + iplen + 8 + 4] = 0xFF
+        scratch[8 + O_IP4_TOS] = 0xFF
+        scratch[8 + O_IP4_TTL] = 0xFF
+        scratch[8 + O_IP4_CSUM] = 0xFF
+        scratch[8 + O_IP4_CSUM + 1] = 0xFF
+    scratch[8 + iplen + O_UDP_CSUM] = 0xFF
+    scratch[8 + iplen + O_UDP_CSUM + 1] = 0xFF
+    scratch[8 + iplen + UDP_SIZE + O_BTH_FECN] = 0xFF
     crc = crc32_update(tables, np.uint32(0), scratch, 0, 8 + n)
     return crc32_bulk(buf, l3_off + n, end, crc)
