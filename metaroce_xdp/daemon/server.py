@@ -348,7 +348,7 @@ def _preload_loops() -> None:
 
 
 def _make_context_class():
-    dpc, L, _ = _dp()
+    dpc, L = _dp()
 
     class DaemonContext(dpc.Context):
         """dp.Context with the daemon's limits on CQs (no completion channels: clients wait on their eventfd)
