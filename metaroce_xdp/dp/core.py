@@ -181,12 +181,6 @@ def emit(A, Q, TM, umem, tables, qi, opcode, flags, ackreq, psn, ext, ext_len, s
 
 
 @njit(**_jit)
-def put_be(ext, off, v, nbytes):
-    for i in range(nbytes):
-        ext[off + i] = (v >> (8 * (nbytes - 1 - i))) & 0xFF
-
-
-@njit(**_jit)
 def send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn):
     """An ACKNOWLEDGE: ACK, NAK or RNR NAK (MR-ACK-001) with the QP's MSN.  False when no UMEM frame
     was free (counted in tx_no_frame): the caller keeps what it owes."""
@@ -334,14 +328,6 @@ def publish_comp(A, Q, qi):
     if A[P_KS_ADDR] != 0 and Q[qi, Q_PUB_COMP] != Q[qi, Q_COMP_PSN]:
         st_rel_u32(ks_addr(A, qi) + KS_COMP_PSN, Q[qi, Q_COMP_PSN])
         Q[qi, Q_PUB_COMP] = Q[qi, Q_COMP_PSN]
-
-
-@njit(**_jit)
-def get_be(umem, off, nbytes):
-    v = np.int64(0)
-    for i in range(nbytes):
-        v = (v << 8) | np.int64(umem[off + i])
-    return v
 
 
 @njit(**_jit)
