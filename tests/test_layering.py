@@ -7,6 +7,9 @@
   ring < core < cc < requester < completer < responder < atomics < round, never up; the native
   profile's glue (native/plane_slot.py < plane_read.py < plane_tx.py < plane.py) sits between the roles and the round.  No import circle in the package,
   no import statement after the first definition of a module, no sys.modules guard.
+* One place for the wire (issue 20): dp/ and native/plane*.py know no header byte offset -- no frame
+  buffer indexed at a literal offset or a literal added to an offset, no received byte read directly,
+  no get_be/put_be outside wire/ (wire/hdr.py's accessors, writers and opcode table do it).
 """
 from __future__ import annotations
 
@@ -153,4 +156,98 @@ def test_compiled_modules_import_at_the_top_without_guards():
                 bad.setdefault(str(path.relative_to(ROOT)), []).append(node.lineno)
         if "sys.modules" in text:
             bad.setdefault(str(path.relative_to(ROOT)), []).append("sys.modules")
+    assert not bad, bad
+
+
+# ---- one place for the wire -----------------------------------------------------------------------------
+# Frame bytes as the plane's code names them: received frames (the UMEM, a kernel SACK record), the extension
+# header scratch, the QPs' header templates (TM compiled; tm, tb in Python), and generic frame buffers.
+RECEIVED = {"umem", "raw"}
+FRAME_BUFFERS = RECEIVED | {"ext", "TM", "tm", "tb", "buf", "frame"}
+# (file, function) -> why it may index frame bytes at a literal offset.  Empty: nothing has to.
+OFFSET_ALLOW: dict[tuple[str, str], str] = {}
+
+
+def _literal_offset(index: ast.AST) -> bool:
+    """The index is an integer literal or adds or subtracts one: buf[14], buf[b + 12], tm[o + 8:o + 40]."""
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    for part in parts:
+        bounds = [part.lower, part.upper] if isinstance(part, ast.Slice) else [part]
+        for node in bounds:
+            if node is None:
+                continue
+            if isinstance(node, ast.Constant) and type(node.value) is int:
+                return True
+            for n in ast.walk(node):
+                if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub)) and any(
+                        isinstance(o, ast.Constant) and type(o.value) is int for o in (n.left, n.right)):
+                    return True
+    return False
+
+
+def _buffer_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def wire_offenders(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, enclosing function, what) for each header offset the code knows by number."""
+    out = []
+
+    def visit(node, fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            fn = node.name
+            if node.name in ("get_be", "put_be"):
+                out.append((node.lineno, fn, f"defines {node.name}"))
+        if isinstance(node, ast.Subscript):
+            name = _buffer_name(node.value)
+            if name in RECEIVED:
+                out.append((node.lineno, fn, f"reads {name}[...] (a header accessor of wire/hdr.py does)"))
+            elif name in FRAME_BUFFERS and _literal_offset(node.slice):
+                out.append((node.lineno, fn, f"{name}[...] at a literal offset"))
+        if isinstance(node, ast.Call) and _buffer_name(node.func) in ("get_be", "put_be"):
+            out.append((node.lineno, fn, f"calls {_buffer_name(node.func)}"))
+        for child in ast.iter_child_nodes(node):
+            visit(child, fn)
+
+    visit(tree, "<module>")
+    return out
+
+
+def test_the_wire_scan_sees_offsets():
+    """The scan below would pass vacuously if it missed the forms the plane used to have."""
+    bad = ["x = umem[b + 12]", "ext[14] = nw", "v = get_be(umem, h, 8)", "put_be(ext, 0, v, 4)",
+           "TM[qi, o + 1] = 0", "g = tm[o + 8:o + 40]", "tb[len(tb) - 12 + 4] = 0x40", "p = raw[i]",
+           "def get_be(umem, off, n):\n    return 0"]
+    good = ["ext[k] = (orig >> (8 * k)) & 0xFF", "t = TM[qi, TM_CNP:]", "put_reth(ext, 0, va, rkey, n)",
+            "A[b + O_WD:b + O_WD + 32] = 0", "pl.TM[self.qi, :len(buf)] = buf"]
+    for src in bad:
+        assert wire_offenders(ast.parse(src)), src
+    for src in good:
+        assert not wire_offenders(ast.parse(src)), src
+
+
+def test_the_plane_knows_no_header_offset():
+    """dp/ and native/plane*.py read and write headers only through wire/hdr.py."""
+    bad = {}
+    for path in sorted([*(PKG / "dp").glob("*.py"), *(PKG / "native").glob("plane*.py")]):
+        rel = str(path.relative_to(ROOT))
+        hits = [h for h in wire_offenders(ast.parse(path.read_text(), rel)) if (rel, h[1]) not in OFFSET_ALLOW]
+        if hits:
+            bad[rel] = hits
+    assert not bad, bad
+
+
+def test_get_be_and_put_be_stay_in_wire():
+    bad = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if (PKG / "wire") in path.parents:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        hits = [h for h in wire_offenders(tree) if "get_be" in h[2] or "put_be" in h[2]]
+        if hits:
+            bad[str(path.relative_to(ROOT))] = hits
     assert not bad, bad

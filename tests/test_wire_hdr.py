@@ -24,7 +24,7 @@ from metaroce_xdp.conformance import packets as cp
 from metaroce_xdp.wire import OPCODES, MalformedPacket, OpMask, decode, encode, hdr
 from metaroce_xdp.wire.fastpath import TABLES, icrc_ok_at, peek_bth
 from metaroce_xdp.wire.headers import (AETH, BTH, EXT_CLASSES, IETH, NETH, RETH, RSNETH, SACKETH, AtomicAckETH,
-                                       AtomicETH, ImmDt, Vlan)
+                                       AtomicETH, CNPPad, ImmDt, IPv4, IPv6, Vlan)
 from strategies import ALL_OPCODES, packet_args
 
 pytestmark = pytest.mark.compiles      # its own argument types (conftest: jitwarm.unsealed)
@@ -129,6 +129,7 @@ def _check_fields(H, buf, r, opcode, bth: dict, headers: dict, bitmap, payload: 
             assert int(getattr(H, fn)(buf, h)) & M64 == getattr(headers[name], field), (name, field)
         if name == "sacketh":
             assert [int(H.sacketh_word(buf, h, i)) for i in range(len(bitmap))] == list(bitmap)
+            assert H.sacketh_end(buf, h) == pay         # the bitmap is the SACK's last header
     for name in set(EXT_CLASSES) - set(OPCODES[opcode].headers):
         assert H.ext_at(b, op, hdr.OT_COL[name]) == -1
     assert pad == (-len(payload)) & 3 and bytes(buf[pay:icrc - pad]) == payload
@@ -333,6 +334,58 @@ def test_put_bth_packet_keeps_the_template_fields(pure, case, opcode, se, mig, p
         H.put_bth_packet(buf, b, opcode, se, mig, pad, ackreq, psn)
     want = before.replace(opcode=opcode, se=se, m=mig, pad=pad, ack_req=ackreq, psn=psn, resv7=0)
     assert bytes(buf[b:b + 12]) == want.pack()
+
+
+def test_put_cnp_zeroes_the_reserved_bytes():
+    for pure in (False, True):
+        buf = np.full(40, 0x77, np.uint8)
+        with accessors(pure) as H:
+            assert H.put_cnp(buf, 5) == 5 + CNPPad.SIZE
+        assert (buf[5:5 + CNPPad.SIZE] == 0).all() and (buf[:5] == 0x77).all() and (buf[5 + CNPPad.SIZE:] == 0x77).all()
+
+
+@MODES
+@FAST
+@given(packet_args(), st.integers(0, 0xFFFF), st.integers(0, 2**20 - 1))
+def test_template_writers_as_the_reference(pure, case, sport, label):
+    """put_udp_sport and put_ip6_flow_label (the native plane's entropy, MR-MP-004, MR-MP-016) change what the
+    reference encoder would have built with the other port and label, and nothing else of the headers."""
+    opcode, kw = case
+    frame = encode(opcode, **kw)
+    v6 = ":" in kw["src_ip"]
+    want = encode(opcode, **(kw | {"sport": sport} | ({"flow_label": label} if v6 else {})))
+    buf = np.frombuffer(frame, np.uint8).copy()
+    l3 = 14 + (4 if kw.get("vlan") is not None else 0)
+    with accessors(pure) as H:
+        u = H.udp_of(buf, l3)
+        H.put_udp_sport(buf, u, sport)
+        if v6:
+            H.put_ip6_flow_label(buf, l3, label)
+    b = u + hdr.UDP_SIZE
+    assert bytes(buf[:u + hdr.O_UDP_CSUM]) == want[:u + hdr.O_UDP_CSUM]     # the checksum and ICRC are not theirs
+    assert bytes(buf[b:b + BTH.SIZE]) == want[b:b + BTH.SIZE]
+
+
+@FAST
+@given(packet_args(), st.integers(0, 63), st.integers(0, 3), st.integers(0, 1), st.integers(0, 1))
+def test_put_field_as_the_reference(case, dscp, ecn, fecn, becn):
+    """The Python-side writer (templates: dp/context.py's CNP template) against the reference encoder."""
+    opcode, kw = case
+    v6 = ":" in kw["src_ip"]
+    buf = np.frombuffer(encode(opcode, **kw), np.uint8).copy()
+    want = encode(opcode, **(kw | dict(dscp=dscp, ecn=ecn, fecn=fecn, becn=becn)))
+    l3 = 14 + (4 if kw.get("vlan") is not None else 0)
+    b = l3 + (hdr.IP6_SIZE if v6 else hdr.IP4_SIZE) + hdr.UDP_SIZE
+    if v6:
+        hdr.put_field(buf, l3, IPv6, "traffic_class", (dscp << 2) | ecn)
+        assert bytes(buf[l3:l3 + hdr.IP6_SIZE]) == want[l3:l3 + hdr.IP6_SIZE]
+    else:
+        hdr.put_field(buf, l3, IPv4, "dscp", dscp)
+        hdr.put_field(buf, l3, IPv4, "ecn", ecn)
+        assert buf[l3 + hdr.O_IP4_TOS] == want[l3 + hdr.O_IP4_TOS]        # (the header checksum is not its)
+    hdr.put_field(buf, b, BTH, "fecn", fecn)
+    hdr.put_field(buf, b, BTH, "becn", becn)
+    assert bytes(buf[b:b + BTH.SIZE]) == want[b:b + BTH.SIZE]
 
 
 # ---- parse_frame refuses what the reference decoder refuses ---------------------------------------

@@ -15,13 +15,16 @@ from numba import carray, njit
 from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
+from ..wire.hdr import (OPT, OT_AETH, OT_ATOMICACKETH, OT_ATOMICETH, OT_PAY, aeth_syndrome, atomicacketh_orig,
+                        atomiceth_compare, atomiceth_rkey, atomiceth_swap_add, atomiceth_va, ext_at)
 from ..wire.psn import psn_diff
 from .layout import MAX_RD, NAT, NJ, PSN_MASK, RK_NONE
 from .reasons import (WHY_ATOMIC_NOT_ALLOWED, WHY_ATOMIC_UNALIGNED, WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED,
                       WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS)
 from .prims import addr_of, ptr_u64
-from .core import (ACC_REMOTE_ATOMIC, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_CAS, ST_ERR, S_BAD_RESP, S_LOC_PROT,
-                   WR_CAS, WR_FAA, ack_deadline, get_be, mr_check, mr_live_a, place, publish_comp, qp_error, sg_valid)
+from .core import (ACC_REMOTE_ATOMIC, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ATOMIC_ACK, OP_CAS, ST_ERR, S_BAD_RESP,
+                   S_LOC_PROT, WR_CAS, WR_FAA, ack_deadline, mr_check, mr_live_a, place, publish_comp, qp_error,
+                   sg_valid)
 from .completer import advance, retire_answered, rsp_gap, rsp_wqe
 from .responder import ack_now, protect_reads, responder_error, send_nak
 
@@ -59,8 +62,8 @@ def flush_ack(A, Q, TM, umem, tables, ext, qi):
 @njit(**_jit)
 def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
     """A COMPARE_SWAP or FETCH_ADD request of QP qi (b = BTH offset, end = ICRC offset)."""
-    hdr = b + 12
-    if end - pad - (hdr + 28) != 0:
+    hdr = ext_at(b, op, OT_ATOMICETH)
+    if end - pad - (b + OPT[op, OT_PAY]) != 0:
         A[P_RX_DROP_LEN] += 1                       # not an AtomicETH and nothing else: malformed
         return
     e = Q[qi, Q_EPSN]
@@ -93,10 +96,10 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
         return
     if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
         return                                       # beyond max_dest_rd_atomic: dropped, retried
-    va = get_be(umem, hdr, 8)
-    rkey = get_be(umem, hdr + 8, 4)
-    swap_add = get_be(umem, hdr + 12, 8)
-    cmp = get_be(umem, hdr + 20, 8)
+    va = atomiceth_va(umem, hdr)
+    rkey = atomiceth_rkey(umem, hdr)
+    swap_add = atomiceth_swap_add(umem, hdr)
+    cmp = atomiceth_compare(umem, hdr)
     # R_Key, PD, access and bounds of [VA, VA + 8) first, then the alignment (Table 3-4, MR-ATOM-005)
     if mr_check(MRT, rkey, Q[qi, Q_PD], va, 8, ACC_REMOTE_ATOMIC) < 0:
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
@@ -130,7 +133,7 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
 def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
     """An ATOMIC ACKNOWLEDGE: the original value is placed (host order, MR-ATOM-008) and the WQE
     completes, in order; stale ones are counted and dropped; a gap sends again from comp_psn."""
-    if end - pad - (b + 24) != 0:
+    if end - pad - (b + OPT[OP_ATOMIC_ACK, OT_PAY]) != 0:
         A[P_RX_DROP_LEN] += 1
         return
     comp = Q[qi, Q_COMP_PSN]
@@ -149,14 +152,14 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
         if Q[qi, Q_STATE] == ST_ERR or Q[qi, Q_COMP_PSN] != psn:
             A[P_RX_RSP_STALE] += 1
             return
-    if (umem[b + 12] & 0xE0) != 0:                   # an AETH that is not an ACK (MR-NAK-012)
+    if (aeth_syndrome(umem, ext_at(b, OP_ATOMIC_ACK, OT_AETH)) & 0xE0) != 0:     # not an ACK (MR-NAK-012)
         qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
         return
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)   # MR-MEM-035, MR-SEC-003: never placed
         return
-    orig = get_be(umem, b + 16, 8)
+    orig = atomicacketh_orig(umem, ext_at(b, OP_ATOMIC_ACK, OT_ATOMICACKETH))
     for k in range(8):                               # host (little-endian) order
         ext[k] = (orig >> (8 * k)) & 0xFF
     place(A, SW[r, W_LADDR], SW[r, W_SG], SW[r, W_NSGE], 0, addr_of(ext), 8)

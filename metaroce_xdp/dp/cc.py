@@ -16,16 +16,18 @@ from .. import jitcache  # noqa: F401  (cache keyed on every module compiled cod
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from ..wire.fastpath import build_frame
+from ..wire.hdr import ip_ecn, put_cnp
 from .layout import NF, TM_CNP
 from .prims import ld_acq_u64
 from .ring import frame_alloc, tx_push
-from .core import KS_CNP_COUNT, ks_addr
+from .core import KS_CNP_COUNT, OP_CNP, ks_addr
 
 _jit = dict(cache=True, nogil=True)
 
 # of WIRE_OVERHEAD, what a built frame (Ethernet to ICRC, no FCS) lacks: FCS 4 + preamble/IFG 20
 FRAME_TO_WIRE = 24
 _MAX_STEPS = 4096
+ECN_CE = 3                   # the ECN codepoint Congestion Experienced, binary 11 (RFC 3168)
 
 
 @njit(**_jit)
@@ -174,9 +176,7 @@ def rp_on_sent(A, qi, nbytes):
 @njit(**_jit)
 def ce_marked(umem, l3):
     """ECN CE (binary 11) in the IPv4 TOS or IPv6 traffic class."""
-    if umem[l3] >> 4 == 6:
-        return ((umem[l3 + 1] >> 4) & 3) == 3
-    return (umem[l3 + 1] & 3) == 3
+    return ip_ecn(umem, l3) == ECN_CE
 
 
 @njit(**_jit)
@@ -202,9 +202,8 @@ def send_cnp(A, Q, TM, umem, tables, ext, qi):
     a = frame_alloc(A)
     if a < 0:
         return
-    for i in range(16):
-        ext[i] = 0
+    ext_len = put_cnp(ext, 0)
     n = build_frame(tables, umem, a, TM[qi, TM_CNP:], Q[qi, Q_TMPL_LEN], Q[qi, Q_L3_OFF], Q[qi, Q_IPV6] != 0,
-                    0x81, 0, 0, 0, ext, 16, ext, 0, 0)
+                    OP_CNP, 0, 0, 0, ext, ext_len, ext, 0, 0)
     tx_push(A, a, n)
     A[P_TX_CNP] += 1

@@ -14,6 +14,7 @@ from numba import njit
 from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
+from ..wire.hdr import OPT, OT_PAY
 from ..wire.psn import psn_diff
 from .layout import PSN_MASK, PSN_NONE
 from .reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_PEER_NAK, WHY_RNR_RETRY_EXHAUSTED
@@ -172,7 +173,7 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
     if not ok_op or (k == 0 and op != OP_RSP_FIRST and op != OP_RSP_ONLY):
         A[P_RX_DROP_OP] += 1
         return
-    pay = b + 12 + (0 if op == OP_RSP_MIDDLE else 4)
+    pay = b + OPT[op, OT_PAY]
     plen = end - pad - pay
     pmtu = Q[qi, Q_PMTU]
     expect = min(pmtu, SW[r, W_LENGTH] - k * pmtu)

@@ -839,14 +839,18 @@ class QP:
     def _cnp_template(self, buf, l3: int, v6: bool):
         """The QP's template for CNPs: DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
         (MR-BTH-012); the path, UDP source port and P_Key are the QP's."""
+        from ..wire.hdr import BTH_SIZE, put_field
+        from ..wire.headers import BTH, IPv4, IPv6
         tb = np.array(buf, np.uint8)
-        tos = (self.ctx.plane.dcqcn.cnp_dscp << 2) & 0xFC
+        tos = (self.ctx.plane.dcqcn.cnp_dscp << 2) & 0xFC          # DSCP, ECN 0 (Not-ECT)
         if v6:
-            tb[l3] = 0x60 | (tos >> 4)
-            tb[l3 + 1] = ((tos & 0x0F) << 4) | (tb[l3 + 1] & 0x0F)
+            put_field(tb, l3, IPv6, "traffic_class", tos)
         else:
-            tb[l3 + 1] = tos
-        tb[len(tb) - 12 + 4] = 0x40 | (tb[len(tb) - 12 + 4] & 0x3F)
+            put_field(tb, l3, IPv4, "dscp", tos >> 2)
+            put_field(tb, l3, IPv4, "ecn", 0)
+        b = len(tb) - BTH_SIZE                                     # the template ends with the BTH
+        put_field(tb, b, BTH, "fecn", 0)
+        put_field(tb, b, BTH, "becn", 1)
         return tb
 
     def _install(self, state: QPState) -> None:

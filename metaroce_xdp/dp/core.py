@@ -24,6 +24,7 @@ from .. import jitcache  # noqa: F401  (cache keyed on every module compiled cod
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from ..kern.layout import QP_STATE_DTYPE
 from ..wire.fastpath import build_frame
+from ..wire.hdr import put_aeth
 from ..wire.psn import psn_diff
 from .layout import (C_BASE, C_HEAD, C_OVERFLOW, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM, E_OPCODE, E_QP_NUM,
                      E_STATUS, E_WR_ID, G_ADDR, G_LENGTH, G_MR, NEVF, NG, NM, PSN_MASK, RK_NONE, SG_ROWS)
@@ -64,7 +65,7 @@ AETH_ACK_SYN = 0x1F          # ACK, credits invalid
 NAK_SEQ, NAK_INV_REQ, NAK_REM_ACCESS, NAK_REM_OP = 0x60, 0x61, 0x62, 0x63
 RNR_SYN = 0x20
 OP_READ_REQ, OP_RSP_FIRST, OP_RSP_MIDDLE, OP_RSP_LAST, OP_RSP_ONLY, OP_ACK = 12, 13, 14, 15, 16, 17
-OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND_LAST_INV, OP_SEND_ONLY_INV = 18, 19, 20, 22, 23
+OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_SEND_LAST_INV, OP_SEND_ONLY_INV, OP_CNP = 18, 19, 20, 22, 23, 0x81
 
 RNR_TIMER_US = np.array((655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
                          2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880,
@@ -180,12 +181,6 @@ def emit(A, Q, TM, umem, tables, qi, opcode, flags, ackreq, psn, ext, ext_len, s
 
 
 @njit(**_jit)
-def put_be(ext, off, v, nbytes):
-    for i in range(nbytes):
-        ext[off + i] = (v >> (8 * (nbytes - 1 - i))) & 0xFF
-
-
-@njit(**_jit)
 def send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn):
     """An ACKNOWLEDGE: ACK, NAK or RNR NAK (MR-ACK-001) with the QP's MSN.  False when no UMEM frame
     was free (counted in tx_no_frame): the caller keeps what it owes."""
@@ -195,8 +190,8 @@ def send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn):
 @njit(**_jit)
 def send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, syn, psn, msn):
     """send_syndrome with a given MSN (an ACK decided earlier and held behind READ responses: ack_now)."""
-    put_be(ext, 0, ((syn & 0xFF) << 24) | (msn & PSN_MASK), 4)
-    if emit(A, Q, TM, umem, tables, qi, OP_ACK, 0, 0, psn & PSN_MASK, ext, 4, 0, 0):
+    n = put_aeth(ext, 0, syn, msn)
+    if emit(A, Q, TM, umem, tables, qi, OP_ACK, 0, 0, psn & PSN_MASK, ext, n, 0, 0):
         if syn == AETH_ACK_SYN:
             A[P_TX_ACK] += 1
         elif (syn & 0x60) == RNR_SYN:
@@ -333,14 +328,6 @@ def publish_comp(A, Q, qi):
     if A[P_KS_ADDR] != 0 and Q[qi, Q_PUB_COMP] != Q[qi, Q_COMP_PSN]:
         st_rel_u32(ks_addr(A, qi) + KS_COMP_PSN, Q[qi, Q_COMP_PSN])
         Q[qi, Q_PUB_COMP] = Q[qi, Q_COMP_PSN]
-
-
-@njit(**_jit)
-def get_be(umem, off, nbytes):
-    v = np.int64(0)
-    for i in range(nbytes):
-        v = (v << 8) | np.int64(umem[off + i])
-    return v
 
 
 @njit(**_jit)

@@ -14,14 +14,15 @@ from numba import njit
 from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
-from ..wire.fastpath import segment_opcode
+from ..wire.fastpath import BTH_SE, segment_opcode
+from ..wire.hdr import put_atomiceth, put_ieth, put_immdt, put_reth
 from ..wire.psn import psn_diff
 from .layout import ACKREQ_EVERY, MR_BAD, PSN_MASK
 from .reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_SGE_LOCAL_CHECK
 from .prims import ld_acq_i64, st_rel_u32
 from .core import (F_FENCE, F_SOLICITED, KS_SND_NXT, OP_CAS, OP_FAA, OP_READ_REQ, OP_SEND_LAST_INV, OP_SEND_ONLY_INV,
                    ST_SQD, WR_CAS, WR_FAA, WR_READ, WR_SEND_IMM, WR_SEND_INV, WR_WRITE, WR_WRITE_IMM, ack_deadline,
-                   emit, ks_addr, mr_live_a, push_event, put_be, rd_atomic, sg_valid, sq_row, src_of)
+                   emit, ks_addr, mr_live_a, push_event, rd_atomic, sg_valid, sq_row, src_of)
 
 _jit = dict(cache=True, nogil=True)
 
@@ -134,14 +135,12 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
         elif op == WR_READ:
             k = SW[r, W_SENT]
             psn = (first + k) & PSN_MASK
-            put_be(ext, 0, SW[r, W_RADDR] + k * pmtu, 8)
-            put_be(ext, 8, SW[r, W_RKEY], 4)
-            put_be(ext, 12, length - k * pmtu, 4)
+            ext_len = put_reth(ext, 0, SW[r, W_RADDR] + k * pmtu, SW[r, W_RKEY], length - k * pmtu)
             if kaddr:
                 np_ = (first + npsn) & PSN_MASK
                 if psn_diff(np_, Q[qi, Q_SND_MAX]) > 0:
                     st_rel_u32(kaddr + KS_SND_NXT, np_)
-            if not emit(A, Q, TM, umem, tables, qi, OP_READ_REQ, 0, 1, psn, ext, 16, 0, 0):
+            if not emit(A, Q, TM, umem, tables, qi, OP_READ_REQ, 0, 1, psn, ext, ext_len, 0, 0):
                 break
             SW[r, W_STATUS] = k                      # where this request's response stream starts
             SW[r, W_SENT] = npsn
@@ -160,13 +159,11 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                 last = k == npsn - 1
                 ext_len = 0
                 if is_write and k == 0:
-                    put_be(ext, 0, SW[r, W_RADDR], 8)
-                    put_be(ext, 8, SW[r, W_RKEY], 4)
-                    put_be(ext, 12, length, 4)
-                    ext_len = 16
-                if last and (has_imm or op == WR_SEND_INV):
-                    put_be(ext, ext_len, SW[r, W_IMM], 4)   # ImmDt, or the IETH (the key to invalidate)
-                    ext_len += 4
+                    ext_len = put_reth(ext, 0, SW[r, W_RADDR], SW[r, W_RKEY], length)
+                if last and has_imm:
+                    ext_len = put_immdt(ext, ext_len, SW[r, W_IMM])
+                elif last and op == WR_SEND_INV:
+                    ext_len = put_ieth(ext, ext_len, SW[r, W_IMM])     # the key to invalidate
                 off = k * pmtu
                 plen = min(pmtu, length - off)
                 if plen < 0:
@@ -181,7 +178,7 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
                 opc = segment_opcode(is_write, has_imm, k, npsn)
                 if last and op == WR_SEND_INV:
                     opc = OP_SEND_ONLY_INV if npsn == 1 else OP_SEND_LAST_INV
-                if not emit(A, Q, TM, umem, tables, qi, opc, 0x80 if (last and se) else 0, ackreq, psn, ext, ext_len,
+                if not emit(A, Q, TM, umem, tables, qi, opc, BTH_SE if (last and se) else 0, ackreq, psn, ext, ext_len,
                             src_of(A, SW, r, off, plen), plen):
                     ok = False
                     break
@@ -207,19 +204,15 @@ def atomic_request(A, Q, SW, TM, umem, tables, ext, qi, r, kaddr):
     """The AtomicETH request of WQE r (one PSN, AckReq); False when no TX frame was free."""
     op = SW[r, W_OPCODE]
     psn = SW[r, W_FIRST_PSN]
-    put_be(ext, 0, SW[r, W_RADDR], 8)
-    put_be(ext, 8, SW[r, W_RKEY], 4)
     if op == WR_CAS:
-        put_be(ext, 12, SW[r, W_SWAP], 8)
-        put_be(ext, 20, SW[r, W_IMM], 8)
+        ext_len = put_atomiceth(ext, 0, SW[r, W_RADDR], SW[r, W_RKEY], SW[r, W_SWAP], SW[r, W_IMM])
     else:
-        put_be(ext, 12, SW[r, W_IMM], 8)
-        put_be(ext, 20, 0, 8)
+        ext_len = put_atomiceth(ext, 0, SW[r, W_RADDR], SW[r, W_RKEY], SW[r, W_IMM], 0)
     if kaddr:
         np_ = (psn + 1) & PSN_MASK
         if psn_diff(np_, Q[qi, Q_SND_MAX]) > 0:
             st_rel_u32(kaddr + KS_SND_NXT, np_)      # before the frame can leave
-    if not emit(A, Q, TM, umem, tables, qi, OP_CAS if op == WR_CAS else OP_FAA, 0, 1, psn, ext, 28, 0, 0):
+    if not emit(A, Q, TM, umem, tables, qi, OP_CAS if op == WR_CAS else OP_FAA, 0, 1, psn, ext, ext_len, 0, 0):
         return False
     SW[r, W_SENT] = 1
     return True

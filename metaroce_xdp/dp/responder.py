@@ -21,6 +21,8 @@ from numba import njit
 from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
+from ..wire.hdr import (BTH_SIZE, OPT, OT_IETH, OT_IMMDT, OT_PAY, OT_RETH, bth_ackreq, bth_se, ext_at, ieth_rkey,
+                        immdt_imm, put_aeth, put_atomicacketh, reth_dlen, reth_rkey, reth_va)
 from ..wire.psn import psn_diff
 from .layout import ACC_REMOTE_INV, G_ADDR, G_LENGTH, MAX_RD, NJ, PSN_MASK, RK_NONE, RK_SEND, RK_WRITE
 from .reasons import (WHY_ACCESS_OR_DMA_LENGTH, WHY_INVALIDATE_REFUSED, WHY_OPCODE_SEQUENCE, WHY_PAYLOAD_LENGTH,
@@ -29,8 +31,8 @@ from .prims import c_memcpy, ld_acq_i64
 from .core import (ACC_REMOTE_READ, ACC_REMOTE_WRITE, AETH_ACK_SYN, CQE_SOLICITED, NAK_INV_REQ, NAK_REM_ACCESS,
                    NAK_REM_OP, NAK_SEQ, OP_ATOMIC_ACK, OP_READ_REQ, OP_RSP_FIRST, OP_RSP_LAST, OP_RSP_MIDDLE,
                    OP_RSP_ONLY, OP_SEND_LAST_INV, OP_SEND_ONLY_INV, RNR_SYN, S_LOC_LEN, S_LOC_PROT, S_OK, S_REM_INV_REQ,
-                   WCF_IMM, WCF_INV, WC_RECV, WC_RECV_IMM, emit, get_be, key_row, mr_check, mr_live, mr_live_a, place,
-                   push_cqe, put_be, qp_error, send_syndrome, send_syndrome_msn, sg_rows, sg_valid)
+                   WCF_IMM, WCF_INV, WC_RECV, WC_RECV_IMM, emit, key_row, mr_check, mr_live, mr_live_a, place,
+                   push_cqe, qp_error, send_syndrome, send_syndrome_msn, sg_rows, sg_valid)
 from .cc import FRAME_TO_WIRE, rp_on_sent
 
 _jit = dict(cache=True, nogil=True)
@@ -219,20 +221,21 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     """One request packet (SEND, WRITE, READ) of QP qi; b = BTH offset, end = ICRC offset."""
     e = Q[qi, Q_EPSN]
     d = psn_diff(psn, e)
-    hdr = b + 12
+    hdr = b + BTH_SIZE
     pmtu = Q[qi, Q_PMTU]
-    ackreq = (umem[b + 8] & 0x80) != 0
+    ackreq = bth_ackreq(umem, b) != 0
     if d < 0:                                        # duplicate (MR-DUP-002): ACK again; READ re-executed
         A[P_RX_DUP] += 1
         if op == OP_READ_REQ:
             ack_now(A, Q, TM, umem, tables, ext, qi)       # the ACK owed before this READ's responses
-            va = get_be(umem, hdr, 8)
-            dlen = get_be(umem, hdr + 12, 4)
-            if not dup_read_saved(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen):
+            h = ext_at(b, op, OT_RETH)
+            va = reth_va(umem, h)
+            dlen = reth_dlen(umem, h)
+            if not dup_read_saved(A, Q, MRT, qi, psn, va, reth_rkey(umem, h), dlen):
                 A[P_RX_DUP_RD_DROP] += 1                 # MR-DUP-003: not one of resources[]: discarded
                 return
             abandon_replays(A, Q, qi, psn)
-            if push_read_job(A, Q, MRT, qi, psn, va, get_be(umem, hdr + 8, 4), dlen) < 0:
+            if push_read_job(A, Q, MRT, qi, psn, va, reth_rkey(umem, h), dlen) < 0:
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                 EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
         else:
@@ -250,7 +253,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             note_invalid(A, Q, qi, op, psn, end - pad - hdr)
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
             return
-        dlen = get_be(umem, hdr + 12, 4)
+        h = ext_at(b, op, OT_RETH)
+        dlen = reth_dlen(umem, h)
         if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
             # a READ the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
@@ -258,7 +262,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
         # it leaves before the READ's responses (MR-RC-025, MR-ACK-001)
         ack_now(A, Q, TM, umem, tables, ext, qi)
-        k = push_read_job(A, Q, MRT, qi, psn, get_be(umem, hdr, 8), get_be(umem, hdr + 8, 4), dlen)
+        k = push_read_job(A, Q, MRT, qi, psn, reth_va(umem, h), reth_rkey(umem, h), dlen)
         if k < 0:
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
@@ -281,19 +285,20 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         note_invalid(A, Q, qi, op, psn, end - pad - hdr)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
-    pay = hdr
+    pay = b + OPT[op, OT_PAY]
     va = np.int64(0)
     rkey = np.int64(0)
     dlen = np.int64(0)
     if is_write and first:
-        va = get_be(umem, pay, 8)
-        rkey = get_be(umem, pay + 8, 4)
-        dlen = get_be(umem, pay + 12, 4)
-        pay += 16
+        h = ext_at(b, op, OT_RETH)
+        va = reth_va(umem, h)
+        rkey = reth_rkey(umem, h)
+        dlen = reth_dlen(umem, h)
     imm = np.int64(0)
-    if has_imm or inv:
-        imm = get_be(umem, pay, 4)                   # ImmDt, or the IETH
-        pay += 4
+    if has_imm:
+        imm = immdt_imm(umem, ext_at(b, op, OT_IMMDT))
+    elif inv:
+        imm = ieth_rkey(umem, ext_at(b, op, OT_IETH))
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
         note_invalid(A, Q, qi, op, psn, plen)
@@ -338,7 +343,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             place(A, RW[r, R_LADDR], RW[r, R_SG], RW[r, R_NSGE], Q[qi, Q_R_TOTAL], src, plen)
         Q[qi, Q_R_TOTAL] += plen
         if lastp:
-            flags = (WCF_IMM if has_imm else 0) | (CQE_SOLICITED if umem[b + 1] & 0x80 else 0)
+            flags = (WCF_IMM if has_imm else 0) | (CQE_SOLICITED if bth_se(umem, b) else 0)
             if inv:
                 invalidate(MRT, imm, Q[qi, Q_PD])    # MR-MEM-040
                 flags |= WCF_INV
@@ -386,7 +391,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                 r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
                 Q[qi, Q_RQ_HEAD] += 1
                 push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_OK, WC_RECV_IMM, Q[qi, Q_R_TOTAL],
-                         imm, WCF_IMM | (CQE_SOLICITED if umem[b + 1] & 0x80 else 0))
+                         imm, WCF_IMM | (CQE_SOLICITED if bth_se(umem, b) else 0))
     A[P_RX_BYTES] += plen
     Q[qi, Q_NAK_PEND] = 0
     Q[qi, Q_EPSN] = (psn + 1) & PSN_MASK
@@ -427,8 +432,7 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
                 op = OP_RSP_MIDDLE
             ext_len = 0
             if op != OP_RSP_MIDDLE:
-                put_be(ext, 0, (AETH_ACK_SYN << 24) | (Q[qi, Q_MSN] & PSN_MASK), 4)
-                ext_len = 4
+                ext_len = put_aeth(ext, 0, AETH_ACK_SYN, Q[qi, Q_MSN])
             off = k * pmtu
             plen = min(pmtu, A[j + J_LENGTH] - off)
             if plen < 0:
@@ -457,9 +461,8 @@ def read_responses(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, budget):
 def atomic_ack_job(A, Q, TM, umem, tables, ext, qi, j):
     """Send the ATOMIC ACKNOWLEDGE of job j: the request's PSN, an ACK AETH with the current MSN, the
     original value (MR-ATOM-006, MR-DUP-005).  False when no TX frame was free (sent next round)."""
-    put_be(ext, 0, (AETH_ACK_SYN << 24) | (Q[qi, Q_MSN] & PSN_MASK), 4)
-    put_be(ext, 4, A[j + J_ADDR], 8)
-    return emit(A, Q, TM, umem, tables, qi, OP_ATOMIC_ACK, 0, 0, A[j + J_PSN] & PSN_MASK, ext, 12, 0, 0)
+    ext_len = put_atomicacketh(ext, put_aeth(ext, 0, AETH_ACK_SYN, Q[qi, Q_MSN]), A[j + J_ADDR])
+    return emit(A, Q, TM, umem, tables, qi, OP_ATOMIC_ACK, 0, 0, A[j + J_PSN] & PSN_MASK, ext, ext_len, 0, 0)
 
 
 @njit(**_jit)

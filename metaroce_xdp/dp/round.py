@@ -29,7 +29,8 @@ from ..congestion import WIRE_OVERHEAD
 from ..native.plane import nat_qp, nat_rx
 from ..native.plane_slot import P_NAT_OFF
 from ..native.plane_tx import nat_kern_sacks
-from ..wire.fastpath import frame_icrc_ok, peek_bth
+from ..wire.fastpath import icrc_ok_at
+from ..wire.hdr import R_UNKNOWN_OPCODE, bth_psn, parse_frame
 from ..wire.psn import psn_diff
 from .layout import NC, NE, NM, NQ, NR, NW, PSN_MASK
 from .reasons import WHY_BAD_RESPONSE, WHY_RETRY_EXHAUSTED
@@ -144,9 +145,13 @@ def timers(A, Q, SW, CQT, CE, qi, now, to_left, cut):
 
 @njit(**_jit)
 def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
-    op, qpn, boff, loff = peek_bth(umem, a, ln)
+    op, qpn, l3, b, pay, end, pad = parse_frame(umem, a, ln)     # end: the ICRC's offset
     if op < 0:
-        A[P_RX_DROP_LEN] += 1
+        # the XDP program refuses all of these before steering (mr_rx_l3, mr_rx_bth, mr_rx_headers)
+        if op == -R_UNKNOWN_OPCODE:
+            A[P_RX_DROP_OP] += 1
+        else:
+            A[P_RX_DROP_LEN] += 1                    # lengths, IP/UDP header rules, TVer, pad
         return
     qi = qpn % A[P_MAXQ]
     if Q[qi, Q_QPN] != qpn or qpn == 0:
@@ -156,21 +161,10 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
         A[P_RX_WRONG_Q] += 1                         # another queue's loop owns the QP (several RX queues)
         return
     st = Q[qi, Q_STATE]
-    b = a + boff
-    l3 = a + loff
-    if umem[l3] >> 4 == 6:
-        end = l3 + 40 + ((np.int64(umem[l3 + 4]) << 8) | umem[l3 + 5])
-    else:
-        end = l3 + ((np.int64(umem[l3 + 2]) << 8) | umem[l3 + 3])
-    if end > a + ln or end < b + 16 or (umem[b + 1] & 0x0F):
-        A[P_RX_DROP_LEN] += 1
-        return
-    if not frame_icrc_ok(tables, umem, a, ln):
+    if not icrc_ok_at(tables, umem, l3, end):
         A[P_RX_DROP_ICRC] += 1                       # MR-ICRC-013: dropped, counted
         return
-    pad = (umem[b + 1] >> 4) & 3
-    psn = (np.int64(umem[b + 9]) << 16) | (np.int64(umem[b + 10]) << 8) | umem[b + 11]
-    end -= 4                                         # the ICRC
+    psn = bth_psn(umem, b)
     if A[P_NAT_OFF] != 0 and A[A[P_NAT_OFF] + qi] > 0:
         nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, b, end, pad, l3, now)   # native/plane.py
         return

@@ -16,13 +16,18 @@ from . import layout as NL
 from ..congestion import link_rate_bps
 from ..dp.cc import ce_marked
 from ..dp.core import (ACC_REMOTE_WRITE, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, OP_ATOMIC_ACK, OP_CAS, OP_FAA,
-                       RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_LOC_PROT, activate, flush_queues, get_be,
-                       mr_check, mr_live_a, place, qp_error, sg_valid)
+                       RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_LOC_PROT, activate, flush_queues, mr_check,
+                       mr_live_a, place, qp_error, sg_valid)
 from ..dp.layout import EV_QP_FATAL, PSN_MASK
 from ..dp.prims import ld_acq_i64
 from ..dp.reasons import WHY_IMMDT_DIFFERS, WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG
 from ..dp.requester import sqd_check
 from ..verbs_types import Unsupported
+from ..wire.headers import UDP, IPv6
+from ..wire.hdr import (IP4_ADDR_SIZE, IP4_SIZE, IP6_ADDR_SIZE, IP6_SIZE, O_IP4_DST, O_IP4_SRC, O_IP6_DST,
+                        O_IP6_SRC, OPT, OT_IMMDT, OT_NETH, OT_PAY, OT_RETH, OT_RSNETH, bth_ackreq, bth_se, ext_at,
+                        immdt_imm, neth_flags, neth_msg_len, neth_msn, neth_offset, neth_tsval, put_field, reth_dlen,
+                        reth_rkey, reth_va, rsneth_rsn, udp_of, udp_sport)
 from .multipath import entropy_context, entropy_values, flow_label_key, mp_init
 from .rdpace import NRP, RP_C_PACED, RP_C_SHARED, RP_C_WAIT, RP_PEND, RP_SHARE, RP_SHARE_MIN
 from .receiver import (RSN_INVALID, RSN_NOT_READY, RX_NEW, RX_OOW, RX_SACK_NOW, rx_init, rx_on_not_ready, rx_on_packet,
@@ -85,37 +90,34 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         A[P_RX_DROP_STATE] += 1
         return
     par, rx, s, nx, sb, pt = rows(A, b)
-    h = bo + 12
+    h = bo + OPT[op, OT_PAY]                         # the payload
     is_write = op >= OP_N_WRITE
     recv = op != OP_N_WRITE
     has_imm = op == OP_N_SEND_IMM or op == OP_N_WRITE_IMM
     va = np.int64(0)
     rkey = np.int64(0)
     dlen = np.int64(-1)
-    need = 16 + (16 if is_write else 0) + (4 if recv else 0) + (4 if has_imm else 0)
-    if h + need + pad > end:
+    if h + pad > end:
         nx[X_C_BAD_LEN] += 1
         A[P_RX_DROP_LEN] += 1                        # MR-NAT-009, MR-XH-039
         return
     if is_write:
-        va = get_be(umem, h, 8)
-        rkey = get_be(umem, h + 8, 4)
-        dlen = get_be(umem, h + 12, 4)
-        h += 16
-    fl = np.int64(umem[h])
-    msn = get_be(umem, h + 1, 3)
-    off = get_be(umem, h + 4, 4)
-    mlen = get_be(umem, h + 8, 4)
-    tsval = get_be(umem, h + 12, 4)
-    h += 16
+        t = ext_at(bo, op, OT_RETH)
+        va = reth_va(umem, t)
+        rkey = reth_rkey(umem, t)
+        dlen = reth_dlen(umem, t)
+    t = ext_at(bo, op, OT_NETH)
+    fl = neth_flags(umem, t)
+    msn = neth_msn(umem, t)
+    off = neth_offset(umem, t)
+    mlen = neth_msg_len(umem, t)
+    tsval = neth_tsval(umem, t)
     rsn = np.int64(0)
     if recv:
-        rsn = get_be(umem, h + 1, 3)
-        h += 4
+        rsn = rsneth_rsn(umem, ext_at(bo, op, OT_RSNETH))
     imm = np.int64(0)
     if has_imm:
-        imm = get_be(umem, h, 4)
-        h += 4
+        imm = immdt_imm(umem, ext_at(bo, op, OT_IMMDT))
     plen = end - pad - h
     pmtu = Q[qi, Q_PMTU]
     rest = mlen - off
@@ -131,9 +133,9 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         npk = 1
     last_psn = (psn + npk - 1) & PSN_MASK
     lastp = (fl & NETH_LAST) != 0
-    ackreq = 1 if (umem[bo + 8] & 0x80) else 0
+    ackreq = 1 if bth_ackreq(umem, bo) else 0
     ce = 1 if ce_marked(umem, l3) else 0
-    sport = get_be(umem, l3 + (40 if (umem[l3] >> 4) == 6 else 20), 2)
+    sport = udp_sport(umem, udp_of(umem, l3))
     e0 = rx[NL.R_EPSN]
     d = (psn - e0) & PSN_MASK
     if nx[X_ERR_SYN] and psn == nx[X_ERR_PSN]:
@@ -208,7 +210,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
                 x = b + O_RMX + (rsn & NL.WMASK) * NRMX
                 A[x] = mlen
                 A[x + 1] = imm
-                A[x + 2] = (1 if has_imm else 0) | (2 if (umem[bo + 1] & 0x80) else 0) | (4 if is_write else 0)
+                A[x + 2] = (1 if has_imm else 0) | (2 if bth_se(umem, bo) else 0) | (4 if is_write else 0)
     else:
         nx[X_C_DUP] += 1
         A[P_RX_DUP] += 1
@@ -356,8 +358,9 @@ class NativeSlots:
         q = int(self.A[P_Q_OFF]) + qi * NQ
         o = int(self.A[q + Q_L3_OFF])
         gids = b""
-        if tm is not None:
-            gids = bytes(tm[o + 8:o + 40]) if self.A[q + Q_IPV6] else bytes(tm[o + 12:o + 20])
+        if tm is not None:                       # source then destination address
+            gids = bytes(tm[o + O_IP6_SRC:o + O_IP6_DST + IP6_ADDR_SIZE]) if self.A[q + Q_IPV6] else \
+                bytes(tm[o + O_IP4_SRC:o + O_IP4_DST + IP4_ADDR_SIZE])
         ends = entropy_context(int(self.A[q + Q_QPN]), int(self.A[q + Q_DEST_QP]), gids[:len(gids) // 2],
                                gids[len(gids) // 2:])
         secret = secrets.token_bytes(16)                                # per QP, never leaves this call
@@ -366,12 +369,10 @@ class NativeSlots:
         mp_init(pt, par, sp)
         nx[X_FL_KEY] = flow_label_key(secret, ends)                     # MR-MP-016
         if tm is not None:                       # over IPv4 too: a SACK before any request is a native packet
-            u = o + (40 if self.A[q + Q_IPV6] else 20)               # of the QP (MR-MP-001, MR-MP-003)
-            tm[u:u + 2] = (int(sp[0]) >> 8, int(sp[0]) & 0xFF)
+            u = o + (IP6_SIZE if self.A[q + Q_IPV6] else IP4_SIZE)  # of the QP (MR-MP-001, MR-MP-003)
+            put_field(tm, u, UDP, "sport", int(sp[0]))
         if tm is not None and l3 >= 0:
-            fl = flow_label.py_func(int(nx[X_FL_KEY]), int(sp[0]))
-            tm[l3 + 1] = (int(tm[l3 + 1]) & 0xF0) | (fl >> 16)
-            tm[l3 + 2:l3 + 4] = ((fl >> 8) & 0xFF, fl & 0xFF)
+            put_field(tm, l3, IPv6, "flow_label", flow_label.py_func(int(nx[X_FL_KEY]), int(sp[0])))
         self._kernel_ring(qi)
 
     def _kernel_ring(self, qi: int) -> None:

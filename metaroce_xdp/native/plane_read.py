@@ -21,12 +21,16 @@ from . import layout as NL
 from ..dp.cc import FRAME_TO_WIRE, ce_marked
 from ..dp.completer import advance, retire_answered
 from ..dp.core import (ACC_REMOTE_ATOMIC, ACC_REMOTE_READ, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, OP_ATOMIC_ACK,
-                       OP_CAS, ST_ERR, S_LOC_PROT, S_RETRY_EXC, WR_READ, emit, get_be, mr_check, mr_live, mr_live_a,
-                       place, put_be, qp_error, sg_valid, sq_row)
+                       OP_CAS, ST_ERR, S_LOC_PROT, S_RETRY_EXC, WR_READ, emit, mr_check, mr_live, mr_live_a, place,
+                       qp_error, sg_valid, sq_row)
 from ..dp.layout import EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, PSN_MASK
 from ..dp.prims import ptr_u64
 from ..dp.reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS, WHY_RETRY_EXHAUSTED
 from ..dp.requester import atomic_request
+from ..wire.hdr import (OPT, OT_AETH, OT_ATOMICACKETH, OT_ATOMICETH, OT_NETH, OT_PAY, OT_RETH, aeth_syndrome,
+                        atomicacketh_orig, atomiceth_compare, atomiceth_rkey, atomiceth_swap_add, atomiceth_va,
+                        bth_ackreq, ext_at, neth_flags, neth_msg_len, neth_msn, neth_offset, neth_tsval, put_aeth,
+                        put_atomicacketh, put_neth, put_reth, reth_dlen, reth_rkey, reth_va, udp_of, udp_sport)
 from .multipath import mp_pick, mp_pick_retx
 from .rdpace import rpace_may_send, rpace_on_sent
 from .receiver import RX_SACK_NOW, rx_on_packet, rx_on_range, rx_recorded
@@ -120,15 +124,10 @@ def nat_tx_rd(A, Q, SW, TM, umem, tables, qi, b, psn, kind, now):
         blen = min(n * pmtu, SW[r, W_LENGTH] - k0 * pmtu)
         if blen < 0:
             blen = 0
-        put_be(ext, 0, SW[r, W_RADDR] + k0 * pmtu, 8)
-        put_be(ext, 8, SW[r, W_RKEY], 4)
-        put_be(ext, 12, blen, 4)
+        h = put_reth(ext, 0, SW[r, W_RADDR] + k0 * pmtu, SW[r, W_RKEY], blen)
         fl = NETH_FIRST | NETH_LAST | (0 if kind == TK_NEW else NETH_RETX)
-        put_be(ext, 16, (fl << 24) | (A[j + 2] & PSN_MASK), 4)
-        put_be(ext, 20, 0, 4)
-        put_be(ext, 24, blen, 4)
-        put_be(ext, 28, tsval_of(now), 4)
-        if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, p0, ext, 32, 0, 0):
+        ext_len = put_neth(ext, h, fl, A[j + 2] & PSN_MASK, 0, blen, tsval_of(now))
+        if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, p0, ext, ext_len, 0, 0):
             return False
     elif not atomic_request(A, Q, SW, TM, umem, tables, ext, qi, r, 0):
         return False
@@ -265,16 +264,16 @@ def nat_on_read_resp(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, ce, now)
     the READ window (MR-CC-019): ce (its IP ECN field is CE) counts one, and the first one after the
     request or a re-request gives the RTT sample."""
     par, rx, s, nx, sb, pt = rows(A, b)
-    h = bo + 12
-    if h + 16 + pad > end:
+    pay = bo + OPT[OP_N_READ_RESP, OT_PAY]
+    if pay + pad > end:
         nx[X_C_RD_BAD] += 1
         A[P_RX_DROP_LEN] += 1
         return
-    fl = np.int64(umem[h])
-    msn = get_be(umem, h + 1, 3)
-    off = get_be(umem, h + 4, 4)
-    mlen = get_be(umem, h + 8, 4)
-    pay = h + 16
+    h = ext_at(bo, OP_N_READ_RESP, OT_NETH)
+    fl = neth_flags(umem, h)
+    msn = neth_msn(umem, h)
+    off = neth_offset(umem, h)
+    mlen = neth_msg_len(umem, h)
     plen = end - pad - pay
     e = rq_find(A, b, K_READ, msn)
     if e < 0:
@@ -349,11 +348,11 @@ def nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
     original value is placed (host order), its PSN and all before it are acknowledged, and the WQE
     completes in order."""
     par, rx, s, nx, sb, pt = rows(A, b)
-    if end - pad - (bo + 24) != 0 or pad != 0:
+    if end - pad - (bo + OPT[OP_ATOMIC_ACK, OT_PAY]) != 0 or pad != 0:
         nx[X_C_AT_ACK_BAD] += 1
         A[P_RX_DROP_LEN] += 1
         return
-    if (umem[bo + 12] >> 5) & 3 != 0:                # not an ACK syndrome
+    if (aeth_syndrome(umem, ext_at(bo, OP_ATOMIC_ACK, OT_AETH)) >> 5) & 3 != 0:     # not an ACK syndrome
         nx[X_C_AT_ACK_BAD] += 1
         return
     e = rq_find(A, b, K_ATOMIC, psn)
@@ -366,7 +365,7 @@ def nat_on_atomic_ack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, pad, now):
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
         qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, WHY_LOCAL_MR_DEREGISTERED)
         return
-    orig = get_be(umem, bo + 16, 8)
+    orig = atomicacketh_orig(umem, ext_at(bo, OP_ATOMIC_ACK, OT_ATOMICACKETH))
     ext = nat_ext(A)
     for k in range(8):                               # host (little-endian) order, MR-ATOM-008
         ext[k] = (orig >> (8 * k)) & 0xFF
@@ -407,16 +406,12 @@ def nat_rereq(A, Q, SW, TM, umem, tables, qi, b, e, upto, now):
         ln = min((k - i) * pmtu, blen - off)
         if ln < 0:
             ln = 0
-        put_be(ext, 0, va + off, 8)
-        put_be(ext, 8, SW[r, W_RKEY], 4)
-        put_be(ext, 12, ln, 4)
-        put_be(ext, 16, ((NETH_FIRST | NETH_LAST | NETH_RETX) << 24) | (A[e + RQ_MSN] & PSN_MASK), 4)
-        put_be(ext, 20, off, 4)
-        put_be(ext, 24, blen, 4)
-        put_be(ext, 28, tsval_of(now), 4)
+        h = put_reth(ext, 0, va + off, SW[r, W_RKEY], ln)
+        ext_len = put_neth(ext, h, NETH_FIRST | NETH_LAST | NETH_RETX, A[e + RQ_MSN] & PSN_MASK, off, blen,
+                           tsval_of(now))
         ep = mp_pick(pt, par, s[NL.S_SRTT], now) & (NL.PICK_PROBE - 1)
         set_entropy(Q, TM, qi, nx, pt[ep, NL.E_SPORT])
-        if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, (p + i) & PSN_MASK, ext, 32, 0, 0):
+        if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_REQ, 0, 1, (p + i) & PSN_MASK, ext, ext_len, 0, 0):
             return -1
         sent += 1
         nx[X_C_REREQ] += 1
@@ -719,14 +714,14 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
     PSN of its range (MR-OOO-003), held in a resource and executed when the cumulative PSN reaches it
     (MR-OOO-016, MR-OOO-023).  A SACK triggered by an atomic has flags.N (MR-SACK-006)."""
     par, rx, s, nx, sb, pt = rows(A, b)
-    h = bo + 12
     is_read = op == OP_N_READ_REQ
-    if end - h != (32 if is_read else 28) or pad != 0:
+    if end != bo + OPT[op, OT_PAY] or pad != 0:
         nx[X_C_BAD_LEN] += 1
         A[P_RX_DROP_LEN] += 1                        # MR-NAT-009
         return
-    va = get_be(umem, h, 8)
-    rkey = get_be(umem, h + 8, 4)
+    h = ext_at(bo, op, OT_RETH if is_read else OT_ATOMICETH)
+    va = reth_va(umem, h) if is_read else atomiceth_va(umem, h)
+    rkey = reth_rkey(umem, h) if is_read else atomiceth_rkey(umem, h)
     dlen = np.int64(8)
     msn = np.int64(0)
     off = np.int64(0)
@@ -735,23 +730,24 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
     swap = np.int64(0)
     cmp = np.int64(0)
     if is_read:
-        dlen = get_be(umem, h + 12, 4)
-        fl = np.int64(umem[h + 16])
-        msn = get_be(umem, h + 17, 3)
-        off = get_be(umem, h + 20, 4)
-        mlen = get_be(umem, h + 24, 4)
-        tsval = get_be(umem, h + 28, 4)
+        dlen = reth_dlen(umem, h)
+        t = ext_at(bo, op, OT_NETH)
+        fl = neth_flags(umem, t)
+        msn = neth_msn(umem, t)
+        off = neth_offset(umem, t)
+        mlen = neth_msg_len(umem, t)
+        tsval = neth_tsval(umem, t)
         if (fl & (NETH_FIRST | NETH_LAST)) != (NETH_FIRST | NETH_LAST):
             nx[X_C_BAD_LEN] += 1                     # MR-NAT-021, MR-XH-021
             A[P_RX_DROP_LEN] += 1
             return
     else:
-        swap = get_be(umem, h + 12, 8)
-        cmp = get_be(umem, h + 20, 8)
+        swap = atomiceth_swap_add(umem, h)
+        cmp = atomiceth_compare(umem, h)
     has_ts = 1 if is_read else 0
-    ackreq = 1 if (umem[bo + 8] & 0x80) else 0
+    ackreq = 1 if bth_ackreq(umem, bo) else 0
     ce = 1 if ce_marked(umem, l3) else 0
-    sport = get_be(umem, l3 + (40 if (umem[l3] >> 4) == 6 else 20), 2)
+    sport = udp_sport(umem, udp_of(umem, l3))
     pmtu = Q[qi, Q_PMTU]
     if rx_recorded(rx, par, psn):                    # a copy (MR-SACK-013): a re-request or a replay
         rx_on_packet(rx, par, psn, ackreq, ce, has_ts, tsval, sport, now)
@@ -852,9 +848,8 @@ def nat_rd_jobs(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
     while n < budget and nx[X_JB_HEAD] != nx[X_JB_TAIL]:
         x = b + O_JB + (nx[X_JB_HEAD] % NJB) * JB_STRIDE
         if A[x + JB_KIND] == K_ATOMIC:
-            put_be(ext, 0, (AETH_ACK_SYN << 24) | (A[x + JB_AMSN] & PSN_MASK), 4)
-            put_be(ext, 4, A[x + JB_ORIG], 8)
-            if not emit(A, Q, TM, umem, tables, qi, OP_ATOMIC_ACK, 0, 0, A[x + JB_PSN0] & PSN_MASK, ext, 12, 0, 0):
+            ext_len = put_atomicacketh(ext, put_aeth(ext, 0, AETH_ACK_SYN, A[x + JB_AMSN] & PSN_MASK), A[x + JB_ORIG])
+            if not emit(A, Q, TM, umem, tables, qi, OP_ATOMIC_ACK, 0, 0, A[x + JB_PSN0] & PSN_MASK, ext, ext_len, 0, 0):
                 return n
             n += 1
             nx[X_JB_HEAD] += 1
@@ -874,14 +869,11 @@ def nat_rd_jobs(A, Q, SW, CQT, CE, MRT, TM, umem, tables, qi, b, now, budget):
                 plen = 0
             fl = (NETH_FIRST if i == 0 else 0) | (NETH_LAST if i == npk - 1 else 0) | \
                 (NETH_RETX if A[x + JB_RETX] else 0)
-            put_be(ext, 0, (fl << 24) | (A[x + JB_MSN] & PSN_MASK), 4)
-            put_be(ext, 4, off, 4)
-            put_be(ext, 8, ln, 4)
-            put_be(ext, 12, tsval_of(now), 4)
+            ext_len = put_neth(ext, 0, fl, A[x + JB_MSN] & PSN_MASK, off, ln, tsval_of(now))
             if not rpace_may_send(rp, rate, now):       # MR-CC-021: this QP's share of the link
                 return n
             tb0 = A[P_TX_BYTES]
-            if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_RESP, 0, 0, (A[x + JB_PSN0] + i) & PSN_MASK, ext, 16,
+            if not emit(A, Q, TM, umem, tables, qi, OP_N_READ_RESP, 0, 0, (A[x + JB_PSN0] + i) & PSN_MASK, ext, ext_len,
                         A[x + JB_VA] + off, plen):
                 return n
             rpace_on_sent(rp, rate, A[pw + PW_NPEND], A[P_TX_BYTES] - tb0 + FRAME_TO_WIRE, par[NL.P_MAX_BURST], now)

@@ -34,10 +34,13 @@ from .. import jitcache  # noqa: F401  (cache keyed on every module compiled cod
 from ..dp.layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from . import layout as NL
 from ..dp.core import (CQE_SOLICITED, S_LOC_LEN, S_LOC_PROT, S_OK, WCF_IMM, WC_RECV, WC_RECV_IMM, comm_est, emit,
-                       push_cqe, put_be, qp_error)
+                       push_cqe, qp_error)
 from ..dp.layout import EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, N_P, PSN_MASK
 from ..dp.prims import add_i64, ld_acq_i64, ptr_u8
 from ..dp.reasons import WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG
+from ..wire.hdr import (IP4_SIZE, IP6_SIZE, put_aeth, put_ip6_flow_label, put_sacketh, put_sacketh_word,
+                        put_udp_sport, sacketh_end)
+from ..wire.headers import NETH_FIRST, NETH_LAST, NETH_RETX  # noqa: F401  (the other parts import them from here)
 from .rdpace import NRP, rpace_pending
 from .receiver import rx_build_sack, rx_recv_completions
 from .sender import TK_NEW
@@ -51,7 +54,6 @@ P_NAT_EXT = N_P - 2          # raw address of the 512-byte header scratch (SACK 
 NSLOT = 16                   # native QPs per port
 EXT_BYTES = 512
 OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE, OP_N_WRITE_IMM, OP_N_READ_REQ, OP_N_READ_RESP, OP_N_SACK = range(0xC0, 0xC7)
-NETH_FIRST, NETH_LAST, NETH_RETX = 0x80, 0x40, 0x20
 NX_FIELDS = """msn_next rsn_next cur_msn cur_rsn r_msn sack_owed c_tx c_retx c_rto c_tlp c_sack_tx c_sack_rx
                c_sack_bad c_ooo c_dup c_oow c_notready c_rsn_inv c_bad_len c_placed c_rx_bytes
                rd_prog jb_head jb_tail rs_next rs_held c_rd_req c_rd_resp_rx c_rd_resp_dup c_rd_bad c_rereq
@@ -270,9 +272,7 @@ def nat_ext(A):
 @njit(**_jit)
 def set_sport(Q, TM, qi, sport):
     """The UDP source port of the QP's next frame (per-packet entropy, MR-MP-004): the template's."""
-    u = Q[qi, Q_L3_OFF] + (40 if Q[qi, Q_IPV6] else 20)
-    TM[qi, u] = (sport >> 8) & 0xFF
-    TM[qi, u + 1] = sport & 0xFF
+    put_udp_sport(TM[qi], Q[qi, Q_L3_OFF] + (IP6_SIZE if Q[qi, Q_IPV6] else IP4_SIZE), sport)
 
 
 @njit(**_jit)
@@ -303,11 +303,7 @@ def set_entropy(Q, TM, qi, nx, sport):
     IPv6, its flow label (MR-MP-016), kept in the template so a SACK carries the pair too."""
     set_sport(Q, TM, qi, sport)
     if Q[qi, Q_IPV6]:
-        o = Q[qi, Q_L3_OFF]
-        fl = flow_label(nx[X_FL_KEY], sport)
-        TM[qi, o + 1] = (TM[qi, o + 1] & 0xF0) | (fl >> 16)
-        TM[qi, o + 2] = (fl >> 8) & 0xFF
-        TM[qi, o + 3] = fl & 0xFF
+        put_ip6_flow_label(TM[qi], Q[qi, Q_L3_OFF], flow_label(nx[X_FL_KEY], sport))
 
 
 @njit(**_jit)
@@ -332,16 +328,11 @@ def nat_send_sack(A, Q, TM, umem, tables, qi, b, syn, psn):
     else:
         psn = hdr[0]
     ext = nat_ext(A)
-    put_be(ext, 0, ((syn & 0xFF) << 24) | (Q[qi, Q_MSN] & PSN_MASK), 4)
-    put_be(ext, 4, hdr[2], 4)
-    put_be(ext, 8, hdr[3], 2)
-    put_be(ext, 10, hdr[4], 2)
-    put_be(ext, 12, hdr[5], 2)
-    ext[14] = nw
-    ext[15] = hdr[6]
+    sk = put_aeth(ext, 0, syn, Q[qi, Q_MSN])
+    put_sacketh(ext, sk, hdr[2], hdr[3], hdr[4], hdr[5], nw, hdr[6])
     for i in range(nw):
-        put_be(ext, 16 + 4 * i, words[i], 4)
-    if emit(A, Q, TM, umem, tables, qi, OP_N_SACK, 0, 0, psn & PSN_MASK, ext, 16 + 4 * nw, 0, 0):
+        put_sacketh_word(ext, sk, i, words[i])
+    if emit(A, Q, TM, umem, tables, qi, OP_N_SACK, 0, 0, psn & PSN_MASK, ext, sacketh_end(ext, sk), 0, 0):
         nx[X_C_SACK_TX] += 1
         nx[X_SACK_OWED] = 0
         return True

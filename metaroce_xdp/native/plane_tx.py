@@ -13,7 +13,6 @@ METAROCE_XDP_SACKS=0).
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import carray, njit
 from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
 
@@ -21,19 +20,24 @@ from ..dp.layout import *  # noqa: F401,F403  (column numbers are compile-time c
 from . import layout as NL
 from ..dp.completer import advance, nak_error_due
 from ..dp.core import (F_FENCE, F_SOLICITED, ST_RTS, ST_SQD, ST_SQE, S_RETRY_EXC, S_RNR_EXC, WR_CAS, WR_FAA, WR_READ,
-                       WR_SEND, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, activate, emit, get_be, mr_live_a, put_be,
-                       qp_error, rd_atomic, sg_valid, sq_row, src_of)
+                       WR_SEND, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, activate, emit, mr_live_a, qp_error, rd_atomic,
+                       sg_valid, sq_row, src_of)
 from ..dp.layout import EV_QP_FATAL, PSN_MASK, PSN_NONE
 from ..dp.prims import ld_acq_i64, ld_acq_u32, ld_acq_u64, ptr_u8, st_rel_u32, st_rel_u64
 from ..dp.reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED, WHY_SGE_LOCAL_CHECK
 from ..kern.layout import MR_SACK_RING_LEN, SACK_REC_DTYPE, SACK_RING_DTYPE
+from ..wire.fastpath import BTH_SE
+from ..wire.hdr import (OPT, OT_AETH, OT_PAY, OT_SACKETH, aeth_syndrome, bth_psn, ext_at, put_immdt, put_neth, put_reth,
+                        put_rsneth, sacketh_ce_count, sacketh_credit, sacketh_echo_sport, sacketh_end, sacketh_flags,
+                        sacketh_tsecr, sacketh_word, sacketh_words)
+from ..wire.headers import SACK_MAX_WORDS
 from .multipath import mp_pick, mp_pick_retx
 from .sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tsval_of, tx_can_send,
                      tx_next_deadline, tx_next_lost, tx_on_rnr_nak, tx_on_sack, tx_on_timer, tx_on_transmit)
-from .plane_slot import (NETH_FIRST, NETH_LAST, NETH_RETX, NSBX, OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE, OP_N_WRITE_IMM,
-                         O_SBX, O_WD, P_NAT_OFF, X_CUR_MSN, X_CUR_RSN, X_C_RTO, X_C_SACK_BAD, X_C_SACK_NAK_SEQ,
-                         X_C_SACK_RX, X_C_TLP, X_MSN_NEXT, X_RSN_NEXT, _jit, count_tx, nat_ext, nat_slot, rows,
-                         set_entropy, slot_base)
+from .plane_slot import (NETH_FIRST, NETH_LAST, NETH_RETX, NSBX, OP_N_SACK, OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE,
+                         OP_N_WRITE_IMM, O_SBX, O_WD, P_NAT_OFF, X_CUR_MSN, X_CUR_RSN, X_C_RTO, X_C_SACK_BAD,
+                         X_C_SACK_NAK_SEQ, X_C_SACK_RX, X_C_TLP, X_MSN_NEXT, X_RSN_NEXT, _jit, count_tx, nat_ext,
+                         nat_slot, rows, set_entropy, slot_base)
 from .plane_read import nat_rd_issue, nat_tx_rd
 
 _jit = dict(cache=True, nogil=True)
@@ -52,7 +56,7 @@ SREC_QPN = SACK_REC_DTYPE.fields["qpn"][1]
 SREC_LEN = SACK_REC_DTYPE.fields["len"][1]
 SREC_RAW = SACK_REC_DTYPE.fields["raw"][1]
 SR_MASK = MR_SACK_RING_LEN - 1
-SACK_MIN = 12 + 4 + 12                       # BTH, AETH, SACKETH
+SACK_MIN = int(OPT[OP_N_SACK, OT_PAY])       # BTH, AETH, SACKETH without bitmap words
 
 
 @njit(**_jit)
@@ -89,24 +93,15 @@ def nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, psn, kind, ackreq, now):
     is_write = op == WR_WRITE or op == WR_WRITE_IMM
     has_imm = op == WR_WRITE_IMM or op == WR_SEND_IMM
     if is_write:                                     # MR-NAT-019: the same RETH in every packet
-        put_be(ext, 0, SW[r, W_RADDR], 8)
-        put_be(ext, 8, SW[r, W_RKEY], 4)
-        put_be(ext, 12, length, 4)
-        n = 16
+        n = put_reth(ext, 0, SW[r, W_RADDR], SW[r, W_RKEY], length)
     fl = (NETH_FIRST if k == 0 else 0) | (NETH_LAST if last else 0) | (0 if kind == TK_NEW else NETH_RETX)
-    put_be(ext, n, (fl << 24) | (A[j + 2] & PSN_MASK), 4)
-    put_be(ext, n + 4, off, 4)
-    put_be(ext, n + 8, length, 4)
-    put_be(ext, n + 12, tsval_of(now), 4)
-    n += 16
+    n = put_neth(ext, n, fl, A[j + 2] & PSN_MASK, off, length, tsval_of(now))
     if op != WR_WRITE:                               # RSNETH (MR-NAT-025, MR-XH-037)
-        put_be(ext, n, A[j + 3] & PSN_MASK, 4)
-        n += 4
+        n = put_rsneth(ext, n, A[j + 3] & PSN_MASK)
     if has_imm:                                      # MR-NAT-020: ImmDt in every packet
-        put_be(ext, n, SW[r, W_IMM], 4)
-        n += 4
+        n = put_immdt(ext, n, SW[r, W_IMM])
     opc = (OP_N_WRITE_IMM if has_imm else OP_N_WRITE) if is_write else (OP_N_SEND_IMM if has_imm else OP_N_SEND)
-    se = 0x80 if (last and op != WR_WRITE and (SW[r, W_FLAGS] & F_SOLICITED) != 0) else 0
+    se = BTH_SE if (last and op != WR_WRITE and (SW[r, W_FLAGS] & F_SOLICITED) != 0) else 0
     if not emit(A, Q, TM, umem, tables, qi, opc, se, ackreq, psn, ext, n, src_of(A, SW, r, off, plen), plen):
         return False
     tx_on_transmit(s, sb, par, psn, e, kind, now)
@@ -249,26 +244,26 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
     MR-SACK-038), RNR NAK-type to tx_on_rnr_nak, error NAKs fail the WQE holding the PSN once the
     WQEs before it completed; then WQEs wholly before snd_una complete in order (MR-SACK-026)."""
     par, rx, s, nx, sb, pt = rows(A, b)
-    h = bo + 12
-    syn = np.int64(umem[h]) & 0x7F                   # MR-SACK-038: bit 7 of every syndrome is ignored
-    k = h + 4
-    if k + 12 > end:
+    syn = aeth_syndrome(umem, ext_at(bo, OP_N_SACK, OT_AETH)) & 0x7F   # MR-SACK-038: bit 7 is ignored
+    k = ext_at(bo, OP_N_SACK, OT_SACKETH)
+    # a SACK from the kernel's ring (nat_kern_sacks) was not through parse_frame: its length is checked here
+    if bo + SACK_MIN > end:
         nx[X_C_SACK_BAD] += 1
         A[P_RX_DROP_LEN] += 1
         return
-    tsecr = get_be(umem, k, 4)
-    credit = get_be(umem, k + 4, 2)
-    ce_count = get_be(umem, k + 6, 2)
-    sport = get_be(umem, k + 8, 2)
-    nw = np.int64(umem[k + 10])
-    flags = np.int64(umem[k + 11])
-    if nw > 32 or k + 12 + 4 * nw != end:            # MR-SACK-005, MR-NAT-009
+    tsecr = sacketh_tsecr(umem, k)
+    credit = sacketh_credit(umem, k)
+    ce_count = sacketh_ce_count(umem, k)
+    sport = sacketh_echo_sport(umem, k)
+    nw = sacketh_words(umem, k)
+    flags = sacketh_flags(umem, k)
+    if nw > SACK_MAX_WORDS or sacketh_end(umem, k) != end:     # MR-SACK-005, MR-NAT-009
         nx[X_C_SACK_BAD] += 1
         A[P_RX_DROP_LEN] += 1
         return
     words = A[b + O_WD:b + O_WD + 32]
     for i in range(nw):
-        words[i] = get_be(umem, k + 12 + 4 * i, 4)
+        words[i] = sacketh_word(umem, k, i)
     nx[X_C_SACK_RX] += 1
     typ = (syn >> 5) & 3
     if typ == 0:
@@ -345,7 +340,7 @@ def nat_kern_sacks(A, Q, SW, CQT, CE, now):
                 st_rel_u64(r + SR_DISCARDED, ld_acq_u64(r + SR_DISCARDED) + 1)
             else:
                 raw = carray(ptr_u8(e + SREC_RAW), (ln,))
-                psn = (np.int64(raw[9]) << 16) | (np.int64(raw[10]) << 8) | raw[11]
+                psn = bth_psn(raw, 0)                # the record starts with the BTH
                 nat_on_sack(A, Q, SW, CQT, CE, raw, qi, slot_base(A, sl), psn, 0, ln, now)
                 activate(A, Q, qi)
                 A[P_RX_SACK_KERN] += 1

@@ -24,7 +24,7 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 from .errors import DecodeReason
 from .headers import (AETH, BTH, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, EXT_ORDER, ICRC_SIZE, IETH,
                       IPPROTO_UDP, NETH, RETH, ROCE_UDP_PORT, RSNETH, SACK_MAX_WORDS, SACKETH, UDP, AtomicAckETH,
-                      AtomicETH, Ethernet, ImmDt, IPv4, IPv6, Vlan)
+                      AtomicETH, CNPPad, Ethernet, ImmDt, IPv4, IPv6, Vlan)
 from .opcodes import OPCODES, OpMask
 
 _jit = dict(cache=True, nogil=True)
@@ -66,6 +66,19 @@ O_IP6_SRC = _bits(IPv6, "src")[0] // 8           # the addresses (the UDP checks
 O_UDP_LEN = _field(UDP, "length")[0]
 O_UDP_CSUM = _field(UDP, "checksum")[0]
 O_BTH_FECN = _field(BTH, "fecn")[0]              # byte 4: FECN, BECN, Resv6 (ICRC-masked)
+O_IP4_SRC, O_IP4_DST = _bits(IPv4, "src")[0] // 8, _bits(IPv4, "dst")[0] // 8
+O_IP6_DST = _bits(IPv6, "dst")[0] // 8
+IP4_ADDR_SIZE, IP6_ADDR_SIZE = _bits(IPv4, "src")[1] // 8, _bits(IPv6, "src")[1] // 8
+
+
+def put_field(buf, off, cls, name: str, v: int) -> None:
+    """Python side (templates built outside compiled code): write field `name` of header class `cls`
+    (headers.py) whose header starts at buf[off], leaving the other bits of its bytes as they are."""
+    byte, nbytes, shift, mask, _ = _field(cls, name)
+    lo = off + byte
+    cur = int.from_bytes(bytes(buf[lo:lo + nbytes]), "big")
+    cur = (cur & ~(mask << shift)) | ((int(v) & mask) << shift)
+    buf[lo:lo + nbytes] = np.frombuffer(cur.to_bytes(nbytes, "big"), np.uint8)
 
 # ---- why a frame is refused: DecodeReason as plain ints (parse_frame returns minus one of them) -------
 R_TRUNCATED_ETH = int(DecodeReason.TRUNCATED_ETH)
@@ -158,6 +171,7 @@ _IP4_IHL, _IP4_ECN, _IP4_LEN = _field(IPv4, "ihl"), _field(IPv4, "ecn"), _field(
 _IP4_FLAGS, _IP4_FRAG, _IP4_PROTO = _field(IPv4, "flags"), _field(IPv4, "frag_offset"), _field(IPv4, "protocol")
 _IP4_CSUM = _field(IPv4, "checksum")
 _IP6_TC, _IP6_PLEN, _IP6_NH = _field(IPv6, "traffic_class"), _field(IPv6, "payload_length"), _field(IPv6, "next_header")
+_IP6_FLOW = _field(IPv6, "flow_label")
 _UDP_SPORT, _UDP_DPORT = _field(UDP, "sport"), _field(UDP, "dport")
 _UDP_LEN, _UDP_CSUM = _field(UDP, "length"), _field(UDP, "checksum")
 
@@ -303,6 +317,18 @@ def put_udp_len(buf, u, n):
 
 
 @njit(**_jit)
+def put_udp_sport(buf, u, p):
+    """Write the UDP source port, 16 bits."""
+    _put(buf, u, _UDP_SPORT, p)
+
+
+@njit(**_jit)
+def put_ip6_flow_label(buf, l3, fl):
+    """Write the IPv6 Flow Label (the path entropy of the native profile over IPv6), 20 bits."""
+    _put(buf, l3, _IP6_FLOW, fl)
+
+
+@njit(**_jit)
 def put_udp_csum(buf, u, c):
     """Write the UDP checksum, 16 bits."""
     _put(buf, u, _UDP_CSUM, c)
@@ -407,7 +433,7 @@ _SK_TSECR, _SK_CREDIT, _SK_CE, _SK_SPORT, _SK_WORDS, _SK_FLAGS = (
     _field(SACKETH, n) for n in ("tsecr", "credit", "ce_count", "echo_sport", "bitmap_words", "flags"))
 RETH_SIZE, AETH_SIZE, ATOMICETH_SIZE, ATOMICACKETH_SIZE = RETH.SIZE, AETH.SIZE, AtomicETH.SIZE, AtomicAckETH.SIZE
 IMMDT_SIZE, IETH_SIZE, NETH_SIZE = ImmDt.SIZE, IETH.SIZE, NETH.SIZE
-RSNETH_SIZE, SACKETH_SIZE = RSNETH.SIZE, SACKETH.SIZE
+RSNETH_SIZE, SACKETH_SIZE, CNP_SIZE = RSNETH.SIZE, SACKETH.SIZE, CNPPad.SIZE
 SACK_WORD = 4                                     # bytes of one SACK bitmap word
 
 
@@ -652,6 +678,20 @@ def put_sacketh(buf, h, tsecr, credit, ce_count, echo_sport, words, flags):
 def put_sacketh_word(buf, h, i, w):
     """Write word i of the bitmap after the SACKETH at buf[h], 32 bits."""
     put_be(buf, h + SACKETH_SIZE + SACK_WORD * i, w, SACK_WORD)
+
+
+@njit(**_jit)
+def sacketh_end(buf, h):
+    """Offset after the SACKETH at buf[h] and the bitmap words its Bitmap Words field counts."""
+    return h + SACKETH_SIZE + SACK_WORD * sacketh_words(buf, h)
+
+
+@njit(**_jit)
+def put_cnp(buf, h):
+    """Write the 16 reserved bytes of a CNP after its BTH, zero (MR-XH-016); returns the offset after them."""
+    for i in range(CNP_SIZE):
+        buf[h + i] = 0
+    return h + CNP_SIZE
 
 
 # ---- the ICRC field -----------------------------------------------------------------------------------
