@@ -32,29 +32,35 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np  # noqa: E402
 
+import players  # noqa: E402
 from metaroce_xdp.daemon import client  # noqa: E402
-from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, RecvWR, SendWR,  # noqa: E402
-                                      VerbsError, WCStatus, WROpcode)
+from metaroce_xdp.verbs_types import (SGE, Access, QPCap, QPState, RecvWR, SendWR, VerbsError,  # noqa: E402
+                                      WCStatus, WROpcode)
 
 OPS = {"write": WROpcode.RDMA_WRITE, "write_imm": WROpcode.RDMA_WRITE_WITH_IMM, "send": WROpcode.SEND,
        "send_imm": WROpcode.SEND_WITH_IMM, "read": WROpcode.RDMA_READ}
 
 
-class Player:
+class Player(players.Player):
+    """A metaroced client's resources (tests/players.py), driven by JSON commands: each public method is one
+    (its keyword arguments the command's fields, its dict the answer).  `connect` here is the connection
+    set-up through the daemon (spec 06), not players.Player's RTS towards a peer in the same process."""
+
+    ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+    CAP = QPCap(max_send_wr=64, max_recv_wr=64)
+    DEPTH = 256
+
     def __init__(self, sock: str, ifname: str) -> None:
-        self.ctx = client.connect(sock, ifname)
+        super().__init__(client.connect(sock, ifname))
         self.conn = None
         self.lst = None
         self.peer = {}
 
-    def setup(self, size: int, seed: int, depth: int = 256) -> dict:
-        ctx = self.ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = ctx.alloc_buf(size)
-        self.buf[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
-        self.cq = ctx.create_cq(depth)
-        self.qp = ctx.create_qp(self.pd, self.cq, self.cq, QPCap(max_send_wr=64, max_recv_wr=64))
+    def alloc(self, size: int) -> np.ndarray:
+        return self.ctx.alloc_buf(size)
+
+    def setup(self, size: int, seed: int, depth: int | None = None) -> dict:
+        self.resources(size, access=self.ACCESS, cq_depth=depth or self.DEPTH, seed=seed, qp=True, cap=self.CAP)
         return {"qpn": self.qp.qp_num, "va": self.mr.addr, "rkey": self.mr.rkey, "lkey": self.mr.lkey,
                 "pid": os.getpid()}
 
@@ -65,15 +71,16 @@ class Player:
         self.lst = self.ctx.listen(port)
         return {}
 
-    def accept(self, timeout: float = 30) -> dict:
-        self.conn = self.lst.accept(self.qp, self._private(), timeout=timeout)
-        self.peer = self.conn.private
-        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name}
+    def accept(self, timeout: float = 30, profile: str = "compat") -> dict:
+        return self._connected(self.lst.accept(self.qp, self._private(), timeout=timeout, profile=profile))
 
-    def connect(self, host: str, port: int) -> dict:
-        self.conn = self.ctx.connect_qp(self.qp, host, port, self._private())
-        self.peer = self.conn.private
-        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name}
+    def connect(self, host: str, port: int, profile: str = "compat") -> dict:
+        return self._connected(self.ctx.connect_qp(self.qp, host, port, self._private(), profile=profile))
+
+    def _connected(self, conn) -> dict:
+        self.conn = conn
+        self.peer = conn.private
+        return {"peer": conn.peer, "caps": int(conn.caps), "state": self.qp.state.name}
 
     def _wr(self, o: dict, wr_id: int):
         if o["op"] == "recv":
@@ -183,9 +190,7 @@ class Player:
     def many_connect(self, qpns: list[int], ip: str, va: int, rkey: int, timeout: int = 18) -> dict:
         self.mpeer = (va, rkey)
         for q, dest in zip(self.mqps, qpns, strict=True):
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=dest, rq_psn=0, path_mtu=1024, dgid=ip))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=timeout, retry_cnt=7, rnr_retry=7))
+            players.to_rts(q, dest, ip, access=Access.REMOTE_WRITE, rq_psn=0, sq_psn=0, timeout=timeout)
         return {"rts": sum(q.state == QPState.RTS for q in self.mqps)}
 
     def many_write(self, size: int, rounds: int = 1, timeout: float = 60) -> dict:

@@ -45,17 +45,9 @@ class Native(ScriptedQP):
         self.drain()
 
     def rounds(self, until=None, n=400) -> list:
-        """Progress rounds until nothing more comes for 25 rounds (or until(frames) holds); the frames."""
-        out, quiet = [], 0
-        for _ in range(n):
-            self.ctx.progress()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if quiet >= 25 or (until is not None and until(out)):
-                break
-        return out
+        """Progress rounds (n at most) until nothing more comes for 25 rounds (or until(frames) holds); the
+        frames."""
+        return super().rounds(until=until, limit=n)
 
     def sack(self, syndrome, psn, nw=0, words=()) -> None:
         """A NATIVE_SACK from the scripted peer: syndrome (0x1F ACK-type, 0x61..0x63 error NAKs), BTH.PSN psn."""
@@ -67,9 +59,6 @@ class Native(ScriptedQP):
                               sack_bitmap=list(words)))
         time.sleep(self.settle)
 
-    def close(self) -> None:
-        if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-            self.ctx.destroy_qp(self.qp)
 
 
 @pytest.fixture

@@ -404,18 +404,8 @@ class Native(ScriptedQP):
         self.drain()
 
     def rounds(self, until=None) -> list:
-        """Rounds until nothing more comes (or until(frames) holds), bounded; the QP's frames meanwhile."""
-        out = []
-        quiet = 0
-        for _ in range(400):
-            self.ctx.progress()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if (until is not None and until(out)) or (until is None and quiet >= 25):
-                break
-        return out
+        """Rounds until nothing more comes (or, given, until until(frames) holds), bounded; the frames."""
+        return super().rounds(until=until, quiet_after=25 if until is None else None)
 
     def raw(self, frames) -> None:
         """Frames built elsewhere (scapy) onto the wire, then `settle` for them to cross."""
@@ -445,9 +435,6 @@ class Native(ScriptedQP):
     def drops(self) -> dict:
         return self.ctx.loader.drops()
 
-    def close(self) -> None:
-        if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-            self.ctx.destroy_qp(self.qp)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ off the wire in the order it left: opcode, PSN, AETH syndrome and the ACKs' MSN,
 from __future__ import annotations
 
 import contextlib
-import time
 
 import pytest
 
@@ -51,34 +50,8 @@ class Responder(ScriptedQP):
         topo, pair, self.sock = wire
         super().__init__(engine, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=16, mtu=MTU,
                          min_rnr_timer=4)
-        self.budget = budget
-        self._budget0 = self._set_budget(budget)
+        self.budget(budget)
         self.drain()
-
-    def _set_budget(self, n: int) -> int:
-        """The plane's per-round packet budget set to n; the old one returned."""
-        from metaroce_xdp.dp import layout as L
-        old = int(self.ctx.plane.A[L.P_BUDGET])
-        self.ctx.plane.A[L.P_BUDGET] = n
-        return old
-
-    def close(self) -> None:
-        self._set_budget(self._budget0)
-        self.ctx.destroy_qp(self.qp)
-
-    def rounds(self, n: int | None = None) -> list:
-        """n rounds (or rounds until nothing more comes, bounded); what was sent meanwhile."""
-        out = []
-        quiet = 0
-        for _ in range(n if n is not None else 400):
-            self.round()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if n is None and quiet >= 25:
-                break
-        return out
 
 
 @contextlib.contextmanager

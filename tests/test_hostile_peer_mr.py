@@ -59,32 +59,13 @@ class Responder(ScriptedQP):
     def __init__(self, wire, budget: int | None = None, **rtr) -> None:
         topo, pair, self.sock, ctx = wire
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=EPSN, sq_psn=0x100, rd_atomic=16, mtu=MTU, **rtr)
-        from metaroce_xdp.dp import layout as L
-        self._L = L
-        self._budget0 = int(ctx.plane.A[L.P_BUDGET])
         if budget is not None:
-            ctx.plane.A[L.P_BUDGET] = budget
+            self.budget(budget)
         self.drain()
-
-    def rounds(self, n: int | None = None) -> list:
-        out, quiet = [], 0
-        for _ in range(n if n is not None else 400):
-            self.round()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if n is None and quiet >= 25:
-                break
-        return out
 
     def exchange(self, frames) -> list:
         self.send(frames)
         return self.rounds()
-
-    def close(self) -> None:
-        self.ctx.plane.A[self._L.P_BUDGET] = self._budget0
-        self.ctx.destroy_qp(self.qp)
 
 
 def naks(pkts) -> list[tuple[int, int]]:
