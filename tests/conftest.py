@@ -147,6 +147,17 @@ def make_fabric():
             f.close()
 
 
+# `wire`: one QP's side facing a scripted peer per test module (tests/wire_players.py scripted_dp_wire): (topology,
+# veth pair, the script's raw socket on mr1, the compiled-plane Context on mr0); the module's fabric mark's prefix
+# names its namespaces.
+@pytest.fixture(scope="module")
+def wire(request):
+    from wire_players import scripted_dp_wire
+    _, kw = _fabric_args(request)
+    with scripted_dp_wire(kw.get("prefix", "mrw")) as w:
+        yield w
+
+
 # Loop pairs on the compiled plane (tests/dp_players.py): one switched Fabric per test module (its `fabric` mark's
 # options), a fresh pair of connected QPs per call, torn down after each test.
 @pytest.fixture(scope="module")

@@ -17,23 +17,15 @@ import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
 from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
-from wire_players import ScriptedQP, scripted_dp_wire
+from wire_players import ScriptedQP
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrnak")]
 
 PEER_QPN = 0x778            # the scripted requester's QP: exists nowhere
 MTU = 1024
 EPSN = 100                  # the responder's initial ePSN
 FIRST, LAST = 0x80, 0x40
 SYN_INV_REQ, SYN_REM_ACCESS = 0x61, 0x62
-
-
-@pytest.fixture(scope="module")
-def wire():
-    """Namespace 0: the responder's interface mr0 and its compiled-plane Context; namespace 1: the script's
-    raw socket on mr1."""
-    with scripted_dp_wire("mrnak") as w:
-        yield w
 
 
 class Responder(ScriptedQP):

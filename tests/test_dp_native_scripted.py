@@ -16,21 +16,15 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, SACKETH, Op, encode
-from wire_players import ScriptedQP, scripted_dp_wire
+from wire_players import ScriptedQP
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrscr")]
 
 PEER_QPN = 0x779            # the scripted peer's QP: exists nowhere
 MTU = 1024
 SQ_PSN = 0x200              # the requester's first PSN
 EPSN = 100                  # the responder's initial ePSN
 FLAG_N = 0x40
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrscr") as w:
-        yield w
 
 
 class Native(ScriptedQP):

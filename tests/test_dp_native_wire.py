@@ -32,9 +32,9 @@ from scapy.packet import Raw
 from dp_players import collect, connected
 from metaroce_xdp.verbs_types import SGE, QPState, RecvWR, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, RSNETH, SACKETH, MalformedPacket, Op, decode, encode
-from wire_players import PortTap, ScriptedQP, is_roce_v4, scripted_dp_wire
+from wire_players import PortTap, ScriptedQP, is_roce_v4
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrnw")]
 
 MASK = 0xFFFFFF
 PMTU = 1024
@@ -369,13 +369,6 @@ def test_retransmissions_repeat_the_original_mr_sack_024(capture):
 PEER_QPN = 0x779                        # the script's QP: exists nowhere
 EPSN = 200                              # the QP under test's ePSN (the script's first request PSN)
 SQ_PSN = 0x700                          # the QP under test's first request PSN
-
-
-@pytest.fixture(scope="module")
-def wire():
-    """Namespace 0: the interface mr0 and its compiled-plane Context; namespace 1: the script's raw socket."""
-    with scripted_dp_wire("mrnw") as w:
-        yield w
 
 
 class Native(ScriptedQP):

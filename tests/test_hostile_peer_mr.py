@@ -37,20 +37,14 @@ from metaroce_xdp.wire import NETH, RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wire_players import FULL, ScriptedQP, scripted_dp_wire, scripted_wire  # noqa: E402
+from wire_players import FULL, ScriptedQP, scripted_wire  # noqa: E402
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrhmr")]
 
 PEER_QPN = 0x779            # the scripted requester's QPs: exist nowhere
 MTU = 1024
 EPSN = 100
 NAK_REM_ACCESS = 0x62       # AETH: NAK, code 2 (MR-NAK-007)
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrhmr") as w:
-        yield w
 
 
 class Responder(ScriptedQP):
