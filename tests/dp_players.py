@@ -13,7 +13,7 @@ from metaroce_xdp.verbs_types import Access
 from players import FULL, Player, run_until, to_rts, wait_wcs
 
 __all__ = ["FULL", "Side", "FreshSide", "Fabric", "Faults", "LoopPlayer", "LoopPairs", "collect", "connected",
-           "run_until", "to_rts", "wait_wcs"]
+           "make_switched", "run_until", "to_rts", "wait_wcs"]
 
 
 class Side(Player):
@@ -174,6 +174,12 @@ class Fabric:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def make_switched(**kw):
+    """(topology, A's Side, B's Side) of a switched Fabric(**kw), closed by the caller: tools/native_loss_bench.py."""
+    f = Fabric("switched", **kw)
+    return f.topo, f.a, f.b
 
 
 def connected(a: Side, b: Side, seeds=(1, 2), drain: bool = False, **kw):
