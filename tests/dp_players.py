@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from metaroce_xdp.dp import Context
 from metaroce_xdp.verbs_types import Access
@@ -89,6 +90,7 @@ class Fabric:
          with `hosts` - 2 more hosts on it (namespace topo[3 + i], mr<2 + i>, 10.77.0.<3 + i>, port sw<C + i>);
     "routed": routed_hosts -- A (10.78.0.1) and B in two subnets behind `routers` IP routers; `routed` is the
          RoutedHosts.
+    `ifaces`: A's, B's (and further hosts') interface, each with its ns, ifname and ipv4.
     addr6: IPv6 on the hosts' links: True, the builder's own (two_hosts: fd77::1 and ::2; routed_hosts: the
          segments fd78:<k>::/64); or (A's, B's) addresses added to their interfaces (/64, no DAD).
     capture: {"tag": name in the pcap's path, "args": more tcpdump arguments}: a Capture on the switch's bridge
@@ -108,31 +110,31 @@ class Fabric:
         self._injectors: list = []
         if kind == "flat":
             self.topo, self.pair = T.two_hosts(mtu=mtu, prefix=prefix, queues=veth_queues, ipv6=addr6 is True)
-            self.ends = [(self.topo[0], "mr0"), (self.topo[1], "mr1")]
+            self.ifaces = [self.pair.a, self.pair.b]
         elif kind == "switched":
             if addr6 is True:
                 raise ValueError("switched_hosts has no IPv6 addresses of its own: name them, addr6=(A's, B's)")
-            self.topo, _, _ = T.switched_hosts(mtu=mtu, prefix=prefix, extra_hosts=hosts - 2)
-            self.ends = [(self.topo[0], "mr0"), (self.topo[2], "mr1")] + \
-                [(self.topo[3 + i], f"mr{2 + i}") for i in range(hosts - 2)]
+            self.topo, left, right = T.switched_hosts(mtu=mtu, prefix=prefix, extra_hosts=hosts - 2)
+            self.ifaces = [left.a, right.b] + [SimpleNamespace(ns=self.topo[3 + i], ifname=f"mr{2 + i}",
+                                                              ipv4=f"10.77.0.{3 + i}") for i in range(hosts - 2)]
         elif kind == "routed":
             self.routed = T.routed_hosts(routers=routers, ipv6=addr6 is True, mtu=mtu, prefix=prefix)
             self.topo = self.routed.topo
-            self.ends = [(self.routed.a.ns, self.routed.a.ifname), (self.routed.b.ns, self.routed.b.ifname)]
+            self.ifaces = [self.routed.a, self.routed.b]
         else:
             raise ValueError(f"no fabric kind {kind!r}: flat, switched or routed")
         try:
-            for (ns, ifname), addr in zip(self.ends, addr6 if isinstance(addr6, tuple) else ()):
-                h = self.topo.ipr(ns)
-                h.addr("add", index=h.link_lookup(ifname=ifname)[0], address=addr, prefixlen=64,
+            for ep, addr in zip(self.ifaces, addr6 if isinstance(addr6, tuple) else ()):
+                h = self.topo.ipr(ep.ns)
+                h.addr("add", index=h.link_lookup(ifname=ep.ifname)[0], address=addr, prefixlen=64,
                        flags=T.IFA_F_NODAD)
             if capture is not None:
                 self.capture = Capture(self.topo, self.topo[1], "sw0", **capture)
             for toward, knobs in (faults or {}).items():
                 self._injectors.append(self.impair(toward, **knobs))
             if side is not None:
-                self.a = side(self.topo, *self.ends[0], **side_kw)
-                self.b = side(self.topo, *self.ends[1], **side_kw)
+                self.a = side(self.topo, self.ifaces[0].ns, self.ifaces[0].ifname, **side_kw)
+                self.b = side(self.topo, self.ifaces[1].ns, self.ifaces[1].ifname, **side_kw)
         except BaseException:
             self.close()
             raise

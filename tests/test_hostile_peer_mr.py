@@ -276,13 +276,8 @@ def test_post_send_sge_address_wrapping_local_prot(wire):
 def daemon_a():
     """metaroced on host A of tests/test_daemon.py's Env (B not started: nothing answers)."""
     from test_daemon import Env
-    e = Env()
-    try:
-        e.start_daemon("A")
-        e.ready("A")
+    with Env.running("A") as e:
         yield e
-    finally:
-        e.close()
 
 
 def test_daemon_refuses_a_client_sge_whose_end_wraps(daemon_a):
