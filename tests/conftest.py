@@ -110,16 +110,12 @@ def _jit_unsealed_for_compiled_unit_tests(request):
 # ---- emulated networks (tests/dp_players.py Fabric) -----------------------------------------------------------
 #
 # `fabric`: one network of namespaces per test module, a compiled-plane Side on host A and one on host B, taken
-# away after the module's last test.  What it builds comes from an indirect parameter (a dict, as for
-# pytest.mark.parametrize("fabric", [...], indirect=True)) or else from the module's mark
-#     pytestmark = pytest.mark.fabric("flat" | "switched" | "routed", mtu=..., hosts=..., faults=..., ...)
+# away after the module's last test.  What it builds comes from the module's mark
+#     pytestmark = pytest.mark.fabric("flat" | "switched" | "routed", mtu=..., hosts=..., prefix=..., ...)
 # (Fabric's arguments; none: a switched network at MTU 1500).  `make_fabric(...)`: a Fabric built inside one
 # test (Fabric's arguments), taken away when that test ends.
 
 def _fabric_args(request) -> tuple[tuple, dict]:
-    param = getattr(request, "param", None)
-    if param is not None:
-        return (), dict(param)
     mark = request.node.get_closest_marker("fabric")
     return (mark.args, dict(mark.kwargs)) if mark is not None else ((), {})
 

@@ -95,7 +95,6 @@ class Fabric:
          segments fd78:<k>::/64); or (A's, B's) addresses added to their interfaces (/64, no DAD).
     capture: {"tag": name in the pcap's path, "args": more tcpdump arguments}: a Capture on the switch's bridge
          sw0 (`capture`).
-    faults: {toward: FaultInjector knobs} impairments installed for the fabric's life (see impair()).
     side: the Side class (None: no Sides; the namespaces only), side_kw its arguments.
 
     Frames an AF_XDP socket sends skip the sender's own tc egress hook, so impairments sit where the network
@@ -103,11 +102,10 @@ class Fabric:
 
     def __init__(self, kind: str = "switched", *, mtu: int = 1500, hosts: int = 2, routers: int = 1,
                  addr6: bool | tuple[str, str] = False, prefix: str = "mr", veth_queues: int = 1, capture=None,
-                 faults: dict | None = None, side=Side, **side_kw) -> None:
+                 side=Side, **side_kw) -> None:
         from metaroce_xdp import topo as T
         self.kind = kind
         self.routed = self.capture = self.a = self.b = None
-        self._injectors: list = []
         if kind == "flat":
             self.topo, self.pair = T.two_hosts(mtu=mtu, prefix=prefix, queues=veth_queues, ipv6=addr6 is True)
             self.ifaces = [self.pair.a, self.pair.b]
@@ -130,8 +128,6 @@ class Fabric:
                        flags=T.IFA_F_NODAD)
             if capture is not None:
                 self.capture = Capture(self.topo, self.topo[1], "sw0", **capture)
-            for toward, knobs in (faults or {}).items():
-                self._injectors.append(self.impair(toward, **knobs))
             if side is not None:
                 self.a = side(self.topo, self.ifaces[0].ns, self.ifaces[0].ifname, **side_kw)
                 self.b = side(self.topo, self.ifaces[1].ns, self.ifaces[1].ifname, **side_kw)
@@ -154,15 +150,12 @@ class Fabric:
 
     def impair(self, toward: str, **knobs):
         """A FaultInjector (metaroce_xdp.faults: seeded drop, duplication, corruption, reordering, CE marks...)
-        on the port towards host `toward`; a context manager, closed by the test or with the fabric."""
+        on the port towards host `toward`; a context manager: the test closes it."""
         from metaroce_xdp.faults import FaultInjector
         ns, ifname = self.port_toward(toward)
         return FaultInjector(ifname, netns=ns, **knobs)
 
     def close(self) -> None:
-        for fi in self._injectors:
-            fi.close()
-        self._injectors.clear()
         for s in (self.a, self.b):
             if s is not None:
                 s.close()

@@ -36,17 +36,12 @@ class Player:
     a buffer with one MR over all of it, a CQ, and the current QP (send and receive on that CQ).
 
     topo and ns: the namespace the context lives in, entered while a QP is connected (its neighbour lookup
-    happens there); None for this process's own.  `connect` defaults are class attributes a harness sets."""
+    happens there); None for this process's own."""
 
-    topo = None
-    ns = None
-    # to_rts's defaults for connect(); a harness overrides what its tests assume
-    CONNECT: dict = {}
+    CONNECT: dict = {}          # connect()'s to_rts defaults: what a harness's tests assume
 
     def __init__(self, ctx, topo=None, ns=None) -> None:
-        self.ctx = ctx
-        if topo is not None:
-            self.topo, self.ns = topo, ns
+        self.ctx, self.topo, self.ns = ctx, topo, ns
         self.pd = self.buf = self.mr = self.cq = self.qp = None
 
     def resources(self, size: int, *, access: Access = FULL, cq_depth: int = 1024, seed: int | None = None,
@@ -98,9 +93,9 @@ class Player:
         with self.topo.enter(self.ns):
             to_rts(self.qp, peer.qp.qp_num, peer.ctx.gid, **args)
 
-    def flush(self, cq_batch: int = 1 << 14) -> None:
+    def flush(self) -> None:
         """Take what earlier QPs left on the CQ and the context's asynchronous events."""
-        while self.cq.poll(cq_batch):
+        while self.cq.poll(1 << 14):
             pass
         while self.ctx.async_events.get() is not None:
             pass
@@ -124,9 +119,6 @@ class Player:
                 release()
             except Exception:                      # noqa: BLE001 -- what a test left may still use them
                 pass
-
-    def stats(self) -> dict:
-        return self.ctx.stats()
 
     def close(self) -> None:
         self.ctx.close()
