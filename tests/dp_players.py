@@ -127,6 +127,8 @@ class Fabric:
                 h.addr("add", index=h.link_lookup(ifname=ep.ifname)[0], address=addr, prefixlen=64,
                        flags=T.IFA_F_NODAD)
             if capture is not None:
+                if kind != "switched":
+                    raise ValueError("a capture sits on the switch's bridge: a switched fabric's")
                 self.capture = Capture(self.topo, self.topo[1], "sw0", **capture)
             if side is not None:
                 self.a = side(self.topo, self.ifaces[0].ns, self.ifaces[0].ifname, **side_kw)
@@ -179,8 +181,8 @@ def make_switched(**kw):
 
 def connected(a: Side, b: Side, seeds=(1, 2), drain: bool = False, **kw):
     """A fresh QP on each Side, connected to each other (Side.connect: kw, both ways), A's buffer filled with
-    seeded random bytes (seeds[0]) and B's (seeds[1]; None: zeros); drain=True first takes what earlier
-    tests' QPs left: completions and async events."""
+    seeded random bytes (seeds[0]) and B's (seeds[1]); a seed None zeroes the buffer, a side without a seed
+    keeps its bytes.  drain=True also takes what earlier tests' QPs left: completions and async events."""
     a.new_qp(), b.new_qp()
     a.connect(b, **kw), b.connect(a, **kw)
     for s, seed in zip((a, b), seeds):
