@@ -107,12 +107,60 @@ def _jit_unsealed_for_compiled_unit_tests(request):
         yield
 
 
-# Loop pairs on the compiled plane (tests/dp_players.py): one switched topology per test module, a fresh pair of
-# connected QPs per call, torn down after each test.
+# ---- emulated networks (tests/dp_players.py Fabric) -----------------------------------------------------------
+#
+# `fabric`: one network of namespaces per test module, a compiled-plane Side on host A and one on host B, taken
+# away after the module's last test.  What it builds comes from the module's mark
+#     pytestmark = pytest.mark.fabric("flat" | "switched" | "routed", mtu=..., hosts=..., prefix=..., ...)
+# (Fabric's arguments; none: a switched network at MTU 1500).  `make_fabric(...)`: a Fabric built inside one
+# test (Fabric's arguments), taken away when that test ends.
+
+def _fabric_args(request) -> tuple[tuple, dict]:
+    mark = request.node.get_closest_marker("fabric")
+    return (mark.args, dict(mark.kwargs)) if mark is not None else ((), {})
+
+
 @pytest.fixture(scope="module")
-def _dp_loop_pairs():
+def fabric(request):
+    from dp_players import Fabric
+    args, kw = _fabric_args(request)
+    with Fabric(*args, **kw) as f:
+        yield f
+
+
+@pytest.fixture
+def make_fabric():
+    from dp_players import Fabric
+    made = []
+
+    def make(*args, **kw):
+        made.append(Fabric(*args, **kw))
+        return made[-1]
+    try:
+        yield make
+    finally:
+        for f in reversed(made):
+            f.close()
+
+
+# `wire`: one QP's side facing a scripted peer per test module (tests/wire_players.py scripted_dp_wire): (topology,
+# veth pair, the script's raw socket on mr1, the compiled-plane Context on mr0); the module's fabric mark's prefix
+# names its namespaces.
+@pytest.fixture(scope="module")
+def wire(request):
+    from wire_players import scripted_dp_wire
+    _, kw = _fabric_args(request)
+    with scripted_dp_wire(kw.get("prefix", "mrw")) as w:
+        yield w
+
+
+# Loop pairs on the compiled plane (tests/dp_players.py): one switched Fabric per test module (its `fabric` mark's
+# options), a fresh pair of connected QPs per call, torn down after each test.
+@pytest.fixture(scope="module")
+def _dp_loop_pairs(request):
     from dp_players import LoopPairs
-    pairs = LoopPairs()
+    _, kw = _fabric_args(request)
+    pairs = LoopPairs(**kw)
     try:
         yield pairs
     finally:

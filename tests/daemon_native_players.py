@@ -14,7 +14,6 @@ only) with what READ and atomics on either profile need:
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -22,35 +21,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 from daemon_players import OPS, Player, serve  # noqa: E402
+from players import FULL  # noqa: E402
 
-from metaroce_xdp.verbs_types import Access, QPCap, SendWR, VerbsError, WROpcode  # noqa: E402
+from metaroce_xdp.verbs_types import QPCap, SendWR, WROpcode  # noqa: E402
 
 ATOMIC_OPS = {"faa": WROpcode.ATOMIC_FETCH_AND_ADD, "cas": WROpcode.ATOMIC_CMP_AND_SWP}
-FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
 class NativePlayer(Player):
-    def setup(self, size: int, seed: int, depth: int = 1024) -> dict:
-        ctx = self.ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = ctx.alloc_buf(size)
-        self.buf[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = ctx.create_cq(depth)
-        self.qp = ctx.create_qp(self.pd, self.cq, self.cq, QPCap(max_send_wr=256, max_recv_wr=64))
-        return {"qpn": self.qp.qp_num, "va": self.mr.addr, "rkey": self.mr.rkey, "pid": os.getpid()}
+    ACCESS = FULL
+    CAP = QPCap(max_send_wr=256, max_recv_wr=64)
+    DEPTH = 1024
 
-    def accept(self, timeout: float = 30, profile: str = "compat") -> dict:
-        self.conn = self.lst.accept(self.qp, self._private(), timeout=timeout, profile=profile)
-        self.peer = self.conn.private
-        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name,
-                "profile": self.qp.profile, "atomics": self.qp.atomics}
-
-    def connect(self, host: str, port: int, profile: str = "compat") -> dict:
-        self.conn = self.ctx.connect_qp(self.qp, host, port, self._private(), profile=profile)
-        self.peer = self.conn.private
-        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name,
-                "profile": self.qp.profile, "atomics": self.qp.atomics}
+    def _connected(self, conn) -> dict:
+        return {**super()._connected(conn), "profile": self.qp.profile, "atomics": self.qp.atomics}
 
     def _wr(self, o: dict, wr_id: int):
         if o["op"] not in ATOMIC_OPS:

@@ -1,4 +1,5 @@
-"""A client application of metaroced, remote-controlled by tests/test_daemon.py: one process per client.
+"""A client application of metaroced, remote-controlled by the daemon's tests: one process per client; and the
+tests' side of it (Daemons: metaroced on two hosts and client processes of this file; PlayerProc).
 
     python tests/daemon_players.py SOCKET IFNAME
 
@@ -22,39 +23,50 @@ numba, no BCC): everything it does goes through the daemon.  Commands:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import numpy as np  # noqa: E402
 
+import daemon_procs  # noqa: E402
+import players  # noqa: E402
 from metaroce_xdp.daemon import client  # noqa: E402
-from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, RecvWR, SendWR,  # noqa: E402
-                                      VerbsError, WCStatus, WROpcode)
+from metaroce_xdp.daemon.bench import Proc as BenchProc  # noqa: E402
+from metaroce_xdp.verbs_types import (SGE, Access, QPCap, QPState, RecvWR, SendWR, VerbsError,  # noqa: E402
+                                      WCStatus, WROpcode)
 
 OPS = {"write": WROpcode.RDMA_WRITE, "write_imm": WROpcode.RDMA_WRITE_WITH_IMM, "send": WROpcode.SEND,
        "send_imm": WROpcode.SEND_WITH_IMM, "read": WROpcode.RDMA_READ}
 
 
-class Player:
+class Player(players.Player):
+    """A metaroced client's resources (tests/players.py), driven by JSON commands: each public method is one
+    (its keyword arguments the command's fields, its dict the answer).  `connect` here is the connection
+    set-up through the daemon (spec 06), not players.Player's RTS towards a peer in the same process."""
+
+    ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+    CAP = QPCap(max_send_wr=64, max_recv_wr=64)
+    DEPTH = 256
+
     def __init__(self, sock: str, ifname: str) -> None:
-        self.ctx = client.connect(sock, ifname)
+        super().__init__(client.connect(sock, ifname))
         self.conn = None
         self.lst = None
         self.peer = {}
 
-    def setup(self, size: int, seed: int, depth: int = 256) -> dict:
-        ctx = self.ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = ctx.alloc_buf(size)
-        self.buf[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ)
-        self.cq = ctx.create_cq(depth)
-        self.qp = ctx.create_qp(self.pd, self.cq, self.cq, QPCap(max_send_wr=64, max_recv_wr=64))
+    def alloc(self, size: int) -> np.ndarray:
+        return self.ctx.alloc_buf(size)
+
+    def setup(self, size: int, seed: int, depth: int | None = None) -> dict:
+        self.resources(size, access=self.ACCESS, cq_depth=depth or self.DEPTH, seed=seed, qp=True, cap=self.CAP)
         return {"qpn": self.qp.qp_num, "va": self.mr.addr, "rkey": self.mr.rkey, "lkey": self.mr.lkey,
                 "pid": os.getpid()}
 
@@ -65,15 +77,16 @@ class Player:
         self.lst = self.ctx.listen(port)
         return {}
 
-    def accept(self, timeout: float = 30) -> dict:
-        self.conn = self.lst.accept(self.qp, self._private(), timeout=timeout)
-        self.peer = self.conn.private
-        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name}
+    def accept(self, timeout: float = 30, profile: str = "compat") -> dict:
+        return self._connected(self.lst.accept(self.qp, self._private(), timeout=timeout, profile=profile))
 
-    def connect(self, host: str, port: int) -> dict:
-        self.conn = self.ctx.connect_qp(self.qp, host, port, self._private())
-        self.peer = self.conn.private
-        return {"peer": self.conn.peer, "caps": int(self.conn.caps), "state": self.qp.state.name}
+    def connect(self, host: str, port: int, profile: str = "compat") -> dict:
+        return self._connected(self.ctx.connect_qp(self.qp, host, port, self._private(), profile=profile))
+
+    def _connected(self, conn) -> dict:
+        self.conn = conn
+        self.peer = conn.private
+        return {"peer": conn.peer, "caps": int(conn.caps), "state": self.qp.state.name}
 
     def _wr(self, o: dict, wr_id: int):
         if o["op"] == "recv":
@@ -183,9 +196,7 @@ class Player:
     def many_connect(self, qpns: list[int], ip: str, va: int, rkey: int, timeout: int = 18) -> dict:
         self.mpeer = (va, rkey)
         for q, dest in zip(self.mqps, qpns, strict=True):
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=dest, rq_psn=0, path_mtu=1024, dgid=ip))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=timeout, retry_cnt=7, rnr_retry=7))
+            players.to_rts(q, dest, ip, access=Access.REMOTE_WRITE, rq_psn=0, sq_psn=0, timeout=timeout)
         return {"rts": sum(q.state == QPState.RTS for q in self.mqps)}
 
     def many_write(self, size: int, rounds: int = 1, timeout: float = 60) -> dict:
@@ -264,6 +275,151 @@ def serve(p) -> int:
             out = {"ok": False, "error": type(e).__name__, "message": str(e)}
         print(json.dumps(out), flush=True)
     return 0
+
+
+# ---- the tests' side: metaroced on two hosts of a Fabric, and client processes of this file ---------------------
+
+PLAYER = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(PLAYER))
+
+
+class PlayerProc(BenchProc):
+    """metaroce_xdp.daemon.bench.Proc (a child speaking JSON lines: a daemon, or a client process of this file) with
+    the tests' call and assert forms."""
+
+    def __call__(self, _wait: float = 60, **c) -> dict:
+        self.send(**c)
+        return self.line(_wait)
+
+    def ok(self, _wait: float = 60, **c) -> dict:          # an assertion, not bench's RuntimeError
+        r = self(_wait, **c)
+        assert r["ok"], (self.name, c, r)
+        return r
+
+    def close(self) -> None:
+        """The client ends as its stdin closes; killed after 10 s."""
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.close()
+                self.p.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.p.kill()
+
+
+class Daemons:
+    """metaroced on hosts A and B of a Fabric (tests/dp_players.py: `kind`, no Sides), their configurations,
+    sockets and logs in one temporary directory, their pins on a bpffs mounted there; client processes of each
+    (PLAYER: this file, or a script speaking its protocol).  `hosts`: {"A": (namespace, interface), "B": ...}.
+    A subclass adds to the configuration (config_text) and to what runs the daemon (DAEMON_PREFIX: prlimit,
+    env, ...)."""
+
+    PLAYER = PLAYER
+    DAEMON_PREFIX: tuple = ()
+    TMP = "mrdaemon-"
+
+    def __init__(self, kind: str = "flat", port: int = 19500) -> None:
+        from dp_players import Fabric
+        self.fabric = Fabric(kind, side=None)
+        self.topo = self.fabric.topo
+        self.hosts = {h: (ep.ns, ep) for h, ep in zip("AB", self.fabric.ifaces)}
+        self.tmp = tempfile.mkdtemp(prefix=self.TMP)
+        os.chmod(self.tmp, 0o755)
+        self.bpffs = os.path.join(self.tmp, "bpf")
+        os.mkdir(self.bpffs)
+        subprocess.run(["mount", "-t", "bpf", "bpf", self.bpffs], check=True)
+        self.prefix = os.path.join(self.bpffs, "metaroce")
+        self.daemons: dict[str, PlayerProc] = {}
+        self.players: list[PlayerProc] = []
+        self.logs: list = []
+        self.port = port
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, *hosts: str):
+        """The daemons of `hosts` started together, each then ready; all of it taken away after."""
+        e = cls()
+        try:
+            for h in hosts:
+                e.start_daemon(h)
+            for h in hosts:
+                e.ready(h)
+            yield e
+        finally:
+            e.close()
+
+    def sock(self, h: str) -> str:
+        return os.path.join(self.tmp, f"{h}.sock")
+
+    def config_text(self, h: str) -> str:
+        return (f'interfaces = ["{self.hosts[h][1].ifname}"]\nsocket_path = "{self.sock(h)}"\nprogress = "sleep"\n'
+                f'bpffs_prefix = "{self.prefix}"\n')
+
+    def config(self, h: str) -> str:
+        path = os.path.join(self.tmp, f"{h}.toml")
+        with open(path, "w") as f:
+            f.write(self.config_text(h))
+        return path
+
+    def start_daemon(self, h: str) -> PlayerProc:
+        err = open(os.path.join(self.tmp, f"{h}.log"), "a")
+        self.logs.append(err)
+        p = self.topo.popen(self.hosts[h][0], [*self.DAEMON_PREFIX, sys.executable, "-m", "metaroce_xdp.daemon.server",
+                                              "--config", self.config(h)],
+                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT,
+                            preexec_fn=daemon_procs.die_with_parent)     # dies with pytest, however it ends
+        self.daemons[h] = PlayerProc(p, f"daemon {h}")
+        return self.daemons[h]
+
+    def ready(self, h: str) -> dict:
+        r = self.daemons[h].line(timeout=180)
+        if not r.get("ready"):
+            with open(os.path.join(self.tmp, f"{h}.log")) as f:
+                raise AssertionError((h, r, f.read()[-2000:]))
+        return r
+
+    def player(self, h: str) -> PlayerProc:
+        ns, ep = self.hosts[h]
+        p = self.topo.popen(ns, [sys.executable, self.PLAYER, self.sock(h), ep.ifname], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        pl = PlayerProc(p, f"player {h}{len(self.players)}")
+        assert pl.line(60)["ready"]
+        self.players.append(pl)
+        return pl
+
+    def connect(self, size: int, seeds, **cm) -> tuple:
+        """A client on A connected (spec 06; cm: the accept's and the connect's further fields) to a client on B,
+        each with a buffer of `size` random bytes: (a, b, a's setup, b's setup, a's connect, b's accept)."""
+        a, b = self.player("A"), self.player("B")
+        sa, sb = a.ok(cmd="setup", size=size, seed=seeds[0]), b.ok(cmd="setup", size=size, seed=seeds[1])
+        self.port += 1
+        b.ok(cmd="listen", port=self.port)
+        b.send(cmd="accept", **cm)
+        ra = a.ok(cmd="connect", host=self.hosts["B"][1].ipv4, port=self.port, **cm)
+        rb = b.line()
+        assert rb["ok"], rb
+        return a, b, sa, sb, ra, rb
+
+    def status(self, h: str) -> dict:
+        return client.status(self.sock(h))
+
+    def release(self, *procs: PlayerProc) -> None:
+        for pl in procs:
+            pl.close()
+
+    def close(self) -> None:
+        for pl in self.players:
+            try:
+                pl.p.kill()
+            except OSError:
+                pass
+        for d in self.daemons.values():
+            daemon_procs.reap(d.p)            # SIGTERM (drains, unpins), then SIGKILL to its process group
+        for f in self.logs:
+            f.close()
+        self.fabric.close()
+        subprocess.run(["umount", self.bpffs], check=False)
+        if not os.environ.get("METAROCE_KEEP_TMP"):
+            subprocess.run(["rm", "-rf", self.tmp], check=False)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-
 from metaroce_xdp.dp import Context  # noqa: E402
-from metaroce_xdp.verbs_types import Access, QPAttr, QPState  # noqa: E402
+from metaroce_xdp.verbs_types import Access  # noqa: E402
+from players import Player, to_rts  # noqa: E402
 
 ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
 
@@ -28,18 +27,12 @@ def main() -> int:
     ifname, size = sys.argv[1], int(sys.argv[2])
     ctx = Context.open(ifname, progress_thread=True)
     try:
-        pd = ctx.alloc_pd()
-        buf = np.zeros(size, np.uint8)
-        mr = pd.reg_mr(buf, ACCESS)
-        cq = ctx.create_cq(4096)
-        qp = ctx.create_qp(pd, cq, cq)
-        print(json.dumps({"qpn": qp.qp_num, "va": mr.addr, "rkey": mr.rkey, "pid": os.getpid()}), flush=True)
+        p = Player(ctx).resources(size, access=ACCESS, cq_depth=4096, qp=True)
+        qp = p.qp
+        print(json.dumps({"qpn": qp.qp_num, "va": p.mr.addr, "rkey": p.mr.rkey, "pid": os.getpid()}), flush=True)
         peer = json.loads(sys.stdin.readline())
-        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=ACCESS))
-        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer["dest_qpn"], rq_psn=peer["rq_psn"], path_mtu=1024,
-                         dgid=peer["dgid"], max_dest_rd_atomic=4, min_rnr_timer=1))
-        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=peer["sq_psn"], timeout=peer["timeout"], retry_cnt=7,
-                         rnr_retry=7, max_rd_atomic=4))
+        to_rts(qp, peer["dest_qpn"], peer["dgid"], access=ACCESS, rq_psn=peer["rq_psn"], sq_psn=peer["sq_psn"],
+               timeout=peer["timeout"], rd_atomic=4, min_rnr_timer=1)
         print(json.dumps({"state": qp.query_state().name}), flush=True)
         for _ in sys.stdin:
             pass

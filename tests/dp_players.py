@@ -1,152 +1,207 @@
-"""Two compiled-plane endpoints in two namespaces joined by a veth (tests/test_dp_*.py)."""
+"""Compiled-plane players (tests/players.py) in namespaces of an emulated network: a Side owns a Context, a
+Fabric builds the network with a Side on host A and one on host B (what the `fabric` and `make_fabric`
+fixtures of tests/conftest.py yield), and LoopPairs makes fresh connected players on one Fabric per test
+(the `dp_loop` fixture)."""
 from __future__ import annotations
 
-import contextlib
-
-import numpy as np
+import os
+import subprocess
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 from metaroce_xdp.dp import Context
-from metaroce_xdp.topo import two_hosts
-from metaroce_xdp.verbs_types import SGE, Access, QPAttr, QPCap, QPState
+from metaroce_xdp.verbs_types import Access
+from players import FULL, Player, run_until, to_rts, wait_wcs
 
-FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
+__all__ = ["FULL", "Side", "FreshSide", "Fabric", "Faults", "LoopPlayer", "LoopPairs", "collect", "connected",
+           "make_switched", "run_until", "to_rts", "wait_wcs"]
 
 
-class Side:
-    def __init__(self, topo, ns, ifname, size=1 << 22, ctx_cls=Context, **open_kw):
-        self.topo, self.ns = topo, ns
-        with topo.enter(ns):
-            self.ctx = ctx_cls.open(ifname, **open_kw)
-        self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = self.ctx.create_cq(1 << 14)
-        self.qp = None
+class Side(Player):
+    """A compiled-plane Context opened on `ifname` in namespace `ns` (open_kw: Context.open's; no progress
+    thread unless asked: the test runs the rounds) -- or `ctx`, opened there already -- a PD, an MR over a
+    zeroed buffer of `size` bytes and a CQ of `cq_depth`; a QP made at once (qp) or by new_qp()."""
+
+    CONNECT = dict(timeout=12, rd_atomic=16, min_rnr_timer=1)
+
+    def __init__(self, topo, ns, ifname=None, size: int = 1 << 22, cq_depth: int = 1 << 14, ctx=None,
+                 qp: bool = False, **open_kw):
+        if ctx is None:
+            with topo.enter(ns):
+                ctx = Context.open(ifname, **open_kw)
+        super().__init__(ctx, topo, ns)
+        self.resources(size, cq_depth=cq_depth, qp=qp)
+
+
+class FreshSide(Side):
+    """A Side (8 MiB unless `size` says) whose CQ outlives the QPs a module's tests make: new_qp() takes what
+    the previous QP left on it first; connected with 4 RDMA READ / atomic resources each way."""
+
+    CONNECT = dict(timeout=12, rd_atomic=4, min_rnr_timer=1)
+
+    def __init__(self, topo, ns, ifname=None, size: int = 1 << 23, cq_depth: int = 1 << 16, **kw):
+        super().__init__(topo, ns, ifname, size, cq_depth, **kw)
 
     def new_qp(self, cap=None):
-        if self.qp is not None:
-            self.ctx.destroy_qp(self.qp)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq, cap or QPCap())
+        self.destroy_qp()
+        while self.cq.poll(1 << 14):
+            pass
+        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq, cap)
         return self.qp
-
-    def connect(self, peer, mtu=1024, timeout=12, retry_cnt=7, rnr_retry=7, min_rnr_timer=1, psn=0x100,
-                peer_psn=0x100):
-        with self.topo.enter(self.ns):
-            q = self.qp
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=peer_psn, path_mtu=mtu,
-                            dgid=peer.ctx.gid, max_dest_rd_atomic=16, min_rnr_timer=min_rnr_timer))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=timeout, retry_cnt=retry_cnt,
-                            rnr_retry=rnr_retry, max_rd_atomic=16))
-
-    def sge(self, off, n):
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
-
-    def close(self):
-        self.ctx.close()
-
-
-def step(side):
-    """One progress round of the side's compiled plane."""
-    side.ctx.progress()
-
-
-def stats(side):
-    return side.ctx.stats()
-
-
-def drive(sides, until, timeout=10.0):
-    """Progress the (non-threaded) endpoints until until() is true."""
-    import time
-    t0 = time.monotonic()
-    while not until():
-        for s in sides:
-            step(s)
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError("condition not reached; stats: " + "; ".join(str(stats(s)) for s in sides))
 
 
 def collect(side, n, others, timeout=10.0):
-    """n completions from side.cq, progressing all sides meanwhile."""
-    out = []
-    drive([side, *others], lambda: (out.extend(side.cq.poll(n - len(out))) or len(out) >= n), timeout)
-    return out
+    """n completions from side.cq, progressing side and `others` meanwhile."""
+    return wait_wcs([side, *others], side, n, timeout)
 
 
-def make_pair(mtu=1500, **kw):
-    topo, pair = two_hosts(mtu=mtu)
-    a = b = None
-    try:
-        a = Side(topo, topo[0], "mr0", **kw)
-        b = Side(topo, topo[1], "mr1", **kw)
-    except BaseException:
-        for s in (a, b):
+# ---- the emulated network ---------------------------------------------------------------------------------------
+
+class Capture:
+    """tcpdump in namespace `ns` on `ifname` writing `filt`'s frames to a pcap file (`path`) as they pass;
+    stop() ends it (the file then holds everything), close() removes the file too (unless
+    METAROCE_KEEP_PCAP is set)."""
+
+    def __init__(self, topo, ns: str, ifname: str, tag: str, args=(), filt: str = "udp port 4791") -> None:
+        self.path = f"/tmp/metaroce-{tag}-{os.getpid()}.pcap"
+        self.proc = topo.popen(ns, ["tcpdump", "-q", "--immediate-mode", *args, "-i", ifname, "-w", self.path,
+                                    "-U", filt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self, timeout: float = 5) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def close(self) -> None:
+        self.stop()
+        if os.path.exists(self.path) and not os.environ.get("METAROCE_KEEP_PCAP"):
+            os.unlink(self.path)
+
+
+class Fabric:
+    """An emulated network of namespaces (metaroce_xdp.topo) with a Side on host A and one on host B; close()
+    (or the `with` block's end) takes all of it away.  `topo, a, b = fabric` unpacks it.
+
+    kind "flat": two_hosts -- A (mr0, 10.77.0.1) and B (mr1, 10.77.0.2) on one veth (veth_queues: RX/TX queues
+         of each end);
+    "switched": switched_hosts -- A (mr0) and B (mr1) through a switch namespace (bridge sw0, ports swA, swB),
+         with `hosts` - 2 more hosts on it (namespace topo[3 + i], mr<2 + i>, 10.77.0.<3 + i>, port sw<C + i>);
+    "routed": routed_hosts -- A (10.78.0.1) and B in two subnets behind `routers` IP routers; `routed` is the
+         RoutedHosts.
+    `ifaces`: A's, B's (and further hosts') interface, each with its ns, ifname and ipv4.
+    addr6: IPv6 on the hosts' links: True, the builder's own (two_hosts: fd77::1 and ::2; routed_hosts: the
+         segments fd78:<k>::/64); or (A's, B's) addresses added to their interfaces (/64, no DAD).
+    capture: {"tag": name in the pcap's path, "args": more tcpdump arguments}: a Capture on the switch's bridge
+         sw0 (`capture`).
+    side: the Side class (None: no Sides; the namespaces only), side_kw its arguments.
+
+    Frames an AF_XDP socket sends skip the sender's own tc egress hook, so impairments sit where the network
+    forwards them: the switch's or the router's egress port towards a host."""
+
+    def __init__(self, kind: str = "switched", *, mtu: int = 1500, hosts: int = 2, routers: int = 1,
+                 addr6: bool | tuple[str, str] = False, prefix: str = "mr", veth_queues: int = 1, capture=None,
+                 side=Side, **side_kw) -> None:
+        from metaroce_xdp import topo as T
+        self.kind = kind
+        self.routed = self.capture = self.a = self.b = None
+        if kind == "flat":
+            self.topo, self.pair = T.two_hosts(mtu=mtu, prefix=prefix, queues=veth_queues, ipv6=addr6 is True)
+            self.ifaces = [self.pair.a, self.pair.b]
+        elif kind == "switched":
+            if addr6 is True:
+                raise ValueError("switched_hosts has no IPv6 addresses of its own: name them, addr6=(A's, B's)")
+            self.topo, left, right = T.switched_hosts(mtu=mtu, prefix=prefix, extra_hosts=hosts - 2)
+            self.ifaces = [left.a, right.b] + [SimpleNamespace(ns=self.topo[3 + i], ifname=f"mr{2 + i}",
+                                                              ipv4=f"10.77.0.{3 + i}") for i in range(hosts - 2)]
+        elif kind == "routed":
+            self.routed = T.routed_hosts(routers=routers, ipv6=addr6 is True, mtu=mtu, prefix=prefix)
+            self.topo = self.routed.topo
+            self.ifaces = [self.routed.a, self.routed.b]
+        else:
+            raise ValueError(f"no fabric kind {kind!r}: flat, switched or routed")
+        try:
+            for ep, addr in zip(self.ifaces, addr6 if isinstance(addr6, tuple) else ()):
+                h = self.topo.ipr(ep.ns)
+                h.addr("add", index=h.link_lookup(ifname=ep.ifname)[0], address=addr, prefixlen=64,
+                       flags=T.IFA_F_NODAD)
+            if capture is not None:
+                if kind != "switched":
+                    raise ValueError("a capture sits on the switch's bridge: a switched fabric's")
+                self.capture = Capture(self.topo, self.topo[1], "sw0", **capture)
+            if side is not None:
+                self.a = side(self.topo, self.ifaces[0].ns, self.ifaces[0].ifname, **side_kw)
+                self.b = side(self.topo, self.ifaces[1].ns, self.ifaces[1].ifname, **side_kw)
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self):
+        return iter((self.topo, self.a, self.b))
+
+    def port_toward(self, host: str) -> tuple[str, str]:
+        """(namespace, interface) where the network sends frames out towards host "a", "b" (or "c", ... on a
+        switch)."""
+        if self.kind == "switched":
+            return self.topo[1], "sw" + host.upper()
+        if self.kind == "routed":
+            ep = {"a": self.routed.toward_a, "b": self.routed.toward_b}[host]
+            return ep.ns, ep.ifname
+        raise ValueError("a flat fabric forwards nothing: no port to impair")
+
+    def impair(self, toward: str, **knobs):
+        """A FaultInjector (metaroce_xdp.faults: seeded drop, duplication, corruption, reordering, CE marks...)
+        on the port towards host `toward`; a context manager: the test closes it."""
+        from metaroce_xdp.faults import FaultInjector
+        ns, ifname = self.port_toward(toward)
+        return FaultInjector(ifname, netns=ns, **knobs)
+
+    def close(self) -> None:
+        for s in (self.a, self.b):
             if s is not None:
                 s.close()
-        topo.close()
-        raise
-    return topo, a, b
+        self.a = self.b = None
+        if self.capture is not None:
+            self.capture.close()
+        self.topo.close()
+
+    def __enter__(self) -> "Fabric":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def make_switched(mtu=1500, topo=None, **kw):
-    """A (mr0) <-> switch namespace (swA, swB: where faults are injected) <-> B (mr1)."""
-    from metaroce_xdp.topo import switched_hosts
-    if topo is None:
-        topo, _, _ = switched_hosts(mtu=mtu)
-    a = b = None
-    try:
-        a = Side(topo, topo[0], "mr0", **kw)
-        b = Side(topo, topo[2], "mr1", **kw)
-    except BaseException:
-        for s in (a, b):
-            if s is not None:
-                s.close()
-        topo.close()
-        raise
-    return topo, a, b
+def make_switched(**kw):
+    """(topology, A's Side, B's Side) of a switched Fabric(**kw), closed by the caller: tools/native_loss_bench.py."""
+    f = Fabric("switched", **kw)
+    return f.topo, f.a, f.b
 
 
-@contextlib.contextmanager
-def opened(make=make_pair, **kw):
-    """The topology and two Sides `make` builds (make_pair or make_switched, with kw), closed after:
-    what each test module's `fabric` fixture yields."""
-    topo, a, b = make(**kw)
-    try:
-        yield topo, a, b
-    finally:
-        a.close()
-        b.close()
-        topo.close()
-
-
-def connected(fabric, drain: bool = False):
-    """A fresh QP on each Side of `fabric`, connected to each other, the buffers filled with seeded
-    random bytes; drain=True first takes what earlier tests' QPs left: completions and async events."""
-    topo, a, b = fabric
+def connected(a: Side, b: Side, seeds=(1, 2), drain: bool = False, **kw):
+    """A fresh QP on each Side, connected to each other (Side.connect: kw, both ways), A's buffer filled with
+    seeded random bytes (seeds[0]) and B's (seeds[1]); a seed None zeroes the buffer, a side without a seed
+    keeps its bytes.  drain=True also takes what earlier tests' QPs left: completions and async events."""
     a.new_qp(), b.new_qp()
-    a.connect(b), b.connect(a)
-    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
+    a.connect(b, **kw), b.connect(a, **kw)
+    for s, seed in zip((a, b), seeds):
+        if seed is None:
+            s.buf[:] = 0
+        else:
+            s.fill(seed)
     if drain:
-        for s in (a, b):
-            while s.cq.poll(1 << 14):
-                pass
-            while s.ctx.async_events.get() is not None:
-                pass
+        a.flush(), b.flush()
     return a, b
 
 
 # ---- loop pairs on the compiled plane ---------------------------------------------------------------------------
 #
-# Two compiled-plane Contexts (no progress thread: the test drives the rounds) on a switched topology
+# Two compiled-plane Contexts (no progress thread: the test drives the rounds) on a switched Fabric
 # (A mr0 -- switch -- B mr1), shared by every pair a test module asks for; each pair() is a fresh PD, MR, CQ and
-# QP on both sides, connected.  Faults go where AF_XDP frames can be touched: the switch's egress ports (an
-# AF_XDP transmit skips the sender's own tc hook), swB for A -> B and swA for B -> A, through the same tc
-# program the fault matrix uses.  Everything a pair made is destroyed when the test ends; the topology is
+# QP on both sides, connected.  Faults go on the switch's egress ports (Fabric.impair), through the same tc
+# program the fault matrix uses.  Everything a pair made is destroyed when the test ends; the Fabric is
 # rebuilt when a Context runs short of CQ rows.
-
-from dataclasses import dataclass  # noqa: E402
-
 
 @dataclass
 class Faults:
@@ -166,82 +221,56 @@ class Faults:
                     ecn_ce_ppm=ppm(self.ce), psn_drop_once=tuple(self.psn_drop_once))
 
 
-class Player:
-    """One side of a loop pair: the shared Context, a PD, one MR over `buf`, a CQ and a QP of its own."""
+class LoopPlayer(Player):
+    """One side of a loop pair: the Side's Context, and a PD, one MR over `buf`, a CQ and a QP of its own."""
+
+    CONNECT = dict(sq_psn=100, rq_psn=100, timeout=8, rd_atomic=4, min_rnr_timer=1)
 
     def __init__(self, side: Side, size: int = 1 << 20, access: Access = FULL, qp_access: Access = FULL,
                  cq_depth: int = 1024):
-        self.side, self.ctx, self.topo, self.ns = side, side.ctx, side.topo, side.ns
-        self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, access)
-        self.cq = self.ctx.create_cq(cq_depth)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
+        super().__init__(side.ctx, side.topo, side.ns)
+        self.side = side
+        self.resources(size, access=access, cq_depth=cq_depth, qp=True)
         self.qp_access = qp_access
 
-    def connect(self, peer: "Player", mtu: int = 1024, psn: int = 100, peer_psn: int = 100, timeout: int = 8,
-                retry_cnt: int = 7, rnr_retry: int = 7, min_rnr_timer: int = 1, rd_atomic: int = 4) -> None:
-        with self.topo.enter(self.ns):
-            q = self.qp
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=self.qp_access))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=peer_psn, path_mtu=mtu,
-                            dgid=peer.ctx.gid, max_dest_rd_atomic=rd_atomic, min_rnr_timer=min_rnr_timer))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=timeout, retry_cnt=retry_cnt,
-                            rnr_retry=rnr_retry, max_rd_atomic=rd_atomic))
-
-    def sge(self, off: int, length: int) -> SGE:
-        return SGE(self.mr.addr + off, length, self.mr.lkey)
-
-    def release(self) -> None:
-        ctx = self.ctx
-        if not ctx.closed:
-            if ctx.qps.get(self.qp.qi) is self.qp:       # (a test may have destroyed it)
-                ctx.destroy_qp(self.qp)
-            if getattr(self.mr, "valid", True):
-                ctx.dereg_mr(self.mr)
-            for release in (lambda: ctx.destroy_cq(self.cq), lambda: ctx.dealloc_pd(self.pd)):
-                try:
-                    release()
-                except Exception:                      # noqa: BLE001 -- what a test left may still use them
-                    pass
+    def connect(self, peer: "LoopPlayer", **kw) -> None:
+        super().connect(peer, access=self.qp_access, **kw)
 
 
 class LoopPairs:
-    """The factory behind the `dp_loop` fixture (tests/conftest.py)."""
+    """The factory behind the `dp_loop` fixture (tests/conftest.py); fabric_kw: the module's `fabric` mark."""
 
     CQ_HEADROOM = 8
 
-    def __init__(self, mtu: int = 1500) -> None:
-        self.mtu = mtu
-        self.fabric = None
-        self.players: list[Player] = []
+    def __init__(self, mtu: int = 1500, **fabric_kw) -> None:
+        self.fabric_kw = dict(fabric_kw, mtu=mtu, size=1 << 12)
+        self.fabric: Fabric | None = None
+        self.players: list[LoopPlayer] = []
         self.injectors: list = []
 
-    def _open(self):
+    def _open(self) -> Fabric:
         if self.fabric is not None:
-            a, b = self.fabric[1], self.fabric[2]
             from metaroce_xdp.dp import layout as L
-            if max(a.ctx._cq_next, b.ctx._cq_next) + self.CQ_HEADROOM <= L.MAX_CQS:
+            if max(self.fabric.a.ctx._cq_next, self.fabric.b.ctx._cq_next) + self.CQ_HEADROOM <= L.MAX_CQS:
                 return self.fabric
             self.close()
-        self.fabric = make_switched(mtu=self.mtu, size=1 << 12)
+        self.fabric = Fabric("switched", **self.fabric_kw)
         return self.fabric
 
     def __call__(self, faults_ab: Faults | None = None, faults_ba: Faults | None = None, size: int = 1 << 20,
                  b_access: Access = FULL, b_qp_access: Access = FULL, a_cq_depth: int = 1024,
                  b_cq_depth: int = 1024, **conn):
-        topo, sa, sb = self._open()
-        a = Player(sa, size, cq_depth=a_cq_depth)
+        fab = self._open()
+        a = LoopPlayer(fab.a, size, cq_depth=a_cq_depth)
         self.players.append(a)
-        b = Player(sb, size, b_access, b_qp_access, cq_depth=b_cq_depth)
+        b = LoopPlayer(fab.b, size, b_access, b_qp_access, cq_depth=b_cq_depth)
         self.players.append(b)
-        from metaroce_xdp.faults import FaultInjector
-        for f, port in ((faults_ab, "swB"), (faults_ba, "swA")):
+        for f, toward in ((faults_ab, "b"), (faults_ba, "a")):
             if f is not None:
-                self.injectors.append(FaultInjector(port, netns=topo[1], **f.knobs()))
+                self.injectors.append(fab.impair(toward, **f.knobs()))
         psn, peer_psn = conn.pop("psn", 100), conn.pop("peer_psn", 100)
-        a.connect(b, psn=psn, peer_psn=peer_psn, **conn)
-        b.connect(a, psn=peer_psn, peer_psn=psn, **conn)
+        a.connect(b, sq_psn=psn, rq_psn=peer_psn, **conn)
+        b.connect(a, sq_psn=peer_psn, rq_psn=psn, **conn)
         return a, b
 
     def end_test(self) -> None:
@@ -255,7 +284,7 @@ class LoopPairs:
                 pass
         self.players.clear()
         if self.fabric is not None:
-            for s in self.fabric[1:]:
+            for s in (self.fabric.a, self.fabric.b):
                 if s.ctx.closed:
                     self.close()
                     return
@@ -265,27 +294,5 @@ class LoopPairs:
 
     def close(self) -> None:
         if self.fabric is not None:
-            topo, a, b = self.fabric
-            self.fabric = None
-            for s in (a, b):
-                s.close()
-            topo.close()
-
-
-def run_until(players, cond, timeout: float = 10.0) -> None:
-    """Progress every distinct Context of `players` until cond() is true (bounded)."""
-    import time
-    ctxs = list({id(p.ctx): p.ctx for p in players}.values())
-    deadline = time.monotonic() + timeout
-    while not cond():
-        for c in ctxs:
-            c.progress()
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached; QPs: " + "; ".join(str(p.qp.query()) for p in players))
-
-
-def wait_wcs(players, player, n: int, timeout: float = 10.0):
-    """n completions from player.cq (fewer only on timeout: TimeoutError), progressing all meanwhile."""
-    got = []
-    run_until(players, lambda: (got.extend(player.cq.poll(n - len(got))) or len(got) >= n), timeout)
-    return got
+            fab, self.fabric = self.fabric, None
+            fab.close()

@@ -5,9 +5,6 @@ by the test and the port's per-round budget settable.  A module opens one wire (
 Peer per test."""
 from __future__ import annotations
 
-import time
-
-from metaroce_xdp.dp import layout as L
 from metaroce_xdp.wire import Op
 from wire_players import ScriptedQP
 
@@ -22,46 +19,18 @@ class Peer(ScriptedQP):
         topo, pair, self.sock, ctx = wire
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=rq_psn, sq_psn=sq_psn, rd_atomic=rd_atomic, mtu=mtu,
                          **kw)
-        self._budget0 = int(ctx.plane.A[L.P_BUDGET])
         if budget is not None:
             self.budget(budget)
         self.drain()
 
-    def sge(self, off: int, n: int):
-        from metaroce_xdp.verbs_types import SGE
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
-
-    def budget(self, n: int) -> None:
-        """At most n frames sent per round (the port's round budget)."""
-        self.ctx.plane.A[L.P_BUDGET] = n
-
     def close(self) -> None:
-        self.ctx.plane.A[L.P_BUDGET] = self._budget0
-        ctx = self.ctx
-        if ctx.closed:
+        """ScriptedQP.close, and the MRs (extra_mrs too) gone unless the test took them already, what the QP
+        left on the CQ and the Context's events taken (the Context serves the next test)."""
+        super().close()
+        if self.ctx.closed:
             return
-        if ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-            ctx.destroy_qp(self.qp)
-        for mr in list(getattr(self, "extra_mrs", ())) + [self.mr]:
-            if mr.valid:
-                mr.dereg()
-        self.cq.poll(1 << 10)
-        while ctx.async_events.get() is not None:
-            pass
-
-    def rounds(self, n: int | None = None, quiet_after: int = 25) -> list:
-        """n rounds (or rounds until nothing more comes, bounded); what the QP sent meanwhile, decoded."""
-        out = []
-        quiet = 0
-        for _ in range(n if n is not None else 400):
-            self.round()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if n is None and quiet >= quiet_after:
-                break
-        return out
+        self.dereg(getattr(self, "extra_mrs", ()))
+        self.flush()
 
     def inject(self, opcode, psn, payload=b"", **headers) -> list:
         """One frame from the script to the QP; the QP's rounds until it is quiet; what it sent back."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dp_players import Faults, Player, run_until, wait_wcs
+from dp_players import Faults, LoopPlayer, run_until, wait_wcs
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import (IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EVENT_QP_ACCESS_ERR,
                                       IBV_EVENT_QP_FATAL, IBV_EVENT_SQ_DRAINED, AsyncEvent, AsyncEventQueue, Busy,
@@ -81,7 +81,7 @@ def test_get_async_event_waits_with_a_timeout(dp_loop):
     assert a.ctx.get_async_event(0.01) is None
 
 
-def _rtr_only(p: Player, peer: Player):
+def _rtr_only(p: LoopPlayer, peer: LoopPlayer):
     """p's QP back through RESET to RTR (dp_loop connected it to RTS): a responder that has not reached RTS."""
     with p.topo.enter(p.ns):
         p.qp.modify(QPAttr(qp_state=QPState.RESET))

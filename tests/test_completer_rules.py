@@ -14,17 +14,10 @@ from metaroce_xdp.verbs_types import QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, Op
 from metaroce_xdp.wire.headers import AtomicAckETH
 from scripted_players import Peer
-from wire_players import scripted_dp_wire
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrcpl")]
 
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrcpl") as w:
-        yield w
 
 
 @pytest.fixture

@@ -17,137 +17,46 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import daemon_procs
 import numpy as np
 import pytest
 
-from metaroce_xdp.daemon.bench import Proc as BenchProc
-from metaroce_xdp.topo import two_hosts
+from daemon_players import Daemons, PlayerProc
 from metaroce_xdp.verbs_types import EventType
 from tools.qpstat import read_qps
 
 pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAYER = str(ROOT / "tests" / "daemon_players.py")
 
 
-class Proc(BenchProc):
-    """metaroce_xdp.daemon.bench.Proc (a child speaking JSON lines) with the tests' call and assert forms."""
+class Env(Daemons):
+    """metaroced on the two ends of a veth (`pair`), with the limits these tests run into; any uid reaches its
+    socket (SO_PEERCRED is what refuses)."""
 
-    def __call__(self, _wait: float = 60, **c) -> dict:
-        self.send(**c)
-        return self.line(_wait)
-
-    def ok(self, _wait: float = 60, **c) -> dict:          # an assertion, not bench's RuntimeError
-        r = self(_wait, **c)
-        assert r["ok"], (self.name, c, r)
-        return r
-
-    def close(self) -> None:
-        if self.p.poll() is None:
-            try:
-                self.p.stdin.close()
-                self.p.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.p.kill()
-
-
-class Env:
     def __init__(self) -> None:
-        self.topo, self.pair = two_hosts()
-        self.tmp = tempfile.mkdtemp(prefix="mrdaemon-")
-        os.chmod(self.tmp, 0o755)
-        self.bpffs = os.path.join(self.tmp, "bpf")
-        os.mkdir(self.bpffs)
-        subprocess.run(["mount", "-t", "bpf", "bpf", self.bpffs], check=True)
-        self.prefix = os.path.join(self.bpffs, "metaroce")
-        self.hosts = {"A": (self.topo[0], self.pair.a), "B": (self.topo[1], self.pair.b)}
-        self.daemons: dict[str, Proc] = {}
-        self.players: list[Proc] = []
-        self.port = 19500
+        super().__init__("flat")
+        self.pair = self.fabric.pair
 
-    def sock(self, h: str) -> str:
-        return os.path.join(self.tmp, f"{h}.sock")
+    def config_text(self, h: str) -> str:
+        return super().config_text(h) + (
+            f'max_clients = 8\nmax_qps_per_client = 4\nmax_mr_bytes_per_client = {32 << 20}\ndrain_timeout_s = 1.0\n'
+            'socket_mode = "0666"\n')
 
-    def config(self, h: str) -> str:
-        path = os.path.join(self.tmp, f"{h}.toml")
-        Path(path).write_text(
-            f'interfaces = ["{self.hosts[h][1].ifname}"]\nsocket_path = "{self.sock(h)}"\nprogress = "sleep"\n'
-            f'bpffs_prefix = "{self.prefix}"\nmax_clients = 8\nmax_qps_per_client = 4\n'
-            f'max_mr_bytes_per_client = {32 << 20}\ndrain_timeout_s = 1.0\n'
-            'socket_mode = "0666"\n')     # any uid reaches the socket: SO_PEERCRED is what refuses it
-        return path
-
-    def start_daemon(self, h: str) -> Proc:
-        ns = self.hosts[h][0]
-        err = open(os.path.join(self.tmp, f"{h}.log"), "a")
-        p = self.topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", self.config(h)],
-                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT),
-                            preexec_fn=daemon_procs.die_with_parent)     # dies with pytest, however it ends
-        d = Proc(p, f"daemon {h}")
-        self.daemons[h] = d
-        return d
-
-    def ready(self, h: str) -> dict:
-        r = self.daemons[h].line(timeout=180)
-        assert r.get("ready"), r
-        return r
-
-    def player(self, h: str) -> Proc:
-        ns, ep = self.hosts[h]
-        p = self.topo.popen(ns, [sys.executable, PLAYER, self.sock(h), ep.ifname], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
-        pl = Proc(p, f"player {h}{len(self.players)}")
-        assert pl.line(60)["ready"]
-        self.players.append(pl)
-        return pl
-
-    def connected(self, size: int = 1 << 20, seeds=(1, 2)) -> tuple[Proc, Proc, dict, dict]:
+    def connected(self, size: int = 1 << 20, seeds=(1, 2)) -> tuple[PlayerProc, PlayerProc, dict, dict]:
         """A client on A connected (spec 06) to a client on B, each with a buffer of random bytes."""
-        a, b = self.player("A"), self.player("B")
-        sa, sb = a.ok(cmd="setup", size=size, seed=seeds[0]), b.ok(cmd="setup", size=size, seed=seeds[1])
-        self.port += 1
-        b.ok(cmd="listen", port=self.port)
-        b.send(cmd="accept")
-        ra = a.ok(cmd="connect", host=self.pair.b.ipv4, port=self.port)
-        rb = b.line()
-        assert rb["ok"], rb
+        a, b, sa, sb, ra, rb = self.connect(size, seeds)
         assert ra["state"] == "RTS" and rb["state"] == "RTS"
         assert ra["peer"]["qpn"] == sb["qpn"] and rb["peer"]["qpn"] == sa["qpn"]
         return a, b, sa, sb
 
-    def status(self, h: str) -> dict:
-        from metaroce_xdp.daemon.client import status
-        return status(self.sock(h))
-
-    def close(self) -> None:
-        for pl in self.players:
-            try:
-                pl.p.kill()
-            except OSError:
-                pass
-        for d in self.daemons.values():
-            daemon_procs.reap(d.p)            # SIGTERM (drains, unpins), then SIGKILL to its process group
-        self.topo.close()
-        subprocess.run(["umount", self.bpffs], check=False)
-        if not os.environ.get("METAROCE_KEEP_TMP"):
-            subprocess.run(["rm", "-rf", self.tmp], check=False)
-
 
 @pytest.fixture(scope="module")
 def env():
-    e = Env()
-    try:
-        e.start_daemon("A"), e.start_daemon("B")
-        e.ready("A"), e.ready("B")
+    with Env.running("A", "B") as e:
         yield e
-    finally:
-        e.close()
 
 
 def _wait_for(pred, timeout: float, what: str):

@@ -20,34 +20,17 @@ NQ, NCQ = 1010, 32                      # 1010 + 32 events > the ring's 1024; th
 
 
 class Env(test_daemon.Env):
-    def config(self, h: str) -> str:
-        path = super().config(h)
-        text = open(path).read().replace("max_qps_per_client = 4", f"max_qps_per_client = {NQ}")
-        with open(path, "w") as f:
-            f.write(text.replace("max_clients = 8", "max_clients = 2"))
-        return path
+    DAEMON_PREFIX = ("prlimit", "--nofile=8192:8192", "--")          # a descriptor per QP and CQ
 
-    def start_daemon(self, h: str):
-        orig = self.topo.popen
-
-        def popen(ns, argv, **kw):          # a descriptor per QP and CQ
-            return orig(ns, ["prlimit", "--nofile=8192:8192", "--"] + argv, **kw)
-        self.topo.popen = popen
-        try:
-            return super().start_daemon(h)
-        finally:
-            self.topo.popen = orig
+    def config_text(self, h: str) -> str:
+        return (super().config_text(h).replace("max_qps_per_client = 4", f"max_qps_per_client = {NQ}")
+                .replace("max_clients = 8", "max_clients = 2"))
 
 
 @pytest.fixture(scope="module")
 def env():
-    e = Env()
-    try:
-        e.start_daemon("A")
-        e.ready("A")
+    with Env.running("A") as e:
         yield e
-    finally:
-        e.close()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import daemon_procs
 import pytest
 
-from metaroce_xdp.topo import switched_hosts
+from dp_players import Fabric
 from metaroce_xdp.wire.packet import decode
 from wire_players import PortTap, is_roce_v4
 
@@ -29,13 +29,9 @@ BUDGET = 32
 
 @pytest.fixture(scope="module")
 def daemon_b():
-    topo, _, _ = switched_hosts(prefix="mrcr", extra_hosts=1)         # A, the switch, B (the daemon), C
-    try:
-        with daemon_procs.serving(topo, topo[2], "mr1", tag="mrdcr",
-                                  extra=f"credit_budget = {BUDGET}\n") as (sock, _):
-            yield topo, sock
-    finally:
-        topo.close()
+    with Fabric("switched", hosts=3, prefix="mrcr", side=None) as f, \
+            daemon_procs.serving(f.topo, f.topo[2], "mr1", tag="mrdcr", extra=f"credit_budget = {BUDGET}\n") as (sock, _):
+        yield f.topo, sock                                              # A, the switch, B (the daemon), C
 
 
 def _is_sack_from_b(f: bytes) -> bool:

@@ -8,119 +8,46 @@ W/2 PSNs (MR-NAT-021/022), responses placed by offset into the client's register
 with ATOMIC_ACKNOWLEDGE (MR-NAT-006, MR-OOO-023..025), completions in work-request order (MR-SACK-026)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-import daemon_procs
+from daemon_players import Daemons, PlayerProc
 from perf_players import perf_run
 import pytest
 
 from metaroce_xdp import cm
-from metaroce_xdp.daemon.bench import Proc
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import EventType
 
 pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAYER = str(ROOT / "tests" / "daemon_native_players.py")
 OP_NATIVE_READ_REQ, OP_NATIVE_READ_RESP, OP_ATOMIC_ACK = 0xC4, 0xC5, 0x12
 
 
-class Env:
-    """Daemons on A (mr0, 10.77.0.1) and B (mr1, 10.77.0.2), the switch between them (topo[1])."""
+class Env(Daemons):
+    """Daemons on A (mr0, 10.77.0.1) and B (mr1, 10.77.0.2), the switch between them (topo[1]); clients of
+    tests/daemon_native_players.py."""
+
+    PLAYER = str(ROOT / "tests" / "daemon_native_players.py")
+    TMP = "mrdread-"
 
     def __init__(self) -> None:
-        self.topo, self.left, self.right = switched_hosts()
-        self.hosts = {"A": (self.topo[0], "mr0"), "B": (self.topo[2], "mr1")}
-        self.tmp = tempfile.mkdtemp(prefix="mrdread-")
-        self.bpffs = os.path.join(self.tmp, "bpf")
-        os.mkdir(self.bpffs)
-        subprocess.run(["mount", "-t", "bpf", "bpf", self.bpffs], check=True)
-        self.daemons: list[subprocess.Popen] = []
-        self.players: list[Proc] = []
-        self.logs = []
-        self.port = 19640
+        super().__init__("switched", port=19640)
 
-    def sock(self, h: str) -> str:
-        return os.path.join(self.tmp, f"{h}.sock")
-
-    def start(self) -> None:
-        procs = []
-        for h, (ns, ifname) in self.hosts.items():
-            conf = os.path.join(self.tmp, f"{h}.toml")
-            Path(conf).write_text(f'interfaces = ["{ifname}"]\nsocket_path = "{self.sock(h)}"\nprogress = "sleep"\n'
-                                  f'bpffs_prefix = "{self.bpffs}/metaroce"\n')
-            err = open(os.path.join(self.tmp, f"{h}.log"), "a")
-            self.logs.append(err)
-            p = self.topo.popen(ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config", conf],
-                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT),
-                                preexec_fn=daemon_procs.die_with_parent)
-            self.daemons.append(p)
-            procs.append((h, Proc(p, f"daemon {h}")))
-        for h, d in procs:                       # both start at once (BCC's compile of the XDP program)
-            r = d.line(timeout=180)
-            assert r.get("ready"), (h, r, Path(self.tmp, f"{h}.log").read_text()[-2000:])
-
-    def player(self, h: str) -> Proc:
-        ns, ifname = self.hosts[h]
-        p = self.topo.popen(ns, [sys.executable, PLAYER, self.sock(h), ifname], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
-        pl = Proc(p, f"player {h}{len(self.players)}")
-        assert pl.line(60)["ready"]
-        self.players.append(pl)
-        return pl
-
-    def connected(self, profile: str, size: int = 4 << 20, seeds=(1, 2)) -> tuple[Proc, Proc]:
+    def connected(self, profile: str, size: int = 4 << 20, seeds=(1, 2)) -> tuple[PlayerProc, PlayerProc]:
         """A client on A connected (spec 06, offering `profile`) to a client on B through the two daemons."""
-        a, b = self.player("A"), self.player("B")
-        a.ok(cmd="setup", size=size, seed=seeds[0])
-        b.ok(cmd="setup", size=size, seed=seeds[1])
-        self.port += 1
-        b.ok(cmd="listen", port=self.port)
-        b.send(cmd="accept", profile=profile)
-        ra = a.ok(cmd="connect", host="10.77.0.2", port=self.port, profile=profile)
-        rb = b.line()
-        assert rb["ok"], rb
+        a, b, _, _, ra, rb = self.connect(size, seeds, profile=profile)
         assert ra["state"] == rb["state"] == "RTS" and ra["profile"] == rb["profile"] == profile, (ra, rb)
         assert ra["atomics"] is True and rb["atomics"] is True          # ATOMICS agreed (MR-CM-019)
         return a, b
 
-    def release(self, *players: Proc) -> None:
-        for pl in players:
-            if pl.p.poll() is None:
-                try:
-                    pl.p.stdin.close()
-                    pl.p.wait(timeout=10)
-                except (OSError, subprocess.TimeoutExpired):
-                    pl.p.kill()
-                    pl.p.wait()
-
-    def close(self) -> None:
-        self.release(*self.players)
-        for p in self.daemons:
-            daemon_procs.reap(p)
-        for f in self.logs:
-            f.close()
-        self.topo.close()
-        subprocess.run(["umount", self.bpffs], check=False)
-
 
 @pytest.fixture(scope="module")
 def env():
-    e = Env()
-    try:
-        e.start()
+    with Env.running("A", "B") as e:             # both start at once (BCC's compile of the XDP program)
         yield e
-    finally:
-        e.close()
 
 
-def _digest(p: Proc, off: int, n: int) -> str:
+def _digest(p: PlayerProc, off: int, n: int) -> str:
     return p.ok(cmd="digest", off=off, len=n)["sha"]
 
 
@@ -203,9 +130,8 @@ def test_native_read_under_loss_through_metaroced(env):
         for i, n in enumerate(sizes):
             ops.append({"op": "read", "off": off, "roff": 1_000_000 + off, "len": n, "wr_id": i})
             off += n
-        with FaultInjector("swA", netns=env.topo[1], opcode_filter=[OP_NATIVE_READ_RESP], psn_drop_once=drops) as fa, \
-                FaultInjector("swB", netns=env.topo[1], opcode_filter=[OP_NATIVE_READ_REQ],
-                              psn_drop_once=[psn[1] & 0xFFFFFF]) as fb:
+        with env.fabric.impair("a", opcode_filter=[OP_NATIVE_READ_RESP], psn_drop_once=drops) as fa, \
+                env.fabric.impair("b", opcode_filter=[OP_NATIVE_READ_REQ], psn_drop_once=[psn[1] & 0xFFFFFF]) as fb:
             a.ok(cmd="post", ops=ops)
             wcs = a.ok(cmd="wait", n=len(ops), timeout=40)["wcs"]
             assert fa.stats()["psn_dropped"] == len(drops) and fb.stats()["psn_dropped"] == 1

@@ -611,7 +611,7 @@ def test_daemon_runs_as_the_metaroce_user_with_the_units_capabilities_and_drops_
     unprivileged client and a peer, keeps only CAP_BPF and CAP_CHOWN once attached, and stops cleanly."""
     import pwd
 
-    import test_daemon
+    from daemon_players import PLAYER, PlayerProc
     from metaroce_xdp.topo import two_hosts
     if os.geteuid() != 0:
         pytest.skip("needs root (namespaces, XDP, setpriv)")
@@ -660,11 +660,11 @@ def test_daemon_runs_as_the_metaroce_user_with_the_units_capabilities_and_drops_
         assert snap["daemon"]["capabilities"] == ["chown", "bpf"], snap["daemon"]
         assert "xdp_drops" in snap["devices"][0]["counters"]            # bpf() on its maps still works
         with daemon_procs.serving(topo, topo[1], "mr1", tag="mrd-peer") as (peer_sock, _):
-            a = test_daemon.Proc(topo.popen(topo[0], ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                                      sys.executable, test_daemon.PLAYER, sock, "mr0"],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT), "a")
-            b = test_daemon.Proc(topo.popen(topo[1], [sys.executable, test_daemon.PLAYER, peer_sock, "mr1"],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT), "b")
+            a = PlayerProc(topo.popen(topo[0], ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                sys.executable, PLAYER, sock, "mr0"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT), "a")
+            b = PlayerProc(topo.popen(topo[1], [sys.executable, PLAYER, peer_sock, "mr1"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT), "b")
             procs += [a.p, b.p]
             assert a.line(60)["ready"] and b.line(60)["ready"]
             a.ok(cmd="setup", size=1 << 16, seed=1), b.ok(cmd="setup", size=1 << 16, seed=2)

@@ -8,59 +8,24 @@ from __future__ import annotations
 
 import zlib
 
-import numpy as np
 import pytest
 
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.dp import Context
-from metaroce_xdp.topo import switched_hosts
-from metaroce_xdp.verbs_types import SGE, QPAttr, QPState
-from dp_players import FULL, wait_wcs
+from dp_players import wait_wcs
 from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
 
-class Host:
-    def __init__(self, topo, ns, ifname, size=1 << 23):
-        self.topo, self.ns = topo, ns
-        with topo.enter(ns):
-            self.ctx = Context.open(ifname)
-        self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = self.ctx.create_cq(1 << 16)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-
-    def connect(self, peer, timeout=14):
-        with self.topo.enter(self.ns):
-            q = self.qp
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0x100, path_mtu=1024,
-                            dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=1))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=timeout, retry_cnt=7, rnr_retry=7,
-                            max_rd_atomic=4))
-
-    def sge(self, off, n):
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
-
-
 @pytest.fixture
-def hosts():
-    topo, _, _ = switched_hosts(prefix="mrcn")
-    a = b = None
-    try:
-        a = Host(topo, topo[0], "mr0")
-        b = Host(topo, topo[2], "mr1")
-        a.connect(b), b.connect(a)
-        a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
-        b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
-        yield topo, a, b
-    finally:
-        for h in (a, b):
-            if h is not None:
-                h.ctx.close()
-        topo.close()
+def hosts(make_fabric):
+    """A and B (8 MiB, CQ 1<<16, a QP each, connected: local ACK timeout 14, 4 RDMA READ / atomic resources)
+    through a switch namespace."""
+    fab = make_fabric(prefix="mrcn", size=1 << 23, cq_depth=1 << 16, qp=True)
+    topo, a, b = fab
+    a.connect(b, timeout=14, rd_atomic=4), b.connect(a, timeout=14, rd_atomic=4)
+    a.fill(1)
+    b.fill(2)
+    return fab
 
 
 def test_ecn_ce_marks_slow_the_sender(hosts):
@@ -69,7 +34,7 @@ def test_ecn_ce_marks_slow_the_sender(hosts):
     checksum, so nothing is dropped for it), MR-ECN-006 (CE-marked data is delivered)."""
     topo, a, b = hosts
     line = a.qp.query()["rate_bps"]
-    with FaultInjector("swB", netns=topo[1], seed=9, ecn_ce_ppm=20_000) as sw:
+    with hosts.impair("b", seed=9, ecn_ce_ppm=20_000) as sw:
         wrs = [SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i << 20, 1 << 20)],
                       remote_addr=b.mr.addr + (i << 20), rkey=b.mr.rkey) for i in range(6)]
         # READs too: their responses cross swA unmarked, their requests cross swB

@@ -13,9 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dp_players import collect, make_switched
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.topo import switched_hosts
+from dp_players import collect, connected
 from metaroce_xdp.verbs_types import (Access, RecvWR, SendFlags, SendWR, WCFlags, WCOpcode, WCStatus,
                                       WROpcode)
 
@@ -132,16 +130,14 @@ def expected(seed, extended, a0, b0):
     return req, rcv, a, b
 
 
-def run(topo, seed, faults, extended=False):
-    """The plan on two compiled-plane endpoints through the switch; what it left and what it must have left."""
-    _, a, b = make_switched(topo=topo, size=1 << 23)
+def run(fab, seed, faults, extended=False):
+    """The plan on the two compiled-plane endpoints of a switched Fabric; what it left and what it must have
+    left."""
+    _, a, b = fab
+    connected(a, b, seeds=(seed, seed + 1), timeout=12)
+    b.buf[CELLS:CELLS + 32] = 0
     inv = []
     try:
-        a.new_qp(), b.new_qp()
-        a.connect(b, timeout=12), b.connect(a, timeout=12)
-        a.buf[:] = np.random.default_rng(seed).integers(0, 256, a.buf.size, dtype=np.uint8)
-        b.buf[:] = np.random.default_rng(seed + 1).integers(0, 256, b.buf.size, dtype=np.uint8)
-        b.buf[CELLS:CELLS + 32] = 0
         want = expected(seed, extended, a.buf, b.buf)
         inv = [b.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
                for _ in range(N_INV)]
@@ -168,8 +164,7 @@ def run(topo, seed, faults, extended=False):
         expect_a = sum(1 for w in wrs if w.send_flags & SendFlags.SIGNALED)
         assert expect_a == len(want[0])
         knobs = dict(drop_ppm=10_000, dup_ppm=10_000, reorder_ppm=10_000, reorder_delay_us=500) if faults else {}
-        fis = [FaultInjector(p, netns=topo[1], seed=seed + k, **knobs) for k, p in enumerate(("swA", "swB"))] \
-            if faults else []
+        fis = [fab.impair(toward, seed=seed + k, **knobs) for k, toward in enumerate("ab")] if faults else []
         try:
             a.qp.post_send(wrs)
             got_a = collect(a, expect_a, [b], timeout=60)
@@ -196,8 +191,6 @@ def run(topo, seed, faults, extended=False):
     finally:
         for m in inv:
             m.dereg()
-        a.close()
-        b.close()
 
 
 def _same(got, want):
@@ -208,20 +201,16 @@ def _same(got, want):
         assert np.array_equal(g, w), f"{name} differs at {np.flatnonzero(g != w)[:8]}"
 
 
-def test_every_completion_and_byte_as_the_plan_must_leave_under_faults():
+def test_every_completion_and_byte_as_the_plan_must_leave_under_faults(make_fabric):
     """WRITE, WRITE WITH IMMEDIATE, SEND, SEND WITH IMMEDIATE and READ of 0 B to 64 KiB, some unsignaled,
     under seeded loss, duplication and reordering both ways; a bad rkey at the end: REM_ACCESS_ERR, then
     WR_FLUSH_ERR."""
-    topo, _, _ = switched_hosts()
-    try:
-        got, want, hit = run(topo, 21, True)
-    finally:
-        topo.close()
+    got, want, hit = run(make_fabric(size=1 << 23), 21, True)
     assert hit > 0                              # the fault plan touched the traffic
     _same(got, want)
 
 
-def test_atomics_invalidate_sge_lists_and_fence_under_faults():
+def test_atomics_invalidate_sge_lists_and_fence_under_faults(make_fabric):
     """The extended plan under the same kind of fault plan: every completion field and both memories as the
     model says -- each ATOMIC executed once (a duplicate answered from the saved result), each SEND WITH
     INVALIDATE's key reported, gathers and scatters in SGE order."""
@@ -229,11 +218,7 @@ def test_atomics_invalidate_sge_lists_and_fence_under_faults():
     ops = {op for op, *_ in plan(seed, True)}
     assert set(EXT_OPS) <= ops                  # every operation is in the plan
     assert any(p > 1 for _, _, _, _, p, _, _ in plan(seed, True)) and any(f for *_, f, _ in plan(seed, True))
-    topo, _, _ = switched_hosts()
-    try:
-        got, want, hit = run(topo, seed, True, extended=True)
-    finally:
-        topo.close()
+    got, want, hit = run(make_fabric(size=1 << 23), seed, True, extended=True)
     assert hit > 0
     assert any(k[5] for k in want[1])           # a receive completion WITH_INV
     _same(got, want)

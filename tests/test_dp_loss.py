@@ -7,30 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dp_players import collect, make_switched, opened
-from metaroce_xdp.faults import FaultInjector
+from dp_players import collect, connected
 from metaroce_xdp.verbs_types import QPState, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched) as f:
-        yield f
-
-
 def _fresh(a, b, **kw):
-    a.new_qp(), b.new_qp()
-    a.connect(b, **kw), b.connect(a, **kw)
-    a.buf[:] = np.random.default_rng(11).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = 0
+    connected(a, b, seeds=(11, None), **kw)
 
 
 def test_one_sequence_nak_per_gap_and_go_back_n(fabric):
     topo, a, b = fabric
     _fresh(a, b)
-    with FaultInjector("swB", netns=topo[1], psn_drop_once=[0x100 + 5]):
+    with fabric.impair("b", psn_drop_once=[0x100 + 5]):
         a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 20 * 1024)],
                               remote_addr=b.mr.addr, rkey=b.mr.rkey))
         w = collect(a, 1, [b])[0]
@@ -71,8 +61,8 @@ def test_seeded_faults_every_operation_completes_intact(fabric):
                               remote_addr=b.mr.addr + dst, rkey=b.mr.rkey))
             checks.append(("r", src, dst, n))
     knobs = dict(drop_ppm=20_000, dup_ppm=10_000, corrupt_ppm=10_000, reorder_ppm=10_000, reorder_delay_us=500)
-    with FaultInjector("swB", netns=topo[1], seed=3, **knobs) as fb, \
-            FaultInjector("swA", netns=topo[1], seed=4, **knobs) as fa:
+    with fabric.impair("b", seed=3, **knobs) as fb, \
+            fabric.impair("a", seed=4, **knobs) as fa:
         a.qp.post_send(wrs)
         got = collect(a, len(wrs), [b], timeout=60)
         rcv = collect(b, recvs, [a], timeout=10)
@@ -91,7 +81,7 @@ def test_seeded_faults_every_operation_completes_intact(fabric):
 def test_retry_exhaustion_fails_the_head_and_flushes_the_rest(fabric):
     topo, a, b = fabric
     _fresh(a, b, timeout=8, retry_cnt=2)
-    with FaultInjector("swB", netns=topo[1], drop_ppm=1_000_000):
+    with fabric.impair("b", drop_ppm=1_000_000):
         a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 3000)],
                                remote_addr=b.mr.addr, rkey=b.mr.rkey),
                         SendWR(wr_id=2, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)])])

@@ -10,35 +10,15 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_switched, opened
-from metaroce_xdp.faults import FaultInjector
+from dp_players import FULL, collect, connected, run_until
 from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched) as f:
-        yield f
-
-
-def _connect(side, peer, profile, psn, peer_psn, timeout=12, params=None):
-    with side.topo.enter(side.ns):
-        q = side.qp
-        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=peer_psn, path_mtu=1024,
-                        dgid=peer.ctx.gid, max_dest_rd_atomic=16, profile=profile, native_params=params))
-        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=timeout, retry_cnt=7, rnr_retry=7,
-                        max_rd_atomic=16))
-
-
 def _fresh(a, b, profile="native", psn=0x100, params=None):
-    a.new_qp(), b.new_qp()
-    _connect(a, b, profile, psn, psn, params=params)
-    _connect(b, a, profile, psn, psn, params=params)
-    a.buf[:] = np.random.default_rng(11).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = 0
+    connected(a, b, seeds=(11, None), sq_psn=psn, rq_psn=psn, min_rnr_timer=None, profile=profile,
+              native_params=params)
 
 
 def _write(a, b, wr_id, src, dst, n, op=WROpcode.RDMA_WRITE, imm=0):
@@ -117,7 +97,7 @@ def test_sack_retransmits_only_the_dropped_packets_and_places_out_of_order(fabri
     # PSNs 0x100 + 5, + 17, + 40 of the WRITE and the first packet of the first SEND (PSN 0x100 + 64)
     drops = [0x105, 0x111, 0x128, 0x140]
     b.qp.post_recv([RecvWR(wr_id=600 + i, sg_list=[b.sge(3_000_000 + i * 8192, 8192)]) for i in range(3)])
-    with FaultInjector("swB", netns=topo[1], psn_drop_once=drops) as fb:
+    with fabric.impair("b", psn_drop_once=drops) as fb:
         a.qp.post_send([_write(a, b, 1, 0, 0, 64 * 1024)] +
                        [SendWR(wr_id=10 + i, opcode=WROpcode.SEND, sg_list=[a.sge(100_000 + i * 8192, 2048 + i)])
                         for i in range(3)])
@@ -137,12 +117,13 @@ def test_sack_retransmits_only_the_dropped_packets_and_places_out_of_order(fabri
     assert b.ctx.stats()["rx_oos"] == 0                    # nothing discarded for being out of sequence
 
 
-def _transfer(topo, a, b, profile, seed, ppm, n_wr=16, size=128 * 1024):
+def _transfer(fabric, profile, seed, ppm, n_wr=16, size=128 * 1024):
+    _, a, b = fabric
     _fresh(a, b, profile=profile)
     pk0 = a.ctx.stats()["tx"]
     wrs = [_write(a, b, i, i * size, i * size, size) for i in range(n_wr)]
-    with FaultInjector("swB", netns=topo[1], seed=seed, drop_ppm=ppm) as fb, \
-            FaultInjector("swA", netns=topo[1], seed=seed + 1, drop_ppm=ppm) as fa:
+    with fabric.impair("b", seed=seed, drop_ppm=ppm) as fb, \
+            fabric.impair("a", seed=seed + 1, drop_ppm=ppm) as fa:
         t0 = time.monotonic()
         a.qp.post_send(wrs)
         got = collect(a, n_wr, [b], timeout=60)
@@ -158,9 +139,8 @@ def test_native_retransmits_fewer_packets_than_go_back_n_on_the_same_seed(fabric
     """MR-SACK-023, MR-LOSS-007: 2 MiB of WRITEs at 1 % seeded loss each way (data and acknowledgements),
     intact either way; the native profile resends fewer packets than compat go-back-N (MR-NAK-003) on the
     same fault seed.  (Goodput is measured by the benchmark, not asserted.)"""
-    topo, a, b = fabric
-    retx_c, drop_c, _ = _transfer(topo, a, b, "compat", seed=21, ppm=10_000)
-    retx_n, drop_n, _ = _transfer(topo, a, b, "native", seed=21, ppm=10_000)
+    retx_c, drop_c, _ = _transfer(fabric, "compat", seed=21, ppm=10_000)
+    retx_n, drop_n, _ = _transfer(fabric, "native", seed=21, ppm=10_000)
     assert drop_c > 0 and drop_n > 0
     assert retx_n < retx_c, (retx_n, retx_c)
 
@@ -187,8 +167,8 @@ def test_native_every_fault_kind_every_operation_intact(fabric):
             wrs.append(_write(a, b, i, src, dst, n))
         checks.append((src, dst, n))
     knobs = dict(drop_ppm=20_000, dup_ppm=10_000, corrupt_ppm=10_000, reorder_ppm=10_000, reorder_delay_us=500)
-    with FaultInjector("swB", netns=topo[1], seed=3, **knobs) as fb, \
-            FaultInjector("swA", netns=topo[1], seed=4, **knobs) as fa:
+    with fabric.impair("b", seed=3, **knobs) as fb, \
+            fabric.impair("a", seed=4, **knobs) as fa:
         a.qp.post_send(wrs)
         got = collect(a, len(wrs), [b], timeout=60)
         rcv = collect(b, recvs, [a], timeout=10)
@@ -254,8 +234,7 @@ def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
     a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 3000)]),
                     _write(a, b, 2, 10_000, 10_000, 5000)])
     t0 = time.monotonic()
-    from dp_players import drive
-    drive([a, b], lambda: a.qp.native_counters()["c_rnr"] >= 2 or time.monotonic() - t0 > 0.5, timeout=5)
+    run_until([a, b], lambda: a.qp.native_counters()["c_rnr"] >= 2 or time.monotonic() - t0 > 0.5, timeout=5)
     assert a.cq.poll(4) == []
     na, nb = a.qp.native_counters(), b.qp.native_counters()
     assert na["c_rnr"] >= 1 and nb["c_notready"] >= 1, (na, nb)
@@ -270,16 +249,12 @@ def test_rnr_nak_sack_then_the_send_completes_once_a_receive_is_posted(fabric):
 @pytest.mark.parametrize("srv_args,want", [(["--plane", "compiled"], "native"),
                                             (["--plane", "compiled", "--profile", "compat"], "compat")],
                          ids=["auto", "compat"])
-def test_perf_profile_switch(srv_args, want):
+def test_perf_profile_switch(make_fabric, srv_args, want):
     """`metaroce perf --plane compiled` with the default --profile auto (MR-NAT-001/002, MR-CM-016): write-bw
     runs native against an auto server and falls back to compat against a compat-only one, the data arriving
     intact each time; both sides report which."""
-    from metaroce_xdp.topo import two_hosts
     from perf_players import perf_run
-    topo, _ = two_hosts()
-    try:
-        r, s = perf_run(topo, "write-bw", 18597, srv_args, ["--plane", "compiled", "-s", "65536", "-n", "100"])
-        assert r["profile"] == s["profile"] == want and r["gbps"] > 0 and r["iterations"] == 100
-        assert r["peer_verified"] is True and s["verified"] is True
-    finally:
-        topo.close()
+    fab = make_fabric("flat", side=None)
+    r, s = perf_run(fab.topo, "write-bw", 18597, srv_args, ["--plane", "compiled", "-s", "65536", "-n", "100"])
+    assert r["profile"] == s["profile"] == want and r["gbps"] > 0 and r["iterations"] == 100
+    assert r["peer_verified"] is True and s["verified"] is True

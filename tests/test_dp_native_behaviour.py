@@ -14,10 +14,9 @@ AF_XDP), with a capture on the switch port towards A that sees, in order, what A
 from __future__ import annotations
 
 
-import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_switched, opened
+from dp_players import FULL, collect, connected
 from wire_players import PortTap
 from metaroce_xdp import cm
 from metaroce_xdp.native import layout as NL
@@ -28,12 +27,6 @@ pytestmark = pytest.mark.netns
 
 PSN_MASK = 0xFFFFFF
 REQUESTS = (Op.NATIVE_SEND, Op.NATIVE_SEND_IMM, Op.NATIVE_WRITE, Op.NATIVE_WRITE_IMM, Op.NATIVE_READ_REQ)
-
-
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched) as f:
-        yield f
 
 
 def _pkts(tap: PortTap) -> list:
@@ -50,26 +43,18 @@ def _pkts(tap: PortTap) -> list:
 
 @pytest.fixture
 def tap_a(fabric):
-    t = PortTap(fabric[0], fabric[0][1], "swA")
+    t = PortTap(fabric.topo, fabric.topo[1], "swA")
     yield t
     t.close()
 
 
 def _connect(side, peer, profile, psn, params=None):
-    with side.topo.enter(side.ns):
-        q = side.qp
-        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=psn, path_mtu=1024,
-                        dgid=peer.ctx.gid, max_dest_rd_atomic=16, profile=profile, native_params=params))
-        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=16))
+    side.connect(peer, sq_psn=psn, rq_psn=psn, min_rnr_timer=None, profile=profile, native_params=params)
 
 
 def _fresh(a, b, profile="native", psn=0x100, params=None):
-    a.new_qp(), b.new_qp()
-    _connect(a, b, profile, psn, params)
-    _connect(b, a, profile, psn, params)
-    a.buf[:] = np.random.default_rng(11).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(12).integers(0, 256, b.buf.size, dtype=np.uint8)
+    connected(a, b, seeds=(11, 12), sq_psn=psn, rq_psn=psn, min_rnr_timer=None, profile=profile,
+              native_params=params)
 
 
 def _write(a, b, wr_id, off, n, flags=SendFlags.SIGNALED):

@@ -13,29 +13,19 @@ NATIVE_SACK it sends back is read off the wire and decoded.
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from metaroce_xdp.verbs_types import QPState, RecvWR, WCOpcode, WCStatus
 from metaroce_xdp.wire import NETH, RETH, RSNETH, ImmDt, Op
-from wire_players import ScriptedQP, scripted_dp_wire
+from wire_players import ScriptedQP
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrnak")]
 
 PEER_QPN = 0x778            # the scripted requester's QP: exists nowhere
 MTU = 1024
 EPSN = 100                  # the responder's initial ePSN
 FIRST, LAST = 0x80, 0x40
 SYN_INV_REQ, SYN_REM_ACCESS = 0x61, 0x62
-
-
-@pytest.fixture(scope="module")
-def wire():
-    """Namespace 0: the responder's interface mr0 and its compiled-plane Context; namespace 1: the script's
-    raw socket on mr1."""
-    with scripted_dp_wire("mrnak") as w:
-        yield w
 
 
 class Responder(ScriptedQP):
@@ -50,16 +40,7 @@ class Responder(ScriptedQP):
 
     def rounds(self) -> list:
         """Rounds until nothing more comes (bounded); the SACKs sent meanwhile."""
-        out = []
-        quiet = 0
-        for _ in range(400):
-            self.ctx.progress()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if quiet >= 25:
-                break
+        out = super().rounds()
         assert all(p.bth.opcode == Op.NATIVE_SACK for p in out), [hex(p.bth.opcode) for p in out]
         return out
 
@@ -67,9 +48,6 @@ class Responder(ScriptedQP):
         self.send(frames)
         return self.rounds()
 
-    def close(self) -> None:
-        if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-            self.ctx.destroy_qp(self.qp)
 
 
 def naks(sacks) -> list[tuple[int, int, int]]:

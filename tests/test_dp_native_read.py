@@ -10,35 +10,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_switched, opened
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCOpcode, WCStatus, WROpcode
+from dp_players import collect, connected
+from metaroce_xdp.verbs_types import SendWR, WCOpcode, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched) as f:
-        yield f
-
-
-def _connect(side, peer, psn, params):
-    with side.topo.enter(side.ns):
-        q = side.qp
-        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=psn, path_mtu=1024,
-                        dgid=peer.ctx.gid, max_dest_rd_atomic=16, profile="native", native_params=params))
-        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=12, retry_cnt=7, rnr_retry=7, max_rd_atomic=16))
-
-
 def _fresh(a, b, psn=0x100, params=None):
     """A native pair; b's buffer (the READ source) random, a's (the READ destination) zero."""
-    a.new_qp(), b.new_qp()
-    _connect(a, b, psn, params)
-    _connect(b, a, psn, params)
-    a.buf[:] = 0
-    b.buf[:] = np.random.default_rng(psn).integers(0, 256, b.buf.size, dtype=np.uint8)
+    connected(a, b, seeds=(None, psn), sq_psn=psn, rq_psn=psn, min_rnr_timer=None, profile="native",
+              native_params=params)
 
 
 def _read(a, b, wr_id, dst, src, n):
@@ -132,8 +113,8 @@ def test_lost_read_responses_and_requests_are_recovered_selectively(fabric):
     for i, n in enumerate(sizes):
         wrs.append(_read(a, b, i, off, 500_000 + off, n))
         off += n
-    with FaultInjector("swA", netns=topo[1], opcode_filter=[0xC5], psn_drop_once=rsp_drops) as fa, \
-            FaultInjector("swB", netns=topo[1], opcode_filter=[0xC4], psn_drop_once=[0x140]) as fb:
+    with fabric.impair("a", opcode_filter=[0xC5], psn_drop_once=rsp_drops) as fa, \
+            fabric.impair("b", opcode_filter=[0xC4], psn_drop_once=[0x140]) as fb:
         a.qp.post_send(wrs)
         got = collect(a, len(wrs), [b], timeout=20)
         assert fa.stats()["psn_dropped"] == len(rsp_drops) and fb.stats()["psn_dropped"] == 1
@@ -162,7 +143,7 @@ def test_read_window_follows_ce_marked_responses_and_its_own_rtt(fabric):
     na = a.qp.native_counters()
     assert na["rd_srtt_ns"] > 0 and na["c_rd_dec_ecn"] == 0 and na["rd_cwnd"] > 16, na
     _fresh(a, b, psn=0x2000)
-    with FaultInjector("swA", netns=topo[1], opcode_filter=[0xC5], ecn_ce_ppm=1_000_000) as fa:
+    with fabric.impair("a", opcode_filter=[0xC5], ecn_ce_ppm=1_000_000) as fa:
         a.qp.post_send([_read(a, b, 2, 0, 500_000, n)])
         got = collect(a, 1, [b], timeout=20)
         st = fa.stats()
@@ -183,7 +164,7 @@ def test_lost_atomic_acknowledge_is_replayed_and_answered_from_the_saved_result(
     b.buf[cell:cell + 8] = np.frombuffer(np.uint64(50).tobytes(), np.uint8)
     wrs = [SendWR(wr_id=i, opcode=WROpcode.ATOMIC_FETCH_AND_ADD, sg_list=[a.sge(8 * i, 8)],
                   remote_addr=b.mr.addr + cell, rkey=b.mr.rkey, compare_add=3) for i in range(3)]
-    with FaultInjector("swA", netns=topo[1], opcode_filter=[0x12], psn_drop_once=[0x100, 0x100]) as fa:
+    with fabric.impair("a", opcode_filter=[0x12], psn_drop_once=[0x100, 0x100]) as fa:
         a.qp.post_send(wrs)
         got = collect(a, 3, [b], timeout=20)
         assert fa.stats()["psn_dropped"] == 2
@@ -222,7 +203,7 @@ def test_atomic_result_owed_is_kept_while_later_atomics_are_answered(fabric):
     _fresh(a, b)
     cell, n = 2_000_000, 48
     wrs = _faa_run(a, b, n, cell)
-    with FaultInjector("swA", netns=topo[1], opcode_filter=[0x12], psn_drop_once=[0x100, 0x100]) as fa:
+    with fabric.impair("a", opcode_filter=[0x12], psn_drop_once=[0x100, 0x100]) as fa:
         a.qp.post_send(wrs)
         got = collect(a, n, [b], timeout=30)
         dropped = fa.stats()["psn_dropped"]
@@ -241,8 +222,8 @@ def test_responder_reuses_the_resource_of_the_lowest_executed_psn(fabric):
     _fresh(a, b)
     cell, n = 2_000_000, 40
     wrs = _faa_run(a, b, n, cell)
-    with FaultInjector("swB", netns=topo[1], opcode_filter=[0x14], psn_drop_once=[0x100]) as fb, \
-            FaultInjector("swA", netns=topo[1], opcode_filter=[0x12], psn_drop_once=[0x101, 0x101]) as fa:
+    with fabric.impair("b", opcode_filter=[0x14], psn_drop_once=[0x100]) as fb, \
+            fabric.impair("a", opcode_filter=[0x12], psn_drop_once=[0x101, 0x101]) as fa:
         a.qp.post_send(wrs)
         got = collect(a, n, [b], timeout=30)
         dropped = fb.stats()["psn_dropped"], fa.stats()["psn_dropped"]
@@ -280,8 +261,8 @@ def test_reads_writes_atomics_under_every_fault_kind(fabric):
             faa.append(i)
         off += n + 64
     knobs = dict(drop_ppm=20_000, dup_ppm=10_000, corrupt_ppm=10_000, reorder_ppm=10_000, reorder_delay_us=500)
-    with FaultInjector("swB", netns=topo[1], seed=13, **knobs) as fb, \
-            FaultInjector("swA", netns=topo[1], seed=14, **knobs) as fa:
+    with fabric.impair("b", seed=13, **knobs) as fb, \
+            fabric.impair("a", seed=14, **knobs) as fa:
         a.qp.post_send(wrs)
         got = collect(a, len(wrs), [b], timeout=60)
         hit = {k: sum(f.stats()[k] for f in (fa, fb)) for k in ("dropped", "duplicated", "corrupted")}
@@ -296,15 +277,11 @@ def test_reads_writes_atomics_under_every_fault_kind(fabric):
     assert all(hit.values()), hit
 
 
-def test_perf_read_bw_on_the_native_profile():
+def test_perf_read_bw_on_the_native_profile(make_fabric):
     """`metaroce perf read-bw --plane compiled --profile native` (MR-NAT-001, MR-CM-016): the compiled
     benchmark loop posts native READs (dp.drive through post_send_n) and every one completes."""
-    from metaroce_xdp.topo import two_hosts
     from perf_players import perf_run
-    topo, _ = two_hosts()
-    try:
-        r, _ = perf_run(topo, "read-bw", 18598, ["--plane", "compiled", "--profile", "native"],
-                        ["--plane", "compiled", "--profile", "native", "-s", "65536", "-n", "300"])
-        assert r["profile"] == "native" and r["gbps"] > 0 and r["iterations"] == 300, r
-    finally:
-        topo.close()
+    fab = make_fabric("flat", side=None)
+    r, _ = perf_run(fab.topo, "read-bw", 18598, ["--plane", "compiled", "--profile", "native"],
+                    ["--plane", "compiled", "--profile", "native", "-s", "65536", "-n", "300"])
+    assert r["profile"] == "native" and r["gbps"] > 0 and r["iterations"] == 300, r

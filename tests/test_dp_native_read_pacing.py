@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, make_switched, opened
+from dp_players import to_rts
 from wire_players import PortTap
-from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
+from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
@@ -22,22 +22,13 @@ NQP = 3
 SIZE = 256 * 1024
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched) as f:
-        yield f
-
-
 def _connect(side, q, peer_q, peer_side, psn, params=None):
     # the default rto_min (500 us): a QP's responses come at R/N = 67 Mb/s, one every ~130 us, and a test
     # loop descheduled for longer on a loaded host can still take the READ's tail for lost (MR-LOSS-013);
     # the re-request then queues no copy of the responses still queued (MR-OOO-022, c_rereq_queued)
     with side.topo.enter(side.ns):
-        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer_q.qp_num, rq_psn=psn, path_mtu=1024,
-                        dgid=peer_side.ctx.gid, max_dest_rd_atomic=16, profile="native",
-                        native_params=params or {}))
-        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=16))
+        to_rts(q, peer_q.qp_num, peer_side.ctx.gid, rq_psn=psn, sq_psn=psn, timeout=14, rd_atomic=16,
+               profile="native", native_params=params or {})
 
 
 def _responses(frames: list[bytes]) -> list[tuple[int, int, int]]:

@@ -16,21 +16,15 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, SACKETH, Op, encode
-from wire_players import ScriptedQP, scripted_dp_wire
+from wire_players import ScriptedQP
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrscr")]
 
 PEER_QPN = 0x779            # the scripted peer's QP: exists nowhere
 MTU = 1024
 SQ_PSN = 0x200              # the requester's first PSN
 EPSN = 100                  # the responder's initial ePSN
 FLAG_N = 0x40
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrscr") as w:
-        yield w
 
 
 class Native(ScriptedQP):
@@ -45,17 +39,9 @@ class Native(ScriptedQP):
         self.drain()
 
     def rounds(self, until=None, n=400) -> list:
-        """Progress rounds until nothing more comes for 25 rounds (or until(frames) holds); the frames."""
-        out, quiet = [], 0
-        for _ in range(n):
-            self.ctx.progress()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if quiet >= 25 or (until is not None and until(out)):
-                break
-        return out
+        """Progress rounds (n at most) until nothing more comes for 25 rounds (or until(frames) holds); the
+        frames."""
+        return super().rounds(until=until, limit=n)
 
     def sack(self, syndrome, psn, nw=0, words=()) -> None:
         """A NATIVE_SACK from the scripted peer: syndrome (0x1F ACK-type, 0x61..0x63 error NAKs), BTH.PSN psn."""
@@ -67,9 +53,6 @@ class Native(ScriptedQP):
                               sack_bitmap=list(words)))
         time.sleep(self.settle)
 
-    def close(self) -> None:
-        if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-            self.ctx.destroy_qp(self.qp)
 
 
 @pytest.fixture

@@ -7,67 +7,50 @@ it, MR-ICRC-005); receivers do not care (MR-MP-017: the data arrives intact).  A
 same hosts keeps the one port and the flow label 0 it always had (compat bytes unchanged)."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections import defaultdict
 
-import numpy as np
 import pytest
 
-from dp_players import FULL, Side, collect
+from dp_players import collect
 from wire_players import PortTap, is_roce_v6
-from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.native import layout as NL
-from metaroce_xdp.topo import IFA_F_NODAD, switched_hosts
 from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire.packet import decode
 
-pytestmark = pytest.mark.netns
-
 A6, B6 = "fd79::1", "fd79::2"
 A6I, B6I = int(ipaddress.ip_address(A6)), int(ipaddress.ip_address(B6))
+# the module's `fabric` (tests/conftest.py): A and B through a switch, A6 and B6 on their links
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mr6", addr6=(A6, B6), ipv6=True)]
 
 
 @pytest.fixture(scope="module")
-def v6():
-    topo, _, _ = switched_hosts(prefix="mr6")
-    a = b = None
-    try:
-        for ns, ifname, addr in ((topo[0], "mr0", A6), (topo[2], "mr1", B6)):
-            h = topo.ipr(ns)
-            h.addr("add", index=h.link_lookup(ifname=ifname)[0], address=addr, prefixlen=64, flags=IFA_F_NODAD)
-        a = Side(topo, topo[0], "mr0", ipv6=True)
-        b = Side(topo, topo[2], "mr1", ipv6=True)
-        assert a.ctx.gid == A6 and b.ctx.gid == B6
-        yield topo, a, b
-    finally:
-        for s in (a, b):
-            if s is not None:
-                s.close()
-        topo.close()
+def v6(fabric):
+    """The module's fabric: A and B through a switch, A6 and B6 on their links, both Contexts on IPv6."""
+    assert fabric.a.ctx.gid == A6 and fabric.b.ctx.gid == B6
+    return fabric
 
 
 def _connect(a, b, profile, fresh=True, params=None):
     if fresh:
         a.new_qp(), b.new_qp()
     for s, p in ((a, b), (b, a)):
-        with s.topo.enter(s.ns):
-            if not fresh:
+        if not fresh:
+            with s.topo.enter(s.ns):
                 s.qp.modify(QPAttr(qp_state=QPState.RESET))         # the same QPs (QPNs, GIDs) again
-            s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            s.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=p.qp.qp_num, rq_psn=0x100, path_mtu=1024,
-                               dgid=p.ctx.gid, max_dest_rd_atomic=16, profile=profile, native_params=params))
-            s.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=12, retry_cnt=7, rnr_retry=7,
-                               max_rd_atomic=16))
+        s.connect(p, min_rnr_timer=None, profile=profile, native_params=params)
 
 
-def _transfer(topo, a, b, profile, fault=None, fresh=True, params=None):
+def _transfer(fab, profile, fault=None, fresh=True, params=None):
+    topo, a, b = fab
     if fresh is not None:
         _connect(a, b, profile, fresh, params)
-    a.buf[:] = np.random.default_rng(7).integers(0, 256, a.buf.size, dtype=np.uint8)
+    a.fill(7)
     b.buf[:] = 0
     tap = PortTap(topo, topo[1], "swA")
     try:
-        with (FaultInjector("swB", netns=topo[1], **fault) if fault else _nothing()):
+        with (fab.impair("b", **fault) if fault else contextlib.nullcontext()):
             a.qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i * 100_000, 100_000)],
                                    remote_addr=b.mr.addr + i * 100_000, rkey=b.mr.rkey) for i in range(4)])
             got = collect(a, 4, [b], timeout=30)
@@ -78,14 +61,6 @@ def _transfer(topo, a, b, profile, fault=None, fresh=True, params=None):
     assert (b.buf[:400_000] == a.buf[:400_000]).all()
     assert pkts and all(p.ipv6 and p.icrc_ok for p in pkts)
     return pkts
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _labels_by_port(pkts):
@@ -101,7 +76,7 @@ def test_native_flow_label_follows_the_entropy_value(v6):
     SACKs; the spraying shows in the labels too.  MR-MP-017, MR-ICRC-005: the labels are outside the
     ICRC, which checks on every frame, and the receiver places every byte."""
     topo, a, b = v6
-    pkts = _transfer(topo, a, b, "native", fault=dict(seed=5, drop_ppm=10_000))
+    pkts = _transfer(v6, "native", fault=dict(seed=5, drop_ppm=10_000))
     data = [p for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)]
     sacks = [p for p in pkts if p.ip.src == B6I and p.bth.opcode == 0xC6]
     assert len(data) >= 4 * 98 and sacks                           # every PSN (4 x 98 at 1 KiB) at least once
@@ -131,7 +106,7 @@ def test_native_entropy_values_distinct_in_range_fixed_and_keyed_per_qp(v6):
     topo, a, b = v6
     runs = []
     for fresh in (True, None, False):                  # new QPs; the same QPs again; the same QPs after RESET
-        pkts = _transfer(topo, a, b, "native", fresh=fresh)
+        pkts = _transfer(v6, "native", fresh=fresh)
         data = {p.udp.sport for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)}
         sacks = {p.udp.sport for p in pkts if p.ip.src == B6I and p.bth.opcode == 0xC6}
         ta, tb = _entropy_table(a), _entropy_table(b)
@@ -155,7 +130,7 @@ def test_native_evicted_values_are_replaced_by_fresh_ones(v6):
     again, and every port, a fresh one too, has its own non-zero flow label (MR-MP-016).  The transfer
     completes intact."""
     topo, a, b = v6
-    pkts = _transfer(topo, a, b, "native", fault=dict(seed=11, drop_ppm=50_000),
+    pkts = _transfer(v6, "native", fault=dict(seed=11, drop_ppm=50_000),
                      params=dict(mp_replace=1, mp_evict_window=20))
     data = [p for p in pkts if p.ip.src == A6I and p.bth.opcode in (0xC0, 0xC1, 0xC2, 0xC3)]
     c = a.qp.native_counters()
@@ -175,7 +150,7 @@ def test_compat_over_ipv6_keeps_one_port_and_flow_label_zero(v6):
     """MR-ENC-017: the compat profile is unchanged by the native flow label: one UDP source port for the
     QP and the constant flow label 0 it always carried, in both directions."""
     topo, a, b = v6
-    pkts = _transfer(topo, a, b, "compat")
+    pkts = _transfer(v6, "compat")
     assert {p.bth.opcode for p in pkts} <= set(range(0x00, 0x20))  # RC opcodes only
     assert {p.ip.flow_label for p in pkts} == {0}
     assert len({p.udp.sport for p in pkts if p.ip.src == A6I}) == 1

@@ -23,20 +23,18 @@ from __future__ import annotations
 import socket
 import time
 
-import numpy as np
 import pytest
 from scapy.contrib.roce import BTH as S_BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from dp_players import FULL, collect, make_switched, opened
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
+from dp_players import collect, connected
+from metaroce_xdp.verbs_types import SGE, QPState, RecvWR, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, NETH, RETH, RSNETH, SACKETH, MalformedPacket, Op, decode, encode
-from wire_players import PortTap, ScriptedQP, is_roce_v4, scripted_dp_wire
+from wire_players import PortTap, ScriptedQP, is_roce_v4
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrnw")]
 
 MASK = 0xFFFFFF
 PMTU = 1024
@@ -54,16 +52,6 @@ BTH_AT = 14 + 20 + 8                    # Ethernet, IPv4, UDP
 def _held(tap: PortTap) -> list:
     """(raw, decoded) of every IPv4 UDP/4791 frame the tap holds, in the order the port saw them."""
     return [(f, decode(f)) for f in tap.frames(is_roce_v4)]
-
-
-def _connect(side, peer, psn, params=None):
-    with side.topo.enter(side.ns):
-        q = side.qp
-        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=psn, path_mtu=PMTU,
-                        dgid=peer.ctx.gid, max_dest_rd_atomic=16, profile="native", native_params=params))
-        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=12, retry_cnt=7, rnr_retry=7,
-                        max_rd_atomic=16))
 
 
 PSN0 = 0xFFFFF0                        # A's first request PSN: the transfer crosses 2^24
@@ -103,49 +91,47 @@ def _wrs(a, b, batch, wr0, src0, dst0):
 
 
 @pytest.fixture(scope="module")
-def capture():
+def capture(fabric):
     """The captured transfer: all frames, A's and B's (raw, decoded) of each batch, A's QPN, and the
     local monotonic clock (us) read before batch 1, after batch 1 completed (no round ran after it), before
     batch 2 was posted and after it completed."""
-    with opened(make_switched) as (topo, a, b):
-        a.new_qp(), b.new_qp()
-        # RACK's reordering window at its floor, well above this host's scheduling delay between the players:
-        # the retransmissions are those of the dropped PSNs (spurious ones would be checked the same way)
-        params = {"reo_floor": 5000, "rto_min": 20000}
-        _connect(a, b, PSN0, params), _connect(b, a, PSN0, params)
-        a.buf[:] = np.random.default_rng(3).integers(0, 256, a.buf.size, dtype=np.uint8)
-        b.buf[:] = np.random.default_rng(4).integers(0, 256, b.buf.size, dtype=np.uint8)
-        b.qp.post_recv([RecvWR(wr_id=900 + i, sg_list=[b.sge(3_500_000 + i * 8192, 8192)]) for i in range(4)])
-        w1 = _wrs(a, b, BATCH1, 0, 0, 1_000_000)
-        w2 = _wrs(a, b, BATCH2, 100, 2_000_000, 2_500_000)
-        tap = PortTap(topo, topo[1], "swA")
-        try:
-            with FaultInjector("swB", netns=topo[1], psn_drop_once=DROPS) as fb:
-                t0 = time.monotonic_ns() // 1000
-                a.qp.post_send(w1)
-                got1 = collect(a, len(w1), [b], timeout=30)
-                t1 = time.monotonic_ns() // 1000
-                time.sleep(0.05)                     # the last frames cross the bridge
-                f1 = _held(tap)
-                time.sleep(PAUSE)
-                t2 = time.monotonic_ns() // 1000
-                a.qp.post_send(w2)
-                got2 = collect(a, len(w2), [b], timeout=30)
-                t3 = time.monotonic_ns() // 1000
-                time.sleep(0.05)
-                f2 = _held(tap)
-                dropped = fb.stats()["psn_dropped"]
-            collect(b, 4, [a], timeout=5)
-        finally:
-            tap.close()
-        assert [(w.wr_id, w.status) for w in got1 + got2] == [(w.wr_id, WCStatus.SUCCESS) for w in w1 + w2]
-        assert dropped == len(DROPS)
-        a_ip = int.from_bytes(socket.inet_aton(a.ctx.gid), "big")
-        b_ip = int.from_bytes(socket.inet_aton(b.ctx.gid), "big")
-        yield dict(all1=f1, all2=f2,
-                   a1=[x for x in f1 if x[1].ip.src == a_ip], a2=[x for x in f2 if x[1].ip.src == a_ip],
-                   b1=[x for x in f1 if x[1].ip.src == b_ip], b2=[x for x in f2 if x[1].ip.src == b_ip],
-                   qpn_a=a.qp.qp_num, t=(t0, t1, t2, t3))
+    topo, a, b = fabric
+    # RACK's reordering window at its floor, well above this host's scheduling delay between the players:
+    # the retransmissions are those of the dropped PSNs (spurious ones would be checked the same way)
+    params = {"reo_floor": 5000, "rto_min": 20000}
+    connected(a, b, seeds=(3, 4), mtu=PMTU, sq_psn=PSN0, rq_psn=PSN0, min_rnr_timer=None, profile="native",
+              native_params=params)
+    b.qp.post_recv([RecvWR(wr_id=900 + i, sg_list=[b.sge(3_500_000 + i * 8192, 8192)]) for i in range(4)])
+    w1 = _wrs(a, b, BATCH1, 0, 0, 1_000_000)
+    w2 = _wrs(a, b, BATCH2, 100, 2_000_000, 2_500_000)
+    tap = PortTap(topo, topo[1], "swA")
+    try:
+        with fabric.impair("b", psn_drop_once=DROPS) as fb:
+            t0 = time.monotonic_ns() // 1000
+            a.qp.post_send(w1)
+            got1 = collect(a, len(w1), [b], timeout=30)
+            t1 = time.monotonic_ns() // 1000
+            time.sleep(0.05)                     # the last frames cross the bridge
+            f1 = _held(tap)
+            time.sleep(PAUSE)
+            t2 = time.monotonic_ns() // 1000
+            a.qp.post_send(w2)
+            got2 = collect(a, len(w2), [b], timeout=30)
+            t3 = time.monotonic_ns() // 1000
+            time.sleep(0.05)
+            f2 = _held(tap)
+            dropped = fb.stats()["psn_dropped"]
+        collect(b, 4, [a], timeout=5)
+    finally:
+        tap.close()
+    assert [(w.wr_id, w.status) for w in got1 + got2] == [(w.wr_id, WCStatus.SUCCESS) for w in w1 + w2]
+    assert dropped == len(DROPS)
+    a_ip = int.from_bytes(socket.inet_aton(a.ctx.gid), "big")
+    b_ip = int.from_bytes(socket.inet_aton(b.ctx.gid), "big")
+    yield dict(all1=f1, all2=f2,
+               a1=[x for x in f1 if x[1].ip.src == a_ip], a2=[x for x in f2 if x[1].ip.src == a_ip],
+               b1=[x for x in f1 if x[1].ip.src == b_ip], b2=[x for x in f2 if x[1].ip.src == b_ip],
+               qpn_a=a.qp.qp_num, t=(t0, t1, t2, t3))
 
 
 def _retx(p) -> bool:
@@ -385,13 +371,6 @@ EPSN = 200                              # the QP under test's ePSN (the script's
 SQ_PSN = 0x700                          # the QP under test's first request PSN
 
 
-@pytest.fixture(scope="module")
-def wire():
-    """Namespace 0: the interface mr0 and its compiled-plane Context; namespace 1: the script's raw socket."""
-    with scripted_dp_wire("mrnw") as w:
-        yield w
-
-
 class Native(ScriptedQP):
     """A fresh native QP (ePSN 200, first request PSN 0x700) connected to the scripted peer."""
     settle = 0.05
@@ -404,18 +383,8 @@ class Native(ScriptedQP):
         self.drain()
 
     def rounds(self, until=None) -> list:
-        """Rounds until nothing more comes (or until(frames) holds), bounded; the QP's frames meanwhile."""
-        out = []
-        quiet = 0
-        for _ in range(400):
-            self.ctx.progress()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if (until is not None and until(out)) or (until is None and quiet >= 25):
-                break
-        return out
+        """Rounds until nothing more comes (or, given, until until(frames) holds), bounded; the frames."""
+        return super().rounds(until=until, quiet_after=25 if until is None else None)
 
     def raw(self, frames) -> None:
         """Frames built elsewhere (scapy) onto the wire, then `settle` for them to cross."""
@@ -445,9 +414,6 @@ class Native(ScriptedQP):
     def drops(self) -> dict:
         return self.ctx.loader.drops()
 
-    def close(self) -> None:
-        if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-            self.ctx.destroy_qp(self.qp)
 
 
 @pytest.fixture

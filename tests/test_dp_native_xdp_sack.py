@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_switched, opened
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.verbs_types import QPAttr, QPState, SendWR, WCStatus, WROpcode
+from dp_players import collect, connected
+from metaroce_xdp.verbs_types import QPState, SendWR, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
@@ -19,22 +17,8 @@ OP_NATIVE_SACK = 0xC6
 TSECR_BYTE = 12 + 4 + 1          # from the BTH: a byte of SACKETH.tsecr (the frame stays a well-formed SACK)
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched) as f:
-        yield f
-
-
 def _native_pair(a, b, psn=0xFFFF00):
-    a.new_qp(), b.new_qp()
-    for s, peer in ((a, b), (b, a)):
-        with s.topo.enter(s.ns):
-            s.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            s.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=psn, path_mtu=1024,
-                               dgid=peer.ctx.gid, profile="native"))
-            s.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=12, retry_cnt=7, rnr_retry=7))
-    a.buf[:] = np.random.default_rng(7).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = 0
+    connected(a, b, seeds=(7, None), sq_psn=psn, rq_psn=psn, rd_atomic=None, min_rnr_timer=None, profile="native")
 
 
 def _writes(a, b, n_wr, size):
@@ -57,8 +41,8 @@ def test_sacks_reach_the_requester_through_the_kernel_ring_under_loss(fabric):
     _native_pair(a, b)
     n_wr, size = 16, 128 * 1024
     rx0, st0 = a.ctx.stats(), (a.ctx.loader.events(), a.ctx.loader.drops())
-    with FaultInjector("swB", netns=topo[1], seed=31, drop_ppm=10_000) as fb, \
-            FaultInjector("swA", netns=topo[1], seed=32, drop_ppm=10_000, dup_ppm=20_000, reorder_ppm=20_000,
+    with fabric.impair("b", seed=31, drop_ppm=10_000) as fb, \
+            fabric.impair("a", seed=32, drop_ppm=10_000, dup_ppm=20_000, reorder_ppm=20_000,
                           reorder_delay_us=300, corrupt_ppm=30_000, corrupt_offset=TSECR_BYTE,
                           opcode_filter=[OP_NATIVE_SACK]) as fa:
         a.qp.post_send(_writes(a, b, n_wr, size))
@@ -192,7 +176,7 @@ def test_psn_sequence_error_naks_are_discarded_on_a_native_qp(fabric):
     _native_pair(a, b, psn=0x500)
     mac = {s: json.loads(topo.run(s.ns, ["ip", "-j", "link", "show", dev]).stdout)[0]["address"]
            for s, dev in ((a, "mr0"), (b, "mr1"))}
-    with FaultInjector("swB", netns=topo[1], opcode_filter=[0xC2], psn_drop_once=[0x500]) as fb:
+    with fabric.impair("b", opcode_filter=[0xC2], psn_drop_once=[0x500]) as fb:
         a.qp.post_send(_writes(a, b, 1, 1000))
         for _ in range(2000):                              # transmitted (and dropped): outstanding
             a.ctx.progress()

@@ -11,24 +11,18 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, connected, drive, make_pair, opened
+from dp_players import FULL, collect, connected, run_until
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import EventType
 from metaroce_xdp.verbs_types import (SGE, Access, Busy, InvalidArgument, QPAttr, QPState, RecvWR, SendFlags,
                                       SendWR, WCFlags, WCOpcode, WCStatus, WROpcode)
 
-pytestmark = pytest.mark.netns
-
-
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_pair) as f:
-        yield f
+pytestmark = [pytest.mark.netns, pytest.mark.fabric("flat")]
 
 
 @pytest.fixture
 def pair(fabric):
-    return connected(fabric, drain=True)                # completions and events of earlier tests' QPs
+    return connected(fabric.a, fabric.b, drain=True)    # completions and events of earlier tests' QPs
 
 
 def u64(buf, off):
@@ -131,7 +125,7 @@ def test_duplicate_atomic_is_answered_from_the_saved_result(pair):
     dup0 = b.ctx.stats()["rx_dup"]
     (wc,) = collect(a, 1, [b])
     assert (wc.wr_id, wc.status, wc.opcode) == (1, WCStatus.SUCCESS, WCOpcode.FETCH_ADD)
-    drive([a, b], lambda: b.ctx.plane.A[L.P_RX_DUP_ATOMIC] >= 1, 5)
+    run_until([a, b], lambda: b.ctx.plane.A[L.P_RX_DUP_ATOMIC] >= 1, 5)
     assert u64(a.buf, 0) == 40 and u64(b.buf, 128) == 42               # executed once
     assert b.ctx.stats()["rx_dup"] > dup0
 
@@ -262,7 +256,7 @@ def test_completion_channel_and_solicited_events(pair):
         rcq.req_notify(solicited_only=True)
         qa.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)]))
         collect(a, 1, [b])
-        drive([a, b], lambda: int(rcq.row[L.C_TAIL]) >= 1, 5)
+        run_until([a, b], lambda: int(rcq.row[L.C_TAIL]) >= 1, 5)
         assert ch.get_cq_event(0.05) is None                     # not solicited: no event
         qa.post_send(SendWR(wr_id=2, opcode=WROpcode.SEND, sg_list=[a.sge(0, 10)],
                             send_flags=SendFlags.SIGNALED | SendFlags.SOLICITED))
@@ -336,43 +330,31 @@ def test_sqd_drains_then_resumes(pair):
     assert (b.buf[8:16 * 65536] == a.buf[8:16 * 65536]).all()
 
 
-def test_dcqcn_cnps_cut_the_senders_rate():
+def test_dcqcn_cnps_cut_the_senders_rate(make_fabric):
     """A switch port marks CE on A's requests towards B (bpf/fault_inject.c ecn_ce_ppm): B's notification
     point counts the marks and answers with CNPs, at most one per cnp_interval (MR-CNP-003); A's XDP
     program verifies each CNP's ICRC (so the compiled plane's CNP is a well-formed RoCEv2 packet),
     counts it into the QP's slot and consumes it; A's reaction point reads the count and cuts its
     rate; the paced transfer arrives intact."""
-    from dp_players import make_switched
-    from metaroce_xdp.faults import FaultInjector
-    topo, a, b = make_switched(size=1 << 23)
-    try:
-        a.new_qp(), b.new_qp()
-        a.connect(b), b.connect(a)
-        a.buf[:] = np.random.default_rng(4).integers(0, 256, a.buf.size, dtype=np.uint8)
-        r_line = a.ctx.plane.dcqcn.r_line_bps
-        cnp0 = a.ctx.loader.events()["CNP_CONSUMED"]
-        fi = FaultInjector("swB", netns=topo[1], seed=5, ecn_ce_ppm=300_000)
-        try:
-            a.qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i << 20, 1 << 20)],
-                                   remote_addr=b.mr.addr + (i << 20), rkey=b.mr.rkey) for i in range(4)])
-            wcs = collect(a, 4, [b], timeout=60)
-            marked = fi.stats()["ce_marked"]
-        finally:
-            fi.close()
-        assert [(w.wr_id, w.status) for w in wcs] == [(i, WCStatus.SUCCESS) for i in range(4)]
-        assert (b.buf[:4 << 20] == a.buf[:4 << 20]).all()
-        qa, qb = a.qp.query(), b.qp.query()
-        assert marked > 0 and qb["rx_ce_marked"] > 0 and qb["tx_cnp"] >= 1
-        assert qb["tx_cnp"] <= qb["rx_ce_marked"] and b.ctx.stats()["tx_cnp"] == qb["tx_cnp"]
-        assert a.ctx.loader.events()["CNP_CONSUMED"] - cnp0 >= 1        # ICRC verified by A's kernel
-        assert qa["rx_cnp"] >= 1 and qa["rate_cuts"] >= 1
-        # alpha has decayed since the QP was made (g = 1/256 every K = 55 us), so each cut is small;
-        # every CNP adds g back
-        assert qa["rate_min_bps"] < r_line and qa["alpha"] > 0
-    finally:
-        a.close()
-        b.close()
-        topo.close()
+    fab = make_fabric(size=1 << 23)
+    a, b = connected(fab.a, fab.b, seeds=(4,))
+    r_line = a.ctx.plane.dcqcn.r_line_bps
+    cnp0 = a.ctx.loader.events()["CNP_CONSUMED"]
+    with fab.impair("b", seed=5, ecn_ce_ppm=300_000) as fi:
+        a.qp.post_send([SendWR(wr_id=i, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(i << 20, 1 << 20)],
+                               remote_addr=b.mr.addr + (i << 20), rkey=b.mr.rkey) for i in range(4)])
+        wcs = collect(a, 4, [b], timeout=60)
+        marked = fi.stats()["ce_marked"]
+    assert [(w.wr_id, w.status) for w in wcs] == [(i, WCStatus.SUCCESS) for i in range(4)]
+    assert (b.buf[:4 << 20] == a.buf[:4 << 20]).all()
+    qa, qb = a.qp.query(), b.qp.query()
+    assert marked > 0 and qb["rx_ce_marked"] > 0 and qb["tx_cnp"] >= 1
+    assert qb["tx_cnp"] <= qb["rx_ce_marked"] and b.ctx.stats()["tx_cnp"] == qb["tx_cnp"]
+    assert a.ctx.loader.events()["CNP_CONSUMED"] - cnp0 >= 1        # ICRC verified by A's kernel
+    assert qa["rx_cnp"] >= 1 and qa["rate_cuts"] >= 1
+    # alpha has decayed since the QP was made (g = 1/256 every K = 55 us), so each cut is small;
+    # every CNP adds g back
+    assert qa["rate_min_bps"] < r_line and qa["alpha"] > 0
 
 
 def test_a_bad_sge_is_reported_by_a_completion_not_at_post(pair):
@@ -430,23 +412,20 @@ def test_read_then_overlapping_write_without_fence(pair):
     assert (b.buf[3_000_016:3_065_536] == new[16:]).all()
 
 
-def test_wire_bytes_of_atomics_invalidate_and_gathers_parse_strictly():
+def test_wire_bytes_of_atomics_invalidate_and_gathers_parse_strictly(make_fabric):
     """The wire bytes: the ATOMIC, ATOMIC ACKNOWLEDGE, SEND WITH INVALIDATE, gathered and scattered packets
     the compiled plane sends, both ways between two of its endpoints (compat RoCEv2, through the real XDP
     program on each side), are captured on the switch port before B and each one is decoded by the strict
     parser (metaroce_xdp.wire.decode: lengths, pad, extension headers, ICRC): the headers carry what the
     work requests asked for (MR-XH-*), and the operations complete with the memory they must leave."""
-    from dp_players import make_switched
     from metaroce_xdp.wire import Op, decode
     from wire_players import PortTap, is_roce_v4
-    topo, a, b = make_switched()
+    topo, a, b = make_fabric()
+    connected(a, b, seeds=(5, 6))                                   # path MTU 1024
+    for s in (a, b):
+        s.buf[8192:8208] = 0
     tap = None
     try:
-        a.new_qp(), b.new_qp()
-        a.connect(b), b.connect(a)                                  # path MTU 1024
-        for s, seed in ((a, 5), (b, 6)):
-            s.buf[:] = np.random.default_rng(seed).integers(0, 256, s.buf.size, dtype=np.uint8)
-            s.buf[8192:8208] = 0
         inv_a = a.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
         inv_b = b.pd.reg_mr(np.zeros(64, np.uint8), Access.LOCAL_WRITE | Access.REMOTE_WRITE, remote_invalidate=True)
         tap = PortTap(topo, topo[1], "swB")
@@ -507,9 +486,6 @@ def test_wire_bytes_of_atomics_invalidate_and_gathers_parse_strictly():
     finally:
         if tap is not None:
             tap.close()
-        for s in (a, b):
-            s.close()
-        topo.close()
 
 
 def test_comm_est_when_rtr_accepts_the_first_request(pair):

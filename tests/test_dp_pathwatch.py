@@ -16,33 +16,19 @@ import zlib
 import numpy as np
 import pytest
 
-from dp_players import Side
 from metaroce_xdp.dp import layout as L
-from metaroce_xdp.topo import routed_hosts
 from metaroce_xdp.verbs_types import QPState, SendWR, WCStatus, WROpcode
-
-pytestmark = pytest.mark.netns
 
 TOTAL, CHUNK = 16 << 20, 1 << 20
 
-
-@pytest.fixture(scope="module")
-def routed():
-    r = routed_hosts(routers=1, ipv6=False)
-    sides = []
-    try:
-        for ep in (r.a, r.b):
-            sides.append(Side(r.topo, ep.ns, ep.ifname, size=TOTAL, progress_thread=True))
-        yield r, sides[0], sides[1]
-    finally:
-        for s in sides:
-            s.close()
-        r.close()
+# the module's `fabric` (tests/conftest.py): A and B behind one IPv4 router, each Side with its progress thread
+pytestmark = [pytest.mark.netns, pytest.mark.fabric("routed", size=TOTAL, progress_thread=True)]
 
 
 @pytest.mark.parametrize("side", ["a", "b"])
-def test_gateway_mac_change_mid_transfer_compiled_plane(routed, side):
-    r, a, b = routed
+def test_gateway_mac_change_mid_transfer_compiled_plane(fabric, side):
+    r = fabric.routed
+    _, a, b = fabric
     for s in (a, b):
         s.new_qp()
     a.connect(b, timeout=14), b.connect(a, timeout=14)

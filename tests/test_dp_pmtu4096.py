@@ -10,30 +10,19 @@ corruption every operation completes intact and in order."""
 from __future__ import annotations
 
 
-import numpy as np
 import pytest
 
-from dp_players import collect, make_switched, opened
+from dp_players import collect, connected
 from metaroce_xdp.dp import layout as L
-from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import RecvWR, SendWR, WCOpcode, WCStatus, WROpcode
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(mtu=9000)]
 
 SIZES = [1, 4095, 4096, 4097, 64 << 10, 1 << 20]
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_switched, mtu=9000) as f:
-        yield f
-
-
 def _fresh(a, b, **kw):
-    a.new_qp(), b.new_qp()
-    a.connect(b, mtu=4096, **kw), b.connect(a, mtu=4096, **kw)
-    a.buf[:] = np.random.default_rng(21).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(22).integers(0, 256, b.buf.size, dtype=np.uint8)
+    connected(a, b, seeds=(21, 22), mtu=4096, **kw)
 
 
 def _plan(a, b, sizes):
@@ -104,8 +93,8 @@ def test_seeded_faults_at_path_mtu_4096(fabric):
     wrs, recvs, checks = _plan(a, b, [1, 4096, 4097, 30_000, 64 << 10, 200_000])
     knobs = dict(drop_ppm=20_000, dup_ppm=10_000, corrupt_ppm=10_000)
     b.qp.post_recv(recvs)
-    with FaultInjector("swB", netns=topo[1], seed=7, **knobs) as fb, \
-            FaultInjector("swA", netns=topo[1], seed=8, **knobs) as fa:
+    with fabric.impair("b", seed=7, **knobs) as fb, \
+            fabric.impair("a", seed=8, **knobs) as fa:
         a.qp.post_send(wrs)
         got = collect(a, len(wrs), [b], timeout=60)
         rcv = collect(b, len(recvs), [a], timeout=10)

@@ -20,9 +20,9 @@ import pytest
 
 from metaroce_xdp.verbs_types import SGE, QPState, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, Op, encode
-from wire_players import ScriptedQP, engine_context, scripted_wire
+from wire_players import ScriptedQP
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrres")]
 
 PEER_QPN = 0x77A            # the scripted responder's QP: exists nowhere
 MTU = 1024
@@ -31,20 +31,13 @@ TIMEOUT = 12                # 4.096 us x 2^12 = 16.8 ms
 
 
 @pytest.fixture(scope="module")
-def wire():
-    with scripted_wire("mrres") as w:
-        yield w
-
-
-@pytest.fixture(scope="module")
 def ctx(wire):
-    with engine_context(wire[0], "compiled") as c:
-        yield c
+    return wire[3]
 
 
 class Requester(ScriptedQP):
     def __init__(self, wire, ctx) -> None:
-        topo, pair, self.sock = wire
+        topo, pair, self.sock, _ = wire
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=100, sq_psn=SQ_PSN, rd_atomic=16, mtu=MTU,
                          timeout=TIMEOUT)
         self.drain()

@@ -16,69 +16,34 @@ off the wire in the order it left: opcode, PSN, AETH syndrome and the ACKs' MSN,
 from __future__ import annotations
 
 import contextlib
-import time
 
 import pytest
 
 from metaroce_xdp.wire import RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
-from wire_players import ScriptedQP, engine_context, scripted_wire
+from wire_players import ScriptedQP
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrord")]
 
 PEER_QPN = 0x777            # the scripted requester's QP: exists nowhere
 MTU = 1024
 
 
 @pytest.fixture(scope="module")
-def wire():
-    """Namespace 0: the responder's interface mr0; namespace 1: the script's raw socket on mr1."""
-    with scripted_wire("mrord") as w:
-        yield w
-
-
-@pytest.fixture(scope="module")
 def engine(wire):
     """The compiled plane's Context on mr0 (no progress thread: the test runs the rounds)."""
-    with engine_context(wire[0], "compiled") as ctx:
-        yield ctx
+    return wire[3]
 
 
 class Responder(ScriptedQP):
     """A fresh responder QP (ePSN 100) of `engine`, connected to the scripted requester."""
 
     def __init__(self, wire, engine, budget: int = 256) -> None:
-        topo, pair, self.sock = wire
+        topo, pair, self.sock, _ = wire
         super().__init__(engine, topo, pair, PEER_QPN, rq_psn=100, sq_psn=0x100, rd_atomic=16, mtu=MTU,
                          min_rnr_timer=4)
-        self.budget = budget
-        self._budget0 = self._set_budget(budget)
+        self.budget(budget)
         self.drain()
-
-    def _set_budget(self, n: int) -> int:
-        """The plane's per-round packet budget set to n; the old one returned."""
-        from metaroce_xdp.dp import layout as L
-        old = int(self.ctx.plane.A[L.P_BUDGET])
-        self.ctx.plane.A[L.P_BUDGET] = n
-        return old
-
-    def close(self) -> None:
-        self._set_budget(self._budget0)
-        self.ctx.destroy_qp(self.qp)
-
-    def rounds(self, n: int | None = None) -> list:
-        """n rounds (or rounds until nothing more comes, bounded); what was sent meanwhile."""
-        out = []
-        quiet = 0
-        for _ in range(n if n is not None else 400):
-            self.round()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if n is None and quiet >= 25:
-                break
-        return out
 
 
 @contextlib.contextmanager

@@ -10,24 +10,16 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dp_players import FULL, collect, make_pair, opened
+from dp_players import FULL, collect, connected
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import EventType
 from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
 
-pytestmark = pytest.mark.netns
-
-
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_pair) as f:
-        yield f
+pytestmark = [pytest.mark.netns, pytest.mark.fabric("flat")]
 
 
 def _fresh(a, b):
-    a.new_qp(), b.new_qp()
-    a.connect(b), b.connect(a)
-    a.buf[:] = np.random.default_rng(3).integers(0, 256, a.buf.size, dtype=np.uint8)
+    connected(a, b, seeds=(3,))                 # B's buffer as the last test left it
 
 
 def test_progress_threads_sleep_and_are_woken_by_posts_and_packets(fabric):

@@ -7,24 +7,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dp_players import collect, connected, make_pair, opened
+from dp_players import collect, connected
 from metaroce_xdp.dp import Unsupported
 from metaroce_xdp.dp import layout as L
 from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPState, RecvWR, SendWR, WCFlags, WCOpcode,
                                       WCStatus, WROpcode)
 
-pytestmark = pytest.mark.netns
-
-
-@pytest.fixture(scope="module")
-def fabric():
-    with opened(make_pair) as f:
-        yield f
+pytestmark = [pytest.mark.netns, pytest.mark.fabric("flat")]
 
 
 @pytest.fixture
 def pair(fabric):
-    return connected(fabric)
+    return connected(fabric.a, fabric.b)
 
 
 def _write(a, b, wr_id, off, n, roff, op=WROpcode.RDMA_WRITE, imm=0):

@@ -26,85 +26,18 @@ import zlib
 import numpy as np
 import pytest
 
-from metaroce_xdp.faults import FaultInjector
-from metaroce_xdp.dp import Context
-from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs_types import Access, QPState, WCOpcode
-from dp_players import FULL, wait_wcs
+from dp_players import FreshSide, connected, wait_wcs
 from metaroce_xdp.verbs_types import RecvWR, SendWR, WCStatus, WROpcode
 
-pytestmark = pytest.mark.netns
-
-
-class NsPlayer:
-    """A player whose context lives in a namespace; QPs are made fresh per test."""
-
-    def __init__(self, topo, ns, ctx, size=1 << 23):
-        self.topo, self.ns, self.ctx = topo, ns, ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = ctx.create_cq(1 << 16)
-        self.qp = None
-
-    def new_qp(self):
-        if self.qp is not None:
-            self.ctx.destroy_qp(self.qp)
-        while self.cq.poll(1 << 12):                 # what earlier tests' QPs left
-            pass
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-        return self.qp
-
-    def connect(self, peer, mtu=1024, timeout=12, retry_cnt=7, rnr_retry=7, min_rnr_timer=1):
-        with self.topo.enter(self.ns):      # the neighbour lookup happens in our namespace
-            q = self.qp
-            q.modify_state = None
-            from metaroce_xdp.verbs_types import QPAttr
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0x100, path_mtu=mtu,
-                            dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=min_rnr_timer))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=timeout, retry_cnt=retry_cnt,
-                            rnr_retry=rnr_retry, max_rd_atomic=4))
-
-    def sge(self, off, n):
-        from metaroce_xdp.verbs_types import SGE
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
-
-
-@pytest.fixture(scope="module")
-def fabric():
-    topo, left, right = switched_hosts()
-    cap_path = f"/tmp/metaroce-e2e-{os.getpid()}.pcap"
-    cap = topo.popen(topo[1], ["tcpdump", "-q", "--immediate-mode", "-B", "131072", "-i", "sw0", "-w", cap_path, "-U", "udp port 4791"],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    a = b = None
-    try:
-        with topo.enter(topo[0]):
-            a = NsPlayer(topo, topo[0], Context.open("mr0"))
-        with topo.enter(topo[2]):
-            b = NsPlayer(topo, topo[2], Context.open("mr1"))
-        yield topo, a, b, cap, cap_path
-    finally:
-        for p in (a, b):
-            if p is not None:
-                p.ctx.close()
-        cap.terminate()
-        try:
-            cap.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            cap.kill()
-        topo.close()
-        if os.path.exists(cap_path) and not os.environ.get("METAROCE_KEEP_PCAP"):
-            os.unlink(cap_path)
+# the module's `fabric` (tests/conftest.py): A and B through a switch namespace, tcpdump capturing on its bridge
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(side=FreshSide, capture=dict(tag="e2e", args=["-B", "131072"]))]
 
 
 @pytest.fixture
 def pair(fabric):
-    topo, a, b, _, _ = fabric
-    a.new_qp(), b.new_qp()
-    a.connect(b), b.connect(a)
-    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
+    topo, a, b = fabric
+    connected(a, b)
     return topo, a, b
 
 
@@ -174,7 +107,7 @@ def test_access_violation_leaves_memory_untouched(pair):
 
 def test_rnr_retried_then_exhausted(fabric):
     """MR-RNR-001, MR-RNR-005, MR-RNR-007 end to end."""
-    topo, a, b, _, _ = fabric
+    topo, a, b = fabric
     a.new_qp(), b.new_qp()
     a.connect(b, rnr_retry=7, min_rnr_timer=1), b.connect(a, min_rnr_timer=1)
     rnr0 = a.ctx.stats()["rnr_seen"]
@@ -195,13 +128,12 @@ def test_rnr_retried_then_exhausted(fabric):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_faults_in_the_switch(pair, seed):
+def test_faults_in_the_switch(fabric, pair, seed):
     """MR-RETRY-006, MR-DUP-003, MR-DUP-005, MR-ICRC-014 under loss, duplication, corruption, reordering."""
     topo, a, b = pair
-    m = topo[1]
     knobs = dict(drop_ppm=20000, dup_ppm=10000, corrupt_ppm=10000)
-    with FaultInjector("swB", netns=m, seed=seed, reorder_ppm=20000, reorder_delay_us=500, **knobs) as fb, \
-         FaultInjector("swA", netns=m, seed=seed + 50, **knobs) as fa:
+    with fabric.impair("b", seed=seed, reorder_ppm=20000, reorder_delay_us=500, **knobs) as fb, \
+         fabric.impair("a", seed=seed + 50, **knobs) as fa:
         b.buf[7 << 20:(7 << 20) + 8] = 0
         retx0 = a.ctx.stats()["retransmits"]
         wrs = []
@@ -306,7 +238,8 @@ def test_ping_and_tcp_keep_working(pair):
 @pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark not installed")
 def test_capture_decodes_as_rocev2_with_valid_icrc(fabric, pair):
     """MR-ICRC-003, MR-ICRC-010, MR-ENC-001: every captured frame is RoCEv2 with a valid ICRC."""
-    topo, a, b, cap, cap_path = fabric
+    topo, a, b = fabric
+    cap_path = fabric.capture.path
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 300_000)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
     wait_wcs(_players(a, b), a, 1)
@@ -327,37 +260,22 @@ def test_capture_decodes_as_rocev2_with_valid_icrc(fabric, pair):
 
 
 @pytest.mark.parametrize("ipv6,mtu,pmtu", [(True, 1500, 1024), (False, 3000, 2048)], ids=["ipv6", "pmtu2048"])
-def test_ipv6_and_the_largest_path_mtu(ipv6, mtu, pmtu):
+def test_ipv6_and_the_largest_path_mtu(make_fabric, ipv6, mtu, pmtu):
     """MR-ENC-015, MR-ENC-024, MR-ENC-029: IPv6 encapsulation (UDP checksum filled), and the largest path MTU that
     4 KiB UMEM chunks carry with an XDP program that is not frags-aware (veth then caps
     its MTU near 3.5 KB; path MTU 4096 needs multi-buffer XDP and AF_XDP: not yet)."""
-    from metaroce_xdp.topo import two_hosts
-    topo, _ = two_hosts(ipv6=ipv6, mtu=mtu)
-    ctxs = []
-    try:
-        with topo.enter(topo[0]):
-            ctxs.append(Context.open("mr0", ipv6=ipv6))
-        with topo.enter(topo[1]):
-            ctxs.append(Context.open("mr1", ipv6=ipv6))
-        assert ctxs[0].max_pmtu == pmtu
-        a = NsPlayer(topo, topo[0], ctxs[0], 1 << 21)
-        b = NsPlayer(topo, topo[1], ctxs[1], 1 << 21)
-        a.new_qp(), b.new_qp()
-        a.connect(b, mtu=pmtu), b.connect(a, mtu=pmtu)
-        a.buf[:] = np.random.default_rng(3).integers(0, 256, a.buf.size, dtype=np.uint8)
-        a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 1 << 20)],
-                               remote_addr=b.mr.addr, rkey=b.mr.rkey),
-                        SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(1 << 20, 500_000)],
-                               remote_addr=b.mr.addr + 3, rkey=b.mr.rkey)])
-        wcs = wait_wcs([a, b], a, 2)
-        assert [w.status for w in wcs] == [WCStatus.SUCCESS] * 2
-        assert zlib.crc32(b.buf[:1 << 20]) == zlib.crc32(a.buf[:1 << 20])
-        assert bytes(a.buf[1 << 20:(1 << 20) + 500_000]) == bytes(b.buf[3:500_003])
-        assert ctxs[0].loader.events()["ACK_CONSUMED"] > 0
-    finally:
-        for c in ctxs:
-            c.close()
-        topo.close()
+    _, a, b = make_fabric("flat", mtu=mtu, addr6=ipv6, side=FreshSide, size=1 << 21, ipv6=ipv6)
+    assert a.ctx.max_pmtu == pmtu
+    connected(a, b, seeds=(3,), mtu=pmtu)
+    a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 1 << 20)],
+                           remote_addr=b.mr.addr, rkey=b.mr.rkey),
+                    SendWR(wr_id=2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(1 << 20, 500_000)],
+                           remote_addr=b.mr.addr + 3, rkey=b.mr.rkey)])
+    wcs = wait_wcs([a, b], a, 2)
+    assert [w.status for w in wcs] == [WCStatus.SUCCESS] * 2
+    assert zlib.crc32(b.buf[:1 << 20]) == zlib.crc32(a.buf[:1 << 20])
+    assert bytes(a.buf[1 << 20:(1 << 20) + 500_000]) == bytes(b.buf[3:500_003])
+    assert a.ctx.loader.events()["ACK_CONSUMED"] > 0
 
 
 @pytest.mark.skipif(shutil.which("nsenter") is None, reason="nsenter (util-linux) needed")
@@ -393,10 +311,10 @@ def test_cli_reads_the_pinned_maps(pair):
 
 def test_64mib_write_and_read_over_veth(fabric):
     """The issue's largest size class on real interfaces: one 64 MiB WRITE and one 64 MiB READ."""
-    topo, a0, b0, _, _ = fabric
+    topo, a0, b0 = fabric
     n = 64 << 20
-    a = NsPlayer(topo, a0.ns, a0.ctx, n)
-    b = NsPlayer(topo, b0.ns, b0.ctx, n)
+    a = FreshSide(topo, a0.ns, size=n, ctx=a0.ctx)
+    b = FreshSide(topo, b0.ns, size=n, ctx=b0.ctx)
     a.new_qp(), b.new_qp()
     a.connect(b), b.connect(a)
     a.buf[::4096] = 7

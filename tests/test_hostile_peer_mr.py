@@ -37,20 +37,14 @@ from metaroce_xdp.wire import NETH, RETH, Op
 from metaroce_xdp.wire.headers import AtomicETH
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wire_players import FULL, ScriptedQP, scripted_dp_wire, scripted_wire  # noqa: E402
+from wire_players import FULL, ScriptedQP, scripted_wire  # noqa: E402
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrhmr")]
 
 PEER_QPN = 0x779            # the scripted requester's QPs: exist nowhere
 MTU = 1024
 EPSN = 100
 NAK_REM_ACCESS = 0x62       # AETH: NAK, code 2 (MR-NAK-007)
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrhmr") as w:
-        yield w
 
 
 class Responder(ScriptedQP):
@@ -59,32 +53,13 @@ class Responder(ScriptedQP):
     def __init__(self, wire, budget: int | None = None, **rtr) -> None:
         topo, pair, self.sock, ctx = wire
         super().__init__(ctx, topo, pair, PEER_QPN, rq_psn=EPSN, sq_psn=0x100, rd_atomic=16, mtu=MTU, **rtr)
-        from metaroce_xdp.dp import layout as L
-        self._L = L
-        self._budget0 = int(ctx.plane.A[L.P_BUDGET])
         if budget is not None:
-            ctx.plane.A[L.P_BUDGET] = budget
+            self.budget(budget)
         self.drain()
-
-    def rounds(self, n: int | None = None) -> list:
-        out, quiet = [], 0
-        for _ in range(n if n is not None else 400):
-            self.round()
-            time.sleep(0.002)
-            got = self.drain()
-            out += got
-            quiet = 0 if got else quiet + 1
-            if n is None and quiet >= 25:
-                break
-        return out
 
     def exchange(self, frames) -> list:
         self.send(frames)
         return self.rounds()
-
-    def close(self) -> None:
-        self.ctx.plane.A[self._L.P_BUDGET] = self._budget0
-        self.ctx.destroy_qp(self.qp)
 
 
 def naks(pkts) -> list[tuple[int, int]]:
@@ -301,13 +276,8 @@ def test_post_send_sge_address_wrapping_local_prot(wire):
 def daemon_a():
     """metaroced on host A of tests/test_daemon.py's Env (B not started: nothing answers)."""
     from test_daemon import Env
-    e = Env()
-    try:
-        e.start_daemon("A")
-        e.ready("A")
+    with Env.running("A") as e:
         yield e
-    finally:
-        e.close()
 
 
 def test_daemon_refuses_a_client_sge_whose_end_wraps(daemon_a):

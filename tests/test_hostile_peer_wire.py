@@ -140,13 +140,8 @@ def test_ce_count_is_cumulative_duplicates_add_nothing_losses_lose_nothing():
 # ============================================================================ compat responder on the wire
 PEER_QPN = 0x778
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def wire():
-    from wire_players import scripted_dp_wire
-    with scripted_dp_wire("mrhst") as w:
-        yield w
+# the `wire` fixture's namespaces (tests/conftest.py) are named after the module's fabric mark
+pytestmark = pytest.mark.fabric(prefix="mrhst")
 
 
 @contextlib.contextmanager

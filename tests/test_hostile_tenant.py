@@ -40,24 +40,13 @@ MAX_PENDING_EVENTS = 8                    # of 1024: reached with a few QPs
 
 
 class Env(test_daemon.Env):
-    def config(self, h: str) -> str:
-        path = super().config(h)
-        text = open(path).read().replace("max_qps_per_client = 4", "max_qps_per_client = 256")
-        with open(path, "w") as f:
-            f.write(text + 'socket_group = "nogroup"\n')
-        return path
+    # RLIMIT_NOFILE soft < hard, as a daemon started from a shell has
+    DAEMON_PREFIX = ("prlimit", f"--nofile={NOFILE_SOFT}:{NOFILE_HARD}", "--",
+                     "env", f"METAROCE_MAX_PENDING_EVENTS={MAX_PENDING_EVENTS}")
 
-    def start_daemon(self, h: str):
-        orig = self.topo.popen
-
-        def popen(ns, argv, **kw):          # RLIMIT_NOFILE soft < hard, as a daemon started from a shell has
-            return orig(ns, ["prlimit", f"--nofile={NOFILE_SOFT}:{NOFILE_HARD}", "--",
-                             "env", f"METAROCE_MAX_PENDING_EVENTS={MAX_PENDING_EVENTS}"] + argv, **kw)
-        self.topo.popen = popen
-        try:
-            return super().start_daemon(h)
-        finally:
-            self.topo.popen = orig
+    def config_text(self, h: str) -> str:
+        return (super().config_text(h).replace("max_qps_per_client = 4", "max_qps_per_client = 256")
+                + 'socket_group = "nogroup"\n')
 
     def daemon_alive(self, h: str) -> bool:
         return self.daemons[h].p.poll() is None
@@ -65,13 +54,8 @@ class Env(test_daemon.Env):
 
 @pytest.fixture(scope="module")
 def env():
-    e = Env()
-    try:
-        e.start_daemon("A"), e.start_daemon("B")
-        e.ready("A"), e.ready("B")
+    with Env.running("A", "B") as e:
         yield e
-    finally:
-        e.close()
 
 
 def _run_as(who: list[str], env: Env, ns_host: str, code: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -88,7 +88,7 @@ def _fill(a, b, seed):
 @pytest.fixture
 def tap(dp_loop):
     """A capture on the switch's port towards A: what B sends."""
-    topo = dp_loop._open()[0]
+    topo = dp_loop._open().topo
     t = PortTap(topo, topo[1], "swA")
     yield t
     t.close()

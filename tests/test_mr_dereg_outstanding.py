@@ -11,15 +11,8 @@ from metaroce_xdp.verbs_types import SGE, Access, QPState, SendWR, WCStatus, WRO
 from metaroce_xdp.wire import AETH, Op
 from metaroce_xdp.wire.headers import AtomicAckETH
 from scripted_players import Peer
-from wire_players import scripted_dp_wire
 
-pytestmark = [pytest.mark.netns]
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrdro") as w:
-        yield w
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrdro")]
 
 
 @pytest.mark.parametrize("op", [WROpcode.RDMA_READ, WROpcode.ATOMIC_FETCH_AND_ADD])

@@ -13,26 +13,13 @@ import zlib
 import numpy as np
 import pytest
 
-from dp_players import LoopPairs, wait_wcs
+from dp_players import wait_wcs
 from metaroce_xdp.verbs_types import RecvWR, SendFlags, SendWR, WCFlags, WCOpcode, WCStatus, WROpcode
 
-pytestmark = pytest.mark.netns
-
-
-@pytest.fixture(scope="module")
-def _dp_loop_pairs():
-    """dp_loop's topology for this module: links at MTU 9000 (path MTU 4096 needs more than 1500)."""
-    pairs = LoopPairs(mtu=9000)
-    try:
-        yield pairs
-    finally:
-        pairs.close()
+# dp_loop's switched fabric (tests/conftest.py) with links at MTU 9000: path MTU 4096 needs more than 1500
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(mtu=9000)]
 
 SIZES = [0, 1, 3, 255, 256, 1023, 1024, 1025, 4096, 65536, 300_001]
-
-
-def _fill(p, seed):
-    p.buf[:] = np.random.default_rng(seed).integers(0, 256, p.buf.size, dtype=np.uint8)
 
 
 @pytest.mark.parametrize("mtu", [256, 1024, 4096])
@@ -40,7 +27,7 @@ def _fill(p, seed):
 def test_write_sizes(dp_loop, mtu, size):
     """MR-RC-002, MR-RC-011, MR-RC-018, MR-MEM-028: every size lands at [va, va + len), nothing outside."""
     a, b = dp_loop(mtu=mtu)
-    _fill(a, size)
+    a.fill(size)
     a.qp.post_send(SendWR(wr_id=7, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(10, size)],
                           remote_addr=b.mr.addr + 20, rkey=b.mr.rkey))
     (wc,) = wait_wcs([a, b], a, 1)
@@ -54,7 +41,7 @@ def test_write_sizes(dp_loop, mtu, size):
 def test_read_sizes(dp_loop, mtu, size):
     """MR-RC-004, MR-RC-021, MR-QP-034: READ responses place every byte; byte_len is the bytes read."""
     a, b = dp_loop(mtu=mtu)
-    _fill(b, size + 1)
+    b.fill(size + 1)
     a.qp.post_send(SendWR(wr_id=8, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(0, size)],
                           remote_addr=b.mr.addr + 5, rkey=b.mr.rkey))
     (wc,) = wait_wcs([a, b], a, 1)
@@ -67,7 +54,7 @@ def test_read_sizes(dp_loop, mtu, size):
 def test_send_recv(dp_loop, size, imm):
     """MR-RC-019, MR-XH-014, MR-MEM-031: SEND (zero length too) completes the receive WQE with byte_len, imm."""
     a, b = dp_loop()
-    _fill(a, 3)
+    a.fill(3)
     b.qp.post_recv(RecvWR(wr_id=99, sg_list=[b.sge(0, 200_000)]))
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND_WITH_IMM if imm else WROpcode.SEND,
                           sg_list=[a.sge(0, size)], imm_data=0xDEADBEEF, send_flags=SendFlags.SIGNALED | SendFlags.SOLICITED))
@@ -83,7 +70,7 @@ def test_send_recv(dp_loop, size, imm):
 def test_write_with_imm_consumes_a_receive(dp_loop):
     """MR-OPC-008, MR-RC-019: WRITE WITH IMMEDIATE consumes a receive WQE (one without SGEs is fine)."""
     a, b = dp_loop()
-    _fill(a, 4)
+    a.fill(4)
     b.qp.post_recv(RecvWR(wr_id=5, sg_list=[]))
     a.qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE_WITH_IMM, sg_list=[a.sge(0, 3000)],
                           remote_addr=b.mr.addr, rkey=b.mr.rkey, imm_data=0x1234))
@@ -95,8 +82,8 @@ def test_write_with_imm_consumes_a_receive(dp_loop):
 def test_mixed_stream_completes_in_order(dp_loop):
     """MR-RC-006, MR-RC-009, MR-RC-020, MR-ACK-006: a mixed stream completes in posting order."""
     a, b = dp_loop(mtu=512)
-    _fill(a, 6)
-    _fill(b, 7)
+    a.fill(6)
+    b.fill(7)
     b.buf[900_000:900_008] = 0
     for i in range(20):
         b.qp.post_recv(RecvWR(wr_id=1000 + i, sg_list=[b.sge(500_000 + i * 2000, 2000)]))

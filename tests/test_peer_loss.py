@@ -28,7 +28,6 @@ import numpy as np
 import psutil
 import pytest
 
-from metaroce_xdp.topo import switched_hosts
 from metaroce_xdp.verbs import QUERY_KEYS
 from metaroce_xdp.verbs_types import (SGE, Access, QPAttr, QPCap, QPState, SendWR, WCStatus, WROpcode,
                                       local_ack_timeout_ns)
@@ -155,12 +154,12 @@ def _peer_process(topo, ns):
 
 
 @pytest.fixture
-def hosts(request):
+def hosts(request, make_fabric):
     """(topology, A, B as (QPN, MR address, rkey, connect(A's QPN)), C, the process that is B's endpoint) on the
     IUT of the test's parameter: in process, B is tests/dp_peer.py; through metaroced, B's daemon."""
     import daemon_watch
     iut = request.node.callspec.params["iut"]
-    topo, _, _ = switched_hosts(extra_hosts=1)
+    topo = make_fabric(hosts=3, side=None).topo
     ns_a, ns_b, ns_c = topo[0], topo[2], topo[3]
     stack = []
     try:
@@ -197,7 +196,6 @@ def hosts(request):
                 e.close()
             except Exception:                  # noqa: BLE001 -- B's daemon is gone
                 pass
-        topo.close()
 
 
 @pytest.mark.parametrize("how", ["sigkill", "netns-deleted"])

@@ -23,11 +23,9 @@ import numpy as np
 import pytest
 
 from metaroce_xdp.afxdp import rings
-from dp_players import FULL, wait_wcs
-from metaroce_xdp.dp import Context
+from dp_players import FULL, Side, wait_wcs
 from metaroce_xdp.dp import layout as L
-from metaroce_xdp.topo import switched_hosts, two_hosts
-from metaroce_xdp.verbs_types import SGE, InvalidArgument, QPAttr, QPState, SendWR, WCStatus, WROpcode
+from metaroce_xdp.verbs_types import InvalidArgument, QPAttr, QPState, SendWR, WCStatus, WROpcode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = [1, 4095, 4096, 4097, 64 << 10, 1 << 20]
@@ -145,56 +143,19 @@ def test_xdp_program_on_multi_buffer_frames():
 
 # ---------------------------------------------------------------- over veth at MTU 9000
 
-class Side:
-    def __init__(self, topo, ns, ctx, size=4 << 20):
-        self.topo, self.ns, self.ctx = topo, ns, ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = ctx.create_cq(1 << 14)
-        self.qp = ctx.create_qp(self.pd, self.cq, self.cq)
-
-    def connect(self, peer, mtu):
-        with self.topo.enter(self.ns):
-            q = self.qp
-            q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0x100, path_mtu=mtu,
-                            dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=1))
-            q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=12, retry_cnt=7, rnr_retry=7,
-                            max_rd_atomic=4))
-
-    def sge(self, off, n):
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
+# the module's `fabric` (tests/conftest.py): veths at MTU 9000 through a switch namespace, tcpdump capturing
+# every byte of each frame on its bridge
+pytestmark = pytest.mark.fabric(mtu=9000, size=4 << 20, qp=True,
+                                capture=dict(tag="pmtu4096", args=["-B", "262144", "-s", "0"]))
 
 
 @pytest.fixture(scope="module")
-def jumbo():
-    topo, _, _ = switched_hosts(mtu=9000)
-    cap_path = f"/tmp/metaroce-pmtu4096-{os.getpid()}.pcap"
-    cap = topo.popen(topo[1], ["tcpdump", "-q", "--immediate-mode", "-B", "262144", "-s", "0", "-i", "sw0",
-                               "-w", cap_path, "-U", "udp port 4791"],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    a = b = None
-    try:
-        with topo.enter(topo[0]):
-            a = Side(topo, topo[0], Context.open("mr0"))
-        with topo.enter(topo[2]):
-            b = Side(topo, topo[2], Context.open("mr1"))
-        a.connect(b, 4096)
-        b.connect(a, 4096)
-        yield topo, a, b, cap, cap_path
-    finally:
-        for p in (a, b):
-            if p is not None:
-                p.ctx.close()
-        cap.terminate()
-        try:
-            cap.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            cap.kill()
-        topo.close()
-        if os.path.exists(cap_path) and not os.environ.get("METAROCE_KEEP_PCAP"):
-            os.unlink(cap_path)
+def jumbo(fabric):
+    """The module's fabric, A's and B's QPs connected at path MTU 4096."""
+    _, a, b = fabric
+    a.connect(b, mtu=4096, rd_atomic=4)
+    b.connect(a, mtu=4096, rd_atomic=4)
+    return fabric
 
 
 def _ok(wcs, n):
@@ -207,7 +168,7 @@ def test_jumbo_frames_that_are_not_roce_pass(jumbo):
     """The frags-aware program passes what is not MetaRoCE whatever its size: an 8000-byte
     UDP datagram (one multi-buffer frame, not fragmented: DF set) reaches a plain socket."""
     import socket
-    topo, a, b, _, _ = jumbo
+    topo, a, b = jumbo
     passed0 = a.ctx.loader.events()["PASSED"]
     with topo.enter(topo[0]):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -228,7 +189,8 @@ def test_jumbo_frames_that_are_not_roce_pass(jumbo):
 def test_capture_decodes_with_good_icrcs(jumbo):
     """What the switch saw decodes as RoCEv2 in `metaroce decode` and in tshark, with good
     ICRCs, 4096-byte payloads included."""
-    topo, a, b, cap, cap_path = jumbo
+    topo, a, b = jumbo
+    cap, cap_path = jumbo.capture.proc, jumbo.capture.path
     a.buf[:8192] = np.arange(8192, dtype=np.uint8)
     a.qp.post_send([SendWR(wr_id=7, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 8192)],
                            remote_addr=b.mr.addr, rkey=b.mr.rkey)])
@@ -259,18 +221,16 @@ def test_capture_decodes_with_good_icrcs(jumbo):
 
 
 @needs_root
-def test_mtu_1500_keeps_single_buffer_path():
+def test_mtu_1500_keeps_single_buffer_path(make_fabric):
     """At MTU 1500 nothing changes: no XDP_USE_SG, one descriptor per frame, path MTU 4096
     refused as more than the interface carries, and a 64 KiB WRITE at 1024 works (one side's
     program in generic (SKB) mode: the bpf_link keeps the mode choice)."""
-    topo, _ = two_hosts(mtu=1500)
+    topo = make_fabric("flat", side=None).topo
     a = b = None
     try:
-        with topo.enter(topo[0]):
-            a = Side(topo, topo[0], Context.open("mr0", xdp_mode="skb"), 1 << 17)
-            assert a.ctx.loader._mode.value == "skb"
-        with topo.enter(topo[1]):
-            b = Side(topo, topo[1], Context.open("mr1"), 1 << 17)
+        a = Side(topo, topo[0], "mr0", 1 << 17, qp=True, xdp_mode="skb")
+        assert a.ctx.loader._mode.value == "skb"
+        b = Side(topo, topo[1], "mr1", 1 << 17, qp=True)
         for p in (a, b):
             assert not p.ctx.port.sg and not p.ctx.port.xsk.bind_flags & 0x10
             assert p.ctx.port.max_pmtu == 1024 and p.ctx.port.frame_limit == 4096
@@ -279,11 +239,10 @@ def test_mtu_1500_keeps_single_buffer_path():
             with pytest.raises(InvalidArgument, match="path_mtu 4096 exceeds what mr0 carries"):
                 a.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=b.qp.qp_num, rq_psn=0x100, path_mtu=4096,
                                    dgid=b.ctx.gid))
-            a.ctx.destroy_qp(a.qp)
-            a.qp = a.ctx.create_qp(a.pd, a.cq, a.cq)
-        a.connect(b, 1024)
-        b.connect(a, 1024)
-        a.buf[:] = np.random.default_rng(3).integers(0, 256, a.buf.size, dtype=np.uint8)
+        a.new_qp()
+        a.connect(b, rd_atomic=4)
+        b.connect(a, rd_atomic=4)
+        a.fill(3)
         a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 1 << 16)],
                                remote_addr=b.mr.addr, rkey=b.mr.rkey)])
         _ok(wait_wcs([a, b], a, 1, timeout=30), 1)
@@ -293,5 +252,4 @@ def test_mtu_1500_keeps_single_buffer_path():
     finally:
         for p in (a, b):
             if p is not None:
-                p.ctx.close()
-        topo.close()
+                p.close()

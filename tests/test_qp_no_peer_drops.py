@@ -11,17 +11,11 @@ import pytest
 from metaroce_xdp.verbs_types import QPAttr, QPState
 from metaroce_xdp.wire import RETH, Op
 from scripted_players import PEER_QPN, Peer
-from wire_players import FULL, scripted_dp_wire
+from wire_players import FULL
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrnop")]
 
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrnop") as w:
-        yield w
 
 
 def drops(ctx) -> tuple[int, int]:

@@ -22,19 +22,12 @@ from dp_players import Faults, wait_wcs
 from metaroce_xdp.verbs_types import SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import AETH, RETH, Op, encode
 from scripted_players import Peer, nak_of
-from wire_players import scripted_dp_wire
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrbkl")]
 
 READ_LEN = 1 << 20            # 1024 responses of 1024 bytes
 LOST = 8                      # the response lost once
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrbkl") as w:
-        yield w
 
 
 def test_read_remainder_behind_a_backlog_completes(dp_loop):

@@ -24,18 +24,12 @@ from metaroce_xdp.verbs_types import (InvalidArgument, QPAttr, QPState, RecvWR, 
 from metaroce_xdp.wire import AETH, RETH, Op
 from metaroce_xdp.wire.headers import IETH, NETH, SACKETH, AtomicETH, ImmDt
 from scripted_players import Peer, nak_of, order_of, read_responses
-from wire_players import PortTap, is_roce_v4, scripted_dp_wire
+from wire_players import PortTap, is_roce_v4
 from metaroce_xdp.wire import decode
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrrsp")]
 
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrrsp") as w:
-        yield w
 
 
 @pytest.fixture

@@ -24,11 +24,10 @@ import numpy as np
 import pytest
 
 from metaroce_xdp.netinfo import NetInfoError
-from dp_players import FULL, run_until, wait_wcs
-from metaroce_xdp.dp import Context
+from dp_players import FULL, Fabric, FreshSide, connected, run_until, wait_wcs
 from metaroce_xdp.dp import layout as L
-from metaroce_xdp.topo import routed_hosts, two_gateway_hosts
-from metaroce_xdp.verbs_types import SGE, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode, local_ack_timeout_ns
+from metaroce_xdp.topo import two_gateway_hosts
+from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode, local_ack_timeout_ns
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "tools.metaroce_cli"]
@@ -36,51 +35,11 @@ CLI = [sys.executable, "-m", "tools.metaroce_cli"]
 pytestmark = pytest.mark.netns
 
 
-class Host:
-    """One endpoint in its namespace: a compiled-plane context (no progress thread: the test runs the rounds),
-    PD, one MR over `buf`, CQ, and a QP made per test."""
-
-    def __init__(self, topo, ep, ipv6: bool, size: int = 1 << 24):
-        self.topo, self.ns, self.ep = topo, ep.ns, ep
-        with topo.enter(ep.ns):
-            self.ctx = Context.open(ep.ifname, ipv6=ipv6)
-        self.pd = self.ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = self.ctx.create_cq(1 << 16)
-        self.qp = None
-
-    def new_qp(self):
-        if self.qp is not None:
-            if self.ctx.qps.get(self.qp.qi) is self.qp:       # (the test may have destroyed it)
-                self.ctx.destroy_qp(self.qp)
-        while self.cq.poll(1 << 14):                 # what the previous test's QP left
-            pass
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-
-    def connect(self, peer: "Host", timeout: int = 12) -> None:
-        q = self.qp
-        q.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-        q.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=0x100, path_mtu=1024,
-                        dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=1))
-        q.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0x100, timeout=timeout, retry_cnt=7, rnr_retry=7,
-                        max_rd_atomic=4))
-
-    def sge(self, off: int, n: int) -> SGE:
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
-
-    def close(self) -> None:
-        self.ctx.close()
-
-
 TIMEOUT = 14        # local ACK timeout exponent: 67 ms, as metaroce perf and pingpong use
 
 
-def _pair(a: Host, b: Host) -> None:
-    a.new_qp(), b.new_qp()
-    a.connect(b, TIMEOUT), b.connect(a, TIMEOUT)
-    a.buf[:] = np.random.default_rng(1).integers(0, 256, a.buf.size, dtype=np.uint8)
-    b.buf[:] = np.random.default_rng(2).integers(0, 256, b.buf.size, dtype=np.uint8)
+def _pair(a: FreshSide, b: FreshSide) -> None:
+    connected(a, b, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module", params=[(1, False), (1, True), (2, False), (2, True)],
@@ -91,17 +50,10 @@ def routed(request):
 
 
 def _routed_pair(routers: int, v6: bool):
-    """(topology, v6, host A, host B) through `routers` routers; everything closed afterwards."""
-    r = routed_hosts(routers=routers, ipv6=True)
-    hosts = []
-    try:
-        hosts.append(Host(r.topo, r.a, v6))
-        hosts.append(Host(r.topo, r.b, v6))
-        yield r, v6, hosts[0], hosts[1]
-    finally:
-        for h in hosts:
-            h.close()
-        r.close()
+    """(routed_hosts with IPv6 segments too, v6, host A, host B: 16 MiB each, their Contexts on IPv6 if v6)
+    through `routers` routers; everything closed afterwards."""
+    with Fabric("routed", routers=routers, addr6=True, side=FreshSide, size=1 << 24, ipv6=v6) as f:
+        yield f.routed, v6, f.a, f.b
 
 
 def test_every_operation_across_routers(routed):
@@ -161,7 +113,7 @@ def test_every_operation_across_routers(routed):
     assert int(b.buf[cell:cell + 8].view(np.uint64)[0]) == 77
 
 
-def _transfer_with(a: Host, b: Host, event, at_bytes: int, total: int = 16 << 20, chunk: int = 1 << 20,
+def _transfer_with(a: FreshSide, b: FreshSide, event, at_bytes: int, total: int = 16 << 20, chunk: int = 1 << 20,
                    timeout: float = 120, watch: list | None = None):
     """WRITE `total` bytes A -> B in `chunk` WRs; call event() once A has sent `at_bytes`.
     Returns (completions, time event() returned, time every QP in `watch` had changed its path)."""
@@ -234,7 +186,7 @@ def test_next_hop_follows_a_route_switch_mid_transfer():
     t = two_gateway_hosts(ipv6=False)
     hosts = []
     try:
-        a, b = Host(t.topo, t.a, False), Host(t.topo, t.b, False)
+        a, b = (FreshSide(t.topo, ep.ns, ep.ifname, 1 << 24, ipv6=False) for ep in (t.a, t.b))
         hosts += [a, b]
         _pair(a, b)
         assert a.qp.query()["dmac"] == t.toward_a[0].mac and b.qp.query()["dmac"] == t.toward_b[0].mac
@@ -256,51 +208,45 @@ def test_next_hop_follows_a_route_switch_mid_transfer():
         t.close()
 
 
-def test_no_address_is_tentative_once_the_routers_are_built():
+def test_no_address_is_tentative_once_the_routers_are_built(make_fabric):
     """Every IPv6 address, link-local ones included, is usable as soon as routed_hosts returns.  A
     router whose link-local address is still tentative (duplicate address detection, ~1.5 s) sends
     no neighbour solicitation for packets it forwards: a first WRITE across two IPv6 routers then
     ran out of retries (RETRY_EXC_ERR)."""
     IFA_F_TENTATIVE = 0x40
-    r = routed_hosts(routers=2, ipv6=True)
-    try:
-        seen = 0
-        for ns in r.topo.names:
-            for a in r.topo.ipr(ns).get_addr(family=socket.AF_INET6):
-                flags = a.get_attr("IFA_FLAGS") or a["flags"]
-                assert not flags & IFA_F_TENTATIVE, (ns, a.get_attr("IFA_ADDRESS"))
-                seen += 1
-        assert seen >= 2 * 6          # a global and a link-local address on each of the 6 router/host ends
-    finally:
-        r.close()
+    r = make_fabric("routed", routers=2, addr6=True, side=None).routed
+    seen = 0
+    for ns in r.topo.names:
+        for a in r.topo.ipr(ns).get_addr(family=socket.AF_INET6):
+            flags = a.get_attr("IFA_FLAGS") or a["flags"]
+            assert not flags & IFA_F_TENTATIVE, (ns, a.get_attr("IFA_ADDRESS"))
+            seen += 1
+    assert seen >= 2 * 6          # a global and a link-local address on each of the 6 router/host ends
 
 
-def test_path_errors_are_typed_and_say_what_to_do():
+def test_path_errors_are_typed_and_say_what_to_do(make_fabric):
     """No route, a route through another interface: NetInfoError naming the fix; the QP stays in INIT."""
-    r = routed_hosts(routers=1, ipv6=False)
+    r = make_fabric("routed", side=None).routed
+    a = FreshSide(r.topo, r.a.ns, r.a.ifname, size=4096, ipv6=False)
     try:
-        a = Host(r.topo, r.a, False, size=4096)
-        try:
-            a.new_qp()
-            a.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            h = r.topo.ipr(r.a.ns)
-            h.route("del", dst="0.0.0.0", dst_len=0)
-            with pytest.raises(NetInfoError, match=r"no route to 10\.78\.1\.2 from mr0 .*: add one \(ip route add"):
-                a.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x11, rq_psn=0, path_mtu=1024,
-                                   dgid=r.b.ipv4))
-            assert a.qp.state == QPState.INIT
-            h.link("add", ifname="other0", kind="veth", peer={"ifname": "other1"})
-            idx = h.link_lookup(ifname="other0")[0]
-            h.link("set", index=idx, state="up")
-            h.route("add", dst="10.78.1.0", dst_len=24, oif=idx)
-            with pytest.raises(NetInfoError, match=r"route to 10\.78\.1\.2 leaves through other0, not mr0"):
-                a.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x11, rq_psn=0, path_mtu=1024,
-                                   dgid=r.b.ipv4))
-            assert a.qp.state == QPState.INIT
-        finally:
-            a.close()
+        a.new_qp()
+        a.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
+        h = r.topo.ipr(r.a.ns)
+        h.route("del", dst="0.0.0.0", dst_len=0)
+        with pytest.raises(NetInfoError, match=r"no route to 10\.78\.1\.2 from mr0 .*: add one \(ip route add"):
+            a.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x11, rq_psn=0, path_mtu=1024,
+                               dgid=r.b.ipv4))
+        assert a.qp.state == QPState.INIT
+        h.link("add", ifname="other0", kind="veth", peer={"ifname": "other1"})
+        idx = h.link_lookup(ifname="other0")[0]
+        h.link("set", index=idx, state="up")
+        h.route("add", dst="10.78.1.0", dst_len=24, oif=idx)
+        with pytest.raises(NetInfoError, match=r"route to 10\.78\.1\.2 leaves through other0, not mr0"):
+            a.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x11, rq_psn=0, path_mtu=1024,
+                               dgid=r.b.ipv4))
+        assert a.qp.state == QPState.INIT
     finally:
-        r.close()
+        a.close()
 
 
 # ============================================================================ tools across a router
@@ -312,12 +258,8 @@ def _proc(topo, ns, argv):
 
 
 @pytest.fixture
-def router1():
-    r = routed_hosts(routers=1, ipv6=True)
-    try:
-        yield r
-    finally:
-        r.close()
+def router1(make_fabric):
+    return make_fabric("routed", addr6=True, side=None).routed
 
 
 @pytest.mark.timeout(240)
@@ -367,7 +309,7 @@ def test_capture_beyond_the_router_decodes_as_rocev2(router1, v6, tmp_path):
     assert "listening on" in cap.stderr.readline()
     hosts = []
     try:
-        a, b = Host(r.topo, r.a, v6, 1 << 21), Host(r.topo, r.b, v6, 1 << 21)
+        a, b = (FreshSide(r.topo, ep.ns, ep.ifname, 1 << 21, ipv6=v6) for ep in (r.a, r.b))
         hosts += [a, b]
         _pair(a, b)
         a.qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(0, 1 << 20)],

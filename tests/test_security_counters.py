@@ -9,17 +9,10 @@ import pytest
 
 from metaroce_xdp.wire import RETH, Op
 from scripted_players import Peer, nak_of
-from wire_players import scripted_dp_wire
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrsec")]
 
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def wire():
-    with scripted_dp_wire("mrsec") as w:
-        yield w
 
 
 def _frames(q, psns, rkey=None):

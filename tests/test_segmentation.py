@@ -13,24 +13,15 @@ import time
 import numpy as np
 import pytest
 
-from dp_players import LoopPairs, wait_wcs
+from dp_players import wait_wcs
 from metaroce_xdp.verbs_types import RecvWR, SendFlags, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import Op, decode
 from wire_players import PortTap, is_roce_v4
 
-pytestmark = pytest.mark.netns
+# dp_loop's switched fabric (tests/conftest.py) with links at MTU 9000: path MTU 4096 needs more than 1500
+pytestmark = [pytest.mark.netns, pytest.mark.fabric(mtu=9000)]
 
 PSN = 100
-
-
-@pytest.fixture(scope="module")
-def _dp_loop_pairs():
-    """dp_loop's topology for this module: links at MTU 9000 (path MTU 4096 needs more than 1500)."""
-    pairs = LoopPairs(mtu=9000)
-    try:
-        yield pairs
-    finally:
-        pairs.close()
 
 
 def _expected(wr: SendWR, mtu: int):

@@ -61,9 +61,6 @@ class Requester(ScriptedQP):
     def stat(self, name: str) -> int:
         return self.ctx.stats()[name] - self.st0[name]
 
-    def close(self):
-        self.ctx.destroy_qp(self.qp)
-
     def spin(self, cond, timeout: float = 5.0):
         deadline = time.monotonic() + timeout
         while not cond():

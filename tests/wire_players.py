@@ -9,11 +9,11 @@ import time
 
 import numpy as np
 
-from metaroce_xdp.verbs_types import SGE, Access, QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode
+from metaroce_xdp.verbs_types import RecvWR, SendWR, WCStatus, WROpcode
 from metaroce_xdp.wire import decode, encode
+from players import FULL, Player, to_rts
 
 PACKET_OUTGOING = 4           # sll_pkttype of a frame this host sent
-FULL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
 
 MTU = 1024
@@ -84,32 +84,15 @@ class Plan:
         assert np.array_equal(a.buf, expect_a), f"A differs at {np.flatnonzero(a.buf != expect_a)[:8]}"
 
 
-class VethPlayer:
-    """A player whose context lives in a network namespace (Context.open there); QPs made by new_qp()."""
+class VethPlayer(Player):
+    """A player whose context (opened in namespace ns) is given; QPs made by new_qp(), both directions starting
+    at PSN 0xFFFF80 (the PSN wraps early)."""
+
+    CONNECT = dict(sq_psn=0xFFFF80, rq_psn=0xFFFF80, timeout=14, rd_atomic=4, min_rnr_timer=1)
 
     def __init__(self, topo, ns, ctx, size=2 << 20, cq_depth=4096):
-        self.topo, self.ns, self.ctx = topo, ns, ctx
-        self.pd = ctx.alloc_pd()
-        self.buf = np.zeros(size, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = ctx.create_cq(cq_depth)
-        self.qp = None
-
-    def new_qp(self):
-        if self.qp is not None:
-            self.ctx.destroy_qp(self.qp)
-        self.qp = self.ctx.create_qp(self.pd, self.cq, self.cq)
-
-    def connect(self, peer, mtu: int = 1024, psn: int = 0xFFFF80, timeout: int = 14):
-        with self.topo.enter(self.ns):
-            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp.qp_num, rq_psn=psn, path_mtu=mtu,
-                                  dgid=peer.ctx.gid, max_dest_rd_atomic=4, min_rnr_timer=1))
-            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=timeout, retry_cnt=7, rnr_retry=7,
-                                  max_rd_atomic=4))
-
-    def sge(self, off, n):
-        return SGE(self.mr.addr + off, n, self.mr.lkey)
+        super().__init__(ctx, topo, ns)
+        self.resources(size, cq_depth=cq_depth)
 
 
 SO_RCVBUFFORCE = 33
@@ -205,7 +188,7 @@ def scripted_dp_wire(prefix: str):
         yield topo, pair, sock, ctx
 
 
-class ScriptedQP:
+class ScriptedQP(Player):
     """One fresh QP of `ctx` (a compiled-plane Context opened in topo[0]), connected to a scripted peer: a
     QPN that exists nowhere, at `pair.b`, played by a test's raw socket.  No local ACK timeout unless
     `timeout` says (0 = infinite, MR-RETRY-001), so nothing is retransmitted while the script runs.  PD,
@@ -213,26 +196,54 @@ class ScriptedQP:
 
     def __init__(self, ctx, topo, pair, peer_qpn: int, *, rq_psn: int, sq_psn: int, rd_atomic: int,
                  mtu: int = 1024, timeout: int = 0, **rtr) -> None:
-        self.ctx, self.topo, self.pair = ctx, topo, pair
-        self.pd = ctx.alloc_pd()
-        self.buf = np.zeros(1 << 16, np.uint8)
-        self.mr = self.pd.reg_mr(self.buf, FULL)
-        self.cq = ctx.create_cq(64)
-        self.qp = ctx.create_qp(self.pd, self.cq, self.cq)
+        super().__init__(ctx, topo, topo[0])
+        self.pair = pair
+        self.resources(1 << 16, cq_depth=64, qp=True)
         with topo.enter(topo[0]):
-            self.qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=FULL))
-            self.qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer_qpn, rq_psn=rq_psn, path_mtu=mtu,
-                                  dgid=pair.b.ipv4, max_dest_rd_atomic=rd_atomic, **rtr))
-            self.qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=sq_psn, timeout=timeout, retry_cnt=7, rnr_retry=7,
-                                  max_rd_atomic=rd_atomic))
+            to_rts(self.qp, peer_qpn, pair.b.ipv4, mtu=mtu, rq_psn=rq_psn, sq_psn=sq_psn, timeout=timeout,
+                   rd_atomic=rd_atomic, **rtr)
         self.src = socket.inet_aton(pair.a.ipv4)     # send() and drain() use self.sock: the script's AF_PACKET
         #                                              socket on the peer's interface, which the subclass sets
+        self._budget0 = None
 
     settle = 0.1                            # seconds for a scripted burst to cross the veth before the next round
 
     def round(self) -> None:
         """One progress round of the QP's Context."""
         self.ctx.progress()
+
+    def rounds(self, n: int | None = None, *, until=None, quiet_after: int | None = 25, limit: int = 400) -> list:
+        """n rounds; or, n None, rounds until until(frames) holds or nothing came for `quiet_after` rounds in a
+        row (None: quiet rounds do not end it), `limit` rounds at most.  The frames the QP sent meanwhile."""
+        out, quiet = [], 0
+        for _ in range(n if n is not None else limit):
+            self.round()
+            time.sleep(0.002)
+            got = self.drain()
+            out += got
+            quiet = 0 if got else quiet + 1
+            if n is None and ((until is not None and until(out))
+                              or (quiet_after is not None and quiet >= quiet_after)):
+                break
+        return out
+
+    def budget(self, n: int) -> None:
+        """At most n frames sent per round (the port's round budget) until restore_budget()."""
+        from metaroce_xdp.dp import layout as L
+        if self._budget0 is None:
+            self._budget0 = int(self.ctx.plane.A[L.P_BUDGET])
+        self.ctx.plane.A[L.P_BUDGET] = n
+
+    def restore_budget(self) -> None:
+        if self._budget0 is not None:
+            self.budget(self._budget0)
+
+    def close(self) -> None:
+        """The port's budget as it was, the QP gone (unless the test destroyed it); the Context, which the
+        module's tests share, stays open."""
+        self.restore_budget()
+        if not self.ctx.closed:
+            self.destroy_qp()
 
     def send(self, frames) -> None:
         """Request frames (opcode, psn, payload, headers), AckReq set, onto the wire in this order from the
