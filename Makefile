@@ -34,7 +34,7 @@ soak: setup
 # with numba's bounds checking (its own cache in FUZZ_BC_CACHE, which setup warms beside the plain one).
 # Crashes land in FUZZ_OUT/, one replayable JSON file each (python -m metaroce_xdp.fuzz replay FILE); the
 # summary in FUZZ_OUT/summary.json.  FUZZ_SEED repeats a run; FUZZ_ARGS=--strict fails on known-open findings
-# too.  The short form runs in `make test` (tests/test_fuzz_live.py).
+# too.  The short form runs in `make test` (tests/dp/test_fuzz_live.py).
 FUZZ_DURATION ?= 1800
 FUZZ_SEED     ?= $(shell date +%s)
 FUZZ_OUT      ?= fuzz-crashes

@@ -80,7 +80,7 @@
 
 /* Salts of impair_mix, one independent coin per action: never renumber.  They equal
  * fault_inject.c's FI_SALT_* (loss = drop, reorder = delay), so metaroce_xdp/faults.py's
- * plan() replays both programs; tests/test_fabric.py compares. */
+ * plan() replays both programs; tests/kern/test_fabric.py compares. */
 #define FAB_SALT_LOSS 1
 #define FAB_SALT_CORRUPT 2
 #define FAB_SALT_CORRUPT_OFF 3

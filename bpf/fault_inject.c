@@ -69,7 +69,7 @@
 
 /* Counter indices: one per outcome, doubling as the fi_counters key.
  * Never renumber; faults.py COUNTERS lists the names in this order and
- * tests/test_faults.py proves the two agree. */
+ * tests/kern/test_faults.py proves the two agree. */
 enum fi_counter {
 	FI_C_SEEN = 0,          /* every frame through the hook */
 	FI_C_OWN,               /* carried FI_MARK: our clone or reinjection, passed */

@@ -5,7 +5,7 @@
  * Each value can be overridden at load time with a -D flag (the loader in
  * metaroce_xdp/kern/loader.py passes them; never edit program text).  Values
  * that are also needed by user space are mirrored in metaroce_xdp/kern/layout.py
- * and compared by tests/test_c_python_agree.py.
+ * and compared by tests/kern/test_c_python_agree.py.
  *
  * No kernel-only includes: this header is also compiled by gcc in the tests.
  */

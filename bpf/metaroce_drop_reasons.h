@@ -6,7 +6,7 @@
  * Every drop has a named reason.  The value is also the index of its per-CPU
  * counter in mr_drops, so a reason is NEVER renumbered or reused: add new ones
  * at the end of their range.  Mirrored in metaroce_xdp/kern/layout.py
- * (DropReason), checked by tests/test_c_python_agree.py.
+ * (DropReason), checked by tests/kern/test_c_python_agree.py.
  *
  * 1..31: the codec's DecodeReason (metaroce_xdp/wire/errors.py), same number,
  *        same name, so "why was this frame refused" has one answer in kernel

@@ -6,7 +6,7 @@
  * All multi-byte fields are big-endian on the wire (__be types); convert only
  * through the mr_*() accessors below, as rxe_hdr.h does.  The same layouts are
  * field tables in metaroce_xdp/wire/headers.py and the opcode table is data
- * in metaroce_xdp/wire/opcodes.py; tests/test_c_python_agree.py compiles this
+ * in metaroce_xdp/wire/opcodes.py; tests/kern/test_c_python_agree.py compiles this
  * header with gcc and compares sizes, masks and header lengths with Python.
  *
  * No kernel-only includes: compiled by BCC (kernel) and gcc (tests).

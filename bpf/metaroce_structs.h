@@ -5,7 +5,7 @@
  * Fixed-width types, explicit padding, static size and offset asserts, no
  * kernel-only includes (compiled by BCC and by gcc in the tests).  The Python
  * mirror is metaroce_xdp/kern/layout.py (numpy structured dtypes);
- * tests/test_c_python_agree.py compares every offset.
+ * tests/kern/test_c_python_agree.py compares every offset.
  *
  * Single writer per field (STYLE habit 5).  Three writers share a QP slot and
  * each owns whole 64-byte cache lines or a clearly marked part of one:

@@ -47,7 +47,7 @@
  *
  * Neighbours: metaroce_xdp/kern/loader.py compiles this file with -D flags
  * and -I<bpf dir>, attaches it, mmaps mr_qps; metaroce_xdp/afxdp/ owns the
- * sockets in mr_xsks; tests/test_xdp_golden.py runs golden packets through it.
+ * sockets in mr_xsks; tests/kern/test_xdp_golden.py runs golden packets through it.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>

@@ -2,7 +2,7 @@
  *
  * Steers UDP frames to XSK_TEST_UDP_PORT (default 4791, RoCEv2) into the AF_XDP socket
  * registered for the frame's RX queue in xsks_map; every other frame goes to the kernel
- * stack untouched.  Used only by tests/test_afxdp_netns.py to exercise
+ * stack untouched.  Used only by tests/afxdp/test_afxdp_netns.py to exercise
  * metaroce_xdp/afxdp.  The real program lives elsewhere in bpf/.
  *
  * Loaded through BCC:  BPF(src_file="bpf/xsk_redirect_test.c",

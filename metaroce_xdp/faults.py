@@ -54,7 +54,7 @@ from .wire.opcodes import BY_NAME, OPCODES, OpMask
 
 BPF_SOURCE = Path(__file__).resolve().parent.parent / "bpf" / "fault_inject.c"
 
-# ---- facts shared with bpf/fault_inject.c (tests/test_faults.py checks them) ----
+# ---- facts shared with bpf/fault_inject.c (tests/kern/test_faults.py checks them) ----
 FI_MARK = 0x4D52FA17
 PPM_SCALE = 1_000_000
 BTH_SIZE = 12

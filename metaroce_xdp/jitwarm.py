@@ -26,11 +26,11 @@ local ACK timer fires and its retries run out (issue 6, "first run").  So:
   the on-disk cache counts as compiling: everything must be in memory before the seal.
   `unsealed()` lifts it for a block (a test that calls a compiled function with its own types).
 
-Registering new compiled code: put the module in `MODULES` (tests/test_first_run.py fails while a
+Registering new compiled code: put the module in `MODULES` (tests/dp/test_first_run.py fails while a
 module with numba functions is missing) and one `Entry` per run-time call in `plan()`; `warm_up()` then
 compiles it and `seal()` covers it -- nothing else to call.
 
-tests/test_first_run.py checks that after `warm_up()` a real transfer over veth adds no
+tests/dp/test_first_run.py checks that after `warm_up()` a real transfer over veth adds no
 specialisation to any dispatcher of `MODULES`: a missed type here would be a compile on
 the live path.
 
@@ -75,7 +75,7 @@ MODULES = tuple(m for ms in PLANES.values() for m in ms)
 
 # Compiled modules not on any data path (nothing in MODULES imports them), excused from warm-up.  The native
 # profile's logic (native/*.py) was here until native/plane*.py wired it into the data plane
-# (tests/test_first_run.py checks both ways).
+# (tests/dp/test_first_run.py checks both ways).
 NOT_ON_THE_DATA_PATH: tuple[str, ...] = ()
 
 COLD_MESSAGE = ("metaroce: compiling the data path with numba (first run with an empty cache: a few minutes; "

@@ -31,7 +31,7 @@ events, the socket's statistics, where the UMEM frames are, the owner's RSS); th
 
 Neighbours: topo.py (namespaces, routers), faults.py (the tc BPF impairment), dp/context.py
 (the compiled plane), daemon/server.py (metaroced; `umem_frames`, the frame accounting both planes
-report), daemon/client.py, tools/soak.py (the `make soak` CLI), tests/test_fault_matrix.py.
+report), daemon/client.py, tools/soak.py (the `make soak` CLI), tests/dp/test_fault_matrix.py.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ PLANES = ("compiled", "daemon")
 PSN_MOD = 1 << 24
 CQ_DEPTH = 4096                        # within the daemon's per-client CQ entries (daemon/server.py)
 
-# The fault matrix of issue 6, shared by tests/test_fault_matrix.py and tools/soak.py
+# The fault matrix of issue 6, shared by tests/dp/test_fault_matrix.py and tools/soak.py
 MATRIX_PMTU = 1024
 MATRIX_SIZES = (0, 1, MATRIX_PMTU - 1, MATRIX_PMTU, MATRIX_PMTU + 1, 64 << 10, 8 << 20)
 MATRIX_WRAP = PSN_MOD - 2000           # A's first PSN: its requests wrap past 2^24 early on

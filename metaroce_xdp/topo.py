@@ -2,7 +2,7 @@
 
 Role: build small throw-away topologies (N namespaces, veth pairs between them, addresses,
 MTU, threaded NAPI) with pyroute2, run commands or Python code inside them, and always
-remove what was built.  Neighbours: tests/test_afxdp_netns.py (players in two
+remove what was built.  Neighbours: tests/afxdp/test_afxdp_netns.py (players in two
 namespaces), the XDP loaders in bpf/ and the AF_XDP layer in metaroce_xdp/afxdp/.
 
 Safety rules this module keeps:

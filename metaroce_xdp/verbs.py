@@ -1,6 +1,6 @@
 """The verbs surface both endpoints offer: the compiled plane in process (`metaroce_xdp.Context`, dp/context.py)
 and metaroced's client library (`metaroce_xdp.daemon.client`).  Code written against these protocols runs on
-either; tests/test_verbs_surface.py checks that both implement every method here with these parameters.
+either; tests/dp/test_verbs_surface.py checks that both implement every method here with these parameters.
 
 The shapes follow libibverbs (`ibv_alloc_pd`, `ibv_reg_mr`, `ibv_create_cq`, `ibv_create_qp`, `ibv_modify_qp`,
 `ibv_post_send`, `ibv_poll_cq`, `ibv_get_async_event`), with pyverbs' habit of methods on the objects:

@@ -11,7 +11,7 @@ dp/serve.py).  Below each list a block of plain assignments names every column:
     # end of Q_FIELDS columns
 
 This script rewrites those blocks from the lists (run it after adding, removing or reordering a column);
-`--check` only says which are stale (tests/test_columns.py runs it).  The compiled code reads the names
+`--check` only says which are stale (tests/dp/test_columns.py runs it).  The compiled code reads the names
 as compile-time constants; the lists stay the source of the order and of the tables' widths.
 """
 from __future__ import annotations

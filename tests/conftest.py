@@ -10,10 +10,21 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 
-import daemon_procs
 import pytest
+
+# Tests live in folders by layer (wire, kern, afxdp, dp, native, daemon, conformance, tools); the harnesses
+# they share (players.py, dp_players.py, daemon_players.py ...) sit here, and a few test modules import
+# another's helpers by name across folders (test_routed uses test_perf_pingpong's Proc): every folder is
+# importable by module name, as when the tests were one directory.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _d in sorted(os.listdir(_HERE)):
+    if os.path.isdir(os.path.join(_HERE, _d)) and not _d.startswith(("_", ".")):
+        sys.path.append(os.path.join(_HERE, _d))
+
+import daemon_procs  # noqa: E402
 
 EXPECTED_SKIPS = (
     re.compile(r"already the nested run"),       # test_afxdp_rings re-runs itself without the JIT
@@ -185,7 +196,7 @@ def dp_loop(_dp_loop_pairs):
 #     process: its warm-up ran inside Context.open, so nothing may compile while it can carry traffic; or
 #   * the process is sealed (jitwarm.seal);
 # unless the test carries the `compiles` mark (it calls compiled functions with argument types of its own).
-# metaroced's own process is checked by its tests (tests/test_daemon_startup.py, tests/test_jit_guard.py).
+# metaroced's own process is checked by its tests (tests/daemon/test_daemon_startup.py, tests/dp/test_jit_guard.py).
 
 import gc as _gc  # noqa: E402
 import sys as _sys  # noqa: E402

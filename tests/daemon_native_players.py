@@ -1,4 +1,4 @@
-"""A client application of metaroced for tests/test_daemon_native_read.py: tests/daemon_players.py's Player
+"""A client application of metaroced for tests/daemon/test_daemon_native_read.py: tests/daemon_players.py's Player
 (one process, one JSON command a line on stdin, one JSON answer a line on stdout; the client library
 only) with what READ and atomics on either profile need:
 

@@ -1,4 +1,4 @@
-"""A compiled-plane endpoint in a process of its own, as an application runs it (tests/test_peer_loss.py: the
+"""A compiled-plane endpoint in a process of its own, as an application runs it (tests/dp/test_peer_loss.py: the
 peer that vanishes).
 
     python tests/dp_peer.py IFNAME SIZE

@@ -6,7 +6,7 @@
  * as a fraction of what the substrate can carry at the same frame size.  Neighbours:
  * tools/bench.py builds this with gcc and drives both modes in two namespaces;
  * bpf/xsk_redirect_test.c is the XDP program that steers frames into the rx socket;
- * tests/test_bench_smoke.py checks the measurement works.
+ * tests/tools/test_bench_smoke.py checks the measurement works.
  *
  * Only the kernel UAPI (<linux/if_xdp.h>, <linux/bpf.h>) and plain syscalls: no libxdp,
  * no libbpf.

@@ -5,7 +5,7 @@ stated in.
     python -m tools.bench                            # full run: table on stdout, plots and RESULTS.md
                                                      # (the table in Markdown) in docs/bench/
     python -m tools.bench --json FILE                # ... and the report as JSON (schema below)
-    python -m tools.bench --quick --json FILE --no-plots   # short smoke run (tests/test_bench_smoke.py)
+    python -m tools.bench --quick --json FILE --no-plots   # short smoke run (tests/tools/test_bench_smoke.py)
 
 What one run measures, in this order, on namespaces A and B joined by one veth pair:
 
@@ -58,7 +58,7 @@ JSON report (schema "metaroce-bench/1"; keys are only ever added, never renamed)
     PT    = {"who", "size", "value", "unit"}
 
 Neighbours: metaroce_xdp/topo.py (namespaces, veth, cleanup), tools/perf.py (owned elsewhere;
-only called), tests/test_bench_smoke.py, docs/bench/ (plots, README section).
+only called), tests/tools/test_bench_smoke.py, docs/bench/ (plots, README section).
 """
 from __future__ import annotations
 

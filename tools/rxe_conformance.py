@@ -25,7 +25,7 @@ failing cases):
 
     python -m tools.rxe_conformance --publish conformance-report-rxe docs/conformance/rxe
 
-Library use (tests/test_rxe_agent.py):
+Library use (tests/conformance/test_rxe_agent.py):
 
     with RxeVM(vm_id=11) as vm:          # boots, starts the agent; tears down on exit
         with in_netns(vm.netns):           # this thread's sockets now live in rxeh11

@@ -3,7 +3,7 @@
 Role: every per-packet operation on the four AF_XDP rings (fill, completion, RX, TX) and
 on the pool of free UMEM frames.  Functions here see numpy arrays and scalars only, never
 Python objects, so the engine can call them from its own `@njit` loops.  `xsk.py` maps the
-kernel's rings and hands these functions the views; `tests/test_afxdp_rings.py` drives them
+kernel's rings and hands these functions the views; `tests/afxdp/test_afxdp_rings.py` drives them
 against a simulated kernel on plain arrays, with and without `NUMBA_DISABLE_JIT`.
 
 Ring representation (what `xsk.Ring` exposes):

@@ -2,7 +2,7 @@
 
 Role: the one Python copy of the kernel's AF_XDP interface (include/uapi/linux/if_xdp.h,
 as of Linux 6.18).  `xsk.py` uses it to create sockets and map rings; `rings.py` uses only
-the ring flag and descriptor layout.  `tests/test_afxdp_rings.py` checks these numbers
+the ring flag and descriptor layout.  `tests/afxdp/test_afxdp_rings.py` checks these numbers
 against the C header installed on the machine, so a typo here cannot survive.
 
 Debian 12 ships 6.1 headers; the running kernel is newer.  Fields and flags added after

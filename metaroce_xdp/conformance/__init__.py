@@ -39,7 +39,7 @@ by itself; one module per group, e.g. cases/responder.py):
 Rules of the game:
 * The ID is TC-<AREA>-<NNN>-<letter>, after the main rule it checks (TC-DUP-002-a checks MR-DUP-002);
   `rules` lists every rule the case gives a verdict on; each must be defined in docs/spec
-  (tests/test_conformance.py checks).  `category` is a code of spec 9.3.3.
+  (tests/conformance/test_conformance.py checks).  `category` is a code of spec 9.3.3.
 * Decide each declared rule with t.check(rule, ok, detail, frames=..., expected=...) -- from
   captured frames, agent replies and memory read through the agent only (MR-CONF-010).
   Several checks of one rule are ANDed; a rule never checked gets ERROR; an exception or a

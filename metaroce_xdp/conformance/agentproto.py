@@ -48,7 +48,7 @@ TOO_LONG = (b'{"id":null,"ok":false,"error":{"code":"EPROTO",'
             b'"message":"line longer than 1 MiB: closing the session"}}\n')
 
 # The values requests and responses carry by name (MR-CONF-018): libibverbs' names and numbers (verbs.h,
-# a stable ABI; metaroce_xdp/verbs_types.py has the same as enums, tests/test_conformance_agent.py compares).
+# a stable ABI; metaroce_xdp/verbs_types.py has the same as enums, tests/conformance/test_conformance_agent.py compares).
 ACCESS = {"LOCAL_WRITE": 1, "REMOTE_WRITE": 2, "REMOTE_READ": 4, "REMOTE_ATOMIC": 8}
 SEND_FLAGS = {"FENCE": 1, "SIGNALED": 2, "SOLICITED": 4, "INLINE": 8}
 QP_STATES = {"RESET": 0, "INIT": 1, "RTR": 2, "RTS": 3, "SQD": 4, "SQE": 5, "ERR": 6}

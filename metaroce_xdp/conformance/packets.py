@@ -5,7 +5,7 @@ codec): a bug there must not be able to hide on both sides of the link.  The
 layers scapy.contrib.roce lacks (RETH, ImmDt, IETH, AtomicETH, AtomicAckETH) are
 declared here from 02-headers.md; the ICRC is computed here from MR-ICRC-002 to
 MR-ICRC-010 (scapy's own BTH.compute_icrc is not used, so that the tester's ICRC
-is a third opinion, checked against both in tests/test_conformance.py).
+is a third opinion, checked against both in tests/conformance/test_conformance.py).
 
     build(op, src_mac=..., dst_mac=..., src_ip=..., dst_ip=..., dqpn=..., psn=...,
           reth=(va, rkey, dlen), payload=b"...")        -> bytes, ICRC correct

@@ -261,7 +261,7 @@ def complete_head(A, Q, SW, CQT, CE, qi, status):
         # a go-back-N was resending this WQE when the ACK for it came (it had arrived; the ACK was
         # late): sending goes on after it, not from the PSN the resending had reached -- a WQE started
         # next would take PSNs the responder already executed (MR-RC-004), and the one of them at its
-        # ePSN would be out of sequence there (tests/test_dp_requester_resume.py)
+        # ePSN would be out of sequence there (tests/dp/test_dp_requester_resume.py)
         Q[qi, Q_SQ_NEXT] = Q[qi, Q_SQ_HEAD]
         after = (SW[r, W_FIRST_PSN] + SW[r, W_NPSN]) & PSN_MASK
         if psn_diff(Q[qi, Q_SND_PSN], after) < 0:

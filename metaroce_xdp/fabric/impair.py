@@ -11,7 +11,7 @@ maps) after the loading process exits; the pins let `metaroce fabric set/show` r
     m.counters(port_id)                       # per-CPU counters summed, by name
     m.state(port_id)                          # coin index, virtual queue
 
-The layouts below are declared once more here (tests/test_fabric.py compares them with the ones
+The layouts below are declared once more here (tests/kern/test_fabric.py compares them with the ones
 BCC derives from the C).  `plan()` replays the program's coins so a test can say in advance
 which frames a seed hits.
 

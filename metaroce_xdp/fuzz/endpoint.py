@@ -106,7 +106,7 @@ def main() -> int:
            "native": ctx.create_qp(pd1, cq, cq, QPCap(max_send_wr=64, max_recv_wr=64))}
     peer = {"victim": 0x5F0001, "legit": 0x5F0002, "native": 0x5F0003}
     psn = {"victim": 1000, "legit": 5000, "native": 9000}
-    # the native QP's timers far above the fuzzer's pace (as tests/test_dp_native_scripted.py); through the daemon
+    # the native QP's timers far above the fuzzer's pace (as tests/native/test_dp_native_scripted.py); through the daemon
     # a client may not choose rto_initial (server.CLIENT_NATIVE_PARAMS)
     nat = {"profile": "native",
            "native_params": {"rto_initial": 200, "rto_min": 100_000} if mode == "inproc" else {"rto_min": 100_000}}

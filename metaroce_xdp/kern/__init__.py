@@ -1,7 +1,7 @@
 """Kernel side of the MetaRoCE endpoint, seen from Python.
 
 `layout` mirrors bpf/metaroce_structs.h and bpf/metaroce_drop_reasons.h as
-numpy dtypes and enums (one place; tests/test_c_python_agree.py proves they
+numpy dtypes and enums (one place; tests/kern/test_c_python_agree.py proves they
 match the C).  `loader` compiles bpf/metaroce_xdp.c with BCC, attaches it,
 mmaps the QP table and pins the maps the CLI reads (attached through a bpf_link,
 so the program goes away with the process that owns it).  `bpfsys` is the thin

@@ -19,7 +19,7 @@ from typing import Any
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 PROG_SRC = "metaroce_xdp.c"
 # kern/layout.py's MR_MAX_RXQ and MR_SACK_RINGS (the loader's defaults), here without importing layout.py
-# (numpy, the wire package); tests/test_daemon_startup.py checks that they agree
+# (numpy, the wire package); tests/daemon/test_daemon_startup.py checks that they agree
 MAX_RXQ = 64
 SACK_RINGS = 32
 

@@ -2,7 +2,7 @@
 
 C source of truth: bpf/metaroce_structs.h (struct mr_qp_state, struct
 mr_config), bpf/metaroce_drop_reasons.h (enum mr_drop_reason, enum mr_event),
-bpf/metaroce_consts.h.  tests/test_c_python_agree.py compiles the headers with
+bpf/metaroce_consts.h.  tests/kern/test_c_python_agree.py compiles the headers with
 gcc and compares every offset, size and enum value with this module.
 
 Writers of mr_qp_state (one per field; see the C header for the protocol):

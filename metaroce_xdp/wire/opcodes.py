@@ -3,7 +3,7 @@
 As in Linux rxe's opcode table, code tests masks (is this a request? does it
 carry a RETH? is it the end of a message?), never lists of opcodes.  Header
 lengths and offsets are derived from the header set, never written by hand.
-The C mirror lives in bpf/metaroce_hdr.h; tests/test_c_python_agree.py
+The C mirror lives in bpf/metaroce_hdr.h; tests/kern/test_c_python_agree.py
 proves they agree.
 """
 from __future__ import annotations
