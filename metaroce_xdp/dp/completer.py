@@ -4,7 +4,8 @@ ACKs and NAKs mostly never reach this process: the XDP program judges them and w
 slot (struct mr_qp_state, mmap'd); `kernel_acks` reads the slot and `advance`s the send queue to the
 acknowledged PSN, or takes the NAK (`on_nak`: sequence error -> go-back-N; RNR -> wait the timer; others
 -> the QP's error, `nak_error_due`).  READ RESPONSEs come here through the socket (`completer_rsp`):
-placed in order into the WQE's SGE list, a gap answered by re-reading from the gap (MR-RC-019).
+placed in order into the WQE's SGE list, a gap answered by re-reading from the gap (MR-RC-019), a
+response the requester cannot take a bad response (MR-NAK-012).
 `retire_answered` completes READs and atomics whose answers arrived, in order.
 """
 from __future__ import annotations
@@ -14,14 +15,14 @@ from numba import njit
 from .. import jitcache  # noqa: F401  (cache keyed on every module compiled code depends on)
 
 from .layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
-from ..wire.hdr import OPT, OT_PAY
+from ..wire.hdr import OPT, OT_AETH, OT_PAY, aeth_syndrome, ext_at
 from ..wire.psn import psn_diff
 from .layout import PSN_MASK, PSN_NONE
-from .reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_PEER_NAK, WHY_RNR_RETRY_EXHAUSTED
+from .reasons import WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED, WHY_PEER_NAK, WHY_RNR_RETRY_EXHAUSTED
 from .prims import ld_acq_i64, ld_acq_u32, ld_acq_u64, ld_acq_u8
 from .core import (KS_ACK_PSN, KS_ACK_SEQ, KS_NAK_CODE, KS_NAK_PSN, KS_NAK_SEQ, KS_RNR_PSN, KS_RNR_SEQ, KS_RNR_TIMER,
-                   OP_RSP_FIRST, OP_RSP_LAST, OP_RSP_MIDDLE, OP_RSP_ONLY, RNR_TIMER_US, ST_ERR, S_LOC_PROT, S_OK,
-                   S_REM_ACCESS, S_REM_INV_REQ, S_REM_OP, S_RNR_EXC, WR_READ, ack_deadline, complete_head, ks_addr,
+                   OP_RSP_FIRST, OP_RSP_LAST, OP_RSP_MIDDLE, OP_RSP_ONLY, RNR_TIMER_US, ST_ERR, S_BAD_RESP, S_LOC_PROT,
+                   S_OK, S_REM_ACCESS, S_REM_INV_REQ, S_REM_OP, S_RNR_EXC, WR_READ, ack_deadline, complete_head, ks_addr,
                    mr_live_a, place, publish_comp, publish_nak_read, qp_error, rd_atomic, sg_valid, sq_row)
 from .requester import rewind
 
@@ -139,16 +140,22 @@ def nak_error_due(A, Q, SW, CQT, CE, qi):
 
 
 @njit(**_jit)
-def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
+def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
     """A READ RESPONSE: placed when it is the PSN the completer waits for; stale ones are counted
-    and dropped; a gap (a lost response) sends the READ again for the rest (go back N)."""
+    and dropped; a gap (a lost response) sends the READ again for the rest (go back N); one the
+    requester cannot take (for a WQE that is not a READ, out of sequence, an AETH that is not an ACK,
+    the wrong payload length) fails the oldest WQE with IBV_WC_BAD_RESP_ERR (MR-NAK-012)."""
     comp = Q[qi, Q_COMP_PSN]
     if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
         A[P_RX_RSP_STALE] += 1
         return
     r = rsp_wqe(Q, SW, qi, psn)
-    if r < 0 or SW[r, W_OPCODE] != WR_READ:
+    if r < 0:
         rsp_gap(A, Q, SW, qi)                        # a lost response: the READ goes again for the rest
+        return
+    if SW[r, W_OPCODE] != WR_READ:
+        # MR-NAK-012: "an RDMA READ RESPONSE when the WQE at comp_psn is not an RDMA READ" is a bad response
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
         return
     k = psn_diff(psn, SW[r, W_FIRST_PSN])
     if psn != comp:
@@ -164,23 +171,27 @@ def completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now):
             A[P_RX_RSP_STALE] += 1
             return
     npsn = SW[r, W_NPSN]
-    # the last PSN of the READ comes as LAST or ONLY, the others as FIRST or MIDDLE; a request for the
-    # rest of a READ (after a lost response) is answered from FIRST (or ONLY) at the PSN it asked for
-    if k == npsn - 1:
-        ok_op = op == OP_RSP_LAST or op == OP_RSP_ONLY
+    # MR-NAK-012: READ RESPONSE opcodes out of sequence are a bad response.  The last PSN of the READ
+    # comes as LAST or ONLY, the others as FIRST or MIDDLE; a FIRST or ONLY only where a stream starts:
+    # the READ's first PSN or the PSN the requester last asked the rest from (W_STATUS, MR-RETRY-008),
+    # where a MIDDLE or LAST continuing the old stream is accepted too (MR-DUP-003); a MIDDLE or LAST
+    # at a PSN after the first follows the response just placed (responses are placed at comp_psn only)
+    last_k = k == npsn - 1
+    if op == OP_RSP_FIRST or op == OP_RSP_ONLY:
+        ok_op = (k == 0 or k == SW[r, W_STATUS]) and (op == OP_RSP_ONLY) == last_k
     else:
-        ok_op = op == OP_RSP_FIRST or op == OP_RSP_MIDDLE
-    if not ok_op or (k == 0 and op != OP_RSP_FIRST and op != OP_RSP_ONLY):
-        A[P_RX_DROP_OP] += 1
-        return
+        ok_op = k != 0 and (op == OP_RSP_LAST) == last_k
+    # MR-NAK-012: a READ RESPONSE FIRST, LAST or ONLY "whose AETH is not of type ACK" (bit 7, NAK, RNR
+    # NAK, type 10) and "READ RESPONSE payloads that do not match the requested length" are bad too
     pay = b + OPT[op, OT_PAY]
     plen = end - pad - pay
     pmtu = Q[qi, Q_PMTU]
     expect = min(pmtu, SW[r, W_LENGTH] - k * pmtu)
     if expect < 0:
         expect = 0
-    if plen != expect:
-        A[P_RX_DROP_LEN] += 1
+    if (not ok_op or (op != OP_RSP_MIDDLE and (aeth_syndrome(umem, ext_at(b, op, OT_AETH)) & 0xE0) != 0)
+            or plen != expect):
+        qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)
         return
     lmr = SW[r, W_LMR]
     if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):

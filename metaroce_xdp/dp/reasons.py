@@ -40,7 +40,8 @@ TEXT = {
     Why.CQ_OVERFLOW: "its CQ overflowed",
     Why.RETRY_EXHAUSTED: "retries exhausted (local ACK timeout)",
     Why.RNR_RETRY_EXHAUSTED: "RNR retries exhausted",
-    Why.BAD_RESPONSE: "bad response (reserved AETH)",
+    Why.BAD_RESPONSE: "bad response (an ACK or READ response the requester cannot take: reserved AETH, wrong "
+                      "kind or sequence)",
     Why.LOCAL_MR_DEREGISTERED: "a local MR was deregistered under a posted work request (MR-MEM-035)",
     Why.PEER_NAK_INVALID_REQUEST: "the peer NAKed an invalid request",
     Why.PEER_NAK_REMOTE_ACCESS: "the peer NAKed a remote access error",

@@ -182,7 +182,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
         if st != ST_RTS and st != ST_SQD and st != ST_SQE:
             A[P_RX_DROP_STATE] += 1
             return
-        completer_rsp(A, Q, SW, CQT, CE, qi, op, psn, b, end, pad, now)
+        completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now)
         activate(A, Q, qi)
         if ce_marked(umem, l3):
             np_on_ce(A, Q, TM, umem, tables, ext, qi, now)

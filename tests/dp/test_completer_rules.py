@@ -90,23 +90,10 @@ def test_ghost_and_stale_responses_are_counted(posted):
     assert (qq["rx_ghost_rsp"], qq["rx_stale_rsp"], qq["rx_bad_rsp"]) == (2, 2, 0)
 
 
-RSP_KIND_BUG = pytest.mark.xfail(strict=True, reason=(
-    "issue 20: a READ RESPONSE for a WQE that is not a READ is taken by the compiled completer (dp/completer.py "
-    "completer_rsp) for a lost response: the WQE is sent again (rsp_gap), no IBV_WC_BAD_RESP_ERR (MR-NAK-012)"))
-RSP_AETH_BUG = pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled completer (dp/completer.py completer_rsp) never looks at a READ RESPONSE ONLY's AETH: one "
-    "carrying a NAK, an RNR NAK or bit 7 completes the READ with success, not IBV_WC_BAD_RESP_ERR (MR-NAK-012)"))
-RSP_SEQ_BUG = pytest.mark.xfail(strict=True, reason=(
-    "issue 20: a READ RESPONSE out of the FIRST/MIDDLE/LAST sequence is dropped and counted (rx_drop_op) by the "
-    "compiled completer (dp/completer.py completer_rsp: ok_op), not a bad response (MR-NAK-012): the READ waits for "
-    "its local ACK timeout instead of completing with IBV_WC_BAD_RESP_ERR"))
-
-
-@pytest.mark.parametrize("wqe,rsp", [pytest.param(WROpcode.RDMA_WRITE, Op.RDMA_READ_RESPONSE_ONLY, marks=RSP_KIND_BUG),
+@pytest.mark.parametrize("wqe,rsp", [(WROpcode.RDMA_WRITE, Op.RDMA_READ_RESPONSE_ONLY),
                                      (WROpcode.SEND, Op.ATOMIC_ACKNOWLEDGE),
                                      (WROpcode.RDMA_READ, Op.ATOMIC_ACKNOWLEDGE),
-                                     pytest.param(WROpcode.ATOMIC_FETCH_AND_ADD, Op.RDMA_READ_RESPONSE_ONLY,
-                                                  marks=RSP_KIND_BUG)])
+                                     (WROpcode.ATOMIC_FETCH_AND_ADD, Op.RDMA_READ_RESPONSE_ONLY)])
 def test_response_of_the_wrong_kind_is_a_bad_response(posted, wqe, rsp):
     """MR-NAK-012: a READ RESPONSE when the WQE at comp_psn is not a READ, an ATOMIC ACKNOWLEDGE when it is
     not an ATOMIC: IBV_WC_BAD_RESP_ERR."""
@@ -119,7 +106,7 @@ def test_response_of_the_wrong_kind_is_a_bad_response(posted, wqe, rsp):
     assert not q.buf[:8].any()                    # nothing placed
 
 
-@pytest.mark.parametrize("op", [pytest.param(Op.RDMA_READ_RESPONSE_ONLY, marks=RSP_AETH_BUG), Op.ATOMIC_ACKNOWLEDGE])
+@pytest.mark.parametrize("op", [Op.RDMA_READ_RESPONSE_ONLY, Op.ATOMIC_ACKNOWLEDGE])
 @pytest.mark.parametrize("syndrome", [0x61, 0x20, 0x9F])
 def test_response_aeth_not_of_type_ack(posted, op, syndrome):
     """MR-NAK-012: a READ RESPONSE ONLY or ATOMIC ACKNOWLEDGE whose AETH is a NAK, an RNR NAK or has bit 7
@@ -133,7 +120,6 @@ def test_response_aeth_not_of_type_ack(posted, op, syndrome):
     _bad(q)
 
 
-@RSP_SEQ_BUG
 @pytest.mark.parametrize("case", ["middle", "last", "first_in_stream", "first_ending"])
 def test_read_response_opcode_sequence(posted, case):
     """MR-NAK-012: READ RESPONSE MIDDLE or LAST without a FIRST, a FIRST inside a stream, and a FIRST that
