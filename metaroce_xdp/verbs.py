@@ -123,8 +123,11 @@ ALL_SEND_FLAGS = int(SendFlags.FENCE | SendFlags.SIGNALED | SendFlags.SOLICITED 
 _INLINE = int(SendFlags.INLINE)
 #: max_inline_data of every QP: neither endpoint copies a WR's data at post time, so an INLINE WR carries none
 MAX_INLINE = 0
-#: a message is at most 2^31 - 1 bytes (the SGE lengths and their sum; MR-RC-008)
+#: a receive WQE's SGEs add up to at most 2^31 - 1 bytes; a send WR's may add up to more (MR-RC-008: it then
+#: completes IBV_WC_LOC_LEN_ERR without a packet, where the plane carries SGEs that long)
 MAX_MESSAGE = (1 << 31) - 1
+#: an ibv_sge's length is a uint32_t
+MAX_SGE_LENGTH = (1 << 32) - 1
 # What the native profile has no opcode for (MR-NAT-010: EINVAL at post time), whichever endpoint runs it.
 NATIVE_REFUSED = {int(WROpcode.SEND_WITH_INV): "SEND with invalidate has no native opcode (MR-NAT-010)"}
 _POST_STATES = frozenset({int(QPState.RTS), int(QPState.SQD), int(QPState.ERR)})
@@ -139,6 +142,7 @@ class PostRules:
     opcodes: frozenset = SEND_OPCODES            # the send opcodes it carries
     flags: int = ALL_SEND_FLAGS                  # the send_flags it honours
     max_sge: int = 1 << 16                       # SGEs per work request it carries, whatever the QP's cap
+    max_sge_length: int = MAX_SGE_LENGTH         # the longest SGE it carries (up to an ibv_sge's uint32)
 
 
 def check_post_state(state: int, rules: PostRules) -> None:
@@ -159,10 +163,13 @@ def check_sg_list(sg_list: Sequence[SGE], what: str, max_sge: int, rules: PostRu
     total = 0
     for s in sg_list:
         length = s.length
-        if length < 0 or length > MAX_MESSAGE:
+        if length < 0 or length > MAX_SGE_LENGTH:
             raise InvalidArgument(f"{what}: SGE length {length} out of range")
+        if length > rules.max_sge_length:
+            raise Unsupported(f"{what}: an SGE of {length} bytes: {rules.plane} takes at most "
+                              f"{rules.max_sge_length} bytes per SGE")
         total += length
-    if total > MAX_MESSAGE:
+    if what == "RECV" and total > MAX_MESSAGE:
         raise InvalidArgument(f"{what}: {total} bytes in its SGEs, at most 2^31 - 1")
     return total
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import cm
-from ..verbs import ATOMIC_OPCODES, PostRules, check_post_state, check_send_wr, check_sg_list
+from ..verbs import ATOMIC_OPCODES, MAX_MESSAGE, PostRules, check_post_state, check_send_wr, check_sg_list
 from ..verbs_types import (SGE, Access, AsyncEvent, EventType, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, SendFlags, SendWR, WC, WCFlags, WCOpcode, WCStatus, WROpcode)
 from .. import shm
@@ -47,12 +47,13 @@ from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequ
 
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
 PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
-# What post_send takes through metaroced (verbs.check_send_wr): its ring entry has one SGE and no room for an
-# invalidate key; its loop honours SIGNALED and SOLICITED only, and takes sends in RTS and ERR (dp/serve.pump_qp,
+# What post_send takes through metaroced (verbs.check_send_wr): its ring entry has one SGE, of at most 2^31 - 1
+# bytes, and no room for an invalidate key; its loop honours SIGNALED and SOLICITED only, and takes sends in RTS and ERR (dp/serve.pump_qp,
 # which checks every entry again)
 DAEMON_POST = PostRules("the daemon's data plane", states=frozenset({int(QPState.RTS), int(QPState.ERR)}),
                         opcodes=frozenset(int(o) for o in WROpcode if o != WROpcode.SEND_WITH_INV),
-                        flags=int(SendFlags.SIGNALED | SendFlags.SOLICITED), max_sge=1)
+                        flags=int(SendFlags.SIGNALED | SendFlags.SOLICITED), max_sge=1,
+                        max_sge_length=MAX_MESSAGE)     # the loop's bound (dp/serve.py local_mr)
 # the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each),
 # rings read and written through memoryviews and struct (no numpy scalars)
 # the access connect_qp and accept grant a QP they move out of RESET

@@ -794,8 +794,8 @@ class QP:
                     r[L.Q_RETRY_CNT] = r[L.Q_RETRY_LEFT] = min(7, g.get("retry_cnt", 7))
                 if "rnr_retry" in g or cur == QPState.RTR:
                     r[L.Q_RNR_RETRY] = r[L.Q_RNR_LEFT] = min(7, g.get("rnr_retry", 7))
-                if "max_rd_atomic" in g:
-                    r[L.Q_MAX_RD] = max(1, min(L.MAX_RD, g["max_rd_atomic"]))
+                if "max_rd_atomic" in g:          # 0: a READ or ATOMIC fails LOC_QP_OP_ERR (MR-RC-009)
+                    r[L.Q_MAX_RD] = max(0, min(L.MAX_RD, g["max_rd_atomic"]))
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
                     if self.profile == "native":
@@ -969,6 +969,10 @@ class QP:
                 continue
             pieces.append((s.addr, s.length, mr.ref))      # the reference, checked on each use (MR-SEC-003)
         total = sum(s.length for s in sg_list)
+        if total > 1 << 31 and not bad:
+            # MR-RC-008: a message of more than 2^31 bytes "MUST complete with IBV_WC_LOC_LEN_ERR without
+            # sending any packet": accepted, and failed by the loop when it is the oldest (dp/requester.py loc_why)
+            return 0, total, L.MR_LEN, []
         if bad:
             # an lkey, PD, bound or LOCAL_WRITE check failed (MR-MEM-020): accepted, and reported by a
             # completion, not here (MR-RC-022): a send WQE fails LOC_PROT_ERR when it is the oldest, nothing

@@ -36,6 +36,7 @@ MAX_MRS = 4096            # a power of two: the key's low index bits select the 
 MR_SLOT_MASK = MAX_MRS - 1
 MR_BAD_SLOT = MAX_MRS - 1  # an MR row never registered
 MR_BAD = MR_BAD_SLOT << 8  # the MR reference of a WQE whose SGE failed its local checks (MR-RC-022): never live
+MR_LEN = MR_BAD | 1        # the MR reference of a WQE whose SGEs add up to more than 2^31 bytes (MR-RC-008): never live
 MAX_RD = 16               # outstanding READs a responder queues per QP (max_dest_rd_atomic)
 N_EV = 1024
 N_RDY = 4096              # power of two, > MAX_QPS: a QP is in it at most once (Q_READY)

@@ -29,6 +29,8 @@ class Why(enum.IntEnum):
     SGE_LOCAL_CHECK = 30
     IMMDT_DIFFERS = 31
     ACCESS_OR_DMA_LENGTH = 32
+    LOCAL_LENGTH = 33                      # MR-RC-008
+    RD_ATOMIC_NOT_ALLOWED = 34             # MR-RC-009
     MODIFIED_TO_ERR = 100                  # the application moved it (modify); no event owed
     DESTROYED = 101
     BAD_WORK_REQUEST = 200                 # metaroced: the client wrote an invalid work request into its ring
@@ -58,6 +60,8 @@ TEXT = {
     Why.IMMDT_DIFFERS: "invalid request: an ImmDt that differs from an earlier packet of the same message",
     Why.ACCESS_OR_DMA_LENGTH: "invalid request: a READ or WRITE the QP's access flags do not allow, or a DMA "
                               "Length above 2^31",
+    Why.LOCAL_LENGTH: "a work request's SGEs add up to more than 2^31 bytes (MR-RC-008)",
+    Why.RD_ATOMIC_NOT_ALLOWED: "a READ or ATOMIC on a QP whose max_rd_atomic is 0 (MR-RC-009)",
     Why.MODIFIED_TO_ERR: "moved to ERR by modify",
     Why.DESTROYED: "destroyed",
     Why.BAD_WORK_REQUEST: "invalid work request",
@@ -93,5 +97,7 @@ WHY_INVALIDATE_REFUSED = int(Why.INVALIDATE_REFUSED)
 WHY_SGE_LOCAL_CHECK = int(Why.SGE_LOCAL_CHECK)
 WHY_IMMDT_DIFFERS = int(Why.IMMDT_DIFFERS)
 WHY_ACCESS_OR_DMA_LENGTH = int(Why.ACCESS_OR_DMA_LENGTH)
+WHY_LOC_LEN = int(Why.LOCAL_LENGTH)
+WHY_RD_ATOMIC_0 = int(Why.RD_ATOMIC_NOT_ALLOWED)
 WHY_MODIFIED_TO_ERR = int(Why.MODIFIED_TO_ERR)
 WHY_BAD_WORK_REQUEST = int(Why.BAD_WORK_REQUEST)

@@ -17,12 +17,13 @@ from .layout import *  # noqa: F401,F403  (column numbers are compile-time const
 from ..wire.fastpath import BTH_SE, segment_opcode
 from ..wire.hdr import put_atomiceth, put_ieth, put_immdt, put_reth
 from ..wire.psn import psn_diff
-from .layout import ACKREQ_EVERY, MR_BAD, PSN_MASK
-from .reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_SGE_LOCAL_CHECK
+from .layout import ACKREQ_EVERY, MR_BAD, MR_LEN, PSN_MASK
+from .reasons import WHY_LOC_LEN, WHY_LOCAL_MR_DEREGISTERED, WHY_RD_ATOMIC_0, WHY_SGE_LOCAL_CHECK
 from .prims import ld_acq_i64, st_rel_u32
 from .core import (F_FENCE, F_SOLICITED, KS_SND_NXT, OP_CAS, OP_FAA, OP_READ_REQ, OP_SEND_LAST_INV, OP_SEND_ONLY_INV,
-                   ST_SQD, WR_CAS, WR_FAA, WR_READ, WR_SEND_IMM, WR_SEND_INV, WR_WRITE, WR_WRITE_IMM, ack_deadline,
-                   emit, ks_addr, mr_live_a, push_event, rd_atomic, sg_valid, sq_row, src_of)
+                   ST_SQD, S_LOC_LEN, S_LOC_PROT, S_LOC_QP_OP, WR_CAS, WR_FAA, WR_READ, WR_SEND_IMM, WR_SEND_INV,
+                   WR_WRITE, WR_WRITE_IMM, ack_deadline, emit, ks_addr, mr_live_a, push_event, rd_atomic, sg_valid,
+                   sq_row, src_of)
 
 _jit = dict(cache=True, nogil=True)
 
@@ -62,6 +63,30 @@ def rewind(A, Q, SW, qi, psn):
     Q[qi, Q_SND_PSN] = psn
     A[P_RETRANSMITS] += 1
     Q[qi, Q_N_RETX] += 1
+
+
+@njit(**_jit)
+def loc_why(lmr):
+    """The why code of a WQE that fails its local checks before its first packet (MR-RC-022): its SGE
+    failed the lkey, PD, bounds or access check, its SGEs add up to more than 2^31 bytes (MR-RC-008), or a
+    local MR was deregistered under it (MR-MEM-035)."""
+    if lmr == MR_BAD:
+        return WHY_SGE_LOCAL_CHECK
+    if lmr == MR_LEN:
+        return WHY_LOC_LEN
+    return WHY_LOCAL_MR_DEREGISTERED
+
+
+@njit(**_jit)
+def loc_status(why):
+    """The completion status of a local error found before the first packet (Table 7-6): IBV_WC_LOC_LEN_ERR
+    for a message over 2^31 bytes (MR-RC-008), IBV_WC_LOC_QP_OP_ERR for a READ or ATOMIC with max_rd_atomic
+    0 (MR-RC-009), IBV_WC_LOC_PROT_ERR otherwise (MR-MEM-020, MR-MEM-035)."""
+    if why == WHY_LOC_LEN:
+        return S_LOC_LEN
+    if why == WHY_RD_ATOMIC_0:
+        return S_LOC_QP_OP
+    return S_LOC_PROT
 
 
 @njit(**_jit)
@@ -105,13 +130,21 @@ def requester(A, Q, SW, TM, umem, tables, ext, qi, now, budget):
         length = SW[r, W_LENGTH]
         lmr = SW[r, W_LMR]
         if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
-            # its local MR was deregistered (MR-MEM-035): nothing of it is read or written; it fails
-            # LOC_PROT_ERR once it is the oldest
+            # its local MR was deregistered (MR-MEM-035), its SGE failed the local checks (MR-RC-022) or
+            # the message is over 2^31 bytes (MR-RC-008): nothing of it is read or written; it fails once it
+            # is the oldest
             if nxt == Q[qi, Q_SQ_HEAD]:
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = WHY_SGE_LOCAL_CHECK if lmr == MR_BAD else WHY_LOCAL_MR_DEREGISTERED   # round_ fails it (qp_error)
+                Q[qi, Q_LOCERR] = loc_why(lmr)          # round_ fails it (qp_error, loc_status), the why code
             break
         if SW[r, W_STARTED] == 0:
+            if rd_atomic(op) and Q[qi, Q_MAX_RD] == 0:
+                # MR-RC-009, Table 7-6: with max_rd_atomic 0 a READ or ATOMIC can never be outstanding: it
+                # completes IBV_WC_LOC_QP_OP_ERR, nothing of it sent, once it is the oldest
+                if nxt == Q[qi, Q_SQ_HEAD]:
+                    SW[r, W_STARTED] = 1
+                    Q[qi, Q_LOCERR] = WHY_RD_ATOMIC_0
+                break
             if rd_atomic(op) and Q[qi, Q_RD_OUT] >= Q[qi, Q_MAX_RD]:
                 break
             if Q[qi, Q_STATE] == ST_SQD:

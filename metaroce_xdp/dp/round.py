@@ -37,10 +37,10 @@ from .reasons import WHY_BAD_RESPONSE, WHY_RETRY_EXHAUSTED
 from .prims import c_memcpy, c_recvfrom_kick, ld_acq_i64, ld_acq_u32, ptr_u64, st_rel_i64, st_rel_u32
 from .ring import RING_NEED_WAKEUP, fq_topup, frame_free, tx_flush
 from .core import (OP_ACK, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_READ_REQ, OP_RSP_ONLY, OP_SEND_LAST_INV, OP_SEND_ONLY_INV,
-                   ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_BAD_RESP, S_LOC_PROT, S_RETRY_EXC, ack_deadline, activate,
+                   ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_BAD_RESP, S_RETRY_EXC, ack_deadline, activate,
                    comm_est, flush_queues, qp_error)
 from .cc import FRAME_TO_WIRE, ce_marked, np_on_ce, rp_allowance, rp_cnps, rp_on_sent
-from .requester import infl_weight, requester, rewind, sqd_check
+from .requester import infl_weight, loc_status, requester, rewind, sqd_check
 from .completer import advance, completer_rsp, kernel_acks, nak_error_due
 from .responder import ack_now, read_responses, responder, responder_error
 from .atomics import completer_atomic, responder_atomic
@@ -414,7 +414,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                     if Q[qi, Q_LOCERR]:
                         why = Q[qi, Q_LOCERR]
                         Q[qi, Q_LOCERR] = 0
-                        qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
+                        qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
                 if Q[qi, Q_SQD_DRAIN]:
                     sqd_check(A, Q, SW, qi)
                 if Q[qi, Q_STATE] == ST_ERR:

@@ -16,12 +16,12 @@ from . import layout as NL
 from ..congestion import link_rate_bps
 from ..dp.cc import ce_marked
 from ..dp.core import (ACC_REMOTE_WRITE, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, OP_ATOMIC_ACK, OP_CAS, OP_FAA,
-                       RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_LOC_PROT, activate, flush_queues, mr_check,
-                       mr_live_a, place, qp_error, sg_valid)
+                       RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, activate, flush_queues, mr_check, mr_live_a,
+                       place, qp_error, sg_valid)
 from ..dp.layout import EV_QP_FATAL, PSN_MASK
 from ..dp.prims import ld_acq_i64
 from ..dp.reasons import WHY_IMMDT_DIFFERS, WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG
-from ..dp.requester import sqd_check
+from ..dp.requester import loc_status, sqd_check
 from ..verbs_types import Unsupported
 from ..wire.headers import UDP, IPv6
 from ..wire.hdr import (IP4_ADDR_SIZE, IP4_SIZE, IP6_ADDR_SIZE, IP6_SIZE, O_IP4_DST, O_IP4_SRC, O_IP6_DST,
@@ -255,7 +255,7 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
             if Q[qi, Q_LOCERR]:
                 why = Q[qi, Q_LOCERR]
                 Q[qi, Q_LOCERR] = 0
-                qp_error(A, Q, SW, CQT, CE, qi, S_LOC_PROT, EV_QP_FATAL, why)
+                qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
         if Q[qi, Q_SQD_DRAIN]:
             sqd_check(A, Q, SW, qi)
     if Q[qi, Q_STATE] == ST_ERR:

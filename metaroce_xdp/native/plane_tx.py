@@ -24,7 +24,8 @@ from ..dp.core import (F_FENCE, F_SOLICITED, ST_RTS, ST_SQD, ST_SQE, S_RETRY_EXC
                        sg_valid, sq_row, src_of)
 from ..dp.layout import EV_QP_FATAL, PSN_MASK, PSN_NONE
 from ..dp.prims import ld_acq_i64, ld_acq_u32, ld_acq_u64, ptr_u8, st_rel_u32, st_rel_u64
-from ..dp.reasons import WHY_LOCAL_MR_DEREGISTERED, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED, WHY_SGE_LOCAL_CHECK
+from ..dp.reasons import WHY_RD_ATOMIC_0, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED
+from ..dp.requester import loc_why  # local errors before the first packet (MR-RC-008, MR-RC-022)
 from ..kern.layout import MR_SACK_RING_LEN, SACK_REC_DTYPE, SACK_RING_DTYPE
 from ..wire.fastpath import BTH_SE
 from ..wire.hdr import (OPT, OT_AETH, OT_PAY, OT_SACKETH, aeth_syndrome, bth_psn, ext_at, put_immdt, put_neth, put_reth,
@@ -163,7 +164,12 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
         if (lmr and not mr_live_a(A, lmr)) or not sg_valid(A, SW[r, W_SG], SW[r, W_NSGE]):
             if nxt == Q[qi, Q_SQ_HEAD]:              # MR-MEM-035, as the compat requester
                 SW[r, W_STARTED] = 1
-                Q[qi, Q_LOCERR] = WHY_SGE_LOCAL_CHECK if lmr == MR_BAD else WHY_LOCAL_MR_DEREGISTERED
+                Q[qi, Q_LOCERR] = loc_why(lmr)
+            break
+        if SW[r, W_STARTED] == 0 and rd_atomic(op) and Q[qi, Q_MAX_RD] == 0:
+            if nxt == Q[qi, Q_SQ_HEAD]:              # MR-RC-009, as the compat requester
+                SW[r, W_STARTED] = 1
+                Q[qi, Q_LOCERR] = WHY_RD_ATOMIC_0
             break
         if SW[r, W_STARTED] == 0:
             if Q[qi, Q_STATE] == ST_SQD:

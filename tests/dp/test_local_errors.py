@@ -49,10 +49,6 @@ def test_unsignaled_local_error_still_completes(dp_loop):
     assert (wc.wr_id, wc.status) == (9, WCStatus.LOC_PROT_ERR)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane refuses at post (InvalidArgument, verbs.check_sg_list) an SGE or a message of "
-    "2^31 bytes or more; MR-RC-008 wants a message over 2^31 to complete with IBV_WC_LOC_LEN_ERR without a "
-    "packet, and one of exactly 2^31 bytes to be valid"))
 def test_message_over_2_31_bytes_completes_with_loc_len_err(dp_loop):
     """MR-RC-008: a message of more than 2^31 bytes completes with IBV_WC_LOC_LEN_ERR without any packet;
     exactly 2^31 bytes is a valid message (only posted here, then flushed)."""
@@ -169,9 +165,6 @@ def test_partial_send_receive_is_flushed_on_err(dp_loop):
                                                             (2, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane takes max_rd_atomic 0 as 1 (dp/context.py QP.modify: max(1, ...)) and sends "
-    "the READ or ATOMIC; MR-RC-009 (Table 7-6) wants IBV_WC_LOC_QP_OP_ERR without a packet"))
 @pytest.mark.parametrize("op", [WROpcode.RDMA_READ, WROpcode.ATOMIC_FETCH_AND_ADD])
 def test_read_with_max_rd_atomic_0_is_a_local_qp_operation_error(dp_loop, op):
     """MR-RC-009 (Table 7-6): with max_rd_atomic 0 a READ or ATOMIC may never be outstanding: the WR

@@ -114,7 +114,8 @@ def _bad_wrs(sge, remote: int, rkey: int) -> list[tuple[str, list[SendWR]]]:
     bad = [("an opcode verbs does not know", [write(op=7)]),
            ("17 SGEs on a QP of max_send_sge 16", [write(sg=[sge(0, 8)] * 17)]),
            ("an SGE of negative length", [write(sg=[SGE(sge(0, 8).addr, -1, sge(0, 8).lkey)])]),
-           ("an SGE of 2^31 bytes", [write(sg=[SGE(sge(0, 8).addr, 1 << 31, sge(0, 8).lkey)])]),
+           ("an SGE of 2^32 bytes (an ibv_sge's length is a uint32)",
+            [write(sg=[SGE(sge(0, 8).addr, 1 << 32, sge(0, 8).lkey)])]),
            ("INLINE data with max_inline 0", [write(flags=SIG | SendFlags.INLINE)]),
            ("a send flag verbs does not know", [write(flags=SIG | 0x100)]),
            ("an atomic with a 4-byte SGE", [write(op=WROpcode.ATOMIC_FETCH_AND_ADD, sg=[sge(0, 4)])]),
@@ -131,9 +132,9 @@ def _refusal(post, wrs) -> tuple[type, str]:
 
 def test_one_check_for_both_planes():
     """verbs.check_send_wr with each endpoint's PostRules: the same error for what no endpoint takes; what only
-    metaroced's data plane lacks (one SGE per WR, SEND_WITH_INV, FENCE and INLINE) is Unsupported naming it;
-    a native QP refuses SEND_WITH_INV with EINVAL on both (MR-NAT-010); atomics without ATOMICS agreed are
-    refused on both (MR-CM-019)."""
+    metaroced's data plane lacks (one SGE per WR, an SGE of 2^31 bytes or more, SEND_WITH_INV, FENCE and
+    INLINE) is Unsupported naming it; a native QP refuses SEND_WITH_INV with EINVAL on both (MR-NAT-010);
+    atomics without ATOMICS agreed are refused on both (MR-CM-019)."""
     planes = (dp.COMPILED_POST, client.DAEMON_POST)
     for why, wrs in _bad_wrs(lambda off, n: SGE(0x10000 + off, n, LKEY), 0x20000, 7):
         got = set()
@@ -146,7 +147,8 @@ def test_one_check_for_both_planes():
     only_compiled = [SendWR(1, WROpcode.SEND, [SGE(0x10000, 8, LKEY)] * 2),
                      SendWR(1, WROpcode.SEND_WITH_INV, [SGE(0x10000, 8, LKEY)], invalidate_rkey=5),
                      SendWR(1, WROpcode.RDMA_WRITE, [SGE(0x10000, 8, LKEY)], SIG | SendFlags.FENCE),
-                     SendWR(1, WROpcode.SEND, [], SIG | SendFlags.INLINE)]
+                     SendWR(1, WROpcode.SEND, [], SIG | SendFlags.INLINE),
+                     SendWR(1, WROpcode.RDMA_WRITE, [SGE(0x10000, 1 << 31, LKEY)])]     # a valid message (MR-RC-008)
     for wr in only_compiled:
         assert verbs.check_send_wr(wr, dp.COMPILED_POST, 16) == sum(s.length for s in wr.sg_list)
         with pytest.raises(Unsupported, match="the daemon's data plane"):
