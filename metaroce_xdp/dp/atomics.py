@@ -1,11 +1,12 @@
 """ATOMICs, both ends (the request itself is built by requester.atomic_request).
 
 * The responder (`responder_atomic`) checks, in the order of Table 3-4 (MR-NAK-014), the opcode sequence,
-  the QP's REMOTE_ATOMIC, the R_Key and bounds of [VA, VA + 8) (NAK code 2) and then the 8-byte alignment
-  (NAK invalid request, MR-ATOM-002, MR-ATOM-005) before it touches memory; it executes in host byte order
-  (MR-ATOM-001, MR-ATOM-003), remembers (PSN, original value) in a ring of MAX_RD per QP and answers with
-  an ATOMIC ACKNOWLEDGE queued behind the READ responses before it (MR-RC-025, MR-ATOM-006); a duplicate
-  is answered from the saved value, never executed again (MR-DUP-005).
+  the QP's REMOTE_ATOMIC, the responder resources (max_dest_rd_atomic: NAK invalid request, MR-DUP-007),
+  the R_Key and bounds of [VA, VA + 8) (NAK code 2) and then the 8-byte alignment (NAK invalid request,
+  MR-ATOM-002, MR-ATOM-005) before it touches memory; it executes in host byte order (MR-ATOM-001,
+  MR-ATOM-003), remembers (PSN, original value) in a ring of MAX_RD per QP and answers with an ATOMIC
+  ACKNOWLEDGE queued behind the READ responses before it (MR-RC-025, MR-ATOM-006); a duplicate among the
+  last max_dest_rd_atomic is answered from the saved value, never executed again (MR-DUP-005).
 * The completer (`completer_atomic`) places the original value (host order) and completes the WQE in order.
 """
 from __future__ import annotations
@@ -20,13 +21,13 @@ from ..wire.hdr import (OPT, OT_AETH, OT_ATOMICACKETH, OT_ATOMICETH, OT_PAY, aet
 from ..wire.psn import psn_diff
 from .layout import MAX_RD, NAT, NJ, PSN_MASK, RK_NONE
 from .reasons import (WHY_ATOMIC_NOT_ALLOWED, WHY_ATOMIC_UNALIGNED, WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED,
-                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS)
+                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS, WHY_RESPONDER_RESOURCES)
 from .prims import addr_of, ptr_u64
 from .core import (ACC_REMOTE_ATOMIC, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ATOMIC_ACK, OP_CAS, ST_ERR, S_BAD_RESP,
-                   S_LOC_PROT, WR_CAS, WR_FAA, ack_deadline, mr_check, mr_live_a, place, publish_comp, qp_error,
+                   S_LOC_PROT, S_REM_INV_REQ, WC_RECV, WR_CAS, WR_FAA, ack_deadline, mr_check, mr_live_a, place, publish_comp, qp_error,
                    sg_valid)
 from .completer import advance, retire_answered, rsp_gap, rsp_wqe
-from .responder import ack_now, protect_reads, responder_error, send_nak
+from .responder import ack_now, fail_recv, protect_reads, rd_full, responder_error, send_nak
 
 _jit = dict(cache=True, nogil=True)
 
@@ -60,7 +61,7 @@ def flush_ack(A, Q, TM, umem, tables, ext, qi):
 
 
 @njit(**_jit)
-def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
+def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad):
     """A COMPARE_SWAP or FETCH_ADD request of QP qi (b = BTH offset, end = ICRC offset)."""
     hdr = ext_at(b, op, OT_ATOMICETH)
     if end - pad - (b + OPT[op, OT_PAY]) != 0:
@@ -77,7 +78,7 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
     if d < 0:                                        # duplicate: the saved result, never executed again
         A[P_RX_DUP] += 1
         t = Q[qi, Q_AT_TAIL]
-        lo = max(0, t - MAX_RD)
+        lo = max(0, t - Q[qi, Q_MAX_DEST])           # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
         while t > lo:
             t -= 1
             a = at_row(A, qi, t)
@@ -89,23 +90,32 @@ def responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn,
                 return
         return                                       # too old to be remembered: dropped (MR-DUP-005)
     if Q[qi, Q_R_KIND] != RK_NONE:                   # inside a SEND or WRITE (MR-RC-016)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        if Q[qi, Q_R_KIND] == RK_SEND:               # the receive WQE of the SEND in progress (Table 7-6)
+            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
     if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:   # the QP does not allow ATOMICs at all (MR-RC-017)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
         return
-    if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
-        return                                       # beyond max_dest_rd_atomic: dropped, retried
+    if rd_full(Q, qi):
+        # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f), Table 3-4 row 4)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_RESPONDER_RESOURCES)
+        return
     va = atomiceth_va(umem, hdr)
     rkey = atomiceth_rkey(umem, hdr)
     swap_add = atomiceth_swap_add(umem, hdr)
     cmp = atomiceth_compare(umem, hdr)
     # R_Key, PD, access and bounds of [VA, VA + 8) first, then the alignment (Table 3-4, MR-ATOM-005)
     if mr_check(MRT, rkey, Q[qi, Q_PD], va, 8, ACC_REMOTE_ATOMIC) < 0:
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
+                        EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
         return
     if va & 7:                                       # MR-ATOM-002: NAK, memory untouched
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ATOMIC_UNALIGNED)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_ATOMIC_UNALIGNED)
         return
     if not protect_reads(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, va, 8):
         return                                       # earlier READ responses first (MR-RC-025, MR-ATOM-009)

@@ -658,7 +658,7 @@ class QP:
         r[L.Q_SIG_ALL] = int(sq_sig_all)
         r[L.Q_SQ_BASE], r[L.Q_SQ_SIZE] = self.sq_base, self.sq_size
         r[L.Q_RQ_BASE], r[L.Q_RQ_SIZE] = self.rq_base, self.rq_size
-        r[L.Q_MAX_RD] = L.MAX_RD
+        r[L.Q_MAX_RD] = r[L.Q_MAX_DEST] = L.MAX_RD
         r[L.Q_PMTU] = 1024
         self._dcqcn_init()
         self.state = QPState.RESET
@@ -773,6 +773,8 @@ class QP:
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
                 r[L.Q_READ_RUN] = 0                     # no READ executed yet (MR-DUP-002)
                 r[L.Q_MIN_RNR] = g.get("min_rnr_timer", 1) & 0x1F
+                if "max_dest_rd_atomic" in g:          # resources[] (MR-DUP-007); 0: READ/ATOMIC NAKed code 1
+                    r[L.Q_MAX_DEST] = max(0, min(L.MAX_RD, g["max_dest_rd_atomic"]))
                 pl.nat.detach(self.qi)
                 self.profile = profile
                 self._sport = g.get("sport") if g.get("sport") is not None else 0xC000 | (self.qp_num & 0x3FFF)
@@ -898,7 +900,7 @@ class QP:
         r[:] = 0
         for k, v in keep.items():
             r[k] = v
-        r[L.Q_MAX_RD] = L.MAX_RD
+        r[L.Q_MAX_RD] = r[L.Q_MAX_DEST] = L.MAX_RD
         r[L.Q_PMTU] = 1024
         self._sg_release(None, None)
         self.ctx.plane.nat.detach(self.qi)

@@ -31,6 +31,7 @@ class Why(enum.IntEnum):
     ACCESS_OR_DMA_LENGTH = 32
     LOCAL_LENGTH = 33                      # MR-RC-008
     RD_ATOMIC_NOT_ALLOWED = 34             # MR-RC-009
+    RESPONDER_RESOURCES = 35               # MR-DUP-007
     MODIFIED_TO_ERR = 100                  # the application moved it (modify); no event owed
     DESTROYED = 101
     BAD_WORK_REQUEST = 200                 # metaroced: the client wrote an invalid work request into its ring
@@ -62,6 +63,8 @@ TEXT = {
                               "Length above 2^31",
     Why.LOCAL_LENGTH: "a work request's SGEs add up to more than 2^31 bytes (MR-RC-008)",
     Why.RD_ATOMIC_NOT_ALLOWED: "a READ or ATOMIC on a QP whose max_rd_atomic is 0 (MR-RC-009)",
+    Why.RESPONDER_RESOURCES: "invalid request: a READ or ATOMIC beyond the responder resources (max_dest_rd_atomic, "
+                             "MR-DUP-007)",
     Why.MODIFIED_TO_ERR: "moved to ERR by modify",
     Why.DESTROYED: "destroyed",
     Why.BAD_WORK_REQUEST: "invalid work request",
@@ -99,5 +102,6 @@ WHY_IMMDT_DIFFERS = int(Why.IMMDT_DIFFERS)
 WHY_ACCESS_OR_DMA_LENGTH = int(Why.ACCESS_OR_DMA_LENGTH)
 WHY_LOC_LEN = int(Why.LOCAL_LENGTH)
 WHY_RD_ATOMIC_0 = int(Why.RD_ATOMIC_NOT_ALLOWED)
+WHY_RESPONDER_RESOURCES = int(Why.RESPONDER_RESOURCES)
 WHY_MODIFIED_TO_ERR = int(Why.MODIFIED_TO_ERR)
 WHY_BAD_WORK_REQUEST = int(Why.BAD_WORK_REQUEST)

@@ -1,9 +1,11 @@
 """The responder: requests in, placement, READ responses and ACKs out.
 
-`responder` checks a request in the order of IBTA Table 3-4 -- PSN (duplicates re-ACKed, a gap answered
-by one sequence-error NAK), opcode sequence, the MR's key, bounds and access (NAK remote access), length
-(NAK invalid request) -- then places SEND and WRITE payloads in order, consumes RECVs (RNR NAK when none
-is posted), and queues READs as jobs of the QP's ring (MAX_RD: max_dest_rd_atomic).  `read_responses`
+`responder` checks a request in the order of IBTA Table 3-4 (MR-NAK-014) -- PSN (duplicates re-ACKed, a
+gap answered by one sequence-error NAK), opcode sequence, the QP's access flags, a receive WQE (RNR NAK when
+none is posted) or the responder resources (`rd_full`: max_dest_rd_atomic, NAK invalid request), lengths
+(NAK invalid request), the MR's key, bounds and access (NAK remote access) -- then places SEND and WRITE
+payloads in order, consumes RECVs, and queues READs as jobs of the QP's ring (MAX_RD slots).  A request
+NAKed after it took a receive WQE completes that WQE with the error (`fail_recv`, Table 7-6).  `read_responses`
 sends the queued READ responses and ATOMIC ACKNOWLEDGEs in PSN order within the round's budget;
 duplicate READs are answered again from the MR (`dup_read_saved`).  ACKs are coalesced: `ack_now` at the
 end of a burst, at the PSN of the last request not waiting behind a READ response (MR-DUP-002).
@@ -26,12 +28,12 @@ from ..wire.hdr import (BTH_SIZE, OPT, OT_IETH, OT_IMMDT, OT_PAY, OT_RETH, bth_a
 from ..wire.psn import psn_diff
 from .layout import ACC_REMOTE_INV, G_ADDR, G_LENGTH, MAX_RD, NJ, PSN_MASK, RK_NONE, RK_SEND, RK_WRITE
 from .reasons import (WHY_ACCESS_OR_DMA_LENGTH, WHY_INVALIDATE_REFUSED, WHY_OPCODE_SEQUENCE, WHY_PAYLOAD_LENGTH,
-                      WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG)
+                      WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_RESPONDER_RESOURCES, WHY_SEND_TOO_LONG)
 from .prims import c_memcpy, ld_acq_i64
 from .core import (ACC_REMOTE_READ, ACC_REMOTE_WRITE, AETH_ACK_SYN, CQE_SOLICITED, NAK_INV_REQ, NAK_REM_ACCESS,
                    NAK_REM_OP, NAK_SEQ, OP_ATOMIC_ACK, OP_READ_REQ, OP_RSP_FIRST, OP_RSP_LAST, OP_RSP_MIDDLE,
-                   OP_RSP_ONLY, OP_SEND_LAST_INV, OP_SEND_ONLY_INV, RNR_SYN, S_LOC_LEN, S_LOC_PROT, S_OK, S_REM_INV_REQ,
-                   WCF_IMM, WCF_INV, WC_RECV, WC_RECV_IMM, emit, key_row, mr_check, mr_live, mr_live_a, place,
+                   OP_RSP_ONLY, OP_SEND_LAST_INV, OP_SEND_ONLY_INV, RNR_SYN, S_LOC_ACCESS, S_LOC_LEN, S_LOC_PROT, S_OK,
+                   S_REM_INV_REQ, WCF_IMM, WCF_INV, WC_RECV, WC_RECV_IMM, emit, key_row, mr_check, mr_live, mr_live_a, place,
                    push_cqe, qp_error, send_syndrome, send_syndrome_msn, sg_rows, sg_valid)
 from .cc import FRAME_TO_WIRE, rp_on_sent
 
@@ -50,6 +52,25 @@ def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, 
         return
     send_syndrome(A, Q, TM, umem, tables, ext, qi, syn, psn)
     qp_error(A, Q, SW, CQT, CE, qi, -1, ev, why)
+
+
+@njit(**_jit)
+def rd_full(Q, qi):
+    """MR-DUP-007 (Table 3-4 row 4): a new READ or ATOMIC exceeds the responder resources when
+    max_dest_rd_atomic is 0 or every entry holds a READ/ATOMIC whose responses have not all been sent
+    yet (a queued job: its requester cannot have completed it)."""
+    return Q[qi, Q_MAX_DEST] == 0 or Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= Q[qi, Q_MAX_DEST]
+
+
+@njit(**_jit)
+def fail_recv(A, Q, RW, CQT, CE, qi, status, opcode):
+    """Table 7-6 (MR-QP-032): the receive WQE in use -- the one a SEND in progress fills, or the one the
+    request being NAKed took -- completes with `status` (IBV_WC_REM_INV_REQ_ERR for an invalid request,
+    IBV_WC_LOC_ACCESS_ERR for a WRITE WITH IMMEDIATE failing the R_Key check), not flushed."""
+    r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
+    push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], status, opcode, 0, 0, 0)
+    Q[qi, Q_RQ_HEAD] += 1
+    Q[qi, Q_R_KIND] = RK_NONE
 
 
 @njit(**_jit)
@@ -103,7 +124,7 @@ def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
     buy a re-execution of any READ ever answered (up to GiBs out)."""
     pmtu = Q[qi, Q_PMTU]
     t = Q[qi, Q_RD_TAIL]
-    lo = max(0, t - MAX_RD)
+    lo = max(0, t - Q[qi, Q_MAX_DEST])               # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
     mr = -1
     while t > lo:
         t -= 1
@@ -247,24 +268,41 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_NAK_PEND] = 1
             send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
+    # the checks of Table 3-4 in its order (MR-NAK-014): opcode sequence (2), QP access flags (3), receive
+    # WQE or responder resources (4), lengths (5), R_Key (6), receive WQE scatter list (8), IETH (9)
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
         if kind != RK_NONE:
+            if kind == RK_SEND:                      # the receive WQE of the SEND in progress (Table 7-6)
+                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
             note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
             return
         h = ext_at(b, op, OT_RETH)
         dlen = reth_dlen(umem, h)
-        if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
-            # a READ the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
+        if (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
+            # a READ the QP does not allow (MR-RC-017): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
+            return
+        if rd_full(Q, qi):
+            # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f)): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_RESPONDER_RESOURCES)
+            return
+        if dlen > (1 << 31):
+            # a DMA Length above 2^31 (MR-XH-004): code 1
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
             return
         # the ACK owed for earlier requests is decided before this READ: its PSN is before the READ's and
         # it leaves before the READ's responses (MR-RC-025, MR-ACK-001)
         ack_now(A, Q, TM, umem, tables, ext, qi)
         k = push_read_job(A, Q, MRT, qi, psn, reth_va(umem, h), reth_rkey(umem, h), dlen)
         if k < 0:
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
+                            EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         if k == 0:
             return
@@ -282,9 +320,25 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     has_imm = sub == 3 or sub == 5
     want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
     if kind != want:
+        if kind == RK_SEND:                          # the receive WQE of the SEND in progress (Table 7-6)
+            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
         note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
         return
+    if is_write and first and (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
+        # a WRITE the QP does not allow (MR-RC-017): code 1, before the receive WQE check (row 3 before 4)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
+        return
+    # row 4: a packet that needs a receive WQE finds one, or gets an RNR NAK (MR-RNR-001) -- before its
+    # lengths are looked at; from here on that WQE is in use (a SEND in progress has one too)
+    if has_imm or (not is_write and first):
+        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
+            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
+            return
+    in_use = has_imm or not is_write
+    wc_op = WC_RECV_IMM if is_write else WC_RECV
     pay = b + OPT[op, OT_PAY]
     va = np.int64(0)
     rkey = np.int64(0)
@@ -301,14 +355,13 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         imm = ieth_rkey(umem, ext_at(b, op, OT_IETH))
     plen = end - pad - pay
     if plen < 0 or (not lastp and plen != pmtu) or plen > pmtu or (lastp and not first and plen < 1):
+        if in_use:
+            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
         note_invalid(A, Q, qi, op, psn, plen)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
+        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                        EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
         return
     src = A[P_UMEM_ADDR] + pay
-    if has_imm or (not is_write and first):
-        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
-            send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
-            return
     if not is_write:
         r = Q[qi, Q_RQ_BASE] + (Q[qi, Q_RQ_HEAD] & (Q[qi, Q_RQ_SIZE] - 1))
         if first and not protect_reads_recv(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, r):
@@ -322,7 +375,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_PROT, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn, EV_QP_FATAL, WHY_RECV_MR_INVALID)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_OP, psn,
+                            EV_QP_FATAL, WHY_RECV_MR_INVALID)
             return
         if Q[qi, Q_R_TOTAL] + plen > RW[r, R_LENGTH]:
             # the message is longer than the receive buffer: the RECV fails, the requester gets
@@ -330,14 +384,16 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_LOC_LEN, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_SEND_TOO_LONG)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_SEND_TOO_LONG)
             return
         if inv and inv_ok(MRT, imm, Q[qi, Q_PD]) < 0:
             # the IETH names no valid, remotely invalidatable MR of the QP's PD (MR-MEM-041, MR-NAK-006 (h))
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, RW[r, R_WR_ID], S_REM_INV_REQ, WC_RECV, 0, 0, 0)
             Q[qi, Q_RQ_HEAD] += 1
             Q[qi, Q_R_KIND] = RK_NONE
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_INVALIDATE_REFUSED)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_INVALIDATE_REFUSED)
             return
         if plen:
             place(A, RW[r, R_LADDR], RW[r, R_SG], RW[r, R_NSGE], Q[qi, Q_R_TOTAL], src, plen)
@@ -354,14 +410,19 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                      imm, flags)
     else:
         if first:
-            if dlen > (1 << 31) or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-                # a WRITE the QP does not allow (MR-RC-017) or a DMA Length above 2^31 (MR-XH-004): code 1
-                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
+            if dlen > (1 << 31):
+                # a DMA Length above 2^31 (MR-XH-004): code 1
+                if in_use:
+                    fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
+                responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                                EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
                 return
             mr = 0
             if dlen > 0:
                 mr = mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_WRITE)
                 if mr < 0:
+                    if in_use:                       # Table 7-6: IBV_WC_LOC_ACCESS_ERR, its WQE taken
+                        fail_recv(A, Q, RW, CQT, CE, qi, S_LOC_ACCESS, wc_op)
                     responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                     EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
                     return
@@ -374,11 +435,17 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             Q[qi, Q_R_KIND] = RK_WRITE
         elif Q[qi, Q_R_MR] and not mr_live(MRT, Q[qi, Q_R_MR]):
             # its MR deregistered meanwhile, or its row registered again (MR-MEM-033, MR-SEC-003)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn, EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+            if in_use:
+                fail_recv(A, Q, RW, CQT, CE, qi, S_LOC_ACCESS, wc_op)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
+                            EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
             return
         if plen > Q[qi, Q_R_LEFT] or (lastp and plen != Q[qi, Q_R_LEFT]):
+            if in_use:
+                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, wc_op)
             note_invalid(A, Q, qi, op, psn, plen)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn, EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
+            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                            EV_QP_REQ_ERR, WHY_PAYLOAD_LENGTH)
             return
         if plen:
             c_memcpy(Q[qi, Q_R_ADDR], src, plen)

@@ -195,7 +195,7 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
             A[P_RX_DROP_STATE] += 1
             return
         e0 = Q[qi, Q_EPSN]
-        responder_atomic(A, Q, SW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
+        responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b, end, pad)
         comm_est(A, Q, qi, st, e0)
         activate(A, Q, qi)
         if ce_marked(umem, l3):

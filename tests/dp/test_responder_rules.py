@@ -154,8 +154,6 @@ def test_write_stream_ends_when_its_mr_is_deregistered(peer):
     assert (q.buf[:MTU] == 0x11).all() and not q.buf[MTU:].any()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled responder checks a SEND's length (Table 3-4 row 5) before whether a receive WQE is posted (row 4): a SEND ONLY longer than the path MTU with an empty receive queue gets NAK code 1 and the QP goes to ERR instead of an RNR NAK (MR-NAK-014)"))
 # ---- Table 3-4: the order of the checks (MR-NAK-014) -------------------------------------------
 
 def test_rnr_before_length_for_send_with_empty_rq(peer):
@@ -172,8 +170,6 @@ def test_rnr_before_length_for_send_with_empty_rq(peer):
     assert (wc.wr_id, wc.status) == (5, WCStatus.REM_INV_REQ_ERR)   # the receive WQE in use (Table 7-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'issue 20: after an RDMA WRITE WITH IMMEDIATE with a bad R_Key or length is NAKed, the compiled responder flushes the receive WQE it would have used (IBV_WC_WR_FLUSH_ERR) instead of completing it with IBV_WC_LOC_ACCESS_ERR / IBV_WC_REM_INV_REQ_ERR (Table 7-6)'))
 @pytest.mark.parametrize("bad", ["rkey", "length"])
 def test_write_with_imm_rnr_first(peer, bad):
     """MR-NAK-014: RDMA WRITE ONLY WITH IMMEDIATE with an empty receive queue gets an RNR NAK even when its
@@ -228,8 +224,6 @@ def test_dma_length_of_exactly_2_31_is_not_a_length_error(peer):
     assert nak_of(out) == [(100, 0x62)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'issue 20: the compiled responder ignores max_dest_rd_atomic (dp/context.py QP.modify does not keep it; dp/responder.py push_read_job allows MAX_RD): a READ or ATOMIC beyond it is executed, or silently dropped beyond MAX_RD, never NAKed invalid request (MR-DUP-007, MR-NAK-006 (f))'))
 @pytest.mark.parametrize("op", [Op.RDMA_READ_REQUEST, Op.FETCH_ADD])
 def test_read_or_atomic_with_max_dest_rd_atomic_0_is_invalid_request(peer, op):
     """MR-DUP-007, MR-NAK-006 (f), MR-SEC-012: with max_dest_rd_atomic 0 a READ or an ATOMIC is an invalid
@@ -241,8 +235,6 @@ def test_read_or_atomic_with_max_dest_rd_atomic_0_is_invalid_request(peer, op):
     assert nak_of(out) == [(100, 0x61)] and not q.buf.any()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'issue 20: the compiled responder ignores max_dest_rd_atomic (dp/context.py QP.modify does not keep it; dp/responder.py push_read_job allows MAX_RD): a READ or ATOMIC beyond it is executed, or silently dropped beyond MAX_RD, never NAKed invalid request (MR-DUP-007, MR-NAK-006 (f))'))
 def test_read_beyond_responder_resources(peer):
     """MR-DUP-007, MR-NAK-006 (f), MR-RC-025: with max_dest_rd_atomic 1, a second READ while the first one's
     responses are still queued is an invalid request; its NAK leaves after the first READ's responses."""
