@@ -50,6 +50,7 @@ def queue_atomic_ack(A, Q, qi, psn, orig):
     A[j + J_SENT] = 0
     A[j + J_ACK] = 0
     A[j + J_NAK] = 0
+    A[j + J_DUP] = 0                                # the caller marks a duplicate's replay
     Q[qi, Q_RD_TAIL] += 1
 
 
@@ -86,6 +87,8 @@ def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, 
                 if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] < MAX_RD:
                     flush_ack(A, Q, TM, umem, tables, ext, qi)
                     queue_atomic_ack(A, Q, qi, psn, A[a + 1])
+                    # a replay: no responder resource of its own (responder.rd_full)
+                    A[A[P_RDJ_OFF] + (qi * MAX_RD + ((Q[qi, Q_RD_TAIL] - 1) % MAX_RD)) * NJ + J_DUP] = 1
                     A[P_RX_DUP_ATOMIC] += 1
                 return
         return                                       # too old to be remembered: dropped (MR-DUP-005)
@@ -99,7 +102,7 @@ def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, 
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
                         EV_QP_REQ_ERR, WHY_ATOMIC_NOT_ALLOWED)
         return
-    if rd_full(Q, qi):
+    if rd_full(A, Q, qi):
         # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f), Table 3-4 row 4)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
                         EV_QP_REQ_ERR, WHY_RESPONDER_RESOURCES)

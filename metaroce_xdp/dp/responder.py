@@ -4,8 +4,9 @@
 gap answered by one sequence-error NAK), opcode sequence, the QP's access flags, a receive WQE (RNR NAK when
 none is posted) or the responder resources (`rd_full`: max_dest_rd_atomic, NAK invalid request), lengths
 (NAK invalid request), the MR's key, bounds and access (NAK remote access) -- then places SEND and WRITE
-payloads in order, consumes RECVs, and queues READs as jobs of the QP's ring (MAX_RD slots).  A request
-NAKed after it took a receive WQE completes that WQE with the error (`fail_recv`, Table 7-6).  `read_responses`
+payloads in order, consumes RECVs, and queues READs as jobs of the QP's ring (MAX_RD slots; a duplicate's
+replay holds none of the max_dest_rd_atomic resources).  A request NAKed after it took a receive WQE
+completes that WQE with the error (`fail_recv`, Table 7-6).  `read_responses`
 sends the queued READ responses and ATOMIC ACKNOWLEDGEs in PSN order within the round's budget;
 duplicate READs are answered again from the MR (`dup_read_saved`).  ACKs are coalesced: `ack_now` at the
 end of a burst, at the PSN of the last request not waiting behind a READ response (MR-DUP-002).
@@ -55,11 +56,21 @@ def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, 
 
 
 @njit(**_jit)
-def rd_full(Q, qi):
+def rd_full(A, Q, qi):
     """MR-DUP-007 (Table 3-4 row 4): a new READ or ATOMIC exceeds the responder resources when
     max_dest_rd_atomic is 0 or every entry holds a READ/ATOMIC whose responses have not all been sent
-    yet (a queued job: its requester cannot have completed it)."""
-    return Q[qi, Q_MAX_DEST] == 0 or Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= Q[qi, Q_MAX_DEST]
+    yet (a queued job: its requester cannot have completed it).  The replay of a duplicate (J_DUP) is
+    no entry of its own: it answers a request that already holds one, or held one."""
+    m = Q[qi, Q_MAX_DEST]
+    if m == 0:
+        return True
+    n = 0
+    i = Q[qi, Q_RD_HEAD]
+    while i != Q[qi, Q_RD_TAIL]:
+        if A[A[P_RDJ_OFF] + (qi * MAX_RD + (i % MAX_RD)) * NJ + J_DUP] == 0:
+            n += 1
+        i += 1
+    return n >= m
 
 
 @njit(**_jit)
@@ -82,7 +93,7 @@ def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
         if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0:
             return -1
     if Q[qi, Q_RD_TAIL] - Q[qi, Q_RD_HEAD] >= MAX_RD:
-        return 0                                    # beyond max_dest_rd_atomic: dropped, retried
+        return 0                                    # the ring is full (replays too): dropped, retried
     j = A[P_RDJ_OFF] + (qi * MAX_RD + (Q[qi, Q_RD_TAIL] % MAX_RD)) * NJ
     pmtu = Q[qi, Q_PMTU]
     A[j + J_PSN] = psn
@@ -93,6 +104,7 @@ def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
     A[j + J_SENT] = 0
     A[j + J_ACK] = 0
     A[j + J_NAK] = 0
+    A[j + J_DUP] = 0                                # the caller marks a duplicate's replay
     Q[qi, Q_RD_TAIL] += 1
     return 1
 
@@ -118,17 +130,21 @@ def abandon_replays(A, Q, qi, psn):
 def dup_read_saved(A, Q, MRT, qi, psn, va, rkey, dlen):
     """MR-DUP-003, MR-DUP-007: a duplicate READ REQUEST is executed again only when it asks for part of
     one of the READs the responder still keeps -- the last max_dest_rd_atomic READ/ATOMIC jobs, which
-    stay in the job ring's slots after they were sent -- from the PSN of that part on: the saved READ's
-    PSN range holds psn, the R_Key names the same MR, and [va, va + dlen) lies within what the
-    saved READ has left from psn on.  Anything else is discarded, as rxe does: 60 bytes in must not
-    buy a re-execution of any READ ever answered (up to GiBs out)."""
+    stay in the job ring's slots after they were sent, and the replays of duplicates among and after
+    them (J_DUP: no entry of resources[] of their own, so they do not push a READ out of it) -- from the
+    PSN of that part on: the saved READ's PSN range holds psn, the R_Key names the same MR, and
+    [va, va + dlen) lies within what the saved READ has left from psn on.  Anything else is discarded,
+    as rxe does: 60 bytes in must not buy a re-execution of any READ ever answered (up to GiBs out)."""
     pmtu = Q[qi, Q_PMTU]
     t = Q[qi, Q_RD_TAIL]
-    lo = max(0, t - Q[qi, Q_MAX_DEST])               # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
+    lo = max(0, t - MAX_RD)                          # the slots not written over yet
+    left = Q[qi, Q_MAX_DEST]                         # resources[]: max_dest_rd_atomic entries (MR-DUP-007)
     mr = -1
-    while t > lo:
+    while t > lo and left > 0:
         t -= 1
         j = A[P_RDJ_OFF] + (qi * MAX_RD + (t % MAX_RD)) * NJ
+        if A[j + J_DUP] == 0:
+            left -= 1
         slen = A[j + J_LENGTH]
         if slen < 0:                                 # an ATOMIC's job
             continue
@@ -256,9 +272,12 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
                 A[P_RX_DUP_RD_DROP] += 1                 # MR-DUP-003: not one of resources[]: discarded
                 return
             abandon_replays(A, Q, qi, psn)
-            if push_read_job(A, Q, MRT, qi, psn, va, reth_rkey(umem, h), dlen) < 0:
+            k = push_read_job(A, Q, MRT, qi, psn, va, reth_rkey(umem, h), dlen)
+            if k < 0:
                 responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_REM_ACCESS, psn,
                                 EV_QP_ACCESS_ERR, WHY_REMOTE_ACCESS)
+            elif k > 0:                              # a replay: no responder resource of its own (rd_full)
+                A[A[P_RDJ_OFF] + (qi * MAX_RD + ((Q[qi, Q_RD_TAIL] - 1) % MAX_RD)) * NJ + J_DUP] = 1
         else:
             Q[qi, Q_ACK_PEND] = 1
         return
@@ -286,7 +305,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
                             EV_QP_REQ_ERR, WHY_ACCESS_OR_DMA_LENGTH)
             return
-        if rd_full(Q, qi):
+        if rd_full(A, Q, qi):
             # beyond the responder resources, or max_dest_rd_atomic 0 (MR-DUP-007, MR-NAK-006 (f)): code 1
             responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
                             EV_QP_REQ_ERR, WHY_RESPONDER_RESOURCES)
