@@ -52,6 +52,28 @@ _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
 # the QP's max_send_sge (an SG table row each), posts in RTS, SQD and ERR.
 COMPILED_POST = PostRules("the compiled plane")
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/core.py cq_notify)
+# MR-QP-005 (Table 7-2): the attributes each transition takes, required or optional.  IBV_QP_AV is dgid, dmac,
+# sport and dscp here.  Like the reference endpoint, RTS -> RTS and SQD -> RTS also take the requester's timeout
+# and retry counts.  cur_qp_state, alt_path, path_mig_state and profile have checks of their own (MR-QP-006,
+# MR-QP-008, MR-NAT-003); qp_state is the transition itself.
+_AV_ATTRS = {"dgid", "dmac", "sport", "dscp"}
+_TAKES = {
+    (QPState.RESET, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
+    (QPState.INIT, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
+    (QPState.INIT, QPState.RTR): _AV_ATTRS | {"path_mtu", "dest_qp_num", "rq_psn", "max_dest_rd_atomic",
+                                              "min_rnr_timer", "pkey_index", "qp_access_flags", "native_params"},
+    (QPState.RTR, QPState.RTS): {"sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "qp_access_flags",
+                                 "min_rnr_timer"},
+    (QPState.RTS, QPState.RTS): {"qp_access_flags", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry"},
+    (QPState.RTS, QPState.SQD): {"en_sqd_async_notify"},
+    (QPState.SQD, QPState.SQD): _AV_ATTRS | {"timeout", "retry_cnt", "rnr_retry", "max_rd_atomic", "max_dest_rd_atomic",
+                                             "qp_access_flags", "pkey_index", "min_rnr_timer"},
+    (QPState.SQD, QPState.RTS): {"qp_access_flags", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry"},
+    (QPState.SQE, QPState.RTS): {"qp_access_flags"},
+}
+_OWN_CHECKS = {"qp_state", "cur_qp_state", "alt_path", "path_mig_state", "profile"}
+_RANGES = {"timeout": (0, 31), "min_rnr_timer": (0, 31), "retry_cnt": (0, 7), "rnr_retry": (0, 7),
+           "max_rd_atomic": (0, 16), "max_dest_rd_atomic": (0, 16)}     # Table 7-3
 DEFAULT_DSCP = 26          # a QP's DSCP unless its address vector says otherwise: every packet but CNPs (MR-ECN-004)
 
 
@@ -724,6 +746,16 @@ class QP:
                                   "(MR-QP-008)")
         if new not in allowed[cur]:
             raise InvalidState(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} is not a valid transition")
+        if new not in (QPState.RESET, QPState.ERR):
+            # MR-QP-005: "the mask contains an attribute that is neither required nor optional for the
+            # transition" (Table 7-2), or one out of the range of Table 7-3: EINVAL, the QP unchanged
+            extra = sorted(set(g) - _TAKES.get((cur, QPState(new)), set()) - _OWN_CHECKS)
+            if extra:
+                raise InvalidArgument(f"QP {self.qp_num:#x}: {cur.name} -> {QPState(new).name} does not take "
+                                      f"{extra} (MR-QP-005)")
+            for k, (lo, hi) in _RANGES.items():
+                if k in g and not lo <= g[k] <= hi:
+                    raise InvalidArgument(f"QP {self.qp_num:#x}: {k} {g[k]} must be {lo}..{hi} (MR-QP-005)")
         if cur == new == QPState.SQD and int(self.row[L.Q_SQD_DRAIN]):
             # EBUSY (MR-QP-014): wait for IBV_EVENT_SQ_DRAINED or until nothing is outstanding
             raise Busy(f"QP {self.qp_num:#x}: SQD -> SQD while the send queue is still draining (EBUSY); wait "

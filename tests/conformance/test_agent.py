@@ -321,8 +321,6 @@ def test_state_errors_change_nothing(iuts):
     assert a.c.call("query_qp", qp=a.qp)["state"] == "RTR"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: dp QP.modify accepts attributes the transition does not "
-                   "allow (sq_psn, timeout at INIT -> RTR; MR-QP-005) instead of refusing them with EINVAL")
 def test_attributes_of_another_transition_are_refused(iuts):
     srv_a, ctx_a, srv_b, ctx_b = iuts
     a, b = Side(srv_a, ctx_a).setup(), Side(srv_b, ctx_b).setup()
