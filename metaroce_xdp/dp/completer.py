@@ -217,10 +217,17 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
 @njit(**_jit)
 def rsp_wqe(Q, SW, qi, psn):
     """The send-queue row whose PSN range holds a response's `psn`, searched from the queue head and
-    never past a READ/ATOMIC still unanswered; -1 when there is none (a response was lost: a gap)."""
+    never past a READ/ATOMIC still unanswered; -1 when there is none (a response was lost: a gap).
+    The search goes on past sq_next over WQEs already started: after a go-back-N they wait to be sent
+    again, but their first transmission was answered all the same (psn is before snd_max) -- an ATOMIC
+    ACKNOWLEDGE that arrives just after the one before it, when the timeout resent only the first ATOMIC,
+    is not a gap (conformance TC-ATOM-008-a)."""
     i = Q[qi, Q_SQ_HEAD]
-    while i != Q[qi, Q_SQ_NEXT]:
+    tail = ld_acq_i64(Q[qi], Q_SQ_TAIL)
+    while i != tail:
         r = sq_row(Q, qi, i)
+        if i - Q[qi, Q_SQ_NEXT] >= 0 and SW[r, W_STARTED] == 0:
+            break
         d = psn_diff(psn, SW[r, W_FIRST_PSN])
         if d >= 0 and d < SW[r, W_NPSN]:
             return r
@@ -243,9 +250,13 @@ def rsp_gap(A, Q, SW, qi):
 
 @njit(**_jit)
 def retire_answered(A, Q, SW, CQT, CE, qi):
-    """Complete, in order, the answered READ/ATOMIC WQEs at the head and the others wholly before comp_psn."""
-    while Q[qi, Q_SQ_HEAD] != Q[qi, Q_SQ_NEXT]:
+    """Complete, in order, the answered READ/ATOMIC WQEs at the head and the others wholly before comp_psn --
+    also those a go-back-N left waiting at or after sq_next to be sent again (rsp_wqe; complete_head
+    moves sq_next past them)."""
+    while Q[qi, Q_SQ_HEAD] != ld_acq_i64(Q[qi], Q_SQ_TAIL):
         rr = sq_row(Q, qi, Q[qi, Q_SQ_HEAD])
+        if Q[qi, Q_SQ_HEAD] - Q[qi, Q_SQ_NEXT] >= 0 and SW[rr, W_STARTED] == 0:
+            break
         if rd_atomic(SW[rr, W_OPCODE]):
             if SW[rr, W_DONE] == 0:
                 break
