@@ -61,7 +61,7 @@ from .jitcache import LazySigDispatcher
 # afxdp/rings.py: compiled into the plane's loops, and the ring bursts afxdp/xsk.py calls from Python).
 # `metaroce warmup` (make setup) warms both.
 PLANES: dict[str, tuple[str, ...]] = {
-    "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.fastpath", "metaroce_xdp.wire.psn",
+    "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.hdr", "metaroce_xdp.wire.fastpath", "metaroce_xdp.wire.psn",
                 "metaroce_xdp.afxdp.rings"),
     "compiled": ("metaroce_xdp.dp.ring", "metaroce_xdp.dp.core", "metaroce_xdp.dp.cc", "metaroce_xdp.dp.requester",
                  "metaroce_xdp.dp.completer", "metaroce_xdp.dp.responder", "metaroce_xdp.dp.atomics",
@@ -185,11 +185,14 @@ def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
         return Entry(module, name, why, getattr(mod, name), args)
 
     R = "metaroce_xdp.afxdp.rings"
+    hbuf = np.zeros(128, np.uint8)
     return [
         # afxdp/rings.py: the four rings and the frame pool, called from Python by xsk.XskSocket and FramePool
         # (socket set-up: the fill ring's prefill; tests and tools drive sockets with them).  wire/'s functions
-        # (build_frame, frame_icrc_ok, peek_bth, segment_opcode, psn_diff, the ICRC, hdr's accessors and
-        # parse_frame) are compiled into the plane's loops: no Python caller, no entry.
+        # (build_frame, icrc_ok_at, segment_opcode, psn_diff, the ICRC, hdr's accessors and parse_frame) are
+        # compiled into the plane's loops: no Python caller, no entry -- but for hdr's readers of fields the
+        # plane does not read (P_Key, MigReq, FECN/BECN, an ACK's MSN, the IP packet's end), which tools and
+        # tests call: warmed here so that no first call compiles.
         e(R, "fill_ring_refill", "XskSocket.refill", fp, fc, faddrs, pool.stack, pool.top, 64),
         e(R, "rx_burst", "XskSocket.rx_burst", rp, rc, rdescs, rx_a, rx_l, 64),
         e(R, "tx_burst", "XskSocket.tx_burst", tp, tc, tdescs, np.zeros(4, np.uint64), np.zeros(4, np.uint32), 4),
@@ -197,6 +200,8 @@ def _plan_all(planes: tuple[str, ...]) -> list[Entry]:
         e(R, "frame_alloc", "FramePool.alloc", pool.stack, pool.top, np.empty(4, np.uint64), 4),
         e(R, "frame_free", "FramePool.free", pool.stack, pool.top, addrs, len(addrs), pool.frame_mask),
         e(R, "needs_wakeup", "the rings API (compiled callers)", tflags),
+        *[e("metaroce_xdp.wire.hdr", n, "a header field for tools and tests", hbuf, 14)
+          for n in ("bth_pkey", "bth_mig", "bth_fecn", "bth_becn", "aeth_msn", "ip_end")],
         # multi-buffer sockets (XDP_USE_SG, path MTU 4096): XskSocket(sg=True)
         e(R, "rx_burst_sg", "XskSocket.rx_burst with sg", rp, rc, rdescs, frames, rx_a, rx_l,
           pool.stack, pool.top, pool.frame_mask, np.zeros(2, np.int64), 64),

@@ -1,6 +1,5 @@
-"""Compiled frame builder and ICRC check for the data path, and the two per-packet helpers the
-compiled loop shares: `segment_opcode` (which opcode packet k of a message carries) and `peek_bth`
-(opcode, destination QP and header offsets of a received frame).  Header fields are read and
+"""Compiled frame builder and ICRC check for the data path (`build_frame`, `icrc_ok_at`), and
+`segment_opcode` (which opcode packet k of a message carries).  Header fields are read and
 written through `hdr` (the accessors and the frame parser); no byte offset is written here.
 
 The data path never builds headers field by field: a QP owns a *template*
@@ -19,10 +18,10 @@ from numba import njit
 from numba import types as nb_types
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
-from .hdr import (BTH_SIZE, ETH_SIZE, ICRC_SIZE, IP4_SIZE, IP6_SIZE, O_IP6_SRC, UDP_SIZE, VLAN_SIZE, bth_opcode,
-                  bth_qpn, icrc_field, ip4_total_len, ip6_payload_len, ip_version, l3_of, put_bth_packet,
-                  put_icrc_field, put_ip4_csum, put_ip4_total_len, put_ip6_payload_len, put_udp_csum, put_udp_len)
-from .headers import AETH, ETH_P_IP, ETH_P_IPV6, IPPROTO_UDP
+from .hdr import (BTH_SIZE, ETH_SIZE, ICRC_SIZE, IP4_SIZE, IP6_SIZE, O_IP6_SRC, UDP_SIZE, VLAN_SIZE, icrc_field,
+                  ip_version, put_bth_packet, put_icrc_field, put_ip4_csum, put_ip4_total_len, put_ip6_payload_len,
+                  put_udp_csum, put_udp_len)
+from .headers import AETH, IPPROTO_UDP
 from .icrc import CRC_TABLES, _voidptr, icrc_numba
 from .packet import decode, encode
 
@@ -141,32 +140,9 @@ def build_frame(tables, out, off, tmpl, tmpl_len, l3_off, ipv6, opcode, bth1_fla
 
 
 @njit(cache=True, nogil=True)
-def frame_icrc_ok(tables, buf, off, length):
-    """True when the frame at buf[off:off+length] is IPv4/IPv6 UDP with a valid ICRC.
-
-    Used by the receive path; header validity beyond what the ICRC needs is
-    checked by the XDP program and the transport (hdr.parse_frame).
-    """
-    et, l3 = l3_of(buf, off, length)
-    if et == ETH_P_IP:
-        ipv6 = False
-        end = l3 + ip4_total_len(buf, l3)
-        hdr = IP4_SIZE + UDP_SIZE + BTH_SIZE
-    elif et == ETH_P_IPV6:
-        ipv6 = True
-        end = l3 + IP6_SIZE + ip6_payload_len(buf, l3)
-        hdr = IP6_SIZE + UDP_SIZE + BTH_SIZE
-    else:
-        return False
-    if end > off + length or end < l3 + hdr + ICRC_SIZE:
-        return False
-    return icrc_numba(tables, buf, l3, ipv6, end - ICRC_SIZE) == icrc_field(buf, end - ICRC_SIZE)
-
-
-@njit(cache=True, nogil=True)
 def icrc_ok_at(tables, buf, l3, icrc):
     """True when the ICRC at buf[icrc] is right for the packet whose IP header is at buf[l3]: the
-    check after hdr.parse_frame, which found both offsets (frame_icrc_ok walks the headers again)."""
+    check after hdr.parse_frame, which found both offsets."""
     return icrc_numba(tables, buf, l3, ip_version(buf, l3) == 6, icrc) == icrc_field(buf, icrc)
 
 
@@ -187,22 +163,6 @@ def segment_opcode(is_write, has_imm, k, npkts):
     if k == npkts - 1:
         return base + (3 if has_imm else 2)
     return base + 1
-
-
-@njit(cache=True, nogil=True)
-def peek_bth(umem, addr, length):
-    """(opcode, dest_qp, bth offset, ip offset) of a frame; opcode -1 when it is not IP or the BTH does not
-    fit.  Only steers: hdr.parse_frame makes the checks of MR-ENC-032 and is what the receive path adopts."""
-    et, l3 = l3_of(umem, addr, length)
-    if et == ETH_P_IP:
-        b = l3 + IP4_SIZE + UDP_SIZE
-    elif et == ETH_P_IPV6:
-        b = l3 + IP6_SIZE + UDP_SIZE
-    else:
-        return -1, -1, -1, -1
-    if b + BTH_SIZE > addr + length:
-        return -1, -1, -1, -1
-    return bth_opcode(umem, b), bth_qpn(umem, b), b - addr, l3 - addr
 
 
 TABLES = CRC_TABLES

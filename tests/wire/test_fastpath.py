@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaroce_xdp.wire import OPCODES, RETH, decode, encode
-from metaroce_xdp.wire.fastpath import BTH_SE, TABLES, build_frame, frame_icrc_ok, make_template
+from metaroce_xdp.wire.fastpath import BTH_SE, TABLES, build_frame, icrc_ok_at, make_template
+from metaroce_xdp.wire.hdr import parse_frame
 from metaroce_xdp.wire.icrc import crc32_bulk, crc32_update
 from strategies import packet_args
 
@@ -55,9 +56,11 @@ def test_build_frame_matches_reference(case, out_off):
                     kw["ack_req"], kw["psn"], ext_a, len(ext), pay, 5, len(kw["payload"]))
     got = bytes(out[out_off:out_off + n])
     assert got.hex() == ref.hex()
-    assert frame_icrc_ok(TABLES, out, out_off, n)
+    r = parse_frame(out, out_off, n)
+    assert r[0] == opcode
+    assert icrc_ok_at(TABLES, out, r[2], r[5])
     out[out_off + n - 5] ^= 0x10
-    assert not frame_icrc_ok(TABLES, out, out_off, n)
+    assert not icrc_ok_at(TABLES, out, r[2], r[5])
 
 
 def test_fastpath_without_jit():
