@@ -21,13 +21,13 @@ from ..wire.hdr import (OPT, OT_AETH, OT_ATOMICACKETH, OT_ATOMICETH, OT_PAY, aet
 from ..wire.psn import psn_diff
 from .layout import MAX_RD, NAT, NJ, PSN_MASK, RK_NONE
 from .reasons import (WHY_ATOMIC_NOT_ALLOWED, WHY_ATOMIC_UNALIGNED, WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED,
-                      WHY_OPCODE_SEQUENCE, WHY_REMOTE_ACCESS, WHY_RESPONDER_RESOURCES)
+                      WHY_REMOTE_ACCESS, WHY_RESPONDER_RESOURCES)
 from .prims import addr_of, ptr_u64
 from .core import (ACC_REMOTE_ATOMIC, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ATOMIC_ACK, OP_CAS, ST_ERR, S_BAD_RESP,
-                   S_LOC_PROT, S_REM_INV_REQ, WC_RECV, WR_CAS, WR_FAA, ack_deadline, mr_check, mr_live_a, place, publish_comp, qp_error,
+                   S_LOC_PROT, WR_CAS, WR_FAA, ack_deadline, mr_check, mr_live_a, place, publish_comp, qp_error,
                    sg_valid)
 from .completer import advance, retire_answered, rsp_gap, rsp_wqe
-from .responder import ack_now, fail_recv, protect_reads, rd_full, responder_error, send_nak
+from .responder import ack_now, protect_reads, rd_full, responder_error, send_nak, sequence_error
 
 _jit = dict(cache=True, nogil=True)
 
@@ -93,10 +93,7 @@ def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, 
                 return
         return                                       # too old to be remembered: dropped (MR-DUP-005)
     if Q[qi, Q_R_KIND] != RK_NONE:                   # inside a SEND or WRITE (MR-RC-016)
-        if Q[qi, Q_R_KIND] == RK_SEND:               # the receive WQE of the SEND in progress (Table 7-6)
-            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        sequence_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, ext, qi, psn)
         return
     if (Q[qi, Q_ACCESS] & ACC_REMOTE_ATOMIC) == 0:   # the QP does not allow ATOMICs at all (MR-RC-017)
         responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,

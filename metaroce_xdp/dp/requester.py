@@ -22,8 +22,8 @@ from .reasons import WHY_LOC_LEN, WHY_LOCAL_MR_DEREGISTERED, WHY_RD_ATOMIC_0, WH
 from .prims import ld_acq_i64, st_rel_u32
 from .core import (F_FENCE, F_SOLICITED, KS_SND_NXT, OP_CAS, OP_FAA, OP_READ_REQ, OP_SEND_LAST_INV, OP_SEND_ONLY_INV,
                    ST_SQD, S_LOC_LEN, S_LOC_PROT, S_LOC_QP_OP, WR_CAS, WR_FAA, WR_READ, WR_SEND_IMM, WR_SEND_INV,
-                   WR_WRITE, WR_WRITE_IMM, ack_deadline, emit, ks_addr, mr_live_a, push_event, rd_atomic, sg_valid,
-                   sq_row, src_of)
+                   WR_WRITE, WR_WRITE_IMM, ack_deadline, emit, ks_addr, mr_live_a, push_event, qp_error, rd_atomic,
+                   sg_valid, sq_row, src_of)
 
 _jit = dict(cache=True, nogil=True)
 
@@ -87,6 +87,16 @@ def loc_status(why):
     if why == WHY_RD_ATOMIC_0:
         return S_LOC_QP_OP
     return S_LOC_PROT
+
+
+@njit(**_jit)
+def fail_local(A, Q, SW, CQT, CE, qi):
+    """The local error the requester found before a WQE's first packet (Q_LOCERR, a reason code) fails the
+    QP with its completion status (loc_status)."""
+    if Q[qi, Q_LOCERR]:
+        why = Q[qi, Q_LOCERR]
+        Q[qi, Q_LOCERR] = 0
+        qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
 
 
 @njit(**_jit)

@@ -85,6 +85,18 @@ def fail_recv(A, Q, RW, CQT, CE, qi, status, opcode):
 
 
 @njit(**_jit)
+def sequence_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, ext, qi, psn):
+    """A request out of the opcode sequence (MR-RC-016): the receive WQE of a SEND in progress completes
+    IBV_WC_REM_INV_REQ_ERR (Table 7-6), then NAK invalid request and the QP's error.  A caller that
+    records the invalid packet (note_invalid) does so first: it reads the message in progress, which
+    fail_recv ends."""
+    if Q[qi, Q_R_KIND] == RK_SEND:
+        fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
+    responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
+                    EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+
+
+@njit(**_jit)
 def push_read_job(A, Q, MRT, qi, psn, va, rkey, dlen):
     """Queue the READ RESPONSEs for a READ request (new or duplicate); False: access violation."""
     mr = 0
@@ -292,11 +304,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     kind = Q[qi, Q_R_KIND]
     if op == OP_READ_REQ:
         if kind != RK_NONE:
-            if kind == RK_SEND:                      # the receive WQE of the SEND in progress (Table 7-6)
-                fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
             note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-            responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                            EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+            sequence_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, ext, qi, psn)
             return
         h = ext_at(b, op, OT_RETH)
         dlen = reth_dlen(umem, h)
@@ -339,11 +348,8 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     has_imm = sub == 3 or sub == 5
     want = RK_NONE if first else (RK_WRITE if is_write else RK_SEND)
     if kind != want:
-        if kind == RK_SEND:                          # the receive WQE of the SEND in progress (Table 7-6)
-            fail_recv(A, Q, RW, CQT, CE, qi, S_REM_INV_REQ, WC_RECV)
         note_invalid(A, Q, qi, op, psn, end - pad - hdr)
-        responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, NAK_INV_REQ, psn,
-                        EV_QP_REQ_ERR, WHY_OPCODE_SEQUENCE)
+        sequence_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, ext, qi, psn)
         return
     if is_write and first and (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
         # a WRITE the QP does not allow (MR-RC-017): code 1, before the receive WQE check (row 3 before 4)

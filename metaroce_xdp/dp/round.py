@@ -40,7 +40,7 @@ from .core import (OP_ACK, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_READ_REQ, OP_RSP_ON
                    ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_BAD_RESP, S_RETRY_EXC, ack_deadline, activate,
                    comm_est, flush_queues, qp_error)
 from .cc import FRAME_TO_WIRE, ce_marked, np_on_ce, rp_allowance, rp_cnps, rp_on_sent
-from .requester import infl_weight, loc_status, requester, rewind, sqd_check
+from .requester import fail_local, infl_weight, requester, rewind, sqd_check
 from .completer import advance, completer_rsp, kernel_acks, nak_error_due
 from .responder import ack_now, read_responses, responder, responder_error
 from .atomics import completer_atomic, responder_atomic
@@ -411,10 +411,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
                         k = requester(A, Q, SW, TM, umem, tables, ext, qi, now, bud)
                         rp_on_sent(A, qi, A[P_TX_BYTES] - tb0 + k * FRAME_TO_WIRE)
                         work += k
-                    if Q[qi, Q_LOCERR]:
-                        why = Q[qi, Q_LOCERR]
-                        Q[qi, Q_LOCERR] = 0
-                        qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
+                    fail_local(A, Q, SW, CQT, CE, qi)
                 if Q[qi, Q_SQD_DRAIN]:
                     sqd_check(A, Q, SW, qi)
                 if Q[qi, Q_STATE] == ST_ERR:

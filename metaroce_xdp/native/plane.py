@@ -17,11 +17,11 @@ from ..congestion import link_rate_bps
 from ..dp.cc import ce_marked
 from ..dp.core import (ACC_REMOTE_WRITE, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, OP_ATOMIC_ACK, OP_CAS, OP_FAA,
                        RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, activate, flush_queues, mr_check, mr_live_a,
-                       place, qp_error, sg_valid)
-from ..dp.layout import EV_QP_FATAL, PSN_MASK
+                       place, sg_valid)
+from ..dp.layout import PSN_MASK
 from ..dp.prims import ld_acq_i64
 from ..dp.reasons import WHY_IMMDT_DIFFERS, WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG
-from ..dp.requester import loc_status, sqd_check
+from ..dp.requester import fail_local, sqd_check
 from ..verbs_types import Unsupported
 from ..wire.headers import UDP, IPv6
 from ..wire.hdr import (IP4_ADDR_SIZE, IP4_SIZE, IP6_ADDR_SIZE, IP6_SIZE, O_IP4_DST, O_IP4_SRC, O_IP6_DST,
@@ -252,10 +252,7 @@ def nat_qp(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, now, budget):
             sent += nat_rd_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now)
         if Q[qi, Q_STATE] == ST_RTS or Q[qi, Q_STATE] == ST_SQD:
             sent += nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget)
-            if Q[qi, Q_LOCERR]:
-                why = Q[qi, Q_LOCERR]
-                Q[qi, Q_LOCERR] = 0
-                qp_error(A, Q, SW, CQT, CE, qi, loc_status(why), EV_QP_FATAL, why)
+            fail_local(A, Q, SW, CQT, CE, qi)
         if Q[qi, Q_SQD_DRAIN]:
             sqd_check(A, Q, SW, qi)
     if Q[qi, Q_STATE] == ST_ERR:
