@@ -1,5 +1,5 @@
 """The native header rules of 02-headers.md belong to the native claim, not to a compat claim
-(02-headers.md introduction, docs/spec/README.md 6.1 item 12)."""
+(02-headers.md introduction, docs/spec/README.md 6.4 item 11)."""
 from metaroce_xdp.conformance.spec import Catalogue, Claim
 
 
