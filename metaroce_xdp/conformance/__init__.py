@@ -43,10 +43,15 @@ Rules of the game:
 * Decide each declared rule with t.check(rule, ok, detail, frames=..., expected=...) -- from
   captured frames, agent replies and memory read through the agent only (MR-CONF-010).
   Several checks of one rule are ANDed; a rule never checked gets ERROR; an exception or a
-  failed precondition (raise CaseError) gives ERROR to the rules not yet decided; a feature
-  the IUT does not offer (raise NotApplicable, or t.set_param(name, v) for a parameter it does
-  not list in caps.params) gives NOT-APPLICABLE to them; t.not_applicable(rule, why) for one.  A FAIL must
-  cite frames (MR-CONF-027): pass the Frames, and describe the packet you expected.
+  failed precondition (raise CaseError) gives ERROR to the rules not yet decided; what the
+  agent cannot drive (raise CannotDrive, or t.set_param(name, v) for a parameter it does not
+  list in caps.params) gives CANNOT-DRIVE to them, t.cannot_drive(rule, why) to one -- never
+  NOT-APPLICABLE, which only the claim gives (MR-CONF-006), and never a PASS: an applicable MUST
+  rule without a PASS leaves the claim INCONCLUSIVE.  A rule about a packet that never came
+  because the IUT failed another rule of the case is t.blocked(rule, by=that_rule, why), not a
+  FAIL (MR-CONF-024).  A FAIL must cite frames (MR-CONF-027): pass the Frames, and describe the
+  packet you expected.  A silence check ("nothing is sent, nothing placed") is followed by a
+  request that must be answered (_common.dropped_silently), so a dead IUT cannot pass it.
 * `caps` names capabilities the case needs ("ATOMICS", "IPV6", "DCQCN", "MULTIPATH", "CREDITS",
   "CC_DELAY"); if the IUT does not claim one, the case does not run and its rules are
   NOT-APPLICABLE ("skipped, not claimed").  Rules outside the claim, and unobservable rules

@@ -19,14 +19,24 @@ from .lt import Frame, LowerTester
 
 FULL_ACCESS = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"]
 
+# The coarsest timer granularity G the tester accepts in a tolerance (MR-CONF-011): an IUT may claim a coarser
+# G (Linux Soft-RoCE claims 1/HZ, 4 ms), but its timing rules are judged as if G were this, so a claim cannot
+# widen a limit until nothing fails (MR-ACK-004's 10 us would have become 8 ms).
+G_CAP_S = 1e-3
+
 
 class CaseError(Exception):
     """The case could not establish a precondition: every rule it has not decided gets ERROR."""
 
 
-class NotApplicable(Exception):
-    """The IUT does not offer what the case needs (a set_param parameter, an optional feature the
-    claim does not cover): every rule the case has not decided gets NOT-APPLICABLE."""
+class CannotDrive(Exception):
+    """The agent cannot drive what the case needs (a command, a set_param parameter, a per-QP counter, an
+    MR kind, a state the IUT would not enter): every rule the case has not decided gets CANNOT-DRIVE.
+    That is not NOT-APPLICABLE, which only the claim gives (MR-CONF-006): an applicable MUST rule
+    with nothing better than CANNOT-DRIVE has no PASS, and the run is INCONCLUSIVE (MR-CONF-025)."""
+
+
+NotApplicable = CannotDrive        # the old name, for case modules written before the distinction
 
 
 class LoggedAgent:
@@ -62,7 +72,8 @@ class Observation:
     expected: str = ""
     observed: list[str] = field(default_factory=list)
     agent_lines: list[int] = field(default_factory=list)
-    verdict: str = ""                 # "NOT-APPLICABLE" from t.not_applicable; "" otherwise
+    verdict: str = ""                 # "CANNOT-DRIVE" (t.cannot_drive), "BLOCKED" (t.blocked); "" otherwise
+    by: str = ""                      # BLOCKED: the rule whose failure kept this one's subject off the wire
 
 
 class Conn:
@@ -147,7 +158,7 @@ class Conn:
         return self.t.agent.call("query_qp", qp=self.qp)
 
     def counters(self) -> dict:
-        """get_counters qp; NotApplicable when the IUT's agent offers no per-QP counters (caps.qp_counters
+        """get_counters qp; CannotDrive when the IUT's agent offers no per-QP counters (caps.qp_counters
         empty, or ENOTSUP from an agent that does not say)."""
         self.t.need_qp_counters()
         try:
@@ -155,7 +166,7 @@ class Conn:
         except AgentError as e:
             if e.code != "ENOTSUP":
                 raise
-            raise NotApplicable(f"the IUT's agent offers no per-QP counters: {e}") from None
+            raise CannotDrive(f"the IUT's agent offers no per-QP counters: {e}") from None
 
 
 class T:
@@ -176,8 +187,7 @@ class T:
         """Record one observation for `rule` (MR-CONF-024: several per rule are ANDed).  frames are
         captured Frames (or frame numbers) that show it (MR-CONF-027); expected/observed describe the
         packets for the report when ok is false (observed defaults to the frames' summaries)."""
-        if rule not in self.case.rules:
-            raise CaseError(f"{self.case.id} checks {rule}, which it does not declare")
+        self._declared(rule)
         nums = [f.num if isinstance(f, Frame) else int(f) for f in frames]
         obs = observed if observed is not None else [f.summary() for f in frames if isinstance(f, Frame)]
         self.observations.append(Observation(rule, bool(ok), detail, nums, expected, list(obs),
@@ -188,35 +198,62 @@ class T:
         """The case cannot decide `rule` this run (ERROR for it, the others keep their verdicts)."""
         self.observations.append(Observation(rule, None, detail))
 
-    def not_applicable(self, rule: str, detail: str) -> None:
-        """`rule` does not apply to this IUT in this case (NOT-APPLICABLE, MR-CONF-006)."""
-        self.observations.append(Observation(rule, None, detail, verdict="NOT-APPLICABLE"))
+    def cannot_drive(self, rule: str, detail: str) -> None:
+        """The agent cannot drive what `rule`'s check needs in this case (CANNOT-DRIVE: no PASS, see
+        CannotDrive); `detail` says what is missing."""
+        self._declared(rule)
+        self.observations.append(Observation(rule, None, detail, verdict="CANNOT-DRIVE"))
+
+    not_applicable = cannot_drive   # the old name (a rule outside the claim never reaches a case)
+
+    def blocked(self, rule: str, by: str, detail: str, frames=()) -> None:
+        """`rule` is about a packet that never appeared because the IUT failed `by` (a rule this case
+        checks too, e.g. a CNP's format when no CNP was sent): BLOCKED, not FAIL (MR-CONF-024)."""
+        self._declared(rule)
+        if by not in self.case.rules:
+            raise CaseError(f"{self.case.id}: {rule} blocked by {by}, which the case does not check")
+        nums = [f.num if isinstance(f, Frame) else int(f) for f in frames]
+        self.observations.append(Observation(rule, None, f"blocked by {by}: {detail}", nums, verdict="BLOCKED",
+                                             by=by))
+
+    def _declared(self, rule: str) -> None:
+        if rule not in self.case.rules:
+            raise CaseError(f"{self.case.id} gives a verdict on {rule}, which it does not declare")
 
     def set_param(self, name: str, value: int) -> None:
-        """set_param through the agent; NotApplicable when the IUT does not offer `name` (9.4.2:
+        """set_param through the agent; CannotDrive when the IUT does not offer `name` (9.4.2:
         caps.params).  The runner's reset restores it."""
         if name not in self.caps.get("params", ()):
-            raise NotApplicable(f"the IUT does not offer set_param {name!r}")
+            raise CannotDrive(f"the IUT does not offer set_param {name!r}")
         self.agent.call("set_param", name=name, value=value)
 
     def need_commands(self, *names: str) -> None:
-        """NotApplicable unless the agent implements every command named (9.4.2 caps.commands; an agent that
+        """CannotDrive unless the agent implements every command named (9.4.2 caps.commands; an agent that
         does not list its commands is assumed to have them and answers ENOTSUP or ENOCMD otherwise)."""
         have = self.caps.get("commands")
         missing = [n for n in names if have is not None and n not in have]
         if missing:
-            raise NotApplicable(f"the IUT's agent does not offer {', '.join(missing)} (caps.commands)")
+            raise CannotDrive(f"the IUT's agent does not offer {', '.join(missing)} (caps.commands)")
 
     def need_qp_counters(self, *names: str) -> None:
-        """NotApplicable unless get_counters qp reports the counters named (9.4.2 caps.qp_counters; with no
+        """CannotDrive unless get_counters qp reports the counters named (9.4.2 caps.qp_counters; with no
         names: any per-QP counter at all).  An agent that does not list them is asked."""
         have = self.caps.get("qp_counters")
         if have is None:
             return
         missing = [n for n in names if n not in have]
         if not have or missing:
-            raise NotApplicable("the IUT's agent reports " + (f"no per-QP {', '.join(missing)}" if have else
+            raise CannotDrive("the IUT's agent reports " + (f"no per-QP {', '.join(missing)}" if have else
                                                                "no per-QP counters") + " (caps.qp_counters)")
+
+    def granularity_s(self) -> float:
+        """G of MR-CONF-011 in seconds: the IUT's claimed timer granularity (hello.timer_granularity_us), capped
+        by the tester at G_CAP_S."""
+        return min(float(self.hello.get("timer_granularity_us", 0) or 0) * 1e-6, G_CAP_S)
+
+    def tolerance_s(self, nominal: float) -> float:
+        """MR-CONF-011: the deviation accepted from a specified time `nominal`: max(10 %, 2 G, 50 us)."""
+        return max(0.1 * nominal, 2 * self.granularity_s(), 50e-6)
 
     def left(self) -> float:
         """Seconds left of the case's time bound."""
@@ -294,4 +331,4 @@ def _gid(ip: str) -> str:
     return a.packed.hex()
 
 
-__all__ = ["CaseError", "Conn", "NotApplicable", "FULL_ACCESS", "LoggedAgent", "Observation", "T"]
+__all__ = ["CannotDrive", "CaseError", "Conn", "NotApplicable", "FULL_ACCESS", "LoggedAgent", "Observation", "T"]

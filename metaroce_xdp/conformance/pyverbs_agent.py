@@ -18,9 +18,13 @@ VM of tools/rxe_conformance.py (AGENT_FILES):
 What the device cannot do is refused with ENOTSUP, never pretended:
   * no connection manager of our own (cm_listen, cm_connect, cm_wait);
   * set_param offers `dscp` (the upper six bits of the address vector's
-    traffic class) and `hop_limit`, applied to the QPs that reach RTR
-    afterwards; nothing else (no ACK delay, no CNP interval, no ECN switch:
-    those live inside the device).  Linux RoCE ignores the address vector's
+    traffic class; default 26, MR-ECN-004), `ecn` (1: the traffic class's
+    low two bits ECT(0), the default, MR-ECN-001; 0: Not-ECT) and
+    `hop_limit`, applied to the QPs that reach RTR afterwards; nothing else
+    (no ACK delay, no CNP interval: those live inside the device).  The
+    default traffic class is therefore 0x6A, what the spec requires of a
+    QP's data packets; Linux RoCE devices put the address vector's traffic
+    class in the IP header's TOS byte (Traffic Class) whole, ECN bits too.  Linux RoCE ignores the address vector's
     hop limit and takes the TTL / Hop Limit from the route to the destination
     (ib_resolve_eth_dmac), so `hop_limit` becomes a host route to the dgid's
     address with that hoplimit metric (`ip route replace ... hoplimit N`),
@@ -102,7 +106,8 @@ DEFAULTS = {"timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "min_rnr_timer": 12, 
             "max_dest_rd_atomic": 1}
 HOP_LIMIT = 64
 # set_param (9.4.2): name -> (default, min, max); the session's values go into the AV at RTR.
-PARAMS = {"hop_limit": (HOP_LIMIT, 1, 255), "dscp": (0, 0, 63)}
+PARAMS = {"hop_limit": (HOP_LIMIT, 1, 255), "dscp": (26, 0, 63), "ecn": (1, 0, 1)}
+ECT0 = 0b10
 # Spec counter names (03-compat-rc.md etc.) that a kernel port counter matches exactly: rxe's
 # duplicate_request counts every duplicate request its responders see (rxe_resp.c check_psn), which is
 # what MR-DUP-010's rx_dup_req counts.  Port-wide: rdma-core has no per-QP counters to offer.
@@ -585,7 +590,8 @@ class Agent(P.Session):
                 raise P.AgentError("EINVAL", f"dgid {g!r} is not 32 hex digits")
             g = g.lower()
             hop = P.get_int(attrs, "hop_limit", 1, 255, self.params["hop_limit"])
-            tclass = P.get_int(attrs, "traffic_class", 0, 255, self.params["dscp"] << 2)
+            tclass = P.get_int(attrs, "traffic_class", 0, 255,
+                               self.params["dscp"] << 2 | (ECT0 if self.params["ecn"] else 0))
             gr = GlobalRoute(dgid=GID(gid_text(g)), sgid_index=self.dev.gid_index, hop_limit=hop,
                              traffic_class=tclass)
             a.ah_attr = AHAttr(is_global=1, port_num=self.dev.port, gr=gr)

@@ -11,7 +11,7 @@ import html
 import json
 import xml.etree.ElementTree as ET
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import interop
@@ -27,19 +27,42 @@ class RuleRow:
     why_na: str
     observable: str
     verdicts: list[Verdict]
+    effective: list[str] = field(default_factory=list)   # the verdicts as they count (see effective())
 
     @property
     def overall(self) -> str:
-        """The rule's verdict over the run: FAIL > ERROR > PASS > NOT-OBSERVABLE > NOT-APPLICABLE > UNCOVERED."""
-        vs = {v.verdict for v in self.verdicts}
+        """The rule's verdict over the run: NOT-APPLICABLE (claim), NOT-OBSERVABLE (Table 9-2), else
+        FAIL > ERROR > PASS > BLOCKED > CANNOT-DRIVE > UNCOVERED.  A rule whose only cases were skipped
+        for a capability the IUT does not claim is UNCOVERED: no case of this claim checked it."""
+        vs = set(self.effective or (v.verdict for v in self.verdicts))
         if not self.applicable:
             return "NOT-APPLICABLE"
         if self.observable == "no":
             return "NOT-OBSERVABLE"
-        for v in ("FAIL", "ERROR", "PASS", "NOT-OBSERVABLE", "NOT-APPLICABLE"):
+        for v in ("FAIL", "ERROR", "PASS", "BLOCKED", "CANNOT-DRIVE"):
             if v in vs:
                 return v
         return "UNCOVERED"
+
+    def why_open(self) -> str:
+        """For an applicable MUST rule without a PASS: why (the report's INCONCLUSIVE list)."""
+        o = self.overall
+        if o == "UNCOVERED":
+            skipped = [v for v in self.verdicts if v.verdict == "NOT-APPLICABLE"]
+            return ("UNCOVERED: its cases did not run (" + "; ".join(dict.fromkeys(v.detail for v in skipped)) + ")"
+                    if skipped else "UNCOVERED: no case checks it")
+        picked = [v for v, e in zip(self.verdicts, self.effective) if e == o]
+        return f"{o}: " + "; ".join(dict.fromkeys(f"{v.test} {v.detail}" for v in picked[:3]))
+
+
+def effective(res: RunResult, cat: Catalogue, v: Verdict) -> str:
+    """The verdict as it counts: a FAIL that Table 9-3 puts down to the test set-up ("environment") or to
+    a check the implementation's agent cannot run ("untestable") is ERROR, not a failure of the IUT."""
+    if v.verdict == "FAIL":
+        d = interop.explain(_divs(cat), res.iut, v.test, v.rule)
+        if d is not None and d.decision in ("environment", "untestable"):
+            return "ERROR"
+    return v.verdict
 
 
 def matrix(res: RunResult, cat: Catalogue) -> list[RuleRow]:
@@ -49,7 +72,8 @@ def matrix(res: RunResult, cat: Catalogue) -> list[RuleRow]:
     rows = []
     for r in cat:
         ok, why = cat.applicable(r.id, res.claim)
-        rows.append(RuleRow(r.id, r.level, ok, why, r.observable, by_rule.get(r.id, [])))
+        vs = by_rule.get(r.id, [])
+        rows.append(RuleRow(r.id, r.level, ok, why, r.observable, vs, [effective(res, cat, v) for v in vs]))
     return rows
 
 
@@ -71,29 +95,45 @@ def known(res: RunResult, cat: Catalogue, v: Verdict) -> str:
     return d.note() if d else ""
 
 
+MUST = ("must", "must not")
+
+
 def summary(res: RunResult, cat: Catalogue) -> dict:
-    """The summary line of 9.6.1, with the conformance statement of MR-CONF-025."""
+    """The summary line of 9.6.1, with the conformance statement of MR-CONF-025: CONFORMANT only when every
+    applicable, observable MUST rule has a PASS and none a FAIL; a MUST FAIL is NOT-CONFORMANT; otherwise
+    INCONCLUSIVE, with every MUST rule that has no PASS listed by rule and why (ERROR, BLOCKED,
+    CANNOT-DRIVE, UNCOVERED)."""
     vs = res.verdicts()
     counts = {k: 0 for k in VERDICTS}
     counts.update(Counter(v.verdict for v in vs))
     rows = matrix(res, cat)
-    must = [r for r in rows if r.applicable and r.observable != "no" and r.level in ("must", "must not")]
-    must_fail = sorted({v.rule for v in vs if v.verdict == "FAIL" and v.level in ("must", "must not")})
-    should_fail = sorted({v.rule for v in vs if v.verdict == "FAIL" and v.level in ("should", "should not")})
-    errors = sorted(r.id for r in must if r.overall == "ERROR")
-    uncovered = sorted(r.id for r in must if r.overall == "UNCOVERED")
+    must = [r for r in rows if r.applicable and r.observable != "no" and r.level in MUST]
+    must_fail = sorted(r.id for r in must if r.overall == "FAIL")
+    should_fail = sorted(r.id for r in rows if r.applicable and r.level in ("should", "should not")
+                         and r.overall == "FAIL")
+    open_ = {r.id: r.why_open() for r in must if r.overall not in ("PASS", "FAIL")}
+    by = Counter(r.overall for r in must)
     if must_fail:
         conf = "NOT-CONFORMANT"
-    elif errors or uncovered:
+    elif open_:
         conf = "INCONCLUSIVE"
     else:
         conf = "CONFORMANT"
     return {"run_id": res.run_id, "iut": res.iut, "claim": res.claim.text(), "spec_version": res.spec_version,
             "counts": counts, "must_fail": must_fail, "should_fail": should_fail, "conformance": conf,
-            "must_rules": len(must), "must_passed": sum(1 for r in must if r.overall == "PASS"),
-            "must_error": errors, "must_uncovered": len(uncovered),
+            "must_rules": len(must), "must_passed": by["PASS"],
+            "must_error": sorted(r.id for r in must if r.overall == "ERROR"),
+            "must_blocked": by["BLOCKED"], "must_cannot_drive": by["CANNOT-DRIVE"],
+            "must_uncovered": by["UNCOVERED"], "inconclusive": dict(sorted(open_.items())),
+            "not_applicable": sorted(r.id for r in rows if not r.applicable and r.level in MUST),
             "explained": sum(1 for v in vs if known(res, cat, v)),
             "unexplained": sum(1 for v in vs if v.verdict in ("FAIL", "ERROR") and not known(res, cat, v))}
+
+
+def _must_line(s: dict) -> str:
+    return (f"applicable observable MUST rules: {s['must_rules']}, passed {s['must_passed']}, failed "
+            f"{len(s['must_fail'])}, error {len(s['must_error'])}, blocked {s['must_blocked']}, agent cannot "
+            f"drive {s['must_cannot_drive']}, uncovered {s['must_uncovered']}")
 
 
 def _evidence(res: RunResult, v: Verdict) -> dict:
@@ -114,7 +154,7 @@ def write_jsonl(res: RunResult, cat: Catalogue, path: Path) -> None:
 
 
 def write_junit(res: RunResult, path: Path) -> None:
-    """One <testcase> per case; FAIL -> <failure>, ERROR -> <error>, all rules not applicable -> <skipped>."""
+    """One <testcase> per case; FAIL -> <failure>, ERROR -> <error>, no rule passed -> <skipped>."""
     suite = ET.Element("testsuite", name="metaroce-conformance", timestamp=res.started)
     props = ET.SubElement(suite, "properties")
     for k, v in (("iut.name", res.iut.get("name", "")), ("iut.version", res.iut.get("version", "")),
@@ -136,9 +176,10 @@ def write_junit(res: RunResult, path: Path) -> None:
             n["errors"] += 1
             ET.SubElement(tc, "error", message="; ".join(f"{v.rule}: {v.detail}" for v in errs)[:2000]).text = \
                 run.error
-        elif all(v.verdict in ("NOT-APPLICABLE", "NOT-OBSERVABLE") for v in run.verdicts):
-            n["skipped"] += 1
-            ET.SubElement(tc, "skipped", message=run.skipped or run.verdicts[0].detail)
+        elif all(v.verdict != "PASS" for v in run.verdicts):
+            n["skipped"] += 1                 # nothing decided: not claimed, not observable, blocked, not driven
+            ET.SubElement(tc, "skipped", message=run.skipped or "; ".join(
+                dict.fromkeys(f"{v.verdict}: {v.detail}" for v in run.verdicts))[:2000])
         out = ET.SubElement(tc, "system-out")
         out.text = "\n".join(f"{v.rule} {v.verdict}: {v.detail}" for v in run.verdicts)
     for k in ("tests", "failures", "errors", "skipped"):
@@ -166,14 +207,17 @@ def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
          f"* run: `{res.run_id}`, spec {res.spec_version}, peer {res.peer}",
          f"* claim: **{s['claim']}** (profiles {', '.join(res.claim.profiles)}; capabilities "
          f"{', '.join(sorted(res.claim.caps)) or 'none'})",
-         f"* conformance (MR-CONF-025): **{s['conformance']}** - applicable observable MUST rules: "
-         f"{s['must_rules']}, passed {s['must_passed']}, failed {len(s['must_fail'])}, "
-         f"error {len(s['must_error'])}, uncovered {s['must_uncovered']}",
+         f"* conformance (MR-CONF-025): **{s['conformance']}** - {_must_line(s)}",
          "* verdicts: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()),
          f"* FAIL and ERROR verdicts explained by a known, decided divergence (spec 9.7.1, Table 9-3): "
          f"{s['explained']}; **unexplained: {s['unexplained']}**", ""]
     if s["must_fail"]:
         L.append("MUST failures: " + ", ".join(s["must_fail"]))
+        L.append("")
+    if s["inconclusive"]:
+        L += [f"## Inconclusive: applicable MUST rules without a PASS ({len(s['inconclusive'])})", "",
+              "Each keeps the claim from CONFORMANT (MR-CONF-025).", "", "| Rule | Why |", "|---|---|"]
+        L += [f"| {r} | {_md_cell(why)} |" for r, why in s["inconclusive"].items()]
         L.append("")
     L += ["## Verdicts (9.6.2)", "", "| Rule | Test | Level | Profile | Verdict | Evidence | Detail |",
           "|---|---|---|---|---|---|---|"]
@@ -215,7 +259,7 @@ def write_markdown(res: RunResult, cat: Catalogue, path: Path) -> None:
 _CSS = """body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 .PASS{background:#d8f5d0}.FAIL{background:#f7c6c6}.ERROR{background:#f7e0a6}
-.NOT-APPLICABLE,.NOT-OBSERVABLE{background:#e8e8e8}.UNCOVERED{background:#fff}pre{background:#f6f6f6;padding:6px}"""
+.NOT-APPLICABLE,.NOT-OBSERVABLE{background:#e8e8e8}.BLOCKED,.CANNOT-DRIVE,.INCONCLUSIVE{background:#e6dcf5}.UNCOVERED{background:#fff}pre{background:#f6f6f6;padding:6px}"""
 
 
 def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
@@ -228,8 +272,7 @@ def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
          f"<p>implementation under test: <b>{e(res.iut.get('under_test') or 'not named by the agent')}</b><br>",
          f"run <code>{e(res.run_id)}</code>, spec {e(res.spec_version)}, peer {e(res.peer)}<br>",
          f"claim <b>{e(s['claim'])}</b><br>conformance (MR-CONF-025): <b class='{e(s['conformance'])}'>"
-         f"{e(s['conformance'])}</b>: applicable observable MUST rules {s['must_rules']}, passed {s['must_passed']}, "
-         f"failed {len(s['must_fail'])}, error {len(s['must_error'])}, uncovered {s['must_uncovered']}<br>",
+         f"{e(s['conformance'])}</b>: {e(_must_line(s))}<br>",
          "verdicts: " + " &nbsp; ".join(f"{k} {v}" for k, v in s["counts"].items()) + "<br>",
          f"FAIL and ERROR verdicts explained by a known, decided divergence (spec 9.7.1, Table 9-3): "
          f"{s['explained']}; <b>unexplained: {s['unexplained']}</b></p>",
@@ -257,6 +300,11 @@ def write_html(res: RunResult, cat: Catalogue, path: Path) -> None:
             H.append(f"<p>observed</p><pre>{e(chr(10).join(v.observed or ['(no frames)']))}</pre>")
             if run.error and v.verdict == "ERROR":
                 H.append(f"<pre>{e(run.error)}</pre>")
+    if s["inconclusive"]:
+        H.append(f"<h2>Inconclusive: applicable MUST rules without a PASS ({len(s['inconclusive'])})</h2><table>"
+                 "<tr><th>Rule</th><th>Why</th></tr>")
+        H += [f"<tr><td>{e(r)}</td><td>{e(why)}</td></tr>" for r, why in s["inconclusive"].items()]
+        H.append("</table>")
     H.append("<h2>Rule matrix</h2><table><tr><th>Rule</th><th>Level</th><th>Applies</th><th>Observable</th>"
              "<th>Cases</th><th>Verdict</th><th>Text</th></tr>")
     for r in rows:
@@ -286,7 +334,9 @@ def console(res: RunResult, cat: Catalogue) -> str:
     lines.append("  ".join(f"{k} {n}" for k, n in s["counts"].items()))
     lines.append(f"Conformance ({s['claim']}): {s['conformance']}"
                  + (f" (MUST failures: {', '.join(s['must_fail'])})" if s["must_fail"] else "")
-                 + f"; MUST rules passed {s['must_passed']} of {s['must_rules']}, uncovered {s['must_uncovered']}")
+                 + f"; {_must_line(s)}")
+    if s["conformance"] == "INCONCLUSIVE":
+        lines.append("MUST rules without a PASS: " + ", ".join(s["inconclusive"]))
     lines.append(f"FAIL/ERROR verdicts explained by known divergences (9.7.1): {s['explained']}, "
                  f"unexplained: {s['unexplained']}")
     return "\n".join(lines)

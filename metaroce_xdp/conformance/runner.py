@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Callable
 
 from .agentproto import PROTO, AgentError
-from .context import CaseError, LoggedAgent, NotApplicable, Observation, T
+from .context import CannotDrive, CaseError, LoggedAgent, Observation, T
 from .lt import LowerTester
 from .registry import Case
 from .spec import Catalogue, Claim
 
-VERDICTS = ("PASS", "FAIL", "NOT-APPLICABLE", "NOT-OBSERVABLE", "ERROR")
+# Spec 9.5.  NOT-APPLICABLE and NOT-OBSERVABLE are decided before a case runs, from the claim and
+# Table 9-2 only (MR-CONF-006, MR-CONF-037); what a case finds at run time is one of the others.
+VERDICTS = ("PASS", "FAIL", "ERROR", "BLOCKED", "CANNOT-DRIVE", "NOT-APPLICABLE", "NOT-OBSERVABLE")
 
 
 @dataclass
@@ -68,18 +70,20 @@ def now_rfc3339() -> str:
 
 
 def _decide(rule: str, obs: list[Observation]) -> tuple[str, Observation | None, str]:
+    """One case's verdict on `rule` from its observations, ANDed (MR-CONF-024): FAIL > ERROR > BLOCKED >
+    CANNOT-DRIVE > PASS -- a PASS only when every observation passed."""
     mine = [o for o in obs if o.rule == rule]
     if not mine:
         return "ERROR", None, "the case ended without deciding this rule"
     bad = [o for o in mine if o.ok is False]
     if bad:
         return "FAIL", bad[0], "; ".join(o.detail for o in bad)
-    na = [o for o in mine if o.verdict == "NOT-APPLICABLE"]
-    if na:
-        return "NOT-APPLICABLE", na[0], "; ".join(o.detail for o in na)
-    err = [o for o in mine if o.ok is None]
-    if err:
-        return "ERROR", err[0], "; ".join(o.detail for o in err)
+    for verdict, pick in (("ERROR", lambda o: o.ok is None and not o.verdict),
+                          ("BLOCKED", lambda o: o.verdict == "BLOCKED"),
+                          ("CANNOT-DRIVE", lambda o: o.verdict == "CANNOT-DRIVE")):
+        some = [o for o in mine if pick(o)]
+        if some:
+            return verdict, some[0], "; ".join(o.detail for o in some)
     return "PASS", mine[-1], "; ".join(dict.fromkeys(o.detail for o in mine))
 
 
@@ -183,13 +187,14 @@ class Runner:
                     t.agent = agent
                     self.client.call("hello", proto=PROTO)
                 th.join(2.0)
-            elif isinstance(box.get("exc"), NotApplicable) or _not_offered(box.get("exc")):
-                # ENOTSUP is the agent's "not supported by the IUT" (9.4.3): a feature the IUT does not offer
-                # makes the rules it was needed for NOT-APPLICABLE (MR-CONF-006), never ERROR
-                why = box["exc"] if isinstance(box["exc"], NotApplicable) else f"the IUT does not offer it: {box['exc']}"
+            elif isinstance(box.get("exc"), CannotDrive) or _not_offered(box.get("exc")):
+                # ENOTSUP is the agent's "not supported by the IUT" (9.4.3): what the agent cannot drive
+                # leaves the rules it was needed for CANNOT-DRIVE -- no PASS, and not NOT-APPLICABLE, which
+                # only the claim gives (MR-CONF-006)
+                why = box["exc"] if isinstance(box["exc"], CannotDrive) else f"the IUT does not offer it: {box['exc']}"
                 for r in c.rules:
                     if not any(o.rule == r for o in t.observations):
-                        t.not_applicable(r, f"skipped: {why}")
+                        t.cannot_drive(r, f"agent cannot drive: {why}")
             elif "exc" in box:
                 e = box["exc"]
                 kind = "precondition failed" if isinstance(e, CaseError) else type(e).__name__

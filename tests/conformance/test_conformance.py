@@ -139,6 +139,37 @@ DAEMON_DIVERGENCES = {
                       "(retry_cnt 7): the retries were spent without a retransmission reaching the wire (MR-RETRY-004/005)",
 }
 KNOWN = {"compiled": PLANE_DIVERGENCES, "daemon": {**PLANE_DIVERGENCES, **DAEMON_DIVERGENCES}}
+# Applicable MUST rules our agent cannot drive yet (CANNOT-DRIVE: no PASS, so the claim stays INCONCLUSIVE,
+# MR-CONF-025).  Each is work for issue 21 ("agents that can drive everything"); a rule that gets a PASS should
+# leave the table, and a rule that newly lands here fails the run.
+PLANE_CANNOT_DRIVE = {
+    "MR-ACK-012": "the compiled plane keeps no credit limit (MR-ACK-010, a SHOULD): the rule's condition never "
+                  "arises; the claim has no way yet to say so (an option of the claim, MR-CONF-006)",
+    "MR-CM-035": "cm_connect does not retry an exchange whose TCP connection was closed (MAY), and fails EINTERNAL",
+    "MR-CM-047": "the agent protocol's cm_listen takes one message format per port",
+    "MR-DUP-010": "no per-QP rx_dup_req counter", "MR-OPC-006": "no per-QP rx_ghost_rsp counter",
+    "MR-MEM-019": "no per-QP rx_rkey_violation counter", "MR-SEC-006": "no per-QP rx_rkey_violation counter",
+    "MR-SEC-031": "the port counters have other names than the spec's (rx_stale_rsp, rnr_naks_sent, ...)",
+    "MR-ECN-011": "no set_param ecn (a QP with ECN disabled)",
+}
+# What metaroced's client cannot do besides: the rules no other case passes there.
+DAEMON_CANNOT_DRIVE = {
+    "MR-BTH-004": "no req_notify_cq (the client has no completion events)",
+    **{r: "no per-QP CNP counters (tx_cnp, rx_cnp, rx_ce_marked) through the client"
+       for r in ("MR-CC-033", "MR-CC-039", "MR-CNP-003", "MR-CNP-010", "MR-ECN-012")},
+    "MR-MEM-040": "no remotely invalidatable MR", "MR-MEM-043": "no remotely invalidatable MR",
+    "MR-XH-015": "no SEND_WITH_INV", "MR-RC-013": "no FENCE",
+    "MR-RC-008": "max_mr_bytes_per_client (1 GiB) leaves no room for a 1 GiB MR beside the case's others",
+}
+CANNOT_DRIVE = {"compiled": PLANE_CANNOT_DRIVE, "daemon": {**PLANE_CANNOT_DRIVE, **DAEMON_CANNOT_DRIVE}}
+
+
+def _timing_only_rules() -> set[str]:
+    """Rules that only the timing cases check: --no-timing (make test) leaves them UNCOVERED."""
+    from metaroce_xdp.conformance.registry import load_all
+    cases = load_all().values()
+    untimed = {r for c in cases if not c.timing for r in c.rules}
+    return {r for c in cases if c.timing for r in c.rules} - untimed
 
 
 def _self_test_argv(iut: str, report) -> list[str]:
@@ -190,8 +221,19 @@ def _check_self_test(tmp_path, iut: str, rc: int, out: str) -> None:
            if v["verdict"] in ("FAIL", "ERROR") and v["test"] not in known]
     assert not bad, "\n".join(bad) + "\n" + out
     ran = {v["test"] for v in verdicts}
-    assert ran and all(v["verdict"] in ("PASS", "NOT-APPLICABLE", "NOT-OBSERVABLE") for v in verdicts
-                       if v["test"] not in known)
+    passed = {v["rule"] for v in verdicts if v["verdict"] == "PASS"}    # a case that could not drive a rule
+    odd = [f"{v['test']} {v['rule']} {v['verdict']}: {v['detail']}" for v in verdicts if v["test"] not in known
+           and v["verdict"] not in ("PASS", "NOT-APPLICABLE", "NOT-OBSERVABLE")
+           and not (v["verdict"] == "CANNOT-DRIVE" and (v["rule"] in CANNOT_DRIVE[iut] or v["rule"] in passed))]
+    assert ran and not odd, "\n".join(odd)
+    # MR-CONF-025: every applicable MUST rule without a PASS is listed, and only those we know of are
+    failing = {v["rule"] for v in verdicts if v["test"] in known}
+    assert summary["conformance"] in ("CONFORMANT", "INCONCLUSIVE", "NOT-CONFORMANT")
+    surprise = set(summary["inconclusive"]) - set(CANNOT_DRIVE[iut]) - _timing_only_rules() - failing
+    assert not surprise, {r: summary["inconclusive"][r] for r in sorted(surprise)}
+    driven_not = {v["rule"] for v in verdicts if v["verdict"] == "CANNOT-DRIVE"} - {
+        v["rule"] for v in verdicts if v["verdict"] == "PASS"}
+    assert driven_not <= set(summary["inconclusive"]) and (not driven_not or summary["conformance"] != "CONFORMANT")
     under_test = {"compiled": "compiled plane in process", "daemon": "metaroced"}[iut]
     for v in verdicts:                                       # 9.6.1 members
         assert set(v) >= {"run_id", "ts", "test", "rule", "level", "profile", "verdict", "iut", "peer", "evidence",
@@ -252,6 +294,53 @@ def test_reports_render_a_failure_with_its_packets(tmp_path):
     assert "<h3 class='FAIL'>" in paths["html"].read_text()
 
 
+def test_summary_is_conformant_only_with_a_pass_for_every_applicable_must_rule(tmp_path):
+    """MR-CONF-025 as the report applies it, on a made-up catalogue of three MUST rules and one SHOULD: a
+    MUST rule whose only verdicts are CANNOT-DRIVE, BLOCKED or a case skipped for an unclaimed capability
+    has no PASS, so the claim is INCONCLUSIVE and the rule is listed with why; a FAIL that Table 9-3 puts
+    down to the test set-up ("environment") counts as ERROR; only a PASS on each makes it CONFORMANT."""
+    from metaroce_xdp.conformance.registry import Case
+    from metaroce_xdp.conformance.report import matrix, summary, write_all
+    from metaroce_xdp.conformance.runner import CaseRun, RunResult, Verdict
+    A, C = "MR-" + "Z" * 3, "TC-" + "Z" * 3     # a made-up area (tests/test_spec_ids.py checks cited IDs)
+    spec = tmp_path / "spec"
+    spec.mkdir()
+    (spec / "01-x.md").write_text(f"**{A}-001** The sender MUST do one.\n\n**{A}-002** It MUST do two."
+                                  f"\n\n**{A}-003** It MUST do three.\n\n**{A}-004** It SHOULD do four.\n")
+    (spec / "09-conformance.md").write_text(
+        "Table 9-3: divergences.\n\n| Impl | Rules | Cases | Observed | Decision | Why |\n|---|---|---|---|---|---|\n"
+        f"| rxe | {A}-003 | {C}-003-a | slow VM | environment | the test set-up |\n")
+    cat = Catalogue(spec)
+    assert sorted(r.id for r in cat) == [f"{A}-00{i}" for i in (1, 2, 3, 4)]
+    claim = Claim(["compat"], set())
+    iut = {"name": "rdma-core:rxe", "version": "rdma_rxe", "claim": "compat"}
+
+    def run(*vs):
+        runs = [CaseRun(Case(v.test, (v.rule,), "ACK", lambda t: None, title="x"), [v], 1.0) for v in vs]
+        return RunResult("r", iut, claim, {}, {}, "LT", "v", "now", runs)
+
+    ok = [Verdict(f"{C}-00{i}-a", f"{A}-00{i}", "PASS", "fine") for i in (1, 2, 3)]
+    assert summary(run(*ok), cat)["conformance"] == "CONFORMANT"
+    open_ = run(ok[0], Verdict(f"{C}-002-a", f"{A}-002", "CANNOT-DRIVE", "agent cannot drive: no counter"),
+                Verdict(f"{C}-003-b", f"{A}-003", "BLOCKED", f"blocked by {A}-001: no CNP"))
+    s = summary(open_, cat)
+    assert s["conformance"] == "INCONCLUSIVE" and s["must_fail"] == []
+    assert list(s["inconclusive"]) == [f"{A}-002", f"{A}-003"]
+    assert s["inconclusive"][f"{A}-002"].startswith(f"CANNOT-DRIVE: {C}-002-a agent cannot drive")
+    assert (s["must_cannot_drive"], s["must_blocked"], s["must_passed"]) == (1, 1, 1)
+    skipped = run(*ok[:2], Verdict(f"{C}-003-a", f"{A}-003", "NOT-APPLICABLE", "skipped, not claimed: X"))
+    s = summary(skipped, cat)
+    assert s["conformance"] == "INCONCLUSIVE" and s["inconclusive"][f"{A}-003"].startswith("UNCOVERED")
+    env = run(*ok[:2], Verdict(f"{C}-003-a", f"{A}-003", "FAIL", "too slow"))
+    s = summary(env, cat)
+    assert s["conformance"] == "INCONCLUSIVE" and s["must_error"] == [f"{A}-003"] and s["must_fail"] == []
+    assert [r.overall for r in matrix(env, cat)] == ["PASS", "PASS", "ERROR", "UNCOVERED"]
+    real = run(*ok[:2], Verdict(f"{C}-003-x", f"{A}-003", "FAIL", "wrong"))
+    assert summary(real, cat)["conformance"] == "NOT-CONFORMANT"
+    md = write_all(open_, cat, tmp_path / "r")["md"].read_text()
+    assert "## Inconclusive: applicable MUST rules without a PASS (2)" in md and f"| {A}-003 | BLOCKED:" in md
+
+
 class _FakeAgent:
     """Just enough of AgentClient for the runner: hello, caps, reset, counters; records the calls."""
 
@@ -278,12 +367,12 @@ class _FakeAgent:
 @pytest.mark.root
 def test_runner_verdicts_without_a_network(tmp_path):
     """9.5 and MR-CONF-024 as the runner applies them: per-rule verdicts, a failure keeps the other
-    rule's PASS, exceptions and undecided rules are ERROR, not-claimed and not-offered are
-    NOT-APPLICABLE, an unobservable rule is NOT-OBSERVABLE, a case over its time bound is ERROR,
-    and what the case created is destroyed."""
+    rule's PASS, exceptions and undecided rules are ERROR, not claimed is NOT-APPLICABLE, not offered
+    by the agent is CANNOT-DRIVE (never NOT-APPLICABLE, MR-CONF-006), a rule about a packet that never
+    came is BLOCKED by the rule that failed, ERROR ranks above CANNOT-DRIVE in one case, an unobservable
+    rule is NOT-OBSERVABLE, a case over its time bound is ERROR, and what the case created is destroyed."""
     import time as _time
 
-    from metaroce_xdp.conformance.context import NotApplicable
     from metaroce_xdp.conformance.lt import LowerTester
     from metaroce_xdp.conformance.registry import Case
     from metaroce_xdp.conformance.runner import Runner
@@ -303,27 +392,40 @@ def test_runner_verdicts_without_a_network(tmp_path):
     def slow(t):
         _time.sleep(3)
 
+    def no_cnp(t):
+        t.check("MR-CNP-002", False, "no CNP")
+        t.blocked("MR-CNP-001", "MR-CNP-002", "no CNP was sent")
+
+    def half(t):
+        t.cannot_drive("MR-DUP-010", "no per-QP rx_dup_req")
+        t.undecided("MR-DUP-010", "the capture lost frames")
+
     cases = [Case("TC-ACK-001-y", ("MR-ACK-001", "MR-ACK-003"), "ACK", mixed),
              Case("TC-ACK-001-x", ("MR-ACK-001", "MR-ACK-008"), "ACK", raises),
              Case("TC-ACK-004-y", ("MR-ACK-004",), "ACK", offers_not),
              Case("TC-ATOM-001-y", ("MR-ATOM-001",), "ATOM", mixed, caps=("ATOMICS",)),
              Case("TC-QP-007-y", ("MR-QP-007", "MR-ACK-001"), "QPS", lambda t: t.check("MR-ACK-001", True, "ok")),
-             Case("TC-ACK-005-y", ("MR-ACK-001",), "ACK", slow, timeout=0.5)]
+             Case("TC-ACK-005-y", ("MR-ACK-001",), "ACK", slow, timeout=0.5),
+             Case("TC-CNP-001-y", ("MR-CNP-002", "MR-CNP-001"), "CC", no_cnp),
+             Case("TC-DUP-010-y", ("MR-DUP-010",), "SEQ", half)]
     fake = _FakeAgent()
     with LowerTester("lo") as lt:
         res = Runner(fake, lt, "127.0.0.1", tmp_path, log=lambda s: None).run(cases)
     got = {(v.test, v.rule): v.verdict for v in res.verdicts()}
     assert got == {("TC-ACK-001-y", "MR-ACK-001"): "PASS", ("TC-ACK-001-y", "MR-ACK-003"): "FAIL",
                    ("TC-ACK-001-x", "MR-ACK-001"): "PASS", ("TC-ACK-001-x", "MR-ACK-008"): "ERROR",
-                   ("TC-ACK-004-y", "MR-ACK-004"): "NOT-APPLICABLE", ("TC-ATOM-001-y", "MR-ATOM-001"): "NOT-APPLICABLE",
+                   ("TC-ACK-004-y", "MR-ACK-004"): "CANNOT-DRIVE", ("TC-ATOM-001-y", "MR-ATOM-001"): "NOT-APPLICABLE",
                    ("TC-QP-007-y", "MR-QP-007"): "NOT-OBSERVABLE", ("TC-QP-007-y", "MR-ACK-001"): "PASS",
-                   ("TC-ACK-005-y", "MR-ACK-001"): "ERROR"}
+                   ("TC-ACK-005-y", "MR-ACK-001"): "ERROR", ("TC-CNP-001-y", "MR-CNP-002"): "FAIL",
+                   ("TC-CNP-001-y", "MR-CNP-001"): "BLOCKED", ("TC-DUP-010-y", "MR-DUP-010"): "ERROR"}
     v = {(v.test, v.rule): v for v in res.verdicts()}
     assert "boom" in v[("TC-ACK-001-x", "MR-ACK-008")].detail
     assert "time bound" in v[("TC-ACK-005-y", "MR-ACK-001")].detail
     assert "ATOMICS not claimed" in v[("TC-ATOM-001-y", "MR-ATOM-001")].detail
+    assert "agent cannot drive" in v[("TC-ACK-004-y", "MR-ACK-004")].detail
+    assert v[("TC-CNP-001-y", "MR-CNP-001")].detail.startswith("blocked by MR-CNP-002")
     assert v[("TC-ACK-001-y", "MR-ACK-003")].expected == "an ACK"
-    assert "dealloc_pd" in fake.calls and fake.calls.count("reset") >= 2 * 5
+    assert "dealloc_pd" in fake.calls and fake.calls.count("reset") >= 2 * 7
     assert (tmp_path / "captures" / "TC-ACK-001-y.pcap").is_file()
 
 

@@ -181,8 +181,8 @@ def test_hello_describes_rxe(vm):
         assert h["limits"]["max_inline"] > 0 and h["timer_granularity_us"] > 0
         caps = c.call("caps")
         assert {"sent_pkts", "rcvd_pkts"} <= set(caps["counters"]) and caps["dcqcn"] is False
-        assert caps["params"] == ["dscp", "hop_limit"]
-        # 9.4.2: what the suite asks before it binds a socket or reads a QP's counters (NOT-APPLICABLE, not ERROR)
+        assert caps["params"] == ["dscp", "ecn", "hop_limit"]
+        # 9.4.2: what the suite asks before it binds a socket or reads a QP's counters (CANNOT-DRIVE, not ERROR)
         assert caps["qp_counters"] == [] and "post_send" in caps["commands"]
         assert not {"cm_listen", "cm_connect", "cm_wait", "get_async_events"} & set(caps["commands"])
         counters = c.call("get_counters")["counters"]

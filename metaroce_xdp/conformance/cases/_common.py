@@ -42,6 +42,25 @@ def counter(t: T, name: str | None) -> int | None:
     return int(t.agent.call("get_counters")["counters"].get(name, 0))
 
 
+def quiet_then_answered(c: Conn, mark: int, probe: Conn) -> tuple[list[Frame], Frame | None]:
+    """A silence check that a stopped IUT cannot pass: the frames the IUT sent to `c` after `mark` over
+    QUIET s, then a valid WRITE ONLY with AckReq to `probe` (another QP of the IUT connected to the LT) that
+    must be ACKed.  Returns (frames to c since mark, counted until that ACK came; the ACK or None) -- the
+    silence means "dropped" only when the ACK is there: the IUT was running and answered what came after."""
+    c.quiet(QUIET, after=mark)
+    data = b"ALIVE?"
+    m2 = probe.send(probe.frame("RDMA_WRITE_ONLY", ackreq=True, reth=(probe.va + 2048, probe.rkey, len(data)),
+                                payload=data))
+    a = expect_ack(probe, probe.psn, m2)
+    probe.psn = P.psn_add(probe.psn, 1)
+    return c.quiet(0.0, after=mark), a
+
+
+def alive_text(a: Frame | None) -> str:
+    return "a WRITE to another QP sent after it was ACKed" if a is not None else \
+        "a WRITE to another QP sent after it was NOT answered either: the silence proves nothing"
+
+
 def dropped_silently(t: T, c: Conn, bad: bytes, rules: list[str], what: str, *, offset: int = 0,
                      length: int = 0, counter_name: str | None = None) -> None:
     """Send `bad` (a request at c.psn that the IUT must drop without a response), then the valid

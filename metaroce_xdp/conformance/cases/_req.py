@@ -31,9 +31,8 @@ def timeout_s(code: int) -> float:
 
 
 def tolerance_s(t: T, nominal: float) -> float:
-    """MR-CONF-011: max(10 %, 2 G, 50 us)."""
-    g = float(t.hello.get("timer_granularity_us", 0) or 0) * 1e-6
-    return max(0.1 * nominal, 2 * g, 50e-6)
+    """MR-CONF-011: max(10 %, 2 G, 50 us), G capped by the tester (T.granularity_s)."""
+    return t.tolerance_s(nominal)
 
 
 # ---- work requests at the IUT ---------------------------------------------------------------

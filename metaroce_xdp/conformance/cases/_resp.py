@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..agentproto import AgentError
 from .. import packets as P
-from ..context import CaseError, Conn, NotApplicable, T
+from ..context import CaseError, Conn, CannotDrive, T
 from ..lt import Frame
 from ._common import ACK_WAIT, QUIET, describe
 
@@ -149,7 +149,7 @@ def reg_mr(t: T, pd: int, length: int = 4096, access=("LOCAL_WRITE", "REMOTE_WRI
         r = t.agent.call("reg_mr", **args)
     except AgentError as e:
         if remote_invalidate and e.code == "ENOTSUP":      # MR-MEM-042: offering one is a MAY
-            raise NotApplicable(f"the IUT offers no remotely invalidatable MR: {e.message}") from None
+            raise CannotDrive(f"the IUT offers no remotely invalidatable MR: {e.message}") from None
         raise
     t._extra.append(("dereg_mr", {"mr": r["mr"]}))
     return r["mr"], r
@@ -181,7 +181,7 @@ def check_rkey_counter(t: T, c: Conn, what: str, want: int = 1) -> None:
             raise
         v = None
     if v is None:                    # an agent that cannot read per-QP counters (rdma-core devices)
-        t.not_applicable("MR-MEM-019", "the agent reports no per-QP rx_rkey_violation counter")
+        t.cannot_drive("MR-MEM-019", "the agent reports no per-QP rx_rkey_violation counter")
         return
     t.check("MR-MEM-019", v == want, f"{what}: rx_rkey_violation {v}", expected=f"rx_rkey_violation {want}",
             observed=[f"rx_rkey_violation {v}"])

@@ -4,7 +4,7 @@ reaction point's state (MR-CC-036 to MR-CC-038).
 The reaction point's rate and alpha are not on the wire at the resolution these rules speak of (one step
 is tens of microseconds and a few Mb/s); the cases read them through the agent's per-QP counters
 dcqcn_rate_bps, dcqcn_target_bps and dcqcn_alpha_ppm and its caps.dcqcn_params (9.4.2), and give
-NOT-APPLICABLE where an IUT does not report them.  The expected values are computed here from the
+CANNOT-DRIVE where an IUT does not report them.  The expected values are computed here from the
 pseudocode of 5.6, over the range of timer expiries the measured interval allows.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import time
 
 from ..agentproto import AgentError
-from ..context import CaseError, NotApplicable
+from ..context import CaseError, CannotDrive
 from ..registry import case
 from ._req import cnp
 
@@ -90,7 +90,7 @@ def cnps_not_from_the_peer_or_not_in_rts_discarded(t):
 def _params(t) -> dict:
     p = t.caps.get("dcqcn_params")
     if not p:
-        raise NotApplicable("the IUT's agent reports no dcqcn_params (caps): the reaction point's state is not "
+        raise CannotDrive("the IUT's agent reports no dcqcn_params (caps): the reaction point's state is not "
                             "visible")
     return p
 
@@ -101,7 +101,7 @@ def _state(c) -> tuple[float, float, float, float, float]:
     tb = time.monotonic()
     q = _qp(c)
     if "dcqcn_rate_bps" not in q:
-        raise NotApplicable("the IUT's agent reports no dcqcn_rate_bps / dcqcn_alpha_ppm counters")
+        raise CannotDrive("the IUT's agent reports no dcqcn_rate_bps / dcqcn_alpha_ppm counters")
     return (float(q["dcqcn_rate_bps"]), float(q["dcqcn_target_bps"]), q["dcqcn_alpha_ppm"] / 1e6, tb,
             time.monotonic())
 
@@ -173,7 +173,7 @@ def _state_after_cnps(c, want: int, timeout: float) -> tuple[float, float, float
         q = _qp(c)
         ta = time.monotonic()
         if "dcqcn_rate_bps" not in q:
-            raise NotApplicable("the IUT's agent reports no dcqcn_rate_bps / dcqcn_alpha_ppm counters")
+            raise CannotDrive("the IUT's agent reports no dcqcn_rate_bps / dcqcn_alpha_ppm counters")
         if int(q.get("rx_cnp", 0)) >= want:
             return (float(q["dcqcn_rate_bps"]), float(q["dcqcn_target_bps"]), q["dcqcn_alpha_ppm"] / 1e6, tb, ta)
         if ta > deadline:
@@ -258,9 +258,9 @@ def cnps_counted_per_qp_sent_acted_on_and_discarded(t):
     except AgentError as e:                 # an agent without per-QP counters (rdma-core devices)
         if e.code != "ENOTSUP":
             raise
-        raise NotApplicable("the IUT's agent reports no per-QP counters") from e
+        raise CannotDrive("the IUT's agent reports no per-QP counters") from e
     if "rx_cnp_discarded" not in b or "tx_cnp" not in b or "rx_cnp" not in b:
-        raise NotApplicable("the IUT's agent reports no per-QP tx_cnp / rx_cnp / rx_cnp_discarded counters")
+        raise CannotDrive("the IUT's agent reports no per-QP tx_cnp / rx_cnp / rx_cnp_discarded counters")
     mark = c.send(c.write(b"ce-count", offset=0, tos=0x6B))          # DSCP 26, ECN CE
     cnps = c.expect(1, timeout=min(2.0, t.left()), after=mark, match=lambda f: f.roce.op == 0x81)
     cnps += c.t.lt.collect(lambda f: c.is_mine(f) and f.roce.op == 0x81, 0.2, after=cnps[-1].num if cnps else mark)

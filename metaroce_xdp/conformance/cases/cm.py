@@ -17,7 +17,7 @@ import time
 
 from ..agentproto import AgentError
 from .. import packets as P
-from ..context import CaseError, NotApplicable
+from ..context import CaseError, CannotDrive
 from ..registry import case
 from ._common import ACK_WAIT, describe, expect_ack
 from ._req import ack, post, requests, wr, write_wr
@@ -145,7 +145,7 @@ class Passive:
                 break
             except AgentError as e:
                 if e.code in ("ENOTSUP", "ENOCMD"):
-                    raise NotApplicable(f"the IUT's agent offers no cm_listen: {e.code}") from None
+                    raise CannotDrive(f"the IUT's agent offers no cm_listen: {e.code}") from None
                 if e.code not in ("EBUSY", "EINTERNAL") or port:
                     raise
         else:
@@ -529,7 +529,7 @@ def default_port_18515(t):
         t.agent.call("cm_listen", qp=c.qp, format="mrc1", caps=0, flags=COMPAT_OK)
     except AgentError as e:
         if e.code in ("ENOTSUP", "ENOCMD"):
-            raise NotApplicable(f"no cm_listen: {e.code}") from None
+            raise CannotDrive(f"no cm_listen: {e.code}") from None
         raise CaseError(f"cm_listen on the default port: {e}") from None
     s = socket.create_connection((t.iut_ip, CM_PORT), timeout=2.0, source_address=(t.lt_ip, 0))
     qpn = 0x100 + secrets.randbelow(0xFFFE00)
@@ -599,7 +599,7 @@ class Active:
         if self.s is None:
             self.th.join(2)
             if self.out.get("error") in ("ENOTSUP", "ENOCMD"):
-                raise NotApplicable(f"the IUT's agent offers no cm_connect ({self.out['error']})")
+                raise CannotDrive(f"the IUT's agent offers no cm_connect ({self.out['error']})")
             raise CaseError(f"no TCP connection from the IUT's cm_connect: {self.out}")
         self.req = recv_msg(self.s, 3.0)
         if not isinstance(self.req, dict) or self.req["msg_type"] != REQ:
@@ -849,7 +849,7 @@ def pingpong_both_roles(t):
         t.agent.call("cm_listen", qp=c.qp, port=port, format="pingpong", caps=0, flags=COMPAT_OK)
     except AgentError as e:
         if e.code in ("ENOTSUP", "ENOCMD", "EINVAL"):
-            raise NotApplicable(f"the IUT's agent offers no pingpong cm_listen: {e.code}") from None
+            raise CannotDrive(f"the IUT's agent offers no pingpong cm_listen: {e.code}") from None
         raise
     lt_qpn, lt_psn = 0x100 + secrets.randbelow(0xFFFE00), secrets.randbelow(1 << 24)
     s = socket.create_connection((t.iut_ip, port), timeout=2.0, source_address=(t.lt_ip, 0))
@@ -919,7 +919,7 @@ def pingpong_both_roles(t):
     if ok:
         c2.lt_qpn, c2.psn, c2.iut_psn = lt_qpn2, lt_psn2, int(first[12:18], 16)
         traffic(t, c2, ["MR-CM-040"], "client role")
-    t.not_applicable("MR-CM-047", "the agent protocol (9.4.2 cm_listen format) listens for one format per port; "
+    t.cannot_drive("MR-CM-047", "the agent protocol (9.4.2 cm_listen format) listens for one format per port; "
                      "the IUT offers no port that takes both")
 
 
@@ -936,7 +936,7 @@ def active_retries_are_fresh(t):
     """The LT closes the TCP connection on the IUT's first REQ without answering.  If the IUT retries the
     exchange (it MAY), every retry comes on a new TCP connection with a new cookie and a new starting PSN
     (the QP is in INIT again: a REQ is only sent from INIT, MR-CM-025); the LT completes none.  An IUT that does
-    not retry within cm_timeout gets NOT-APPLICABLE."""
+    not retry within cm_timeout gets CANNOT-DRIVE (nothing to judge)."""
     t.need_commands("cm_connect")
     c = t.connect(state="INIT")
     srv = socket.socket(socket.AF_INET6 if ":" in t.lt_ip else socket.AF_INET, socket.SOCK_STREAM)
@@ -967,7 +967,7 @@ def active_retries_are_fresh(t):
     if not reqs:
         raise CaseError(f"no REQ from cm_connect: {out}")
     if len(reqs) == 1:
-        t.not_applicable("MR-CM-035", f"the IUT did not retry the exchange (cm_connect {out})")
+        t.cannot_drive("MR-CM-035", f"the IUT did not retry the exchange (cm_connect {out})")
         return
     cookies, psns = [r["cookie"] for r in reqs], [r["psn"] for r in reqs]
     ok = len(set(cookies)) == len(reqs) and len(set(psns)) == len(reqs) and len(set(ports)) == len(ports)

@@ -9,7 +9,7 @@ import struct
 from ..agentproto import AgentError
 from .. import packets as P
 from ..registry import case
-from ..context import NotApplicable, _gid
+from ..context import CannotDrive, _gid
 from ._common import QUIET, describe
 from ._req import ack, connect_req, is_req, pattern, post, requests, wr, write_wr
 
@@ -108,7 +108,7 @@ def path_mtu_applies_both_ways(t):
     READ response to a 1300-byte READ as well; nothing it sends exceeds 512 bytes of payload."""
     mtus = t.hello.get("mtus", [1024])
     if 512 not in mtus:
-        raise NotApplicable(f"the IUT offers path MTUs {mtus}, not 512")
+        raise CannotDrive(f"the IUT offers path MTUs {mtus}, not 512")
     c = connect_req(t, mtu=512, timeout=14)
     data = pattern(1300)
     c.mem_write(0, data)

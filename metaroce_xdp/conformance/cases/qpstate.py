@@ -15,7 +15,7 @@ import time
 from .. import packets as P
 from ..context import FULL_ACCESS, CaseError, _gid
 from ..registry import case
-from ._common import QUIET, counter, describe, expect_ack
+from ._common import QUIET, alive_text, counter, describe, expect_ack, quiet_then_answered
 from ._req import (STATE_ERRORS, WC_FLUSH, WC_OK, ack, agent_error, expect_wcs, need, post, qp_state,
                    requests, sent_since, write_wr)
 
@@ -42,17 +42,19 @@ def _dropped(t, c, rules, what: str, offset: int = 256, name: str = "rx_drop_qp_
     """A valid WRITE ONLY to the QP gets no response, writes nothing, and counts in the counter `name` when the
     IUT reports it (MR-QP-020): rx_drop_qp_state for a QP that has a connected peer (ERR after RTR), rx_drop_qpn
     for one that has none (RESET, INIT), which fails step 10 of MR-ENC-032."""
+    probe = t.connect()
     n0 = counter(t, name)
     mark = c.send(c.write(b"NOTHERE!", offset=offset))
-    seen = c.quiet(QUIET, after=mark)
+    seen, alive = quiet_then_answered(c, mark, probe)
     n1 = counter(t, name)
     untouched = c.mem(offset, 8) == bytes(8)
     counted = n0 is None or (n1 is not None and n1 > n0)
-    ok = not seen and untouched and counted
+    ok = not seen and untouched and counted and alive is not None
     cnt = f"{name} {n0} -> {n1}" if n0 is not None else f"{name} not reported"
     for r in rules:
-        t.check(r, ok, f"{what}: responses {describe(seen)}; memory untouched: {untouched}; {cnt}",
-                frames=seen or [mark + 1], expected=f"no response, nothing written, {name} +1")
+        t.check(r, ok, f"{what}: responses {describe(seen)}; memory untouched: {untouched}; {cnt}; "
+                f"{alive_text(alive)}", frames=seen + ([alive] if alive else []) or [mark + 1],
+                expected=f"no response, nothing written, {name} +1; then the other QP's WRITE ACKed")
 
 
 def _post_refused(t, c, rules_send, rules_recv, state: str, recv_ok: bool) -> None:
@@ -114,16 +116,19 @@ def requests_in_rtr(t):
     placed = c.mem(0, 8) == b"rtr-data"
     t.check("MR-QP-019", a is not None and placed, f"WRITE in RTR: ACK {a.summary() if a else None}, placed {placed}",
             frames=[a] if a else [mark + 1], expected=f"ACKNOWLEDGE ACK psn={p:#08x}")
+    probe = t.connect()
     n0 = counter(t, "rx_drop_qp_state")
     m2 = c.send(ack(c, c.iut_psn, 1))
-    seen = c.quiet(QUIET, after=m2)
+    seen, alive = quiet_then_answered(c, m2, probe)
     n1 = counter(t, "rx_drop_qp_state")
     st = qp_state(c)
     counted = n0 is None or (n1 is not None and n1 > n0)
-    t.check("MR-QP-020", not seen and st == "RTR" and counted,
-            f"ACK to a QP in RTR: responses {describe(seen)}, state {st}, rx_drop_qp_state {n0} -> {n1}",
-            frames=seen or [m2 + 1], expected="dropped, counted, QP still RTR")
-    t.check("MR-QP-019", not seen, f"frames after the ACK: {describe(seen)}", frames=seen or [m2 + 1],
+    t.check("MR-QP-020", not seen and st == "RTR" and counted and alive is not None,
+            f"ACK to a QP in RTR: responses {describe(seen)}, state {st}, rx_drop_qp_state {n0} -> {n1}; "
+            f"{alive_text(alive)}", frames=seen + ([alive] if alive else []) or [m2 + 1],
+            expected="dropped, counted, QP still RTR; the other QP's WRITE ACKed")
+    t.check("MR-QP-019", not seen and alive is not None, f"frames after the ACK: {describe(seen)}; "
+            f"{alive_text(alive)}", frames=seen + ([alive] if alive else []) or [m2 + 1],
             expected="nothing sent")
     _post_refused(t, c, ["MR-QP-018"], [], "RTR", recv_ok=True)
     m3 = c.send(c.write(b"still-on", offset=16))
@@ -310,10 +315,13 @@ def err_reset_and_reconnect(t):
     expect_ack(c, P.psn_add(c.psn, -1), m0)
     need(_modify(t, c, "ERR", {}) is None and _modify(t, c, "RESET", {}) is None, "ERR -> RESET failed")
     st = qp_state(c)
+    probe = t.connect()
     mark = c.send(c.write(b"dropped!", offset=64))
-    seen = c.quiet(QUIET, after=mark)
-    t.check("MR-QP-015", st == "RESET" and not seen, f"after RESET: state {st}, responses {describe(seen)}",
-            frames=seen or [mark + 1], expected="RESET, no response")
+    seen, alive = quiet_then_answered(c, mark, probe)
+    t.check("MR-QP-015", st == "RESET" and not seen and alive is not None,
+            f"after RESET: state {st}, responses {describe(seen)}; {alive_text(alive)}",
+            frames=seen + ([alive] if alive else []) or [mark + 1],
+            expected="RESET, no response; the other QP's WRITE ACKed")
     c.psn = 0x00ABCD
     errs = [_modify(t, c, s) for s in ("INIT", "RTR")]
     need(errs == [None, None], f"RESET -> INIT -> RTR failed: {errs}")
@@ -365,15 +373,19 @@ def destroyed_qp_is_gone(t):
     t._conns.remove(c)                                   # destroyed here, not again at clean-up
     wall, m = time.time(), t.lt.last_num()
     after = sent_since(c, wall, m, 0.2)
+    probe = t.connect()
     n0 = counter(t, "rx_drop_qpn")
     m2 = c.send(c.write(b"ghostqp!", offset=0))
-    seen = c.quiet(QUIET, after=m2)
+    seen, alive = quiet_then_answered(c, m2, probe)
     n1 = counter(t, "rx_drop_qpn")
     counted = n0 is None or (n1 is not None and n1 > n0)
-    t.check("MR-QP-039", not after and not seen, f"sent after destroy_qp: {describe(after)}; answer to a WRITE to "
-            f"its QPN: {describe(seen)}", frames=after + seen or [m2 + 1], expected="nothing")
-    t.check("MR-BTH-016", not seen and counted, f"WRITE to the destroyed QPN: {describe(seen)}; rx_drop_qpn "
-            f"{n0} -> {n1}", frames=seen or [m2 + 1], expected="dropped, rx_drop_qpn +1")
+    ev = after + seen + ([alive] if alive else [])
+    t.check("MR-QP-039", not after and not seen and alive is not None, f"sent after destroy_qp: {describe(after)}; "
+            f"answer to a WRITE to its QPN: {describe(seen)}; {alive_text(alive)}", frames=ev or [m2 + 1],
+            expected="nothing; the other QP's WRITE ACKed")
+    t.check("MR-BTH-016", not seen and counted and alive is not None, f"WRITE to the destroyed QPN: "
+            f"{describe(seen)}; rx_drop_qpn {n0} -> {n1}; {alive_text(alive)}",
+            frames=seen + ([alive] if alive else []) or [m2 + 1], expected="dropped, rx_drop_qpn +1")
 
 
 def _cq_depth(t) -> int:
@@ -401,10 +413,12 @@ def cq_overflow_moves_qp_to_err(t):
     c.send(ack(c, P.psn_add(p, n - 1), n))
     time.sleep(0.2)
     st = qp_state(c)
+    probe = t.connect()
     m2 = c.send(c.write(b"after-ov", offset=512))
-    seen = c.quiet(QUIET, after=m2)
-    t.check("MR-QP-036", st == "ERR" and not seen, f"QP state after the overflow: {st}; answer to a WRITE: "
-            f"{describe(seen)}", frames=seen or [m2 + 1], expected="ERR, no answer")
+    seen, alive = quiet_then_answered(c, m2, probe)
+    t.check("MR-QP-036", st == "ERR" and not seen and alive is not None, f"QP state after the overflow: {st}; "
+            f"answer to a WRITE: {describe(seen)}; {alive_text(alive)}",
+            frames=seen + ([alive] if alive else []) or [m2 + 1], expected="ERR, no answer; the other QP's WRITE ACKed")
 
 
 __all__: list[str] = []

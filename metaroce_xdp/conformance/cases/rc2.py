@@ -109,12 +109,12 @@ def work_request_opcodes(t):
 def message_over_2_31_bytes(t):
     """A WRITE whose three SGEs of 2^30 bytes (one MR, 3 x 2^30 > 2^31) completes with IBV_WC_LOC_LEN_ERR and
     sends no packet."""
-    from ..context import NotApplicable
+    from ..context import CannotDrive
     c = connect_req(t, timeout=14, max_send_sge=3)
     try:
         big, _ = t.reg_mr(c.pd, GB)
     except AgentError as e:              # an IUT may refuse 1 GiB of registered memory (ENOMEM)
-        raise NotApplicable(f"the IUT does not register a 1 GiB MR: {e}") from None
+        raise CannotDrive(f"the IUT does not register a 1 GiB MR: {e}") from None
     mark = post(c, {"wr_id": "0x1", "opcode": "RDMA_WRITE", "flags": ["SIGNALED"],
                     "sg_list": [{"mr": big, "offset": 0, "len": GB}] * 3,
                     "remote": {"va": hex(0x7F00_0000_0000), "rkey": 0x1234}})
@@ -210,11 +210,11 @@ def cnps_are_validated(t):
     """A CNP with a bad ICRC, one from an address that is not the QP's peer, and one to a QP in RTR change no
     QP's rx_cnp and draw no response (counted in rx_drop_icrc, rx_drop_wrong_peer and rx_drop_qp_state when
     the IUT reports them); a valid CNP to the QP in RTS adds 1 to its rx_cnp."""
-    from ..context import NotApplicable
+    from ..context import CannotDrive
     c = t.connect()
     r = t.connect(state="RTR")
     if "rx_cnp" not in t.caps.get("counters", ()):
-        raise NotApplicable("the IUT does not report rx_cnp per QP")
+        raise CannotDrive("the IUT does not report rx_cnp per QP")
     probs, frames = [], []
 
     def rx(cn):
@@ -343,13 +343,13 @@ def _events(t, timeout_ms: int = 0) -> list[dict]:
 def comm_est_once(t):
     """A QP in RTR that accepts its first request (a WRITE, ACKed) raises IBV_EVENT_COMM_EST once for it; a
     second request raises no second one."""
-    from ..context import NotApplicable
+    from ..context import CannotDrive
     t.need_commands("get_async_events")
     c = t.connect(state="RTR")
     try:
         _events(t)
     except AgentError as e:
-        raise NotApplicable(f"the agent has no get_async_events ({e.code})") from None
+        raise CannotDrive(f"the agent has no get_async_events ({e.code})") from None
     m = c.send(c.write(b"first", offset=0))
     a1 = expect_ack(c, P.psn_add(c.psn, -1), m)
     ev1 = _events(t, 500)
@@ -371,14 +371,14 @@ def solicited_event_from_the_completing_packet(t):
     """The IUT's CQ armed for solicited completions only: a SEND ONLY without SE, and a SEND FIRST with SE whose
     completing SEND LAST has no SE, complete their receives without an event; a SEND ONLY with SE completes
     its receive with the event."""
-    from ..context import NotApplicable
+    from ..context import CannotDrive
     c = t.connect()
     for i in range(3):
         c.post_recv(2048, offset=4096 * i, wr_id=0x10 + i)
     try:
         t.agent.call("req_notify_cq", cq=c.cq, solicited_only=True)
     except AgentError as e:
-        raise NotApplicable(f"the agent has no req_notify_cq ({e.code})") from None
+        raise CannotDrive(f"the agent has no req_notify_cq ({e.code})") from None
     results, frames = [], []
     sends = [("SEND ONLY, SE 0", [c.frame("SEND_ONLY", psn=c.psn, ackreq=True, payload=b"a" * 8)], False),
              ("SEND FIRST SE 1 + LAST SE 0",
@@ -407,7 +407,7 @@ def nak_leaves_lsn(t):
     """SEND 1 is ACKed with credit code 0 (lsn = 1); SEND 2 goes out (before, or as the one probe of MR-ACK-011)
     and SEND 3 is posted: an IUT that honours credits holds SEND 3.  The LT then RNR-NAKs SEND 2 with timer
     code 31, whose low bits read as a credit code would mean "unlimited": SEND 3 must still be held (lsn
-    unchanged) until an ACK with fresh credits comes.  NOT-APPLICABLE for an IUT that keeps no credit limit
+    unchanged) until an ACK with fresh credits comes.  CANNOT-DRIVE for an IUT that keeps no credit limit
     (MR-ACK-010 is a SHOULD): it has no lsn a NAK could change."""
     c = connect_req(t, timeout=18)
     c.mem_write(0, pattern(64))
@@ -427,7 +427,7 @@ def nak_leaves_lsn(t):
     if early:
         c.send(ack(c, P.psn_add(p, 2), 3))
         c.poll(2, 0.5)
-        t.not_applicable("MR-ACK-012", "the IUT keeps no credit limit (MR-ACK-010 is a SHOULD): SEND 3 went out "
+        t.cannot_drive("MR-ACK-012", "the IUT keeps no credit limit (MR-ACK-010 is a SHOULD): SEND 3 went out "
                                        "with lsn = 1, so it has no lsn that a NAK could change")
         return
     m4 = c.send(ack(c, P.psn_add(p, 1), 1, syndrome=0x3F))     # RNR NAK, timer code 31 (491.52 ms)

@@ -282,7 +282,7 @@ def read_beyond_responder_resources(t):
             t.check(r, ok, detail + " (answered: the entry was reused after the first READ's responses)",
                     frames=[f], expected=f"RDMA_READ_RESPONSE_ONLY psn={p2:#08x} msn=2 with the data")
         for r in ("MR-NAK-006", "MR-NAK-009"):
-            t.not_applicable(r, "the second READ was answered, not NAKed (its entry was free again)")
+            t.cannot_drive(r, "the second READ was answered, not NAKed (its entry was free again)")
     else:
         for r in ("MR-DUP-007", "MR-SEC-012", "MR-NAK-006", "MR-NAK-009"):
             t.check(r, False, detail, frames=reads[-1:] or [mark + 1],

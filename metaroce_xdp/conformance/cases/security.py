@@ -16,7 +16,7 @@ import time
 
 from ..agentproto import AgentError
 from .. import packets as P
-from ..context import CaseError, NotApplicable
+from ..context import CaseError, CannotDrive
 from ..registry import case
 from ._common import ACK_WAIT, QUIET, counter, describe, dropped_silently, expect_ack
 from ._req import ack, connect_req, nak, post, requests, wc_list, write_wr
@@ -146,7 +146,7 @@ def remote_access_errors_counted(t):
         check_nak(t, c, ["MR-SEC-006"], mark, 2, p, 0, "WRITE with a wrong R_Key")
     per_qp = [_qp_counter(c, "rx_rkey_violation") for c in conns]
     if None in per_qp:
-        t.not_applicable("MR-SEC-006", "the agent reports no per-QP rx_rkey_violation")
+        t.cannot_drive("MR-SEC-006", "the agent reports no per-QP rx_rkey_violation")
     else:
         t.check("MR-SEC-006", per_qp == [1, 1], f"rx_rkey_violation per QP {per_qp}", expected="[1, 1]",
                 observed=[str(per_qp)])
@@ -155,7 +155,7 @@ def remote_access_errors_counted(t):
     except AgentError:
         s1 = None
     if s0 is None or s1 is None:
-        t.not_applicable("MR-SEC-006", "the agent reports no per-source count (get_counters src)")
+        t.cannot_drive("MR-SEC-006", "the agent reports no per-source count (get_counters src)")
     else:
         t.check("MR-SEC-006", s1 - s0 == 2, f"rx_rkey_violation of source {t.lt_ip}: {s0} -> {s1}",
                 expected="+2", observed=[f"{s0} -> {s1}"])
@@ -342,7 +342,7 @@ def discards_counted_by_name(t):
     listed = set(t.caps.get("counters", ()))
     missing = [n for n in names.values() if n not in listed]
     if missing:          # an IUT may name its counters otherwise (rdma-core devices): the tester cannot map them
-        t.not_applicable("MR-SEC-031", f"the IUT does not report the counters {missing} (caps.counters); "
+        t.cannot_drive("MR-SEC-031", f"the IUT does not report the counters {missing} (caps.counters); "
                          "its own names cannot be matched to the reasons of chapter 10")
         return
     t.check("MR-SEC-031", len(set(names.values())) == len(names), "every reason has its own counter name",
@@ -433,7 +433,7 @@ def starting_psns_random(t):
             if conn is None:
                 th.join(1)
                 if out.get("error") in ("ENOTSUP", "ENOCMD"):
-                    raise NotApplicable(f"the IUT's agent does not offer cm_connect ({out['error']})")
+                    raise CannotDrive(f"the IUT's agent does not offer cm_connect ({out['error']})")
                 raise CaseError(f"no connection from the IUT's cm_connect: {out}")
             with cm.Channel(conn, "IUT") as ch:
                 if k < 6:
@@ -479,7 +479,7 @@ def starting_psns_random(t):
 
 # ---- the passive side of the connection set-up (MR-SEC-017, MR-SEC-018, MR-SEC-019) -----------------
 def _cm_listen(t, c, **kw) -> int:
-    """cm_listen on the IUT QP `c` (in INIT) at a free port; NotApplicable when the IUT offers none."""
+    """cm_listen on the IUT QP `c` (in INIT) at a free port; CannotDrive when the IUT offers none."""
     t.need_commands("cm_listen", "cm_wait")
     for _ in range(5):
         port = 20000 + secrets.randbelow(40000)
@@ -488,7 +488,7 @@ def _cm_listen(t, c, **kw) -> int:
             return port
         except AgentError as e:
             if e.code in ("ENOTSUP", "ENOCMD") or (e.code == "EINVAL" and kw):
-                raise NotApplicable(f"the IUT's agent offers no cm_listen{' with ' + str(kw) if kw else ''}: "
+                raise CannotDrive(f"the IUT's agent offers no cm_listen{' with ' + str(kw) if kw else ''}: "
                                     f"{e.code}") from None
             if e.code not in ("EBUSY", "EINTERNAL"):
                 raise

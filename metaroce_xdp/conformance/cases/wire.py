@@ -184,13 +184,17 @@ def cnp_format(t):
             expected=exp)
     t.check("MR-ECN-009", cnp is not None, "the CE mark was answered with a CNP" if cnp else "no CNP", frames=f,
             expected=exp)
-    t.check("MR-XH-016", fmt, v.summary() + f" body {body.hex()}" if v else "no CNP", frames=f, expected=exp)
-    t.check("MR-BTH-019", v is not None and v.psn == 0, f"PSN {v.psn if v else None}", frames=f, expected=exp)
-    sport_ok = v is not None and ack is not None and v.sport == ack.roce.sport
+    if cnp is None:                          # the format rules have no packet to judge (MR-CONF-024)
+        for r in ("MR-XH-016", "MR-BTH-019", "MR-CNP-001", "MR-ECN-005"):
+            t.blocked(r, "MR-CNP-002", "no CNP was sent", frames=f)
+        return
+    t.check("MR-XH-016", fmt, v.summary() + f" body {body.hex()}", frames=f, expected=exp)
+    t.check("MR-BTH-019", v.psn == 0, f"PSN {v.psn}", frames=f, expected=exp)
+    sport_ok = ack is not None and v.sport == ack.roce.sport
     t.check("MR-CNP-001", fmt and v.dst_ip == t.lt_ip and (v.tos >> 2) == 48 and sport_ok,
-            f"to {v.dst_ip if v else None}, DSCP {v.tos >> 2 if v else None}, source port "
-            f"{v.sport if v else None} (the QP's ACKs: {ack.roce.sport if ack else None})", frames=f, expected=exp)
-    t.check("MR-ECN-005", v is not None and v.ecn == 0, f"ECN {v.ecn if v else None}", frames=f, expected=exp)
+            f"to {v.dst_ip}, DSCP {v.tos >> 2}, source port {v.sport} (the QP's ACKs: "
+            f"{ack.roce.sport if ack else None})", frames=f, expected=exp)
+    t.check("MR-ECN-005", v.ecn == 0, f"ECN {v.ecn}", frames=f, expected=exp)
 
 
 @case("TC-ENC-031-a", rules=["MR-ENC-031", "MR-RC-010"], category="WIRE", timeout=10)
