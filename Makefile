@@ -53,6 +53,9 @@ fuzz: setup
 # conformance-report/<iut>/ (JSON Lines, JUnit XML, Markdown, HTML, pcaps), each naming its IUT.
 # docs/conformance.md says how to run it against another implementation.
 CONFORMANCE_ARGS ?=
+# The claim: compat + native with ATOMICS, MULTIPATH and CREDITS (+ DCQCN in process): the agent's options.
+conformance: export METAROCE_AGENT_PROFILES ?= compat,native
+conformance: export METAROCE_AGENT_CAPS ?= MULTIPATH,CREDITS
 conformance: setup
 	$(PY) -m metaroce_xdp.conformance --self-test --iut compiled --report conformance-report/compiled $(CONFORMANCE_ARGS); \
 	a=$$?; $(PY) -m metaroce_xdp.conformance --self-test --iut daemon --report conformance-report/daemon \

@@ -18,6 +18,16 @@ conformance/agentproto.py's, which the rdma-core agent (conformance/pyverbs_agen
     python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --port 18516
     python -m metaroce_xdp.agent --iut daemon --socket /run/metaroce/metaroced.sock --listen 10.55.0.2
 
+The claim hello and caps announce (MR-CONF-001) is compat + ATOMICS (+ DCQCN when the plane's reaction point
+runs) unless the agent is told more: `--profiles compat,native` (or METAROCE_AGENT_PROFILES) adds the native
+profile -- NATIVE, SACK and OOO_PLACEMENT, the native defaults in caps.defaults, the native per-QP counters
+(NATIVE_QP_COUNTERS) in caps.qp_counters -- and `--caps MULTIPATH,CREDITS,CC_DELAY` (or METAROCE_AGENT_CAPS)
+the optional native capabilities.  modify_qp RTR with "profile": "native" and "native": {caps, sack_window,
+entropy_count} (9.4.2) brings a native QP up on either IUT, its parameters those a connection set-up agreeing
+the same would give it (dp/cmconnect.agreed_profile).
+
+    python -m metaroce_xdp.agent --dev veth1 --listen 10.55.0.2 --profiles compat,native --caps MULTIPATH,CREDITS
+
 MR-SEC-027: the agent is off unless started explicitly, binds only the
 address it is given (default loopback) and logs every session.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 import threading
 import time
@@ -35,12 +46,14 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .conformance.agentproto import (ACCESS, CAP_ATOMICS, DEFAULT_PORT, ERRNO_CODES, HEX, MAC, MAX_CQE, MAX_MEM_IO,
+from .conformance.agentproto import (ACCESS, CAP_ATOMICS, CAP_MULTIPATH, CAP_NAMES, CAP_NATIVE, CAP_OOO, CAP_SACK,
+                                     DEFAULT_PORT, ERRNO_CODES, HEX, MAC, MAX_CQE, MAX_MEM_IO,
                                      MAX_MR_LEN, MAX_POLL, MAX_TIMEOUT_MS, MAX_WR, PROFILES, PROTO, QP_STATES,
                                      SEND_FLAGS, WR_OPCODES, AgentClient, AgentError, Session, check_hello,
                                      flag_names, get, get_bytes, get_enum, get_flags, get_int, get_list, get_obj,
                                      get_u64, get_wrs, gid_of, hex64, ip_of_gid)
 from .conformance.agentproto import AgentServer as _AgentServer
+from .agent_iut import NATIVE_QP_COUNTERS
 from .dp.layout import MAX_MRS
 from .verbs import MAX_INLINE
 from .verbs_types import (PATH_MTUS, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
@@ -74,6 +87,45 @@ class ImplInfo:
             return info
         return cls(**(info or {}))
 
+    @classmethod
+    def claiming(cls, profiles=("compat",), caps=(), **kw) -> "ImplInfo":
+        """The claim the agent announces (MR-CONF-001): `profiles` ("compat", "native") and the names of the
+        capabilities beyond the default ATOMICS (MULTIPATH, CC_DELAY, CREDITS, IPV6).  A native claim sets
+        NATIVE, SACK and OOO_PLACEMENT (MR-NAT-004) and the native defaults of caps (04 4.7); without
+        "native" the claim is compat, whatever `caps` names of the native set."""
+        profiles = list(dict.fromkeys(profiles))
+        bad = [p for p in profiles if p not in PROFILES]
+        if bad or "compat" not in profiles:
+            raise ValueError(f"profiles {profiles}: compat and optionally native (9.4.2)")
+        bits = CAP_ATOMICS
+        for name in caps:
+            if name not in CAP_NAMES:
+                raise ValueError(f"capability {name!r}: one of {', '.join(CAP_NAMES)}")
+            bits |= CAP_NAMES[name]
+        info = cls(profiles=profiles, **kw)
+        if "native" in profiles:
+            bits |= CAP_NATIVE | CAP_SACK | CAP_OOO
+            info.defaults = native_defaults(bits)
+        else:
+            bits &= ~(CAP_NATIVE | CAP_SACK | CAP_OOO | CAP_MULTIPATH | CAP_NAMES["CC_DELAY"] | CAP_NAMES["CREDITS"])
+        info.caps = bits
+        return info
+
+    @property
+    def native(self) -> bool:
+        return "native" in self.profiles
+
+
+def native_defaults(caps: int) -> dict:
+    """caps.defaults of a native claim (9.4.2): what a native QP uses when modify_qp's `native` leaves it
+    out -- the offers of dp/cmconnect.py (W 256, K 16 with MULTIPATH, else 1) and the plane's coalescing
+    (04 4.7: N 8, T 5 us) and rto_min (dp/cmconnect.RTO_MIN_US)."""
+    from .dp.cmconnect import K_OFFER, RTO_MIN_US, W_OFFER
+    from .native.layout import PARAMS
+    d = {n: v for n, v, _ in PARAMS}
+    return {"sack_window": W_OFFER, "entropy_count": K_OFFER if caps & CAP_MULTIPATH else 1,
+            "ack_coalesce_us": int(d["ack_t"]), "ack_coalesce_pkts": int(d["ack_n"]), "rto_min_us": RTO_MIN_US}
+
 
 # ---- one session ---------------------------------------------------------------------
 @dataclass
@@ -106,6 +158,7 @@ class Agent(Session):
         self._saved_params: dict[str, Any] = {}
         self._listeners: dict[int, "_PassiveCM"] = {}     # qp handle -> its cm_listen
         self._agreed: dict[int, int] = {}                 # qp handle -> capabilities agreed by set-up (6.3)
+        self._pending_caps: int | None = None             # the agreed set of the native RTR being applied
 
     @property
     def engine(self):
@@ -162,7 +215,8 @@ class Agent(Session):
                "params": sorted(self.iut.params),
                # 9.4.2: the commands this agent implements and the counters get_counters qp reports
                "commands": sorted(self.commands),
-               "qp_counters": list(self.iut.qp_counter_names)}
+               "qp_counters": list(self.iut.qp_counter_names)
+                              + (list(NATIVE_QP_COUNTERS) if self.info.native else [])}
         if self.iut.kind == "daemon":               # the daemon's client has no completion events
             out["commands"] = [c for c in out["commands"] if c not in ("req_notify_cq", "get_cq_event")]
         p = self.iut.dcqcn
@@ -355,9 +409,37 @@ class Agent(Session):
         if "path_mig_state" in attrs:                # IBV_QP_PATH_MIG_STATE (MR-QP-008)
             a.path_mig_state = get_enum(attrs, "path_mig_state", ("MIGRATED", "REARM", "ARMED"))
         profile = get_enum(attrs, "profile", PROFILES, "compat")
-        if profile != "compat" and "native" not in self.info.profiles:
-            raise AgentError("ENOTSUP", "profile native: this IUT implements compat only")
+        if profile != "compat" and not self.info.native:
+            raise AgentError("ENOTSUP", "profile native: this agent claims compat only (start it with "
+                                        "--profiles compat,native)")
+        if profile == "native" and state == QPState.RTR:
+            a.profile, a.native_params, self._pending_caps = "native", *self._native(get_obj(attrs, "native", {}))
+        elif "profile" in attrs:                       # MR-NAT-003: the IUT refuses another than the QP's
+            a.profile = profile
         return a
+
+    def _native(self, nat: dict) -> tuple[dict, int]:
+        """modify_qp RTR `native` {caps, sack_window, entropy_count} (9.4.2) -> the plane's native parameters
+        (dp/cmconnect.agreed_profile, as a connection set-up that agreed them would) and the agreed set.
+        caps defaults to the claim's NATIVE, SACK, OOO_PLACEMENT (and ATOMICS); it must hold those three
+        (MR-NAT-004) and nothing the agent does not claim."""
+        from .dp.cmconnect import agreed_profile
+        base = CAP_NATIVE | CAP_SACK | CAP_OOO
+        caps = get_int(nat, "caps", 0, 0xFF, base | (self.info.caps & CAP_ATOMICS))
+        if caps & base != base:
+            raise AgentError("EINVAL", f"native caps {caps:#04x}: NATIVE needs SACK and OOO_PLACEMENT (MR-NAT-004)")
+        if caps & ~self.info.caps:
+            raise AgentError("EINVAL", f"native caps {caps:#04x}: {caps & ~self.info.caps:#04x} not claimed "
+                                       f"(claim {self.info.caps:#04x})")
+        d = self.info.defaults
+        w = get_int(nat, "sack_window", 32, 1024, int(d.get("sack_window") or 256))
+        if w % 32:
+            raise AgentError("EINVAL", f"sack_window {w}: a multiple of 32 in 32..1024 (04 4.3.2)")
+        k = get_int(nat, "entropy_count", 1, 255, int(d.get("entropy_count") or 1))
+        if k > 1 and not caps & CAP_MULTIPATH:
+            raise AgentError("EINVAL", f"entropy_count {k} without MULTIPATH in caps (MR-MP-001: K = 1)")
+        _, params = agreed_profile(caps, w, k)
+        return params, caps
 
     _TRACKED = ("timeout", "retry_cnt", "rnr_retry", "min_rnr_timer", "max_rd_atomic", "max_dest_rd_atomic")
 
@@ -365,6 +447,7 @@ class Agent(Session):
         _, e = self._lookup(self.qps, "qp", args)
         state = QPState[get_enum(args, "state", QP_STATES)]
         given = get_obj(args, "attrs", {})
+        self._pending_caps = None
         attr = self._qp_attr(state, given)
         from .netinfo import NetInfoError
         with self.iut.lock:
@@ -379,6 +462,8 @@ class Agent(Session):
             for k in self._TRACKED:
                 if k in given:
                     e.attrs[k] = getattr(attr, k)
+        if self._pending_caps is not None:             # a native RTR: what it agreed (6.3), for query_qp
+            self._set_agreed(args["qp"], self._pending_caps)
 
     def cmd_query_qp(self, args: dict) -> dict:
         _, e = self._lookup(self.qps, "qp", args)
@@ -862,8 +947,20 @@ def main(argv: list[str] | None = None) -> int:
                                     "/run/metaroce/metaroced.sock)")
     p.add_argument("--xdp-mode", choices=("drv", "skb"), help="XDP attach mode (Context.open's default if unset)")
     p.add_argument("--queue", type=int, help="NIC queue of the AF_XDP socket (Context.open's default if unset)")
+    p.add_argument("--profiles", default=os.environ.get("METAROCE_AGENT_PROFILES", "compat"),
+                   help="the profiles hello claims, comma-separated: compat (default) or compat,native "
+                        "(default from METAROCE_AGENT_PROFILES)")
+    p.add_argument("--caps", default=os.environ.get("METAROCE_AGENT_CAPS", ""),
+                   help="capabilities claimed beyond ATOMICS (and NATIVE, SACK, OOO_PLACEMENT with native), "
+                        "comma-separated: MULTIPATH, CC_DELAY, CREDITS (default from METAROCE_AGENT_CAPS)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
+    profiles = [x.strip() for x in a.profiles.split(",") if x.strip()]
+    caps = [x.strip().upper() for x in a.caps.split(",") if x.strip()]
+    try:
+        ImplInfo.claiming(profiles, caps)
+    except ValueError as e:
+        p.error(str(e))
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from . import agent_iut
@@ -881,7 +978,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # the claim follows the plane: its DCQCN reaction point runs unless METAROCE_DCQCN_ENABLED=0; through the
     # daemon it runs too, but only the in-process plane shows its state (agent_iut.py)
-    info = ImplInfo(iut=iut.describe(), dcqcn=iut.dcqcn is not None)
+    if "native" in profiles and "native" not in getattr(iut, "profiles", ["compat", "native"]):
+        iut.close()
+        print(f"metaroce agent: {iut.describe()} serves {iut.profiles} only: no native claim", file=sys.stderr)
+        return 1
+    info = ImplInfo.claiming(profiles, caps, iut=iut.describe(), dcqcn=iut.dcqcn is not None)
     try:
         srv = AgentServer(iut, a.listen, a.port, impl_info=info)
     except OSError as e:

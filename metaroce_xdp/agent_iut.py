@@ -25,11 +25,38 @@ from .verbs_types import InvalidArgument, QPState
 
 # The receive drop counters the spec names (01-encapsulation.md MR-ENC-032, MR-BTH, MR-OPC): each the sum of
 # the XDP program's drops (kern/layout.py DropReason) and the compiled loop's (Plane.stats) for the same reasons.
+# get_counters qp on a native QP (MR-LOSS-014): the agent's names for the plane's per-QP native counters
+# (NativeSlots.counters: nx/tx/rx rows); each a sum of the plane's counters that count the same thing.
+NATIVE_QP_COUNTERS = {
+    "sack_sent": ("c_sack_tx",), "sack_received": ("c_sack_rx",),
+    "sack_discarded": ("c_sack_inv", "c_sack_bad", "c_sack_nak_seq", "c_sack_kern_discarded"),
+    "sack_stale": ("c_sack_stale",), "retx_sack": ("c_retx_sack",), "retx_rto": ("c_retx_rto",),
+    "retx_tlp": ("c_retx_tlp",), "retx_rnr": ("c_retx_rnr",), "read_rerequests": ("c_rereq",),
+    "atomic_replays": ("c_at_replay",), "spurious_retx": ("c_spurious",), "rx_duplicates": ("c_dup",),
+    "rx_out_of_window": ("c_oow",), "rx_not_ready": ("c_notready",), "rnr_nak_during_wait": ("c_rnr_wait",),
+    "rnr_nak_discarded": ("c_rnr_inv",), "atomic_ack_discarded": ("c_at_ack_bad",),
+    "read_resp_discarded": ("c_rd_bad",), "rx_drop_len": ("c_bad_len",),
+}
+
+
+def native_qp_counters(nat: dict) -> dict:
+    """The agent's native per-QP counters from the plane's (NativeSlots.counters), {} for a compat QP; with the
+    requester's srtt_us and rto_us (state, not counters: what a tester may quote as evidence, never judge by)."""
+    if not nat:
+        return {}
+    out = {name: sum(int(nat.get(k, 0) or 0) for k in keys) for name, keys in NATIVE_QP_COUNTERS.items()}
+    for k in ("srtt", "rto"):
+        v = int(nat.get(k + "_ns", -1) or 0)
+        out[k + "_us"] = v // 1000 if v >= 0 else -1
+    return out
+
+
 SPEC_DROPS = {
     "rx_drop_ip_options": (("IP_OPTIONS",), ()), "rx_drop_ip_frag": (("IP_FRAGMENT",), ()),
     "rx_drop_ip_csum": (("BAD_IP_CSUM",), ()),
+    # BAD_FIELD: a NATIVE_SACK's bitmap_words above 32, the XDP program's only use of it (MR-XH-027: rx_drop_len)
     "rx_drop_len": (("TRUNCATED_IP", "BAD_IP_HEADER", "TRUNCATED_UDP", "BAD_UDP_LENGTH", "TRUNCATED_BTH",
-                     "TRUNCATED_EXT", "BAD_PAD"), ("rx_drop_len",)),
+                     "TRUNCATED_EXT", "BAD_PAD", "BAD_FIELD"), ("rx_drop_len",)),
     "rx_drop_tver": (("BAD_TVER",), ()), "rx_drop_opcode": (("UNKNOWN_OPCODE", "WRONG_PROFILE"), ("rx_drop_op",)),
     "rx_drop_qpn": (("UNKNOWN_QP",), ("rx_drop_qp",)), "rx_drop_wrong_peer": (("WRONG_PEER",), ()),
     "rx_drop_icrc": (("BAD_ICRC",), ("rx_drop_icrc",)), "rx_drop_pkey": (("BAD_PKEY",), ()),
@@ -219,6 +246,8 @@ class CompiledSession:
         if self.iut.dcqcn is not None:                        # the reaction point's state (5.6)
             out.update({"dcqcn_rate_bps": int(f[L.F_RC]), "dcqcn_target_bps": int(f[L.F_RT]),
                         "dcqcn_alpha_ppm": round(float(f[L.F_ALPHA]) * 1e6)})
+        if qp.profile == "native":                            # MR-LOSS-014 (agent.NATIVE_QP_COUNTERS)
+            out.update(native_qp_counters(qp.native_counters()))
         return out
 
     def close(self) -> None:
@@ -381,7 +410,8 @@ class DaemonSession:
         return {"retransmits": int(q.get("retransmits") or 0), "naks_received": int(q.get("naks_rx") or 0),
                 "rnr_naks_received": int(q.get("rnr") or 0), "sq_depth": int(q.get("outstanding_send") or 0),
                 "rq_depth": int(q.get("outstanding_recv") or 0), "bytes_sent": int(q.get("bytes_tx") or 0),
-                "bytes_received": int(q.get("bytes_rx") or 0)}
+                "bytes_received": int(q.get("bytes_rx") or 0),
+                **native_qp_counters(q.get("native") or {})}      # a native QP's (server.Device.qp_info)
 
     def close(self) -> None:
         if self._c is not None:

@@ -65,6 +65,10 @@ WC_OPCODES = {0: "SEND", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "COMP_SWAP", 4: "FE
 PROFILES = ("compat", "native")
 # 06-connection.md 6.3: the capability bits hello's `caps` claims
 CAP_IPV6, CAP_ATOMICS = 0x40, 0x80
+# 06-connection.md 6.3: the native capability bits (the claim of a native IUT, MR-CONF-003)
+CAP_NATIVE, CAP_SACK, CAP_OOO, CAP_MULTIPATH, CAP_CC_DELAY, CAP_CREDITS = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+CAP_NAMES = {"NATIVE": CAP_NATIVE, "SACK": CAP_SACK, "OOO_PLACEMENT": CAP_OOO, "MULTIPATH": CAP_MULTIPATH,
+             "CC_DELAY": CAP_CC_DELAY, "CREDITS": CAP_CREDITS, "IPV6": CAP_IPV6, "ATOMICS": CAP_ATOMICS}
 
 
 class AgentError(Exception):
