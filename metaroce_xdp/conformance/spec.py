@@ -19,7 +19,11 @@ CAP_BITS = {"NATIVE": 0x1, "SACK": 0x2, "OOO_PLACEMENT": 0x4, "MULTIPATH": 0x8, 
 # Table 9-1's first column uses these names; the DCQCN reaction point is not a connection capability
 # but a claim (caps.dcqcn of the agent).
 TABLE_9_1_NAMES = {"ATOMICS": "ATOMICS", "IPV6": "IPV6", "DCQCN reaction point": "DCQCN", "CREDITS": "CREDITS",
-                   "MULTIPATH": "MULTIPATH", "CC_DELAY": "CC_DELAY"}
+                   "MULTIPATH": "MULTIPATH", "CC_DELAY": "CC_DELAY",
+                   "ACK_CREDITS (the completer honours credits, MR-ACK-010)": "ACK_CREDITS",
+                   "CM_RETRY (an active endpoint retries a failed exchange, MR-CM-035)": "CM_RETRY"}
+# optional behaviours a claim states in hello.options (no capability bit; Table 9-1)
+OPTIONS = ("ACK_CREDITS", "CM_RETRY")
 COMPAT_FILES = ("01-encapsulation.md", "02-headers.md", "03-compat-rc.md", "07-qp-state.md", "08-memory.md",
                 "10-security.md")
 
@@ -70,6 +74,8 @@ class Claim:
         names = {n for n, bit in CAP_BITS.items() if hello.get("caps", 0) & bit}
         if caps and caps.get("dcqcn"):
             names.add("DCQCN")
+        opts = hello.get("options") or []
+        names |= {o for o in opts if isinstance(o, str) and o in OPTIONS}
         return cls(list(hello.get("profiles", ["compat"])), names, hello.get("impl", ""),
                    hello.get("version", ""))
 

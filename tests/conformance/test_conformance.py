@@ -106,6 +106,11 @@ def test_catalogue_levels_tables_and_applicability():
     assert not cat.applicable("MR-SACK-004", compat)[0] and cat.applicable("MR-NAT-008", compat)[0]
     assert not cat.applicable("MR-ENC-015", compat)[0] and cat.applicable("MR-ATOM-001", compat)[0]
     assert not cat.applicable("MR-ATOM-001", Claim(["compat"], set()))[0]
+    # optional behaviours without a capability bit, claimed in hello.options (Table 9-1)
+    assert cat["MR-ACK-012"].needs == "ACK_CREDITS" and cat["MR-CM-035"].needs == "CM_RETRY"
+    claimed = Claim.from_agent({"profiles": ["compat"], "caps": 0x80, "options": ["CM_RETRY", "BOGUS", 7]})
+    assert claimed.caps == {"ATOMICS", "CM_RETRY"} and cat.applicable("MR-CM-035", claimed)[0]
+    assert not cat.applicable("MR-ACK-012", claimed)[0]
 
 
 # ---- end to end against what ships: the compiled plane in process, and metaroced ---------------------
@@ -143,13 +148,11 @@ KNOWN = {"compiled": PLANE_DIVERGENCES, "daemon": {**PLANE_DIVERGENCES, **DAEMON
 # MR-CONF-025).  Each is work for issue 21 ("agents that can drive everything"); a rule that gets a PASS should
 # leave the table, and a rule that newly lands here fails the run.
 PLANE_CANNOT_DRIVE = {
-    "MR-ACK-012": "the compiled plane keeps no credit limit (MR-ACK-010, a SHOULD): the rule's condition never "
-                  "arises; the claim has no way yet to say so (an option of the claim, MR-CONF-006)",
-    "MR-CM-035": "cm_connect does not retry an exchange whose TCP connection was closed (MAY), and fails EINTERNAL",
     "MR-CM-047": "the agent protocol's cm_listen takes one message format per port",
     "MR-DUP-010": "no per-QP rx_dup_req counter", "MR-OPC-006": "no per-QP rx_ghost_rsp counter",
     "MR-MEM-019": "no per-QP rx_rkey_violation counter", "MR-SEC-006": "no per-QP rx_rkey_violation counter",
-    "MR-SEC-031": "the port counters have other names than the spec's (rx_stale_rsp, rnr_naks_sent, ...)",
+    "MR-SEC-031": "no per-QP rx_drop_out_of_seq or rnr_naks_sent, and the port counters have other names than "
+                  "the spec's (rx_stale_rsp, rx_rkey_violation)",
     "MR-ECN-011": "no set_param ecn (a QP with ECN disabled)",
 }
 # What metaroced's client cannot do besides: the rules no other case passes there.

@@ -402,13 +402,13 @@ def solicited_event_from_the_completing_packet(t):
 
 
 # ---- MR-ACK-012 --------------------------------------------------------------------------------------------
-@case("TC-ACK-012-a", rules=["MR-ACK-012"], category="ACK", timeout=10)
+@case("TC-ACK-012-a", rules=["MR-ACK-012"], category="ACK", caps=("ACK_CREDITS",), timeout=10)
 def nak_leaves_lsn(t):
     """SEND 1 is ACKed with credit code 0 (lsn = 1); SEND 2 goes out (before, or as the one probe of MR-ACK-011)
     and SEND 3 is posted: an IUT that honours credits holds SEND 3.  The LT then RNR-NAKs SEND 2 with timer
     code 31, whose low bits read as a credit code would mean "unlimited": SEND 3 must still be held (lsn
-    unchanged) until an ACK with fresh credits comes.  CANNOT-DRIVE for an IUT that keeps no credit limit
-    (MR-ACK-010 is a SHOULD): it has no lsn a NAK could change."""
+    unchanged) until an ACK with fresh credits comes.  Only for an IUT that claims ACK_CREDITS (Table 9-1):
+    MR-ACK-010 is a SHOULD, and an IUT that keeps no credit limit has no lsn a NAK could change."""
     c = connect_req(t, timeout=18)
     c.mem_write(0, pattern(64))
     p = c.iut_psn
@@ -427,8 +427,8 @@ def nak_leaves_lsn(t):
     if early:
         c.send(ack(c, P.psn_add(p, 2), 3))
         c.poll(2, 0.5)
-        t.cannot_drive("MR-ACK-012", "the IUT keeps no credit limit (MR-ACK-010 is a SHOULD): SEND 3 went out "
-                                       "with lsn = 1, so it has no lsn that a NAK could change")
+        t.check("MR-ACK-012", False, "the IUT claims ACK_CREDITS, yet SEND 3 went out with lsn = 1",
+                frames=s1 + s2 + early, expected="SEND 3 held until fresh credits")
         return
     m4 = c.send(ack(c, P.psn_add(p, 1), 1, syndrome=0x3F))     # RNR NAK, timer code 31 (491.52 ms)
     held = requests(c, m4, 1, 0.35, psn=P.psn_add(p, 2))
