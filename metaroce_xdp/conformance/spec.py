@@ -21,9 +21,11 @@ CAP_BITS = {"NATIVE": 0x1, "SACK": 0x2, "OOO_PLACEMENT": 0x4, "MULTIPATH": 0x8, 
 TABLE_9_1_NAMES = {"ATOMICS": "ATOMICS", "IPV6": "IPV6", "DCQCN reaction point": "DCQCN", "CREDITS": "CREDITS",
                    "MULTIPATH": "MULTIPATH", "CC_DELAY": "CC_DELAY",
                    "ACK_CREDITS (the completer honours credits, MR-ACK-010)": "ACK_CREDITS",
-                   "CM_RETRY (an active endpoint retries a failed exchange, MR-CM-035)": "CM_RETRY"}
+                   "CM_RETRY (an active endpoint retries a failed exchange, MR-CM-035)": "CM_RETRY",
+                   "CM_DUAL_LISTEN (a passive endpoint takes both message formats on one port, MR-CM-047)":
+                       "CM_DUAL_LISTEN"}
 # optional behaviours a claim states in hello.options (no capability bit; Table 9-1)
-OPTIONS = ("ACK_CREDITS", "CM_RETRY")
+OPTIONS = ("ACK_CREDITS", "CM_RETRY", "CM_DUAL_LISTEN")
 COMPAT_FILES = ("01-encapsulation.md", "02-headers.md", "03-compat-rc.md", "07-qp-state.md", "08-memory.md",
                 "10-security.md")
 

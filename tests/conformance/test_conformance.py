@@ -110,7 +110,7 @@ def test_catalogue_levels_tables_and_applicability():
     assert cat["MR-ACK-012"].needs == "ACK_CREDITS" and cat["MR-CM-035"].needs == "CM_RETRY"
     claimed = Claim.from_agent({"profiles": ["compat"], "caps": 0x80, "options": ["CM_RETRY", "BOGUS", 7]})
     assert claimed.caps == {"ATOMICS", "CM_RETRY"} and cat.applicable("MR-CM-035", claimed)[0]
-    assert not cat.applicable("MR-ACK-012", claimed)[0]
+    assert not cat.applicable("MR-ACK-012", claimed)[0] and cat["MR-CM-047"].needs == "CM_DUAL_LISTEN"
 
 
 # ---- end to end against what ships: the compiled plane in process, and metaroced ---------------------
@@ -148,7 +148,6 @@ KNOWN = {"compiled": PLANE_DIVERGENCES, "daemon": {**PLANE_DIVERGENCES, **DAEMON
 # MR-CONF-025).  Each is work for issue 21 ("agents that can drive everything"); a rule that gets a PASS should
 # leave the table, and a rule that newly lands here fails the run.
 PLANE_CANNOT_DRIVE = {
-    "MR-CM-047": "the agent protocol's cm_listen takes one message format per port",
     "MR-DUP-010": "no per-QP rx_dup_req counter", "MR-OPC-006": "no per-QP rx_ghost_rsp counter",
     "MR-MEM-019": "no per-QP rx_rkey_violation counter", "MR-SEC-006": "no per-QP rx_rkey_violation counter",
     "MR-SEC-031": "no per-QP rx_drop_out_of_seq or rnr_naks_sent, and the port counters have other names than "
