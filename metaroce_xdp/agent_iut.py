@@ -230,6 +230,7 @@ class CompiledSession:
 
     def qp_counters(self, qp) -> dict:
         from .dp import layout as L
+        qp.refresh_cc()               # the loop applies CNPs and DCQCN timers to an idle QP only when it runs it
         pl = self.ctx.plane
         r, f = qp.row, pl.F[qp.qi]
         out = {"retransmits": int(r[L.Q_N_RETX]), "sq_depth": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),

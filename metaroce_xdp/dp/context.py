@@ -715,8 +715,27 @@ class QP:
         f[L.F_RATE_DUE] = now + p.t_ns
         f[L.F_NP_LAST] = -1
 
+    def refresh_cc(self, timeout: float = 1.0) -> None:
+        """Bring the QP's reaction point up to now before it is read.  The loop applies the CNPs the XDP
+        program counted into the QP's slot, and the DCQCN alpha and rate timers, when it runs the QP
+        (dp/cc.py rp_cnps, rp_advance) -- the QPs on its active list, which an idle QP is not -- so what
+        F holds for an idle QP is the state at its last packet.  The QP goes in the ready ring and the
+        loop runs it once more (the owning queue's loop, in its thread if it has one)."""
+        pl = self.ctx.plane
+        own = pl.group[int(pl.owner[self.qi])] if pl.others and pl.owner[self.qi] else pl
+        r0 = int(own.A[L.P_ROUNDS])
+        own.mark_ready(self.qi)
+        if not own.threaded:
+            own.progress()
+            return
+        end = time.monotonic() + timeout
+        while int(own.A[L.P_ROUNDS]) < r0 + 2 and time.monotonic() < end:   # a round that began after the mark
+            own.wake()
+            time.sleep(0.0002)
+
     def dcqcn_counters(self) -> dict:
-        """The QP's DCQCN rate, alpha and CNP/CE counters (MR-CNP-010)."""
+        """The QP's DCQCN rate, alpha and CNP/CE counters (MR-CNP-010), as the loop last left them (an idle
+        QP's: refresh_cc first, which runs the loop)."""
         f = self.ctx.plane.F[self.qi]
         return {"rate_bps": float(f[L.F_RC]), "rate_target_bps": float(f[L.F_RT]),
                 "rate_min_bps": float(f[L.F_RATE_MIN]), "alpha": float(f[L.F_ALPHA]),
@@ -826,6 +845,8 @@ class QP:
                     r[L.Q_TIMEOUT_NS] = local_ack_timeout_ns(t) or 0
                 if "retry_cnt" in g or cur == QPState.RTR:
                     r[L.Q_RETRY_CNT] = r[L.Q_RETRY_LEFT] = min(7, g.get("retry_cnt", 7))
+                if cur == QPState.RTR:
+                    r[L.Q_RETRY_FROM] = 0                   # no retry in progress (MR-NAK-005)
                 if "rnr_retry" in g or cur == QPState.RTR:
                     r[L.Q_RNR_RETRY] = r[L.Q_RNR_LEFT] = min(7, g.get("rnr_retry", 7))
                 if "max_rd_atomic" in g:          # 0: a READ or ATOMIC fails LOC_QP_OP_ERR (MR-RC-009)

@@ -52,6 +52,8 @@ _jit = dict(cache=True, nogil=True)
 # otherwise all retransmit in the same round, overflow the peer's fill ring again and lose the
 # packet at comp_psn at every retry until RETRY_EXC_ERR (see timers)
 TO_PER_ROUND = 64
+# the window a go-back-N after a local ACK timeout starts with (packets; MR-RETRY-016 allows no fewer)
+TO_WIN_START = 16
 
 
 @njit(**_jit)
@@ -133,11 +135,14 @@ def timers(A, Q, SW, CQT, CE, qi, now, to_left, cut):
         qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, WHY_RETRY_EXHAUSTED)
         return 0
     Q[qi, Q_RETRY_LEFT] -= 1
-    # go back N with a window of one packet (AckReq), doubled per advancing ACK (advance): a timeout
-    # means the peer's RX ring overflowed (no PFC on veth); resending the whole window at once, on top
-    # of what the other QPs resend, overflowed it again, and the packet at comp_psn -- the one that
-    # matters -- could be lost at every retry until RETRY_EXC_ERR
-    Q[qi, Q_TO_WIN] = 1
+    # go back N from comp_psn (MR-RETRY-006) with a window of TO_WIN_START packets, doubled per advancing
+    # ACK (advance) up to the normal one (MR-RETRY-016): a timeout means the peer's RX ring overflowed (no
+    # PFC on veth); resending whole windows at once, on top of what the other QPs resend, overflowed it
+    # again, and the packet at comp_psn -- the one that matters -- could be lost at every retry until
+    # RETRY_EXC_ERR.  (A window of one packet left even a short burst unresent until an ACK came, which
+    # MR-RETRY-006 does not allow: TC-RETRY-005-a, -006-a, -006-b.)
+    Q[qi, Q_TO_WIN] = TO_WIN_START
+    Q[qi, Q_RETRY_FROM] = Q[qi, Q_COMP_PSN] + 1      # a NAK for it now starts no second retry (MR-NAK-005)
     rewind(A, Q, SW, qi, Q[qi, Q_COMP_PSN])
     Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
     return 1

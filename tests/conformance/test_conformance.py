@@ -114,19 +114,11 @@ def test_catalogue_levels_tables_and_applicability():
 
 
 # ---- end to end against what ships: the compiled plane in process, and metaroced ---------------------
-# Cases the compiled plane fails today (issue 20), each with what it does instead of what the rule asks.  Both
+# Cases the compiled plane fails today, each with what it does instead of what the rule asks.  Both
 # IUTs run the same plane (metaroced serves dp.Context), so they share these; the run fails on any FAIL or
 # ERROR outside this table.  A case that passes again should leave the table.
 PLANE_DIVERGENCES = {
-    "TC-CC-037-a": "CNPs reach the reaction point only when the loop next runs the QP (dp/cc.py rp_cnps on active QPs)",
-    "TC-CC-038-a": "as TC-CC-037-a: an idle QP's reaction point does not see the CNPs",
-    "TC-CNP-005-a": "the port's rx_cnp counts a CNP only when the loop next runs the QP",
-    "TC-RETRY-005-a": "go-back-N resends a PSN more than once (MR-RETRY-004..006)",
-    "TC-RETRY-006-a": "as TC-RETRY-005-a", "TC-RETRY-006-b": "as TC-RETRY-005-a",
-    "TC-RETRY-011-a": "requests after a NAK are not resent from the NAKed PSN in order (MR-NAK-004)",
-    "TC-RETRY-011-b": "as TC-RETRY-011-a",
     # intermittent: seen in some runs of the same build
-    "TC-NAK-005-a": "intermittent: a PSN resent twice after one sequence-error NAK (MR-NAK-005)",
     "TC-CM-005-a": "intermittent: a valid REQ after refused ones gets REJ NO_RESOURCES (the listening QP not yet "
                    "back in INIT, MR-CM-033)",
     "TC-MEM-020-c": "intermittent: the priming WRITE is not ACKed (MR-MEM-020)",
@@ -158,7 +150,7 @@ PLANE_CANNOT_DRIVE = {
 DAEMON_CANNOT_DRIVE = {
     "MR-BTH-004": "no req_notify_cq (the client has no completion events)",
     **{r: "no per-QP CNP counters (tx_cnp, rx_cnp, rx_ce_marked) through the client"
-       for r in ("MR-CC-033", "MR-CC-039", "MR-CNP-003", "MR-CNP-010", "MR-ECN-012")},
+       for r in ("MR-CC-033", "MR-CC-039", "MR-CNP-003", "MR-CNP-005", "MR-CNP-010", "MR-ECN-012")},
     "MR-MEM-040": "no remotely invalidatable MR", "MR-MEM-043": "no remotely invalidatable MR",
     "MR-XH-015": "no SEND_WITH_INV", "MR-RC-013": "no FENCE",
     "MR-RC-008": "max_mr_bytes_per_client (1 GiB) leaves no room for a 1 GiB MR beside the case's others",

@@ -4,7 +4,7 @@ flight towards a peer whose RX and fill rings hold 2048 frames.  Overflow is cer
 QP loses packets and recovers by local ACK timeouts.  Before, a timed-out QP resent its whole window at
 once, on top of the other QPs' resends: the ring overflowed again and the packet at comp_psn could be lost
 at every retry until RETRY_EXC_ERR (seen under CPU load with the cap on, and here without it).  Now a
-timeout reopens the window from one packet (dp/round.py timers/advance).  Rarer, under CPU load: an ACK that
+timeout reopens the window from TO_WIN_START packets (dp/round.py timers/advance, MR-RETRY-016).  Rarer, under CPU load: an ACK that
 came late, while a timed-out QP was resending, left the next WRITE starting at PSNs already used and the
 peer answered "opcode out of sequence" (REM_INV_REQ_ERR; dp/core.py complete_head,
 tests/dp/test_dp_requester_resume.py).  Not a timed test: it checks the outcome (verified data, no error) and

@@ -2,12 +2,13 @@
 scripted responder (wire_players.scripted_wire: a raw socket in the other namespace, nothing there answers but
 the script) through the real XDP program and AF_XDP socket.
 
-The case (MR-RETRY-001; MR-RC-004: a new message takes the next PSNs, never ones already used): three
+The case (MR-RETRY-001; MR-RC-004: a new message takes the next PSNs, never ones already used): five
 4-packet WRITEs go out unacknowledged; the local ACK timer fires and the requester goes back to the first
-PSN (the compiled plane resends one packet, its window reopening from one after a timeout); a fourth
-WRITE is posted; then the responder's ACK for all twelve PSNs arrives -- the packets had arrived, the ACK
-was late.  The three WRITEs complete, and the fourth must start at PSN first + 12.  Started where the
-resending had got to (first + 1), its PSNs would be ones the responder had executed, taken as duplicates,
+PSN (the compiled plane resends at most TO_WIN_START = 16 packets, its window reopening from there after a
+timeout, MR-RETRY-016); a sixth WRITE is posted; then the responder's ACK for all twenty PSNs arrives -- the
+packets had arrived, the ACK was late.  The five WRITEs complete, and the sixth must start at PSN first +
+20.  Started where the resending had got to (first + 16), its PSNs would be ones the responder had executed,
+taken as duplicates,
 until one fell at the responder's ePSN in the middle of the new message: "opcode out of sequence" and both
 QPs in ERR -- a rare REM_INV_REQ_ERR in 16-QP bidirectional streams under CPU load (tests/dp/test_dp_bidir.py),
 where RX-ring overflow makes timeouts with late ACKs common.
@@ -26,7 +27,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.fabric(prefix="mrres")]
 
 PEER_QPN = 0x77A            # the scripted responder's QP: exists nowhere
 MTU = 1024
-SQ_PSN = 0xFFFFF8           # the requester's first PSN: the twelve packets cross 2^24
+SQ_PSN = 0xFFFFF8           # the requester's first PSN: the twenty packets cross 2^24
+N_WR = 5                    # 4-packet WRITEs, 20 packets: more than the window a timeout reopens with
 TIMEOUT = 12                # 4.096 us x 2^12 = 16.8 ms
 
 
@@ -69,25 +71,28 @@ class Requester(ScriptedQP):
 def test_a_late_ack_during_go_back_n_leaves_the_next_message_its_own_psns(wire, ctx):
     r = Requester(wire, ctx)
     try:
-        for i in range(3):
+        from metaroce_xdp.dp.round import TO_WIN_START
+        n = 4 * N_WR
+        for i in range(N_WR):
             r.write(i, i * 4096, 4096)
         first = r.rounds(0.005)
-        assert [p.bth.psn for p in first] == [(SQ_PSN + k) & 0xFFFFFF for k in range(12)]
+        assert [p.bth.psn for p in first] == [(SQ_PSN + k) & 0xFFFFFF for k in range(n)]
         # no ACK: the local ACK timer fires, the requester goes back to SQ_PSN
         again = r.rounds(0.2, first_burst=True)
         assert again and again[0].bth.psn == SQ_PSN and again[0].bth.opcode == Op.RDMA_WRITE_FIRST, again[:3]
-        assert len(again) == 1, [p.bth.psn for p in again]         # the window reopens from one packet
-        r.write(3, 3 * 4096, 2048)
+        psns = [p.bth.psn for p in again]
+        assert psns == [(SQ_PSN + k) & 0xFFFFFF for k in range(len(psns))] and len(psns) <= TO_WIN_START, psns
+        r.write(N_WR, N_WR * 4096, 2048)
         r.rounds(0.005)
         r.drain()
-        r.ack((SQ_PSN + 11) & 0xFFFFFF, 3)            # everything arrived: the ACK was late
+        r.ack((SQ_PSN + n - 1) & 0xFFFFFF, N_WR)       # everything arrived: the ACK was late
         after = r.rounds(0.05)
-        fourth = [(p.bth.psn, p.bth.opcode) for p in after]
-        assert fourth[:2] == [((SQ_PSN + 12) & 0xFFFFFF, Op.RDMA_WRITE_FIRST),
-                              ((SQ_PSN + 13) & 0xFFFFFF, Op.RDMA_WRITE_LAST)], \
+        sixth = [(p.bth.psn, p.bth.opcode) for p in after]
+        assert sixth[:2] == [((SQ_PSN + n) & 0xFFFFFF, Op.RDMA_WRITE_FIRST),
+                             ((SQ_PSN + n + 1) & 0xFFFFFF, Op.RDMA_WRITE_LAST)], \
             [(hex(p.bth.psn), Op(p.bth.opcode).name) for p in after]
         got = r.cq.poll(8)
-        assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in range(3)]
+        assert [(w.wr_id, w.status) for w in got] == [(i, WCStatus.SUCCESS) for i in range(N_WR)]
     finally:
         r.ctx.destroy_qp(r.qp)
 

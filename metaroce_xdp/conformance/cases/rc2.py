@@ -214,7 +214,8 @@ def cnps_are_validated(t):
     c = t.connect()
     r = t.connect(state="RTR")
     if "rx_cnp" not in t.caps.get("counters", ()):
-        raise CannotDrive("the IUT does not report rx_cnp per QP")
+        raise CannotDrive("the IUT does not report rx_cnp")
+    t.need_qp_counters("rx_cnp")                 # the QP's own count: the port's would not tell the three apart
     probs, frames = [], []
 
     def rx(cn):

@@ -209,6 +209,33 @@ def go_back_n_from_first_unacked(t):
                "first ACKed alone, the others by the ACK of the last")
 
 
+@case("TC-RETRY-016-a", rules=["MR-RETRY-016", "MR-RETRY-006"], category="RTO", timeout=10)
+def timeout_go_back_n_window(t):
+    """24 one-packet WRITEs, never ACKed (timeout 14, T = 67 ms): the go-back-N the timeout starts resends, at
+    once and in PSN order, at least the first 16 of them (MR-RETRY-016 lets a requester hold the rest until
+    an ACK), and never a PSN twice before it has sent the ones before it; then an ACK for all completes
+    them."""
+    c = connect_req(t, timeout=14)
+    n, p = 24, c.iut_psn
+    mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i) for i in range(n)])
+    orig = _first(c, mark, n)
+    again = requests(c, orig[-1].num, 16, 1.0)
+    psns = _psns(again)
+    k = len(psns)
+    want = [P.psn_add(p, i) for i in range(min(k, n))]
+    ok = k >= 16 and psns[:min(k, n)] == want
+    span = again[15].ts - again[0].ts if k >= 16 else None
+    c.send(ack(c, P.psn_add(p, n - 1), n))
+    wcs = c.poll(n, 1.0)
+    ok_wc = [w["status"] for w in wcs] == [WC_OK] * n
+    det = (f"resent after the timeout: {_hex(psns[:20])}{' ...' if k > 20 else ''} ({k} packets"
+           + (f", the first 16 within {span * 1e3:.2f} ms" if span is not None else "") + f"); completions "
+           f"{len(wcs)} of {n} SUCCESS: {ok_wc}")
+    for r in ("MR-RETRY-016", "MR-RETRY-006"):
+        t.check(r, ok and ok_wc, det, frames=again[:16] or [orig[-1]],
+                expected=f"PSNs {p:#08x}.. in order, at least 16 without an ACK; then 24 completions")
+
+
 @case("TC-RETRY-006-b", rules=["MR-RETRY-006", "MR-RC-005"], category="RTO", timeout=10)
 def go_back_n_inside_a_message(t):
     """A 4-packet WRITE (path MTU 256) ACKed up to its 2nd packet: the retransmission starts with the MIDDLE
