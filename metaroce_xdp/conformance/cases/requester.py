@@ -211,19 +211,19 @@ def go_back_n_from_first_unacked(t):
 
 @case("TC-RETRY-016-a", rules=["MR-RETRY-016", "MR-RETRY-006"], category="RTO", timeout=10)
 def timeout_go_back_n_window(t):
-    """24 one-packet WRITEs, never ACKed (timeout 14, T = 67 ms): the go-back-N the timeout starts resends, at
+    """24 one-packet WRITEs, never ACKed (timeout 16, T = 268 ms): the go-back-N the timeout starts resends, at
     once and in PSN order, at least the first 16 of them (MR-RETRY-016 lets a requester hold the rest until
     an ACK), and never a PSN twice before it has sent the ones before it; then an ACK for all completes
     them."""
-    c = connect_req(t, timeout=14)
+    c = connect_req(t, timeout=16)
     n, p = 24, c.iut_psn
     mark = post(c, *[write_wr(c, 8, i + 1, offset=8 * i) for i in range(n)])
     orig = _first(c, mark, n)
     again = requests(c, orig[-1].num, 16, 1.0)
     psns = _psns(again)
     k = len(psns)
-    want = [P.psn_add(p, i) for i in range(min(k, n))]
-    ok = k >= 16 and psns[:min(k, n)] == want
+    want = [P.psn_add(p, i) for i in range(16)]
+    ok = k >= 16 and psns[:16] == want                  # (a slow tester may see the next timeout's resends too)
     span = again[15].ts - again[0].ts if k >= 16 else None
     c.send(ack(c, P.psn_add(p, n - 1), n))
     wcs = c.poll(n, 1.0)
