@@ -42,16 +42,20 @@ def counter(t: T, name: str | None) -> int | None:
     return int(t.agent.call("get_counters")["counters"].get(name, 0))
 
 
+def valid_write(c: Conn, offset: int, data: bytes) -> tuple[int, Frame | None]:
+    """A valid WRITE ONLY with AckReq at c.psn, `data` at `offset` of the MR: (the capture mark before it,
+    its ACK or None).  c.psn is left for the caller to advance."""
+    mark = c.send(c.frame("RDMA_WRITE_ONLY", ackreq=True, reth=(c.va + offset, c.rkey, len(data)), payload=data))
+    return mark, expect_ack(c, c.psn, mark)
+
+
 def quiet_then_answered(c: Conn, mark: int, probe: Conn) -> tuple[list[Frame], Frame | None]:
     """A silence check that a stopped IUT cannot pass: the frames the IUT sent to `c` after `mark` over
     QUIET s, then a valid WRITE ONLY with AckReq to `probe` (another QP of the IUT connected to the LT) that
     must be ACKed.  Returns (frames to c since mark, counted until that ACK came; the ACK or None) -- the
     silence means "dropped" only when the ACK is there: the IUT was running and answered what came after."""
     c.quiet(QUIET, after=mark)
-    data = b"ALIVE?"
-    m2 = probe.send(probe.frame("RDMA_WRITE_ONLY", ackreq=True, reth=(probe.va + 2048, probe.rkey, len(data)),
-                                payload=data))
-    a = expect_ack(probe, probe.psn, m2)
+    _, a = valid_write(probe, 2048, b"ALIVE?")
     probe.psn = P.psn_add(probe.psn, 1)
     return c.quiet(0.0, after=mark), a
 
@@ -77,8 +81,7 @@ def dropped_silently(t: T, c: Conn, bad: bytes, rules: list[str], what: str, *, 
     before = c.mem(offset, length) if length else b""
     good = b"GOOD"
     goff = offset + max(length, 64)
-    mark2 = c.send(c.frame("RDMA_WRITE_ONLY", ackreq=True, reth=(c.va + goff, c.rkey, len(good)), payload=good))
-    ack = expect_ack(c, c.psn, mark2)
+    _, ack = valid_write(c, goff, good)
     placed = c.mem(goff, len(good)) == good
     untouched = before == bytes(length)
     ok = not seen and untouched and ack is not None and placed and counted
