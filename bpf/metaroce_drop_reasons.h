@@ -48,9 +48,10 @@ enum mr_drop_reason {
 	MR_DROP_NO_XSK          = 35,  /* no AF_XDP socket on this RX queue */
 	MR_DROP_WRONG_PROFILE   = 36,  /* native opcode on a compat QP */
 	MR_DROP_BAD_ICRC        = 37,  /* ACKNOWLEDGE whose ICRC does not match */
-	MR_DROP_STALE_ACK       = 38,  /* ACK/NAK PSN outside [snd_una - 1, snd_nxt) */
+	MR_DROP_STALE_ACK       = 38,  /* ACK/NAK PSN before its window (MR-ACK-015 (b)) */
 	MR_DROP_ACK_BUSY        = 39,  /* another CPU held the QP's ack seqcount */
 	MR_DROP_BAD_PKEY        = 40,  /* P_Key invalid or not a member of the QP's partition (MR-BTH-010) */
+	MR_DROP_GHOST_ACK       = 41,  /* ACK/NAK PSN at or after snd_nxt, never sent (MR-ACK-015 (a)) */
 	MR_DROP__MAX,
 };
 

@@ -409,7 +409,7 @@ static __always_inline __u32 mr_nak_window_start(struct mr_qp_state *qp, __u32 a
  * moves nothing and only takes its MSN (the credits MR-ACK-015 (c) allows).
  * A NAK or RNR NAK names the first PSN that failed, in [comp_psn, snd_nxt)
  * (mr_nak_window_start), and acknowledges everything before it.  Anything
- * else is STALE_ACK, counted in ghost_acks or stale_acks (mr_count_outside).  ack_psn only moves forward
+ * else is dropped as GHOST_ACK or STALE_ACK (mr_count_outside).  ack_psn only moves forward
  * (MR-SEC-022, MR-SEC-024).
  *
  * An AETH with bit 7 set or type 10 (reserved) is a bad response (MR-XH-008):
@@ -421,15 +421,18 @@ static __always_inline __u32 mr_nak_window_start(struct mr_qp_state *qp, __u32 a
  */
 /*
  * An ACK/NAK outside its window (MR-ACK-015): at or after snd_nxt it answers a
- * PSN never sent, a ghost, counted in ghost_acks (user space adds it to
- * rx_ghost_rsp); anything else is stale, counted in stale_acks.
+ * PSN never sent, a ghost, counted in ghost_acks and dropped as GHOST_ACK (user
+ * space adds both to rx_ghost_rsp); anything else is stale, counted in
+ * stale_acks and dropped as STALE_ACK.  Returns the drop reason, negated.
  */
-static __always_inline void mr_count_outside(struct mr_qp_state *qp, __u32 psn, __u32 nxt)
+static __always_inline int mr_count_outside(struct mr_qp_state *qp, __u32 psn, __u32 nxt)
 {
-	if (mr_psn_in(psn, nxt, 1u << 23))
+	if (mr_psn_in(psn, nxt, 1u << 23)) {
 		__sync_fetch_and_add(&qp->ghost_acks, 1);
-	else
-		__sync_fetch_and_add(&qp->stale_acks, 1);
+		return -MR_DROP_GHOST_ACK;
+	}
+	__sync_fetch_and_add(&qp->stale_acks, 1);
+	return -MR_DROP_STALE_ACK;
 }
 
 static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth *bth,
@@ -451,8 +454,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 		nxt = MR_READ_ONCE_U32(qp->snd_nxt);
 		lo = mr_nak_window_start(qp, old_ack, nxt, syn, psn);
 		if (!mr_psn_in(psn, lo, nxt - lo)) {
-			mr_count_outside(qp, psn, nxt);
-			return -MR_DROP_STALE_ACK;
+			return mr_count_outside(qp, psn, nxt);
 		}
 		return MR_EV_STEERED;
 	}
@@ -474,8 +476,7 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 		/* Nothing was written: restore the count, readers see no change. */
 		mr_barrier();
 		__sync_val_compare_and_swap(&qp->ack_seq, seq + 1, seq);
-		mr_count_outside(qp, psn, nxt);
-		return -MR_DROP_STALE_ACK;
+		return mr_count_outside(qp, psn, nxt);
 	}
 
 	new_ack = (kind == MR_AETH_ACK) ? psn : ((psn - 1) & MR_PSN_MASK);
@@ -493,6 +494,10 @@ static __always_inline int mr_ack_fastpath(struct mr_qp_state *qp, struct mr_bth
 
 		qp->acks += 1;
 		ev = MR_EV_ACK_CONSUMED;
+		/* p == ack_psn (comp_psn - 1) is stale (MR-ACK-015 (c)): counted as
+		 * such, though its MSN was taken (the credit the rule allows). */
+		if (psn == old_ack)
+			__sync_fetch_and_add(&qp->stale_acks, 1);
 		/* RTT sample when this ACK newly covers the probe: probe in
 		 * (old_ack, new_ack].  Duplicates cover nothing new. */
 		if (probe_ns && mr_psn_in(probe_psn, old_ack + 1, new_ack - old_ack) &&

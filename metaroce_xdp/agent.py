@@ -377,6 +377,8 @@ class Agent(Session):
                 raise AgentError("ENOTSUP", f"pkey {pkey:#x}: only the default partition 0xffff")
         if state == QPState.INIT:
             a.pkey_index = 0
+        if state == QPState.RTR and not getattr(self.iut, "ecn", True):
+            a.ecn = False                                # set_param ecn 0 (MR-ECN-011)
         if "dest_qpn" in attrs:
             a.dest_qp_num = get_int(attrs, "dest_qpn", 1, 0xFFFFFF)
         if "rq_psn" in attrs:
@@ -605,7 +607,10 @@ class Agent(Session):
                 ipaddress.ip_address(src)
             except (TypeError, ValueError):
                 raise AgentError("EINVAL", f"src {src!r} is not an IP address") from None
-            raise AgentError("ENOTSUP", f"{self.iut.kind}: no counters by source address")
+            by_source = getattr(self.iut, "source_counters", None)
+            if by_source is None:
+                raise AgentError("ENOTSUP", f"{self.iut.kind}: no counters by source address")
+            return {"counters": by_source(src)}
         if "qp" in args and args["qp"] is not None:
             _, e = self._lookup(self.qps, "qp", args)
             return {"counters": self.v.qp_counters(e.qp)}

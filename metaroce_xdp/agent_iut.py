@@ -61,11 +61,17 @@ SPEC_DROPS = {
     "rx_drop_qpn": (("UNKNOWN_QP",), ("rx_drop_qp",)), "rx_drop_wrong_peer": (("WRONG_PEER",), ()),
     "rx_drop_icrc": (("BAD_ICRC",), ("rx_drop_icrc",)), "rx_drop_pkey": (("BAD_PKEY",), ()),
     "rx_drop_qp_state": (("QP_STATE",), ("rx_drop_state",)),
+    # the reasons of MR-SEC-031 by the spec's names: responses outside the window (MR-ACK-015), remote access
+    # errors (MR-MEM-019), RNR NAKs sent, requests after the expected PSN, duplicates (MR-DUP-010)
+    "rx_stale_rsp": (("STALE_ACK",), ("rx_rsp_stale",)), "rx_ghost_rsp": (("GHOST_ACK",), ("rx_ghost_rsp",)),
+    "rx_rkey_violation": ((), ("rx_rkey",)), "rnr_naks_sent": ((), ("tx_rnr",)),
+    "rx_drop_out_of_seq": ((), ("rx_oos",)), "rx_dup_req": ((), ("rx_dup",)),
 }
 # the plane's own counters (dp/context.py Plane.stats) get_counters reports under their names
 PLANE_COUNTERS = ("rx", "tx", "rx_drop_icrc", "rx_drop_qp", "rx_drop_state", "rx_drop_len", "rx_drop_op", "rx_dup",
                   "rx_oos", "tx_ack", "tx_nak", "tx_rnr", "tx_no_frame", "tx_ring_full", "retransmits", "timeouts",
-                  "acks_seen", "naks_seen", "rnr_seen", "rx_rsp_stale", "tx_cnp", "rx_cnp", "rx_ce", "rx_dup_atomic")
+                  "acks_seen", "naks_seen", "rnr_seen", "rx_rsp_stale", "tx_cnp", "rx_cnp", "rx_ce", "rx_dup_atomic",
+                  "rx_rkey", "rx_ghost_rsp")
 AGENT_COUNTERS = ("cm_drop_setup_limit",)        # the agent's own CM (cm_listen): connections refused (MR-SEC-017)
 
 
@@ -105,11 +111,13 @@ class CompiledIUT(_BaseIUT):
         p = ctx.plane.dcqcn
         self.dcqcn = p if getattr(p, "enabled", False) else None
         self.counter_names = list(PLANE_COUNTERS) + list(SPEC_DROPS) + list(AGENT_COUNTERS)
+        from .dp.context import QP_RX_COUNTERS
         self.qp_counter_names = ["retransmits", "naks_received", "rnr_naks_received", "sq_depth", "rq_depth",
-                                 "tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded"]
+                                 "tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded", *QP_RX_COUNTERS]
         if self.dcqcn is not None:
             self.qp_counter_names += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
-        self.params = {"budget": (self._get_budget, self._set_budget, 1, 65536)}    # packets per round
+        self.params = {"budget": (self._get_budget, self._set_budget, 1, 65536),    # packets per round
+                       "ecn": (lambda: int(self.ecn), self._set_ecn, 0, 1)}
         from .dp.context import Unsupported
         self.unsupported = (Unsupported,)
 
@@ -117,6 +125,11 @@ class CompiledIUT(_BaseIUT):
     def open(cls, ifname: str, **opts) -> "CompiledIUT":
         from .dp import Context
         return cls(Context.open(ifname, progress_thread=True, **opts))
+
+    ecn = True            # set_param ecn: the QPs moved to RTR from now on are ECN-capable (QPAttr.ecn, MR-ECN-011)
+
+    def _set_ecn(self, v: int) -> None:
+        self.ecn = bool(v)
 
     def _get_budget(self) -> int:
         from .dp import layout as L
@@ -142,6 +155,10 @@ class CompiledIUT(_BaseIUT):
         out.update(_spec_drops(st, xdp))
         out.update(self.agent_counts)
         return out
+
+    def source_counters(self, src: str) -> dict:
+        """The receive counters of the QPs connected to `src` (MR-SEC-006), dp.Context.source_counters."""
+        return self.ctx.source_counters(src)
 
     def close(self) -> None:
         self.ctx.close()
@@ -244,6 +261,7 @@ class CompiledSession:
             # the CNPs the XDP program verified for the QP; the loop's reaction point takes them when it next
             # runs the QP (dp/cc.py rp_cnps), so its own count (F_RX_CNP) lags on an idle QP
             out["rx_cnp"] = max(out["rx_cnp"], int(slot["cnp_count"]))
+        out.update(qp.rx_counters())                          # MR-DUP-010, MR-MEM-019, MR-ACK-015, MR-SEC-031
         if self.iut.dcqcn is not None:                        # the reaction point's state (5.6)
             out.update({"dcqcn_rate_bps": int(f[L.F_RC]), "dcqcn_target_bps": int(f[L.F_RT]),
                         "dcqcn_alpha_ppm": round(float(f[L.F_ALPHA]) * 1e6)})

@@ -194,6 +194,7 @@ class QPAttr:
     dmac: str | None = None              # peer MAC; resolved from the neighbour table when None
     sport: int | None = None             # UDP source port (compat: per-QP entropy)
     dscp: int | None = None
+    ecn: bool | None = None              # INIT -> RTR: False sends Not-ECT and no CNP for CE marks (MR-ECN-011)
     en_sqd_async_notify: bool | None = None   # RTS -> SQD: raise IBV_EVENT_SQ_DRAINED when drained
     cur_qp_state: QPState | None = None   # IBV_QP_CUR_STATE: must equal the QP's state (MR-QP-006)
     alt_path: Any = None                  # IBV_QP_ALT_PATH: always refused, no path migration (MR-QP-008)

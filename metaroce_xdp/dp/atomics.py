@@ -26,7 +26,7 @@ from .prims import addr_of, ptr_u64
 from .core import (ACC_REMOTE_ATOMIC, NAK_INV_REQ, NAK_REM_ACCESS, NAK_SEQ, OP_ATOMIC_ACK, OP_CAS, ST_ERR, S_BAD_RESP,
                    S_LOC_PROT, WR_CAS, WR_FAA, ack_deadline, mr_check, mr_live_a, place, publish_comp, qp_error,
                    sg_valid)
-from .completer import advance, retire_answered, rsp_gap, rsp_wqe
+from .completer import advance, retire_answered, rsp_gap, rsp_outside, rsp_stale, rsp_wqe
 from .responder import ack_now, protect_reads, rd_full, responder_error, send_nak, sequence_error
 
 _jit = dict(cache=True, nogil=True)
@@ -72,12 +72,14 @@ def responder_atomic(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, 
     d = psn_diff(psn, e)
     if d > 0:                                        # out of sequence: one NAK per gap (MR-NAK-003)
         A[P_RX_OOS] += 1
+        Q[qi, Q_N_OOS] += 1                          # rx_drop_out_of_seq (MR-SEC-031)
         if Q[qi, Q_NAK_PEND] == 0:
             Q[qi, Q_NAK_PEND] = 1
             send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)
         return
     if d < 0:                                        # duplicate: the saved result, never executed again
         A[P_RX_DUP] += 1
+        Q[qi, Q_N_DUP_REQ] += 1                      # rx_dup_req (MR-DUP-010)
         t = Q[qi, Q_AT_TAIL]
         lo = max(0, t - Q[qi, Q_MAX_DEST])           # resources[] holds max_dest_rd_atomic entries (MR-DUP-007)
         while t > lo:
@@ -148,7 +150,7 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
         return
     comp = Q[qi, Q_COMP_PSN]
     if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
-        A[P_RX_RSP_STALE] += 1
+        rsp_outside(A, Q, qi, psn)
         return
     r = rsp_wqe(Q, SW, qi, psn)
     if r < 0:
@@ -160,7 +162,7 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
     if psn != comp:
         advance(A, Q, SW, CQT, CE, qi, psn, now)     # the response acknowledges what is before it
         if Q[qi, Q_STATE] == ST_ERR or Q[qi, Q_COMP_PSN] != psn:
-            A[P_RX_RSP_STALE] += 1
+            rsp_stale(A, Q, qi)
             return
     if (aeth_syndrome(umem, ext_at(b, OP_ATOMIC_ACK, OT_AETH)) & 0xE0) != 0:     # not an ACK (MR-NAK-012)
         qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)

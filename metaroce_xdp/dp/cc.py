@@ -182,11 +182,14 @@ def ce_marked(umem, l3):
 @njit(**_jit)
 def np_on_ce(A, Q, TM, umem, tables, ext, qi, now):
     """A CE-marked request or READ RESPONSE was accepted: counted (MR-ECN-012) and answered by a CNP at
-    most once per cnp_interval (MR-ECN-009, MR-CNP-002, MR-CNP-003)."""
+    most once per cnp_interval (MR-ECN-009, MR-CNP-002, MR-CNP-003); never on a QP with ECN disabled
+    (MR-ECN-011), whose marks are only counted."""
     F = f_rows(A)
     s = F[qi]
     s[F_NP_CE] += 1
     A[P_RX_CE] += 1
+    if Q[qi, Q_ECN_OFF] != 0:
+        return
     if s[F_NP_LAST] >= 0 and now - np.int64(s[F_NP_LAST]) < np.int64(F[0, D_CNP_INTERVAL_NS]):
         return
     s[F_NP_LAST] = now

@@ -168,7 +168,7 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
     the wrong payload length) fails the oldest WQE with IBV_WC_BAD_RESP_ERR (MR-NAK-012)."""
     comp = Q[qi, Q_COMP_PSN]
     if psn_diff(psn, comp) < 0 or psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
-        A[P_RX_RSP_STALE] += 1
+        rsp_outside(A, Q, qi, psn)
         return
     r = rsp_wqe(Q, SW, qi, psn)
     if r < 0:
@@ -185,11 +185,11 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
             if Q[qi, Q_RR_RETRY] != comp + 1:
                 Q[qi, Q_RR_RETRY] = comp + 1
                 rewind(A, Q, SW, qi, comp)
-            A[P_RX_RSP_STALE] += 1
+            rsp_stale(A, Q, qi)
             return
         advance(A, Q, SW, CQT, CE, qi, psn, now)
         if Q[qi, Q_COMP_PSN] != psn:
-            A[P_RX_RSP_STALE] += 1
+            rsp_stale(A, Q, qi)
             return
     npsn = SW[r, W_NPSN]
     # MR-NAK-012: READ RESPONSE opcodes out of sequence are a bad response.  The last PSN of the READ
@@ -266,7 +266,25 @@ def rsp_gap(A, Q, SW, qi):
     if Q[qi, Q_RR_RETRY] != comp + 1:
         Q[qi, Q_RR_RETRY] = comp + 1
         rewind(A, Q, SW, qi, comp)
+    rsp_stale(A, Q, qi)
+
+
+@njit(**_jit)
+def rsp_stale(A, Q, qi):
+    """A response discarded as stale: counted per port (rx_rsp_stale) and per QP (rx_stale_rsp, MR-ACK-015 (b))."""
     A[P_RX_RSP_STALE] += 1
+    Q[qi, Q_N_STALE] += 1
+
+
+@njit(**_jit)
+def rsp_outside(A, Q, qi, psn):
+    """A response outside [comp_psn, next_psn), discarded (MR-ACK-015): at or after next_psn it answers a PSN
+    never sent, a ghost (rx_ghost_rsp, port and QP); before comp_psn a stale one (rsp_stale)."""
+    if psn_diff(psn, Q[qi, Q_SND_MAX]) >= 0:
+        A[P_RX_GHOST_RSP] += 1
+        Q[qi, Q_N_GHOST] += 1
+    else:
+        rsp_stale(A, Q, qi)
 
 
 @njit(**_jit)

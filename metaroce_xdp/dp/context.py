@@ -53,10 +53,14 @@ _EV_TYPE = {L.EV_QP_FATAL: EventType.QP_FATAL, L.EV_CQ_ERR: EventType.CQ_ERR,
 COMPILED_POST = PostRules("the compiled plane")
 _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/core.py cq_notify)
 # MR-QP-005 (Table 7-2): the attributes each transition takes, required or optional.  IBV_QP_AV is dgid, dmac,
-# sport and dscp here.  Like the reference endpoint, RTS -> RTS and SQD -> RTS also take the requester's timeout
+# sport, dscp and ecn here.  Like the reference endpoint, RTS -> RTS and SQD -> RTS also take the requester's timeout
 # and retry counts.  cur_qp_state, alt_path, path_mig_state and profile have checks of their own (MR-QP-006,
 # MR-QP-008, MR-NAT-003); qp_state is the transition itself.
-_AV_ATTRS = {"dgid", "dmac", "sport", "dscp"}
+_AV_ATTRS = {"dgid", "dmac", "sport", "dscp", "ecn"}
+# The per-QP receive counters of QP.rx_counters: the loop's (Q row) and, for responses, the XDP program's
+# (the QP's slot: ghost_acks, stale_acks).  Counted per source address too (Context.source_counters).
+QP_RX_COUNTERS = ("rx_dup_req", "rx_drop_out_of_seq", "rx_rkey_violation", "rnr_naks_sent", "rx_stale_rsp",
+                  "rx_ghost_rsp", "rx_bad_rsp")
 _TAKES = {
     (QPState.RESET, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
     (QPState.INIT, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
@@ -499,7 +503,8 @@ class Plane:
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
                  "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
-                 "rx_sack_kern rx_sack_kern_drop yields ev_drop rx_dup_rd_drop rx_rd_defer rx_cnp_coalesced").split()
+                 "rx_sack_kern rx_sack_kern_drop yields ev_drop rx_dup_rd_drop rx_rd_defer rx_cnp_coalesced "
+                 "rx_rkey rx_ghost_rsp").split()
         st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
         for p in ([] if own else self.others):     # several RX queues: the sum over their loops
             for n, v in p.stats(own=True).items():
@@ -797,13 +802,14 @@ class QP:
             if profile not in ("compat", "native"):
                 raise InvalidArgument(f"profile {profile!r}: the agreed profile is 'compat' or 'native' (MR-NAT-001)")
             tmpl = ctx.template_for(self, g["dgid"], g.get("dmac"), g.get("sport"), g.get("dscp", DEFAULT_DSCP),
-                                    g["dest_qp_num"])
+                                    g["dest_qp_num"], ecn=bool(g.get("ecn", True)))
         pl = ctx.plane
         with pl.paused():
             r = self.row
             if "qp_access_flags" in g:
                 r[L.Q_ACCESS] = int(g["qp_access_flags"])
             if new == QPState.RESET:
+                self.ctx._retire_counts(self)
                 self._reset()
                 return
             if new == QPState.ERR:
@@ -816,6 +822,7 @@ class QP:
                 pl.TM[self.qi, :len(buf)] = buf
                 pl.TM[self.qi, L.TM_CNP:L.TM_CNP + len(buf)] = self._cnp_template(buf, l3, v6)
                 r[L.Q_TMPL_LEN], r[L.Q_L3_OFF], r[L.Q_IPV6] = len(buf), l3, int(v6)
+                r[L.Q_ECN_OFF] = 0 if g.get("ecn", True) else 1        # MR-ECN-011 (dp/cc.py np_on_ce)
                 ctx._track_path(self, g.get("dmac"))
                 r[L.Q_DEST_QP] = g["dest_qp_num"]
                 if pl.others:
@@ -984,8 +991,22 @@ class QP:
                 "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "dmac": self.dmac,
                 "next_hop": self.next_hop.hop if self.next_hop else None, "path_resolves": self.path_resolves,
                 "path_changes": self.path_changes, "path_error": self.path_error, "queue": int(r[L.Q_PLANE]),
-                "retransmits": int(r[L.Q_N_RETX]),
-                "profile": self.profile, **self.dcqcn_counters()}
+                "retransmits": int(r[L.Q_N_RETX]), "ecn": not r[L.Q_ECN_OFF],
+                "profile": self.profile, **self.dcqcn_counters(), **self.rx_counters()}
+
+    def rx_counters(self) -> dict:
+        """The QP's receive counters (QP_RX_COUNTERS): duplicates (MR-DUP-010), requests after the expected PSN
+        (each one), remote access errors (MR-MEM-019), RNR NAKs sent, stale and ghost responses the loop or
+        the XDP program discarded (MR-ACK-015), and the bad response that ended the QP (MR-NAK-012)."""
+        r = self.row
+        ghost, stale = int(r[L.Q_N_GHOST]), int(r[L.Q_N_STALE])
+        if self.installed and self.ctx.loader is not None:
+            slot = self.ctx.loader.qp(self.qp_num)
+            ghost, stale = ghost + int(slot["ghost_acks"]), stale + int(slot["stale_acks"])
+        return {"rx_dup_req": int(r[L.Q_N_DUP_REQ]), "rx_drop_out_of_seq": int(r[L.Q_N_OOS]),
+                "rx_rkey_violation": int(r[L.Q_N_RKEY]), "rnr_naks_sent": int(r[L.Q_N_RNR_TX]),
+                "rx_stale_rsp": stale, "rx_ghost_rsp": ghost,
+                "rx_bad_rsp": int(int(r[L.Q_ERR]) == reasons.Why.BAD_RESPONSE)}
 
     def native_counters(self) -> dict:
         """The native profile's counters and state (MR-LOSS-014): retransmissions by cause, SACKs sent and
@@ -1198,6 +1219,7 @@ class Context:
         self.mrs: dict[int, MR] = {}
         self.cqs: dict[int, CQ] = {}
         self.qps: dict[int, QP] = {}
+        self._retired: dict[str, dict] = {}      # peer address -> receive counters of QPs reset or destroyed
         self._pd_next = 1
         self._cq_next = 0
         self._cq_free: list[int] = []                   # first rows of destroyed CQs, reused by create_cq
@@ -1473,6 +1495,7 @@ class Context:
             raise InvalidState("the QP was destroyed already")
         with self.plane.paused():
             qp.row[L.Q_STATE] = QPState.RESET
+            self._retire_counts(qp)
             qp._reset()
             qp.row[L.Q_QPN] = 0
             pl = self.plane
@@ -1480,6 +1503,29 @@ class Context:
             pl.rq_pool.release(qp.rq_base, qp.rq_size)
             self.qps.pop(qp.qi, None)
             qp.pd.qps.discard(qp.qi)
+
+    def _retire_counts(self, qp: QP) -> None:
+        """Before a QP's row is cleared (RESET, destroy): its receive counters join its peer's total."""
+        if qp.dgid is None:
+            return
+        src = str(ipaddress.ip_address(qp.dgid))
+        tot = self._retired.setdefault(src, dict.fromkeys(QP_RX_COUNTERS, 0))
+        for k, v in qp.rx_counters().items():
+            tot[k] += v
+
+    def source_counters(self, ip: str) -> dict:
+        """The receive counters (QP_RX_COUNTERS) of every QP connected to the peer address `ip`, the live
+        ones and those reset or destroyed since the Context opened (MR-SEC-006: per source address)."""
+        try:
+            src = str(ipaddress.ip_address(ip))
+        except ValueError:
+            raise InvalidArgument(f"{ip!r} is not an IP address") from None
+        out = dict(self._retired.get(src) or dict.fromkeys(QP_RX_COUNTERS, 0))
+        for qp in list(self.qps.values()):
+            if qp.dgid is not None and str(ipaddress.ip_address(qp.dgid)) == src:
+                for k, v in qp.rx_counters().items():
+                    out[k] += v
+        return out
 
     def destroy_cq(self, cq: CQ) -> None:
         """ibv_destroy_cq: refused (ResourceError, EBUSY) while a QP uses the CQ; its rows and rings are
@@ -1511,7 +1557,10 @@ class Context:
             raise ResourceError(f"PD {pd.handle} still has {len(pd.mrs)} MRs and {len(pd.qps)} QPs")
         pd.valid = False
 
-    def template_for(self, qp: QP, dgid: str, dmac: str | None, sport: int | None, dscp: int, dest_qp: int):
+    def template_for(self, qp: QP, dgid: str, dmac: str | None, sport: int | None, dscp: int, dest_qp: int,
+                     ecn: bool = True):
+        """The QP's frame template: its path, UDP source port, DSCP and ECN field -- ECT(0), or Not-ECT for a QP
+        with ECN disabled (MR-ECN-011)."""
         from ..wire.fastpath import make_template
         try:
             ipaddress.ip_address(dgid)
@@ -1526,7 +1575,7 @@ class Context:
             qp._hop = hop
         sport = sport if sport is not None else 0xC000 | (qp.qp_num & 0x3FFF)
         t = make_template(src_mac=self.local_mac, dst_mac=dmac, src_ip=self.local_ip, dst_ip=dgid, sport=sport,
-                          dest_qp=dest_qp, dscp=dscp, ecn=2)
+                          dest_qp=dest_qp, dscp=dscp, ecn=2 if ecn else 0)
         if t.length > 128:
             raise InvalidArgument("header template longer than 128 bytes")
         return t.buf, t.l3_off, t.ipv6

@@ -196,6 +196,7 @@ def send_syndrome_msn(A, Q, TM, umem, tables, ext, qi, syn, psn, msn):
             A[P_TX_ACK] += 1
         elif (syn & 0x60) == RNR_SYN:
             A[P_TX_RNR] += 1
+            Q[qi, Q_N_RNR_TX] += 1                    # rnr_naks_sent (MR-SEC-031)
         else:
             A[P_TX_NAK] += 1
             Q[qi, Q_N_NAKS_TX] += 1                   # per QP too (metaroced's qp show)

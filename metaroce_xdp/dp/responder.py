@@ -45,7 +45,11 @@ _jit = dict(cache=True, nogil=True)
 def responder_error(A, Q, SW, TM, umem, tables, ext, CQT, CE, qi, syn, psn, ev, why):
     """A NAK that ends the connection (invalid request, remote access), then ERR -- held behind the READ
     responses already queued, which go first (MR-RC-025); meanwhile no new request is taken.  The
-    coalesced ACK owed so far goes before it."""
+    coalesced ACK owed so far goes before it.  A remote access error is counted per QP and port
+    (rx_rkey_violation: MR-MEM-019, MR-SEC-006)."""
+    if syn == NAK_REM_ACCESS:
+        Q[qi, Q_N_RKEY] += 1
+        A[P_RX_RKEY] += 1
     ack_now(A, Q, TM, umem, tables, ext, qi)
     if Q[qi, Q_RD_HEAD] != Q[qi, Q_RD_TAIL]:
         if Q[qi, Q_FNAK_SYN] == 0:
@@ -275,6 +279,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     ackreq = bth_ackreq(umem, b) != 0
     if d < 0:                                        # duplicate (MR-DUP-002): ACK again; READ re-executed
         A[P_RX_DUP] += 1
+        Q[qi, Q_N_DUP_REQ] += 1                      # rx_dup_req (MR-DUP-010)
         if op == OP_READ_REQ:
             ack_now(A, Q, TM, umem, tables, ext, qi)       # the ACK owed before this READ's responses
             h = ext_at(b, op, OT_RETH)
@@ -295,6 +300,7 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
         return
     if d > 0:                                        # out of sequence: one NAK per gap (MR-NAK-003)
         A[P_RX_OOS] += 1
+        Q[qi, Q_N_OOS] += 1                          # rx_drop_out_of_seq, each one (MR-SEC-031)
         if Q[qi, Q_NAK_PEND] == 0:
             Q[qi, Q_NAK_PEND] = 1
             send_nak(A, Q, TM, umem, tables, ext, qi, NAK_SEQ, e)      # behind earlier READs (MR-RC-025)

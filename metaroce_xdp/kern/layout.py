@@ -65,6 +65,7 @@ _DROP_REASONS.update({
     "STALE_ACK": 38,
     "ACK_BUSY": 39,
     "BAD_PKEY": 40,
+    "GHOST_ACK": 41,
 })
 DropReason = enum.IntEnum("DropReason", sorted(_DROP_REASONS.items(), key=lambda kv: kv[1]))
 DropReason.__doc__ = "enum mr_drop_reason: index of the per-CPU counter in mr_drops.  Never renumber."

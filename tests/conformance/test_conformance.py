@@ -142,15 +142,13 @@ KNOWN = {"compiled": PLANE_DIVERGENCES, "daemon": {**PLANE_DIVERGENCES, **DAEMON
 # Applicable MUST rules our agent cannot drive yet (CANNOT-DRIVE: no PASS, so the claim stays INCONCLUSIVE,
 # MR-CONF-025).  Each is work for issue 21 ("agents that can drive everything"); a rule that gets a PASS should
 # leave the table, and a rule that newly lands here fails the run.
-PLANE_CANNOT_DRIVE = {
-    "MR-DUP-010": "no per-QP rx_dup_req counter", "MR-OPC-006": "no per-QP rx_ghost_rsp counter",
-    "MR-MEM-019": "no per-QP rx_rkey_violation counter", "MR-SEC-006": "no per-QP rx_rkey_violation counter",
-    "MR-SEC-031": "no per-QP rx_drop_out_of_seq or rnr_naks_sent, and the port counters have other names than "
-                  "the spec's (rx_stale_rsp, rx_rkey_violation)",
-    "MR-ECN-011": "no set_param ecn (a QP with ECN disabled)",
-}
+PLANE_CANNOT_DRIVE: dict[str, str] = {}
 # What metaroced's client cannot do besides: the rules no other case passes there.
 DAEMON_CANNOT_DRIVE = {
+    **{r: "no per-QP receive counters (rx_dup_req, rx_ghost_rsp, rx_rkey_violation, rx_drop_out_of_seq, "
+          "rnr_naks_sent) or counts by source address through the client"
+       for r in ("MR-DUP-010", "MR-OPC-006", "MR-MEM-019", "MR-SEC-006", "MR-SEC-031")},
+    "MR-ECN-011": "no set_param ecn (QPAttr.ecn) through the client",
     "MR-BTH-004": "no req_notify_cq (the client has no completion events)",
     **{r: "no per-QP CNP counters (tx_cnp, rx_cnp, rx_ce_marked) through the client"
        for r in ("MR-CC-033", "MR-CC-039", "MR-CNP-003", "MR-CNP-005", "MR-CNP-010", "MR-ECN-012")},

@@ -44,6 +44,8 @@ def test_reg_mr_remote_invalidate_is_a_bool_and_caps_lists_params(pair):  # noqa
     # 9.4.2: the commands the agent implements and its per-QP counters, which the cases check first
     assert {"cm_listen", "cm_connect", "cm_wait", "get_async_events", "post_send"} <= set(caps["commands"])
     assert {"tx_cnp", "rx_cnp", "rx_cnp_discarded"} <= set(caps["qp_counters"])
-    # the compiled plane keeps no per-QP duplicate count: caps says so, and MR-DUP-010 is NOT-APPLICABLE
-    assert "rx_dup_req" not in caps["qp_counters"]
+    # the per-QP receive counters the cases of MR-DUP-010, MR-MEM-019, MR-ACK-015 and MR-SEC-031 read
+    assert {"rx_dup_req", "rx_rkey_violation", "rx_ghost_rsp", "rx_stale_rsp", "rx_drop_out_of_seq",
+            "rnr_naks_sent"} <= set(caps["qp_counters"])
+    assert {"budget", "ecn"} <= set(caps["params"])
     assert MR_LEN == 65536

@@ -75,19 +75,25 @@ def test_ghost_and_stale_responses_change_nothing(posted):
     assert wc.status == WCStatus.SUCCESS
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane keeps no per-QP rx_ghost_rsp / rx_stale_rsp / rx_bad_rsp (MR-ACK-015): "
-    "QP.query() has none; the loop counts stale READ RESPONSEs port-wide (stats rx_rsp_stale) and the XDP "
-    "program drops stale ACKs as STALE_ACK, ghosts and stale ones alike"))
 def test_ghost_and_stale_responses_are_counted(posted):
-    """MR-ACK-015: the ghosts count in rx_ghost_rsp, the stale ones in rx_stale_rsp, none in rx_bad_rsp."""
+    """MR-ACK-015: the ghosts count in rx_ghost_rsp, the stale ones in rx_stale_rsp, none in rx_bad_rsp -- per
+    QP (QP.query) whether the XDP program dropped them (the ACKs: GHOST_ACK, STALE_ACK) or the loop (the READ
+    RESPONSE); a bad AETH inside the window is the one bad response that ends the QP."""
     q = posted()
+    d0 = q.ctx.loader.drops()
     respond(q, Op.ACKNOWLEDGE, 101, aeth=AETH(syndrome=0x1F, msn=1))
     respond(q, Op.RDMA_READ_RESPONSE_ONLY, 5000, payload=b"x" * 8, aeth=AETH(syndrome=0x1F, msn=1))
     respond(q, Op.ACKNOWLEDGE, 99, aeth=AETH(syndrome=0x1F, msn=0))
     respond(q, Op.ACKNOWLEDGE, 90, aeth=AETH(syndrome=0x80, msn=0))
     qq = q.qp.query()
     assert (qq["rx_ghost_rsp"], qq["rx_stale_rsp"], qq["rx_bad_rsp"]) == (2, 2, 0)
+    d1 = q.ctx.loader.drops()
+    # dropped: the ghost ACK and the stale one at 90; the duplicate at comp_psn - 1 is consumed for its MSN
+    assert (d1["GHOST_ACK"] - d0["GHOST_ACK"], d1["STALE_ACK"] - d0["STALE_ACK"]) == (1, 1)
+    assert q.ctx.stats()["rx_ghost_rsp"] >= 1                   # the READ RESPONSE, port-wide
+    respond(q, Op.ACKNOWLEDGE, 100, aeth=AETH(syndrome=0x40, msn=0))       # reserved AETH type, in the window
+    _bad(q)
+    assert q.qp.query()["rx_bad_rsp"] == 1
 
 
 @pytest.mark.parametrize("wqe,rsp", [(WROpcode.RDMA_WRITE, Op.RDMA_READ_RESPONSE_ONLY),

@@ -360,8 +360,6 @@ def test_later_requests_do_not_change_an_earlier_reads_data(peer, budget):
     assert q.qp.query_state() == QPState.RTS
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'issue 20: the compiled plane keeps no per-QP rx_rkey_violation (MR-MEM-019): QP.query() has none'))
 def test_remote_key_failures_are_counted(peer):
     """MR-MEM-019: each failed remote key check (NAK code 2) counts in the QP's rx_rkey_violation; an
     invalid request (code 1) does not."""

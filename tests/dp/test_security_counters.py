@@ -22,7 +22,7 @@ def _frames(q, psns, rkey=None):
 
 def test_every_request_after_epsn_is_counted(wire):
     """MR-SEC-031, MR-NAK-003: four requests after ePSN 100 in one burst: one sequence-error NAK, all four
-    counted as out of sequence (the loop's rx_oos), nothing written."""
+    counted as out of sequence (the loop's rx_oos, the QP's rx_drop_out_of_seq), nothing written."""
     q = Peer(wire, rq_psn=100, mtu=MTU)
     try:
         s0 = q.ctx.stats()
@@ -31,21 +31,23 @@ def test_every_request_after_epsn_is_counted(wire):
         assert nak_of(out) == [(100, 0x60)]
         assert s1["rx_oos"] - s0["rx_oos"] == 4 and s1["tx_nak"] - s0["tx_nak"] == 1
         assert not q.buf[:8].any() and q.qp.query()["rq_psn"] == 100
+        assert q.qp.query()["rx_drop_out_of_seq"] == 4
     finally:
         q.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: the compiled plane counts remote access errors neither per QP (QP.query() has no "
-    "rx_rkey_violation) nor per source address (MR-SEC-006); the NAK is sent, nothing is counted"))
 def test_remote_access_errors_counted_per_source_address(wire):
     """MR-SEC-006: a WRITE with a bad R_Key counts once in the QP's rx_rkey_violation and once for the
     requester's source address."""
     q = Peer(wire, rq_psn=100, mtu=MTU)
     try:
+        s0 = q.ctx.source_counters(q.qp.dgid)["rx_rkey_violation"]
         out = q.inject_burst(_frames(q, [100], rkey=q.mr.rkey ^ 0x5B))
         assert nak_of(out) == [(100, 0x62)]
         assert q.qp.query()["rx_rkey_violation"] == 1
-        assert q.ctx.rae_by_src[q.pair.b.ipv4] == 1
+        src = q.ctx.source_counters(q.qp.dgid)["rx_rkey_violation"]
+        assert src == s0 + 1
+        q.qp.destroy()                      # a destroyed QP's count stays with its source address
+        assert q.ctx.source_counters(q.qp.dgid)["rx_rkey_violation"] == src
     finally:
         q.close()
