@@ -43,6 +43,9 @@ Mapping notes (the reference agent is the model for each):
     retry_cnt 7, rnr_retry 7, min_rnr_timer 12, max_rd_atomic 1,
     max_dest_rd_atomic 1, access none, P_Key 0xffff); a transition outside
     the IBTA table is refused with ESTATE before the device sees it.
+    `cur_state`, `alt_path` and `path_mig_state` go to the device as given
+    (IBV_QP_CUR_STATE, IBV_QP_ALT_PATH, IBV_QP_PATH_MIG_STATE), so what
+    MR-QP-006 and MR-QP-008 judge is the device's answer, not the agent's.
   * `dmac` cannot be given to a verbs device (the kernel resolves the peer's
     MAC from the destination GID's IP address).  The agent therefore makes it
     true the way the kernel learns it: a permanent neighbour entry for the
@@ -97,6 +100,8 @@ M_STATE, M_ACCESS, M_PKEY, M_PORT, M_AV, M_MTU, M_TIMEOUT, M_RETRY, M_RNR_RETRY,
     M_MIN_RNR, M_SQ_PSN, M_MAX_DEST_RD, M_DEST_QPN = (1, 1 << 3, 1 << 4, 1 << 5, 1 << 7, 1 << 8, 1 << 9, 1 << 10,
                                                      1 << 11, 1 << 12, 1 << 13, 1 << 15, 1 << 16, 1 << 17, 1 << 20)
 M_EN_SQD_ASYNC = 1 << 2
+M_CUR_STATE, M_ALT_PATH, M_PATH_MIG = 1 << 1, 1 << 14, 1 << 18
+MIG_STATES = {"MIGRATED": 0, "REARM": 1, "ARMED": 2}      # enum ibv_mig_state
 # IBTA 10.3.1 / ib_modify_qp_is_ok: the transitions a consumer may request (RESET and ERR from anywhere).
 TRANSITIONS = {"RESET": {"INIT"}, "INIT": {"INIT", "RTR"}, "RTR": {"RTS"}, "RTS": {"RTS", "SQD"},
                "SQD": {"SQD", "RTS"}, "SQE": {"RTS"}, "ERR": set()}
@@ -605,6 +610,36 @@ class Agent(P.Session):
                 edits.append(("route", P.ip_of_gid(g), hop))
         elif "dmac" in attrs:
             raise P.AgentError("EINVAL", "dmac without dgid: a verbs device takes the peer's MAC from its GID")
+        # Any transition (9.4.2): handed to the device as given, for the device to accept or refuse
+        # (MR-QP-006, MR-QP-008); an attribute the agent dropped would make the device's answer the agent's.
+        if "cur_state" in attrs:                     # IBV_QP_CUR_STATE
+            a.cur_qp_state = P.QP_STATES[P.get_enum(attrs, "cur_state", P.QP_STATES)]
+            mask |= M_CUR_STATE
+        if "path_mig_state" in attrs:                # IBV_QP_PATH_MIG_STATE
+            a.path_mig_state = MIG_STATES[P.get_enum(attrs, "path_mig_state", MIG_STATES)]
+            mask |= M_PATH_MIG
+        if "alt_path" in attrs:                      # IBV_QP_ALT_PATH: {dgid, dmac, port_num, timeout, pkey}
+            alt = P.get_obj(attrs, "alt_path")
+            g = alt.get("dgid")
+            if not isinstance(g, str) or len(g) != 32 or not P.HEX.fullmatch(g):
+                raise P.AgentError("EINVAL", f"alt_path dgid {g!r} is not 32 hex digits")
+            g = g.lower()
+            port = P.get_int(alt, "port_num", 1, 255, self.dev.port)
+            gr = GlobalRoute(dgid=GID(gid_text(g)), sgid_index=self.dev.gid_index,
+                             hop_limit=P.get_int(alt, "hop_limit", 1, 255, self.params["hop_limit"]),
+                             traffic_class=P.get_int(alt, "traffic_class", 0, 255,
+                                                     self.params["dscp"] << 2 | (ECT0 if self.params["ecn"] else 0)))
+            a.alt_ah_attr = AHAttr(is_global=1, port_num=port, gr=gr)
+            a.alt_port_num = port
+            a.alt_timeout = P.get_int(alt, "timeout", 0, 31, DEFAULTS["timeout"])
+            a.alt_pkey_index = self._pkey_index(P.get_int(alt, "pkey", 0, 0xFFFF, 0xFFFF))
+            mask |= M_ALT_PATH
+            if "dmac" in alt:
+                m = alt["dmac"]
+                if not isinstance(m, str) or not P.MAC.fullmatch(m):
+                    raise P.AgentError("EINVAL", f"alt_path dmac {m!r} is not aa:bb:cc:dd:ee:ff")
+                if ("neigh", P.ip_of_gid(g), m.lower()) not in edits:
+                    edits.append(("neigh", P.ip_of_gid(g), m.lower()))
         for name, bit, hi in (("max_dest_rd_atomic", M_MAX_DEST_RD, 16), ("min_rnr_timer", M_MIN_RNR, 31)):
             if name in attrs or (fresh and state == "RTR"):      # given, or needed by INIT -> RTR
                 setattr(a, name, P.get_int(attrs, name, 0, hi, DEFAULTS[name]))

@@ -200,7 +200,7 @@ def ack_delay_bounded(t):
     the median READ RESPONSE time (the IUT's own input latency and processing, never coalesced) by at most
     ack_delay_max (10 us) plus the tolerance of MR-CONF-011; the largest delays are reported, not judged."""
     c = t.connect()
-    tol_us = t.tolerance_s(10e-6) * 1e6
+    tol_us, g_us = t.tolerance_s(10e-6) * 1e6, t.granularity_s() * 1e6
     limit_us = 10 + tol_us
     acks, reads, worst_pair = [], [], []
 
@@ -233,7 +233,7 @@ def ack_delay_bounded(t):
     ma, mr = acks[len(acks) // 2], reads[len(reads) // 2]
     t.check("MR-ACK-004", ma - mr <= limit_us,
             f"median ACK {ma:.0f} us, median READ RESPONSE {mr:.0f} us (arrival to send, input latency included), "
-            f"difference {ma - mr:.0f} us, limit {limit_us:.0f} us (10 us + max(50 us, 2 x G = {2 * g_us} us)); "
+            f"difference {ma - mr:.0f} us, limit {limit_us:.0f} us (10 us + max(50 us, 2 x G = {2 * g_us:.0f} us)); "
             f"largest ACK {acks[-1]:.0f} us, largest READ RESPONSE {reads[-1]:.0f} us (reported, not judged)",
             frames=worst_pair, expected=f"median ACK at most {limit_us:.0f} us after the median READ RESPONSE")
 
