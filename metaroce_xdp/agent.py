@@ -217,8 +217,6 @@ class Agent(Session):
                "commands": sorted(self.commands),
                "qp_counters": list(self.iut.qp_counter_names)
                               + (list(NATIVE_QP_COUNTERS) if self.info.native else [])}
-        if self.iut.kind == "daemon":               # the daemon's client has no completion events
-            out["commands"] = [c for c in out["commands"] if c not in ("req_notify_cq", "get_cq_event")]
         p = self.iut.dcqcn
         if self.info.dcqcn and p is not None:       # the reaction point's parameters (5.6), for MR-CC-036..038
             out["dcqcn_params"] = {"g_ppm": round(p.g * 1e6), "alpha_init_ppm": round(p.alpha_init * 1e6),
@@ -981,8 +979,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         print(f"metaroce agent: cannot open the {a.iut} IUT on {a.dev}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    # the claim follows the plane: its DCQCN reaction point runs unless METAROCE_DCQCN_ENABLED=0; through the
-    # daemon it runs too, but only the in-process plane shows its state (agent_iut.py)
+    # the claim follows the plane: its DCQCN reaction point runs unless METAROCE_DCQCN_ENABLED=0 (in the agent's
+    # process, or in metaroced's: its open_device reply gives the parameters, query_qp the state; agent_iut.py)
     if "native" in profiles and "native" not in getattr(iut, "profiles", ["compat", "native"]):
         iut.close()
         print(f"metaroce agent: {iut.describe()} serves {iut.profiles} only: no native claim", file=sys.stderr)

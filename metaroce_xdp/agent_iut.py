@@ -8,9 +8,9 @@ translate onto, the counters get_counters reports and the set_param knobs.  Ever
 implementation itself; what an implementation does not offer is said (the agent's ENOTSUP, the counter or
 parameter left out of caps), never made up.
 
-The two differ where the daemon's client does: one SGE per work request, no SEND WITH INVALIDATE nor
-remote-invalidate MRs, no completion events (req_notify_cq), no per-QP CNP/ECN counters, no set_param knobs
-(the daemon's settings are its configuration's); its MR addresses are daemon IOVAs (client.MR.addr).
+The two differ where the daemon's client does: one SGE per work request, no INLINE, no set_param knobs (the
+daemon's settings are its configuration's); its MR addresses are daemon IOVAs (client.MR.addr), and its
+completion events come as messages on the client's socket (client.CQ.req_notify, CQ.get_event).
 """
 from __future__ import annotations
 
@@ -287,11 +287,18 @@ class DaemonIUT(_BaseIUT):
             self.ifname, self.local_ip, self.local_mac, self.max_pmtu = c.ifname, c.gid, c.local_mac, c.max_pmtu
             self.profiles = list(c.profiles)
             self.pid = c.daemon_pid
+            dcqcn = c.dcqcn
         self.name = f"metaroced (pid {self.pid}, {self.ifname}) through metaroce_xdp.daemon.client"
         self.counter_names = list(PLANE_COUNTERS) + list(SPEC_DROPS) + list(AGENT_COUNTERS)
-        # what the daemon's query_qp reports per QP (server.Device.qp_info)
+        # what the daemon's query_qp reports per QP (server.Device.qp_info, cnp_counters)
         self.qp_counter_names = ["retransmits", "naks_received", "rnr_naks_received", "sq_depth", "rq_depth",
-                                 "bytes_sent", "bytes_received"]
+                                 "bytes_sent", "bytes_received", "tx_cnp", "rx_cnp", "rx_ce_marked",
+                                 "rx_cnp_discarded"]
+        # the reaction point's parameters when the daemon runs DCQCN (open_device's reply), its values per QP
+        if dcqcn is not None:
+            from .congestion import DcqcnParams
+            self.dcqcn = DcqcnParams(**{k: v for k, v in dcqcn.items() if k in DcqcnParams.__dataclass_fields__})
+            self.qp_counter_names += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
         self.params: dict = {}           # the daemon's knobs are its configuration's, not a client's
         from .daemon.proto import Unsupported
         self.unsupported = (Unsupported,)
@@ -341,15 +348,11 @@ class DaemonSession:
         pd.dealloc()
 
     def reg_mr(self, pd, n: int, fill: int, access, remote_invalidate: bool):
-        from .daemon.proto import Unsupported
-        if remote_invalidate:
-            raise Unsupported("reg_mr remote_invalidate: the daemon's client registers no MR a SEND WITH "
-                              "INVALIDATE may invalidate")
         c = self.conn()
         buf = c.alloc_buf(n)             # shared memory: the daemon places into it; MR.addr is the daemon's IOVA
         if fill:
             buf[:] = fill
-        return c.reg_mr(pd, buf, access)
+        return c.reg_mr(pd, buf, access, remote_invalidate=remote_invalidate)
 
     @staticmethod
     def mem(mr) -> np.ndarray:
@@ -409,10 +412,11 @@ class DaemonSession:
 
     @staticmethod
     def req_notify(cq, solicited_only: bool) -> None:
-        from .daemon.proto import Unsupported
-        raise Unsupported("req_notify_cq: the daemon's client has no completion events (it polls the CQ ring)")
+        cq.req_notify(solicited_only=solicited_only)
 
-    get_event = req_notify
+    @staticmethod
+    def get_event(cq, timeout: float) -> bool:
+        return bool(cq.get_event(timeout))
 
     def next_event(self, timeout: float):
         if self._c is None:
@@ -425,12 +429,16 @@ class DaemonSession:
 
     @staticmethod
     def qp_counters(qp) -> dict:
-        q = qp.query()
-        return {"retransmits": int(q.get("retransmits") or 0), "naks_received": int(q.get("naks_rx") or 0),
-                "rnr_naks_received": int(q.get("rnr") or 0), "sq_depth": int(q.get("outstanding_send") or 0),
-                "rq_depth": int(q.get("outstanding_recv") or 0), "bytes_sent": int(q.get("bytes_tx") or 0),
-                "bytes_received": int(q.get("bytes_rx") or 0),
-                **native_qp_counters(q.get("native") or {})}      # a native QP's (server.Device.qp_info)
+        q = qp.query()           # the daemon runs the QP's reaction point once first (server._op_query_qp)
+        out = {"retransmits": int(q.get("retransmits") or 0), "naks_received": int(q.get("naks_rx") or 0),
+               "rnr_naks_received": int(q.get("rnr") or 0), "sq_depth": int(q.get("outstanding_send") or 0),
+               "rq_depth": int(q.get("outstanding_recv") or 0), "bytes_sent": int(q.get("bytes_tx") or 0),
+               "bytes_received": int(q.get("bytes_rx") or 0)}
+        # the CNP/ECN counters (MR-CC-039, MR-CNP-010, MR-ECN-012) and, with DCQCN on, the reaction point's state
+        out.update({k: int(q[k]) for k in ("tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded", "dcqcn_rate_bps",
+                                           "dcqcn_target_bps", "dcqcn_alpha_ppm") if q.get(k) is not None})
+        out.update(native_qp_counters(q.get("native") or {}))      # a native QP's (server.Device.qp_info)
+        return out
 
     def close(self) -> None:
         if self._c is not None:

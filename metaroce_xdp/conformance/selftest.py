@@ -31,6 +31,7 @@ IUT_IP, LT_IP = "10.56.0.1", "10.56.0.2"
 CTL_IUT, CTL_LT = "10.57.0.1", "10.57.0.2"
 AGENT_PORT = DEFAULT_PORT
 IUTS = ("compiled", "daemon")
+MAX_MR_BYTES = 4 << 30          # the agent's metaroced: room for TC-RC-008-a's 1 GiB MR and the rest
 
 
 def _die_with_parent() -> None:
@@ -88,6 +89,8 @@ class SelfTest:
         conf = os.path.join(self._tmp, "metaroced.toml")
         with open(conf, "w") as f:
             f.write(f'interfaces = ["mr0"]\nsocket_path = "{sock}"\nbpffs_prefix = "{bpffs}/metaroce"\n')
+            # MR-RC-008 registers a 1 GiB MR beside the case's others: more than the shipped 1 GiB per client
+            f.write(f"max_mr_bytes_per_client = {MAX_MR_BYTES}\n")
         self.daemon = self.topo.popen(self.iut_ns, [sys.executable, "-m", "metaroce_xdp.daemon.server", "--config",
                                                     conf], stdout=subprocess.PIPE, text=True,
                                       stderr=log if log is not None else subprocess.DEVNULL,

@@ -48,20 +48,21 @@ from .proto import (DaemonError, DaemonUnavailable, LimitExceeded, MalformedRequ
 DEFAULT_SOCKET = "/run/metaroce/metaroced.sock"
 PROFILES = ("native", "compat", "auto")         # connect_qp / accept (dp/cmconnect.py's names)
 # What post_send takes through metaroced (verbs.check_send_wr): its ring entry has one SGE, of at most 2^31 - 1
-# bytes, and no room for an invalidate key; its loop honours SIGNALED and SOLICITED only, and takes sends in RTS and ERR (dp/serve.pump_qp,
-# which checks every entry again)
-DAEMON_POST = PostRules("the daemon's data plane", states=frozenset({int(QPState.RTS), int(QPState.ERR)}),
-                        opcodes=frozenset(int(o) for o in WROpcode if o != WROpcode.SEND_WITH_INV),
-                        flags=int(SendFlags.SIGNALED | SendFlags.SOLICITED), max_sge=1,
+# bytes (SEND_WITH_INV's invalidate key rides in the immediate's word, as the IETH in the compiled plane's WQE);
+# its loop honours FENCE, SIGNALED and SOLICITED (no INLINE), and takes sends in RTS, SQD (queued, not started:
+# MR-QP-018) and ERR (dp/serve.pump_qp, which checks every entry again)
+DAEMON_POST = PostRules("the daemon's data plane",
+                        states=frozenset({int(QPState.RTS), int(QPState.SQD), int(QPState.ERR)}),
+                        flags=int(SendFlags.FENCE | SendFlags.SIGNALED | SendFlags.SOLICITED), max_sge=1,
                         max_sge_length=MAX_MESSAGE)     # the loop's bound (dp/serve.py local_mr)
 # the post and poll paths in plain ints (an enum's constructor or a Flag operation costs ~1 us of Python each),
 # rings read and written through memoryviews and struct (no numpy scalars)
 # the access connect_qp and accept grant a QP they move out of RESET
 _CONN_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-_READ = int(WROpcode.RDMA_READ)
+_SEND_INV = int(WROpcode.SEND_WITH_INV)
 _RESET = int(QPState.RESET)
-_LOCAL_WRITE = int(Access.LOCAL_WRITE)
 _WITH_IMM = int(WCFlags.WITH_IMM)
+_WITH_INV = int(WCFlags.WITH_INV)
 _WC_STATUS = {int(v): v for v in WCStatus}
 _WC_OPCODE = {int(v): v for v in WCOpcode}
 _WC_FLAGS: dict[int, WCFlags] = {}
@@ -111,6 +112,7 @@ class Context:
         self.cqs: dict[int, CQ] = {}
         self.ifname: str | None = None
         self.closed = False
+        self._eof = False                                         # the daemon closed the connection
         self._efd = -1
         self._bell = None
         hello, fds = self._call("hello")
@@ -149,13 +151,45 @@ class Context:
                         os.close(fd)
                     raise DaemonError(f"unreadable reply from metaroced: {problem}")
                 if "event" in msg:
-                    self._events.append(msg)
+                    self._event_msg(msg)
                     continue
                 if not msg.get("ok"):
                     for fd in rfds:
                         os.close(fd)
                     proto.raise_error(msg)
                 return msg, rfds
+
+    def _event_msg(self, msg: dict) -> None:
+        """An unsolicited message: a CQ's completion event (CQ_NOTIFY) is counted on its CQ (CQ.get_event), the
+        rest queue for get_async_event."""
+        if msg.get("event") == "CQ_NOTIFY":
+            cq = self.cqs.get(msg.get("cq"))
+            if cq is not None:
+                cq._notified += 1
+            return
+        self._events.append(msg)
+
+    def _read_event(self, timeout: float | None) -> bool:
+        """One unsolicited message from the socket within timeout (under self._lock); False when none came.  The
+        daemon gone: DEVICE_FATAL queued for get_async_event."""
+        self.sock.settimeout(timeout)
+        try:
+            msg, fds, problem = proto.recv(self.sock, proto.MAX_REPLY)
+        except (socket.timeout, BlockingIOError):
+            return False
+        except OSError:
+            msg = None
+        finally:
+            self.sock.settimeout(None)
+        if msg is None:
+            self._eof = True
+            self._events.append({"event": "DEVICE_FATAL", "reason": "metaroced closed the connection"})
+            return True
+        for fd in fds:
+            os.close(fd)
+        if "event" in msg:
+            self._event_msg(msg)
+        return True
 
     def _refusal(self) -> None:
         self.sock.settimeout(0.5)
@@ -186,6 +220,7 @@ class Context:
         self.ifname, self.gid, self.local_mac, self.max_pmtu = r["ifname"], r["gid"], r["mac"], r["max_pmtu"]
         self.profiles = r.get("profiles", ["compat"])
         self.native_offer = r.get("native_offer") or {"caps": 0, "w": 0, "k": 1}
+        self.dcqcn = r.get("dcqcn")          # the reaction point's parameters (congestion.DcqcnParams), None: off
         return self
 
     @classmethod
@@ -219,7 +254,9 @@ class Context:
     def alloc_pd(self) -> "PD":
         return PD(self, self._call("alloc_pd")[0]["pd"])
 
-    def reg_mr(self, pd: "PD", buf: Any, access: Access = Access.LOCAL_WRITE) -> "MR":
+    def reg_mr(self, pd: "PD", buf: Any, access: Access = Access.LOCAL_WRITE, *,
+               remote_invalidate: bool = False) -> "MR":
+        """ibv_reg_mr; remote_invalidate: a SEND WITH INVALIDATE naming its rkey may invalidate it (MR-MEM-040)."""
         if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
             raise InvalidArgument("register a contiguous numpy array from ctx.alloc_buf() (or a slice of one)")
         mem = buf.reshape(-1).view(np.uint8)
@@ -233,7 +270,8 @@ class Context:
             raise InvalidArgument("this memory is not shared with the daemon: allocate it with ctx.alloc_buf() "
                                   "(anonymous private memory such as np.zeros cannot be registered; see "
                                   "docs/daemon.md, 'Which memory can be registered')")
-        r, _ = self._call("reg_mr", [fd], pd=pd.handle, access=int(Access(access)), offset=a - start, length=n)
+        r, _ = self._call("reg_mr", [fd], pd=pd.handle, access=int(Access(access)), offset=a - start, length=n,
+                          remote_invalidate=bool(remote_invalidate))
         mr = MR(self, pd, r["mr"], r["addr"], r["length"], r["lkey"], r["rkey"], Access(access), mem)
         self.mrs[mr.lkey] = mr
         return mr
@@ -249,7 +287,7 @@ class Context:
     # ---- queues -----------------------------------------------------------------------------------
     def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: Any = None) -> "CQ":
         if channel is not None:
-            raise Unsupported("completion channels: metaroced's clients wait on the CQ (CQ.wait)")
+            raise Unsupported("completion channels: a CQ of metaroced's has its own (CQ.req_notify, CQ.get_event)")
         r, fds = self._call("create_cq", depth=depth)
         cq = CQ(self, r["cq"], r["size"], fds[0], cq_context)
         self.cqs[cq.handle] = cq
@@ -380,21 +418,8 @@ class Context:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self.sock.settimeout(left)
-                try:
-                    msg, fds, problem = proto.recv(self.sock, proto.MAX_REPLY)
-                except (socket.timeout, BlockingIOError):
+                if not self._read_event(left):
                     return None
-                except OSError:
-                    msg = None
-                finally:
-                    self.sock.settimeout(None)
-                if msg is None:
-                    return AsyncEvent(EventType.DEVICE_FATAL, reason="metaroced closed the connection")
-                for fd in fds:
-                    os.close(fd)
-                if "event" in msg:
-                    self._events.append(msg)
             m = self._events.pop(0)
         qp = next((q for q in self.qps.values() if q.handle == m.get("qp")), None)
         cq = self.cqs.get(m.get("cq")) if "cq" in m else None
@@ -436,8 +461,8 @@ class PD:
     def __init__(self, ctx: Context, handle: int) -> None:
         self.ctx, self.handle = ctx, handle
 
-    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE) -> "MR":
-        return self.ctx.reg_mr(self, buf, access)
+    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE, **kw) -> "MR":
+        return self.ctx.reg_mr(self, buf, access, **kw)
 
     def dealloc(self) -> None:
         self.ctx._call("dealloc_pd", pd=self.handle)
@@ -473,6 +498,36 @@ class CQ:
         self.W = shm.words(self._mm)
         self._ring = self.W[shm.CH_WORDS:shm.CH_WORDS + size * shm.CQE_WORDS].reshape(size, shm.CQE_WORDS)
         self._v = memoryview(self._mm).cast("q")            # CH_HEAD / CH_TAIL as plain ints
+        self._notified = 0                                  # CQ_NOTIFY messages not yet taken by get_event
+        self.events = 0
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """ibv_req_notify_cq: one completion event for the next completion added -- with solicited_only, for
+        the next solicited (SE, MR-BTH-004) or unsuccessful one.  Arming for any completion outranks
+        solicited_only until the event comes.  The daemon arms the CQ and sends CQ_NOTIFY when it comes."""
+        if not isinstance(solicited_only, bool):
+            raise InvalidArgument(f"solicited_only must be True or False, not {solicited_only!r}")
+        self.ctx._call("req_notify_cq", cq=self.handle, solicited_only=solicited_only)
+
+    def get_event(self, timeout: float | None = 0.0) -> bool:
+        """Wait up to `timeout` seconds (None: for ever) for this CQ's completion event (ibv_get_cq_event on its
+        own channel); True when it came, its completion already in the CQ.  The CQ is disarmed: req_notify
+        again for the next event."""
+        ctx = self.ctx
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with ctx._lock:
+            while not self._notified:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if ctx.closed:
+                    raise InvalidState("the context is closed")
+                if ctx._eof:
+                    raise DaemonUnavailable("metaroced closed the connection (stopped or restarted)")
+                ctx._read_event(left)
+            self._notified -= 1
+            self.events += 1
+        return True
 
     def poll(self, num_entries: int = 16) -> list[WC]:
         """ibv_poll_cq: up to num_entries completions, read from shared memory (no system call).  An empty
@@ -494,7 +549,8 @@ class CQ:
             status, opcode = _WC_STATUS.get(st), _WC_OPCODE.get(op)       # (SUCCESS is 0: falsy, so no `or`)
             out.append(WC(wr_id & 0xFFFFFFFFFFFFFFFF, WCStatus(st) if status is None else status,
                           WCOpcode(op) if opcode is None else opcode, blen, qpn,
-                          imm if flags & _WITH_IMM else None, wf))
+                          imm if flags & _WITH_IMM else None, wf,
+                          invalidated_rkey=imm & 0xFFFFFFFF if flags & _WITH_INV else None))
             head += 1
         v[shm.CH_HEAD] = head
         return out
@@ -589,21 +645,16 @@ class QP:
         os.close(self._fd)
         shm.close_map(self._mm)
 
-    def _local_sge(self, sg_list, need: int, what: str | int) -> tuple[int, int, int]:
-        """(addr, length, lkey) of the one SGE of a list verbs.check_sg_list passed, inside a registered MR of
-        this QP's PD with the access `need` (Access bits as an int; what: the WR's name or opcode).  A
-        zero-length SGE names no memory: its lkey is not checked (MR-MEM-032, as the daemon's loop)."""
+    @staticmethod
+    def _local_sge(sg_list) -> tuple[int, int, int]:
+        """(addr, length, lkey) of the one SGE of a list verbs.check_sg_list passed, as given.  Whether it lies
+        in a valid MR of this QP's PD with the access the WR needs is the daemon's loop's to check (it knows
+        the MRs a SEND WITH INVALIDATE invalidated): a failure is the WR's error completion, LOC_PROT_ERR,
+        not a refusal here (MR-MEM-020, MR-RC-022).  A zero-length SGE names no memory (MR-MEM-032)."""
         if not sg_list or sg_list[0].length == 0:
             return 0, 0, 0
         s = sg_list[0]
-        addr, length, lkey = s.addr, s.length, s.lkey
-        mr = self.ctx.mrs.get(lkey)
-        if (mr is None or not mr.valid or mr.pd is not self.pd
-                or addr < mr.addr or addr + length > mr.addr + mr.length or (need and not mr._access & need)):
-            raise InvalidArgument(f"{_what(what)}: SGE (addr {addr:#x}, length {length}, lkey {lkey:#x}) is not "
-                                  "inside a registered MR of this QP's PD"
-                                  + (f" with {Access(need)!r}" if need else ""))
-        return addr, length, lkey
+        return _i64(s.addr), s.length, s.lkey & 0xFFFFFFFF
 
     def post_send(self, wrs: SendWR | list[SendWR]) -> None:
         """ibv_post_send into shared memory (no system call); a list is posted whole or not at all."""
@@ -616,9 +667,10 @@ class QP:
             check_send_wr(wr, DAEMON_POST, max_sge, profile, atomics)
             op, flags = int(wr.opcode), int(wr.send_flags)
             atomic = op in ATOMIC_OPCODES
-            addr, length, lkey = self._local_sge(wr.sg_list, _LOCAL_WRITE if atomic or op == _READ else 0, op)
+            addr, length, lkey = self._local_sge(wr.sg_list)
+            imm = (wr.invalidate_rkey if op == _SEND_INV else wr.imm_data) & 0xFFFFFFFF       # the IETH, or ImmDt
             rows.append((_i64(wr.wr_id), op, flags, addr, length, lkey,
-                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, wr.imm_data & 0xFFFFFFFF,
+                         _i64(wr.remote_addr), wr.rkey & 0xFFFFFFFF, imm,
                          _i64(wr.compare_add) if atomic else 0, _i64(wr.swap) if atomic else 0))
         mm, pack, base = self._mm, _SQE.pack_into, 8 * shm.QH_WORDS
         with self._lock:
@@ -639,7 +691,7 @@ class QP:
             raise InvalidState("post_recv on a QP in RESET: move it to INIT first")
         for wr in wrs:
             check_sg_list(wr.sg_list, "RECV", self.cap.max_recv_sge, DAEMON_POST)
-        rows = [(_i64(wr.wr_id), *self._local_sge(wr.sg_list, _LOCAL_WRITE, "RECV")) for wr in wrs]
+        rows = [(_i64(wr.wr_id), *self._local_sge(wr.sg_list)) for wr in wrs]
         mm, pack, base = self._mm, _RQE.pack_into, 8 * (shm.QH_WORDS + self.sq_size * shm.SQE_WORDS)
         with self._lock:
             tail = v[shm.QH_RQ_TAIL]
@@ -653,16 +705,6 @@ class QP:
 
     def __repr__(self) -> str:
         return f"QP({self.qp_num:#x}, {self.state.name})"
-
-
-def _what(op: str | int) -> str:
-    """A work request's name for an error message (an opcode the enum does not know: its number)."""
-    if isinstance(op, str):
-        return op
-    try:
-        return WROpcode(op).name
-    except ValueError:
-        return f"opcode {op}"
 
 
 def _i64(v: int) -> int:

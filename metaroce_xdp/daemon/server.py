@@ -351,13 +351,14 @@ def _make_context_class():
     dpc, L = _dp()
 
     class DaemonContext(dpc.Context):
-        """dp.Context with the daemon's limits on CQs (no completion channels: clients wait on their eventfd)
-        and an event hook."""
+        """dp.Context with the daemon's limits on CQs (no completion channels in the daemon: an armed CQ's
+        completion event goes to its client as a CQ_NOTIFY message) and event hooks."""
 
         def __init__(self, *a, **kw) -> None:
             super().__init__(*a, **kw)
             self.on_qp_event: Callable[[Any, int, int], None] | None = None
             self.on_cq_event: Callable[[Any], None] | None = None
+            self.on_cq_notify: Callable[[Any], None] | None = None
 
         def create_cq(self, depth: int = 1024, cq_context: Any = None, channel: Any = None):
             if not 0 < depth <= 1 << 16:
@@ -367,6 +368,11 @@ def _make_context_class():
             return super().create_cq(depth, cq_context)
 
         def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
+            if typ == L.EV_CQ_NOTIFY:                   # the loop disarmed the CQ (dp/core.py cq_notify)
+                cq = self.cqs.get(arg - arg % len(self.plane.group))
+                if cq is not None and self.on_cq_notify is not None:
+                    self.on_cq_notify(cq)
+                return
             super()._event(typ, qi, arg, arg2)
             if typ == L.EV_CQ_ERR:
                 if self.on_cq_event is not None:
@@ -421,6 +427,7 @@ class Device:
         self.bell_addr = int(self.bell.ctypes.data)
         ctx.on_qp_event = self._qp_event
         ctx.on_cq_event = self._cq_event
+        ctx.on_cq_notify = self._cq_notify
 
     # ---- the loop's tables (dp/serve.py) ------------------------------------------------------
     def attach_session(self, s: "Session") -> None:
@@ -479,7 +486,7 @@ class Device:
         if code == sv.BAD_OPCODE:
             return f"opcode {op} is not one the data plane implements"
         if code == sv.BAD_FLAGS:
-            return f"send_flags {a:#x}: only SIGNALED and SOLICITED"
+            return f"send_flags {a:#x}: only FENCE, SIGNALED and SOLICITED"
         if code == sv.BAD_SGE_LEN:
             return f"SGE length {b} out of range"
         if code == sv.BAD_ATOMIC:
@@ -493,8 +500,18 @@ class Device:
         q = self.qp_by_qi.get(dpqp.qi) if dpqp is not None else None
         if q is None:
             return
+        if typ in (self.L.EV_COMM_EST, self.L.EV_SQ_DRAINED):          # MR-QP-021, MR-QP-013: not errors
+            name = "COMM_EST" if typ == self.L.EV_COMM_EST else "SQ_DRAINED"
+            self.daemon.post_event(q.sess, {"event": name, "qp": q.h, "qp_num": dpqp.qp_num})
+            return
         if typ not in (self.L.EV_QP_FATAL, self.L.EV_QP_REQ_ERR, self.L.EV_QP_ACCESS_ERR):
-            return                          # COMM_EST, SQ_DRAINED, CQ_NOTIFY: not errors
+            return
+        if typ == self.L.EV_QP_FATAL and why == Why.SGE_LOCAL_CHECK:
+            # a WQE whose local checks failed moved the QP to ERR: its completion says so, no async event
+            # (MR-RC-022, as the compiled plane in process)
+            q.mirror_state()
+            q.err_told = True
+            return
         q.mirror_state()
         self.note_bad_wr(q, why)
         log.info("qpn %#x (pid %d): QP error: %s", dpqp.qp_num, q.sess.pid, dpqp.error_reason)
@@ -522,6 +539,13 @@ class Device:
                                         "reason": "CQ overflowed: poll it faster or make it deeper"})
         for q in list(c.sess.qps.values()):
             q.mirror_state()
+
+    def _cq_notify(self, dpcq: Any) -> None:
+        """An armed CQ got the completion it waited for (ibv_req_notify_cq, MR-BTH-004): its client hears of it,
+        once per arming.  The loop delivered the completion into the client's ring before it raised the event."""
+        c = self.cq_by_idx.get(dpcq.index)
+        if c is not None:
+            self.daemon.post_event(c.sess, {"event": "CQ_NOTIFY", "cq": c.h})
 
     # ---- the driver thread --------------------------------------------------------------------
     def start(self, timeout_s: float = 10.0) -> None:
@@ -602,7 +626,7 @@ class Device:
                 "caps": {"plane": "compiled", "max_pmtu": self.ctx.max_pmtu, "max_qps": self.plane.maxq - 1,
                          "max_cqs": self.L.MAX_CQS, "max_mrs": self.L.MAX_MRS - 1, "max_sge": 1,
                          "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
-                                     "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"],
+                                     "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD", "SEND_WITH_INV"],
                          "cm_caps": ["IPV6"] if ":" in port.ip else [],
                          "profiles": self.daemon.profiles(), "credits": self.daemon.cfg.credit_budget > 0,
                          "read_rate_bps": self.ctx.plane.nat.read_rate},
@@ -633,6 +657,7 @@ class Device:
                 naks_rx, rnr = int(slot["naks"]), int(slot["rnr_naks"])
             except Exception:                       # noqa: BLE001
                 pass
+        cnp = self.cnp_counters(q)
         st = QPState(int(r[L.Q_STATE]))
         nat = None
         if q.dpqp.profile == "native":
@@ -647,8 +672,29 @@ class Device:
                 "outstanding_send": int(q.W[shm.QH_SQ_TAIL]) - q.sq_taken + int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                 "outstanding_recv": int(q.W[shm.QH_RQ_TAIL]) - q.rq_taken + int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]),
                 "profile": q.dpqp.profile, "retransmits": int(r[L.Q_N_RETX]), "naks_rx": naks_rx, "naks_tx": int(r[L.Q_N_NAKS_TX]), "rnr": rnr,
-                "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx,
+                "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx, **cnp,
                 "error": q.dpqp.error_reason if st == QPState.ERR else None, "owner": q.sess.owner()}
+
+    def cnp_counters(self, q: SQP) -> dict:
+        """The QP's CNP and ECN counters (MR-CC-039, MR-CNP-010, MR-ECN-012) as agent_iut.CompiledSession reads
+        them: CNPs sent (tx_cnp), CE-marked packets received (rx_ce_marked), CNPs acted on (rx_cnp: the loop's
+        count, or the XDP program's when the loop has not yet run the idle QP), CNPs discarded for the QP
+        (rx_cnp_discarded); with DCQCN on, the reaction point's rate, target and alpha (5.6)."""
+        L = self.L
+        f = self.plane.F[q.qi]
+        out = {"tx_cnp": int(f[L.F_NP_TX]), "rx_cnp": int(f[L.F_RX_CNP]), "rx_ce_marked": int(f[L.F_NP_CE]),
+               "rx_cnp_discarded": 0}
+        if q.dpqp.installed and self.ctx.loader is not None:
+            try:
+                slot = self.ctx.loader.qp(q.dpqp.qp_num)
+                out["rx_cnp_discarded"] = int(slot["cnp_discarded"])
+                out["rx_cnp"] = max(out["rx_cnp"], int(slot["cnp_count"]))
+            except Exception:                       # noqa: BLE001 - the maps may be closing
+                pass
+        if self.plane.dcqcn.enabled:
+            out.update({"dcqcn_rate_bps": int(f[L.F_RC]), "dcqcn_target_bps": int(f[L.F_RT]),
+                        "dcqcn_alpha_ppm": round(float(f[L.F_ALPHA]) * 1e6)})
+        return out
 
     def flushing(self) -> bool:
         """Work still on its way to the clients' CQ rings: ring entries not taken, queues not flushed,
@@ -1323,8 +1369,10 @@ class Daemon:
                 s.dev = dev
                 dev.sessions.add(s)
         ctx = dev.ctx
+        p = ctx.plane.dcqcn
         return ({"ifname": ifname, "gid": ctx.gid, "mac": ctx.local_mac, "max_pmtu": ctx.max_pmtu,
-                 "profiles": self.profiles(), "native_offer": self.native_offer()},
+                 "profiles": self.profiles(), "native_offer": self.native_offer(),
+                 "dcqcn": dataclasses.asdict(p) if p.enabled else None},      # the reaction point's (5.6)
                 [s.wake_fd, dev.bell_fd])
 
     def native_offer(self) -> dict:
@@ -1354,6 +1402,9 @@ class Daemon:
         access = self._int(msg, "access", 0, 0, 0xF)
         offset = self._int(msg, "offset", 0)
         length = self._int(msg, "length", None, 1, 1 << 40)
+        inv = msg.get("remote_invalidate", False)
+        if not isinstance(inv, bool):
+            raise MalformedRequest(f"'remote_invalidate' must be true or false, not {inv!r}")
         if len(fds) != 1:
             raise MalformedRequest("reg_mr carries exactly one file descriptor (the memfd) as SCM_RIGHTS")
         try:
@@ -1372,7 +1423,7 @@ class Daemon:
         try:
             view = np.frombuffer(mm, np.uint8, count=length, offset=offset - start)
             with dev.reg_lock:
-                mr = dev.ctx.reg_mr(pd, view, Access(access))
+                mr = dev.ctx.reg_mr(pd, view, Access(access), remote_invalidate=inv)    # MR-MEM-040
         except BaseException:
             view = None
             shm.close_map(mm)
@@ -1423,6 +1474,17 @@ class Daemon:
             dev.cq_by_idx[cq.index] = c
             dev.attach_cq(c)
         return {"cq": h, "size": cq.size}, [fd]
+
+    def _op_req_notify_cq(self, s: Session, msg: dict, fds: list[int]):
+        """ibv_req_notify_cq: one CQ_NOTIFY message for the CQ's next completion, or with solicited_only its next
+        solicited or unsuccessful one (MR-BTH-004); arming for any completion outranks solicited_only."""
+        self._dev(s)
+        c = self._get(s.cqs, msg, "cq", "CQ")
+        sol = msg.get("solicited_only", False)
+        if not isinstance(sol, bool):
+            raise MalformedRequest(f"'solicited_only' must be true or false, not {sol!r}")
+        c.dpcq.req_notify(solicited_only=sol)
+        return {}, []
 
     def _op_destroy_cq(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)
@@ -1623,6 +1685,9 @@ class Daemon:
     def _op_query_qp(self, s: Session, msg: dict, fds: list[int]):
         dev = self._dev(s)
         q = self._get(s.qps, msg, "qp", "QP")
+        # the loop applies CNPs and the DCQCN timers to an idle QP only when it runs it: once more now, so the
+        # counters are current (bounded: a loop that does not run costs this request 50 ms, no more)
+        q.dpqp.refresh_cc(timeout=0.05)
         d = dev.qp_info(q)
         d["state"] = int(QPState[d["state"]])
         return {"qp_info": d}, []

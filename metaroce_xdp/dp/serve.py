@@ -10,8 +10,11 @@ daemon's driver thread: a GIL-free loop that, every round,
   each one -- the client is not trusted: opcode, flags, the SGE's lkey (index and tag), the MR's
   valid bit, **its PD against the QP's PD** (PDs are per client, so a client reaches only its own
   MRs), bounds, LOCAL_WRITE where the WR writes (READ, atomics); an atomic's one 8-byte SGE and remote
-  address a multiple of 8 (MR-XH-011); ring tails within the ring; sends only in RTS/ERR.
-  A bad entry completes with LOC_PROT_ERR (SGE) or LOC_QP_OP_ERR (the rest) on that QP's CQ, the
+  address a multiple of 8 (MR-XH-011); ring tails within the ring; sends only in RTS/SQD/ERR.
+  An SGE that fails its MR checks is taken with the reference MR_BAD, as the in-process post takes it: the
+  loop completes the WQE with LOC_PROT_ERR when it is the oldest, nothing of it sent (MR-RC-022), or, a
+  receive WQE, when a SEND comes for it (NAK code 3, MR-MEM-020).  Any other bad entry completes with
+  LOC_PROT_ERR (SGE length) or LOC_QP_OP_ERR (the rest) on that QP's CQ, the
   QP goes to ERR (event EV_QP_FATAL, why WHY_BAD_WR, details in its QX row for Python's message)
   and its rings are not read again;
 * runs `round.round_` (the data plane's round);
@@ -66,12 +69,13 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, E_BYTE_LEN, E_FLAGS, E_IMM,
                      Q_SQ_HEAD, Q_SQ_SIZE, Q_SQ_TAIL, Q_STATE, R_LADDR, R_LENGTH, R_LMR, R_WR_ID, NR, W_FLAGS,
                      W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
+from .layout import MR_BAD
 from .reasons import WHY_BAD_WORK_REQUEST
-from .core import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, WC_RECV, activate, push_cqe, push_event, qp_error,
-                   wc_of)
+from .core import (S_LOC_PROT, S_LOC_QP_OP, ST_ERR, ST_RTS, ST_SQD, WC_RECV, WR_SEND_INV, activate, push_cqe,
+                   push_event, qp_error, wc_of)
 from .core import in_mr, key_row      # MR-MEM-024 bounds without overflow, the one key decoder
 from .round import round_, views
-from ..native.plane_slot import NSLOT, O_PAR, O_RX, P_NAT_OFF, slot_base
+from ..native.plane_slot import NSLOT, O_PAR, O_RX, P_NAT_OFF, nat_slot, slot_base
 from ..native import layout as NL
 from ..native.receiver import rx_credit_alloc
 from .prims import c_monotonic_ns, c_poll, c_read8, ld_acq_i64, ld_acq_u64, st_rel_i64, st_rel_u64, unowned
@@ -119,7 +123,9 @@ WHY_BAD_WR = WHY_BAD_WORK_REQUEST   # Q_ERR code: the client wrote an invalid wo
 
 # bad entry codes (QX_BAD); Python turns them into the QP_FATAL message (server.Device.bad_wr_text)
 BAD_SQ_TAIL, BAD_RQ_TAIL, BAD_SEND_STATE, BAD_OPCODE, BAD_FLAGS, BAD_SGE_LEN, BAD_SGE, BAD_ATOMIC = 1, 2, 3, 4, 5, 6, 7, 8
-OP_READ, OP_LAST = 4, 6         # send opcodes served: WRITE, WRITE_IMM, SEND, SEND_IMM, READ, CAS (5), FETCH_ADD (6)
+OP_READ, OP_LAST = 4, 6         # send opcodes served: WRITE, WRITE_IMM, SEND, SEND_IMM, READ, CAS (5), FETCH_ADD (6),
+OP_SEND_INV = WR_SEND_INV       # and SEND_WITH_INV (9, compat QPs only: MR-NAT-010), its invalidate key in S_IMM
+SEND_FLAGS = 0x7                # FENCE, SIGNALED, SOLICITED (dp/core.py F_*)
 OP_RECV = 128                   # QX_BAD_OP of a refused receive WR (its SGE is written, as a READ's or an atomic's)
 ACC_LOCAL_WRITE = 1
 
@@ -199,8 +205,8 @@ def bad_wr(A, Q, SW, CQT, CE, QX, G, qi, code, has_entry, recv, wr_id, op, a, b,
         if recv:
             push_cqe(A, Q, CQT, CE, Q[qi, Q_RECV_CQ], qi, wr_id, status, WC_RECV, 0, 0, 0)
         else:
-            push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, wr_id, status, wc_of(op) if 0 <= op <= OP_LAST else 0,
-                     0, 0, 0)
+            push_cqe(A, Q, CQT, CE, Q[qi, Q_SEND_CQ], qi, wr_id, status,
+                     wc_of(op) if 0 <= op <= OP_LAST or op == OP_SEND_INV else 0, 0, 0, 0)
     if Q[qi, Q_STATE] == ST_ERR:
         push_event(A, EV_QP_FATAL, qi, WHY_BAD_WR, -1)
     else:
@@ -236,7 +242,7 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SQ_TAIL, False, False, 0, 0, tail, taken, size)
             return moved
         st = Q[qi, Q_STATE]
-        if st != ST_RTS and st != ST_ERR:
+        if st != ST_RTS and st != ST_SQD and st != ST_ERR:          # SQD: queued, not started (MR-QP-018)
             bad_wr(A, Q, SW, CQT, CE, QX, G, qi, BAD_SEND_STATE, False, False, 0, 0, st, 0, 0)
             return moved
         dtail = Q[qi, Q_SQ_TAIL]
@@ -258,18 +264,20 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             raddr = _w(e, S.S_RADDR)
             code = 0
             lmr = 0
-            if op < 0 or op > OP_LAST:
+            atomic = OP_READ < op <= OP_LAST
+            if (op < 0 or op > OP_LAST) and not (op == OP_SEND_INV and nat_slot(A, qi) < 0):
                 code = BAD_OPCODE
-            elif flags & ~0x6:
+            elif flags & ~SEND_FLAGS:
                 code = BAD_FLAGS
-            elif op > OP_READ and (length != 8 or raddr & 7):
+            elif atomic and (length != 8 or raddr & 7):
                 code = BAD_ATOMIC                       # one 8-byte SGE; MR-XH-011: the VA a multiple of 8
             else:
-                lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE if op >= OP_READ else 0)
+                lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE if OP_READ <= op <= OP_LAST else 0)
                 if lmr == -1:
                     code = BAD_SGE_LEN
                 elif lmr < 0:
-                    code = BAD_SGE
+                    lmr = MR_BAD                        # LOC_PROT_ERR when it is the oldest (MR-RC-022)
+                    laddr = 0
             if code != 0:
                 if took:
                     st_rel_i64(Q[qi], Q_SQ_TAIL, dtail + took)
@@ -291,12 +299,12 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             SW[r, W_LMR] = lmr
             SW[r, W_RADDR] = raddr
             SW[r, W_RKEY] = _w(e, S.S_RKEY) & 0xFFFFFFFF
-            if op > OP_READ:                            # as dp/context.py's _send_row (dp/requester.atomic_request)
+            if atomic:                                  # as dp/context.py's _send_row (dp/requester.atomic_request)
                 SW[r, W_IMM] = _w(e, S.S_COMPARE_ADD)
                 SW[r, W_SWAP] = _w(e, S.S_SWAP)
             else:
-                SW[r, W_IMM] = _w(e, S.S_IMM) & 0xFFFFFFFF
-            if op < OP_READ:
+                SW[r, W_IMM] = _w(e, S.S_IMM) & 0xFFFFFFFF      # the immediate, or SEND_WITH_INV's IETH
+            if (op < OP_READ or op == OP_SEND_INV) and lmr != MR_BAD:
                 QX[qi, QX_BYTES_TX] += length
             took += 1
         if took:
@@ -329,6 +337,9 @@ def pump_qp(A, Q, SW, RW, CQT, CE, MRT, QX, G, qi):
             length = _w(e, S.R_LENGTH)
             lkey = _w(e, S.R_LKEY)
             lmr = local_mr(MRT, pd, laddr, length, lkey, ACC_LOCAL_WRITE)
+            if lmr == -2:
+                lmr = MR_BAD                            # NAK code 3 and LOC_PROT_ERR when a SEND comes (MR-MEM-020)
+                laddr = 0
             if lmr < 0:
                 if took:
                     st_rel_i64(Q[qi], Q_RQ_TAIL, dtail + took)

@@ -213,7 +213,7 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
     from metaroce_xdp.daemon import client as C
     from metaroce_xdp import shm
     from metaroce_xdp.verbs_types import (SGE, Access, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
-                                          SendWR, WROpcode)
+                                          SendFlags, SendWR, WROpcode)
     path = env.sock("A")
     s = _raw(path)
     for data, want in ((b"\xff\x00garbage", "MalformedRequest"), (b"[1, 2]", "MalformedRequest"),
@@ -272,19 +272,29 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
         qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
         qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x777, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4))
         qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
-        with pytest.raises(InvalidArgument, match="not inside"):          # address outside the MR
-            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(mr.addr + 65_000, 1000, mr.lkey)]))
-        with pytest.raises(InvalidArgument, match="not inside"):          # oversized WR
-            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[mr.sge(0, 1 << 20)]))
-        with pytest.raises(C.Unsupported):                                # (atomics: test_daemon_native_read.py)
-            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND_WITH_INV, sg_list=[mr.sge(0, 8)]))
-        # a client bypassing the library: an SGE outside its MRs written straight into the shared ring
+        with pytest.raises(C.Unsupported):                                # one SGE per WR
+            qp.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[mr.sge(0, 8)] * 2))
+        # an SGE outside the MR (or an oversized one) is the WR's error completion, not a refusal at post
+        # (MR-MEM-020, MR-RC-022): the daemon's loop checks it when the WQE is the oldest; the WR behind it flushes
+        qp.post_send([SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, send_flags=SendFlags.SIGNALED,
+                             sg_list=[SGE(mr.addr + 65_000, 1000, mr.lkey)]),
+                      SendWR(wr_id=2, opcode=WROpcode.RDMA_WRITE, send_flags=SendFlags.SIGNALED,
+                             sg_list=[mr.sge(0, 1 << 20)])])
+        w = cq.wait(2, 10)
+        assert [(x.wr_id, x.status.name) for x in w] == [(1, "LOC_PROT_ERR"), (2, "WR_FLUSH_ERR")], w
+        _wait_for(lambda: qp.state == QPState.ERR, 5, "QP to ERR")
+        assert ctx.get_async_event(0.3) is None                          # the completion says it (MR-RC-022)
+        # a client bypassing the library: an opcode the loop does not serve, straight into the shared ring
+        qp = qps[3]
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=Access.REMOTE_WRITE))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=0x778, rq_psn=0, path_mtu=1024, dgid=env.pair.b.ipv4))
+        qp.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
         e = qp._sq[int(qp.W[shm.QH_SQ_TAIL]) & (qp.sq_size - 1)]
-        e[:9] = (77, int(WROpcode.RDMA_WRITE), 2, mr.addr - 4096, 4096, mr.lkey, 0, 0, 0)
+        e[:9] = (77, 8, 2, mr.addr, 8, mr.lkey, 0, 0, 0)
         qp.W[shm.QH_SQ_TAIL] += 1
         ctx._doorbell(qp.qp_num)
         w = cq.wait(1, 10)[0]
-        assert (w.wr_id, w.status.name) == (77, "LOC_PROT_ERR")
+        assert (w.wr_id, w.status.name) == (77, "LOC_QP_OP_ERR")
         _wait_for(lambda: qp.state == QPState.ERR, 5, "QP to ERR")
         ev = ctx.get_async_event(5)
         assert ev.event_type == EventType.QP_FATAL and ev.qp is qp and "invalid work request" in ev.reason
@@ -320,8 +330,10 @@ def test_bad_requests_get_typed_errors_and_harm_nothing(env):
 
 def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
     """The daemon's loop (dp/serve.py) checks every ring entry itself: another client's MR, even named by
-    its exact lkey and address, is refused (LOC_PROT_ERR), as are an unknown opcode and flags
-    (LOC_QP_OP_ERR); each only moves its own QP to ERR, and the other client's memory is untouched."""
+    its exact lkey and address, fails the WQE's local checks -- a READ completes LOC_PROT_ERR when it is the
+    oldest (MR-RC-022, no async event: the completion says it), a receive WQE is taken and would fail when a
+    SEND came for it (MR-MEM-020) -- and an unknown opcode or flags are refused (LOC_QP_OP_ERR, QP_FATAL);
+    each only moves its own QP to ERR, and the other client's memory is untouched."""
     from metaroce_xdp.daemon import client as C
     from metaroce_xdp import shm
     from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, WROpcode
@@ -352,28 +364,98 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
             qp.W[col] += 1
             c1._doorbell(qp.qp_num)
 
-        # a receive's and a READ's SGE is written: the message asks for an MR with LOCAL_WRITE
-        lw = "not inside a valid MR of the QP's PD with LOCAL_WRITE"
-        cases = ((qps[0], True, (11, mr2.addr, 4096, mr2.lkey), "LOC_PROT_ERR", "RECV", lw),
-                 (qps[1], False, (12, int(WROpcode.RDMA_READ), 2, mr2.addr, 64, mr2.lkey, 0, 0, 0), "LOC_PROT_ERR",
-                  "RDMA_READ", lw),
-                 (qps[2], False, (13, 9, 2, mr1.addr, 8, mr1.lkey, 0, 0, 0), "LOC_QP_OP_ERR", "SEND", "opcode 9"),
-                 (qps[3], False, (14, int(WROpcode.RDMA_WRITE), 0x100, mr1.addr, 8, mr1.lkey, 0, 0, 0),
+        # a receive WQE in another client's MR: taken, failed only when a SEND comes for it (none does here)
+        raw(qps[0], True, (11, mr2.addr, 4096, mr2.lkey))
+        _wait_for(lambda: int(qps[0].W[shm.QH_RQ_HEAD]) == 1, 5, "the receive WQE taken")
+        assert not cq1.poll(1) and qps[0].state == QPState.INIT
+        cases = ((qps[1], (12, int(WROpcode.RDMA_READ), 2, mr2.addr, 64, mr2.lkey, 0, 0, 0), "LOC_PROT_ERR",
+                  "RDMA_READ", None),
+                 (qps[2], (13, 8, 2, mr1.addr, 8, mr1.lkey, 0, 0, 0), "LOC_QP_OP_ERR", "SEND", "opcode 8"),
+                 (qps[3], (14, int(WROpcode.RDMA_WRITE), 0x100, mr1.addr, 8, mr1.lkey, 0, 0, 0),
                   "LOC_QP_OP_ERR", "RDMA_WRITE", "send_flags 0x100"))
-        for i, (qp, recv, entry, status, opcode, why) in enumerate(cases):
-            raw(qp, recv, entry)
+        for i, (qp, entry, status, opcode, why) in enumerate(cases):
+            raw(qp, False, entry)
             w = cq1.wait(1, 10)[0]
             assert (w.wr_id, w.status.name, w.opcode.name, w.qp_num) == (entry[0], status, opcode, qp.qp_num), w
             _wait_for(lambda: qp.state == QPState.ERR, 5, "the QP to ERR")
-            ev = c1.get_async_event(5)
-            assert ev.event_type == EventType.QP_FATAL and ev.qp is qp and "invalid work request" in ev.reason and why in ev.reason, ev
-            assert all(q.state != QPState.ERR for q in qps[i + 1:])          # only that QP
+            ev = c1.get_async_event(5 if why else 0.3)
+            if why is None:
+                assert ev is None, ev
+            else:
+                assert ev.event_type == EventType.QP_FATAL and ev.qp is qp and "invalid work request" in ev.reason and why in ev.reason, ev
+            assert all(q.state != QPState.ERR for q in qps[i + 2:])          # only that QP
+        assert qps[0].state == QPState.INIT
         assert qp2.state == QPState.INIT and not cq2.poll() and (buf2 == 7).all()
         dev = next(d for d in c1.status()["devices"] if d["ifname"] == env.pair.a.ifname)
-        assert dev["counters"]["bad_wrs"] >= 4
+        assert dev["counters"]["bad_wrs"] >= 2
     finally:
         c1.close()
         c2.close()
+
+
+def test_completion_events_comm_est_cnp_counters_sqd_and_send_with_inv_through_the_client(env):
+    """Issue 21, what the conformance agent drives through metaroced: a CQ armed with solicited_only gets its
+    event for a SEND with SE only (MR-BTH-004), the completion already in the ring; a QP in RTR raises COMM_EST
+    at its first request (MR-QP-021); query_qp reports the per-QP CNP counters (MR-CC-039); a WRITE posted in
+    SQD waits for RTS (MR-QP-018); a SEND WITH INVALIDATE invalidates the peer's remote-invalidatable MR
+    (MR-MEM-040), its receive completion carries the key, and a WRITE with that rkey then fails."""
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR,
+                                          WCFlags, WCStatus, WROpcode)
+    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+    ca, cb = C.connect(env.sock("A"), env.pair.a.ifname), C.connect(env.sock("B"), env.pair.b.ifname)
+    try:
+        pa, pb = ca.alloc_pd(), cb.alloc_pd()
+        ma = pa.reg_mr(ca.alloc_buf(1 << 16), full)
+        mb = pb.reg_mr(cb.alloc_buf(1 << 16), full, remote_invalidate=True)
+        qa_cq, qb_cq = ca.create_cq(16), cb.create_cq(16)
+        qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        for qp, peer, ip in ((qa, qb, env.pair.b.ipv4), (qb, qa, env.pair.a.ipv4)):
+            qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=full))
+            qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0, path_mtu=1024, dgid=ip,
+                             max_dest_rd_atomic=4, min_rnr_timer=1))
+        qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=4))
+        qb.post_recv([RecvWR(wr_id=20 + i, sg_list=[mb.sge(4096 * i, 4096)]) for i in range(3)])
+        qb_cq.req_notify(solicited_only=True)
+        with pytest.raises(InvalidArgument):
+            qb_cq.req_notify(solicited_only=1)
+        sig = SendFlags.SIGNALED
+        qa.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[ma.sge(0, 64)], send_flags=sig))
+        assert qb_cq.wait(1, 10)[0].status == WCStatus.SUCCESS and not qb_cq.get_event(0.3)   # no SE: no event
+        ev = cb.get_async_event(5)
+        assert ev.event_type == EventType.COMM_EST and ev.qp is qb, ev                           # MR-QP-021
+        qa.post_send(SendWR(wr_id=2, opcode=WROpcode.SEND, sg_list=[ma.sge(0, 64)], send_flags=sig | SendFlags.SOLICITED))
+        assert qb_cq.get_event(10) and qb_cq.poll(1)[0].wr_id == 21       # the event, its completion in the ring
+        assert not qb_cq.get_event(0.1)                                   # disarmed: one event per arming
+        assert [w.status for w in qa_cq.wait(2, 10)] == [WCStatus.SUCCESS] * 2
+        q = qa.query()
+        assert all(isinstance(q[k], int) and q[k] >= 0 for k in ("tx_cnp", "rx_cnp", "rx_ce_marked",
+                                                                 "rx_cnp_discarded")), q
+        assert ("dcqcn_rate_bps" in q) == (ca.dcqcn is not None), q
+        # SQD: the WRITE is queued, and sent once the QP is back in RTS (MR-QP-018)
+        qb.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0))
+        qa.modify(QPAttr(qp_state=QPState.SQD))
+        _wait_for(lambda: qa.state == QPState.SQD, 5, "SQD")
+        qa.post_send(SendWR(wr_id=3, opcode=WROpcode.RDMA_WRITE, sg_list=[ma.sge(0, 8)], send_flags=sig,
+                            remote_addr=mb.addr + 32768, rkey=mb.rkey))
+        assert not qa_cq.poll(1)
+        qa.modify(QPAttr(qp_state=QPState.RTS))
+        assert [(w.wr_id, w.status) for w in qa_cq.wait(1, 10)] == [(3, WCStatus.SUCCESS)]
+        # SEND WITH INVALIDATE: the peer's MR invalidated, the key in its receive completion (MR-MEM-040)
+        qb_cq.req_notify()
+        qa.post_send(SendWR(wr_id=4, opcode=WROpcode.SEND_WITH_INV, sg_list=[ma.sge(0, 64)], send_flags=sig,
+                            invalidate_rkey=mb.rkey))
+        assert qb_cq.get_event(10)
+        r = qb_cq.poll(1)[0]
+        assert (r.wr_id, r.status, r.invalidated_rkey) == (22, WCStatus.SUCCESS, mb.rkey) and r.wc_flags & WCFlags.WITH_INV
+        assert qa_cq.wait(1, 10)[0].status == WCStatus.SUCCESS
+        qa.post_send(SendWR(wr_id=5, opcode=WROpcode.RDMA_WRITE, sg_list=[ma.sge(0, 8)], send_flags=sig,
+                            remote_addr=mb.addr, rkey=mb.rkey))
+        assert qa_cq.wait(1, 10)[0].status == WCStatus.REM_ACCESS_ERR
+    finally:
+        ca.close()
+        cb.close()
 
 
 def test_work_requests_are_taken_without_python_in_the_daemon(env):
@@ -517,3 +599,4 @@ def test_reload_applies_run_time_options_and_refuses_the_others(tmp_path):
         d.reload(DaemonConfig(interfaces=["y0"], socket_path=str(tmp_path / "t.sock"), max_clients=1))
     assert d.cfg.max_clients == 64 and d.cfg.interfaces == ["x0"]           # nothing applied
     d.drain_and_stop(0), d.drain_and_stop(0)                                  # idempotent, even unstarted
+

@@ -2,8 +2,8 @@
 because the plane's event ring (1024 entries, shared by every client of the interface) was full gets its
 QP_FATAL from the serving thread's check every 0.5 s (Daemon._owed_events, events_recovered).
 
-For real: one client with 1010 QPs on 32 small CQs writes a receive with an invalid key into every QP's
-ring while the compiled loop sleeps (progress = "sleep", no doorbell), so one scan takes all of them in one
+For real: one client with 1010 QPs on 32 small CQs writes a receive of 2^31 bytes (an SGE length no library
+writes: an invalid work request) into every QP's ring while the compiled loop sleeps (progress = "sleep", no doorbell), so one scan takes all of them in one
 round: 1010 QP_FATALs and 32 CQ_ERRs (each CQ overflows) for 1024 places.  A real daemon in a namespace
 (as tests/daemon/test_daemon.py), with limits raised for that many QPs."""
 from __future__ import annotations
@@ -54,8 +54,8 @@ def test_a_qp_error_whose_event_the_full_ring_dropped_gets_its_qp_fatal(env, nof
         for qp in qps:
             qp.modify(QPAttr(qp_state=QPState.INIT))
         before = env.status("A")["daemon"]["events_recovered"]
-        for qp in qps:                      # the entry first (an lkey no MR has), then every tail at once
-            qp._rq[0, :4] = (7, 0x1000, 64, 0x7FFFFF00)
+        for qp in qps:                      # the entry first (2^31 bytes), then every tail at once
+            qp._rq[0, :4] = (7, 0x1000, 1 << 31, 0x7FFFFF00)
         for qp in qps:
             qp.W[shm.QH_RQ_TAIL] = 1
         _wait_for(lambda: all(qp.state == QPState.ERR for qp in qps), 20, "every QP in ERR")
