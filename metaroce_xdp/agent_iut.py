@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .verbs import QP_RX_COUNTERS
 from .verbs_types import InvalidArgument, QPState
 
 # The receive drop counters the spec names (01-encapsulation.md MR-ENC-032, MR-BTH, MR-OPC): each the sum of
@@ -111,7 +112,6 @@ class CompiledIUT(_BaseIUT):
         p = ctx.plane.dcqcn
         self.dcqcn = p if getattr(p, "enabled", False) else None
         self.counter_names = list(PLANE_COUNTERS) + list(SPEC_DROPS) + list(AGENT_COUNTERS)
-        from .dp.context import QP_RX_COUNTERS
         self.qp_counter_names = ["retransmits", "naks_received", "rnr_naks_received", "sq_depth", "rq_depth",
                                  "tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded", *QP_RX_COUNTERS]
         if self.dcqcn is not None:
@@ -293,15 +293,31 @@ class DaemonIUT(_BaseIUT):
         # what the daemon's query_qp reports per QP (server.Device.qp_info, cnp_counters)
         self.qp_counter_names = ["retransmits", "naks_received", "rnr_naks_received", "sq_depth", "rq_depth",
                                  "bytes_sent", "bytes_received", "tx_cnp", "rx_cnp", "rx_ce_marked",
-                                 "rx_cnp_discarded"]
+                                 "rx_cnp_discarded", *QP_RX_COUNTERS]
         # the reaction point's parameters when the daemon runs DCQCN (open_device's reply), its values per QP
         if dcqcn is not None:
             from .congestion import DcqcnParams
             self.dcqcn = DcqcnParams(**{k: v for k, v in dcqcn.items() if k in DcqcnParams.__dataclass_fields__})
             self.qp_counter_names += ["dcqcn_rate_bps", "dcqcn_target_bps", "dcqcn_alpha_ppm"]
-        self.params: dict = {}           # the daemon's knobs are its configuration's, not a client's
+        # the daemon's knobs are its configuration's, not a client's; ecn is the QPs' own (QPAttr.ecn)
+        self.params: dict = {"ecn": (lambda: int(self.ecn), self._set_ecn, 0, 1)}
         from .daemon.proto import Unsupported
         self.unsupported = (Unsupported,)
+
+    ecn = True            # set_param ecn: the QPs moved to RTR from now on are ECN-capable (MR-ECN-011)
+
+    def _set_ecn(self, v: int) -> None:
+        self.ecn = bool(v)
+
+    def source_counters(self, src: str) -> dict:
+        """The receive counters of the QPs connected to `src` (MR-SEC-006): metaroced's administrator view
+        (status, devices[].rx_by_source), zero for an address no QP was connected to."""
+        import ipaddress
+        key = str(ipaddress.ip_address(src))
+        for d in self._status().get("devices", []):
+            if d.get("ifname") == self.ifname:
+                return dict((d.get("rx_by_source") or {}).get(key) or dict.fromkeys(QP_RX_COUNTERS, 0))
+        return dict.fromkeys(QP_RX_COUNTERS, 0)
 
     def session(self) -> "DaemonSession":
         return DaemonSession(self)
@@ -437,6 +453,7 @@ class DaemonSession:
         # the CNP/ECN counters (MR-CC-039, MR-CNP-010, MR-ECN-012) and, with DCQCN on, the reaction point's state
         out.update({k: int(q[k]) for k in ("tx_cnp", "rx_cnp", "rx_ce_marked", "rx_cnp_discarded", "dcqcn_rate_bps",
                                            "dcqcn_target_bps", "dcqcn_alpha_ppm") if q.get(k) is not None})
+        out.update({k: int(q.get(k) or 0) for k in QP_RX_COUNTERS})      # MR-DUP-010, MR-MEM-019, MR-SEC-031
         out.update(native_qp_counters(q.get("native") or {}))      # a native QP's (server.Device.qp_info)
         return out
 

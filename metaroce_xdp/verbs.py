@@ -27,6 +27,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 from .verbs_types import (SGE, WC, Access, AsyncEvent, InvalidArgument, InvalidState, QPAttr, QPCap, QPState, RecvWR,
                           SendFlags, SendWR, Unsupported, WROpcode)
 
+#: the per-QP receive counters both endpoints report in `QP.query()` (MR-DUP-010, MR-MEM-019, MR-ACK-015,
+#: MR-SEC-031): duplicates, requests after the expected PSN, remote access errors, RNR NAKs sent, stale and
+#: ghost responses, the bad response that ended the QP
+QP_RX_COUNTERS = ("rx_dup_req", "rx_drop_out_of_seq", "rx_rkey_violation", "rnr_naks_sent", "rx_stale_rsp",
+                  "rx_ghost_rsp", "rx_bad_rsp")
 #: what `QP.query()` returns on both endpoints (more keys may follow)
 QUERY_KEYS = frozenset({"qp_num", "state", "error", "sq_psn", "rq_psn", "path_mtu", "dest_qp_num", "profile",
                         "retransmits"})

@@ -24,8 +24,9 @@ from ..netinfo import PathResolver, iface_info
 from ..verbs_types import PATH_MTUS
 from .xsk import Umem, XskSocket
 
-# Largest header stack a data packet carries: Ethernet + VLAN + IPv6 + UDP + BTH + RETH + ImmDt + ICRC
-MAX_OVERHEAD_L2 = 14 + 4 + 40 + 8 + 12 + 16 + 4 + 4
+# Largest header stack a data packet carries (MR-ENC-029): Ethernet + VLAN + IPv6 + UDP + BTH + the native
+# NATIVE_WRITE_IMM's RETH + NETH + RSNETH + ImmDt (40 B; compat's largest, RETH + ImmDt, is 20 B) + ICRC
+MAX_OVERHEAD_L2 = 14 + 4 + 40 + 8 + 12 + 40 + 4
 MAX_OVERHEAD_L3 = MAX_OVERHEAD_L2 - 18
 
 

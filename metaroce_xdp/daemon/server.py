@@ -672,7 +672,7 @@ class Device:
                 "outstanding_send": int(q.W[shm.QH_SQ_TAIL]) - q.sq_taken + int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                 "outstanding_recv": int(q.W[shm.QH_RQ_TAIL]) - q.rq_taken + int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]),
                 "profile": q.dpqp.profile, "retransmits": int(r[L.Q_N_RETX]), "naks_rx": naks_rx, "naks_tx": int(r[L.Q_N_NAKS_TX]), "rnr": rnr,
-                "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx, **cnp,
+                "rate_bps": round(q.rate_bps), "bytes_tx": q.bytes_tx, "bytes_rx": q.bytes_rx, **cnp, **q.dpqp.rx_counters(),
                 "error": q.dpqp.error_reason if st == QPState.ERR else None, "owner": q.sess.owner()}
 
     def cnp_counters(self, q: SQP) -> dict:
@@ -1553,7 +1553,7 @@ class Daemon:
             raise MalformedRequest(f"unknown QP attributes {sorted(bad)} (known: {sorted(_ATTR_FIELDS)})")
         for k, v in a.items():
             ok = (isinstance(v, str) if k in ("dgid", "dmac", "path_mig_state", "profile") else
-                  isinstance(v, bool) if k == "en_sqd_async_notify" else
+                  isinstance(v, bool) if k in ("en_sqd_async_notify", "ecn") else
                   v is None or isinstance(v, dict) if k == "native_params" else
                   v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32))
             if not ok:
@@ -1862,7 +1862,10 @@ class Daemon:
         devices, qps = [], []
         for dev in _copy(self.devices.values()):
             try:
-                devices.append(dev.info())
+                d = dev.info()
+                if uid is None:               # the administrator's view: receive counts by peer address (MR-SEC-006)
+                    d["rx_by_source"] = dev.ctx.counters_by_source()
+                devices.append(d)
             except Exception as e:            # noqa: BLE001 - a stopping device: say so, keep the rest
                 devices.append({"ifname": dev.ifname, "error": str(e)})
             for q in _copy(dev.qp_by_qi.values()):

@@ -36,7 +36,7 @@ from ..tunables import Tunables
 from ..tunables import load as load_tunables
 from ..verbs_types import AsyncEvent, AsyncEventQueue, EventType, Unsupported
 from ..netinfo import NetInfoError, PathWatch
-from ..verbs import ATOMIC_OPCODES, PostRules, check_post_state, check_send_wr, check_sg_list
+from ..verbs import ATOMIC_OPCODES, QP_RX_COUNTERS, PostRules, check_post_state, check_send_wr, check_sg_list
 from ..verbs_types import (PATH_MTUS, SGE, Access, Busy, InvalidArgument, InvalidState, QPAttr, QPCap, QPState,
                            QueueFull, RecvWR, ResourceError, SendFlags, SendWR, VerbsError, WC, WCFlags, WCOpcode,
                            WCStatus, WROpcode, local_ack_timeout_ns)
@@ -57,10 +57,8 @@ _NOTIFY_NEXT, _NOTIFY_SOLICITED = 1, 2         # CQ.armed (dp/core.py cq_notify)
 # and retry counts.  cur_qp_state, alt_path, path_mig_state and profile have checks of their own (MR-QP-006,
 # MR-QP-008, MR-NAT-003); qp_state is the transition itself.
 _AV_ATTRS = {"dgid", "dmac", "sport", "dscp", "ecn"}
-# The per-QP receive counters of QP.rx_counters: the loop's (Q row) and, for responses, the XDP program's
-# (the QP's slot: ghost_acks, stale_acks).  Counted per source address too (Context.source_counters).
-QP_RX_COUNTERS = ("rx_dup_req", "rx_drop_out_of_seq", "rx_rkey_violation", "rnr_naks_sent", "rx_stale_rsp",
-                  "rx_ghost_rsp", "rx_bad_rsp")
+# QP.rx_counters (verbs.QP_RX_COUNTERS): the loop's (Q row) and, for responses, the XDP program's (the QP's
+# slot: ghost_acks, stale_acks).  Counted per source address too (Context.source_counters).
 _TAKES = {
     (QPState.RESET, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
     (QPState.INIT, QPState.INIT): {"qp_access_flags", "pkey_index", "port_num"},
@@ -1512,6 +1510,12 @@ class Context:
         tot = self._retired.setdefault(src, dict.fromkeys(QP_RX_COUNTERS, 0))
         for k, v in qp.rx_counters().items():
             tot[k] += v
+
+    def counters_by_source(self) -> dict[str, dict]:
+        """source_counters of every peer address a QP of this Context was connected to (MR-SEC-006)."""
+        addrs = set(self._retired) | {str(ipaddress.ip_address(q.dgid)) for q in list(self.qps.values())
+                                      if q.dgid is not None}
+        return {a: self.source_counters(a) for a in sorted(addrs)}
 
     def source_counters(self, ip: str) -> dict:
         """The receive counters (QP_RX_COUNTERS) of every QP connected to the peer address `ip`, the live

@@ -139,10 +139,6 @@ KNOWN = {"compiled": PLANE_DIVERGENCES, "daemon": {**PLANE_DIVERGENCES, **DAEMON
 PLANE_CANNOT_DRIVE: dict[str, str] = {}
 # What metaroced's client cannot do besides: the rules no other case passes there.
 DAEMON_CANNOT_DRIVE = {
-    **{r: "no per-QP receive counters (rx_dup_req, rx_ghost_rsp, rx_rkey_violation, rx_drop_out_of_seq, "
-          "rnr_naks_sent) or counts by source address through the client"
-       for r in ("MR-DUP-010", "MR-OPC-006", "MR-MEM-019", "MR-SEC-006", "MR-SEC-031")},
-    "MR-ECN-011": "no set_param ecn (QPAttr.ecn) through the client",
     "MR-RC-008": "one SGE per work request (its ring entry): no list of SGEs adding up to more than 2^31 bytes",
 }
 CANNOT_DRIVE = {"compiled": PLANE_CANNOT_DRIVE, "daemon": {**PLANE_CANNOT_DRIVE, **DAEMON_CANNOT_DRIVE}}
