@@ -856,6 +856,10 @@ class QP:
                     r[L.Q_RNR_RETRY] = r[L.Q_RNR_LEFT] = min(7, g.get("rnr_retry", 7))
                 if "max_rd_atomic" in g:          # 0: a READ or ATOMIC fails LOC_QP_OP_ERR (MR-RC-009)
                     r[L.Q_MAX_RD] = max(0, min(L.MAX_RD, g["max_rd_atomic"]))
+                if self.profile == "native":      # rto_max, retry_cnt, rnr_retry (MR-LOSS-005/009, MR-SACK-036)
+                    first = cur == QPState.RTR
+                    pl.nat.qp_attrs(self.qi, t, g.get("retry_cnt", 7) if "retry_cnt" in g or first else None,
+                                    g.get("rnr_retry", 7) if "rnr_retry" in g or first else None)
                 if cur == QPState.RTR:
                     self._kernel_rts(int(r[L.Q_SND_PSN]))
                     if self.profile == "native":

@@ -32,6 +32,7 @@ class Why(enum.IntEnum):
     LOCAL_LENGTH = 33                      # MR-RC-008
     RD_ATOMIC_NOT_ALLOWED = 34             # MR-RC-009
     RESPONDER_RESOURCES = 35               # MR-DUP-007
+    RSN_INVALID = 36                       # MR-OOO-026 (native)
     MODIFIED_TO_ERR = 100                  # the application moved it (modify); no event owed
     DESTROYED = 101
     BAD_WORK_REQUEST = 200                 # metaroced: the client wrote an invalid work request into its ring
@@ -65,6 +66,8 @@ TEXT = {
     Why.RD_ATOMIC_NOT_ALLOWED: "a READ or ATOMIC on a QP whose max_rd_atomic is 0 (MR-RC-009)",
     Why.RESPONDER_RESOURCES: "invalid request: a READ or ATOMIC beyond the responder resources (max_dest_rd_atomic, "
                              "MR-DUP-007)",
+    Why.RSN_INVALID: "invalid request: an RSN that another incomplete message holds, or that differs from an "
+                     "earlier packet of its message (native, MR-OOO-026)",
     Why.MODIFIED_TO_ERR: "moved to ERR by modify",
     Why.DESTROYED: "destroyed",
     Why.BAD_WORK_REQUEST: "invalid work request",
@@ -103,5 +106,6 @@ WHY_ACCESS_OR_DMA_LENGTH = int(Why.ACCESS_OR_DMA_LENGTH)
 WHY_LOC_LEN = int(Why.LOCAL_LENGTH)
 WHY_RD_ATOMIC_0 = int(Why.RD_ATOMIC_NOT_ALLOWED)
 WHY_RESPONDER_RESOURCES = int(Why.RESPONDER_RESOURCES)
+WHY_RSN_INVALID = int(Why.RSN_INVALID)
 WHY_MODIFIED_TO_ERR = int(Why.MODIFIED_TO_ERR)
 WHY_BAD_WORK_REQUEST = int(Why.BAD_WORK_REQUEST)

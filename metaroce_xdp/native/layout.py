@@ -311,11 +311,12 @@ def params(**kw) -> np.ndarray:
     return row
 
 
-def rto_max_for_timeout(timeout: int) -> float:
-    """rto_max in seconds for the IBTA timeout attribute (MR-LOSS-005)."""
+def rto_max_for_timeout(timeout: int, rto_min: float = 500e-6) -> float:
+    """rto_max in seconds for the IBTA timeout attribute (MR-LOSS-005): 4.096 us * 2^timeout raised to
+    rto_min (seconds) if smaller; 1 s for timeout 0 (infinite)."""
     if timeout == 0:
         return 1.0
-    return max(4.096e-6 * 2 ** timeout, 500e-6)
+    return max(4.096e-6 * 2 ** timeout, rto_min)
 
 
 def new_rx(n: int = 1) -> np.ndarray:

@@ -15,12 +15,13 @@ from ..dp.layout import *  # noqa: F401,F403  (column numbers are compile-time c
 from . import layout as NL
 from ..congestion import link_rate_bps
 from ..dp.cc import ce_marked
-from ..dp.core import (ACC_REMOTE_WRITE, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, OP_ATOMIC_ACK, OP_CAS, OP_FAA,
-                       RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, activate, flush_queues, mr_check, mr_live_a,
-                       place, sg_valid)
+from ..dp.core import (ACC_REMOTE_WRITE, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, NAK_REM_OP, OP_ATOMIC_ACK, OP_CAS,
+                       OP_FAA, RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, activate, flush_queues, mr_check,
+                       mr_live_a, place, sg_valid)
 from ..dp.layout import PSN_MASK
 from ..dp.prims import ld_acq_i64
-from ..dp.reasons import WHY_IMMDT_DIFFERS, WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG
+from ..dp.reasons import (WHY_IMMDT_DIFFERS, WHY_PAYLOAD_LENGTH, WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS,
+                          WHY_RSN_INVALID, WHY_SEND_TOO_LONG)
 from ..dp.requester import fail_local, sqd_check
 from ..verbs_types import Unsupported
 from ..wire.headers import UDP, IPv6
@@ -31,11 +32,11 @@ from ..wire.hdr import (IP4_ADDR_SIZE, IP4_SIZE, IP6_ADDR_SIZE, IP6_SIZE, O_IP4_
 from .multipath import entropy_context, entropy_values, flow_label_key, mp_init
 from .rdpace import NRP, RP_C_PACED, RP_C_SHARED, RP_C_WAIT, RP_PEND, RP_SHARE, RP_SHARE_MIN
 from .receiver import (RSN_INVALID, RSN_NOT_READY, RX_NEW, RX_OOW, RX_SACK_NOW, rx_init, rx_on_not_ready, rx_on_packet,
-                       rx_recorded, rx_rsn_check)
+                       rx_on_unrecorded, rx_recorded, rx_rsn_check)
 from .sender import tx_init
 from .plane_slot import (EXT_BYTES, NETH_FIRST, NETH_LAST, NNX, NPW, NRMX, NSLOT, NX_FIELDS, OP_N_READ_REQ,
-                         OP_N_READ_RESP, OP_N_SACK, OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE, OP_N_WRITE_IMM, O_LM, O_NX,
-                         O_PAR, O_PT, O_RM, O_RMX, O_RP, O_RX, O_SP, O_TX, O_TXR, PW_NPEND, PW_RATE, P_NAT_EXT,
+                         OP_N_READ_RESP, OP_N_SACK, OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE, OP_N_WRITE_IMM, O_LM, O_LR,
+                         O_NX, O_PAR, O_PT, O_RM, O_RMX, O_RP, O_RX, O_SP, O_TX, O_TXR, PW_NPEND, PW_RATE, P_NAT_EXT,
                          P_NAT_OFF, SLOT_WORDS, X_C_BAD_LEN, X_C_DUP, X_C_ERR_HELD, X_C_IMM_INV, X_C_NOTREADY, X_C_OOO,
                          X_C_OOW, X_C_PLACED, X_C_RSN_INV, X_C_RX_BYTES, X_ERR_PSN, X_ERR_SYN, X_FL_KEY, X_JB_HEAD,
                          X_JB_TAIL, X_RD_GAP, X_RS_HELD, X_SACK_OWED, _jit, flow_label, nat_advanced, nat_error,
@@ -45,7 +46,20 @@ from .plane_tx import nat_on_sack, nat_requester, nat_timers
 
 _jit = dict(cache=True, nogil=True)
 
+MSG_MAX = 1 << 31                # the largest Message Length (MR-XH-020)
 DEFAULT_READ_RATE_BPS = 10e9     # when the interface does not tell its speed (as DCQCN's R_line)
+
+
+@njit(**_jit)
+def nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why, ce, tsval, sport, now):
+    """An error found on arrival of the request at PSN psn (nat_error: NAKed now when psn is the ePSN, else
+    held, MR-SACK-031).  A NAK-type SACK sent now is triggered by this packet: its tsecr, echo_sport and
+    flags are this packet's, as for an ACK-type SACK (MR-SACK-032)."""
+    rx = A[b + O_RX:b + O_RX + NL.NRX]
+    if psn == rx[NL.R_EPSN]:
+        rx_on_unrecorded(rx, ce, 1, tsval, sport, now)
+    nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why)
+    activate(A, Q, qi)
 
 
 @njit(**_jit)
@@ -121,23 +135,38 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
     plen = end - pad - h
     pmtu = Q[qi, Q_PMTU]
     rest = mlen - off
-    want = pmtu if rest > pmtu else rest
-    # MR-NAT-017/018/019: offset on a packet boundary, the payload the offset implies, flags to match
-    if off % pmtu != 0 or rest < 0 or plen != want or (is_write and dlen != mlen) or \
+    # MR-XH-021: what the packet alone contradicts is dropped and counted before any transport check --
+    # offset + payload above Message Length, Message Length above 2^31, a WRITE's RETH.DMA Length other
+    # than its Message Length (MR-XH-020), F or L against offset, payload and Message Length (MR-XH-018)
+    if plen > rest or mlen > MSG_MAX or (is_write and dlen != mlen) or \
             ((fl & NETH_FIRST) != 0) != (off == 0) or ((fl & NETH_LAST) != 0) != (off + plen == mlen):
         nx[X_C_BAD_LEN] += 1
         A[P_RX_DROP_LEN] += 1
+        return
+    ackreq = 1 if bth_ackreq(umem, bo) else 0
+    ce = 1 if ce_marked(umem, l3) else 0
+    sport = udp_sport(umem, udp_of(umem, l3))
+    e0 = rx[NL.R_EPSN]
+    d = (psn - e0) & PSN_MASK
+    want = pmtu if rest > pmtu else rest
+    if off % pmtu != 0 or plen != want:
+        # check 4 of MR-OOO-001 (after check 3): the offset on a packet boundary of the QP's path MTU and
+        # the payload it implies, or an invalid request (MR-SACK-031) -- for a PSN of the window not yet
+        # received; beyond the window it is discarded (MR-SACK-011), a copy of a received PSN dropped
+        if d < par[NL.P_W] and not rx_recorded(rx, par, psn):
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_PAYLOAD_LENGTH, ce,
+                       tsval, sport, now)
+        elif d < NL.PSN_HALF and d >= par[NL.P_W]:
+            nx[X_C_OOW] += 1
+        else:
+            nx[X_C_BAD_LEN] += 1
+            A[P_RX_DROP_LEN] += 1
         return
     npk = (rest + pmtu - 1) // pmtu
     if npk < 1:
         npk = 1
     last_psn = (psn + npk - 1) & PSN_MASK
     lastp = (fl & NETH_LAST) != 0
-    ackreq = 1 if bth_ackreq(umem, bo) else 0
-    ce = 1 if ce_marked(umem, l3) else 0
-    sport = udp_sport(umem, udp_of(umem, l3))
-    e0 = rx[NL.R_EPSN]
-    d = (psn - e0) & PSN_MASK
     if nx[X_ERR_SYN] and psn == nx[X_ERR_PSN]:
         nx[X_C_ERR_HELD] += 1                        # MR-SACK-031: never recorded while its error waits
         return
@@ -146,10 +175,17 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         rq_head = Q[qi, Q_RQ_HEAD]
         rm = A[b + O_RM:b + O_RM + NL.WMAX * NL.NRM].reshape((NL.WMAX, NL.NRM))
         fresh = rm[rsn & NL.WMASK, NL.M_STATE] == 0  # the first packet of its message to be taken
-        kq = rx_rsn_check(rx, rm, par, rsn, msn, last_psn, ld_acq_i64(Q[qi], Q_RQ_TAIL) - rq_head)
-        if kq == RSN_INVALID:                        # MR-OOO-026
+        kq = rx_rsn_check(rx, rm, A[b + O_LR:b + O_LR + NL.WMAX], par, rsn, msn, last_psn,
+                          ld_acq_i64(Q[qi], Q_RQ_TAIL) - rq_head)
+        if kq == RSN_INVALID:                        # MR-OOO-026: check 5, an invalid request (MR-SACK-031)
             nx[X_C_RSN_INV] += 1
-            A[P_RX_DROP_STATE] += 1
+            if d < par[NL.P_W] and not rx_recorded(rx, par, psn):
+                nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_RSN_INVALID, ce,
+                           tsval, sport, now)
+            elif d >= par[NL.P_W]:
+                nx[X_C_OOW] += 1                     # beyond the window: check 3 discards it (MR-SACK-011)
+            else:
+                A[P_RX_DROP_STATE] += 1              # a copy of a PSN received before
             return
         if kq == RSN_NOT_READY:                      # MR-OOO-012: not recorded; comes again
             rx_on_not_ready(rx, ce, 1, tsval, sport, now)
@@ -164,8 +200,8 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             A[xi] = imm                              # the message's ImmDt, as its first packet taken says
         elif has_imm and A[xi] != imm and d < par[NL.P_W] and not rx_recorded(rx, par, psn):
             nx[X_C_IMM_INV] += 1                     # MR-OOO-011: check 5, invalid request (MR-SACK-031)
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMMDT_DIFFERS)
-            activate(A, Q, qi)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMMDT_DIFFERS, ce,
+                       tsval, sport, now)
             return
     src = A[P_UMEM_ADDR] + h
     mr = np.int64(0)
@@ -173,21 +209,22 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         # a VA >= 2^63 (negative here) is refused before the offset is added to it (STYLE 14, MR-SEC-004)
         mr = mr_check(MRT, rkey, Q[qi, Q_PD], va + off, plen, ACC_REMOTE_WRITE) if va >= 0 else np.int64(-1)
         if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS)
-            activate(A, Q, qi)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS, ce,
+                       tsval, sport, now)
             return
     rr = np.int64(0)
     if recv and d < NL.PSN_HALF and d < par[NL.P_W]:
         rr = Q[qi, Q_RQ_BASE] + ((Q[qi, Q_RQ_HEAD] + kq) & (Q[qi, Q_RQ_SIZE] - 1))
         if not is_write and off + plen > RW[rr, R_LENGTH]:
-            # longer than the receive buffer (MR-RC-017): the RECV fails, invalid request
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_SEND_TOO_LONG)
-            activate(A, Q, qi)
+            # check 9 of MR-OOO-001: longer than the receive WQE, a remote operational error; the receive
+            # WQE completes IBV_WC_LOC_LEN_ERR (nat_nak_error)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_OP, psn, WHY_SEND_TOO_LONG, ce,
+                       tsval, sport, now)
             return
         if not is_write and plen and ((RW[rr, R_LMR] and not mr_live_a(A, RW[rr, R_LMR]))
                                       or not sg_valid(A, RW[rr, R_SG], RW[rr, R_NSGE])):
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, 0x63, psn, WHY_RECV_MR_INVALID)
-            activate(A, Q, qi)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_OP, psn, WHY_RECV_MR_INVALID, ce,
+                       tsval, sport, now)
             return
     res = rx_on_packet(rx, par, psn, ackreq, ce, 1, tsval, sport, now)
     if res & RX_OOW:
@@ -336,6 +373,22 @@ class NativeSlots:
         self._w(sl, O_PAR, NL.NPAR)[:] = par_row
         rx_init(self._w(sl, O_RX, NL.NRX), self._w(sl, O_PAR, NL.NPAR), rq_psn & PSN_MASK)
         self.natq[qi] = sl + 1
+
+    def qp_attrs(self, qi: int, timeout: int | None = None, retry_cnt: int | None = None,
+                 rnr_retry: int | None = None) -> None:
+        """The QP attributes a native QP takes at RTS (and SQD -> RTS) into its parameters: rto_max from the
+        IBTA timeout (MR-LOSS-005, raised to the QP's rto_min), retry_cnt (MR-LOSS-009) and rnr_retry
+        (MR-SACK-036, 7: unlimited); None leaves one as it is."""
+        r = self.rows(qi)
+        if r is None:
+            return
+        par = r[0]
+        if timeout is not None:
+            par[NL.P_RTO_MAX] = int(round(NL.rto_max_for_timeout(timeout, int(par[NL.P_RTO_MIN]) / 1e9) * 1e9))
+        if retry_cnt is not None:
+            par[NL.P_RETRY_CNT] = min(7, retry_cnt)
+        if rnr_retry is not None:
+            par[NL.P_RNR_RETRY] = min(7, rnr_retry)
 
     def start(self, qi: int, sq_psn: int, sport: int, now: int, tm: np.ndarray | None = None,
               l3: int = -1) -> None:

@@ -33,12 +33,12 @@ from ..wire.hdr import (OPT, OT_AETH, OT_PAY, OT_SACKETH, aeth_syndrome, bth_psn
                         sacketh_tsecr, sacketh_word, sacketh_words)
 from ..wire.headers import SACK_MAX_WORDS
 from .multipath import mp_pick, mp_pick_retx
-from .sender import (ACT_FAIL, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tsval_of, tx_can_send,
+from .sender import (ACT_FAIL, ACT_RNR_END, ACT_RTO, ACT_TLP, TK_NEW, TK_RETX, TK_RTO, TK_TLP, tsval_of, tx_can_send,
                      tx_next_deadline, tx_next_lost, tx_on_rnr_nak, tx_on_sack, tx_on_timer, tx_on_transmit)
 from .plane_slot import (NETH_FIRST, NETH_LAST, NETH_RETX, NSBX, OP_N_SACK, OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE,
                          OP_N_WRITE_IMM, O_SBX, O_WD, P_NAT_OFF, X_CUR_MSN, X_CUR_RSN, X_C_RTO, X_C_SACK_BAD,
-                         X_C_SACK_NAK_SEQ, X_C_SACK_RX, X_C_TLP, X_MSN_NEXT, X_RSN_NEXT, _jit, count_tx, nat_ext,
-                         nat_slot, rows, set_entropy, slot_base)
+                         X_C_SACK_NAK_SEQ, X_C_SACK_RX, X_C_TLP, X_MSN_NEXT, X_RNR_ACK, X_RSN_NEXT, _jit, count_tx,
+                         nat_ext, nat_slot, rows, set_entropy, slot_base)
 from .plane_read import nat_rd_issue, nat_tx_rd
 
 _jit = dict(cache=True, nogil=True)
@@ -148,8 +148,11 @@ def nat_requester(A, Q, SW, TM, umem, tables, qi, b, now, budget):
             break
         if tx_can_send(s, par, pnow, 0) != 0:
             return sent
-        if not nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, p, TK_RETX, 0, now):
+        ack = 1 if nx[X_RNR_ACK] == p + 1 else 0    # MR-SACK-042: the last packet of the message at p
+        if not nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, p, TK_RETX, ack, now):
             return sent
+        if ack:
+            nx[X_RNR_ACK] = 0
         sent += 1
     pmtu = Q[qi, Q_PMTU]
     while sent < budget:
@@ -241,6 +244,12 @@ def nat_timers(A, Q, SW, CQT, CE, TM, umem, tables, qi, b, now):
         nx[X_C_TLP] += 1
         if nat_tx_packet(A, Q, SW, TM, umem, tables, qi, b, p, TK_TLP, 1, now):
             return 1
+    elif act == ACT_RNR_END:
+        # MR-SACK-042: the held PSNs are lost now and go under the window (nat_requester), AckReq set on
+        # the last packet of the message at p, the RNR NAK's PSN (that message's first, MR-SACK-036)
+        j = b + O_SBX + (p & NL.WMASK) * NSBX
+        r = sq_row(Q, qi, A[j])
+        nx[X_RNR_ACK] = ((p + SW[r, W_NPSN] - 1 - A[j + 1]) & PSN_MASK) + 1
     return 0
 
 

@@ -193,12 +193,15 @@ def rx_build_sack(r, par, hdr, words):
     return nw
 
 
-@lazy_njit("int64(int64[::1], int64[:, ::1], int64[::1], int64, int64, int64, int64)", **_jit)
-def rx_rsn_check(r, rm, par, rsn, msn, last_psn, posted):
+@lazy_njit("int64(int64[::1], int64[:, ::1], int64[::1], int64[::1], int64, int64, int64, int64)", **_jit)
+def rx_rsn_check(r, rm, lr, par, rsn, msn, last_psn, posted):
     """A packet of a recv-consuming message (RSN `rsn`, message `msn` ending at `last_psn`):
     its receive offset k (MR-OOO-006, the (k+1)-th oldest receive WQE not yet completed) when
     ready; RSN_NOT_READY when k >= posted (MR-OOO-012: do not record, RNR per MR-SACK-035);
-    RSN_INVALID when k >= W or the RSN contradicts an earlier packet (MR-OOO-026)."""
+    RSN_INVALID when k >= W or the RSN contradicts an earlier packet (MR-OOO-026): another
+    message holds the RSN, or the message ending at `last_psn` (the same MSN: distinct incomplete
+    messages end at distinct PSNs of the window) holds another RSN.  lr (WMAX words, by last
+    PSN): RSN + 1 of the message recorded as ending there, trusted only while rm still holds it."""
     k = (rsn - r[R_RSN_NEXT]) & PSN_MASK
     if k >= par[P_W]:
         r[R_C_RSN_INV] += 1
@@ -208,6 +211,12 @@ def rx_rsn_check(r, rm, par, rsn, msn, last_psn, posted):
         if m[M_RSN] != rsn or m[M_MSN] != msn or m[M_LAST_PSN] != last_psn:
             r[R_C_RSN_INV] += 1
             return RSN_INVALID
+    o = lr[last_psn & WMASK] - 1
+    if o >= 0 and o != rsn:
+        mo = rm[o & WMASK]
+        if mo[M_STATE] == 1 and mo[M_RSN] == o and mo[M_LAST_PSN] == last_psn:
+            r[R_C_RSN_INV] += 1                         # MR-OOO-026: its MSN came with RSN o before
+            return RSN_INVALID
     if k >= posted:
         r[R_C_NOTREADY] += 1
         return RSN_NOT_READY
@@ -216,6 +225,7 @@ def rx_rsn_check(r, rm, par, rsn, msn, last_psn, posted):
         m[M_RSN] = rsn
         m[M_MSN] = msn
         m[M_LAST_PSN] = last_psn
+        lr[last_psn & WMASK] = rsn + 1
     return k
 
 
@@ -263,11 +273,12 @@ def rx_credit_alloc(rxs, par, now):
 
 
 @lazy_njit("void(int64[::1], int64, int64, int64, int64, int64)", **_jit)
-def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
-    """A packet of a not-ready recv-consuming message (MR-OOO-012): not recorded, but its ECN mark
-    counts (MR-CC-025) and it is the trigger of the RNR NAK-type SACK the data plane may send for it
-    (MR-SACK-035: rx_build_sack fills tsecr, credit, ce_count, echo_sport and flags, MR-SACK-032;
-    the data plane sets the syndrome, BTH.PSN = the ePSN and bitmap_words 0)."""
+def rx_on_unrecorded(r, ce, has_ts, tsval, sport, now):
+    """A request packet that is not recorded but answered -- a packet of a not-ready message (the RNR
+    NAK-type SACK, MR-SACK-035) or one whose error is NAKed at once (MR-SACK-031): its ECN mark counts
+    (MR-CC-025) and it is the trigger of that SACK, whose tsecr, credit, ce_count, echo_sport and
+    flags rx_build_sack fills as for an ACK-type SACK (MR-SACK-032; the data plane sets the syndrome,
+    BTH.PSN = the ePSN and bitmap_words 0)."""
     if ce:
         if r[R_CE_COUNT] < 0xFFFF:
             r[R_CE_COUNT] += 1
@@ -277,6 +288,13 @@ def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
     r[R_TRIG_SPORT] = sport
     r[R_TRIG_CE] = 1 if ce else 0
     r[R_LAST_RX_TS] = now
+
+
+@lazy_njit("void(int64[::1], int64, int64, int64, int64, int64)", **_jit)
+def rx_on_not_ready(r, ce, has_ts, tsval, sport, now):
+    """A packet of a not-ready recv-consuming message (MR-OOO-012): not recorded, but the trigger of
+    the RNR NAK-type SACK the data plane may send for it (rx_on_unrecorded)."""
+    rx_on_unrecorded(r, ce, has_ts, tsval, sport, now)
     r[R_C_NOTREADY] += 1
 
 

@@ -116,34 +116,15 @@ def test_the_agent_claims_native_only_when_asked():
 IUT_IP, LT_IP = "10.58.0.1", "10.58.0.2"
 # Native cases the compiled plane fails today: case ID -> the plane bug (the test fails on any other FAIL/ERROR).  The
 # same plane runs in metaroced, which fails them too (and TC-NAT-010-a: its client refuses SEND_WITH_INV with
-# ENOTSUP, not EINVAL; TC-NAT-024-a: its loop takes no FENCE, CANNOT-DRIVE).
-PLANE_DIVERGENCES: dict[str, str] = {
-    "TC-SACK-036-a": "MR-SACK-042: after an RNR wait the SEND at the NAK'd PSN is retransmitted without BTH.AckReq "
-                     "(native/plane_tx.py nat_requester sends every lost PSN with ackreq 0; ACT_RNR_END's PSN gets "
-                     "none)",
-    "TC-LOSS-007-a": "MR-LOSS-009 / MR-LOSS-005: a native QP ignores the retry_cnt and timeout given at RTS -- it "
-                     "keeps native_params' retry_cnt 7 and rto_max 1 s (dp/context.py passes them to "
-                     "NativeSlots.attach at RTR only): 7 retransmissions for retry_cnt 6, RTO intervals 128 and "
-                     "256 ms past rto_max 67.1 ms",
-    "TC-SACK-036-b": "MR-SACK-036: rnr_retry given at RTS is not applied to a native QP either (native_params' "
-                     "rnr_retry 7, unlimited): a second RNR NAK starts another wait instead of RNR_RETRY_EXC_ERR",
-    "TC-OOO-026-a": "MR-OOO-026: a SEND whose RSN another incomplete message holds is dropped silently "
-                    "(native/plane.py RSN_INVALID -> rx_drop_state) instead of an invalid request NAK-type SACK "
-                    "(check 5, MR-SACK-031)",
-    "TC-OOO-026-b": "MR-OOO-026: a SEND packet whose RSN differs from an earlier packet of its MSN is accepted and "
-                    "placed in the other RSN's receive WQE (receiver.rx_rsn_check compares only a message already "
-                    "recorded under the same RSN)",
-    "TC-OOO-001-d": "MR-OOO-001 check 4: a WRITE packet whose NETH offset is not a multiple of the path MTU is "
-                    "dropped and counted in rx_drop_len (native/plane.py, with MR-XH-021's contradictions) instead "
-                    "of an invalid request NAK-type SACK",
-    "TC-OOO-001-e": "MR-OOO-001 check 4: a packet whose payload is not min(pmtu, msg_len - offset) is dropped as "
-                    "for TC-OOO-001-d instead of an invalid request NAK",
-    "TC-OOO-001-g": "MR-OOO-001 check 9: a SEND longer than its receive WQE is NAKed 0x61 (invalid request) "
-                    "instead of 0x63 (remote operational error); MR-SACK-032: that NAK-type SACK carries tsecr 0 "
-                    "and echo_sport 0, not the SEND's TSval and source port",
-}
+# ENOTSUP, not EINVAL; TC-NAT-024-a: its loop takes no FENCE, CANNOT-DRIVE).  None at present.
+PLANE_DIVERGENCES: dict[str, str] = {}
 # Native cases the plane fails in some runs only: either verdict is accepted, the cause stays listed.
 INTERMITTENT: dict[str, str] = {
+    "TC-LOSS-007-a": "MR-LOSS-007: in some full-catalogue runs on a loaded 2-CPU host (load average 5-6) one RTO "
+                     "fires late -- the first interval 9.3, 10.8 or 41.5 ms for 8 ms, TSvals as late, so the loop "
+                     "ran the timer late -- and the next interval, judged against twice the late one, fails; "
+                     "alone the case passed 3 runs of 3 (retry_cnt and rto_max given at RTS now hold, "
+                     "MR-LOSS-009 and MR-LOSS-005 pass)",
     "TC-LOSS-010-a": "MR-LOSS-010: in some runs the requester's SRTT is far below the RTT the tester gave it "
                      "(srtt 99 us after a SACK that came 1.3 ms after the packet whose TSval it echoed), so the "
                      "probe leaves before 2 x SRTT of the true RTT; seen on both IUTs (metaroced: probe 0.49 ms "

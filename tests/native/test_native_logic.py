@@ -121,24 +121,27 @@ def test_rsn_placement_and_inorder_completions_mr_ooo_006_012_013_014_026():
     once the cumulative PSN reaches each message (MR-OOO-013/014), inconsistent RSNs invalid (MR-OOO-026)."""
     r, par = rx(0)
     rm = L.new_rm()
+    lr = np.zeros(L.WMAX, np.int64)
     out = np.zeros(8, np.int64)
     # messages RSN 0 (PSNs 0-1), RSN 1 (PSN 2), RSN 2 (PSN 3); arrivals 3, 2, 1, 0
-    assert rx_rsn_check(r, rm, par, 2, 12, 3, 2) == RSN_NOT_READY             # only 2 WQEs posted
-    assert rx_rsn_check(r, rm, par, 2, 12, 3, 3) == 2
+    assert rx_rsn_check(r, rm, lr, par, 2, 12, 3, 2) == RSN_NOT_READY        # only 2 WQEs posted
+    assert rx_rsn_check(r, rm, lr, par, 2, 12, 3, 3) == 2
     rx_on_packet(r, par, 3, 0, 0, 1, 0, 1, 0)
-    assert rx_rsn_check(r, rm, par, 1, 11, 2, 3) == 1
+    assert rx_rsn_check(r, rm, lr, par, 1, 11, 2, 3) == 1
     rx_on_packet(r, par, 2, 0, 0, 1, 0, 1, 0)
     assert rx_recv_completions(r, rm, out) == 0                              # nothing before them yet
-    assert rx_rsn_check(r, rm, par, 0, 10, 1, 3) == 0
+    assert rx_rsn_check(r, rm, lr, par, 0, 10, 1, 3) == 0
     rx_on_packet(r, par, 1, 0, 0, 1, 0, 1, 0)
     assert rx_recv_completions(r, rm, out) == 0
-    assert rx_rsn_check(r, rm, par, 1, 99, 2, 3) == RSN_INVALID               # same RSN, other MSN
-    assert rx_rsn_check(r, rm, par, 300, 13, 9, 3) == RSN_INVALID             # k >= W
+    assert rx_rsn_check(r, rm, lr, par, 1, 99, 2, 3) == RSN_INVALID          # same RSN, other MSN
+    assert rx_rsn_check(r, rm, lr, par, 300, 13, 9, 3) == RSN_INVALID        # k >= W
+    assert rx_rsn_check(r, rm, lr, par, 4, 10, 1, 9) == RSN_INVALID          # MSN 10 came with RSN 0
+    assert rm[4 & L.WMASK, L.M_STATE] == 0                                   # and took nothing
     rx_on_packet(r, par, 0, 0, 0, 1, 0, 1, 0)
     assert rx_recv_completions(r, rm, out) == 3 and list(out[:3]) == [0, 1, 2]
     assert r[L.R_RSN_NEXT] == 3
     # a not-ready message (MR-OOO-012): not recorded, its CE counted (MR-CC-025), it triggers the RNR SACK
-    assert rx_rsn_check(r, rm, par, 3, 13, 4, 0) == RSN_NOT_READY
+    assert rx_rsn_check(r, rm, lr, par, 3, 13, 4, 0) == RSN_NOT_READY
     rx_on_not_ready(r, 1, 1, 0x1234, 0xC009, 0)
     hdr, _ = sack(r, par)
     assert r[L.R_EPSN] == 4 and hdr[4] == 1 and hdr[2] == 0x1234 and hdr[5] == 0xC009 and hdr[6] == 0x80
@@ -350,6 +353,26 @@ def test_rto_backoff_floor_and_retry_budget_mr_loss_003_to_009():
     assert s[L.S_RETRY_COUNT] == 1 and s[L.S_N_LOST] == 4 and s[L.S_CONSEC_RTO] == 1
     tx_on_sack(s, sb, pt, par, 0x100, 0, np.zeros(1, np.int64), tsval_of(0), 0, 0, 0xFFFF, 0xC000, 9_000 * US)
     assert s[L.S_RETRY_COUNT] == 0 and s[L.S_CONSEC_RTO] == 0
+
+
+def test_qp_attributes_at_rts_set_rto_max_retry_cnt_rnr_retry_mr_loss_005_009_sack_036():
+    """The timeout, retry_cnt and rnr_retry a native QP is given at RTS become its rto_max (MR-LOSS-005: 4.096 us
+    * 2^timeout, raised to rto_min; 1 s for timeout 0), retry_cnt (MR-LOSS-009) and rnr_retry (MR-SACK-036)."""
+    from metaroce_xdp.dp.layout import N_P
+    from metaroce_xdp.native.plane import NativeSlots
+    from metaroce_xdp.native.plane_slot import region_words
+    A = np.zeros(N_P + region_words(4), np.int64)
+    ns = NativeSlots(A, N_P, 4)
+    ns.attach(1, 0x100, rto_min=100)
+    par = ns.rows(1)[0]
+    assert (par[L.P_RTO_MAX], par[L.P_RETRY_CNT], par[L.P_RNR_RETRY]) == (1_000_000_000, 7, 7)   # the defaults
+    ns.qp_attrs(1, 14, 6, 1)
+    assert (par[L.P_RTO_MAX], par[L.P_RETRY_CNT], par[L.P_RNR_RETRY]) == (67_108_864, 6, 1)
+    ns.qp_attrs(1, 3, None, None)                                  # 32.8 us: raised to rto_min 100 us
+    assert (par[L.P_RTO_MAX], par[L.P_RETRY_CNT], par[L.P_RNR_RETRY]) == (100_000, 6, 1)
+    ns.qp_attrs(1, 0)
+    assert par[L.P_RTO_MAX] == 1_000_000_000
+    assert L.rto_max_for_timeout(14) == pytest.approx(0.067108864) and L.rto_max_for_timeout(1) == 500e-6
 
 
 def test_tail_loss_probe_mr_loss_010_011():
