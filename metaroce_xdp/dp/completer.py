@@ -18,11 +18,12 @@ from .layout import *  # noqa: F401,F403  (column numbers are compile-time const
 from ..wire.hdr import OPT, OT_AETH, OT_PAY, aeth_syndrome, ext_at
 from ..wire.psn import psn_diff
 from .layout import PSN_MASK, PSN_NONE
-from .reasons import WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED, WHY_PEER_NAK, WHY_RNR_RETRY_EXHAUSTED
+from .reasons import (WHY_BAD_RESPONSE, WHY_LOCAL_MR_DEREGISTERED, WHY_PEER_NAK, WHY_RETRY_EXHAUSTED,
+                      WHY_RNR_RETRY_EXHAUSTED)
 from .prims import ld_acq_i64, ld_acq_u32, ld_acq_u64, ld_acq_u8
 from .core import (KS_ACK_PSN, KS_ACK_SEQ, KS_NAK_CODE, KS_NAK_PSN, KS_NAK_SEQ, KS_RNR_PSN, KS_RNR_SEQ, KS_RNR_TIMER,
                    OP_RSP_FIRST, OP_RSP_LAST, OP_RSP_MIDDLE, OP_RSP_ONLY, RNR_TIMER_US, ST_ERR, S_BAD_RESP, S_LOC_PROT,
-                   S_OK, S_REM_ACCESS, S_REM_INV_REQ, S_REM_OP, S_RNR_EXC, WR_READ, ack_deadline,
+                   S_OK, S_REM_ACCESS, S_REM_INV_REQ, S_REM_OP, S_RETRY_EXC, S_RNR_EXC, WR_READ, ack_deadline,
                    complete_head, ks_addr, mr_live_a, place, publish_comp, publish_nak_read, qp_error, rd_atomic,
                    sg_valid, sq_row)
 from .requester import rewind
@@ -88,6 +89,9 @@ def kernel_acks(A, Q, SW, CQT, CE, qi, now):
     if psn_diff(ack, Q[qi, Q_K_ACK]) > 0:
         Q[qi, Q_K_ACK] = ack
         A[P_ACKS_SEEN] += 1
+        # forward progress (MR-RNR-008): the response acknowledged request packets not acknowledged before --
+        # also where a READ still waiting for its responses keeps comp_psn behind them (advance moves nothing)
+        Q[qi, Q_RETRY_LEFT] = Q[qi, Q_RETRY_CNT]
         advance(A, Q, SW, CQT, CE, qi, (ack + 1) & PSN_MASK, now)
     if nak_seq != Q[qi, Q_K_NAK_SEQ]:
         Q[qi, Q_K_NAK_SEQ] = nak_seq
@@ -133,14 +137,21 @@ def retry_in_progress(Q, qi, psn):
 @njit(**_jit)
 def seq_nak_retry(A, Q, SW, CQT, CE, qi, psn, now):
     """A PSN sequence error NAK for `psn` (everything before it acknowledged already): go back N from it
-    (MR-NAK-004) -- unless a retry from `psn` is in progress: a repeated NAK for it is a copy and starts
-    nothing (MR-NAK-005).  (Not yet counted against retry_left, MR-RETRY-011: counted as written, with
-    forward progress taken as comp_psn moving, the retries of a READ whose responses were being lost ran
-    out under 5 % loss, tests/dp/test_fault_matrix.py.)"""
+    (MR-NAK-004), which counts against retry_left -- with none left the WQE holding it fails RETRY_EXC_ERR
+    (MR-RETRY-011) -- unless a retry from `psn` is in progress: a repeated NAK for it is a copy and starts
+    nothing (MR-NAK-005).  The budget is reset by every response that acknowledges request packets not
+    acknowledged before (kernel_acks: the kernel's ack_psn moving, a NAK's implied ACK included), also while
+    a READ whose responses were lost holds comp_psn back -- counting with comp_psn alone as progress spent
+    the READ's retries on NAKs for the WRITEs after it (tests/dp/test_fault_matrix.py at 5 % loss)."""
     if retry_in_progress(Q, qi, psn):
         return
+    if Q[qi, Q_RETRY_LEFT] <= 0:
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, WHY_RETRY_EXHAUSTED)
+        return
+    Q[qi, Q_RETRY_LEFT] -= 1
     Q[qi, Q_RETRY_FROM] = psn + 1
     rewind(A, Q, SW, qi, psn)
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
 
 
 @njit(**_jit)

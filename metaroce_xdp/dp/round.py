@@ -34,7 +34,7 @@ from ..wire.hdr import R_UNKNOWN_OPCODE, bth_psn, parse_frame
 from ..wire.psn import psn_diff
 from .layout import NC, NE, NM, NQ, NR, NW, PSN_MASK
 from .reasons import WHY_BAD_RESPONSE, WHY_RETRY_EXHAUSTED
-from .prims import c_memcpy, c_recvfrom_kick, ld_acq_i64, ld_acq_u32, ptr_u64, st_rel_i64, st_rel_u32
+from .prims import c_memcpy, c_monotonic_ns, c_recvfrom_kick, ld_acq_i64, ld_acq_u32, ptr_u64, st_rel_i64, st_rel_u32
 from .ring import RING_NEED_WAKEUP, fq_topup, frame_free, tx_flush
 from .core import (OP_ACK, OP_ATOMIC_ACK, OP_CAS, OP_FAA, OP_READ_REQ, OP_RSP_ONLY, OP_SEND_LAST_INV, OP_SEND_ONLY_INV,
                    ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, S_BAD_RESP, S_RETRY_EXC, ack_deadline, activate,
@@ -288,6 +288,9 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
         if fqf and (ld_acq_u32(fqf) & RING_NEED_WAKEUP):
             c_recvfrom_kick(A[P_FD])
         return 0
+    # the clock again: the loop reads it only every 8th idle round, and a thread preempted since then would
+    # time these packets -- an RTT sample from a SACK (MR-LOSS-001) -- with a `now` as old as the preemption
+    now = c_monotonic_ns()
     ring = carray(ptr_u64(A[P_RX_DESC]), (size * 2,))
     fsize = A[P_FQ_SIZE]
     fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))

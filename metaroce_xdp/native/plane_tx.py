@@ -23,7 +23,7 @@ from ..dp.core import (F_FENCE, F_SOLICITED, ST_RTS, ST_SQD, ST_SQE, S_RETRY_EXC
                        WR_SEND, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, activate, emit, mr_live_a, qp_error, rd_atomic,
                        sg_valid, sq_row, src_of)
 from ..dp.layout import EV_QP_FATAL, PSN_MASK, PSN_NONE
-from ..dp.prims import ld_acq_i64, ld_acq_u32, ld_acq_u64, ptr_u8, st_rel_u32, st_rel_u64
+from ..dp.prims import c_monotonic_ns, ld_acq_i64, ld_acq_u32, ld_acq_u64, ptr_u8, st_rel_u32, st_rel_u64
 from ..dp.reasons import WHY_RD_ATOMIC_0, WHY_RETRY_EXHAUSTED, WHY_RNR_RETRY_EXHAUSTED
 from ..dp.requester import loc_why  # local errors before the first packet (MR-RC-008, MR-RC-022)
 from ..kern.layout import MR_SACK_RING_LEN, SACK_REC_DTYPE, SACK_RING_DTYPE
@@ -328,13 +328,14 @@ def nat_kern_sacks(A, Q, SW, CQT, CE, now):
     """The NATIVE_SACKs the XDP program put in the mr_sacks rings (MR-SACK-043; the protocol is struct
     mr_sack_ring's): each ring whose owner QP this loop runs, drained in ring order into nat_on_sack, as
     nat_rx hands it a SACK from the AF_XDP socket -- the same state check first, the same arguments
-    (`now` the round's clock), the same counters.  A record is judged against the requester state of
+    (`now` read again at the first record, as rx_burst does for the socket's), the same counters.  A record is judged against the requester state of
     now (MR-SACK-019, MR-SACK-037); none waits longer than a frame in the socket's ring would (while
     the loop sleeps the kernel steers SACKs to the socket: nat_kern_sleep).  Records of another QPN
     (the slot's previous QP) or uncopied are discarded, counted.  Returns the records taken."""
     if A[P_SR_ADDR] == 0 or A[P_NAT_OFF] == 0:
         return 0
     n = 0
+    fresh = False
     for ri in range(A[P_SR_N]):
         r, qi = own_ring(A, Q, ri)
         if r == 0:
@@ -344,6 +345,9 @@ def nat_kern_sacks(A, Q, SW, CQT, CE, now):
             e = r + SR_REC + (cons & SR_MASK) * SREC_SIZE
             if ld_acq_u64(e + SREC_SEQ) != cons + 1:
                 break                                # empty, or the kernel is still writing it
+            if not fresh:                            # an RTT sample (MR-LOSS-001) with the time it is taken
+                now = c_monotonic_ns()
+                fresh = True
             ln = ld_acq_u32(e + SREC_LEN)
             sl = nat_slot(A, qi)
             st = Q[qi, Q_STATE]

@@ -118,9 +118,6 @@ def test_catalogue_levels_tables_and_applicability():
 # IUTs run the same plane (metaroced serves dp.Context), so they share these; the run fails on any FAIL or
 # ERROR outside this table.  A case that passes again should leave the table.
 PLANE_DIVERGENCES = {
-    "TC-RETRY-011-a": "a sequence-error NAK does not count against retry_left (MR-RETRY-011): counted as written, "
-                      "the retries of READs under loss ran out in tests/dp/test_fault_matrix.py",
-    "TC-RETRY-011-b": "as TC-RETRY-011-a",
     # intermittent: seen in some runs of the same build
     "TC-CM-005-a": "intermittent: a valid REQ after refused ones gets REJ NO_RESOURCES (the listening QP not yet "
                    "back in INIT, MR-CM-033)",
