@@ -178,7 +178,7 @@ class SQP:
         return int(self.dev.QX[self.qi, col])
 
     sq_taken = property(lambda self: self._x(self.dev.serve.QX_SQ_TAKEN))
-    rq_taken = property(lambda self: self._x(self.dev.serve.QX_RQ_TAKEN))
+    rq_taken = property(lambda self: int(self.dpqp.row[self.dev.L.Q_CRQ_TAKEN]))    # dp/clientq.py
     bytes_tx = property(lambda self: self._x(self.dev.serve.QX_BYTES_TX))
     bytes_rx = property(lambda self: self._x(self.dev.serve.QX_BYTES_RX))
 
@@ -455,12 +455,18 @@ class Device:
             row = self.QX[q.qi]
             row[:] = 0
             row[sv.QX_SESS], row[sv.QX_QPN] = q.sess.slot, q.dpqp.qp_num
-            row[sv.QX_SQ_SIZE], row[sv.QX_RQ_SIZE] = q.sq_size, q.rq_size
+            row[sv.QX_SQ_SIZE] = q.sq_size
             row[sv.QX_ADDR] = int(q.W.ctypes.data)
+            # the receive ring, which the responder reads too (dp/clientq.py)
+            L, r = self.L, q.dpqp.row
+            r[L.Q_CRQ_OFF] = 8 * (shm.QH_WORDS + q.sq_size * shm.SQE_WORDS)
+            r[L.Q_CRQ_SIZE], r[L.Q_CRQ_TAKEN] = q.rq_size, 0
+            r[L.Q_CRQ] = int(q.W.ctypes.data)
 
     def detach_qp(self, q: SQP) -> None:
         with self.plane.paused():
             self.QX[q.qi] = 0
+            q.dpqp.row[self.L.Q_CRQ] = 0     # before its mapping goes: the loop never reads it again
 
     def attach_cq(self, c: SCQ) -> None:
         sv = self.serve
@@ -610,8 +616,11 @@ class Device:
         except (OSError, ValueError):
             mtu = None
         G, sv = self.G, self.serve
-        counters = {"plane": self.ctx.stats(), "driver_iterations": self.iterations,
-                    "wrs_taken": int(G[sv.G_TAKEN]), "cqes_delivered": int(G[sv.G_DELIVERED]),
+        plane = self.ctx.stats()
+        counters = {"plane": plane, "driver_iterations": self.iterations,
+                    # receive WRs the responder took before an RNR NAK (dp/clientq.py) are taken too
+                    "wrs_taken": int(G[sv.G_TAKEN]) + plane.get("late_recvs", 0),
+                    "cqes_delivered": int(G[sv.G_DELIVERED]),
                     "bad_wrs": int(G[sv.G_BAD]), "ring_scans": int(G[sv.G_SCANS]),
                     "credit_runs": int(G[sv.G_CREDIT_RUNS])}
         try:

@@ -502,7 +502,7 @@ class Plane:
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
                  "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
                  "rx_sack_kern rx_sack_kern_drop yields ev_drop rx_dup_rd_drop rx_rd_defer rx_cnp_coalesced "
-                 "rx_rkey rx_ghost_rsp").split()
+                 "rx_rkey rx_ghost_rsp late_recvs").split()
         st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
         for p in ([] if own else self.others):     # several RX queues: the sum over their loops
             for n, v in p.stats(own=True).items():
@@ -958,7 +958,8 @@ class QP:
     def _reset(self) -> None:
         r = self.row
         keep = {k: int(r[k]) for k in (L.Q_QPN, L.Q_PD, L.Q_SEND_CQ, L.Q_RECV_CQ, L.Q_SIG_ALL, L.Q_SQ_BASE,
-                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE, L.Q_PLANE)}
+                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE, L.Q_PLANE,
+                                       L.Q_CRQ, L.Q_CRQ_OFF, L.Q_CRQ_SIZE, L.Q_CRQ_TAKEN)}   # metaroced's ring
         r[:] = 0
         for k, v in keep.items():
             r[k] = v

@@ -37,6 +37,7 @@ from .core import (ACC_REMOTE_READ, ACC_REMOTE_WRITE, AETH_ACK_SYN, CQE_SOLICITE
                    S_REM_INV_REQ, WCF_IMM, WCF_INV, WC_RECV, WC_RECV_IMM, emit, key_row, mr_check, mr_live, mr_live_a, place,
                    push_cqe, qp_error, send_syndrome, send_syndrome_msn, sg_rows, sg_valid)
 from .cc import FRAME_TO_WIRE, rp_on_sent
+from .clientq import late_recvs
 
 _jit = dict(cache=True, nogil=True)
 
@@ -365,7 +366,9 @@ def responder(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, qi, op, psn, b,
     # row 4: a packet that needs a receive WQE finds one, or gets an RNR NAK (MR-RNR-001) -- before its
     # lengths are looked at; from here on that WQE is in use (a SEND in progress has one too)
     if has_imm or (not is_write and first):
-        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL):      # no receive WQE: RNR NAK (MR-RNR-001)
+        # no receive WQE: RNR NAK (MR-RNR-001) -- unless a metaroced client posted one the loop had not yet
+        # taken from its ring (dp/clientq.py: its post_recv had returned)
+        if Q[qi, Q_RQ_HEAD] == ld_acq_i64(Q[qi], Q_RQ_TAIL) and late_recvs(A, Q, RW, MRT, qi) == 0:
             send_nak(A, Q, TM, umem, tables, ext, qi, RNR_SYN | (Q[qi, Q_MIN_RNR] & 0x1F), psn)
             return
     in_use = has_imm or not is_write

@@ -15,6 +15,7 @@ from ..dp.layout import *  # noqa: F401,F403  (column numbers are compile-time c
 from . import layout as NL
 from ..congestion import link_rate_bps
 from ..dp.cc import ce_marked
+from ..dp.clientq import late_recvs
 from ..dp.core import (ACC_REMOTE_WRITE, AETH_ACK_SYN, NAK_INV_REQ, NAK_REM_ACCESS, NAK_REM_OP, OP_ATOMIC_ACK, OP_CAS,
                        OP_FAA, RNR_SYN, ST_ERR, ST_RTR, ST_RTS, ST_SQD, ST_SQE, activate, flush_queues, mr_check,
                        mr_live_a, place, sg_valid)
@@ -173,6 +174,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
     kq = np.int64(0)
     if recv and d < NL.PSN_HALF:                     # not a duplicate of a completed PSN
         rq_head = Q[qi, Q_RQ_HEAD]
+        late_recvs(A, Q, RW, MRT, qi)                # what a metaroced client posted, before an RNR (dp/clientq.py)
         rm = A[b + O_RM:b + O_RM + NL.WMAX * NL.NRM].reshape((NL.WMAX, NL.NRM))
         fresh = rm[rsn & NL.WMASK, NL.M_STATE] == 0  # the first packet of its message to be taken
         kq = rx_rsn_check(rx, rm, A[b + O_LR:b + O_LR + NL.WMAX], par, rsn, msn, last_psn,

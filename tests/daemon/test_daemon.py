@@ -458,6 +458,55 @@ def test_completion_events_comm_est_cnp_counters_sqd_and_send_with_inv_through_t
         cb.close()
 
 
+def test_a_receive_posted_before_the_send_meets_no_rnr_nak_though_the_loop_has_not_taken_it(env):
+    """post_recv through metaroced returns once the WR is in the client's ring; the loop takes it at its next
+    doorbell or scan.  A SEND the peer was told to send (the receive was posted) can come first: the responder
+    then takes what the ring holds before it would NAK (dp/clientq.py), as a NIC reads the RQ's doorbell
+    record -- no RNR NAK (the sender's rnr_retry is 0, so one would fail its SEND with RNR_RETRY_EXC_ERR).
+    The WR is written into the ring with no doorbell (the loop sees it only at its 10 ms scan) and the SEND
+    posted at once, until one SEND got there before the scan (late_recvs counts those)."""
+    from metaroce_xdp import shm
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, SendFlags, SendWR, WCStatus, WROpcode
+    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+    ca, cb = C.connect(env.sock("A"), env.pair.a.ifname), C.connect(env.sock("B"), env.pair.b.ifname)
+
+    def plane_b() -> dict:
+        return next(d for d in cb.status()["devices"] if d["ifname"] == env.pair.b.ifname)["counters"]["plane"]
+    try:
+        pa, pb = ca.alloc_pd(), cb.alloc_pd()
+        ma, mb = pa.reg_mr(ca.alloc_buf(1 << 16), full), pb.reg_mr(cb.alloc_buf(1 << 16), full)
+        qa_cq, qb_cq = ca.create_cq(64), cb.create_cq(64)
+        qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=64, max_recv_wr=4))
+        qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=4, max_recv_wr=64))
+        for qp, peer, ip in ((qa, qb, env.pair.b.ipv4), (qb, qa, env.pair.a.ipv4)):
+            qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=full))
+            qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0, path_mtu=1024, dgid=ip,
+                             min_rnr_timer=1))
+        qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=0))
+        p0 = plane_b()
+        got = 0
+        for i in range(40):
+            ring = qb._rq
+            ring[int(qb.W[shm.QH_RQ_TAIL]) & (len(ring) - 1), :4] = (100 + i, mb.addr + 64 * i, 64, mb.lkey)
+            qb.W[shm.QH_RQ_TAIL] += 1                   # as post_recv writes it, the doorbell left out
+            qa.post_send(SendWR(wr_id=i, opcode=WROpcode.SEND, sg_list=[ma.sge(64 * i, 64)],
+                                send_flags=SendFlags.SIGNALED))
+            w = qa_cq.wait(1, 10)[0]
+            assert (w.wr_id, w.status) == (i, WCStatus.SUCCESS), w
+            r = qb_cq.wait(1, 10)[0]
+            assert (r.wr_id, r.status, r.byte_len) == (100 + i, WCStatus.SUCCESS, 64), r
+            got = plane_b()["late_recvs"] - p0["late_recvs"]
+            if got >= 3:
+                break
+        p1 = plane_b()
+        assert got >= 1 and p1["tx_rnr"] == p0["tx_rnr"], (got, p0["tx_rnr"], p1["tx_rnr"])
+        assert qb.state == QPState.RTR and bytes(mb.buf[:64 * (i + 1)]) == bytes(ma.buf[:64 * (i + 1)])
+    finally:
+        ca.close()
+        cb.close()
+
+
 def test_work_requests_are_taken_without_python_in_the_daemon(env):
     """Posting through the daemon wakes no Python there: the driver thread's returns from the compiled loop
     (driver_iterations) follow the clock -- one per time slice -- not the work requests (wrs_taken)."""
