@@ -291,6 +291,7 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     # the clock again: the loop reads it only every 8th idle round, and a thread preempted since then would
     # time these packets -- an RTT sample from a SACK (MR-LOSS-001) -- with a `now` as old as the preemption
     now = c_monotonic_ns()
+    A[P_NOW] = now                  # round_ goes on with it: a stamp (NETH.tsval) never steps back
     ring = carray(ptr_u64(A[P_RX_DESC]), (size * 2,))
     fsize = A[P_FQ_SIZE]
     fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))
@@ -339,8 +340,15 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     """One round; returns the number of packets handled and sent."""
     budget = A[P_BUDGET]
     A[P_RDPROT_LEFT] = budget                            # READ responses protect_reads may send this round
+    # `now` is the loop's, read every 8th idle round; A[P_NOW] is the latest read, also the fresh ones of
+    # nat_kern_sacks and rx_burst (which time RTT samples with it): everything after them goes on with the
+    # later one, so what the round stamps (NETH.tsval, MR-NAT-014) never steps back (tests/native/
+    # test_dp_native_wire.py saw a READ response stamped before the SACK that preceded it)
+    now = max(now, A[P_NOW])
     work = nat_kern_sacks(A, Q, SW, CQT, CE, now)        # before the socket's: a full ring's overflow went there
+    now = max(now, A[P_NOW])
     work += rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget)
+    now = max(now, A[P_NOW])
     # posts: the ready ring
     rdy = A[P_RDY_OFF]
     tail = ld_acq_i64(A, P_RDY_TAIL)

@@ -347,6 +347,7 @@ def nat_kern_sacks(A, Q, SW, CQT, CE, now):
                 break                                # empty, or the kernel is still writing it
             if not fresh:                            # an RTT sample (MR-LOSS-001) with the time it is taken
                 now = c_monotonic_ns()
+                A[P_NOW] = now                       # round_ goes on with it (tsval never steps back)
                 fresh = True
             ln = ld_acq_u32(e + SREC_LEN)
             sl = nat_slot(A, qi)
