@@ -9,8 +9,10 @@ begin_case() and end_case(), and written to a pcap with microsecond stamps.
 """
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
@@ -134,6 +136,8 @@ class LowerTester:
                 until: Callable[[list[Frame]], bool] | None = None) -> list[Frame]:
         """Every matching frame of this case numbered above `after`, over `duration` seconds
         (or until `until(frames)` holds)."""
+        if duration <= 0:
+            self.settle()          # "captured so far": first everything the socket holds already
         deadline = time.monotonic() + duration
         out: list[Frame] = []
         seen = after
@@ -149,6 +153,24 @@ class LowerTester:
                 if left <= 0:
                     return out
                 self._cv.wait(min(left, 0.05))
+
+    def settle(self, bound: float = 1.0) -> None:
+        """Wait until the capture thread has stored every frame already queued on its socket.  A frame the
+        IUT sent before a completion it reported can still sit in the socket (or in the thread, waiting for
+        the GIL an in-process IUT holds) when the completion arrives through the agent: a count of "what was
+        sent" read then came up short (TC-RETRY-005-a saw [2, 2, 1] transmissions of 9 on the wire).
+        Done when the socket is empty and the store has not grown over two short looks."""
+        deadline = time.monotonic() + bound
+        buf = bytearray(4)
+        last = -1
+        while time.monotonic() < deadline:
+            fcntl.ioctl(self.rx.fileno(), termios.FIONREAD, buf)
+            with self._cv:
+                n = len(self._frames)
+            if int.from_bytes(buf, "little") == 0 and n == last:
+                return
+            last = n
+            time.sleep(0.003)
 
     def last_num(self) -> int:
         with self._cv:

@@ -154,7 +154,7 @@ def completer_atomic(A, Q, SW, CQT, CE, umem, ext, qi, psn, b, end, pad, now):
         return
     r = rsp_wqe(Q, SW, qi, psn)
     if r < 0:
-        rsp_gap(A, Q, SW, qi)
+        rsp_gap(A, Q, SW, CQT, CE, qi, now)
         return
     if SW[r, W_OPCODE] != WR_CAS and SW[r, W_OPCODE] != WR_FAA:
         qp_error(A, Q, SW, CQT, CE, qi, S_BAD_RESP, EV_QP_FATAL, WHY_BAD_RESPONSE)     # MR-NAK-012

@@ -183,7 +183,7 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
         return
     r = rsp_wqe(Q, SW, qi, psn)
     if r < 0:
-        rsp_gap(A, Q, SW, qi)                        # a lost response: the READ goes again for the rest
+        rsp_gap(A, Q, SW, CQT, CE, qi, now)          # a lost response: the READ goes again for the rest
         return
     if SW[r, W_OPCODE] != WR_READ:
         # MR-NAK-012: "an RDMA READ RESPONSE when the WQE at comp_psn is not an RDMA READ" is a bad response
@@ -193,10 +193,7 @@ def completer_rsp(A, Q, SW, CQT, CE, umem, qi, op, psn, b, end, pad, now):
     if psn != comp:
         # only the first response of a READ may implicitly acknowledge what is before it
         if k != 0:
-            if Q[qi, Q_RR_RETRY] != comp + 1:
-                Q[qi, Q_RR_RETRY] = comp + 1
-                rewind(A, Q, SW, qi, comp)
-            rsp_stale(A, Q, qi)
+            rsp_gap(A, Q, SW, CQT, CE, qi, now)      # the one at comp_psn was lost
             return
         advance(A, Q, SW, CQT, CE, qi, psn, now)
         if Q[qi, Q_COMP_PSN] != psn:
@@ -270,14 +267,25 @@ def rsp_wqe(Q, SW, qi, psn):
 
 
 @njit(**_jit)
-def rsp_gap(A, Q, SW, qi):
-    """A response that answers no WQE in order: the requests go again from comp_psn (once per
-    comp_psn, go back N), and the packet is counted stale."""
+def rsp_gap(A, Q, SW, CQT, CE, qi, now):
+    """A response that answers no WQE in order: the response at comp_psn was lost (an implied NAK,
+    MR-RETRY-012), and the requests go again from comp_psn (go back N) -- once per comp_psn, and not while
+    a retry from it (a local ACK timeout's, a NAK's) is in progress.  That retry counts against retry_left,
+    and with none left the WQE fails with RETRY_EXC_ERR (MR-RETRY-011).  While it is in progress, such a
+    response -- the rest of the old stream, queued ahead of the one asked for again -- restarts the local
+    ACK timer and changes no retry count (MR-RETRY-013).  The packet is counted stale."""
     comp = Q[qi, Q_COMP_PSN]
-    if Q[qi, Q_RR_RETRY] != comp + 1:
-        Q[qi, Q_RR_RETRY] = comp + 1
-        rewind(A, Q, SW, qi, comp)
     rsp_stale(A, Q, qi)
+    if Q[qi, Q_RR_RETRY] == comp + 1 or retry_in_progress(Q, qi, comp):
+        Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
+        return
+    if Q[qi, Q_RETRY_LEFT] <= 0:
+        qp_error(A, Q, SW, CQT, CE, qi, S_RETRY_EXC, EV_QP_FATAL, WHY_RETRY_EXHAUSTED)
+        return
+    Q[qi, Q_RETRY_LEFT] -= 1
+    Q[qi, Q_RR_RETRY] = Q[qi, Q_RETRY_FROM] = comp + 1
+    rewind(A, Q, SW, qi, comp)
+    Q[qi, Q_DEADLINE] = ack_deadline(Q, qi, now)
 
 
 @njit(**_jit)
