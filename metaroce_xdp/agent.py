@@ -702,6 +702,25 @@ class Agent(Session):
         except (AgentError, KeyError):
             pass
 
+    def _cm_offer(self, caps: int) -> tuple[int, int]:
+        """(sack_window, entropy_count) of a REQ or REP offering `caps`: the claim's native defaults (9.4.2)
+        where SACK and MULTIPATH are offered, 0 and 1 where not (MR-CM-013)."""
+        d = self.info.defaults or {}
+        w = int(d.get("sack_window") or 256) if caps & CAP_SACK else 0
+        k = int(d.get("entropy_count") or 1) if caps & CAP_MULTIPATH else 1
+        return w, k
+
+    @staticmethod
+    def _cm_rtr_native(attrs: dict, agreed: int, w: int, k: int) -> str:
+        """The RTR attributes of a set-up that agreed `agreed`: native ones (MR-CM-016, 6.4: W and K the
+        smaller of the two offers) when NATIVE, SACK and OOO_PLACEMENT are all agreed; the profile."""
+        base = CAP_NATIVE | CAP_SACK | CAP_OOO
+        if agreed & base != base:
+            return "compat"
+        attrs["profile"] = "native"
+        attrs["native"] = {"caps": agreed, "sack_window": w, "entropy_count": k if agreed & CAP_MULTIPATH else 1}
+        return "native"
+
     def cmd_cm_connect(self, args: dict) -> dict:
         from . import cm
         h, e = self._lookup(self.qps, "qp", args)
@@ -722,15 +741,21 @@ class Agent(Session):
             return self._pp_connect(h, host, port, timeout)
         mtu = max(m for m in PATH_MTUS if m <= eng.max_pmtu)
         psn = cm.random_psn()                                          # MR-CM-007, MR-SEC-020
+        w, k = self._cm_offer(caps)
         req = cm.CMMsg(cm.MsgType.REQ, cookie=cm.new_cookie(), flags=flags, capabilities=caps,
                        gid=cm.ip_to_gid(eng.local_ip), qpn=qp.qp_num, psn=psn, path_mtu=cm.MTU_ENUM[mtu],
+                       sack_window=w, entropy_count=k,
                        mac=cm.mac_bytes(eng.local_mac), tlvs=[(cm.TLV_IMPL_NAME, self.info.impl.encode())])
+        profile = "compat"
 
         def connect_qp(rep) -> None:
+            nonlocal profile
             attrs = {"dest_qpn": rep.qpn, "rq_psn": rep.psn, "path_mtu": rep.mtu_bytes,
                      "dgid": cm.ip_to_gid(cm.gid_to_ip(rep.gid)).hex(), "max_dest_rd_atomic": req.max_dest_rd_atomic,
                      "min_rnr_timer": req.min_rnr_timer}
             attrs.update(self._loop_dmac(rep.mac))         # MR-CM-024: next hop resolved from the GID
+            profile = self._cm_rtr_native(attrs, rep.capabilities, min(rep.sack_window, req.sack_window),
+                                          min(rep.entropy_count, req.entropy_count))
             self.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})
             self.cmd_modify_qp({"qp": h, "state": "RTS", "attrs": {
                 "sq_psn": psn, "timeout": req.timeout, "retry_cnt": req.retry_cnt, "rnr_retry": req.rnr_retry,
@@ -750,10 +775,13 @@ class Agent(Session):
         except cm.CMError as ex:
             raise AgentError("ETIMEDOUT" if "timed out" in str(ex) else "EINTERNAL", f"cm_connect: {ex}") from None
         self._set_agreed(h, rep.capabilities)
-        return {"profile": "compat", "agreed_caps": rep.capabilities,
+        native = profile == "native"
+        return {"profile": profile, "agreed_caps": rep.capabilities,
                 "peer": {"qpn": rep.qpn, "psn": rep.psn, "gid": rep.gid.hex()},
-                "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window,
-                           "entropy_count": rep.entropy_count}}
+                "params": {"path_mtu": rep.mtu_bytes,
+                           "sack_window": min(rep.sack_window, req.sack_window) if native else 0,
+                           "entropy_count": min(rep.entropy_count, req.entropy_count)
+                           if native and rep.capabilities & CAP_MULTIPATH else 1}}
 
 
 class _PassiveCM:
@@ -776,6 +804,7 @@ class _PassiveCM:
         self.result: dict = {}
         self.lock = threading.Lock()
         self.busy = False                              # an exchange holds the QP (REP sent, no RTU yet)
+        self.profile = "compat"                        # the profile the exchange holding it set up
         self.total = 0
         self.per_source: dict[str, int] = {}
         self.closed = False
@@ -834,6 +863,13 @@ class _PassiveCM:
                 attrs = {"dest_qpn": req.qpn, "rq_psn": req.psn, "path_mtu": mtu, "dgid": req.gid.hex(),
                          "max_dest_rd_atomic": own.max_dest_rd_atomic, "min_rnr_timer": own.min_rnr_timer}
                 attrs.update(agent._loop_dmac(req.mac))    # MR-CM-024: modify_qp resolves the next hop
+                # what passive_exchange agrees (MR-CM-014); a native QP when NATIVE is in it, W and K the
+                # smaller of the REQ's and ours, which the REP announces (6.4)
+                agreed = cm.agree_caps(req.capabilities, self.caps)
+                w, k = agent._cm_offer(agreed)
+                own.sack_window = min(w, req.sack_window) if agreed & CAP_SACK else 0
+                own.entropy_count = min(k, req.entropy_count) if agreed & CAP_MULTIPATH else 1
+                self.profile = agent._cm_rtr_native(attrs, agreed, own.sack_window, own.entropy_count)
                 agent.cmd_modify_qp({"qp": h, "state": "RTR", "attrs": attrs})          # MR-CM-026
                 qp = agent.qps[h].qp
                 self.psn = cm.random_psn()                                            # MR-CM-007
@@ -847,9 +883,11 @@ class _PassiveCM:
                 "sq_psn": rep.psn, "timeout": rep.timeout, "retry_cnt": rep.retry_cnt, "rnr_retry": rep.rnr_retry,
                 "max_rd_atomic": min(rep.max_rd_atomic, req.max_dest_rd_atomic)}})
             agent._set_agreed(h, rep.capabilities)
-            self.result = {"profile": "compat", "agreed_caps": rep.capabilities,
+            native = self.profile == "native"
+            self.result = {"profile": self.profile, "agreed_caps": rep.capabilities,
                            "peer": {"qpn": req.qpn, "psn": req.psn, "gid": req.gid.hex()},
-                           "params": {"path_mtu": rep.mtu_bytes, "sack_window": 0, "entropy_count": 1}}
+                           "params": {"path_mtu": rep.mtu_bytes, "sack_window": rep.sack_window if native else 0,
+                                      "entropy_count": rep.entropy_count if native else 1}}
             self.done.set()
         except Exception as ex:                        # noqa: BLE001 - an abandoned exchange (MR-SEC-018)
             log.info("cm_listen: exchange with %s abandoned: %s", src, ex)

@@ -127,6 +127,40 @@ def is_rej(m, reason: int) -> bool:
 
 
 # ---- the IUT passive (cm_listen) ---------------------------------------------------------------------
+def tcp_from_lt(t, dst: str, port: int):
+    """A TCP connection from the LT's address, made in the network namespace of the LT's capture socket when this
+    thread's namespace has no such address (the in-process tester of tests/conformance/test_conformance_native.py
+    keeps its sockets in a namespace of their own): SIOCGSKNS gives the socket's namespace, which a helper thread
+    enters (setns) to create the socket; a socket keeps the namespace it was created in."""
+    try:
+        return socket.create_connection((dst, port), timeout=2.0, source_address=(t.lt_ip, 0))
+    except OSError as e:
+        import errno
+        if e.errno != errno.EADDRNOTAVAIL:
+            raise
+    import ctypes
+    import fcntl
+    import os
+    import threading
+    nsfd = fcntl.ioctl(t.lt.rx.fileno(), 0x894C)          # SIOCGSKNS
+    box: dict = {}
+
+    def run():
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(nsfd, 0x40000000) != 0:     # CLONE_NEWNET
+                raise OSError(ctypes.get_errno(), "setns into the LT's network namespace")
+            box["s"] = socket.create_connection((dst, port), timeout=2.0, source_address=(t.lt_ip, 0))
+        except OSError as e:
+            box["e"] = e
+    th = threading.Thread(target=run, name="lt-netns-tcp", daemon=True)
+    th.start()
+    th.join(5)
+    os.close(nsfd)
+    if "e" in box:
+        raise box["e"]
+    return box["s"]
+
+
 class Passive:
     """An IUT QP in INIT listening with cm_listen; the LT connects and plays the active side."""
 
@@ -153,8 +187,7 @@ class Passive:
         self.lt_qpn = 0x100 + secrets.randbelow(0xFFFE00)
 
     def tcp(self) -> socket.socket:
-        t = self.t
-        return socket.create_connection((t.iut_ip, self.port), timeout=2.0, source_address=(t.lt_ip, 0))
+        return tcp_from_lt(self.t, self.t.iut_ip, self.port)
 
     def req(self, psn: int | None = None, **kw) -> tuple[bytes, int, int]:
         """A valid REQ of the LT's QP (overridable fields); returns (bytes, cookie, psn)."""

@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 import time
 
+from .. import native_packets as N
 from .. import packets as P
 from ..context import CannotDrive, CaseError
 from ..registry import case
-from ._native import (CAP, WC_OK, check_wcs, connect_native, fpsn, is_req, need, peek, post, sent_at, summ,
-                      wait_requests, wc_list, wr)
+from ._native import (CAP, WC_OK, NConn, check_wcs, connect_native, fpsn, is_req, need, nv, peek, post, sent_at,
+                      summ, wait_requests, wc_list, wr)
 
 MTU = 256                    # small packets: 120 of them are one 30 KiB WRITE
 NPKT = 120
@@ -159,7 +160,7 @@ class _Flow:
         _slow(not early, "the tester was too slow: the IUT retransmitted before the first SACK: " + summ(early[:2]))
         r1 = ts1 - trig.ts
         fr = _reqs(c, mk, ts1 + 1.4 * r1 - time.time())
-        fr = [f for f in fr if f.ts > ts1]
+        fr = [f for f in fr if ts1 < f.ts <= ts1 + 1.4 * r1]      # by capture time: a slow tester reads later
         new = []
         for f in fr:
             r = _rel(self.p, f)
@@ -622,41 +623,6 @@ def sqd_finishes_started_work(t):
 
 
 # ---- negotiation ---------------------------------------------------------------------------------------------------
-def _tcp_from_lt(t, dst: str, port: int):
-    """A TCP connection from the LT's address, made in the network namespace of the LT's capture socket when this
-    thread's namespace has no such address (the in-process tester of tests/conformance/test_conformance_native.py
-    keeps its sockets in a namespace of their own): SIOCGSKNS gives the socket's namespace, which a helper thread
-    enters (setns) to create the socket; a socket keeps the namespace it was created in."""
-    import socket
-    try:
-        return socket.create_connection((dst, port), timeout=2.0, source_address=(t.lt_ip, 0))
-    except OSError as e:
-        import errno
-        if e.errno != errno.EADDRNOTAVAIL:
-            raise
-    import ctypes
-    import fcntl
-    import os
-    import threading
-    nsfd = fcntl.ioctl(t.lt.rx.fileno(), 0x894C)          # SIOCGSKNS
-    box: dict = {}
-
-    def run():
-        try:
-            if ctypes.CDLL(None, use_errno=True).setns(nsfd, 0x40000000) != 0:     # CLONE_NEWNET
-                raise OSError(ctypes.get_errno(), "setns into the LT's network namespace")
-            box["s"] = socket.create_connection((dst, port), timeout=2.0, source_address=(t.lt_ip, 0))
-        except OSError as e:
-            box["e"] = e
-    th = threading.Thread(target=run, name="lt-netns-tcp", daemon=True)
-    th.start()
-    th.join(5)
-    os.close(nsfd)
-    if "e" in box:
-        raise box["e"]
-    return box["s"]
-
-
 @case("TC-NAT-004-a", rules=["MR-NAT-004"], category="CM", profile="native", timeout=25)
 def native_needs_sack_and_ooo(t):
     """The IUT passive (cm_listen with NATIVE, SACK, OOO_PLACEMENT and ATOMICS), the LT active, COMPAT_OK set:
@@ -669,7 +635,6 @@ def native_needs_sack_and_ooo(t):
     for offer, what in ((nat | CAP["ATOMICS"], "NATIVE, SACK, OOO_PLACEMENT"), (CAP["NATIVE"] | CAP["ATOMICS"],
                                                                                "NATIVE alone")):
         pv = Passive(t, caps=nat | CAP["ATOMICS"])
-        pv.tcp = lambda pv=pv: _tcp_from_lt(t, t.iut_ip, pv.port)
         data, cookie, psn = pv.req(caps=offer, flags=COMPAT_OK, sack_window=256, entropy_count=1, path_mtu=3)
         s, rep = pv.ask(data)
         try:
@@ -688,3 +653,70 @@ def native_needs_sack_and_ooo(t):
     ok2 = not (c2 & nat) and p2 == "compat"
     t.check("MR-NAT-004", ok2, f"REQ offering {w2}: REP agreed {c2:#04x}, QP profile {p2} ({s2})",
             expected="no NATIVE (nor SACK, OOO_PLACEMENT) agreed; the QP in profile compat")
+
+
+@case("TC-CM-014-a", rules=["MR-CM-014", "MR-CM-015", "MR-CM-016"], category="CM", timeout=25)
+def agreed_set_chooses_the_profile(t):
+    """The spec's example (09 9.3, both profiles): the IUT passive, listening with everything it claims (the native
+    set and MULTIPATH when it claims them, ATOMICS); the LT's REQ offers 0xbf (W 256, K 16, COMPAT_OK).  The REP's
+    agreed set is the intersection with the claim, obeying the NATIVE dependency (MR-CM-014) and within the REQ's
+    offer (MR-CM-015); W and K no larger than the REQ's.  After the RTU the QP runs the native profile exactly when
+    NATIVE is in the REP (MR-CM-016): a NATIVE_WRITE of the LT is placed and answered by an ACK-type NATIVE_SACK, a
+    WRITE the IUT posts leaves as NATIVE_WRITE at the REP's PSN and completes on the LT's SACK -- or, compat, both
+    as RoCEv2 WRITEs and ACKs."""
+    from .cm import COMPAT_OK, REP, RTU, Passive, msg, show, traffic
+    base = CAP["NATIVE"] | CAP["SACK"] | CAP["OOO_PLACEMENT"]
+    listen = CAP["ATOMICS"] if "ATOMICS" in t.claim.caps else 0
+    if t.claim.native:
+        listen |= base | (CAP["MULTIPATH"] if "MULTIPATH" in t.claim.caps else 0)
+    pv = Passive(t, caps=listen)
+    offer = 0xBF
+    data, cookie, psn = pv.req(caps=offer, flags=COMPAT_OK, sack_window=256, entropy_count=16, path_mtu=3)
+    s, rep = pv.ask(data)
+    try:
+        if not (isinstance(rep, dict) and rep["msg_type"] == REP):
+            raise CaseError(f"a REQ offering {offer:#04x} answered with {show(rep)}")
+        s.sendall(msg(RTU, cookie=cookie))
+        pv.wait(3000)
+        q = pv.c.query()
+    finally:
+        s.close()
+    got = int(rep["caps"])
+    want = offer & listen
+    if want & base != base:
+        want &= ~(base | CAP["MULTIPATH"] | CAP["CC_DELAY"] | CAP["CREDITS"])
+    w, k = int(rep["sack_window"]), int(rep["entropy_count"])
+    native = bool(got & CAP["NATIVE"])
+    params = (32 <= w <= 256 and w % 32 == 0 and 1 <= k <= 16) if native else (w == 0 and k == 1)
+    t.check("MR-CM-014", got == want and params,
+            f"REP agreed {got:#04x} W {w} K {k}; REQ offered {offer:#04x} (W 256, K 16), the IUT listened with "
+            f"{listen:#04x}", expected=f"{want:#04x}" + (", W 32..256, K 1..16" if want & base else ", W 0, K 1"))
+    t.check("MR-CM-015", got & ~offer == 0, f"REP agreed {got:#04x}, REQ offered {offer:#04x}",
+            expected="no capability the REQ did not offer")
+    prof = q.get("profile", "compat")
+    mtu = 128 << int(rep["path_mtu"])
+    c = pv.c
+    if not native:
+        pv.bind(rep, psn, mtu)
+        t.check("MR-CM-016", prof == "compat", f"QP profile {prof} after a REP agreeing {got:#04x}",
+                expected="compat")
+        traffic(t, c, ["MR-CM-016"], "after the exchange")
+        return
+    n = NConn(t, c.qp, c.qpn, c.pd, c.cq, {"va": hex(c.va), "rkey": c.rkey, "lkey": c.lkey, "len": c.mr_len},
+              c.mr, pv.lt_qpn, psn, int(rep["psn"]), mtu, c.sport, w=w, k=k if got & CAP["MULTIPATH"] else 1, caps=got)
+    t._conns.append(n)
+    body = bytes(range(48))
+    mark = n.send(*n.write_msg(body, 256))
+    sk = n.sack_for(P.psn_add(n.psn, -1), mark)
+    placed = n.mem(256, len(body)) == body
+    mark = post(n, wr(n, "RDMA_WRITE", 32, wr_id=0x14A))
+    rq = n.requests(mark, 1)
+    first = nv(rq[0]) if rq else None
+    if rq:
+        n.send(n.sack(first.psn))
+    wcs = n.poll(1, 1.0)
+    ok = (prof == "native" and sk is not None and placed and first is not None and first.op == N.NATIVE_WRITE
+          and first.psn == n.iut_psn and [w_["status"] for w_ in wcs] == [WC_OK])
+    t.check("MR-CM-016", ok, f"QP profile {prof}; LT NATIVE_WRITE -> {summ([sk] if sk else [])}, placed {placed}; "
+            f"IUT WRITE -> {summ(rq)}; completion {wc_list(wcs)}", frames=([sk] if sk else []) + rq,
+            expected=f"profile native, an ACK-type NATIVE_SACK, a NATIVE_WRITE at PSN {n.iut_psn:#08x}, SUCCESS")
