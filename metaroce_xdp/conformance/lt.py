@@ -67,6 +67,7 @@ class LowerTester:
         self._frames: list[Frame] = []
         self._base = 0                     # index of the current case's first frame
         self._stop = False
+        self._got = self._stored = 0       # frames the capture thread received / stored (settle)
         self._thread = threading.Thread(target=self._capture, name="lt-capture", daemon=True)
         self._thread.start()
 
@@ -81,6 +82,7 @@ class LowerTester:
                 if self._stop:
                     return
                 raise
+            self._got += 1                  # received, not yet stored (settle waits for it)
             ts = time.time()
             for level, typ, val in anc:
                 if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(val) >= 16:
@@ -90,6 +92,7 @@ class LowerTester:
             with self._cv:
                 f = Frame(len(self._frames) - self._base + 1, ts, outgoing, data)
                 self._frames.append(f)
+                self._stored += 1
                 self._cv.notify_all()
 
     def begin_case(self) -> None:
@@ -159,18 +162,17 @@ class LowerTester:
         IUT sent before a completion it reported can still sit in the socket (or in the thread, waiting for
         the GIL an in-process IUT holds) when the completion arrives through the agent: a count of "what was
         sent" read then came up short (TC-RETRY-005-a saw [2, 2, 1] transmissions of 9 on the wire).
-        Done when the socket is empty and the store has not grown over two short looks."""
+        Done when the socket is empty and every frame the thread received is stored (at once, in the common
+        case: timing cases read the capture between the IUT's packets)."""
         deadline = time.monotonic() + bound
         buf = bytearray(4)
-        last = -1
-        while time.monotonic() < deadline:
+        while True:
             fcntl.ioctl(self.rx.fileno(), termios.FIONREAD, buf)
-            with self._cv:
-                n = len(self._frames)
-            if int.from_bytes(buf, "little") == 0 and n == last:
+            if int.from_bytes(buf, "little") == 0 and self._got == self._stored:
+                return                      # nothing queued, nothing received and not yet stored
+            if time.monotonic() >= deadline:
                 return
-            last = n
-            time.sleep(0.003)
+            time.sleep(0.0002)
 
     def last_num(self) -> int:
         with self._cv:

@@ -109,6 +109,26 @@ class _Flow:
             self.frames.append(f)
             self.sent.setdefault(_rel(self.p, f), f)
 
+    def send_checked(self, frame: bytes, what: str) -> tuple[int, float]:
+        """Send the LT's next SACK; returns (capture mark, capture time).  A retransmission the IUT sent before it
+        -- a timer that expired while the tester was slow to send it -- spoils the case's precondition: _Slow, and
+        the case starts again (a window counted after it would judge the RTO's window, not the SACK's)."""
+        c = self.c
+        mk = c.send(frame)
+        ts = sent_at(c, mk)
+        firsts: set[int] = set()
+        early = []
+        for f in c.quiet(0.0, after=self.mark):
+            if is_req(f) and f.ts < ts:
+                r = _rel(self.p, f)
+                if r in firsts:
+                    early.append(f)
+                firsts.add(r)
+        if early:
+            self.drain()
+        _slow(not early, f"the tester was too slow: the IUT retransmitted before {what}: " + summ(early[:2]))
+        return mk, ts
+
     def initial_burst(self, horizon: float = 0.0035, want: int | None = None):
         """The first transmissions before the first retransmission, within `horizon` s of the first packet (the IUT
         retransmits after rto_initial, 4 ms, without a SACK), or until `want` distinct PSNs were seen.  Returns
@@ -287,8 +307,8 @@ def _retx_in(p, frames, sent_before: set[int]) -> list[int]:
     return [r for r in _distinct(p, frames) if r in sent_before]
 
 
-@case("TC-CC-022-a", rules=["MR-CC-022", "MR-CC-003", "MR-CC-001"], category="CC", profile="native", timeout=30,
-      timing=True)
+@case("TC-CC-022-a", rules=["MR-CC-022", "MR-CC-003", "MR-CC-001", "MR-CC-044"], category="CC", profile="native",
+      timeout=30, timing=True)
 def loss_cuts_the_window(t):
     """After the initial window and a first SACK of all 16 (cwnd1 = 17; MR-CC-001: at most 17 new PSNs follow), the
     LT's second SACK acknowledges nothing more and sacks only the last 4 new PSNs: the others (the holes H, at least
@@ -305,16 +325,17 @@ def loss_cuts_the_window(t):
         if len(r[2]) < 10:
             f.drain()
         _slow(len(r[2]) >= 10, f"only {len(r[2])} new PSNs within 1.4 RTT after the first SACK: {r[2]}")
-        return (f, *r)
-    fl, ts1, r1, new = _attempts(t, start)
+        sacked = r[2][-4:]
+        before = set(f.sent)
+        trig = f.sent[sacked[-1]]
+        mk, ts2 = f.send_checked(_sack(f.c, trig, P.psn_add(f.p, 15), received={P.psn_add(f.p, x) for x in sacked}),
+                                 "the second SACK")
+        return (f, *r, before, trig, mk, ts2)
+    fl, ts1, r1, new, before, trig, mk, ts2 = _attempts(t, start)
     c, p = fl.c, fl.p
     over1 = len(new) > _in_flight_max(CWND1)
     sacked = new[-4:]
     holes = new[:-4]
-    before = set(fl.sent)
-    trig = fl.sent[sacked[-1]]
-    mk = c.send(_sack(c, trig, P.psn_add(p, 15), received={P.psn_add(p, r) for r in sacked}))
-    ts2 = sent_at(c, mk)
     win, probe = fl.window_after(mk, ts2, r1, set(range(16)) | set(sacked), first_wait=0.05)
     d = _distinct(p, win)
     n2 = len(sacked)
@@ -332,6 +353,9 @@ def loss_cuts_the_window(t):
     t.check("MR-CC-022", ok, detail, frames=win or [trig], expected=exp)
     t.check("MR-CC-003", ok and bool(retx) and all(r in holes for r in retx), detail + f"; retransmitted +{retx}",
             frames=win or [trig], expected=exp + ", the retransmissions among them of lost PSNs only")
+    t.check("MR-CC-044", ok, "a QP that has seen no CE (CC_DELAY not agreed): " + detail, frames=win or [trig],
+            expected=exp + " -- until a QP has seen CE every loss is a congestion signal (the branch for a path that "
+                           "marks is not exercised here)")
     t.check("MR-CC-001", not over1 and ok, f"after the first SACK {len(new)} new PSNs (at most "
             f"{_in_flight_max(CWND1)}); " + detail, frames=win or [trig],
             expected=f"at most {_in_flight_max(CWND1)} new PSNs after the first SACK, {lim} after the second")
@@ -353,13 +377,13 @@ def ce_cuts_the_window(t):
         if len(r[2]) < 8:
             f.drain()
         _slow(len(r[2]) >= 8, f"only {len(r[2])} new PSNs within 1.4 RTT after the first SACK: {r[2]}")
-        return (f, *r)
-    fl, ts1, r1, new = _attempts(t, start)
+        top = max(r[2])
+        mk, ts2 = f.send_checked(_sack(f.c, f.sent[top], P.psn_add(f.p, top), ce_count=3, ce=True), "the second SACK")
+        return (f, *r, mk, ts2)
+    fl, ts1, r1, new, mk, ts2 = _attempts(t, start)
     c, p = fl.c, fl.p
     top = max(new)
     trig = fl.sent[top]
-    mk = c.send(_sack(c, trig, P.psn_add(p, top), ce_count=3, ce=True))
-    ts2 = sent_at(c, mk)
     win, probe = fl.window_after(mk, ts2, r1, set(range(top + 1)), first_wait=0.05)
     d = _distinct(p, win)
     cmax = CWND1 * (1 - (1 - G_ECN) / 2)
