@@ -65,8 +65,8 @@ from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, EV_QP_FATAL, E_BYTE_LEN, E_
                      E_STATUS, E_WR_ID, MAGIC, NW, N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS,
                      P_MAGIC, P_MAXQ, P_NOW, P_N_ACT, P_PAUSE, P_POLLFD, P_POLL_MS, P_RDY_HEAD, P_RDY_TAIL,
                      P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN, P_WAKEUPS, Q_CRQ, Q_CRQ_SIZE, Q_CRQ_TAKEN, Q_ERR, Q_PD,
-                     Q_QPN, Q_RECV_CQ, Q_SEND_CQ, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_TAIL, Q_STATE, R_LADDR, R_LENGTH,
-                     R_WR_ID, W_FLAGS, W_IMM, W_LADDR, W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
+                     Q_QPN, Q_RECV_CQ, Q_SEND_CQ, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_TAIL, Q_STATE, W_FLAGS, W_IMM, W_LADDR,
+                     W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
 from .layout import P_RX, P_RX_BYTES, P_TX_BYTES      # the trace's counters
 from .layout import MR_BAD
 from .reasons import WHY_BAD_WORK_REQUEST

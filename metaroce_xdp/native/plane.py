@@ -33,15 +33,15 @@ from ..wire.hdr import (IP4_ADDR_SIZE, IP4_SIZE, IP6_ADDR_SIZE, IP6_SIZE, O_IP4_
 from .multipath import entropy_context, entropy_values, flow_label_key, mp_init
 from .rdpace import NRP, RP_C_PACED, RP_C_SHARED, RP_C_WAIT, RP_PEND, RP_SHARE, RP_SHARE_MIN
 from .receiver import (RSN_INVALID, RSN_NOT_READY, RX_NEW, RX_OOW, RX_SACK_NOW, rx_init, rx_on_not_ready, rx_on_packet,
-                       rx_on_unrecorded, rx_recorded, rx_rsn_check)
+                       rx_recorded, rx_rsn_check)
 from .sender import tx_init
 from .plane_slot import (EXT_BYTES, NETH_FIRST, NETH_LAST, NNX, NPW, NRMX, NSLOT, NX_FIELDS, OP_N_READ_REQ,
                          OP_N_READ_RESP, OP_N_SACK, OP_N_SEND, OP_N_SEND_IMM, OP_N_WRITE, OP_N_WRITE_IMM, O_LM, O_LR,
                          O_NX, O_PAR, O_PT, O_RM, O_RMX, O_RP, O_RX, O_SP, O_TX, O_TXR, PW_NPEND, PW_RATE, P_NAT_EXT,
                          P_NAT_OFF, SLOT_WORDS, X_C_BAD_LEN, X_C_DUP, X_C_ERR_HELD, X_C_IMM_INV, X_C_NOTREADY, X_C_OOO,
                          X_C_OOW, X_C_PLACED, X_C_RSN_INV, X_C_RX_BYTES, X_ERR_PSN, X_ERR_SYN, X_FL_KEY, X_JB_HEAD,
-                         X_JB_TAIL, X_RD_GAP, X_RS_HELD, X_SACK_OWED, _jit, flow_label, nat_advanced, nat_error,
-                         nat_error_due, nat_rd_pend, nat_send_sack, nat_slot, rows, slot_base)
+                         X_JB_TAIL, X_RD_GAP, X_RS_HELD, X_SACK_OWED, _jit, flow_label, nat_advanced,
+                         nat_error_due, nat_rd_pend, nat_reject, nat_send_sack, nat_slot, rows, slot_base)
 from .plane_read import nat_on_atomic_ack, nat_on_read_resp, nat_rd_execute, nat_rd_send, nat_rd_timers, nat_rx_rd
 from .plane_tx import nat_on_sack, nat_requester, nat_timers
 
@@ -49,18 +49,6 @@ _jit = dict(cache=True, nogil=True)
 
 MSG_MAX = 1 << 31                # the largest Message Length (MR-XH-020)
 DEFAULT_READ_RATE_BPS = 10e9     # when the interface does not tell its speed (as DCQCN's R_line)
-
-
-@njit(**_jit)
-def nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why, ce, tsval, sport, now):
-    """An error found on arrival of the request at PSN psn (nat_error: NAKed now when psn is the ePSN, else
-    held, MR-SACK-031).  A NAK-type SACK sent now is triggered by this packet: its tsecr, echo_sport and
-    flags are this packet's, as for an ACK-type SACK (MR-SACK-032)."""
-    rx = A[b + O_RX:b + O_RX + NL.NRX]
-    if psn == rx[NL.R_EPSN]:
-        rx_on_unrecorded(rx, ce, 1, tsval, sport, now)
-    nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why)
-    activate(A, Q, qi)
 
 
 @njit(**_jit)
@@ -155,7 +143,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         # the payload it implies, or an invalid request (MR-SACK-031) -- for a PSN of the window not yet
         # received; beyond the window it is discarded (MR-SACK-011), a copy of a received PSN dropped
         if d < par[NL.P_W] and not rx_recorded(rx, par, psn):
-            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_PAYLOAD_LENGTH, ce,
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_PAYLOAD_LENGTH, ce, 1,
                        tsval, sport, now)
         elif d < NL.PSN_HALF and d >= par[NL.P_W]:
             nx[X_C_OOW] += 1
@@ -182,7 +170,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         if kq == RSN_INVALID:                        # MR-OOO-026: check 5, an invalid request (MR-SACK-031)
             nx[X_C_RSN_INV] += 1
             if d < par[NL.P_W] and not rx_recorded(rx, par, psn):
-                nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_RSN_INVALID, ce,
+                nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_RSN_INVALID, ce, 1,
                            tsval, sport, now)
             elif d >= par[NL.P_W]:
                 nx[X_C_OOW] += 1                     # beyond the window: check 3 discards it (MR-SACK-011)
@@ -202,7 +190,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
             A[xi] = imm                              # the message's ImmDt, as its first packet taken says
         elif has_imm and A[xi] != imm and d < par[NL.P_W] and not rx_recorded(rx, par, psn):
             nx[X_C_IMM_INV] += 1                     # MR-OOO-011: check 5, invalid request (MR-SACK-031)
-            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMMDT_DIFFERS, ce,
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_IMMDT_DIFFERS, ce, 1,
                        tsval, sport, now)
             return
     src = A[P_UMEM_ADDR] + h
@@ -211,7 +199,7 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         # a VA >= 2^63 (negative here) is refused before the offset is added to it (STYLE 14, MR-SEC-004)
         mr = mr_check(MRT, rkey, Q[qi, Q_PD], va + off, plen, ACC_REMOTE_WRITE) if va >= 0 else np.int64(-1)
         if mr < 0 or (Q[qi, Q_ACCESS] & ACC_REMOTE_WRITE) == 0:
-            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS, ce,
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS, ce, 1,
                        tsval, sport, now)
             return
     rr = np.int64(0)
@@ -220,12 +208,12 @@ def nat_rx(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, op, psn, bo, end, p
         if not is_write and off + plen > RW[rr, R_LENGTH]:
             # check 9 of MR-OOO-001: longer than the receive WQE, a remote operational error; the receive
             # WQE completes IBV_WC_LOC_LEN_ERR (nat_nak_error)
-            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_OP, psn, WHY_SEND_TOO_LONG, ce,
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_OP, psn, WHY_SEND_TOO_LONG, ce, 1,
                        tsval, sport, now)
             return
         if not is_write and plen and ((RW[rr, R_LMR] and not mr_live_a(A, RW[rr, R_LMR]))
                                       or not sg_valid(A, RW[rr, R_SG], RW[rr, R_NSGE])):
-            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_OP, psn, WHY_RECV_MR_INVALID, ce,
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_OP, psn, WHY_RECV_MR_INVALID, ce, 1,
                        tsval, sport, now)
             return
     res = rx_on_packet(rx, par, psn, ackreq, ce, 1, tsval, sport, now)

@@ -46,8 +46,8 @@ from .plane_slot import (JB_AMSN, JB_I, JB_IEND, JB_KIND, JB_LEN, JB_MR, JB_MSN,
                          X_C_RD_REQ, X_C_RD_RESP_DUP, X_C_RD_RESP_RX, X_C_RD_RESP_TX, X_C_RD_RTO, X_C_REREQ,
                          X_C_REREQ_QUEUED, X_C_REREQ_RX, X_C_TX, X_ERR_PSN, X_ERR_SYN, X_JB_HEAD, X_JB_TAIL, X_MSN_NEXT,
                          X_RD_GAP, X_RD_LAST, X_RD_OUT, X_RD_PROG, X_RD_RTO, X_RQ_SEQ, X_RS_HELD, X_RS_NEXT, _jit,
-                         count_tx, nat_advanced, nat_error, nat_error_due, nat_ext, nat_fail, nat_rd_pend,
-                         nat_send_sack, pw_base, rd_row, rows, rp_row, set_entropy)
+                         count_tx, nat_advanced, nat_error_due, nat_ext, nat_fail, nat_rd_pend,
+                         nat_reject, nat_send_sack, pw_base, rd_row, rows, rp_row, set_entropy)
 
 _jit = dict(cache=True, nogil=True)
 
@@ -773,16 +773,20 @@ def nat_rx_rd(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, qi, b, op, psn, bo, 
         npk = max(1, (dlen + pmtu - 1) // pmtu)
         if off != 0 or mlen != dlen or d + npk > par[NL.P_W]:
             # check 4 (a READ that is not a copy has offset 0), check 7 (the range ends inside the window)
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_OPCODE_SEQUENCE)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_INV_REQ, psn, WHY_OPCODE_SEQUENCE, ce,
+                       has_ts, tsval, sport, now)
             return
         if dlen > 0 and (mr_check(MRT, rkey, Q[qi, Q_PD], va, dlen, ACC_REMOTE_READ) < 0 or
                          (Q[qi, Q_ACCESS] & ACC_REMOTE_READ) == 0):
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, NAK_REM_ACCESS, psn, WHY_REMOTE_ACCESS, ce,
+                       has_ts, tsval, sport, now)
             return
     else:
         err = atomic_check(Q, MRT, qi, va, rkey)
         if err:
-            nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, err, psn, 22 if err == NAK_REM_ACCESS else 28)
+            # the NAK-type SACK of an atomic: tsecr 0 and flags.N (MR-SACK-006, MR-SACK-032)
+            nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, err, psn, 22 if err == NAK_REM_ACCESS else 28,
+                       ce, has_ts, tsval, sport, now)
             return
     x = rs_take(A, b)
     if x < 0:

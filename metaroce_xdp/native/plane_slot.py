@@ -34,8 +34,8 @@ from .. import jitcache  # noqa: F401  (cache keyed on every module compiled cod
 
 from ..dp.layout import *  # noqa: F401,F403  (column numbers are compile-time constants)
 from . import layout as NL
-from ..dp.core import (CQE_SOLICITED, S_LOC_LEN, S_LOC_PROT, S_OK, WCF_IMM, WC_RECV, WC_RECV_IMM, comm_est, emit,
-                       push_cqe, qp_error)
+from ..dp.core import (CQE_SOLICITED, S_LOC_LEN, S_LOC_PROT, S_OK, WCF_IMM, WC_RECV, WC_RECV_IMM, activate, comm_est,
+                       emit, push_cqe, qp_error)
 from ..dp.layout import EV_QP_ACCESS_ERR, EV_QP_FATAL, EV_QP_REQ_ERR, N_P, PSN_MASK
 from ..dp.prims import add_i64, ld_acq_i64, ptr_u8
 from ..dp.reasons import WHY_RECV_MR_INVALID, WHY_REMOTE_ACCESS, WHY_SEND_TOO_LONG
@@ -43,7 +43,7 @@ from ..wire.hdr import (IP4_SIZE, IP6_SIZE, put_aeth, put_ip6_flow_label, put_sa
                         put_udp_sport, sacketh_end)
 from ..wire.headers import NETH_FIRST, NETH_LAST, NETH_RETX  # noqa: F401  (the other parts import them from here)
 from .rdpace import NRP, rpace_pending
-from .receiver import rx_build_sack, rx_recv_completions
+from .receiver import rx_build_sack, rx_on_unrecorded, rx_recv_completions
 from .sender import TK_NEW
 
 _jit = dict(cache=True, nogil=True)
@@ -380,6 +380,19 @@ def nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why):
         nx[X_ERR_SYN] = syn
         nx[X_ERR_PSN] = psn
         nx[X_ERR_WHY] = why
+
+
+@njit(**_jit)
+def nat_reject(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why, ce, has_ts, tsval, sport, now):
+    """An error found on arrival of the request at PSN psn (nat_error: NAKed now when psn is the ePSN, else
+    held, MR-SACK-031).  A NAK-type SACK sent now is triggered by this packet: its tsecr, echo_sport and
+    flags are this packet's, as for an ACK-type SACK (MR-SACK-032): has_ts 0 for an atomic, which carries no
+    NETH (tsecr 0, flags.N, MR-SACK-006)."""
+    rx = A[b + O_RX:b + O_RX + NL.NRX]
+    if psn == rx[NL.R_EPSN]:
+        rx_on_unrecorded(rx, ce, has_ts, tsval, sport, now)
+    nat_error(A, Q, SW, RW, CQT, CE, TM, umem, tables, qi, b, syn, psn, why)
+    activate(A, Q, qi)
 
 
 @njit(**_jit)

@@ -38,11 +38,19 @@ def write_outside_mr_is_access_error(t):
 
 @case("TC-OOO-001-c", rules=["MR-OOO-001", "MR-SACK-032"], category="MEM", profile="native", timeout=30)
 def read_bad_rkey_is_access_error(t):
-    """Check 7: a NATIVE_READ_REQ with an unknown R_Key is a remote access error (0x62), no response data."""
+    """Check 7: a NATIVE_READ_REQ with an unknown R_Key is a remote access error (0x62), no response data; the
+    NAK-type SACK echoes the READ's TSval and source port as an ACK-type SACK would (MR-SACK-032)."""
     c = connect_native(t)
     e = c.psn
     f = c.read_req(0, 100, rkey=c.rkey ^ 0x00A5A500)
-    ok = _nak_after(t, c, [f], e, 0x62, ["MR-OOO-001", "MR-SACK-032"], "READ with a bad R_Key")
+    ts = N.parse(f).neth.tsval                      # the TSval the LT stamped on the READ
+    ok = _nak_after(t, c, [f], e, 0x62, ["MR-OOO-001"], "READ with a bad R_Key")
+    nk = [x for x in c.quiet(0.0) if is_sack(x) and nv(x).sack_kind == "NAK"]
+    k = nv(nk[0]).sack if nk else None
+    t.check("MR-SACK-032", ok and k is not None and int(k.tsecr) == int(ts) and int(k.echo_sport) == c.sport
+            and not k.n, f"the NAK-type SACK: {summ(nk[:1]) or 'none'}", frames=nk[:1],
+            expected=f"syndrome 0x62 psn {e:#08x}, no bitmap, tsecr {int(ts):#x} (the READ's TSval), echo_sport "
+                     f"{c.sport:#06x}, N 0")
     resp = [x for x in c.quiet(0.0) if not x.outgoing and op(x) == N.NATIVE_READ_RESP]
     t.check("MR-OOO-001", not resp, f"READ responses: {summ(resp) or 'none'}", frames=resp,
             expected="no NATIVE_READ_RESP")
