@@ -42,7 +42,7 @@ class Rule:
     level: str                     # "must", "must not", "should", "should not", "may", "informative"
     observable: str = "yes"        # "yes", "partly", "no" (MR-CONF-037, Table 9-2)
     unobservable_what: str = ""    # Table 9-2's second column
-    needs: str = ""                # the capability of Table 9-1 the rule depends on, "" if none
+    needs: str = ""                # the capabilities of Table 9-1 the rule depends on ("+"-joined), "" if none
     native_only: bool = False      # under a "(native)" heading, or "In the native profile, ..." / "In NATIVE_..."
 
     @property
@@ -192,8 +192,9 @@ class Catalogue:
                     area = item.strip().rsplit(" ", 1)[1]
                     ids = [rid for rid in self.rules if rid.startswith(area + "-")]
                 for rid in ids or ():
-                    if rid in self.rules:
-                        self.rules[rid].needs = cap
+                    if rid in self.rules:           # in two rows (MR-MP-016: IPV6 and MULTIPATH): needs both
+                        r = self.rules[rid]
+                        r.needs = "+".join(sorted({c for c in r.needs.split("+") if c} | {cap}))
 
     # -- applicability (MR-CONF-002, MR-CONF-003, MR-CONF-034) --------------------------------
     def in_profile(self, r: Rule, claim: Claim) -> bool:
@@ -219,8 +220,9 @@ class Catalogue:
         r = self.rules[rid]
         if not self.in_profile(r, claim):
             return False, f"not part of the {claim.text()} claim (MR-CONF-002, MR-CONF-003)"
-        if r.needs and r.needs not in claim.caps:
-            return False, f"{r.needs} not claimed (Table 9-1, MR-CONF-034)"
+        missing = [c for c in r.needs.split("+") if c and c not in claim.caps]
+        if missing:
+            return False, f"{' and '.join(missing)} not claimed (Table 9-1, MR-CONF-034)"
         return True, ""
 
     def __contains__(self, rid: str) -> bool:

@@ -55,8 +55,8 @@ def _burst_len(first: dict, q: int, n: int, within: float) -> int:
     return j
 
 
-@case("TC-SACK-028-a", rules=["MR-SACK-028", "MR-MP-014"], category="SACK", caps=("MULTIPATH",), profile="native",
-      timeout=40, timing=True)
+@case("TC-SACK-028-a", rules=["MR-SACK-028", "MR-MP-014", "MR-SACK-029"], category="SACK", caps=("MULTIPATH",),
+      profile="native", timeout=40, timing=True)
 def rack_time_rule(t):
     """K = 4.  After the RTT sample r0 (SACK held 3 ms), an 8-packet WRITE q..q+7: the LT sacks the j packets sent
     back to back after q (q+1..q+j, flags.N), leaving q the only hole.  rack_xmit_ts is q+j's transmission and
@@ -78,6 +78,10 @@ def rack_time_rule(t):
             expected=f"q retransmitted {1e3 * (lo - ts):.2f} to {1e3 * (hi - ts):.2f} ms after the SACK "
                      f"(rack_rtt + reo_wnd + T_peer after its own transmission)")
     early_mp = got is not None and got.ts < lo
+    t.check("MR-SACK-029", not early_mp, f"K = 4, {j} >= dup_thresh PSNs sacked after q: q retransmitted " +
+            (f"{1e3 * dt:.2f} ms after the SACK" if got else "not within 30 ms"),
+            frames=[first[q]] + ([got] if got else []),
+            expected=f"no earlier than {1e3 * (lo - ts):.2f} ms after the SACK (K > 1: the count rule is not used)")
     t.check("MR-MP-014", not early_mp, f"K = 4, {j} PSNs sacked after q: q retransmitted " +
             (f"{1e3 * dt:.2f} ms after the SACK" if got else "not within 30 ms"),
             frames=[first[q]] + ([got] if got else []),

@@ -602,3 +602,58 @@ def entropy_values_spread(t):
             frames=list(first.values()), expected="the values spread (weighted round-robin)")
     c.send(_sack_for(c, first[P.psn_add(p, 15)], P.psn_add(p, 15)))
     c.poll(1, 1.0)
+
+
+@case("TC-CC-020-a", rules=["MR-CC-020", "MR-NAT-022"], category="CC", profile="native", timeout=30)
+def read_window_holds_the_next_request(t):
+    """W 64: a 96 KiB READ (path MTU 1024, 96 response PSNs) is several request messages of at most W PSNs over
+    consecutive sub-ranges, each with its own MSN (MR-NAT-022).  The first goes at once (no response PSN is
+    outstanding); while it is unanswered read_cwnd is at most its initial 16 (05 5.7.1: nothing was delivered
+    to grow it), so for 30 ms no further message may be asked for unless the PSNs requested stay within 16
+    (MR-CC-020; re-requests of the first are exempt).  Then the LT answers each message in full once it is
+    asked for, and the READ completes with its data."""
+    c = _conn(t, w=64, mr_len=128 << 10)
+    p = c.iut_psn
+    size, mtu, init = 96 << 10, 1024, 16
+    src = pattern(size, 23)
+    mark = post(c, wr(c, "RDMA_READ", size, wr_id=1, offset=0))
+
+    def is_new_rq(f):
+        return op(f) == N.NATIVE_READ_REQ and not nv(f).neth.retx
+
+    first = c.expect(1, 1.0, after=mark, match=is_new_rq)
+    need(first, "no READ request")
+    held = [f for f in c.quiet(0.03, after=mark) if is_new_rq(f)]
+    spans = [max(1, -(-int(nv(f).reth.dlen) // mtu)) for f in held]
+    ok_hold = len(held) == 1 or sum(spans) <= init
+    asked, done = [], 0
+    pending = list(held)
+    while pending and done < 96:
+        f = pending.pop(0)
+        v = nv(f)
+        asked.append(f)
+        span = max(1, -(-int(v.reth.dlen) // mtu))
+        at = int(v.reth.va) - REMOTE_VA
+        need(0 <= at and at + int(v.reth.dlen) <= size, f"a READ request outside the READ: {summ([f])}")
+        mk = c.send(*[c.read_resp(P.psn_add(v.psn, i), int(v.neth.msn), int(v.neth.offset) + mtu * i,
+                                  int(v.neth.msg_len), src[at + mtu * i:at + min(mtu * (i + 1), int(v.reth.dlen))])
+                      for i in range(span)])
+        done += span
+        if done < 96 and not pending:
+            want = P.psn_add(p, done)
+            nxt = c.expect(1, 1.0, after=mk, match=lambda g, want=want: is_new_rq(g) and fpsn(g) == want)
+            need(nxt, f"no READ request for PSN {want:#08x} after the responses to {v.psn:#08x}")
+            pending.append(nxt[0])
+    wcs = c.poll(1, 2.0)
+    t.check("MR-CC-020", ok_hold,
+            f"new READ requests in the first 30 ms, nothing answered: {summ(held)} (spans {spans})",
+            frames=held, expected=f"one message, or messages of at most {init} response PSNs in all")
+    psns = [fpsn(f) for f in asked]
+    ok = [w["status"] for w in wcs] == [WC_OK] and all(c.mem(o, min(1 << 15, size - o)) == src[o:o + (1 << 15)]
+                                                        for o in range(0, size, 1 << 15))
+    within = all(max(1, -(-int(nv(f).reth.dlen) // mtu)) <= 64 for f in asked)
+    msns = [int(nv(f).neth.msn) for f in asked]
+    t.check("MR-NAT-022", ok and within and len(set(msns)) == len(msns) and psns[0] == p,
+            f"request messages {summ(asked)}; completion {wc_list(wcs)}", frames=asked,
+            expected="consecutive messages of at most W = 64 PSNs, each its own MSN; the READ completes with its "
+                     "96 KiB")

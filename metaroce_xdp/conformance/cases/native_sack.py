@@ -80,6 +80,27 @@ def sack_echoes_trigger(t):
         t.check("MR-SACK-009", k.resv6 == 0, f"byte 11 bits 5-0 {int(k.resv6):#x}", frames=[s], expected="0")
 
 
+@case("TC-LOSS-002-a", rules=["MR-LOSS-002", "MR-SACK-006"], category="SACK", profile="native", timeout=30)
+def delayed_sack_echoes_tsval_unaltered(t):
+    """WRITEs without AckReq are acknowledged when the responder's coalescing counter or timer says (MR-SACK-015),
+    later than they arrived; that SACK still echoes the TSval of the most recently received packet exactly --
+    the responder does not adjust tsecr for its delay (MR-LOSS-002): one packet with TSval 0x7000_0001, then
+    three with 0x7000_0101..0x7000_0103, each the TSval a sender whose clock were that value would stamp."""
+    c = connect_native(t)
+    got = []
+    for n, base in ((1, 0x7000_0001), (3, 0x7000_0101)):
+        frames = [c.write_msg(pattern(16, k), 32 * k + 256 * n, tsval=base + k, ackreq_last=False)[0]
+                  for k in range(n)]
+        mark = c.send(*frames)
+        s = c.sack_for(P.psn_add(c.psn, -1), mark)
+        need(s is not None, f"no SACK within the coalescing bounds for {n} WRITE(s) without AckReq")
+        got.append((s, base + n - 1))
+    bad = [(nv(s).sack.tsecr, want) for s, want in got if int(nv(s).sack.tsecr) != want]
+    for r in ("MR-LOSS-002", "MR-SACK-006"):
+        t.check(r, not bad, "; ".join(f"tsecr {int(nv(s).sack.tsecr):#x} for TSval {want:#x}" for s, want in got),
+                frames=[s for s, _ in got], expected="tsecr equal to the last packet's TSval, however late the SACK")
+
+
 @case("TC-SACK-008-a", rules=["MR-SACK-008", "MR-XH-031"], category="SACK", profile="native", timeout=30)
 def sack_credit_without_credits(t):
     """Without CREDITS agreed every SACK carries Credit 0xFFFF."""
