@@ -69,6 +69,14 @@ def _wait_for(pred, timeout: float, what: str):
     raise AssertionError(f"not within {timeout}s: {what}")
 
 
+def _both_to_rtr(env, qa, qb, access, **rtr) -> None:
+    """Client QPs qa (on A) and qb (on B) to INIT with `access`, then to RTR facing each other (PSN 0, MTU 1024)."""
+    from metaroce_xdp.verbs_types import QPAttr, QPState
+    for qp, peer, ip in ((qa, qb, env.pair.b.ipv4), (qb, qa, env.pair.a.ipv4)):
+        qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=access))
+        qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0, path_mtu=1024, dgid=ip, **rtr))
+
+
 # ================================================================================ tests
 def test_write_send_read_between_applications_on_two_hosts(env):
     a, b, sa, sb = env.connected()
@@ -411,10 +419,7 @@ def test_completion_events_comm_est_cnp_counters_sqd_and_send_with_inv_through_t
         qa_cq, qb_cq = ca.create_cq(16), cb.create_cq(16)
         qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=16, max_recv_wr=16))
         qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=16, max_recv_wr=16))
-        for qp, peer, ip in ((qa, qb, env.pair.b.ipv4), (qb, qa, env.pair.a.ipv4)):
-            qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=full))
-            qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0, path_mtu=1024, dgid=ip,
-                             max_dest_rd_atomic=4, min_rnr_timer=1))
+        _both_to_rtr(env, qa, qb, full, max_dest_rd_atomic=4, min_rnr_timer=1)
         qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=4))
         qb.post_recv([RecvWR(wr_id=20 + i, sg_list=[mb.sge(4096 * i, 4096)]) for i in range(3)])
         qb_cq.req_notify(solicited_only=True)
@@ -479,10 +484,7 @@ def test_a_receive_posted_before_the_send_meets_no_rnr_nak_though_the_loop_has_n
         qa_cq, qb_cq = ca.create_cq(64), cb.create_cq(64)
         qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=64, max_recv_wr=4))
         qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=4, max_recv_wr=64))
-        for qp, peer, ip in ((qa, qb, env.pair.b.ipv4), (qb, qa, env.pair.a.ipv4)):
-            qp.modify(QPAttr(qp_state=QPState.INIT, qp_access_flags=full))
-            qp.modify(QPAttr(qp_state=QPState.RTR, dest_qp_num=peer.qp_num, rq_psn=0, path_mtu=1024, dgid=ip,
-                             min_rnr_timer=1))
+        _both_to_rtr(env, qa, qb, full, min_rnr_timer=1)
         qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=0))
         p0 = plane_b()
         got = 0

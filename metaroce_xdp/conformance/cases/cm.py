@@ -217,6 +217,16 @@ class Passive:
         s.sendall(msg(RTU, cookie=cookie))
         return rep, psn, s
 
+    def established(self, **kw) -> tuple[dict, int, dict]:
+        """complete() with the REQ fields kw (path MTU 1024 unless given), then cm_wait and query_qp; the TCP
+        connection closed.  Returns (rep dict, req psn, the QP's query_qp)."""
+        rep, psn, s = self.complete(kw.pop("path_mtu", 3), **kw)
+        try:
+            self.wait(3000)
+            return rep, psn, self.c.query()
+        finally:
+            s.close()
+
     def wait(self, timeout_ms: int = 3000) -> dict:
         try:
             return self.t.agent.call("cm_wait", qp=self.c.qp, timeout_ms=timeout_ms)

@@ -653,22 +653,13 @@ def native_needs_sack_and_ooo(t):
     (1) a REQ offering NATIVE, SACK and OOO_PLACEMENT (W 256, K 1): if the REP's agreed set has NATIVE it has SACK
     and OOO_PLACEMENT too; (2) a REQ offering NATIVE without SACK and OOO_PLACEMENT: the IUT treats NATIVE as clear
     -- a REP whose agreed set has none of the three, and the QP, after the RTU, in profile compat."""
-    from .cm import COMPAT_OK, REP, RTU, Passive, msg, show
+    from .cm import COMPAT_OK, Passive
     nat = CAP["NATIVE"] | CAP["SACK"] | CAP["OOO_PLACEMENT"]
     out = []
     for offer, what in ((nat | CAP["ATOMICS"], "NATIVE, SACK, OOO_PLACEMENT"), (CAP["NATIVE"] | CAP["ATOMICS"],
                                                                                "NATIVE alone")):
         pv = Passive(t, caps=nat | CAP["ATOMICS"])
-        data, cookie, psn = pv.req(caps=offer, flags=COMPAT_OK, sack_window=256, entropy_count=1, path_mtu=3)
-        s, rep = pv.ask(data)
-        try:
-            if not (isinstance(rep, dict) and rep["msg_type"] == REP):
-                raise CaseError(f"REQ offering {what} answered with {show(rep)}")
-            s.sendall(msg(RTU, cookie=cookie))
-            pv.wait(3000)
-            q = pv.c.query()
-        finally:
-            s.close()
+        rep, _, q = pv.established(caps=offer, flags=COMPAT_OK, sack_window=256, entropy_count=1)
         out.append((what, int(rep["caps"]), q.get("profile"), q.get("state")))
     (w1, c1, p1, s1), (w2, c2, p2, s2) = out
     ok1 = not (c1 & CAP["NATIVE"]) or (c1 & nat) == nat
@@ -688,23 +679,14 @@ def agreed_set_chooses_the_profile(t):
     NATIVE is in the REP (MR-CM-016): a NATIVE_WRITE of the LT is placed and answered by an ACK-type NATIVE_SACK, a
     WRITE the IUT posts leaves as NATIVE_WRITE at the REP's PSN and completes on the LT's SACK -- or, compat, both
     as RoCEv2 WRITEs and ACKs."""
-    from .cm import COMPAT_OK, REP, RTU, Passive, msg, show, traffic
+    from .cm import COMPAT_OK, Passive, traffic
     base = CAP["NATIVE"] | CAP["SACK"] | CAP["OOO_PLACEMENT"]
     listen = CAP["ATOMICS"] if "ATOMICS" in t.claim.caps else 0
     if t.claim.native:
         listen |= base | (CAP["MULTIPATH"] if "MULTIPATH" in t.claim.caps else 0)
     pv = Passive(t, caps=listen)
     offer = 0xBF
-    data, cookie, psn = pv.req(caps=offer, flags=COMPAT_OK, sack_window=256, entropy_count=16, path_mtu=3)
-    s, rep = pv.ask(data)
-    try:
-        if not (isinstance(rep, dict) and rep["msg_type"] == REP):
-            raise CaseError(f"a REQ offering {offer:#04x} answered with {show(rep)}")
-        s.sendall(msg(RTU, cookie=cookie))
-        pv.wait(3000)
-        q = pv.c.query()
-    finally:
-        s.close()
+    rep, psn, q = pv.established(caps=offer, flags=COMPAT_OK, sack_window=256, entropy_count=16)
     got = int(rep["caps"])
     want = offer & listen
     if want & base != base:
