@@ -63,8 +63,8 @@ from .jitcache import LazySigDispatcher
 PLANES: dict[str, tuple[str, ...]] = {
     "helpers": ("metaroce_xdp.wire.icrc", "metaroce_xdp.wire.hdr", "metaroce_xdp.wire.fastpath", "metaroce_xdp.wire.psn",
                 "metaroce_xdp.afxdp.rings"),
-    "compiled": ("metaroce_xdp.dp.ring", "metaroce_xdp.dp.core", "metaroce_xdp.dp.cc", "metaroce_xdp.dp.requester",
-                 "metaroce_xdp.dp.completer", "metaroce_xdp.dp.responder", "metaroce_xdp.dp.atomics",
+    "compiled": ("metaroce_xdp.dp.ring", "metaroce_xdp.dp.core", "metaroce_xdp.dp.cc", "metaroce_xdp.dp.clientq",
+                 "metaroce_xdp.dp.requester", "metaroce_xdp.dp.completer", "metaroce_xdp.dp.responder", "metaroce_xdp.dp.atomics",
                  "metaroce_xdp.dp.round", "metaroce_xdp.dp.inproc", "metaroce_xdp.dp.drive", "metaroce_xdp.dp.serve",
                  "metaroce_xdp.native.multipath", "metaroce_xdp.native.receiver", "metaroce_xdp.native.sender",
                  "metaroce_xdp.native.rdpace", "metaroce_xdp.native.plane_slot",
