@@ -61,7 +61,7 @@ conformance: setup
 	a=$$?; $(PY) -m metaroce_xdp.conformance --self-test --iut daemon --report conformance-report/daemon \
 		$(CONFORMANCE_ARGS); exit $$(( a | $$? ))
 
-# The same suite against Linux Soft-RoCE (rdma_rxe) in the QEMU VM of ../shared/rxe-vm, through the
+# The same suite against Linux Soft-RoCE (rdma_rxe) in the QEMU VM of vm/rxe, through the
 # rdma-core agent (metaroce_xdp/conformance/pyverbs_agent.py): tools/rxe_conformance.py builds and boots
 # the VM, starts the agent in it and runs the tester in netns rxeh<ID>; it always tears down.
 # Reports in conformance-report-rxe/.  RXE_VM_ARGS: e.g. "-i 3" for another VM instance.

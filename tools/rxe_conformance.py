@@ -1,4 +1,4 @@
-"""Run the conformance tester against Linux Soft-RoCE (`rdma_rxe`) in the QEMU VM of ../shared/rxe-vm.
+"""Run the conformance tester against Linux Soft-RoCE (`rdma_rxe`) in the QEMU VM of vm/rxe.
 
     python -m tools.rxe_conformance                         # boot, agent smoke check, tear down
     python -m tools.rxe_conformance -- metaroce-conformance --agent {agent} --iface {iface} --peer-ip {lt_ip}
@@ -50,7 +50,7 @@ from metaroce_xdp.topo import thread_in_netns
 ROOT = Path(__file__).resolve().parent.parent
 # What the VM runs: the rdma-core agent and the protocol module beside it (it imports nothing else of ours)
 AGENT_FILES = tuple(ROOT / "metaroce_xdp" / "conformance" / f for f in ("pyverbs_agent.py", "agentproto.py"))
-VM_DIR = Path(os.environ.get("RXEVM_SCRIPTS", ROOT.parent / "shared" / "rxe-vm"))
+VM_DIR = Path(os.environ.get("RXEVM_SCRIPTS", ROOT / "vm" / "rxe"))      # vm/rxe/README.md
 RUN_BASE = Path(os.environ.get("RXEVM_DIR", "/tmp/rxevm"))
 AGENT_PORT = DEFAULT_PORT
 
@@ -111,7 +111,7 @@ class RxeVM:
                 "RXE_NETNS": self.netns,
                 "RXE_GID_IDX": str(self.gid_index if self.gid_index is not None else "")}
 
-    # -- the scripts of ../shared/rxe-vm ------------------------------------------------
+    # -- the scripts of vm/rxe --------------------------------------------------------
     def _script(self, name: str, *args: str, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
         argv = [str(self.scripts / name), *args]
         try:

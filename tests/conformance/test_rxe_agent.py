@@ -1,6 +1,6 @@
 """The rdma-core test agent (metaroce_xdp/conformance/pyverbs_agent.py) on Linux Soft-RoCE, end to end.
 
-One QEMU VM for the module (tools/rxe_conformance.RxeVM, ../shared/rxe-vm;
+One QEMU VM for the module (tools/rxe_conformance.RxeVM, vm/rxe;
 instance ID the first free one from 11): the Debian kernel's rdma_rxe on the
 VM's eth0, the pyverbs agent serving on 10.77.<ID>.2:18516.  On this side, in
 netns rxeh<ID>, OUR endpoint runs on the tap (Context.open("rxetap<ID>"): the
