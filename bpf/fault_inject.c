@@ -21,6 +21,12 @@
  *   delay     copy the frame to user space (fi_delayed perf buffer) and steal
  *             it; user space sends it again after delay_us.  This kernel has
  *             neither sch_fq nor sch_etf, so EDT (skb->tstamp) cannot delay.
+ *   spread    (egress, spread_queues N > 1) every UDP/4791 frame leaves on TX
+ *             queue index % N, round robin -- on veth the peer receives it on
+ *             the RX queue of that number, as a NIC's RSS spreads flows (and a
+ *             sprayed QP's packets) over its queues.  A TX queue chosen at tc
+ *             egress is kept (the kernel skips its own pick); skb->queue_mapping
+ *             written here is the queue number plus one.
  *
  * Frames carrying skb->mark == FI_MARK (our clones, user-space reinjections)
  * pass untouched, which is what keeps dup and delay from looping.
@@ -104,7 +110,7 @@ struct fi_config {
 	__u32 delay_us;         /* informative: user space holds delayed frames this long */
 	__u64 opcode_bitmap[4]; /* bit n set: opcode n is targeted */
 	__u32 ecn_ce_ppm;       /* mark CE on this share of ECT frames */
-	__u32 pad0;
+	__u32 spread_queues;    /* > 1: UDP/4791 frames leave on TX queue index % spread_queues */
 };
 
 /* Serialised by a spin lock rather than atomic fetch-add: BCC's LLVM 14
@@ -324,6 +330,8 @@ int fi_tc(struct __sk_buff *skb)
 	}
 	bpf_spin_unlock(&st->lock);
 
+	if (!FI_INGRESS && cfg->spread_queues > 1)
+		skb->queue_mapping = (__u32)(index % cfg->spread_queues) + 1;
 	if (!p.udp_len) {
 		count(FI_C_SHORT);
 		goto out;

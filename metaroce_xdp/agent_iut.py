@@ -138,8 +138,7 @@ class CompiledIUT(_BaseIUT):
     def _set_budget(self, v: int) -> None:
         from .dp import layout as L
         with self.ctx.plane.paused():
-            for p in self.ctx.plane.group:
-                p.A[L.P_BUDGET] = v
+            self.ctx.plane.A[L.P_BUDGET] = v
 
     def session(self) -> "CompiledSession":
         return CompiledSession(self)

@@ -191,7 +191,7 @@ class _DelayMeta(ctypes.Structure):
 
 _CONFIG_KEYS = ("seed", "drop_ppm", "dup_ppm", "corrupt_ppm", "reorder_ppm", "reorder_delay_us", "ecn_ce_ppm",
                 "corrupt_offset", "corrupt_xor", "fix_udp_csum", "opcode_filter", "every_nth",
-                "action_limit", "enabled")
+                "action_limit", "enabled", "spread_queues")
 
 
 class FaultInjector:
@@ -206,6 +206,9 @@ class FaultInjector:
     fix_udp_csum    after corrupting, patch a non-zero UDP checksum so only the ICRC fails
     ecn_ce_ppm      mark CE on this share of ECN-capable (ECT) frames, IPv4 checksum fixed:
                     a congested switch for DCQCN tests (the ICRC masks ECN, MR-ICRC-004)
+    spread_queues   N > 1 (egress): every UDP/4791 frame leaves on TX queue (packet index % N), so
+                    on veth the peer receives consecutive packets on all its N RX queues in turn --
+                    a NIC's RSS spreading one QP's packets, as the native profile's spraying does
     """
 
     def __init__(self, ifname: str, *, netns: str | None = None, direction: str = "egress",
@@ -214,7 +217,7 @@ class FaultInjector:
                  corrupt_offset: int | None = None, corrupt_xor: int = 0xFF, fix_udp_csum: bool = False,
                  opcode_filter: Iterable[int] | OpMask | int | None = None, every_nth: int = 0,
                  action_limit: int = 0, psn_drop_once: Iterable[int] = (), mark: int = FI_MARK,
-                 enabled: bool = True):
+                 enabled: bool = True, spread_queues: int = 0):
         if direction not in ("egress", "ingress"):
             raise ValueError("direction must be 'egress' or 'ingress'")
         self.ifname, self.netns, self.direction, self.mark = ifname, netns, direction, mark
@@ -222,8 +225,11 @@ class FaultInjector:
                          reorder_ppm=reorder_ppm, reorder_delay_us=reorder_delay_us, ecn_ce_ppm=ecn_ce_ppm,
                          corrupt_offset=corrupt_offset, corrupt_xor=corrupt_xor,
                          fix_udp_csum=fix_udp_csum, opcode_filter=opcode_filter,
-                         every_nth=every_nth, action_limit=action_limit, enabled=enabled)
+                         every_nth=every_nth, action_limit=action_limit, enabled=enabled,
+                         spread_queues=spread_queues)
         self._check(self._cfg)
+        if direction == "ingress" and spread_queues > 1:
+            raise ValueError("spread_queues needs egress: the TX queue is chosen there")
         if direction == "ingress" and reorder_ppm:
             raise ValueError("reorder needs egress: delayed frames are re-sent with AF_PACKET")
         self._closed = False
@@ -267,6 +273,8 @@ class FaultInjector:
                 raise ValueError(f"{k}={cfg[k]} is outside 0..{PPM_SCALE}")
         if int(cfg["reorder_delay_us"]) < 0:
             raise ValueError("reorder_delay_us must be >= 0")
+        if not 0 <= int(cfg["spread_queues"]) <= 1024:
+            raise ValueError(f"spread_queues={cfg['spread_queues']} is outside 0..1024")
         if not 0 <= int(cfg["seed"]) <= _M64:
             raise ValueError("seed must fit in 64 bits")
 
@@ -340,6 +348,7 @@ class FaultInjector:
         v.delay_ppm = int(c["reorder_ppm"]) if self.direction == "egress" else 0
         v.delay_us = int(c["reorder_delay_us"])
         v.ecn_ce_ppm = int(c["ecn_ce_ppm"])
+        v.spread_queues = int(c["spread_queues"])
         v.every_nth = int(c["every_nth"])
         v.action_limit = int(c["action_limit"])
         v.corrupt_offset = -1 if c["corrupt_offset"] is None else int(c["corrupt_offset"])

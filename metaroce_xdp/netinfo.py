@@ -77,6 +77,29 @@ def iface_info(ifname: str) -> IfaceInfo:
         return IfaceInfo(ifname, idx[0], link.get_attr("IFLA_ADDRESS"), link.get_attr("IFLA_MTU"), v4, v6)
 
 
+def rx_queues(ifname: str) -> int:
+    """The interface's active RX queues, as `ethtool -l` counts them (rx + combined channels); where the
+    driver reports no channels, the RX queues the device was made with (IFLA_NUM_RX_QUEUES).  An AF_XDP
+    socket can bind to queue ids below this number."""
+    from pyroute2.ethtool.ioctl import IoctlEthtool
+    try:
+        e = IoctlEthtool(ifname)
+        try:
+            ch = e.get_channels()
+            n = int(ch.rx_count) + int(ch.combined_count)
+        finally:
+            e.close()
+        if n > 0:
+            return n
+    except Exception:  # noqa: BLE001 -- no ETHTOOL_GCHANNELS in this driver (lo, dummy, tun...)
+        pass
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise NetInfoError(f"no interface {ifname!r} in this network namespace (see `ip link`)")
+        return max(1, int(ipr.get_links(idx[0])[0].get_attr("IFLA_NUM_RX_QUEUES") or 1))
+
+
 def _norm(ip: str) -> str:
     return str(ipaddress.ip_address(ip))
 

@@ -534,7 +534,7 @@ def _segment(k: int, v6: bool) -> tuple[str, str, str]:
 
 
 def routed_hosts(*, routers: int = 1, ipv6: bool = True, mtu: int = 1500, default_route: bool = True,
-                 prefix: str = "mr") -> RoutedHosts:
+                 prefix: str = "mr", queues: int = 1) -> RoutedHosts:
     """Hosts A and B in two subnets, joined by a chain of `routers` IP routers (namespaces with
     net.ipv4.ip_forward=1 and net.ipv6.conf.all.forwarding=1).
 
@@ -549,7 +549,9 @@ def routed_hosts(*, routers: int = 1, ipv6: bool = True, mtu: int = 1500, defaul
     Router interfaces: the first router's interface towards A is "rA", the last router's towards B
     is "rB"; between routers i and i+1 (1-based) they are "r<i>b" and "r<i+1>a".  Frames an AF_XDP
     socket sends skip the sender's tc egress hook, so inject faults on router egress:
-    `toward_b` (B-bound traffic) and `toward_a` (A-bound traffic) of the result."""
+    `toward_b` (B-bound traffic) and `toward_a` (A-bound traffic) of the result.  queues: RX and TX
+    queues of every veth end (the router's egress picks the TX queue, which on veth is the RX queue the
+    host receives on: faults.FaultInjector(spread_queues=...) there spreads frames as RSS would)."""
     if routers < 1:
         raise TopologyError("routed_hosts needs at least one router")
     n = routers
@@ -564,7 +566,7 @@ def routed_hosts(*, routers: int = 1, ipv6: bool = True, mtu: int = 1500, defaul
             right = "mr1" if k == n else "rA" if k == 0 else f"r{k + 1}a"
             l4, r4, _ = _segment(k, False)
             l6, r6, _ = _segment(k, True)
-            links.append(topo.add_veth(chain[k], chain[k + 1], left, right, mtu=mtu,
+            links.append(topo.add_veth(chain[k], chain[k + 1], left, right, mtu=mtu, queues=queues,
                                        ipv4=(f"{l4}/24", f"{r4}/24"),
                                        ipv6=(f"{l6}/64", f"{r6}/64") if ipv6 else None))
         for ns in rns:

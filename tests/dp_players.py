@@ -88,8 +88,8 @@ class Fabric:
          of each end);
     "switched": switched_hosts -- A (mr0) and B (mr1) through a switch namespace (bridge sw0, ports swA, swB),
          with `hosts` - 2 more hosts on it (namespace topo[3 + i], mr<2 + i>, 10.77.0.<3 + i>, port sw<C + i>);
-    "routed": routed_hosts -- A (10.78.0.1) and B in two subnets behind `routers` IP routers; `routed` is the
-         RoutedHosts.
+    "routed": routed_hosts -- A (10.78.0.1) and B in two subnets behind `routers` IP routers (veth_queues: RX/TX
+         queues of every veth end); `routed` is the RoutedHosts.
     `ifaces`: A's, B's (and further hosts') interface, each with its ns, ifname and ipv4.
     addr6: IPv6 on the hosts' links: True, the builder's own (two_hosts: fd77::1 and ::2; routed_hosts: the
          segments fd78:<k>::/64); or (A's, B's) addresses added to their interfaces (/64, no DAD).
@@ -116,7 +116,8 @@ class Fabric:
             self.ifaces = [left.a, right.b] + [SimpleNamespace(ns=self.topo[3 + i], ifname=f"mr{2 + i}",
                                                               ipv4=f"10.77.0.{3 + i}") for i in range(hosts - 2)]
         elif kind == "routed":
-            self.routed = T.routed_hosts(routers=routers, ipv6=addr6 is True, mtu=mtu, prefix=prefix)
+            self.routed = T.routed_hosts(routers=routers, ipv6=addr6 is True, mtu=mtu, prefix=prefix,
+                                         queues=veth_queues)
             self.topo = self.routed.topo
             self.ifaces = [self.routed.a, self.routed.b]
         else:

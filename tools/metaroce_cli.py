@@ -103,6 +103,8 @@ def _perf_command(test: str):
         no_address_check: bool = typer.Option(False, "--no-address-check", help="server: accept a REQ whose GID "
                                               "is not the address its TCP connection comes from (MR-SEC-019); "
                                               "only where set-up runs on another network than the traffic"),
+        rx_queues: int = typer.Option(0, "--rx-queues", min=0, max=64, help="in-process plane: RX queues served "
+                                      "from queue 0 (0: every one the interface has, as the NIC's RSS needs)"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
                                    timeout, plane, qps, bidir)
@@ -111,6 +113,7 @@ def _perf_command(test: str):
         opt.start_at = start_at
         opt.progress = progress
         opt.check_address = not no_address_check
+        opt.rx_queues = rx_queues
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

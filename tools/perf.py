@@ -113,6 +113,7 @@ class PerfOptions:
     progress: str = "spin"               # in-process compiled plane: "spin" (busy polling) or "sleep" (idle: poll())
     check_address: bool = True           # server: a REQ whose GID is not its TCP source gets REJ ADDRESS_MISMATCH
                                          # (MR-SEC-019); off only where set-up runs on another network
+    rx_queues: int = 0                   # in-process plane: RX queues served from 0 (0: every one, as RSS needs)
 
     @property
     def is_server(self) -> bool:
@@ -163,15 +164,17 @@ def lat_row(r: dict) -> str:
 PLANES = ("compiled",)
 
 
-def open_context(ifname: str):
+def open_context(ifname: str, rx_queues: int = 0):
     """Context.open for the tools: the compiled data plane (metaroce_xdp.dp, what `from metaroce_xdp import
-    Context` gives), driven from this thread (busy polling, no progress thread).  Pinning the maps (for
-    the CLI's readers) needs a bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so
-    pin only where it can work rather than fail the run."""
+    Context` gives), driven from this thread (busy polling, no progress thread), on every RX queue of the
+    interface (rx_queues > 0: queues 0 .. rx_queues - 1).  Pinning the maps (for the CLI's readers) needs a
+    bpffs at /sys/fs/bpf; `ip netns exec` mounts a fresh /sys without one, so pin only where it can work
+    rather than fail the run."""
     import os
 
     from metaroce_xdp.dp import Context
-    return Context.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"))
+    return Context.open(ifname, progress_thread=False, pin=os.path.ismount("/sys/fs/bpf"),
+                        queues=rx_queues or None)
 
 
 PROGRESS = ("spin", "sleep")
@@ -220,7 +223,7 @@ class _Side:
         self.is_client = not opt.is_server
         try:
             self.ctx = (engine_choice.open_daemon_context(choice, opt.ifname) if self.daemon
-                        else open_context(opt.ifname))
+                        else open_context(opt.ifname, opt.rx_queues))
         except Exception as e:  # noqa: BLE001 - tool boundary: every cause becomes one clear line
             raise PerfError(f"cannot open interface {opt.ifname!r}: {e} (run as root in the interface's "
                             "network namespace; list interfaces with `ip link`)") from None

@@ -16,7 +16,7 @@ Attributes the plane reads: ifname, info, mac, ip, sg, frame_limit, max_pmtu, pa
 netinfo.PathResolver), umem, xsk, frames, pool, ring; fileno(), close().
 
 Neighbours: afxdp/xsk.py (socket, UMEM, rings), kern/ (the XDP program and its shared maps),
-netinfo.py (addresses, MTU, next hops), dp/context.py (Context.open makes one per RX queue).
+netinfo.py (addresses, MTU, next hops), dp/context.py (Context.open makes one, with a socket per RX queue).
 """
 from __future__ import annotations
 
@@ -43,12 +43,30 @@ def max_path_mtu(if_mtu: int, chunk: int, slot: int | None = None) -> int:
     return best
 
 
+def queue_ring(ring: int, queues: int) -> int:
+    """RX and fill ring size of each further queue's socket: the first socket's `ring` for up to 4
+    queues, then smaller (a power of two, at least 256) so that the UMEM stays near 4 rings' frames."""
+    if queues <= 4:
+        return ring
+    n = ring * 4 // queues
+    size = 256
+    while size * 2 <= n:
+        size *= 2
+    return size
+
+
 class XskPort:
     def __init__(self, ifname: str, queue: int = 0, frame_size: int = 4096, nframes: int = 8192,
-                 ring: int = 2048, ipv6: bool = False, multibuffer: bool | None = False) -> None:
+                 ring: int = 2048, ipv6: bool = False, multibuffer: bool | None = False, queues: int = 1) -> None:
         """multibuffer: None = XDP_USE_SG exactly when the interface's MTU carries a larger path
         MTU than one chunk holds; True forces it on; False (the default) keeps the single-buffer
-        layout (4 KiB frames, one descriptor each), max_pmtu then at most 2048."""
+        layout (4 KiB frames, one descriptor each), max_pmtu then at most 2048.
+        queues > 1: sockets on RX queues queue .. queue + queues - 1, all on the first socket's UMEM
+        (XDP_SHARED_UMEM), which grows by the further queues' fill rings.  The first socket (`xsk`)
+        sends; every socket receives (`rx_socks`): one loop serves them all, so a QP's packets are
+        handled whichever queue RSS puts them on (docs/design-dataplane.md, "Several RX queues")."""
+        if queues < 1:
+            raise ValueError(f"queues {queues}: at least 1")
         info = iface_info(ifname)
         self.ifname = ifname
         self.info = info
@@ -64,18 +82,37 @@ class XskPort:
         self.frame_limit = frame_size * slot_frames        # bytes a frame may take from its slot address
         self.max_pmtu = max_path_mtu(info.mtu, frame_size, self.frame_limit)
         self.paths = PathResolver(ifname)       # next hops, looked up in this (the caller's) namespace
+        qring = queue_ring(ring, queues)
+        nframes += (queues - 1) * qring * slot_frames     # the further queues' fill rings
+        self.umem = self.xsk = None
+        self.rx_socks: list[XskSocket] = []
         try:
             self.umem = Umem(nframes, frame_size, slot_frames=slot_frames)
-            nslots = nframes // slot_frames
             self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
-                                 comp_size=ring, prefill=min(ring, nslots // 2), sg=self.sg)
+                                 comp_size=ring, prefill=min(ring, (nframes // slot_frames - (queues - 1) * qring) // 2),
+                                 sg=self.sg)
+            self.rx_socks.append(self.xsk)
+            for q in range(queue + 1, queue + queues):
+                # RX only; the completion ring is one the kernel asks for and nothing uses (no TX ring)
+                self.rx_socks.append(XskSocket(ifname, q, rx_size=qring, tx_size=0, fill_size=qring,
+                                               comp_size=64, prefill=qring, share=self.xsk))
         except BaseException:
+            self._close_sockets()
             self.paths.close()
             raise
+        self.queues = list(range(queue, queue + queues))
         self.frames = self.umem.frames
         self.pool = self.umem.pool
         self.ring = ring                                 # RX/TX/fill/completion ring size (frames)
         self.closed = False
+
+    def _close_sockets(self) -> None:
+        for x in reversed(self.rx_socks[1:]):
+            x.close()
+        if self.xsk is not None:
+            self.xsk.close()
+        if self.umem is not None:
+            self.umem.close()
 
     def fileno(self) -> int:
         return self.xsk.fileno()
@@ -86,8 +123,7 @@ class XskPort:
         self.closed = True
         self.paths.close()
         self.frames = None
-        self.xsk.close()
-        self.umem.close()
+        self._close_sockets()
 
 
-__all__ = ["MAX_OVERHEAD_L2", "MAX_OVERHEAD_L3", "XskPort", "max_path_mtu"]
+__all__ = ["MAX_OVERHEAD_L2", "MAX_OVERHEAD_L3", "XskPort", "max_path_mtu", "queue_ring"]

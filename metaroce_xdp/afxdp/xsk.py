@@ -214,7 +214,12 @@ class XskSocket:
     kernel when the ring's flags ask for it.
     prefill: frames put on the fill ring at start (default: fill_size, at most half the
     pool so TX has frames too).  rx_size / tx_size of 0 omit that ring.
-    sg: bind with XDP_USE_SG (multi-buffer RX and TX); needs a Umem with slot_frames > 1."""
+    sg: bind with XDP_USE_SG (multi-buffer RX and TX); needs a Umem with slot_frames > 1.
+    share: a socket (usually on another queue of the same interface) whose Umem this one shares
+    (XDP_SHARED_UMEM): no registration of its own, but its own fill and completion rings (the
+    kernel needs them when the queue differs); mode, need_wakeup and sg are the first socket's
+    (the kernel refuses them as bind flags of a sharing socket).  A frame received on any of the
+    sockets is an address in the one Umem, so it can go back to any of their fill rings."""
 
     def __init__(
         self,
@@ -230,7 +235,12 @@ class XskSocket:
         need_wakeup: bool = True,
         prefill: int | None = None,
         sg: bool = False,
+        share: "XskSocket | None" = None,
     ):
+        if share is not None:
+            if share.closed or umem not in (None, share.umem):
+                raise ValueError("share: an open socket whose Umem this one uses (umem None or the same)")
+            umem, mode, need_wakeup, sg = share.umem, "copy", share.need_wakeup, share.sg
         if mode not in ("copy", "zerocopy", "auto"):
             raise ValueError(f"mode {mode!r}: use 'copy', 'zerocopy' or 'auto'")
         for label, n in (("rx_size", rx_size), ("tx_size", tx_size)):
@@ -241,10 +251,9 @@ class XskSocket:
                 raise ValueError(f"{label} {n} must be a power of two")
         if not rx_size and not tx_size:
             raise ValueError("an AF_XDP socket needs an RX or a TX ring")
-        if umem is not None and umem.owner_fd != -1:
-            # Sharing needs XDP_SHARED_UMEM and per-queue fill/completion rings; not needed yet.
-            raise XskError(errno.EBUSY, "this Umem is already registered by another XskSocket; "
-                           "give each socket its own Umem (XDP_SHARED_UMEM is not supported yet)")
+        if umem is not None and umem.owner_fd != -1 and share is None:
+            raise XskError(errno.EBUSY, "this Umem is already registered by another XskSocket: "
+                           "give this one its own Umem, or share=that socket (XDP_SHARED_UMEM)")
         # Resolved in the calling thread's network namespace, like the socket itself.
         self.ifindex = ifname if isinstance(ifname, int) else socket.if_nametoindex(ifname)
         self.ifname = ifname if isinstance(ifname, str) else socket.if_indextoname(ifname)
@@ -258,6 +267,7 @@ class XskSocket:
         self.fd = -1
         self.rx = self.tx = self.fill = self.comp = None
         self.closed = False
+        self.share = share
         self._own_umem = umem is None
         self.umem = umem if umem is not None else (Umem(slot_frames=2) if sg else Umem())
         if sg and self.umem.slot <= self.umem.frame_size:
@@ -275,12 +285,14 @@ class XskSocket:
             _raise("socket()", "needs root/CAP_NET_RAW and a kernel with CONFIG_XDP_SOCKETS")
         self.fd = fd
         u = self.umem
-        reg = uapi.xdp_umem_reg(addr=u.addr, len=u.size, chunk_size=u.frame_size, headroom=u.headroom)
-        if _setsockopt(fd, uapi.XDP_UMEM_REG, reg) != 0:
-            if ctypes.get_errno() != errno.EINVAL or _setsockopt(fd, uapi.XDP_UMEM_REG, reg, uapi.XDP_UMEM_REG_V1_SIZE) != 0:
-                _raise("XDP_UMEM_REG", "chunk size must be 2048 or 4096, area page aligned, "
-                       "RLIMIT_MEMLOCK large enough")
-        u.owner_fd = fd
+        if self.share is None:
+            reg = uapi.xdp_umem_reg(addr=u.addr, len=u.size, chunk_size=u.frame_size, headroom=u.headroom)
+            if _setsockopt(fd, uapi.XDP_UMEM_REG, reg) != 0:
+                if (ctypes.get_errno() != errno.EINVAL
+                        or _setsockopt(fd, uapi.XDP_UMEM_REG, reg, uapi.XDP_UMEM_REG_V1_SIZE) != 0):
+                    _raise("XDP_UMEM_REG", "chunk size must be 2048 or 4096, area page aligned, "
+                           "RLIMIT_MEMLOCK large enough")
+            u.owner_fd = fd
         sizes = ((uapi.XDP_UMEM_FILL_RING, fill_size), (uapi.XDP_UMEM_COMPLETION_RING, comp_size),
                  (uapi.XDP_RX_RING, rx_size), (uapi.XDP_TX_RING, tx_size))
         for opt, n in sizes:
@@ -305,6 +317,16 @@ class XskSocket:
             self.refill(prefill)
 
     def _bind(self, mode: str) -> None:
+        if self.share is not None:
+            sa = uapi.sockaddr_xdp(sxdp_family=uapi.AF_XDP, sxdp_flags=uapi.XDP_SHARED_UMEM,
+                                   sxdp_ifindex=self.ifindex, sxdp_queue_id=self.queue_id,
+                                   sxdp_shared_umem_fd=self.share.fileno())
+            if _libc.bind(self.fd, ctypes.byref(sa), ctypes.sizeof(sa)) == 0:
+                self.bind_flags = self.share.bind_flags
+                return
+            _raise(f"bind({self.ifname} queue {self.queue_id}, sharing the Umem of fd {self.share.fileno()})",
+                   "EBUSY: another socket owns this queue; EINVAL: queue id beyond the device's channels, "
+                   "or a kernel older than 5.10 (no shared Umem across queues)")
         wake = uapi.XDP_USE_NEED_WAKEUP if self.need_wakeup else 0
         if self.sg:
             wake |= uapi.XDP_USE_SG

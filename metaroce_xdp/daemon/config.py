@@ -27,6 +27,7 @@ class ConfigError(InvalidArgument):
 @dataclass
 class DaemonConfig:
     interfaces: list[str] = field(default_factory=list)   # interfaces the daemon owns (XDP + AF_XDP per RX queue)
+    rx_queues: int = 0                                    # RX queues served from 0 on (0: every one the interface has)
     socket_path: str = "/run/metaroce/metaroced.sock"     # Unix socket applications connect to
     socket_group: str | None = None                       # group allowed besides root (None: root only)
     socket_mode: int = 0o660
@@ -84,6 +85,8 @@ class DaemonConfig:
         if not 1 <= self.max_pending_events <= 1 << 20:
             raise ConfigError(f"max_pending_events must be 1..1048576, not {self.max_pending_events!r}",
                               "max_pending_events")
+        if not 0 <= self.rx_queues <= 64:
+            raise ConfigError(f"rx_queues must be 0 (every RX queue) .. 64, not {self.rx_queues!r}", "rx_queues")
         if not 0 <= self.credit_budget <= 65535:
             raise ConfigError(f"credit_budget must be 0..65535 packets, not {self.credit_budget!r}", "credit_budget")
         for ifname, mbps in self.read_rate_mbps.items():

@@ -123,6 +123,7 @@ def set_log_level(level: str) -> None:
 # --------------------------------------------------------------------------------------------- flags
 _HELP = {
     "interfaces": "interfaces to own, comma-separated or repeated (XDP program + one AF_XDP socket per RX queue)",
+    "rx_queues": "RX queues served on each interface from queue 0 (0: every one it has, as RSS needs)",
     "socket_path": "Unix socket applications connect to",
     "socket_group": "group allowed on the socket besides root ('' for root only)",
     "socket_mode": "permissions of the socket, octal",

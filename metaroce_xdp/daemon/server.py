@@ -92,7 +92,7 @@ RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_clie
                    "log_level", "drain_timeout_s",
                    "progress", "busy_idle_ms", "socket_mode", "socket_group", "watchdog", "metrics_listen",
                    "metrics_per_qp", "profile", "read_rate_mbps")
-FIXED_OPTIONS = ("interfaces", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
+FIXED_OPTIONS = ("interfaces", "rx_queues", "socket_path", "bpffs_prefix", "cm_port", "credit_budget")
 
 _ATTR_FIELDS = {f.name for f in dataclasses.fields(QPAttr)} - {"alt_path"}
 
@@ -369,7 +369,7 @@ def _make_context_class():
 
         def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:
             if typ == L.EV_CQ_NOTIFY:                   # the loop disarmed the CQ (dp/core.py cq_notify)
-                cq = self.cqs.get(arg - arg % len(self.plane.group))
+                cq = self.cqs.get(arg)
                 if cq is not None and self.on_cq_notify is not None:
                     self.on_cq_notify(cq)
                 return
@@ -627,11 +627,14 @@ class Device:
             counters["xdp_drops"] = ld.drops()
             counters["xdp_events"] = ld.events()
             counters["xsk"] = port.xsk.statistics()
+            # per RX queue: frames received, owed to its fill ring, and its socket's kernel counters
+            counters["rx_queues"] = [dict(q, xsk=s.statistics())
+                                     for q, s in zip(self.ctx.plane.queue_stats(), port.rx_socks)]
             counters["umem"] = umem_frames(self.ctx)
         except Exception:                           # noqa: BLE001 - the maps may be gone while stopping
             pass
         return {"ifname": self.ifname, "mtu": mtu, "mac": port.mac, "gids": [cm.gid_text(cm.ip_to_gid(port.ip))],
-                "ip": port.ip, "queues": [0],
+                "ip": port.ip, "queues": list(port.queues),
                 "caps": {"plane": "compiled", "max_pmtu": self.ctx.max_pmtu, "max_qps": self.plane.maxq - 1,
                          "max_cqs": self.L.MAX_CQS, "max_mrs": self.L.MAX_MRS - 1, "max_sge": 1,
                          "opcodes": ["RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "SEND", "SEND_WITH_IMM", "RDMA_READ",
@@ -834,7 +837,7 @@ class Daemon:
                 dpc.PREBUILT_LOADERS[ifname] = loader
                 try:
                     ctx = ctx_cls.open(ifname, progress_thread=False, pin=True, inproc=False,   # dp_serve drives it
-                                       tunables=self.tunables)
+                                       queues=cfg.rx_queues or None, tunables=self.tunables)
                 except BaseException:
                     dpc.PREBUILT_LOADERS.pop(ifname, None)
                     loader.close()

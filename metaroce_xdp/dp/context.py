@@ -127,11 +127,10 @@ class Plane:
     RQ_ROWS = 1 << 15
     CQE_ROWS = 1 << 17
 
-    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS, more_ports: tuple = (),
-                 tunables: Tunables | None = None) -> None:
-        """more_ports: the sockets of further RX queues of the interface.  Each gets a plane of its own (a
-        P block, event and ready rings, active list, frame stack, loop thread: `others`) over the same
-        tables; a QP belongs to one of them (Q.plane, `owner`, `move`).  See docs/design-dataplane.md.
+    def __init__(self, port: Any, loader: Any, maxq: int = L.MAX_QPS, tunables: Tunables | None = None) -> None:
+        """port: afxdp/port.XskPort -- its first socket sends and receives, further RX queues' sockets
+        (port.rx_socks, on the same UMEM) receive: one loop serves them all (XR rows), so a QP's packets are
+        handled whichever queue they arrive on.  See docs/design-dataplane.md, "Several RX queues".
         tunables: window, budget, spinning ... (metaroce_xdp/tunables.py; default: tunables.load())."""
         self.tunables = tun = tunables if tunables is not None else load_tunables()
         from ..wire.fastpath import TABLES
@@ -139,21 +138,22 @@ class Plane:
         self.port, self.loader, self.maxq = port, loader, maxq
         self.tables = TABLES
         nframes = port.umem.nframes
-        words = (L.N_P + 2 * L.TX_BATCH + 8 + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
+        rx_socks = getattr(port, "rx_socks", None) or [port.xsk]
+        if len(rx_socks) > L.MAX_XR:
+            raise ValueError(f"{len(rx_socks)} RX queues: at most {L.MAX_XR}")
+        npfd = len(rx_socks) + 1 + 1                 # a pollfd per socket, the eventfd's, a scratch word
+        words = (L.N_P + 2 * L.TX_BATCH + npfd + len(rx_socks) * L.NXR + maxq * L.NQ + self.SQ_ROWS * L.NW + self.RQ_ROWS * L.NR
                  + self.CQE_ROWS * L.NE + L.MAX_CQS * L.NC + L.MAX_MRS * L.NM + maxq * L.MAX_RD * L.NJ
                  + L.N_EV * L.NEVF + L.N_RDY + maxq + nframes + 16 * 8
                  + L.SG_ROWS * L.NG + maxq * L.MAX_RD * L.NAT + maxq * L.NF + 1024 + 4 * 8
                  + nslot.region_words(maxq) + 8)
-        words += sum(L.N_P + 2 * L.TX_BATCH + 8 + L.N_EV * L.NEVF + L.N_RDY + maxq + p.umem.nframes + 1024 + 8 * 8
-                     + nslot.EXT_BYTES // 8 for p in more_ports)
         ar = self.arena = L.Arena(words)
         A = self.A = ar.a
         p0 = ar.alloc(L.N_P)
         assert p0 == 0
         txq = ar.alloc(2 * L.TX_BATCH)
-        pfd = ar.alloc(8)
-        # further queues' P blocks come before the shared tables: their offsets are relative to them
-        extra = [(ar.alloc(L.N_P), ar.alloc(2 * L.TX_BATCH), ar.alloc(8)) for _ in more_ports]
+        pfd = ar.alloc(npfd)
+        xr = ar.alloc(len(rx_socks) * L.NXR)
         q = ar.alloc(maxq * L.NQ)
         sq = ar.alloc(self.SQ_ROWS * L.NW)
         rq = ar.alloc(self.RQ_ROWS * L.NR, align=False)
@@ -219,7 +219,7 @@ class Plane:
         # waiting (docs/design-dataplane.md, "Measured": +15-70 % on a 64 KiB WRITE stream)
         A[L.P_YIELD_AFTER] = tun.yield_after
         A[L.P_POLL_MS] = 1000
-        self._bind_port(port, free, pfd)
+        self._bind_port(port, rx_socks, free, pfd, xr)
         self.lock = threading.Lock()
         self.post_lock = threading.Lock()
         self.threaded = False
@@ -227,33 +227,35 @@ class Plane:
         self.on_event = None
         self.on_timeout = None          # Context: local ACK timeouts fired -> re-resolve paths (PathWatch)
         self._timeouts_seen = 0
-        # several RX queues: plane i runs queue i's socket; owner[qi] = the plane of QP row qi
-        self.index = 0
-        self.owner = np.zeros(maxq, np.int64)
-        self.others: list[Plane] = []
-        self.group: list[Plane] = [self]
-        for i, (p, (base, ptxq, ppfd)) in enumerate(zip(more_ports, extra)):
-            self.group.append(self._queue_plane(i + 1, p, base, ptxq, ppfd))
-        self.others = self.group[1:]
 
-    def _bind_port(self, port: Any, free: int, pfd: int) -> None:
-        """The words of the P block that are this plane's socket's: ring addresses, fd, UMEM, the free
-        frame stack (at `free`), the eventfd and pollfds (at `pfd`), the in-flight budget; then MAGIC."""
+    def _bind_port(self, port: Any, rx_socks: list, free: int, pfd: int, xr: int) -> None:
+        """The words of the P block that are the port's: TX and completion ring addresses and fd (the first
+        socket's), an XR row per receiving socket (at `xr`: its RX and fill rings, fd, queue), UMEM, the
+        free frame stack (at `free`), the eventfd and pollfds (at `pfd`), the in-flight budget; then MAGIC."""
         A = self.A
         nframes = port.umem.nframes
         self.umem = port.frames
+        self.rx_socks = rx_socks
         # AF_XDP rings by address
         x = port.xsk
         ad = lambda arr: int(arr.ctypes.data)  # noqa: E731
-        for pre, ring, body in (("rx", x.rx, "desc"), ("tx", x.tx, "desc"), ("fq", x.fill, "addrs"),
-                                ("cq", x.comp, "addrs")):
+        for pre, ring, body in (("tx", x.tx, "desc"), ("cq", x.comp, "addrs")):
             A[getattr(L, f"P_{pre.upper()}_PROD")] = ad(ring.producer)
             A[getattr(L, f"P_{pre.upper()}_CONS")] = ad(ring.consumer)
             A[getattr(L, f"P_{pre.upper()}_{body.upper()}")] = ad(ring.descs if body == "desc" else ring.addrs)
             A[getattr(L, f"P_{pre.upper()}_SIZE")] = ring.size
         A[L.P_TX_FLAGS] = ad(x.tx.flags)
-        A[L.P_FQ_FLAGS] = ad(x.fill.flags)
         A[L.P_FD] = x.fileno()
+        self.XR = A[xr:xr + len(rx_socks) * L.NXR].reshape(-1, L.NXR)
+        for row, s in zip(self.XR, rx_socks):
+            row[:] = 0
+            row[L.XR_RX_PROD], row[L.XR_RX_CONS] = ad(s.rx.producer), ad(s.rx.consumer)
+            row[L.XR_RX_DESC], row[L.XR_RX_SIZE] = ad(s.rx.descs), s.rx.size
+            row[L.XR_FQ_PROD], row[L.XR_FQ_CONS] = ad(s.fill.producer), ad(s.fill.consumer)
+            row[L.XR_FQ_FLAGS], row[L.XR_FQ_ADDRS], row[L.XR_FQ_SIZE] = ad(s.fill.flags), ad(s.fill.addrs), s.fill.size
+            row[L.XR_FD], row[L.XR_QUEUE] = s.fileno(), s.queue_id
+        A[L.P_XR_OFF] = xr
+        A[L.P_XR_N] = len(rx_socks)
         A[L.P_UMEM_ADDR] = ad(port.frames)
         A[L.P_FRAME_SIZE] = port.umem.frame_size
         A[L.P_FRAME_MASK] = ~(port.umem.frame_size - 1)
@@ -270,70 +272,19 @@ class Plane:
         A[L.P_FREE_TOP] = k
         A[L.P_FREE_CAP] = nframes
         pool.top[0] = 0
-        # wake-ups: poll() on the socket and an eventfd a post writes
+        # wake-ups: poll() on every receiving socket and an eventfd a post writes
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         A[L.P_EFD] = self.efd
-        A[pfd] = (x.fileno() & 0xFFFFFFFF) | (1 << 32)          # struct pollfd {fd, POLLIN, 0}
-        A[pfd + 1] = (self.efd & 0xFFFFFFFF) | (1 << 32)
+        fds = [rx_socks[0].fileno(), self.efd, *(s.fileno() for s in rx_socks[1:])]
+        for i, fd in enumerate(fds):
+            A[pfd + i] = (fd & 0xFFFFFFFF) | (1 << 32)          # struct pollfd {fd, POLLIN, 0}
+        A[L.P_NPOLLFD] = len(fds)                                # then the eventfd's read scratch
         A[L.P_POLLFD] = ad(A) + pfd * 8
         # packets all QPs of the port may have un-ACKed (0: no port limit, each QP its window)
         # (multi-buffer: a packet larger than one RX buffer counts twice, requester.infl_weight)
         cap = self.tunables.port_inflight
         A[L.P_INFL_CAP] = cap if cap is not None else x.rx.size * 3 // 4
         A[L.P_MAGIC] = L.MAGIC
-
-    def _queue_plane(self, index: int, port: Any, base: int, txq: int, pfd: int) -> "Plane":
-        """The plane of a further RX queue: its P block at arena word `base` (its A is the arena from
-        there, so every offset in it is relative to base), the shared tables of this plane, its own
-        socket, event ring, ready ring, active list, frame stack and gather scratch."""
-        ar = self.arena
-        pl = object.__new__(Plane)
-        pl.__dict__.update(self.__dict__)            # the shared tables, pools, TM, F, dcqcn, owner, post_lock
-        A = pl.A = ar.a[base:]
-        A[:L.N_P] = self.A[:L.N_P]                   # configuration (window, budget, kernel slots, ...)
-        A[L.P_MAGIC] = 0
-        for name in "q_off sq_off rq_off ce_off cq_off mr_off rdj_off sg_off at_off f_off".split():
-            A[getattr(L, "P_" + name.upper())] -= base
-        ev = ar.alloc(L.N_EV * L.NEVF)
-        rdy = ar.alloc(L.N_RDY)
-        act = ar.alloc(self.maxq)
-        free = ar.alloc(port.umem.nframes)
-        sgx = ar.alloc(1024)
-        for name, off in (("ev_off", ev), ("rdy_off", rdy), ("act_off", act), ("free_off", free), ("txq_off", txq)):
-            A[getattr(L, "P_" + name.upper())] = off - base
-        A[L.P_SGX_ADDR] = int(ar.a.ctypes.data) + sgx * 8
-        from ..native import plane_slot as nslot
-        if A[nslot.P_NAT_OFF]:
-            # the native region (slots shared: a QP has one plane), its header scratch this loop's own
-            A[nslot.P_NAT_OFF] -= base
-            ext = ar.alloc(nslot.EXT_BYTES // 8)
-            A[nslot.P_NAT_EXT] = int(ar.a.ctypes.data) + ext * 8
-        A[L.P_QUEUE] = index
-        pl.EV = ar.a[ev:ev + L.N_EV * L.NEVF].reshape(-1, L.NEVF)
-        pl.port = port
-        pl.index = index
-        pl.lock = threading.Lock()
-        pl.threaded = False
-        pl._thread = None
-        pl._timeouts_seen = 0
-        pl.others = []
-        pl._bind_port(port, free - base, pfd - base)
-        return pl
-
-    def move(self, qi: int, index: int) -> None:
-        """QP row qi now belongs to plane `index` (the loop of that queue); off the old plane's active
-        list.  Call with every plane paused (paused() of the first plane)."""
-        old = self.group[int(self.owner[qi])]
-        A = old.A
-        act, n = int(A[L.P_ACT_OFF]), int(A[L.P_N_ACT])
-        for j in range(n):
-            if A[act + j] == qi:
-                A[act + j] = A[act + n - 1]
-                A[L.P_N_ACT] = n - 1
-                break
-        self.Q[qi, L.Q_ACTIVE] = 0
-        self.Q[qi, L.Q_PLANE] = index
-        self.owner[qi] = index
 
     def _check_timeouts(self) -> None:
         n = int(self.A[L.P_TIMEOUTS])
@@ -358,17 +309,12 @@ class Plane:
             self.drain_events()
         if self.A[L.P_TIMEOUTS] != self._timeouts_seen:
             self._check_timeouts()
-        for p in self.others:                       # several RX queues: a round of each queue's loop
-            n += p.progress()
         return n
 
     def run(self, max_ns: int, watch_addr: int = 0, watch_val: int = 0, sleep_ok: bool = False) -> int:
         """The GIL-free loop for up to max_ns (busy polling; sleep_ok: asleep in poll() when idle, as the
         sleeping progress thread), until the byte at watch_addr equals watch_val, or (watch_val=-2) a
-        completion was added.  With several RX queues (no progress threads), every queue's loop in turn,
-        in slices of at most 200 us, busy."""
-        if self.others:
-            return self._run_group(max_ns, watch_addr, watch_val)
+        completion was added."""
         with self.lock:
             rc = self.loop.dp_run(self.A, self.TM, self.umem, self.tables, max_ns, watch_addr, watch_val,
                                   1 if sleep_ok else 0)
@@ -377,34 +323,16 @@ class Plane:
         self._check_timeouts()
         return rc
 
-    def _run_group(self, max_ns: int, watch_addr: int, watch_val: int) -> int:
-        deadline = time.monotonic_ns() + max_ns
-        while True:
-            for p in self.group:
-                left = deadline - time.monotonic_ns()
-                with p.lock:
-                    rc = self.loop.dp_run(p.A, p.TM, p.umem, p.tables, max(0, min(left, 200_000)), watch_addr,
-                                          watch_val, 0)
-                if p.A[L.P_EV_TAIL] != p.A[L.P_EV_HEAD]:
-                    p.drain_events()
-                p._check_timeouts()
-                if rc != 0:
-                    return rc
-            if time.monotonic_ns() >= deadline:
-                return 0
-
     def start(self, busy: bool = True) -> None:
         """A dedicated progress thread: the compiled loop runs without the GIL and returns only for
-        events, pauses or stop.  busy=False sleeps in poll() when idle (a post wakes it).  With several
-        RX queues, one thread per queue's loop."""
-        for p in self.others:
-            p.start(busy)
+        events, pauses or stop.  busy=False sleeps in poll() when idle (a post or a frame on any RX
+        queue's socket wakes it)."""
         if self._thread is not None:
             return
         self.threaded = True
         self.A[L.P_STOP] = 0
         self._sleep_ok = 0 if busy else 1
-        self._thread = threading.Thread(target=self._run, name=f"metaroce-dp{self.index or ''}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="metaroce-dp", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -419,8 +347,6 @@ class Plane:
                 time.sleep(0)          # let the control operation that paused us take the lock
 
     def stop(self) -> None:
-        for p in self.others:
-            p.stop()
         if self._thread is None:
             return
         self.A[L.P_STOP] = 1
@@ -439,20 +365,17 @@ class Plane:
             self.p = plane
 
         def __enter__(self):
-            for p in (self.p, *self.p.others):
-                p.A[L.P_PAUSE] = 1
-                p.wake()
-            for p in (self.p, *self.p.others):
-                p.lock.acquire()
+            self.p.A[L.P_PAUSE] = 1
+            self.p.wake()
+            self.p.lock.acquire()
             return self.p
 
         def __exit__(self, *exc):
-            for p in (self.p, *self.p.others):
-                p.A[L.P_PAUSE] = 0
-                p.lock.release()
+            self.p.A[L.P_PAUSE] = 0
+            self.p.lock.release()
 
     def paused(self) -> "_Paused":
-        """Control operations run with the loop between rounds (of every queue's loop, on the first plane)."""
+        """Control operations run with the loop between rounds."""
         return Plane._Paused(self)
 
     def frames(self) -> dict:
@@ -464,17 +387,14 @@ class Plane:
         A, u, x = self.A, self.port.umem, self.port.xsk
         sg = bool(A[L.P_SG])
         d = {"total": u.nframes * u.frame_size // u.slot if sg else int(u.nframes), "free": int(A[L.P_FREE_TOP]),
-             "kernel_rx": (int(x.fill.producer[0]) - int(x.rx.consumer[0])) & 0xFFFFFFFF,
+             "kernel_rx": sum((int(s.fill.producer[0]) - int(s.rx.consumer[0])) & 0xFFFFFFFF for s in self.rx_socks),
              "kernel_tx": (int(x.tx.producer[0]) - int(x.comp.consumer[0])) & 0xFFFFFFFF,
              "tx_pending": int(A[L.P_TXN]), "sg": sg}
         d["leaked"] = d["total"] - d["free"] - d["kernel_rx"] - d["kernel_tx"] - d["tx_pending"]
         return d
 
     def mark_ready(self, qi: int) -> None:
-        """A post: the QP goes in the ready ring (the loop puts it on its active list) -- of the plane
-        that owns the QP."""
-        if self.others and self.owner[qi]:
-            return self.group[int(self.owner[qi])].mark_ready(qi)
+        """A post: the QP goes in the ready ring (the loop puts it on its active list)."""
         A = self.A
         while A[L.P_RDY_TAIL] - A[L.P_RDY_HEAD] >= L.N_RDY:
             if self.threaded:
@@ -495,29 +415,24 @@ class Plane:
             if self.on_event is not None:
                 self.on_event(typ, qi, arg, arg2)
 
-    def stats(self, own: bool = False) -> dict[str, int]:
+    def stats(self) -> dict[str, int]:
         names = ("rx tx rx_drop_icrc rx_drop_qp rx_drop_state rx_drop_len rx_drop_op rx_dup rx_oos tx_ack tx_nak "
                  "tx_rnr tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen "
                  "rx_rsp_stale rounds idle_polls wakeups cqe_out rx_bytes tx_bytes last_to_comp last_to_max "
                  "last_to_kack last_to_kseq last_to_head last_to_next last_to_tail "
-                 "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long rx_wrong_q "
+                 "tx_cnp rx_cnp rx_ce rx_dup_atomic rx_sg rx_sg_long "
                  "rx_sack_kern rx_sack_kern_drop yields ev_drop rx_dup_rd_drop rx_rd_defer rx_cnp_coalesced "
                  "rx_rkey rx_ghost_rsp late_recvs").split()
-        st = {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
-        for p in ([] if own else self.others):     # several RX queues: the sum over their loops
-            for n, v in p.stats(own=True).items():
-                st[n] += v
-        return st
+        return {n: int(self.A[getattr(L, "P_" + n.upper())]) for n in names}
 
     def queue_stats(self) -> list[dict[str, int]]:
-        """stats() of each RX queue's loop (plane), in queue order."""
-        return [p.stats(own=True) for p in self.group]
+        """Per RX queue: its queue id, the frames received on it, the frames its fill ring is owed."""
+        return [{"queue": int(r[L.XR_QUEUE]), "rx": int(r[L.XR_RX]), "fill_owed": int(r[L.XR_OWED])} for r in self.XR]
 
     def close(self) -> None:
         self.stop()
-        for p in self.group:
-            p.A[L.P_MAGIC] = 0
-            os.close(p.efd)
+        self.A[L.P_MAGIC] = 0
+        os.close(self.efd)
 
 
 # ============================================================================ verbs objects
@@ -589,7 +504,6 @@ class CQ:
         self.ctx, self.index, self.depth, self.size, self.base = ctx, index, depth, size, base
         self.cq_context = cq_context
         self.row = ctx.plane.CQT[index]
-        self.rows = [(self.row, base)]       # (CQ row, CQE base): one per RX queue's loop (Context.create_cq)
         # completion events: a CQ without a channel of its own gets a private one (CQ.get_event)
         self.private_channel = channel is None
         self.channel = channel if channel is not None else CompChannel(ctx)
@@ -603,9 +517,8 @@ class CQ:
         """ibv_req_notify_cq: one completion event for the next completion added -- with solicited_only,
         for the next solicited (SE, MR-BTH-004) or unsuccessful one.  Arming for any completion outranks
         solicited_only until the event comes (as rxe)."""
-        for row, _ in self.rows:
-            if int(row[L.C_ARMED]) != _NOTIFY_NEXT:
-                row[L.C_ARMED] = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
+        if int(self.row[L.C_ARMED]) != _NOTIFY_NEXT:
+            self.row[L.C_ARMED] = _NOTIFY_SOLICITED if solicited_only else _NOTIFY_NEXT
 
     def get_event(self, timeout: float | None = 0.0) -> bool:
         """Wait up to `timeout` seconds for this CQ's completion event (CQs created without a channel);
@@ -628,16 +541,16 @@ class CQ:
         out = []
         CE = self.ctx.plane.CE
         mask = self.size - 1
-        for row, base in self.rows:          # several RX queues: each queue's loop fills a ring of its own
-            head, tail = int(row[L.C_HEAD]), int(row[L.C_TAIL])
-            while head != tail and len(out) < num_entries:
-                wr_id, st, op, blen, qpn, imm, flags = CE[base + (head & mask)].tolist()
-                wf = WCFlags(flags)
-                out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen, qp_num=qpn,
-                              imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf,
-                              invalidated_rkey=imm if wf & WCFlags.WITH_INV else None))
-                head += 1
-            row[L.C_HEAD] = head
+        row, base = self.row, self.base
+        head, tail = int(row[L.C_HEAD]), int(row[L.C_TAIL])
+        while head != tail and len(out) < num_entries:
+            wr_id, st, op, blen, qpn, imm, flags = CE[base + (head & mask)].tolist()
+            wf = WCFlags(flags)
+            out.append(WC(wr_id=wr_id & 0xFFFFFFFFFFFFFFFF, status=WCStatus(st), opcode=WCOpcode(op), byte_len=blen,
+                          qp_num=qpn, imm_data=imm if wf & WCFlags.WITH_IMM else None, wc_flags=wf,
+                          invalidated_rkey=imm if wf & WCFlags.WITH_INV else None))
+            head += 1
+        row[L.C_HEAD] = head
         return out
 
     def wait(self, n: int = 1, timeout: float = 10.0) -> list[WC]:
@@ -651,7 +564,7 @@ class CQ:
                 if len(out) < n:
                     time.sleep(0.0001)
             else:
-                if all(int(row[L.C_HEAD]) == int(row[L.C_TAIL]) for row, _ in self.rows):
+                if int(self.row[L.C_HEAD]) == int(self.row[L.C_TAIL]):
                     pl.run(2_000_000, 0, -2)
                 out += self._take(n - len(out))
             if len(out) < n and time.monotonic() > deadline:
@@ -723,17 +636,16 @@ class QP:
         program counted into the QP's slot, and the DCQCN alpha and rate timers, when it runs the QP
         (dp/cc.py rp_cnps, rp_advance) -- the QPs on its active list, which an idle QP is not -- so what
         F holds for an idle QP is the state at its last packet.  The QP goes in the ready ring and the
-        loop runs it once more (the owning queue's loop, in its thread if it has one)."""
+        loop runs it once more (in its thread if it has one)."""
         pl = self.ctx.plane
-        own = pl.group[int(pl.owner[self.qi])] if pl.others and pl.owner[self.qi] else pl
-        r0 = int(own.A[L.P_ROUNDS])
-        own.mark_ready(self.qi)
-        if not own.threaded:
-            own.progress()
+        r0 = int(pl.A[L.P_ROUNDS])
+        pl.mark_ready(self.qi)
+        if not pl.threaded:
+            pl.progress()
             return
         end = time.monotonic() + timeout
-        while int(own.A[L.P_ROUNDS]) < r0 + 2 and time.monotonic() < end:   # a round that began after the mark
-            own.wake()
+        while int(pl.A[L.P_ROUNDS]) < r0 + 2 and time.monotonic() < end:   # a round that began after the mark
+            pl.wake()
             time.sleep(0.0002)
 
     def dcqcn_counters(self) -> dict:
@@ -823,8 +735,6 @@ class QP:
                 r[L.Q_ECN_OFF] = 0 if g.get("ecn", True) else 1        # MR-ECN-011 (dp/cc.py np_on_ce)
                 ctx._track_path(self, g.get("dmac"))
                 r[L.Q_DEST_QP] = g["dest_qp_num"]
-                if pl.others:
-                    self._bind_queue(g["dest_qp_num"])
                 r[L.Q_PMTU] = mtu
                 r[L.Q_EPSN] = g["rq_psn"] & L.PSN_MASK
                 r[L.Q_READ_RUN] = 0                     # no READ executed yet (MR-DUP-002)
@@ -881,24 +791,6 @@ class QP:
             else:
                 r[L.Q_STATE] = int(new)
             self.state = QPState(new)
-
-    def _bind_queue(self, dest_qp: int) -> None:
-        """Several RX queues: the QP moves to the loop of the queue its packets arrive on.  An AF_XDP
-        socket only receives from its own queue, and on veth a frame arrives on the queue the peer sent
-        it from, so both ends of a connection must use the same queue: the one the smaller of the two
-        QPNs names (its row, qpn % MAX_QPS, modulo the number of queues) -- both ends know both QPNs at
-        RTR, and QPs created in step on both hosts alternate over the queues.  (docs/design-dataplane.md)"""
-        pl = self.ctx.plane
-        k = (min(self.qp_num, dest_qp) % L.MAX_QPS) % len(pl.group)
-        pl.move(self.qi, k)
-        r = self.row
-        r[L.Q_SEND_CQ] = self.send_cq.index + k          # the CQ's ring this queue's loop fills
-        r[L.Q_RECV_CQ] = self.recv_cq.index + k
-
-    @property
-    def queue(self) -> int:
-        """The RX queue (and loop) the QP belongs to."""
-        return int(self.row[L.Q_PLANE])
 
     def _cnp_template(self, buf, l3: int, v6: bool):
         """The QP's template for CNPs: DSCP cnp_dscp, Not-ECT (MR-ECN-005), BECN 1
@@ -958,7 +850,7 @@ class QP:
     def _reset(self) -> None:
         r = self.row
         keep = {k: int(r[k]) for k in (L.Q_QPN, L.Q_PD, L.Q_SEND_CQ, L.Q_RECV_CQ, L.Q_SIG_ALL, L.Q_SQ_BASE,
-                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE, L.Q_PLANE,
+                                       L.Q_SQ_SIZE, L.Q_RQ_BASE, L.Q_RQ_SIZE, L.Q_ACTIVE,
                                        L.Q_CRQ, L.Q_CRQ_OFF, L.Q_CRQ_SIZE, L.Q_CRQ_TAKEN)}   # metaroced's ring
         r[:] = 0
         for k, v in keep.items():
@@ -993,7 +885,7 @@ class QP:
                 "sq_outstanding": int(r[L.Q_SQ_TAIL] - r[L.Q_SQ_HEAD]),
                 "rq_posted": int(r[L.Q_RQ_TAIL] - r[L.Q_RQ_HEAD]), "dmac": self.dmac,
                 "next_hop": self.next_hop.hop if self.next_hop else None, "path_resolves": self.path_resolves,
-                "path_changes": self.path_changes, "path_error": self.path_error, "queue": int(r[L.Q_PLANE]),
+                "path_changes": self.path_changes, "path_error": self.path_error,
                 "retransmits": int(r[L.Q_N_RETX]), "ecn": not r[L.Q_ECN_OFF],
                 "profile": self.profile, **self.dcqcn_counters(), **self.rx_counters()}
 
@@ -1189,10 +1081,9 @@ class QP:
             raise InvalidState(f"post_send on a QP in {QPState(st).name}: move it to RTS first")
         pl = self.ctx.plane
         from . import drive
-        own = pl.group[int(pl.owner[self.qi])]          # the loop of the QP's queue
         with pl.post_lock:
-            k = drive.sq_post_n(own.A, pl.TM, self.qi, wqe, n)
-        own.wake()
+            k = drive.sq_post_n(pl.A, pl.TM, self.qi, wqe, n)
+        pl.wake()
         return int(k)
 
 
@@ -1207,15 +1098,12 @@ def qpn_for(maxq: int, qi: int) -> int:
     return maxq * (1 + secrets.randbelow(hi)) + qi
 
 class Context:
-    """ibv_context over the compiled data plane: one port (interface queue), one loop."""
+    """ibv_context over the compiled data plane: one port (an interface, a socket per RX queue), one loop."""
 
-    def __init__(self, port: Any, loader: Any, ifname: str, more_ports: tuple = (),
-                 tunables: Tunables | None = None) -> None:
+    def __init__(self, port: Any, loader: Any, ifname: str, tunables: Tunables | None = None) -> None:
         self.port, self.loader, self.ifname = port, loader, ifname
-        self.ports = [port, *more_ports]              # one per RX queue (Context.open(queues=n))
-        self.plane = Plane(port, loader, more_ports=tuple(more_ports), tunables=tunables)
-        for p in self.plane.group:
-            p.on_event = self._event
+        self.plane = Plane(port, loader, tunables=tunables)
+        self.plane.on_event = self._event
         self.max_pmtu = port.max_pmtu
         self.local_ip, self.local_mac = port.ip, port.mac
         self.async_events = AsyncEventQueue()
@@ -1241,17 +1129,24 @@ class Context:
     @classmethod
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
              ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True,
-             queues: int = 1, inproc: bool = True, tunables: Tunables | None = None) -> "Context":
-        """An endpoint on a real interface: the XDP program attached, an
-        AF_XDP socket on `queue`, ACKs consumed by the kernel into the QP slots the loop reads.
-        queues > 1: a socket and a loop (progress thread) on each of queues queue .. queue + queues - 1,
-        QPs spread over them (QP._bind_queue); the peer must run as many.  inproc=False: the caller runs the
-        plane's loop itself (metaroced, dp/serve.py), so dp/inproc.py's entry points are not loaded.
-        tunables: metaroce_xdp/tunables.py (default: its defaults with the environment's overrides)."""
-        if queues < 1:
-            raise InvalidArgument(f"queues {queues}: at least 1")
+             queues: int | None = None, inproc: bool = True, tunables: Tunables | None = None) -> "Context":
+        """An endpoint on a real interface: the XDP program attached, an AF_XDP socket on each RX queue
+        from `queue` on (queues: how many; None, the default: every one the interface has, netinfo.rx_queues),
+        all on one UMEM and served by one loop, so a QP's packets are handled whichever queue the NIC's RSS
+        puts them on; ACKs consumed by the kernel into the QP slots the loop reads.  inproc=False: the
+        caller runs the plane's loop itself (metaroced, dp/serve.py), so dp/inproc.py's entry points are
+        not loaded.  tunables: metaroce_xdp/tunables.py (default: its defaults with the environment's
+        overrides)."""
+        from ..netinfo import rx_queues
+        have = rx_queues(ifname)
+        if queues is None:
+            queues = max(1, have - queue)
+        if queues < 1 or queue < 0 or queue + queues > have:
+            raise InvalidArgument(f"queues {queue}..{queue + queues - 1}: {ifname} has RX queues 0..{have - 1}")
+        if queues > L.MAX_XR:
+            raise InvalidArgument(f"{queues} RX queues: at most {L.MAX_XR} (the XDP program's socket map)")
         from ..jitwarm import warm_up
-        from ..kern.loader import XdpLoader, XdpMode, check_interface_free
+        from ..kern.loader import XdpMode, check_interface_free
         from ..afxdp.port import XskPort
         check_interface_free(ifname)   # XdpBusy before any compiling when another owner lives
         from . import round as _round  # noqa: F401  (compiled or loaded from the cache before any socket exists)
@@ -1263,21 +1158,16 @@ class Context:
             from . import inproc as _entries  # noqa: F401
         loader = _loader_for(ifname)
         port = None
-        more: list = []
         try:
             # multi-buffer (XDP_USE_SG) when the interface's MTU carries path MTU 4096 (MTU >= 4178)
-            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6, multibuffer=None)
+            port = XskPort(ifname, queue=queue, frame_size=frame_size, ipv6=ipv6, multibuffer=None, queues=queues)
             loader.set_config(local_ip4=None if ipv6 else port.ip, local_ip6=port.ip if ipv6 else None,
                               local_mac=port.mac)
-            loader.set_xsk(queue, port.fileno())
-            for q in range(queue + 1, queue + queues):
-                more.append(XskPort(ifname, queue=q, frame_size=frame_size, ipv6=ipv6, multibuffer=None))
-                loader.set_xsk(q, more[-1].fileno())
+            for x in port.rx_socks:
+                loader.set_xsk(x.queue_id, x.fileno())
             loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
-            ctx = cls(port, loader, ifname, more_ports=tuple(more), tunables=tunables)
+            ctx = cls(port, loader, ifname, tunables=tunables)
         except BaseException:
-            for p in more:
-                p.close()
             if port is not None:
                 port.close()
             loader.close()
@@ -1302,10 +1192,9 @@ class Context:
                     self.loader.set_qp_state(qp.qp_num, int(QPState.ERR))
             return
         if typ == L.EV_CQ_NOTIFY:
-            cq = self.cqs.get(arg - arg % len(self.plane.group))     # (a CQ has a row per RX queue)
+            cq = self.cqs.get(arg)
             if cq is not None:
-                for row, _ in cq.rows:
-                    row[L.C_ARMED] = 0
+                cq.row[L.C_ARMED] = 0
                 cq.channel._notify(cq)
             return
         if typ == L.EV_COMM_EST:
@@ -1317,7 +1206,7 @@ class Context:
             self.async_events.put(AsyncEvent(EventType.SQ_DRAINED, qp=qp, reason="send queue drained"))
             return
         if typ == L.EV_CQ_ERR:
-            cq = self.cqs.get(arg - arg % len(self.plane.group))
+            cq = self.cqs.get(arg)
             self.async_events.put(AsyncEvent(EventType.CQ_ERR, cq=cq, reason="CQ overflowed"))
             for qp in list(self.qps.values()):             # every QP using it moves to ERR (MR-QP-036)
                 if (qp.send_cq is cq or qp.recv_cq is cq) and qp.query_state() != QPState.ERR:
@@ -1341,12 +1230,11 @@ class Context:
         text = reasons.text(why)
         if why not in (Why.OPCODE_SEQUENCE, Why.PAYLOAD_LENGTH):
             return text
-        for p in self.plane.group:
-            A = p.A
-            if int(A[L.P_INV_QP]) == qi + 1:
-                kind = _MESSAGE_IN_PROGRESS.get(int(A[L.P_INV_KIND]), "?")
-                return (f"{text} (opcode 0x{int(A[L.P_INV_OP]):02x} at PSN 0x{int(A[L.P_INV_PSN]):06x}, "
-                        f"{int(A[L.P_INV_LEN])} B of payload; expected PSN 0x{int(A[L.P_INV_EPSN]):06x}, {kind})")
+        A = self.plane.A
+        if int(A[L.P_INV_QP]) == qi + 1:
+            kind = _MESSAGE_IN_PROGRESS.get(int(A[L.P_INV_KIND]), "?")
+            return (f"{text} (opcode 0x{int(A[L.P_INV_OP]):02x} at PSN 0x{int(A[L.P_INV_PSN]):06x}, "
+                    f"{int(A[L.P_INV_LEN])} B of payload; expected PSN 0x{int(A[L.P_INV_EPSN]):06x}, {kind})")
         return text
 
     def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
@@ -1443,31 +1331,24 @@ class Context:
         if channel is not None and channel.ctx is not self:
             raise InvalidArgument("the completion channel belongs to another context")
         size = _pow2(depth)
-        nq = len(self.plane.group)                     # a ring per RX queue's loop: each has one producer
         if self._cq_free:
             idx = self._cq_free[-1]
-        elif self._cq_next + nq <= L.MAX_CQS:
+        elif self._cq_next < L.MAX_CQS:
             idx = self._cq_next
         else:
-            raise ResourceError(f"at most {L.MAX_CQS // nq} CQs at once on this interface")
-        bases = []
+            raise ResourceError(f"at most {L.MAX_CQS} CQs at once on this interface")
         try:
-            for _ in range(nq):
-                bases.append(self.plane.ce_pool.alloc(size))
+            base = self.plane.ce_pool.alloc(size)
         except MemoryError:
-            for b in bases:
-                self.plane.ce_pool.release(b, size)
             raise ResourceError(f"no room for a CQ of {size} entries on this interface") from None
         if self._cq_free:
             self._cq_free.pop()
         else:
-            self._cq_next += nq
-        for i, base in enumerate(bases):
-            row = self.plane.CQT[idx + i]
-            row[:] = 0
-            row[L.C_BASE], row[L.C_SIZE] = base, size
-        cq = CQ(self, idx, depth, size, bases[0], cq_context, channel)
-        cq.rows += [(self.plane.CQT[idx + i], b) for i, b in enumerate(bases) if i]
+            self._cq_next += 1
+        row = self.plane.CQT[idx]
+        row[:] = 0
+        row[L.C_BASE], row[L.C_SIZE] = base, size
+        cq = CQ(self, idx, depth, size, base, cq_context, channel)
         self.cqs[idx] = cq
         return cq
 
@@ -1484,8 +1365,6 @@ class Context:
             if qi is None:
                 raise ResourceError(f"at most {self.plane.maxq - 1} QPs per context")
             qpn = qpn_for(self.plane.maxq, qi)
-            if self.plane.others:
-                self.plane.move(qi, 0)          # QPs start on the first queue's loop; RTR binds them (QP._bind_queue)
             qp = QP(self, pd, send_cq, recv_cq, cap, qi, qpn, sq_sig_all)
             self.qps[qi] = qp
         pd.qps.add(qi)
@@ -1546,10 +1425,8 @@ class Context:
         if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
             raise ResourceError("the CQ is still used by a QP: destroy the QP first")
         with self.plane.paused():
-            for row, _ in cq.rows:
-                row[:] = 0
-        for _, base in cq.rows:
-            self.plane.ce_pool.release(base, cq.size)
+            cq.row[:] = 0
+        self.plane.ce_pool.release(cq.base, cq.size)
         del self.cqs[cq.index]
         self._cq_free.append(cq.index)
 
@@ -1620,8 +1497,7 @@ class Context:
             return
         self.closed = True
         self.plane.close()
-        for p in self.ports:
-            p.close()
+        self.port.close()
         if self.loader is not None:
             self.loader.close()
 
@@ -1643,8 +1519,7 @@ class _Paths:
         self.stats = {"path_resolves": 0, "path_changes": 0, "path_errors": 0}
         self.lock = threading.Lock()         # one apply() at a time (resolver thread, timeout hook)
         self.watch = PathWatch(self, resolver)
-        for p in ctx.plane.group:
-            p.on_timeout = self.on_timeout
+        ctx.plane.on_timeout = self.on_timeout
 
     @property
     def qps(self) -> dict[int, QP]:

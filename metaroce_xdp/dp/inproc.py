@@ -14,8 +14,8 @@ from numba import types as nbt
 from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compiled code depends on)
 
 from .layout import (MAGIC, N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS, P_MAGIC, P_N_ACT, P_NOW,
-                     P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN,
-                     P_WAKEUPS, P_YIELD_AFTER, P_YIELDS)
+                     P_NPOLLFD, P_PAUSE, P_POLL_MS, P_POLLFD, P_RDY_HEAD, P_RDY_TAIL, P_SLEEPING, P_SPIN_IDLE, P_STOP,
+                     P_TXN, P_WAKEUPS, P_YIELD_AFTER, P_YIELDS)
 from .round import round_, views
 from ..native.plane_tx import nat_kern_sleep
 from .prims import c_monotonic_ns, c_poll, c_read8, c_sched_yield, ld_acq_i64, ld_acq_u8, st_rel_i64, unowned
@@ -81,10 +81,10 @@ def dp_run(A, TM, umem, tables, max_ns, watch_addr, watch_val, sleep_ok):
             if nat_kern_sleep(A, Q, 1) == 0 and ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] \
                     and not ld_acq_i64(A, P_STOP) and not ld_acq_i64(A, P_PAUSE):
                 left = (max_ns - (now - start)) // 1000000
-                c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
+                c_poll(A[P_POLLFD], A[P_NPOLLFD], max(0, min(A[P_POLL_MS], left)))
             nat_kern_sleep(A, Q, 0)                      # SACKs to the kernel's rings again (native/plane.py)
             st_rel_i64(A, P_SLEEPING, 0)
-            c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
+            c_read8(A[P_EFD], A[P_POLLFD] + 8 * A[P_NPOLLFD])          # drain the eventfd (non-blocking)
             A[P_WAKEUPS] += 1
             idle = 0
 

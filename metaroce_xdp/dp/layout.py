@@ -54,8 +54,8 @@ def _cols(names: str) -> list[str]:
 P_FIELDS = _cols("""
     magic maxq sq_off rq_off ce_off cq_off mr_off rdj_off ev_off rdy_off act_off free_off free_cap free_top
     q_off nq n_act
-    rx_prod rx_cons rx_desc rx_size tx_prod tx_cons tx_flags tx_desc tx_size
-    fq_prod fq_cons fq_flags fq_addrs fq_size cq_prod cq_cons cq_addrs cq_size
+    xr_off xr_n npollfd tx_prod tx_cons tx_flags tx_desc tx_size
+    cq_prod cq_cons cq_addrs cq_size
     fd efd umem_addr frame_size frame_mask ks_addr ks_size
     rdy_head rdy_tail ev_head ev_tail stop sleeping pause paused spin_idle poll_ms
     window budget now txn txq_off pollfd scratch
@@ -63,10 +63,9 @@ P_FIELDS = _cols("""
     tx_no_frame tx_ring_full kicks retransmits timeouts acks_seen naks_seen rnr_seen rx_rsp_stale
     rounds idle_polls wakeups cqe_out rx_bytes tx_bytes
     last_to_comp last_to_max last_to_kack last_to_kseq last_to_head last_to_next last_to_tail
-    infl_left qp_share rx_owed infl_cap
+    infl_left qp_share infl_cap
     at_off sg_off sgx_addr sgx_size f_off tx_cnp rx_cnp rx_ce rx_dup_atomic
     sg rx_sg rx_sg_long
-    queue rx_wrong_q
     sr_addr sr_size sr_n rx_sack_kern rx_sack_kern_drop
     yield_after yields
     inv_qp inv_op inv_psn inv_epsn inv_kind inv_len
@@ -91,121 +90,112 @@ P_FREE_TOP = 13
 P_Q_OFF = 14
 P_NQ = 15
 P_N_ACT = 16
-P_RX_PROD = 17
-P_RX_CONS = 18
-P_RX_DESC = 19
-P_RX_SIZE = 20
-P_TX_PROD = 21
-P_TX_CONS = 22
-P_TX_FLAGS = 23
-P_TX_DESC = 24
-P_TX_SIZE = 25
-P_FQ_PROD = 26
-P_FQ_CONS = 27
-P_FQ_FLAGS = 28
-P_FQ_ADDRS = 29
-P_FQ_SIZE = 30
-P_CQ_PROD = 31
-P_CQ_CONS = 32
-P_CQ_ADDRS = 33
-P_CQ_SIZE = 34
-P_FD = 35
-P_EFD = 36
-P_UMEM_ADDR = 37
-P_FRAME_SIZE = 38
-P_FRAME_MASK = 39
-P_KS_ADDR = 40
-P_KS_SIZE = 41
-P_RDY_HEAD = 42
-P_RDY_TAIL = 43
-P_EV_HEAD = 44
-P_EV_TAIL = 45
-P_STOP = 46
-P_SLEEPING = 47
-P_PAUSE = 48
-P_PAUSED = 49
-P_SPIN_IDLE = 50
-P_POLL_MS = 51
-P_WINDOW = 52
-P_BUDGET = 53
-P_NOW = 54
-P_TXN = 55
-P_TXQ_OFF = 56
-P_POLLFD = 57
-P_SCRATCH = 58
-P_RX = 59
-P_TX = 60
-P_RX_DROP_ICRC = 61
-P_RX_DROP_QP = 62
-P_RX_DROP_STATE = 63
-P_RX_DROP_LEN = 64
-P_RX_DROP_OP = 65
-P_RX_DUP = 66
-P_RX_OOS = 67
-P_TX_ACK = 68
-P_TX_NAK = 69
-P_TX_RNR = 70
-P_TX_NO_FRAME = 71
-P_TX_RING_FULL = 72
-P_KICKS = 73
-P_RETRANSMITS = 74
-P_TIMEOUTS = 75
-P_ACKS_SEEN = 76
-P_NAKS_SEEN = 77
-P_RNR_SEEN = 78
-P_RX_RSP_STALE = 79
-P_ROUNDS = 80
-P_IDLE_POLLS = 81
-P_WAKEUPS = 82
-P_CQE_OUT = 83
-P_RX_BYTES = 84
-P_TX_BYTES = 85
-P_LAST_TO_COMP = 86
-P_LAST_TO_MAX = 87
-P_LAST_TO_KACK = 88
-P_LAST_TO_KSEQ = 89
-P_LAST_TO_HEAD = 90
-P_LAST_TO_NEXT = 91
-P_LAST_TO_TAIL = 92
-P_INFL_LEFT = 93
-P_QP_SHARE = 94
-P_RX_OWED = 95
-P_INFL_CAP = 96
-P_AT_OFF = 97
-P_SG_OFF = 98
-P_SGX_ADDR = 99
-P_SGX_SIZE = 100
-P_F_OFF = 101
-P_TX_CNP = 102
-P_RX_CNP = 103
-P_RX_CE = 104
-P_RX_DUP_ATOMIC = 105
-P_SG = 106
-P_RX_SG = 107
-P_RX_SG_LONG = 108
-P_QUEUE = 109
-P_RX_WRONG_Q = 110
-P_SR_ADDR = 111
-P_SR_SIZE = 112
-P_SR_N = 113
-P_RX_SACK_KERN = 114
-P_RX_SACK_KERN_DROP = 115
-P_YIELD_AFTER = 116
-P_YIELDS = 117
-P_INV_QP = 118
-P_INV_OP = 119
-P_INV_PSN = 120
-P_INV_EPSN = 121
-P_INV_KIND = 122
-P_INV_LEN = 123
-P_EV_DROP = 124
-P_RX_DUP_RD_DROP = 125
-P_RX_RD_DEFER = 126
-P_RDPROT_LEFT = 127
-P_RX_CNP_COALESCED = 128
-P_RX_RKEY = 129
-P_RX_GHOST_RSP = 130
-P_LATE_RECVS = 131
+P_XR_OFF = 17
+P_XR_N = 18
+P_NPOLLFD = 19
+P_TX_PROD = 20
+P_TX_CONS = 21
+P_TX_FLAGS = 22
+P_TX_DESC = 23
+P_TX_SIZE = 24
+P_CQ_PROD = 25
+P_CQ_CONS = 26
+P_CQ_ADDRS = 27
+P_CQ_SIZE = 28
+P_FD = 29
+P_EFD = 30
+P_UMEM_ADDR = 31
+P_FRAME_SIZE = 32
+P_FRAME_MASK = 33
+P_KS_ADDR = 34
+P_KS_SIZE = 35
+P_RDY_HEAD = 36
+P_RDY_TAIL = 37
+P_EV_HEAD = 38
+P_EV_TAIL = 39
+P_STOP = 40
+P_SLEEPING = 41
+P_PAUSE = 42
+P_PAUSED = 43
+P_SPIN_IDLE = 44
+P_POLL_MS = 45
+P_WINDOW = 46
+P_BUDGET = 47
+P_NOW = 48
+P_TXN = 49
+P_TXQ_OFF = 50
+P_POLLFD = 51
+P_SCRATCH = 52
+P_RX = 53
+P_TX = 54
+P_RX_DROP_ICRC = 55
+P_RX_DROP_QP = 56
+P_RX_DROP_STATE = 57
+P_RX_DROP_LEN = 58
+P_RX_DROP_OP = 59
+P_RX_DUP = 60
+P_RX_OOS = 61
+P_TX_ACK = 62
+P_TX_NAK = 63
+P_TX_RNR = 64
+P_TX_NO_FRAME = 65
+P_TX_RING_FULL = 66
+P_KICKS = 67
+P_RETRANSMITS = 68
+P_TIMEOUTS = 69
+P_ACKS_SEEN = 70
+P_NAKS_SEEN = 71
+P_RNR_SEEN = 72
+P_RX_RSP_STALE = 73
+P_ROUNDS = 74
+P_IDLE_POLLS = 75
+P_WAKEUPS = 76
+P_CQE_OUT = 77
+P_RX_BYTES = 78
+P_TX_BYTES = 79
+P_LAST_TO_COMP = 80
+P_LAST_TO_MAX = 81
+P_LAST_TO_KACK = 82
+P_LAST_TO_KSEQ = 83
+P_LAST_TO_HEAD = 84
+P_LAST_TO_NEXT = 85
+P_LAST_TO_TAIL = 86
+P_INFL_LEFT = 87
+P_QP_SHARE = 88
+P_INFL_CAP = 89
+P_AT_OFF = 90
+P_SG_OFF = 91
+P_SGX_ADDR = 92
+P_SGX_SIZE = 93
+P_F_OFF = 94
+P_TX_CNP = 95
+P_RX_CNP = 96
+P_RX_CE = 97
+P_RX_DUP_ATOMIC = 98
+P_SG = 99
+P_RX_SG = 100
+P_RX_SG_LONG = 101
+P_SR_ADDR = 102
+P_SR_SIZE = 103
+P_SR_N = 104
+P_RX_SACK_KERN = 105
+P_RX_SACK_KERN_DROP = 106
+P_YIELD_AFTER = 107
+P_YIELDS = 108
+P_INV_QP = 109
+P_INV_OP = 110
+P_INV_PSN = 111
+P_INV_EPSN = 112
+P_INV_KIND = 113
+P_INV_LEN = 114
+P_EV_DROP = 115
+P_RX_DUP_RD_DROP = 116
+P_RX_RD_DEFER = 117
+P_RDPROT_LEFT = 118
+P_RX_CNP_COALESCED = 119
+P_RX_RKEY = 120
+P_RX_GHOST_RSP = 121
+P_LATE_RECVS = 122
 # end of P_FIELDS columns
 N_P = 192
 assert len(P_FIELDS) <= N_P - 32        # the rest: TX scratch lives at txq_off
@@ -224,7 +214,7 @@ Q_FIELDS = _cols("""
     rd_head rd_tail err flushed sq_psn0 pkey nerr_psn nerr_code fnak_syn fnak_psn fnak_ev fnak_why pub_nakr locerr
     sqd_drain sqd_notify at_head at_tail r_sg r_nsge r_inv k_cnp cnp_last rp_on comm_est
     to_win
-    plane n_retx n_naks_tx
+    n_retx n_naks_tx
     read_run max_dest retry_from
     ecn_off n_dup_req n_oos n_rkey n_rnr_tx n_stale n_ghost
     crq crq_off crq_size crq_taken
@@ -311,23 +301,22 @@ Q_CNP_LAST = 77
 Q_RP_ON = 78
 Q_COMM_EST = 79
 Q_TO_WIN = 80
-Q_PLANE = 81
-Q_N_RETX = 82
-Q_N_NAKS_TX = 83
-Q_READ_RUN = 84
-Q_MAX_DEST = 85
-Q_RETRY_FROM = 86
-Q_ECN_OFF = 87
-Q_N_DUP_REQ = 88
-Q_N_OOS = 89
-Q_N_RKEY = 90
-Q_N_RNR_TX = 91
-Q_N_STALE = 92
-Q_N_GHOST = 93
-Q_CRQ = 94
-Q_CRQ_OFF = 95
-Q_CRQ_SIZE = 96
-Q_CRQ_TAKEN = 97
+Q_N_RETX = 81
+Q_N_NAKS_TX = 82
+Q_READ_RUN = 83
+Q_MAX_DEST = 84
+Q_RETRY_FROM = 85
+Q_ECN_OFF = 86
+Q_N_DUP_REQ = 87
+Q_N_OOS = 88
+Q_N_RKEY = 89
+Q_N_RNR_TX = 90
+Q_N_STALE = 91
+Q_N_GHOST = 92
+Q_CRQ = 93
+Q_CRQ_OFF = 94
+Q_CRQ_SIZE = 95
+Q_CRQ_TAKEN = 96
 # end of Q_FIELDS columns
 NQ = len(Q_FIELDS)
 
@@ -451,6 +440,31 @@ NEVF = len(EV_FIELDS)
 EV_QP_FATAL, EV_CQ_ERR, EV_QP_REQ_ERR, EV_QP_ACCESS_ERR = 1, 2, 3, 4
 EV_CQ_NOTIFY, EV_SQ_DRAINED = 5, 6      # an armed CQ got its completion; an SQD QP drained (dp/core.py cq_notify, dp/requester.py sqd_check)
 EV_COMM_EST = 7                         # the first request accepted in RTR (MR-QP-021)
+
+# ---- RX rings: one row per AF_XDP socket the loop receives from ---------------------------------
+# (row 0 the socket that also sends; further rows the other RX queues' sockets on the same UMEM,
+# XDP_SHARED_UMEM: afxdp/port.py.  dp/round.py rx_burst serves every row, so a QP's packets are
+# handled whichever queue the NIC's RSS puts them on.)  Ring words are addresses (the kernel's
+# producer/consumer words, descriptor and address arrays); owed: frames the fill ring is owed
+# (dp/ring.py fq_topup); rx: frames received on this queue.
+XR_FIELDS = _cols("rx_prod rx_cons rx_desc rx_size fq_prod fq_cons fq_flags fq_addrs fq_size fd owed queue rx")
+# columns of XR_FIELDS (prefix XR_): generated by scripts/gen_columns.py
+XR_RX_PROD = 0
+XR_RX_CONS = 1
+XR_RX_DESC = 2
+XR_RX_SIZE = 3
+XR_FQ_PROD = 4
+XR_FQ_CONS = 5
+XR_FQ_FLAGS = 6
+XR_FQ_ADDRS = 7
+XR_FQ_SIZE = 8
+XR_FD = 9
+XR_OWED = 10
+XR_QUEUE = 11
+XR_RX = 12
+# end of XR_FIELDS columns
+NXR = len(XR_FIELDS)
+MAX_XR = 64                # = kern/layout MR_MAX_RXQ: RX queues the XDP program's socket map holds
 
 # ---- gather/scatter lists of more than one SGE (dp/core.py) ----------------------------------
 # a WQE with nsge > 1 names nsge rows of the SG table (addr, length, mr) from row sg; one SGE stays

@@ -1,6 +1,7 @@
 """The compiled plane's AF_XDP rings: the UMEM frame stack, the TX ring (batched, kicked, reaped) and the
 fill ring's top-up.  The RX ring is walked by round.py's `rx_burst`, which hands each frame to
-`rx_frame`.  Ring addresses and sizes are port scalars of the arena (P_TX_*, P_CQ_*, P_FQ_*, P_RX_*);
+`rx_frame`.  Ring addresses and sizes are port scalars of the arena (P_TX_*, P_CQ_*) and, for the RX and
+fill rings of every socket the loop receives from, rows of the XR table (layout.XR_FIELDS);
 indices follow libxdp's protocol (load-acquire the other side's index, store-release our own).
 
 Multi-buffer sockets (XDP_USE_SG, path MTU 4096): a frame longer than a chunk goes out as chained
@@ -172,17 +173,18 @@ def tx_push(A, a, ln):
 
 
 @njit(**_jit)
-def fq_topup(A):
-    """Give the fill ring the frames owed to it (rx_burst found no room for them) from the free stack."""
-    fsize = A[P_FQ_SIZE]
-    fprod = ld_acq_u32(A[P_FQ_PROD])
-    room = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
-    k = min(room, A[P_RX_OWED], A[P_FREE_TOP])
+def fq_topup(A, x):
+    """Give the fill ring of RX ring row x (the arena offset of its XR row) the frames owed to it
+    (rx_burst found no room for them) from the free stack."""
+    fsize = A[x + XR_FQ_SIZE]
+    fprod = ld_acq_u32(A[x + XR_FQ_PROD])
+    room = fsize - ((fprod - ld_acq_u32(A[x + XR_FQ_CONS])) & 0xFFFFFFFF)
+    k = min(room, A[x + XR_OWED], A[P_FREE_TOP])
     if k <= 0:
         return
-    fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))
+    fring = carray(ptr_u64(A[x + XR_FQ_ADDRS]), (fsize,))
     for i in range(k):
         A[P_FREE_TOP] -= 1
         fring[(fprod + i) & (fsize - 1)] = np.uint64(A[A[P_FREE_OFF] + A[P_FREE_TOP]])
-    st_rel_u32(A[P_FQ_PROD], (fprod + k) & 0xFFFFFFFF)
-    A[P_RX_OWED] -= k
+    st_rel_u32(A[x + XR_FQ_PROD], (fprod + k) & 0xFFFFFFFF)
+    A[x + XR_OWED] -= k

@@ -32,7 +32,7 @@ from ..native.plane_tx import nat_kern_sacks
 from ..wire.fastpath import icrc_ok_at
 from ..wire.hdr import R_UNKNOWN_OPCODE, bth_psn, parse_frame
 from ..wire.psn import psn_diff
-from .layout import NC, NE, NM, NQ, NR, NW, PSN_MASK
+from .layout import NC, NE, NM, NQ, NR, NW, NXR, PSN_MASK
 from .reasons import WHY_BAD_RESPONSE, WHY_RETRY_EXHAUSTED
 from .prims import c_memcpy, c_monotonic_ns, c_recvfrom_kick, ld_acq_i64, ld_acq_u32, ptr_u64, st_rel_i64, st_rel_u32
 from .ring import RING_NEED_WAKEUP, fq_topup, frame_free, tx_flush
@@ -162,9 +162,6 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
     if Q[qi, Q_QPN] != qpn or qpn == 0:
         A[P_RX_DROP_QP] += 1
         return
-    if Q[qi, Q_PLANE] != A[P_QUEUE]:
-        A[P_RX_WRONG_Q] += 1                         # another queue's loop owns the QP (several RX queues)
-        return
     st = Q[qi, Q_STATE]
     if not icrc_ok_at(tables, umem, l3, end):
         A[P_RX_DROP_ICRC] += 1                       # MR-ICRC-013: dropped, counted
@@ -216,15 +213,16 @@ def rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now):
 
 
 @njit(**_jit)
-def rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, cons, prod, n, fring, fprod, froom):
+def rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, x, ring, cons, prod, n, fring, fprod,
+                froom):
     """rx_burst's loop on a multi-buffer socket (XDP_USE_SG): a packet in several descriptors
     (XDP_PKT_CONTD on all but the last) is joined in its first buffer's slot -- the later buffers'
     bytes copied right after the first's, into the rest of that slot, which is never on the fill
     ring -- and handled as one frame; a packet longer than its slot is dropped (rx_sg_long); one
     whose last descriptor is not published yet waits in the ring.  Every buffer goes back to the
     fill ring (as its slot's start).  Returns the descriptors consumed."""
-    size = A[P_RX_SIZE]
-    fsize = A[P_FQ_SIZE]
+    size = A[x + XR_RX_SIZE]
+    fsize = A[x + XR_FQ_SIZE]
     avail = (prod - cons) & 0xFFFFFFFF
     mask = A[P_FRAME_MASK]
     slot = ~mask + 1
@@ -257,6 +255,7 @@ def rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, co
                 A[P_RX_SG_LONG] += 1
                 ln = -1
         A[P_RX] += 1
+        A[x + XR_RX] += 1
         if ln >= 0:
             rx_frame(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, a, ln, now)
         for d in range(nd):
@@ -265,43 +264,42 @@ def rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, co
                 fring[(fprod + nf) & (fsize - 1)] = np.uint64(ad & mask)
                 nf += 1
             else:
-                frame_free(A, ad)                    # owed to the fill ring (fq_topup), as in rx_burst
-                A[P_RX_OWED] += 1
+                frame_free(A, ad)                    # owed to the fill ring (fq_topup), as in rx_ring
+                A[x + XR_OWED] += 1
         i += nd
-    st_rel_u32(A[P_RX_CONS], (cons + i) & 0xFFFFFFFF)
-    st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
+    st_rel_u32(A[x + XR_RX_CONS], (cons + i) & 0xFFFFFFFF)
+    st_rel_u32(A[x + XR_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
     return i
 
 
 @njit(**_jit)
-def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
-    size = A[P_RX_SIZE]
-    if size == 0:
-        return 0
-    prod = ld_acq_u32(A[P_RX_PROD])
-    cons = ld_acq_u32(A[P_RX_CONS])
+def rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget, x):
+    """Up to `budget` frames from the RX ring of XR row x (arena offset), each handed to rx_frame and
+    its frame put straight back on that socket's fill ring.  Returns the frames (descriptors) taken."""
+    size = A[x + XR_RX_SIZE]
+    prod = ld_acq_u32(A[x + XR_RX_PROD])
+    cons = ld_acq_u32(A[x + XR_RX_CONS])
     n = min((prod - cons) & 0xFFFFFFFF, budget)
-    if A[P_RX_OWED] > 0:
-        fq_topup(A)
+    if A[x + XR_OWED] > 0:
+        fq_topup(A, x)
     if n == 0:
-        fqf = A[P_FQ_FLAGS]
+        fqf = A[x + XR_FQ_FLAGS]
         if fqf and (ld_acq_u32(fqf) & RING_NEED_WAKEUP):
-            c_recvfrom_kick(A[P_FD])
+            c_recvfrom_kick(A[x + XR_FD])
         return 0
     # the clock again: the loop reads it only every 8th idle round, and a thread preempted since then would
     # time these packets -- an RTT sample from a SACK (MR-LOSS-001) -- with a `now` as old as the preemption
     now = c_monotonic_ns()
     A[P_NOW] = now                  # round_ goes on with it: a stamp (NETH.tsval) never steps back
-    ring = carray(ptr_u64(A[P_RX_DESC]), (size * 2,))
-    fsize = A[P_FQ_SIZE]
-    fring = carray(ptr_u64(A[P_FQ_ADDRS]), (fsize,))
-    fprod = ld_acq_u32(A[P_FQ_PROD])
-    froom = fsize - ((fprod - ld_acq_u32(A[P_FQ_CONS])) & 0xFFFFFFFF)
+    ring = carray(ptr_u64(A[x + XR_RX_DESC]), (size * 2,))
+    fsize = A[x + XR_FQ_SIZE]
+    fring = carray(ptr_u64(A[x + XR_FQ_ADDRS]), (fsize,))
+    fprod = ld_acq_u32(A[x + XR_FQ_PROD])
+    froom = fsize - ((fprod - ld_acq_u32(A[x + XR_FQ_CONS])) & 0xFFFFFFFF)
     nf = 0
     if A[P_SG] != 0:
-        n = rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, ring, cons, prod, n, fring, fprod,
-                        froom)
-        return n
+        return rx_burst_sg(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, x, ring, cons, prod, n, fring,
+                           fprod, froom)
     for i in range(n):
         j = ((cons + i) & (size - 1)) * 2
         a = np.int64(ring[j])
@@ -317,9 +315,22 @@ def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
             # goes to the free stack and one is owed to the fill ring (fq_topup), or the frames the
             # kernel can receive into would dwindle -- and the peer's packets be dropped
             frame_free(A, a)
-            A[P_RX_OWED] += 1
-    st_rel_u32(A[P_RX_CONS], (cons + n) & 0xFFFFFFFF)
-    st_rel_u32(A[P_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
+            A[x + XR_OWED] += 1
+    st_rel_u32(A[x + XR_RX_CONS], (cons + n) & 0xFFFFFFFF)
+    st_rel_u32(A[x + XR_FQ_PROD], (fprod + nf) & 0xFFFFFFFF)
+    A[x + XR_RX] += n
+    return n
+
+
+@njit(**_jit)
+def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
+    """Every RX ring of the port (XR rows: one per RX queue's socket), up to `budget` frames from each.  A
+    frame's QP is found from its BTH whatever queue it came on -- the NIC's RSS hashes flows (and the native
+    profile's sprayed source ports) over all of them."""
+    n = 0
+    x = A[P_XR_OFF]
+    for k in range(A[P_XR_N]):
+        n += rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, max(now, A[P_NOW]), budget, x + k * NXR)
     return n
 
 
@@ -355,7 +366,7 @@ def round_(A, Q, SW, RW, CE, CQT, MRT, TM, umem, tables, ext, now):
     while A[P_RDY_HEAD] != tail:
         qi = A[rdy + (A[P_RDY_HEAD] & 4095)]
         st_rel_i64(A, P_RDY_HEAD, A[P_RDY_HEAD] + 1)
-        if 0 <= qi < A[P_MAXQ] and Q[qi, Q_PLANE] == A[P_QUEUE]:
+        if 0 <= qi < A[P_MAXQ]:
             activate(A, Q, qi)
     # the active QPs only
     act = A[P_ACT_OFF]

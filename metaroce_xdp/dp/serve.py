@@ -63,7 +63,7 @@ from .. import jitcache  # noqa: F401,E402  (cache keyed on every module compile
 from .. import shm as S
 from .layout import (C_BASE, C_HEAD, C_SIZE, C_TAIL, EV_QP_FATAL, E_BYTE_LEN, E_FLAGS, E_IMM, E_OPCODE, E_QP_NUM,
                      E_STATUS, E_WR_ID, MAGIC, NW, N_P, P_CQE_OUT, P_EFD, P_EV_HEAD, P_EV_TAIL, P_IDLE_POLLS,
-                     P_MAGIC, P_MAXQ, P_NOW, P_N_ACT, P_PAUSE, P_POLLFD, P_POLL_MS, P_RDY_HEAD, P_RDY_TAIL,
+                     P_MAGIC, P_MAXQ, P_NOW, P_NPOLLFD, P_N_ACT, P_PAUSE, P_POLLFD, P_POLL_MS, P_RDY_HEAD, P_RDY_TAIL,
                      P_SLEEPING, P_SPIN_IDLE, P_STOP, P_TXN, P_WAKEUPS, Q_CRQ, Q_CRQ_SIZE, Q_CRQ_TAKEN, Q_ERR, Q_PD,
                      Q_QPN, Q_RECV_CQ, Q_SEND_CQ, Q_SQ_BASE, Q_SQ_HEAD, Q_SQ_TAIL, Q_STATE, W_FLAGS, W_IMM, W_LADDR,
                      W_LENGTH, W_LMR, W_OPCODE, W_RADDR, W_RKEY, W_SWAP, W_WR_ID)
@@ -556,10 +556,10 @@ def dp_serve(A, TM, umem, tables, QX, CX, SX, G, CPAR, CRX, max_ns, sleep_ok):
             if (ld_acq_i64(A, P_RDY_TAIL) == A[P_RDY_HEAD] and not doorbell_pending(SX, G)
                     and not ld_acq_i64(A, P_STOP) and not ld_acq_i64(A, P_PAUSE)):
                 left = (max_ns - (now - start)) // 1000000
-                c_poll(A[P_POLLFD], 2, max(0, min(A[P_POLL_MS], left)))
+                c_poll(A[P_POLLFD], A[P_NPOLLFD], max(0, min(A[P_POLL_MS], left)))
             st_rel_i64(A, P_SLEEPING, 0)
             set_sleeping(SX, G, 0)
-            c_read8(A[P_EFD], A[P_POLLFD] + 16)          # drain the eventfd (non-blocking)
+            c_read8(A[P_EFD], A[P_POLLFD] + 8 * A[P_NPOLLFD])          # drain the eventfd (non-blocking)
             A[P_WAKEUPS] += 1
             idle = 0
 

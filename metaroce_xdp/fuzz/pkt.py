@@ -45,7 +45,7 @@ MRS = ("victim", "local", "foreign", "legit")
 EVENTS_PARTITION = ("PASSED", "STEERED", "ACK_CONSUMED", "NAK_CONSUMED", "RNR_CONSUMED", "DROPPED", "CNP_CONSUMED",
                     "SACK_CONSUMED")
 PLANE_DROPS = ("rx_drop_icrc", "rx_drop_qp", "rx_drop_state", "rx_drop_len", "rx_drop_op", "rx_dup", "rx_oos",
-               "rx_rsp_stale", "rx_ghost_rsp", "rx_wrong_q", "rx_dup_atomic", "rx_sack_kern_drop")
+               "rx_rsp_stale", "rx_ghost_rsp", "rx_dup_atomic", "rx_sack_kern_drop")
 
 
 # ---- generating -------------------------------------------------------------------------------------------

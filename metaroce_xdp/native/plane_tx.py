@@ -314,11 +314,10 @@ def nat_on_sack(A, Q, SW, CQT, CE, umem, qi, b, psn, bo, end, now):
 
 @njit(**_jit)
 def own_ring(A, Q, ri):
-    """(address, QP index) of mr_sacks ring ri when this loop drains it: its owner is a QP on this loop's
-    RX queue; (0, -1) when the ring has no owner or another queue's loop drains it."""
+    """(address, QP index) of mr_sacks ring ri when it has an owner QP; (0, -1) when it has none."""
     r = A[P_SR_ADDR] + ri * A[P_SR_SIZE]
     qi = ld_acq_u32(r + SR_OWNER) - 1
-    if qi < 0 or qi >= A[P_MAXQ] or Q[qi, Q_PLANE] != A[P_QUEUE]:
+    if qi < 0 or qi >= A[P_MAXQ]:
         return 0, -1
     return r, qi
 

@@ -1,69 +1,76 @@
-"""Several RX queues through the compiled data plane: one AF_XDP socket and one progress loop (thread) per
-queue, QPs spread over them.
+"""Every RX queue, correct under RSS: one QP's packets spread over all of the receiver's queues.
 
-Two namespaces joined by a veth with 2 RX and 2 TX queues on each end; each endpoint opens
-`Context.open(queues=2, progress_thread=True)`.  On veth a frame arrives on the queue the peer sent it
-from, and an AF_XDP socket only receives from its own queue, so a QP is bound at RTR to the queue both
-ends compute from the two QPNs (QP._bind_queue): QP pairs created in step alternate over the queues.
-Checked: QPs on both queues, WRITE, SEND and READ on every pair (both directions on the wire) with the
-bytes verified, both loops of both hosts received and sent, no frame reached a queue whose loop does not
-own its QP, and the XDP program consumed the ACKs of both queues.  Twice: with a progress thread per
-queue at MTU 1500, and without threads (the application's polls run each queue's loop in turn) at MTU
-9000 and path MTU 4096 (multi-buffer sockets on both queues); and on the native profile (threads, MTU
-1500), whose SACKs the XDP program hands each queue's loop through the mr_sacks rings."""
+A NIC's RSS hashes each flow to one of its RX queues, and the native profile's multipath spraying varies
+the UDP source port, so one QP's packets arrive on every queue.  Context.open binds an AF_XDP socket to
+every RX queue of the interface by default (all on one UMEM, XDP_SHARED_UMEM), and one loop serves
+them all: a frame's QP is found from its BTH whatever queue it came on.
+
+Hosts A and B in two subnets behind a router (routed_hosts), every veth end with 4 RX and TX queues.  The
+router's egress ports carry a fault injector that does nothing but spread (faults.FaultInjector
+spread_queues=4): consecutive MetaRoCE frames leave on TX queues 0, 1, 2, 3 in turn, and on veth a frame
+is received on the RX queue of the number it was sent from -- so every QP's requests, responses, ACKs and
+SACKs reach the other host on all four queues.  Checked, compat and native, and at path MTU 4096
+(multi-buffer sockets on every queue): WRITE, SEND and READ on every QP pair with the bytes verified,
+every queue of both hosts received frames, the XDP program dropped none as NO_XSK (a queue without a
+socket) and the plane none as for an unknown QP, the kernel consumed ACKs (compat) or put SACKs in the
+mr_sacks rings (native) arriving on several queues, and the UMEM frame account of each host balances."""
 from __future__ import annotations
 
 import pytest
 
-from dp_players import collect, to_rts
+from metaroce_xdp.dp import layout as L
+from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.verbs_types import RecvWR, SendWR, WCStatus, WROpcode
 
 pytestmark = pytest.mark.netns
 
-NPAIRS = 4
+NQ = 4
+NPAIRS = 3
 REGION = 1 << 20            # per pair: WRITE 256 KiB, SEND 64 KiB, READ 128 KiB
 
 
 def _connect(side, qp, peer_qp, peer_gid, pmtu, profile):
+    from dp_players import to_rts
     with side.topo.enter(side.ns):
         to_rts(qp, peer_qp.qp_num, peer_gid, mtu=pmtu, rq_psn=0x200, sq_psn=0x200, timeout=14, rd_atomic=16,
                profile=profile)
 
 
-@pytest.mark.parametrize("mtu,pmtu,threads,profile", [(1500, 1024, True, "compat"), (9000, 4096, False, "compat"),
-                                                     (1500, 1024, True, "native")])
-def test_two_rx_queues_one_loop_each_qps_spread_and_verified(make_fabric, mtu, pmtu, threads, profile):
-    _, a, b = make_fabric("flat", mtu=mtu, veth_queues=2, queues=2, progress_thread=threads, busy_poll=False)
-    assert len(a.ctx.plane.group) == 2
-    assert all(p.threaded == threads for p in a.ctx.plane.group + b.ctx.plane.group)
-    a.fill(31)
-    b.fill(32)
-    pairs = []
-    for _ in range(NPAIRS):                      # created in step on both hosts
-        qa = a.ctx.create_qp(a.pd, a.cq, a.cq)
-        qb = b.ctx.create_qp(b.pd, b.cq, b.cq)
-        _connect(a, qa, qb, b.ctx.gid, pmtu, profile)
-        _connect(b, qb, qa, a.ctx.gid, pmtu, profile)
-        assert qa.queue == qb.queue              # both ends of a connection on the same queue
-        assert qa.query()["profile"] == qb.query()["profile"] == profile
-        pairs.append((qa, qb))
-    assert sorted(qa.queue for qa, _ in pairs) == [0, 0, 1, 1]
-    acks0 = a.ctx.loader.events()["ACK_CONSUMED"]
-    for k, (qa, qb) in enumerate(pairs):
-        base = k * REGION
-        w, s, r = base, base + (256 << 10), base + (512 << 10)
-        qb.post_recv(RecvWR(wr_id=100 + k, sg_list=[b.sge(s, 64 << 10)]))
-        qa.post_send([SendWR(wr_id=3 * k, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(w, 256 << 10)],
-                             remote_addr=b.mr.addr + w, rkey=b.mr.rkey),
-                      SendWR(wr_id=3 * k + 1, opcode=WROpcode.SEND, sg_list=[a.sge(s, 64 << 10)]),
-                      SendWR(wr_id=3 * k + 2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(r, 128 << 10)],
-                             remote_addr=b.mr.addr + r, rkey=b.mr.rkey)])
-    if threads:
+@pytest.mark.parametrize("mtu,pmtu,profile", [(1500, 1024, "compat"), (1500, 1024, "native"),
+                                              (9000, 4096, "compat")])
+def test_one_qps_packets_on_every_rx_queue_are_all_served(make_fabric, mtu, pmtu, profile):
+    f = make_fabric("routed", mtu=mtu, veth_queues=NQ, progress_thread=True, busy_poll=False)
+    topo, a, b = f
+    r = f.routed
+    for side in (a, b):
+        assert side.ctx.port.queues == list(range(NQ))                    # every RX queue by default
+        assert [int(q) for q in side.ctx.plane.XR[:, L.XR_QUEUE]] == list(range(NQ))
+    a.fill(41)
+    b.fill(42)
+    drops0 = [s.ctx.loader.drops() for s in (a, b)]
+    rx0 = [[q["rx"] for q in s.ctx.plane.queue_stats()] for s in (a, b)]
+    with FaultInjector(r.toward_b.ifname, netns=r.toward_b.ns, spread_queues=NQ) as to_b, \
+            FaultInjector(r.toward_a.ifname, netns=r.toward_a.ns, spread_queues=NQ) as to_a:
+        pairs = []
+        for _ in range(NPAIRS):
+            qa = a.ctx.create_qp(a.pd, a.cq, a.cq)
+            qb = b.ctx.create_qp(b.pd, b.cq, b.cq)
+            _connect(a, qa, qb, b.ctx.gid, pmtu, profile)
+            _connect(b, qb, qa, a.ctx.gid, pmtu, profile)
+            assert qa.query()["profile"] == qb.query()["profile"] == profile
+            pairs.append((qa, qb))
+        for k, (qa, qb) in enumerate(pairs):
+            base = k * REGION
+            w, s, rd = base, base + (256 << 10), base + (512 << 10)
+            qb.post_recv(RecvWR(wr_id=100 + k, sg_list=[b.sge(s, 64 << 10)]))
+            qa.post_send([SendWR(wr_id=3 * k, opcode=WROpcode.RDMA_WRITE, sg_list=[a.sge(w, 256 << 10)],
+                                 remote_addr=b.mr.addr + w, rkey=b.mr.rkey),
+                          SendWR(wr_id=3 * k + 1, opcode=WROpcode.SEND, sg_list=[a.sge(s, 64 << 10)]),
+                          SendWR(wr_id=3 * k + 2, opcode=WROpcode.RDMA_READ, sg_list=[a.sge(rd, 128 << 10)],
+                                 remote_addr=b.mr.addr + rd, rkey=b.mr.rkey)])
         got = a.cq.wait(3 * NPAIRS, timeout=30)
         rcv = b.cq.wait(NPAIRS, timeout=10)
-    else:
-        got = collect(a, 3 * NPAIRS, [b], timeout=30)     # progress() runs a round of each queue's loop
-        rcv = collect(b, NPAIRS, [a], timeout=10)
+        spread = [to_b.stats(), to_a.stats()]
     assert sorted((w.wr_id, w.status) for w in got) == [(i, WCStatus.SUCCESS) for i in range(3 * NPAIRS)]
     assert sorted((w.wr_id, w.status, w.byte_len) for w in rcv) == [
         (100 + k, WCStatus.SUCCESS, 64 << 10) for k in range(NPAIRS)]
@@ -73,19 +80,37 @@ def test_two_rx_queues_one_loop_each_qps_spread_and_verified(make_fabric, mtu, p
             assert (a.buf[lo:lo + n] == b.buf[lo:lo + n]).all(), (k, lo)
         gap = slice(k * REGION + (320 << 10), k * REGION + (512 << 10))
         assert (a.buf[gap] != b.buf[gap]).any()              # untouched: the two random fills differ
-    # per QP, its completions came in order (each queue's loop fills its own ring of the CQ)
-    for k in range(NPAIRS):
+        # per QP, its completions came in order though its packets came on four queues
         assert [w.wr_id for w in got if w.wr_id // 3 == k] == [3 * k, 3 * k + 1, 3 * k + 2]
-    for side in (a, b):
-        qs = side.ctx.plane.queue_stats()
-        assert len(qs) == 2
-        for i, st in enumerate(qs):
-            assert st["rx"] > 0 and st["tx"] > 0 and st["rounds"] > 0, (side.ns, i, qs)
-            assert st["rx_wrong_q"] == 0 and st["rx_drop_qp"] == 0, (side.ns, i, qs)
-        assert side.ctx.stats()["rx"] == qs[0]["rx"] + qs[1]["rx"]
+    assert all(st["roce"] > NQ for st in spread), spread
+    for i, side in enumerate((a, b)):
+        per_q = [q["rx"] - q0 for q, q0 in zip(side.ctx.plane.queue_stats(), rx0[i])]
+        assert len(per_q) == NQ and min(per_q) > 0, (side.ns, per_q)          # every queue carried frames
+        drops = side.ctx.loader.drops()
+        assert drops.get("NO_XSK", 0) == drops0[i].get("NO_XSK", 0), (side.ns, drops)
+        st = side.ctx.stats()
+        assert st["rx_drop_qp"] == 0 and st["rx"] >= sum(per_q), (side.ns, st)
         if pmtu == 4096:
-            assert all(st["rx_sg"] > 0 for st in qs), (side.ns, qs)       # multi-buffer on both queues
+            assert st["rx_sg"] > 0, (side.ns, st)                # multi-buffer frames joined
+        with side.ctx.plane.paused():
+            fr = side.ctx.plane.frames()
+        assert fr["leaked"] == 0, (side.ns, fr)
     if profile == "compat":
-        assert a.ctx.loader.events()["ACK_CONSUMED"] > acks0
-    else:                       # the XDP program put the native SACKs of both queues in mr_sacks rings
-        assert all(st["rx_sack_kern"] > 0 for st in a.ctx.plane.queue_stats()), a.ctx.plane.queue_stats()
+        assert a.ctx.loader.events()["ACK_CONSUMED"] > 0
+    else:                       # SACKs from several queues went to the QPs' mr_sacks rings
+        assert a.ctx.stats()["rx_sack_kern"] > 0, a.ctx.stats()
+
+
+def test_rx_queues_option_limits_and_refuses_queues_the_interface_lacks(make_fabric):
+    """queues=N opens queues 0..N-1 (the rest get no socket: the XDP program drops their frames as NO_XSK);
+    more than the interface has, or none, is InvalidArgument naming the interface's queues."""
+    from metaroce_xdp.dp import Context
+    from metaroce_xdp.verbs_types import InvalidArgument
+    f = make_fabric("flat", veth_queues=NQ, side=None)
+    ep = f.ifaces[0]
+    with f.topo.enter(ep.ns):
+        for bad in (0, NQ + 1):
+            with pytest.raises(InvalidArgument, match=f"RX queues 0..{NQ - 1}"):
+                Context.open(ep.ifname, queues=bad)
+        with Context.open(ep.ifname, queues=2) as ctx:
+            assert ctx.port.queues == [0, 1] and len(ctx.plane.XR) == 2
