@@ -15,12 +15,14 @@ demo: setup
 	$(PY) -m tools.demo
 
 # The table on stdout; docs/bench/: bench.json (schema in tools/bench.py), RESULTS.md, the plots;
-# then goodput against loss on the emulated fabric: fabric.json, goodput_loss.png (tools/bench_fabric.py).
+# then goodput against loss on the emulated fabric: fabric.json, goodput_loss.png (tools/bench_fabric.py);
+# then goodput against the number of RX queues one QP's packets are spread over: queues.json (tools/bench_queues.py).
 # BENCH_ARGS passes options (python -m tools.bench --help), e.g. "--placement same".
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m tools.bench --json docs/bench/bench.json $(BENCH_ARGS)
 	$(PY) -m tools.bench_fabric --json docs/bench/fabric.json
+	$(PY) -m tools.bench_queues --json docs/bench/queues.json
 
 # The long checks (about 40 minutes): the fault matrix at 200,000 packets a case and a
 # 10-minute soak at 1 % loss, on the compiled plane in process and on metaroced (--plane);

@@ -22,11 +22,13 @@
  *             it; user space sends it again after delay_us.  This kernel has
  *             neither sch_fq nor sch_etf, so EDT (skb->tstamp) cannot delay.
  *   spread    (egress, spread_queues N > 1) every UDP/4791 frame leaves on TX
- *             queue index % N, round robin -- on veth the peer receives it on
- *             the RX queue of that number, as a NIC's RSS spreads flows (and a
- *             sprayed QP's packets) over its queues.  A TX queue chosen at tc
- *             egress is kept (the kernel skips its own pick); skb->queue_mapping
- *             written here is the queue number plus one.
+ *             queue index % N, round robin (one QP's consecutive packets on
+ *             every queue: the worst case), or with FI_F_SPREAD_FLOW on the queue
+ *             its UDP source port hashes to (a NIC's RSS over ports: a compat QP
+ *             on one queue, a native QP's sprayed paths on several) -- on veth
+ *             the peer receives it on the RX queue of that number.  A TX queue
+ *             chosen at tc egress is kept (the kernel skips its own pick);
+ *             skb->queue_mapping written here is the queue number plus one.
  *
  * Frames carrying skb->mark == FI_MARK (our clones, user-space reinjections)
  * pass untouched, which is what keeps dup and delay from looping.
@@ -72,6 +74,7 @@
 #define FI_F_ENABLED (1U << 0)        /* 0: pass everything, count nothing but seen */
 #define FI_F_OPCODE_FILTER (1U << 1)  /* act only on opcodes set in opcode_bitmap */
 #define FI_F_FIX_UDP_CSUM (1U << 2)   /* corrupt: keep a non-zero UDP checksum valid */
+#define FI_F_SPREAD_FLOW (1U << 3)    /* spread_queues: by the UDP source port's hash, not round robin */
 
 /* Counter indices: one per outcome, doubling as the fi_counters key.
  * Never renumber; faults.py COUNTERS lists the names in this order and
@@ -166,6 +169,7 @@ struct fi_pkt {
 	__u32 ipv6;
 	__u32 udp_off;          /* from the start of the frame */
 	__u32 udp_len;          /* UDP length field: header + payload, no L2 padding */
+	__u32 sport;            /* UDP source port, host order */
 	__u32 bth_off;
 	__u8 opcode;
 	__u32 psn;
@@ -204,6 +208,7 @@ static __always_inline int parse_roce(struct __sk_buff *skb, struct fi_pkt *p)
 		return -1;
 	p->udp_off = (void *)udph - data;
 	p->udp_len = mr_ntohs(udph->len);
+	p->sport = mr_ntohs(udph->source);
 	p->bth_off = nh.pos - data;
 	/* Any TVer: a BTH the receiver refuses is still a frame to act on. */
 	proto = parse_bth(&nh, data_end, &bth);
@@ -330,8 +335,11 @@ int fi_tc(struct __sk_buff *skb)
 	}
 	bpf_spin_unlock(&st->lock);
 
-	if (!FI_INGRESS && cfg->spread_queues > 1)
-		skb->queue_mapping = (__u32)(index % cfg->spread_queues) + 1;
+	if (!FI_INGRESS && cfg->spread_queues > 1) {
+		__u64 key = cfg->flags & FI_F_SPREAD_FLOW ? (__u64)((p.sport * 0x9E3779B1U) >> 16) : index;
+
+		skb->queue_mapping = (__u32)(key % cfg->spread_queues) + 1;
+	}
 	if (!p.udp_len) {
 		count(FI_C_SHORT);
 		goto out;

@@ -76,6 +76,7 @@ SALT_ECN_CE = 6
 F_ENABLED = 1 << 0
 F_OPCODE_FILTER = 1 << 1
 F_FIX_UDP_CSUM = 1 << 2
+F_SPREAD_FLOW = 1 << 3
 
 TC_EGRESS_PARENT = "ffff:fff3"
 TC_INGRESS_PARENT = "ffff:fff2"
@@ -191,7 +192,7 @@ class _DelayMeta(ctypes.Structure):
 
 _CONFIG_KEYS = ("seed", "drop_ppm", "dup_ppm", "corrupt_ppm", "reorder_ppm", "reorder_delay_us", "ecn_ce_ppm",
                 "corrupt_offset", "corrupt_xor", "fix_udp_csum", "opcode_filter", "every_nth",
-                "action_limit", "enabled", "spread_queues")
+                "action_limit", "enabled", "spread_queues", "spread_by")
 
 
 class FaultInjector:
@@ -208,7 +209,10 @@ class FaultInjector:
                     a congested switch for DCQCN tests (the ICRC masks ECN, MR-ICRC-004)
     spread_queues   N > 1 (egress): every UDP/4791 frame leaves on TX queue (packet index % N), so
                     on veth the peer receives consecutive packets on all its N RX queues in turn --
-                    a NIC's RSS spreading one QP's packets, as the native profile's spraying does
+                    one QP's packets on every queue, the worst case for the receiver
+    spread_by       "packet" (round robin, as above) or "flow": the queue the UDP source port hashes
+                    to, as a NIC's RSS over ports does (a compat QP on one queue, the native profile's
+                    sprayed paths on several)
     """
 
     def __init__(self, ifname: str, *, netns: str | None = None, direction: str = "egress",
@@ -217,7 +221,7 @@ class FaultInjector:
                  corrupt_offset: int | None = None, corrupt_xor: int = 0xFF, fix_udp_csum: bool = False,
                  opcode_filter: Iterable[int] | OpMask | int | None = None, every_nth: int = 0,
                  action_limit: int = 0, psn_drop_once: Iterable[int] = (), mark: int = FI_MARK,
-                 enabled: bool = True, spread_queues: int = 0):
+                 enabled: bool = True, spread_queues: int = 0, spread_by: str = "packet"):
         if direction not in ("egress", "ingress"):
             raise ValueError("direction must be 'egress' or 'ingress'")
         self.ifname, self.netns, self.direction, self.mark = ifname, netns, direction, mark
@@ -226,7 +230,7 @@ class FaultInjector:
                          corrupt_offset=corrupt_offset, corrupt_xor=corrupt_xor,
                          fix_udp_csum=fix_udp_csum, opcode_filter=opcode_filter,
                          every_nth=every_nth, action_limit=action_limit, enabled=enabled,
-                         spread_queues=spread_queues)
+                         spread_queues=spread_queues, spread_by=spread_by)
         self._check(self._cfg)
         if direction == "ingress" and spread_queues > 1:
             raise ValueError("spread_queues needs egress: the TX queue is chosen there")
@@ -275,6 +279,8 @@ class FaultInjector:
             raise ValueError("reorder_delay_us must be >= 0")
         if not 0 <= int(cfg["spread_queues"]) <= 1024:
             raise ValueError(f"spread_queues={cfg['spread_queues']} is outside 0..1024")
+        if cfg["spread_by"] not in ("packet", "flow"):
+            raise ValueError(f"spread_by={cfg['spread_by']!r}: 'packet' or 'flow'")
         if not 0 <= int(cfg["seed"]) <= _M64:
             raise ValueError("seed must fit in 64 bits")
 
@@ -361,6 +367,8 @@ class FaultInjector:
                 v.opcode_bitmap[i] = w
         if c["fix_udp_csum"]:
             flags |= F_FIX_UDP_CSUM
+        if c["spread_by"] == "flow":
+            flags |= F_SPREAD_FLOW
         v.flags = flags
         t[t.Key(0)] = v
 

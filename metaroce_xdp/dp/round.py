@@ -326,11 +326,35 @@ def rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget, x):
 def rx_burst(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget):
     """Every RX ring of the port (XR rows: one per RX queue's socket), up to `budget` frames from each.  A
     frame's QP is found from its BTH whatever queue it came on -- the NIC's RSS hashes flows (and the native
-    profile's sprayed source ports) over all of them."""
-    n = 0
+    profile's sprayed source ports) over all of them.  When several rings hold frames they are taken one
+    from each in turn, not a burst from one ring and then the next: one QP's packets spread over the queues
+    then reach the QP near the order they were sent in (a burst per ring would turn a spreading into a
+    reordering: the compat responder NAKs every gap, the native one SACKs it)."""
     x = A[P_XR_OFF]
-    for k in range(A[P_XR_N]):
-        n += rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, max(now, A[P_NOW]), budget, x + k * NXR)
+    nr = A[P_XR_N]
+    if nr == 1:
+        return rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget, x)
+    busy = 0
+    last = x
+    for k in range(nr):
+        xk = x + k * NXR
+        if ((ld_acq_u32(A[xk + XR_RX_PROD]) - ld_acq_u32(A[xk + XR_RX_CONS])) & 0xFFFFFFFF) == 0:
+            rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, 0, xk)   # fill debt, wake-up
+        else:
+            busy += 1
+            last = xk
+    if busy <= 1:
+        return rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, now, budget, last) if busy else 0
+    n = 0
+    for _ in range(budget):
+        got = 0
+        for k in range(nr):
+            xk = x + k * NXR
+            if (ld_acq_u32(A[xk + XR_RX_PROD]) - ld_acq_u32(A[xk + XR_RX_CONS])) & 0xFFFFFFFF:
+                got += rx_ring(A, Q, SW, RW, CQT, CE, MRT, TM, umem, tables, ext, max(now, A[P_NOW]), 1, xk)
+        if got == 0:
+            break
+        n += got
     return n
 
 

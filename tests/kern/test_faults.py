@@ -59,6 +59,7 @@ def test_constants_agree_with_c():
                   (faults.SALT_CORRUPT_OFF, "FI_SALT_CORRUPT_OFF"), (faults.SALT_DUP, "FI_SALT_DUP"),
                   (faults.SALT_DELAY, "FI_SALT_DELAY"), (faults.F_ENABLED, "FI_F_ENABLED"),
                   (faults.F_OPCODE_FILTER, "FI_F_OPCODE_FILTER"), (faults.F_FIX_UDP_CSUM, "FI_F_FIX_UDP_CSUM"),
+                  (faults.F_SPREAD_FLOW, "FI_F_SPREAD_FLOW"),
                   (faults.FI_MARK, "FI_MARK"), (faults.PPM_SCALE, "FI_PPM_SCALE"),
                   (faults.BTH_SIZE, "FI_BTH_SIZE")]:
         assert py == _c_define(c), c
