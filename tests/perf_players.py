@@ -18,19 +18,20 @@ def _last_json(text: str) -> dict | None:
 
 
 def perf_run(topo, test: str, port: int, server_args: list[str], client_args: list[str], *,
-             timeout: float = 120, prefix: tuple[str, ...] = (), ns: tuple[str, str] | None = None
-             ) -> tuple[dict, dict | None]:
+             timeout: float = 120, prefix: tuple[str, ...] = (), ns: tuple[str, str] | None = None,
+             devs: tuple[str, str] = ("mr0", "mr1"), server_ip: str = "10.77.0.2") -> tuple[dict, dict | None]:
     """Start `metaroce perf TEST` as the server, run the client (again while the server is still
     starting), wait for both, check both exited 0; the client's and the server's JSON (--json is
     given to both).  `prefix` goes before the command (e.g. env VAR=value); `ns` is (client's,
-    server's) namespace, topo[0] and topo[1] by default."""
+    server's) namespace, topo[0] and topo[1] by default; `devs` their interfaces; `server_ip` what the
+    client connects to."""
     common = ["--json", "-p", str(port)]
     cns, sns = ns or (topo[0], topo[1])
-    srv = topo.popen(sns, [*prefix, *PERF, test, "-d", "mr1", *common, *server_args], cwd=ROOT,
+    srv = topo.popen(sns, [*prefix, *PERF, test, "-d", devs[1], *common, *server_args], cwd=ROOT,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(60):
-            cli = topo.run(cns, [*prefix, *PERF, test, "-d", "mr0", *common, *client_args, "10.77.0.2"],
+            cli = topo.run(cns, [*prefix, *PERF, test, "-d", devs[0], *common, *client_args, server_ip],
                            timeout=timeout, check=False)
             if "start `metaroce perf" not in cli.stderr:
                 break

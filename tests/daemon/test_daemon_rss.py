@@ -10,22 +10,15 @@ the transfer completes and the server verifies every byte, the daemon reports al
 frames received on each, and its XDP program dropped nothing as NO_XSK (a queue without a socket)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import daemon_procs
 import pytest
+from perf_players import perf_run
 
 from metaroce_xdp.faults import FaultInjector
 from metaroce_xdp.topo import routed_hosts
 
 pytestmark = pytest.mark.netns
 
-ROOT = Path(__file__).resolve().parents[2]
-PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]
 NQ = 4
 
 
@@ -46,7 +39,7 @@ def _device(sock: str) -> dict:
 
 @pytest.mark.parametrize("profile", ["compat", "native"])
 def test_metaroced_serves_a_qp_whose_packets_arrive_on_every_rx_queue(daemon_b, profile):
-    r, sock, tmp = daemon_b
+    r, sock, _ = daemon_b
     port = 19571 + (profile == "native")
     before = _device(sock)
     assert before["queues"] == list(range(NQ)), before["queues"]
@@ -54,31 +47,12 @@ def test_metaroced_serves_a_qp_whose_packets_arrive_on_every_rx_queue(daemon_b, 
     no_xsk0 = before["counters"]["xdp_drops"].get("NO_XSK", 0)
     with FaultInjector(r.toward_b.ifname, netns=r.toward_b.ns, spread_queues=NQ) as to_b, \
             FaultInjector(r.toward_a.ifname, netns=r.toward_a.ns, spread_queues=NQ):
-        srv = r.topo.popen(r.b.ns, [*PERF, "-d", r.b.ifname, "--socket", sock, "--profile", profile, "--json",
-                                    "-p", str(port)], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
-        try:
-            for _ in range(120):
-                cli = r.topo.popen(r.a.ns, [*PERF, "-d", r.a.ifname, "--no-daemon", "--profile", profile,
-                                            "-s", "65536", "-n", "400", "-t", "16", "-m", "1024", "--json",
-                                            "-p", str(port), r.b.ipv4], cwd=str(ROOT), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-                out, err = cli.communicate(timeout=120)
-                if "start `metaroce perf" not in err:
-                    break
-                time.sleep(0.5)                       # the server is still starting
-            sout, serr = srv.communicate(timeout=60)
-        finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.wait()
+        res, srv = perf_run(r.topo, "write-bw", port, ["--socket", sock, "--profile", profile],
+                            ["--no-daemon", "--profile", profile, "-s", "65536", "-n", "400", "-t", "16", "-m", "1024"],
+                            ns=(r.a.ns, r.b.ns), devs=(r.a.ifname, r.b.ifname), server_ip=r.b.ipv4)
         spread = to_b.stats()
-    assert cli.returncode == 0 and srv.returncode == 0, \
-        f"client: {err[-1500:]}\nserver: {serr[-1500:]}\nmetaroced: {Path(tmp, 'B.log').read_text()[-1500:]}"
-    res = json.loads(out.strip().splitlines()[-1])
     assert res["profile"] == profile and res["peer_verified"] is True, res
-    s = json.loads(sout.strip().splitlines()[-1])
-    assert s["verified"] is True, s
+    assert srv["verified"] is True, srv
     assert spread["roce"] >= 400 * 64, spread                # every WRITE packet went through the spreader
     after = _device(sock)
     per_q = [q["rx"] - q0 for q, q0 in zip(after["counters"]["rx_queues"], rx0)]
