@@ -24,8 +24,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="MetaRoCE: RDMA over plain Ethernet -- tools for the reference endpoint.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from metaroce_xdp.version import version_text
+        typer.echo(version_text("metaroce"))
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="print the version and the git revision, then exit")) -> None:
     """MetaRoCE: RDMA over plain Ethernet -- tools for the reference endpoint."""
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from .agentproto import AgentClient
+from ..version import VersionAction
 
 
 def _parse(argv):
@@ -20,6 +21,7 @@ def _parse(argv):
                "  metaroce-conformance --agent 192.0.2.10:18516 --iface eth1 --peer-ip 10.0.0.2 --report out/\n"
                "  metaroce-conformance --list --case 'TC-PSN-*'",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("--agent", metavar="HOST:PORT", help="the IUT's test agent (9.4)")
     p.add_argument("--iface", help="the tester's interface on the link to the IUT")
     p.add_argument("--peer-ip", help="the IP address the lower tester plays (the IUT's QPs connect to it)")

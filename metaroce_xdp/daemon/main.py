@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from . import config as config_mod
 from .config import ConfigError, DaemonConfig, load_config
+from ..version import VersionAction
 from .notify import Notifier
 from .startup import StartClock, prebuild_xdp
 
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"configuration file (default: {config_mod.DEFAULT_PATH} if it exists)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective configuration as TOML and exit")
+    p.add_argument("--version", action=VersionAction)
     defaults = DaemonConfig()
     for f in dataclasses.fields(DaemonConfig):
         default = getattr(defaults, f.name)

@@ -1,0 +1,50 @@
+"""The version of this copy of MetaRoCE and the git revision it was built from, for `--version`.
+
+    metaroce --version       ->  metaroce 0.1.0 (revision 2cd1781b0c4e)
+    metaroced --version      ->  metaroced 0.1.0 (revision 2cd1781b0c4e+dirty)
+
+The revision comes from `_revision.txt` beside this module when an install wrote one there, else from git
+when this is a checkout (`+dirty` when tracked files differ from it), else "unknown".  Nothing here imports
+numpy, numba or BCC: `--version` answers at once."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+from . import __version__
+
+_HERE = Path(__file__).resolve().parent
+
+
+def revision() -> str:
+    """The git revision (12 hex digits, `+dirty` if tracked files were changed), or "unknown"."""
+    stamp = _HERE / "_revision.txt"
+    if stamp.is_file():
+        return stamp.read_text().strip() or "unknown"
+    try:
+        git = ["git", "-C", str(_HERE.parent)]
+        rev = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "") if rev else "unknown"
+
+
+def version_text(prog: str) -> str:
+    """One line: the program, the version, the revision."""
+    return f"{prog} {__version__} (revision {revision()})"
+
+
+class VersionAction(argparse.Action):
+    """argparse's --version, the revision looked up only when asked (not at every start)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the version and the git revision, then exit"):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(parser.prog))
+        parser.exit()
