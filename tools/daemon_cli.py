@@ -12,7 +12,8 @@ socket (`status` op), with the kernel's view from the pinned maps where the daem
 
 Every command takes -j/--json (schemas: docs/daemon.md, "CLI JSON schema") and --socket PATH (default:
 $METAROCE_SOCKET, else socket_path of /etc/metaroce/metaroced.toml, else /run/metaroce/metaroced.sock).
-No daemon on the socket: one line on stderr, exit 2.
+Exit status: 0 done; 1 an error (e.g. no such QP); 2 a usage error; 3 the daemon is unavailable (nothing on
+the socket, or no answer within --timeout) -- one line on stderr.
 """
 from __future__ import annotations
 
@@ -45,16 +46,25 @@ def default_socket() -> str:
     return config.DaemonConfig().socket_path
 
 
-def _fail(msg: str, code: int = 2) -> typer.Exit:
+EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 1, 2, 3      # as systemctl status: 3 is "not running"
+
+
+def _fail(msg: str, code: int = EXIT_USAGE) -> typer.Exit:
     typer.echo(f"metaroce: {msg}", err=True)
     return typer.Exit(code)
+
+
+def _status_fail(e: "st.StatusError") -> typer.Exit:
+    """The daemon could not be asked (EXIT_UNAVAILABLE) or answered with an error (EXIT_ERROR)."""
+    unavailable = isinstance(e, (st.DaemonNotRunning, st.DaemonNotAnswering))
+    return _fail(str(e), EXIT_UNAVAILABLE if unavailable else EXIT_ERROR)
 
 
 def _snapshot(sock: Optional[str], timeout: float) -> dict:
     try:
         return st.query_status(sock or default_socket(), timeout)
     except st.StatusError as e:
-        raise _fail(str(e)) from None
+        raise _status_fail(e) from None
 
 
 def _emit(doc: dict, as_json: bool, fmt) -> None:
@@ -73,7 +83,7 @@ def dev_show(dev: Optional[str] = typer.Argument(None, metavar="[DEV]", help="on
     try:
         doc = st.dev_doc(snap, dev)
     except st.StatusError as e:
-        raise _fail(str(e)) from None
+        raise _status_fail(e) from None
     _emit(doc, as_json, st.format_dev)
 
 
@@ -87,7 +97,7 @@ def _kernel_rows(dev: str, pin_dir: Optional[str]) -> list[dict]:
     try:
         return qpstat.read_qps(dev, pin_dir)
     except (qpstat.StatError, OSError) as e:
-        raise _fail(str(e)) from None
+        raise _fail(str(e), EXIT_ERROR) from None
 
 
 @qp_app.callback()
@@ -121,11 +131,11 @@ def qp_list(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only QP
             snap = st.query_status(sock or default_socket(), timeout)
         except (st.DaemonNotRunning, st.DaemonNotAnswering) as e:
             if dev is None:
-                raise _fail(str(e)) from None
+                raise _status_fail(e) from None
             typer.echo(f"metaroce: {e}; showing the kernel's QP table of {dev}", err=True)
             kernel = True
         except st.StatusError as e:
-            raise _fail(str(e)) from None
+            raise _status_fail(e) from None
     if kernel:
         if dev is None:
             raise _fail("--kernel needs -d DEV (the pinned maps are per interface)")
@@ -148,9 +158,9 @@ def qp_show(qpn: str = typer.Argument(..., help="QP number, decimal or 0x..."),
         n = st.parse_qpn(qpn)
         doc = st.qp_doc(_snapshot(sock, timeout), n, dev)
     except st.QpNotFound as e:
-        raise _fail(str(e), 1) from None
+        raise _fail(str(e), EXIT_ERROR) from None
     except st.StatusError as e:
-        raise _fail(str(e)) from None
+        raise _status_fail(e) from None
     _emit(doc, as_json, st.format_qp)
 
 
@@ -168,10 +178,10 @@ def stat_cmd(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only t
             snap = st.query_status(sock or default_socket(), timeout)
         except (st.DaemonNotRunning, st.DaemonNotAnswering) as e:
             if dev is None:
-                raise _fail(str(e)) from None
+                raise _status_fail(e) from None
             typer.echo(f"metaroce: {e}; showing the kernel's counters of {dev}", err=True)
         except st.StatusError as e:
-            raise _fail(str(e)) from None
+            raise _status_fail(e) from None
         else:
             _emit(st.stat_doc(snap, dev), as_json, st.format_stat)
             return
@@ -181,7 +191,7 @@ def stat_cmd(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only t
     try:
         c = qpstat.read_counters(dev, pin_dir)
     except (qpstat.StatError, OSError) as e:
-        raise _fail(str(e)) from None
+        raise _fail(str(e), EXIT_ERROR) from None
     if as_json:
         typer.echo(json.dumps({"schema": st.schema("kernel-stat"), "source": "kernel", "dev": dev, **c}))
     else:
@@ -200,13 +210,13 @@ def top_cmd(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only QP
     try:
         conn = st.StatusConnection(sock or default_socket(), timeout)
     except st.StatusError as e:
-        raise _fail(str(e)) from None
+        raise _status_fail(e) from None
 
     def sample() -> tuple[dict, float]:
         try:
             return conn.ask(), time.monotonic()
         except st.StatusError as e:
-            raise _fail(str(e)) from None
+            raise _status_fail(e) from None
 
     prev, t_prev = sample()
     live = None

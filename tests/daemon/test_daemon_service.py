@@ -198,7 +198,7 @@ def test_cli_without_a_daemon_says_so_in_one_line(tmp_path):
     for args in (["dev", "show"], ["qp", "list", "-j"], ["qp", "show", "17"], ["stat", "--json"], ["top", "-n", "1"]):
         r = subprocess.run(CLI + args + ["--socket", str(tmp_path / "none.sock")], capture_output=True, text=True,
                            cwd=ROOT, timeout=60)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no metaroced is running" in r.stderr, (args, r)
+        assert r.returncode == 3 and r.stderr.count("\n") == 1 and "no metaroced is running" in r.stderr, (args, r)
         assert not r.stdout
 
 
@@ -442,13 +442,13 @@ def test_metrics_endpoint_has_per_qp_and_drop_counters(svc):
 
 
 def test_kernel_view_while_the_daemon_is_stopped(svc):
-    """SIGSTOP: the socket accepts but nobody answers -> the CLI says so (exit 2); the kernel's view of the
+    """SIGSTOP: the socket accepts but nobody answers -> the CLI says so (exit 3); the kernel's view of the
     QP table still comes from the maps the daemon pinned."""
     pins = json.loads(svc.cli("dev", "show", "-j").stdout)["devices"][0].get("pins")
     os.kill(svc.proc.pid, signal.SIGSTOP)
     try:
         r = svc.cli("qp", "list", "-j", "--timeout", "1", check=False)
-        assert r.returncode == 2 and "did not answer" in r.stderr
+        assert r.returncode == 3 and "did not answer" in r.stderr
         args = ["qp", "list", "--kernel", "-d", "mr0", "-j"] + (["--pin-dir", pins] if pins else [])
         k = json.loads(svc.cli(*args, ns=True).stdout)
         assert k["source"] == "kernel"
