@@ -1304,8 +1304,8 @@ class Context:
         return key
 
     def dereg_mr(self, mr: MR) -> None:
-        """From now on no packet reaches the memory (MR-SEC-003): the valid bit is cleared, then every RX
-        queue's loop of the group is paused once, so a round that checked the MR before finishes first;
+        """From now on no packet reaches the memory (MR-SEC-003): the valid bit is cleared, then the loop
+        (which serves every RX queue) is paused once, so a round that checked the MR before finishes first;
         every later use compares the reference it kept with the row's (dp/core.py mr_live: the valid bit,
         and a generation a re-registration of the row changes), so nothing reaches the memory after this
         returns, whatever registers the row next.  The row is free again, last in line (quarantine,
