@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak fuzz clean conformance conformance-rxe install
+.PHONY: setup test demo bench soak fuzz clean conformance conformance-rxe wheel wheelhouse install uninstall
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -72,12 +72,39 @@ conformance-rxe: setup
 	$(PY) -m tools.rxe_conformance $(RXE_VM_ARGS) -- $(abspath $(PY)) -m metaroce_xdp.conformance \
 		--agent {agent} --iface {iface} --peer-ip {lt_ip} --report conformance-report-rxe $(CONFORMANCE_ARGS)
 
-# metaroced as a systemd service (docs/daemon.md, "Installing and running the service"): the package in a
-# venv of its own at INSTALL_VENV (system site packages for BCC; the source tree is copied to
-# INSTALL_VENV/src, as the loader finds bpf/ beside the package), metaroced and metaroce linked into
-# BINDIR, the unit into UNITDIR (ExecStart pointed at BINDIR), the default configuration into
-# SYSCONFDIR/metaroce/ unless one is there, numba's cache warmed where the unit points it.  DESTDIR
-# stages the unit and the configuration only (a venv cannot be moved).
+# The wheel: the package with its commands (metaroce, metaroced, metaroce-conformance), the BPF sources
+# and the specification (pyproject.toml; setup.py stamps the git revision for --version); built without
+# the network with the venv's setuptools.  `make wheelhouse` adds every dependency of the [daemon] extra
+# as wheels beside it (needs the package index once), for `make install WHEELHOUSE=...` on hosts without.
+# Built with the project venv's python when there is one, else Debian's (python3-setuptools, -wheel).
+DIST       ?= dist
+WHEELHOUSE ?=
+WHEEL_PY   ?= $(if $(wildcard $(PY)),$(PY),/usr/bin/python3)
+wheel:
+	rm -f $(DIST)/metaroce_xdp-*.whl
+	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(DIST) .
+	@ls $(DIST)/metaroce_xdp-*.whl
+
+wheelhouse: wheel
+	$(WHEEL_PY) -m pip wheel -q -w $(DIST)/wheelhouse "$$(ls $(DIST)/metaroce_xdp-*.whl)[daemon]"
+	cp $(DIST)/metaroce_xdp-*.whl $(DIST)/wheelhouse/
+	@echo "$(DIST)/wheelhouse: copy it to the host, then: make install WHEELHOUSE=<that folder>"
+
+# metaroced as a systemd service (docs/daemon.md, "Installing and running the service"):
+#   - the runtime's set-up (scripts/setup.sh --runtime: python3-bpfcc, kernel headers, bpffs; not the
+#     test tools);
+#   - the wheel -- WHEEL=path, else the one in WHEELHOUSE, else one built from this checkout -- with the
+#     [daemon] extra into a venv of its own at INSTALL_VENV (system site packages, for BCC), from
+#     WHEELHOUSE alone when given (no network), else from the package index; an upgrade replaces the
+#     package whole (pip removes the old version's files) and restarts a running service;
+#   - metaroced and metaroce linked into BINDIR, the unit into UNITDIR (ExecStart pointed at BINDIR), the
+#     user metaroce and the group metaroce-users, whose members may use the daemon's socket
+#     (SYSUSERSDIR/metaroce.conf, systemd-sysusers), the default configuration into SYSCONFDIR/metaroce/
+#     with socket_group = "metaroce-users" unless a configuration is there (never overwritten);
+#   - numba's cache warmed where the unit points it (CACHEDIR), so the first start compiles nothing.
+# DESTDIR stages the unit, the users and the configuration only (a venv cannot be moved).
+# `make uninstall` stops the service and removes all of it but the configuration (PURGE=1: that too,
+# and the user and group).
 PREFIX       ?= /usr/local
 BINDIR       ?= $(PREFIX)/bin
 SYSCONFDIR   ?= /etc
@@ -86,32 +113,62 @@ SYSUSERSDIR  ?= /usr/lib/sysusers.d
 INSTALL_VENV ?= /opt/metaroce
 CACHEDIR     ?= /var/cache/metaroce
 DESTDIR      ?=
+WHEEL        ?=
+PURGE        ?= 0
+SOCKET_GROUP := metaroce-users
 install:
 	@[ "$$(id -u)" -eq 0 ] || [ -n "$(DESTDIR)" ] || { echo "make install: run as root (or stage with DESTDIR=...)" >&2; exit 1; }
 	install -d "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(SYSCONFDIR)/metaroce"
 	sed 's|/usr/local/bin/metaroced|$(BINDIR)/metaroced|; s|/etc/metaroce/metaroced.toml|$(SYSCONFDIR)/metaroce/metaroced.toml|; s|/var/cache/metaroce/numba|$(CACHEDIR)/numba|' \
-		systemd/metaroced.service > "$(DESTDIR)$(UNITDIR)/metaroced.service"
+		daemon/metaroced.service > "$(DESTDIR)$(UNITDIR)/metaroced.service"
 	chmod 644 "$(DESTDIR)$(UNITDIR)/metaroced.service"
-	install -D -m 644 systemd/metaroce.sysusers "$(DESTDIR)$(SYSUSERSDIR)/metaroce.conf"
+	install -D -m 644 daemon/metaroce.sysusers "$(DESTDIR)$(SYSUSERSDIR)/metaroce.conf"
 	@if [ -e "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml" ]; then \
-		echo "keeping the existing $(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml (the defaults: etc/metaroced.toml)"; \
-	else install -m 644 etc/metaroced.toml "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml"; fi
-	@if [ -n "$(DESTDIR)" ]; then echo "DESTDIR set: unit and configuration staged; the package venv is not built"; exit 0; fi; \
+		echo "keeping the existing $(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml (the defaults: daemon/metaroced.toml)"; \
+	else sed 's|^# socket_group = "rdma" .*|socket_group = "$(SOCKET_GROUP)"      # its members may use the socket (make install made it)|' \
+		daemon/metaroced.toml > "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml"; \
+		chmod 644 "$(DESTDIR)$(SYSCONFDIR)/metaroce/metaroced.toml"; fi
+	@if [ -n "$(DESTDIR)" ]; then echo "DESTDIR set: unit, users and configuration staged; the package venv is not built"; exit 0; fi; \
 	set -e; \
+	./scripts/setup.sh --runtime; \
 	systemd-sysusers "$(SYSUSERSDIR)/metaroce.conf"; \
-	install -d "$(INSTALL_VENV)/src" "$(BINDIR)" "$(CACHEDIR)/numba"; \
-	tar -cf - --exclude=__pycache__ --exclude='*.pyc' metaroce_xdp tools daemon bpf pyproject.toml README.md \
-		| tar -xf - -C "$(INSTALL_VENV)/src"; \
+	whl="$(WHEEL)"; \
+	if [ -z "$$whl" ] && [ -n "$(WHEELHOUSE)" ]; then whl="$$(ls "$(WHEELHOUSE)"/metaroce_xdp-*.whl | sort -V | tail -n1)"; fi; \
+	if [ -z "$$whl" ]; then $(MAKE) --no-print-directory wheel; whl="$$(ls $(DIST)/metaroce_xdp-*.whl)"; fi; \
+	[ -f "$$whl" ] || { echo "make install: no wheel at '$$whl'" >&2; exit 1; }; \
+	index=""; [ -z "$(WHEELHOUSE)" ] || index="--no-index --find-links $(WHEELHOUSE)"; \
+	install -d "$(BINDIR)" "$(CACHEDIR)/numba"; \
 	[ -x "$(INSTALL_VENV)/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$(INSTALL_VENV)"; \
-	"$(INSTALL_VENV)/bin/python" -m pip install -q -e "$(INSTALL_VENV)/src"; \
+	old="$$("$(INSTALL_VENV)/bin/python" -m pip show metaroce-xdp 2>/dev/null | sed -n 's/^Version: //p')"; \
+	rm -rf "$(INSTALL_VENV)/src"; \
+	"$(INSTALL_VENV)/bin/python" -m pip install -q $$index --force-reinstall --no-deps "$$whl"; \
+	"$(INSTALL_VENV)/bin/python" -m pip install -q $$index "$$whl[daemon]"; \
 	ln -sfn "$(INSTALL_VENV)/bin/metaroced" "$(BINDIR)/metaroced"; \
 	ln -sfn "$(INSTALL_VENV)/bin/metaroce" "$(BINDIR)/metaroce"; \
 	NUMBA_CACHE_DIR="$(CACHEDIR)/numba" "$(INSTALL_VENV)/bin/metaroce" warmup -q; \
 	chown -R metaroce:metaroce "$(CACHEDIR)"; \
-	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
-	echo "installed: $(BINDIR)/metaroced, $(UNITDIR)/metaroced.service, $(SYSCONFDIR)/metaroce/metaroced.toml;" \
-		"set interfaces there, then: systemctl enable --now metaroced"
+	if [ -d /run/systemd/system ]; then \
+		systemctl daemon-reload; \
+		if systemctl is-active -q metaroced; then systemctl restart metaroced; echo "metaroced restarted"; fi; \
+	fi; \
+	echo "installed $$("$(BINDIR)/metaroced" --version)$${old:+ (was $$old)}: $(BINDIR)/metaroced and metaroce," \
+		"$(UNITDIR)/metaroced.service, $(SYSCONFDIR)/metaroce/metaroced.toml; set interfaces there, add" \
+		"users to the group $(SOCKET_GROUP), then: systemctl enable --now metaroced"
+
+uninstall:
+	@[ "$$(id -u)" -eq 0 ] || [ -n "$(DESTDIR)" ] || { echo "make uninstall: run as root" >&2; exit 1; }
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl disable --now metaroced 2>/dev/null || true; fi
+	rm -f "$(DESTDIR)$(UNITDIR)/metaroced.service" "$(DESTDIR)$(SYSUSERSDIR)/metaroce.conf"
+	@for l in "$(DESTDIR)$(BINDIR)/metaroced" "$(DESTDIR)$(BINDIR)/metaroce"; do \
+		if [ -L "$$l" ] && [ "$$(readlink "$$l")" = "$(INSTALL_VENV)/bin/$$(basename "$$l")" ]; then rm -f "$$l"; fi; done
+	rm -rf "$(DESTDIR)$(INSTALL_VENV)" "$(DESTDIR)$(CACHEDIR)"
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@if [ "$(PURGE)" = 1 ]; then rm -rf "$(DESTDIR)$(SYSCONFDIR)/metaroce"; \
+		if [ -z "$(DESTDIR)" ]; then userdel metaroce 2>/dev/null || true; groupdel $(SOCKET_GROUP) 2>/dev/null || true; \
+		groupdel metaroce 2>/dev/null || true; fi; \
+		echo "purged: the configuration, the user metaroce and the group $(SOCKET_GROUP)"; \
+	else echo "kept $(DESTDIR)$(SYSCONFDIR)/metaroce/ (make uninstall PURGE=1 removes it, the user and the group)"; fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info build $(DIST)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

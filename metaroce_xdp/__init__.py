@@ -15,9 +15,9 @@ Sub-packages:
   daemon  -- metaroced and its client library
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
-__all__ = ["Context"]
+__all__ = ["Context", "__version__"]
 
 
 def __getattr__(name: str):

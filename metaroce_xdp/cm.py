@@ -12,7 +12,7 @@ Two formats, one module:
 This module only frames, validates and exchanges; moving the QP through
 INIT/RTR/RTS stays with the caller, which passes a callback where the spec
 places the transition (MR-CM-026: the passive side is in RTR/RTS before it
-answers).  Neighbours: tools/perf.py and tools/pingpong.py (the callers),
+answers).  Neighbours: metaroce_xdp/cli/perf.py and metaroce_xdp/cli/pingpong.py (the callers),
 metaroce_xdp/dp/context.py (the QP they connect).
 """
 from __future__ import annotations

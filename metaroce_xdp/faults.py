@@ -48,11 +48,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
+from .kern import bccbuild
 from .wire.opcodes import BY_NAME, OPCODES, OpMask
 
-BPF_SOURCE = Path(__file__).resolve().parent.parent / "bpf" / "fault_inject.c"
+BPF_SOURCE = bccbuild.BPF_DIR / "fault_inject.c"
 
 # ---- facts shared with bpf/fault_inject.c (tests/kern/test_faults.py checks them) ----
 FI_MARK = 0x4D52FA17

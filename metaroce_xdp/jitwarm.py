@@ -35,7 +35,7 @@ specialisation to any dispatcher of `MODULES`: a missed type here would be a com
 the live path.
 
 Neighbours: dp/, native/, wire/icrc.py, wire/fastpath.py, wire/psn.py, afxdp/rings.py (the compiled
-functions); dp/context.py (Context.open calls warm_up); tools/metaroce_cli.py (`metaroce warmup`).
+functions); dp/context.py (Context.open calls warm_up); metaroce_xdp/cli/main.py (`metaroce warmup`).
 """
 from __future__ import annotations
 

@@ -1,14 +1,19 @@
 #!/bin/bash
 # MetaRoCE set-up for a fresh Debian 12 machine.  Idempotent: each step checks
-# first and only acts on what is missing.  Called by `make setup`.
+# first and only acts on what is missing.  Called by `make setup`; `setup.sh --runtime`
+# (`make install`) does steps 1-3 with the runtime packages only, and the smoke check with
+# the system python.
 #
-#   1. Debian packages: python3-bpfcc bpftool iproute2 tshark qperf iperf3 ... (systemd for
-#      `systemd-analyze verify` of the metaroced unit: PID 1 need not be systemd)
+#   1. Debian packages: the runtime's (python3-bpfcc, iproute2, python3-venv, libdeflate0, and
+#      python3-setuptools/-wheel, which build the wheel `make install` installs from a checkout) and,
+#      unless --runtime, the development tools' (bpftool tshark qperf iperf3 tcpdump ethtool, and
+#      systemd for `systemd-analyze verify` of the metaroced unit: PID 1 need not be systemd)
 #   2. kernel headers for BCC: only when /lib/modules/$(uname -r)/build is absent,
-#      install linux-headers-amd64 and link build/ and source/ to it
+#      install linux-headers-<arch> (amd64, arm64, ...: dpkg's architecture) and link build/
+#      and source/ to it
 #   3. bpffs mounted at /sys/fs/bpf
 #   4. a venv from /usr/bin/python3 --system-site-packages (so `import bcc` works)
-#      with this package and its dev extras installed (pytest, hypothesis, and
+#      with this package, its daemon extra and its dev extras installed (pytest, hypothesis, and
 #      matplotlib for `make bench`'s plots)
 #   5. a smoke check: BCC compiles and loads an XDP program
 #   6. `metaroce warmup`: the data path's numba functions compiled into numba's on-disk
@@ -17,7 +22,12 @@
 set -euo pipefail
 
 VENV="${VENV:-.venv}"
-PKGS="python3-bpfcc bpftool iproute2 tshark qperf iperf3 python3-venv python3-pip tcpdump ethtool systemd libdeflate0"
+RUNTIME_PKGS="python3-bpfcc iproute2 python3-venv python3-pip python3-setuptools python3-wheel libdeflate0"
+DEV_PKGS="bpftool tshark qperf iperf3 tcpdump ethtool systemd"
+RUNTIME_ONLY=0
+[ "${1:-}" = "--runtime" ] && RUNTIME_ONLY=1
+PKGS="$RUNTIME_PKGS"
+[ "$RUNTIME_ONLY" -eq 1 ] || PKGS="$PKGS $DEV_PKGS"
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die()  { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -55,12 +65,13 @@ KDIR="/lib/modules/$KREL"
 if [ -e "$KDIR/build/include" ] || [ -e "$KDIR/build/Makefile" ]; then
     step "kernel headers for $KREL present"
 else
-    if ! ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1; then
-        apt_install linux-headers-amd64
+    ARCH="$(dpkg --print-architecture)"          # amd64, arm64, ...: Debian's headers package per architecture
+    if ! ls -d /usr/src/linux-headers-*-"$ARCH" >/dev/null 2>&1; then
+        apt_install "linux-headers-$ARCH"
     fi
-    HDR="$(ls -d /usr/src/linux-headers-*-amd64 | sort -V | tail -n1)"
-    COMMON="${HDR%-amd64}-common"
-    [ -d "$HDR" ] || die "no /usr/src/linux-headers-*-amd64 after installing linux-headers-amd64"
+    HDR="$(ls -d /usr/src/linux-headers-*-"$ARCH" | sort -V | tail -n1)"
+    COMMON="${HDR%-"$ARCH"}-common"
+    [ -d "$HDR" ] || die "no /usr/src/linux-headers-*-$ARCH after installing linux-headers-$ARCH"
     step "linking $KDIR/{build,source} -> $HDR (running kernel $KREL has no headers)"
     mkdir -p "$KDIR"
     ln -sfn "$HDR" "$KDIR/build"
@@ -76,6 +87,16 @@ else
     mount -t bpf bpf /sys/fs/bpf || die "cannot mount bpffs at /sys/fs/bpf"
 fi
 
+if [ "$RUNTIME_ONLY" -eq 1 ]; then
+    /usr/bin/python3 - <<'PY' || die "BCC cannot compile/load an XDP program: check kernel headers and BPF support"
+import bcc
+b = bcc.BPF(text="int xdp_ok(struct xdp_md *ctx) { return XDP_PASS; }")
+b.load_func("xdp_ok", bcc.BPF.XDP)
+PY
+    step "ok: the runtime's packages, kernel headers and bpffs; BCC compiles and loads XDP programs"
+    exit 0
+fi
+
 # 4. venv
 # (a venv without pip is one whose creation was interrupted: made anew)
 if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -88,9 +109,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -e "$STAMP" ]; then
-    step "installing metaroce-xdp and dev extras into $VENV"
+    step "installing metaroce-xdp with its daemon and dev extras into $VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    "$VENV/bin/python" -m pip install -q -e '.[dev]' || die "pip install -e .[dev] failed"
+    "$VENV/bin/python" -m pip install -q -e '.[daemon,dev]' || die "pip install -e .[daemon,dev] failed"
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 else
@@ -112,9 +133,9 @@ step "compiling the data path into numba's cache (metaroce warmup; 3-4 minutes w
 # packet fuzz of `make test` and `make fuzz` (docs/fuzzing.md, "Bounds checking")
 BC_CACHE="$(pwd)/.cache/numba-boundscheck"
 mkdir -p "$BC_CACHE"
-NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR="$BC_CACHE" "$VENV/bin/python" -m tools.metaroce_cli warmup -q \
+NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR="$BC_CACHE" "$VENV/bin/python" -m metaroce_xdp.cli warmup -q \
     > "$BC_CACHE/warmup.log" 2>&1 &
 BC_PID=$!
-"$VENV/bin/python" -m tools.metaroce_cli warmup -q || { kill "$BC_PID" 2>/dev/null; die "metaroce warmup failed: see the error above"; }
+"$VENV/bin/python" -m metaroce_xdp.cli warmup -q || { kill "$BC_PID" 2>/dev/null; die "metaroce warmup failed: see the error above"; }
 wait "$BC_PID" || die "the bounds-checked warmup failed: see $BC_CACHE/warmup.log"
 tail -n 1 "$BC_CACHE/warmup.log" | sed 's/^/  bounds-checked: /'

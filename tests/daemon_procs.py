@@ -24,7 +24,7 @@ from pathlib import Path
 
 TAG_ENV = "METAROCE_TEST_SESSION"
 _PR_SET_PDEATHSIG = 1
-DAEMON_MARKS = ("metaroce_xdp.daemon.server", "daemon/metaroced", "-m\0daemon")
+DAEMON_MARKS = ("metaroce_xdp.daemon.server", "daemon/metaroced", "-m\0metaroce_xdp.daemon\0")
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf"]
+PERF = [sys.executable, "-m", "metaroce_xdp.cli", "perf"]
 
 
 def _last_json(text: str) -> dict | None:

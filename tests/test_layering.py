@@ -3,6 +3,7 @@
 * metaroce_xdp.rc, the old pure-Python engine, is gone (issue 20): the compiled plane is the one
   implementation; no module imports metaroce_xdp.rc.
 * dp/ (the data plane) imports nothing from daemon/ (metaroced, which hosts it) or tools/.
+* The package imports nothing from the checkout's top-level tools/ or daemon/ (neither is in the wheel).
 * dp/ is split by role, as rxe is: core (and ring) import no role; the roles import down the order
   ring < core < cc < requester < completer < responder < atomics < round, never up; the native
   profile's glue (native/plane_slot.py < plane_read.py < plane_tx.py < plane.py) sits between the roles and the round.  No import circle in the package,
@@ -68,6 +69,15 @@ def test_dp_does_not_import_daemon_or_tools():
     for path in sorted((PKG / "dp").rglob("*.py")):
         hits = sorted(n for n in imports(path) if _under(n, "metaroce_xdp.daemon") or _under(n, "tools")
                       or _under(n, "daemon"))
+        if hits:
+            bad[str(path.relative_to(ROOT))] = hits
+    assert not bad, bad
+
+
+def test_the_package_imports_nothing_the_wheel_lacks():
+    bad = {}
+    for path in sorted(PKG.rglob("*.py")):
+        hits = sorted(n for n in imports(path) if _under(n, "tools") or _under(n, "daemon") or _under(n, "tests"))
         if hits:
             bad[str(path.relative_to(ROOT))] = hits
     assert not bad, bad

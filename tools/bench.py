@@ -25,7 +25,7 @@ What one run measures, in this order, on namespaces A and B joined by one veth p
      median.  Frame sizes: 64 B (the small-message bar) and MetaRoCE's full data packet at
      path MTU 1024 (1082 B, veth MTU 1500) and 4096 (4154 B, veth MTU 4200: two UMEM chunks a
      frame, so XDP_USE_SG and the redirect program loaded frags-aware, BPF_F_XDP_HAS_FRAGS).
-  3. MetaRoCE through `metaroce perf` (tools/perf.py, called through the CLI, on the compiled
+  3. MetaRoCE through `metaroce perf` (metaroce_xdp/cli/perf.py, called through the CLI, on the compiled
      data plane: `--plane compiled`): 8-byte WRITE latency median and p99, 8-byte WRITE message
      rate on 1 and 16 QPs, 64 KiB WRITE bandwidth on one QP at path MTU 1024 and 4096, 4 and 16
      QPs in both directions at once (aggregate), the size series for the plots, and bytes per
@@ -57,7 +57,7 @@ JSON report (schema "metaroce-bench/1"; keys are only ever added, never renamed)
              "load1" (the host's 1-minute load average as the trial began; sweep trials only)}
     PT    = {"who", "size", "value", "unit"}
 
-Neighbours: metaroce_xdp/topo.py (namespaces, veth, cleanup), tools/perf.py (owned elsewhere;
+Neighbours: metaroce_xdp/topo.py (namespaces, veth, cleanup), metaroce_xdp/cli/perf.py (owned elsewhere;
 only called), tests/tools/test_bench_smoke.py, docs/bench/ (plots, README section).
 """
 from __future__ import annotations
@@ -627,17 +627,15 @@ def sweep_rawloop(topo, pair, binary: Path, prog: RedirectProgram, napi: NapiCon
 
 
 def metaroce_perf_available() -> bool:
-    """tools/perf.py exists and the `metaroce` CLI has the `perf` command group."""
-    if not (ROOT / "tools" / "perf.py").exists():
-        return False
+    """The `metaroce` CLI (metaroce_xdp/cli/main.py) has the `perf` command group."""
     try:
-        from tools import metaroce_cli
-    except Exception:  # noqa: BLE001 - a half-written tool is simply "not available"
+        from metaroce_xdp.cli import main as metaroce_cli
+    except Exception:  # noqa: BLE001 - an install without the CLI's dependencies: "not available"
         return False
     return any(g.name == "perf" for g in metaroce_cli.app.registered_groups)
 
 
-# Option names tools/perf.py may grow; the first one its --help lists is used.
+# Option names metaroce_xdp/cli/perf.py may grow; the first one its --help lists is used.
 PERF_OPTION_NAMES = {"qps": ("--qps", "--num-qps", "--qp-count"),
                      "bidir": ("--bidirectional", "--bidir", "--duplex"),
                      "plane": ("--plane",)}
@@ -646,7 +644,7 @@ PERF_OPTION_NAMES = {"qps": ("--qps", "--num-qps", "--qp-count"),
 def perf_options() -> dict:
     """Which optional `metaroce perf write-bw` options exist: {'qps': '--qps' | None, ...}."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
-    cp = subprocess.run([sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "--help"], cwd=ROOT,
+    cp = subprocess.run([sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "--help"], cwd=ROOT,
                         capture_output=True, text=True, env=env, timeout=60)
     have = set(re.findall(r"--[a-z][a-z0-9-]*", cp.stdout))
     return {k: next((n for n in names if n in have), None) for k, names in PERF_OPTION_NAMES.items()}
@@ -663,7 +661,7 @@ def run_metaroce(topo, pair, test: str, size: int, iters: int, pmtu: int, timeou
     """`metaroce perf <test>`: server in B, client in A; the client's JSON (the server's as a
     spare).  With cpu=True adds 'cpu_per_s': both processes' CPU-seconds per second over the
     middle half of the test window (the `seconds` before the result line appeared)."""
-    base = [sys.executable, "-m", "tools.metaroce_cli", "perf", test]
+    base = [sys.executable, "-m", "metaroce_xdp.cli", "perf", test]
     opts = ["-s", str(size), "-n", str(iters), "-m", str(pmtu), "--json", *extra]
     srv = topo.popen(pair.b.ns, _pinned([*base, "-d", pair.b.ifname, *opts], pl.b_cpu), cwd=ROOT,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -830,7 +828,7 @@ class Bench:
             plane_na = None
             extra: tuple[str, ...] = ()
             if not perf_ok:
-                plane_na = "tools/perf.py / `metaroce perf` not available"
+                plane_na = "metaroce_xdp/cli/perf.py / `metaroce perf` not available"
             elif popts.get("plane"):
                 extra = (popts["plane"], plane)        # named always
             else:
@@ -923,7 +921,7 @@ class Bench:
     def _multi_qp(self, p, name, perf, popts, plane_na, key, label, size, iters, nq, bidir, field, unit) -> None:
         missing = [o for o, need in (("qps", True), ("bidir", bidir)) if need and not popts.get(o)]
         if plane_na or missing:
-            why = plane_na or ("not available: `metaroce perf` (tools/perf.py) has no option for "
+            why = plane_na or ("not available: `metaroce perf` (metaroce_xdp/cli/perf.py) has no option for "
                                + " or ".join({"qps": "several QPs (e.g. --qps N)",
                                               "bidir": "both directions at once (e.g. --bidirectional)"}[m]
                                              for m in missing))

@@ -94,7 +94,7 @@ class BenchError(RuntimeError):
 def perf_profiles(plane: str) -> tuple[tuple[str, ...], str | None]:
     """The profiles `metaroce perf write-bw` can be asked for, and why the others cannot."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
-    cp = subprocess.run([sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "--help"], cwd=ROOT,
+    cp = subprocess.run([sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "--help"], cwd=ROOT,
                         capture_output=True, text=True, env=env, timeout=60)
     if "--profile" not in set(re.findall(r"--[a-z][a-z0-9-]*", cp.stdout)):
         return ("compat",), "metaroce perf has no --profile option: the native profile is not yet wired into " \
@@ -124,7 +124,7 @@ def perf_once(fab, size: int, total: int, plane: str, profile: str | None, timeo
     h1, h2 = fab.plan.host("h1"), fab.plan.host("h2")
     iters = max(4, total // size)
     depth = max(1, min(128, IN_FLIGHT // size))
-    base = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-d", h2.ifname, "-s", str(size),
+    base = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "-d", h2.ifname, "-s", str(size),
             "-n", str(iters), "-t", str(depth), "-m", str(PMTU), "--json", "--no-daemon", "--timeout", "20"]
     base += ["--plane", plane]
     if profile is not None:
@@ -317,7 +317,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
         dflags = ["--credit-budget", str(budget if profile == "native" and cc else 0), "--progress", "sleep"]
         # its log to a file: a pipe nobody reads would fill (a line per client, the status polls below) and stop it
         dlog = open(f"/run/metaroce/{name}.log", "w+")
-        d = subprocess.Popen(["ip", "netns", "exec", dst.ns, sys.executable, "-m", "daemon", "-i", dst.ifname,
+        d = subprocess.Popen(["ip", "netns", "exec", dst.ns, sys.executable, "-m", "metaroce_xdp.daemon", "-i", dst.ifname,
                               "--socket-path", sock, "--bpffs-prefix", pins, "--log-level", "warning", *dflags],
                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=dlog, text=True)
         procs.append(d)
@@ -332,7 +332,7 @@ def incast(plane: str, cc: bool, total: int, log, profile: str = "compat", budge
         opts += ["--plane", plane]
         if profile != "compat":
             opts += ["--profile", profile]
-        perf = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-d", dst.ifname]
+        perf = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "-d", dst.ifname]
         for i in range(INCAST_SENDERS):
             procs.append(subprocess.Popen(["ip", "netns", "exec", dst.ns, *perf, *opts, "-p", str(18600 + i),
                                            "--socket", sock], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

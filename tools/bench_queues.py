@@ -39,7 +39,7 @@ def once(nq: int, profile: str, iters: int, size: int, spread: str, qps: int, ti
     from metaroce_xdp.topo import routed_hosts
     r = routed_hosts(ipv6=False, queues=nq, prefix="mrbq")
     try:
-        base = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "-s", str(size), "-n", str(iters),
+        base = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "-s", str(size), "-n", str(iters),
                 "-t", "32", "-m", "1024", "--json", "--no-daemon", "--profile", profile, "-p", str(PORT)]
         with FaultInjector(r.toward_b.ifname, netns=r.toward_b.ns, spread_queues=nq, spread_by=spread), \
                 FaultInjector(r.toward_a.ifname, netns=r.toward_a.ns, spread_queues=nq, spread_by=spread):

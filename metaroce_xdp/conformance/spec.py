@@ -31,7 +31,9 @@ COMPAT_FILES = ("01-encapsulation.md", "02-headers.md", "03-compat-rc.md", "07-q
 
 
 def default_spec_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "docs" / "spec"
+    """The specification the rules are read from: package data in a wheel; in a checkout
+    metaroce_xdp/conformance/spec links to docs/spec."""
+    return Path(__file__).resolve().parent / "spec"
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Callable
 from .. import shm
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tools.metaroce_cli", "perf"]
+CLI = [sys.executable, "-m", "metaroce_xdp.cli", "perf"]
 
 
 PLACEMENTS = {"sides": {"perf_a": "0", "perf_b": "1", "daemon_a": "0", "client_a": "0", "daemon_b": "1",
@@ -326,7 +326,7 @@ def start_to_ready(topo, tmp: str, progress: str = "sleep", entry: str = "server
     """One daemon alone, exec to ready (numba's cache warm from the runs before it): {"ready_s": seconds
     measured here, "startup": the daemon's own phase times (startup.StartClock.as_dict)}.
     entry "server": `python -m metaroce_xdp.daemon.server`, ready when it prints its ready line (the tests'
-    runner); "metaroced": `python -m daemon` with $NOTIFY_SOCKET, ready at READY=1 (the systemd service)."""
+    runner); "metaroced": `python -m metaroce_xdp.daemon` with $NOTIFY_SOCKET, ready at READY=1 (the systemd service)."""
     import re
     import socket
     sub = os.path.join(tmp, "ready")
@@ -359,7 +359,7 @@ def start_to_ready(topo, tmp: str, progress: str = "sleep", entry: str = "server
     try:
         with open(log_path, "w") as err:
             t0 = time.monotonic()
-            p = Proc(topo.popen(topo[0], [sys.executable, "-m", "daemon", "--config", cfg, "--no-watchdog"],
+            p = Proc(topo.popen(topo[0], [sys.executable, "-m", "metaroce_xdp.daemon", "--config", cfg, "--no-watchdog"],
                                 stdout=subprocess.PIPE, stderr=err, text=True, cwd=str(ROOT), env=env,
                                 preexec_fn=_die_with_parent), "mr0")
         try:

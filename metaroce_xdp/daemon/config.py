@@ -1,6 +1,6 @@
 """metaroced's configuration: a TOML file (`/etc/metaroce/metaroced.toml`) whose every option is also a
 command-line flag (`--socket-path` for `socket_path`, ...).  The defaults are those of `DaemonConfig`; the
-file installed by `make install`, etc/metaroced.toml, lists every option with its default and meaning
+file installed by `make install`, daemon/metaroced.toml, lists every option with its default and meaning
 (tests/daemon/test_daemon_service.py checks that the two agree).  Errors are `ConfigError`, naming the option."""
 from __future__ import annotations
 

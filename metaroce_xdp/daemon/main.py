@@ -2,7 +2,7 @@
 
     metaroced --interfaces eth1 [--config /etc/metaroce/metaroced.toml] [--socket-path ...] ...
     metaroced --print-config ...        # the effective configuration as TOML, then exit
-    python -m daemon ...                # the same, from a source tree
+    python -m metaroce_xdp.daemon ...    # the same, from a source tree
 
 Every DaemonConfig option is a flag (`--socket-path` for `socket_path`; `--watchdog/--no-watchdog`
 for booleans; `--metrics-listen ''` turns an option that the file set back off); flags win over

@@ -32,11 +32,11 @@ import numpy as np
 
 from ..faults import fi_mix
 from ..faults import plan as faults_plan
-from ..kern import bpfsys
+from ..kern import bccbuild, bpfsys
 from ..topo import thread_in_netns
 from .topology import DL0_IFINDEX, DL1_IFINDEX, IFINDEX_BASE, MAX_PORTS, FabricError, Plan
 
-BPF_SOURCE = Path(__file__).resolve().parents[2] / "bpf" / "fabric_impair.c"
+BPF_SOURCE = bccbuild.BPF_DIR / "fabric_impair.c"
 PIN_ROOT = "/sys/fs/bpf/metaroce"
 MAPS = ("fab_cfg", "fab_state", "fab_counters")
 

@@ -12,7 +12,7 @@ The record is /run/metaroce/fabric-<name>.json (METAROCE_RUN_DIR moves it): the 
 namespace with the fabric's prefix whether or not the record exists.  A lock file beside it
 serialises commands on one fabric.
 
-Neighbours: topology.py (plan, build), impair.py (program, maps, tbf), units.py, tools/fabric.py.
+Neighbours: topology.py (plan, build), impair.py (program, maps, tbf), units.py, metaroce_xdp/cli/fabric.py.
 """
 from __future__ import annotations
 

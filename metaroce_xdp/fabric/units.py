@@ -5,7 +5,7 @@
     parse_ratio("1%") == 10_000                 # parts per million; also "0.01", "250ppm"
     parse_duration("200us") == 200              # microseconds; us, ms, s
 
-Neighbours: manage.py (applies the values), tools/fabric.py (the CLI).
+Neighbours: manage.py (applies the values), metaroce_xdp/cli/fabric.py (the CLI).
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+# the C sources: package data in a wheel; in a checkout metaroce_xdp/bpf links to the top-level bpf/
+BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"
 PROG_SRC = "metaroce_xdp.c"
 # kern/layout.py's MR_MAX_RXQ and MR_SACK_RINGS (the loader's defaults), here without importing layout.py
 # (numpy, the wire package); tests/daemon/test_daemon_startup.py checks that they agree

@@ -17,10 +17,30 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 from dataclasses import dataclass
 
 _libc = ctypes.CDLL(None, use_errno=True)
-SYS_bpf = 321                    # x86_64
+# __NR_bpf by machine (the kernel's syscall tables: arch/x86/entry/syscalls, include/uapi/asm-generic/unistd.h
+# for the architectures that use the generic table, arch/*/kernel/syscalls for the others)
+SYS_BPF_BY_MACHINE = {"x86_64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280, "loongarch64": 280,
+                      "ppc64le": 361, "ppc64": 361, "s390x": 351, "i686": 357, "i386": 357, "armv7l": 386}
+
+
+class UnsupportedMachine(OSError):
+    """This machine's bpf(2) syscall number is not known here."""
+
+
+def sys_bpf_number(machine: str | None = None) -> int:
+    m = machine or platform.machine()
+    try:
+        return SYS_BPF_BY_MACHINE[m]
+    except KeyError:
+        raise UnsupportedMachine(f"bpf(2): no syscall number known for machine {m!r} "
+                                 f"(known: {', '.join(sorted(SYS_BPF_BY_MACHINE))})") from None
+
+
+SYS_bpf = SYS_BPF_BY_MACHINE.get(platform.machine(), -1)    # -1: _bpf raises UnsupportedMachine
 BPF_OBJ_PIN = 6
 BPF_PROG_TEST_RUN = 10
 
@@ -47,6 +67,8 @@ class _ObjAttr(ctypes.Structure):
 
 
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
+    if SYS_bpf < 0:
+        sys_bpf_number()                                     # raises, naming the machine
     r = _libc.syscall(SYS_bpf, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
     if r < 0:
         e = ctypes.get_errno()

@@ -199,7 +199,7 @@ def _vm(vm: RxeVM, *args: str, timeout: float = 60) -> subprocess.CompletedProce
 
 def _our_pingpong(vm: RxeVM, *args: str) -> subprocess.Popen:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.Popen(["ip", "netns", "exec", vm.netns, sys.executable, "-m", "tools.metaroce_cli", "pingpong",
+    return subprocess.Popen(["ip", "netns", "exec", vm.netns, sys.executable, "-m", "metaroce_xdp.cli", "pingpong",
                              "-d", vm.iface, "-g", "1", "-n", str(PP_ITERS), "-s", str(PP_SIZE), *args],
                             cwd=root, env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

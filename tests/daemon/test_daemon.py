@@ -25,7 +25,7 @@ import pytest
 
 from daemon_players import Daemons, PlayerProc
 from metaroce_xdp.verbs_types import EventType
-from tools.qpstat import read_qps
+from metaroce_xdp.cli.qpstat import read_qps
 
 pytestmark = pytest.mark.netns
 
@@ -120,7 +120,7 @@ def test_pingpong_uses_the_daemon_that_serves_the_interface(env):
     """`metaroce pingpong` on both hosts: each finds the daemon serving its interface (a `status` request on
     --socket), says so on stderr, and the exchange runs through the daemons (their clients list it); with the
     socket of a daemon serving another interface it would fall back to its own engine, which says why."""
-    cli = [sys.executable, "-m", "tools.metaroce_cli", "pingpong", "-n", "40", "-s", "1024", "-r", "16"]
+    cli = [sys.executable, "-m", "metaroce_xdp.cli", "pingpong", "-n", "40", "-s", "1024", "-r", "16"]
     env.port += 1
     srv = env.topo.popen(env.topo[1], [*cli, "-d", env.pair.b.ifname, "-p", str(env.port), "--socket",
                                        env.sock("B")], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -141,7 +141,7 @@ def test_pingpong_uses_the_daemon_that_serves_the_interface(env):
         assert f"engine: metaroced (pid {env.status(h)['daemon']['pid']}) on {env.sock(h)}" in e, e
         assert "81920 bytes in" in o and "40 iters in" in o, o                 # rc_pingpong's closing lines
     # a socket whose daemon serves another interface: not used, and the reason is given
-    from tools import engine_choice
+    from metaroce_xdp.cli import engine_choice
     ch = engine_choice.choose("no-such-if0", env.sock("A"))
     assert not ch.daemon and f"serves {env.pair.a.ifname}, not no-such-if0" in ch.why
     assert not engine_choice.choose(env.pair.a.ifname, env.sock("A") + ".none").daemon
@@ -151,7 +151,7 @@ def test_pingpong_uses_the_daemon_that_serves_the_interface(env):
 def test_perf_write_bw_through_the_daemons(env):
     """`metaroce perf write-bw` on both hosts finds the daemon serving its interface and runs through it: the
     server's buffer holds what the client wrote (peer_verified), and the header names the engine."""
-    cli = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw", "--json", "-n", "200", "-s", "16384"]
+    cli = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "--json", "-n", "200", "-s", "16384"]
     env.port += 1
     srv = env.topo.popen(env.topo[1], [*cli, "-d", env.pair.b.ifname, "-p", str(env.port), "--socket",
                                        env.sock("B")], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -21,7 +21,7 @@ from metaroce_xdp.topo import two_hosts
 pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[2]
-PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]
+PERF = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw"]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from wire_players import PortTap, is_roce_v4
 pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[2]
-PERF = [sys.executable, "-m", "tools.metaroce_cli", "perf", "write-bw"]
+PERF = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw"]
 PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
 BUDGET = 32
 

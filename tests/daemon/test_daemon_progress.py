@@ -39,7 +39,7 @@ def test_busy_idle_ms_is_an_option_like_the_others(tmp_path):
         with pytest.raises(ConfigError) as ei:
             load_config(os.devnull, {"busy_idle_ms": bad})
         assert ei.value.option == "busy_idle_ms"
-    r = subprocess.run([sys.executable, "-m", "daemon", "--config", os.devnull, "--busy-idle-ms", "7",
+    r = subprocess.run([sys.executable, "-m", "metaroce_xdp.daemon", "--config", os.devnull, "--busy-idle-ms", "7",
                         "--print-config"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and "busy_idle_ms = 7" in r.stdout, r.stderr
     from metaroce_xdp.daemon.server import Daemon

@@ -30,8 +30,8 @@ from metaroce_xdp.daemon.config import ConfigError, DaemonConfig, load_config
 from metaroce_xdp.daemon.notify import Notifier, NotifyError, socket_address, watchdog_interval
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-UNIT = os.path.join(ROOT, "systemd", "metaroced.service")
-CLI = [sys.executable, "-m", "tools.metaroce_cli"]
+UNIT = os.path.join(ROOT, "daemon", "metaroced.service")
+CLI = [sys.executable, "-m", "metaroce_xdp.cli"]
 
 
 def _dgram(path_or_abstract: str) -> socket.socket:
@@ -100,23 +100,23 @@ def test_config_errors_are_typed_and_name_the_option(tmp_path):
     with pytest.raises(ConfigError, match="bad.toml"):
         load_config(str(f))
     # the process: exit 2, one line naming the option (systemd does not restart it: RestartPreventExitStatus=2)
-    r = subprocess.run([sys.executable, "-m", "daemon", "--config", str(f.with_name("none.toml"))],
+    r = subprocess.run([sys.executable, "-m", "metaroce_xdp.daemon", "--config", str(f.with_name("none.toml"))],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "cannot read" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "daemon", "--config", os.devnull, "--max-clients", "-1"],
+    r = subprocess.run([sys.executable, "-m", "metaroce_xdp.daemon", "--config", os.devnull, "--max-clients", "-1"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "max_clients" in r.stderr
 
 
 def test_default_config_file_documents_the_defaults():
-    """etc/metaroced.toml (installed as /etc/metaroce/metaroced.toml) holds exactly the built-in defaults and
+    """daemon/metaroced.toml (installed as /etc/metaroce/metaroced.toml) holds exactly the built-in defaults and
     mentions every option; --print-config writes a file that reads back to the same configuration."""
-    path = os.path.join(ROOT, "etc", "metaroced.toml")
+    path = os.path.join(ROOT, "daemon", "metaroced.toml")
     assert load_config(path) == DaemonConfig()
     text = open(path).read()
     for name in config_mod.FIELDS:
         assert re.search(rf"^#? ?{name} = ", text, re.M), name
-    r = subprocess.run([sys.executable, "-m", "daemon", "--config", path, "--print-config", "-i", "a,b",
+    r = subprocess.run([sys.executable, "-m", "metaroce_xdp.daemon", "--config", path, "--print-config", "-i", "a,b",
                         "--no-watchdog", "--metrics-listen", "127.0.0.1:9999", "--read-rate-mbps", "eth0=25000,*=1000"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -607,7 +607,7 @@ def _numba_cache_for(dst: str) -> None:
 
 def test_daemon_runs_as_the_metaroce_user_with_the_units_capabilities_and_drops_them_after_attach(tmp_path):
     """The unit's User= and AmbientCapabilities= (issue 19, finding 11), as setpriv gives them: the daemon starts
-    as metaroce (made from systemd/metaroce.sysusers as `make install` does), serves a WRITE between an
+    as metaroce (made from daemon/metaroce.sysusers as `make install` does), serves a WRITE between an
     unprivileged client and a peer, keeps only CAP_BPF and CAP_CHOWN once attached, and stops cleanly."""
     import pwd
 
@@ -618,7 +618,7 @@ def test_daemon_runs_as_the_metaroce_user_with_the_units_capabilities_and_drops_
     try:
         pwd.getpwnam("metaroce")
     except KeyError:
-        subprocess.run(["systemd-sysusers", os.path.join(ROOT, "systemd", "metaroce.sysusers")], capture_output=True)
+        subprocess.run(["systemd-sysusers", os.path.join(ROOT, "daemon", "metaroce.sysusers")], capture_output=True)
     try:
         user = pwd.getpwnam("metaroce")
     except KeyError:

@@ -164,7 +164,7 @@ def test_status_shows_a_user_only_its_own_qps(env):
             "pd = ctx.alloc_pd(); cq = ctx.create_cq(16); qp = ctx.create_qp(pd, cq, cq, QPCap(4, 4))\n"
             "st = client.status(sock)\n"
             "import subprocess\n"
-            f"cli = subprocess.run([sys.executable, '-m', 'tools.metaroce_cli', 'qp', 'list', '-j', '--socket', sock],\n"
+            f"cli = subprocess.run([sys.executable, '-m', 'metaroce_xdp.cli', 'qp', 'list', '-j', '--socket', sock],\n"
             f"                     capture_output=True, text=True, cwd={str(ROOT)!r}, timeout=60)\n"
             "print(json.dumps({'mine': qp.qp_num, 'qps': [q['qpn'] for q in st['qps']],\n"
             "                  'cli': [q['qpn'] for q in json.loads(cli.stdout)['qps']],\n"
@@ -174,7 +174,7 @@ def test_status_shows_a_user_only_its_own_qps(env):
         assert r["qps"] == [r["mine"]] and r["uids"] == [65534], r       # not sa["qpn"], root's QP
         assert r["cli"] == [r["mine"]], r                                 # `metaroce qp list` as that user
         # the CLI as that user with no QP of its own (the process exited): nothing, never root's
-        cli = subprocess.run(NOBODY + [sys.executable, "-m", "tools.metaroce_cli", "qp", "list", "-j", "--socket",
+        cli = subprocess.run(NOBODY + [sys.executable, "-m", "metaroce_xdp.cli", "qp", "list", "-j", "--socket",
                                        env.sock("A")], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
         assert cli.returncode == 0, cli
         assert json.loads(cli.stdout)["qps"] == []

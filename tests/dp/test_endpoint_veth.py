@@ -244,7 +244,7 @@ def test_capture_decodes_as_rocev2_with_valid_icrc(fabric, pair):
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
     wait_wcs(_players(a, b), a, 1)
     time.sleep(0.5)                                       # tcpdump -U flushes per packet
-    r = subprocess.run([shutil.which("python3") and os.sys.executable, "-m", "tools.metaroce_cli", "decode",
+    r = subprocess.run([shutil.which("python3") and os.sys.executable, "-m", "metaroce_xdp.cli", "decode",
                         "--json", cap_path], capture_output=True, text=True, timeout=300,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     rows = [json.loads(x) for x in r.stdout.splitlines()]
@@ -290,7 +290,7 @@ def test_cli_reads_the_pinned_maps(pair):
 
     def cli(*args):
         r = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m",
-                            "tools.metaroce_cli", *args], capture_output=True, text=True, timeout=120, cwd=root)
+                            "metaroce_xdp.cli", *args], capture_output=True, text=True, timeout=120, cwd=root)
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -304,7 +304,7 @@ def test_cli_reads_the_pinned_maps(pair):
     assert "RTS" in cli("qp", "-d", "mr0", "--pin-dir", pin)
     c = json.loads(cli("stat", "-d", "mr0", "--json", "--pin-dir", pin))
     assert c["events"]["ACK_CONSUMED"] >= 1 and "UNKNOWN_QP" in c["drops"]
-    bad = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m", "tools.metaroce_cli",
+    bad = subprocess.run(["nsenter", f"--net=/run/netns/{topo[0]}", os.sys.executable, "-m", "metaroce_xdp.cli",
                           "qp", "-d", "nosuch0"], capture_output=True, text=True, timeout=120, cwd=root)
     assert bad.returncode == 1 and "no MetaRoCE endpoint pinned" in bad.stderr      # an error, not usage (2)
 

@@ -73,7 +73,7 @@ def test_retry_exhausted_write_is_a_failure_not_corruption(dp_loop):
 @pytest.mark.netns
 @root_only
 def test_perf_tools_report_the_failed_completion(dp_loop):
-    from tools import perf
+    from metaroce_xdp.cli import perf
     a, b, wcs = _silent_peer(dp_loop)
     with pytest.raises(perf.PerfError) as e:
         perf._check_wc(wcs[0], a)                 # a side: anything with .qp

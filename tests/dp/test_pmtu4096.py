@@ -197,7 +197,7 @@ def test_capture_decodes_with_good_icrcs(jumbo):
     _ok(wait_wcs([a, b], a, 1, timeout=30), 1)
     cap.terminate()
     cap.wait(timeout=10)
-    r = subprocess.run([sys.executable, "-m", "tools.metaroce_cli", "decode", "--json", "--strict", cap_path],
+    r = subprocess.run([sys.executable, "-m", "metaroce_xdp.cli", "decode", "--json", "--strict", cap_path],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     pkts = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]

@@ -30,7 +30,7 @@ from metaroce_xdp.topo import two_gateway_hosts
 from metaroce_xdp.verbs_types import QPAttr, QPState, RecvWR, SendWR, WCStatus, WROpcode, local_ack_timeout_ns
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tools.metaroce_cli"]
+CLI = [sys.executable, "-m", "metaroce_xdp.cli"]
 
 pytestmark = pytest.mark.netns
 

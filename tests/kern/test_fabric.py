@@ -34,7 +34,7 @@ from metaroce_xdp.fabric.topology import FabricError, fabric_namespaces, make_pl
 from metaroce_xdp.topo import thread_in_netns
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tools.metaroce_cli", "fabric"]
+CLI = [sys.executable, "-m", "metaroce_xdp.cli", "fabric"]
 
 pytestmark = pytest.mark.netns
 

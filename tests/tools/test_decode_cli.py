@@ -27,7 +27,7 @@ V4 = dict(src="10.55.0.1", dst="10.55.0.2")
 
 
 def metaroce(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.metaroce_cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "metaroce_xdp.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

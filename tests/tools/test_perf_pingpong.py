@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 from metaroce_xdp import cm
-from tools import perf, pingpong
+from metaroce_xdp.cli import perf, pingpong
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "tools.metaroce_cli"]
+CLI = [sys.executable, "-m", "metaroce_xdp.cli"]
 
 
 def hexdump(text: str) -> bytes:
@@ -252,7 +252,7 @@ def test_perf(hosts, test):
         assert s["counters"]["bytes_received"] == size * iters        # every byte placed once
         assert c["counters"]["packets_sent"] >= iters * -(-size // 1024)
     elif test == "read-bw":
-        # the compiled plane's counters are its port's (tools/perf.py DP_COUNTERS): READ responses placed at the
+        # the compiled plane's counters are its port's (metaroce_xdp/cli/perf.py DP_COUNTERS): READ responses placed at the
         # client (+ any resent), and sent by the server
         assert c["counters"]["bytes_received"] >= size * iters
         assert s["counters"]["packets_sent"] >= iters * -(-size // 1024)

@@ -13,9 +13,10 @@ from metaroce_xdp import __version__
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("prog,argv", [("metaroce", ["-m", "tools.metaroce_cli"]),
+@pytest.mark.parametrize("prog,argv", [("metaroce", ["-m", "metaroce_xdp.cli"]),
                                        ("metaroced", ["-m", "metaroce_xdp.daemon.main"]),
-                                       ("metaroced", ["-m", "daemon"]),
+                                       ("metaroced", ["-m", "metaroce_xdp.daemon"]),
+                                       ("metaroced", ["daemon/metaroced"]),
                                        ("metaroce-conformance", ["-m", "metaroce_xdp.conformance.cli"])])
 def test_version_names_the_program_version_and_revision(prog, argv):
     r = subprocess.run([sys.executable, *argv, "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60)

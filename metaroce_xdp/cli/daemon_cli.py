@@ -253,7 +253,7 @@ def top_cmd(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only QP
 
 
 def register(app: typer.Typer) -> None:
-    """Add dev, qp, stat and top to the `metaroce` app (tools/metaroce_cli.py)."""
+    """Add dev, qp, stat and top to the `metaroce` app (metaroce_xdp/cli/main.py)."""
     app.add_typer(dev_app, name="dev")
     app.add_typer(qp_app, name="qp")
     app.command("stat")(stat_cmd)

@@ -16,7 +16,7 @@ ITERS sends and ITERS receives.  One buffer serves both directions.
 one GID, its interface's IP address.  When the peer sends an all-zero GID
 (ibv_rc_pingpong without -g) the TCP peer address is used instead.
 
-Engine: metaroced when one serves the interface (tools/engine_choice.py: its socket answers a
+Engine: metaroced when one serves the interface (metaroce_xdp/cli/engine_choice.py: its socket answers a
 `status` request listing the interface, in this network namespace), the in-process engine otherwise
 or with --no-daemon; which one ran is said on stderr (stdout stays rc_pingpong's).  The in-process
 engine is the compiled data plane (metaroce_xdp.dp, the endpoint applications get).  Either way the QP

@@ -65,9 +65,9 @@ def decode_cmd(
         raise typer.Exit(1)
 
 
-app.add_typer(fabric_mod.app, name="fabric")    # tools/fabric.py: metaroce fabric up|set|show|down
+app.add_typer(fabric_mod.app, name="fabric")    # metaroce_xdp/cli/fabric.py: metaroce fabric up|set|show|down
 
-# ---------------------------------------------------------------- perf (tools/perf.py)
+# ---------------------------------------------------------------- perf (metaroce_xdp/cli/perf.py)
 perf_app = typer.Typer(no_args_is_help=True, help="perftest-style benchmarks: server without HOST, client with it.")
 app.add_typer(perf_app, name="perf")
 
@@ -137,7 +137,7 @@ for _test in perf_mod.TESTS:
     perf_app.command(_test)(_perf_command(_test))
 
 
-# ---------------------------------------------------------------- pingpong (tools/pingpong.py)
+# ---------------------------------------------------------------- pingpong (metaroce_xdp/cli/pingpong.py)
 @app.command("pingpong")
 def pingpong_cmd(
     server: Optional[str] = typer.Argument(None, metavar="[HOST]", help="server to connect to (client side)"),
@@ -205,7 +205,7 @@ def warmup_cmd(
                f"{'warm' if rep.was_warm else 'cold' if rep.was_warm is False else 'unknown'} ({rep.cache_dir})")
 
 
-# dev show, qp list/show (and the kernel view `qp -d DEV`), stat, top: tools/daemon_cli.py
+# dev show, qp list/show (and the kernel view `qp -d DEV`), stat, top: metaroce_xdp/cli/daemon_cli.py
 from . import daemon_cli  # noqa: E402
 
 daemon_cli.register(app)

@@ -107,7 +107,7 @@ class PerfOptions:
     no_daemon: bool = False              # never metaroced, even when it serves the interface
     profile: str = "auto"                # native|compat|auto, negotiated (dp/cmconnect.py); auto: native when
                                          # both ends offer it, compat with a compat-only peer
-    socket: str | None = None            # metaroced's control socket (default: tools/engine_choice.py's)
+    socket: str | None = None            # metaroced's control socket (default: metaroce_xdp/cli/engine_choice.py's)
     start_at: str | None = None          # client: connect, then start at this time.time(), or "@PATH": at the time
                                          # written into PATH once it exists (several clients at once: incast)
     progress: str = "spin"               # in-process compiled plane: "spin" (busy polling) or "sleep" (idle: poll())
