@@ -1,8 +1,8 @@
-"""README.md's "Using the endpoint", run as written: the ```python block itself, taken from the README,
+"""docs/endpoint.md's "Using the endpoint", run as written: the ```python block itself, taken from the page,
 executed in two namespaces joined by a veth -- each side runs it with its own interface, the other's
 address as dgid and the other's QPN, PSN, buffer address and rkey as peer_* -- so the example an
 application copies is the one tested, unchanged.  `from metaroce_xdp import Context` must give the
-compiled data plane (metaroce_xdp.dp.Context), what applications get.  Then the completion events the README describes after the block (req_notify(solicited_only=True) + get_event,
+compiled data plane (metaroce_xdp.dp.Context), what applications get.  Then the completion events the page describes after the block (req_notify(solicited_only=True) + get_event,
 a completion channel serving a CQ) on the same contexts."""
 from __future__ import annotations
 
@@ -22,20 +22,20 @@ IMPORT = "from metaroce_xdp import Context"
 
 
 def readme_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "endpoint.md").read_text()
     section = text.split("## Using the endpoint", 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 def _once(code: str, old: str, new: str) -> str:
-    assert code.count(old) == 1, f"the README's example no longer has exactly one {old!r}"
+    assert code.count(old) == 1, f"the example of docs/endpoint.md no longer has exactly one {old!r}"
     return code.replace(old, new)
 
 
 def readme_parts(threaded: bool) -> tuple[str, str, str]:
     """The block in three parts -- set-up (to create_qp), connection (the modify calls), traffic (from
     post_send) -- with the interface, the peer address and, for the threaded variant, progress_thread
-    substituted (each where the README has it exactly once)."""
+    substituted (each where the page has it exactly once)."""
     code = readme_block()
     assert IMPORT in code
     code = _once(code, '"eth1"', "IFNAME")
@@ -56,7 +56,7 @@ class Host:
 
     def run(self, code: str) -> None:
         with self.topo.enter(self.ns):
-            exec(compile(code, "README.md", "exec"), self.g)
+            exec(compile(code, "docs/endpoint.md", "exec"), self.g)
 
     def __getattr__(self, name):
         try:
@@ -144,7 +144,7 @@ def test_readme_example_between_two_namespaces(threaded):
         for h in (a, b):                       # nothing else changed
             assert (h.buf[4096:] == pattern[id(h)][4096:]).all()
 
-        # completion events as the README describes them: a CQ armed for solicited completions
+        # completion events as the page describes them: a CQ armed for solicited completions
         b.cq.req_notify(solicited_only=True)
         b.qp.post_recv(RecvWR(wr_id=7, sg_list=[SGE(b.mr.addr + 8192, 64, b.mr.lkey)]))
         a.qp.post_send(SendWR(wr_id=8, opcode=WROpcode.SEND, sg_list=[SGE(a.mr.addr + 8192, 64, a.mr.lkey)],

@@ -165,7 +165,8 @@ def test_installed_metaroced_serves_perf_qp_list_and_an_application(full_install
     """Both hosts run the installed metaroced (bpffs and socket of their own); the installed `metaroce perf
     write-bw` runs through them with the peer's bytes verified; the example application, on the installed
     client library, writes 1 MiB with immediate and both sides hold the same bytes; meanwhile the installed
-    `metaroce qp list -j` shows the server's QP in RTS facing the client's."""
+    `metaroce qp list -j` shows the server's QP in RTS facing the client's; then the README's client
+    example, as written, completes its WRITE."""
     from metaroce_xdp.topo import two_hosts
     bin_ = full_install / "bin"
     cache = tmp_path / "numba"
@@ -238,6 +239,21 @@ def test_installed_metaroced_serves_perf_qp_list_and_an_application(full_install
         server.stdin.write("\n")
         server.stdin.flush()
         assert server.wait(30) == 0
+
+        # the README's "Connect an application" block, as written, as the client of another such server
+        # (it WRITEs without immediate: the server's receive stays pending and the server is stopped after)
+        block = (ROOT / "README.md").read_text().split("## Connect an application", 1)[1]
+        block = block.split("```python\n", 1)[1].split("```", 1)[0]
+        assert block.count('"eth1"') == 1 and block.count('"10.0.0.2"') == 1
+        block = block.replace('"eth1"', repr(pair.a.ifname)).replace('"10.0.0.2"', repr(pair.b.ipv4))
+        block += "print(wc.status.name, wc.opcode.name, wc.wr_id)\n"
+        server = topo.popen(topo[1], [*app, "--ifname", pair.b.ifname, "--socket", socks["B"], "server"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), env=envv)
+        procs.append(server)
+        assert json.loads(server.stdout.readline() or "{}").get("listening") == 18515
+        rd = _nsrun(topo, topo[0], [str(bin_ / "python"), "-c", block], {**envv, "METAROCE_SOCKET": socks["A"]},
+                    tmp_path)
+        assert rd.returncode == 0 and rd.stdout.split() == ["SUCCESS", "RDMA_WRITE", "1"], rd.stdout + rd.stderr
     finally:
         for p in procs:
             daemon_procs.reap(p)
