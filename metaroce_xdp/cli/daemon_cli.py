@@ -203,8 +203,9 @@ def top_cmd(dev: Optional[str] = typer.Option(None, "-d", "--dev", help="only QP
             interval: float = typer.Option(1.0, "-i", "--interval", help="seconds between refreshes"),
             iterations: int = typer.Option(0, "-n", "--iterations", help="stop after N refreshes (0: until Ctrl-C)"),
             as_json: bool = JSON_OPT, sock: Optional[str] = SOCKET_OPT, timeout: float = TIMEOUT_OPT) -> None:
-    """Live QP view, refreshed in place, sorted by throughput (from the byte counters' deltas).  With
-    --json (or when stdout is not a terminal): one JSON object per refresh (JSON Lines)."""
+    """Live QP view, refreshed in place, sorted by throughput (from the byte counters' deltas).  When
+    stdout is not a terminal: the table as text, once per refresh; with --json: one JSON object per
+    refresh (JSON Lines)."""
     if interval <= 0:
         raise _fail("--interval must be > 0")
     try:

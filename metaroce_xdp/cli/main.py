@@ -11,6 +11,7 @@ Subcommands are added as the endpoint grows (qp, ...).
 """
 from __future__ import annotations
 
+import json
 import sys
 from typing import List, Optional
 
@@ -41,7 +42,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 def decode_cmd(
     pcap: Optional[str] = typer.Argument(None, metavar="[FILE.pcap]", help="pcap or pcapng capture"),
     hex_: Optional[List[str]] = typer.Option(None, "--hex", "-x", help="a frame as hex (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="one JSON object per packet"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="one JSON object per packet"),
     show_all: bool = typer.Option(False, "--all", "-a", help="also list frames that are not MetaRoCE"),
     strict: bool = typer.Option(False, "--strict", help="exit 1 if any packet is malformed or has a bad ICRC"),
 ) -> None:
@@ -85,7 +86,7 @@ def _perf_command(test: str):
                                           "interface carries)"),
         tx_depth: int = typer.Option(128, "-t", "--tx-depth", help="outstanding work requests (bw tests)"),
         rx_depth: int = typer.Option(512, "-r", "--rx-depth", help="receives kept posted (send-bw server)"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON summary object"),
+        as_json: bool = typer.Option(False, "--json", "-j", help="print one JSON summary object"),
         timeout: float = typer.Option(30.0, "--timeout", help="give up after this many seconds without traffic"),
         plane: str = typer.Option("compiled", "--plane", help="in-process data plane: compiled (metaroce_xdp.dp, "
                                   "the endpoint applications get; the only choice)"),
@@ -157,13 +158,17 @@ def pingpong_cmd(
                                        "$METAROCE_SOCKET, the configuration's, /run/metaroce/metaroced.sock)"),
     plane: str = typer.Option("compiled", "--plane", help="in-process data plane: compiled (metaroce_xdp.dp, the "
                               "endpoint applications get; the only choice); compat RoCEv2"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="one JSON summary object on stdout (rc_pingpong's "
+                                 "lines then go to stderr)"),
 ) -> None:
     """ibv_rc_pingpong on a MetaRoCE endpoint: same options, exchange, traffic and output (through metaroced
     when it serves the interface)."""
     opt = pingpong_mod.PingpongOptions(ifname, server, port, size, mtu, rx_depth, iters, gid_idx, timeout,
                                        no_daemon, sock, plane)
     try:
-        pingpong_mod.run(opt)
+        res = pingpong_mod.run(opt, sys.stderr if as_json else sys.stdout)
+        if as_json:
+            typer.echo(json.dumps(pingpong_mod.summary(res)))
     except pingpong_mod.PingpongError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1)
@@ -174,6 +179,8 @@ def pingpong_cmd(
 @app.command("warmup")
 def warmup_cmd(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="only the summary line"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="one JSON object: every entry point, where it came "
+                                 "from (compiled or the cache) and how long it took"),
 ) -> None:
     """Compile the data path's numba functions into numba's on-disk cache (`make setup` runs it).
 
@@ -181,7 +188,7 @@ def warmup_cmd(
     endpoint never compiles while its QPs are live (a cold compile outlasts the peer's ACK timeout)."""
     from metaroce_xdp import jitwarm
 
-    echo = (lambda s: None) if quiet else typer.echo
+    echo = (lambda s: None) if quiet or as_json else typer.echo
     if not jitwarm.JIT_ENABLED:
         typer.echo("metaroce warmup: NUMBA_DISABLE_JIT is set, nothing to compile")
         return
@@ -192,6 +199,13 @@ def warmup_cmd(
     except Exception as e:                             # a numba or LLVM failure: say which and stop setup
         typer.echo(f"error: compiling the data path failed: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(1)
+    if as_json:
+        typer.echo(json.dumps({"schema": "metaroce-warmup/1", "compiled": rep.compiled, "entry_points": len(rep.entries),
+                               "seconds": round(rep.seconds, 3), "cache_was_warm": rep.was_warm,
+                               "cache_dir": rep.cache_dir, "compiled_at_import": rep.compiled_at_import,
+                               "entries": [{"module": e.module, "name": e.name, "source": e.source,
+                                            "seconds": round(e.seconds, 4)} for e in rep.entries]}))
+        return
     if not quiet:
         per = rep.per_module()
         entry = {(e.module, e.name) for e in rep.entries}

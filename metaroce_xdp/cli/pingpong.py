@@ -82,6 +82,18 @@ def closing_lines(size: int, iters: int, usec: float) -> list[str]:
             "%d iters in %.2f seconds = %.2f usec/iter" % (iters, usec / 1e6, usec / iters if iters else 0.0)]
 
 
+def summary(res: dict) -> dict:
+    """`metaroce pingpong --json`: run()'s result as one JSON-ready object (schema metaroce-pingpong/1)."""
+    def dest(d) -> dict:
+        return {"lid": d.lid, "qpn": d.qpn, "psn": d.psn, "gid": cm.gid_text(bytes(d.gid))}
+    usec = res["usec"]
+    return {"schema": "metaroce-pingpong/1", "local": dest(res["local"]), "remote": dest(res["remote"]),
+            "bytes": res["bytes"], "iters": res["iters"], "seconds": usec / 1e6,
+            "mbit_per_s": res["bytes"] * 8.0 / usec if usec else 0.0,
+            "usec_per_iter": usec / res["iters"] if res["iters"] else 0.0,
+            "engine": res["engine"], "plane": res["plane"]}
+
+
 def run(opt: PingpongOptions, out: TextIO = sys.stdout) -> dict:
     if opt.mtu not in cm.MTU_ENUM:
         raise PingpongError(f"-m {opt.mtu}: the path MTU must be one of {sorted(cm.MTU_ENUM)}")

@@ -219,7 +219,7 @@ def top_doc(prev: dict | None, cur: dict, interval_s: float, dev: str | None = N
 
 def kernel_qp_list_doc(rows: list[dict], dev: str) -> dict:
     """The kernel's view (metaroce_xdp/cli/qpstat.read_qps of the pinned QP table) in a qp-list document."""
-    return {"schema": schema("qp-list"), "source": "kernel", "dev": dev, "qps": rows}
+    return {"schema": schema("kernel-qp-list"), "source": "kernel", "dev": dev, "qps": rows}
 
 
 # ------------------------------------------------------------------------------------------- text

@@ -451,7 +451,7 @@ def test_kernel_view_while_the_daemon_is_stopped(svc):
         assert r.returncode == 3 and "did not answer" in r.stderr
         args = ["qp", "list", "--kernel", "-d", "mr0", "-j"] + (["--pin-dir", pins] if pins else [])
         k = json.loads(svc.cli(*args, ns=True).stdout)
-        assert k["source"] == "kernel"
+        assert k["source"] == "kernel" and k["schema"] == "metaroce.kernel-qp-list/1"   # its fields differ
         assert any(q["qpn"] == svc.client["qpn"] and q["dest_qpn"] == 0x4242 for q in k["qps"]), k
         # with -d, qp list and stat fall back to the kernel's view by themselves, and say so on stderr
         r = svc.cli("qp", "list", "-d", "mr0", "-j", "--timeout", "1", *(["--pin-dir", pins] if pins else []), ns=True)

@@ -106,3 +106,16 @@ def test_lazy_njit_compiles_its_signature_at_first_use_then_behaves_as_an_eager_
     assert out["caller"] is True and out["lt"] == ["(int64, int64)", False]
     assert out["sq"] == ["(int64,)", False, 16]
     assert out["ensure_all"] == 3 and out["lazy"] is True
+
+
+def test_warmup_json_lists_every_entry_point_and_where_it_came_from():
+    """`metaroce warmup -j` on this tree's warm cache: one JSON object, nothing compiled, every entry loaded."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "metaroce_xdp.cli", "warmup", "-j"], capture_output=True, text=True,
+                       cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "metaroce-warmup/1" and doc["entry_points"] == len(doc["entries"]) > 20, doc
+    assert doc["compiled"] == 0 and doc["cache_was_warm"] is True, doc
+    assert {e["source"] for e in doc["entries"]} <= {"cache", "present"}, doc["entries"]

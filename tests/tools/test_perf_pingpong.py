@@ -308,6 +308,24 @@ def test_pingpong(hosts):
 
 @netns
 @needs_root
+@pytest.mark.timeout(180)
+def test_pingpong_json(hosts):
+    """`-j`: one JSON summary on stdout (schema metaroce-pingpong/1), rc_pingpong's lines on stderr."""
+    topo, _ = hosts
+    args = ["pingpong", "-s", "1024", "-n", "50", "-p", "18519"]
+    (crc, cout, cerr), (src, sout, serr) = run_pair(topo, [*args, "-d", "mr1"], [*args, "-d", "mr0", "-j", "10.77.0.2"],
+                                                    r"local address:")
+    assert crc == 0 and src == 0, (cerr, serr)
+    doc = json.loads(cout)
+    assert doc["schema"] == "metaroce-pingpong/1" and doc["iters"] == 50 and doc["bytes"] == 1024 * 50 * 2, doc
+    assert doc["local"]["gid"] == "::ffff:10.77.0.1" and doc["remote"]["gid"] == "::ffff:10.77.0.2", doc
+    assert doc["mbit_per_s"] > 0 and doc["usec_per_iter"] > 0 and doc["engine"] == "in-process", doc
+    assert "local address:" in cerr and "iters in" in cerr, cerr
+    assert re.search(rf"remote address: LID 0x0000, QPN {doc['local']['qpn']:#08x}", sout), sout
+
+
+@netns
+@needs_root
 @pytest.mark.timeout(120)
 def test_perf_server_rejects_a_req_claiming_another_address_mr_sec_019(hosts):
     """Before: the perf server moved its QP to RTR towards whatever GID the REQ claimed and answered REP, so any
