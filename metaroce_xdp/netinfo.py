@@ -21,7 +21,6 @@ import os
 import queue
 import select
 import socket
-import struct
 import sys
 import threading
 import time
@@ -31,16 +30,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute
+from pyroute2.netlink import NETLINK_ROUTE
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import (RTM_DELADDR, RTM_DELNEIGH, RTM_DELROUTE, RTM_NEWADDR, RTM_NEWNEIGH, RTM_NEWROUTE,
+                                   RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE,
+                                   RTMGRP_NEIGH)
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from .verbs_types import QPState, VerbsError
 
 NUD_VALID = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80   # REACHABLE STALE DELAY PROBE NOARP PERMANENT
 RTN_UNICAST, RTN_LOCAL = 1, 2
-NETLINK_ROUTE = 0
-RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x4, 0x40, 0x400
-RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
-RTM_NEWADDR, RTM_DELADDR, RTM_NEWROUTE, RTM_DELROUTE, RTM_NEWNEIGH, RTM_DELNEIGH = 20, 21, 24, 25, 28, 29
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 log = logging.getLogger("metaroce.netinfo")
@@ -144,6 +144,7 @@ class PathResolver:
         self._ready = threading.Event()
         self.events = 0                               # relevant netlink events seen
         self._addr_cache: dict[int, set[str]] = {}
+        self._marshal = MarshalRtnl()                   # parses the events of the monitor socket
         self._thread = threading.Thread(target=self._serve, name=f"metaroce-paths-{ifname}", daemon=True)
         self._thread.start()
         if not self._ready.wait(start_timeout):
@@ -222,19 +223,20 @@ class PathResolver:
             except OSError:                            # ENOBUFS: events were lost, assume the worst
                 relevant = True
                 continue
-            off = 0
-            while off + 16 <= len(data):
-                ln, typ = struct.unpack_from("=IH", data, off)
-                if ln < 16:
-                    break
+            try:
+                msgs = list(self._marshal.parse(data))     # pyroute2's rtnetlink parser
+            except Exception:  # noqa: BLE001 - a message it cannot read: assume the worst, as for a loss
+                relevant = True
+                continue
+            for msg in msgs:
+                typ = msg["header"]["type"]
                 if typ in (RTM_NEWROUTE, RTM_DELROUTE):
                     relevant = True
                 elif typ in (RTM_NEWADDR, RTM_DELADDR):
                     self._addr_cache.clear()
                     relevant = True
-                elif typ in (RTM_NEWNEIGH, RTM_DELNEIGH) and off + 24 <= len(data):
-                    relevant |= struct.unpack_from("=i", data, off + 20)[0] == self.index
-                off += (ln + 3) & ~3
+                elif typ in (RTM_NEWNEIGH, RTM_DELNEIGH):
+                    relevant |= msg.get("ifindex") == self.index
         return relevant
 
     def _run_jobs(self) -> None:

@@ -37,7 +37,6 @@ import selectors
 import socket
 import stat
 import struct
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -912,7 +911,7 @@ class Daemon:
             # attached through netlink (or a pinned link) by a dead MetaRoCE instance: nobody owns it
             for p in (Path(self.cfg.bpffs_prefix) / kl.pin_name(ifname)).glob("link*"):
                 p.unlink()
-            subprocess.run(["ip", "link", "set", "dev", ifname, "xdp", "off"], check=False, capture_output=True)
+            kl.detach_xdp(ifname)
             self.cleaned.append(f"{ifname}: stale XDP program {prog_id} detached")
             log.info("%s: detached the stale XDP program %d (no owner)", ifname, prog_id)
         d = Path(self.cfg.bpffs_prefix) / kl.pin_name(ifname)
@@ -930,12 +929,9 @@ class Daemon:
 
     @staticmethod
     def _xdp_prog_name(ifname: str) -> str | None:
-        try:
-            out = subprocess.run(["ip", "-d", "-j", "link", "show", "dev", ifname], capture_output=True,
-                                 text=True, timeout=5).stdout
-            return json.loads(out)[0].get("xdp", {}).get("prog", {}).get("name")
-        except Exception:                   # noqa: BLE001
-            return None
+        from ..kern import bpfsys, loader
+        prog_id = loader.attached_xdp_prog_id(ifname)
+        return bpfsys.prog_name_by_id(prog_id) if prog_id else None
 
     def _bind(self) -> None:
         cfg = self.cfg

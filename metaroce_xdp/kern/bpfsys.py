@@ -249,6 +249,28 @@ def prog_info(fd: int) -> ProgInfo:
     return _info(fd, ProgInfo())
 
 
+BPF_PROG_GET_FD_BY_ID = 13
+
+
+class _IdAttr(ctypes.Structure):
+    # union bpf_attr, BPF_*_GET_FD_BY_ID
+    _fields_ = [("id", ctypes.c_uint32), ("next_id", ctypes.c_uint32), ("open_flags", ctypes.c_uint32)]
+
+
+def prog_name_by_id(prog_id: int) -> str | None:
+    """The name of program `prog_id` (bpf_prog_info.name), None where it cannot be read: the program is
+    gone, or BPF_PROG_GET_FD_BY_ID is refused (it needs CAP_SYS_ADMIN, which metaroced's unit does not
+    grant)."""
+    try:
+        fd = _bpf(BPF_PROG_GET_FD_BY_ID, _IdAttr(id=prog_id))
+    except OSError:
+        return None
+    try:
+        return prog_info(fd).name.decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
 def link_info(fd: int) -> LinkInfo:
     return _info(fd, LinkInfo())
 

@@ -134,6 +134,37 @@ class XdpBusy(LoaderError):
         self.ifname, self.prog_id, self.holders = ifname, prog_id, holders
 
 
+XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE, XDP_FLAGS_HW_MODE = 1 << 1, 1 << 2, 1 << 3
+# the per-mode program ids IFLA_XDP reports -> the flags that name the mode
+_MODE_FLAGS = {"IFLA_XDP_DRV_PROG_ID": XDP_FLAGS_DRV_MODE, "IFLA_XDP_SKB_PROG_ID": XDP_FLAGS_SKB_MODE,
+               "IFLA_XDP_HW_PROG_ID": XDP_FLAGS_HW_MODE}
+
+
+def detach_xdp(ifname: str) -> bool:
+    """Detach the XDP program that netlink attached to `ifname`, in whatever mode it was (`ip link set dev
+    IF xdp off`, through pyroute2); True when there was one.  A program attached through a bpf_link is
+    not detached this way (the kernel refuses): its link's owner holds it.  In the calling thread's
+    network namespace."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            return False
+        xdp = ipr.get_links(idx[0])[0].get_attr("IFLA_XDP")
+        attrs = dict(xdp.get("attrs", [])) if xdp is not None else {}
+        done = False
+        for attr, flags in _MODE_FLAGS.items():
+            if not attrs.get(attr):
+                continue
+            try:
+                ipr.link("set", index=idx[0], xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", flags)]})
+                done = True
+            except NetlinkError:
+                pass                               # held by a bpf_link: its owner detaches it
+        return done
+
+
 def attached_xdp_prog_id(ifname: str) -> int | None:
     """Id of the XDP program attached to `ifname` (any mode), None when there is none.
     Looked up in the calling thread's network namespace."""

@@ -195,3 +195,26 @@ def test_sigkilled_owner_releases_the_interface():
 def _map_id(ld, name):
     from metaroce_xdp.kern import bpfsys
     return bpfsys.map_info(ld.bpf[name.encode()].map_fd).id
+
+
+def test_detach_xdp_removes_a_netlink_attached_program_in_each_mode():
+    """kern.loader.detach_xdp (metaroced's clean-up of a dead instance's netlink-attached program, pyroute2 in
+    place of `ip link set xdp off`): a program attached through netlink in native mode and one in generic mode
+    (the two modes a veth takes) are each detached; bpfsys.prog_name_by_id names it first."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from bcc import BPF\nfrom metaroce_xdp.kern import bpfsys, loader\n"
+            "b = BPF(text='int xdp_pass_all(struct xdp_md *ctx) { return XDP_PASS; }')\n"
+            "fn = b.load_func('xdp_pass_all', BPF.XDP)\n"
+            "for flags in (0, 1 << 1):\n"
+            "    BPF.attach_xdp('mr0', fn, flags)\n"
+            "    pid = loader.attached_xdp_prog_id('mr0')\n"
+            "    print(flags, pid is not None, bpfsys.prog_name_by_id(pid), loader.detach_xdp('mr0'),\n"
+            "          loader.attached_xdp_prog_id('mr0'), loader.detach_xdp('mr0'))\n") % ROOT
+    topo, _ = two_hosts()
+    try:
+        r = topo.run(topo[0], [sys.executable, "-c", code], timeout=120, check=False)
+    finally:
+        topo.close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["0 True xdp_pass_all True None False", "2 True xdp_pass_all True None False"], \
+        r.stdout
