@@ -15,14 +15,21 @@ remote QPN, PSNs and owner, each client's pid and command, what `status` shows o
   metaroce_qp_{tx,rx}_bytes_total{dev,qpn}               counters   (per_qp)
   metaroce_qp_retransmits_total, _naks_rx_total, _naks_tx_total, _rnr_total{dev,qpn}   (per_qp)
   metaroce_qp_outstanding_{send,recv}{dev,qpn}           gauges (work requests posted, not completed)   (per_qp)
-  metaroce_qp_rate_bps{dev,qpn}                          gauge (congestion control's current rate)   (per_qp)
+  metaroce_qp_tx_rate_bytes_per_second{dev,qpn}          gauge (payload sent, over the last half second)   (per_qp)
+  metaroce_qp_srtt_seconds{dev,qpn}                      gauge (smoothed RTT where measured: a native sender's;
+                                                         compat QPs have none yet)   (per_qp)
   metaroce_qp_{sq,rq}_psn{dev,qpn}                       gauges   (per_qp)
   metaroce_client_{qps,mrs,mr_bytes}{pid,uid,comm}       gauges   (per_qp)
   metaroce_xdp_drops_total{dev,reason}                   the XDP program's drops by named reason
   metaroce_xdp_events_total{dev,event}                   the XDP program's events (ACKs consumed, ...)
-  metaroce_device_counter{dev,name}                      any other numeric device counter the daemon reports
-  metaroced_process_cpu_seconds_total{mode}              user / system, psutil
-  metaroced_process_resident_memory_bytes, _virtual_memory_bytes, _threads, _open_fds   psutil
+  metaroce_plane_rx_drops_total{dev,reason}              frames the data plane dropped (icrc, qp, state, len, op)
+  metaroce_plane_<counter>_total{dev}                    the data plane's other counters (PLANE_COUNTERS)
+  metaroce_plane_<gauge>{dev}                            ... and its gauges (PLANE_GAUGES: last timeout's state)
+  metaroce_driver_<counter>_total{dev}                   the serving loop's: wrs_taken, cqes_delivered, ...
+  metaroce_rx_queue_frames_total{dev,queue}              frames received per RX queue; fill_owed a gauge
+  metaroce_xsk_<statistic>_total{dev,queue}              each AF_XDP socket's XDP_STATISTICS
+  metaroce_umem_frames{dev,where}                        where the UMEM frames are (free, kernel_rx, ...)
+  process_*                                              prometheus-client's ProcessCollector (CPU, memory, fds)
 
 A QP's metrics disappear with the QP (labels are per QPN: QPNs are reused slowly, 24 bits).
 """
@@ -31,7 +38,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterator
 
-import psutil
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest, start_http_server
 
@@ -43,9 +50,14 @@ _QP_COUNTERS = (("bytes_tx", "tx_bytes", "payload bytes sent"), ("bytes_rx", "rx
                 ("rnr", "rnr", "RNR NAKs (receiver not ready)"))
 _QP_GAUGES = (("outstanding_send", "outstanding_send", "send work requests posted and not completed"),
               ("outstanding_recv", "outstanding_recv", "receive work requests posted and not consumed"),
-              ("rate_bps", "rate_bps", "current sending rate of congestion control, bits/s"),
               ("sq_psn", "sq_psn", "next PSN the send queue uses"),
               ("rq_psn", "rq_psn", "next PSN the receive queue expects"))
+
+
+# the data plane's counters (dp.Context.stats): gauges by name, the rest counters; rx_drop_* one family by reason
+PLANE_GAUGES = frozenset(("last_to_comp", "last_to_max", "last_to_kack", "last_to_kseq", "last_to_head",
+                          "last_to_next", "last_to_tail"))
+DRIVER_COUNTERS = ("driver_iterations", "wrs_taken", "cqes_delivered", "bad_wrs", "ring_scans", "credit_runs")
 
 
 def _num(v: Any) -> float | None:
@@ -59,9 +71,8 @@ def _num(v: Any) -> float | None:
 class DaemonCollector:
     """A prometheus-client collector over `snapshot` (Daemon.snapshot or anything returning its dict)."""
 
-    def __init__(self, snapshot: Callable[[], dict], process: psutil.Process | None = None, per_qp: bool = False):
+    def __init__(self, snapshot: Callable[[], dict], per_qp: bool = False):
         self.snapshot = snapshot
-        self.process = process or psutil.Process()
         self.per_qp = per_qp
 
     def describe(self):                       # no metrics at registration: register() must not call snapshot()
@@ -74,7 +85,6 @@ class DaemonCollector:
             yield from self._qps(snap.get("qps", []))
             yield from self._clients(snap.get("clients", []))
         yield from self._devices(snap.get("devices", []))
-        yield from self._process()
 
     def _daemon(self, snap: dict):
         d = snap.get("daemon", {})
@@ -112,8 +122,15 @@ class DaemonCollector:
                     for key, name, help_ in _QP_COUNTERS}
         gauges = {key: GaugeMetricFamily(f"metaroce_qp_{name}", help_, labels=labels)
                   for key, name, help_ in _QP_GAUGES}
+        rate = GaugeMetricFamily("metaroce_qp_tx_rate_bytes_per_second", "payload bytes sent per second, over the "
+                                 "last half second", labels=labels)
+        srtt = GaugeMetricFamily("metaroce_qp_srtt_seconds", "smoothed round-trip time", labels=labels)
         for q in qps:
             lv = [str(q.get("dev", "")), str(q.get("qpn", ""))]
+            if _num(q.get("rate_bps")) is not None:
+                rate.add_metric(lv, _num(q["rate_bps"]) / 8)
+            if _num(q.get("srtt_us")) is not None:
+                srtt.add_metric(lv, _num(q["srtt_us"]) / 1e6)
             owner = q.get("owner") or {}
             info.add_metric(lv + [str(q.get("state", "")), str(q.get("type", "")), str(q.get("remote_qpn", "")),
                                   str(q.get("remote_addr", "")), str(owner.get("pid", "")),
@@ -129,6 +146,8 @@ class DaemonCollector:
         yield info
         yield from counters.values()
         yield from gauges.values()
+        yield rate
+        yield srtt
 
     def _clients(self, clients: list[dict]):
         fams = {k: GaugeMetricFamily(f"metaroce_client_{k}", h, labels=["pid", "uid", "comm"])
@@ -147,51 +166,73 @@ class DaemonCollector:
                                     labels=["dev", "reason"])
         events = CounterMetricFamily("metaroce_xdp_events", "events of the XDP program (ACKs consumed, ...)",
                                      labels=["dev", "event"])
-        other = GaugeMetricFamily("metaroce_device_counter", "other numeric device counters the daemon reports",
-                                  labels=["dev", "name"])
+        pdrops = CounterMetricFamily("metaroce_plane_rx_drops", "frames the data plane dropped, by reason",
+                                     labels=["dev", "reason"])
+        plane: dict[str, Any] = {}
+        driver = {k: CounterMetricFamily(f"metaroce_driver_{k}", f"the serving loop's {k.replace('_', ' ')}",
+                                         labels=["dev"]) for k in DRIVER_COUNTERS}
+        qframes = CounterMetricFamily("metaroce_rx_queue_frames", "frames received, per RX queue",
+                                      labels=["dev", "queue"])
+        qowed = GaugeMetricFamily("metaroce_rx_queue_fill_owed", "frames an RX queue's fill ring is owed",
+                                  labels=["dev", "queue"])
+        xsk: dict[str, CounterMetricFamily] = {}
+        umem = GaugeMetricFamily("metaroce_umem_frames", "where the UMEM frames are", labels=["dev", "where"])
         for d in devices:
             dev = str(d.get("ifname", ""))
-            for group, value in (d.get("counters") or {}).items():
-                if isinstance(value, dict):
-                    fam = drops if group.endswith("drops") else events if group.endswith("events") else None
-                    for name, n in value.items():
-                        v = _num(n)
-                        if v is None:
-                            continue
-                        if fam is None:
-                            other.add_metric([dev, f"{group}.{name}"], v)
-                        else:
-                            fam.add_metric([dev, str(name).lower()], v)
-                elif _num(value) is not None:
-                    other.add_metric([dev, str(group)], _num(value))
+            c = d.get("counters") or {}
+            for name, n in (c.get("xdp_drops") or {}).items():
+                if _num(n) is not None:
+                    drops.add_metric([dev, str(name).lower()], _num(n))
+            for name, n in (c.get("xdp_events") or {}).items():
+                if _num(n) is not None:
+                    events.add_metric([dev, str(name).lower()], _num(n))
+            for name, n in (c.get("plane") or {}).items():
+                v = _num(n)
+                if v is None:
+                    continue
+                if name.startswith("rx_drop_"):
+                    pdrops.add_metric([dev, name[len("rx_drop_"):]], v)
+                    continue
+                if name not in plane:
+                    plane[name] = (GaugeMetricFamily(f"metaroce_plane_{name}", f"the data plane's {name}",
+                                                     labels=["dev"]) if name in PLANE_GAUGES else
+                                   CounterMetricFamily(f"metaroce_plane_{name}", f"the data plane's {name}",
+                                                       labels=["dev"]))
+                plane[name].add_metric([dev], v)
+            for k, fam in driver.items():
+                if _num(c.get(k)) is not None:
+                    fam.add_metric([dev], _num(c[k]))
+            for q in c.get("rx_queues") or []:
+                qid = str(q.get("queue", ""))
+                if _num(q.get("rx")) is not None:
+                    qframes.add_metric([dev, qid], _num(q["rx"]))
+                if _num(q.get("fill_owed")) is not None:
+                    qowed.add_metric([dev, qid], _num(q["fill_owed"]))
+                for name, n in (q.get("xsk") or {}).items():
+                    if _num(n) is None:
+                        continue
+                    if name not in xsk:
+                        xsk[name] = CounterMetricFamily(f"metaroce_xsk_{name}", f"the AF_XDP socket's {name} "
+                                                        "(XDP_STATISTICS)", labels=["dev", "queue"])
+                    xsk[name].add_metric([dev, qid], _num(n))
+            for where, n in (c.get("umem") or {}).items():
+                if where not in ("total", "sg") and _num(n) is not None:
+                    umem.add_metric([dev, where], _num(n))
         yield drops
         yield events
-        yield other
-
-    def _process(self):
-        p = self.process
-        with p.oneshot():
-            cpu = p.cpu_times()
-            mem = p.memory_info()
-            threads = p.num_threads()
-            try:
-                fds = p.num_fds()
-            except (psutil.Error, AttributeError):
-                fds = None
-        c = CounterMetricFamily("metaroced_process_cpu_seconds", "CPU time of metaroced (psutil)", labels=["mode"])
-        c.add_metric(["user"], cpu.user)
-        c.add_metric(["system"], cpu.system)
-        yield c
-        yield GaugeMetricFamily("metaroced_process_resident_memory_bytes", "resident memory (psutil)", value=mem.rss)
-        yield GaugeMetricFamily("metaroced_process_virtual_memory_bytes", "virtual memory (psutil)", value=mem.vms)
-        yield GaugeMetricFamily("metaroced_process_threads", "threads", value=threads)
-        if fds is not None:
-            yield GaugeMetricFamily("metaroced_process_open_fds", "open file descriptors", value=fds)
+        yield pdrops
+        yield from plane.values()
+        yield from driver.values()
+        yield qframes
+        yield qowed
+        yield from xsk.values()
+        yield umem
 
 
 def registry_for(snapshot: Callable[[], dict], per_qp: bool = False) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(snapshot, per_qp=per_qp))
+    ProcessCollector(registry=reg)            # process_cpu_seconds_total, process_resident_memory_bytes, ...
     return reg
 
 

@@ -146,20 +146,35 @@ def test_metrics_show_per_qp_series_only_when_configured():
     per-client series with metrics_per_qp = true."""
     from metaroce_xdp.daemon import metrics
     snap = {"daemon": {"version": "x", "clients": 1, "refused": {"PathInUse": 2}},
-            "devices": [{"ifname": "mr0", "counters": {"plane": {"rx": 5}, "xdp_drops": {"BAD_ICRC": 1}}}],
+            "devices": [{"ifname": "mr0", "counters": {"plane": {"rx": 5, "rx_drop_icrc": 2, "last_to_max": 3},
+                                                       "xdp_drops": {"BAD_ICRC": 1}, "wrs_taken": 4,
+                                                       "rx_queues": [{"queue": 1, "rx": 6, "fill_owed": 0,
+                                                                      "xsk": {"rx_dropped": 0}}],
+                                                       "umem": {"total": 9, "free": 8, "sg": False}}}],
             "qps": [{"dev": "mr0", "qpn": 0x11, "state": "RTS", "type": "RC", "remote_qpn": 0x4242,
                      "remote_addr": "10.9.9.9", "sq_psn": 123456, "rq_psn": 654321, "bytes_tx": 7,
+                     "rate_bps": 800, "srtt_us": 12.5,
                      "owner": {"pid": 4321, "uid": 1000, "comm": "tenant-a"}}],
             "clients": [{"pid": 4321, "uid": 1000, "comm": "tenant-a", "qps": 1, "mrs": 0, "mr_bytes": 0}]}
     text = metrics.render(lambda: snap)
     for secret in ("10.9.9.9", "16962", "123456", "654321", "4321", "tenant-a", "metaroce_qp_", "metaroce_client_"):
         assert secret not in text, secret
     assert 'metaroce_qps{dev="mr0",state="RTS"} 1.0' in text
-    assert 'metaroce_device_counter{dev="mr0",name="plane.rx"} 5.0' in text
-    assert 'metaroce_xdp_drops_total{dev="mr0",reason="bad_icrc"} 1.0' in text
+    # counters are typed counters named by what they count (_total), one family per counter, reasons as labels;
+    # gauges are gauges; no metric name inside a label
+    for line in ('metaroce_plane_rx_total{dev="mr0"} 5.0', 'metaroce_plane_rx_drops_total{dev="mr0",reason="icrc"} 2.0',
+                 'metaroce_plane_last_to_max{dev="mr0"} 3.0', 'metaroce_xdp_drops_total{dev="mr0",reason="bad_icrc"} 1.0',
+                 'metaroce_driver_wrs_taken_total{dev="mr0"} 4.0', 'metaroce_rx_queue_frames_total{dev="mr0",queue="1"} 6.0',
+                 'metaroce_xsk_rx_dropped_total{dev="mr0",queue="1"} 0.0', 'metaroce_umem_frames{dev="mr0",where="free"} 8.0',
+                 "# TYPE metaroce_plane_rx_total counter", "# TYPE metaroce_plane_last_to_max gauge"):
+        assert line in text, line
+    assert "metaroce_device_counter" not in text and "name=" not in text
+    assert re.search(r"^process_resident_memory_bytes \d", text, re.M)     # prometheus-client's ProcessCollector
     full = metrics.render(lambda: snap, per_qp=True)
     assert 'remote_addr="10.9.9.9"' in full and 'metaroce_qp_sq_psn{dev="mr0",qpn="17"} 123456.0' in full
     assert 'metaroce_client_qps{comm="tenant-a",pid="4321",uid="1000"} 1.0' in full
+    assert 'metaroce_qp_tx_rate_bytes_per_second{dev="mr0",qpn="17"} 100.0' in full
+    assert 'metaroce_qp_srtt_seconds{dev="mr0",qpn="17"} 1.25e-05' in full and "_bps" not in full
     assert DaemonConfig().metrics_per_qp is False
     assert load_config(os.devnull, {"metrics_per_qp": True}).metrics_per_qp is True
 
@@ -437,8 +452,9 @@ def test_metrics_endpoint_has_per_qp_and_drop_counters(svc):
     assert re.search(rf'^metaroce_qp_tx_bytes_total{{dev="mr0",qpn="{qpn}"}} ', text, re.M)
     assert re.search(rf'^metaroce_qp_outstanding_send{{dev="mr0",qpn="{qpn}"}} 0\.0$', text, re.M)
     assert re.search(r'^metaroce_xdp_drops_total{dev="mr0",reason="[a-z_]+"} \d', text, re.M)
-    assert re.search(r"^metaroced_process_resident_memory_bytes \d", text, re.M)
-    assert re.search(r'^metaroced_process_cpu_seconds_total{mode="user"} ', text, re.M)
+    assert re.search(r"^process_resident_memory_bytes \d", text, re.M)
+    assert re.search(r"^process_cpu_seconds_total \d", text, re.M)
+    assert re.search(r'^metaroce_plane_tx_total{dev="mr0"} \d', text, re.M)
 
 
 def test_kernel_view_while_the_daemon_is_stopped(svc):
