@@ -114,6 +114,18 @@ def _perf_command(test: str):
                                               "only where set-up runs on another network than the traffic"),
         rx_queues: int = typer.Option(0, "--rx-queues", min=0, max=64, help="in-process plane: RX queues served "
                                       "from queue 0 (0: every one the interface has, as the NIC's RSS needs)"),
+        perftest: bool = typer.Option(False, "--perftest", help="client: the server is perftest's "
+                                      f"ib_{test.replace('-', '_')} (its exchange, compat; give both sides the "
+                                      "same -s/-a, -n, -q); a server recognises a perftest client by itself"),
+        all_sizes: bool = typer.Option(False, "-a", "--all", help="every size from 2 B to 8 MiB (perftest's -a)"),
+        duration: Optional[float] = typer.Option(None, "-D", "--duration", help="write-bw, read-bw: run this many "
+                                                 "seconds (batches of -n) instead of -n iterations"),
+        report_gbits: bool = typer.Option(False, "--report_gbits", "--report-gbits", help="Gb/sec instead of "
+                                          "MB/sec (perftest's default unit: 2^20 bytes per second)"),
+        gid_index: Optional[int] = typer.Option(None, "-x", "--gid-index", help="accepted for perftest's command "
+                                                "lines: the GID is always the interface's address"),
+        cpu_freq: bool = typer.Option(False, "-F", "--CPU-freq", help="accepted for perftest's command lines "
+                                      "(no CPU-frequency check here: clocks are the kernel's)"),
     ) -> None:
         opt = perf_mod.PerfOptions(test, ifname, server, size, iters, port, mtu, tx_depth, rx_depth, as_json,
                                    timeout, plane, qps, bidir)
@@ -123,6 +135,8 @@ def _perf_command(test: str):
         opt.progress = progress
         opt.check_address = not no_address_check
         opt.rx_queues = rx_queues
+        opt.perftest, opt.all_sizes, opt.duration = perftest, all_sizes, duration
+        opt.report_gbits, opt.gid_index = report_gbits, gid_index
         try:
             perf_mod.run(opt)
         except perf_mod.PerfError as e:

@@ -43,6 +43,13 @@ server takes size and iterations from the client.  After the test the two
 exchange one JSON line each over the same TCP connection: the client's result,
 the server's counters.
 
+perftest on the other end (Debian's ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat):
+--perftest makes the client speak perftest's exchange (perftest_oob.py); a server
+recognises a perftest client by its first bytes.  Nothing of the test is exchanged
+there: both sides need the same -s/-a, -n and -q, as between two perftests.  Rows
+are perftest's: MB/sec = 2^20 bytes/s (--report_gbits: Gb/sec); -a every size from
+2 B to 8 MiB; -D SECONDS (write-bw, read-bw) a timed run in batches of -n.
+
 Bandwidth: average = SIZE*ITERS over the time from the first post to the last
 completion; peak = the best rate over any TX_DEPTH consecutive completions.
 Latency: perftest's convention, half of each round trip measured between
@@ -54,6 +61,7 @@ import json
 import math
 import os
 import select
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -71,7 +79,10 @@ DEFAULT_ITERS = {"write-bw": 5000, "read-bw": 5000, "send-bw": 5000, "write-lat"
 MAX_RD_ATOMIC = 16                  # outstanding READs (perftest's -o default on most devices)
 MIN_RNR_TIMER = 1                   # 10 us: the server's receives are reposted at once
 RESULT_LINE = "-" * 87
-BW_HEADER = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+BW_HEADER = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+BW_HEADER_GBITS = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+MIB = 1 << 20                       # perftest's MB/sec is MiB/s (2^20 bytes); its Gb/sec is 10^9 bits/s
+ALL_SIZES = tuple(1 << k for k in range(1, 24))     # -a: 2 B .. 8 MiB, as perftest
 LAT_HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
               "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]")
 COUNTERS = ("packets_sent", "bytes_sent", "bytes_received", "retransmits", "timeouts", "naks_received",
@@ -114,6 +125,12 @@ class PerfOptions:
     check_address: bool = True           # server: a REQ whose GID is not its TCP source gets REJ ADDRESS_MISMATCH
                                          # (MR-SEC-019); off only where set-up runs on another network
     rx_queues: int = 0                   # in-process plane: RX queues served from 0 (0: every one, as RSS needs)
+    perftest: bool = False               # client: the server is perftest (ib_write_bw ...): its exchange, not ours
+                                         # (a server recognises a perftest client by itself)
+    all_sizes: bool = False              # -a: every size from 2 B to 8 MiB
+    duration: float | None = None        # -D: bw tests run for this many seconds instead of -n iterations
+    report_gbits: bool = False           # --report_gbits: Gb/sec instead of MB/sec
+    gid_index: int | None = None         # -x: accepted; the GID is the interface's address (index 0 of ours)
 
     @property
     def is_server(self) -> bool:
@@ -147,9 +164,11 @@ def lat_stats(posted_ns: np.ndarray) -> dict:
             "p999": float(d[max(0, math.ceil(n * 0.999) - 1)])}
 
 
-def bw_row(r: dict) -> str:
+def bw_row(r: dict, gbits: bool = False) -> str:
+    """perftest's result row: MB/sec (2^20 bytes per second) by default, Gb/sec with --report_gbits."""
+    k = 1.0 if gbits else 1e9 / 8 / MIB
     return " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f" % (
-        r["bytes"], r["iterations"], r["gbps_peak"], r["gbps"], r["msg_rate"])
+        r["bytes"], r["iterations"], r["gbps_peak"] * k, r["gbps"] * k, r["msg_rate"])
 
 
 def lat_row(r: dict) -> str:
@@ -447,13 +466,19 @@ def _barrier(ch: cm.Channel, side: _Side, opt: PerfOptions, client: bool) -> Non
         raise PerfError(f"synchronising with {ch.peer} before the test: {e}") from None
 
 
-def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict, nq: int = 1) -> dict:
-    """ITERS work requests on each of nq QPs, TX_DEPTH outstanding on each (perftest's -q)."""
+def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict, nq: int = 1,
+               peers: list[dict] | None = None) -> dict:
+    """ITERS work requests on each of nq QPs, TX_DEPTH outstanding on each (perftest's -q); `peers`: each
+    QP's own remote buffer (a perftest server advertises one per QP), else `peer`'s for all.  With -D
+    (opt.duration): batches of ITERS until that many seconds have passed, reported together."""
+    if opt.duration:
+        return _bw_for(side, opt, size, iters, peer, nq, peers)
     from metaroce_xdp.verbs_types import SGE, SendFlags, SendWR, WROpcode
     op = {"write-bw": WROpcode.RDMA_WRITE, "read-bw": WROpcode.RDMA_READ, "send-bw": WROpcode.SEND}[opt.test]
     qps = side.qps[:nq]
     wrs = [SendWR(wr_id=q, opcode=op, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)] if size else [],
-                  send_flags=SendFlags.SIGNALED, remote_addr=peer.get("va", 0), rkey=peer.get("rkey", 0))
+                  send_flags=SendFlags.SIGNALED, remote_addr=(peers[q] if peers else peer).get("va", 0),
+                  rkey=(peers[q] if peers else peer).get("rkey", 0))
            for q in range(nq)]
     depth = max(1, min(opt.tx_depth, getattr(side.qp, "cap", side.cap).max_send_wr))   # (a daemon's QP: requested)
     if side.compiled:
@@ -485,6 +510,27 @@ def _bw_client(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict,
     r = bw_stats(size, iters * nq, seconds, done_ns, depth)
     r["iterations"], r["qps"] = iters, nq
     return r
+
+
+def _bw_for(side: _Side, opt: PerfOptions, size: int, batch: int, peer: dict, nq: int, peers: list[dict] | None) -> dict:
+    """-D: batches of `batch` work requests per QP until opt.duration seconds have passed; the rates over the
+    whole time (the pipeline drains between batches: a little below a continuous run), peak the best batch's."""
+    import dataclasses
+    one = dataclasses.replace(opt, duration=None)
+    end = time.monotonic() + opt.duration
+    total = {"bytes": size, "iterations": 0, "total_bytes": 0, "seconds": 0.0, "gbps_peak": 0.0, "batches": 0}
+    while time.monotonic() < end:
+        r = _bw_client(side, one, size, batch, peer, nq, peers)
+        total["iterations"] += r["iterations"] * r.get("qps", nq)
+        total["total_bytes"] += r["total_bytes"]
+        total["seconds"] += r["seconds"]
+        total["gbps_peak"] = max(total["gbps_peak"], r["gbps_peak"])
+        total["batches"] += 1
+    secs = total["seconds"]
+    total.update(gbps=total["total_bytes"] * 8 / secs / 1e9 if secs else 0.0,
+                 msg_rate=total["iterations"] / secs / 1e6 if secs else 0.0, qps=nq, duration=opt.duration)
+    total["iterations"] //= nq          # per QP, as -n
+    return total
 
 
 def _bw_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, qps: list, wrs: list, depth: int) -> dict:
@@ -595,7 +641,10 @@ def _send_bw_server_step(side: _Side, size: int, iters: int, depth: int):
     def step() -> None:
         for wc in side.cq.poll(64):
             _check_wc(wc, side)
+            if not st["received"]:
+                st["t0"] = time.monotonic_ns()
             st["received"] += 1
+            st["t1"] = time.monotonic_ns()
             post(wc.qp_num, 1)
 
     for qpn in posted:
@@ -603,21 +652,24 @@ def _send_bw_server_step(side: _Side, size: int, iters: int, depth: int):
     return step, st
 
 
-def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict) -> dict:
-    """perftest run_iter_lat_write: the client writes first, each side answers the
-    peer's write (seen as its last byte changing) with its own."""
+def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict, region: int | None = None,
+               sends_first: bool | None = None) -> dict:
+    """perftest run_iter_lat_write: one side writes first (ours: the client; perftest's: the server),
+    each side answers the peer's write (seen as its last byte changing) with its own.  The buffer is
+    [ post area | poll area ], each `region` bytes (default: size; -a: the largest size)."""
     from metaroce_xdp.verbs_types import SGE, SendFlags, SendWR, WROpcode
     buf, eng, cq = side.buf, side.eng, side.cq
-    post_last, poll_last = size - 1, size + size - 1      # buffer = [ post area | poll area ]
+    region = size if region is None else region
+    post_last, poll_last = size - 1, region + size - 1
     wr = SendWR(wr_id=1, opcode=WROpcode.RDMA_WRITE, sg_list=[SGE(side.mr.addr, size, side.mr.lkey)],
                 send_flags=SendFlags.SIGNALED, remote_addr=peer["va"], rkey=peer["rkey"])
     posted_ns = np.zeros(iters, np.int64)
-    sends_first = not opt.is_server
+    sends_first = (not opt.is_server) if sends_first is None else sends_first
     dog = _Watchdog(side, opt.timeout, "waiting for the peer's write")
     scnt = rcnt = ccnt = 0
     clock = time.perf_counter_ns
     if side.compiled:
-        return _write_lat_compiled(side, opt, size, iters, wr, posted_ns, sends_first, dog)
+        return _write_lat_compiled(side, opt, size, iters, wr, posted_ns, sends_first, dog, poll_last)
     while scnt < iters or ccnt < iters or rcnt < iters:
         if rcnt < iters and not (scnt < 1 and sends_first):
             rcnt += 1
@@ -646,14 +698,15 @@ def _write_lat(side: _Side, opt: PerfOptions, size: int, iters: int, peer: dict)
 
 
 def _write_lat_compiled(side: _Side, opt: PerfOptions, size: int, iters: int, wr, posted_ns, sends_first: bool,
-                        dog: _Watchdog) -> dict:
+                        dog: _Watchdog, poll_last: int | None = None) -> dict:
     """write-lat on the compiled plane: the whole ping-pong (post, wait for the peer's write seen as the
     last byte of the poll area changing, reap the completion) runs in dp.drive.dp_drive_lat, one
     compiled call without the GIL and without Python per iteration."""
     from metaroce_xdp.dp import drive
     from metaroce_xdp.verbs_types import WCStatus
     buf, plane = side.buf, side.eng.plane
-    post_last, poll_last = size - 1, size + size - 1
+    post_last = size - 1
+    poll_last = size + size - 1 if poll_last is None else poll_last
     wqe = side.qp.send_wqe(wr)
     with plane.lock:
         rc = drive.dp_drive_lat(plane.A, plane.TM, plane.umem, plane.tables, wqe, side.qp.qi, side.cq.index,
@@ -693,7 +746,7 @@ def _print_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, size: in
           f"VAddr {p.get('va', 0):#018x}\n")
         w(f" GID: {cm.gid_text(m.gid)}  MAC: {m.mac_text}\n")
     w(RESULT_LINE + "\n")
-    w((LAT_HEADER if opt.test == "write-lat" else BW_HEADER) + "\n")
+    w((LAT_HEADER if opt.test == "write-lat" else BW_HEADER_GBITS if opt.report_gbits else BW_HEADER) + "\n")
     out.flush()
 
 
@@ -701,8 +754,9 @@ def _report(out: TextIO, opt: PerfOptions, r: dict) -> None:
     if opt.as_json:
         out.write(json.dumps(r) + "\n")
     else:
-        out.write((lat_row(r) if opt.test == "write-lat" else bw_row(r)) + "\n")
-        out.write(RESULT_LINE + "\n")
+        out.write((lat_row(r) if opt.test == "write-lat" else bw_row(r, opt.report_gbits)) + "\n")
+        if not getattr(opt, "_more_rows", False):
+            out.write(RESULT_LINE + "\n")
     out.flush()
 
 
@@ -728,12 +782,27 @@ def run(opt: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         raise PerfError(f"--bidirectional applies to write-bw, not {opt.test}")
     if opt.progress not in PROGRESS:
         raise PerfError(f"--progress {opt.progress}: use one of {', '.join(PROGRESS)}")
+    if opt.all_sizes and opt.duration:
+        raise PerfError("-a and -D cannot go together (as in perftest)")
+    if opt.duration is not None and (opt.duration <= 0 or opt.test not in ("write-bw", "read-bw")):
+        raise PerfError("-D SECONDS (> 0) applies to write-bw and read-bw")
+    if opt.all_sizes and opt.bidir:
+        raise PerfError("-a does not go with --bidirectional")
+    if opt.all_sizes and not opt.perftest and not opt.is_server and opt.test in ("send-bw", "write-lat"):
+        raise PerfError(f"-a with {opt.test} needs a perftest peer (--perftest); between two `metaroce perf` "
+                        "it applies to write-bw and read-bw")
+    if opt.perftest and opt.is_server:
+        raise PerfError("--perftest is for the client: a server recognises a perftest client by itself")
+    if opt.perftest and opt.bidir:
+        raise PerfError("--bidirectional is not offered against perftest")
     side = _Side(opt)
     try:
         side.native_room = _native_room(opt, side)
         mtu = _local_mtu(opt, side)
         if opt.is_server:
             return _run_server(opt, side, mtu, out, err)
+        if opt.perftest:
+            return _run_perftest_client(opt, side, mtu, size, iters, out)
         return _run_client(opt, side, mtu, size, iters, out)
     finally:
         side.close()
@@ -774,6 +843,8 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
     with ch:
         nq, bidir = opt.qps, opt.bidir
         opt._bidir_on = bidir
+        sizes = ALL_SIZES if opt.all_sizes else (size,)
+        size = sizes[-1]                     # -a: the server sizes its buffer for the largest
         side.add_qps(nq)
         side.register(_buf_len(opt.test, size, bidir))
         if opt.test == "write-bw":
@@ -808,6 +879,12 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         if lat:
             r = _write_lat(side, opt, size, iters, peer)
         else:
+            for sz in sizes[:-1]:            # -a: a row per size, the last one's after the exchange below
+                r = _bw_client(side, opt, sz, iters, peer, nq)
+                r.update(test=opt.test, role="client", plane="compiled", qps=nq)
+                opt._more_rows = True
+                _report(out, opt, r)
+            opt._more_rows = False
             r = _bw_client(side, opt, size, iters, peer, nq)
         r.update(start_epoch=t_start, end_epoch=time.time())
         r.update(test=opt.test, role="client", mtu=state["mtu"], tx_depth=opt.tx_depth, counters=side.counters(),
@@ -854,6 +931,8 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
         err.flush()
         ch = lst.accept(None)
     with ch:
+        if _peer_is_perftest(ch, opt.timeout):
+            return _run_perftest_server(opt, side, mtu, ch, out, err)
         params = {}
 
         def make_rep(req: cm.CMMsg) -> cm.CMMsg:
@@ -938,6 +1017,291 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
             pass                     # the client may already be gone; our numbers stand
         _report(out, opt, r)
         return r
+
+
+# --------------------------------------------------------------------------- perftest on the other end
+# perftest_oob.py has its exchange; here the order of its rounds per test, and the test itself on our side.
+# Its parameters are not exchanged: both sides must be given the same -s/-a, -n, -q (perftest's rule).
+
+
+def _peer_is_perftest(ch: cm.Channel, timeout: float) -> bool:
+    """A connected client's first bytes, peeked: perftest's version string, or our connection message."""
+    from . import perftest_oob
+    if not select.select([ch.sock], [], [], timeout or None)[0]:
+        raise PerfError(f"the client ({ch.peer}) connected and sent nothing for {timeout:g}s")
+    try:
+        first = ch.sock.recv(4, socket.MSG_PEEK)
+    except OSError as e:
+        raise PerfError(f"reading from the client ({ch.peer}): {e}") from None
+    return perftest_oob.looks_like_perftest(first)
+
+
+def _pt_sizes(opt: PerfOptions, size: int) -> tuple[int, ...]:
+    return ALL_SIZES if opt.all_sizes else (size,)
+
+
+def _pt_register(opt: PerfOptions, side: _Side, sizes: tuple[int, ...], page: int) -> int:
+    """Our buffer for a perftest peer: write-lat [ post | poll ], each `region` bytes; the bw tests one region
+    (every QP's target, as perftest's peer may write or read `size` bytes at it, or cycle within a page).
+    Returns the region."""
+    region = max(max(sizes), page)
+    side.register(2 * region if opt.test == "write-lat" else region)
+    return region
+
+
+def _pt_key(side: _Side, i: int, va: int, test: str):
+    from . import perftest_oob
+    return perftest_oob.Key(qpn=side.qps[i].qp_num, psn=side.psns[i], rkey=side.mr.rkey, vaddr=va,
+                            gid=cm.ip_to_gid(side.ctx.gid), out_reads=MAX_RD_ATOMIC if test == "read-bw" else 1)
+
+
+def _pt_connect(side: _Side, i: int, theirs, mtu: int) -> None:
+    """RTR and RTS towards a perftest QP: compat (perftest negotiates nothing), perftest's attributes."""
+    from metaroce_xdp.verbs_types import QPAttr, QPState, VerbsError
+    if theirs.gid[:12] != cm.ip_to_gid("0.0.0.0")[:12]:
+        raise PerfError(f"the perftest peer's GID {cm.gid_text(theirs.gid)} is not an IPv4-mapped RoCEv2 GID: "
+                        "give it -x with the index of its IPv4 RoCE v2 GID (show_gids)")
+    attr = QPAttr(qp_state=QPState.RTR, dest_qp_num=theirs.qpn, rq_psn=theirs.psn, path_mtu=mtu,
+                  dgid=cm.gid_to_ip(theirs.gid), max_dest_rd_atomic=MAX_RD_ATOMIC, min_rnr_timer=12,
+                  **({"profile": "compat"} if side.compiled else {}))
+    try:
+        side.qps[i].modify(attr)
+        side.qps[i].modify(QPAttr(qp_state=QPState.RTS, sq_psn=side.psns[i], timeout=14, retry_cnt=7, rnr_retry=7,
+                                  max_rd_atomic=max(1, min(MAX_RD_ATOMIC, theirs.out_reads))))
+    except VerbsError as e:
+        raise PerfError(f"cannot reach {attr.dgid}: {e}") from None
+    if side.daemon:
+        side.qps[i].profile = "compat"
+
+
+def _pt_header(out: TextIO, opt: PerfOptions, side: _Side, mtu: int, mine: list, theirs: list) -> None:
+    if opt.as_json:
+        return
+    w = out.write
+    w(RESULT_LINE + "\n" + " " * 20 + TITLES[opt.test] + "\n")
+    w(f" Interface       : {opt.ifname:<12s}Transport       : MetaRoCE RC, compat (the peer is perftest)\n")
+    w(f" Data plane      : {'metaroced (its compiled plane)' if side.daemon else 'compiled (in process)'}\n")
+    w(f" Number of qps   : {len(mine):<12d}Connection type : RC\n")
+    w(f" Mtu             : {mtu}[B]\n Data ex. method : Ethernet (perftest's exchange)\n" + RESULT_LINE + "\n")
+    for name, ks in (("local", mine), ("remote", theirs)):
+        for k in ks:
+            w(f" {name} address: LID {k.lid:#06x} QPN {k.qpn:#06x} PSN {k.psn:#08x} RKey {k.rkey:#08x} "
+              f"VAddr {k.vaddr:#016x}\n GID: {cm.gid_text(k.gid)}\n")
+    w(RESULT_LINE + "\n")
+    w((LAT_HEADER if opt.test == "write-lat" else BW_HEADER_GBITS if opt.report_gbits else BW_HEADER) + "\n")
+    out.flush()
+
+
+def _pt_wait_key(side: _Side, ex, timeout: float, what: str, step: Callable[[], None] | None = None):
+    """Drive the engine (the responder must ACK, answer READs; the send-bw server re-post receives) until
+    the perftest client's next key message has arrived; returns it (not yet answered)."""
+    from . import perftest_oob
+    dog = _Watchdog(side, timeout, what)
+    blocking = step is None and getattr(side.eng, "threaded", False)
+    step = step or side.eng.progress
+    n = 0
+    while True:
+        if blocking:
+            select.select([ex.ch.sock], [], [], 0.02)
+            dog.n |= 1023 if time.monotonic() - dog.since > 1.0 else 0
+        else:
+            step()
+        n += 1
+        if blocking or not n % 64:
+            if ex.ch._buf or select.select([ex.ch.sock], [], [], 0)[0]:
+                try:
+                    return perftest_oob.Key.decode(ex.ch.recv_exact(perftest_oob.KEY_LEN, timeout))
+                except cm.PeerClosed:
+                    raise PerfError(f"the perftest peer ({ex.ch.peer}) closed the connection {what}") from None
+        dog.tick()
+
+
+def _pt_result(opt: PerfOptions, side: _Side, r: dict, mtu: int, role: str) -> dict:
+    r.update(test=opt.test, role=role, mtu=mtu, peer="perftest", profile="compat", plane="compiled",
+             counters=side.counters())
+    if "gbps" in r:
+        r["mb_per_s"] = r["gbps"] * 1e9 / 8 / MIB
+    return r
+
+
+def _run_perftest_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, out: TextIO) -> dict:
+    """`metaroce perf TEST --perftest SERVER`: perftest's ib_write_bw/ib_read_bw/ib_send_bw/ib_write_lat
+    server on the other end (give both sides the same -s/-a, -n and -q)."""
+    from . import perftest_oob
+    try:
+        ch = cm.connect(opt.server, opt.port)
+    except cm.ConnectFailed as e:
+        raise PerfError(f"{e} (start perftest's server there first, e.g. `ib_write_bw -d DEV -x GID_INDEX`)") \
+            from None
+    with ch:
+        ex = perftest_oob.Exchange(ch, client=True, timeout=opt.timeout)
+        try:
+            page, _, mtu = ex.hello(mtu)
+            lat = opt.test == "write-lat"
+            nq = 1 if lat else opt.qps
+            side.add_qps(nq)
+            sizes = _pt_sizes(opt, size)
+            region = _pt_register(opt, side, sizes, page)
+            if opt.test == "write-bw":
+                _fill_pattern(side.buf, min(region, len(side.buf)), 1)
+            mine = [_pt_key(side, i, side.mr.addr + (region if lat else 0), opt.test) for i in range(nq)]
+            for i in range(nq):
+                side.to_init(i)
+            if lat:
+                ex.key(mine[0])                                   # write_lat's extra exchange
+            theirs = [ex.key(k) for k in mine]                    # round A
+            for i in range(nq):
+                _pt_connect(side, i, theirs[i], mtu)
+            if opt.test == "send-bw":
+                ex.key(mine[0])                                   # round C, then B
+                [ex.key(k) for k in mine]
+            else:
+                [ex.key(k) for k in mine]                         # round B, then C
+                ex.key(mine[0])
+            _pt_header(out, opt, side, mtu, mine, theirs)
+            peers = [{"va": k.vaddr, "rkey": k.rkey} for k in theirs]
+            rows = []
+            for j, sz in enumerate(sizes):
+                last = j == len(sizes) - 1
+                if lat:
+                    r = _write_lat(side, opt, sz, iters, peers[0], region=region, sends_first=False)
+                else:
+                    if opt.test == "send-bw":
+                        ex.key(mine[0])                           # the server's receives are posted
+                    side.eng.progress()
+                    r = _bw_client(side, opt, sz, iters, peers[0], nq, peers)
+                    if opt.test == "send-bw" and opt.all_sizes:
+                        ex.key(mine[0])                           # -a: after each size too
+                _pt_result(opt, side, r, mtu, "client")
+                opt._more_rows = not last
+                _report(out, opt, r)
+                rows.append(r)
+            opt._more_rows = False
+            r = rows[-1]
+            if opt.test in ("write-bw", "read-bw"):
+                ex.key(mine[0])                                   # round D: the end of the test
+                k = 1.0 if opt.report_gbits else 1e9 / 8 / MIB          # in the units we print, as perftest
+                ex.reports(r["bytes"], r["iterations"] * nq, r["gbps_peak"] * k, r["gbps"] * k, r["msg_rate"])
+            if not lat:
+                ex.close(mine[0])
+        except perftest_oob.PerftestError as e:
+            raise PerfError(str(e)) from None
+        except cm.CMError as e:
+            raise PerfError(f"perftest's exchange with {ch.peer}: {e}") from None
+        if opt.test == "read-bw":
+            r["verified"] = None                                  # perftest's buffer holds rand() bytes
+        return r
+
+
+def _run_perftest_server(opt: PerfOptions, side: _Side, mtu: int, ch: cm.Channel, out: TextIO,
+                         err: TextIO) -> dict:
+    """A perftest client (ib_write_bw ... SERVER) connected: perftest's exchange and rounds; the number of
+    QPs is learnt from the client's keys (its first QP's key again ends round A)."""
+    from . import perftest_oob
+    err.write(f" perftest client {ch.peer}: using perftest's exchange (compat RoCEv2)\n")
+    err.flush()
+    ex = perftest_oob.Exchange(ch, client=False, timeout=opt.timeout)
+    size = DEFAULT_SIZE[opt.test] if opt.size is None else opt.size
+    iters = DEFAULT_ITERS[opt.test] if opt.iters is None else opt.iters
+    lat = opt.test == "write-lat"
+    try:
+        page, _, mtu = ex.hello(mtu)
+        sizes = _pt_sizes(opt, size)
+        region = _pt_register(opt, side, sizes, page)
+        if opt.test == "read-bw":
+            _fill_pattern(side.buf, region, 2)
+        va = side.mr.addr + (region if lat else 0)
+        mine: list = []
+        theirs: list = []
+
+        def add_qp() -> None:
+            i = len(mine)
+            side.add_qps(i + 1)
+            side.to_init(i)
+            mine.append(_pt_key(side, i, va, opt.test))
+
+        add_qp()
+        if lat:
+            ex.key(mine[0])                                       # write_lat's extra exchange
+            theirs.append(ex.key(mine[0]))                        # round A (one QP)
+            pending = None
+        else:
+            pending = None
+            while True:                                           # round A, as long as new QPs come
+                k = perftest_oob.Key.decode(ch.recv_exact(perftest_oob.KEY_LEN, opt.timeout))
+                if theirs and k.qpn == theirs[0].qpn:
+                    pending = k                                   # the next round has begun
+                    break
+                if len(theirs) >= 512:
+                    raise PerfError("the perftest client offered more than 512 QPs")
+                if len(theirs) == len(mine):
+                    add_qp()
+                theirs.append(k)
+                ch.send(mine[len(theirs) - 1].encode())
+        nq = len(theirs)
+        del mine[nq:]
+        for i in range(nq):
+            _pt_connect(side, i, theirs[i], mtu)
+        if lat:
+            ex.key(mine[0])                                       # rounds B and C
+            ex.key(mine[0])
+        else:
+            ch.send(mine[0].encode())                             # answer the pending first key of the round
+            if opt.test == "send-bw":                             # it was round C; now round B
+                [ex.key(k) for k in mine]
+            else:                                                 # it was round B's first; the rest, then C
+                [ex.key(k) for k in mine[1:]]
+                ex.key(mine[0])
+        _pt_header(out, opt, side, mtu, mine, theirs)
+        rows = []
+        if lat:
+            for sz in sizes:
+                r = _write_lat(side, opt, sz, iters, {"va": theirs[0].vaddr, "rkey": theirs[0].rkey},
+                               region=region, sends_first=True)
+                rows.append(_pt_result(opt, side, r, mtu, "server"))
+                opt._more_rows = sz != sizes[-1]
+                _report(out, opt, r)
+        elif opt.test == "send-bw":
+            for sz in sizes:
+                step, st = _send_bw_server_step(side, sz, iters, opt.rx_depth)
+                ex.key(mine[0])                                   # receives posted: the client may send
+                dog = _Watchdog(side, opt.timeout, f"receiving the perftest client's SENDs ({st['received']} of "
+                                f"{iters * nq}: give both sides the same -n and -q)")
+                while st["received"] < iters * nq:
+                    step()
+                    dog.tick()
+                secs = (st.get("t1", 0) - st.get("t0", 0)) / 1e9
+                r = {"bytes": sz, "iterations": iters, "total_bytes": sz * iters * nq, "seconds": secs,
+                     "gbps": sz * iters * nq * 8 / secs / 1e9 if secs > 0 else 0.0, "gbps_peak": 0.0,
+                     "msg_rate": iters * nq / secs / 1e6 if secs > 0 else 0.0, "qps": nq}
+                if opt.all_sizes:
+                    ex.key(mine[0])                               # -a: after each size too
+                rows.append(_pt_result(opt, side, r, mtu, "server"))
+                opt._more_rows = sz != sizes[-1]
+                _report(out, opt, r)
+            ex.close(mine[0])
+        else:
+            k = _pt_wait_key(side, ex, opt.timeout, f"serving the perftest client's {opt.test}")   # round D
+            ch.send(mine[0].encode())
+            size_r, iters_r, peak, avg, rate = ex.reports(0, 0, 0.0, 0.0, 0.0)
+            # perftest's server prints the client's numbers (its report, in the client's units: MB/sec unless it
+            # was given --report_gbits, which this side cannot know -- give both the same): so do we
+            k = 1.0 if opt.report_gbits else 8 * MIB / 1e9
+            r = {"bytes": size_r, "iterations": iters_r, "total_bytes": size_r * iters_r, "seconds": None,
+                 "gbps": avg * k, "gbps_peak": peak * k, "msg_rate": rate,
+                 "qps": nq, "client_report": {"bytes": size_r, "iterations": iters_r, "bw_peak": peak,
+                                              "bw_average": avg, "msg_rate_mpps": rate}}
+            rows.append(_pt_result(opt, side, r, mtu, "server"))
+            _report(out, opt, r)
+            ex.close(mine[0])
+    except perftest_oob.PerftestError as e:
+        raise PerfError(str(e)) from None
+    except cm.CMError as e:
+        raise PerfError(f"perftest's exchange with {ch.peer}: {e}") from None
+    finally:
+        opt._more_rows = False
+    r = rows[-1]
+    return r
 
 
 __all__ = ["PerfError", "PerfOptions", "PLANES", "TESTS", "run", "bw_stats", "lat_stats"]

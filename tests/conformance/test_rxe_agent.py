@@ -20,6 +20,7 @@ a loaded one); the `vm` mark lets `make test` leave those tests out (pytest -m
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import socket
@@ -245,6 +246,95 @@ def test_metaroce_pingpong_with_ibv_rc_pingpong(vm):
     assert cli.returncode == 0 and _closing_lines_ok(cli.stdout), cli.stdout + cli.stderr
     assert ours.returncode == 0 and _closing_lines_ok(sout), sout + serr
     assert "compiled plane" in serr, serr
+
+
+# perftest (Debian's 4.5+0.17 in the VM) against `metaroce perf`: its exchange, both ways, each test.  Same
+# -s/-n on both sides (perftest's rule); small, as perftest under TCG moves a few tens of MB/s.
+PERFTEST = {"write-bw": ("ib_write_bw", 8192, 200), "read-bw": ("ib_read_bw", 8192, 200),
+            "send-bw": ("ib_send_bw", 8192, 200), "write-lat": ("ib_write_lat", 64, 200)}
+
+
+def _our_perf(vm: RxeVM, test: str, size: int, iters: int, *args: str) -> subprocess.Popen:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen(["ip", "netns", "exec", vm.netns, sys.executable, "-m", "metaroce_xdp.cli", "perf", test,
+                             "-d", vm.iface, "-s", str(size), "-n", str(iters), "-j", "--timeout", "60", *args],
+                            cwd=root, env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _perftest_row(out: str, test: str) -> list[str]:
+    """The result row under perftest's table header (#bytes ...)."""
+    lines = out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.strip().startswith("#bytes"))
+    return lines[i + 1].split()
+
+
+@pytest.mark.vm
+@pytest.mark.netns
+@pytest.mark.parametrize("test", list(PERFTEST))
+def test_perftest_server_and_metaroce_perf_client(vm, test):
+    """perftest's server in the VM (ib_write_bw -d rxe0 -x GID ...), `metaroce perf TEST --perftest` here: the
+    exchange completes, the test runs on rxe, both print results."""
+    tool, size, iters = PERFTEST[test]
+    job = _vm(vm, "-b", "--", f"{tool} -d rxe0 -x $RXE_GID_IDX -F -s {size} -n {iters}").stdout.split()[-1]
+    deadline = time.monotonic() + 90
+    while True:                                    # until perftest listens
+        ours = _our_perf(vm, test, size, iters, "--perftest", vm.vm_ip)
+        out, err = ours.communicate(timeout=240)
+        if ours.returncode == 0 or "start perftest's server there first" not in err or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    srv = _vm(vm, "-w", job, "-t", "120", timeout=150)
+    assert ours.returncode == 0, out + err
+    assert srv.returncode == 0, srv.stdout + srv.stderr
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["peer"] == "perftest" and r["bytes"] == size and r["iterations"] == iters, r
+    if test == "write-lat":
+        assert 0 < r["lat_us"]["typical"] < 1e6, r
+        row = _perftest_row(srv.stdout, test)
+        assert row[:2] == [str(size), str(iters)] and float(row[4]) > 0, srv.stdout     # its t_typical
+    else:
+        assert r["gbps"] > 0 and r["mb_per_s"] > 0, r
+        row = _perftest_row(srv.stdout, test)
+        assert row[0] == str(size) and float(row[3]) > 0, srv.stdout                    # BW average[MB/sec]
+
+
+@pytest.mark.vm
+@pytest.mark.netns
+@pytest.mark.parametrize("test", list(PERFTEST))
+def test_metaroce_perf_server_and_perftest_client(vm, test):
+    """`metaroce perf TEST` here as the server, perftest's client in the VM (ib_write_bw ... HOST): the server
+    recognises perftest's exchange by itself; both print results (a bw server prints the client's report)."""
+    tool, size, iters = PERFTEST[test]
+    ours = _our_perf(vm, test, size, iters)
+    try:
+        for line in ours.stderr:                   # its banner, once it listens
+            if "Waiting for client" in line:
+                break
+        else:
+            pytest.fail("metaroce perf did not listen: " + ours.stdout.read())
+        cli = _vm(vm, "-t", "180", "--", f"{tool} -d rxe0 -x $RXE_GID_IDX -F -s {size} -n {iters} {vm.host_ip}",
+                  timeout=200)
+        out, err = ours.communicate(timeout=60)
+    finally:
+        if ours.poll() is None:
+            ours.kill()
+            ours.wait()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert ours.returncode == 0, out + err
+    assert "using perftest's exchange" in err, err
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["peer"] == "perftest" and r["role"] == "server", r
+    row = _perftest_row(cli.stdout, test)
+    if test == "write-lat":
+        assert 0 < r["lat_us"]["typical"] < 1e6 and row[:2] == [str(size), str(iters)], (r, cli.stdout)
+    else:
+        assert row[0] == str(size) and float(row[3]) > 0, cli.stdout
+        if test != "send-bw":                      # the bw server prints the client's report
+            assert r["client_report"]["bytes"] == size and r["client_report"]["bw_average"] == pytest.approx(
+                float(row[3]), rel=0.01), (r, row)
+        else:
+            assert r["iterations"] == iters and r["gbps"] > 0, r
 
 
 @pytest.mark.vm
