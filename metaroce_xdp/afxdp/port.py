@@ -20,9 +20,15 @@ netinfo.py (addresses, MTU, next hops), dp/context.py (Context.open makes one, w
 """
 from __future__ import annotations
 
+import errno
+import logging
+import os
+
 from ..netinfo import PathResolver, iface_info
 from ..verbs_types import PATH_MTUS
-from .xsk import Umem, XskSocket
+from .xsk import Umem, XskError, XskSocket
+
+log = logging.getLogger("metaroce.afxdp")
 
 # Largest header stack a data packet carries (MR-ENC-029): Ethernet + VLAN + IPv6 + UDP + BTH + the native
 # NATIVE_WRITE_IMM's RETH + NETH + RSNETH + ImmDt (40 B; compat's largest, RETH + ImmDt, is 20 B) + ICRC
@@ -75,36 +81,59 @@ class XskPort:
         if not addrs:
             raise ValueError(f"{ifname} has no {'IPv6' if ipv6 else 'IPv4'} address")
         self.ip = addrs[0]
-        if multibuffer is None:
+        auto = multibuffer is None
+        if auto:
             multibuffer = max_path_mtu(info.mtu, frame_size, 2 * frame_size) > max_path_mtu(info.mtu, frame_size)
-        self.sg = bool(multibuffer)
-        slot_frames = 2 if self.sg else 1
-        self.frame_limit = frame_size * slot_frames        # bytes a frame may take from its slot address
-        self.max_pmtu = max_path_mtu(info.mtu, frame_size, self.frame_limit)
+        #: why multi-buffer is off though the MTU would carry a larger path MTU ("" when it is not)
+        self.multibuffer_off = ""
+        if auto and multibuffer and os.environ.get("METAROCE_NO_MULTIBUFFER"):
+            multibuffer, self.multibuffer_off = False, "METAROCE_NO_MULTIBUFFER is set"
         self.paths = PathResolver(ifname)       # next hops, looked up in this (the caller's) namespace
-        qring = queue_ring(ring, queues)
-        nframes += (queues - 1) * qring * slot_frames     # the further queues' fill rings
         self.umem = self.xsk = None
         self.rx_socks: list[XskSocket] = []
         try:
-            self.umem = Umem(nframes, frame_size, slot_frames=slot_frames)
-            self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
-                                 comp_size=ring, prefill=min(ring, (nframes // slot_frames - (queues - 1) * qring) // 2),
-                                 sg=self.sg)
-            self.rx_socks.append(self.xsk)
-            for q in range(queue + 1, queue + queues):
-                # RX only; the completion ring is one the kernel asks for and nothing uses (no TX ring)
-                self.rx_socks.append(XskSocket(ifname, q, rx_size=qring, tx_size=0, fill_size=qring,
-                                               comp_size=64, prefill=qring, share=self.xsk))
+            try:
+                self._open(ifname, queue, frame_size, nframes, ring, queues, bool(multibuffer))
+            except XskError as e:
+                # a kernel before 6.6 refuses XDP_USE_SG (EINVAL), a driver without multi-buffer AF_XDP
+                # EOPNOTSUPP: the single-buffer layout then, path MTU within one chunk (never a crash)
+                if not (auto and multibuffer and e.errno in (errno.EINVAL, errno.EOPNOTSUPP)):
+                    raise
+                self._close_sockets()
+                self.multibuffer_off = (f"multi-buffer AF_XDP (XDP_USE_SG, Linux 6.6) refused on {ifname}: "
+                                        f"{os.strerror(e.errno)}")
+                self._open(ifname, queue, frame_size, nframes, ring, queues, False)
         except BaseException:
             self._close_sockets()
             self.paths.close()
             raise
+        if self.multibuffer_off:
+            log.warning("%s; path MTU at most %d on %s (its MTU %d would carry more)", self.multibuffer_off,
+                        self.max_pmtu, ifname, info.mtu)
         self.queues = list(range(queue, queue + queues))
         self.frames = self.umem.frames
         self.pool = self.umem.pool
         self.ring = ring                                 # RX/TX/fill/completion ring size (frames)
         self.closed = False
+
+    def _open(self, ifname: str, queue: int, frame_size: int, nframes: int, ring: int, queues: int,
+              sg: bool) -> None:
+        """The UMEM and the sockets: multi-buffer (sg: XDP_USE_SG, slots of two chunks) or not."""
+        self.sg = sg
+        slot_frames = 2 if sg else 1
+        self.frame_limit = frame_size * slot_frames        # bytes a frame may take from its slot address
+        self.max_pmtu = max_path_mtu(self.info.mtu, frame_size, self.frame_limit)
+        qring = queue_ring(ring, queues)
+        nframes += (queues - 1) * qring * slot_frames     # the further queues' fill rings
+        self.umem = Umem(nframes, frame_size, slot_frames=slot_frames)
+        self.xsk = XskSocket(ifname, queue, self.umem, rx_size=ring, tx_size=ring, fill_size=ring,
+                             comp_size=ring, prefill=min(ring, (nframes // slot_frames - (queues - 1) * qring) // 2),
+                             sg=sg)
+        self.rx_socks.append(self.xsk)
+        for q in range(queue + 1, queue + queues):
+            # RX only; the completion ring is one the kernel asks for and nothing uses (no TX ring)
+            self.rx_socks.append(XskSocket(ifname, q, rx_size=qring, tx_size=0, fill_size=qring,
+                                           comp_size=64, prefill=qring, share=self.xsk))
 
     def _close_sockets(self) -> None:
         for x in reversed(self.rx_socks[1:]):
@@ -113,6 +142,7 @@ class XskPort:
             self.xsk.close()
         if self.umem is not None:
             self.umem.close()
+        self.rx_socks, self.xsk, self.umem = [], None, None
 
     def fileno(self) -> int:
         return self.xsk.fileno()

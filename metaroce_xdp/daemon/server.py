@@ -641,6 +641,7 @@ class Device:
                          "cm_caps": ["IPV6"] if ":" in port.ip else [],
                          "profiles": self.daemon.profiles(), "credits": self.daemon.cfg.credit_budget > 0,
                          "read_rate_bps": self.ctx.plane.nat.read_rate},
+                "features": self.ctx.features(),
                 "counters": counters, "pins": str(ld._pin_dir) if getattr(ld, "_pin_dir", None) else None}
 
     def apply_read_rate(self, cfg: DaemonConfig) -> None:

@@ -19,7 +19,7 @@ SCHEMA_VERSION = 1
 QP_FIELDS = ("dev", "qpn", "state", "type", "remote_qpn", "remote_addr", "sq_psn", "rq_psn", "outstanding_send",
              "outstanding_recv", "retransmits", "naks_rx", "naks_tx", "rnr", "rate_bps", "bytes_tx", "bytes_rx",
              "owner")
-DEVICE_FIELDS = ("ifname", "mtu", "mac", "gids", "queues", "caps", "counters")
+DEVICE_FIELDS = ("ifname", "mtu", "mac", "gids", "queues", "caps", "features", "counters")
 CLIENT_FIELDS = ("pid", "uid", "comm", "qps", "mrs", "mr_bytes")
 DAEMON_FIELDS = ("pid", "started", "clients", "version")
 
@@ -299,6 +299,9 @@ def format_dev(doc: dict) -> str:
             lines.append("\t\t(none)")
         lines.append("\tcapabilities:")
         lines += _kv(dev["caps"] or {}, "\t\t") if dev["caps"] else ["\t\t(none reported)"]
+        if dev.get("features"):
+            lines.append("\tkernel and driver:")
+            lines += _kv(dev["features"], "\t\t")
     return "\n".join(lines)
 
 

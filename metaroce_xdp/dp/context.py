@@ -1128,7 +1128,7 @@ class Context:
 
     @classmethod
     def open(cls, ifname: str, *, queue: int = 0, progress_thread: bool = False, busy_poll: bool = True,
-             ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "drv", pin: bool = True,
+             ipv6: bool = False, frame_size: int = 4096, xdp_mode: str = "auto", pin: bool = True,
              queues: int | None = None, inproc: bool = True, tunables: Tunables | None = None) -> "Context":
         """An endpoint on a real interface: the XDP program attached, an AF_XDP socket on each RX queue
         from `queue` on (queues: how many; None, the default: every one the interface has, netinfo.rx_queues),
@@ -1136,7 +1136,9 @@ class Context:
         puts them on; ACKs consumed by the kernel into the QP slots the loop reads.  inproc=False: the
         caller runs the plane's loop itself (metaroced, dp/serve.py), so dp/inproc.py's entry points are
         not loaded.  tunables: metaroce_xdp/tunables.py (default: its defaults with the environment's
-        overrides)."""
+        overrides).  xdp_mode "auto" (the default): native XDP, generic where the driver refuses it;
+        "drv" / "skb" force one.  What the kernel and driver would not do is given up with a warning,
+        never a crash: `features()` says what this endpoint runs with."""
         from ..netinfo import rx_queues
         have = rx_queues(ifname)
         if queues is None:
@@ -1165,7 +1167,10 @@ class Context:
                               local_mac=port.mac)
             for x in port.rx_socks:
                 loader.set_xsk(x.queue_id, x.fileno())
-            loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
+            if xdp_mode == "auto":             # native mode, generic where the driver refuses it (a warning)
+                loader.attach_best(ifname, pin=pin)
+            else:
+                loader.attach(ifname, mode=XdpMode.DRV if xdp_mode == "drv" else XdpMode.SKB, pin=pin)
             ctx = cls(port, loader, ifname, tunables=tunables)
         except BaseException:
             if port is not None:
@@ -1179,6 +1184,15 @@ class Context:
     @property
     def gid(self) -> str:
         return self.local_ip
+
+    def features(self) -> dict:
+        """What the kernel and driver let this endpoint use: multi-buffer AF_XDP (path MTU 4096; off, and
+        why, when refused), the XDP mode (native, or generic when refused, and why), the kernel release."""
+        ld = self.loader
+        mode = getattr(getattr(ld, "_mode", None), "value", None)
+        return {"kernel": os.uname().release, "xdp_mode": mode, "xdp_native_refused": getattr(ld, "drv_refused", "") or None,
+                "multibuffer": bool(self.port.sg), "multibuffer_off": self.port.multibuffer_off or None,
+                "max_pmtu": self.max_pmtu, "rx_queues": list(self.port.queues)}
 
     # ---- events -------------------------------------------------------------------------
     def _event(self, typ: int, qi: int, arg: int, arg2: int) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 import errno
 import ipaddress
+import logging
 import mmap
 import os
 import socket
@@ -51,6 +52,8 @@ import numpy as np
 from . import bccbuild, bpfsys
 from .layout import (CONFIG_DTYPE, MR_MAX_RXQ, MR_SACK_RINGS, PSN_MASK, PSN_NONE, QP_STATE_DTYPE, QP_STATE_SIZE,
                      SACK_RING_DTYPE, CfgFlag, DropReason, Event, Profile, QpState, peer_ip_bytes)
+
+log = logging.getLogger("metaroce.kern")
 
 BPF_DIR = bccbuild.BPF_DIR
 PROG_SRC = bccbuild.PROG_SRC
@@ -229,9 +232,11 @@ class XdpLoader:
             self.timings["load"] = (time.monotonic() - t1, time.thread_time() - c1)
         except Exception as e:
             raise LoaderError(f"could not compile/load {PROG_SRC} ({e}); run as root with BCC "
-                              f"and kernel headers installed") from e
+                              f"and kernel headers installed; the program needs Linux 5.18 or later "
+                              f"(bpf_xdp_load_bytes, XDP frags), this kernel is {os.uname().release}") from e
         self._ifname: str | None = None
         self._mode: XdpMode | None = None
+        self.drv_refused = ""             # attach_best: why native mode was refused ("" when it was not)
         self._pin_dir: Path | None = None
         self._pinned_ids: dict[str, int] = {}
         #: pins of a dead owner that attach() found and replaced (0 when the place was clean)
@@ -381,6 +386,24 @@ class XdpLoader:
     @property
     def attached(self) -> bool:
         return self._link_fd >= 0
+
+    def attach_best(self, ifname: str, pin: bool = True) -> XdpMode:
+        """Native (driver) mode, else generic mode where the driver refuses native XDP (no ndo_bpf:
+        EOPNOTSUPP; this program or MTU in its native mode: EINVAL, ERANGE), with a warning -- never a
+        crash for want of driver support.  Returns the mode attached."""
+        try:
+            self.attach(ifname, XdpMode.DRV, pin)
+            return XdpMode.DRV
+        except XdpBusy:
+            raise
+        except LoaderError as e:
+            cause = e.__cause__
+            if not (isinstance(cause, OSError) and cause.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ERANGE)):
+                raise
+            self.drv_refused = f"native XDP refused on {ifname}: {os.strerror(cause.errno)}"
+        log.warning("%s; attaching in generic mode (slower: the kernel builds an skb per frame)", self.drv_refused)
+        self.attach(ifname, XdpMode.SKB, pin)
+        return XdpMode.SKB
 
     def attach(self, ifname: str, mode: XdpMode = XdpMode.DRV, pin: bool = True) -> None:
         """Attach through a bpf_link owned by this process (see the module docstring), in the
