@@ -120,6 +120,11 @@ class Context:
         self.interfaces = hello["interfaces"]
         self.cm_port = int(hello.get("cm_port", cm.CM_PORT))      # the default port of connect_qp / listen
         self._hdr_fd = fds[0]
+        # written by the daemon after each event it sent us: what fileno() gives an event loop (-1: an older
+        # daemon that sends none)
+        self._event_fd = fds[1] if len(fds) > 1 else -1
+        for fd in fds[2:]:
+            os.close(fd)
         self._hdr_mm = shm.map_fd(fds[0], shm.round_page(shm.H_WORDS * 8))
         self.H = shm.words(self._hdr_mm)
         self._Hv = memoryview(self._hdr_mm).cast("q")          # the doorbell's words as plain ints
@@ -409,11 +414,38 @@ class Context:
         return Listener(self, port or self.cm_port)
 
     # ---- events, stats, close ----------------------------------------------------------------------
+    def fileno(self) -> int:
+        """A file descriptor an event loop waits on (select, poll, epoll, asyncio's add_reader): readable when
+        the daemon has sent an event -- a CQ's completion event (after cq.req_notify) or an asynchronous
+        event.  Then call cq.get_event(0) for each armed CQ and get_async_event(0) until None; those read
+        it back, and leave it readable while events they did not hand out remain (level-triggered, with at
+        most a spurious wake-up).  Like ibv_comp_channel's and ibv_context's async_fd."""
+        if self.closed:
+            raise InvalidState("the context is closed")
+        if self._event_fd < 0:
+            raise Unsupported("this metaroced sends no event descriptor (an older version): poll get_event")
+        return self._event_fd
+
+    def _drain_events(self) -> None:
+        """(Under self._lock.)  The event descriptor read back first, then every message already in the socket
+        taken; readable again if events remain for get_event/get_async_event to hand out."""
+        if self._event_fd < 0 or self.closed:
+            return
+        try:
+            os.eventfd_read(self._event_fd)
+        except BlockingIOError:
+            pass
+        while not self._eof and self._read_event(0):
+            pass
+        if self._events or any(c._notified for c in self.cqs.values()):
+            os.eventfd_write(self._event_fd, 1)
+
     def get_async_event(self, timeout: float | None = 0.0) -> AsyncEvent | None:
         """The next event the daemon reported (QP_FATAL, CQ_ERR, EVENTS_LOST, DEVICE_FATAL), waiting up to
         timeout: a verbs_types.AsyncEvent, as the compiled plane in process returns."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            self._drain_events()
             while not self._events:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -421,6 +453,7 @@ class Context:
                 if not self._read_event(left):
                     return None
             m = self._events.pop(0)
+            self._drain_events()
         qp = next((q for q in self.qps.values() if q.handle == m.get("qp")), None)
         cq = self.cqs.get(m.get("cq")) if "cq" in m else None
         return AsyncEvent(EventType[str(m["event"])], qp, cq, m.get("reason", ""), int(m.get("count", 0)))
@@ -436,6 +469,9 @@ class Context:
             self.sock.close()
         except OSError:
             pass
+        if self._event_fd >= 0:
+            os.close(self._event_fd)
+            self._event_fd = -1
         for o in list(self.qps.values()) + list(self.cqs.values()):
             o._unmap()
         if self._efd >= 0:
@@ -516,6 +552,7 @@ class CQ:
         ctx = self.ctx
         deadline = None if timeout is None else time.monotonic() + timeout
         with ctx._lock:
+            ctx._drain_events()
             while not self._notified:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -527,6 +564,7 @@ class CQ:
                 ctx._read_event(left)
             self._notified -= 1
             self.events += 1
+            ctx._drain_events()
         return True
 
     def poll(self, num_entries: int = 16) -> list[WC]:

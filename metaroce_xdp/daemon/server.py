@@ -84,7 +84,7 @@ MAX_PDS_PER_CLIENT = 64         # a PD costs the daemon a dict entry and the pla
 # sockets being answered, memfds in flight, the metrics server) is shared out so that max_clients clients each
 # get the same budget: one client cannot run the daemon out of descriptors (EMFILE) for the others
 FD_SLACK = 128
-FDS_PER_SESSION = 3             # the client's socket, its session header's memfd and its wake-up eventfd
+FDS_PER_SESSION = 4             # the client's socket, its session header's memfd, its wake-up eventfd and its event eventfd
 MAX_REFUSED_PENDING = 32        # refused connections waiting to read why; more are closed without an answer
 
 RUNTIME_OPTIONS = ("max_clients", "max_qps_per_client", "max_native_qps_per_client", "max_mr_bytes_per_client",
@@ -246,13 +246,17 @@ class Session:
         # be drained by one to steal the others' wake-ups or written in a loop to keep the loop awake); the
         # serving thread forwards it to the plane only while the loop sleeps (Daemon._wake)
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # the other way: written after each event message went into the client's socket, so that an event loop
+        # can wait on it (client Context.fileno()); the client reads it before draining its socket
+        self.event_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.wakes = self.wakes_forwarded = 0
         self.events_pending = 0                  # queued in Daemon._events, not yet sent
         self.events_lost = 0                     # not queued: more than max_pending_events were pending
         self.events_lost_told = 0
         self.gone = False                        # set by any thread; the serving thread reclaims
         self.waiting: str | None = None          # what its request waits for (_Wait), its socket unread meanwhile
-        self.outbox: collections.deque[tuple[bytes, list[int]]] = collections.deque()   # not yet taken by its socket
+        # not yet taken by its socket: (message, descriptors, whether it is an event)
+        self.outbox: collections.deque[tuple[bytes, list[int], bool]] = collections.deque()
         self.watch: Callable[[], None] | None = None      # Daemon._watch: what the serving thread waits for on it
 
     def handle(self) -> int:
@@ -282,13 +286,15 @@ class Session:
             if self.outbox:
                 if event and len(self.outbox) >= self.max_pending_events:
                     return False
-                self.outbox.append((data, [os.dup(fd) for fd in fds]))   # sent later: the fds may close meanwhile
+                self.outbox.append((data, [os.dup(fd) for fd in fds], event))   # later: the fds may close meanwhile
                 return True
             try:
                 proto.send_bytes(self.sock, data, fds)
+                if event:
+                    self._signal_event()
                 return True
             except BlockingIOError:
-                self.outbox.append((data, [os.dup(fd) for fd in fds]))
+                self.outbox.append((data, [os.dup(fd) for fd in fds], event))
             except OSError as e:
                 log.warning("client pid %d: cannot send (%s); dropping it", self.pid, e)
                 self.gone = True
@@ -301,7 +307,7 @@ class Session:
         """The socket is writable: send what the outbox holds, in order, until it is empty or full again."""
         with self.send_lock:
             while self.outbox and not self.gone:
-                data, fds = self.outbox[0]
+                data, fds, event = self.outbox[0]
                 try:
                     proto.send_bytes(self.sock, data, fds)
                 except BlockingIOError:
@@ -313,10 +319,20 @@ class Session:
                 self.outbox.popleft()
                 for fd in fds:
                     os.close(fd)
+                if event:
+                    self._signal_event()
+
+    def _signal_event(self) -> None:
+        if self.event_fd < 0:
+            return
+        try:
+            os.eventfd_write(self.event_fd, 1)
+        except OSError:
+            pass                                        # closed by the reclaim meanwhile, or at its maximum
 
     def drop_outbox(self) -> None:
         with self.send_lock:
-            for _, fds in self.outbox:
+            for _, fds, _ in self.outbox:
                 for fd in fds:
                     os.close(fd)
             self.outbox.clear()
@@ -1359,7 +1375,7 @@ class Daemon:
 
     def _op_hello(self, s: Session, msg: dict, fds: list[int]):
         return {"version": proto.VERSION, "daemon_pid": os.getpid(), "daemon_version": __version__,
-                "interfaces": list(self.devices), "session": s.id, "cm_port": self.cfg.cm_port}, [s.hdr_fd]
+                "interfaces": list(self.devices), "session": s.id, "cm_port": self.cfg.cm_port}, [s.hdr_fd, s.event_fd]
 
     def _op_status(self, s: Session, msg: dict, fds: list[int]):
         # the reply's keys: daemon, devices, qps, clients; a QP's peer, PSNs and owner are what another tenant
@@ -1767,6 +1783,9 @@ class Daemon:
         except (KeyError, ValueError):
             pass
         os.close(s.wake_fd)
+        with s.send_lock:
+            os.close(s.event_fd)
+            s.event_fd = -1
         os.close(s.hdr_fd)
         s.H = None
         shm.close_map(s.hdr_mm)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from daemon_players import Daemons, PlayerProc
-from metaroce_xdp.verbs_types import EventType
+from metaroce_xdp.verbs_types import EventType, InvalidState
 from metaroce_xdp.cli.qpstat import read_qps
 
 pytestmark = pytest.mark.netns
@@ -400,6 +400,58 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
     finally:
         c1.close()
         c2.close()
+
+
+def test_event_loop_waits_on_the_clients_file_descriptor(env):
+    """ctx.fileno() (issue 22): an event loop waits on it instead of spinning -- not readable while nothing
+    happened; readable once the daemon sent a CQ's completion event (and the COMM_EST of the peer's first
+    request); cq.get_event(0) and get_async_event(0) hand them out, and it is quiet again after.  Also
+    through asyncio's add_reader, as an application's loop would."""
+    import asyncio
+    import select
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR, WROpcode
+    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+    ca, cb = C.connect(env.sock("A"), env.pair.a.ifname), C.connect(env.sock("B"), env.pair.b.ifname)
+    try:
+        pa, pb = ca.alloc_pd(), cb.alloc_pd()
+        ma, mb = pa.reg_mr(ca.alloc_buf(1 << 16), full), pb.reg_mr(cb.alloc_buf(1 << 16), full)
+        qa_cq, qb_cq = ca.create_cq(16), cb.create_cq(16)
+        qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        _both_to_rtr(env, qa, qb, full, max_dest_rd_atomic=4, min_rnr_timer=1)
+        qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=4))
+        qb.post_recv([RecvWR(wr_id=30 + i, sg_list=[mb.sge(4096 * i, 4096)]) for i in range(2)])
+        fd = cb.fileno()
+        assert not select.select([fd], [], [], 0.3)[0]                    # nothing happened: quiet
+        qb_cq.req_notify()
+        qa.post_send(SendWR(wr_id=1, opcode=WROpcode.SEND, sg_list=[ma.sge(0, 64)], send_flags=SendFlags.SIGNALED))
+        assert select.select([fd], [], [], 10)[0]                         # the CQ's event (and COMM_EST)
+        assert qb_cq.get_event(0) and qb_cq.poll(1)[0].wr_id == 30
+        ev = cb.get_async_event(0)
+        assert ev is not None and ev.event_type == EventType.COMM_EST, ev
+        assert cb.get_async_event(0) is None and not qb_cq.get_event(0)
+        assert not select.select([fd], [], [], 0.3)[0]                    # all handed out: quiet again
+        # an asyncio loop, as an application waits
+        qb_cq.req_notify()
+
+        async def wait_one() -> bool:
+            loop, got = asyncio.get_running_loop(), asyncio.Event()
+            loop.add_reader(fd, got.set)
+            try:
+                qa.post_send(SendWR(wr_id=2, opcode=WROpcode.SEND, sg_list=[ma.sge(0, 64)],
+                                    send_flags=SendFlags.SIGNALED))
+                await asyncio.wait_for(got.wait(), 10)
+                return qb_cq.get_event(0)
+            finally:
+                loop.remove_reader(fd)
+        assert asyncio.run(wait_one()) and qb_cq.poll(1)[0].wr_id == 31
+        assert [w.wr_id for w in qa_cq.wait(2, 10)] == [1, 2]
+    finally:
+        ca.close()
+        cb.close()
+    with pytest.raises(InvalidState):
+        cb.fileno()
 
 
 def test_completion_events_comm_est_cnp_counters_sqd_and_send_with_inv_through_the_client(env):

@@ -143,8 +143,8 @@ def test_one_client_cannot_run_the_daemon_out_of_file_descriptors(env):
         _transfer_works(env)
         st = env.status("A")["daemon"]
         assert st["fd_limit"] == NOFILE_HARD                     # raised to the hard limit at start
-        for ctx in hogs:                      # QPs + its CQ + socket, session header and wake-up eventfd
-            assert len(ctx.qps) + 1 + 3 == st["fd_budget_per_client"]
+        for ctx in hogs:          # QPs + its CQ + socket, session header, wake-up and event eventfds
+            assert len(ctx.qps) + 1 + 4 == st["fd_budget_per_client"]
         assert st["refused"].get("LimitExceeded", 0) >= 4
     finally:
         for c in hogs:
