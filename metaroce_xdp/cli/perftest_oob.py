@@ -140,8 +140,4 @@ class Exchange:
             pass
 
 
-def gid_of(ip: str) -> bytes:
-    return cm.ip_to_gid(ip)
-
-
 __all__ = ["Exchange", "Key", "PerftestError", "looks_like_perftest", "version_ok", "MTU_ENUM", "PAGE_SIZE"]

@@ -12,7 +12,6 @@ after it -- closing the sockets, reopening single-buffer, the MTU cap, the messa
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
