@@ -32,6 +32,8 @@ REPORT_LEN = 8
 DONE = b"done\0"
 PAGE_SIZE = 4096
 CACHE_LINE = 64
+MAX_PAGE = 1 << 20                  # 64 KiB pages exist (ppc64, arm64); nothing sends more
+MAX_CACHE_LINE = 4096
 # enum ibv_mtu
 MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 ENUM_MTU = {v: k for k, v in MTU_ENUM.items()}
@@ -86,6 +88,15 @@ def version_ok(b: bytes) -> float:
     return v
 
 
+def _pow2(b: bytes, most: int, what: str) -> int:
+    """The peer's page or cache-line size: a power of two up to `most` (our buffers are sized from the
+    larger page: a hostile value must not make us allocate gigabytes)."""
+    v = struct.unpack(">I", b)[0]
+    if v == 0 or v & (v - 1) or v > most:
+        raise PerftestError(f"the peer's {what} {v} is not a power of two up to {most}")
+    return v
+
+
 def looks_like_perftest(first: bytes) -> bool:
     """The first bytes a client sent: perftest's version string ("6.06...") rather than our CM message."""
     return bool(re.match(rb"[0-9]\.[0-9]", bytes(first[:3]))) and not bytes(first).startswith(cm.MAGIC)
@@ -112,8 +123,8 @@ class Exchange:
     def hello(self, mtu: int) -> tuple[int, int, int]:
         """M1-M3: (page size, cache line, agreed MTU in bytes)."""
         version_ok(self.xchg(VERSION.ljust(VERSION_LEN, b"\0")))
-        page = max(PAGE_SIZE, struct.unpack(">I", self.xchg(struct.pack(">I", PAGE_SIZE)))[0])
-        line = max(CACHE_LINE, struct.unpack(">I", self.xchg(struct.pack(">I", CACHE_LINE)))[0])
+        page = max(PAGE_SIZE, _pow2(self.xchg(struct.pack(">I", PAGE_SIZE)), MAX_PAGE, "page size"))
+        line = max(CACHE_LINE, _pow2(self.xchg(struct.pack(">I", CACHE_LINE)), MAX_CACHE_LINE, "cache line size"))
         theirs = self.xchg(str(MTU_ENUM[mtu]).encode() + b"\0")
         if len(theirs) != 2 or theirs[1:] != b"\0" or not theirs[:1].isdigit() or int(theirs[:1]) not in ENUM_MTU:
             raise PerftestError(f"not a perftest MTU message: {theirs!r}")

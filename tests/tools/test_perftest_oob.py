@@ -59,6 +59,23 @@ def test_versions_and_detection():
     assert pt.looks_like_perftest(b"6.06") and not pt.looks_like_perftest(b"MRC1")
 
 
+@pytest.mark.parametrize("page,line", [(1 << 31, 64), (0, 64), (4097, 64), (4096, 1 << 20), (4096, 48)])
+def test_hostile_page_or_cache_line_size_is_refused(page, line):
+    """Our buffers are sized from the larger page size: a peer's 2 GiB "page" must be refused, not allocated."""
+    import socket
+    import struct
+    from metaroce_xdp import cm
+    a, b = socket.socketpair()
+    try:
+        b.sendall(b"6.06" + bytes(12) + struct.pack(">I", page) + struct.pack(">I", line))
+        ex = pt.Exchange(cm.Channel(a, "peer"), client=False, timeout=5)
+        with pytest.raises(pt.PerftestError, match="power of two"):
+            ex.hello(1024)
+    finally:
+        a.close()
+        b.close()
+
+
 CASES = [("write-bw", ["-n", "200", "-q", "3"]), ("read-bw", ["-n", "200"]), ("send-bw", ["-n", "200"]),
          ("write-lat", ["-n", "200"]), ("write-bw", ["-n", "3", "-a"]), ("send-bw", ["-n", "3", "-a"]),
          ("write-lat", ["-n", "5", "-a"]), ("read-bw", ["-n", "50", "-D", "1"])]
