@@ -11,6 +11,12 @@ add to the stamp a digest of every module compiled code can depend on (DEPENDS),
 one of them recompiles all.  Imported by every module that compiles with `cache=True`, before its
 first decorator.
 
+Under NUMBA_CACHE_DIR the cache of a file sits at its path inside the package (`metaroce_xdp/dp/...`), not
+at numba's digest of its absolute path, and the stamp is contents only: a cache warmed once serves every
+install of the same files.  With NUMBA_CPU_NAME=generic (at warm-up and at run time) the machine code
+targets any x86-64, so a build host can warm the cache for a fleet -- or for a VM under TCG, where
+compiling takes an hour (vm/endpoint).
+
 `lazy_njit(sig, **opts)` is `njit(sig, **opts)` that compiles (or loads from the cache) its signature
 at first use instead of at definition: a call from Python, or the typing of a compiled caller, or
 `disable_compile()` (jitwarm.seal); from then on it behaves as an eager one (compiling disabled, other
@@ -65,6 +71,15 @@ def _with_depends(base: type) -> type:
             return (super().get_source_stamp(), digest())
 
         @classmethod
+        def get_suitable_cache_subpath(cls, py_file):
+            # under NUMBA_CACHE_DIR, by the path inside the package rather than numba's digest of the absolute
+            # path: a cache warmed from one copy (a checkout, a build host's install) serves any install of the
+            # same files.  Safe because the stamp is the files' contents (numba hashes the source; DEPENDS adds
+            # the rest), never where they sit or when they were written.
+            rel = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), PKG)
+            return os.path.normpath(os.path.join("metaroce_xdp", rel))
+
+        @classmethod
         def from_function(cls, py_func, py_file):
             if not _ours(py_file):
                 return None          # numba's own locators handle everything else
@@ -76,6 +91,25 @@ def _with_depends(base: type) -> type:
 
 _LOCATORS = tuple(_with_depends(b) for b in (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator,
                                                caching.UserWideCacheLocator))
+_UserDir = _LOCATORS[0]
+
+
+def export_in_tree(dst: str) -> int:
+    """Copy this copy's in-tree cache (`__pycache__` beside the sources, where numba writes without
+    NUMBA_CACHE_DIR) into the NUMBA_CACHE_DIR layout under `dst`, which then serves any install of the same
+    files; returns how many files were copied."""
+    import shutil
+    n = 0
+    for d, _, files in os.walk(PKG):
+        if os.path.basename(d) != "__pycache__":
+            continue
+        sub = os.path.join(dst, _UserDir.get_suitable_cache_subpath(os.path.join(os.path.dirname(d), "x.py")))
+        for f in files:
+            if f.endswith((".nbi", ".nbc")):
+                os.makedirs(sub, exist_ok=True)
+                shutil.copy2(os.path.join(d, f), sub)
+                n += 1
+    return n
 
 
 def install() -> None:

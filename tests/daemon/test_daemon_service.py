@@ -607,18 +607,10 @@ def _unit_values(key: str) -> list[str]:
 
 
 def _numba_cache_for(dst: str) -> None:
-    """This tree's numba cache (__pycache__ beside the sources, root's) copied into the NUMBA_CACHE_DIR layout
-    (<dir>_<sha1 of its path>), as `make install` warms /var/cache/metaroce/numba for the daemon's user."""
-    import hashlib
-    for d, _, files in os.walk(os.path.join(ROOT, "metaroce_xdp")):
-        if os.path.basename(d) != "__pycache__":
-            continue
-        src = os.path.dirname(os.path.abspath(d))
-        sub = os.path.join(dst, f"{os.path.basename(src)}_{hashlib.sha1(src.encode()).hexdigest()}")
-        os.makedirs(sub, exist_ok=True)
-        for f in files:
-            if f.endswith((".nbi", ".nbc")):
-                shutil.copy2(os.path.join(d, f), sub)
+    """This tree's numba cache (__pycache__ beside the sources, root's) copied into the NUMBA_CACHE_DIR layout,
+    as `make install` warms /var/cache/metaroce/numba for the daemon's user."""
+    from metaroce_xdp.jitcache import export_in_tree
+    assert export_in_tree(dst) > 0
 
 
 def test_daemon_runs_as_the_metaroce_user_with_the_units_capabilities_and_drops_them_after_attach(tmp_path):

@@ -18,14 +18,16 @@ from metaroce_xdp.wire import icrc
 buf = np.zeros(64, np.uint8)
 icrc.crc32_update(icrc.CRC_TABLES, np.uint32(0xFFFFFFFF), buf, 0, 64)
 st = icrc.crc32_update.stats
-print(json.dumps({"hits": sum(st.cache_hits.values()), "misses": sum(st.cache_misses.values())}))
+print(json.dumps({"hits": sum(st.cache_hits.values()), "misses": sum(st.cache_misses.values()),
+                  "file": icrc.__file__}))
 """
 
 
-def _run(cache_dir, mode):
+def _run(cache_dir, mode, first_path=None, **env):
+    path = ([str(first_path)] if first_path else []) + [p for p in sys.path if p]
     r = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300,
-                       env={"NUMBA_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
-                            "PYTHONPATH": ":".join(p for p in sys.path if p)})
+                       cwd=str(cache_dir.parent), env={"NUMBA_CACHE_DIR": str(cache_dir), "PATH": "/usr/bin:/bin",
+                            "PYTHONPATH": ":".join(path), **env})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -48,6 +50,29 @@ def test_cache_reused_while_unchanged_and_recompiled_when_a_dependency_changes(t
     assert again["hits"] >= 1 and again["misses"] == 0          # unchanged: loaded
     changed = _run(tmp_path, "changed")
     assert changed["misses"] >= 1 and changed["hits"] == 0      # a dependency changed: compiled again
+
+
+def test_a_cache_warmed_from_one_copy_serves_another_elsewhere(tmp_path):
+    """Under NUMBA_CACHE_DIR a file's cache sits at its path inside the package and its stamp is contents:
+    a cache warmed from this checkout serves a copy of the package at another path, written later (an
+    install from the wheel).  With NUMBA_CPU_NAME=generic the code is for any x86-64: vm/endpoint warms
+    here what Debian 12's kernel in a TCG VM (another CPU model) then loads."""
+    import os
+    import shutil
+
+    from metaroce_xdp import jitcache
+    cache = tmp_path / "cache"
+    first = _run(cache, "same", NUMBA_CPU_NAME="generic")
+    assert first["misses"] >= 1 and first["file"].startswith(jitcache.PKG)
+    assert (cache / "metaroce_xdp" / "wire").is_dir()
+    copy = tmp_path / "site-packages"
+    shutil.copytree(jitcache.PKG, copy / "metaroce_xdp", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    moved = _run(cache, "same", first_path=copy, NUMBA_CPU_NAME="generic")
+    assert moved["file"] == os.path.join(copy, "metaroce_xdp", "wire", "icrc.py")
+    assert moved["hits"] >= 1 and moved["misses"] == 0, moved
+    host = _run(cache, "same", first_path=copy)                  # the host's own CPU: another target
+    assert host["misses"] >= 1 and host["hits"] == 0, host
 
 
 LAZY = r"""

@@ -41,7 +41,7 @@ def layout(tmp_path_factory) -> dict:
     (_site(venv) / "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     v = {"PREFIX": t / "usr", "SYSCONFDIR": t / "etc", "UNITDIR": t / "unit", "SYSUSERSDIR": t / "sysusers",
          "INSTALL_VENV": venv, "CACHEDIR": t / "cache", "WHEELHOUSE": house}
-    _numba_cache_for(venv, t / "cache" / "numba")
+    _numba_cache_for(t / "cache" / "numba")
     return {k: str(p) for k, p in v.items()}
 
 

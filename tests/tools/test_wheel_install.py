@@ -12,10 +12,8 @@ each test checks where it was imported from).  numba's cache: the checkout's, co
 for the installed files (the entries are valid for both: jitcache's stamp is the sources' content)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -131,20 +129,11 @@ def test_client_extra_alone_serves_applications_and_the_commands_say_what_is_mis
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def _numba_cache_for(env: Path, dst: Path) -> None:
-    """The checkout's numba cache (__pycache__ beside its sources) where numba's NUMBA_CACHE_DIR locator looks
-    for the installed copy's functions: <dst>/<dir>_<sha1 of the installed directory>."""
-    site = _site(env)
-    for d, _, files in os.walk(ROOT / "metaroce_xdp"):
-        if os.path.basename(d) != "__pycache__":
-            continue
-        rel = os.path.relpath(os.path.dirname(d), ROOT)
-        inst = str(site / rel)
-        sub = dst / f"{os.path.basename(inst)}_{hashlib.sha1(inst.encode()).hexdigest()}"
-        sub.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            if f.endswith((".nbi", ".nbc")):
-                shutil.copy2(os.path.join(d, f), sub)
+def _numba_cache_for(dst: Path) -> None:
+    """The checkout's numba cache (__pycache__ beside its sources) in the NUMBA_CACHE_DIR layout, which is the
+    path inside the package: it serves the installed copy, whose files are the same."""
+    from metaroce_xdp.jitcache import export_in_tree
+    assert export_in_tree(str(dst)) > 0
 
 
 def test_installed_commands_answer_version_from_outside_the_checkout(full_install, tmp_path):
@@ -170,7 +159,7 @@ def test_installed_metaroced_serves_perf_qp_list_and_an_application(full_install
     from metaroce_xdp.topo import two_hosts
     bin_ = full_install / "bin"
     cache = tmp_path / "numba"
-    _numba_cache_for(full_install, cache)
+    _numba_cache_for(cache)
     envv = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     topo, pair = two_hosts()
     procs, mounts = [], []
