@@ -32,6 +32,19 @@
 #define mr_htons(x) mr_ntohs(x)
 #define mr_htonl(x) mr_ntohl(x)
 
+/* A byte-swapped 16-bit field as a value the verifier knows is below 65536.
+ * Kernels before 6.7 do not track bounds through a byte swap (BPF_END leaves
+ * the register unknown), so pointer arithmetic with the swapped value fails to
+ * load there ("math between pkt pointer and register with unbounded min
+ * value", Debian 12's 6.1).  The mask that tells them is one clang can prove
+ * redundant and would drop; the empty asm hides the value from clang, so the
+ * mask is emitted.  Costs one instruction. */
+#define mr_ntohs_bounded(x) ({                                                  \
+	__u32 __mr_v = mr_ntohs(x);                                             \
+	asm volatile("" : "+r"(__mr_v));                                        \
+	__mr_v & 0xFFFF;                                                        \
+})
+
 /* ---- Base Transport Header, 12 bytes (MR-BTH-001) --------------------- */
 struct mr_bth {
 	__u8   opcode;

@@ -649,7 +649,7 @@ static __always_inline int mr_rx_ip4(struct xdp_md *ctx, struct mr_rx *rx,
 		return MR_RX_PASS;
 	if (!mr_ip4_for_us(rx, iph))
 		return MR_RX_PASS;
-	rx->l4len = mr_ntohs(iph->tot_len);
+	rx->l4len = mr_ntohs_bounded(iph->tot_len);
 	/* MR-ENC-032 step 4, after options (2) and fragments (3). */
 	if (!mr_ip4_csum_ok(rx->l3, rx->data_end))
 		return MR_DROP_BAD_IP_CSUM;
@@ -687,7 +687,7 @@ static __always_inline int mr_rx_ip6(struct xdp_md *ctx, struct mr_rx *rx,
 		return MR_RX_PASS;
 	if (!mr_ip6_for_us(rx))
 		return MR_RX_PASS;
-	rx->l4len = mr_ntohs(ip6h->payload_len);
+	rx->l4len = mr_ntohs_bounded(ip6h->payload_len);
 	rx->l3off = (__u32)((void *)ip6h - rx->data);
 	if ((void *)(ip6h + 1) + rx->l4len > rx->data_end &&
 	    rx->l3off + sizeof(*ip6h) + rx->l4len > (__u32)bpf_xdp_get_buff_len(ctx))
