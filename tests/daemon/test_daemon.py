@@ -402,6 +402,32 @@ def test_bad_ring_entries_fail_in_the_compiled_loop_on_their_own_qp_only(env):
         c2.close()
 
 
+def _connected_clients(env, remote_invalidate: bool = False):
+    """Two clients, one per host's daemon, each with a 64 KiB MR, a 16-entry CQ and a QP; A's QP in RTS,
+    B's in RTR (its first request raises COMM_EST).  Returns a namespace: ca, cb, ma, mb, qa, qb, qa_cq,
+    qb_cq, full (the access flags); the caller closes ca and cb."""
+    from types import SimpleNamespace
+
+    from metaroce_xdp.daemon import client as C
+    from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState
+    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+    ca, cb = C.connect(env.sock("A"), env.pair.a.ifname), C.connect(env.sock("B"), env.pair.b.ifname)
+    try:
+        pa, pb = ca.alloc_pd(), cb.alloc_pd()
+        ma = pa.reg_mr(ca.alloc_buf(1 << 16), full)
+        mb = pb.reg_mr(cb.alloc_buf(1 << 16), full, remote_invalidate=remote_invalidate)
+        qa_cq, qb_cq = ca.create_cq(16), cb.create_cq(16)
+        qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=16, max_recv_wr=16))
+        _both_to_rtr(env, qa, qb, full, max_dest_rd_atomic=4, min_rnr_timer=1)
+        qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=4))
+    except BaseException:
+        ca.close()
+        cb.close()
+        raise
+    return SimpleNamespace(ca=ca, cb=cb, ma=ma, mb=mb, qa=qa, qb=qb, qa_cq=qa_cq, qb_cq=qb_cq, full=full)
+
+
 def test_event_loop_waits_on_the_clients_file_descriptor(env):
     """ctx.fileno() (issue 22): an event loop waits on it instead of spinning -- not readable while nothing
     happened; readable once the daemon sent a CQ's completion event (and the COMM_EST of the peer's first
@@ -409,18 +435,11 @@ def test_event_loop_waits_on_the_clients_file_descriptor(env):
     through asyncio's add_reader, as an application's loop would."""
     import asyncio
     import select
-    from metaroce_xdp.daemon import client as C
-    from metaroce_xdp.verbs_types import Access, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR, WROpcode
-    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
-    ca, cb = C.connect(env.sock("A"), env.pair.a.ifname), C.connect(env.sock("B"), env.pair.b.ifname)
+
+    from metaroce_xdp.verbs_types import RecvWR, SendFlags, SendWR, WROpcode
+    t = _connected_clients(env)
+    ca, cb, ma, mb, qa, qb, qa_cq, qb_cq = t.ca, t.cb, t.ma, t.mb, t.qa, t.qb, t.qa_cq, t.qb_cq
     try:
-        pa, pb = ca.alloc_pd(), cb.alloc_pd()
-        ma, mb = pa.reg_mr(ca.alloc_buf(1 << 16), full), pb.reg_mr(cb.alloc_buf(1 << 16), full)
-        qa_cq, qb_cq = ca.create_cq(16), cb.create_cq(16)
-        qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=16, max_recv_wr=16))
-        qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=16, max_recv_wr=16))
-        _both_to_rtr(env, qa, qb, full, max_dest_rd_atomic=4, min_rnr_timer=1)
-        qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=4))
         qb.post_recv([RecvWR(wr_id=30 + i, sg_list=[mb.sge(4096 * i, 4096)]) for i in range(2)])
         fd = cb.fileno()
         assert not select.select([fd], [], [], 0.3)[0]                    # nothing happened: quiet
@@ -464,20 +483,11 @@ def test_completion_events_comm_est_cnp_counters_sqd_and_send_with_inv_through_t
     at its first request (MR-QP-021); query_qp reports the per-QP CNP counters (MR-CC-039); a WRITE posted in
     SQD waits for RTS (MR-QP-018); a SEND WITH INVALIDATE invalidates the peer's remote-invalidatable MR
     (MR-MEM-040), its receive completion carries the key, and a WRITE with that rkey then fails."""
-    from metaroce_xdp.daemon import client as C
-    from metaroce_xdp.verbs_types import (Access, InvalidArgument, QPAttr, QPCap, QPState, RecvWR, SendFlags, SendWR,
-                                          WCFlags, WCStatus, WROpcode)
-    full = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
-    ca, cb = C.connect(env.sock("A"), env.pair.a.ifname), C.connect(env.sock("B"), env.pair.b.ifname)
+    from metaroce_xdp.verbs_types import (InvalidArgument, QPAttr, QPState, RecvWR, SendFlags, SendWR, WCFlags,
+                                          WCStatus, WROpcode)
+    t = _connected_clients(env, remote_invalidate=True)
+    ca, cb, ma, mb, qa, qb, qa_cq, qb_cq = t.ca, t.cb, t.ma, t.mb, t.qa, t.qb, t.qa_cq, t.qb_cq
     try:
-        pa, pb = ca.alloc_pd(), cb.alloc_pd()
-        ma = pa.reg_mr(ca.alloc_buf(1 << 16), full)
-        mb = pb.reg_mr(cb.alloc_buf(1 << 16), full, remote_invalidate=True)
-        qa_cq, qb_cq = ca.create_cq(16), cb.create_cq(16)
-        qa = ca.create_qp(pa, qa_cq, qa_cq, QPCap(max_send_wr=16, max_recv_wr=16))
-        qb = cb.create_qp(pb, qb_cq, qb_cq, QPCap(max_send_wr=16, max_recv_wr=16))
-        _both_to_rtr(env, qa, qb, full, max_dest_rd_atomic=4, min_rnr_timer=1)
-        qa.modify(QPAttr(qp_state=QPState.RTS, sq_psn=0, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=4))
         qb.post_recv([RecvWR(wr_id=20 + i, sg_list=[mb.sge(4096 * i, 4096)]) for i in range(3)])
         qb_cq.req_notify(solicited_only=True)
         with pytest.raises(InvalidArgument):
