@@ -194,7 +194,8 @@ def test_hello_describes_rxe(vm):
 @pytest.mark.vm
 def test_xdp_program_passes_debian12_stock_kernels_verifier(vm):
     """The VM runs Debian 12's own kernel (6.1): its verifier accepts the XDP program as the loader
-    compiles it, multi-buffer and single-buffer (vm/endpoint/xdp_loads.py: BCC and the kernel's
+    compiles it, multi-buffer and single-buffer, and the tc programs of `metaroce fabric` and the fault
+    injector (vm/endpoint/xdp_loads.py: BCC and the kernel's
     headers in the guest, the checkout's bpf/ and kern/ modules through the share).  This machine's
     6.18 accepts more: a program it loads, 6.1 refused until the byte-swapped IP lengths were masked
     (bpf/metaroce_hdr.h, mr_ntohs_bounded)."""
@@ -210,6 +211,8 @@ def test_xdp_program_passes_debian12_stock_kernels_verifier(vm):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "kernel 6.1." in r.stdout, r.stdout
     assert "LOADED multi-buffer" in r.stdout and "LOADED single-buffer" in r.stdout, r.stdout
+    for fn in ("fab_egress", "fab_delay", "fi_tc"):                  # metaroce fabric, the fault injector
+        assert f" {fn} " in r.stdout and "REFUSED" not in r.stdout, r.stdout
 
 
 PP_ITERS, PP_SIZE = 50, 4096

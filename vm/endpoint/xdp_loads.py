@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Does this kernel's verifier accept MetaRoCE's XDP program?  Run on the kernel to check (Debian 12's 6.1
+"""Does this kernel's verifier accept MetaRoCE's BPF programs?  Run on the kernel to check (Debian 12's 6.1
 in the VM of vm/rxe), with Debian's python3-bpfcc and the kernel's headers, nothing else: numpy and
 numba are not needed.
 
@@ -7,7 +7,8 @@ numba are not needed.
 
 Compiles bpf/metaroce_xdp.c with BCC as the loader does (kern/bccbuild.py's flags) and loads it the two
 ways the loader may: with BPF_F_XDP_HAS_FRAGS (multi-buffer, the default) and without (single-buffer
-drivers).  Prints one line per variant, `LOADED ...` or `REFUSED ...` with the verifier log's end, and
+drivers); then the tc programs of `metaroce fabric` (bpf/fabric_impair.c) and of the fault injector
+(bpf/fault_inject.c).  Prints one line per program, `LOADED ...` or `REFUSED ...` with the verifier log's end, and
 exits 1 if any was refused.  tests/conformance/test_rxe_agent.py runs it in the VM; the verifier of
 the kernel the tests run on is newer and accepts more (bounds through byte swaps, since 6.7)."""
 import importlib.util
@@ -51,6 +52,18 @@ def main() -> int:
         os.close(fd)
         print(f"LOADED {name}: {size // 8} instructions, verified in {time.monotonic() - t:.1f} s", flush=True)
     c.close()
+    # the tc programs of `metaroce fabric` and the fault injector, with their sources' default parameters
+    for src, funcs in (("fabric_impair.c", (b"fab_egress", b"fab_delay")), ("fault_inject.c", (b"fi_tc",))):
+        t = time.monotonic()
+        b = BPF(src_file=os.path.join(bpf_dir, src).encode(), cflags=[f"-I{bpf_dir}"])
+        for fn in funcs:
+            try:
+                b.load_func(fn, BPF.SCHED_CLS)
+                print(f"LOADED {src} {fn.decode()} (with its compile: {time.monotonic() - t:.1f} s)", flush=True)
+            except Exception as e:            # BCC raises Exception, the verifier's log on stderr
+                refused += 1
+                print(f"REFUSED {src} {fn.decode()}: {e}", flush=True)
+        b.cleanup()
     return 1 if refused else 0
 
 
