@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench soak fuzz clean conformance conformance-rxe wheel wheelhouse install uninstall
+.PHONY: setup test demo bench soak fuzz clean conformance conformance-rxe vm-endpoint wheel wheelhouse install uninstall
 
 setup:
 	@VENV=$(VENV) ./scripts/setup.sh
@@ -71,6 +71,15 @@ RXE_VM_ARGS ?=
 conformance-rxe: setup
 	$(PY) -m tools.rxe_conformance $(RXE_VM_ARGS) -- $(abspath $(PY)) -m metaroce_xdp.conformance \
 		--agent {agent} --iface {iface} --peer-ip {lt_ip} --report conformance-report-rxe $(CONFORMANCE_ARGS)
+
+# A stock distribution kernel and a real NIC driver: Debian 12's own kernel (6.1) in a QEMU VM with a
+# virtio-net NIC of 4 queue pairs (driver-mode XDP; the host's multi-queue tap spreads flows over them),
+# the project installed inside from its wheelhouse by `make install`, metaroced on every RX queue, and
+# `metaroce perf` write/read/send (compat) and native write, 4 QPs, verified both ways, against this host
+# (vm/endpoint/run.sh; report in /tmp/rxevm/endpoint/report.txt).  Not in `make test`: TCG makes the
+# guest ~12x slower (it runs ~15 minutes); its result is in docs/endpoint.md.
+vm-endpoint: setup
+	./vm/endpoint/run.sh
 
 # The wheel: the package with its commands (metaroce, metaroced, metaroce-conformance), the BPF sources
 # and the specification (pyproject.toml; setup.py stamps the git revision for --version); built without

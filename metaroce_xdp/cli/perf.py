@@ -847,7 +847,7 @@ def _run_client(opt: PerfOptions, side: _Side, mtu: int, size: int, iters: int, 
         size = sizes[-1]                     # -a: the server sizes its buffer for the largest
         side.add_qps(nq)
         side.register(_buf_len(opt.test, size, bidir))
-        if opt.test == "write-bw":
+        if opt.test in ("write-bw", "send-bw"):        # what the server checks it received
             _fill_pattern(side.buf, size, 1)
         lat = opt.test == "write-lat"
         state = {}
@@ -1004,6 +1004,8 @@ def _run_server(opt: PerfOptions, side: _Side, mtu: int, out: TextIO, err: TextI
                      profile=getattr(side.qp, "profile", "compat"))
             if opt.test == "write-bw":
                 r["verified"] = _verify(side.buf, size if bidir else 0, size, 1)
+            elif opt.test == "send-bw":             # every receive lands at 0: the last one's bytes
+                r["verified"] = _verify(side.buf, 0, size, 1)
             if mine is not None:
                 r["reverse"] = mine
         if side.compiled:

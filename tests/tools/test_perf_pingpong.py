@@ -251,6 +251,7 @@ def test_perf(hosts, test):
     if test in ("write-bw", "send-bw"):
         assert s["counters"]["bytes_received"] == size * iters        # every byte placed once
         assert c["counters"]["packets_sent"] >= iters * -(-size // 1024)
+        assert s["verified"] is True and c["peer_verified"] is True   # the client's bytes, as sent
     elif test == "read-bw":
         # the compiled plane's counters are its port's (metaroce_xdp/cli/perf.py DP_COUNTERS): READ responses placed at the
         # client (+ any resent), and sent by the server
