@@ -436,6 +436,40 @@ def test_duplicate_reorder_corrupt_counted(fab):
 
 
 # ------------------------------------------------------------------------ the endpoint across the fabric
+@pytest.mark.xfail(reason="known bug (issue 22's note, found by make vm-endpoint): under heavy loss the compat "
+                          "requester stops sending -- no retransmission, no RETRY_EXC_ERR -- until the run's "
+                          "no-traffic watchdog ends it", strict=False)
+def test_compat_stream_survives_heavy_loss(fab):
+    """`metaroce perf write-bw`, 2 QPs x 3000 x 64 KiB, compat, in process on both hosts, across the fabric with
+    15 % seeded loss on h2's last hop (what a slow receiver whose RX ring overflows looks like: the VM of
+    make vm-endpoint dropped that much): go-back-N must carry every byte through, or a WQE must fail with
+    RETRY_EXC_ERR -- never a silent stop."""
+    h1, h2 = fab.plan.host("h1"), fab.plan.host("h2")
+    fab.set("all", clear=True, reset=True)
+    fab.set("l2:h2", loss_ppm=150_000, seed=11)
+    root = str(Path(__file__).resolve().parents[2])
+    base = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "-s", "65536", "-m", "1024", "-j",
+            "--no-daemon", "--timeout", "20", "--profile", "compat", "-p", "18517"]
+    srv = subprocess.Popen(["ip", "netns", "exec", h2.ns, *base, "-d", h2.ifname], cwd=root,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):
+            ss = subprocess.run(["ip", "netns", "exec", h2.ns, "ss", "-Hltn", "sport = :18517"],
+                                capture_output=True, text=True, timeout=10)
+            if ss.stdout.strip() or srv.poll() is not None:
+                break
+            time.sleep(0.2)
+        cli = subprocess.run(["ip", "netns", "exec", h1.ns, *base, "-d", h1.ifname, "-q", "2", "-n", "3000",
+                              h2.ipv4], cwd=root, capture_output=True, text=True, timeout=300)
+    finally:
+        srv.kill()
+        srv.communicate(timeout=30)
+        fab.set("all", clear=True, reset=True)
+    lines = [ln for ln in cli.stdout.splitlines() if ln.startswith("{")]
+    assert cli.returncode == 0 and lines, cli.stderr[-1000:]
+    assert json.loads(lines[-1]).get("peer_verified") is True
+
+
 def test_compat_writes_verified_across_fabric_with_loss(fab):
     """The compat endpoint (XDP program + AF_XDP + the compiled data plane, no progress thread) in h1
     and h2 completes WRITEs across the fabric with 1 % seeded loss on each last hop: go-back-N recovers
