@@ -186,5 +186,7 @@ G "metaroce stat -j" > "$OUT/stat-daemon.json"
 
 # 8. checks
 log "8. checks"
-"$PY" "$HERE/check.py" "$OUT" "$Q" | tee "$OUT/report.txt"
-exit "${PIPESTATUS[0]}"
+trap - ERR
+rc=0; "$PY" "$HERE/check.py" "$OUT" "$Q" > "$OUT/report.txt" || rc=$?
+cat "$OUT/report.txt"
+exit "$rc"
