@@ -172,6 +172,7 @@ def run_raw(topo, pair, pmtu: int, seconds: float, threaded: bool) -> dict:
 
 
 def run_perf(topo, pair, pmtu: int, seconds: float, profile: str) -> dict:
+    from tools import bench as B
     base = [sys.executable, "-m", "metaroce_xdp.cli", "perf", "write-bw", "-s", "65536", "-m", str(pmtu),
             "-D", str(seconds + 8), "-j", "--profile", profile]
     srv = topo.popen(pair.b.ns, ["taskset", "-c", "1", *base, "-d", pair.b.ifname], cwd=ROOT,
@@ -179,7 +180,7 @@ def run_perf(topo, pair, pmtu: int, seconds: float, profile: str) -> dict:
     cli = None
     try:
         for _ in range(400):
-            if topo.run(pair.b.ns, ["ss", "-Hltn", "sport = :18515"], check=False, timeout=10).stdout.strip():
+            if B._listening(topo, pair.b.ns, B.PERF_PORT):
                 break
             time.sleep(0.25)
         cli = topo.popen(pair.a.ns, ["taskset", "-c", "0", *base, "-d", pair.a.ifname, pair.b.ipv4], cwd=ROOT,

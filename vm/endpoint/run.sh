@@ -53,11 +53,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# every command in the guest: numba's code for a generic x86-64, from the cache warmed here (step 3)
+GENV="export NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/var/cache/metaroce/numba;"
+G() { "${VMX[@]}" -t "${TMO:-900}" -- "$GENV $*"; }
+GB() { "${VMX[@]}" -b -- "$GENV $*"; }
+
 if [ "${REUSE_VM:-0}" = 1 ]; then      # a VM left by KEEP_VM=1, installed, metaroced serving: steps 6-8 only
     log "REUSE_VM=1: VM $ID as a KEEP_VM=1 run left it"
-    GENV="export NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/var/cache/metaroce/numba;"
-    G() { "${VMX[@]}" -t "${TMO:-900}" -- "$GENV $*"; }
-    GB() { "${VMX[@]}" -b -- "$GENV $*"; }
     DJOB=""
     for f in "$SHARE"/queue/*.run; do
         grep -q "exec metaroced" "$f" && [ ! -e "${f%.run}.rc" ] && DJOB=$(basename "${f%.run}")
@@ -96,10 +98,6 @@ else
     cp "$ROOT/Makefile" "$SHARE/kit/"; cp "$ROOT/scripts/setup.sh" "$SHARE/kit/scripts/"; cp -r "$ROOT/daemon" "$SHARE/kit/"
     cp -r "$RXEVM_DIR/dist/wheelhouse" "$SHARE/wheelhouse"
     cp -r "$RXEVM_DIR/numba-generic" "$SHARE/numba"
-    # every command in the guest: numba's code for a generic x86-64, from the cache warmed here (step 3)
-    GENV="export NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/var/cache/metaroce/numba;"
-    G() { "${VMX[@]}" -t "${TMO:-900}" -- "$GENV $*"; }
-    GB() { "${VMX[@]}" -b -- "$GENV $*"; }
     # the peer behind the router (rxeh<ID> forwards between its veth and the tap)
     ip netns del "$PEER_NS" 2>/dev/null || true
     ip netns add "$PEER_NS"
